@@ -1,0 +1,38 @@
+# One task runner for the README, CI and developers.
+PY ?= python3
+export CARGO_TARGET_DIR ?= $(CURDIR)/target
+
+.PHONY: install test test-deps test-rust test-python stubtest demo bench clean
+
+# One release build of the extension, installed into the current Python.
+install:
+	$(PY) -m pip install -q --root-user-action=ignore "maturin>=1.16,<2.0"
+	@# A private wheel folder per run, so parallel installs cannot pick up each other's wheel.
+	d=$$(mktemp -d) && $(PY) -m maturin build --release --quiet -o $$d \
+	  && $(PY) -m pip install -q --force-reinstall --no-deps --root-user-action=ignore $$d/kerman-*.whl \
+	  && rm -rf $$d
+
+test-deps:
+	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10"
+
+test-rust:
+	cargo test --release --quiet
+
+test-python: install test-deps
+	$(PY) -m pytest -q
+	$(MAKE) stubtest
+
+stubtest:
+	$(PY) -m mypy.stubtest kerman._core --allowlist tests/stubtest-allowlist.txt
+
+# Everything: Rust unit + integration tests, then the Python suite against the built wheel.
+test: test-rust test-python
+
+demo: install
+	kerman demo
+
+bench: install
+	$(PY) benches/python/bench.py
+
+clean:
+	rm -rf $(CARGO_TARGET_DIR) dist

@@ -1,0 +1,91 @@
+"""Kerman: a durable agent loop built on one append-only session log.
+
+The log is the single source of truth; the inbox and every projection are folds of it.
+See https://github.com/ (README) and ``docs/`` for the model in full.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._core import (
+    FORMAT_VERSION,
+    NEXT_STEP,
+    NEXT_TURN,
+    SPLICED,
+    AssistantMessage,
+    ConsumedWork,
+    Event,
+    FileStore,
+    Inbox,
+    InboxProjection,
+    MemoryStore,
+    Message,
+    SessionLog,
+    ToolResultMessage,
+    UserMessage,
+    __version__,
+    consumed_work,
+)
+from .errors import (
+    CorruptLogError,
+    DuplicateMessageError,
+    InboxError,
+    InvalidMessageError,
+    KermanError,
+    LogClosedError,
+    LogError,
+    LogWriteError,
+    LoopError,
+    ModelError,
+    NotJsonError,
+    ProjectionError,
+    ReentrantAppendError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    TurnAborted,
+    UnsupportedFormatError,
+)
+
+__all__ = [
+    # messages
+    "Message",
+    "UserMessage",
+    "AssistantMessage",
+    "ToolResultMessage",
+    # log and stores
+    "Event",
+    "SessionLog",
+    "MemoryStore",
+    "FileStore",
+    "FORMAT_VERSION",
+    # inbox and projections
+    "Inbox",
+    "NEXT_TURN",
+    "NEXT_STEP",
+    "SPLICED",
+    "InboxProjection",
+    "ConsumedWork",
+    "consumed_work",
+    # errors
+    "errors",
+    "KermanError",
+    "InvalidMessageError",
+    "InboxError",
+    "DuplicateMessageError",
+    "ProjectionError",
+    "LogError",
+    "NotJsonError",
+    "ReentrantAppendError",
+    "CorruptLogError",
+    "UnsupportedFormatError",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "SessionExistsError",
+    "LogClosedError",
+    "LogWriteError",
+    "LoopError",
+    "TurnAborted",
+    "ModelError",
+    "__version__",
+]

@@ -1,0 +1,96 @@
+//! Errors of the session log and its stores.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Everything that can go wrong appending to, reading or storing a session log.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LogError {
+    /// Event data that is not lossless JSON.
+    NotJson { event_type: String, detail: String },
+    /// An append from inside an observer of the same log.
+    Reentrant,
+    /// A type the Inbox or the AgentLoop owns, appended through the public API.
+    ReservedType(String),
+    /// A type string that is empty or otherwise unusable.
+    InvalidType(String),
+    /// A record that breaks the envelope rules (surface markers, seq continuity).
+    InvalidEvent(String),
+    /// An invalid record followed by valid ones: committed data is damaged.
+    Corrupt { path: PathBuf, line: u64, seq: u64, detail: String },
+    /// A header written in a format version this build does not read.
+    UnsupportedFormat { path: PathBuf, found: u64, supported: u64 },
+    /// Another owner holds the session.
+    Locked { id: String },
+    NotFound { id: String },
+    Exists { id: String },
+    /// The log was closed; nothing more can be appended.
+    Closed { id: String },
+    /// A write or fsync failed; the log is poisoned until reopened.
+    Write { detail: String },
+    /// A session id that is empty or unusable.
+    InvalidId(String),
+    /// Any other I/O failure, with what was being done.
+    Io { context: String, source: std::io::Error },
+}
+
+impl LogError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        LogError::Io { context: context.into(), source }
+    }
+}
+
+impl fmt::Display for LogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LogError::NotJson { event_type, detail } => {
+                write!(f, "session event \"{event_type}\" carries non-JSON-serializable data: {detail}")
+            }
+            LogError::Reentrant => {
+                write!(f, "session append cannot reenter while another append is being published")
+            }
+            LogError::ReservedType(t) => write!(
+                f,
+                "event type \"{t}\" is owned by the Inbox and the AgentLoop and cannot be appended directly"
+            ),
+            LogError::InvalidType(t) => write!(f, "invalid event type {t:?}: expected a non-empty string"),
+            LogError::InvalidEvent(detail) => write!(f, "invalid event: {detail}"),
+            LogError::Corrupt { path, line, seq, detail } => write!(
+                f,
+                "corrupt session log {}: invalid record at line {line} (seq {seq}) followed by valid records: {detail}",
+                path.display()
+            ),
+            LogError::UnsupportedFormat { path, found, supported } => {
+                let why = if found > supported {
+                    "it was written by a newer kerman; upgrade kerman to open it"
+                } else {
+                    "this build ships no upgrade path for it"
+                };
+                write!(
+                    f,
+                    "session log {} uses format version {found}, but this kerman reads only version {supported}: {why}",
+                    path.display()
+                )
+            }
+            LogError::Locked { id } => {
+                write!(f, "session \"{id}\" is locked: another process or handle has it open")
+            }
+            LogError::NotFound { id } => write!(f, "session \"{id}\" not found"),
+            LogError::Exists { id } => write!(f, "session \"{id}\" already exists"),
+            LogError::Closed { id } => write!(f, "session \"{id}\" is closed"),
+            LogError::Write { detail } => write!(f, "session log write failed: {detail}"),
+            LogError::InvalidId(detail) => write!(f, "invalid session id: {detail}"),
+            LogError::Io { context, source } => write!(f, "{context}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for LogError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LogError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Records on disk (format version 1, see docs/format.md): `<crc> <json>\n`, where `<crc>` is
+//! the CRC-32C of the JSON bytes as 8 lowercase hex digits. Line 1 is the session header; every
+//! further line is one event, seq `n - 2` on line `n`.
+//!
+//! [`scan`] verifies a whole file. Header damage is always an error (there is nothing to keep);
+//! damage further down is described in [`Scan::invalid`] and the caller decides: a torn tail is
+//! repaired by `open`, corruption is refused except by an explicit `repair`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::super::store::FORMAT_VERSION;
+use super::super::{Event, LogError};
+
+/// The `type` of the header record.
+pub(super) const HEADER_TYPE: &str = "session";
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends the framed line for `json` (checksum, space, JSON, newline) to `out`.
+pub(super) fn push_line(out: &mut Vec<u8>, json: &str) {
+    let crc = crc32c::crc32c(json.as_bytes());
+    for shift in (0..8).rev() {
+        out.push(HEX[((crc >> (shift * 4)) & 0xF) as usize]);
+    }
+    out.push(b' ');
+    out.extend_from_slice(json.as_bytes());
+    out.push(b'\n');
+}
+
+/// The header line of a session whose header map is `header` (as `new_header` builds it).
+pub(super) fn header_line(header: &Map<String, Value>) -> Vec<u8> {
+    // `type` goes first so a reader can tell what a file is from its first bytes.
+    let mut record = Map::new();
+    record.insert("type".into(), Value::String(HEADER_TYPE.into()));
+    for (key, value) in header {
+        if key != "type" {
+            record.insert(key.clone(), value.clone());
+        }
+    }
+    let mut out = Vec::new();
+    push_line(&mut out, &crate::json::compact(&Value::Object(record)));
+    out
+}
+
+fn parse_hex(digits: &[u8]) -> Option<u32> {
+    digits.iter().try_fold(0u32, |acc, &b| {
+        let v = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        Some(acc << 4 | u32::from(v))
+    })
+}
+
+/// Checks the framing and checksum of one line (without its newline); returns the JSON text.
+pub(super) fn unframe(line: &[u8]) -> Result<&str, String> {
+    if line.len() < 9 || line[8] != b' ' {
+        return Err("no checksum prefix".into());
+    }
+    let stored = parse_hex(&line[..8]).ok_or("malformed checksum")?;
+    let json = &line[9..];
+    let actual = crc32c::crc32c(json);
+    if stored != actual {
+        return Err(format!("checksum mismatch (stored {stored:08x}, computed {actual:08x})"));
+    }
+    std::str::from_utf8(json).map_err(|_| "record is not UTF-8".into())
+}
+
+/// The first record that failed verification.
+#[derive(Debug)]
+pub(super) struct Invalid {
+    /// 1-based line number (the header is line 1).
+    pub line: u64,
+    /// The seq expected on that line.
+    pub seq: u64,
+    pub detail: String,
+    /// The line of the first valid record after it, if any: then this is corruption, not a
+    /// torn tail.
+    pub valid_after: Option<u64>,
+}
+
+/// What a file holds.
+#[derive(Debug)]
+pub(super) struct Scan {
+    /// The header record without its `type` key.
+    pub header: Map<String, Value>,
+    /// The events before the first invalid record.
+    pub events: Vec<Event>,
+    /// Byte offset just past the last good record (the header counts); the first invalid
+    /// record, if any, starts here.
+    pub good_len: u64,
+    pub total_len: u64,
+    pub invalid: Option<Invalid>,
+}
+
+impl Scan {
+    /// The `Corrupt` error if an invalid record is followed by a valid one.
+    pub fn corruption(&self, path: &Path) -> Option<LogError> {
+        let invalid = self.invalid.as_ref()?;
+        let after = invalid.valid_after?;
+        Some(LogError::Corrupt {
+            path: path.to_path_buf(),
+            line: invalid.line,
+            seq: invalid.seq,
+            detail: format!("{}; a valid record follows on line {after}", invalid.detail),
+        })
+    }
+
+    /// Bytes after the last good record (a torn tail, or everything from the corruption on).
+    pub fn bad_bytes(&self) -> u64 {
+        self.total_len - self.good_len
+    }
+}
+
+fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<String, Value>, LogError> {
+    let corrupt =
+        |detail: String| LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: format!("header: {detail}") };
+    let json = unframe(line).map_err(corrupt)?;
+    let mut record: Map<String, Value> = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+    // The version decides how to read everything else, so it is checked first.
+    match record.get("version").map(Value::as_u64) {
+        Some(Some(FORMAT_VERSION)) => {}
+        Some(Some(found)) => {
+            return Err(LogError::UnsupportedFormat { path: path.to_path_buf(), found, supported: FORMAT_VERSION })
+        }
+        Some(None) => return Err(corrupt("\"version\" is not a non-negative integer".into())),
+        None => return Err(corrupt("no \"version\"".into())),
+    }
+    if record.get("type").and_then(Value::as_str) != Some(HEADER_TYPE) {
+        return Err(corrupt(format!("\"type\" is not \"{HEADER_TYPE}\"")));
+    }
+    match record.get("id").and_then(Value::as_str) {
+        Some(found) if found == id => {}
+        Some(found) => return Err(corrupt(format!("it names session {found:?}, but the file belongs to {id:?}"))),
+        None => return Err(corrupt("no string \"id\"".into())),
+    }
+    if record.get("createdAt").and_then(Value::as_i64).is_none() {
+        return Err(corrupt("no integer \"createdAt\"".into()));
+    }
+    record.shift_remove("type");
+    Ok(record)
+}
+
+/// Verifies the bytes of session `id`'s file. Errors only for a damaged or foreign header.
+pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError> {
+    let total_len = bytes.len() as u64;
+    let Some(header_end) = bytes.iter().position(|&b| b == b'\n') else {
+        let detail = if bytes.is_empty() { "the file is empty" } else { "header: unterminated line" };
+        return Err(LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: detail.into() });
+    };
+    let header = parse_header(&bytes[..header_end], path, id)?;
+
+    let mut types: HashMap<String, Arc<str>> = HashMap::new();
+    let mut intern = |kind: &str| -> Arc<str> {
+        if let Some(k) = types.get(kind) {
+            return Arc::clone(k);
+        }
+        let k: Arc<str> = Arc::from(kind);
+        types.insert(kind.to_string(), Arc::clone(&k));
+        k
+    };
+    let mut events: Vec<Event> = Vec::new();
+    let mut good_len = header_end + 1;
+    let mut invalid: Option<Invalid> = None;
+    let mut pos = header_end + 1;
+    let mut line_no = 1u64;
+    while pos < bytes.len() {
+        line_no += 1;
+        let rest = &bytes[pos..];
+        let (record, next) = match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => (Ok(&rest[..i]), pos + i + 1),
+            None => (Err("unterminated record (no newline)".to_string()), bytes.len()),
+        };
+        let parsed = record.and_then(|line| Event::from_json(unframe(line)?, &mut intern));
+        match &mut invalid {
+            None => {
+                let expected = events.len() as u64;
+                let failure = match parsed {
+                    Ok(event) if event.seq == expected => {
+                        events.push(event);
+                        good_len = next;
+                        None
+                    }
+                    Ok(event) => Some(format!("seq {} where {expected} was expected", event.seq)),
+                    Err(detail) => Some(detail),
+                };
+                if let Some(detail) = failure {
+                    invalid = Some(Invalid { line: line_no, seq: expected, detail, valid_after: None });
+                }
+            }
+            // Whether the damage is a torn tail depends only on whether anything valid follows.
+            Some(first) => {
+                if parsed.is_ok() {
+                    first.valid_after = Some(line_no);
+                    break;
+                }
+            }
+        }
+        pos = next;
+    }
+    Ok(Scan { header, events, good_len: good_len as u64, total_len, invalid })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(json: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_line(&mut out, json);
+        out
+    }
+
+    fn header() -> Vec<u8> {
+        let mut h = Map::new();
+        h.insert("version".into(), Value::from(1));
+        h.insert("id".into(), Value::from("s"));
+        h.insert("createdAt".into(), Value::from(5));
+        header_line(&h)
+    }
+
+    fn event(seq: u64) -> Vec<u8> {
+        line(&format!(r#"{{"type":"x/y","seq":{seq},"time":1,"data":{{}}}}"#))
+    }
+
+    #[test]
+    fn lines_carry_a_crc32c_prefix() {
+        // CRC-32C("123456789") is the standard check value e3069283.
+        assert_eq!(line("123456789"), b"e3069283 123456789\n");
+        assert_eq!(unframe(b"e3069283 123456789"), Ok("123456789"));
+        assert!(unframe(b"e3069284 123456789").is_err());
+        assert!(unframe(b"E3069283 123456789").is_err());
+        assert!(unframe(b"123456789").is_err());
+    }
+
+    #[test]
+    fn header_has_type_first() {
+        let h = header();
+        let text = std::str::from_utf8(&h).unwrap();
+        assert!(text.ends_with(" {\"type\":\"session\",\"version\":1,\"id\":\"s\",\"createdAt\":5}\n"), "{text}");
+        let scan = scan(&h, Path::new("p"), "s").unwrap();
+        assert_eq!(scan.header.keys().collect::<Vec<_>>(), ["version", "id", "createdAt"]);
+        assert!(matches!(super::scan(&h, Path::new("p"), "t"), Err(LogError::Corrupt { line: 1, .. })));
+    }
+
+    #[test]
+    fn torn_and_corrupt_are_told_apart() {
+        let mut bytes = [header(), event(0), event(1)].concat();
+        let good = bytes.len() as u64;
+        bytes.extend_from_slice(&event(2)[..10]);
+        let s = scan(&bytes, Path::new("p"), "s").unwrap();
+        assert_eq!((s.events.len(), s.good_len, s.bad_bytes()), (2, good, 10));
+        assert!(s.corruption(Path::new("p")).is_none());
+
+        let bytes = [header(), event(0), event(5), event(2)].concat();
+        let s = scan(&bytes, Path::new("p"), "s").unwrap();
+        let err = s.corruption(Path::new("p")).unwrap();
+        assert!(matches!(err, LogError::Corrupt { line: 3, seq: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_files_and_future_versions() {
+        assert!(matches!(scan(b"", Path::new("p"), "s"), Err(LogError::Corrupt { line: 1, seq: 0, .. })));
+        let future = line(r#"{"type":"session","version":2,"id":"s","createdAt":5,"new":true}"#);
+        let err = scan(&future, Path::new("p"), "s").unwrap_err();
+        assert!(matches!(err, LogError::UnsupportedFormat { found: 2, supported: 1, .. }), "{err}");
+    }
+}

@@ -1,0 +1,178 @@
+//! File-system steps of the store: locking, atomic creation, directory syncs, backups.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::super::LogError;
+
+/// Session files and their backups are private to their owner.
+pub(super) const FILE_MODE: u32 = 0o600;
+
+fn io_at(what: &str, path: &Path, e: std::io::Error) -> LogError {
+    LogError::io(format!("{what} {}", path.display()), e)
+}
+
+/// Makes a directory entry change (link, unlink) durable.
+pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_at("syncing directory", dir, e))
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Access {
+    /// Read-write with the exclusive lock: the one owner of a session.
+    Owner,
+    /// Read-only with a shared lock: readers that must not race an owner's repairs.
+    Reader,
+}
+
+/// Opens session `id`'s file at `path` and takes its advisory lock without waiting.
+pub(super) fn open_locked(path: &Path, id: &str, access: Access) -> Result<File, LogError> {
+    // A name replaced under us (deleted and created again) is simply opened again.
+    for _ in 0..3 {
+        if let Some(file) = try_open_locked(path, id, access)? {
+            return Ok(file);
+        }
+    }
+    Err(LogError::Locked { id: id.into() })
+}
+
+fn try_open_locked(path: &Path, id: &str, access: Access) -> Result<Option<File>, LogError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(matches!(access, Access::Owner))
+        .open(path)
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => LogError::NotFound { id: id.into() },
+            _ => io_at("opening", path, e),
+        })?;
+    let locked = match access {
+        Access::Owner => file.try_lock(),
+        Access::Reader => file.try_lock_shared(),
+    };
+    match locked {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Err(LogError::Locked { id: id.into() }),
+        Err(TryLockError::Error(e)) => return Err(io_at("locking", path, e)),
+    }
+    // A delete may have unlinked the file between our open and our lock; the lock only
+    // counts for the file the name still points to.
+    let ours = file.metadata().map_err(|e| io_at("inspecting", path, e))?;
+    match fs::metadata(path) {
+        Ok(named) if named.dev() == ours.dev() && named.ino() == ours.ino() => Ok(Some(file)),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == ErrorKind::NotFound => Err(LogError::NotFound { id: id.into() }),
+        Err(e) => Err(io_at("inspecting", path, e)),
+    }
+}
+
+pub(super) fn read_all(mut file: &File, path: &Path) -> Result<Vec<u8>, LogError> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|e| io_at("reading", path, e))?;
+    Ok(bytes)
+}
+
+/// Cuts `file` to `len` bytes and makes that durable.
+pub(super) fn truncate(file: &File, len: u64, path: &Path) -> Result<(), LogError> {
+    file.set_len(len).and_then(|()| file.sync_data()).map_err(|e| io_at("truncating", path, e))
+}
+
+fn create_private(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new().read(true).write(true).create_new(true).mode(FILE_MODE).open(path)?;
+    // The umask may have narrowed the mode further; the contract is exactly 0600.
+    file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
+    Ok(file)
+}
+
+/// Removes the temporary name however creation ends (after a link, the file lives on under
+/// its final name).
+struct TempGuard<'a>(&'a Path);
+
+impl Drop for TempGuard<'_> {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(self.0);
+    }
+}
+
+/// Creates `dir/name` holding `contents`, all or nothing: written and synced under a hidden
+/// temporary name, locked, then hard-linked into place (which fails if the name is taken) and
+/// the directory synced. Returns the locked file; `Ok(None)` if the name already exists.
+pub(super) fn create_locked(dir: &Path, name: &str, stem: &str, contents: &[u8]) -> Result<Option<File>, LogError> {
+    let target = dir.join(name);
+    let mut attempt = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(format!(".{stem}.{}.tmp", random_hex()));
+        match create_private(&tmp) {
+            Ok(file) => break (tmp, file),
+            // A leftover or concurrent temporary with the same name: draw another.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(e) => return Err(io_at("creating", &tmp, e)),
+        }
+    };
+    let guard = TempGuard(&tmp);
+    file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Err(io_at("locking", &tmp, ErrorKind::WouldBlock.into())),
+        Err(TryLockError::Error(e)) => return Err(io_at("locking", &tmp, e)),
+    }
+    match fs::hard_link(&tmp, &target) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(io_at("linking", &target, e)),
+    }
+    drop(guard);
+    sync_dir(dir)?;
+    Ok(Some(file))
+}
+
+/// 12 random lowercase hex digits (the random tail of a UUIDv7).
+fn random_hex() -> String {
+    let simple = uuid::Uuid::now_v7().simple().to_string();
+    simple[simple.len() - 12..].to_string()
+}
+
+/// Copies `bytes` (a session file's contents) to the first free `<path>.corrupt[.N]`.
+pub(super) fn write_backup(path: &Path, bytes: &[u8]) -> Result<PathBuf, LogError> {
+    let base = path.as_os_str().to_os_string();
+    for n in 0..10_000u32 {
+        let mut name = base.clone();
+        name.push(if n == 0 { ".corrupt".to_string() } else { format!(".corrupt.{n}") });
+        let backup = PathBuf::from(name);
+        let mut file = match create_private(&backup) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_at("creating", &backup, e)),
+        };
+        file.write_all(bytes).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &backup, e))?;
+        if let Some(dir) = backup.parent() {
+            sync_dir(dir)?;
+        }
+        return Ok(backup);
+    }
+    Err(io_at("finding a free backup name for", path, ErrorKind::AlreadyExists.into()))
+}
+
+/// Whether a session file holds anything beyond its header line (read without locking, so
+/// sessions open elsewhere are listed too).
+pub(super) fn has_records(path: &Path) -> Result<bool, LogError> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_at("opening", path, e)),
+    };
+    let len = file.metadata().map_err(|e| io_at("inspecting", path, e))?.len();
+    let mut buf = [0u8; 4096];
+    let mut seen = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| io_at("reading", path, e))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if let Some(i) = buf[..n].iter().position(|&b| b == b'\n') {
+            return Ok(len > seen + i as u64 + 1);
+        }
+        seen += n as u64;
+    }
+}

@@ -1,0 +1,280 @@
+//! `FileStore`: one JSON-lines file per session (format version 1, see docs/format.md).
+//!
+//! A session file is owned by one open log at a time through an exclusive advisory lock held
+//! on its descriptor for as long as the log is open; read-only tools take a shared lock. Each
+//! open log has a writer thread (see `writer.rs`) so appends never wait for the disk.
+
+mod format;
+mod fsio;
+mod names;
+mod writer;
+
+use std::fmt;
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::closers::close_open_turn;
+use super::{check_id, new_header, resolve_id};
+use super::{Event, LogError, SessionLog, Store};
+use fsio::Access;
+use writer::{FileBackend, WriterSetup};
+
+/// When appended events reach the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Every batch is written and `fdatasync`ed as soon as it is pending (group commit).
+    Strict,
+    /// Write-behind in a fixed 50 ms window from the first pending event, then `fdatasync`; a
+    /// flush barrier cuts the window short. (The loop adds barriers before model requests and
+    /// tool bodies; for the file itself this is the same as `Batch`.)
+    #[default]
+    Checkpoint,
+    /// The same 50 ms write-behind window; barriers only when someone asks.
+    Batch,
+    /// Written as soon as pending, never synced (tests, throwaway sessions).
+    None,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Strict => "strict",
+            Durability::Checkpoint => "checkpoint",
+            Durability::Batch => "batch",
+            Durability::None => "none",
+        }
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "strict" => Ok(Durability::Strict),
+            "checkpoint" => Ok(Durability::Checkpoint),
+            "batch" => Ok(Durability::Batch),
+            "none" => Ok(Durability::None),
+            _ => Err(format!("unknown durability {s:?}: expected \"strict\", \"checkpoint\", \"batch\" or \"none\"")),
+        }
+    }
+}
+
+/// Where the fault hook is consulted: before each write and each sync of a writer thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPoint {
+    Write,
+    Sync,
+}
+
+/// A testing seam: returns the error to inject at a point, or `None` to carry on. An injected
+/// write error first writes half of the batch, like a short write, then fails.
+pub type FaultHook = Arc<dyn Fn(FaultPoint) -> Option<std::io::Error> + Send + Sync>;
+
+/// What `open` had to do to a session file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes of a torn tail cut off the end of the file.
+    pub truncated_bytes: u64,
+    /// The line where the torn tail began.
+    pub truncated_at_line: Option<u64>,
+    /// Crash-closer events appended because the log ended inside an open turn.
+    pub closers: usize,
+}
+
+/// A verified, read-only view of a session file.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The header record without its `type` key (as `SessionLog::header` shows it).
+    pub header: Map<String, Value>,
+    pub events: Vec<Event>,
+    pub path: PathBuf,
+    /// Bytes of a torn tail that `open` would cut off (left in place here).
+    pub torn_tail_bytes: u64,
+    pub size_bytes: u64,
+}
+
+/// What `repair` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    pub kept_events: u64,
+    pub removed_bytes: u64,
+    /// The copy of the file as it was, made before cutting off corrupt data.
+    pub backup: Option<PathBuf>,
+}
+
+/// A store of session files in one directory.
+#[derive(Clone)]
+pub struct FileStore {
+    root: PathBuf,
+    durability: Durability,
+    fault: Option<FaultHook>,
+}
+
+impl fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileStore").field("root", &self.root).field("durability", &self.durability).finish()
+    }
+}
+
+impl FileStore {
+    /// A store in `root`, created if missing.
+    pub fn new(root: impl Into<PathBuf>, durability: Durability) -> Result<Self, LogError> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
+        Ok(FileStore { root, durability, fault: None })
+    }
+
+    /// Testing seam: consults `fault` before every write and sync of the logs this store opens
+    /// from now on, to inject I/O errors. Not meant for production use.
+    pub fn with_fault(mut self, fault: FaultHook) -> Self {
+        self.fault = Some(fault);
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The file that holds (or would hold) session `id`.
+    pub fn path_of(&self, id: &str) -> Result<PathBuf, LogError> {
+        check_id(id)?;
+        Ok(self.root.join(names::file_name(id)?))
+    }
+
+    fn start(&self, id: String, header: Map<String, Value>, events: Vec<Event>, file: fs::File, len: u64) -> Result<SessionLog, LogError> {
+        let backend = FileBackend::start(WriterSetup {
+            id: id.clone(),
+            file,
+            len,
+            events: events.len() as u64,
+            durability: self.durability,
+            fault: self.fault.clone(),
+        })?;
+        Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
+    }
+
+    /// [`Store::open`], also telling what recovery did (for warnings).
+    pub fn open_with_report(&self, id: &str) -> Result<(SessionLog, Recovery), LogError> {
+        let path = self.path_of(id)?;
+        let file = fsio::open_locked(&path, id, Access::Owner)?;
+        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        if let Some(err) = scan.corruption(&path) {
+            return Err(err);
+        }
+        let mut recovery = Recovery::default();
+        if let Some(invalid) = &scan.invalid {
+            fsio::truncate(&file, scan.good_len, &path)?;
+            recovery.truncated_bytes = scan.bad_bytes();
+            recovery.truncated_at_line = Some(invalid.line);
+        }
+        let log = self.start(id.to_string(), scan.header, scan.events, file, scan.good_len)?;
+        recovery.closers = close_open_turn(&log)?;
+        Ok((log, recovery))
+    }
+
+    /// Verifies and reads session `id` without changing its file (a torn tail is reported, not
+    /// cut off; no closers are added). Refused while an owner has the session open.
+    pub fn read(&self, id: &str) -> Result<Snapshot, LogError> {
+        let path = self.path_of(id)?;
+        let file = fsio::open_locked(&path, id, Access::Reader)?;
+        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        if let Some(err) = scan.corruption(&path) {
+            return Err(err);
+        }
+        Ok(Snapshot {
+            torn_tail_bytes: scan.bad_bytes(),
+            size_bytes: scan.total_len,
+            header: scan.header,
+            events: scan.events,
+            path,
+        })
+    }
+
+    /// Cuts session `id`'s file back to its valid prefix. Corrupt data is first copied, with
+    /// the whole file, to `<file>.corrupt` (or `.corrupt.N`). A damaged header or another format
+    /// version is refused: there is nothing to keep.
+    pub fn repair(&self, id: &str) -> Result<RepairReport, LogError> {
+        let path = self.path_of(id)?;
+        let file = fsio::open_locked(&path, id, Access::Owner)?;
+        let bytes = fsio::read_all(&file, &path)?;
+        let scan = format::scan(&bytes, &path, id)?;
+        let mut report = RepairReport { kept_events: scan.events.len() as u64, ..RepairReport::default() };
+        let Some(invalid) = &scan.invalid else { return Ok(report) };
+        if invalid.valid_after.is_some() {
+            report.backup = Some(fsio::write_backup(&path, &bytes)?);
+        }
+        fsio::truncate(&file, scan.good_len, &path)?;
+        report.removed_bytes = scan.bad_bytes();
+        Ok(report)
+    }
+}
+
+impl Store for FileStore {
+    fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError> {
+        let id = resolve_id(id)?;
+        let name = names::file_name(&id)?;
+        if self.root.join(&name).symlink_metadata().is_ok() {
+            return Err(LogError::Exists { id });
+        }
+        let header = new_header(&id);
+        let line = format::header_line(&header);
+        let Some(file) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line)? else {
+            return Err(LogError::Exists { id });
+        };
+        self.start(id, header, Vec::new(), file, line.len() as u64)
+    }
+
+    fn open(&self, id: &str) -> Result<SessionLog, LogError> {
+        self.open_with_report(id).map(|(log, _)| log)
+    }
+
+    /// Sessions with at least one record after the header, sorted; foreign, hidden, temporary
+    /// and backup files are ignored. Files are not locked, so open sessions are listed too.
+    fn list(&self) -> Result<Vec<String>, LogError> {
+        let entries =
+            fs::read_dir(&self.root).map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(names::id_of_file_name) else { continue };
+            if !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            if fsio::has_records(&entry.path())? {
+                ids.push(id);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    fn exists(&self, id: &str) -> Result<bool, LogError> {
+        let path = self.path_of(id)?;
+        match path.symlink_metadata() {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(LogError::io(format!("inspecting {}", path.display()), e)),
+        }
+    }
+
+    /// Removes a session nobody has open (readers included).
+    fn delete(&self, id: &str) -> Result<(), LogError> {
+        let path = self.path_of(id)?;
+        let file = fsio::open_locked(&path, id, Access::Owner)?;
+        fs::remove_file(&path).map_err(|e| LogError::io(format!("removing {}", path.display()), e))?;
+        fsio::sync_dir(&self.root)?;
+        drop(file);
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! The writer thread behind a file-backed log.
+//!
+//! Appending threads only serialise records into a shared buffer (`enqueue` runs under the
+//! log's state lock and must never wait for the disk). One thread per open log takes the whole
+//! buffer at a time and writes it with one `write` (group commit), then syncs it as the
+//! [`Durability`] asks. Flush barriers are acknowledged only after that, never before `write`.
+//!
+//! A failed write or sync poisons the backend: the file is cut back to its last durable size,
+//! every pending and later barrier fails, and every later `enqueue` refuses the append, until
+//! the session is reopened (and so re-verified from disk).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::super::{Backend, Event, FlushCallback, LogError};
+use super::{format, Durability, FaultHook, FaultPoint};
+
+/// The batch window of `Checkpoint` and `Batch`, measured from the first pending event.
+pub(super) const WINDOW: Duration = Duration::from_millis(50);
+
+/// Everything a writer needs to take over a verified, locked session file.
+pub(super) struct WriterSetup {
+    pub id: String,
+    pub file: File,
+    /// The file's length, all of it durable and verified.
+    pub len: u64,
+    /// The number of events in the file (the next seq).
+    pub events: u64,
+    pub durability: Durability,
+    pub fault: Option<FaultHook>,
+}
+
+struct State {
+    /// Framed records not yet handed to the disk.
+    pending: Vec<u8>,
+    /// Events enqueued so far (the next seq).
+    enqueued: u64,
+    /// Events as durable as the mode promises.
+    durable: u64,
+    /// When the oldest pending record arrived (the batch window is fixed from there).
+    window_start: Option<Instant>,
+    flush_requested: bool,
+    /// The writer is waiting for records, so the next one must wake it.
+    idle: bool,
+    closing: bool,
+    /// The thread has exited; nothing more will become durable.
+    stopped: bool,
+    poisoned: Option<String>,
+    /// Flush barriers: (events that must be durable, callback).
+    waiters: Vec<(u64, FlushCallback)>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer (it is the only thread that waits on it).
+    wake: Condvar,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs a flush callback so that a panicking one cannot take the writer down with it.
+fn call(done: FlushCallback, result: Result<(), LogError>) {
+    let _ = catch_unwind(AssertUnwindSafe(move || done(result)));
+}
+
+/// The [`Backend`] of a file-backed log.
+pub(super) struct FileBackend {
+    id: String,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<Result<(), LogError>>>>,
+}
+
+impl FileBackend {
+    pub(super) fn start(setup: WriterSetup) -> Result<FileBackend, LogError> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                enqueued: setup.events,
+                durable: setup.events,
+                window_start: None,
+                flush_requested: false,
+                idle: false,
+                closing: false,
+                stopped: false,
+                poisoned: None,
+                waiters: Vec::new(),
+            }),
+            wake: Condvar::new(),
+        });
+        let writer = Writer {
+            shared: Arc::clone(&shared),
+            file: setup.file,
+            durability: setup.durability,
+            fault: setup.fault,
+            durable_len: setup.len,
+            batch: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("kerman-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| LogError::io("starting the session writer thread", e))?;
+        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// Stops the writer after it has drained, and waits for it unless called from the writer
+    /// itself (a flush callback dropping the last handle of its log).
+    fn stop(&self) -> Result<(), LogError> {
+        {
+            let mut st = lock(&self.shared);
+            st.closing = true;
+        }
+        self.shared.wake.notify_one();
+        let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let Some(handle) = handle else { return Ok(()) };
+        if handle.thread().id() == std::thread::current().id() {
+            // The writer finishes draining and releases the file once the callback returns.
+            return Ok(());
+        }
+        match crate::blocking::wait(|| handle.join()) {
+            Ok(result) => result,
+            Err(_) => Err(LogError::Write { detail: "the session writer thread panicked".into() }),
+        }
+    }
+}
+
+impl Backend for FileBackend {
+    fn enqueue(&self, event: &Event) -> Result<(), LogError> {
+        // Serialise before taking the lock the writer shares.
+        let json = event.to_json();
+        let mut st = lock(&self.shared);
+        if let Some(detail) = &st.poisoned {
+            return Err(LogError::Write { detail: detail.clone() });
+        }
+        if st.closing {
+            return Err(LogError::Closed { id: self.id.clone() });
+        }
+        if event.seq != st.enqueued {
+            return Err(LogError::InvalidEvent(format!("seq {} enqueued where {} was expected", event.seq, st.enqueued)));
+        }
+        let was_empty = st.pending.is_empty();
+        format::push_line(&mut st.pending, &json);
+        st.enqueued += 1;
+        if was_empty {
+            st.window_start = Some(Instant::now());
+            if st.idle {
+                // Only an idle writer needs a wake-up; a busy one looks again when done.
+                st.idle = false;
+                drop(st);
+                self.shared.wake.notify_one();
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self, done: FlushCallback) {
+        let mut st = lock(&self.shared);
+        let result = if let Some(detail) = &st.poisoned {
+            Err(LogError::Write { detail: detail.clone() })
+        } else if st.durable >= st.enqueued {
+            Ok(())
+        } else if st.stopped {
+            Err(LogError::Write { detail: "the session file was closed before the flush completed".into() })
+        } else {
+            let target = st.enqueued;
+            st.waiters.push((target, done));
+            st.flush_requested = true;
+            drop(st);
+            self.shared.wake.notify_one();
+            return;
+        };
+        drop(st);
+        done(result);
+    }
+
+    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        self.stop()
+    }
+}
+
+impl Drop for FileBackend {
+    fn drop(&mut self) {
+        // `SessionLog` closes its backend, but a backend dropped some other way must not leave
+        // its thread (and the session lock) behind.
+        let _ = self.stop();
+    }
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    file: File,
+    durability: Durability,
+    fault: Option<FaultHook>,
+    /// The file length that is durable; everything beyond it goes on failure.
+    durable_len: u64,
+    /// The batch being written (swapped with the pending buffer to reuse both allocations).
+    batch: Vec<u8>,
+}
+
+impl Writer {
+    fn run(mut self) -> Result<(), LogError> {
+        while let Some(upto) = self.next_batch() {
+            let outcome = self.write_batch();
+            self.batch.clear();
+            self.finish(upto, outcome);
+        }
+        self.shutdown()
+    }
+
+    fn injected(&self, point: FaultPoint) -> Option<std::io::Error> {
+        self.fault.as_ref().and_then(|fault| fault(point))
+    }
+
+    /// Waits until a batch is due, takes it into `self.batch` and returns the event count it
+    /// completes; `None` once closing with nothing left (or poisoned).
+    fn next_batch(&mut self) -> Option<u64> {
+        let mut st = lock(&self.shared);
+        loop {
+            if st.poisoned.is_some() {
+                if st.closing {
+                    return None;
+                }
+                st = self.shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            if !st.pending.is_empty() {
+                let windowed = matches!(self.durability, Durability::Checkpoint | Durability::Batch);
+                let deadline = match st.window_start {
+                    Some(start) if windowed && !st.flush_requested && !st.closing => Some(start + WINDOW),
+                    _ => None,
+                };
+                let now = Instant::now();
+                if let Some(deadline) = deadline.filter(|d| *d > now) {
+                    st = self.shared.wake.wait_timeout(st, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+                    continue;
+                }
+                std::mem::swap(&mut st.pending, &mut self.batch);
+                st.window_start = None;
+                st.flush_requested = false;
+                return Some(st.enqueued);
+            }
+            if st.closing {
+                return None;
+            }
+            st.flush_requested = false;
+            st.idle = true;
+            st = self.shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st.idle = false;
+        }
+    }
+
+    fn write_batch(&mut self) -> Result<(), String> {
+        if let Some(e) = self.injected(FaultPoint::Write) {
+            // Simulates a short write followed by an error, so the cleanup is exercised.
+            let _ = self.file.write_all_at(&self.batch[..self.batch.len() / 2], self.durable_len);
+            return Err(format!("write failed: {e}"));
+        }
+        self.file.write_all_at(&self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
+        let written = self.durable_len + self.batch.len() as u64;
+        if self.durability != Durability::None {
+            if let Some(e) = self.injected(FaultPoint::Sync) {
+                return Err(format!("fsync failed: {e}"));
+            }
+            self.file.sync_data().map_err(|e| format!("fsync failed: {e}"))?;
+        }
+        self.durable_len = written;
+        Ok(())
+    }
+
+    fn finish(&mut self, upto: u64, outcome: Result<(), String>) {
+        let (ready, result) = match outcome {
+            Ok(()) => {
+                let mut st = lock(&self.shared);
+                st.durable = upto;
+                let (ready, waiting) = std::mem::take(&mut st.waiters).into_iter().partition(|(target, _)| *target <= upto);
+                st.waiters = waiting;
+                (ready, Ok(()))
+            }
+            Err(mut detail) => {
+                // Cut the file back before anyone hears of the failure, so no partial record
+                // survives for a later open to mistake for a torn tail of durable data.
+                if let Err(e) = Ok::<(), std::io::Error>(()) {
+                    detail.push_str(&format!("; cutting the file back to {} bytes also failed: {e}", self.durable_len));
+                }
+                let mut st = lock(&self.shared);
+                st.poisoned = Some(detail.clone());
+                st.pending.clear();
+                (std::mem::take(&mut st.waiters), Err(detail))
+            }
+        };
+        for (_, done) in ready {
+            call(done, result.clone().map_err(|detail| LogError::Write { detail }));
+        }
+    }
+
+    /// The final sync, then the lock goes with the file.
+    fn shutdown(self) -> Result<(), LogError> {
+        let poisoned = lock(&self.shared).poisoned.clone();
+        let mut result = match poisoned {
+            Some(detail) => Err(LogError::Write { detail }),
+            None => Ok(()),
+        };
+        if result.is_ok() && self.durability != Durability::None {
+            let synced = match self.injected(FaultPoint::Sync) {
+                Some(e) => Err(e),
+                None => self.file.sync_data(),
+            };
+            if let Err(e) = synced {
+                result = Err(LogError::Write { detail: format!("final fsync failed: {e}") });
+            }
+        }
+        let _ = self.file.unlock();
+        drop(self.file);
+        let leftover = {
+            let mut st = lock(&self.shared);
+            st.stopped = true;
+            std::mem::take(&mut st.waiters)
+        };
+        for (_, done) in leftover {
+            call(done, Err(LogError::Write { detail: "the session file was closed before the flush completed".into() }));
+        }
+        result
+    }
+}

@@ -1,0 +1,310 @@
+//! `SessionLog`: the append-only list of events every other part projects from.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+use super::event::{is_reserved_type, is_surface_type, Event, Surface};
+use super::publish::{PublishLock, PublishToken};
+use super::LogError;
+use crate::json;
+
+/// Called once with the outcome of a flush barrier, possibly on another thread.
+pub type FlushCallback = Box<dyn FnOnce(Result<(), LogError>) + Send>;
+
+/// A post-commit observer. Runs on the appending thread, in seq order, while the log's publish
+/// token is held: it must not append to the same log (that is refused as reentrant).
+pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// A one-shot callback for "the log grew or closed" (used by async tails).
+pub type Waiter = Box<dyn FnOnce() + Send>;
+
+/// Where committed events go. Contract:
+/// * `enqueue` is called in seq order for every committed event, under the log's state lock; it
+///   must not block on I/O. An error refuses the append (nothing is committed).
+/// * `flush(done)` calls `done` once everything enqueued before the call is as durable as the
+///   backend's mode promises, or with the write error. It may call `done` at once, on the
+///   calling thread.
+/// * `close(events)` makes everything durable and releases the session (its lock); it is called
+///   once, with the log's final events, and may block (through [`crate::blocking::wait`]).
+pub trait Backend: Send + Sync {
+    fn enqueue(&self, event: &Event) -> Result<(), LogError>;
+    fn flush(&self, done: FlushCallback);
+    fn close(&self, events: &[Event]) -> Result<(), LogError>;
+}
+
+struct State {
+    events: Vec<Event>,
+    last_time: i64,
+    closed: bool,
+    observers: Arc<Vec<(u64, Observer)>>,
+    next_observer: u64,
+    waiters: Vec<Waiter>,
+    types: HashMap<Box<str>, Arc<str>>,
+}
+
+struct Shared {
+    id: String,
+    header: Map<String, Value>,
+    state: Mutex<State>,
+    publish: PublishLock,
+    backend: Box<dyn Backend>,
+}
+
+/// A handle on one session's log. Clones share the same log.
+#[derive(Clone)]
+pub struct SessionLog {
+    shared: Arc<Shared>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Wall-clock epoch milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A commit in progress: holds the publish token so observers of this commit run before any
+/// other append of the log (and an observer's own append is refused).
+pub struct Publishing<'a> {
+    log: &'a SessionLog,
+    _token: PublishToken<'a>,
+}
+
+impl Publishing<'_> {
+    /// Commits one event. `data` must be valid JSON text. `time` overrides the clock (crash
+    /// closers reuse the last event's time); it is still clamped to be non-decreasing.
+    pub(crate) fn commit(
+        &self,
+        kind: &str,
+        data: String,
+        surface: Option<Surface>,
+        time: Option<i64>,
+    ) -> Result<Event, LogError> {
+        let shared = &self.log.shared;
+        let mut st = lock(&shared.state);
+        if st.closed {
+            return Err(LogError::Closed { id: shared.id.clone() });
+        }
+        let time = time.unwrap_or_else(now_ms).max(st.last_time);
+        let kind = intern(&mut st.types, kind);
+        let event = Event::new(st.events.len() as u64, time, kind, Arc::from(data), surface);
+        shared.backend.enqueue(&event)?;
+        st.last_time = time;
+        st.events.push(event.clone());
+        Ok(event)
+    }
+
+    /// Runs the observers for `event`, then wakes waiters. Call once per commit, after it.
+    pub(crate) fn notify(&self, event: &Event) {
+        let (observers, waiters) = {
+            let mut st = lock(&self.log.shared.state);
+            (Arc::clone(&st.observers), std::mem::take(&mut st.waiters))
+        };
+        for (_, observer) in observers.iter() {
+            observer(event);
+        }
+        for waiter in waiters {
+            waiter();
+        }
+    }
+}
+
+fn intern(types: &mut HashMap<Box<str>, Arc<str>>, kind: &str) -> Arc<str> {
+    if let Some(k) = types.get(kind) {
+        return Arc::clone(k);
+    }
+    let k: Arc<str> = Arc::from(kind);
+    types.insert(kind.into(), Arc::clone(&k));
+    k
+}
+
+impl SessionLog {
+    /// A log over already-committed `events` (a new session has none), writing to `backend`.
+    pub fn from_parts(id: String, header: Map<String, Value>, events: Vec<Event>, backend: Box<dyn Backend>) -> Self {
+        let mut types = HashMap::new();
+        let events: Vec<Event> = events
+            .into_iter()
+            .map(|e| {
+                let kind = intern(&mut types, e.kind());
+                Event::new(e.seq, e.time, kind, Arc::from(e.data_json()), e.surface().cloned())
+            })
+            .collect();
+        let last_time = events.last().map_or(i64::MIN, |e| e.time);
+        SessionLog {
+            shared: Arc::new(Shared {
+                id,
+                header,
+                state: Mutex::new(State {
+                    events,
+                    last_time,
+                    closed: false,
+                    observers: Arc::new(Vec::new()),
+                    next_observer: 0,
+                    waiters: Vec::new(),
+                    types,
+                }),
+                publish: PublishLock::default(),
+                backend,
+            }),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The session header: `version`, `id`, `createdAt`, and whatever else the store recorded.
+    pub fn header(&self) -> &Map<String, Value> {
+        &self.shared.header
+    }
+
+    /// The number of committed events, which is also the next seq.
+    pub fn len(&self) -> u64 {
+        lock(&self.shared.state).events.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, seq: u64) -> Option<Event> {
+        lock(&self.shared.state).events.get(seq as usize).cloned()
+    }
+
+    /// Committed events with `start <= seq < stop` (stop clamped to the length).
+    pub fn range(&self, start: u64, stop: Option<u64>) -> Vec<Event> {
+        let st = lock(&self.shared.state);
+        let len = st.events.len() as u64;
+        let stop = stop.unwrap_or(len).min(len);
+        if start >= stop {
+            return Vec::new();
+        }
+        st.events[start as usize..stop as usize].to_vec()
+    }
+
+    /// Calls `f` with the committed events, under the state lock (keep it short; no appends).
+    pub fn with_events<R>(&self, f: impl FnOnce(&[Event]) -> R) -> R {
+        f(&lock(&self.shared.state).events)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared.state).closed
+    }
+
+    /// Appends a plugin event. Types owned by the Inbox and the AgentLoop are refused.
+    pub fn append(&self, kind: &str, data: &Value) -> Result<Event, LogError> {
+        self.append_public(kind, json::compact(data))
+    }
+
+    /// [`append`](Self::append) with the payload already as JSON text (the binding's fast path).
+    pub(crate) fn append_public(&self, kind: &str, data: String) -> Result<Event, LogError> {
+        if kind.is_empty() {
+            return Err(LogError::InvalidType(kind.into()));
+        }
+        if is_reserved_type(kind) {
+            return Err(LogError::ReservedType(kind.into()));
+        }
+        self.append_owned(kind, data, None)
+    }
+
+    /// Appends any type, including the reserved ones (for the Inbox, the loop and the closers).
+    pub(crate) fn append_owned(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<Event, LogError> {
+        if is_surface_type(kind) != surface.is_some() {
+            return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
+        }
+        let publishing = self.publishing()?;
+        let event = publishing.commit(kind, data, surface, None)?;
+        publishing.notify(&event);
+        Ok(event)
+    }
+
+    /// Takes the publish token for a commit-then-notify sequence.
+    pub fn publishing(&self) -> Result<Publishing<'_>, LogError> {
+        let token = self.shared.publish.acquire().ok_or(LogError::Reentrant)?;
+        Ok(Publishing { log: self, _token: token })
+    }
+
+    /// Registers a post-commit observer; returns its id for [`unsubscribe`](Self::unsubscribe).
+    pub fn subscribe(&self, observer: Observer) -> u64 {
+        let mut st = lock(&self.shared.state);
+        let id = st.next_observer;
+        st.next_observer += 1;
+        let mut observers: Vec<(u64, Observer)> = st.observers.as_ref().clone();
+        observers.push((id, observer));
+        st.observers = Arc::new(observers);
+        id
+    }
+
+    /// Removes an observer; false if it was not registered.
+    pub fn unsubscribe(&self, id: u64) -> bool {
+        let mut st = lock(&self.shared.state);
+        let before = st.observers.len();
+        let observers: Vec<(u64, Observer)> = st.observers.iter().filter(|(i, _)| *i != id).cloned().collect();
+        let removed = observers.len() != before;
+        st.observers = Arc::new(observers);
+        removed
+    }
+
+    /// Calls `waiter` once the log holds more than `len` events or is closed (at once if so).
+    pub fn wait_beyond(&self, len: u64, waiter: Waiter) {
+        let mut st = lock(&self.shared.state);
+        if st.closed || st.events.len() as u64 > len {
+            drop(st);
+            waiter();
+        } else {
+            st.waiters.push(waiter);
+        }
+    }
+
+    /// The durability barrier: `done` runs once everything appended so far is durable.
+    pub fn flush(&self, done: FlushCallback) {
+        self.shared.backend.flush(done);
+    }
+
+    /// Blocks until everything appended so far is durable.
+    pub fn flush_blocking(&self) -> Result<(), LogError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.flush(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        crate::blocking::wait(|| rx.recv().unwrap_or(Ok(())))
+    }
+
+    /// Closes the log: flushes, releases the session, wakes waiters. Idempotent.
+    pub fn close(&self) -> Result<(), LogError> {
+        let (events, waiters) = {
+            let mut st = lock(&self.shared.state);
+            if st.closed {
+                return Ok(());
+            }
+            st.closed = true;
+            (st.events.clone(), std::mem::take(&mut st.waiters))
+        };
+        let result = self.shared.backend.close(&events);
+        for waiter in waiters {
+            waiter();
+        }
+        result
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !st.closed {
+            st.closed = true;
+            let _ = self.backend.close(&st.events);
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionLog({:?}, len={})", self.shared.id, self.len())
+    }
+}

@@ -1,0 +1,19 @@
+//! The session log: events, the append path, and the stores that keep logs.
+
+mod closers;
+mod error;
+mod event;
+pub mod file;
+mod log;
+mod memory;
+mod publish;
+mod store;
+
+pub use closers::close_open_turn;
+pub use error::LogError;
+pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, SPLICED, SURFACE_TYPES};
+pub use file::{Durability, FileStore};
+pub use log::{now_ms, Backend, FlushCallback, Observer, Publishing, SessionLog, Waiter};
+pub use memory::MemoryStore;
+pub use store::{Store, FORMAT_VERSION};
+pub(crate) use store::{check_id, new_header, resolve_id};

@@ -1,0 +1,72 @@
+//! The publish token: serialises commit-and-notify per log and detects reentrant appends.
+//!
+//! Observers run after commit while the token is held, so every observer sees events in seq
+//! order. The owning thread is recorded: an append from that same thread (an observer appending
+//! to its own log) is refused instead of deadlocking. Other threads wait, through
+//! [`crate::blocking::wait`], so an embedding runtime can release its global lock.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, ThreadId};
+
+#[derive(Default)]
+pub(crate) struct PublishLock {
+    owner: Mutex<Option<ThreadId>>,
+    released: Condvar,
+}
+
+/// Proof that this thread holds the publish token; releases it on drop.
+pub(crate) struct PublishToken<'a> {
+    lock: &'a PublishLock,
+}
+
+fn relock<'a, T>(r: Result<MutexGuard<'a, T>, PoisonError<MutexGuard<'a, T>>>) -> MutexGuard<'a, T> {
+    r.unwrap_or_else(PoisonError::into_inner)
+}
+
+impl PublishLock {
+    /// Takes the token, or returns `None` if this thread already holds it (reentrancy).
+    pub(crate) fn acquire(&self) -> Option<PublishToken<'_>> {
+        let me = thread::current().id();
+        let mut owner = relock(self.owner.lock());
+        if *owner == Some(me) {
+            return None;
+        }
+        if owner.is_some() {
+            drop(owner);
+            owner = crate::blocking::wait(|| {
+                let mut owner = relock(self.owner.lock());
+                while owner.is_some() {
+                    owner = relock(self.released.wait(owner));
+                }
+                owner
+            });
+        }
+        *owner = Some(me);
+        Some(PublishToken { lock: self })
+    }
+}
+
+impl Drop for PublishToken<'_> {
+    fn drop(&mut self) {
+        *relock(self.lock.owner.lock()) = None;
+        self.lock.released.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn same_thread_is_refused_other_threads_wait() {
+        let lock = Arc::new(PublishLock::default());
+        let token = lock.acquire().unwrap();
+        assert!(lock.acquire().is_none());
+        let other = Arc::clone(&lock);
+        let handle = thread::spawn(move || other.acquire().is_some());
+        drop(token);
+        assert!(handle.join().unwrap());
+        assert!(lock.acquire().is_some());
+    }
+}

@@ -1,0 +1,53 @@
+//! The `Store` trait: where sessions live, by id.
+
+use serde_json::{Map, Value};
+
+use super::log::{now_ms, SessionLog};
+use super::LogError;
+
+/// The on-disk and in-memory format version this build writes and reads.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// A place sessions live. Contract:
+/// * `create` makes a new, empty session owned by the returned log (minting a UUIDv7 id when
+///   `None`); an existing id is `Exists`.
+/// * `open` hands out the one owning log of an existing session: it verifies what is stored,
+///   repairs a torn tail, and appends deterministic closers if the log ends inside an open turn.
+///   A session another handle owns is `Locked`.
+/// * `list` names sessions holding at least one event; `exists` any created id; `delete`
+///   removes a session nobody owns.
+pub trait Store: Send + Sync {
+    fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError>;
+    fn open(&self, id: &str) -> Result<SessionLog, LogError>;
+    fn list(&self) -> Result<Vec<String>, LogError>;
+    fn exists(&self, id: &str) -> Result<bool, LogError>;
+    fn delete(&self, id: &str) -> Result<(), LogError>;
+}
+
+/// A session id for `create`: the given one (checked) or a fresh UUIDv7.
+pub(crate) fn resolve_id(id: Option<&str>) -> Result<String, LogError> {
+    match id {
+        None => Ok(crate::message::new_id()),
+        Some(id) => check_id(id).map(|_| id.to_string()),
+    }
+}
+
+/// Session ids are any non-empty string without NUL; stores encode them safely.
+pub(crate) fn check_id(id: &str) -> Result<(), LogError> {
+    if id.is_empty() {
+        return Err(LogError::InvalidId("a session id must be a non-empty string".into()));
+    }
+    if id.contains('\0') {
+        return Err(LogError::InvalidId(format!("{id:?} contains NUL")));
+    }
+    Ok(())
+}
+
+/// The header of a new session: `{version, id, createdAt}`.
+pub(crate) fn new_header(id: &str) -> Map<String, Value> {
+    let mut header = Map::new();
+    header.insert("version".into(), Value::from(FORMAT_VERSION));
+    header.insert("id".into(), Value::String(id.into()));
+    header.insert("createdAt".into(), Value::from(now_ms()));
+    header
+}

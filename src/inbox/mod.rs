@@ -1,0 +1,297 @@
+//! The inbox: two lists of pending user messages, a projection of the log's splices.
+//!
+//! Every mutation follows one protocol (reference 3.5): normalise; skip a no-op; validate;
+//! append one `agent/inbox/spliced` event; run the log's observers (they still see the lists
+//! as they were, so they can rebuild removed messages from the coordinates); apply the splice
+//! to the lists; then, with no lock held, notify the listener (discarded before inserted).
+//! The log's publish token is held from validation to application, so mutations from several
+//! threads serialise and an observer that mutates the inbox is refused as reentrant.
+
+mod splice;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::Value;
+
+pub use splice::{normalize, placement, Lists, Splice, SpliceError, Target};
+
+use crate::event_log::{LogError, SessionLog, SPLICED};
+use crate::message::{Message, MessageKind};
+
+/// Live notifications of an inbox: called after each mutation, on the mutating thread.
+pub trait InboxListener: Send + Sync {
+    fn inserted(&self, _message: &Arc<Message>) {}
+    fn discarded(&self, _message: &Arc<Message>) {}
+    fn claimed(&self, _message: &Arc<Message>, _turn: u64) {}
+}
+
+/// Errors of live inbox mutations.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// The inserted message's id is already pending.
+    Duplicate(String),
+    /// Only user messages can be queued.
+    NotUserMessage(String),
+    /// The durable append failed (closed, poisoned, reentrant...); nothing changed.
+    Log(LogError),
+}
+
+impl fmt::Display for InboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InboxError::Duplicate(id) => write!(f, "message \"{id}\" is already pending"),
+            InboxError::NotUserMessage(id) => write!(f, "message \"{id}\" is not a user message; only user messages can be queued"),
+            InboxError::Log(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for InboxError {}
+
+impl From<LogError> for InboxError {
+    fn from(e: LogError) -> Self {
+        InboxError::Log(e)
+    }
+}
+
+/// A persisted splice that cannot be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectionError {
+    pub seq: u64,
+    pub cause: SpliceError,
+}
+
+impl fmt::Display for ProjectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid persisted inbox splice at session seq {}: {}", self.seq, self.cause)
+    }
+}
+
+impl std::error::Error for ProjectionError {}
+
+/// What one applied splice did.
+struct Applied {
+    removed: Vec<Arc<Message>>,
+    inserted: Vec<Arc<Message>>,
+    canceled: bool,
+}
+
+struct Shared {
+    log: SessionLog,
+    lists: Mutex<Lists>,
+    listener: Option<Box<dyn InboxListener>>,
+}
+
+/// The inbox of one session. Clones share it. All methods are thread-safe.
+#[derive(Clone)]
+pub struct Inbox {
+    shared: Arc<Shared>,
+}
+
+fn lock(m: &Mutex<Lists>) -> MutexGuard<'_, Lists> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Folds the splices of `events` (from `seed_length` on) into lists, validating each.
+pub fn replay<'a>(events: impl IntoIterator<Item = &'a crate::event_log::Event>, seed_length: u64) -> Result<Lists, ProjectionError> {
+    let mut lists = Lists::default();
+    for event in events {
+        if event.kind() != SPLICED || event.seq < seed_length {
+            continue;
+        }
+        let fail = |cause| ProjectionError { seq: event.seq, cause };
+        let splice = Splice::from_value(&event.data()).map_err(fail)?;
+        lists.splice(&splice).map_err(fail)?;
+    }
+    Ok(lists)
+}
+
+impl Inbox {
+    /// An inbox over `log`, replaying its splices (those at or after `header.seedLength`).
+    pub fn new(log: SessionLog, listener: Option<Box<dyn InboxListener>>) -> Result<Inbox, ProjectionError> {
+        let seed_length = log.header().get("seedLength").and_then(Value::as_u64).unwrap_or(0);
+        let lists = log.with_events(|events| replay(events, seed_length))?;
+        Ok(Inbox { shared: Arc::new(Shared { log, lists: Mutex::new(lists), listener }) })
+    }
+
+    pub fn log(&self) -> &SessionLog {
+        &self.shared.log
+    }
+
+    /// A copy of both lists.
+    pub fn snapshot(&self) -> Lists {
+        lock(&self.shared.lists).clone()
+    }
+
+    pub fn list(&self, target: Target) -> Vec<Arc<Message>> {
+        lock(&self.shared.lists).list(target).to_vec()
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.shared.lists).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.is_empty()
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        lock(&self.shared.lists).contains(id)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Message>> {
+        lock(&self.shared.lists).get(id).cloned()
+    }
+
+    /// Runs one mutation: `plan` sees the current lists and proposes a normalised splice (or
+    /// `None` for a no-op).
+    fn mutate(&self, plan: impl FnOnce(&Lists) -> Option<Splice>) -> Result<Option<Applied>, InboxError> {
+        let publishing = self.shared.log.publishing()?;
+        let splice = {
+            let lists = lock(&self.shared.lists);
+            let Some(splice) = plan(&lists) else { return Ok(None) };
+            if splice.removed == 0 && splice.inserted.is_empty() {
+                return Ok(None);
+            }
+            lists.validate(&splice).map_err(|e| match e {
+                SpliceError::Duplicate(id) => InboxError::Duplicate(id),
+                SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
+            })?;
+            splice
+        };
+        let event = publishing.commit(SPLICED, splice.to_json(), None, None)?;
+        publishing.notify(&event);
+        let removed = lock(&self.shared.lists).apply(&splice);
+        drop(publishing);
+        Ok(Some(Applied { removed, inserted: splice.inserted, canceled: splice.canceled }))
+    }
+
+    fn announce(&self, applied: &Applied) {
+        let Some(listener) = &self.shared.listener else { return };
+        if applied.canceled {
+            for m in &applied.removed {
+                listener.discarded(m);
+            }
+        }
+        for m in &applied.inserted {
+            listener.inserted(m);
+        }
+    }
+
+    fn check_user(message: &Message) -> Result<(), InboxError> {
+        match message.kind() {
+            MessageKind::User => Ok(()),
+            _ => Err(InboxError::NotUserMessage(message.id().to_string())),
+        }
+    }
+
+    /// The general mutation, with Python slice semantics for `start` and `delete_count`.
+    /// Returns the removed messages.
+    pub fn splice(
+        &self,
+        target: Target,
+        start: i64,
+        delete_count: i64,
+        inserted: Vec<Arc<Message>>,
+    ) -> Result<Vec<Arc<Message>>, InboxError> {
+        for m in &inserted {
+            Self::check_user(m)?;
+        }
+        let applied = self.mutate(|lists| {
+            let (start, removed) = normalize(lists.list(target).len(), start, delete_count);
+            Some(Splice { target, start, removed, inserted, canceled: true })
+        })?;
+        Ok(match applied {
+            Some(applied) => {
+                self.announce(&applied);
+                applied.removed
+            }
+            None => Vec::new(),
+        })
+    }
+
+    pub fn append(&self, target: Target, message: Arc<Message>) -> Result<(), InboxError> {
+        self.splice(target, i64::MAX, 0, vec![message]).map(|_| ())
+    }
+
+    pub fn prepend(&self, target: Target, message: Arc<Message>) -> Result<(), InboxError> {
+        self.splice(target, 0, 0, vec![message]).map(|_| ())
+    }
+
+    /// Replaces the pending message `id` (wherever it is) by `message`; false if not pending.
+    pub fn replace(&self, id: &str, message: Arc<Message>) -> Result<bool, InboxError> {
+        Self::check_user(&message)?;
+        let applied = self.mutate(|lists| {
+            let (target, start) = lists.locate(id)?;
+            Some(Splice { target, start, removed: 1, inserted: vec![message], canceled: true })
+        })?;
+        Ok(applied.map(|a| self.announce(&a)).is_some())
+    }
+
+    /// Removes the pending message `id`; false if not pending.
+    pub fn remove(&self, id: &str) -> Result<bool, InboxError> {
+        let applied = self.mutate(|lists| {
+            let (target, start) = lists.locate(id)?;
+            Some(Splice { target, start, removed: 1, inserted: Vec::new(), canceled: true })
+        })?;
+        Ok(applied.map(|a| self.announce(&a)).is_some())
+    }
+
+    /// Cancels everything: `next-step` first, then `next-turn`. Returns what was removed, in
+    /// that order.
+    pub fn clear(&self) -> Result<Vec<Arc<Message>>, InboxError> {
+        let mut out = Vec::new();
+        for target in [Target::NextStep, Target::NextTurn] {
+            let applied = self.mutate(|lists| {
+                let len = lists.list(target).len();
+                Some(Splice { target, start: 0, removed: len, inserted: Vec::new(), canceled: true })
+            })?;
+            if let Some(applied) = applied {
+                self.announce(&applied);
+                out.extend(applied.removed);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The loop's step-boundary operation: pure deletion of all of `next-step`, then (at a turn
+    /// boundary) the head of `next-turn`; then `claimed` per message, in batch order.
+    pub fn claim(&self, target: Target, turn: u64) -> Result<Vec<Arc<Message>>, InboxError> {
+        let mut batch = Vec::new();
+        let step = self.mutate(|lists| {
+            let len = lists.next_step.len();
+            Some(Splice { target: Target::NextStep, start: 0, removed: len, inserted: Vec::new(), canceled: false })
+        })?;
+        if let Some(step) = step {
+            batch.extend(step.removed);
+        }
+        if target == Target::NextTurn {
+            let head = self.mutate(|lists| {
+                let removed = lists.next_turn.len().min(1);
+                Some(Splice { target: Target::NextTurn, start: 0, removed, inserted: Vec::new(), canceled: false })
+            })?;
+            if let Some(head) = head {
+                batch.extend(head.removed);
+            }
+        }
+        if let Some(listener) = &self.shared.listener {
+            for m in &batch {
+                listener.claimed(m, turn);
+            }
+        }
+        Ok(batch)
+    }
+}
+
+impl fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lists = lock(&self.shared.lists);
+        write!(f, "Inbox(next_turn={}, next_step={})", lists.next_turn.len(), lists.next_step.len())
+    }
+}

@@ -1,0 +1,296 @@
+//! Splices: the one mutation of the inbox lists, shared by live mutations, replay and folds.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::message::{Message, MessageKind};
+
+/// Which inbox list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Ordinary prompts, one per turn.
+    NextTurn,
+    /// Input for the nearest step boundary: steering, injected context, tool contexts.
+    NextStep,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::NextTurn => "next-turn",
+            Target::NextStep => "next-step",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Target> {
+        match s {
+            "next-turn" => Some(Target::NextTurn),
+            "next-step" => Some(Target::NextStep),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a splice cannot apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpliceError {
+    /// Coordinates outside the list, or a payload of the wrong shape (replay only).
+    Invalid(String),
+    /// An inserted id that is already pending (or inserted twice).
+    Duplicate(String),
+}
+
+impl fmt::Display for SpliceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpliceError::Invalid(detail) if detail.is_empty() => write!(f, "invalid inbox splice"),
+            SpliceError::Invalid(detail) => write!(f, "invalid inbox splice: {detail}"),
+            SpliceError::Duplicate(id) => write!(f, "message \"{id}\" is already pending"),
+        }
+    }
+}
+
+impl std::error::Error for SpliceError {}
+
+/// A normalised splice: remove `removed` items at `start` of `target`, insert `inserted` there.
+#[derive(Clone, Debug)]
+pub struct Splice {
+    pub target: Target,
+    pub start: usize,
+    pub removed: usize,
+    pub inserted: Vec<Arc<Message>>,
+    /// An ordinary removal (`outcome: "canceled"`), as opposed to a claim.
+    pub canceled: bool,
+}
+
+impl Splice {
+    /// The `agent/inbox/spliced` payload, keys in the reference's order.
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(64 + self.inserted.iter().map(|m| m.json().len()).sum::<usize>());
+        out.push_str("{\"target\":\"");
+        out.push_str(self.target.as_str());
+        out.push_str("\",\"start\":");
+        out.push_str(&self.start.to_string());
+        if self.removed > 0 {
+            out.push_str(",\"removedCount\":");
+            out.push_str(&self.removed.to_string());
+        }
+        out.push_str(",\"inserted\":[");
+        for (i, m) in self.inserted.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(m.json());
+        }
+        out.push(']');
+        if self.canceled && self.removed > 0 {
+            out.push_str(",\"outcome\":\"canceled\"");
+        }
+        out.push('}');
+        out
+    }
+
+    /// Parses a logged payload. Unknown extra fields are ignored; `outcome` does not change
+    /// the effect on the lists.
+    pub fn from_value(data: &Value) -> Result<Splice, SpliceError> {
+        let invalid = |d: &str| SpliceError::Invalid(d.to_string());
+        let obj = data.as_object().ok_or_else(|| invalid("payload is not an object"))?;
+        let target = obj
+            .get("target")
+            .and_then(Value::as_str)
+            .and_then(Target::parse)
+            .ok_or_else(|| invalid("target must be \"next-turn\" or \"next-step\""))?;
+        let start = obj.get("start").and_then(safe_index).ok_or_else(|| invalid("start must be a non-negative integer"))?;
+        let removed = match obj.get("removedCount") {
+            None => 0,
+            Some(v) => safe_index(v).ok_or_else(|| invalid("removedCount must be a non-negative integer"))?,
+        };
+        let items = obj.get("inserted").and_then(Value::as_array).ok_or_else(|| invalid("inserted must be a list"))?;
+        let mut inserted = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let m = Message::from_value(item).map_err(|e| SpliceError::Invalid(format!("inserted[{i}]: {e}")))?;
+            if m.kind() != MessageKind::User {
+                return Err(SpliceError::Invalid(format!("inserted[{i}] is not a user message")));
+            }
+            inserted.push(Arc::new(m));
+        }
+        let canceled = obj.get("outcome").and_then(Value::as_str) == Some("canceled");
+        Ok(Splice { target, start, removed, inserted, canceled })
+    }
+}
+
+/// A JSON number that is a safe, non-negative integer (JavaScript's `Number.isSafeInteger`).
+fn safe_index(v: &Value) -> Option<usize> {
+    const MAX_SAFE: u64 = (1 << 53) - 1;
+    if let Some(u) = v.as_u64() {
+        return (u <= MAX_SAFE).then_some(u as usize);
+    }
+    let f = v.as_f64()?;
+    (f >= 0.0 && f.fract() == 0.0 && f <= MAX_SAFE as f64).then_some(f as usize)
+}
+
+/// Python slice semantics for live coordinates (SPEC 4.1): negative `start` counts from the
+/// end and clamps at 0, `start > len` clamps to `len`, negative `delete` is 0, and deletion
+/// clamps to what is there.
+pub fn normalize(len: usize, start: i64, delete: i64) -> (usize, usize) {
+    let len_i = len as i64;
+    let start = if start < 0 { (len_i + start).max(0) } else { start.min(len_i) } as usize;
+    let delete = (delete.max(0) as u64).min((len - start) as u64) as usize;
+    (start, delete)
+}
+
+/// The two pending lists plus an index of pending ids.
+#[derive(Clone, Debug, Default)]
+pub struct Lists {
+    pub next_turn: Vec<Arc<Message>>,
+    pub next_step: Vec<Arc<Message>>,
+    ids: HashSet<String>,
+}
+
+impl Lists {
+    pub fn list(&self, target: Target) -> &[Arc<Message>] {
+        match target {
+            Target::NextTurn => &self.next_turn,
+            Target::NextStep => &self.next_step,
+        }
+    }
+
+    fn list_mut(&mut self, target: Target) -> &mut Vec<Arc<Message>> {
+        match target {
+            Target::NextTurn => &mut self.next_turn,
+            Target::NextStep => &mut self.next_step,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.next_turn.len() + self.next_step.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.ids.contains(id)
+    }
+
+    /// Finds a pending message: `next-turn` first, then `next-step`.
+    pub fn locate(&self, id: &str) -> Option<(Target, usize)> {
+        if !self.ids.contains(id) {
+            return None;
+        }
+        for target in [Target::NextTurn, Target::NextStep] {
+            if let Some(i) = self.list(target).iter().position(|m| m.id() == id) {
+                return Some((target, i));
+            }
+        }
+        None
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<Message>> {
+        self.locate(id).map(|(t, i)| &self.list(t)[i])
+    }
+
+    /// Checks a splice against the current lists (reference 3.4): coordinates in range, and
+    /// no id pending twice afterwards.
+    pub fn validate(&self, s: &Splice) -> Result<(), SpliceError> {
+        let list = self.list(s.target);
+        if s.start > list.len() || s.start + s.removed > list.len() {
+            return Err(SpliceError::Invalid(String::new()));
+        }
+        let removed: Vec<&str> = list[s.start..s.start + s.removed].iter().map(|m| m.id()).collect();
+        let mut seen: HashSet<&str> = HashSet::with_capacity(s.inserted.len());
+        for m in &s.inserted {
+            let id = m.id();
+            if !seen.insert(id) || (self.ids.contains(id) && !removed.contains(&id)) {
+                return Err(SpliceError::Duplicate(id.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a validated splice; returns the removed messages.
+    pub fn apply(&mut self, s: &Splice) -> Vec<Arc<Message>> {
+        let list = self.list_mut(s.target);
+        let removed: Vec<Arc<Message>> = list.splice(s.start..s.start + s.removed, s.inserted.iter().cloned()).collect();
+        for m in &removed {
+            self.ids.remove(m.id());
+        }
+        for m in &s.inserted {
+            self.ids.insert(m.id().to_string());
+        }
+        removed
+    }
+
+    /// Validates then applies.
+    pub fn splice(&mut self, s: &Splice) -> Result<Vec<Arc<Message>>, SpliceError> {
+        self.validate(s)?;
+        Ok(self.apply(s))
+    }
+}
+
+/// The placement of a pending message, as a queue UI shows it.
+pub fn placement(target: Target, message: &Message) -> &'static str {
+    match target {
+        Target::NextTurn => "queued",
+        Target::NextStep if message.source_kind() == "user" => "steering",
+        Target::NextStep => "context",
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: &str) -> Arc<Message> {
+        Arc::new(Message::user(vec![], None, Some(id.into())).unwrap())
+    }
+
+    #[test]
+    fn normalize_follows_python_slices() {
+        assert_eq!(normalize(2, -1, 1), (1, 1));
+        assert_eq!(normalize(2, -5, 1), (0, 1));
+        assert_eq!(normalize(2, 9, 1), (2, 0));
+        assert_eq!(normalize(3, 1, -4), (1, 0));
+        assert_eq!(normalize(3, 1, 99), (1, 2));
+        assert_eq!(normalize(0, i64::MIN, i64::MAX), (0, 0));
+    }
+
+    #[test]
+    fn payload_key_order() {
+        let s = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true };
+        assert_eq!(s.to_json(), r#"{"target":"next-step","start":0,"removedCount":1,"inserted":[],"outcome":"canceled"}"#);
+        let s = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![], canceled: false };
+        assert_eq!(s.to_json(), r#"{"target":"next-turn","start":0,"removedCount":1,"inserted":[]}"#);
+    }
+
+    #[test]
+    fn duplicates_are_refused_across_lists() {
+        let mut lists = Lists::default();
+        let a = msg("a");
+        lists.splice(&Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false }).unwrap();
+        let dup = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false };
+        assert_eq!(lists.validate(&dup), Err(SpliceError::Duplicate("a".into())));
+        let same_id_replace = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![a], canceled: true };
+        assert!(lists.validate(&same_id_replace).is_ok());
+        let twice = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![msg("b"), msg("b")], canceled: false };
+        assert_eq!(lists.validate(&twice), Err(SpliceError::Duplicate("b".into())));
+    }
+
+    #[test]
+    fn out_of_range_is_invalid() {
+        let lists = Lists::default();
+        let s = Splice { target: Target::NextTurn, start: 1, removed: 0, inserted: vec![], canceled: false };
+        assert!(matches!(lists.validate(&s), Err(SpliceError::Invalid(_))));
+    }
+}

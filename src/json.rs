@@ -1,0 +1,81 @@
+//! JSON helpers shared by the core: compact text, canonical text and key-order-free hashing.
+//!
+//! Values are `serde_json::Value` with `preserve_order`, so objects keep the key order they were
+//! built or parsed with; that order is part of what is written to the log.
+
+use serde_json::Value;
+
+/// Compact JSON text of `value` (no whitespace), keys in their stored order.
+pub fn compact(value: &Value) -> String {
+    // Serialising a `Value` cannot fail: it has no non-string keys and no non-finite floats.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// Canonical JSON text: compact, object keys sorted recursively. Two values that compare equal
+/// have the same canonical text.
+pub fn canonical(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&compact(&Value::String(key.clone())));
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        other => out.push_str(&compact(other)),
+    }
+}
+
+/// Appends `s` to `out` as a JSON string literal.
+pub fn push_str_literal(out: &mut String, s: &str) {
+    // serde_json's string escaping is the reference; a `&str` always serialises.
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn canonical_sorts_keys_at_every_depth() {
+        let a = json!({"b": 1, "a": {"d": [1, {"z": 0, "y": 1}], "c": null}});
+        assert_eq!(canonical(&a), r#"{"a":{"c":null,"d":[1,{"y":1,"z":0}]},"b":1}"#);
+    }
+
+    #[test]
+    fn compact_keeps_insertion_order() {
+        let a = json!({"b": 1, "a": 2});
+        assert_eq!(compact(&a), r#"{"b":1,"a":2}"#);
+    }
+
+    #[test]
+    fn string_literals_are_escaped() {
+        let mut out = String::new();
+        push_str_literal(&mut out, "a\"b\n");
+        assert_eq!(out, r#""a\"b\n""#);
+    }
+}

@@ -1,0 +1,462 @@
+//! Messages: immutable, identified values shared by the inbox, the log and model requests.
+//!
+//! A message is `{id, role, content, source}`. Content is a list of JSON blocks discriminated by
+//! `type`; source is a JSON object discriminated by `kind`. Unknown block types, source kinds
+//! and extra fields are kept verbatim. Shapes are validated at construction (SPEC D5) so nothing
+//! malformed can reach the log.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+
+use serde_json::{Map, Value};
+
+use crate::json;
+
+/// Which of the three message values a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// Role `user`: prompts, steering, injected context.
+    User,
+    /// Role `assistant`, source kind `model`.
+    Assistant,
+    /// Role `user`, source `{kind: "tool", callId}`, exactly one `tool-result` block.
+    ToolResult,
+}
+
+impl MessageKind {
+    /// The wire role of this kind.
+    pub fn role(self) -> &'static str {
+        match self {
+            MessageKind::Assistant => "assistant",
+            MessageKind::User | MessageKind::ToolResult => "user",
+        }
+    }
+}
+
+/// A message that failed shape validation; `field` names the offending part (`content[0].text`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl MessageError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        MessageError { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for MessageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid message {}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for MessageError {}
+
+/// An immutable message value. Equality and hashing are by value (object key order ignored).
+pub struct Message {
+    id: String,
+    kind: MessageKind,
+    content: Vec<Value>,
+    source: Map<String, Value>,
+    /// Compact JSON of the whole message, made once on first use (it is logged on every insert).
+    json: OnceLock<Arc<str>>,
+}
+
+impl Clone for Message {
+    fn clone(&self) -> Self {
+        Message {
+            id: self.id.clone(),
+            kind: self.kind,
+            content: self.content.clone(),
+            source: self.source.clone(),
+            json: self.json.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("id", &self.id)
+            .field("role", &self.kind.role())
+            .field("content", &self.content)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.kind == other.kind
+            && self.content == other.content
+            && self.source == other.source
+    }
+}
+
+impl Eq for Message {}
+
+impl Hash for Message {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+        self.kind.hash(state);
+        json::canonical(&Value::Array(self.content.clone())).hash(state);
+        json::canonical(&Value::Object(self.source.clone())).hash(state);
+    }
+}
+
+/// Mints a new message id: a UUIDv7 (time-ordered) in its text form.
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+fn text_block(text: &str) -> Value {
+    let mut block = Map::new();
+    block.insert("type".into(), Value::String("text".into()));
+    block.insert("text".into(), Value::String(text.into()));
+    Value::Object(block)
+}
+
+fn kind_source(kind: &str) -> Map<String, Value> {
+    let mut source = Map::new();
+    source.insert("kind".into(), Value::String(kind.into()));
+    source
+}
+
+impl Message {
+    /// A user message. `source` defaults to `{kind: "user"}`; `id` to a fresh UUIDv7.
+    pub fn user(
+        content: Vec<Value>,
+        source: Option<Map<String, Value>>,
+        id: Option<String>,
+    ) -> Result<Message, MessageError> {
+        let source = source.unwrap_or_else(|| kind_source("user"));
+        if source.get("kind").and_then(Value::as_str) == Some("tool") {
+            return Err(MessageError::new(
+                "source.kind",
+                "\"tool\" is reserved for tool results; use a ToolResultMessage",
+            ));
+        }
+        Message::build(MessageKind::User, content, source, id)
+    }
+
+    /// A user message holding one text block.
+    pub fn user_text(text: &str) -> Message {
+        Message {
+            id: new_id(),
+            kind: MessageKind::User,
+            content: vec![text_block(text)],
+            source: kind_source("user"),
+            json: OnceLock::new(),
+        }
+    }
+
+    /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
+    pub fn assistant(
+        content: Vec<Value>,
+        source: Option<Map<String, Value>>,
+        id: Option<String>,
+    ) -> Result<Message, MessageError> {
+        let source = source.unwrap_or_else(|| kind_source("model"));
+        Message::build(MessageKind::Assistant, content, source, id)
+    }
+
+    /// A tool result for `call_id`: one `tool-result` block wrapping `content`.
+    pub fn tool_result(
+        call_id: &str,
+        content: Vec<Value>,
+        is_error: bool,
+        id: Option<String>,
+    ) -> Result<Message, MessageError> {
+        let mut block = Map::new();
+        block.insert("type".into(), Value::String("tool-result".into()));
+        block.insert("toolCallId".into(), Value::String(call_id.into()));
+        block.insert("content".into(), Value::Array(content));
+        if is_error {
+            block.insert("isError".into(), Value::Bool(true));
+        }
+        let mut source = kind_source("tool");
+        source.insert("callId".into(), Value::String(call_id.into()));
+        Message::build(MessageKind::ToolResult, vec![Value::Object(block)], source, id)
+    }
+
+    /// Imports a message dict (`{id, role, content, source}`), keeping its id. The kind follows
+    /// from the role and source: `assistant`, a `tool` source, or an ordinary user message.
+    pub fn from_value(value: &Value) -> Result<Message, MessageError> {
+        let Value::Object(map) = value else {
+            return Err(MessageError::new("message", format!("expected an object, got {}", type_name(value))));
+        };
+        for key in map.keys() {
+            if !matches!(key.as_str(), "id" | "role" | "content" | "source") {
+                return Err(MessageError::new(key.clone(), "unknown message field"));
+            }
+        }
+        let id = match map.get("id") {
+            Some(Value::String(id)) => id.clone(),
+            Some(other) => return Err(MessageError::new("id", format!("expected a string, got {}", type_name(other)))),
+            None => return Err(MessageError::new("id", "missing")),
+        };
+        let role = match map.get("role") {
+            Some(Value::String(role)) => role.as_str(),
+            Some(other) => return Err(MessageError::new("role", format!("expected a string, got {}", type_name(other)))),
+            None => return Err(MessageError::new("role", "missing")),
+        };
+        let content = match map.get("content") {
+            Some(Value::Array(items)) => items.clone(),
+            Some(other) => return Err(MessageError::new("content", format!("expected a list, got {}", type_name(other)))),
+            None => return Err(MessageError::new("content", "missing")),
+        };
+        let source = match map.get("source") {
+            Some(Value::Object(source)) => source.clone(),
+            Some(other) => return Err(MessageError::new("source", format!("expected an object, got {}", type_name(other)))),
+            None => return Err(MessageError::new("source", "missing")),
+        };
+        let kind = match role {
+            "assistant" => MessageKind::Assistant,
+            "user" if source.get("kind").and_then(Value::as_str) == Some("tool") => MessageKind::ToolResult,
+            "user" => MessageKind::User,
+            other => {
+                return Err(MessageError::new("role", format!("expected \"user\" or \"assistant\", got {other:?}")))
+            }
+        };
+        Message::build(kind, content, source, Some(id))
+    }
+
+    fn build(
+        kind: MessageKind,
+        content: Vec<Value>,
+        source: Map<String, Value>,
+        id: Option<String>,
+    ) -> Result<Message, MessageError> {
+        let id = match id {
+            Some(id) if id.is_empty() => return Err(MessageError::new("id", "must be a non-empty string")),
+            Some(id) => id,
+            None => new_id(),
+        };
+        validate_blocks(&content, "content")?;
+        validate_source(kind, &content, &source)?;
+        Ok(Message { id, kind, content, source, json: OnceLock::new() })
+    }
+
+    /// The same message (same id, kind and source) with new content.
+    pub fn with_content(&self, content: Vec<Value>) -> Result<Message, MessageError> {
+        Message::build(self.kind, content, self.source.clone(), Some(self.id.clone()))
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn kind(&self) -> MessageKind {
+        self.kind
+    }
+
+    pub fn role(&self) -> &'static str {
+        self.kind.role()
+    }
+
+    pub fn content(&self) -> &[Value] {
+        &self.content
+    }
+
+    pub fn source(&self) -> &Map<String, Value> {
+        &self.source
+    }
+
+    /// `source.kind`, always present.
+    pub fn source_kind(&self) -> &str {
+        self.source.get("kind").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The text blocks joined with `\n`.
+    pub fn text(&self) -> String {
+        let texts: Vec<&str> = self
+            .content
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect();
+        texts.join("\n")
+    }
+
+    /// The message as a JSON object `{id, role, content, source}`.
+    pub fn to_value(&self) -> Value {
+        let mut map = Map::new();
+        map.insert("id".into(), Value::String(self.id.clone()));
+        map.insert("role".into(), Value::String(self.role().into()));
+        map.insert("content".into(), Value::Array(self.content.clone()));
+        map.insert("source".into(), Value::Object(self.source.clone()));
+        Value::Object(map)
+    }
+
+    /// Compact JSON of [`to_value`](Self::to_value), computed once.
+    pub fn json(&self) -> &str {
+        self.json.get_or_init(|| {
+            let mut out = String::with_capacity(64);
+            out.push_str("{\"id\":");
+            json::push_str_literal(&mut out, &self.id);
+            out.push_str(",\"role\":\"");
+            out.push_str(self.role());
+            out.push_str("\",\"content\":");
+            out.push_str(&serde_json::to_string(&self.content).unwrap_or_default());
+            out.push_str(",\"source\":");
+            out.push_str(&serde_json::to_string(&self.source).unwrap_or_default());
+            out.push('}');
+            out.into()
+        })
+    }
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "list",
+        Value::Object(_) => "object",
+    }
+}
+
+fn require_str(block: &Map<String, Value>, key: &str, path: &str) -> Result<(), MessageError> {
+    match block.get(key) {
+        Some(Value::String(_)) => Ok(()),
+        Some(other) => Err(MessageError::new(format!("{path}.{key}"), format!("expected a string, got {}", type_name(other)))),
+        None => Err(MessageError::new(format!("{path}.{key}"), "missing")),
+    }
+}
+
+fn validate_blocks(blocks: &[Value], path: &str) -> Result<(), MessageError> {
+    for (i, block) in blocks.iter().enumerate() {
+        let here = format!("{path}[{i}]");
+        let Value::Object(map) = block else {
+            return Err(MessageError::new(here, format!("expected a content block object, got {}", type_name(block))));
+        };
+        let kind = match map.get("type") {
+            Some(Value::String(kind)) if !kind.is_empty() => kind.as_str(),
+            Some(_) => return Err(MessageError::new(format!("{here}.type"), "expected a non-empty string")),
+            None => return Err(MessageError::new(format!("{here}.type"), "missing")),
+        };
+        match kind {
+            "text" | "reasoning" => require_str(map, "text", &here)?,
+            "tool-call" => {
+                require_str(map, "id", &here)?;
+                require_str(map, "name", &here)?;
+                require_str(map, "arguments", &here)?;
+            }
+            "tool-result" => {
+                require_str(map, "toolCallId", &here)?;
+                match map.get("content") {
+                    Some(Value::Array(inner)) => validate_blocks(inner, &format!("{here}.content"))?,
+                    Some(other) => {
+                        return Err(MessageError::new(format!("{here}.content"), format!("expected a list, got {}", type_name(other))))
+                    }
+                    None => return Err(MessageError::new(format!("{here}.content"), "missing")),
+                }
+                if let Some(flag) = map.get("isError") {
+                    if !flag.is_boolean() {
+                        return Err(MessageError::new(format!("{here}.isError"), "expected a bool"));
+                    }
+                }
+            }
+            // Unknown block types (and `image`, which only references an attachment) are kept as-is.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn validate_source(kind: MessageKind, content: &[Value], source: &Map<String, Value>) -> Result<(), MessageError> {
+    let source_kind = match source.get("kind") {
+        Some(Value::String(k)) if !k.is_empty() => k.as_str(),
+        Some(_) => return Err(MessageError::new("source.kind", "expected a non-empty string")),
+        None => return Err(MessageError::new("source.kind", "missing")),
+    };
+    match kind {
+        MessageKind::User => Ok(()),
+        MessageKind::Assistant if source_kind != "model" => Err(MessageError::new(
+            "source.kind",
+            format!("an assistant message must have source kind \"model\", got {source_kind:?}"),
+        )),
+        MessageKind::Assistant => Ok(()),
+        MessageKind::ToolResult => {
+            let Some(Value::String(call_id)) = source.get("callId") else {
+                return Err(MessageError::new("source.callId", "a tool result needs a string callId"));
+            };
+            let [Value::Object(block)] = content else {
+                return Err(MessageError::new("content", "a tool result must hold exactly one tool-result block"));
+            };
+            if block.get("type").and_then(Value::as_str) != Some("tool-result") {
+                return Err(MessageError::new("content[0].type", "a tool result must hold a tool-result block"));
+            }
+            if block.get("toolCallId").and_then(Value::as_str) != Some(call_id.as_str()) {
+                return Err(MessageError::new("content[0].toolCallId", format!("does not match source.callId {call_id:?}")));
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn blocks(v: Value) -> Vec<Value> {
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn user_text_defaults() {
+        let m = Message::user_text("hi");
+        assert_eq!(m.role(), "user");
+        assert_eq!(m.source_kind(), "user");
+        assert_eq!(m.text(), "hi");
+        assert_eq!(m.id().len(), 36);
+    }
+
+    #[test]
+    fn json_round_trips_through_from_value() {
+        let m = Message::user(blocks(json!([{"type": "text", "text": "x"}, {"type": "custom", "z": [1]}])),
+            Some(json!({"kind": "plugin", "plugin": "", "extra": 1}).as_object().cloned().unwrap_or_default()),
+            Some("m-1".into())).unwrap();
+        let back = Message::from_value(&serde_json::from_str(m.json()).unwrap()).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.json(), m.json());
+    }
+
+    #[test]
+    fn from_value_classifies_kinds() {
+        let tool = Message::tool_result("c1", blocks(json!([{"type": "text", "text": "ok"}])), false, None).unwrap();
+        assert_eq!(Message::from_value(&tool.to_value()).unwrap().kind(), MessageKind::ToolResult);
+        let asst = Message::assistant(vec![], None, None).unwrap();
+        assert_eq!(Message::from_value(&asst.to_value()).unwrap().kind(), MessageKind::Assistant);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = Message::user(blocks(json!([{"type": "text", "text": 3}])), None, None).unwrap_err();
+        assert_eq!(err.field, "content[0].text");
+        let err = Message::user(vec![], None, Some(String::new())).unwrap_err();
+        assert_eq!(err.field, "id");
+        let err = Message::assistant(vec![], Some(kind_source("user")), None).unwrap_err();
+        assert_eq!(err.field, "source.kind");
+        let err = Message::from_value(&json!({"id": "a", "role": "system", "content": [], "source": {"kind": "user"}})).unwrap_err();
+        assert_eq!(err.field, "role");
+    }
+
+    #[test]
+    fn equality_ignores_key_order() {
+        let a = Message::user(blocks(json!([{"type": "text", "text": "x"}])), None, Some("i".into())).unwrap();
+        let b = Message::from_value(&json!({"source": {"kind": "user"}, "content": [{"text": "x", "type": "text"}], "role": "user", "id": "i"})).unwrap();
+        assert_eq!(a, b);
+        use std::collections::hash_map::DefaultHasher;
+        let (mut ha, mut hb) = (DefaultHasher::new(), DefaultHasher::new());
+        a.hash(&mut ha);
+        b.hash(&mut hb);
+        assert_eq!(ha.finish(), hb.finish());
+    }
+}

@@ -1,0 +1,383 @@
+//! `Event`, `SessionLog` and the stores.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use pyo3::basic::CompareOp;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use super::aio::{aio, Completion};
+use super::convert::{json_to_py, map_to_py, to_value};
+use super::errors::{log_err, not_json, report_contained};
+use crate::event_log::{Event, LogError, SessionLog, SurfaceOp, SPLICED};
+
+/// One committed log entry. Immutable; `data` is decoded on first access and cached.
+#[pyclass(name = "Event", module = "kerman", frozen)]
+pub struct PyEvent {
+    pub inner: Event,
+    data: PyOnceLock<Py<PyAny>>,
+}
+
+impl PyEvent {
+    pub fn new(inner: Event) -> Self {
+        PyEvent { inner, data: PyOnceLock::new() }
+    }
+}
+
+fn surface_op_py<'py>(py: Python<'py>, event: &Event) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(match event.surface().map(|s| &s.op) {
+        None => None,
+        Some(SurfaceOp::Append) => Some(PyString::new(py, "append").into_any()),
+        Some(SurfaceOp::Replace { start, end }) => {
+            let d = PyDict::new(py);
+            d.set_item("op", "replace")?;
+            d.set_item("start", start)?;
+            d.set_item("end", end)?;
+            Some(d.into_any())
+        }
+    })
+}
+
+#[pymethods]
+impl PyEvent {
+    /// Position in the log, from 0.
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.inner.seq
+    }
+
+    /// Epoch milliseconds at append; non-decreasing within a log.
+    #[getter]
+    fn time(&self) -> i64 {
+        self.inner.time
+    }
+
+    /// The event type, e.g. `"turn/start"`.
+    #[getter(r#type)]
+    fn kind(&self) -> &str {
+        self.inner.kind()
+    }
+
+    /// The payload, decoded once and cached.
+    #[getter]
+    fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.data
+            .get_or_try_init(py, || json_to_py(py, self.inner.data_json()).map(Bound::unbind))
+            .map(|d| d.clone_ref(py))
+    }
+
+    /// `"append"`, `{"op": "replace", "start", "end"}`, or `None` for non-surface events.
+    #[getter]
+    fn surface_op<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        surface_op_py(py, &self.inner)
+    }
+
+    /// Seqs of earlier events this one cites, or `None`.
+    #[getter]
+    fn source_event_seqs(&self) -> Option<Vec<u64>> {
+        self.inner.surface().and_then(|s| s.source_event_seqs.clone())
+    }
+
+    /// The envelope as a dict with the JSON wire names (`surfaceOp`, `sourceEventSeqs`).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        json_to_py(py, &self.inner.to_json())
+    }
+
+    /// The record as compact JSON, exactly as stored.
+    fn to_json(&self) -> String {
+        self.inner.to_json()
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyEvent>() else { return Ok(py.NotImplemented()) };
+        let equal = self.inner == other.get().inner;
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> isize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.inner.seq, self.inner.time, self.inner.kind(), self.inner.data_json()).hash(&mut h);
+        h.finish() as isize
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let data = self.data(py)?.bind(py).repr()?.to_string();
+        let data = if data.chars().count() > 80 {
+            let mut s: String = data.chars().take(79).collect();
+            s.push('…');
+            s
+        } else {
+            data
+        };
+        let kind = PyString::new(py, self.inner.kind()).repr()?;
+        Ok(format!("Event(seq={}, type={kind}, data={data})", self.inner.seq))
+    }
+}
+
+/// A type filter: `None`, one type, or an iterable of types.
+pub fn types_arg(types: Option<&Bound<'_, PyAny>>) -> PyResult<Option<HashSet<String>>> {
+    let Some(types) = types.filter(|t| !t.is_none()) else { return Ok(None) };
+    if let Ok(s) = types.extract::<String>() {
+        return Ok(Some(HashSet::from([s])));
+    }
+    let mut out = HashSet::new();
+    for t in types.try_iter()? {
+        let t = t?;
+        let Ok(s) = t.extract::<String>() else {
+            return Err(PyTypeError::new_err(format!("event types must be str, got {}", t.get_type().name()?)));
+        };
+        out.insert(s);
+    }
+    Ok(Some(out))
+}
+
+fn matches(types: &Option<HashSet<String>>, event: &Event) -> bool {
+    types.as_ref().is_none_or(|t| t.contains(event.kind()))
+}
+
+/// A snapshot iterator over committed events (its end is fixed when it is made).
+#[pyclass(name = "EventIterator", module = "kerman")]
+pub struct PyEventIter {
+    log: SessionLog,
+    next: u64,
+    stop: u64,
+    types: Option<HashSet<String>>,
+}
+
+#[pymethods]
+impl PyEventIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self) -> Option<PyEvent> {
+        while self.next < self.stop {
+            let event = self.log.get(self.next)?;
+            self.next += 1;
+            if matches(&self.types, &event) {
+                return Some(PyEvent::new(event));
+            }
+        }
+        None
+    }
+}
+
+/// Calling it removes the observer it was returned for; returns whether it was still there.
+#[pyclass(name = "Unsubscribe", module = "kerman", frozen)]
+pub struct PyUnsubscribe {
+    log: SessionLog,
+    id: u64,
+}
+
+#[pymethods]
+impl PyUnsubscribe {
+    fn __call__(&self) -> bool {
+        self.log.unsubscribe(self.id)
+    }
+}
+
+/// The append-only log of one session.
+#[pyclass(name = "SessionLog", module = "kerman", frozen)]
+pub struct PySessionLog {
+    pub inner: SessionLog,
+}
+
+fn index(len: u64, i: i64) -> Option<u64> {
+    let i = if i < 0 { i + len as i64 } else { i };
+    (i >= 0 && (i as u64) < len).then_some(i as u64)
+}
+
+#[pymethods]
+impl PySessionLog {
+    /// The session id.
+    #[getter]
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    /// The header: `version`, `id`, `createdAt` (a fresh dict).
+    #[getter]
+    fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        map_to_py(py, self.inner.header())
+    }
+
+    /// Whether the log was closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    fn __getitem__(&self, seq: i64) -> PyResult<PyEvent> {
+        let len = self.inner.len();
+        index(len, seq)
+            .and_then(|s| self.inner.get(s))
+            .map(PyEvent::new)
+            .ok_or_else(|| PyIndexError::new_err(format!("seq {seq} out of range for a log of {len} events")))
+    }
+
+    fn __iter__(&self) -> PyEventIter {
+        self.events(0, None, None).unwrap_or(PyEventIter { log: self.inner.clone(), next: 0, stop: 0, types: None })
+    }
+
+    /// Appends a plugin event and returns it. `data` must be lossless JSON; types owned by the
+    /// Inbox and the AgentLoop (`turn/*`, `step/*`, `user/message`, `assistant/*`, `tool/*`,
+    /// `request/header`, `agent/inbox/spliced`) raise `ValueError`.
+    #[pyo3(signature = (r#type, data))]
+    fn append(&self, py: Python<'_>, r#type: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<PyEvent> {
+        let Ok(kind) = r#type.extract::<String>() else {
+            return Err(PyTypeError::new_err(format!("event type must be a str, got {}", r#type.get_type().name()?)));
+        };
+        let value = to_value(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
+        let event = self.inner.append_public(&kind, crate::json::compact(&value)).map_err(|e| log_err(py, e))?;
+        Ok(PyEvent::new(event))
+    }
+
+    /// A snapshot iterator of committed events with `start <= seq < stop`, optionally only
+    /// of the given type(s).
+    #[pyo3(signature = (start=0, stop=None, types=None))]
+    fn events(&self, start: u64, stop: Option<u64>, types: Option<&Bound<'_, PyAny>>) -> PyResult<PyEventIter> {
+        let len = self.inner.len();
+        Ok(PyEventIter { log: self.inner.clone(), next: start, stop: stop.unwrap_or(len).min(len), types: types_arg(types)? })
+    }
+
+    /// Only the `agent/inbox/spliced` events, from `start`.
+    #[pyo3(signature = (start=0))]
+    fn splices(&self, start: u64) -> PyEventIter {
+        let len = self.inner.len();
+        PyEventIter { log: self.inner.clone(), next: start, stop: len, types: Some(HashSet::from([SPLICED.to_string()])) }
+    }
+
+    /// An async iterator: committed events from `start`, then live ones; ends on close.
+    #[pyo3(signature = (start=0, types=None))]
+    fn tail<'py>(slf: &Bound<'py, Self>, start: u64, types: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let types = match types_arg(types)? {
+            None => py.None().into_bound(py),
+            Some(t) => pyo3::types::PyFrozenSet::new(py, t.iter())?.into_any(),
+        };
+        aio(py)?.getattr("tail")?.call1((slf, start, types))
+    }
+
+    /// (events in [seq, len) matching `types`, the new position, closed?) — for `tail`.
+    fn _batch<'py>(&self, py: Python<'py>, seq: u64, types: Option<&Bound<'py, PyAny>>) -> PyResult<(Bound<'py, PyList>, u64, bool)> {
+        let types = types_arg(types)?;
+        // Read `closed` first: a closed log cannot grow, so the batch is then complete.
+        let closed = self.inner.is_closed();
+        let events = self.inner.range(seq, None);
+        let next = seq + events.len() as u64;
+        let list = PyList::empty(py);
+        for event in events.into_iter().filter(|e| matches(&types, e)) {
+            list.append(PyEvent::new(event))?;
+        }
+        Ok((list, next, closed))
+    }
+
+    /// A future that completes once the log holds more than `seq` events or is closed.
+    fn _grown<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyAny>> {
+        let (completion, future) = Completion::new(py)?;
+        self.inner.wait_beyond(seq, Box::new(move || Python::attach(|py| completion.complete(py, None))));
+        Ok(future)
+    }
+
+    /// Registers `callback(event)`, called synchronously after each commit, in seq order.
+    /// Its exceptions are logged on the `kerman` logger; it must not append to this log
+    /// (`ReentrantAppendError`, also contained). Returns a callable that unsubscribes.
+    fn subscribe(&self, callback: Py<PyAny>) -> PyResult<PyUnsubscribe> {
+        Python::attach(|py| {
+            if !callback.bind(py).is_callable() {
+                return Err(PyTypeError::new_err("subscribe() needs a callable"));
+            }
+            Ok(())
+        })?;
+        let id = self.inner.subscribe(Arc::new(move |event: &Event| {
+            Python::attach(|py| {
+                if let Err(err) = callback.call1(py, (PyEvent::new(event.clone()),)) {
+                    report_contained(py, "session log observer", err);
+                }
+            })
+        }));
+        Ok(PyUnsubscribe { log: self.inner.clone(), id })
+    }
+
+    /// The durability barrier: an awaitable that completes once everything appended so far is
+    /// on disk (as the store's durability mode promises), or raises `LogWriteError`.
+    fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (completion, future) = Completion::new(py)?;
+        self.inner.flush(Box::new(move |result: Result<(), LogError>| {
+            Python::attach(|py| completion.complete(py, result.err().map(|e| log_err(py, e))))
+        }));
+        Ok(future)
+    }
+
+    /// Flushes and closes (idempotent). Blocks until the data is on disk.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.close().map_err(|e| log_err(py, e))
+    }
+
+    /// Flushes and closes without blocking the event loop.
+    fn aclose<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+        event_loop.call_method1("run_in_executor", (py.None(), slf.getattr("close")?))
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let (completion, future) = Completion::new(py)?;
+        future.call_method1("set_result", (slf,))?;
+        drop(completion);
+        Ok(future)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__<'py>(slf: &Bound<'py, Self>, _exc: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+        // The executor future resolves to None, so exceptions propagate.
+        Self::aclose(slf)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.inner.is_closed() { "closed" } else { "open" };
+        format!("<SessionLog id={:?} len={} {state}>", self.inner.id(), self.inner.len())
+    }
+}
+
+/// Builds a Python `SessionLog` around a core log.
+pub fn wrap_log(log: SessionLog) -> PySessionLog {
+    PySessionLog { inner: log }
+}
+
+pub fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {
+    id.extract::<String>()
+        .map_err(|_| PyTypeError::new_err(format!("a session id must be a str, got {}", id.get_type().name().map(|n| n.to_string()).unwrap_or_default())))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEvent>()?;
+    m.add_class::<PyEventIter>()?;
+    m.add_class::<PyUnsubscribe>()?;
+    m.add_class::<PySessionLog>()?;
+    Ok(())
+}

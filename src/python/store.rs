@@ -1,0 +1,190 @@
+//! `MemoryStore` and `FileStore`.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::convert::map_to_py;
+use super::errors::{log_err, warn};
+use super::event_log::{id_arg, wrap_log, PyEvent, PySessionLog};
+use crate::event_log::{Durability, FileStore, MemoryStore, Store};
+
+fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match id.filter(|i| !i.is_none()) {
+        None => Ok(None),
+        Some(id) => id_arg(id).map(Some),
+    }
+}
+
+/// Sessions kept in memory for the life of the process. A closed session can be reopened.
+#[pyclass(name = "MemoryStore", module = "kerman", frozen)]
+pub struct PyMemoryStore {
+    inner: MemoryStore,
+}
+
+#[pymethods]
+impl PyMemoryStore {
+    #[new]
+    fn new() -> Self {
+        PyMemoryStore { inner: MemoryStore::new() }
+    }
+
+    /// A new, empty session (id minted as a UUIDv7 when `None`).
+    #[pyo3(signature = (id=None))]
+    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+        let id = create_arg(id)?;
+        self.inner.create(id.as_deref()).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Reopens a closed session; a log ending inside an open turn gets crash closers.
+    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        self.inner.open(&id).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Ids of sessions holding at least one event.
+    fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner.list().map_err(|e| log_err(py, e))
+    }
+
+    fn exists(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
+    }
+
+    /// Deletes a session nobody has open.
+    fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<MemoryStore sessions={}>", self.inner.list().map(|l| l.len()).unwrap_or(0))
+    }
+}
+
+fn durability_arg(name: &str) -> PyResult<Durability> {
+    Ok(match name {
+        "strict" => Durability::Strict,
+        "checkpoint" => Durability::Checkpoint,
+        "batch" => Durability::Batch,
+        "none" => Durability::None,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "durability must be \"strict\", \"checkpoint\", \"batch\" or \"none\", got {other:?}"
+            )))
+        }
+    })
+}
+
+/// Sessions as files under `root`, one JSON-lines file each (see docs/format.md).
+#[pyclass(name = "FileStore", module = "kerman", frozen)]
+pub struct PyFileStore {
+    inner: FileStore,
+    root: PathBuf,
+    durability: String,
+}
+
+#[pymethods]
+impl PyFileStore {
+    #[new]
+    #[pyo3(signature = (root, durability="checkpoint"))]
+    fn new(py: Python<'_>, root: PathBuf, durability: &str) -> PyResult<Self> {
+        let mode = durability_arg(durability)?;
+        let inner = FileStore::new(&root, mode).map_err(|e| log_err(py, e))?;
+        Ok(PyFileStore { inner, root, durability: durability.to_string() })
+    }
+
+    /// The root folder.
+    #[getter]
+    fn root(&self) -> PathBuf {
+        self.root.clone()
+    }
+
+    /// `"strict"`, `"checkpoint"`, `"batch"` or `"none"`.
+    #[getter]
+    fn durability(&self) -> &str {
+        &self.durability
+    }
+
+    /// A new, empty session file, created atomically (id minted as a UUIDv7 when `None`).
+    #[pyo3(signature = (id=None))]
+    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+        let id = create_arg(id)?;
+        self.inner.create(id.as_deref()).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Opens a session for appending: verifies every record, truncates a torn tail, refuses
+    /// corruption, and closes a turn left open by a crash.
+    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        let (log, recovery) = self.inner.open_with_report(&id).map_err(|e| log_err(py, e))?;
+        if recovery.truncated_bytes > 0 {
+            let line = recovery.truncated_at_line.map(|l| format!(" from line {l}")).unwrap_or_default();
+            warn(py, &format!("session {id:?}: truncated a torn tail of {} bytes{line}", recovery.truncated_bytes));
+        }
+        if recovery.closers > 0 {
+            warn(py, &format!("session {id:?} ended inside an open turn; appended {} closing events", recovery.closers));
+        }
+        Ok(wrap_log(log))
+    }
+
+    /// Ids of sessions holding at least one event.
+    fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner.list().map_err(|e| log_err(py, e))
+    }
+
+    fn exists(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
+    }
+
+    /// Deletes a session file nobody has open.
+    fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
+    }
+
+    /// Checks a session without modifying it (shared lock): returns `{"path", "events",
+    /// "size_bytes", "torn_tail_bytes"}`; raises `CorruptLogError`/`UnsupportedFormatError`.
+    fn verify<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let snap = self.inner.read(&id_arg(id)?).map_err(|e| log_err(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("path", snap.path.display().to_string())?;
+        d.set_item("events", snap.events.len())?;
+        d.set_item("size_bytes", snap.size_bytes)?;
+        d.set_item("torn_tail_bytes", snap.torn_tail_bytes)?;
+        Ok(d)
+    }
+
+    /// Truncates a torn tail or, for a corrupt log, everything from the first bad record
+    /// (after copying the file to `<path>.corrupt`). Returns `{"kept_events",
+    /// "removed_bytes", "backup"}`.
+    fn repair<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let report = self.inner.repair(&id_arg(id)?).map_err(|e| log_err(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("kept_events", report.kept_events)?;
+        d.set_item("removed_bytes", report.removed_bytes)?;
+        d.set_item("backup", report.backup.map(|p| p.display().to_string()))?;
+        Ok(d)
+    }
+
+    /// Read-only snapshot for tools: `(header, events, info)`; never modifies the file.
+    fn _read<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyDict>, Vec<PyEvent>, Bound<'py, PyDict>)> {
+        let snap = self.inner.read(&id_arg(id)?).map_err(|e| log_err(py, e))?;
+        let info = PyDict::new(py);
+        info.set_item("path", snap.path.display().to_string())?;
+        info.set_item("size_bytes", snap.size_bytes)?;
+        info.set_item("torn_tail_bytes", snap.torn_tail_bytes)?;
+        let events = snap.events.into_iter().map(PyEvent::new).collect();
+        Ok((map_to_py(py, &snap.header)?, events, info))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<FileStore root={:?} durability={}>", self.root.display().to_string(), self.durability)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMemoryStore>()?;
+    m.add_class::<PyFileStore>()?;
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! FileStore: the on-disk format, recovery, locking and the writer thread.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kerman::event_log::file::{Durability, FaultPoint, FileStore, Recovery};
+use kerman::event_log::{LogError, SessionLog, Store};
+use serde_json::json;
+
+const MODES: [Durability; 4] = [Durability::Strict, Durability::Checkpoint, Durability::Batch, Durability::None];
+
+fn store(dir: &Path) -> FileStore {
+    FileStore::new(dir.join("store"), Durability::None).unwrap()
+}
+
+/// A record line written by hand, as docs/format.md describes it.
+fn framed(json: &str) -> String {
+    format!("{:08x} {json}\n", crc32c::crc32c(json.as_bytes()))
+}
+
+fn fill(log: &SessionLog, n: usize) {
+    for i in 0..n {
+        log.append("goal/change", &json!({"goal": format!("g{i} ✓"), "n": i, "nested": {"z": [1, null], "a": "\n"}}))
+            .unwrap();
+    }
+}
+
+fn jsons(log: &SessionLog) -> Vec<String> {
+    log.range(0, None).iter().map(|e| e.to_json()).collect()
+}
+
+/// A closed session `id` holding `n` events; returns its path and bytes.
+fn closed_session(store: &FileStore, id: &str, n: usize) -> (PathBuf, Vec<u8>) {
+    let log = store.create(Some(id)).unwrap();
+    fill(&log, n);
+    log.close().unwrap();
+    let path = store.path_of(id).unwrap();
+    let bytes = fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+/// Byte offset where 1-based line `line` starts.
+fn line_start(bytes: &[u8], line: usize) -> usize {
+    if line == 1 {
+        return 0;
+    }
+    bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(line - 2).map(|(i, _)| i + 1).unwrap()
+}
+
+#[test]
+fn round_trip_keeps_header_and_event_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let log = store.create(Some("s1")).unwrap();
+    fill(&log, 5);
+    let (header, written) = (log.header().clone(), jsons(&log));
+    log.close().unwrap();
+
+    let (log, recovery) = store.open_with_report("s1").unwrap();
+    assert_eq!(recovery, Recovery::default());
+    assert_eq!(log.header(), &header);
+    assert_eq!(jsons(&log), written);
+    assert_eq!(log.header()["version"], json!(1));
+    assert_eq!(log.header()["id"], json!("s1"));
+
+    // The file is exactly: the header record, then one framed `to_json()` line per event.
+    let text = fs::read_to_string(store.path_of("s1").unwrap()).unwrap();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut record = serde_json::Map::new();
+    record.insert("type".into(), json!("session"));
+    record.extend(header);
+    assert_eq!(lines[0], framed(&serde_json::to_string(&record).unwrap()));
+    for (line, json) in lines[1..].iter().zip(&written) {
+        assert_eq!(*line, framed(json));
+    }
+    assert_eq!(lines.len(), 6);
+}
+
+#[test]
+fn session_files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, _) = closed_session(&store, "p", 1);
+    assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let minted = store.create(None).unwrap();
+    let minted_path = store.path_of(minted.id()).unwrap();
+    assert_eq!(fs::metadata(minted_path).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn hostile_ids_stay_inside_the_root_and_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let ids = ["a/b", "..", ".", "../../escape", "/abs", "ünï/cødé", "ctl\u{1}\u{1f}\n\t", "~7E", "x.jsonl", "-", "a b", "\u{7f}"];
+    for id in ids {
+        closed_session(&store, id, 1);
+        assert_eq!(store.path_of(id).unwrap().parent(), Some(store.root()));
+        assert!(store.exists(id).unwrap());
+        assert_eq!(store.open(id).unwrap().id(), id);
+    }
+    // Files we did not write as sessions are not sessions.
+    for name in ["notes.txt", ".hidden.jsonl", "abc.jsonl.corrupt", "~41.jsonl", "a~2.jsonl"] {
+        fs::write(store.root().join(name), framed("{}") + &framed("{}")).unwrap();
+    }
+    let mut expected: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    assert_eq!(store.list().unwrap(), expected);
+    // Nothing escaped: the parent holds only the root, the root only flat files.
+    let outside: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(outside, ["store"]);
+    assert!(fs::read_dir(store.root()).unwrap().all(|e| e.unwrap().file_type().unwrap().is_file()));
+}
+
+#[test]
+fn ids_that_cannot_be_file_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    assert!(matches!(store.create(Some(&"x".repeat(300))), Err(LogError::InvalidId(_))));
+    assert!(matches!(store.create(Some(&"é".repeat(40))), Err(LogError::InvalidId(_))));
+    assert!(matches!(store.create(Some("")), Err(LogError::InvalidId(_))));
+    assert!(store.create(Some(&"x".repeat(234))).is_ok());
+}
+
+#[test]
+fn exists_not_found_and_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    assert!(matches!(store.open("missing"), Err(LogError::NotFound { .. })));
+    assert!(matches!(store.delete("missing"), Err(LogError::NotFound { .. })));
+    assert!(!store.exists("missing").unwrap());
+
+    let log = store.create(Some("s")).unwrap();
+    assert!(matches!(store.create(Some("s")), Err(LogError::Exists { .. })));
+    // The creator owns the session until it closes.
+    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
+    fill(&log, 1);
+    log.close().unwrap();
+
+    let log = store.open("s").unwrap();
+    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.delete("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.read("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.repair("s"), Err(LogError::Locked { .. })));
+    log.close().unwrap();
+
+    let log = store.open("s").unwrap();
+    drop(log); // dropping without close releases the session too
+    store.delete("s").unwrap();
+    assert!(!store.exists("s").unwrap());
+    assert!(matches!(store.open("s"), Err(LogError::NotFound { .. })));
+}
+
+#[test]
+fn empty_sessions_are_not_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    store.create(Some("empty")).unwrap().close().unwrap();
+    closed_session(&store, "full", 1);
+    assert!(store.exists("empty").unwrap());
+    assert_eq!(store.list().unwrap(), ["full"]);
+}
+
+#[test]
+fn a_cut_anywhere_in_the_last_record_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, bytes) = closed_session(&store, "t", 3);
+    let last = line_start(&bytes, 4); // header, seq 0, seq 1, then seq 2
+    let original = store.read("t").unwrap().events;
+    for cut in last..bytes.len() {
+        fs::write(&path, &bytes[..cut]).unwrap();
+        let (log, recovery) = store.open_with_report("t").unwrap();
+        assert_eq!(log.len(), 2, "cut at {cut}");
+        assert_eq!(log.range(0, None), original[..2].to_vec());
+        assert_eq!(recovery.truncated_bytes, (cut - last) as u64);
+        assert_eq!(recovery.truncated_at_line, (cut > last).then_some(4));
+        assert_eq!(fs::metadata(&path).unwrap().len(), last as u64);
+        let next = log.append("goal/change", &json!({"after": cut})).unwrap();
+        assert_eq!(next.seq, 2);
+        log.close().unwrap();
+        let reopened = store.read("t").unwrap();
+        assert_eq!(reopened.events.len(), 3);
+        assert_eq!(reopened.events[2].data(), json!({"after": cut}));
+        assert_eq!(reopened.torn_tail_bytes, 0);
+    }
+}
+
+#[test]
+fn a_bit_flip_in_the_last_record_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, mut bytes) = closed_session(&store, "b", 4);
+    let last = line_start(&bytes, 5);
+    bytes[last + 20] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+    let (log, recovery) = store.open_with_report("b").unwrap();
+    assert_eq!(log.len(), 3);
+    assert_eq!(recovery.truncated_at_line, Some(5));
+    assert_eq!(recovery.truncated_bytes, (bytes.len() - last) as u64);
+}
+
+#[test]
+fn a_bit_flip_in_a_middle_record_is_corruption_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, mut bytes) = closed_session(&store, "c", 5);
+    let middle = line_start(&bytes, 3); // seq 1 lives on line 3
+    bytes[middle + 30] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+    for err in [store.open("c").unwrap_err(), store.read("c").unwrap_err()] {
+        match err {
+            LogError::Corrupt { path: p, line, seq, .. } => assert_eq!((p, line, seq), (path.clone(), 3, 1)),
+            other => panic!("expected Corrupt, got {other}"),
+        }
+    }
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+
+    // A record whose seq does not continue, followed by valid ones, is corruption too.
+    let (path2, bytes2) = closed_session(&store, "d", 3);
+    let dup = &bytes2[line_start(&bytes2, 3)..line_start(&bytes2, 4)];
+    let mut doubled = bytes2[..line_start(&bytes2, 4)].to_vec();
+    doubled.extend_from_slice(dup);
+    doubled.extend_from_slice(&bytes2[line_start(&bytes2, 4)..]);
+    fs::write(&path2, &doubled).unwrap();
+    assert!(matches!(store.open("d"), Err(LogError::Corrupt { line: 4, seq: 2, .. })));
+}
+
+#[test]
+fn repair_keeps_a_corrupt_copy_and_truncates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, mut bytes) = closed_session(&store, "r", 5);
+    let bad = line_start(&bytes, 4); // seq 2
+    bytes[bad + 12] ^= 0x04;
+    fs::write(&path, &bytes).unwrap();
+    fs::write(store.root().join("r.jsonl.corrupt"), b"an older backup").unwrap();
+
+    let report = store.repair("r").unwrap();
+    let backup = store.root().join("r.jsonl.corrupt.1");
+    assert_eq!(report.backup.as_deref(), Some(backup.as_path()));
+    assert_eq!((report.kept_events, report.removed_bytes), (2, (bytes.len() - bad) as u64));
+    assert_eq!(fs::read(&backup).unwrap(), bytes);
+    assert_eq!(fs::metadata(&backup).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(fs::read(&path).unwrap(), &bytes[..bad]);
+    assert_eq!(store.open("r").unwrap().len(), 2);
+    assert_eq!(store.list().unwrap(), ["r"]);
+
+    // A healthy file is left alone.
+    let report = store.repair("r").unwrap();
+    assert_eq!((report.kept_events, report.removed_bytes, report.backup), (2, 0, None));
+}
+
+#[test]
+fn read_reports_a_torn_tail_without_touching_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, bytes) = closed_session(&store, "t", 3);
+    let torn = &bytes[..bytes.len() - 7];
+    fs::write(&path, torn).unwrap();
+    let snapshot = store.read("t").unwrap();
+    assert_eq!(snapshot.events.len(), 2);
+    assert_eq!(snapshot.torn_tail_bytes, (torn.len() - line_start(&bytes, 4)) as u64);
+    assert_eq!(snapshot.size_bytes, torn.len() as u64);
+    assert_eq!(snapshot.path, path);
+    assert_eq!(snapshot.header["id"], json!("t"));
+    assert_eq!(fs::read(&path).unwrap(), torn);
+}
+
+#[test]
+fn headers_from_other_versions_or_damaged_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let path = store.path_of("v").unwrap();
+    // The version is checked before anything else about the header.
+    fs::write(&path, framed(r#"{"type":"another","version":2}"#) + &framed("whatever")).unwrap();
+    let err = store.open("v").unwrap_err();
+    let message = err.to_string();
+    match err {
+        LogError::UnsupportedFormat { path: p, found, supported } => assert_eq!((p, found, supported), (path.clone(), 2, 1)),
+        other => panic!("expected UnsupportedFormat, got {other}"),
+    }
+    assert!(message.contains("version 2") && message.contains("version 1") && message.contains(&path.display().to_string()));
+    assert!(matches!(store.read("v"), Err(LogError::UnsupportedFormat { found: 2, .. })));
+    assert!(matches!(store.repair("v"), Err(LogError::UnsupportedFormat { found: 2, .. })));
+
+    for damaged in [String::new(), "not a record\n".into(), framed(r#"{"type":"session","version":1,"id":"v""#)] {
+        fs::write(&path, &damaged).unwrap();
+        assert!(matches!(store.open("v"), Err(LogError::Corrupt { line: 1, seq: 0, .. })), "{damaged:?}");
+        assert_eq!(fs::read(&path).unwrap(), damaged.as_bytes());
+    }
+}
+
+#[test]
+fn a_log_ending_inside_a_turn_gets_closers_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let text = framed(r#"{"type":"session","version":1,"id":"crash","createdAt":1}"#)
+        + &framed(r#"{"type":"turn/start","seq":0,"time":10,"data":{"turn":1}}"#)
+        + &framed(r#"{"type":"step/start","seq":1,"time":11,"data":{"turn":1,"step":1}}"#);
+    fs::write(store.path_of("crash").unwrap(), text).unwrap();
+
+    let (log, recovery) = store.open_with_report("crash").unwrap();
+    assert_eq!(recovery.closers, 2);
+    let kinds: Vec<String> = log.range(0, None).iter().map(|e| e.kind().to_string()).collect();
+    assert_eq!(kinds, ["turn/start", "step/start", "step/end", "turn/end"]);
+    let written = jsons(&log);
+    log.close().unwrap();
+
+    // The closers were written like any append, so the next open finds a closed turn.
+    let (log, recovery) = store.open_with_report("crash").unwrap();
+    assert_eq!(recovery.closers, 0);
+    assert_eq!(jsons(&log), written);
+}
+
+/// A store whose writers fail at `point` while `armed` is set.
+fn faulty(dir: &Path, durability: Durability, point: FaultPoint) -> (FileStore, Arc<AtomicBool>) {
+    let armed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&armed);
+    let store = FileStore::new(dir.join("store"), durability)
+        .unwrap()
+        .with_fault(Arc::new(move |p| (p == point && flag.load(Ordering::SeqCst)).then(|| io::Error::other("injected"))));
+    (store, armed)
+}
+
+#[test]
+fn a_failed_write_or_sync_fails_the_barrier_truncates_and_poisons() {
+    for (durability, point) in [(Durability::Strict, FaultPoint::Sync), (Durability::None, FaultPoint::Write)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, armed) = faulty(dir.path(), durability, point);
+        let log = store.create(Some("f")).unwrap();
+        fill(&log, 2);
+        log.flush_blocking().unwrap();
+        let path = store.path_of("f").unwrap();
+        let durable = fs::read(&path).unwrap();
+
+        armed.store(true, Ordering::SeqCst);
+        fill(&log, 3); // committed in memory; the disk has not failed yet as far as they know
+        assert!(matches!(log.flush_blocking(), Err(LogError::Write { .. })), "{durability:?}");
+        assert_eq!(fs::read(&path).unwrap(), durable, "partial bytes must be cut off");
+        armed.store(false, Ordering::SeqCst);
+
+        assert!(matches!(log.append("goal/change", &json!({})), Err(LogError::Write { .. })));
+        assert_eq!(log.len(), 5, "a refused append commits nothing");
+        assert!(matches!(log.flush_blocking(), Err(LogError::Write { .. })));
+        assert!(matches!(log.close(), Err(LogError::Write { .. })));
+
+        let log = store.open("f").unwrap();
+        assert_eq!(log.len(), 2);
+        log.append("goal/change", &json!({})).unwrap();
+        log.flush_blocking().unwrap();
+    }
+}
+
+#[test]
+fn every_mode_makes_everything_durable_by_flush_and_close() {
+    for durability in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path().join("store"), durability).unwrap();
+        let log = store.create(Some("m")).unwrap();
+        fill(&log, 40);
+        log.flush_blocking().unwrap();
+        // Acknowledged means written: every record is in the file already.
+        let lines = fs::read(store.path_of("m").unwrap()).unwrap().iter().filter(|b| **b == b'\n').count();
+        assert_eq!(lines, 41, "{durability:?}");
+        fill(&log, 60);
+        let written = jsons(&log);
+        log.close().unwrap();
+        assert_eq!(jsons(&store.open("m").unwrap()), written, "{durability:?}");
+    }
+}
+
+#[test]
+fn flush_with_nothing_pending_answers_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("store"), Durability::Batch).unwrap();
+    let log = store.create(Some("q")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let me = std::thread::current().id();
+    log.flush(Box::new(move |r| tx.send((r.is_ok(), std::thread::current().id() == me)).unwrap()));
+    assert_eq!(rx.try_recv().unwrap(), (true, true));
+}
+
+#[test]
+fn durability_names_parse() {
+    for durability in MODES {
+        assert_eq!(durability.as_str().parse::<Durability>().unwrap(), durability);
+    }
+    assert_eq!(Durability::default(), Durability::Checkpoint);
+    assert!("fast".parse::<Durability>().is_err());
+}
