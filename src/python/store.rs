@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
 use super::convert::map_to_py;
 use super::errors::{log_err, warn};
@@ -179,7 +179,9 @@ impl PyFileStore {
     }
 
     fn __repr__(&self) -> String {
-        format!("<FileStore root={:?} durability={}>", self.root.display().to_string(), self.durability)
+        let root = Python::attach(|py| PyString::new(py, &self.root.display().to_string()).repr().map(|r| r.to_string()))
+            .unwrap_or_default();
+        format!("<FileStore root={root} durability='{}'>", self.durability)
     }
 }
 

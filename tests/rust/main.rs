@@ -1,1 +1,6 @@
+//! One integration-test binary for the Rust core.
+
+mod event_log;
 mod file_store;
+mod inbox;
+mod projection;

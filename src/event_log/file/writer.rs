@@ -284,7 +284,7 @@ impl Writer {
             Err(mut detail) => {
                 // Cut the file back before anyone hears of the failure, so no partial record
                 // survives for a later open to mistake for a torn tail of durable data.
-                if let Err(e) = Ok::<(), std::io::Error>(()) {
+                if let Err(e) = self.file.set_len(self.durable_len).and_then(|()| self.file.sync_data()) {
                     detail.push_str(&format!("; cutting the file back to {} bytes also failed: {e}", self.durable_len));
                 }
                 let mut st = lock(&self.shared);

@@ -1,0 +1,94 @@
+//! Session log and memory store behaviour through the public Rust API.
+
+use std::sync::{Arc, Mutex};
+
+use kerman::event_log::{close_open_turn, LogError, MemoryStore, Store};
+use serde_json::json;
+
+#[test]
+fn append_assigns_contiguous_seqs_and_non_decreasing_times() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let events: Vec<_> = (0..50).map(|i| log.append("goal/change", &json!({"i": i})).unwrap()).collect();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64);
+        assert_eq!(e.data(), json!({"i": i}));
+    }
+    assert!(events.windows(2).all(|w| w[0].time <= w[1].time));
+    assert_eq!(log.len(), 50);
+}
+
+#[test]
+fn reserved_types_are_refused() {
+    let log = MemoryStore::new().create(None).unwrap();
+    for kind in ["turn/start", "step/end", "user/message", "assistant/chunk", "tool/result", "request/header", "agent/inbox/spliced"] {
+        assert!(matches!(log.append(kind, &json!({})), Err(LogError::ReservedType(_))), "{kind}");
+    }
+    assert!(log.append("request/context", &json!({})).is_ok());
+    assert!(matches!(log.append("", &json!({})), Err(LogError::InvalidType(_))));
+}
+
+#[test]
+fn observers_run_in_order_and_reentrant_appends_are_refused() {
+    let log = MemoryStore::new().create(None).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (inner, sink) = (log.clone(), Arc::clone(&seen));
+    let id = log.subscribe(Arc::new(move |e| {
+        let nested = inner.append("x/y", &json!(null));
+        sink.lock().unwrap().push((e.seq, matches!(nested, Err(LogError::Reentrant))));
+    }));
+    log.append("a/b", &json!(1)).unwrap();
+    log.append("a/b", &json!(2)).unwrap();
+    assert!(log.unsubscribe(id));
+    log.append("a/b", &json!(3)).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(0, true), (1, true)]);
+    assert_eq!(log.len(), 3);
+}
+
+#[test]
+fn closed_logs_refuse_appends_and_memory_sessions_reopen() {
+    let store = MemoryStore::new();
+    let log = store.create(Some("s")).unwrap();
+    log.append("a/b", &json!({"k": 1})).unwrap();
+    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.delete("s"), Err(LogError::Locked { .. })));
+    log.close().unwrap();
+    assert!(matches!(log.append("a/b", &json!(1)), Err(LogError::Closed { .. })));
+    let again = store.open("s").unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again.get(0).unwrap().data(), json!({"k": 1}));
+    assert!(matches!(store.create(Some("s")), Err(LogError::Exists { .. })));
+    assert!(matches!(store.open("nope"), Err(LogError::NotFound { .. })));
+}
+
+#[test]
+fn empty_sessions_are_not_listed() {
+    let store = MemoryStore::new();
+    let _empty = store.create(Some("empty")).unwrap();
+    let full = store.create(Some("full")).unwrap();
+    full.append("a/b", &json!(1)).unwrap();
+    assert_eq!(store.list().unwrap(), ["full"]);
+    assert!(store.exists("empty").unwrap());
+}
+
+#[test]
+fn waiters_fire_on_growth_and_close() {
+    let log = MemoryStore::new().create(None).unwrap();
+    let fired = Arc::new(Mutex::new(0));
+    let f = Arc::clone(&fired);
+    log.wait_beyond(0, Box::new(move || *f.lock().unwrap() += 1));
+    assert_eq!(*fired.lock().unwrap(), 0);
+    log.append("a/b", &json!(1)).unwrap();
+    assert_eq!(*fired.lock().unwrap(), 1);
+    let f = Arc::clone(&fired);
+    log.wait_beyond(5, Box::new(move || *f.lock().unwrap() += 10));
+    log.close().unwrap();
+    assert_eq!(*fired.lock().unwrap(), 11);
+}
+
+#[test]
+fn closers_are_a_no_op_on_a_balanced_log() {
+    let log = MemoryStore::new().create(None).unwrap();
+    log.append("a/b", &json!(1)).unwrap();
+    assert_eq!(close_open_turn(&log).unwrap(), 0);
+    assert_eq!(log.len(), 1);
+}
