@@ -1,2 +1,467 @@
-def main(argv=None):
+"""The ``kerman`` command line (also ``python -m kerman``).
+
+``kerman log list|show|tail|inbox|verify|repair`` inspect session files without modifying them
+(shared lock, no torn-tail repair, no crash closers) except ``repair``, which only acts on explicit
+confirmation. ``kerman demo`` runs the showcase. Errors are one line on stderr, never a traceback:
+exit 2 for usage and a missing store, 1 for everything else that went wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import os
+import shlex
+import sys
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from . import FORMAT_VERSION, FileStore, InboxProjection, __version__
+from ._timeline import format_event, message_text, quote, source_tag
+from .errors import (
+    CorruptLogError,
+    KermanError,
+    SessionLockedError,
+    SessionNotFoundError,
+    UnsupportedFormatError,
+)
+
+__all__ = ["main", "human_size"]
+
+#: Files at least this large get a progress note on stderr before they are read.
+LARGE_FILE_BYTES = 50 * 1000 * 1000
+
+_PLACEMENTS = ("queued", "steering", "context")
+_SAFE_ID_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+class _Exit(Exception):
+    """Ends a command with ``code`` after ``message`` (if any) went to stderr."""
+
+    def __init__(self, code: int, message: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def human_size(size: int) -> str:
+    """``512 B``, ``1.1 kB``, ``700 MB``: decimal units, three significant digits."""
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# -- store and session access ------------------------------------------------------------------
+
+
+def _session_file(root: str, session_id: str) -> str:
+    """The file a session id maps to (docs/format.md, "Encoding session ids")."""
+    name = "".join(chr(b) if b in _SAFE_ID_BYTES else f"~{b:02X}" for b in session_id.encode("utf-8", "replace"))
+    return os.path.join(root, name + ".jsonl")
+
+
+def _store(path: str) -> FileStore:
+    # FileStore creates a missing root; an inspection command must not.
+    if not os.path.isdir(path):
+        raise _Exit(2, f"kerman: no session store at {path}")
+    return FileStore(path, durability="none")
+
+
+def _progress(args: argparse.Namespace, verb: str = "reading") -> None:
+    """A note on stderr before a long read; stdout stays clean."""
+    try:
+        size = os.path.getsize(_session_file(args.store, args.id))
+    except (OSError, ValueError):
+        return
+    if size >= LARGE_FILE_BYTES:
+        _err(f"kerman: {verb} {human_size(size)}…")
+
+
+def _repair_hint(args: argparse.Namespace) -> str:
+    return f"kerman log repair {shlex.quote(args.store)} {shlex.quote(args.id)}"
+
+
+def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
+    if isinstance(error, SessionNotFoundError):
+        return f'kerman: session "{args.id}" not found in {args.store}'
+    text = f"kerman: {error}"
+    if isinstance(error, CorruptLogError):
+        where = f"{error.path}, line {error.line} (seq {error.seq})"
+        if getattr(args, "log_command", None) == "repair":
+            return f"{text}\nkerman: cannot repair {where}"
+        text += (f"\nkerman: bad record in {where}; nothing was modified. To cut the log off there "
+                 f"(keeping a full .corrupt copy), run: {_repair_hint(args)}")
+    return text
+
+
+def _session_call(method: Callable[[str], Any], session_id: str) -> Any:
+    """``method(session_id)``, with an id the store refuses reported as bad usage."""
+    try:
+        return method(session_id)
+    except KermanError:
+        raise
+    except ValueError as error:  # only the id can be invalid here
+        raise _Exit(2, f"kerman: {error}") from None
+
+
+def _read(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+    store = _store(args.store)
+    _progress(args)
+    header, events, info = _session_call(store._read, args.id)
+    return header, events, info
+
+
+def _type_filter(patterns: Optional[Iterable[str]]) -> Callable[[str], bool]:
+    wanted = [p for item in patterns or () for p in item.split(",") if p]
+    if not wanted:
+        return lambda _type: True
+    return lambda kind: any(fnmatch.fnmatchcase(kind, p) for p in wanted)
+
+
+def _local_time(ms: Any) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Any], total: int,
+                  info: dict[str, Any]) -> None:
+    if args.json:
+        for event in events:
+            _out(event.to_json())
+    else:
+        line = (f'session "{header.get("id", args.id)}"  created {_local_time(header.get("createdAt"))}  '
+                f'format {header.get("version")}  {_count(total, "event")}')
+        if len(events) != total:
+            line += f" (showing {len(events)})"
+        _out(line)
+        t0 = events[0].time if events and args.relative else None
+        for event in events:
+            _out(format_event(event, t0=t0))
+    torn = info.get("torn_tail_bytes") or 0
+    if torn:
+        _err(f"kerman: note: {torn} bytes of torn tail at the end of the file are not shown "
+             "(they will be truncated on next open)")
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    store = _store(args.store)
+    rows = []
+    for session_id in sorted(store.list()):
+        row: dict[str, Any] = {"id": session_id, "events": None, "size_bytes": None, "status": "ok"}
+        try:
+            row["size_bytes"] = os.path.getsize(_session_file(args.store, session_id))
+        except OSError:
+            pass
+        try:
+            info = store.verify(session_id)
+            row["events"] = info["events"]
+            row["size_bytes"] = info["size_bytes"]
+            if info.get("torn_tail_bytes"):
+                row["status"] = "torn-tail"
+        except CorruptLogError:
+            row["status"] = "corrupt"
+        except UnsupportedFormatError:
+            row["status"] = "unsupported-format"
+        except SessionNotFoundError:  # deleted meanwhile
+            continue
+        except KermanError as error:  # locked, mostly
+            row["status"] = "locked" if isinstance(error, SessionLockedError) else "unreadable"
+        rows.append(row)
+    if args.json:
+        _out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
+        return 0
+    if not rows:
+        _err(f"kerman: no sessions in {args.store}")
+        return 0
+    width = max(len(r["id"]) for r in rows)
+    for r in rows:
+        events = _count(r["events"], "event") if r["events"] is not None else "? events"
+        size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else "?"
+        status = "" if r["status"] == "ok" else f"  ({r['status']})"
+        _out(f"{r['id']:<{width}}  {events:>12}  {size:>8}{status}")
     return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    header, events, info = _read(args)
+    keep = _type_filter(args.types)
+    selected = [e for e in events if e.seq >= args.start and keep(e.type)]
+    _print_events(args, header, selected, len(events), info)
+    return 0
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    header, events, info = _read(args)
+    keep = _type_filter(args.types)
+    selected = [e for e in events if keep(e.type)]
+    selected = selected[len(selected) - args.n:] if args.n else []
+    _print_events(args, header, selected, len(events), info)
+    return 0
+
+
+def _cmd_inbox(args: argparse.Namespace) -> int:
+    _, events, _ = _read(args)
+    items = InboxProjection.fold(events).items()
+    if args.json:
+        _out(json.dumps([{"placement": p, "message": m.to_dict()} for p, m in items],
+                        ensure_ascii=False, separators=(",", ":")))
+        return 0
+    if not items:
+        _out("inbox empty")
+        return 0
+    for placement in _PLACEMENTS + tuple(sorted({p for p, _ in items} - set(_PLACEMENTS))):
+        group = [m for p, m in items if p == placement]
+        if not group:
+            continue
+        _out(f"{placement} ({len(group)})")
+        for message in group:
+            _out(f"  {quote(message.id, None)[1:-1]}  {quote(message_text(message), None)}"
+                 f"{source_tag(message.source)}")
+    return 0
+
+
+def _verify_line(info: dict[str, Any]) -> str:
+    torn = info.get("torn_tail_bytes") or 0
+    tail = f"{torn} bytes (will be truncated on next open)" if torn else "none"
+    return f"ok: {_count(info['events'], 'event')}, {human_size(info['size_bytes'])}, torn tail: {tail}"
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    store = _store(args.store)
+    _progress(args, "verifying")
+    try:
+        info = _session_call(store.verify, args.id)
+    except CorruptLogError as error:
+        if args.json:
+            _out(json.dumps({"ok": False, "error": "corrupt", "path": error.path, "line": error.line,
+                             "seq": error.seq, "message": str(error)}, ensure_ascii=False, separators=(",", ":")))
+        raise
+    except UnsupportedFormatError as error:
+        if args.json:
+            _out(json.dumps({"ok": False, "error": "unsupported-format", "path": error.path,
+                             "found": error.found, "supported": error.supported, "message": str(error)},
+                            ensure_ascii=False, separators=(",", ":")))
+        raise
+    if args.json:
+        _out(json.dumps({"ok": True, **info}, ensure_ascii=False, separators=(",", ":")))
+    else:
+        _out(_verify_line(info))
+    return 0
+
+
+def _line_offset(path: str, line: int) -> Optional[int]:
+    """Byte offset where 1-based ``line`` starts, or ``None``."""
+    if line <= 1:
+        return 0
+    seen, offset = 0, 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                start = 0
+                while (at := chunk.find(b"\n", start)) >= 0:
+                    seen += 1
+                    if seen == line - 1:
+                        return offset + at + 1
+                    start = at + 1
+                offset += len(chunk)
+    except OSError:
+        return None
+    return None
+
+
+def _confirm(question: str, args: argparse.Namespace) -> bool:
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+        raise _Exit(1, "kerman: not repairing: confirmation needs a terminal and stdin is not one; "
+                       f"to repair anyway, run: {_repair_hint(args)} --yes")
+    sys.stdout.write(f"{question} [y/N] ")
+    sys.stdout.flush()
+    answer = stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _cmd_repair(args: argparse.Namespace) -> int:
+    store = _store(args.store)
+    if not args.yes:
+        _progress(args, "verifying")
+        try:
+            info = _session_call(store.verify, args.id)
+        except CorruptLogError as error:
+            offset = _line_offset(error.path, error.line) if error.path and error.line else None
+            size = os.path.getsize(error.path) if error.path and os.path.exists(error.path) else None
+            amount = f" ({human_size(size - offset)})" if offset is not None and size is not None else ""
+            _out(f"{error.path} is corrupt at line {error.line} (seq {error.seq}):\n  {error}")
+            _out(f"repair would keep the {_count(error.seq, 'event')} before it and cut off everything from line "
+                 f"{error.line} on{amount}, after copying the whole file to a .corrupt backup next to it")
+            if error.line is not None and error.line <= 1:
+                raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that")
+        else:
+            torn = info.get("torn_tail_bytes") or 0
+            if not torn:
+                _out(f"nothing to repair: {_verify_line(info)}")
+                return 0
+            _out(f"{info['path']} ends in a torn tail of {torn} bytes; repair would truncate it, "
+                 f"keeping {_count(info['events'], 'event')} (opening the session would do the same)")
+        if not _confirm("repair?", args):
+            raise _Exit(1, "kerman: not repaired; nothing was changed")
+    _progress(args, "repairing")
+    result = _session_call(store.repair, args.id)
+    removed = result.get("removed_bytes") or 0
+    kept = _count(result["kept_events"], "event")
+    if not removed:
+        _out(f"nothing to repair: {kept} kept")
+        return 0
+    backup = result.get("backup")
+    exact = f" ({removed} bytes)" if removed >= 1000 else ""
+    _out(f"repaired: kept {kept}, removed {human_size(removed)}{exact}")
+    _out(f"backup: {backup}" if backup else "backup: none (only a torn tail was removed)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return int(demo_main(args) or 0)
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kerman", description="Inspect Kerman session logs and run the demo.")
+    parser.add_argument("--version", action="version",
+                        version=f"kerman {__version__} (session log format {FORMAT_VERSION})")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser("demo", help="run the showcase: a scripted session in a fresh folder")
+    demo.add_argument("--dir", metavar="PATH", default=None,
+                      help="folder to put the demo session in (default: a fresh temporary folder)")
+    demo.set_defaults(handler=_cmd_demo)
+
+    log = commands.add_parser("log", help="inspect or repair session logs in a FileStore folder")
+    log_commands = log.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
+
+    def session_command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
+                        json_help: Optional[str]) -> argparse.ArgumentParser:
+        sub = log_commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("store", help="the session store folder")
+        sub.add_argument("id", help="the session id")
+        if json_help:
+            sub.add_argument("--json", action="store_true", help=json_help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    listing = log_commands.add_parser("list", help="list the sessions in a store",
+                                      description="list the sessions in a store")
+    listing.add_argument("store", help="the session store folder")
+    listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    listing.set_defaults(handler=_cmd_list)
+
+    for name, help_text, handler in (("show", "print a session's timeline", _cmd_show),
+                                     ("tail", "print a session's last events", _cmd_tail)):
+        sub = session_command(name, help_text, handler,
+                              "one compact JSON event per line, exactly as stored")
+        sub.add_argument("--types", nargs="+", action="extend", metavar="TYPE",
+                         help="only these event types (glob patterns such as 'turn/*' allowed)")
+        sub.add_argument("--relative", action="store_true",
+                         help="times in seconds since the first event shown")
+        if name == "show":
+            sub.add_argument("--from", dest="start", type=_natural, default=0, metavar="SEQ",
+                             help="start at this seq")
+        else:
+            sub.add_argument("-n", type=_natural, default=20, metavar="N",
+                             help="how many events (default 20)")
+
+    session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
+                    "print a JSON list of {placement, message}")
+    session_command("verify", "check every record without modifying the file", _cmd_verify,
+                    "print the result as a JSON object")
+    repair = session_command("repair", "truncate a torn tail or cut off corrupt records", _cmd_repair, None)
+    repair.add_argument("--yes", action="store_true", help="repair without asking")
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the exit-time flush stays silent."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the command line; returns the exit status."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as stop:  # --help, --version, usage errors: argparse has printed them
+            return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+        try:
+            code = int(args.handler(args))
+        except _Exit as stop:
+            code = stop.code
+            if stop.message:
+                _err(stop.message)
+        except KermanError as error:
+            code = 1
+            _err(_describe_error(error, args))
+        except OSError as error:
+            if isinstance(error, BrokenPipeError):
+                raise
+            code = 1
+            _err(f"kerman: {error}")
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        return 130

@@ -100,10 +100,12 @@ impl Store for MemoryStore {
     }
 
     fn exists(&self, id: &str) -> Result<bool, LogError> {
+        check_id(id)?;
         Ok(lock(&self.sessions).contains_key(id))
     }
 
     fn delete(&self, id: &str) -> Result<(), LogError> {
+        check_id(id)?;
         let mut sessions = lock(&self.sessions);
         match sessions.get(id) {
             None => Err(LogError::NotFound { id: id.into() }),

@@ -207,15 +207,31 @@ impl Lists {
         if s.start > list.len() || s.start + s.removed > list.len() {
             return Err(SpliceError::Invalid(String::new()));
         }
-        let removed: Vec<&str> = list[s.start..s.start + s.removed].iter().map(|m| m.id()).collect();
-        let mut seen: HashSet<&str> = HashSet::with_capacity(s.inserted.len());
+        let removed = &list[s.start..s.start + s.removed];
+        // Most splices insert one message; only several need a set to catch repeats among them.
+        let mut seen: Option<HashSet<&str>> = (s.inserted.len() > 1).then(HashSet::new);
         for m in &s.inserted {
             let id = m.id();
-            if !seen.insert(id) || (self.ids.contains(id) && !removed.contains(&id)) {
-                return Err(SpliceError::Duplicate(id.to_string()));
+            let repeated = seen.as_mut().is_some_and(|seen| !seen.insert(id));
+            if repeated || (self.ids.contains(id) && !removed.iter().any(|r| r.id() == id)) {
+                return Err(SpliceError::Duplicate(self.first_repeat(s).unwrap_or(id).to_string()));
             }
         }
         Ok(())
+    }
+
+    /// The id the reference names for a duplicate: the first one seen twice walking the
+    /// candidate lists — for a next-turn splice the new next-turn then next-step, for a
+    /// next-step splice next-turn then the new next-step. Only run once a duplicate is known.
+    fn first_repeat<'a>(&'a self, s: &'a Splice) -> Option<&'a str> {
+        let list = self.list(s.target);
+        let candidate = list[..s.start].iter().chain(&s.inserted).chain(&list[s.start + s.removed..]);
+        let walk: Vec<&Arc<Message>> = match s.target {
+            Target::NextTurn => candidate.chain(&self.next_step).collect(),
+            Target::NextStep => self.next_turn.iter().chain(candidate).collect(),
+        };
+        let mut seen = HashSet::with_capacity(walk.len());
+        walk.into_iter().map(|m| m.id()).find(|id| !seen.insert(*id))
     }
 
     /// Applies a validated splice; returns the removed messages.
@@ -285,6 +301,9 @@ mod tests {
         assert!(lists.validate(&same_id_replace).is_ok());
         let twice = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![msg("b"), msg("b")], canceled: false };
         assert_eq!(lists.validate(&twice), Err(SpliceError::Duplicate("b".into())));
+        // Reference walk: the new next-turn list [b', a', a] repeats `a` first.
+        let both = Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![msg("b2"), msg("a")], canceled: false };
+        assert_eq!(lists.validate(&both), Err(SpliceError::Duplicate("a".into())));
     }
 
     #[test]

@@ -14,8 +14,8 @@ use crate::message::Message;
 
 /// `"next-turn"` or `"next-step"`; anything else is a `ValueError` naming it.
 pub fn target_arg(obj: &Bound<'_, PyAny>) -> PyResult<Target> {
-    if obj.is_instance_of::<PyString>() {
-        if let Some(t) = Target::parse(&obj.extract::<String>()?) {
+    if let Ok(s) = obj.cast::<PyString>() {
+        if let Some(t) = s.to_str().ok().and_then(Target::parse) {
             return Ok(t);
         }
     }
@@ -44,6 +44,14 @@ fn messages_to_list<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyResult
 
 pub fn messages_to_tuple<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(py, messages.iter().map(|m| wrap(py, Arc::clone(m))).collect::<PyResult<Vec<_>>>()?)
+}
+
+/// The stored message as Python: the caller's own object when it passed a `UserMessage`.
+fn returned<'py>(py: Python<'py>, given: &Bound<'py, PyAny>, stored: Arc<Message>) -> PyResult<Bound<'py, PyAny>> {
+    if given.is_instance_of::<super::message::PyMessage>() {
+        return Ok(given.clone());
+    }
+    wrap(py, stored)
 }
 
 /// Calls the Python notification callbacks; their failures are logged, never raised.
@@ -158,16 +166,16 @@ impl PyInbox {
 
     /// Inserts at the end of `target`; returns the stored message.
     fn append<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let (target, message) = (target_arg(target)?, user_message_arg(message)?);
-        self.inner.append(target, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
-        wrap(py, message)
+        let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
+        self.inner.append(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
+        returned(py, message, stored)
     }
 
     /// Inserts at the start of `target`; returns the stored message.
     fn prepend<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let (target, message) = (target_arg(target)?, user_message_arg(message)?);
-        self.inner.prepend(target, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
-        wrap(py, message)
+        let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
+        self.inner.prepend(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
+        returned(py, message, stored)
     }
 
     /// Removes `delete_count` messages at `start` of `target` and inserts `inserted` there,

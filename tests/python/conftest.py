@@ -1,0 +1,198 @@
+"""Shared fixtures and helpers for the Python test suite.
+
+Helpers (import them with ``from conftest import ...``):
+
+* ``crc32c(data)`` — CRC-32C (Castagnoli), pure Python, for crafting session files.
+* ``compact(obj)`` — compact JSON exactly as the session format writes it.
+* ``frame(json_text)`` — one framed record line: ``<crc 8 hex> <json>\\n`` (bytes).
+* ``header_record(id, version=1, created_at=...)`` / ``event_record(seq, type, data, ...)`` —
+  record dicts in the wire key order.
+* ``write_raw_session(path, header, records)`` — writes a session file from a header dict and
+  record dicts (or raw JSON strings, or already framed ``bytes`` lines).
+* ``read_raw_session(path)`` — ``[(crc_ok, record_dict_or_None, raw_line_bytes)]``.
+* ``encode_session_id(id)`` / ``session_path(root, id)`` — where a FileStore keeps a session.
+
+Fixtures: ``memory_store``, ``memory_log``, ``store_root``, ``file_store`` (durability
+``"none"``), ``durability`` / ``durable_file_store`` (parametrised over every durability mode),
+``store`` and ``log`` (parametrised over a memory and a file store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import pytest
+
+import kerman
+
+DURABILITIES = ("strict", "checkpoint", "batch", "none")
+
+# ---------------------------------------------------------------------------------------------
+# CRC-32C (Castagnoli, reflected polynomial 0x82F63B78)
+
+
+def _crc32c_table() -> list:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def crc32c(data: Union[bytes, str]) -> int:
+    """CRC-32C of ``data`` (``str`` is encoded as UTF-8)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283  # the standard check value
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+def compact(obj: Any) -> str:
+    """Compact JSON, UTF-8 kept as is (the format's spelling)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def frame(json_text: Union[str, bytes]) -> bytes:
+    """One record line: checksum, space, JSON, newline."""
+    body = json_text.encode("utf-8") if isinstance(json_text, str) else json_text
+    return b"%08x " % crc32c(body) + body + b"\n"
+
+
+def header_record(session_id: str, version: int = 1, created_at: int = 1_767_225_600_000,
+                  **extra: Any) -> dict:
+    """A header record dict with ``type`` first."""
+    return {"type": "session", "version": version, "id": session_id, "createdAt": created_at, **extra}
+
+
+def event_record(seq: int, type: str, data: Any, time: int = 1_767_225_600_000,
+                 surface_op: Any = None, source_event_seqs: Optional[list] = None) -> dict:
+    """An event record dict in the wire key order (surface fields only when given)."""
+    rec: dict = {"type": type, "seq": seq, "time": time, "data": data}
+    if source_event_seqs is not None:
+        rec["sourceEventSeqs"] = source_event_seqs
+    if surface_op is not None:
+        rec["surfaceOp"] = surface_op
+    return rec
+
+
+RawRecord = Union[dict, str, bytes]
+
+
+def _record_bytes(record: RawRecord) -> bytes:
+    if isinstance(record, bytes):
+        return record  # already framed (or deliberately broken)
+    if isinstance(record, str):
+        return frame(record)
+    return frame(compact(record))
+
+
+def write_raw_session(path: Union[str, os.PathLike], header: RawRecord,
+                      records: Iterable[RawRecord] = ()) -> bytes:
+    """Writes a session file: the header record then each record, framed. Returns the bytes.
+
+    Dicts are written as compact JSON with a valid checksum, ``str`` as given JSON text with a
+    valid checksum, ``bytes`` verbatim (for damaged lines).
+    """
+    data = _record_bytes(header) + b"".join(_record_bytes(r) for r in records)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+    return data
+
+
+def read_raw_session(path: Union[str, os.PathLike]) -> list:
+    """Every line of a session file as ``(crc_ok, parsed_record_or_None, raw_line)``."""
+    out = []
+    for raw in Path(path).read_bytes().splitlines(keepends=True):
+        line = raw.rstrip(b"\n")
+        ok = len(line) > 9 and line[8:9] == b" " and line[:8] == b"%08x" % crc32c(line[9:])
+        try:
+            rec = json.loads(line[9:].decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            rec = None
+        out.append((ok, rec, raw))
+    return out
+
+
+def encode_session_id(session_id: str) -> str:
+    """The file-name stem of a session id (docs/format.md)."""
+    out = []
+    for b in session_id.encode("utf-8"):
+        c = chr(b)
+        if c.isascii() and (c.isalnum() or c in "_-"):
+            out.append(c)
+        else:
+            out.append("~%02X" % b)
+    return "".join(out)
+
+
+def session_path(root: Union[str, os.PathLike], session_id: str) -> Path:
+    return Path(root) / (encode_session_id(session_id) + ".jsonl")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture
+def memory_store() -> kerman.MemoryStore:
+    return kerman.MemoryStore()
+
+
+@pytest.fixture
+def memory_log(memory_store):
+    log = memory_store.create()
+    yield log
+    log.close()
+
+
+@pytest.fixture
+def store_root(tmp_path) -> Path:
+    return tmp_path / "sessions"
+
+
+@pytest.fixture
+def file_store(store_root) -> kerman.FileStore:
+    return kerman.FileStore(store_root, durability="none")
+
+
+@pytest.fixture(params=DURABILITIES)
+def durability(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def durable_file_store(store_root, durability) -> kerman.FileStore:
+    return kerman.FileStore(store_root, durability=durability)
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request, tmp_path):
+    if request.param == "memory":
+        return kerman.MemoryStore()
+    return kerman.FileStore(tmp_path / "sessions", durability="none")
+
+
+@pytest.fixture
+def log(store):
+    log = store.create()
+    yield log
+    log.close()
