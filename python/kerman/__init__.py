@@ -26,6 +26,23 @@ from ._core import (
     __version__,
     consumed_work,
 )
+from .loop import AgentLoop
+from .types import (
+    Enter,
+    LiveEvent,
+    ModelReply,
+    ModelRequest,
+    PreStep,
+    Reject,
+    RequestFailure,
+    Retry,
+    Signal,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnStopping,
+)
+from . import models
 from .errors import (
     CorruptLogError,
     DuplicateMessageError,
@@ -48,6 +65,22 @@ from .errors import (
 )
 
 __all__ = [
+    # the loop
+    "AgentLoop",
+    "Enter",
+    "Reject",
+    "Retry",
+    "PreStep",
+    "ModelRequest",
+    "ModelReply",
+    "RequestFailure",
+    "TurnStopping",
+    "Signal",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "LiveEvent",
+    "models",
     # messages
     "Message",
     "UserMessage",

@@ -33,6 +33,11 @@ pub trait Backend: Send + Sync {
     fn enqueue(&self, event: &Event) -> Result<(), LogError>;
     fn flush(&self, done: FlushCallback);
     fn close(&self, events: &[Event]) -> Result<(), LogError>;
+    /// Whether the agent loop should await a flush barrier before each model request and tool
+    /// body (the `checkpoint` and `strict` durability modes).
+    fn checkpoints(&self) -> bool {
+        false
+    }
 }
 
 struct State {
@@ -264,6 +269,16 @@ impl SessionLog {
     /// The durability barrier: `done` runs once everything appended so far is durable.
     pub fn flush(&self, done: FlushCallback) {
         self.shared.backend.flush(done);
+    }
+
+    /// Whether the loop should await [`flush`](Self::flush) at semantic checkpoints.
+    pub fn checkpoints(&self) -> bool {
+        self.shared.backend.checkpoints()
+    }
+
+    /// Appends a loop-owned event (any type, surface metadata as the type requires).
+    pub fn append_loop_event(&self, kind: &str, data: &Value, surface: Option<Surface>) -> Result<Event, LogError> {
+        self.append_owned(kind, json::compact(data), surface)
     }
 
     /// Blocks until everything appended so far is durable.

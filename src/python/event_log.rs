@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use super::aio::{aio, Completion};
 use super::convert::{json_to_py, map_to_py, to_value};
 use super::errors::{log_err, not_json, report_contained};
-use crate::event_log::{Event, LogError, SessionLog, SurfaceOp, SPLICED};
+use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
 
 /// One committed log entry. Immutable; `data` is decoded on first access and cached.
 #[pyclass(name = "Event", module = "kerman", frozen)]
@@ -243,6 +243,22 @@ impl PySessionLog {
         let value = to_value(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
         let event = self.inner.append_public(&kind, crate::json::compact(&value)).map_err(|e| log_err(py, e))?;
         Ok(PyEvent::new(event))
+    }
+
+    /// For the AgentLoop only: appends a loop-owned event (`turn/*`, `user/message`, ...).
+    /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`.
+    #[pyo3(signature = (r#type, data, source_event_seqs=None))]
+    fn _append_owned(&self, py: Python<'_>, r#type: &str, data: &Bound<'_, PyAny>, source_event_seqs: Option<Vec<u64>>) -> PyResult<PyEvent> {
+        let value = to_value(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
+        let surface = crate::event_log::is_surface_type(r#type).then(|| Surface { op: SurfaceOp::Append, source_event_seqs });
+        self.inner.append_loop_event(r#type, &value, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
+    }
+
+    /// Whether the AgentLoop should await `flush()` before model requests and tool bodies
+    /// (FileStore in `checkpoint` or `strict` mode).
+    #[getter]
+    fn _checkpoints(&self) -> bool {
+        self.inner.checkpoints()
     }
 
     /// A snapshot iterator of committed events with `start <= seq < stop`, optionally only

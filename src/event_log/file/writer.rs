@@ -74,6 +74,7 @@ pub(super) struct FileBackend {
     id: String,
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<Result<(), LogError>>>>,
+    durability: Durability,
 }
 
 impl FileBackend {
@@ -105,7 +106,7 @@ impl FileBackend {
             .name("kerman-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| LogError::io("starting the session writer thread", e))?;
-        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)) })
+        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)), durability: setup.durability })
     }
 
     /// Stops the writer after it has drained, and waits for it unless called from the writer
@@ -130,6 +131,10 @@ impl FileBackend {
 }
 
 impl Backend for FileBackend {
+    fn checkpoints(&self) -> bool {
+        matches!(self.durability, Durability::Checkpoint | Durability::Strict)
+    }
+
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
         // Serialise before taking the lock the writer shares.
         let json = event.to_json();

@@ -1,0 +1,141 @@
+"""Tool scheduling (reference 5.8, SPEC 4.4): calls start in model order in a rolling pool of
+at most ``max_parallel_tool_calls`` (a ``parallel=False`` tool is a barrier and runs alone);
+results are logged strictly in model order; after an abort nothing new starts, started calls
+are cancelled and drain, and unstarted ones get a synthetic aborted result."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from ._core import NEXT_STEP, ToolResultMessage, UserMessage
+from .types import Tool, ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    from .loop import AgentLoop
+
+# (content, is_error, error dict or None, concludes_turn, additional contexts, meta)
+Outcome = Tuple[Any, bool, Optional[Dict[str, str]], bool, Tuple[Any, ...], Any]
+
+
+def _error(text: str, name: str, code: str) -> Outcome:
+    return text, True, {"name": name, "code": code}, False, (), None
+
+
+ABORTED_BEFORE = ("Error: tool call aborted before dispatch", "AbortError", "ABORTED_BEFORE_DISPATCH")
+
+
+async def _invoke(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx: ToolContext) -> Outcome:
+    try:
+        if loop._log._checkpoints:
+            await loop._log.flush()
+    except asyncio.CancelledError:
+        return _error(*ABORTED_BEFORE)
+    if ctx.signal.aborted:
+        return _error(*ABORTED_BEFORE)
+    try:
+        raw = call.get("arguments") or "{}"
+        args = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
+    try:
+        value = tool.fn(args, ctx)
+        if inspect.isawaitable(value):
+            value = await value
+    except asyncio.CancelledError:
+        return _error("Error: tool call aborted during dispatch", "CancelledError", "ABORTED_DURING_DISPATCH")
+    except Exception as exc:
+        return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
+    if isinstance(value, str):
+        value = ToolResult(value)
+    if not isinstance(value, ToolResult):
+        return _error(f"tool {tool.name!r} returned {type(value).__name__}; expected str or ToolResult",
+                      "TypeError", "TOOL_ERROR")
+    return value.content, value.is_error, None, value.concludes_turn, value.additional_contexts, value.meta
+
+
+def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
+    content, is_error, error, concludes, contexts, meta = outcome
+    message = ToolResultMessage(call["id"], content, is_error=is_error)
+    data: Dict[str, Any] = {"turn": turn, "step": step, "message": message.to_dict()}
+    if error is not None:
+        data["error"] = error
+    if meta is not None:
+        data["meta"] = meta
+    loop._log._append_owned("tool/result", data, [call_seq])
+    for context in contexts:
+        if isinstance(context, str):
+            context = UserMessage(context, source={"kind": "plugin", "plugin": f"tool:{call.get('name')}"})
+        loop._inbox.append(NEXT_STEP, context)
+    return concludes
+
+
+def _log_call(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any]) -> int:
+    data = {"turn": turn, "step": step, "callId": call["id"], "name": call["name"], "arguments": call.get("arguments", "")}
+    return int(loop._log._append_owned("tool/call", data).seq)
+
+
+async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]]) -> bool:
+    """Runs the step's tool calls; returns whether a committed result concludes the turn."""
+    signal = loop._signal
+    n = len(calls)
+    outcomes: List[Optional[Outcome]] = [None] * n
+    call_seqs: List[int] = [0] * n
+    running: Dict[int, "asyncio.Task[Outcome]"] = {}
+    exclusive_running = False
+    committed = 0
+    concludes = False
+
+    def cancel_running(_reason: Any = None) -> None:
+        for task in running.values():
+            task.cancel()
+
+    signal.add_callback(cancel_running)
+
+    def commit_ready() -> None:
+        nonlocal committed, concludes
+        while committed < n and outcomes[committed] is not None:
+            outcome = outcomes[committed]
+            assert outcome is not None
+            concludes = _commit(loop, turn, step, calls[committed], call_seqs[committed], outcome) or concludes
+            committed += 1
+
+    async def wait_any() -> None:
+        nonlocal exclusive_running
+        done, _ = await asyncio.wait(running.values(), return_when=asyncio.FIRST_COMPLETED)
+        for index in [i for i, t in running.items() if t in done]:
+            outcomes[index] = running.pop(index).result()
+        exclusive_running = exclusive_running and bool(running)
+        commit_ready()
+
+    started = 0
+    try:
+        while started < n and not signal.aborted:
+            call = calls[started]
+            tool = loop._tools.get(call.get("name", ""))
+            exclusive = tool is not None and not tool.parallel
+            while running and (exclusive or exclusive_running or len(running) >= loop._max_parallel):
+                await wait_any()
+            if signal.aborted:
+                break
+            call_seqs[started] = _log_call(loop, turn, step, call)
+            if tool is None:
+                outcomes[started] = _error(f"unknown tool {call.get('name')!r}", "UnknownToolError", "UNKNOWN_TOOL")
+            else:
+                ctx = ToolContext(call["id"], turn, step, signal, loop)
+                running[started] = asyncio.ensure_future(_invoke(loop, tool, call, ctx))
+                exclusive_running = exclusive
+            started += 1
+            commit_ready()
+        while running:
+            await wait_any()
+    except asyncio.CancelledError:
+        cancel_running()
+        raise
+    for index in range(started, n):
+        call_seqs[index] = _log_call(loop, turn, step, calls[index])
+        outcomes[index] = _error(*ABORTED_BEFORE)
+    commit_ready()
+    return concludes

@@ -1,0 +1,367 @@
+"""``AgentLoop``: claims queued input before every step, awaits one pre-step decision, calls
+the model, runs tools, and records everything in the session log.
+
+The turn algorithm itself lives in ``_turn.py`` and tool scheduling in ``_tools.py``; this
+module holds the public surface: registration, delivery, waking, cancellation and idling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from . import _dispatch, _turn
+from ._core import NEXT_STEP, NEXT_TURN, Inbox, MemoryStore, SessionLog, UserMessage
+from .errors import LoopError
+from .types import LiveEvent, Signal, Tool
+
+__all__ = ["AgentLoop"]
+
+_log = logging.getLogger("kerman")
+
+LIVE_EVENTS = (
+    "agent/status",
+    "agent/inbox/inserted",
+    "agent/inbox/claimed",
+    "agent/inbox/discarded",
+    "agent/error",
+)
+
+
+def _cause(cause: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
+    if isinstance(cause, str):
+        if cause not in ("user", "parent", "disposed"):
+            raise ValueError(f'cause must be "user", "parent", "disposed" or a dict, got {cause!r}')
+        return {"kind": cause}
+    if isinstance(cause, dict) and isinstance(cause.get("kind"), str):
+        return dict(cause)
+    raise ValueError(f'cause must be "user", "parent", "disposed" or a dict with a "kind", got {cause!r}')
+
+
+def _current_loop() -> Optional[asyncio.AbstractEventLoop]:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class AgentLoop:
+    """A durable agent loop over one session log.
+
+    ``log=None`` uses a private memory log. Constructing over an existing log resumes it: the
+    inbox is replayed and the turn counter restored; nothing runs until a wake.
+    """
+
+    def __init__(self, model: Callable[..., Any], log: Optional[SessionLog] = None, tools: Sequence[Tool] = (),
+                 max_parallel_tool_calls: int = 10, *, options: Optional[Dict[str, Any]] = None) -> None:
+        if not callable(model):
+            raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
+        if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) \
+                or max_parallel_tool_calls < 1:
+            raise ValueError(f"max_parallel_tool_calls must be an int >= 1, got {max_parallel_tool_calls!r}")
+        self._model = model
+        self._owns_log = log is None
+        self._log: SessionLog = log if log is not None else MemoryStore().create()
+        self._max_parallel = max_parallel_tool_calls
+        self._options: Dict[str, Any] = dict(options or {})
+        self._listeners: Dict[str, List[Callable[..., Any]]] = {name: [] for name in LIVE_EVENTS}
+        self._pre_step: List[Callable[..., Any]] = []
+        self._before_request: List[Callable[..., Any]] = []
+        self._request_error: List[Callable[..., Any]] = []
+        self._turn_stopping: List[Callable[..., Any]] = []
+        self._tools: Dict[str, Tool] = {}
+        for tool in tools:
+            self._add_tool(tool)
+        self._inbox = Inbox(
+            self._log,
+            on_inserted=lambda m: self._emit("agent/inbox/inserted", message=m),
+            on_discarded=lambda m: self._emit("agent/inbox/discarded", message=m),
+            on_claimed=lambda m, turn: self._emit("agent/inbox/claimed", message=m, turn=turn),
+        )
+        self._turn = 0
+        for event in self._log.events(types="turn/start"):
+            self._turn = int(event.data["turn"])
+        self._status = "idle"
+        self._signal: Signal = Signal()
+        self._step = 0
+        self._wake_requested = False
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._event_loop: Optional[asyncio.AbstractEventLoop] = _current_loop()
+        self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
+        # Cancellation plumbing: whether the driver is inside an await of user code, and
+        # whether cancel() threw CancelledError into it.
+        self._in_user = False
+        self._thrown = False
+        self._requests = 0
+        self._last_options: Optional[str] = None
+        self._history: List[Any] = []
+        self._history_pos = 0
+
+    # ---- properties -------------------------------------------------------------------------
+
+    @property
+    def inbox(self) -> Inbox:
+        return self._inbox
+
+    @property
+    def log(self) -> SessionLog:
+        return self._log
+
+    @property
+    def status(self) -> str:
+        """``"idle"`` or ``"running"``."""
+        return self._status
+
+    @property
+    def turn(self) -> int:
+        """The number of the last turn started (0 before the first)."""
+        return self._turn
+
+    @property
+    def tools(self) -> Dict[str, Tool]:
+        return dict(self._tools)
+
+    def __repr__(self) -> str:
+        return f"<AgentLoop turn={self._turn} status={self._status} pending={len(self._inbox)}>"
+
+    # ---- registration -----------------------------------------------------------------------
+
+    def _decorator(self, listeners: List[Callable[..., Any]], fn: Optional[Callable[..., Any]], prepend: bool) -> Any:
+        if fn is None:
+            return lambda f: self._decorator(listeners, f, prepend)
+        _dispatch.register(listeners, fn, prepend)
+        return fn
+
+    def pre_step(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Waterfall before every step: ``async def f(step: PreStep, next) -> Enter | Reject``."""
+        return self._decorator(self._pre_step, fn, prepend)
+
+    def before_request(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Waterfall before every model request: ``async def f(request, next) -> ModelRequest``."""
+        return self._decorator(self._before_request, fn, prepend)
+
+    def request_error(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Waterfall on a model failure: ``async def f(failure, next) -> Retry | None``."""
+        return self._decorator(self._request_error, fn, prepend)
+
+    def turn_stopping(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Serial, when a turn is about to end: ``async def f(stop: TurnStopping) -> None``."""
+        return self._decorator(self._turn_stopping, fn, prepend)
+
+    def on(self, event: str, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Registers a live-event listener (sync or async; failures are logged)."""
+        if event not in self._listeners:
+            raise ValueError(f"unknown live event {event!r}; expected one of {', '.join(LIVE_EVENTS)}")
+        return self._decorator(self._listeners[event], fn, prepend)
+
+    def remove_listener(self, fn: Callable[..., Any]) -> bool:
+        """Removes ``fn`` from every seam it is registered on; False if it was nowhere."""
+        found = False
+        for listeners in [*self._listeners.values(), self._pre_step, self._before_request,
+                          self._request_error, self._turn_stopping]:
+            while fn in listeners:
+                listeners.remove(fn)
+                found = True
+        return found
+
+    def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
+             parameters: Optional[Dict[str, Any]] = None, parallel: bool = True) -> Any:
+        """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
+        ``loop.tool(Tool(...))``. Returns what it was given."""
+        if isinstance(fn, Tool):
+            self._add_tool(fn)
+            return fn
+        if fn is None:
+            return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel)
+        doc = (fn.__doc__ or "").strip()
+        self._add_tool(Tool(name or fn.__name__, fn, description if description is not None else doc, parameters, parallel))
+        return fn
+
+    def _add_tool(self, tool: Tool) -> None:
+        if not isinstance(tool, Tool):
+            raise TypeError(f"expected a kerman.Tool, got {type(tool).__name__}")
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    # ---- live events ------------------------------------------------------------------------
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        listeners = self._listeners[event]
+        if listeners:
+            _dispatch.emit(listeners, LiveEvent(event, self, **fields), event)
+
+    def _set_status(self, status: str) -> None:
+        if status != self._status:
+            self._status = status
+            self._emit("agent/status", status=status)
+
+    # ---- delivery ---------------------------------------------------------------------------
+
+    def followup(self, message: Union[str, UserMessage]) -> UserMessage:
+        """Queues a prompt for its own turn and wakes the loop."""
+        return self.send(message, NEXT_TURN, True)
+
+    def steer(self, message: Union[str, UserMessage]) -> UserMessage:
+        """Queues input for the nearest step boundary of the running turn, and wakes the loop."""
+        return self.send(message, NEXT_STEP, True)
+
+    def inject(self, message: Union[str, UserMessage]) -> UserMessage:
+        """Queues context for the next step boundary without waking the loop."""
+        return self.send(message, NEXT_STEP, False)
+
+    def send(self, message: Union[str, UserMessage], target: str, wakeup: bool = True) -> UserMessage:
+        """Inserts ``message`` at the end of ``target``; wakes the loop when ``wakeup``.
+
+        Waking input sent while the running turn is being cancelled becomes a new turn
+        (next-turn) and is replayed once the cancelled turn has ended.
+        """
+        if target not in (NEXT_TURN, NEXT_STEP):
+            raise ValueError(f'target must be "next-turn" or "next-step", got {target!r}')
+        here = _current_loop()
+        on_thread = here is not None and here is self._event_loop
+        if wakeup and not on_thread:
+            if here is not None and self._event_loop is None:
+                self._bind(here)
+                on_thread = True
+            elif here is not None:
+                raise LoopError("this AgentLoop is bound to another event loop")
+            elif self._event_loop is None:
+                raise LoopError("AgentLoop cannot wake: no event loop is running (call from async code)")
+        after_abort = wakeup and self._status == "running" and self._signal.aborted
+        stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
+        if wakeup:
+            if on_thread:
+                self._wake(after_abort)
+            else:
+                self._call_on_loop(self._wake, after_abort)
+        return stored
+
+    def wake(self) -> bool:
+        """Starts a turn if the loop is idle and input is pending (e.g. after a resume)."""
+        if not self._inbox.has_pending:
+            return False
+        here = _current_loop()
+        if here is None:
+            if self._event_loop is None:
+                raise LoopError("AgentLoop cannot wake: no event loop is running (call from async code)")
+            self._call_on_loop(self._wake, False)
+            return True
+        if self._event_loop is None:
+            self._bind(here)
+        elif here is not self._event_loop:
+            raise LoopError("this AgentLoop is bound to another event loop")
+        was_idle = self._status == "idle"
+        self._wake(False)
+        return was_idle
+
+    def _bind(self, event_loop: asyncio.AbstractEventLoop) -> None:
+        self._event_loop = event_loop
+        self._loop_thread = threading.get_ident()
+
+    def _call_on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._event_loop is not None
+        try:
+            self._event_loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError as e:  # the loop is closed
+            raise LoopError(f"the AgentLoop's event loop is not running: {e}") from e
+
+    # ---- the driver -------------------------------------------------------------------------
+
+    def _wake(self, after_abort: bool) -> None:
+        """Reference 5.3: start a driver when idle; latch a wake the running one cannot deliver."""
+        if self._status != "idle":
+            reason = self._signal.reason
+            if reason is not None and reason.get("kind") != "disposed" and after_abort:
+                self._wake_requested = True
+            return
+        self._start_driver()
+
+    def _start_driver(self) -> None:
+        self._signal = Signal()
+        self._step = 0
+        self._wake_requested = False
+        self._set_status("running")
+        prefix = _turn.begin_turn(self)
+        if prefix is None:
+            self._finish_driver()
+            return
+        assert self._event_loop is not None
+        self._task = self._event_loop.create_task(self._drive(prefix))
+
+    async def _drive(self, prefix: Any) -> None:
+        external: Optional[BaseException] = None
+        try:
+            while prefix is not None:
+                if not await _turn.run_turn(self, *prefix):
+                    break
+                self._signal = Signal()
+                self._step = 0
+                self._wake_requested = False
+                prefix = _turn.begin_turn(self)
+        except asyncio.CancelledError as e:
+            external = e
+        except Exception:  # the turn already reported its failure
+            _log.exception("AgentLoop driver failed")
+        finally:
+            self._task = None
+            self._finish_driver()
+        if external is not None:
+            raise external
+
+    def _finish_driver(self) -> None:
+        latched = self._wake_requested
+        self._wake_requested = False
+        self._set_status("idle")
+        if latched and self._inbox.has_pending and self._status == "idle":
+            self._start_driver()
+
+    # ---- cancellation and idling ------------------------------------------------------------
+
+    def cancel(self, cause: Union[str, Dict[str, Any]] = "user", *, keep_inbox: bool = False) -> None:
+        """Aborts the running turn (first cause wins) and throws ``CancelledError`` into the
+        listener, model or tool it awaits. Without ``keep_inbox`` pending input is discarded."""
+        reason = _cause(cause)
+        here = _current_loop()
+        if self._event_loop is not None and here is not self._event_loop:
+            self._call_on_loop(self._cancel, reason, keep_inbox)
+            return
+        self._cancel(reason, keep_inbox)
+
+    def _cancel(self, reason: Dict[str, Any], keep_inbox: bool) -> None:
+        if not keep_inbox:
+            self._inbox.clear()
+            self._wake_requested = False
+        if self._status != "running" or not self._signal._abort(reason):
+            return
+        task = self._task
+        if self._in_user and task is not None and not task.done() and not self._thrown:
+            self._thrown = True
+            task.cancel()
+
+    async def when_idle(self) -> None:
+        """Waits until no turn is running, following turns started at convergence. Never raises
+        for a failed turn."""
+        while self._task is not None:
+            task = self._task
+            await asyncio.wait({task})
+            if self._task is task:
+                break
+
+    async def aclose(self, discard_pending: bool = False) -> None:
+        """Cancels with cause ``disposed``, waits until idle, flushes, and closes the log if this
+        loop created it. Pending input stays durable for the next resume unless
+        ``discard_pending``."""
+        if self._status == "running" or discard_pending:
+            self.cancel("disposed", keep_inbox=not discard_pending)
+        await self.when_idle()
+        if not self._log.closed:
+            await self._log.flush()
+            if self._owns_log:
+                await self._log.aclose()
+
+    def requeue_claimed(self, turn: int) -> List[UserMessage]:
+        """Re-inserts what finished turn ``turn`` claimed but never entered (SPEC D9)."""
+        return _turn.requeue_claimed(self, turn)
