@@ -20,6 +20,7 @@ pub mod inbox;
 pub mod json;
 pub mod message;
 pub mod projection;
+pub mod waterfall;
 
 #[cfg(feature = "python")]
 mod python;

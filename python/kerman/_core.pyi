@@ -1,7 +1,7 @@
 """Type stubs for the native module ``kerman._core`` (hand-written; checked with mypy.stubtest)."""
 
 import builtins
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from os import PathLike
 from pathlib import Path
 from typing import Any, Final, Literal, final
@@ -229,6 +229,26 @@ class ConsumedWork:
     def dropped_unrun(self) -> bool: ...
     def __eq__(self, other: object, /) -> bool: ...
 
+@final
+class Ready:
+    """An already-complete awaitable."""
+
+    def __await__(self) -> Self: ...
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, exc: BaseException, *_rest: Any) -> Any: ...
+    def close(self) -> None: ...
+
+@final
+class Next:
+    """The ``next()`` of one waterfall dispatch (the cursor lives in Rust)."""
+
+    def __new__(cls, listeners: list[Callable[..., Any]], payload: Any, default: Callable[[], Any]) -> Next: ...
+    def __call__(self) -> Awaitable[Any]: ...
+    @property
+    def remaining(self) -> int: ...
+
 def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWork: ...
 
 
@@ -252,4 +272,6 @@ __all__ = [
     "ConsumedWork",
     "consumed_work",
     "SPLICED",
+    "Ready",
+    "Next",
 ]

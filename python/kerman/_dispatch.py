@@ -7,44 +7,30 @@ import inspect
 import logging
 from typing import Any, Awaitable, Callable, List, Sequence
 
+from ._core import Next
+
 _log = logging.getLogger("kerman")
-
-
-async def _ready(value: Any) -> Any:
-    return value
-
-
-def _awaitable(value: Any) -> Awaitable[Any]:
-    """Sync listeners are allowed: their plain return value is wrapped."""
-    return value if inspect.isawaitable(value) else _ready(value)
 
 
 def waterfall(listeners: Sequence[Callable[..., Any]], payload: Any, default: Callable[[], Any]) -> Awaitable[Any]:
     """Runs ``listeners`` as a waterfall over one shared ``payload``.
 
     Each listener is called as ``listener(payload, next)``. ``next()`` pulls the next remaining
-    listener from this dispatch's queue — or, once the queue is empty, calls ``default()`` — and
-    returns an awaitable of its result. Not calling ``next()`` short-circuits; calling it twice
-    pulls the next remaining listener (then the default). The outermost result is the result.
+    listener from this dispatch's cursor (kept in Rust, ``kerman._core.Next``) — or, once none
+    remain, calls ``default()`` — and returns an awaitable of its result. Not calling ``next()``
+    short-circuits; calling it twice pulls the next remaining listener (then the default). The
+    outermost result is the result; sync listeners' plain return values are wrapped.
     """
-    queue = list(listeners)
-    cursor = 0
-
-    def next_() -> Awaitable[Any]:
-        nonlocal cursor
-        if cursor < len(queue):
-            listener = queue[cursor]
-            cursor += 1
-            return _awaitable(listener(payload, next_))
-        return _awaitable(default())
-
-    return next_()
+    result: Awaitable[Any] = Next(list(listeners), payload, default)()
+    return result
 
 
 async def serial(listeners: Sequence[Callable[..., Any]], payload: Any) -> None:
     """Awaits listeners one by one; stops early when one returns a truthy "bail" value."""
     for listener in list(listeners):
-        result = await _awaitable(listener(payload))
+        result = listener(payload)
+        if inspect.isawaitable(result):
+            result = await result
         if result is not None and result is not False:
             return
 

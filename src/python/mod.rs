@@ -10,6 +10,7 @@ mod inbox;
 mod message;
 mod projection;
 mod store;
+mod waterfall;
 
 /// Releases the GIL around core waits on other threads (see `crate::blocking`).
 fn release_gil_while(wait: &mut dyn FnMut()) {
@@ -43,5 +44,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store::register(m)?;
     inbox::register(m)?;
     projection::register(m)?;
+    waterfall::register(m)?;
     Ok(())
 }

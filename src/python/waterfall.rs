@@ -1,0 +1,104 @@
+//! `Next`: the `next()` callable handed to waterfall listeners, over the core cursor.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+
+use crate::waterfall::{Cursor, Pull};
+
+/// An awaitable that is already complete (for sync listeners and the default).
+#[pyclass(name = "Ready", module = "kerman")]
+pub struct PyReady {
+    value: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyReady {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let value = self.value.take().unwrap_or_else(|| py.None());
+        Err(PyStopIteration::new_err((value,)))
+    }
+
+    fn send(&mut self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.__next__(py)
+    }
+
+    #[pyo3(signature = (exc, *_rest))]
+    fn throw(&mut self, exc: &Bound<'_, PyAny>, _rest: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<Py<PyAny>> {
+        self.value = None;
+        Err(PyErr::from_value(exc.clone()))
+    }
+
+    fn close(&mut self) {
+        self.value = None;
+    }
+}
+
+fn awaitable<'py>(value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    if value.hasattr(pyo3::intern!(py, "__await__"))? {
+        return Ok(value);
+    }
+    Ok(Bound::new(py, PyReady { value: Some(value.unbind()) })?.into_any())
+}
+
+/// The `next()` of one waterfall dispatch: calling it runs the next remaining listener with
+/// the shared payload (or, once none remain, the default) and returns an awaitable of its
+/// result.
+#[pyclass(name = "Next", module = "kerman")]
+pub struct PyNext {
+    cursor: Mutex<Cursor<Py<PyAny>>>,
+    payload: Py<PyAny>,
+    default: Py<PyAny>,
+}
+
+#[pymethods]
+impl PyNext {
+    #[new]
+    fn new(listeners: Vec<Py<PyAny>>, payload: Py<PyAny>, default: Py<PyAny>) -> Self {
+        PyNext { cursor: Mutex::new(Cursor::new(listeners)), payload, default }
+    }
+
+    fn __call__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.borrow();
+        // Take what to call out of the cursor first: no Rust lock is held while Python runs.
+        let listener = {
+            let mut cursor = this.cursor.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match cursor.pull() {
+                Pull::Listener(l) => Some(l.clone_ref(py)),
+                Pull::Default => None,
+            }
+        };
+        let result = match listener {
+            Some(listener) => listener.bind(py).call1((this.payload.bind(py), slf))?,
+            None => this.default.bind(py).call0()?,
+        };
+        awaitable(result)
+    }
+
+    /// Listeners not yet pulled.
+    #[getter]
+    fn remaining(&self) -> usize {
+        self.cursor.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remaining()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<Next remaining={}>", self.remaining())
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyReady>()?;
+    m.add_class::<PyNext>()?;
+    Ok(())
+}
