@@ -14,8 +14,8 @@ _Durability = Literal["strict", "checkpoint", "batch", "none"]
 
 __version__: Final[str]
 FORMAT_VERSION: Final[int]
-NEXT_TURN: Final[str]
-NEXT_STEP: Final[str]
+NEXT_TURN: Final = "next-turn"
+NEXT_STEP: Final = "next-step"
 SPLICED: Final[str]
 
 @disjoint_base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from typing import Any, Awaitable, Callable, List, Sequence
@@ -45,10 +46,10 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
             continue
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t, what=what: _report(t, what))
+            task.add_done_callback(functools.partial(_report, what=what))
 
 
-def _report(task: "asyncio.Future[Any]", what: str) -> None:
+def _report(task: "asyncio.Future[Any]", *, what: str) -> None:
     if not task.cancelled() and task.exception() is not None:
         _log.error('agent event "%s" listener rejected', what, exc_info=task.exception())
 

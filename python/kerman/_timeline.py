@@ -247,10 +247,11 @@ def _tool_result(data: Mapping[str, Any]) -> str:
 
 
 def _request_header(data: Mapping[str, Any]) -> str:
-    header = data.get("header")
-    keys = ", ".join(_escape(str(k)) for k in header) if isinstance(header, Mapping) else compact_json(header)
-    reason = data.get("reason")
-    return (f"{_escape(str(reason))}: " if reason is not None else "") + (keys or "(no options)")
+    """``request/header {options}`` (SPEC 4.7): the final request options."""
+    options = data.get("options")
+    if isinstance(options, Mapping):
+        return "options " + compact_json(options) if options else "(no options)"
+    return compact_json(data)
 
 
 _SUMMARIES: dict[str, Callable[[Mapping[str, Any]], str]] = {

@@ -25,9 +25,19 @@ def _error(text: str, name: str, code: str) -> Outcome:
 
 
 ABORTED_BEFORE = ("Error: tool call aborted before dispatch", "AbortError", "ABORTED_BEFORE_DISPATCH")
+ABORTED_DURING = ("Error: tool call aborted during dispatch", "CancelledError", "ABORTED_DURING_DISPATCH")
 
 
-async def _invoke(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx: ToolContext) -> Outcome:
+async def _invoke(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx: ToolContext,
+                  box: List[Optional[Outcome]]) -> Outcome:
+    """Runs one tool body. The outcome is also left in ``box``: a tool that calls
+    ``loop.cancel()`` and then returns finishes in a task asyncio marks cancelled, and its
+    result must still be committed (SPEC 4.4)."""
+    box[0] = outcome = await _invoke_body(loop, tool, call, ctx)
+    return outcome
+
+
+async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         if loop._log._checkpoints:
             await loop._log.flush()
@@ -45,7 +55,7 @@ async def _invoke(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx: Tool
         if inspect.isawaitable(value):
             value = await value
     except asyncio.CancelledError:
-        return _error("Error: tool call aborted during dispatch", "CancelledError", "ABORTED_DURING_DISPATCH")
+        return _error(*ABORTED_DURING)
     except Exception as exc:
         return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
     if isinstance(value, str):
@@ -82,6 +92,7 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
     signal = loop._signal
     n = len(calls)
     outcomes: List[Optional[Outcome]] = [None] * n
+    boxes: Dict[int, List[Optional[Outcome]]] = {}
     call_seqs: List[int] = [0] * n
     running: Dict[int, "asyncio.Task[Outcome]"] = {}
     exclusive_running = False
@@ -102,13 +113,20 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
             concludes = _commit(loop, turn, step, calls[committed], call_seqs[committed], outcome) or concludes
             committed += 1
 
-    async def wait_any() -> None:
+    def collect(done: Any) -> None:
         nonlocal exclusive_running
-        done, _ = await asyncio.wait(running.values(), return_when=asyncio.FIRST_COMPLETED)
         for index in [i for i, t in running.items() if t in done]:
-            outcomes[index] = running.pop(index).result()
+            task = running.pop(index)
+            if task.cancelled():
+                outcomes[index] = boxes[index][0] or _error(*ABORTED_DURING)
+            else:
+                outcomes[index] = task.result()
         exclusive_running = exclusive_running and bool(running)
         commit_ready()
+
+    async def wait_any() -> None:
+        done, _ = await asyncio.wait(running.values(), return_when=asyncio.FIRST_COMPLETED)
+        collect(done)
 
     started = 0
     try:
@@ -125,17 +143,30 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
                 outcomes[started] = _error(f"unknown tool {call.get('name')!r}", "UnknownToolError", "UNKNOWN_TOOL")
             else:
                 ctx = ToolContext(call["id"], turn, step, signal, loop)
-                running[started] = asyncio.ensure_future(_invoke(loop, tool, call, ctx))
+                boxes[started] = [None]
+                running[started] = asyncio.ensure_future(_invoke(loop, tool, call, ctx, boxes[started]))
                 exclusive_running = exclusive
             started += 1
             commit_ready()
         while running:
             await wait_any()
     except asyncio.CancelledError:
+        # The driver itself is being cancelled from outside: started calls are cancelled,
+        # drain and commit all the same, so the log never holds a call without its result.
         cancel_running()
+        if running:
+            done, _ = await asyncio.shield(asyncio.wait(list(running.values())))
+            collect(done)
+        _abort_unstarted(loop, turn, step, calls, started, call_seqs, outcomes)
+        commit_ready()
         raise
-    for index in range(started, n):
-        call_seqs[index] = _log_call(loop, turn, step, calls[index])
-        outcomes[index] = _error(*ABORTED_BEFORE)
+    _abort_unstarted(loop, turn, step, calls, started, call_seqs, outcomes)
     commit_ready()
     return concludes
+
+
+def _abort_unstarted(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]], started: int,
+                     call_seqs: List[int], outcomes: List[Optional[Outcome]]) -> None:
+    for index in range(started, len(calls)):
+        call_seqs[index] = _log_call(loop, turn, step, calls[index])
+        outcomes[index] = _error(*ABORTED_BEFORE)

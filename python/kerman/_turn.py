@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple
 
 from . import _dispatch, _tools
 from ._core import NEXT_STEP, NEXT_TURN, AssistantMessage, Message, UserMessage
@@ -73,11 +73,15 @@ async def user_await(loop: "AgentLoop", awaitable: Any) -> Any:
     loop._in_user = True
     try:
         result = await awaitable
-    except asyncio.CancelledError:
-        if not loop._thrown:
-            raise
-        _uncancel(loop)
-        raise _Aborted() from None
+    except asyncio.CancelledError as exc:
+        if loop._thrown:
+            _uncancel(loop)
+            raise _Aborted() from None
+        task = asyncio.current_task()
+        if sys.version_info >= (3, 11) and task is not None and not task.cancelling():
+            # Raised by user code itself, with no cancellation in progress: a failure (SPEC 4.4).
+            raise TurnFailure({"message": error_chain(exc), "code": "UNKNOWN"}, exc) from exc
+        raise
     finally:
         loop._in_user = False
     if loop._thrown:
@@ -145,7 +149,7 @@ async def run_turn(loop: "AgentLoop", turn: int, claimed: Optional[List[UserMess
     try:
         if claim_error is not None:
             raise claim_error
-        target = NEXT_TURN
+        target: Literal["next-turn", "next-step"] = NEXT_TURN
         batch = claimed or []
         while True:
             check(loop)
@@ -377,6 +381,7 @@ def requeue_claimed(loop: "AgentLoop", turn: int) -> List[UserMessage]:
     messages finished turn ``turn`` claimed that never appeared after the claim."""
     lists: Dict[str, List[Dict[str, Any]]] = {NEXT_TURN: [], NEXT_STEP: []}
     claimed: List[Tuple[str, Dict[str, Any], int]] = []
+    # Claims are pure deletions: rebuild the lists to know what each one removed.
     seen_ids: Dict[str, int] = {}
     state = "unknown"
     for event in loop._log.events():
@@ -405,8 +410,8 @@ def requeue_claimed(loop: "AgentLoop", turn: int) -> List[UserMessage]:
         raise LoopError(f"turn {turn} has nothing left to requeue")
     out: List[UserMessage] = []
     for target in (NEXT_STEP, NEXT_TURN):
-        messages = [Message.from_dict(m) for t, m in missing if t == target]
+        messages = [m for m in (Message.from_dict(d) for t, d in missing if t == target) if isinstance(m, UserMessage)]
         if messages:
             loop._inbox.splice(target, 0, 0, messages)
-            out.extend(m for m in messages if isinstance(m, UserMessage))
+            out.extend(messages)
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 from . import _dispatch, _turn
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, MemoryStore, SessionLog, UserMessage
@@ -18,6 +18,8 @@ from .errors import LoopError
 from .types import LiveEvent, Signal, Tool
 
 __all__ = ["AgentLoop"]
+
+Target = Literal["next-turn", "next-step"]
 
 _log = logging.getLogger("kerman")
 
@@ -190,8 +192,15 @@ class AgentLoop:
 
     def _emit(self, event: str, **fields: Any) -> None:
         listeners = self._listeners[event]
-        if listeners:
-            _dispatch.emit(listeners, LiveEvent(event, self, **fields), event)
+        if not listeners:
+            return
+        live = LiveEvent(event, self, **fields)
+        # Listeners run on the bound loop's thread (SPEC 4.3), even for an insertion made
+        # from another thread.
+        if self._event_loop is not None and threading.get_ident() != self._loop_thread:
+            self._event_loop.call_soon_threadsafe(_dispatch.emit, listeners, live, event)
+        else:
+            _dispatch.emit(listeners, live, event)
 
     def _set_status(self, status: str) -> None:
         if status != self._status:
@@ -212,7 +221,7 @@ class AgentLoop:
         """Queues context for the next step boundary without waking the loop."""
         return self.send(message, NEXT_STEP, False)
 
-    def send(self, message: Union[str, UserMessage], target: str, wakeup: bool = True) -> UserMessage:
+    def send(self, message: Union[str, UserMessage], target: "Target", wakeup: bool = True) -> UserMessage:
         """Inserts ``message`` at the end of ``target``; wakes the loop when ``wakeup``.
 
         Waking input sent while the running turn is being cancelled becomes a new turn
@@ -331,15 +340,22 @@ class AgentLoop:
         self._cancel(reason, keep_inbox)
 
     def _cancel(self, reason: Dict[str, Any], keep_inbox: bool) -> None:
+        failed: Optional[BaseException] = None
         if not keep_inbox:
-            self._inbox.clear()
             self._wake_requested = False
-        if self._status != "running" or not self._signal._abort(reason):
-            return
-        task = self._task
-        if self._in_user and task is not None and not task.done() and not self._thrown:
-            self._thrown = True
-            task.cancel()
+            try:
+                self._inbox.clear()
+            except Exception as exc:
+                # E.g. from a log observer, where appending is refused as reentrant: the turn
+                # is still aborted; the caller learns that pending input was not discarded.
+                failed = exc
+        if self._status == "running" and self._signal._abort(reason):
+            task = self._task
+            if self._in_user and task is not None and not task.done() and not self._thrown:
+                self._thrown = True
+                task.cancel()
+        if failed is not None:
+            raise failed
 
     async def when_idle(self) -> None:
         """Waits until no turn is running, following turns started at convergence. Never raises

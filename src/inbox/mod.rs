@@ -151,14 +151,22 @@ impl Inbox {
 
     /// Runs one mutation: `plan` sees the current lists and proposes a normalised splice (or
     /// `None` for a no-op).
-    fn mutate(&self, plan: impl FnOnce(&Lists) -> Option<Splice>) -> Result<Option<Applied>, InboxError> {
+    ///
+    /// A no-op is detected before the publish token is taken, so it never counts as a
+    /// reentrant append (clearing an empty inbox from a log observer is harmless).
+    fn mutate(&self, plan: impl Fn(&Lists) -> Option<Splice>) -> Result<Option<Applied>, InboxError> {
+        let is_noop = |s: &Option<Splice>| s.as_ref().is_none_or(|s| s.removed == 0 && s.inserted.is_empty());
+        if is_noop(&plan(&lock(&self.shared.lists))) {
+            return Ok(None);
+        }
         let publishing = self.shared.log.publishing()?;
         let splice = {
             let lists = lock(&self.shared.lists);
-            let Some(splice) = plan(&lists) else { return Ok(None) };
-            if splice.removed == 0 && splice.inserted.is_empty() {
+            let splice = plan(&lists);
+            if is_noop(&splice) {
                 return Ok(None);
             }
+            let Some(splice) = splice else { return Ok(None) };
             lists.validate(&splice).map_err(|e| match e {
                 SpliceError::Duplicate(id) => InboxError::Duplicate(id),
                 SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
@@ -205,7 +213,7 @@ impl Inbox {
         }
         let applied = self.mutate(|lists| {
             let (start, removed) = normalize(lists.list(target).len(), start, delete_count);
-            Some(Splice { target, start, removed, inserted, canceled: true })
+            Some(Splice { target, start, removed, inserted: inserted.clone(), canceled: true })
         })?;
         Ok(match applied {
             Some(applied) => {
@@ -229,7 +237,7 @@ impl Inbox {
         Self::check_user(&message)?;
         let applied = self.mutate(|lists| {
             let (target, start) = lists.locate(id)?;
-            Some(Splice { target, start, removed: 1, inserted: vec![message], canceled: true })
+            Some(Splice { target, start, removed: 1, inserted: vec![Arc::clone(&message)], canceled: true })
         })?;
         Ok(applied.map(|a| self.announce(&a)).is_some())
     }

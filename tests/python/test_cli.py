@@ -96,7 +96,7 @@ LOOP_EVENTS: list[dict[str, Any]] = [
     *turn(4, {"kind": "error", "error": {"message": "rate limited", "code": "RATE_LIMIT"}}),
     *turn(5, {"kind": "interrupted"}),
     {"type": "user/message", "data": user("workspace: 3 files", "m-2", {"kind": "plugin", "plugin": "ws"})},
-    {"type": "request/header", "data": {"header": {"config": {}, "system": "be brief", "tools": []}, "reason": "initial"}},
+    {"type": "request/header", "data": {"options": {"model": "m", "temperature": 0}}},
     {"type": "goal/change", "data": {"goal": "ship it"}},
 ]
 
@@ -118,7 +118,7 @@ LOOP_SUMMARIES = [
     "turn 4", "turn 4 error: rate limited [RATE_LIMIT]",
     "turn 5", "turn 5 interrupted",
     '"workspace: 3 files" [plugin:ws]',
-    "initial: config, system, tools",
+    'options {"model":"m","temperature":0}',
     '{"goal":"ship it"}',
 ]
 

@@ -22,3 +22,13 @@ def test_usage_runs() -> None:
     result = subprocess.run([sys.executable, str(USAGE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "ctx" in result.stdout and "hello" in result.stdout and "goal/change" in result.stdout
+
+
+def test_package_type_checks_strictly() -> None:
+    package = Path(__file__).parent.parent.parent / "python" / "kerman"
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(package)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
