@@ -13,7 +13,7 @@ install:
 	  && rm -rf $$d
 
 test-deps:
-	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10"
+	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19"
 
 test-rust:
 	cargo test --release --quiet

@@ -19,7 +19,8 @@ import threading
 import time
 import zlib
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 NEXT_TURN, NEXT_STEP, SPLICED = "next-turn", "next-step", "agent/inbox/spliced"
@@ -206,7 +207,7 @@ class _Writer:
         self._lock = threading.Lock()
         self._submitted = 0  # lines handed over (caller side)
         self._durable = 0  # lines written and synced (writer side, under _lock)
-        self._waiters: List[Tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._waiters: List[Tuple[int, "asyncio.Future[None]", asyncio.AbstractEventLoop]] = []
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="baseline-writer", daemon=True)
         self._thread.start()
@@ -252,7 +253,7 @@ class _Writer:
                 self._durable = written
                 ready = [w for w in self._waiters if w[0] <= written]
                 self._waiters = [w for w in self._waiters if w[0] > written]
-            by_loop: Dict[asyncio.AbstractEventLoop, List[asyncio.Future]] = {}
+            by_loop: Dict[asyncio.AbstractEventLoop, List["asyncio.Future[None]"]] = {}
             for _, future, loop in ready:
                 by_loop.setdefault(loop, []).append(future)
             for loop, futures in by_loop.items():
@@ -267,7 +268,7 @@ class _Writer:
         self._thread.join()
 
 
-def _resolve(futures: List[asyncio.Future]) -> None:
+def _resolve(futures: List["asyncio.Future[None]"]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(None)
@@ -504,36 +505,34 @@ class Inbox:
 
 # ---- the agent loop ----------------------------------------------------------------------------
 
+@dataclass(slots=True)
 class Enter:
-    __slots__ = ("messages",)
-    kind = "enter"
-
-    def __init__(self, messages: List[Message]) -> None:
-        self.messages = messages
+    messages: List[Message]
+    kind: ClassVar[str] = "enter"
 
 
+@dataclass(slots=True)
 class Reject:
-    __slots__ = ("reason",)
-    kind = "reject"
-
-    def __init__(self, reason: Optional[str] = None) -> None:
-        self.reason = reason
+    reason: Optional[str] = None
+    kind: ClassVar[str] = "reject"
 
 
+@dataclass(slots=True)
 class PreStep:
-    __slots__ = ("loop", "messages", "turn", "step")
+    loop: "AgentLoop"
+    messages: List[Message]
+    turn: int
+    step: int
 
-    def __init__(self, loop: "AgentLoop", messages: List[Message], turn: int, step: int) -> None:
-        self.loop, self.messages, self.turn, self.step = loop, messages, turn, step
 
-
+@dataclass(slots=True)
 class ModelRequest:
-    __slots__ = ("messages", "tools", "options", "turn", "step", "entered")
-
-    def __init__(self, messages: List[Message], tools: List[Dict[str, Any]], options: Dict[str, Any],
-                 turn: int, step: int, entered: List[Message]) -> None:
-        self.messages, self.tools, self.options = messages, tools, options
-        self.turn, self.step, self.entered = turn, step, entered
+    messages: List[Message]
+    tools: List[Dict[str, Any]]
+    options: Dict[str, Any]
+    turn: int
+    step: int
+    entered: List[Message]
 
 
 class ModelReply:
@@ -545,12 +544,12 @@ class ModelReply:
         self.usage, self.finish = usage, finish
 
 
+@dataclass(slots=True)
 class Tool:
-    __slots__ = ("name", "fn", "description", "parameters")
-
-    def __init__(self, name: str, fn: Callable[..., Any], description: str = "",
-                 parameters: Optional[Dict[str, Any]] = None) -> None:
-        self.name, self.fn, self.description, self.parameters = name, fn, description, parameters
+    name: str
+    fn: Callable[..., Any]
+    description: str = ""
+    parameters: Optional[Dict[str, Any]] = None
 
     def spec(self) -> Dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -587,7 +586,7 @@ class AgentLoop:
         for event in self.log.events(types="turn/start"):
             self.turn = event.data["turn"]
         self.status = "idle"
-        self._task: Optional[asyncio.Task] = None
+        self._task: Optional["asyncio.Task[None]"] = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._history: Optional[List[Message]] = None  # derived from the log on the first request

@@ -64,19 +64,21 @@ class Row:
     def __init__(self, id: str, workload: str, kerman: str, baseline: str = "—", limit: str = "—",
                  ratio: str = "—", target: str = "—", ok: Optional[bool] = None) -> None:
         self.cells = [id, workload, kerman, baseline, limit, ratio, target,
-                      "—" if ok is None else ("pass" if ok else "SHORT")]
+                      "—" if ok is None else ("pass" if ok else "short")]
 
 
-def interleave(reps: int, kerman_fn: Callable[[], Any], base_fn: Callable[[], Any]) -> Tuple[List[Any], List[Any]]:
-    """Runs both sides ``reps`` times, alternating which goes first; returns both result lists."""
-    ks: List[Any] = []
-    bs: List[Any] = []
+def interleave(reps: int, kerman_fn: Callable[[], Any], base_fn: Callable[[], Any],
+               limit_fn: Optional[Callable[[], Any]] = None) -> Tuple[List[Any], ...]:
+    """Runs each side ``reps`` times, rotating which goes first; returns one result list per
+    side (Kerman, baseline, and the machine limit when ``limit_fn`` is given)."""
+    sides = [kerman_fn, base_fn] + ([limit_fn] if limit_fn else [])
+    out: List[List[Any]] = [[] for _ in sides]
     for r in range(reps):
-        pair = [(kerman_fn, ks), (base_fn, bs)]
-        for fn, acc in (pair if r % 2 == 0 else pair[::-1]):
+        for i in range(len(sides)):
+            k = (i + r) % len(sides)
             gc.collect()
-            acc.append(fn())
-    return ks, bs
+            out[k].append(sides[k]())
+    return tuple(out)
 
 
 def med(xs: Sequence[float]) -> float:
@@ -109,7 +111,7 @@ def mix() -> List[Tuple[str, Any]]:
 
 # ---- machine limits ----------------------------------------------------------------------------
 
-def probe_fsync(root: str, seconds: float) -> Dict[str, float]:
+def probe_fsync(root: str, seconds: float) -> Dict[str, Any]:
     """write(~700 B) + fdatasync on one growing file, each timed."""
     path = os.path.join(root, "probe-fsync")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -158,6 +160,38 @@ def probe_concurrent_fsync(root: str, files: int, seconds: float) -> float:
     for i in range(files):
         os.unlink(os.path.join(root, f"probe-c{i}"))
     return total / elapsed
+
+
+def probe_handoff(n: int) -> float:
+    """ns for an asyncio loop -> thread -> loop round trip (threading.Event, then
+    call_soon_threadsafe), no I/O: what any writer-thread design adds to a flush."""
+    async def go() -> float:
+        loop = asyncio.get_running_loop()
+        wake = threading.Event()
+        box: List[Any] = [None]
+
+        def worker() -> None:
+            while True:
+                wake.wait()
+                wake.clear()
+                if box[0] is None:
+                    return
+                loop.call_soon_threadsafe(box[0].set_result, None)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        samples = []
+        for _ in range(n):
+            box[0] = loop.create_future()
+            t0 = now_ns()
+            wake.set()
+            await box[0]
+            samples.append(now_ns() - t0)
+        box[0] = None
+        wake.set()
+        thread.join()
+        return pct(samples, 50)
+    return asyncio.run(go())
 
 
 def probe_write(root: str, n: int) -> float:
@@ -239,7 +273,7 @@ def p2(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             batch = inbox.claim("next-step", turn)
             total += now_ns() - t0
             assert len(batch) == 10
-        return total / n
+        return float(total / n)
 
     ks, bs = interleave(cfg.reps,
                         lambda: run(kerman.MemoryStore(), kerman.Inbox, lambda t, i: kerman.UserMessage(t, id=i)),
@@ -342,14 +376,15 @@ def p5(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
         finally:
             log.close()
 
-    ks, bs = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
-                        lambda: run(B.FileStore(root, durability="strict")))
+    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
+                            lambda: run(B.FileStore(root, durability="strict")),
+                            lambda: probe_fsync(root, seconds)["samples"])
     k = [s for rep in ks for s in rep]
     b = [s for rep in bs for s in rep]
-    f = probes["fsync"]
+    lim = [s for rep in ls for s in rep]
     rows = []
     for p, target in ((50, 1.5), (99, 3.0)):
-        kv, bv, lv = pct(k, p), pct(b, p), f[f"p{p}"]
+        kv, bv, lv = pct(k, p), pct(b, p), pct(lim, p)
         rows.append(Row("P5", f"strict append + flush, one session: p{p}", us(kv), us(bv), f"fdatasync {us(lv)}",
                         x(kv / lv), f"≤ {target:g}× fdatasync", kv / lv <= target))
     shutil.rmtree(root, ignore_errors=True)
@@ -392,12 +427,13 @@ def p6(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
             for log in logs:
                 log.close()
 
-    ks, bs = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
-                        lambda: run(B.FileStore(root, durability="strict")))
-    k, b, lim = med(ks), med(bs), probes["concurrent"]
+    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
+                            lambda: run(B.FileStore(root, durability="strict")),
+                            lambda: probe_concurrent_fsync(root, 64, seconds))
+    k, b, lim = med(ks), med(bs), med(ls)
     shutil.rmtree(root, ignore_errors=True)
     return [Row("P6", "strict durable events/s, 64 sessions", f"{k:,.0f}/s", f"{b:,.0f}/s",
-                f"{lim:,.0f} fsync/s", f"{k / lim:.0%}", "≥ 50% of ceiling", k / lim >= 0.5)]
+                f"{lim:,.0f} fsync/s", f"{k / lim:.1%}", "≥ 50% of ceiling", k / lim >= 0.5)]
 
 
 def p7(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
@@ -477,7 +513,8 @@ def child(mode: str, root: str, arg: str) -> Dict[str, Any]:
     done = subprocess.run([sys.executable, "-c", CHILD, HERE, mode, root, arg], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"child {mode} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out: Dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
 def p8_file(cfg: Cfg, events: int) -> Tuple[str, str, str, int]:
@@ -509,7 +546,7 @@ def p8(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
     kp, bp = med([r["peak"] for r in ks]), med([r["peak"] for r in bs])
     return [
         Row("P8", f"cold open {events:,} events, {mb:.0f} MB: verify+parse+fold", f"{k:.0f} MB/s ({mb / k:.2f} s)",
-            f"{b:.0f} MB/s ({mb / b:.2f} s)", f"reader {lim:.0f} MB/s", f"{k / lim:.0%}", "≥ 50% of parse MB/s",
+            f"{b:.0f} MB/s ({mb / b:.2f} s)", f"reader {lim:.0f} MB/s", f"{k / lim:.1%}", "≥ 50% of parse MB/s",
             k / lim >= 0.5),
         Row("P8", "  RSS after open: held (peak)", f"{kh / 1e6:.0f} MB ({kp / 1e6:.0f})",
             f"{bh / 1e6:.0f} MB ({bp / 1e6:.0f})", f"file {mb:.0f} MB", f"{kh / (mb * 1e6):.2f}× file", "report"),
@@ -528,7 +565,7 @@ def p9(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
 # ---- P10: overhead around a slow model ---------------------------------------------------------
 
 def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
-    turns = cfg.size(10, 4)
+    turns = cfg.size(20, 6)
     delay = 0.05
 
     def run(reply_cls: Any, loop_cls: Any) -> float:
@@ -557,11 +594,17 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             out.append((now_ns() - t0) / 1e9)
         return med(out)
 
-    ks, bs = interleave(cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop), lambda: run(B.ModelReply, B.AgentLoop))
-    lim = med([asyncio.run(bare()) for _ in range(cfg.reps)])
-    k, b = (med(ks) - delay) / delay, (med(bs) - delay) / delay
-    return [Row("P10", "overhead around a 50 ms model call", f"{k:.2%}", f"{b:.2%}",
-                f"bare sleep {(lim - delay) / delay:.2%}", f"{(med(ks) - lim) / delay:+.2%} net", "< 1%", k < 0.01)]
+    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop),
+                            lambda: run(B.ModelReply, B.AgentLoop), lambda: asyncio.run(bare()))
+    lim = med(ls)
+    # Gross: (turn - 50 ms) / 50 ms. Net: minus what a bare ``await asyncio.sleep(0.05)`` takes
+    # on this event loop (timer granularity), which no library can remove. The verdict is net.
+    def gross(t: float) -> str:
+        return f"{(t - delay) / delay:.2%} ({(t - lim) / delay:+.2%} net)"
+
+    k_net = (med(ks) - lim) / delay
+    return [Row("P10", "overhead around a 50 ms model call, gross (net)", gross(med(ks)), gross(med(bs)),
+                f"bare sleep {(lim - delay) / delay:.2%}", "—", "< 1% net of the bare sleep", k_net < 0.01)]
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -582,7 +625,10 @@ def table(rows: List[Row]) -> str:
     head = ["id", "workload", "Kerman", "baseline", "limit", "ratio", "target", "result"]
     cells = [head] + [r.cells for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    fmt = lambda c: "| " + " | ".join(v.ljust(w) for v, w in zip(c, widths)) + " |"  # noqa: E731
+
+    def fmt(c: List[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(c, widths)) + " |"
+
     return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(c) for c in cells[1:]])
 
 
@@ -591,9 +637,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller workloads (P8: 100k events), ~1–2 minutes")
     ap.add_argument("--only", help="comma-separated workload ids, e.g. P1,P3")
     ap.add_argument("--reps", type=int, help="repetitions per workload (default 5, quick 3)")
+    ap.add_argument("--drop-cache", action="store_true", help="delete the cached P8 logs at the end")
     ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "kerman-bench"),
                     help="bench directory (fsync probes, sessions, cached P8 logs)")
-    cfg = Cfg(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    cfg = Cfg(args)
     os.makedirs(cfg.work, exist_ok=True)
     started = time.perf_counter()
     print(machine_line(), flush=True)
@@ -604,6 +652,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"probe: fdatasync on {cfg.dir}: p50 {us(f['p50'])}, p99 {us(f['p99'])} ({f['n']} syncs)", flush=True)
             c = probes["concurrent"] = probe_concurrent_fsync(cfg.work, 64, cfg.size(2.0, 1.0))
             print(f"probe: concurrent fdatasync, 64 files, 64 threads: {c:,.0f}/s", flush=True)
+            h = probes["handoff"] = probe_handoff(2000)
+            print(f"probe: asyncio loop -> thread -> loop round trip, no I/O: p50 {us(h)}", flush=True)
             w = probes["write"] = probe_write(cfg.work, 20_000)
             print(f"probe: write() of one 740-byte record: {us(w)}", flush=True)
         if "P8" in cfg.only:
@@ -619,6 +669,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"  {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
     finally:
         shutil.rmtree(cfg.work, ignore_errors=True)
+        if args.drop_cache:
+            shutil.rmtree(os.path.join(cfg.dir, "p8-cache"), ignore_errors=True)
     print()
     print(table(rows))
     print()

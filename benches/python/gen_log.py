@@ -240,7 +240,7 @@ def lines(events: int, session_id: str, created_at: int) -> Iterator[Tuple[bytes
             s = 0xFFFFFFFF
             out = []
             for p in parts:
-                if type(p) is _Const:
+                if isinstance(p, _Const):
                     s = p.t0[s & 0xFF] ^ p.t1[(s >> 8) & 0xFF] ^ p.t2[(s >> 16) & 0xFF] ^ p.t3[s >> 24] ^ p.c
                     out.append(p.data)
                 else:
@@ -294,6 +294,7 @@ def write(path: str, session_id: str, events: int, baseline_copy: Optional[str] 
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     if baseline_copy and btmp:
+        os.chmod(btmp, 0o600)
         os.replace(btmp, baseline_copy)
     return size
 

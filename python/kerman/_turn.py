@@ -217,13 +217,9 @@ async def run_turn(loop: "AgentLoop", turn: int, claimed: Optional[List[UserMess
 
 def history(loop: "AgentLoop") -> List[Message]:
     """The derived history: user, assistant and tool-result messages in log order (assistant
-    messages with empty content are kept in the log but left out)."""
-    for event in loop._log.events(loop._history_pos, None, ("user/message", "assistant/message", "tool/result")):
-        data = event.data
-        message = Message.from_dict(data if event.type == "user/message" else data["message"])
-        if not (isinstance(message, AssistantMessage) and not message.content):
-            loop._history.append(message)
-    loop._history_pos = len(loop._log)
+    messages with empty content are kept in the log but left out). Extended incrementally."""
+    messages, loop._history_pos = loop._log._surface_messages(loop._history_pos)
+    loop._history.extend(messages)
     return list(loop._history)
 
 

@@ -10,8 +10,16 @@ use std::thread::{self, ThreadId};
 
 #[derive(Default)]
 pub(crate) struct PublishLock {
-    owner: Mutex<Option<ThreadId>>,
+    state: Mutex<Owner>,
     released: Condvar,
+}
+
+#[derive(Default)]
+struct Owner {
+    thread: Option<ThreadId>,
+    /// Threads blocked in `acquire`; a release wakes one only if there are any (no futex
+    /// call on the uncontended path, which is every append of a single-threaded program).
+    waiting: usize,
 }
 
 /// Proof that this thread holds the publish token; releases it on drop.
@@ -27,29 +35,35 @@ impl PublishLock {
     /// Takes the token, or returns `None` if this thread already holds it (reentrancy).
     pub(crate) fn acquire(&self) -> Option<PublishToken<'_>> {
         let me = thread::current().id();
-        let mut owner = relock(self.owner.lock());
-        if *owner == Some(me) {
+        let mut state = relock(self.state.lock());
+        if state.thread == Some(me) {
             return None;
         }
-        if owner.is_some() {
-            drop(owner);
-            owner = crate::blocking::wait(|| {
-                let mut owner = relock(self.owner.lock());
-                while owner.is_some() {
-                    owner = relock(self.released.wait(owner));
+        if state.thread.is_some() {
+            state.waiting += 1;
+            drop(state);
+            state = crate::blocking::wait(|| {
+                let mut state = relock(self.state.lock());
+                while state.thread.is_some() {
+                    state = relock(self.released.wait(state));
                 }
-                owner
+                state
             });
+            state.waiting -= 1;
         }
-        *owner = Some(me);
+        state.thread = Some(me);
         Some(PublishToken { lock: self })
     }
 }
 
 impl Drop for PublishToken<'_> {
     fn drop(&mut self) {
-        *relock(self.lock.owner.lock()) = None;
-        self.lock.released.notify_one();
+        let mut state = relock(self.lock.state.lock());
+        state.thread = None;
+        if state.waiting > 0 {
+            drop(state);
+            self.lock.released.notify_one();
+        }
     }
 }
 

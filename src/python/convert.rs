@@ -14,10 +14,6 @@ pub struct NotJson {
 }
 
 impl NotJson {
-    fn at(path: &str, reason: String) -> Self {
-        NotJson { path: path.to_string(), reason }
-    }
-
     /// `"<path>: <reason>"`, or just the reason at the root.
     pub fn describe(&self) -> String {
         if self.path.is_empty() {
@@ -28,18 +24,60 @@ impl NotJson {
     }
 }
 
+/// A failure on its way out of the recursion: path segments are collected innermost first
+/// while unwinding, so the success path never formats a path.
+struct Failure {
+    segments: Vec<Segment>,
+    reason: String,
+}
+
+enum Segment {
+    Index(usize),
+    Key(String),
+}
+
+impl Failure {
+    fn new(reason: String) -> Self {
+        Failure { segments: Vec::new(), reason }
+    }
+
+    fn at(mut self, segment: Segment) -> Self {
+        self.segments.push(segment);
+        self
+    }
+
+    fn into_not_json(self, root: &str) -> NotJson {
+        let mut path = root.to_string();
+        for segment in self.segments.into_iter().rev() {
+            match segment {
+                Segment::Index(i) => path.push_str(&format!("[{i}]")),
+                Segment::Key(k) if path.is_empty() => path.push_str(&k),
+                Segment::Key(k) => {
+                    path.push('.');
+                    path.push_str(&k);
+                }
+            }
+        }
+        NotJson { path, reason: self.reason }
+    }
+}
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
 }
 
 /// Converts `obj` to a JSON value; `path` names it in errors.
 pub fn to_value(obj: &Bound<'_, PyAny>, path: &str) -> Result<Value, NotJson> {
+    value(obj).map_err(|f| f.into_not_json(path))
+}
+
+fn value(obj: &Bound<'_, PyAny>) -> Result<Value, Failure> {
     if obj.is_none() {
         return Ok(Value::Null);
     }
-    if obj.is_exact_instance_of::<PyString>() {
-        let s = obj.extract::<String>().map_err(|_| NotJson::at(path, "string is not valid Unicode (lone surrogate)".into()))?;
-        return Ok(Value::String(s));
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        let s = s.to_str().map_err(|_| Failure::new("string is not valid Unicode (lone surrogate)".into()))?;
+        return Ok(Value::String(s.to_owned()));
     }
     if obj.is_exact_instance_of::<PyBool>() {
         return Ok(Value::Bool(obj.is_truthy().unwrap_or(false)));
@@ -51,44 +89,44 @@ pub fn to_value(obj: &Bound<'_, PyAny>, path: &str) -> Result<Value, NotJson> {
         if let Ok(u) = obj.extract::<u64>() {
             return Ok(Value::Number(u.into()));
         }
-        return Err(NotJson::at(path, "integer out of the 64-bit range is not lossless JSON (use a string)".into()));
+        return Err(Failure::new("integer out of the 64-bit range is not lossless JSON (use a string)".into()));
     }
     if obj.is_exact_instance_of::<PyFloat>() {
         let f: f64 = obj.extract().unwrap_or(f64::NAN);
-        return Number::from_f64(f)
-            .map(Value::Number)
-            .ok_or_else(|| NotJson::at(path, format!("{} is not lossless JSON", float_repr(f))));
+        return Number::from_f64(f).map(Value::Number).ok_or_else(|| Failure::new(format!("{} is not lossless JSON", float_repr(f))));
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
         let mut out = Vec::with_capacity(list.len());
         for (i, item) in list.iter().enumerate() {
-            out.push(to_value(&item, &format!("{path}[{i}]"))?);
+            out.push(value(&item).map_err(|f| f.at(Segment::Index(i)))?);
         }
         return Ok(Value::Array(out));
     }
     if let Ok(dict) = obj.cast_exact::<PyDict>() {
-        return dict_to_map(dict, path).map(Value::Object);
+        return map(dict).map(Value::Object);
     }
     let what = type_name(obj);
     let hint = match what.as_str() {
-        "tuple" => " (use a list)",
-        "set" | "frozenset" => " (use a list)",
+        "tuple" | "set" | "frozenset" => " (use a list)",
         _ => "",
     };
-    Err(NotJson::at(path, format!("{what} is not lossless JSON{hint}")))
+    Err(Failure::new(format!("{what} is not lossless JSON{hint}")))
 }
 
 /// Converts an exact `dict` with `str` keys.
 pub fn dict_to_map(dict: &Bound<'_, PyDict>, path: &str) -> Result<Map<String, Value>, NotJson> {
+    map(dict).map_err(|f| f.into_not_json(path))
+}
+
+fn map(dict: &Bound<'_, PyDict>) -> Result<Map<String, Value>, Failure> {
     let mut out = Map::with_capacity(dict.len());
-    for (key, value) in dict.iter() {
-        if !key.is_exact_instance_of::<PyString>() {
-            return Err(NotJson::at(path, format!("key {} of type {} is not a str", repr(&key), type_name(&key))));
-        }
-        let key: String = key.extract().map_err(|_| NotJson::at(path, "key is not valid Unicode".into()))?;
-        let here = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-        let value = to_value(&value, &here)?;
-        out.insert(key, value);
+    for (key, item) in dict.iter() {
+        let Ok(key) = key.cast_exact::<PyString>() else {
+            return Err(Failure::new(format!("key {} of type {} is not a str", repr(&key), type_name(&key))));
+        };
+        let key = key.to_str().map_err(|_| Failure::new("key is not valid Unicode".into()))?;
+        let item = value(&item).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
+        out.insert(key.to_owned(), item);
     }
     Ok(out)
 }

@@ -130,6 +130,26 @@ async def drain() -> None:
     await fut
 
 
+def _in_thread(fn):
+    """Runs ``fn`` in another thread while the event loop's thread blocks; returns its value."""
+    out: Dict[str, Any] = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:
+            out["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run).start()
+    done.wait()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 class Live:
     """Records the live events of one AgentLoop."""
 
@@ -488,7 +508,11 @@ def test_CAN_14_mid_stream_followup_then_cancel():
     asyncio.run(main())
 
 
-def test_CAN_15_cancel_from_an_assistant_message_observer_before_tool_dispatch():
+@pytest.mark.parametrize("keep_inbox", [False, True])
+def test_CAN_15_cancel_from_an_assistant_message_observer_before_tool_dispatch(keep_inbox):
+    """A log observer may call ``cancel()``: with an empty inbox the clear is a no-op (reference
+    3.2: no event), so nothing is appended from inside the observer."""
+
     async def main():
         model = ScriptedModel([tool_calls(("c1", "probe")), "after"])
         loop = AgentLoop(model)
@@ -504,7 +528,7 @@ def test_CAN_15_cancel_from_an_assistant_message_observer_before_tool_dispatch()
         def observer(event):
             if event.type == "assistant/message" and not fired:
                 fired.append(event.seq)
-                loop.cancel()
+                loop.cancel(keep_inbox=keep_inbox)
 
         loop.log.subscribe(observer)
         loop.followup("go")
@@ -662,14 +686,15 @@ def test_CAN_22_cancel_before_any_visible_content_logs_no_assistant_message():
     asyncio.run(main())
 
 
-def test_CAN_23_cancel_from_a_step_start_observer():
+@pytest.mark.parametrize("keep_inbox", [False, True])
+def test_CAN_23_cancel_from_a_step_start_observer(keep_inbox):
     async def main():
         model = ScriptedModel([[{"type": "text-delta", "text": "never"}, {"type": "finish", "reason": "stop"}]])
         loop = AgentLoop(model)
 
         def observer(event):
             if event.type == "step/start":
-                loop.cancel()
+                loop.cancel(keep_inbox=keep_inbox)
 
         loop.log.subscribe(observer)
         loop.followup("go")
@@ -994,7 +1019,9 @@ def test_CAN_35_tool_injects_then_cancels_with_a_post_execute_context():
 
         loop.followup("go")
         await loop.when_idle()
-        assert types_of(loop.log)[-3:] == ["tool/result", "step/end", "turn/end"], types_of(loop.log)
+        # the tail, leaving out inbox splices (the context's insertion follows its result, 5.8)
+        tail = [t for t in types_of(loop.log) if t != "agent/inbox/spliced"][-3:]
+        assert tail == ["tool/result", "step/end", "turn/end"], types_of(loop.log)
         result = result_of(loop.log, "c1")
         assert result_text(result) == "done"
         assert "error" not in result.data
@@ -1620,7 +1647,7 @@ def test_cancel_from_another_task_does_not_cancel_that_task():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("seam", ["pre_step", "before_request", "model", "turn_stopping"])
+@pytest.mark.parametrize("seam", ["pre_step", "before_request", "model", "request_error", "turn_stopping"])
 def test_a_cancelled_error_raised_by_user_code_without_a_cancel_fails_the_turn(seam):
     """SPEC 4.4: a ``CancelledError`` raised by user code while no cancellation is in progress fails
     the turn as an error with code ``UNKNOWN`` (it is not an abort, and not a disposal)."""
@@ -1645,6 +1672,61 @@ def test_a_cancelled_error_raised_by_user_code_without_a_cancel_fails_the_turn(s
         loop.followup("again")
         await loop.when_idle()
         assert turn_ends(loop.log)[-1] == COMPLETED
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_error_raised_by_a_streaming_model_without_a_cancel_fails_the_turn():
+    async def main():
+        async def model(request):
+            yield {"type": "text-delta", "text": "half"}
+            raise CancelledError()
+
+        loop = AgentLoop(model)
+        live = Live(loop)
+        loop.followup("go")
+        await loop.when_idle()
+        [end] = turn_ends(loop.log)
+        assert end["kind"] == "error" and end["error"]["code"] == "UNKNOWN", end
+        assert of_type(loop.log, "assistant/message") == []  # not an interrupted (aborted) prefix
+        [error] = live.errors
+        assert isinstance(error.exception, CancelledError)
+        assert asyncio.current_task().cancelling() == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seam", ["pre_step", "request_error", "turn_stopping"])
+def test_cancel_from_a_sync_listener_aborts_the_turn_and_leaves_the_driver_sound(seam):
+    """A sync listener that calls ``cancel()`` never awaits, so the throw has nowhere to land in
+    it; the turn still ends aborted, and the next turn is neither cancelled nor stuck."""
+
+    async def main():
+        fired: list = []
+        model = ScriptedModel([ModelError("flaky")] if seam == "request_error" else ["one"])
+        model.add("two")
+        loop = AgentLoop(model)
+
+        def listener(payload, next=None):
+            if not fired:
+                fired.append(1)
+                loop.cancel()
+            if seam == "pre_step":
+                return Enter(payload.messages)
+            if seam == "request_error":
+                return Retry()
+            return None
+
+        getattr(loop, seam)(listener)
+        loop.followup("go")
+        await loop.when_idle()
+        assert fired == [1]
+        assert turn_ends(loop.log) == [aborted(USER)]
+        assert asyncio.current_task().cancelling() == 0
+        loop.followup("again")
+        await loop.when_idle()
+        assert turn_ends(loop.log) == [aborted(USER), COMPLETED]
+        assert texts(model.requests[-1].entered) == ["again"]
 
     asyncio.run(main())
 
@@ -1741,9 +1823,10 @@ def test_cancel_causes_are_stored_as_dicts(cause, stored):
     asyncio.run(main())
 
 
-def _driver_task() -> "asyncio.Task[Any]":
+def _driver_task(*others: "asyncio.Task[Any]") -> "asyncio.Task[Any]":
+    """The one task besides the current one and ``others``: the AgentLoop's driver."""
     me = asyncio.current_task()
-    [task] = [t for t in asyncio.all_tasks() if t is not me]
+    [task] = [t for t in asyncio.all_tasks() if t is not me and t not in others]
     return task
 
 
@@ -1766,6 +1849,37 @@ def test_driver_task_cancelled_from_outside_ends_disposed_and_propagates():
         loop.followup("again")
         await loop.when_idle()
         assert turn_ends(loop.log) == [aborted(DISPOSED), COMPLETED]
+
+    asyncio.run(main())
+
+
+def test_driver_cancelled_from_outside_during_tools_still_commits_every_result():
+    """Balanced log (reference 2.5) even for an outside cancellation: the started call drains
+    with ``ABORTED_DURING_DISPATCH``, the unstarted one gets ``ABORTED_BEFORE_DISPATCH``."""
+
+    async def main():
+        model = ScriptedModel([tool_calls(("c1", "block"), ("c2", "block")), "again"])
+        loop = AgentLoop(model, max_parallel_tool_calls=1)
+        entered = asyncio.Event()
+        tool_tasks: list = []
+
+        @loop.tool
+        async def block(args, ctx):
+            tool_tasks.append(asyncio.current_task())
+            entered.set()
+            await forever()
+
+        loop.followup("go")
+        await entered.wait()
+        driver = _driver_task(*tool_tasks)
+        driver.cancel()
+        await asyncio.wait({driver})
+        assert driver.cancelled()
+        assert result_of(loop.log, "c1").data["error"] == {"name": "CancelledError", "code": "ABORTED_DURING_DISPATCH"}
+        assert result_of(loop.log, "c2").data["error"]["code"] == "ABORTED_BEFORE_DISPATCH"
+        assert [e.type for e in loop.log.events()][-2:] == ["step/end", "turn/end"]
+        assert turn_ends(loop.log) == [aborted(DISPOSED)]
+        assert loop.status == "idle"
 
     asyncio.run(main())
 
@@ -1948,13 +2062,30 @@ def test_keep_inbox_cancel_keeps_the_latch():
 
 def test_when_idle_follows_a_turn_started_at_convergence():
     async def main():
-        model = HangModel(hang={1})
+        entered = [asyncio.Event(), asyncio.Event()]
+        release = asyncio.Event()
+        requests: list = []
+
+        async def model(request):
+            requests.append(request)
+            entered[len(requests) - 1].set()
+            if len(requests) == 1:
+                await forever()
+            await release.wait()
+            return ModelReply("ok")
+
         loop = AgentLoop(model)
         loop.followup("A")
-        await model.entered.wait()
+        await entered[0].wait()
         waiter = asyncio.create_task(loop.when_idle())
         loop.cancel()
-        loop.followup("B")  # replayed by the exiting driver
+        loop.followup("B")  # latched: replayed by the exiting driver
+        await entered[1].wait()  # turn 1 has ended; turn 2 is in its model call
+        assert turn_ends(loop.log) == [aborted(USER)]
+        for _ in range(5):  # let the waiter react to the first driver's end
+            await drain()
+        assert not waiter.done()
+        release.set()
         await waiter
         assert turn_ends(loop.log) == [aborted(USER), COMPLETED]
         assert loop.status == "idle"
@@ -2244,11 +2375,11 @@ def test_checkpoint_mode_flushes_before_the_model_request_and_each_tool_body(tmp
         path = session_path(root, log.id)
         seen: list = []
 
-        def on_disk(where: str) -> None:
+        def on_disk(where: str, must_have: Optional[int] = None) -> None:
             records = read_raw_session(path)
             assert all(ok for ok, _, _ in records)
             seqs = [rec["seq"] for _, rec, _ in records[1:]]
-            seen.append((where, seqs, len(log)))
+            seen.append((where, seqs, len(log) if must_have is None else must_have + 1))
 
         async def model(request):
             on_disk(f"model {request.step}")
@@ -2260,7 +2391,8 @@ def test_checkpoint_mode_flushes_before_the_model_request_and_each_tool_body(tmp
 
         @loop.tool
         async def t(args, ctx):
-            on_disk(f"tool {ctx.call_id}")
+            own = [e.seq for e in log.events() if e.type == "tool/call" and e.data["callId"] == ctx.call_id]
+            on_disk(f"tool {ctx.call_id}", own[0])
             return "ok"
 
         loop.followup("go")
@@ -2272,13 +2404,9 @@ def test_checkpoint_mode_flushes_before_the_model_request_and_each_tool_body(tmp
     seen = asyncio.run(main())
     assert [w for w, _, _ in seen] == ["model 1", "tool c1", "tool c2", "model 2"]
     for where, seqs, length in seen:
-        if where.startswith("model"):
-            assert seqs == list(range(length)), where  # every earlier event is on disk
-        else:
-            # every event up to this call's own tool/call is on disk
-            assert seqs and seqs == list(range(len(seqs))), where
-    # the second tool's barrier covers its own tool/call, logged after the first tool's
-    assert len(seen[2][1]) > len(seen[0][1])
+        # model: every event appended before the request is on disk; tool: every event up to
+        # and including the call's own tool/call
+        assert seqs[:length] == list(range(length)), where
 
 
 # --------------------------------------------------------------------------------------------
@@ -2349,11 +2477,10 @@ def test_under_uvloop():
         assert model.cancelled == 1
         assert turn_ends(loop.log) == [COMPLETED, aborted(USER)]
 
-        done = threading.Event()
-        threading.Thread(target=lambda: (loop.followup("from thread"), done.set())).start()
-        done.wait()
-        await model.entered.wait()
-        await drain()
+        claimed = asyncio.Event()
+        loop.on("agent/inbox/claimed", lambda e: claimed.set() if e.message.text == "from thread" else None)
+        _in_thread(lambda: loop.followup("from thread"))
+        await claimed.wait()  # the wake ran on the loop
         await loop.when_idle()
         assert user_texts(loop.log)[-1] == "from thread"
         assert turn_ends(loop.log)[-1] == COMPLETED
@@ -2400,26 +2527,6 @@ def test_followup_from_another_thread_inserts_at_once_and_wakes_on_the_loop():
         assert threads["listener"] == {loop_thread}
 
     asyncio.run(main())
-
-
-def _in_thread(fn):
-    """Runs ``fn`` in another thread while the event loop's thread blocks; returns its value."""
-    out: Dict[str, Any] = {}
-    done = threading.Event()
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=run).start()
-    done.wait()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def test_steer_and_cancel_from_another_thread():
