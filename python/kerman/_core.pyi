@@ -1,9 +1,10 @@
 """Type stubs for the native module ``kerman._core`` (hand-written; checked with mypy.stubtest)."""
 
 import builtins
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from os import PathLike
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Final, Literal, final
 
 from typing_extensions import Self, disjoint_base
@@ -250,6 +251,26 @@ class Next:
     @property
     def remaining(self) -> int: ...
 
+@final
+class Driver(Coroutine[Any, Any, None]):
+    """The AgentLoop's turn driver: a coroutine object run as the loop's Task."""
+
+    def __new__(
+        cls, loop: Any, turn: int, claimed: list[UserMessage] | None, claim_error: BaseException | None
+    ) -> Driver: ...
+    def __await__(self) -> Generator[Any, None, None]: ...
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Any: ...
+    def send(self, value: Any) -> Any: ...
+    def throw(
+        self, typ: BaseException | type[BaseException], val: Any = None, tb: TracebackType | None = None
+    ) -> Any: ...
+    def close(self) -> None: ...
+    @property
+    def __name__(self) -> str: ...
+    @property
+    def __qualname__(self) -> str: ...
+
 def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWork: ...
 
 
@@ -275,4 +296,5 @@ __all__ = [
     "SPLICED",
     "Ready",
     "Next",
+    "Driver",
 ]

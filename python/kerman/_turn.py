@@ -1,4 +1,9 @@
-"""The turn and step algorithm (reference 5.5–5.7, SPEC D1–D8)."""
+"""The step algorithm and the turn's helpers (reference 5.5–5.7, SPEC D1–D8).
+
+The turn loop itself is ``kerman._core.Driver``; it calls ``begin_turn``, ``_decision``,
+``failure_of``, ``emit_error``, ``_uncancel`` and awaits ``run_step`` from here, and follows
+``user_await``'s rules for the seams it awaits itself (``pre_step``, ``turn_stopping``).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,12 @@ import asyncio
 import json
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _dispatch, _tools
 from ._core import NEXT_STEP, NEXT_TURN, AssistantMessage, Message, UserMessage
 from .errors import LoopError, ModelError
-from .types import Enter, ModelReply, ModelRequest, PreStep, Reject, RequestFailure, Retry, TurnStopping
+from .types import Enter, ModelReply, ModelRequest, Reject, RequestFailure, Retry
 
 if TYPE_CHECKING:
     from .loop import AgentLoop
@@ -136,81 +141,6 @@ def _decision(value: Any) -> Tuple[str, Any]:
             return "reject", reason
     raise TurnFailure({"message": f"pre-step listener returned {value!r}; expected Enter or Reject",
                        "code": "INVALID_DECISION"})
-
-
-async def run_turn(loop: "AgentLoop", turn: int, claimed: Optional[List[UserMessage]],
-                   claim_error: Optional[BaseException]) -> bool:
-    """Runs a turn whose ``turn/start`` and first claim are committed; returns whether the
-    driver goes on with the next queued turn."""
-    ending: Optional[Dict[str, Any]] = None
-    stop_driver = False
-    external: Optional[BaseException] = None
-    max_tokens = False
-    try:
-        if claim_error is not None:
-            raise claim_error
-        target: Literal["next-turn", "next-step"] = NEXT_TURN
-        batch = claimed or []
-        while True:
-            check(loop)
-            step = loop._step + 1
-            if target == NEXT_STEP:
-                batch = loop._inbox.claim(NEXT_STEP, turn)
-            payload = PreStep(loop, batch, turn, step, loop._signal)
-            kind, value = _decision(await user_await(
-                loop, _dispatch.waterfall(loop._pre_step, payload, lambda: Enter(payload.messages))))
-            check(loop)
-            if kind == "reject":
-                ending = {"kind": "blocked"} if value is None else {"kind": "blocked", "reason": value}
-                stop_driver = True
-                break
-            if ending is not None and not value:
-                break
-            if loop._step == 0 and not value:
-                ending = {"kind": "completed"}
-                stop_driver = True
-                break
-            check(loop)
-            loop._log._append_owned("step/start", {"turn": turn, "step": step})
-            loop._step = step
-            try:
-                for message in value:
-                    loop._log._append_owned("user/message", message.to_dict())
-                result = await run_step(loop, turn, step, value)
-            finally:
-                loop._log._append_owned("step/end", {"turn": turn, "step": step})
-            max_tokens = max_tokens or result == "max-tokens"
-            ending = None if result is None else {"kind": "max-tokens" if max_tokens else "completed"}
-            check(loop)
-            if ending is not None and not loop._inbox.next_step:
-                await user_await(loop, _dispatch.serial(loop._turn_stopping, TurnStopping(loop, turn, loop._signal)))
-                check(loop)
-            if ending is not None and not loop._inbox.next_step:
-                break
-            target = NEXT_STEP
-    except BaseException as exc:
-        stop_driver = True
-        if isinstance(exc, asyncio.CancelledError) and not loop._signal.aborted:
-            # Cancelled from outside (event-loop shutdown): end the turn, then propagate.
-            loop._signal._abort({"kind": "disposed"})
-            external = exc
-        if loop._signal.aborted:
-            ending = {"kind": "aborted", "reason": loop._signal.reason}
-        else:
-            failure = failure_of(exc)
-            ending = {"kind": "error", "error": failure}
-            emit_error(loop, turn, failure, exc.cause if isinstance(exc, TurnFailure) else exc)
-        if not isinstance(exc, (Exception, asyncio.CancelledError)):
-            raise
-    finally:
-        try:
-            loop._log._append_owned("turn/end", {"turn": turn, "reason": ending})
-        except Exception as exc:
-            emit_error(loop, turn, failure_of(exc), exc)
-            stop_driver = True
-    if external is not None:
-        raise external
-    return not stop_driver and loop._inbox.has_pending
 
 
 # ---- the step ------------------------------------------------------------------------------

@@ -1,27 +1,25 @@
 """``AgentLoop``: claims queued input before every step, awaits one pre-step decision, calls
 the model, runs tools, and records everything in the session log.
 
-The turn algorithm itself lives in ``_turn.py`` and tool scheduling in ``_tools.py``; this
-module holds the public surface: registration, delivery, waking, cancellation and idling.
+The turn loop runs in ``kerman._core.Driver`` (a native coroutine object, the loop's Task), the
+step and its helpers in ``_turn.py`` and tool scheduling in ``_tools.py``; this module holds the
+public surface: registration, delivery, waking, cancellation and idling.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 from . import _dispatch, _turn
-from ._core import NEXT_STEP, NEXT_TURN, Inbox, MemoryStore, SessionLog, UserMessage
+from ._core import NEXT_STEP, NEXT_TURN, Driver, Inbox, MemoryStore, SessionLog, UserMessage
 from .errors import LoopError
 from .types import LiveEvent, Signal, Tool
 
 __all__ = ["AgentLoop"]
 
 Target = Literal["next-turn", "next-step"]
-
-_log = logging.getLogger("kerman")
 
 LIVE_EVENTS = (
     "agent/status",
@@ -298,27 +296,9 @@ class AgentLoop:
             self._finish_driver()
             return
         assert self._event_loop is not None
-        self._task = self._event_loop.create_task(self._drive(prefix))
-
-    async def _drive(self, prefix: Any) -> None:
-        external: Optional[BaseException] = None
-        try:
-            while prefix is not None:
-                if not await _turn.run_turn(self, *prefix):
-                    break
-                self._signal = Signal()
-                self._step = 0
-                self._wake_requested = False
-                prefix = _turn.begin_turn(self)
-        except asyncio.CancelledError as e:
-            external = e
-        except Exception:  # the turn already reported its failure
-            _log.exception("AgentLoop driver failed")
-        finally:
-            self._task = None
-            self._finish_driver()
-        if external is not None:
-            raise external
+        # The driver (kerman._core.Driver) runs turns until one stops it, then calls
+        # _finish_driver; an outside cancellation ends the turn disposed and propagates.
+        self._task = self._event_loop.create_task(Driver(self, *prefix))
 
     def _finish_driver(self) -> None:
         latched = self._wake_requested

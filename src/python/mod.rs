@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod aio;
 mod convert;
+mod driver;
 mod errors;
 mod event_log;
 mod inbox;
@@ -45,5 +46,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     inbox::register(m)?;
     projection::register(m)?;
     waterfall::register(m)?;
+    driver::register(m)?;
     Ok(())
 }

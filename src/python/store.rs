@@ -124,7 +124,9 @@ impl PyFileStore {
             warn(py, &format!("session {id:?}: truncated a torn tail of {} bytes{line}", recovery.truncated_bytes));
         }
         if recovery.closers > 0 {
-            warn(py, &format!("session {id:?} ended inside an open turn; appended {} closing events", recovery.closers));
+            let n = recovery.closers;
+            let events = if n == 1 { "event" } else { "events" };
+            warn(py, &format!("session {id:?} ended inside an open turn; appended {n} closing {events}"));
         }
         Ok(wrap_log(log))
     }

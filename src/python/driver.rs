@@ -1,0 +1,971 @@
+//! `Driver`: the AgentLoop's turn driver as a native coroutine object (SPEC 1, 4.3, 4.4).
+//!
+//! The AgentLoop runs one `Driver` as its Task. The driver is an explicit state machine over
+//! the turn algorithm (reference 5.5 steps 4a–7): wherever the algorithm awaits something (the
+//! `pre_step` waterfall, the step, the `turn_stopping` hooks, the `sleep(0)` that absorbs a
+//! pending self-thrown cancellation) the driver holds that awaitable's iterator and delegates
+//! `send`/`throw` to it with `PyIter_Send`, exactly like `await` in a Python coroutine. The
+//! step body itself is still the Python coroutine `kerman._turn.run_step`.
+//!
+//! The machine is taken out of the object for the duration of every call, so no borrow of the
+//! object is held while Python code runs; a re-entrant call sees "already executing".
+
+use pyo3::exceptions::{
+    PyBaseException, PyException, PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError,
+    PyValueError,
+};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple, PyType};
+
+/// The Python objects the driver calls, looked up once.
+struct Helpers {
+    begin_turn: Py<PyAny>,
+    decision: Py<PyAny>,
+    failure_of: Py<PyAny>,
+    emit_error: Py<PyAny>,
+    error_chain: Py<PyAny>,
+    run_step: Py<PyAny>,
+    uncancel: Py<PyAny>,
+    turn_failure: Py<PyAny>,
+    aborted: Py<PyAny>,
+    pre_step: Py<PyAny>,
+    turn_stopping: Py<PyAny>,
+    enter: Py<PyAny>,
+    signal: Py<PyAny>,
+    waterfall: Py<PyAny>,
+    serial: Py<PyAny>,
+    sleep: Py<PyAny>,
+    current_task: Py<PyAny>,
+    cancelled_error: Py<PyType>,
+    logger: Py<PyAny>,
+    /// `Task.cancelling()` exists (Python 3.11+).
+    cancelling: bool,
+}
+
+static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
+
+fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
+    HELPERS.get_or_try_init(py, || {
+        let turn = py.import("kerman._turn")?;
+        let types = py.import("kerman.types")?;
+        let dispatch = py.import("kerman._dispatch")?;
+        let asyncio = py.import("asyncio")?;
+        let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
+        Ok(Helpers {
+            begin_turn: get(&turn, "begin_turn")?,
+            decision: get(&turn, "_decision")?,
+            failure_of: get(&turn, "failure_of")?,
+            emit_error: get(&turn, "emit_error")?,
+            error_chain: get(&turn, "error_chain")?,
+            run_step: get(&turn, "run_step")?,
+            uncancel: get(&turn, "_uncancel")?,
+            turn_failure: get(&turn, "TurnFailure")?,
+            aborted: get(&turn, "_Aborted")?,
+            pre_step: get(&types, "PreStep")?,
+            turn_stopping: get(&types, "TurnStopping")?,
+            enter: get(&types, "Enter")?,
+            signal: get(&types, "Signal")?,
+            waterfall: get(&dispatch, "waterfall")?,
+            serial: get(&dispatch, "serial")?,
+            sleep: get(&asyncio, "sleep")?,
+            current_task: get(&asyncio, "current_task")?,
+            cancelled_error: asyncio.getattr("CancelledError")?.cast_into::<PyType>()?.unbind(),
+            logger: py.import("logging")?.call_method1("getLogger", ("kerman",))?.unbind(),
+            cancelling: py.version_info() >= (3, 11),
+        })
+    })
+}
+
+fn is_cancelled(py: Python<'_>, h: &Helpers, err: &PyErr) -> bool {
+    err.is_instance(py, h.cancelled_error.bind(py))
+}
+
+/// What one `PyIter_Send` (or `throw`) into a delegate gave.
+enum Sent<'py> {
+    /// The delegate suspended, yielding this value to the Task.
+    Next(Bound<'py, PyAny>),
+    /// The delegate finished: the await's result.
+    Return(Bound<'py, PyAny>),
+    /// The delegate raised: the await raised.
+    Error(PyErr),
+}
+
+fn fetch(py: Python<'_>) -> PyErr {
+    PyErr::take(py).unwrap_or_else(|| PySystemError::new_err("error return without exception set"))
+}
+
+fn send_into<'py>(iter: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>) -> Sent<'py> {
+    let py = iter.py();
+    let mut result: *mut ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: both pointers are live references held by the caller and the GIL is held.
+    // `PyIter_Send` stores a new (owned) reference in `result` on NEXT and RETURN and leaves
+    // an exception set on ERROR.
+    let status = unsafe { ffi::PyIter_Send(iter.as_ptr(), value.as_ptr(), &mut result) };
+    // SAFETY: `result` is either NULL or an owned reference that nothing else will release.
+    let owned = unsafe { Bound::from_owned_ptr_or_opt(py, result) };
+    match (status, owned) {
+        (ffi::PySendResult::PYGEN_NEXT, Some(v)) => Sent::Next(v),
+        (ffi::PySendResult::PYGEN_RETURN, Some(v)) => Sent::Return(v),
+        _ => Sent::Error(fetch(py)),
+    }
+}
+
+/// Closes a delegate; what then raises at the await: `GeneratorExit`, or the close's error.
+fn close_delegate(iter: &Bound<'_, PyAny>) -> PyErr {
+    let py = iter.py();
+    let closed = match iter.getattr_opt(intern!(py, "close")) {
+        Ok(Some(close)) => close.call0().map(drop),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    closed.err().unwrap_or_else(|| PyGeneratorExit::new_err(()))
+}
+
+/// `throw` into a delegate, with the outcome read like `yield from` reads it (`GeneratorExit`
+/// closes the delegate instead).
+fn throw_into<'py>(iter: &Bound<'py, PyAny>, exc: PyErr) -> Sent<'py> {
+    let py = iter.py();
+    if exc.is_instance_of::<PyGeneratorExit>(py) {
+        let raised = close_delegate(iter);
+        return Sent::Error(if raised.is_instance_of::<PyGeneratorExit>(py) { exc } else { raised });
+    }
+    let throw = match iter.getattr_opt(intern!(py, "throw")) {
+        Ok(Some(throw)) => throw,
+        // No `throw`: the exception is raised at the await itself.
+        Ok(None) => return Sent::Error(exc),
+        Err(e) => return Sent::Error(e),
+    };
+    match throw.call1((exc.into_value(py),)) {
+        Ok(v) => Sent::Next(v),
+        Err(e) => stop_value(py, e),
+    }
+}
+
+/// A `StopIteration` is the delegate's return value; anything else is its error.
+fn stop_value(py: Python<'_>, e: PyErr) -> Sent<'_> {
+    if e.is_instance_of::<PyStopIteration>(py) {
+        match e.value(py).getattr(intern!(py, "value")) {
+            Ok(v) => Sent::Return(v),
+            Err(e) => Sent::Error(e),
+        }
+    } else {
+        Sent::Error(e)
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
+}
+
+/// The iterator `await obj` delegates to (`obj.__await__()`, or a native coroutine itself).
+fn await_iter<'py>(obj: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    // SAFETY: type checks on a live object.
+    if unsafe { ffi::PyCoro_CheckExact(obj.as_ptr()) } != 0 {
+        return Ok(obj);
+    }
+    // SAFETY: as above.
+    if unsafe { ffi::PyGen_CheckExact(obj.as_ptr()) } != 0 {
+        // A `types.coroutine` generator (CO_ITERABLE_COROUTINE) is awaitable as it is.
+        let flags: u64 = obj.getattr(intern!(py, "gi_code"))?.getattr(intern!(py, "co_flags"))?.extract()?;
+        if flags & 0x100 != 0 {
+            return Ok(obj);
+        }
+    }
+    let Some(method) = obj.get_type().getattr_opt(intern!(py, "__await__"))? else {
+        return Err(PyTypeError::new_err(format!("object {} can't be used in 'await' expression", type_name(&obj))));
+    };
+    let iter = method.call1((&obj,))?;
+    // SAFETY: type checks on a live object.
+    if unsafe { ffi::PyCoro_CheckExact(iter.as_ptr()) } != 0 {
+        return Err(PyTypeError::new_err("__await__() returned a coroutine"));
+    }
+    // SAFETY: as above.
+    if unsafe { ffi::PyIter_Check(iter.as_ptr()) } == 0 {
+        return Err(PyTypeError::new_err(format!("__await__() returned non-iterator of type '{}'", type_name(&iter))));
+    }
+    Ok(iter)
+}
+
+/// The two user-code seams the driver awaits itself (`run_step` awaits the others).
+#[derive(Clone, Copy)]
+enum Seam {
+    PreStep,
+    Stopping,
+}
+
+/// What the driver is awaiting.
+enum Pending {
+    /// `user_await` of the `pre_step` waterfall or the `turn_stopping` hooks.
+    User(Seam),
+    /// `run_step(loop, turn, step, entered)`.
+    Step,
+    /// `asyncio.sleep(0)` absorbing a self-thrown cancellation; `result` is the seam's.
+    Absorb { seam: Seam, result: Py<PyAny> },
+}
+
+/// How the turn body goes on.
+enum Body<'py> {
+    Await(Bound<'py, PyAny>, Pending),
+    /// `break` out of the step loop: the turn ends with the recorded `ending`.
+    Break,
+}
+
+/// How the driver goes on.
+enum Flow<'py> {
+    Await(Bound<'py, PyAny>, Pending),
+    Return,
+    Raise(PyErr),
+}
+
+/// One turn's state (the locals of the turn loop).
+struct Turn {
+    turn: Py<PyAny>,
+    claimed: Option<Py<PyAny>>,
+    claim_error: Option<PyErr>,
+    next_step: bool,
+    batch: Option<Py<PyAny>>,
+    step: Option<Py<PyAny>>,
+    ending: Option<Py<PyAny>>,
+    stop_driver: bool,
+    max_tokens: bool,
+}
+
+impl Turn {
+    fn new(turn: Py<PyAny>, claimed: Option<Py<PyAny>>, claim_error: Option<PyErr>) -> Turn {
+        Turn {
+            turn,
+            claimed,
+            claim_error,
+            next_step: false,
+            batch: None,
+            step: None,
+            ending: None,
+            stop_driver: false,
+            max_tokens: false,
+        }
+    }
+}
+
+struct Machine {
+    agent: Py<PyAny>,
+    log: Py<PyAny>,
+    inbox: Py<PyAny>,
+    turn: Turn,
+    started: bool,
+    /// The awaited delegate, while suspended in it.
+    inner: Option<(Py<PyAny>, Pending)>,
+}
+
+enum Input<'py> {
+    Send(Bound<'py, PyAny>),
+    Throw(PyErr),
+}
+
+fn dict<'py>(py: Python<'py>, items: &[(&str, &Bound<'py, PyAny>)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in items {
+        d.set_item(*k, v)?;
+    }
+    Ok(d)
+}
+
+impl Machine {
+    fn agent<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
+        self.agent.bind(py)
+    }
+
+    fn signal<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.agent(py).getattr(intern!(py, "_signal"))
+    }
+
+    fn aborted(&self, py: Python<'_>) -> PyResult<bool> {
+        self.signal(py)?.getattr(intern!(py, "aborted"))?.is_truthy()
+    }
+
+    /// `_turn.check(loop)`: raises `_Aborted` once the signal has aborted.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        if self.aborted(py)? {
+            return Err(PyErr::from_value(helpers(py)?.aborted.bind(py).call0()?));
+        }
+        Ok(())
+    }
+
+    fn append(&self, py: Python<'_>, kind: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.log.bind(py).call_method1(intern!(py, "_append_owned"), (kind, data))?;
+        Ok(())
+    }
+
+    fn turn_and_step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let step = self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py));
+        Ok(dict(py, &[("turn", self.turn.turn.bind(py)), ("step", &step)])?.into_any())
+    }
+
+    fn next_step_pending(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inbox.bind(py).getattr(intern!(py, "next_step"))?.is_truthy()
+    }
+
+    // ---- the driver: one delegation step at a time ------------------------------------------
+
+    /// Runs until the driver suspends (`Ok(yielded)`) or finishes (`Err`: `StopIteration` on
+    /// return, else the exception). The bool says whether it finished.
+    fn run<'py>(&mut self, py: Python<'py>, input: Input<'py>) -> (bool, PyResult<Py<PyAny>>) {
+        let flow = match (self.inner.take(), input) {
+            (Some((iter, pending)), Input::Send(value)) => {
+                let iter = iter.into_bound(py);
+                match send_into(&iter, &value) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.resume(py, Some(pending), Ok(r)),
+                    Sent::Error(e) => self.resume(py, Some(pending), Err(e)),
+                }
+            }
+            (Some((iter, pending)), Input::Throw(exc)) => {
+                let iter = iter.into_bound(py);
+                match throw_into(&iter, exc) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.resume(py, Some(pending), Ok(r)),
+                    Sent::Error(e) => self.resume(py, Some(pending), Err(e)),
+                }
+            }
+            (None, Input::Send(value)) => {
+                if self.started {
+                    return (true, Err(PySystemError::new_err("the driver lost its awaited object")));
+                }
+                if !value.is_none() {
+                    return (false, Err(PyTypeError::new_err("can't send non-None value to a just-started coroutine")));
+                }
+                self.started = true;
+                self.resume(py, None, Ok(value))
+            }
+            // Thrown before the first step (the Task was cancelled before it ran): the
+            // exception lands at the top of the turn, which still ends and reports.
+            (None, Input::Throw(exc)) => {
+                self.started = true;
+                self.resume(py, None, Err(exc))
+            }
+        };
+        self.drive(py, flow)
+    }
+
+    fn drive<'py>(&mut self, py: Python<'py>, mut flow: Flow<'py>) -> (bool, PyResult<Py<PyAny>>) {
+        loop {
+            flow = match flow {
+                Flow::Await(iter, pending) => match send_into(&iter, &py.None().into_bound(py)) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.resume(py, Some(pending), Ok(r)),
+                    Sent::Error(e) => self.resume(py, Some(pending), Err(e)),
+                },
+                Flow::Return => return (true, Err(PyStopIteration::new_err(()))),
+                Flow::Raise(e) => {
+                    if e.is_instance_of::<PyStopIteration>(py) {
+                        let wrapped = PyRuntimeError::new_err("coroutine raised StopIteration");
+                        wrapped.set_cause(py, Some(e));
+                        return (true, Err(wrapped));
+                    }
+                    return (true, Err(e));
+                }
+            };
+        }
+    }
+
+    /// An await finished with `outcome` (`pending` is `None` for the driver's start).
+    fn resume<'py>(&mut self, py: Python<'py>, pending: Option<Pending>, outcome: PyResult<Bound<'py, PyAny>>) -> Flow<'py> {
+        let body = match pending {
+            None => match outcome {
+                Ok(_) => self.turn_top(py),
+                Err(e) => Err(e),
+            },
+            Some(Pending::User(seam)) => self.user_done(py, outcome, seam),
+            Some(Pending::Absorb { seam, result }) => self.absorb_done(py, outcome, seam, result),
+            Some(Pending::Step) => self.step_done(py, outcome),
+        };
+        self.settle(py, body)
+    }
+
+    /// Runs turn ends and the driver loop until something is awaited or the driver finishes.
+    fn settle<'py>(&mut self, py: Python<'py>, mut body: PyResult<Body<'py>>) -> Flow<'py> {
+        loop {
+            let exc = match body {
+                Ok(Body::Await(iter, pending)) => return Flow::Await(iter, pending),
+                Ok(Body::Break) => None,
+                Err(e) => Some(e),
+            };
+            let next = match self.end_turn(py, exc) {
+                Ok(true) => self.next_turn(py),
+                Ok(false) => Ok(false),
+                Err(e) => Err(e),
+            };
+            body = match next {
+                Ok(true) => self.turn_top(py),
+                Ok(false) => return self.finish(py, None),
+                Err(e) => return self.finish(py, Some(e)),
+            };
+        }
+    }
+
+    // ---- the turn body (inside the turn's try) ----------------------------------------------
+
+    fn turn_top<'py>(&mut self, py: Python<'py>) -> PyResult<Body<'py>> {
+        if let Some(e) = self.turn.claim_error.take() {
+            return Err(e);
+        }
+        self.turn.next_step = false;
+        self.turn.batch = Some(match self.turn.claimed.take() {
+            Some(claimed) if claimed.bind(py).is_truthy()? => claimed,
+            _ => PyList::empty(py).into_any().unbind(),
+        });
+        self.step_top(py)
+    }
+
+    /// The head of the step loop: claim (between steps) and start the `pre_step` waterfall.
+    fn step_top<'py>(&mut self, py: Python<'py>) -> PyResult<Body<'py>> {
+        let h = helpers(py)?;
+        self.check(py)?;
+        let agent = self.agent(py).clone();
+        let step = agent.getattr(intern!(py, "_step"))?.add(1)?;
+        if self.turn.next_step {
+            let batch = self.inbox.bind(py).call_method1(intern!(py, "claim"), ("next-step", self.turn.turn.bind(py)))?;
+            self.turn.batch = Some(batch.unbind());
+        }
+        let batch = self.turn.batch.as_ref().map(|b| b.bind(py).clone()).unwrap_or_else(|| PyList::empty(py).into_any());
+        let payload = h.pre_step.bind(py).call1((&agent, batch, self.turn.turn.bind(py), &step, self.signal(py)?))?;
+        self.turn.step = Some(step.unbind());
+        let default = {
+            let payload = payload.clone().unbind();
+            PyCFunction::new_closure(py, Some(c"enter_claimed"), None, move |args, _kwargs| -> PyResult<Py<PyAny>> {
+                let py = args.py();
+                let messages = payload.bind(py).getattr(intern!(py, "messages"))?;
+                Ok(helpers(py)?.enter.bind(py).call1((messages,))?.unbind())
+            })?
+        };
+        let listeners = agent.getattr(intern!(py, "_pre_step"))?;
+        let awaitable = h.waterfall.bind(py).call1((listeners, payload, default));
+        self.user_begin(py, awaitable, Seam::PreStep)
+    }
+
+    /// `user_await(loop, awaitable)`: the flag `cancel()` reads, then the await.
+    fn user_begin<'py>(&mut self, py: Python<'py>, awaitable: PyResult<Bound<'py, PyAny>>, seam: Seam) -> PyResult<Body<'py>> {
+        // The awaitable is built (and a waterfall's first listener called) before the flag.
+        let awaitable = awaitable?;
+        self.agent(py).setattr(intern!(py, "_in_user"), true)?;
+        match await_iter(awaitable) {
+            Ok(iter) => Ok(Body::Await(iter, Pending::User(seam))),
+            Err(e) => self.user_done(py, Err(e), seam),
+        }
+    }
+
+    fn user_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>, seam: Seam) -> PyResult<Body<'py>> {
+        let outcome = outcome.map_err(|e| self.user_error(py, e));
+        self.agent(py).setattr(intern!(py, "_in_user"), false)?;
+        let result = outcome?;
+        if self.agent(py).getattr(intern!(py, "_thrown"))?.is_truthy()? {
+            // The throw may still be pending (the code returned before awaiting): consume it.
+            let sleep = helpers(py)?.sleep.bind(py).call1((0,))?;
+            return Ok(Body::Await(await_iter(sleep)?, Pending::Absorb { seam, result: result.unbind() }));
+        }
+        self.after_user(py, seam, result)
+    }
+
+    /// What a `CancelledError` out of user code becomes: the abort we threw, a failure when no
+    /// cancellation is in progress (SPEC 4.4), else itself (cancelled from outside).
+    fn user_error(&self, py: Python<'_>, err: PyErr) -> PyErr {
+        let transformed = (|| -> PyResult<Option<PyErr>> {
+            let h = helpers(py)?;
+            if !is_cancelled(py, h, &err) {
+                return Ok(None);
+            }
+            let agent = self.agent(py);
+            if agent.getattr(intern!(py, "_thrown"))?.is_truthy()? {
+                h.uncancel.bind(py).call1((agent,))?;
+                return Ok(Some(PyErr::from_value(h.aborted.bind(py).call0()?)));
+            }
+            if h.cancelling {
+                let task = h.current_task.bind(py).call0()?;
+                if !task.is_none() && !task.call_method0(intern!(py, "cancelling"))?.is_truthy()? {
+                    let exc = err.value(py);
+                    let message = h.error_chain.bind(py).call1((exc,))?;
+                    let code = "UNKNOWN".into_pyobject(py)?.into_any();
+                    let failure = dict(py, &[("message", &message), ("code", &code)])?;
+                    let turn_failure = h.turn_failure.bind(py).call1((failure, exc))?;
+                    turn_failure.setattr(intern!(py, "__cause__"), exc)?;
+                    return Ok(Some(PyErr::from_value(turn_failure)));
+                }
+            }
+            Ok(None)
+        })();
+        match transformed {
+            Ok(Some(e)) => e,
+            Ok(None) => err,
+            Err(e) => e,
+        }
+    }
+
+    fn absorb_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>, seam: Seam, result: Py<PyAny>) -> PyResult<Body<'py>> {
+        let h = helpers(py)?;
+        if let Err(e) = outcome {
+            if !is_cancelled(py, h, &e) {
+                return Err(e);
+            }
+        }
+        h.uncancel.bind(py).call1((self.agent(py),))?;
+        self.after_user(py, seam, result.into_bound(py))
+    }
+
+    fn after_user<'py>(&mut self, py: Python<'py>, seam: Seam, result: Bound<'py, PyAny>) -> PyResult<Body<'py>> {
+        match seam {
+            Seam::PreStep => self.after_pre_step(py, result),
+            Seam::Stopping => {
+                self.check(py)?;
+                self.after_stopping(py)
+            }
+        }
+    }
+
+    fn after_pre_step<'py>(&mut self, py: Python<'py>, result: Bound<'py, PyAny>) -> PyResult<Body<'py>> {
+        let h = helpers(py)?;
+        let (kind, value): (String, Bound<'py, PyAny>) = h.decision.bind(py).call1((result,))?.extract()?;
+        self.check(py)?;
+        if kind == "reject" {
+            let blocked = "blocked".into_pyobject(py)?.into_any();
+            let ending = dict(py, &[("kind", &blocked)])?;
+            if !value.is_none() {
+                ending.set_item("reason", value)?;
+            }
+            self.turn.ending = Some(ending.into_any().unbind());
+            self.turn.stop_driver = true;
+            return Ok(Body::Break);
+        }
+        let entering = value.is_truthy()?;
+        if self.turn.ending.is_some() && !entering {
+            return Ok(Body::Break);
+        }
+        let agent = self.agent(py).clone();
+        if agent.getattr(intern!(py, "_step"))?.eq(0)? && !entering {
+            let completed = "completed".into_pyobject(py)?.into_any();
+            self.turn.ending = Some(dict(py, &[("kind", &completed)])?.into_any().unbind());
+            self.turn.stop_driver = true;
+            return Ok(Body::Break);
+        }
+        self.check(py)?;
+        self.append(py, "step/start", &self.turn_and_step(py)?)?;
+        let step = self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py));
+        agent.setattr(intern!(py, "_step"), &step)?;
+        // try: ... finally: step/end
+        let started = (|| -> PyResult<Bound<'py, PyAny>> {
+            for message in value.try_iter()? {
+                self.append(py, "user/message", &message?.call_method0(intern!(py, "to_dict"))?)?;
+            }
+            await_iter(h.run_step.bind(py).call1((&agent, self.turn.turn.bind(py), &step, &value))?)
+        })();
+        match started {
+            Ok(iter) => Ok(Body::Await(iter, Pending::Step)),
+            Err(e) => self.step_done(py, Err(e)),
+        }
+    }
+
+    fn step_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> PyResult<Body<'py>> {
+        // The step's finally: step/end is appended whatever happened (and its failure wins).
+        self.append(py, "step/end", &self.turn_and_step(py)?)?;
+        let result = outcome?;
+        self.turn.max_tokens = self.turn.max_tokens || result.eq("max-tokens")?;
+        self.turn.ending = if result.is_none() {
+            None
+        } else {
+            let kind = if self.turn.max_tokens { "max-tokens" } else { "completed" };
+            let kind = kind.into_pyobject(py)?.into_any();
+            Some(dict(py, &[("kind", &kind)])?.into_any().unbind())
+        };
+        self.check(py)?;
+        if self.turn.ending.is_some() && !self.next_step_pending(py)? {
+            let h = helpers(py)?;
+            let agent = self.agent(py);
+            let stop = h.turn_stopping.bind(py).call1((agent, self.turn.turn.bind(py), self.signal(py)?))?;
+            let listeners = agent.getattr(intern!(py, "_turn_stopping"))?;
+            let awaitable = h.serial.bind(py).call1((listeners, stop));
+            return self.user_begin(py, awaitable, Seam::Stopping);
+        }
+        self.after_stopping(py)
+    }
+
+    fn after_stopping<'py>(&mut self, py: Python<'py>) -> PyResult<Body<'py>> {
+        if self.turn.ending.is_some() && !self.next_step_pending(py)? {
+            return Ok(Body::Break);
+        }
+        self.turn.next_step = true;
+        self.step_top(py)
+    }
+
+    // ---- the turn's except and finally ------------------------------------------------------
+
+    /// Ends the turn (`exc` is what escaped its body): records the ending, appends `turn/end`.
+    /// `Ok` says whether the driver goes on with the next queued turn; `Err` propagates.
+    fn end_turn(&mut self, py: Python<'_>, exc: Option<PyErr>) -> PyResult<bool> {
+        let mut external: Option<PyErr> = None;
+        let mut reraise: Option<PyErr> = None;
+        if let Some(exc) = exc {
+            self.turn.stop_driver = true;
+            let handled = (|| -> PyResult<bool> {
+                let h = helpers(py)?;
+                let cancelled = is_cancelled(py, h, &exc);
+                if cancelled && !self.aborted(py)? {
+                    // Cancelled from outside (event-loop shutdown): end the turn, then propagate.
+                    let disposed = "disposed".into_pyobject(py)?.into_any();
+                    self.signal(py)?.call_method1(intern!(py, "_abort"), (dict(py, &[("kind", &disposed)])?,))?;
+                    external = Some(exc.clone_ref(py));
+                }
+                if self.aborted(py)? {
+                    let aborted = "aborted".into_pyobject(py)?.into_any();
+                    let reason = self.signal(py)?.getattr(intern!(py, "reason"))?;
+                    self.turn.ending = Some(dict(py, &[("kind", &aborted), ("reason", &reason)])?.into_any().unbind());
+                } else {
+                    let value = exc.value(py);
+                    let failure = h.failure_of.bind(py).call1((value,))?;
+                    let error = "error".into_pyobject(py)?.into_any();
+                    self.turn.ending = Some(dict(py, &[("kind", &error), ("error", &failure)])?.into_any().unbind());
+                    let reported = if value.is_instance(h.turn_failure.bind(py))? {
+                        value.getattr(intern!(py, "cause"))?
+                    } else {
+                        value.clone().into_any()
+                    };
+                    h.emit_error.bind(py).call1((self.agent(py), self.turn.turn.bind(py), failure, reported))?;
+                }
+                Ok(cancelled || exc.is_instance_of::<PyException>(py))
+            })();
+            match handled {
+                Ok(true) => {}
+                Ok(false) => reraise = Some(exc),
+                Err(e) => reraise = Some(e),
+            }
+        }
+        // finally: turn/end, whatever happened.
+        let ending = match &self.turn.ending {
+            Some(e) => e.bind(py).clone(),
+            None => py.None().into_bound(py),
+        };
+        let appended = dict(py, &[("turn", self.turn.turn.bind(py)), ("reason", &ending)])
+            .and_then(|data| self.append(py, "turn/end", &data));
+        if let Err(e) = appended {
+            if !e.is_instance_of::<PyException>(py) {
+                return Err(e);
+            }
+            let reported = (|| -> PyResult<()> {
+                let h = helpers(py)?;
+                let failure = h.failure_of.bind(py).call1((e.value(py),))?;
+                h.emit_error.bind(py).call1((self.agent(py), self.turn.turn.bind(py), failure, e.value(py)))?;
+                Ok(())
+            })();
+            reported?;
+            self.turn.stop_driver = true;
+        }
+        if let Some(e) = reraise {
+            return Err(e);
+        }
+        if let Some(e) = external {
+            return Err(e);
+        }
+        Ok(!self.turn.stop_driver && self.inbox.bind(py).getattr(intern!(py, "has_pending"))?.is_truthy()?)
+    }
+
+    /// Between turns: a fresh signal, then the next turn's synchronous prefix. `Ok(false)` when
+    /// no turn was recorded.
+    fn next_turn(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let h = helpers(py)?;
+        let agent = self.agent(py);
+        agent.setattr(intern!(py, "_signal"), h.signal.bind(py).call0()?)?;
+        agent.setattr(intern!(py, "_step"), 0)?;
+        agent.setattr(intern!(py, "_wake_requested"), false)?;
+        let prefix = h.begin_turn.bind(py).call1((agent,))?;
+        if prefix.is_none() {
+            return Ok(false);
+        }
+        let (turn, claimed, claim_error): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) = prefix.extract()?;
+        self.turn = prefix_turn(turn, claimed, claim_error)?;
+        Ok(true)
+    }
+
+    /// The driver's except and finally: an outside cancellation propagates after the loop is
+    /// idle, any other exception was already reported by its turn and is logged.
+    fn finish<'py>(&mut self, py: Python<'py>, err: Option<PyErr>) -> Flow<'py> {
+        let mut external: Option<PyErr> = None;
+        let mut reraise: Option<PyErr> = None;
+        if let Some(e) = err {
+            let kind = helpers(py).map(|h| (is_cancelled(py, h, &e), e.is_instance_of::<PyException>(py)));
+            match kind {
+                Ok((true, _)) => external = Some(e),
+                Ok((false, true)) => {
+                    let logged = (|| -> PyResult<()> {
+                        let kwargs = PyDict::new(py);
+                        kwargs.set_item("exc_info", e.value(py))?;
+                        helpers(py)?.logger.bind(py).call_method("error", ("AgentLoop driver failed",), Some(&kwargs))?;
+                        Ok(())
+                    })();
+                    if let Err(e2) = logged {
+                        reraise = Some(e2);
+                    }
+                }
+                Ok((false, false)) => reraise = Some(e),
+                Err(e2) => reraise = Some(e2),
+            }
+        }
+        let finally = (|| -> PyResult<()> {
+            let agent = self.agent(py);
+            agent.setattr(intern!(py, "_task"), py.None())?;
+            agent.call_method0(intern!(py, "_finish_driver"))?;
+            Ok(())
+        })();
+        if let Err(e) = finally {
+            return Flow::Raise(e);
+        }
+        match (reraise, external) {
+            (Some(e), _) | (None, Some(e)) => Flow::Raise(e),
+            (None, None) => Flow::Return,
+        }
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.agent)?;
+        visit.call(&self.log)?;
+        visit.call(&self.inbox)?;
+        let t = &self.turn;
+        visit.call(&t.turn)?;
+        for obj in [&t.claimed, &t.batch, &t.step, &t.ending].into_iter().flatten() {
+            visit.call(obj)?;
+        }
+        if let Some((iter, pending)) = &self.inner {
+            visit.call(iter)?;
+            if let Pending::Absorb { result, .. } = pending {
+                visit.call(result)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn prefix_turn(turn: Bound<'_, PyAny>, claimed: Bound<'_, PyAny>, claim_error: Bound<'_, PyAny>) -> PyResult<Turn> {
+    let claimed = if claimed.is_none() { None } else { Some(claimed.unbind()) };
+    let claim_error = if claim_error.is_none() {
+        None
+    } else {
+        Some(PyErr::from_value(claim_error.cast_into::<PyBaseException>()?.into_any()))
+    };
+    Ok(Turn::new(turn.unbind(), claimed, claim_error))
+}
+
+enum State {
+    Ready(Box<Machine>),
+    /// Inside `send`/`throw`/`close`: the machine is on the Rust stack.
+    Running,
+    Done,
+}
+
+/// The AgentLoop's turn driver: a coroutine object (``send``/``throw``/``close``/``__await__``)
+/// run as the loop's Task. ``Driver(loop, turn, claimed, claim_error)`` takes the turn whose
+/// ``turn/start`` and first claim ``begin_turn`` already committed.
+#[pyclass(name = "Driver", module = "kerman", weakref)]
+pub struct PyDriver {
+    state: State,
+}
+
+impl PyDriver {
+    fn take(slf: &Bound<'_, Self>) -> PyResult<Result<Box<Machine>, bool>> {
+        let mut this = slf.try_borrow_mut()?;
+        Ok(match std::mem::replace(&mut this.state, State::Running) {
+            State::Ready(machine) => Ok(machine),
+            State::Running => Err(true),
+            State::Done => {
+                this.state = State::Done;
+                Err(false)
+            }
+        })
+    }
+
+    fn put(slf: &Bound<'_, Self>, machine: Box<Machine>, done: bool) -> PyResult<()> {
+        let finished = {
+            let mut this = slf.try_borrow_mut()?;
+            if done {
+                this.state = State::Done;
+                Some(machine)
+            } else {
+                this.state = State::Ready(machine);
+                None
+            }
+        };
+        // Dropping the references may run finalizers: not while the object is borrowed.
+        drop(finished);
+        Ok(())
+    }
+
+    fn run<'py>(slf: &Bound<'py, Self>, input: Input<'py>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let mut machine = match Self::take(slf)? {
+            Ok(machine) => machine,
+            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
+            Err(false) => {
+                return Err(match input {
+                    Input::Send(_) => PyRuntimeError::new_err("cannot reuse already awaited coroutine"),
+                    Input::Throw(exc) => exc,
+                })
+            }
+        };
+        let (done, out) = machine.run(py, input);
+        Self::put(slf, machine, done)?;
+        out
+    }
+}
+
+fn exception_arg(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<PyErr> {
+    let val = val.filter(|v| !v.is_none());
+    let exc = if typ.is_instance_of::<PyBaseException>() {
+        if val.is_some() {
+            return Err(PyTypeError::new_err("instance exception may not have a separate value"));
+        }
+        typ.clone()
+    } else if typ.cast::<PyType>().is_ok_and(|t| t.is_subclass_of::<PyBaseException>().unwrap_or(false)) {
+        match val {
+            None => typ.call0()?,
+            Some(v) if v.is_instance(typ)? => v.clone(),
+            Some(v) => match v.cast::<PyTuple>() {
+                Ok(args) => typ.call1(args)?,
+                Err(_) => typ.call1((v,))?,
+            },
+        }
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "exceptions must be classes or instances deriving from BaseException, not {}",
+            type_name(typ)
+        )));
+    };
+    let exc = match tb.filter(|t| !t.is_none()) {
+        Some(tb) => exc.call_method1(intern!(typ.py(), "with_traceback"), (tb,))?,
+        None => exc,
+    };
+    Ok(PyErr::from_value(exc))
+}
+
+#[pymethods]
+impl PyDriver {
+    #[new]
+    #[pyo3(signature = (r#loop, turn, claimed, claim_error))]
+    fn new(
+        r#loop: &Bound<'_, PyAny>,
+        turn: &Bound<'_, PyAny>,
+        claimed: &Bound<'_, PyAny>,
+        claim_error: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let py = r#loop.py();
+        helpers(py)?;
+        let machine = Machine {
+            agent: r#loop.clone().unbind(),
+            log: r#loop.getattr(intern!(py, "_log"))?.unbind(),
+            inbox: r#loop.getattr(intern!(py, "_inbox"))?.unbind(),
+            turn: prefix_turn(turn.clone(), claimed.clone(), claim_error.clone())?,
+            started: false,
+            inner: None,
+        };
+        Ok(PyDriver { state: State::Ready(Box::new(machine)) })
+    }
+
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        Self::run(slf, Input::Send(slf.py().None().into_bound(slf.py())))
+    }
+
+    /// Resumes the driver with ``value``; returns what it yields, raises ``StopIteration``
+    /// when it finishes.
+    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        Self::run(slf, Input::Send(value.clone()))
+    }
+
+    /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
+    #[pyo3(signature = (typ, val=None, tb=None))]
+    fn throw(
+        slf: &Bound<'_, Self>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let exc = exception_arg(typ, val, tb)?;
+        Self::run(slf, Input::Throw(exc))
+    }
+
+    /// Raises ``GeneratorExit`` where the driver is suspended (closing the awaited object
+    /// first); the turn ends and the loop goes idle.
+    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut machine = match Self::take(slf)? {
+            Ok(machine) => machine,
+            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
+            Err(false) => return Ok(()),
+        };
+        let Some((iter, pending)) = machine.inner.take() else {
+            // Never started: nothing ran, nothing to unwind.
+            return Self::put(slf, machine, true);
+        };
+        let exc = close_delegate(&iter.into_bound(py));
+        let flow = machine.resume(py, Some(pending), Err(exc));
+        let (done, out) = machine.drive(py, flow);
+        Self::put(slf, machine, done)?;
+        match out {
+            Ok(_) => Err(PyRuntimeError::new_err("coroutine ignored GeneratorExit")),
+            Err(e) if e.is_instance_of::<PyGeneratorExit>(py) || e.is_instance_of::<PyStopIteration>(py) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// For asyncio's Task repr.
+    #[getter]
+    fn __name__(&self) -> &'static str {
+        "Driver"
+    }
+
+    #[getter]
+    fn __qualname__(&self) -> &'static str {
+        "Driver"
+    }
+
+    fn __repr__(&self) -> &'static str {
+        match self.state {
+            State::Ready(_) => "<kerman.Driver suspended>",
+            State::Running => "<kerman.Driver running>",
+            State::Done => "<kerman.Driver done>",
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.state {
+            State::Ready(machine) => machine.visit(&visit),
+            _ => Ok(()),
+        }
+    }
+
+    fn __clear__(&mut self) {
+        if let State::Ready(_) = self.state {
+            self.state = State::Done;
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyDriver>()?;
+    Ok(())
+}
