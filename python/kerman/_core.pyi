@@ -253,7 +253,9 @@ class Next:
 
 @final
 class Driver(Coroutine[Any, Any, None]):
-    """The AgentLoop's turn driver: a coroutine object run as the loop's Task."""
+    """The AgentLoop's turn driver: a coroutine object run as the loop's Task. It runs the turns
+    and their steps (request, model call or stream, retries, assistant message) itself, awaiting
+    user code and the tool calls (``kerman._tools.run_tools``) by delegation."""
 
     def __new__(
         cls, loop: Any, turn: int, claimed: list[UserMessage] | None, claim_error: BaseException | None

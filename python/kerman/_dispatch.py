@@ -1,4 +1,5 @@
-"""Dispatch modes (reference 6.2): waterfall, serial and contained emit."""
+"""Dispatch modes (reference 6.2): serial and contained emit. The waterfall's cursor is
+``kerman._core.Next``, driven by the Rust turn driver."""
 
 from __future__ import annotations
 
@@ -6,24 +7,10 @@ import asyncio
 import functools
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
-from ._core import Next
 
 _log = logging.getLogger("kerman")
-
-
-def waterfall(listeners: Sequence[Callable[..., Any]], payload: Any, default: Callable[[], Any]) -> Awaitable[Any]:
-    """Runs ``listeners`` as a waterfall over one shared ``payload``.
-
-    Each listener is called as ``listener(payload, next)``. ``next()`` pulls the next remaining
-    listener from this dispatch's cursor (kept in Rust, ``kerman._core.Next``) — or, once none
-    remain, calls ``default()`` — and returns an awaitable of its result. Not calling ``next()``
-    short-circuits; calling it twice pulls the next remaining listener (then the default). The
-    outermost result is the result; sync listeners' plain return values are wrapped.
-    """
-    result: Awaitable[Any] = Next(list(listeners), payload, default)()
-    return result
 
 
 async def serial(listeners: Sequence[Callable[..., Any]], payload: Any) -> None:

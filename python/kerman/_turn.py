@@ -1,22 +1,26 @@
-"""The step algorithm and the turn's helpers (reference 5.5–5.7, SPEC D1–D8).
+"""The turn's synchronous helpers (reference 5.5–5.7, SPEC D1–D9).
 
-The turn loop itself is ``kerman._core.Driver``; it calls ``begin_turn``, ``_decision``,
-``failure_of``, ``emit_error``, ``_uncancel`` and awaits ``run_step`` from here, and follows
-``user_await``'s rules for the seams it awaits itself (``pre_step``, ``turn_stopping``).
+The turn loop and the step are ``kerman._core.Driver``; it calls ``begin_turn``, ``_decision``,
+``failure_of``, ``error_chain``, ``emit_error``, ``_uncancel`` and ``_Assembler`` from here,
+raises ``TurnFailure`` and ``_Aborted``, and awaits ``_tools.run_tools`` for a step's tool calls.
+
+User code (listeners, the model, serial hooks) is awaited so that ``cancel()`` can throw
+``CancelledError`` into it: the driver sets ``loop._in_user`` around each such await. A
+cancellation it threw (``loop._thrown``) is absorbed and surfaces as the aborted signal
+(``_Aborted``); a ``CancelledError`` raised by user code with no cancellation in progress is a
+failure (SPEC 4.4); any other propagates (the driver was cancelled from outside).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from . import _dispatch, _tools
-from ._core import NEXT_STEP, NEXT_TURN, AssistantMessage, Message, UserMessage
+from ._core import NEXT_STEP, NEXT_TURN, Message, UserMessage
 from .errors import LoopError, ModelError
-from .types import Enter, ModelReply, ModelRequest, Reject, RequestFailure, Retry
+from .types import Enter, Reject
 
 if TYPE_CHECKING:
     from .loop import AgentLoop
@@ -66,39 +70,6 @@ def failure_of(exc: BaseException) -> Dict[str, Any]:
     return {"message": error_chain(exc), "code": "UNKNOWN"}
 
 
-def check(loop: "AgentLoop") -> None:
-    if loop._signal.aborted:
-        raise _Aborted()
-
-
-async def user_await(loop: "AgentLoop", awaitable: Any) -> Any:
-    """Awaits user code (a listener, the model, a serial hook) so that ``cancel()`` can throw
-    ``CancelledError`` into it. A cancellation we threw is absorbed here and surfaces as the
-    aborted signal; one we did not throw propagates (the driver was cancelled from outside)."""
-    loop._in_user = True
-    try:
-        result = await awaitable
-    except asyncio.CancelledError as exc:
-        if loop._thrown:
-            _uncancel(loop)
-            raise _Aborted() from None
-        task = asyncio.current_task()
-        if sys.version_info >= (3, 11) and task is not None and not task.cancelling():
-            # Raised by user code itself, with no cancellation in progress: a failure (SPEC 4.4).
-            raise TurnFailure({"message": error_chain(exc), "code": "UNKNOWN"}, exc) from exc
-        raise
-    finally:
-        loop._in_user = False
-    if loop._thrown:
-        # The throw may still be pending (the code returned before awaiting): consume it.
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            pass
-        _uncancel(loop)
-    return result
-
-
 def _uncancel(loop: "AgentLoop") -> None:
     loop._thrown = False
     task = asyncio.current_task()
@@ -145,63 +116,6 @@ def _decision(value: Any) -> Tuple[str, Any]:
 
 # ---- the step ------------------------------------------------------------------------------
 
-def history(loop: "AgentLoop") -> List[Message]:
-    """The derived history: user, assistant and tool-result messages in log order (assistant
-    messages with empty content are kept in the log but left out). Extended incrementally."""
-    messages, loop._history_pos = loop._log._surface_messages(loop._history_pos)
-    loop._history.extend(messages)
-    return list(loop._history)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-async def run_step(loop: "AgentLoop", turn: int, step: int, entered: List[UserMessage]) -> Optional[str]:
-    """One step: request (with retries in the same step, D1), tools. Returns ``"completed"``,
-    ``"max-tokens"`` or ``None`` when tool results are owed another request."""
-    while True:
-        request = ModelRequest(history(loop), [t.spec() for t in loop._tools.values()], dict(loop._options),
-                               turn, step, loop._signal, list(entered), loop)
-        request = await user_await(loop, _dispatch.waterfall(loop._before_request, request, lambda: request))
-        check(loop)
-        if not isinstance(request, ModelRequest):
-            raise TurnFailure({"message": f"before_request listener returned {request!r}; expected a ModelRequest",
-                               "code": "INVALID_REQUEST"})
-        options = _canonical(request.options)
-        if loop._requests == 0 or options != loop._last_options:
-            loop._log._append_owned("request/header", {"options": request.options})
-            loop._last_options = options
-        loop._requests += 1
-        if loop._log._checkpoints:
-            await loop._log.flush()
-            check(loop)
-        outcome = await _call_model(loop, request, turn, step)
-        if isinstance(outcome, dict):  # a failure
-            failure, exc = outcome["failure"], outcome["exception"]
-            payload = RequestFailure(loop, turn, step, failure, exc, loop._signal)
-            action = await user_await(loop, _dispatch.waterfall(loop._request_error, payload, lambda: None))
-            check(loop)
-            if isinstance(action, Retry) or (isinstance(action, dict) and action.get("kind") == "retry"):
-                continue
-            raise TurnFailure(failure, exc)
-        content, usage, finish, seqs = outcome
-        if finish == "max-tokens":
-            content = [b for b in content if b.get("type") != "tool-call"]
-        message = AssistantMessage(content)
-        data: Dict[str, Any] = {"turn": turn, "step": step, "message": message.to_dict()}
-        if usage is not None:
-            data["usage"] = usage
-        loop._log._append_owned("assistant/message", data, seqs)
-        if finish == "max-tokens":
-            return "max-tokens"
-        calls = [b for b in content if b.get("type") == "tool-call"]
-        if not calls:
-            return "completed"
-        concludes = await _tools.run_tools(loop, turn, step, calls)
-        return "completed" if concludes else None
-
-
 class _Assembler:
     """Builds the assistant content from stream chunks."""
 
@@ -235,69 +149,6 @@ class _Assembler:
 
     def visible(self) -> List[Dict[str, Any]]:
         return [b for b in self.blocks if b["type"] in ("text", "reasoning")]
-
-
-async def _call_model(loop: "AgentLoop", request: ModelRequest, turn: int, step: int) -> Any:
-    """Calls the model once. Returns ``(content, usage, finish, chunk_seqs)`` or, for a model
-    failure, ``{"failure", "exception"}``."""
-    try:
-        produced = loop._model(request)
-    except ModelError as exc:
-        return {"failure": failure_of(exc), "exception": exc}
-    if hasattr(produced, "__anext__"):
-        return await _stream(loop, produced, turn, step)
-    try:
-        reply = await user_await(loop, produced)
-    except ModelError as exc:
-        return {"failure": failure_of(exc), "exception": exc}
-    if isinstance(reply, str):
-        reply = ModelReply(reply)
-    if not isinstance(reply, ModelReply):
-        raise TurnFailure({"message": f"model returned {reply!r}; expected a ModelReply", "code": "INVALID_REPLY"})
-    return reply.content, reply.usage, reply.finish, []
-
-
-async def _stream(loop: "AgentLoop", stream: Any, turn: int, step: int) -> Any:
-    assembler = _Assembler()
-    seqs: List[int] = []
-    try:
-        while True:
-            try:
-                chunk = await user_await(loop, stream.__anext__())
-            except StopAsyncIteration:
-                break
-            check(loop)
-            if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str):
-                raise TurnFailure({"message": f"model stream yielded {chunk!r}; expected a chunk dict", "code": "INVALID_REPLY"})
-            event = loop._log._append_owned("assistant/chunk", {"turn": turn, "step": step, "chunk": chunk})
-            seqs.append(event.seq)
-            assembler.feed(chunk)
-    except ModelError as exc:
-        return {"failure": failure_of(exc), "exception": exc}
-    except BaseException:
-        if loop._signal.aborted and assembler.visible():
-            data: Dict[str, Any] = {"turn": turn, "step": step,
-                                    "message": AssistantMessage(assembler.visible()).to_dict(), "interrupted": True}
-            if assembler.usage is not None:
-                data["usage"] = assembler.usage
-            loop._log._append_owned("assistant/message", data, seqs)
-        await _close_stream(stream)
-        raise
-    if assembler.finish not in ("stop", "max-tokens"):
-        failure = dict(assembler.error or {})
-        failure.setdefault("message", f"model finished with reason {assembler.finish!r}")
-        failure.setdefault("code", "UNKNOWN")
-        return {"failure": failure, "exception": None}
-    return assembler.blocks, assembler.usage, assembler.finish, seqs
-
-
-async def _close_stream(stream: Any) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        try:
-            await aclose()
-        except BaseException:
-            pass
 
 
 # ---- recovery ------------------------------------------------------------------------------

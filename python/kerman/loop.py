@@ -1,9 +1,9 @@
 """``AgentLoop``: claims queued input before every step, awaits one pre-step decision, calls
 the model, runs tools, and records everything in the session log.
 
-The turn loop runs in ``kerman._core.Driver`` (a native coroutine object, the loop's Task), the
-step and its helpers in ``_turn.py`` and tool scheduling in ``_tools.py``; this module holds the
-public surface: registration, delivery, waking, cancellation and idling.
+The turn loop and the step run in ``kerman._core.Driver`` (a native coroutine object, the loop's
+Task), with synchronous helpers in ``_turn.py`` and tool scheduling in ``_tools.py``; this module
+holds the public surface: registration, delivery, waking, cancellation and idling.
 """
 
 from __future__ import annotations

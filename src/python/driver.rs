@@ -5,207 +5,66 @@
 //! `pre_step` waterfall, the step, the `turn_stopping` hooks, the `sleep(0)` that absorbs a
 //! pending self-thrown cancellation) the driver holds that awaitable's iterator and delegates
 //! `send`/`throw` to it with `PyIter_Send`, exactly like `await` in a Python coroutine. The
-//! step body itself is still the Python coroutine `kerman._turn.run_step`.
+//! step body is states of the same machine (`step.rs`); only the tool calls are still a
+//! Python coroutine (`kerman._tools.run_tools`), delegated to like any other awaitable.
 //!
 //! The machine is taken out of the object for the duration of every call, so no borrow of the
 //! object is held while Python code runs; a re-entrant call sees "already executing".
+
+mod canonical;
+mod delegate;
+mod helpers;
+mod step;
+mod user;
 
 use pyo3::exceptions::{
     PyBaseException, PyException, PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError,
     PyValueError,
 };
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple, PyType};
 
-/// The Python objects the driver calls, looked up once.
-struct Helpers {
-    begin_turn: Py<PyAny>,
-    decision: Py<PyAny>,
-    failure_of: Py<PyAny>,
-    emit_error: Py<PyAny>,
-    error_chain: Py<PyAny>,
-    run_step: Py<PyAny>,
-    uncancel: Py<PyAny>,
-    turn_failure: Py<PyAny>,
-    aborted: Py<PyAny>,
-    pre_step: Py<PyAny>,
-    turn_stopping: Py<PyAny>,
-    enter: Py<PyAny>,
-    signal: Py<PyAny>,
-    waterfall: Py<PyAny>,
-    serial: Py<PyAny>,
-    sleep: Py<PyAny>,
-    current_task: Py<PyAny>,
-    cancelled_error: Py<PyType>,
-    logger: Py<PyAny>,
-    /// `Task.cancelling()` exists (Python 3.11+).
-    cancelling: bool,
-}
+use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
+use helpers::{entered, helpers, is_cancelled};
+use step::{Step, StepEnd};
 
-static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
-
-fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
-    HELPERS.get_or_try_init(py, || {
-        let turn = py.import("kerman._turn")?;
-        let types = py.import("kerman.types")?;
-        let dispatch = py.import("kerman._dispatch")?;
-        let asyncio = py.import("asyncio")?;
-        let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
-        Ok(Helpers {
-            begin_turn: get(&turn, "begin_turn")?,
-            decision: get(&turn, "_decision")?,
-            failure_of: get(&turn, "failure_of")?,
-            emit_error: get(&turn, "emit_error")?,
-            error_chain: get(&turn, "error_chain")?,
-            run_step: get(&turn, "run_step")?,
-            uncancel: get(&turn, "_uncancel")?,
-            turn_failure: get(&turn, "TurnFailure")?,
-            aborted: get(&turn, "_Aborted")?,
-            pre_step: get(&types, "PreStep")?,
-            turn_stopping: get(&types, "TurnStopping")?,
-            enter: get(&types, "Enter")?,
-            signal: get(&types, "Signal")?,
-            waterfall: get(&dispatch, "waterfall")?,
-            serial: get(&dispatch, "serial")?,
-            sleep: get(&asyncio, "sleep")?,
-            current_task: get(&asyncio, "current_task")?,
-            cancelled_error: asyncio.getattr("CancelledError")?.cast_into::<PyType>()?.unbind(),
-            logger: py.import("logging")?.call_method1("getLogger", ("kerman",))?.unbind(),
-            cancelling: py.version_info() >= (3, 11),
-        })
-    })
-}
-
-fn is_cancelled(py: Python<'_>, h: &Helpers, err: &PyErr) -> bool {
-    err.is_instance(py, h.cancelled_error.bind(py))
-}
-
-/// What one `PyIter_Send` (or `throw`) into a delegate gave.
-enum Sent<'py> {
-    /// The delegate suspended, yielding this value to the Task.
-    Next(Bound<'py, PyAny>),
-    /// The delegate finished: the await's result.
-    Return(Bound<'py, PyAny>),
-    /// The delegate raised: the await raised.
-    Error(PyErr),
-}
-
-fn fetch(py: Python<'_>) -> PyErr {
-    PyErr::take(py).unwrap_or_else(|| PySystemError::new_err("error return without exception set"))
-}
-
-fn send_into<'py>(iter: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>) -> Sent<'py> {
-    let py = iter.py();
-    let mut result: *mut ffi::PyObject = std::ptr::null_mut();
-    // SAFETY: both pointers are live references held by the caller and the GIL is held.
-    // `PyIter_Send` stores a new (owned) reference in `result` on NEXT and RETURN and leaves
-    // an exception set on ERROR.
-    let status = unsafe { ffi::PyIter_Send(iter.as_ptr(), value.as_ptr(), &mut result) };
-    // SAFETY: `result` is either NULL or an owned reference that nothing else will release.
-    let owned = unsafe { Bound::from_owned_ptr_or_opt(py, result) };
-    match (status, owned) {
-        (ffi::PySendResult::PYGEN_NEXT, Some(v)) => Sent::Next(v),
-        (ffi::PySendResult::PYGEN_RETURN, Some(v)) => Sent::Return(v),
-        _ => Sent::Error(fetch(py)),
-    }
-}
-
-/// Closes a delegate; what then raises at the await: `GeneratorExit`, or the close's error.
-fn close_delegate(iter: &Bound<'_, PyAny>) -> PyErr {
-    let py = iter.py();
-    let closed = match iter.getattr_opt(intern!(py, "close")) {
-        Ok(Some(close)) => close.call0().map(drop),
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
-    };
-    closed.err().unwrap_or_else(|| PyGeneratorExit::new_err(()))
-}
-
-/// `throw` into a delegate, with the outcome read like `yield from` reads it (`GeneratorExit`
-/// closes the delegate instead).
-fn throw_into<'py>(iter: &Bound<'py, PyAny>, exc: PyErr) -> Sent<'py> {
-    let py = iter.py();
-    if exc.is_instance_of::<PyGeneratorExit>(py) {
-        let raised = close_delegate(iter);
-        return Sent::Error(if raised.is_instance_of::<PyGeneratorExit>(py) { exc } else { raised });
-    }
-    let throw = match iter.getattr_opt(intern!(py, "throw")) {
-        Ok(Some(throw)) => throw,
-        // No `throw`: the exception is raised at the await itself.
-        Ok(None) => return Sent::Error(exc),
-        Err(e) => return Sent::Error(e),
-    };
-    match throw.call1((exc.into_value(py),)) {
-        Ok(v) => Sent::Next(v),
-        Err(e) => stop_value(py, e),
-    }
-}
-
-/// A `StopIteration` is the delegate's return value; anything else is its error.
-fn stop_value(py: Python<'_>, e: PyErr) -> Sent<'_> {
-    if e.is_instance_of::<PyStopIteration>(py) {
-        match e.value(py).getattr(intern!(py, "value")) {
-            Ok(v) => Sent::Return(v),
-            Err(e) => Sent::Error(e),
-        }
-    } else {
-        Sent::Error(e)
-    }
-}
-
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
-}
-
-/// The iterator `await obj` delegates to (`obj.__await__()`, or a native coroutine itself).
-fn await_iter<'py>(obj: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let py = obj.py();
-    // SAFETY: type checks on a live object.
-    if unsafe { ffi::PyCoro_CheckExact(obj.as_ptr()) } != 0 {
-        return Ok(obj);
-    }
-    // SAFETY: as above.
-    if unsafe { ffi::PyGen_CheckExact(obj.as_ptr()) } != 0 {
-        // A `types.coroutine` generator (CO_ITERABLE_COROUTINE) is awaitable as it is.
-        let flags: u64 = obj.getattr(intern!(py, "gi_code"))?.getattr(intern!(py, "co_flags"))?.extract()?;
-        if flags & 0x100 != 0 {
-            return Ok(obj);
-        }
-    }
-    let Some(method) = obj.get_type().getattr_opt(intern!(py, "__await__"))? else {
-        return Err(PyTypeError::new_err(format!("object {} can't be used in 'await' expression", type_name(&obj))));
-    };
-    let iter = method.call1((&obj,))?;
-    // SAFETY: type checks on a live object.
-    if unsafe { ffi::PyCoro_CheckExact(iter.as_ptr()) } != 0 {
-        return Err(PyTypeError::new_err("__await__() returned a coroutine"));
-    }
-    // SAFETY: as above.
-    if unsafe { ffi::PyIter_Check(iter.as_ptr()) } == 0 {
-        return Err(PyTypeError::new_err(format!("__await__() returned non-iterator of type '{}'", type_name(&iter))));
-    }
-    Ok(iter)
-}
-
-/// The two user-code seams the driver awaits itself (`run_step` awaits the others).
+/// The user-code seams the driver awaits (each through `user_await`'s rules).
 #[derive(Clone, Copy)]
 enum Seam {
+    /// The `pre_step` waterfall.
     PreStep,
+    /// The `turn_stopping` hooks.
     Stopping,
+    /// The `before_request` waterfall.
+    BeforeRequest,
+    /// A model call that returned an awaitable.
+    Model,
+    /// One `__anext__()` of a streaming model.
+    Chunk,
+    /// The `request_error` waterfall.
+    RequestError,
 }
 
 /// What the driver is awaiting.
 enum Pending {
-    /// `user_await` of the `pre_step` waterfall or the `turn_stopping` hooks.
+    /// User code at a seam.
     User(Seam),
-    /// `run_step(loop, turn, step, entered)`.
-    Step,
     /// `asyncio.sleep(0)` absorbing a self-thrown cancellation; `result` is the seam's.
     Absorb { seam: Seam, result: Py<PyAny> },
+    /// `log.flush()`, the checkpoint barrier before a model request.
+    Flush,
+    /// `aclose()` of a stream that failed or was aborted; `error` is then raised.
+    CloseStream { error: PyErr },
+    /// `_tools.run_tools(loop, turn, step, calls)`.
+    Tools,
+}
+
+/// How a `user_await` goes on: suspended in the awaitable, or done with its outcome.
+enum UserStep<'py> {
+    Await(Bound<'py, PyAny>, Pending),
+    Done(PyResult<Bound<'py, PyAny>>),
 }
 
 /// How the turn body goes on.
@@ -233,6 +92,8 @@ struct Turn {
     ending: Option<Py<PyAny>>,
     stop_driver: bool,
     max_tokens: bool,
+    /// The running step's state, between `step/start` and `step/end`.
+    work: Option<Step>,
 }
 
 impl Turn {
@@ -247,6 +108,7 @@ impl Turn {
             ending: None,
             stop_driver: false,
             max_tokens: false,
+            work: None,
         }
     }
 }
@@ -283,8 +145,13 @@ impl Machine {
         self.agent(py).getattr(intern!(py, "_signal"))
     }
 
+    /// `Signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
     fn aborted(&self, py: Python<'_>) -> PyResult<bool> {
-        self.signal(py)?.getattr(intern!(py, "aborted"))?.is_truthy()
+        let signal = self.signal(py)?;
+        if signal.get_type().is(helpers(py)?.signal.bind(py)) {
+            return Ok(!signal.getattr(intern!(py, "_reason"))?.is_none());
+        }
+        signal.getattr(intern!(py, "aborted"))?.is_truthy()
     }
 
     /// `_turn.check(loop)`: raises `_Aborted` once the signal has aborted.
@@ -388,9 +255,23 @@ impl Machine {
                 Ok(_) => self.turn_top(py),
                 Err(e) => Err(e),
             },
-            Some(Pending::User(seam)) => self.user_done(py, outcome, seam),
-            Some(Pending::Absorb { seam, result }) => self.absorb_done(py, outcome, seam, result),
-            Some(Pending::Step) => self.step_done(py, outcome),
+            Some(Pending::User(seam)) => match self.user_finish(py, outcome, seam) {
+                UserStep::Await(iter, pending) => Ok(Body::Await(iter, pending)),
+                UserStep::Done(result) => self.seam_done(py, seam, result),
+            },
+            Some(Pending::Absorb { seam, result }) => {
+                let result = self.absorb_finish(py, outcome, result);
+                self.seam_done(py, seam, result)
+            }
+            Some(Pending::Flush) => {
+                let flushed = self.flush_done(py, outcome);
+                self.step_settle(py, flushed)
+            }
+            Some(Pending::CloseStream { error }) => self.step_settle(py, Err(error)),
+            Some(Pending::Tools) => {
+                let ran = self.tools_done(py, outcome);
+                self.step_settle(py, ran)
+            }
         };
         self.settle(py, body)
     }
@@ -452,91 +333,16 @@ impl Machine {
             })?
         };
         let listeners = agent.getattr(intern!(py, "_pre_step"))?;
-        let awaitable = h.waterfall.bind(py).call1((listeners, payload, default));
-        self.user_begin(py, awaitable, Seam::PreStep)
-    }
-
-    /// `user_await(loop, awaitable)`: the flag `cancel()` reads, then the await.
-    fn user_begin<'py>(&mut self, py: Python<'py>, awaitable: PyResult<Bound<'py, PyAny>>, seam: Seam) -> PyResult<Body<'py>> {
-        // The awaitable is built (and a waterfall's first listener called) before the flag.
-        let awaitable = awaitable?;
-        self.agent(py).setattr(intern!(py, "_in_user"), true)?;
-        match await_iter(awaitable) {
-            Ok(iter) => Ok(Body::Await(iter, Pending::User(seam))),
-            Err(e) => self.user_done(py, Err(e), seam),
-        }
-    }
-
-    fn user_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>, seam: Seam) -> PyResult<Body<'py>> {
-        let outcome = outcome.map_err(|e| self.user_error(py, e));
-        self.agent(py).setattr(intern!(py, "_in_user"), false)?;
-        let result = outcome?;
-        if self.agent(py).getattr(intern!(py, "_thrown"))?.is_truthy()? {
-            // The throw may still be pending (the code returned before awaiting): consume it.
-            let sleep = helpers(py)?.sleep.bind(py).call1((0,))?;
-            return Ok(Body::Await(await_iter(sleep)?, Pending::Absorb { seam, result: result.unbind() }));
-        }
-        self.after_user(py, seam, result)
-    }
-
-    /// What a `CancelledError` out of user code becomes: the abort we threw, a failure when no
-    /// cancellation is in progress (SPEC 4.4), else itself (cancelled from outside).
-    fn user_error(&self, py: Python<'_>, err: PyErr) -> PyErr {
-        let transformed = (|| -> PyResult<Option<PyErr>> {
-            let h = helpers(py)?;
-            if !is_cancelled(py, h, &err) {
-                return Ok(None);
-            }
-            let agent = self.agent(py);
-            if agent.getattr(intern!(py, "_thrown"))?.is_truthy()? {
-                h.uncancel.bind(py).call1((agent,))?;
-                return Ok(Some(PyErr::from_value(h.aborted.bind(py).call0()?)));
-            }
-            if h.cancelling {
-                let task = h.current_task.bind(py).call0()?;
-                if !task.is_none() && !task.call_method0(intern!(py, "cancelling"))?.is_truthy()? {
-                    let exc = err.value(py);
-                    let message = h.error_chain.bind(py).call1((exc,))?;
-                    let code = "UNKNOWN".into_pyobject(py)?.into_any();
-                    let failure = dict(py, &[("message", &message), ("code", &code)])?;
-                    let turn_failure = h.turn_failure.bind(py).call1((failure, exc))?;
-                    turn_failure.setattr(intern!(py, "__cause__"), exc)?;
-                    return Ok(Some(PyErr::from_value(turn_failure)));
-                }
-            }
-            Ok(None)
-        })();
-        match transformed {
-            Ok(Some(e)) => e,
-            Ok(None) => err,
-            Err(e) => e,
-        }
-    }
-
-    fn absorb_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>, seam: Seam, result: Py<PyAny>) -> PyResult<Body<'py>> {
-        let h = helpers(py)?;
-        if let Err(e) = outcome {
-            if !is_cancelled(py, h, &e) {
-                return Err(e);
-            }
-        }
-        h.uncancel.bind(py).call1((self.agent(py),))?;
-        self.after_user(py, seam, result.into_bound(py))
-    }
-
-    fn after_user<'py>(&mut self, py: Python<'py>, seam: Seam, result: Bound<'py, PyAny>) -> PyResult<Body<'py>> {
-        match seam {
-            Seam::PreStep => self.after_pre_step(py, result),
-            Seam::Stopping => {
-                self.check(py)?;
-                self.after_stopping(py)
-            }
-        }
+        let awaitable = step::waterfall(&listeners, &payload, default.as_any());
+        self.user_await(py, awaitable, Seam::PreStep)
     }
 
     fn after_pre_step<'py>(&mut self, py: Python<'py>, result: Bound<'py, PyAny>) -> PyResult<Body<'py>> {
         let h = helpers(py)?;
-        let (kind, value): (String, Bound<'py, PyAny>) = h.decision.bind(py).call1((result,))?.extract()?;
+        let (kind, value): (String, Bound<'py, PyAny>) = match entered(&result)? {
+            Some(messages) => ("enter".to_owned(), messages.into_any()),
+            None => h.decision.bind(py).call1((result,))?.extract()?,
+        };
         self.check(py)?;
         if kind == "reject" {
             let blocked = "blocked".into_pyobject(py)?.into_any();
@@ -564,24 +370,23 @@ impl Machine {
         let step = self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py));
         agent.setattr(intern!(py, "_step"), &step)?;
         // try: ... finally: step/end
-        let started = (|| -> PyResult<Bound<'py, PyAny>> {
+        let entered = (|| -> PyResult<()> {
             for message in value.try_iter()? {
                 self.append(py, "user/message", &message?.call_method0(intern!(py, "to_dict"))?)?;
             }
-            await_iter(h.run_step.bind(py).call1((&agent, self.turn.turn.bind(py), &step, &value))?)
+            Ok(())
         })();
-        match started {
-            Ok(iter) => Ok(Body::Await(iter, Pending::Step)),
-            Err(e) => self.step_done(py, Err(e)),
-        }
+        let body = entered.and_then(|()| self.step_begin(py, value));
+        self.step_settle(py, body)
     }
 
-    fn step_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> PyResult<Body<'py>> {
+    fn step_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<StepEnd>) -> PyResult<Body<'py>> {
         // The step's finally: step/end is appended whatever happened (and its failure wins).
+        self.turn.work = None;
         self.append(py, "step/end", &self.turn_and_step(py)?)?;
-        let result = outcome?;
-        self.turn.max_tokens = self.turn.max_tokens || result.eq("max-tokens")?;
-        self.turn.ending = if result.is_none() {
+        let end = outcome?;
+        self.turn.max_tokens = self.turn.max_tokens || matches!(end, StepEnd::MaxTokens);
+        self.turn.ending = if matches!(end, StepEnd::Again) {
             None
         } else {
             let kind = if self.turn.max_tokens { "max-tokens" } else { "completed" };
@@ -592,10 +397,14 @@ impl Machine {
         if self.turn.ending.is_some() && !self.next_step_pending(py)? {
             let h = helpers(py)?;
             let agent = self.agent(py);
-            let stop = h.turn_stopping.bind(py).call1((agent, self.turn.turn.bind(py), self.signal(py)?))?;
             let listeners = agent.getattr(intern!(py, "_turn_stopping"))?;
-            let awaitable = h.serial.bind(py).call1((listeners, stop));
-            return self.user_begin(py, awaitable, Seam::Stopping);
+            // No hooks: `serial` over none would return at once, with no user code run.
+            if listeners.is_truthy()? {
+                let stop = h.turn_stopping.bind(py).call1((agent, self.turn.turn.bind(py), self.signal(py)?))?;
+                let awaitable = h.serial.bind(py).call1((listeners, stop));
+                return self.user_await(py, awaitable, Seam::Stopping);
+            }
+            self.check(py)?;
         }
         self.after_stopping(py)
     }
@@ -743,6 +552,9 @@ impl Machine {
         visit.call(&t.turn)?;
         for obj in [&t.claimed, &t.batch, &t.step, &t.ending].into_iter().flatten() {
             visit.call(obj)?;
+        }
+        if let Some(work) = &t.work {
+            work.visit(visit)?;
         }
         if let Some((iter, pending)) = &self.inner {
             visit.call(iter)?;
