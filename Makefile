@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-deps test-rust test-python stubtest demo bench clean
+.PHONY: install test test-slow test-deps test-rust test-python stubtest demo bench clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -27,6 +27,10 @@ stubtest:
 
 # Everything: Rust unit + integration tests, then the Python suite against the built wheel.
 test: test-rust test-python
+
+# The slow profile: many more crash iterations (200 kills per durability mode).
+test-slow: install test-deps
+	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/test_crash.py
 
 demo: install
 	kerman demo

@@ -47,7 +47,7 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
         return _error(*ABORTED_BEFORE)
     try:
         raw = call.get("arguments") or "{}"
-        args = json.loads(raw) if isinstance(raw, str) else raw
+        args = json.loads(raw, parse_constant=_reject_constant) if isinstance(raw, str) else raw
     except ValueError as exc:
         return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
     try:
@@ -66,8 +66,12 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
     return value.content, value.is_error, None, value.concludes_turn, value.additional_contexts, value.meta
 
 
-def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
-    content, is_error, error, concludes, contexts, meta = outcome
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> None:
+    content, is_error, error, _, _, meta = outcome
     message = ToolResultMessage(call["id"], content, is_error=is_error)
     data: Dict[str, Any] = {"turn": turn, "step": step, "message": message.to_dict()}
     if error is not None:
@@ -75,6 +79,17 @@ def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_
     if meta is not None:
         data["meta"] = meta
     loop._log._append_owned("tool/result", data, [call_seq])
+
+
+def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
+    _, _, _, concludes, contexts, _ = outcome
+    try:
+        _record(loop, turn, step, call, call_seq, outcome)
+    except ValueError as exc:  # InvalidMessageError, NotJsonError: a result that is not JSON
+        # Like any other bad return value, an error result; the call keeps its result.
+        invalid = _error(f"tool {call.get('name')!r} returned an invalid result: {exc}", type(exc).__name__, "TOOL_ERROR")
+        _record(loop, turn, step, call, call_seq, invalid)
+        return False
     for context in contexts:
         if isinstance(context, str):
             context = UserMessage(context, source={"kind": "plugin", "plugin": f"tool:{call.get('name')}"})

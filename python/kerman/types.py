@@ -99,6 +99,8 @@ class Enter:
     __slots__ = ("messages",)
 
     def __init__(self, messages: Sequence[Union[UserMessage, str]]) -> None:
+        if isinstance(messages, (str, bytes)):
+            raise TypeError("Enter needs a list of messages, not a str (wrap it: Enter([text]))")
         self.messages = list(messages)
 
     def __repr__(self) -> str:
@@ -166,6 +168,8 @@ class ModelReply:
                  finish: str = "stop") -> None:
         if finish not in ("stop", "max-tokens"):
             raise ValueError(f'finish must be "stop" or "max-tokens", got {finish!r}')
+        if not isinstance(content, (str, list, tuple)):
+            raise TypeError(f"ModelReply content must be a str or a list of blocks, got {type(content).__name__}")
         self.content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
         self.usage = usage
         self.finish = finish
@@ -216,6 +220,8 @@ class ToolResult:
     def __init__(self, content: Union[str, List[Dict[str, Any]]], is_error: bool = False,
                  concludes_turn: bool = False, additional_contexts: Sequence[Union[UserMessage, str]] = (),
                  meta: Any = None) -> None:
+        if isinstance(additional_contexts, (str, bytes)):
+            raise TypeError("additional_contexts must be a sequence of messages, not a str (wrap it in a list)")
         self.content = content
         self.is_error = is_error
         self.concludes_turn = concludes_turn

@@ -202,7 +202,10 @@ impl Machine {
         }
         let agent = self.agent(py).clone();
         let options = request.getattr(intern!(py, "options"))?;
-        let canonical = super::canonical::canonical(&options)?;
+        let canonical = super::canonical::canonical(&options).map_err(|e| {
+            let message = format!("request options are not lossless JSON: {}", e.value(py));
+            turn_failure(py, message, "INVALID_REQUEST")
+        })?;
         let requests = agent.getattr(intern!(py, "_requests"))?;
         if requests.eq(0)? || canonical.ne(agent.getattr(intern!(py, "_last_options"))?)? {
             self.append(py, "request/header", dict(py, &[("options", &options)])?.as_any())?;
@@ -245,6 +248,10 @@ impl Machine {
             work.assembler = Some(assembler.unbind());
             work.seqs = Some(PyList::empty(py).unbind());
             return self.next_chunk(py);
+        }
+        if !produced.hasattr(intern!(py, "__await__"))? {
+            // A plain function's return value: a reply given synchronously, or garbage.
+            return self.after_model(py, Ok(produced));
         }
         self.step_user(py, Ok(produced), Seam::Model)
     }
