@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
-pub use splice::{normalize, placement, Lists, Splice, SpliceError, Target};
+pub use splice::{normalize, placement, ById, Lists, Splice, SpliceError, Target};
 
 use crate::event_log::{LogError, SessionLog, SPLICED};
 use crate::message::{Message, MessageKind};
