@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use super::aio::{aio, Completion};
+use super::aio::{aio, Completion, FlushCompletion};
 use super::convert::{json_to_py, map_to_py, to_json_text};
 use super::errors::{log_err, not_json, report_contained};
 use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
@@ -351,10 +351,8 @@ impl PySessionLog {
     /// The durability barrier: an awaitable that completes once everything appended so far is
     /// on disk (as the store's durability mode promises), or raises `LogWriteError`.
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (completion, future) = Completion::new(py)?;
-        self.inner.flush(Box::new(move |result: Result<(), LogError>| {
-            Python::attach(|py| completion.complete(py, result.err().map(|e| log_err(py, e))))
-        }));
+        let (completion, future) = FlushCompletion::new(py)?;
+        self.inner.flush(Box::new(move |result: Result<(), LogError>| completion.deliver(result)));
         Ok(future)
     }
 
