@@ -245,6 +245,11 @@ impl Inbox {
 
     /// Replaces the pending message `id` (wherever it is) by `message`; false if not pending.
     pub fn replace(&self, id: &str, message: Arc<Message>) -> Result<bool, InboxError> {
+        self.replace_message(id, message).map(|old| old.is_some())
+    }
+
+    /// [`replace`](Self::replace), returning the message it replaced.
+    pub fn replace_message(&self, id: &str, message: Arc<Message>) -> Result<Option<Arc<Message>>, InboxError> {
         Self::check_user(&message)?;
         let applied = self.mutate(
             |lists| {
@@ -254,11 +259,19 @@ impl Inbox {
             vec![message],
             true,
         )?;
-        Ok(applied.map(|a| self.announce(&a)).is_some())
+        Ok(applied.and_then(|a| {
+            self.announce(&a);
+            a.removed.into_iter().next()
+        }))
     }
 
     /// Removes the pending message `id`; false if not pending.
     pub fn remove(&self, id: &str) -> Result<bool, InboxError> {
+        self.remove_message(id).map(|old| old.is_some())
+    }
+
+    /// [`remove`](Self::remove), returning the removed message.
+    pub fn remove_message(&self, id: &str) -> Result<Option<Arc<Message>>, InboxError> {
         let applied = self.mutate(
             |lists| {
                 let (target, start) = lists.locate(id)?;
@@ -267,7 +280,10 @@ impl Inbox {
             Vec::new(),
             true,
         )?;
-        Ok(applied.map(|a| self.announce(&a)).is_some())
+        Ok(applied.and_then(|a| {
+            self.announce(&a);
+            a.removed.into_iter().next()
+        }))
     }
 
     /// Cancels everything: `next-step` first, then `next-turn`. Returns what was removed, in

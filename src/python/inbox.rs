@@ -1,6 +1,7 @@
 //! `Inbox`: the two pending lists of a session, thread-safe.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -10,7 +11,7 @@ use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 use super::errors::{inbox_err, projection_err, report_contained};
 use super::event_log::PySessionLog;
 use super::message::{user_message_arg, wrap};
-use crate::inbox::{ById, Inbox, InboxListener, Target};
+use crate::inbox::{Inbox, InboxListener, Target};
 use crate::message::Message;
 
 /// `"next-turn"` or `"next-step"`; anything else is a `ValueError` naming it.
@@ -35,13 +36,45 @@ fn coord_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     }
 }
 
+/// Hashes a message's address (the only thing written) with murmur3's 64-bit finaliser.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.0 ^= i as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+type ByAddress = HashMap<usize, (Arc<Message>, Py<PyAny>), BuildHasherDefault<AddressHasher>>;
+
+fn address(message: &Arc<Message>) -> usize {
+    Arc::as_ptr(message) as usize
+}
+
 /// The Python object of each pending message, so `claim`, `get` and the list getters return
-/// the objects that were queued instead of fresh wrappers. An entry counts only while its key
-/// is the very message the core holds (`Arc::ptr_eq`); a miss just wraps anew. The lock is
-/// never held while Python code can run: wrappers are made and released outside it.
+/// the objects that were queued instead of fresh wrappers. Keyed by the address of the core
+/// message, which the entry keeps alive (so an address names one message while cached); a
+/// miss just wraps anew. The lock is never held while Python code can run: wrappers are made
+/// and released outside it.
 #[derive(Default)]
 struct Wrappers {
-    map: Mutex<HashMap<ById, Py<PyAny>>>,
+    map: Mutex<ByAddress>,
 }
 
 /// Entries past which a `remember` checks for stale ones (messages that left the lists by a
@@ -49,22 +82,20 @@ struct Wrappers {
 const PRUNE_FLOOR: usize = 64;
 
 impl Wrappers {
-    fn lock(&self) -> MutexGuard<'_, HashMap<ById, Py<PyAny>>> {
+    fn lock(&self) -> MutexGuard<'_, ByAddress> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached object of `message`, if it is the one cached under its id.
+    /// The cached object of `message`.
     fn lookup<'py>(&self, py: Python<'py>, message: &Arc<Message>) -> Option<Bound<'py, PyAny>> {
-        let map = self.lock();
-        let (key, obj) = map.get_key_value(message.id())?;
-        Arc::ptr_eq(&key.0, message).then(|| obj.bind(py).clone())
+        self.lock().get(&address(message)).map(|(_, obj)| obj.bind(py).clone())
     }
 
     /// Records `obj` as the Python object of the pending `message`.
     fn remember(&self, inbox: &Inbox, message: &Arc<Message>, obj: &Bound<'_, PyAny>) {
         let (old, len) = {
             let mut map = self.lock();
-            (map.insert(ById(Arc::clone(message)), obj.clone().unbind()), map.len())
+            (map.insert(address(message), (Arc::clone(message), obj.clone().unbind())), map.len())
         };
         drop(old);
         if len > PRUNE_FLOOR && len > 2 * inbox.len() {
@@ -75,15 +106,13 @@ impl Wrappers {
     /// Drops entries whose message is no longer pending.
     fn prune(&self, inbox: &Inbox) {
         let lists = inbox.snapshot();
+        let pending: HashSet<usize> = lists.next_turn.iter().chain(&lists.next_step).map(address).collect();
         let mut stale = Vec::new();
         {
             let mut map = self.lock();
-            let keys: Vec<Arc<Message>> = map.keys().map(|k| Arc::clone(&k.0)).collect();
-            for key in keys {
-                let pending = lists.get(key.id()).is_some_and(|m| Arc::ptr_eq(m, &key));
-                if !pending {
-                    stale.extend(map.remove(key.id()));
-                }
+            let gone: Vec<usize> = map.keys().filter(|k| !pending.contains(k)).copied().collect();
+            for k in gone {
+                stale.extend(map.remove(&k));
             }
         }
         drop(stale);
@@ -99,37 +128,24 @@ impl Wrappers {
         Ok(obj)
     }
 
-    /// Forgets the message pending under `id` (it was removed or replaced).
-    fn forget(&self, id: &str) {
-        let old = self.lock().remove(id);
+    /// Forgets a message that left the lists.
+    fn forget(&self, message: &Arc<Message>) {
+        let old = self.lock().remove(&address(message));
         drop(old);
     }
 
     /// The objects of messages that have left the lists (cached ones are forgotten), under
     /// one lock.
     fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
-        let mut stale = Vec::new();
-        let cached: Vec<Option<Py<PyAny>>> = {
+        let cached: Vec<Option<(Arc<Message>, Py<PyAny>)>> = {
             let mut map = self.lock();
-            messages
-                .iter()
-                .map(|m| match map.remove_entry(m.id()) {
-                    Some((key, obj)) if Arc::ptr_eq(&key.0, m) => Some(obj),
-                    Some((key, obj)) => {
-                        // Another message under this id: keep it.
-                        stale.push(map.insert(key, obj));
-                        None
-                    }
-                    None => None,
-                })
-                .collect()
+            messages.iter().map(|m| map.remove(&address(m))).collect()
         };
-        drop(stale);
         let items = cached
             .into_iter()
             .zip(messages)
             .map(|(c, m)| match c {
-                Some(obj) => Ok(obj.into_bound(py)),
+                Some((_, obj)) => Ok(obj.into_bound(py)),
                 None => wrap(py, Arc::clone(m)),
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -329,23 +345,21 @@ impl PyInbox {
     /// `new_message`, which may keep or change the id. False if `message_id` is not pending.
     fn replace(&self, py: Python<'_>, message_id: &str, new_message: &Bound<'_, PyAny>) -> PyResult<bool> {
         let message = user_message_arg(new_message)?;
-        let replaced = self.inner.replace(message_id, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
-        if replaced {
-            self.wrappers.forget(message_id);
-            if new_message.is_instance_of::<super::message::PyMessage>() {
-                self.wrappers.remember(&self.inner, &message, new_message);
-            }
+        let replaced = self.inner.replace_message(message_id, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
+        let Some(replaced) = replaced else { return Ok(false) };
+        self.wrappers.forget(&replaced);
+        if new_message.is_instance_of::<super::message::PyMessage>() {
+            self.wrappers.remember(&self.inner, &message, new_message);
         }
-        Ok(replaced)
+        Ok(true)
     }
 
     /// Removes the pending message `message_id`; false if it is not pending.
     fn remove(&self, py: Python<'_>, message_id: &str) -> PyResult<bool> {
-        let removed = self.inner.remove(message_id).map_err(|e| inbox_err(py, e))?;
-        if removed {
-            self.wrappers.forget(message_id);
-        }
-        Ok(removed)
+        let removed = self.inner.remove_message(message_id).map_err(|e| inbox_err(py, e))?;
+        let Some(removed) = removed else { return Ok(false) };
+        self.wrappers.forget(&removed);
+        Ok(true)
     }
 
     /// Cancels everything pending: next-step first, then next-turn; returns them in that order.
