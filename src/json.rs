@@ -51,6 +51,14 @@ fn write_canonical(value: &Value, out: &mut String) {
 
 /// Appends `s` to `out` as a JSON string literal.
 pub fn push_str_literal(out: &mut String, s: &str) {
+    // Most strings here (ids, event types) need no escaping: copy them as they are.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f) {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     // serde_json's string escaping is the reference; a `&str` always serialises.
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
@@ -77,5 +85,10 @@ mod tests {
         let mut out = String::new();
         push_str_literal(&mut out, "a\"b\n");
         assert_eq!(out, r#""a\"b\n""#);
+        for s in ["plain/type-1", "", "é", "\u{7f}", "a\\b", "\t", "\u{2028}"] {
+            let mut out = String::new();
+            push_str_literal(&mut out, s);
+            assert_eq!(out, serde_json::to_string(s).unwrap());
+        }
     }
 }

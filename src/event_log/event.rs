@@ -1,5 +1,6 @@
 //! The event envelope: `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`.
 
+use std::fmt::Write;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -95,10 +96,8 @@ impl Event {
         let mut out = String::with_capacity(self.data.len() + self.kind.len() + 48);
         out.push_str("{\"type\":");
         json::push_str_literal(&mut out, &self.kind);
-        out.push_str(",\"seq\":");
-        out.push_str(&self.seq.to_string());
-        out.push_str(",\"time\":");
-        out.push_str(&self.time.to_string());
+        // Writing to a `String` cannot fail.
+        let _ = write!(out, ",\"seq\":{},\"time\":{}", self.seq, self.time);
         out.push_str(",\"data\":");
         out.push_str(&self.data);
         if let Some(surface) = &self.surface {

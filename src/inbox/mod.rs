@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
-pub use splice::{normalize, placement, Lists, Splice, SpliceError, Target};
+pub use splice::{normalize, placement, ById, Lists, Splice, SpliceError, Target};
 
 use crate::event_log::{LogError, SessionLog, SPLICED};
 use crate::message::{Message, MessageKind};
@@ -149,24 +149,31 @@ impl Inbox {
         lock(&self.shared.lists).get(id).cloned()
     }
 
-    /// Runs one mutation: `plan` sees the current lists and proposes a normalised splice (or
-    /// `None` for a no-op).
+    /// Runs one mutation: `plan` sees the current lists and proposes where to splice
+    /// (`target`, normalised `start`, `removed` count), or `None` for a no-op; `inserted` goes
+    /// in there.
     ///
     /// A no-op is detected before the publish token is taken, so it never counts as a
     /// reentrant append (clearing an empty inbox from a log observer is harmless).
-    fn mutate(&self, plan: impl Fn(&Lists) -> Option<Splice>) -> Result<Option<Applied>, InboxError> {
-        let is_noop = |s: &Option<Splice>| s.as_ref().is_none_or(|s| s.removed == 0 && s.inserted.is_empty());
+    fn mutate(
+        &self,
+        plan: impl Fn(&Lists) -> Option<(Target, usize, usize)>,
+        inserted: Vec<Arc<Message>>,
+        canceled: bool,
+    ) -> Result<Option<Applied>, InboxError> {
+        let is_noop = |p: &Option<(Target, usize, usize)>| p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty());
         if is_noop(&plan(&lock(&self.shared.lists))) {
             return Ok(None);
         }
         let publishing = self.shared.log.publishing()?;
         let splice = {
             let lists = lock(&self.shared.lists);
-            let splice = plan(&lists);
-            if is_noop(&splice) {
+            let planned = plan(&lists);
+            if is_noop(&planned) {
                 return Ok(None);
             }
-            let Some(splice) = splice else { return Ok(None) };
+            let Some((target, start, removed)) = planned else { return Ok(None) };
+            let splice = Splice { target, start, removed, inserted, canceled };
             lists.validate(&splice).map_err(|e| match e {
                 SpliceError::Duplicate(id) => InboxError::Duplicate(id),
                 SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
@@ -211,10 +218,14 @@ impl Inbox {
         for m in &inserted {
             Self::check_user(m)?;
         }
-        let applied = self.mutate(|lists| {
-            let (start, removed) = normalize(lists.list(target).len(), start, delete_count);
-            Some(Splice { target, start, removed, inserted: inserted.clone(), canceled: true })
-        })?;
+        let applied = self.mutate(
+            |lists| {
+                let (start, removed) = normalize(lists.list(target).len(), start, delete_count);
+                Some((target, start, removed))
+            },
+            inserted,
+            true,
+        )?;
         Ok(match applied {
             Some(applied) => {
                 self.announce(&applied);
@@ -234,21 +245,45 @@ impl Inbox {
 
     /// Replaces the pending message `id` (wherever it is) by `message`; false if not pending.
     pub fn replace(&self, id: &str, message: Arc<Message>) -> Result<bool, InboxError> {
+        self.replace_message(id, message).map(|old| old.is_some())
+    }
+
+    /// [`replace`](Self::replace), returning the message it replaced.
+    pub fn replace_message(&self, id: &str, message: Arc<Message>) -> Result<Option<Arc<Message>>, InboxError> {
         Self::check_user(&message)?;
-        let applied = self.mutate(|lists| {
-            let (target, start) = lists.locate(id)?;
-            Some(Splice { target, start, removed: 1, inserted: vec![Arc::clone(&message)], canceled: true })
-        })?;
-        Ok(applied.map(|a| self.announce(&a)).is_some())
+        let applied = self.mutate(
+            |lists| {
+                let (target, start) = lists.locate(id)?;
+                Some((target, start, 1))
+            },
+            vec![message],
+            true,
+        )?;
+        Ok(applied.and_then(|a| {
+            self.announce(&a);
+            a.removed.into_iter().next()
+        }))
     }
 
     /// Removes the pending message `id`; false if not pending.
     pub fn remove(&self, id: &str) -> Result<bool, InboxError> {
-        let applied = self.mutate(|lists| {
-            let (target, start) = lists.locate(id)?;
-            Some(Splice { target, start, removed: 1, inserted: Vec::new(), canceled: true })
-        })?;
-        Ok(applied.map(|a| self.announce(&a)).is_some())
+        self.remove_message(id).map(|old| old.is_some())
+    }
+
+    /// [`remove`](Self::remove), returning the removed message.
+    pub fn remove_message(&self, id: &str) -> Result<Option<Arc<Message>>, InboxError> {
+        let applied = self.mutate(
+            |lists| {
+                let (target, start) = lists.locate(id)?;
+                Some((target, start, 1))
+            },
+            Vec::new(),
+            true,
+        )?;
+        Ok(applied.and_then(|a| {
+            self.announce(&a);
+            a.removed.into_iter().next()
+        }))
     }
 
     /// Cancels everything: `next-step` first, then `next-turn`. Returns what was removed, in
@@ -256,10 +291,7 @@ impl Inbox {
     pub fn clear(&self) -> Result<Vec<Arc<Message>>, InboxError> {
         let mut out = Vec::new();
         for target in [Target::NextStep, Target::NextTurn] {
-            let applied = self.mutate(|lists| {
-                let len = lists.list(target).len();
-                Some(Splice { target, start: 0, removed: len, inserted: Vec::new(), canceled: true })
-            })?;
+            let applied = self.mutate(|lists| Some((target, 0, lists.list(target).len())), Vec::new(), true)?;
             if let Some(applied) = applied {
                 self.announce(&applied);
                 out.extend(applied.removed);
@@ -272,18 +304,12 @@ impl Inbox {
     /// boundary) the head of `next-turn`; then `claimed` per message, in batch order.
     pub fn claim(&self, target: Target, turn: u64) -> Result<Vec<Arc<Message>>, InboxError> {
         let mut batch = Vec::new();
-        let step = self.mutate(|lists| {
-            let len = lists.next_step.len();
-            Some(Splice { target: Target::NextStep, start: 0, removed: len, inserted: Vec::new(), canceled: false })
-        })?;
+        let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step.len())), Vec::new(), false)?;
         if let Some(step) = step {
             batch.extend(step.removed);
         }
         if target == Target::NextTurn {
-            let head = self.mutate(|lists| {
-                let removed = lists.next_turn.len().min(1);
-                Some(Splice { target: Target::NextTurn, start: 0, removed, inserted: Vec::new(), canceled: false })
-            })?;
+            let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn.len().min(1))), Vec::new(), false)?;
             if let Some(head) = head {
                 batch.extend(head.removed);
             }

@@ -1,7 +1,9 @@
 //! Splices: the one mutation of the inbox lists, shared by live mutations, replay and folds.
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -148,12 +150,36 @@ pub fn normalize(len: usize, start: i64, delete: i64) -> (usize, usize) {
     (start, delete)
 }
 
+/// A message as a set or map key: hashed and compared by id, looked up by `&str`.
+#[derive(Clone, Debug)]
+pub struct ById(pub Arc<Message>);
+
+impl Hash for ById {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.id().hash(state);
+    }
+}
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id() == other.0.id()
+    }
+}
+
+impl Eq for ById {}
+
+impl Borrow<str> for ById {
+    fn borrow(&self) -> &str {
+        self.0.id()
+    }
+}
+
 /// The two pending lists plus an index of pending ids.
 #[derive(Clone, Debug, Default)]
 pub struct Lists {
     pub next_turn: Vec<Arc<Message>>,
     pub next_step: Vec<Arc<Message>>,
-    ids: HashSet<String>,
+    ids: HashSet<ById>,
 }
 
 impl Lists {
@@ -238,11 +264,16 @@ impl Lists {
     pub fn apply(&mut self, s: &Splice) -> Vec<Arc<Message>> {
         let list = self.list_mut(s.target);
         let removed: Vec<Arc<Message>> = list.splice(s.start..s.start + s.removed, s.inserted.iter().cloned()).collect();
-        for m in &removed {
-            self.ids.remove(m.id());
+        if removed.len() == self.ids.len() {
+            // Everything pending was removed (a claim of the whole next-step list, a clear).
+            self.ids.clear();
+        } else {
+            for m in &removed {
+                self.ids.remove(m.id());
+            }
         }
         for m in &s.inserted {
-            self.ids.insert(m.id().to_string());
+            self.ids.insert(ById(Arc::clone(m)));
         }
         removed
     }

@@ -113,6 +113,90 @@ fn value(obj: &Bound<'_, PyAny>) -> Result<Value, Failure> {
     Err(Failure::new(format!("{what} is not lossless JSON{hint}")))
 }
 
+/// Converts `obj` straight to compact JSON text (what `json::compact(&to_value(..))` gives,
+/// without building the tree); `path` names it in errors, which are the same as `to_value`'s.
+pub fn to_json_text(obj: &Bound<'_, PyAny>, path: &str) -> Result<String, NotJson> {
+    let mut out = Vec::with_capacity(128);
+    write_value(obj, &mut out).map_err(|f| f.into_not_json(path))?;
+    // Only UTF-8 was written: `str` parts come from `to_str`, the rest is ASCII.
+    String::from_utf8(out).map_err(|_| NotJson { path: path.to_string(), reason: "string is not valid Unicode".into() })
+}
+
+/// A JSON scalar as serde_json writes it (escaping, integer and float formatting).
+fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    // Writing a string or a finite number to a `Vec` cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), Failure> {
+    if obj.is_none() {
+        out.extend_from_slice(b"null");
+        return Ok(());
+    }
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        let s = s.to_str().map_err(|_| Failure::new("string is not valid Unicode (lone surrogate)".into()))?;
+        write_scalar(s, out);
+        return Ok(());
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        out.extend_from_slice(if obj.is_truthy().unwrap_or(false) { b"true" } else { b"false" });
+        return Ok(());
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(i) = obj.extract::<i64>() {
+            write_scalar(&i, out);
+            return Ok(());
+        }
+        if let Ok(u) = obj.extract::<u64>() {
+            write_scalar(&u, out);
+            return Ok(());
+        }
+        return Err(Failure::new("integer out of the 64-bit range is not lossless JSON (use a string)".into()));
+    }
+    if obj.is_exact_instance_of::<PyFloat>() {
+        let f: f64 = obj.extract().unwrap_or(f64::NAN);
+        if !f.is_finite() {
+            return Err(Failure::new(format!("{} is not lossless JSON", float_repr(f))));
+        }
+        write_scalar(&f, out);
+        return Ok(());
+    }
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        out.push(b'[');
+        for (i, item) in list.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_value(&item, out).map_err(|f| f.at(Segment::Index(i)))?;
+        }
+        out.push(b']');
+        return Ok(());
+    }
+    if let Ok(dict) = obj.cast_exact::<PyDict>() {
+        out.push(b'{');
+        for (i, (key, item)) in dict.iter().enumerate() {
+            let Ok(key) = key.cast_exact::<PyString>() else {
+                return Err(Failure::new(format!("key {} of type {} is not a str", repr(&key), type_name(&key))));
+            };
+            let key = key.to_str().map_err(|_| Failure::new("key is not valid Unicode".into()))?;
+            if i > 0 {
+                out.push(b',');
+            }
+            write_scalar(key, out);
+            out.push(b':');
+            write_value(&item, out).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
+        }
+        out.push(b'}');
+        return Ok(());
+    }
+    let what = type_name(obj);
+    let hint = match what.as_str() {
+        "tuple" | "set" | "frozenset" => " (use a list)",
+        _ => "",
+    };
+    Err(Failure::new(format!("{what} is not lossless JSON{hint}")))
+}
+
 /// Converts an exact `dict` with `str` keys.
 pub fn dict_to_map(dict: &Bound<'_, PyDict>, path: &str) -> Result<Map<String, Value>, NotJson> {
     map(dict).map_err(|f| f.into_not_json(path))

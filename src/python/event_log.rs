@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use super::aio::{aio, Completion};
-use super::convert::{json_to_py, map_to_py, to_value};
+use super::aio::{aio, Completion, FlushCompletion};
+use super::convert::{json_to_py, map_to_py, to_json_text};
 use super::errors::{log_err, not_json, report_contained};
 use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
 
@@ -240,8 +240,8 @@ impl PySessionLog {
         let Ok(kind) = r#type.extract::<String>() else {
             return Err(PyTypeError::new_err(format!("event type must be a str, got {}", r#type.get_type().name()?)));
         };
-        let value = to_value(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
-        let event = self.inner.append_public(&kind, crate::json::compact(&value)).map_err(|e| log_err(py, e))?;
+        let text = to_json_text(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
+        let event = self.inner.append_public(&kind, text).map_err(|e| log_err(py, e))?;
         Ok(PyEvent::new(event))
     }
 
@@ -249,9 +249,9 @@ impl PySessionLog {
     /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`.
     #[pyo3(signature = (r#type, data, source_event_seqs=None))]
     fn _append_owned(&self, py: Python<'_>, r#type: &str, data: &Bound<'_, PyAny>, source_event_seqs: Option<Vec<u64>>) -> PyResult<PyEvent> {
-        let value = to_value(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
+        let text = to_json_text(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
         let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
-        self.inner.append_loop_event(r#type, &value, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
+        self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
     }
 
     /// For the AgentLoop: the messages of surface events from `start` on (the derived history),
@@ -351,10 +351,8 @@ impl PySessionLog {
     /// The durability barrier: an awaitable that completes once everything appended so far is
     /// on disk (as the store's durability mode promises), or raises `LogWriteError`.
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (completion, future) = Completion::new(py)?;
-        self.inner.flush(Box::new(move |result: Result<(), LogError>| {
-            Python::attach(|py| completion.complete(py, result.err().map(|e| log_err(py, e))))
-        }));
+        let (completion, future) = FlushCompletion::new(py)?;
+        self.inner.flush(Box::new(move |result: Result<(), LogError>| completion.deliver(result)));
         Ok(future)
     }
 

@@ -1,6 +1,8 @@
 //! `Inbox`: the two pending lists of a session, thread-safe.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -34,12 +36,125 @@ fn coord_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     }
 }
 
-fn messages_to_list<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for m in messages {
-        list.append(wrap(py, Arc::clone(m))?)?;
+/// Hashes a message's address (the only thing written) with murmur3's 64-bit finaliser.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
     }
-    Ok(list)
+
+    fn write_usize(&mut self, i: usize) {
+        self.0 ^= i as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+type ByAddress = HashMap<usize, (Arc<Message>, Py<PyAny>), BuildHasherDefault<AddressHasher>>;
+
+fn address(message: &Arc<Message>) -> usize {
+    Arc::as_ptr(message) as usize
+}
+
+/// The Python object of each pending message, so `claim`, `get` and the list getters return
+/// the objects that were queued instead of fresh wrappers. Keyed by the address of the core
+/// message, which the entry keeps alive (so an address names one message while cached); a
+/// miss just wraps anew. The lock is never held while Python code can run: wrappers are made
+/// and released outside it.
+#[derive(Default)]
+struct Wrappers {
+    map: Mutex<ByAddress>,
+}
+
+/// Entries past which a `remember` checks for stale ones (messages that left the lists by a
+/// path that did not `take` them).
+const PRUNE_FLOOR: usize = 64;
+
+impl Wrappers {
+    fn lock(&self) -> MutexGuard<'_, ByAddress> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached object of `message`.
+    fn lookup<'py>(&self, py: Python<'py>, message: &Arc<Message>) -> Option<Bound<'py, PyAny>> {
+        self.lock().get(&address(message)).map(|(_, obj)| obj.bind(py).clone())
+    }
+
+    /// Records `obj` as the Python object of the pending `message`.
+    fn remember(&self, inbox: &Inbox, message: &Arc<Message>, obj: &Bound<'_, PyAny>) {
+        let (old, len) = {
+            let mut map = self.lock();
+            (map.insert(address(message), (Arc::clone(message), obj.clone().unbind())), map.len())
+        };
+        drop(old);
+        if len > PRUNE_FLOOR && len > 2 * inbox.len() {
+            self.prune(inbox);
+        }
+    }
+
+    /// Drops entries whose message is no longer pending.
+    fn prune(&self, inbox: &Inbox) {
+        let lists = inbox.snapshot();
+        let pending: HashSet<usize> = lists.next_turn.iter().chain(&lists.next_step).map(address).collect();
+        let mut stale = Vec::new();
+        {
+            let mut map = self.lock();
+            let gone: Vec<usize> = map.keys().filter(|k| !pending.contains(k)).copied().collect();
+            for k in gone {
+                stale.extend(map.remove(&k));
+            }
+        }
+        drop(stale);
+    }
+
+    /// The object of a pending message: the cached one, or a new wrapper that is then cached.
+    fn pending<'py>(&self, py: Python<'py>, inbox: &Inbox, message: &Arc<Message>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(obj) = self.lookup(py, message) {
+            return Ok(obj);
+        }
+        let obj = wrap(py, Arc::clone(message))?;
+        self.remember(inbox, message, &obj);
+        Ok(obj)
+    }
+
+    /// Forgets a message that left the lists.
+    fn forget(&self, message: &Arc<Message>) {
+        let old = self.lock().remove(&address(message));
+        drop(old);
+    }
+
+    /// The objects of messages that have left the lists (cached ones are forgotten), under
+    /// one lock.
+    fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
+        let cached: Vec<Option<(Arc<Message>, Py<PyAny>)>> = {
+            let mut map = self.lock();
+            messages.iter().map(|m| map.remove(&address(m))).collect()
+        };
+        let items = cached
+            .into_iter()
+            .zip(messages)
+            .map(|(c, m)| match c {
+                Some((_, obj)) => Ok(obj.into_bound(py)),
+                None => wrap(py, Arc::clone(m)),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    fn tuple<'py>(&self, py: Python<'py>, inbox: &Inbox, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, messages.iter().map(|m| self.pending(py, inbox, m)).collect::<PyResult<Vec<_>>>()?)
+    }
 }
 
 pub fn messages_to_tuple<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
@@ -47,11 +162,11 @@ pub fn messages_to_tuple<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyR
 }
 
 /// The stored message as Python: the caller's own object when it passed a `UserMessage`.
-fn returned<'py>(py: Python<'py>, given: &Bound<'py, PyAny>, stored: Arc<Message>) -> PyResult<Bound<'py, PyAny>> {
+fn returned<'py>(given: &Bound<'py, PyAny>, stored: &Arc<Message>) -> PyResult<Bound<'py, PyAny>> {
     if given.is_instance_of::<super::message::PyMessage>() {
         return Ok(given.clone());
     }
-    wrap(py, stored)
+    wrap(given.py(), Arc::clone(stored))
 }
 
 /// Calls the Python notification callbacks; their failures are logged, never raised.
@@ -59,12 +174,17 @@ struct Callbacks {
     on_inserted: Option<Py<PyAny>>,
     on_discarded: Option<Py<PyAny>>,
     on_claimed: Option<Py<PyAny>>,
+    wrappers: Arc<Wrappers>,
 }
 
-fn call(callback: &Option<Py<PyAny>>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
+fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: &Arc<Message>, turn: Option<u64>) {
     let Some(callback) = callback else { return };
     Python::attach(|py| {
-        let result = wrap(py, Arc::clone(message)).and_then(|m| match turn {
+        let obj = match wrappers.lookup(py, message) {
+            Some(obj) => Ok(obj),
+            None => wrap(py, Arc::clone(message)),
+        };
+        let result = obj.and_then(|m| match turn {
             Some(turn) => callback.call1(py, (m, turn)),
             None => callback.call1(py, (m,)),
         });
@@ -76,15 +196,15 @@ fn call(callback: &Option<Py<PyAny>>, what: &str, message: &Arc<Message>, turn: 
 
 impl InboxListener for Callbacks {
     fn inserted(&self, message: &Arc<Message>) {
-        call(&self.on_inserted, "inbox on_inserted callback", message, None);
+        call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        call(&self.on_discarded, "inbox on_discarded callback", message, None);
+        call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        call(&self.on_claimed, "inbox on_claimed callback", message, Some(turn));
+        call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
     }
 }
 
@@ -95,6 +215,7 @@ impl InboxListener for Callbacks {
 pub struct PyInbox {
     pub inner: Inbox,
     log: Py<PySessionLog>,
+    wrappers: Arc<Wrappers>,
 }
 
 fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
@@ -116,15 +237,17 @@ impl PyInbox {
         on_discarded: Option<Py<PyAny>>,
         on_claimed: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
             on_inserted: callable(on_inserted, "on_inserted", py)?,
             on_discarded: callable(on_discarded, "on_discarded", py)?,
             on_claimed: callable(on_claimed, "on_claimed", py)?,
+            wrappers: Arc::clone(&wrappers),
         };
         let any = callbacks.on_inserted.is_some() || callbacks.on_discarded.is_some() || callbacks.on_claimed.is_some();
         let listener: Option<Box<dyn InboxListener>> = if any { Some(Box::new(callbacks)) } else { None };
         let inner = Inbox::new(log.get().inner.clone(), listener).map_err(|e| projection_err(py, e))?;
-        Ok(PyInbox { inner, log })
+        Ok(PyInbox { inner, log, wrappers })
     }
 
     /// The session log this inbox projects.
@@ -136,13 +259,13 @@ impl PyInbox {
     /// Pending prompts, oldest first (a tuple of `UserMessage`).
     #[getter]
     fn next_turn<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        messages_to_tuple(py, &self.inner.list(Target::NextTurn))
+        self.wrappers.tuple(py, &self.inner, &self.inner.list(Target::NextTurn))
     }
 
     /// Pending steering and context for the next step (a tuple of `UserMessage`).
     #[getter]
     fn next_step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        messages_to_tuple(py, &self.inner.list(Target::NextStep))
+        self.wrappers.tuple(py, &self.inner, &self.inner.list(Target::NextStep))
     }
 
     /// Whether either list holds anything.
@@ -161,21 +284,25 @@ impl PyInbox {
 
     /// The pending message with this id, or `None`.
     fn get<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.inner.get(id).map(|m| wrap(py, m)).transpose()
+        self.inner.get(id).map(|m| self.wrappers.pending(py, &self.inner, &m)).transpose()
     }
 
     /// Inserts at the end of `target`; returns the stored message.
     fn append<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
         self.inner.append(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
-        returned(py, message, stored)
+        let obj = returned(message, &stored)?;
+        self.wrappers.remember(&self.inner, &stored, &obj);
+        Ok(obj)
     }
 
     /// Inserts at the start of `target`; returns the stored message.
     fn prepend<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
         self.inner.prepend(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
-        returned(py, message, stored)
+        let obj = returned(message, &stored)?;
+        self.wrappers.remember(&self.inner, &stored, &obj);
+        Ok(obj)
     }
 
     /// Removes `delete_count` messages at `start` of `target` and inserts `inserted` there,
@@ -193,34 +320,52 @@ impl PyInbox {
         let start = coord_arg(start, "start")?;
         let delete_count = coord_arg(delete_count, "delete_count")?;
         let mut messages = Vec::new();
+        let mut objects = Vec::new();
         if let Some(inserted) = inserted.filter(|i| !i.is_none()) {
             if inserted.is_instance_of::<PyString>() {
                 return Err(PyTypeError::new_err("inserted must be a sequence of messages, not a str"));
             }
             for item in inserted.try_iter()? {
-                messages.push(user_message_arg(&item?)?);
+                let item = item?;
+                messages.push(user_message_arg(&item)?);
+                objects.push(item);
             }
         }
-        let removed = self.inner.splice(target, start, delete_count, messages).map_err(|e| inbox_err(py, e))?;
-        messages_to_list(py, &removed)
+        let removed = self.inner.splice(target, start, delete_count, messages.clone()).map_err(|e| inbox_err(py, e))?;
+        let removed = self.wrappers.taken(py, &removed)?;
+        for (stored, given) in messages.iter().zip(&objects) {
+            if given.is_instance_of::<super::message::PyMessage>() {
+                self.wrappers.remember(&self.inner, stored, given);
+            }
+        }
+        Ok(removed)
     }
 
     /// Replaces the pending message `message_id` (in whichever list holds it) by
     /// `new_message`, which may keep or change the id. False if `message_id` is not pending.
     fn replace(&self, py: Python<'_>, message_id: &str, new_message: &Bound<'_, PyAny>) -> PyResult<bool> {
         let message = user_message_arg(new_message)?;
-        self.inner.replace(message_id, message).map_err(|e| inbox_err(py, e))
+        let replaced = self.inner.replace_message(message_id, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
+        let Some(replaced) = replaced else { return Ok(false) };
+        self.wrappers.forget(&replaced);
+        if new_message.is_instance_of::<super::message::PyMessage>() {
+            self.wrappers.remember(&self.inner, &message, new_message);
+        }
+        Ok(true)
     }
 
     /// Removes the pending message `message_id`; false if it is not pending.
     fn remove(&self, py: Python<'_>, message_id: &str) -> PyResult<bool> {
-        self.inner.remove(message_id).map_err(|e| inbox_err(py, e))
+        let removed = self.inner.remove_message(message_id).map_err(|e| inbox_err(py, e))?;
+        let Some(removed) = removed else { return Ok(false) };
+        self.wrappers.forget(&removed);
+        Ok(true)
     }
 
     /// Cancels everything pending: next-step first, then next-turn; returns them in that order.
     fn clear<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let removed = self.inner.clear().map_err(|e| inbox_err(py, e))?;
-        messages_to_list(py, &removed)
+        self.wrappers.taken(py, &removed)
     }
 
     /// The loop's step-boundary operation: removes all of next-step and, when `target` is
@@ -228,7 +373,7 @@ impl PyInbox {
     fn claim<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, turn: u64) -> PyResult<Bound<'py, PyList>> {
         let target = target_arg(target)?;
         let batch = self.inner.claim(target, turn).map_err(|e| inbox_err(py, e))?;
-        messages_to_list(py, &batch)
+        self.wrappers.taken(py, &batch)
     }
 
     fn __repr__(&self) -> String {

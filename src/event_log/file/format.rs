@@ -22,7 +22,12 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Appends the framed line for `json` (checksum, space, JSON, newline) to `out`.
 pub(super) fn push_line(out: &mut Vec<u8>, json: &str) {
-    let crc = crc32c::crc32c(json.as_bytes());
+    push_framed(out, crc32c::crc32c(json.as_bytes()), json);
+}
+
+/// [`push_line`] with the checksum of `json` already computed (outside any lock).
+pub(super) fn push_framed(out: &mut Vec<u8>, crc: u32, json: &str) {
+    out.reserve(json.len() + 10);
     for shift in (0..8).rev() {
         out.push(HEX[((crc >> (shift * 4)) & 0xF) as usize]);
     }

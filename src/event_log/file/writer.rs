@@ -138,6 +138,7 @@ impl Backend for FileBackend {
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
         // Serialise before taking the lock the writer shares.
         let json = event.to_json();
+        let crc = crc32c::crc32c(json.as_bytes());
         let mut st = lock(&self.shared);
         if let Some(detail) = &st.poisoned {
             return Err(LogError::Write { detail: detail.clone() });
@@ -149,7 +150,7 @@ impl Backend for FileBackend {
             return Err(LogError::InvalidEvent(format!("seq {} enqueued where {} was expected", event.seq, st.enqueued)));
         }
         let was_empty = st.pending.is_empty();
-        format::push_line(&mut st.pending, &json);
+        format::push_framed(&mut st.pending, crc, &json);
         st.enqueued += 1;
         if was_empty {
             st.window_start = Some(Instant::now());
