@@ -62,16 +62,27 @@ impl Failure {
     }
 }
 
+/// How deep lists and dicts may nest in event data and message content. The log's reader parses
+/// records with serde_json's recursion limit of 128, and the envelope around a payload adds at
+/// most six levels (record, data, inserted, message, content, tool-result block), so anything
+/// accepted here reads back. It also turns cyclic data into a clear error instead of a stack
+/// overflow.
+pub const MAX_DEPTH: usize = 100;
+
+fn too_deep() -> Failure {
+    Failure::new(format!("nested deeper than {MAX_DEPTH} levels (the limit for event data and message content)"))
+}
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
 }
 
 /// Converts `obj` to a JSON value; `path` names it in errors.
 pub fn to_value(obj: &Bound<'_, PyAny>, path: &str) -> Result<Value, NotJson> {
-    value(obj).map_err(|f| f.into_not_json(path))
+    value(obj, 0).map_err(|f| f.into_not_json(path))
 }
 
-fn value(obj: &Bound<'_, PyAny>) -> Result<Value, Failure> {
+fn value(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Failure> {
     if obj.is_none() {
         return Ok(Value::Null);
     }
@@ -96,14 +107,20 @@ fn value(obj: &Bound<'_, PyAny>) -> Result<Value, Failure> {
         return Number::from_f64(f).map(Value::Number).ok_or_else(|| Failure::new(format!("{} is not lossless JSON", float_repr(f))));
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
+        if depth >= MAX_DEPTH {
+            return Err(too_deep());
+        }
         let mut out = Vec::with_capacity(list.len());
         for (i, item) in list.iter().enumerate() {
-            out.push(value(&item).map_err(|f| f.at(Segment::Index(i)))?);
+            out.push(value(&item, depth + 1).map_err(|f| f.at(Segment::Index(i)))?);
         }
         return Ok(Value::Array(out));
     }
     if let Ok(dict) = obj.cast_exact::<PyDict>() {
-        return map(dict).map(Value::Object);
+        if depth >= MAX_DEPTH {
+            return Err(too_deep());
+        }
+        return map(dict, depth + 1).map(Value::Object);
     }
     let what = type_name(obj);
     let hint = match what.as_str() {
@@ -117,7 +134,7 @@ fn value(obj: &Bound<'_, PyAny>) -> Result<Value, Failure> {
 /// without building the tree); `path` names it in errors, which are the same as `to_value`'s.
 pub fn to_json_text(obj: &Bound<'_, PyAny>, path: &str) -> Result<String, NotJson> {
     let mut out = Vec::with_capacity(128);
-    write_value(obj, &mut out).map_err(|f| f.into_not_json(path))?;
+    write_value(obj, &mut out, 0).map_err(|f| f.into_not_json(path))?;
     // Only UTF-8 was written: `str` parts come from `to_str`, the rest is ASCII.
     String::from_utf8(out).map_err(|_| NotJson { path: path.to_string(), reason: "string is not valid Unicode".into() })
 }
@@ -128,7 +145,7 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(out, value);
 }
 
-fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), Failure> {
+fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Result<(), Failure> {
     if obj.is_none() {
         out.extend_from_slice(b"null");
         return Ok(());
@@ -162,17 +179,23 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), Failure>
         return Ok(());
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
+        if depth >= MAX_DEPTH {
+            return Err(too_deep());
+        }
         out.push(b'[');
         for (i, item) in list.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            write_value(&item, out).map_err(|f| f.at(Segment::Index(i)))?;
+            write_value(&item, out, depth + 1).map_err(|f| f.at(Segment::Index(i)))?;
         }
         out.push(b']');
         return Ok(());
     }
     if let Ok(dict) = obj.cast_exact::<PyDict>() {
+        if depth >= MAX_DEPTH {
+            return Err(too_deep());
+        }
         out.push(b'{');
         for (i, (key, item)) in dict.iter().enumerate() {
             let Ok(key) = key.cast_exact::<PyString>() else {
@@ -184,7 +207,7 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), Failure>
             }
             write_scalar(key, out);
             out.push(b':');
-            write_value(&item, out).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
+            write_value(&item, out, depth + 1).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
         }
         out.push(b'}');
         return Ok(());
@@ -199,17 +222,17 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), Failure>
 
 /// Converts an exact `dict` with `str` keys.
 pub fn dict_to_map(dict: &Bound<'_, PyDict>, path: &str) -> Result<Map<String, Value>, NotJson> {
-    map(dict).map_err(|f| f.into_not_json(path))
+    map(dict, 1).map_err(|f| f.into_not_json(path))
 }
 
-fn map(dict: &Bound<'_, PyDict>) -> Result<Map<String, Value>, Failure> {
+fn map(dict: &Bound<'_, PyDict>, depth: usize) -> Result<Map<String, Value>, Failure> {
     let mut out = Map::with_capacity(dict.len());
     for (key, item) in dict.iter() {
         let Ok(key) = key.cast_exact::<PyString>() else {
             return Err(Failure::new(format!("key {} of type {} is not a str", repr(&key), type_name(&key))));
         };
         let key = key.to_str().map_err(|_| Failure::new("key is not valid Unicode".into()))?;
-        let item = value(&item).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
+        let item = value(&item, depth).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
         out.insert(key.to_owned(), item);
     }
     Ok(out)

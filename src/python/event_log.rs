@@ -237,9 +237,7 @@ impl PySessionLog {
     /// `request/header`, `agent/inbox/spliced`) raise `ValueError`.
     #[pyo3(signature = (r#type, data))]
     fn append(&self, py: Python<'_>, r#type: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<PyEvent> {
-        let Ok(kind) = r#type.extract::<String>() else {
-            return Err(PyTypeError::new_err(format!("event type must be a str, got {}", r#type.get_type().name()?)));
-        };
+        let kind = str_arg(r#type, "event type")?;
         let text = to_json_text(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
         let event = self.inner.append_public(&kind, text).map_err(|e| log_err(py, e))?;
         Ok(PyEvent::new(event))
@@ -404,8 +402,27 @@ pub fn wrap_log(log: SessionLog) -> PySessionLog {
 }
 
 pub fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {
-    id.extract::<String>()
-        .map_err(|_| PyTypeError::new_err(format!("a session id must be a str, got {}", id.get_type().name().map(|n| n.to_string()).unwrap_or_default())))
+    str_arg(id, "a session id").map_err(|e| {
+        let py = id.py();
+        if e.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
+            let repr = id.repr().map(|r| r.to_string()).unwrap_or_default();
+            pyo3::exceptions::PyValueError::new_err(format!("invalid session id: {repr} is not valid Unicode (lone surrogate)"))
+        } else {
+            e
+        }
+    })
+}
+
+/// A `str` argument: `TypeError` for another type, `ValueError` for a str that is not valid
+/// Unicode (a lone surrogate cannot be stored).
+fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let Ok(s) = obj.cast::<PyString>() else {
+        let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(PyTypeError::new_err(format!("{what} must be a str, got {name}")));
+    };
+    s.to_str()
+        .map(str::to_owned)
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("{what} is not valid Unicode (lone surrogate): {}", s.repr().map(|r| r.to_string()).unwrap_or_default())))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -50,7 +50,7 @@ fn invalid(py: Python<'_>, field: &str, reason: String) -> PyErr {
 pub fn content_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
     let py = obj.py();
     if obj.is_exact_instance_of::<PyString>() {
-        let text: String = obj.extract()?;
+        let text = text_arg(obj, "content[0].text")?;
         return Ok(vec![serde_json::json!({"type": "text", "text": text})]);
     }
     match to_value(obj, "content") {
@@ -74,13 +74,19 @@ fn id_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
     if !obj.is_exact_instance_of::<PyString>() {
         return Err(invalid(obj.py(), "id", format!("expected a str, got {}", obj.get_type().name()?)));
     }
-    Ok(Some(obj.extract()?))
+    text_arg(obj, "id").map(Some)
+}
+
+/// A `str` that must be valid Unicode (no lone surrogates) to be stored; `field` names it.
+fn text_arg(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<String> {
+    obj.extract::<String>()
+        .map_err(|_| invalid(obj.py(), field, "string is not valid Unicode (lone surrogate)".into()))
 }
 
 /// A user message from a `str` or a `UserMessage`; anything else is a `TypeError`.
 pub fn user_message_arg(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Message>> {
     if obj.is_exact_instance_of::<PyString>() {
-        return Ok(Arc::new(Message::user_text(&obj.extract::<String>()?)));
+        return Ok(Arc::new(Message::user_text(&text_arg(obj, "content[0].text")?)));
     }
     if let Ok(m) = obj.cast::<PyMessage>() {
         let inner = &m.get().inner;

@@ -251,7 +251,8 @@ impl Store for FileStore {
             if !entry.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
-            if fsio::has_records(&entry.path())? {
+            // A file we cannot read is still a session: list it, and let `open` report why.
+            if fsio::has_records(&entry.path()).unwrap_or(true) {
                 ids.push(id);
             }
         }
