@@ -64,17 +64,7 @@ impl PyMemoryStore {
 }
 
 fn durability_arg(name: &str) -> PyResult<Durability> {
-    Ok(match name {
-        "strict" => Durability::Strict,
-        "checkpoint" => Durability::Checkpoint,
-        "batch" => Durability::Batch,
-        "none" => Durability::None,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "durability must be \"strict\", \"checkpoint\", \"batch\" or \"none\", got {other:?}"
-            )))
-        }
-    })
+    name.parse::<Durability>().map_err(PyValueError::new_err)
 }
 
 /// Sessions as files under `root`, one JSON-lines file each (see docs/format.md).
