@@ -279,3 +279,34 @@ impl Store for FileStore {
         Ok(())
     }
 }
+
+/// The record reader without a file around it, for fuzz targets and micro-benchmarks.
+/// Not a stable API.
+#[doc(hidden)]
+pub mod raw {
+    use std::path::Path;
+
+    use super::format;
+    use crate::event_log::{Event, LogError};
+
+    /// What [`scan`] found: the events before the first invalid record, the byte length of
+    /// the good prefix, and the error `open` would raise if the damage is not a torn tail.
+    pub struct Scanned {
+        pub events: Vec<Event>,
+        pub good_len: u64,
+        pub corruption: Option<LogError>,
+    }
+
+    /// Verifies a whole session file's bytes (header first) exactly as `FileStore::open` does.
+    pub fn scan(bytes: &[u8], id: &str) -> Result<Scanned, LogError> {
+        let path = Path::new("<memory>");
+        let scan = format::scan(bytes, path, id)?;
+        let corruption = scan.corruption(path);
+        Ok(Scanned { events: scan.events, good_len: scan.good_len, corruption })
+    }
+
+    /// Checks one line's framing and CRC-32C (without its newline); returns the JSON text.
+    pub fn unframe(line: &[u8]) -> Result<&str, String> {
+        format::unframe(line)
+    }
+}
