@@ -26,6 +26,11 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple, PyType};
 
+use super::convert::to_json_text;
+use super::errors::{log_err, not_json};
+use super::event_log::PySessionLog;
+use super::message::PyMessage;
+use crate::event_log::{is_surface_type, Event, Surface, SurfaceOp};
 use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
 use helpers::{entered, helpers, is_cancelled};
 use step::{Step, StepEnd};
@@ -115,7 +120,7 @@ impl Turn {
 
 struct Machine {
     agent: Py<PyAny>,
-    log: Py<PyAny>,
+    log: Py<PySessionLog>,
     inbox: Py<PyAny>,
     turn: Turn,
     started: bool,
@@ -162,14 +167,55 @@ impl Machine {
         Ok(())
     }
 
-    fn append(&self, py: Python<'_>, kind: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.log.bind(py).call_method1(intern!(py, "_append_owned"), (kind, data))?;
-        Ok(())
+    /// Appends a loop-owned event whose payload is already JSON text, straight to the core
+    /// log: no Python dict is built and converted for the loop's own fixed-shape events.
+    fn append_json(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>) -> PyResult<Event> {
+        let surface = is_surface_type(kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: seqs });
+        self.log.get().inner.append_owned(kind, data, surface).map_err(|e| log_err(py, e))
     }
 
-    fn turn_and_step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let step = self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py));
-        Ok(dict(py, &[("turn", self.turn.turn.bind(py)), ("step", &step)])?.into_any())
+    fn append(&self, py: Python<'_>, kind: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let text = to_json_text(data, "data").map_err(|e| not_json(py, kind, e.describe()))?;
+        self.append_json(py, kind, text, None).map(drop)
+    }
+
+    /// `{"turn":T,"step":S}` (the data of `step/start` and `step/end`).
+    fn turn_and_step(&self, py: Python<'_>) -> PyResult<String> {
+        let turn: u64 = self.turn.turn.bind(py).extract()?;
+        let step: Option<u64> = match &self.turn.step {
+            Some(s) => s.bind(py).extract()?,
+            None => None,
+        };
+        Ok(match step {
+            Some(step) => format!(r#"{{"turn":{turn},"step":{step}}}"#),
+            None => format!(r#"{{"turn":{turn},"step":null}}"#),
+        })
+    }
+
+    /// Appends a surface event carrying `message` and keeps the derived history current:
+    /// the message object joins `loop._history` directly (after any surface events others
+    /// appended before it are decoded), so requests never re-read what the loop wrote.
+    fn append_message(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>, message: &Bound<'_, PyAny>) -> PyResult<Event> {
+        let event = self.append_json(py, kind, data, seqs)?;
+        self.catch_up(py, event.seq)?;
+        let agent = self.agent(py);
+        agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?.append(message)?;
+        agent.setattr(intern!(py, "_history_pos"), event.seq + 1)?;
+        Ok(event)
+    }
+
+    /// Folds the surface events before `stop` that the history has not seen yet.
+    fn catch_up(&self, py: Python<'_>, stop: u64) -> PyResult<()> {
+        let agent = self.agent(py);
+        let start: u64 = agent.getattr(intern!(py, "_history_pos"))?.extract()?;
+        if start >= stop {
+            return Ok(());
+        }
+        let history = agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?;
+        for message in self.log.get().surface_messages(py, start, Some(stop))? {
+            history.append(message)?;
+        }
+        agent.setattr(intern!(py, "_history_pos"), stop)
     }
 
     fn next_step_pending(&self, py: Python<'_>) -> PyResult<bool> {
@@ -366,13 +412,16 @@ impl Machine {
             return Ok(Body::Break);
         }
         self.check(py)?;
-        self.append(py, "step/start", &self.turn_and_step(py)?)?;
+        self.append_json(py, "step/start", self.turn_and_step(py)?, None)?;
         let step = self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py));
         agent.setattr(intern!(py, "_step"), &step)?;
         // try: ... finally: step/end
         let entered = (|| -> PyResult<()> {
             for message in value.try_iter()? {
-                self.append(py, "user/message", &message?.call_method0(intern!(py, "to_dict"))?)?;
+                let message = message?;
+                // Entered batches hold UserMessage objects only (`entered` / `_decision`).
+                let data = message.cast::<PyMessage>()?.get().inner.json().to_owned();
+                self.append_message(py, "user/message", data, None, &message)?;
             }
             Ok(())
         })();
@@ -383,7 +432,7 @@ impl Machine {
     fn step_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<StepEnd>) -> PyResult<Body<'py>> {
         // The step's finally: step/end is appended whatever happened (and its failure wins).
         self.turn.work = None;
-        self.append(py, "step/end", &self.turn_and_step(py)?)?;
+        self.append_json(py, "step/end", self.turn_and_step(py)?, None)?;
         let end = outcome?;
         self.turn.max_tokens = self.turn.max_tokens || matches!(end, StepEnd::MaxTokens);
         self.turn.ending = if matches!(end, StepEnd::Again) {
@@ -464,8 +513,11 @@ impl Machine {
             Some(e) => e.bind(py).clone(),
             None => py.None().into_bound(py),
         };
-        let appended = dict(py, &[("turn", self.turn.turn.bind(py)), ("reason", &ending)])
-            .and_then(|data| self.append(py, "turn/end", &data));
+        let appended = (|| -> PyResult<()> {
+            let turn: u64 = self.turn.turn.bind(py).extract()?;
+            let reason = to_json_text(&ending, "data.reason").map_err(|e| not_json(py, "turn/end", e.describe()))?;
+            self.append_json(py, "turn/end", format!(r#"{{"turn":{turn},"reason":{reason}}}"#), None).map(drop)
+        })();
         if let Err(e) = appended {
             if !e.is_instance_of::<PyException>(py) {
                 return Err(e);
@@ -681,7 +733,7 @@ impl PyDriver {
         helpers(py)?;
         let machine = Machine {
             agent: r#loop.clone().unbind(),
-            log: r#loop.getattr(intern!(py, "_log"))?.unbind(),
+            log: r#loop.getattr(intern!(py, "_log"))?.cast_into::<PySessionLog>()?.unbind(),
             inbox: r#loop.getattr(intern!(py, "_inbox"))?.unbind(),
             turn: prefix_turn(turn.clone(), claimed.clone(), claim_error.clone())?,
             started: false,

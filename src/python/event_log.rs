@@ -191,6 +191,26 @@ pub struct PySessionLog {
     pub inner: SessionLog,
 }
 
+impl PySessionLog {
+    /// For the AgentLoop: the messages of the surface events with `start <= seq < stop` (the
+    /// derived history), decoded from the stored JSON. Assistant messages with empty content
+    /// stay in the log but are left out.
+    pub(crate) fn surface_messages<'py>(&self, py: Python<'py>, start: u64, stop: Option<u64>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let mut out = Vec::new();
+        for event in self.inner.range(start, stop).iter().filter(|e| crate::event_log::is_surface_type(e.kind())) {
+            let data: serde_json::Value = serde_json::from_str(event.data_json())
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            let value = if event.kind() == "user/message" { &data } else { &data["message"] };
+            let message = crate::message::Message::from_value(value).map_err(|e| super::errors::message_err(py, e))?;
+            if message.kind() == crate::message::MessageKind::Assistant && message.content().is_empty() {
+                continue;
+            }
+            out.push(super::message::wrap(py, Arc::new(message))?);
+        }
+        Ok(out)
+    }
+}
+
 fn index(len: u64, i: i64) -> Option<u64> {
     let i = if i < 0 { i + len as i64 } else { i };
     (i >= 0 && (i as u64) < len).then_some(i as u64)
@@ -250,26 +270,6 @@ impl PySessionLog {
         let text = to_json_text(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
         let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
         self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
-    }
-
-    /// For the AgentLoop: the messages of surface events from `start` on (the derived history),
-    /// decoded straight from the stored JSON, and the position to continue from. Assistant
-    /// messages with empty content stay in the log but are left out.
-    fn _surface_messages<'py>(&self, py: Python<'py>, start: u64) -> PyResult<(Bound<'py, PyList>, u64)> {
-        let events = self.inner.range(start, None);
-        let next = start + events.len() as u64;
-        let list = PyList::empty(py);
-        for event in events.iter().filter(|e| crate::event_log::is_surface_type(e.kind())) {
-            let data: serde_json::Value = serde_json::from_str(event.data_json())
-                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-            let value = if event.kind() == "user/message" { &data } else { &data["message"] };
-            let message = crate::message::Message::from_value(value).map_err(|e| super::errors::message_err(py, e))?;
-            if message.kind() == crate::message::MessageKind::Assistant && message.content().is_empty() {
-                continue;
-            }
-            list.append(super::message::wrap(py, Arc::new(message))?)?;
-        }
-        Ok((list, next))
     }
 
     /// Whether the AgentLoop should await `flush()` before model requests and tool bodies

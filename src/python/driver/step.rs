@@ -11,9 +11,15 @@ use pyo3::exceptions::{PyStopAsyncIteration, PySystemError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::{PyBool, PyCFunction, PyDict, PyList, PyString};
+use pyo3::types::{PyCFunction, PyDict, PyList, PyString};
 
+use std::sync::Arc;
+
+use super::super::convert::to_json_text;
+use super::super::errors::{message_err, not_json};
+use super::super::message::{content_arg, wrap};
 use super::delegate::await_iter;
+use crate::message::Message;
 use super::{dict, helpers, Machine, Pending, Seam, UserStep};
 
 /// The running step's state (the locals of `run_step`).
@@ -111,6 +117,29 @@ impl Machine {
         Ok(data)
     }
 
+    /// `assistant/message`: `{"turn", "step", "message"[, "interrupted": true][, "usage"]}`,
+    /// the message built and serialised in Rust; it joins the history unless it is empty.
+    fn append_assistant(&self, py: Python<'_>, content: &Bound<'_, PyAny>, usage: &Bound<'_, PyAny>, seqs: Vec<u64>, interrupted: bool) -> PyResult<()> {
+        let message = Message::assistant(content_arg(content)?, None, None).map_err(|e| message_err(py, e))?;
+        let mut data = format!(r#"{{"turn":{},"step":{},"message":{}"#, self.turn_no(py).extract::<u64>()?, self.step_no(py).extract::<u64>()?, message.json());
+        if interrupted {
+            data.push_str(r#","interrupted":true"#);
+        }
+        if !usage.is_none() {
+            let usage = to_json_text(usage, "data.usage").map_err(|e| not_json(py, "assistant/message", e.describe()))?;
+            data.push_str(r#","usage":"#);
+            data.push_str(&usage);
+        }
+        data.push('}');
+        let empty = message.content().is_empty();
+        let message = wrap(py, Arc::new(message))?;
+        if empty {
+            self.append_json(py, "assistant/message", data, Some(seqs)).map(drop)
+        } else {
+            self.append_message(py, "assistant/message", data, Some(seqs), &message).map(drop)
+        }
+    }
+
     /// `log._append_owned(kind, data, seqs)`: the appended event.
     fn append_event<'py>(&self, py: Python<'py>, kind: &str, data: &Bound<'py, PyAny>, seqs: Option<&Bound<'py, PyList>>) -> PyResult<Bound<'py, PyAny>> {
         let log = self.log.bind(py);
@@ -157,14 +186,11 @@ impl Machine {
     fn request_begin<'py>(&mut self, py: Python<'py>) -> PyResult<StepBody<'py>> {
         let h = helpers(py)?;
         let agent = self.agent(py).clone();
-        // The derived history, extended incrementally.
-        let position = agent.getattr(intern!(py, "_history_pos"))?;
-        let (messages, next): (Bound<'py, PyAny>, Bound<'py, PyAny>) =
-            self.log.bind(py).call_method1(intern!(py, "_surface_messages"), (position,))?.extract()?;
-        agent.setattr(intern!(py, "_history_pos"), next)?;
-        let kept = agent.getattr(intern!(py, "_history"))?;
-        kept.call_method1(intern!(py, "extend"), (messages,))?;
-        let history = py.get_type::<PyList>().call1((kept,))?;
+        // The derived history: kept current as the loop appends, caught up here with what
+        // others appended since.
+        self.catch_up(py, self.log.get().inner.len())?;
+        let kept = agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?;
+        let history = PyList::new(py, kept.iter())?;
         let tools = PyList::empty(py);
         for tool in agent.getattr(intern!(py, "_tools"))?.call_method0(intern!(py, "values"))?.try_iter()? {
             tools.append(tool?.call_method0(intern!(py, "spec"))?)?;
@@ -344,15 +370,9 @@ impl Machine {
             if !visible.is_truthy()? {
                 return Ok(());
             }
-            let message = helpers(py)?.assistant_message.bind(py).call1((visible,))?.call_method0(intern!(py, "to_dict"))?;
-            let interrupted = PyBool::new(py, true).to_owned().into_any();
-            let data = self.step_data(py, &[("message", &message), ("interrupted", &interrupted)])?;
             let usage = assembler.getattr(intern!(py, "usage"))?;
-            if !usage.is_none() {
-                data.set_item("usage", usage)?;
-            }
-            let seqs = self.seqs(py)?;
-            self.append_event(py, "assistant/message", data.as_any(), Some(&seqs))?;
+            let seqs = self.seqs(py)?.extract()?;
+            self.append_assistant(py, &visible, &usage, seqs, true)?;
             Ok(())
         })();
         if let Err(e) = interrupted {
@@ -455,12 +475,7 @@ impl Machine {
         } else {
             content
         };
-        let message = h.assistant_message.bind(py).call1((&content,))?.call_method0(intern!(py, "to_dict"))?;
-        let data = self.step_data(py, &[("message", &message)])?;
-        if !usage.is_none() {
-            data.set_item("usage", usage)?;
-        }
-        self.append_event(py, "assistant/message", data.as_any(), Some(&seqs))?;
+        self.append_assistant(py, &content, &usage, seqs.extract()?, false)?;
         if max_tokens {
             return Ok(StepBody::Done(StepEnd::MaxTokens));
         }
