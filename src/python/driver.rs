@@ -368,6 +368,14 @@ impl Machine {
             self.turn.batch = Some(batch.unbind());
         }
         let batch = self.turn.batch.as_ref().map(|b| b.bind(py).clone()).unwrap_or_else(|| PyList::empty(py).into_any());
+        let listeners = agent.getattr(intern!(py, "_pre_step"))?;
+        if !listeners.is_truthy()? {
+            // No listener: the decision is the default one, entering the batch as claimed,
+            // and there is nobody to see a payload, so none is built.
+            self.turn.step = Some(step.unbind());
+            let messages = PyList::new(py, batch.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+            return self.decided(py, "enter", messages.into_any());
+        }
         let payload = h.pre_step.bind(py).call1((&agent, batch, self.turn.turn.bind(py), &step, self.signal(py)?))?;
         self.turn.step = Some(step.unbind());
         let default = {
@@ -378,7 +386,6 @@ impl Machine {
                 Ok(helpers(py)?.enter.bind(py).call1((messages,))?.unbind())
             })?
         };
-        let listeners = agent.getattr(intern!(py, "_pre_step"))?;
         let awaitable = step::waterfall(&listeners, &payload, default.as_any());
         self.user_await(py, awaitable, Seam::PreStep)
     }
@@ -389,6 +396,11 @@ impl Machine {
             Some(messages) => ("enter".to_owned(), messages.into_any()),
             None => h.decision.bind(py).call1((result,))?.extract()?,
         };
+        self.decided(py, &kind, value)
+    }
+
+    /// The pre-step decision, `"enter"` (with the messages) or `"reject"` (with the reason).
+    fn decided<'py>(&mut self, py: Python<'py>, kind: &str, value: Bound<'py, PyAny>) -> PyResult<Body<'py>> {
         self.check(py)?;
         if kind == "reject" {
             let blocked = "blocked".into_pyobject(py)?.into_any();

@@ -10,6 +10,7 @@ mod event_log;
 mod inbox;
 mod message;
 mod projection;
+mod slots;
 mod store;
 mod waterfall;
 

@@ -45,7 +45,7 @@ impl PyReady {
 
 fn awaitable<'py>(value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = value.py();
-    if value.hasattr(pyo3::intern!(py, "__await__"))? {
+    if super::slots::has_await(&value) {
         return Ok(value);
     }
     Ok(Bound::new(py, PyReady { value: Some(value.unbind()) })?.into_any())

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use super::super::convert::to_json_text;
 use super::super::errors::{message_err, not_json};
 use super::super::message::{content_arg, wrap};
+use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
 use crate::message::Message;
 use super::{dict, helpers, Machine, Pending, Seam, UserStep};
@@ -207,13 +208,18 @@ impl Machine {
             entered,
             &agent,
         ))?;
+        let listeners = agent.getattr(intern!(py, "_before_request"))?;
+        if !listeners.is_truthy()? {
+            // No listener: the request goes out as built.
+            return self.after_before_request(py, request);
+        }
         let default = {
             let request = request.clone().unbind();
             PyCFunction::new_closure(py, Some(c"the_request"), None, move |args, _kwargs| -> PyResult<Py<PyAny>> {
                 Ok(request.clone_ref(args.py()))
             })?
         };
-        let awaitable = waterfall(&agent.getattr(intern!(py, "_before_request"))?, &request, default.as_any());
+        let awaitable = waterfall(&listeners, &request, default.as_any());
         self.step_user(py, awaitable, Seam::BeforeRequest)
     }
 
@@ -267,7 +273,7 @@ impl Machine {
             Err(e) if self.is_model_error(py, &e)? => return self.model_failed(py, e),
             Err(e) => return Err(e),
         };
-        if produced.hasattr(intern!(py, "__anext__"))? {
+        if has_anext(&produced) {
             let assembler = h.assembler.bind(py).call0()?;
             let work = self.work()?;
             work.stream = Some(produced.unbind());
@@ -275,7 +281,7 @@ impl Machine {
             work.seqs = Some(PyList::empty(py).unbind());
             return self.next_chunk(py);
         }
-        if !produced.hasattr(intern!(py, "__await__"))? {
+        if !has_await(&produced) {
             // A plain function's return value: a reply given synchronously, or garbage.
             return self.after_model(py, Ok(produced));
         }
