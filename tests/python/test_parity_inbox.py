@@ -275,12 +275,13 @@ def test_log_seqs_are_contiguous_and_events_read_back_as_logged(api):
 def test_log_observers_see_every_committed_event_in_order(api):
     inbox, log = new(api)
     seen = []
-    log.subscribe(lambda ev: seen.append((ev.seq, ev.type, len(inbox))))
+    log.subscribe(lambda ev: seen.append((ev.seq, ev.type, ids(inbox.next_turn), ids(inbox.next_step), len(inbox))))
     inbox.append(TURN, U(api, "a"))
     inbox.append(STEP, U(api, "b"))
     inbox.claim(TURN, 1)
     # committed before the lists change: the observer sees the lists of before the splice
-    assert seen == [(0, SPLICED, 0), (1, SPLICED, 1), (2, SPLICED, 2), (3, SPLICED, 1)]
+    assert seen == [(0, SPLICED, [], [], 0), (1, SPLICED, ["a"], [], 1),
+                    (2, SPLICED, ["a"], ["b"], 2), (3, SPLICED, ["a"], [], 1)]
 
 
 def test_minted_redaction_names_repeats_alike():
