@@ -17,6 +17,7 @@ import pytest
 from parity_helpers import (CLAIM_TURN, SPLICED, STEP, TURN, Minted, amsg, asynctest, ids, msg, records, same,
                             scripted, turn_ends, types, user_texts)
 
+
 # ---- followup: one turn --------------------------------------------------------------------
 
 
