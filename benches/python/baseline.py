@@ -5,7 +5,9 @@ from ``os.urandom``, a waterfall of closures, one writer thread per file-backed 
 It is the yardstick of ``bench.py`` (docs/performance.md), so it must stay honest: no sleeps,
 no extra copies, the same events with the same payloads as Kerman. Where a competent user
 would take a shortcut Kerman cannot (skip lossless-JSON checks beyond ``allow_nan=False``,
-``zlib.crc32`` instead of CRC-32C, no cancellation plumbing in the loop), the baseline takes it.
+``zlib.crc32`` instead of CRC-32C, no cancellation plumbing in the loop, several tool calls
+gathered rather than scheduled), the baseline takes it. The parity tests
+(tests/python/test_parity_*.py, ``--impl``) hold it to Kerman's behaviour on that subset.
 """
 
 from __future__ import annotations
@@ -551,8 +553,29 @@ class Tool:
     description: str = ""
     parameters: Optional[Dict[str, Any]] = None
 
+    def __post_init__(self) -> None:
+        if self.parameters is None:  # a tool without a schema takes an empty object
+            self.parameters = {"type": "object", "properties": {}}
+
     def spec(self) -> Dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+class ToolContext:
+    """What a tool body gets besides its arguments."""
+
+    __slots__ = ("call_id", "turn", "step", "loop")
+
+    def __init__(self, call_id: str, turn: int, step: int, loop: "AgentLoop") -> None:
+        self.call_id, self.turn, self.step, self.loop = call_id, turn, step, loop
+
+
+class TurnFailure(Exception):
+    """Ends the turn with this failure dict (instead of the generic ``UNKNOWN`` one)."""
+
+    def __init__(self, failure: Dict[str, Any]) -> None:
+        super().__init__(failure["message"])
+        self.failure = failure
 
 
 def waterfall(listeners: Sequence[Callable[..., Any]], payload: Any, default: Callable[[], Any]) -> Any:
@@ -654,6 +677,9 @@ class AgentLoop:
                 first = False
                 payload = PreStep(self, batch, turn, step + 1)
                 decision = await waterfall(self._pre_step, payload, lambda: Enter(payload.messages))
+                if not isinstance(decision, (Enter, Reject)):
+                    raise TurnFailure({"message": f"pre-step listener returned {decision!r}; expected Enter or Reject",
+                                       "code": "INVALID_DECISION"})
                 if decision.kind == "reject":
                     ending = {"kind": "blocked"} if decision.reason is None else {"kind": "blocked", "reason": decision.reason}
                     stop = True
@@ -678,7 +704,8 @@ class AgentLoop:
                 if ending is not None and not self.inbox._lists[NEXT_STEP]:
                     break
         except Exception as exc:
-            ending, stop = {"kind": "error", "error": {"message": str(exc) or type(exc).__name__, "code": "UNKNOWN"}}, True
+            failure = exc.failure if isinstance(exc, TurnFailure) else {"message": str(exc) or type(exc).__name__, "code": "UNKNOWN"}
+            ending, stop = {"kind": "error", "error": failure}, True
         finally:
             self.log.append("turn/end", {"turn": turn, "reason": ending})
         return not stop and self.inbox.has_pending
@@ -720,21 +747,25 @@ class AgentLoop:
             results = [await self._call_tool(calls[0], turn, step)]
         else:
             results = await asyncio.gather(*(self._call_tool(c, turn, step) for c in calls))
-        for call, seq, (content, is_error) in zip(calls, seqs, results):
-            result = ToolResultMessage(call["id"], content, is_error)
-            self.log.append("tool/result", {"turn": turn, "step": step, "message": result.to_dict()}, [seq], "append")
+        for call, seq, (content, error) in zip(calls, seqs, results):
+            result = ToolResultMessage(call["id"], content, error is not None)
+            data: Dict[str, Any] = {"turn": turn, "step": step, "message": result.to_dict()}
+            if error is not None:
+                data["error"] = error
+            self.log.append("tool/result", data, [seq], "append")
             history.append(result)
         return False
 
-    async def _call_tool(self, call: Dict[str, Any], turn: int, step: int) -> Tuple[str, bool]:
+    async def _call_tool(self, call: Dict[str, Any], turn: int, step: int) -> Tuple[str, Optional[Dict[str, str]]]:
+        """Runs one call; returns the result text and, for an error result, its error dict."""
         tool = self._tools.get(call["name"])
         if tool is None:
-            return f"unknown tool {call['name']!r}", True
+            return f"unknown tool {call['name']!r}", {"name": "UnknownToolError", "code": "UNKNOWN_TOOL"}
         try:
             raw = call.get("arguments") or "{}"
-            result = tool.fn(json.loads(raw) if isinstance(raw, str) else raw, (call["id"], turn, step))
+            result = tool.fn(json.loads(raw) if isinstance(raw, str) else raw, ToolContext(call["id"], turn, step, self))
             if inspect.isawaitable(result):
                 result = await result
-            return str(result), False
+            return str(result), None
         except Exception as exc:
-            return str(exc) or type(exc).__name__, True
+            return str(exc) or type(exc).__name__, {"name": type(exc).__name__, "code": "TOOL_ERROR"}

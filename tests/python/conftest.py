@@ -196,3 +196,53 @@ def log(store):
     log = store.create()
     yield log
     log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The implementation switch (docs/performance.md, "Method"): tests that take the ``api`` fixture
+# run against Kerman and against the pure-Python baseline of the benchmarks, so the baseline is
+# held to the same behaviour it is compared with. ``--impl=kerman|baseline|both`` (default both).
+# A test marked ``baseline_shortcut("...")`` is skipped for the baseline only: it checks something
+# the baseline deliberately leaves out (a shortcut declared in docs/performance.md).
+
+_BASELINE_PATH = Path(__file__).resolve().parents[2] / "benches" / "python" / "baseline.py"
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption("--impl", choices=("kerman", "baseline", "both"), default="both",
+                     help="implementation(s) the api-fixture (parity) tests run against")
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "baseline_shortcut(reason): skip for the baseline, naming its declared shortcut")
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "api" in metafunc.fixturenames:
+        impl = metafunc.config.getoption("impl")
+        metafunc.parametrize("api", ["kerman", "baseline"] if impl == "both" else [impl], indirect=True)
+
+
+def load_baseline() -> Any:
+    """benches/python/baseline.py as the module ``baseline`` (the name bench.py imports it by)."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("baseline")
+    if module is None or getattr(module, "__file__", None) != str(_BASELINE_PATH):
+        spec = importlib.util.spec_from_file_location("baseline", _BASELINE_PATH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["baseline"] = module  # dataclasses look their module up while it executes
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def api(request: Any) -> Any:
+    if request.param == "kerman":
+        return kerman
+    marker = request.node.get_closest_marker("baseline_shortcut")
+    if marker is not None:
+        pytest.skip(f"baseline shortcut: {marker.args[0]}")
+    return load_baseline()
