@@ -181,6 +181,8 @@ class Inbox:
         on_inserted: Callable[[UserMessage], object] | None = None,
         on_discarded: Callable[[UserMessage], object] | None = None,
         on_claimed: Callable[[UserMessage, int], object] | None = None,
+        *,
+        _gates: tuple[list[Any], list[Any], list[Any]] | None = None,
     ) -> Inbox: ...
     @property
     def log(self) -> SessionLog: ...

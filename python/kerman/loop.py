@@ -79,6 +79,9 @@ class AgentLoop:
             on_inserted=lambda m: self._emit("agent/inbox/inserted", message=m),
             on_discarded=lambda m: self._emit("agent/inbox/discarded", message=m),
             on_claimed=lambda m, turn: self._emit("agent/inbox/claimed", message=m, turn=turn),
+            # Called only while someone listens: no Python call per message otherwise.
+            _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
+                    self._listeners["agent/inbox/claimed"]),
         )
         self._turn = 0
         for event in self._log.events(types="turn/start"):

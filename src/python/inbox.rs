@@ -174,7 +174,17 @@ struct Callbacks {
     on_inserted: Option<Py<PyAny>>,
     on_discarded: Option<Py<PyAny>>,
     on_claimed: Option<Py<PyAny>>,
+    /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
+    /// to be called (the loop's live listeners of that event), so an inbox with nobody
+    /// listening makes no Python call per message.
+    gates: Option<[Py<PyList>; 3]>,
     wrappers: Arc<Wrappers>,
+}
+
+impl Callbacks {
+    fn open(&self, py: Python<'_>, which: usize) -> bool {
+        self.gates.as_ref().is_none_or(|gates| !gates[which].bind(py).is_empty())
+    }
 }
 
 fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: &Arc<Message>, turn: Option<u64>) {
@@ -196,15 +206,21 @@ fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: 
 
 impl InboxListener for Callbacks {
     fn inserted(&self, message: &Arc<Message>) {
-        call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
+        if Python::attach(|py| self.open(py, 0)) {
+            call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
+        }
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
+        if Python::attach(|py| self.open(py, 1)) {
+            call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
+        }
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
+        if Python::attach(|py| self.open(py, 2)) {
+            call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
+        }
     }
 }
 
@@ -229,19 +245,21 @@ fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Opti
 #[pymethods]
 impl PyInbox {
     #[new]
-    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None))]
+    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None))]
     fn new(
         py: Python<'_>,
         log: Py<PySessionLog>,
         on_inserted: Option<Py<PyAny>>,
         on_discarded: Option<Py<PyAny>>,
         on_claimed: Option<Py<PyAny>>,
+        _gates: Option<(Py<PyList>, Py<PyList>, Py<PyList>)>,
     ) -> PyResult<Self> {
         let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
             on_inserted: callable(on_inserted, "on_inserted", py)?,
             on_discarded: callable(on_discarded, "on_discarded", py)?,
             on_claimed: callable(on_claimed, "on_claimed", py)?,
+            gates: _gates.map(|(a, b, c)| [a, b, c]),
             wrappers: Arc::clone(&wrappers),
         };
         let any = callbacks.on_inserted.is_some() || callbacks.on_discarded.is_some() || callbacks.on_claimed.is_some();
