@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._core import NEXT_STEP, ToolResultMessage, UserMessage
+from ._turn import _uncancel
 from .types import Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -106,6 +108,10 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
     """Runs the step's tool calls; returns whether a committed result concludes the turn."""
     signal = loop._signal
     n = len(calls)
+    if n == 1 and _INLINE and not signal.aborted:
+        tool = loop._tools.get(calls[0].get("name", ""))
+        if tool is not None:
+            return await _run_inline(loop, turn, step, calls[0], tool)
     outcomes: List[Optional[Outcome]] = [None] * n
     boxes: Dict[int, List[Optional[Outcome]]] = {}
     call_seqs: List[int] = [0] * n
@@ -177,6 +183,41 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
         raise
     _abort_unstarted(loop, turn, step, calls, started, call_seqs, outcomes)
     commit_ready()
+    return concludes
+
+
+# A lone call has nothing to run beside it, so it runs in the driver's own task instead of a
+# task of its own: no task, no asyncio.wait, no extra event-loop iterations. cancel() reaches it
+# the way it reaches a listener or the model (``_in_user``). Telling an outside cancellation
+# from the tool's own CancelledError needs ``Task.cancelling()`` (3.11+); 3.10 uses the pool.
+_INLINE = sys.version_info >= (3, 11)
+
+
+async def _run_inline(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], tool: Tool) -> bool:
+    call_seq = _log_call(loop, turn, step, call)
+    ctx = ToolContext(call["id"], turn, step, loop._signal, loop)
+    loop._in_user = True
+    try:
+        outcome = await _invoke_body(loop, tool, call, ctx)
+    finally:
+        loop._in_user = False
+    task = asyncio.current_task()
+    external = False
+    if loop._thrown:
+        # cancel() threw into the call, or the call cancelled and returned before the throw
+        # landed: absorb it here, as the driver does after a listener.
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            pass
+        _uncancel(loop)
+    elif task is not None and task.cancelling():
+        # Cancelled from outside while the call ran: its result is committed all the same
+        # (the log never holds a call without its result), then the cancellation goes on.
+        external = True
+    concludes = _commit(loop, turn, step, call, call_seq, outcome)
+    if external:
+        raise asyncio.CancelledError()
     return concludes
 
 
