@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ._core import NEXT_STEP, ToolResultMessage, UserMessage
+from ._core import NEXT_STEP, Message, ToolResultMessage, UserMessage
 from ._turn import _uncancel
 from .types import Tool, ToolContext, ToolResult
 
@@ -75,12 +75,23 @@ def _reject_constant(name: str) -> Any:
 def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> None:
     content, is_error, error, _, _, meta = outcome
     message = ToolResultMessage(call["id"], content, is_error=is_error)
-    data: Dict[str, Any] = {"turn": turn, "step": step, "message": message.to_dict()}
+    # The message object itself: _append_owned writes it as its JSON (no dict round trip).
+    data: Dict[str, Any] = {"turn": turn, "step": step, "message": message}
     if error is not None:
         data["error"] = error
     if meta is not None:
         data["meta"] = meta
-    loop._log._append_owned("tool/result", data, [call_seq])
+    _remember(loop, loop._log._append_owned("tool/result", data, [call_seq]).seq, message)
+
+
+def _remember(loop: "AgentLoop", seq: int, message: Optional[Message] = None) -> None:
+    """Keeps the loop's derived history current as the loop appends (as the driver does): when
+    everything before ``seq`` is folded, the event at ``seq`` is too, without re-reading it.
+    Otherwise (someone appended in between) the driver decodes the gap from the log."""
+    if loop._history_pos == seq:
+        if message is not None:
+            loop._history.append(message)
+        loop._history_pos = seq + 1
 
 
 def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
@@ -101,7 +112,9 @@ def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_
 
 def _log_call(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any]) -> int:
     data = {"turn": turn, "step": step, "callId": call["id"], "name": call["name"], "arguments": call.get("arguments", "")}
-    return int(loop._log._append_owned("tool/call", data).seq)
+    seq = int(loop._log._append_owned("tool/call", data).seq)
+    _remember(loop, seq)
+    return seq
 
 
 async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]]) -> bool:

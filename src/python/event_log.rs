@@ -10,7 +10,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use super::aio::{aio, Completion, FlushCompletion};
-use super::convert::{json_to_py, map_to_py, to_json_text};
+use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_messages};
 use super::errors::{log_err, not_json, report_contained};
 use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
 
@@ -264,10 +264,11 @@ impl PySessionLog {
     }
 
     /// For the AgentLoop only: appends a loop-owned event (`turn/*`, `user/message`, ...).
-    /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`.
+    /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`. Top-level
+    /// values of `data` may be `Message` objects (written as their JSON).
     #[pyo3(signature = (r#type, data, source_event_seqs=None))]
     fn _append_owned(&self, py: Python<'_>, r#type: &str, data: &Bound<'_, PyAny>, source_event_seqs: Option<Vec<u64>>) -> PyResult<PyEvent> {
-        let text = to_json_text(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
+        let text = to_json_text_with_messages(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
         let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
         self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
     }
