@@ -236,7 +236,7 @@ impl Message {
             Some(id) => id,
             None => new_id(),
         };
-        validate_blocks(&content, "content")?;
+        validate_blocks(&content, &|| "content".to_owned())?;
         validate_source(kind, &content, &source)?;
         Ok(Message { id, kind, content, source, json: OnceLock::new() })
     }
@@ -321,24 +321,26 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
-fn require_str(block: &Map<String, Value>, key: &str, path: &str) -> Result<(), MessageError> {
+fn require_str(block: &Map<String, Value>, key: &str, path: &dyn Fn() -> String) -> Result<(), MessageError> {
     match block.get(key) {
         Some(Value::String(_)) => Ok(()),
-        Some(other) => Err(MessageError::new(format!("{path}.{key}"), format!("expected a string, got {}", type_name(other)))),
-        None => Err(MessageError::new(format!("{path}.{key}"), "missing")),
+        Some(other) => Err(MessageError::new(format!("{}.{key}", path()), format!("expected a string, got {}", type_name(other)))),
+        None => Err(MessageError::new(format!("{}.{key}", path()), "missing")),
     }
 }
 
-fn validate_blocks(blocks: &[Value], path: &str) -> Result<(), MessageError> {
+/// Checks content blocks. `path` names the list in errors; it is built only on failure, since
+/// formatting a path per block costs more than the checks themselves.
+fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), MessageError> {
     for (i, block) in blocks.iter().enumerate() {
-        let here = format!("{path}[{i}]");
+        let here = || format!("{}[{i}]", path());
         let Value::Object(map) = block else {
-            return Err(MessageError::new(here, format!("expected a content block object, got {}", type_name(block))));
+            return Err(MessageError::new(here(), format!("expected a content block object, got {}", type_name(block))));
         };
         let kind = match map.get("type") {
             Some(Value::String(kind)) if !kind.is_empty() => kind.as_str(),
-            Some(_) => return Err(MessageError::new(format!("{here}.type"), "expected a non-empty string")),
-            None => return Err(MessageError::new(format!("{here}.type"), "missing")),
+            Some(_) => return Err(MessageError::new(format!("{}.type", here()), "expected a non-empty string")),
+            None => return Err(MessageError::new(format!("{}.type", here()), "missing")),
         };
         match kind {
             "text" | "reasoning" => require_str(map, "text", &here)?,
@@ -350,15 +352,15 @@ fn validate_blocks(blocks: &[Value], path: &str) -> Result<(), MessageError> {
             "tool-result" => {
                 require_str(map, "toolCallId", &here)?;
                 match map.get("content") {
-                    Some(Value::Array(inner)) => validate_blocks(inner, &format!("{here}.content"))?,
+                    Some(Value::Array(inner)) => validate_blocks(inner, &|| format!("{}.content", here()))?,
                     Some(other) => {
-                        return Err(MessageError::new(format!("{here}.content"), format!("expected a list, got {}", type_name(other))))
+                        return Err(MessageError::new(format!("{}.content", here()), format!("expected a list, got {}", type_name(other))))
                     }
-                    None => return Err(MessageError::new(format!("{here}.content"), "missing")),
+                    None => return Err(MessageError::new(format!("{}.content", here()), "missing")),
                 }
                 if let Some(flag) = map.get("isError") {
                     if !flag.is_boolean() {
-                        return Err(MessageError::new(format!("{here}.isError"), "expected a bool"));
+                        return Err(MessageError::new(format!("{}.isError", here()), "expected a bool"));
                     }
                 }
             }

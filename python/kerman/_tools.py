@@ -49,7 +49,7 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
         return _error(*ABORTED_BEFORE)
     try:
         raw = call.get("arguments") or "{}"
-        args = json.loads(raw, parse_constant=_reject_constant) if isinstance(raw, str) else raw
+        args = _ARGUMENTS.decode(raw) if isinstance(raw, str) else raw
     except ValueError as exc:
         return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
     try:
@@ -70,6 +70,10 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+# One decoder for every call: json.loads with a keyword builds a new decoder (and scanner) each time.
+_ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> None:
