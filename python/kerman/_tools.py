@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ._core import NEXT_STEP, Message, ToolResultMessage, UserMessage
+from ._core import NEXT_STEP, ToolResultMessage, UserMessage
 from ._turn import _uncancel
 from .types import Tool, ToolContext, ToolResult
 
@@ -85,17 +85,8 @@ def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_
         data["error"] = error
     if meta is not None:
         data["meta"] = meta
-    _remember(loop, loop._log._append_owned("tool/result", data, [call_seq]).seq, message)
-
-
-def _remember(loop: "AgentLoop", seq: int, message: Optional[Message] = None) -> None:
-    """Keeps the loop's derived history current as the loop appends (as the driver does): when
-    everything before ``seq`` is folded, the event at ``seq`` is too, without re-reading it.
-    Otherwise (someone appended in between) the driver decodes the gap from the log."""
-    if loop._history_pos == seq:
-        if message is not None:
-            loop._history.append(message)
-        loop._history_pos = seq + 1
+    # The history takes the message as is (a gap before it is decoded by the driver).
+    loop._history.remember(loop._log._append_owned("tool/result", data, [call_seq]).seq, message)
 
 
 def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
@@ -117,7 +108,7 @@ def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_
 def _log_call(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any]) -> int:
     data = {"turn": turn, "step": step, "callId": call["id"], "name": call["name"], "arguments": call.get("arguments", "")}
     seq = int(loop._log._append_owned("tool/call", data).seq)
-    _remember(loop, seq)
+    loop._history.remember(seq)
     return seq
 
 

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 from . import _dispatch, _turn
-from ._core import NEXT_STEP, NEXT_TURN, Driver, Inbox, MemoryStore, SessionLog, UserMessage
+from ._core import NEXT_STEP, NEXT_TURN, Driver, Inbox, MemoryStore, SessionLog, UserMessage, LoopHistory
 from .errors import LoopError
 from .types import LiveEvent, Signal, Tool
 
@@ -99,8 +99,8 @@ class AgentLoop:
         self._thrown = False
         self._requests = 0
         self._last_options: Optional[str] = None
-        self._history: List[Any] = []
-        self._history_pos = 0
+        # The derived history (surface messages), kept current as the loop appends.
+        self._history = LoopHistory()
 
     # ---- properties -------------------------------------------------------------------------
 

@@ -133,6 +133,11 @@ impl Inbox {
         lock(&self.shared.lists).len()
     }
 
+    /// How many messages `target` holds.
+    pub fn count(&self, target: Target) -> usize {
+        lock(&self.shared.lists).list(target).len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -29,6 +29,9 @@ use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple, PyType};
 use super::convert::to_json_text;
 use super::errors::{log_err, not_json};
 use super::event_log::PySessionLog;
+use super::history::PyHistory;
+use super::inbox::PyInbox;
+use crate::inbox::Target;
 use super::message::PyMessage;
 use crate::event_log::{is_surface_type, Event, Surface, SurfaceOp};
 use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
@@ -121,7 +124,8 @@ impl Turn {
 struct Machine {
     agent: Py<PyAny>,
     log: Py<PySessionLog>,
-    inbox: Py<PyAny>,
+    inbox: Py<PyInbox>,
+    history: Py<PyHistory>,
     turn: Turn,
     started: bool,
     /// The awaited delegate, while suspended in it.
@@ -192,34 +196,16 @@ impl Machine {
         })
     }
 
-    /// Appends a surface event carrying `message` and keeps the derived history current:
-    /// the message object joins `loop._history` directly (after any surface events others
-    /// appended before it are decoded), so requests never re-read what the loop wrote.
-    fn append_message(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>, message: &Bound<'_, PyAny>) -> PyResult<Event> {
+    /// Appends a surface event carrying `message`; the message joins the derived history
+    /// directly, so requests never re-read what the loop wrote.
+    fn append_message(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>, message: Option<&Bound<'_, PyAny>>) -> PyResult<Event> {
         let event = self.append_json(py, kind, data, seqs)?;
-        self.catch_up(py, event.seq)?;
-        let agent = self.agent(py);
-        agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?.append(message)?;
-        agent.setattr(intern!(py, "_history_pos"), event.seq + 1)?;
+        self.history.get().push(py, self.log.get(), event.seq, message)?;
         Ok(event)
     }
 
-    /// Folds the surface events before `stop` that the history has not seen yet.
-    fn catch_up(&self, py: Python<'_>, stop: u64) -> PyResult<()> {
-        let agent = self.agent(py);
-        let start: u64 = agent.getattr(intern!(py, "_history_pos"))?.extract()?;
-        if start >= stop {
-            return Ok(());
-        }
-        let history = agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?;
-        for message in self.log.get().surface_messages(py, start, Some(stop))? {
-            history.append(message)?;
-        }
-        agent.setattr(intern!(py, "_history_pos"), stop)
-    }
-
-    fn next_step_pending(&self, py: Python<'_>) -> PyResult<bool> {
-        self.inbox.bind(py).getattr(intern!(py, "next_step"))?.is_truthy()
+    fn next_step_pending(&self, _py: Python<'_>) -> PyResult<bool> {
+        Ok(self.inbox.get().inner.count(Target::NextStep) > 0)
     }
 
     // ---- the driver: one delegation step at a time ------------------------------------------
@@ -433,7 +419,7 @@ impl Machine {
                 let message = message?;
                 // Entered batches hold UserMessage objects only (`entered` / `_decision`).
                 let data = message.cast::<PyMessage>()?.get().inner.json().to_owned();
-                self.append_message(py, "user/message", data, None, &message)?;
+                self.append_message(py, "user/message", data, None, Some(&message))?;
             }
             Ok(())
         })();
@@ -612,6 +598,7 @@ impl Machine {
         visit.call(&self.agent)?;
         visit.call(&self.log)?;
         visit.call(&self.inbox)?;
+        visit.call(&self.history)?;
         let t = &self.turn;
         visit.call(&t.turn)?;
         for obj in [&t.claimed, &t.batch, &t.step, &t.ending].into_iter().flatten() {
@@ -746,7 +733,8 @@ impl PyDriver {
         let machine = Machine {
             agent: r#loop.clone().unbind(),
             log: r#loop.getattr(intern!(py, "_log"))?.cast_into::<PySessionLog>()?.unbind(),
-            inbox: r#loop.getattr(intern!(py, "_inbox"))?.unbind(),
+            inbox: r#loop.getattr(intern!(py, "_inbox"))?.cast_into::<PyInbox>()?.unbind(),
+            history: r#loop.getattr(intern!(py, "_history"))?.cast_into::<PyHistory>()?.unbind(),
             turn: prefix_turn(turn.clone(), claimed.clone(), claim_error.clone())?,
             started: false,
             inner: None,

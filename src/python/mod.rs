@@ -7,6 +7,7 @@ mod convert;
 mod driver;
 mod errors;
 mod event_log;
+mod history;
 mod inbox;
 mod message;
 mod projection;
@@ -48,5 +49,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     projection::register(m)?;
     waterfall::register(m)?;
     driver::register(m)?;
+    m.add_class::<history::PyHistory>()?;
     Ok(())
 }

@@ -132,13 +132,9 @@ impl Machine {
             data.push_str(&usage);
         }
         data.push('}');
-        let empty = message.content().is_empty();
-        let message = wrap(py, Arc::new(message))?;
-        if empty {
-            self.append_json(py, "assistant/message", data, Some(seqs)).map(drop)
-        } else {
-            self.append_message(py, "assistant/message", data, Some(seqs), &message).map(drop)
-        }
+        // An empty assistant message stays in the log but not in the history.
+        let message = if message.content().is_empty() { None } else { Some(wrap(py, Arc::new(message))?) };
+        self.append_message(py, "assistant/message", data, Some(seqs), message.as_ref()).map(drop)
     }
 
     /// `log._append_owned(kind, data, seqs)`: the appended event.
@@ -189,9 +185,9 @@ impl Machine {
         let agent = self.agent(py).clone();
         // The derived history: kept current as the loop appends, caught up here with what
         // others appended since.
-        self.catch_up(py, self.log.get().inner.len())?;
-        let kept = agent.getattr(intern!(py, "_history"))?.cast_into::<PyList>()?;
-        let history = PyList::new(py, kept.iter())?;
+        let log = self.log.get();
+        self.history.get().catch_up(py, log, log.inner.len())?;
+        let history = self.history.get().snapshot(py)?;
         let tools = PyList::empty(py);
         for tool in agent.getattr(intern!(py, "_tools"))?.call_method0(intern!(py, "values"))?.try_iter()? {
             tools.append(tool?.call_method0(intern!(py, "spec"))?)?;
