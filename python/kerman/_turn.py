@@ -1,6 +1,6 @@
 """The turn's synchronous helpers (reference 5.5–5.7, SPEC D1–D9).
 
-The turn loop and the step are ``kerman._core.Driver``; it calls ``begin_turn``, ``_decision``,
+The turn loop and the step are ``kerman._core.Driver``; it calls ``_decision``,
 ``failure_of``, ``error_chain``, ``emit_error``, ``_uncancel`` and ``_Assembler`` from here,
 raises ``TurnFailure`` and ``_Aborted``, and awaits ``_tools.run_tools`` for a step's tool calls.
 
@@ -80,24 +80,6 @@ def _uncancel(loop: "AgentLoop") -> None:
 
 def emit_error(loop: "AgentLoop", turn: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
     loop._emit("agent/error", turn=turn, step=loop._step, error=failure, exception=exc)
-
-
-def begin_turn(loop: "AgentLoop") -> Optional[Tuple[int, Optional[List[UserMessage]], Optional[BaseException]]]:
-    """The synchronous prefix of a turn: ``turn/start`` then the first claim (reference 5.5
-    steps 1–3, 5.6 step 1). ``None`` when no turn was recorded."""
-    if loop._signal.aborted:
-        return None
-    turn = loop._turn + 1
-    try:
-        loop._log._append_owned("turn/start", {"turn": turn})
-    except Exception as exc:
-        emit_error(loop, loop._turn, failure_of(exc), exc)
-        return None
-    loop._turn = turn
-    try:
-        return turn, loop._inbox.claim(NEXT_TURN, turn), None
-    except Exception as exc:
-        return turn, None, exc
 
 
 def _decision(value: Any) -> Tuple[str, Any]:

@@ -294,14 +294,15 @@ class AgentLoop:
         self._step = 0
         self._wake_requested = False
         self._set_status("running")
-        prefix = _turn.begin_turn(self)
-        if prefix is None:
+        # Driver.begin appends turn/start and makes the first claim; None: no turn recorded.
+        driver = Driver.begin(self)
+        if driver is None:
             self._finish_driver()
             return
         assert self._event_loop is not None
         # The driver (kerman._core.Driver) runs turns until one stops it, then calls
         # _finish_driver; an outside cancellation ends the turn disposed and propagates.
-        self._task = self._event_loop.create_task(Driver(self, *prefix))
+        self._task = self._event_loop.create_task(driver)
 
     def _finish_driver(self) -> None:
         latched = self._wake_requested

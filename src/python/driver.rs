@@ -154,13 +154,8 @@ impl Machine {
         self.agent(py).getattr(intern!(py, "_signal"))
     }
 
-    /// `Signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
     fn aborted(&self, py: Python<'_>) -> PyResult<bool> {
-        let signal = self.signal(py)?;
-        if signal.get_type().is(helpers(py)?.signal.bind(py)) {
-            return Ok(!signal.getattr(intern!(py, "_reason"))?.is_none());
-        }
-        signal.getattr(intern!(py, "aborted"))?.is_truthy()
+        signal_aborted(self.agent(py))
     }
 
     /// `_turn.check(loop)`: raises `_Aborted` once the signal has aborted.
@@ -546,13 +541,13 @@ impl Machine {
         agent.setattr(intern!(py, "_signal"), h.signal.bind(py).call0()?)?;
         agent.setattr(intern!(py, "_step"), 0)?;
         agent.setattr(intern!(py, "_wake_requested"), false)?;
-        let prefix = h.begin_turn.bind(py).call1((agent,))?;
-        if prefix.is_none() {
-            return Ok(false);
+        match begin_turn(agent, self.log.get(), self.inbox.get())? {
+            Some(turn) => {
+                self.turn = turn;
+                Ok(true)
+            }
+            None => Ok(false),
         }
-        let (turn, claimed, claim_error): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) = prefix.extract()?;
-        self.turn = prefix_turn(turn, claimed, claim_error)?;
-        Ok(true)
     }
 
     /// The driver's except and finally: an outside cancellation propagates after the loop is
@@ -615,6 +610,44 @@ impl Machine {
         }
         Ok(())
     }
+}
+
+/// `loop._signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
+fn signal_aborted(agent: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = agent.py();
+    let signal = agent.getattr(intern!(py, "_signal"))?;
+    if signal.get_type().is(helpers(py)?.signal.bind(py)) {
+        return Ok(!signal.getattr(intern!(py, "_reason"))?.is_none());
+    }
+    signal.getattr(intern!(py, "aborted"))?.is_truthy()
+}
+
+/// The synchronous prefix of a turn (reference 5.5 steps 1–3, 5.6 step 1): `turn/start`, then
+/// the first claim of `next-turn`. `None` when no turn was recorded: the signal had aborted,
+/// or `turn/start` could not be appended (reported as `agent/error`). A failed claim is kept
+/// for the turn's body to raise, so the turn still ends.
+fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> PyResult<Option<Turn>> {
+    let py = agent.py();
+    if signal_aborted(agent)? {
+        return Ok(None);
+    }
+    let last: u64 = agent.getattr(intern!(py, "_turn"))?.extract()?;
+    let turn = last + 1;
+    let started = log.inner.append_owned("turn/start", format!(r#"{{"turn":{turn}}}"#), None);
+    if let Err(e) = started {
+        let e = log_err(py, e);
+        let h = helpers(py)?;
+        let failure = h.failure_of.bind(py).call1((e.value(py),))?;
+        h.emit_error.bind(py).call1((agent, last, failure, e.value(py)))?;
+        return Ok(None);
+    }
+    agent.setattr(intern!(py, "_turn"), turn)?;
+    let (claimed, claim_error) = match inbox.claim(py, intern!(py, "next-turn").as_any(), turn) {
+        Ok(batch) => (Some(batch.into_any().unbind()), None),
+        Err(e) if e.is_instance_of::<PyException>(py) => (None, Some(e)),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(Turn::new(turn.into_pyobject(py)?.into_any().unbind(), claimed, claim_error)))
 }
 
 fn prefix_turn(turn: Bound<'_, PyAny>, claimed: Bound<'_, PyAny>, claim_error: Bound<'_, PyAny>) -> PyResult<Turn> {
@@ -740,6 +773,26 @@ impl PyDriver {
             inner: None,
         };
         Ok(PyDriver { state: State::Ready(Box::new(machine)) })
+    }
+
+    /// Starts a turn for `loop` (`turn/start`, the first claim) and returns the driver that
+    /// runs it, or `None` when no turn was recorded.
+    #[staticmethod]
+    fn begin(r#loop: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let py = r#loop.py();
+        let log = r#loop.getattr(intern!(py, "_log"))?.cast_into::<PySessionLog>()?;
+        let inbox = r#loop.getattr(intern!(py, "_inbox"))?.cast_into::<PyInbox>()?;
+        let Some(turn) = begin_turn(r#loop, log.get(), inbox.get())? else { return Ok(None) };
+        let machine = Machine {
+            agent: r#loop.clone().unbind(),
+            log: log.unbind(),
+            inbox: inbox.unbind(),
+            history: r#loop.getattr(intern!(py, "_history"))?.cast_into::<PyHistory>()?.unbind(),
+            turn,
+            started: false,
+            inner: None,
+        };
+        Ok(Some(PyDriver { state: State::Ready(Box::new(machine)) }))
     }
 
     fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

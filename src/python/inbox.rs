@@ -388,7 +388,7 @@ impl PyInbox {
 
     /// The loop's step-boundary operation: removes all of next-step and, when `target` is
     /// `"next-turn"`, the first prompt; returns that batch (next-step items first).
-    fn claim<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, turn: u64) -> PyResult<Bound<'py, PyList>> {
+    pub(crate) fn claim<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, turn: u64) -> PyResult<Bound<'py, PyList>> {
         let target = target_arg(target)?;
         let batch = self.inner.claim(target, turn).map_err(|e| inbox_err(py, e))?;
         self.wrappers.taken(py, &batch)

@@ -7,7 +7,6 @@ use pyo3::types::{PyDict, PyList, PyType};
 
 /// The Python objects the driver calls, looked up once.
 pub(super) struct Helpers {
-    pub(super) begin_turn: Py<PyAny>,
     pub(super) decision: Py<PyAny>,
     pub(super) failure_of: Py<PyAny>,
     pub(super) emit_error: Py<PyAny>,
@@ -50,7 +49,6 @@ pub(super) fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
         let core = py.import("kerman._core")?;
         let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
         Ok(Helpers {
-            begin_turn: get(&turn, "begin_turn")?,
             decision: get(&turn, "_decision")?,
             failure_of: get(&turn, "failure_of")?,
             emit_error: get(&turn, "emit_error")?,
