@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::{Map, Value};
 
@@ -113,17 +113,38 @@ pub fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
-fn text_block(text: &str) -> Value {
+// Building a JSON object hashes each key (serde_json's ordered map); cloning a prototype
+// copies the stored hashes instead, which is most of the cost of the small maps every
+// message carries.
+static TEXT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
     let mut block = Map::new();
     block.insert("type".into(), Value::String("text".into()));
-    block.insert("text".into(), Value::String(text.into()));
+    block.insert("text".into(), Value::String(String::new()));
+    block
+});
+static SOURCES: LazyLock<[Map<String, Value>; 3]> = LazyLock::new(|| {
+    ["user", "model", "tool"].map(|kind| {
+        let mut source = Map::new();
+        source.insert("kind".into(), Value::String(kind.into()));
+        source
+    })
+});
+
+fn text_block(text: &str) -> Value {
+    let mut block = TEXT_BLOCK.clone();
+    block["text"] = Value::String(text.into());
     Value::Object(block)
 }
 
 fn kind_source(kind: &str) -> Map<String, Value> {
-    let mut source = Map::new();
-    source.insert("kind".into(), Value::String(kind.into()));
-    source
+    match SOURCES.iter().find(|s| s["kind"] == kind) {
+        Some(source) => source.clone(),
+        None => {
+            let mut source = Map::new();
+            source.insert("kind".into(), Value::String(kind.into()));
+            source
+        }
+    }
 }
 
 impl Message {
@@ -301,11 +322,14 @@ impl Message {
             out.push_str(",\"role\":\"");
             out.push_str(self.role());
             out.push_str("\",\"content\":");
-            out.push_str(&serde_json::to_string(&self.content).unwrap_or_default());
-            out.push_str(",\"source\":");
-            out.push_str(&serde_json::to_string(&self.source).unwrap_or_default());
-            out.push('}');
-            out.into()
+            let mut out = out.into_bytes();
+            // Serialising values of a `Value` tree into a `Vec` cannot fail.
+            let _ = serde_json::to_writer(&mut out, &self.content);
+            out.extend_from_slice(b",\"source\":");
+            let _ = serde_json::to_writer(&mut out, &self.source);
+            out.push(b'}');
+            // Only UTF-8 was written (serde_json writes valid UTF-8).
+            String::from_utf8(out).unwrap_or_default().into()
         })
     }
 }
