@@ -92,3 +92,9 @@ mod tests {
         }
     }
 }
+
+/// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
+/// building a small payload).
+pub fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}

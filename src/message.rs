@@ -316,7 +316,7 @@ impl Message {
     /// Compact JSON of [`to_value`](Self::to_value), computed once.
     pub fn json(&self) -> &str {
         self.json.get_or_init(|| {
-            let mut out = String::with_capacity(64);
+            let mut out = String::with_capacity(256);
             out.push_str("{\"id\":");
             json::push_str_literal(&mut out, &self.id);
             out.push_str(",\"role\":\"");

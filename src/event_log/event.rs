@@ -1,6 +1,5 @@
 //! The event envelope: `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -96,8 +95,10 @@ impl Event {
         let mut out = String::with_capacity(self.data.len() + self.kind.len() + 48);
         out.push_str("{\"type\":");
         json::push_str_literal(&mut out, &self.kind);
-        // Writing to a `String` cannot fail.
-        let _ = write!(out, ",\"seq\":{},\"time\":{}", self.seq, self.time);
+        out.push_str(",\"seq\":");
+        json::push_u64(&mut out, self.seq);
+        out.push_str(",\"time\":");
+        out.push_str(itoa::Buffer::new().format(self.time));
         out.push_str(",\"data\":");
         out.push_str(&self.data);
         if let Some(surface) = &self.surface {

@@ -81,10 +81,10 @@ impl Splice {
         out.push_str("{\"target\":\"");
         out.push_str(self.target.as_str());
         out.push_str("\",\"start\":");
-        out.push_str(&self.start.to_string());
+        crate::json::push_u64(&mut out, self.start as u64);
         if self.removed > 0 {
             out.push_str(",\"removedCount\":");
-            out.push_str(&self.removed.to_string());
+            crate::json::push_u64(&mut out, self.removed as u64);
         }
         out.push_str(",\"inserted\":[");
         for (i, m) in self.inserted.iter().enumerate() {

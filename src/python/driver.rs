@@ -32,6 +32,7 @@ use super::event_log::PySessionLog;
 use super::history::PyHistory;
 use super::inbox::PyInbox;
 use crate::inbox::Target;
+use crate::json::push_u64;
 use super::message::PyMessage;
 use crate::event_log::{is_surface_type, Event, Surface, SurfaceOp};
 use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
@@ -185,10 +186,14 @@ impl Machine {
             Some(s) => s.bind(py).extract()?,
             None => None,
         };
-        Ok(match step {
-            Some(step) => format!(r#"{{"turn":{turn},"step":{step}}}"#),
-            None => format!(r#"{{"turn":{turn},"step":null}}"#),
-        })
+        let mut out = turn_json(turn);
+        out.push_str(r#","step":"#);
+        match step {
+            Some(step) => push_u64(&mut out, step),
+            None => out.push_str("null"),
+        }
+        out.push('}');
+        Ok(out)
     }
 
     /// Appends a surface event carrying `message`; the message joins the derived history
@@ -509,7 +514,11 @@ impl Machine {
         let appended = (|| -> PyResult<()> {
             let turn: u64 = self.turn.turn.bind(py).extract()?;
             let reason = to_json_text(&ending, "data.reason").map_err(|e| not_json(py, "turn/end", e.describe()))?;
-            self.append_json(py, "turn/end", format!(r#"{{"turn":{turn},"reason":{reason}}}"#), None).map(drop)
+            let mut data = turn_json(turn);
+            data.push_str(r#","reason":"#);
+            data.push_str(&reason);
+            data.push('}');
+            self.append_json(py, "turn/end", data, None).map(drop)
         })();
         if let Err(e) = appended {
             if !e.is_instance_of::<PyException>(py) {
@@ -612,6 +621,14 @@ impl Machine {
     }
 }
 
+/// `{"turn":T` (unterminated): the head of every turn and step payload.
+fn turn_json(turn: u64) -> String {
+    let mut out = String::with_capacity(64);
+    out.push_str(r#"{"turn":"#);
+    push_u64(&mut out, turn);
+    out
+}
+
 /// `loop._signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
 fn signal_aborted(agent: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = agent.py();
@@ -633,7 +650,9 @@ fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> 
     }
     let last: u64 = agent.getattr(intern!(py, "_turn"))?.extract()?;
     let turn = last + 1;
-    let started = log.inner.append_owned("turn/start", format!(r#"{{"turn":{turn}}}"#), None);
+    let mut data = turn_json(turn);
+    data.push('}');
+    let started = log.inner.append_owned("turn/start", data, None);
     if let Err(e) = started {
         let e = log_err(py, e);
         let h = helpers(py)?;
