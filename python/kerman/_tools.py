@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import json
 import sys
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._core import NEXT_STEP, ToolResultMessage, UserMessage
@@ -54,14 +55,14 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
         return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
     try:
         value = tool.fn(args, ctx)
-        if inspect.isawaitable(value):
+        if type(value) is CoroutineType or inspect.isawaitable(value):
             value = await value
     except asyncio.CancelledError:
         return _error(*ABORTED_DURING)
     except Exception as exc:
         return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
     if isinstance(value, str):
-        value = ToolResult(value)
+        return value, False, None, False, (), None
     if not isinstance(value, ToolResult):
         return _error(f"tool {tool.name!r} returned {type(value).__name__}; expected str or ToolResult",
                       "TypeError", "TOOL_ERROR")
