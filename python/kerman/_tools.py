@@ -210,7 +210,7 @@ async def _run_inline(loop: "AgentLoop", turn: int, step: int, call: Dict[str, A
         outcome = await _invoke_body(loop, tool, call, ctx)
     finally:
         loop._in_user = False
-    task = asyncio.current_task()
+    task = loop._task  # the driver's task, which this runs in (no current_task() lookup)
     external = False
     if loop._thrown:
         # cancel() threw into the call, or the call cancelled and returned before the throw

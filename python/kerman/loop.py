@@ -230,7 +230,13 @@ class AgentLoop:
         """
         if target not in (NEXT_TURN, NEXT_STEP):
             raise ValueError(f'target must be "next-turn" or "next-step", got {target!r}')
-        here = _current_loop()
+        # On the bound loop's own thread while it runs: no get_running_loop() (a getpid
+        # syscall per call). Anywhere else, ask asyncio.
+        bound = self._event_loop
+        if bound is not None and self._loop_thread == threading.get_ident() and bound.is_running():
+            here: Optional[asyncio.AbstractEventLoop] = bound
+        else:
+            here = _current_loop()
         on_thread = here is not None and here is self._event_loop
         if wakeup and not on_thread:
             if here is not None and self._event_loop is None:
