@@ -39,7 +39,9 @@ def seed_from(path: Path) -> None:
     events = lines[1:]  # the record_reader target supplies its own header
     # Whole files make slow inputs; windows of a few records are enough to start from.
     for start in range(0, len(events), 6):
-        put("record_reader", b"".join(events[start:start + 6]))
+        window = events[start:start + 6]
+        put("record_reader", b"".join(window))
+        put("record_reader", b"".join(line[9:] for line in window))  # JSON lines, framed by the target
     splices = []
     for line in events:
         record = json.loads(line[9:])
@@ -89,8 +91,10 @@ def main(paths: list) -> None:
     for path in paths:
         seed_from(Path(path))
     # Envelope fields no loop writes today.
-    put("record_reader", frame(compact(event_record(
-        0, "user/message", {}, time=1, source_event_seqs=[], surface_op={"op": "replace", "start": 0, "end": 1}))))
+    replace = compact(event_record(0, "user/message", {}, time=1, source_event_seqs=[],
+                                   surface_op={"op": "replace", "start": 0, "end": 1}))
+    put("record_reader", frame(replace))
+    put("record_reader", replace + b"\n")
     for target in ("record_reader", "splice_validator", "message_from_json"):
         print(target, len(list((CORPUS / target).iterdir())))
 
