@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust test-python stubtest demo bench clean
+.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -28,9 +28,17 @@ stubtest:
 # Everything: Rust unit + integration tests, then the Python suite against the built wheel.
 test: test-rust test-python
 
-# The slow profile: many more crash iterations (200 kills per durability mode).
+# The slow profile: many more crash iterations (200 kills per durability mode), then every
+# fuzz target for FUZZ_SECONDS (docs/testing.md).
 test-slow: install test-deps
 	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/test_crash.py
+	$(MAKE) fuzz
+
+FUZZ_SECONDS ?= 60
+
+# Short libFuzzer runs (cargo-fuzz, installed on first use; skipped with a message if it cannot be).
+fuzz:
+	bash fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: install
 	kerman demo

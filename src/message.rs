@@ -455,6 +455,15 @@ mod tests {
     }
 
     #[test]
+    fn floats_survive_the_logged_text() {
+        // Found with the message_from_json fuzz target's checks: without serde_json's
+        // float_roundtrip this read back one ulp away, so a replayed message differed.
+        let m = Message::user(blocks(json!([{"type": "x", "v": 3.0555915654315343e-167}])), None, Some("i".into())).unwrap();
+        let back = Message::from_value(&serde_json::from_str(m.json()).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
     fn from_value_classifies_kinds() {
         let tool = Message::tool_result("c1", blocks(json!([{"type": "text", "text": "ok"}])), false, None).unwrap();
         assert_eq!(Message::from_value(&tool.to_value()).unwrap().kind(), MessageKind::ToolResult);

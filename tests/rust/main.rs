@@ -2,5 +2,6 @@
 
 mod event_log;
 mod file_store;
+mod fuzz_corpus;
 mod inbox;
 mod projection;

@@ -1,0 +1,404 @@
+"""Damaged session files, case by case over realistic records (SPEC 2.2, 4.2; docs/format.md).
+
+One session is logged by a real AgentLoop (two turns, a tool call, a streamed reply) and ends
+with a crafted `tool/result` carrying `sourceEventSeqs` and a `replace` surfaceOp, so every
+envelope field occurs in the records damaged here. Each case states its exact outcome:
+
+* torn tail at line L: `verify` reports the bad bytes and leaves the file alone; `open` warns,
+  cuts the file and ends in exactly the state of a file cut cleanly before line L (closers
+  included), byte for byte;
+* corruption at line L: `open` and `verify` raise `CorruptLogError(line=L, seq=L-2)` naming the
+  next valid line and change nothing; only `repair` cuts, after keeping a full `.corrupt` copy.
+
+test_stores.py keeps the simpler single cases (one flip per place, boundary cuts, seq gaps,
+version checks); this file sweeps offsets and bits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import compact, event_record, frame, header_record, session_path, write_raw_session
+from kerman import AgentLoop, CorruptLogError, FileStore, ModelReply
+from kerman.models import ScriptedModel
+
+SID = "real"
+
+
+# ---------------------------------------------------------------------------------------------
+# The session under test
+
+
+async def _log_two_turns(store: FileStore) -> None:
+    log = store.create(SID)
+    model = ScriptedModel([
+        ModelReply([{"type": "text", "text": "calling"},
+                    {"type": "tool-call", "id": "c1", "name": "look", "arguments": '{"q": "é"}'}],
+                   usage={"input": 3}),
+        [{"type": "reasoning-delta", "text": "hm"}, {"type": "text-delta", "text": "done 😀"},
+         {"type": "finish", "reason": "stop"}],
+        "second turn",
+    ])
+    loop = AgentLoop(model, log=log)
+
+    @loop.tool
+    async def look(args, ctx):
+        return "seen " + args["q"] + " *"  # "*" is one bit flip away from a newline
+
+    loop.followup("hello")
+    await loop.when_idle()
+    loop.followup("again")
+    await loop.when_idle()
+    await loop.aclose()
+    log.close()
+
+
+@dataclass(frozen=True)
+class Session:
+    data: bytes
+    spans: list  # (start, end) of each line; spans[0] is the header, line n is spans[n - 1]
+    middle: int  # line of the first tool/result: several valid records follow it
+    last: int  # line of the crafted last record
+
+    def line(self, n: int) -> bytes:
+        start, end = self.spans[n - 1]
+        return self.data[start:end]
+
+
+def _spans(data: bytes) -> list:
+    spans, pos = [], 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        spans.append((pos, end))
+        pos = end
+    return spans
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> Session:
+    root = tmp_path_factory.mktemp("made")
+    asyncio.run(asyncio.wait_for(_log_two_turns(FileStore(root, durability="none")), 60))
+    data = session_path(root, SID).read_bytes()
+    lines = [json.loads(data[s + 9:e - 1]) for s, e in _spans(data)]
+    seq = len(lines) - 1
+    call = next(r for r in lines[1:] if r["type"] == "tool/call")
+    result = next(r for r in lines[1:] if r["type"] == "tool/result")
+    last = event_record(seq, "tool/result", {"turn": 2, "step": 1, "note": "crafted; ünïcode"},
+                        time=lines[-1]["time"], surface_op={"op": "replace", "start": 1, "end": 3},
+                        source_event_seqs=[call["seq"], result["seq"]])
+    data += frame(compact(last))
+    s = Session(data, _spans(data), middle=result["seq"] + 2, last=seq + 2)
+    assert s.last - s.middle > 2 and b'"sourceEventSeqs":' in s.line(s.middle)
+    return s
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A folder for the damaged copies: on tmpfs when there is one, because every repair and
+    every torn-tail open fsyncs, and a thousand fsyncs on a real disk take most of a minute."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="kerman-corruption-", dir=shm))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcomes
+
+
+_clean_cuts: dict = {}
+_counter = iter(range(1 << 30))
+
+
+def _clean_cut(prefix: bytes, tmp_root: Path) -> tuple:
+    """The file and events after opening a file that ends exactly at a record boundary: what a
+    torn tail starting there must be repaired into (closers included)."""
+    if prefix not in _clean_cuts:
+        root = tmp_root / f"clean-{next(_counter)}"
+        write_raw_session(session_path(root, SID), prefix)
+        log = FileStore(root, durability="none").open(SID)
+        events = [e.to_json() for e in log.events()]
+        log.close()
+        _clean_cuts[prefix] = (session_path(root, SID).read_bytes(), events)
+    return _clean_cuts[prefix]
+
+
+def _place(damaged: bytes, root: Path) -> Path:
+    if root.exists():
+        for child in root.iterdir():
+            child.unlink()
+    path = session_path(root, SID)
+    write_raw_session(path, damaged)
+    return path
+
+
+def check_torn(damaged: bytes, line: int, root: Path, caplog) -> None:
+    """`damaged` has a torn tail starting at `line` (everything from there is lost)."""
+    path = _place(damaged, root)
+    good = sum(e - s for s, e in _spans(damaged)[:line - 1])
+    store = FileStore(root, durability="none")
+    report = store.verify(SID)
+    assert report == {"path": str(path), "events": line - 2, "size_bytes": len(damaged),
+                      "torn_tail_bytes": len(damaged) - good}
+    assert path.read_bytes() == damaged, "verify modified the file"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kerman"):
+        log = store.open(SID)
+    try:
+        events = [e.to_json() for e in log.events()]
+    finally:
+        log.close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kerman"]
+    assert warnings[:1] == [f'session "{SID}": truncated a torn tail of {len(damaged) - good} bytes from line {line}']
+    want_file, want_events = _clean_cut(damaged[:good], root.parent)
+    assert events == want_events
+    assert path.read_bytes() == want_file
+
+
+def check_corrupt(damaged: bytes, line: int, valid_after: int, root: Path) -> None:
+    """`damaged` is refused with the first invalid record at `line` and a valid one on
+    `valid_after`; only `repair` changes the file."""
+    path = _place(damaged, root)
+    store = FileStore(root, durability="none")
+    for attempt in (store.open, store.verify, store.open):  # a refusal leaves no lock behind
+        with pytest.raises(CorruptLogError) as exc:
+            attempt(SID)
+        err = exc.value
+        assert (err.line, err.seq, Path(err.path)) == (line, line - 2, path), attempt.__name__
+        assert f"invalid record at line {line} (seq {line - 2})" in str(err)
+        assert str(err).endswith(f"a valid record follows on line {valid_after}"), str(err)
+        assert path.read_bytes() == damaged, f"{attempt.__name__} modified the file"
+    good = sum(e - s for s, e in _spans(damaged)[:line - 1])
+    report = store.repair(SID)
+    assert Path(report["backup"]).read_bytes() == damaged
+    assert (report["kept_events"], report["removed_bytes"]) == (line - 2, len(damaged) - good)
+    assert path.read_bytes() == damaged[:good]
+
+
+@contextmanager
+def case(label: str):
+    """Names the offset or bit in a failure inside a sweep."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(f"{label}: {e}") from None
+    except pytest.fail.Exception as e:
+        pytest.fail(f"{label}: {e.msg}")
+
+
+def _flip(data: bytes, offset: int, bit: int) -> bytes:
+    b = bytearray(data)
+    b[offset] ^= 1 << bit
+    return bytes(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Truncation
+
+
+def test_every_cut_inside_the_last_record_is_a_torn_tail(session, scratch, caplog):
+    start, end = session.spans[session.last - 1]
+    for cut in range(start + 1, end):  # a cut at `start` is a clean boundary (test_stores.py)
+        with case(f"cut at {cut}"):
+            check_torn(session.data[:cut], session.last, scratch / "s", caplog)
+
+
+def test_every_cut_inside_a_middle_record_is_a_torn_tail(session, scratch, caplog):
+    """The file ends inside a record: everything from that record on is the torn tail, and
+    the open turn it leaves gets closers."""
+    start, end = session.spans[session.middle - 1]
+    for cut in range(start + 1, end):
+        with case(f"cut at {cut}"):
+            check_torn(session.data[:cut], session.middle, scratch / "s", caplog)
+
+
+@pytest.mark.parametrize("keep", [1, 9, -1])  # bytes of the record left; -1: all but its newline
+def test_repair_of_a_torn_tail_cuts_it_without_a_backup(session, scratch, keep):
+    """`repair` (unlike `open`) adds no closers and, with nothing corrupt, keeps no copy."""
+    start, end = session.spans[session.middle - 1]
+    path = _place(session.data[:start + keep % (end - start)], scratch)
+    report = FileStore(scratch, durability="none").repair(SID)
+    assert report == {"kept_events": session.middle - 2, "removed_bytes": keep % (end - start), "backup": None}
+    assert path.read_bytes() == session.data[:start]
+    assert os.listdir(scratch) == [path.name]
+
+
+def test_a_middle_record_cut_short_is_corruption(session, scratch):
+    """A record missing its end (or missing entirely) with the rest of the file intact: the
+    stub swallows the next line, and the line after that is valid."""
+    start, end = session.spans[session.middle - 1]
+    for cut in range(start, end):
+        with case(f"record cut at {cut}"):
+            check_corrupt(session.data[:cut] + session.data[end:], session.middle, session.middle + 1, scratch / "s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Zero-filled and garbage tails
+
+
+def _zero(data: bytes, start: int, end: int) -> bytes:
+    return data[:start] + bytes(end - start) + data[end:]
+
+
+def _garbage(n: int, newlines: bool, seed: int) -> bytes:
+    rnd = random.Random(seed)
+    out = bytes(rnd.randrange(256) for _ in range(n))
+    return out if newlines else out.replace(b"\n", b"x")
+
+
+def _tail_cases(s: Session):
+    """(id, damaged bytes, ("torn", line) | ("corrupt", line, valid_after))."""
+    d, end = s.data, len(s.spans) + 1  # `end`: the line after the last record
+    last_start, _ = s.spans[s.last - 1]
+    prev_start, _ = s.spans[s.last - 2]
+    mid_start, mid_end = s.spans[s.middle - 1]
+    other = frame(compact(header_record("other"))) + frame(compact(event_record(0, "x/other", 1)))
+    for n in (1, 8, 9, 512, 4096):
+        yield f"zeros-{n}", d + bytes(n), ("torn", end)
+    yield "zero-line", d + bytes(100) + b"\n", ("torn", end)
+    yield "last-record-zeroed", _zero(d, last_start, len(d)), ("torn", s.last)
+    yield "last-record-zeroed-but-newline", _zero(d, last_start, len(d) - 1), ("torn", s.last)
+    yield "last-two-records-zeroed", _zero(d, prev_start, len(d)), ("torn", s.last - 1)
+    # a block-sized hole after a half-written record, as a crash on some filesystems leaves
+    half = last_start + (len(d) - last_start) // 2
+    yield "half-record-then-zero-block", d[:half] + bytes(4096 - half % 4096), ("torn", s.last)
+    for n in (1, 100, 4096):
+        yield f"garbage-{n}", d + _garbage(n, False, n), ("torn", end)
+        yield f"garbage-lines-{n}", d + _garbage(n, True, n) + b"\n", ("torn", end)
+    yield "bad-checksum-line", d + b"00000000 " + s.line(s.last)[9:], ("torn", end)
+    # a partial record with no newline swallows the complete one written after it
+    yield "partial-then-whole", d + s.line(s.last)[:30] + s.line(s.last), ("torn", end)
+    # ...but once terminated, any valid record after it, whatever its seq, means corruption
+    yield "garbage-line-then-old-record", d + b"junk\n" + s.line(s.last), ("corrupt", end, end + 1)
+    yield "another-session-appended", d + other, ("corrupt", end, end + 1)
+    yield "middle-record-zeroed", _zero(d, mid_start, mid_end - 1), ("corrupt", s.middle, s.middle + 1)
+    yield "middle-record-zeroed-with-newline", _zero(d, mid_start, mid_end), ("corrupt", s.middle, s.middle + 1)
+    yield "garbage-inside", d[:mid_start] + b"garbage\n" + d[mid_start:], ("corrupt", s.middle, s.middle + 1)
+
+
+TAIL_IDS = [
+    "zeros-1", "zeros-8", "zeros-9", "zeros-512", "zeros-4096", "zero-line", "last-record-zeroed",
+    "last-record-zeroed-but-newline", "last-two-records-zeroed", "half-record-then-zero-block",
+    "garbage-1", "garbage-lines-1", "garbage-100", "garbage-lines-100", "garbage-4096",
+    "garbage-lines-4096", "bad-checksum-line", "partial-then-whole", "garbage-line-then-old-record",
+    "another-session-appended", "middle-record-zeroed", "middle-record-zeroed-with-newline",
+    "garbage-inside",
+]
+
+
+@pytest.mark.parametrize("name", TAIL_IDS)
+def test_zero_and_garbage_damage(session, scratch, caplog, name):
+    cases = {name: (damaged, outcome) for name, damaged, outcome in _tail_cases(session)}
+    assert sorted(cases) == sorted(TAIL_IDS)
+    damaged, outcome = cases[name]
+    if outcome[0] == "torn":
+        check_torn(damaged, outcome[1], scratch / "s", caplog)
+    else:
+        check_corrupt(damaged, outcome[1], outcome[2], scratch / "s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Single bit flips, field by field
+
+
+def _fields(record: bytes) -> dict:
+    """Byte ranges (within the line) of the checksum, the separator, each top-level
+    `"key":value` member, the JSON punctuation around them, and the newline."""
+    text = record[9:-1].decode("utf-8")
+    offset = [9 + len(text[:i].encode("utf-8")) for i in range(len(text) + 1)]
+    decoder = json.JSONDecoder()
+    out = {"checksum": [range(0, 8)], "separator": [range(8, 9)], "newline": [range(len(record) - 1, len(record))]}
+    punctuation, pos = [0], 1
+    while text[pos - 1] != "}":
+        key, colon = decoder.raw_decode(text, pos)
+        _, end = decoder.raw_decode(text, colon + 1)
+        out[key] = [range(offset[pos], offset[end])]
+        punctuation.append(end)
+        pos = end + 1
+    out["punctuation"] = [range(offset[i], offset[i] + 1) for i in punctuation]
+    return out
+
+
+FIELDS = ["checksum", "separator", "type", "seq", "time", "data", "sourceEventSeqs", "surfaceOp",
+          "punctuation", "newline"]
+
+
+def _flips(ranges: list, record: bytes):
+    """Every bit of every byte in the ranges; for long ranges (data), every bit of a spread of
+    bytes plus every non-ASCII byte and every byte one flip away from a newline."""
+    for r in ranges:
+        offsets = set(r) if len(r) <= 64 else {
+            i for i in r if (i - r.start) % 13 == 0 or i == r.stop - 1 or record[i] >= 0x80
+            or bin(record[i] ^ 0x0A).count("1") == 1}
+        for i in sorted(offsets):
+            for bit in range(8):
+                yield i, bit
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("which", ["middle", "last"])
+def test_single_bit_flip(session, scratch, caplog, which, field):
+    """A CRC-32C catches every single-bit error, and a flip that makes or breaks a newline only
+    moves line boundaries, so every flip in the last record is a torn tail and every flip in a
+    record with two more after it is corruption at that record."""
+    line = session.middle if which == "middle" else session.last
+    start, _ = session.spans[line - 1]
+    record = session.line(line)
+    ranges = _fields(record)[field]
+    flips = list(_flips(ranges, record))
+    assert flips
+    if (which, field) == ("middle", "data"):  # the case below must be exercised
+        assert any(record[i] ^ (1 << bit) == 0x0A for i, bit in flips)
+    for i, bit in flips:
+        damaged = _flip(session.data, start + i, bit)
+        with case(f"bit {bit} of byte {i} ({record[i:i + 1]!r}) of line {line}"):
+            if which == "last":
+                check_torn(damaged, line, scratch / "s", caplog)
+                continue
+            # the next record is on the next line, unless the flip split this one in two
+            split = record[i] ^ (1 << bit) == 0x0A
+            check_corrupt(damaged, line, line + 2 if split else line + 1, scratch / "s")
+
+
+def test_newline_flip_before_the_last_record_is_a_torn_tail(session, scratch, caplog):
+    """Joined with the last record, the damaged record has nothing valid after it: both are
+    lost, which is the documented rule (docs/format.md), not an accident."""
+    _, end = session.spans[session.last - 2]
+    for bit in range(8):
+        with case(f"bit {bit}"):
+            check_torn(_flip(session.data, end - 1, bit), session.last - 1, scratch / "s", caplog)
+
+
+@pytest.mark.parametrize("bits", ["low", "high"])
+def test_every_header_bit_flip_is_refused_and_never_repaired(session, scratch, bits):
+    """Header damage leaves nothing to keep: open, verify and repair all refuse."""
+    _, end = session.spans[0]
+    root = scratch / "s"
+    for i in range(end):
+        for bit in (range(4) if bits == "low" else range(4, 8)):
+            damaged = _flip(session.data, i, bit)
+            path = _place(damaged, root)
+            store = FileStore(root, durability="none")
+            for attempt in (store.open, store.verify, store.repair):
+                with pytest.raises(CorruptLogError) as exc:
+                    attempt(SID)
+                assert (exc.value.line, exc.value.seq) == (1, 0), (i, bit, attempt.__name__)
+            assert path.read_bytes() == damaged, (i, bit)
+            assert os.listdir(root) == [path.name], "repair left a backup of a bad header"
