@@ -47,7 +47,7 @@ struct State {
     observers: Arc<Vec<(u64, Observer)>>,
     next_observer: u64,
     waiters: Vec<Waiter>,
-    types: HashMap<Box<str>, Arc<str>>,
+    types: HashMap<Box<str>, Arc<str>, foldhash::fast::RandomState>,
 }
 
 struct Shared {
@@ -119,7 +119,7 @@ impl Publishing<'_> {
     }
 }
 
-fn intern(types: &mut HashMap<Box<str>, Arc<str>>, kind: &str) -> Arc<str> {
+fn intern(types: &mut HashMap<Box<str>, Arc<str>, foldhash::fast::RandomState>, kind: &str) -> Arc<str> {
     if let Some(k) = types.get(kind) {
         return Arc::clone(k);
     }
@@ -131,7 +131,7 @@ fn intern(types: &mut HashMap<Box<str>, Arc<str>>, kind: &str) -> Arc<str> {
 impl SessionLog {
     /// A log over already-committed `events` (a new session has none), writing to `backend`.
     pub fn from_parts(id: String, header: Map<String, Value>, events: Vec<Event>, backend: Box<dyn Backend>) -> Self {
-        let mut types = HashMap::new();
+        let mut types = HashMap::default();
         let events: Vec<Event> = events
             .into_iter()
             .map(|e| {

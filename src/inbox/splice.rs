@@ -179,7 +179,7 @@ impl Borrow<str> for ById {
 pub struct Lists {
     pub next_turn: Vec<Arc<Message>>,
     pub next_step: Vec<Arc<Message>>,
-    ids: HashSet<ById>,
+    ids: HashSet<ById, foldhash::fast::RandomState>,
 }
 
 impl Lists {
