@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench clean
+.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench bench-rust clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -43,8 +43,15 @@ fuzz:
 demo: install
 	kerman demo
 
+# The Python targets against the baseline, then the Rust micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
+	$(MAKE) bench-rust
+
+# Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,
+# e.g. `make bench-rust BENCH_ARGS=claim` runs only the benchmarks whose name contains "claim".
+bench-rust:
+	cargo bench --bench micro -- $(BENCH_ARGS)
 
 clean:
 	rm -rf $(CARGO_TARGET_DIR) dist
