@@ -63,6 +63,12 @@ pub fn push_str_literal(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
+/// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
+/// building a small payload).
+pub fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,10 +97,4 @@ mod tests {
             assert_eq!(out, serde_json::to_string(s).unwrap());
         }
     }
-}
-
-/// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
-/// building a small payload).
-pub fn push_u64(out: &mut String, n: u64) {
-    out.push_str(itoa::Buffer::new().format(n));
 }
