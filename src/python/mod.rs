@@ -2,11 +2,6 @@
 
 use pyo3::prelude::*;
 
-// The extension's own allocations (events, payload text, messages): glibc's malloc takes its
-// slow path for most of them here. Python objects still use Python's allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod aio;
 mod convert;
 mod driver;
