@@ -7,6 +7,7 @@ mod convert;
 mod driver;
 mod errors;
 mod event_log;
+mod faults;
 mod inbox;
 mod message;
 mod projection;
@@ -43,6 +44,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     message::register(m)?;
     event_log::register(m)?;
     store::register(m)?;
+    faults::register(m)?;
     inbox::register(m)?;
     projection::register(m)?;
     waterfall::register(m)?;
