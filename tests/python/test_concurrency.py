@@ -425,3 +425,34 @@ def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str) -> None:
         assert end in (["inserted", "claimed", "entered"], ["inserted", "claimed"]), (mid, end)
     assert not loop.inbox.has_pending
     log.close()
+
+
+def test_delivery_from_a_thread_running_its_own_event_loop() -> None:
+    """SPEC 4.3: from another thread, insert at once and schedule the wake on the bound loop,
+    whether or not that thread runs an event loop of its own."""
+    async def main() -> Tuple[kerman.AgentLoop, List[Any]]:
+        loop = kerman.AgentLoop(kerman.models.EchoModel())
+        results: List[Any] = []
+
+        async def elsewhere() -> None:
+            results.append(loop.followup(kerman.UserMessage("hello", id="hi")).id)
+            results.append(loop.steer(kerman.UserMessage("steer", id="st")).id)
+            results.append(loop.wake())
+
+        def other() -> None:
+            try:
+                asyncio.run(elsewhere())
+            except BaseException as exc:
+                results.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        await joined([t])
+        await drained(loop)
+        return loop, results
+
+    loop, results = asyncio.run(main())
+    assert results == ["hi", "st", True]
+    events = list(loop.log.events())
+    assert sorted(e.data["id"] for e in events if e.type == "user/message") == ["hi", "st"]
+    assert all(e.data["reason"]["kind"] == "completed" for e in events if e.type == "turn/end")
