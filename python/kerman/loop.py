@@ -237,6 +237,9 @@ class AgentLoop:
                 raise LoopError("this AgentLoop is bound to another event loop")
             elif self._event_loop is None:
                 raise LoopError("AgentLoop cannot wake: no event loop is running (call from async code)")
+            elif self._event_loop.is_closed():
+                # Refused before inserting: a caller told of a failure must not find it queued.
+                raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
         after_abort = wakeup and self._status == "running" and self._signal.aborted
         stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         if wakeup:

@@ -456,3 +456,33 @@ def test_delivery_from_a_thread_running_its_own_event_loop() -> None:
     events = list(loop.log.events())
     assert sorted(e.data["id"] for e in events if e.type == "user/message") == ["hi", "st"]
     assert all(e.data["reason"]["kind"] == "completed" for e in events if e.type == "turn/end")
+
+
+def test_a_waking_call_after_the_event_loop_closed_inserts_nothing() -> None:
+    """A waking call that cannot schedule its wake raises LoopError before inserting, so a
+    caller that sees the error can retry without queueing the message twice."""
+    loop = asyncio.run(bound_loop())  # its event loop is closed once asyncio.run returns
+    errors: List[BaseException] = []
+
+    def late() -> None:
+        for send in (loop.followup, loop.steer):
+            try:
+                send("late")
+            except kerman.LoopError as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=late)
+    t.start()
+    t.join()
+    assert len(errors) == 2 and all("closed" in str(e) for e in errors), errors
+    with pytest.raises(kerman.LoopError, match="closed"):
+        loop.followup("from the loop's own thread, no event loop running")
+    with pytest.raises(kerman.LoopError, match="closed"):
+        loop.inject("pending")  # inserted: inject does not wake
+        loop.wake()
+    assert [m.text for m in loop.inbox.next_step] == ["pending"]
+    assert not loop.inbox.next_turn and len(loop.log) == 1
+
+
+async def bound_loop() -> kerman.AgentLoop:
+    return kerman.AgentLoop(kerman.models.EchoModel())
