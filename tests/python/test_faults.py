@@ -31,7 +31,8 @@ from kerman._core import _FaultPlan
 from test_crash import (check_balanced, claim_accounting, disk_state, fold_consumed_work,
                         resume_and_run)
 
-CALL = {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": 1}'}
+CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"}
+         for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
 
 
 class Run:
@@ -44,6 +45,7 @@ class Run:
         self.acks: List[List[str]] = []
         self.reported: List[Tuple[Any, dict]] = []  # (exception, failure dict) of agent/error
         self.stopped: Optional[BaseException] = None
+        self.tasks: List["asyncio.Task[Any]"] = []  # every task the loop created
 
     def acknowledged(self, n: int) -> None:
         self.barriers.append((n, None))
@@ -60,13 +62,15 @@ class Run:
 
 
 async def scenario(log: kerman.SessionLog, run: Run) -> kerman.AgentLoop:
-    """Two turns: a tool call, a streamed reply, steer/followup/replace from inside the tool,
-    a second turn, then an inject and a remove; explicit barriers before every step and at the
-    end. With checkpoint barriers (strict, checkpoint) the model and the tool body note what
-    the loop's own barrier acknowledged."""
+    """Two turns: three tool calls two at a time (``slow`` runs until ``last`` starts, so a
+    failure at ``last``'s barrier finds ``slow`` still running), steer/followup/replace from
+    inside ``lookup``, a streamed reply, a second turn, then an inject and a remove; explicit
+    barriers before every step and at the end. With checkpoint barriers (strict, checkpoint)
+    the model and the tool bodies that run alone note what the loop's own barrier
+    acknowledged."""
     checkpoints = log._checkpoints
     script = kerman.models.ScriptedModel([
-        kerman.ModelReply([CALL]),
+        kerman.ModelReply(CALLS),
         [{"type": "text-delta", "text": "done "}, {"type": "text-delta", "text": "with 1"},
          {"type": "finish", "reason": "stop"}],
         "turn 2",
@@ -85,7 +89,20 @@ async def scenario(log: kerman.SessionLog, run: Run) -> kerman.AgentLoop:
         loop.inbox.replace(queued.id, kerman.UserMessage("second, rewritten", id=queued.id))
         return "found"
 
-    loop = kerman.AgentLoop(model, log=log, tools=[kerman.Tool("lookup", lookup)])
+    last_started = asyncio.Event()
+
+    async def slow(args: Any, ctx: kerman.ToolContext) -> str:
+        await last_started.wait()
+        return "slow"
+
+    async def last(args: Any, ctx: kerman.ToolContext) -> str:
+        if checkpoints:
+            run.acknowledged(len(log))
+        last_started.set()
+        return "last"
+
+    tools = [kerman.Tool("lookup", lookup), kerman.Tool("slow", slow), kerman.Tool("last", last)]
+    loop = kerman.AgentLoop(model, log=log, tools=tools, max_parallel_tool_calls=2)
 
     @loop.pre_step
     async def barrier(step: kerman.PreStep, next: Any) -> Any:
@@ -110,7 +127,18 @@ async def scenario(log: kerman.SessionLog, run: Run) -> kerman.AgentLoop:
 async def faulty_run(root: Path, mode: str, plan: _FaultPlan) -> Tuple[Run, kerman.AgentLoop, List[str]]:
     log = kerman.FileStore(root, durability=mode, _faults=plan).create("s")
     run = Run(log)
-    loop = await scenario(log, run)
+    running = asyncio.get_running_loop()
+
+    def factory(event_loop: Any, coro: Any, **kwargs: Any) -> "asyncio.Task[Any]":
+        task = asyncio.Task(coro, loop=event_loop, **kwargs)
+        run.tasks.append(task)
+        return task
+
+    running.set_task_factory(factory)
+    try:
+        loop = await scenario(log, run)
+    finally:
+        running.set_task_factory(None)
     return run, loop, [e.to_json() for e in log.events()]
 
 
@@ -148,6 +176,11 @@ async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[in
         assert isinstance(exc, kerman.LogWriteError), repr(exc)
         assert failure["message"].startswith("session log write failed: "), failure
     assert loop.status == "idle"
+    # No tool call is left running once the loop is idle, and no task's failure went unseen
+    # (asyncio's flag for "Task exception was never retrieved").
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    for task in run.tasks:
+        assert task.done() and not task._log_traceback, task
 
     if not at_close:
         seen = [e for _, e in run.barriers if e is not None] + [e for e, _ in run.reported] + [run.stopped]
@@ -249,6 +282,7 @@ def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
         return runs
 
     assert asyncio.run(every_point()) == events * (5 if mode != "none" else 4) + (mode != "none")
+
 
 
 EVENTS = 5
