@@ -35,7 +35,12 @@ fn release_gil_while(wait: &mut dyn FnMut()) {
     wait();
 }
 
-#[pymodule]
+/// `gil_used = true`: the module has only been built and tested with the GIL (see "Threads and
+/// free-threaded Python" in docs/durability.md). A free-threaded interpreter re-enables the GIL
+/// when it imports it, rather than run it unsupervised: the non-frozen classes (`EventIterator`,
+/// `Driver`, the waterfall cursors) rely on the GIL to serialise their `&mut self` calls, and
+/// the Python side of `AgentLoop` reads its state from other threads without a lock.
+#[pymodule(gil_used = true)]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::blocking::set_hook(release_gil_while);
