@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -32,6 +33,16 @@ def nothing_contained(caplog: pytest.LogCaptureFixture) -> Any:
     yield
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not logged, logged
+
+
+@pytest.fixture
+def switch_often() -> Any:
+    """Hands the GIL over every microsecond instead of every 5 ms, so threads interleave inside
+    the binding's calls, where lock-order bugs with the GIL hide."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
 
 
 THREADS = 4
@@ -190,7 +201,7 @@ STORES = ["memory", "file-strict", "file-checkpoint"]
 
 
 @pytest.mark.parametrize("kind", STORES)
-def test_threads_mutate_the_inbox_while_the_loop_runs(tmp_path: Path, kind: str) -> None:
+def test_threads_mutate_the_inbox_while_the_loop_runs(tmp_path: Path, kind: str, switch_often: Any) -> None:
     store = make_store(kind, tmp_path)
     log = store.create("threads")
     observed: List[int] = []
@@ -273,7 +284,7 @@ def test_many_loops_on_one_event_loop(tmp_path: Path, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", STORES)
-def test_a_loop_per_thread_sharing_a_store(tmp_path: Path, kind: str) -> None:
+def test_a_loop_per_thread_sharing_a_store(tmp_path: Path, kind: str, switch_often: Any) -> None:
     store = make_store(kind, tmp_path)
     results: Dict[int, List[str]] = {}
     errors: List[BaseException] = []
@@ -377,7 +388,7 @@ def test_wake_from_another_thread() -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "file-checkpoint"])
-def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str) -> None:
+def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str, switch_often: Any) -> None:
     """Threads send, wake and cancel (keeping the inbox) at once: each message is inserted
     once and claimed once; a claimed message that was never entered belongs to an aborted
     turn (SPEC D9: it does not come back by itself)."""
