@@ -497,3 +497,35 @@ def test_a_waking_call_after_the_event_loop_closed_inserts_nothing() -> None:
 
 async def bound_loop() -> kerman.AgentLoop:
     return kerman.AgentLoop(kerman.models.EchoModel())
+
+
+@pytest.mark.parametrize("op", ["append", "prepend", "splice", "replace"])
+def test_a_message_claimed_before_its_insertion_returns_is_the_queued_object(op: str) -> None:
+    """Another thread may claim a message as soon as it is pending, before the inserting call
+    has returned (here: while its ``on_inserted`` callback runs); the claim still hands back
+    the object that was queued, not a fresh copy."""
+    announced, claimed = threading.Event(), threading.Event()
+    queued = kerman.UserMessage("queued", id="q")
+
+    def on_inserted(message: kerman.UserMessage) -> None:
+        if message.id == "q":
+            announced.set()
+            claimed.wait()
+
+    inbox = kerman.Inbox(kerman.MemoryStore().create(), on_inserted=on_inserted)
+    inbox.append(kerman.NEXT_STEP, kerman.UserMessage("old", id="old"))
+    returned: List[Any] = []
+    insert = {
+        "append": lambda: returned.append(inbox.append(kerman.NEXT_STEP, queued)),
+        "prepend": lambda: returned.append(inbox.prepend(kerman.NEXT_STEP, queued)),
+        "splice": lambda: returned.append(inbox.splice(kerman.NEXT_STEP, 0, 0, [queued])),
+        "replace": lambda: returned.append(inbox.replace("old", queued)),
+    }[op]
+    t = threading.Thread(target=insert)
+    t.start()
+    announced.wait()
+    batch = inbox.claim(kerman.NEXT_STEP, 1)
+    claimed.set()
+    t.join()
+    assert any(m is queued for m in batch), batch
+    assert returned and returned[0] in (queued, [], True)
