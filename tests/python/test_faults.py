@@ -194,6 +194,9 @@ async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[in
         with pytest.raises(kerman.LogWriteError):
             loop.followup("after the failure")
         assert len(log) == n and (loop.inbox.next_turn, loop.inbox.next_step) == pending
+        with pytest.raises(kerman.LogWriteError):  # its final flush tells the caller
+            await loop.aclose()
+        assert loop.status == "idle" and not log.closed
     with pytest.raises(kerman.LogWriteError):
         log.close()
     assert plan.fired is not None
