@@ -9,8 +9,10 @@ every write and sync point any batching of that run can have.
 Each faulty run checks what SPEC 2.2 promises: the flush barriers covering the failed batch
 raise ``LogWriteError`` (and no barrier beyond it succeeds, so the loop never calls the model or
 a tool body past a failed checkpoint); the log is poisoned; the loop reports the failure through
-``agent/error`` and goes idle; and after close, reopening gives a consistent log that holds
-every acknowledged event byte for byte (the checks of ``test_crash.py``).
+``agent/error``, goes idle and leaves no task running; and after close, reopening gives a
+consistent log that holds every acknowledged event byte for byte (the checks of
+``test_crash.py``). A plain log with one event per barrier makes the points deterministic, and
+there each numbered write and sync fails in turn. See docs/durability.md for the counts.
 """
 
 from __future__ import annotations
