@@ -145,13 +145,20 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
 
     def collect(done: Any) -> None:
         nonlocal exclusive_running
+        failed: Optional[BaseException] = None
         for index in [i for i, t in running.items() if t in done]:
             task = running.pop(index)
             if task.cancelled():
                 outcomes[index] = boxes[index][0] or _error(*ABORTED_DURING)
+            elif task.exception() is not None:
+                # Only the checkpoint barrier before the body raises (the body's own exceptions
+                # become error results). Every finished call is looked at before failing the step.
+                failed = failed or task.exception()
             else:
                 outcomes[index] = task.result()
         exclusive_running = exclusive_running and bool(running)
+        if failed is not None:
+            raise failed
         commit_ready()
 
     async def wait_any() -> None:
@@ -189,6 +196,17 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
             collect(done)
         _abort_unstarted(loop, turn, step, calls, started, call_seqs, outcomes)
         commit_ready()
+        raise
+    except Exception:
+        # The step failed (a checkpoint barrier or an append raised LogWriteError, a result
+        # was unusable): no call may outlive its step, so the running ones are cancelled and
+        # drained. Their outcomes are dropped: the log is usually poisoned by then.
+        cancel_running()
+        if running:
+            await asyncio.shield(asyncio.wait(list(running.values())))
+            for task in running.values():
+                if not task.cancelled():
+                    task.exception()  # retrieved, so asyncio does not report it as lost
         raise
     _abort_unstarted(loop, turn, step, calls, started, call_seqs, outcomes)
     commit_ready()

@@ -242,10 +242,13 @@ class AgentLoop:
             if here is not None and self._event_loop is None:
                 self._bind(here)
                 on_thread = True
-            elif here is not None:
+            elif here is not None and self._on_loop_thread():
                 raise LoopError("this AgentLoop is bound to another event loop")
             elif self._event_loop is None:
                 raise LoopError("AgentLoop cannot wake: no event loop is running (call from async code)")
+            elif self._event_loop.is_closed():
+                # Refused before inserting: a caller told of a failure must not find it queued.
+                raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
         after_abort = wakeup and self._status == "running" and self._signal.aborted
         stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         if wakeup:
@@ -260,7 +263,9 @@ class AgentLoop:
         if not self._inbox.has_pending:
             return False
         here = _current_loop()
-        if here is None:
+        if here is None or (self._event_loop is not None and not self._on_loop_thread()):
+            # Not in async code, or on another thread (with an event loop of its own or not):
+            # the wake is scheduled on the bound loop (SPEC 4.3).
             if self._event_loop is None:
                 raise LoopError("AgentLoop cannot wake: no event loop is running (call from async code)")
             self._call_on_loop(self._wake, False)
@@ -272,6 +277,9 @@ class AgentLoop:
         was_idle = self._status == "idle"
         self._wake(False)
         return was_idle
+
+    def _on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
 
     def _bind(self, event_loop: asyncio.AbstractEventLoop) -> None:
         self._event_loop = event_loop

@@ -12,7 +12,7 @@ mod store;
 pub use closers::close_open_turn;
 pub use error::LogError;
 pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, SPLICED, SURFACE_TYPES};
-pub use file::{Durability, FaultHook, FaultPoint, FileStore, Recovery, RepairReport, Snapshot};
+pub use file::{Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
 pub use log::{now_ms, Backend, FlushCallback, Observer, Publishing, SessionLog, Waiter};
 pub use memory::MemoryStore;
 pub use store::{Store, FORMAT_VERSION};

@@ -35,23 +35,28 @@ impl PublishLock {
     /// Takes the token, or returns `None` if this thread already holds it (reentrancy).
     pub(crate) fn acquire(&self) -> Option<PublishToken<'_>> {
         let me = thread::current().id();
-        let mut state = relock(self.state.lock());
-        if state.thread == Some(me) {
-            return None;
-        }
-        if state.thread.is_some() {
+        {
+            let mut state = relock(self.state.lock());
+            if state.thread == Some(me) {
+                return None;
+            }
+            if state.thread.is_none() {
+                state.thread = Some(me);
+                return Some(PublishToken { lock: self });
+            }
             state.waiting += 1;
-            drop(state);
-            state = crate::blocking::wait(|| {
-                let mut state = relock(self.state.lock());
-                while state.thread.is_some() {
-                    state = relock(self.released.wait(state));
-                }
-                state
-            });
-            state.waiting -= 1;
         }
-        state.thread = Some(me);
+        // The token is taken inside the wait and the mutex released before the wait returns:
+        // the hook then re-takes the embedding's global lock (the GIL), and a thread holding
+        // that lock may be blocked on this mutex, so it must not be held across that.
+        crate::blocking::wait(|| {
+            let mut state = relock(self.state.lock());
+            while state.thread.is_some() {
+                state = relock(self.released.wait(state));
+            }
+            state.waiting -= 1;
+            state.thread = Some(me);
+        });
         Some(PublishToken { lock: self })
     }
 }

@@ -93,11 +93,31 @@ impl Wrappers {
 
     /// Records `obj` as the Python object of the pending `message`.
     fn remember(&self, inbox: &Inbox, message: &Arc<Message>, obj: &Bound<'_, PyAny>) {
-        let (old, len) = {
+        drop(self.precache(message, obj));
+        self.prune_if_large(inbox);
+    }
+
+    /// Caches `obj` for `message` before it is inserted: another thread may claim it as soon
+    /// as it is pending (while `on_inserted` runs, say), and must get this object back.
+    /// Returns the entry it displaced, for [`restore`](Self::restore) if the insertion fails.
+    fn precache(&self, message: &Arc<Message>, obj: &Bound<'_, PyAny>) -> Option<(Arc<Message>, Py<PyAny>)> {
+        self.lock().insert(address(message), (Arc::clone(message), obj.clone().unbind()))
+    }
+
+    /// Undoes a [`precache`](Self::precache) whose insertion failed.
+    fn restore(&self, message: &Arc<Message>, previous: Option<(Arc<Message>, Py<PyAny>)>) {
+        let displaced = {
             let mut map = self.lock();
-            (map.insert(address(message), (Arc::clone(message), obj.clone().unbind())), map.len())
+            match previous {
+                Some(entry) => map.insert(address(message), entry),
+                None => map.remove(&address(message)),
+            }
         };
-        drop(old);
+        drop(displaced);
+    }
+
+    fn prune_if_large(&self, inbox: &Inbox) {
+        let len = self.lock().len();
         if len > PRUNE_FLOOR && len > 2 * inbox.len() {
             self.prune(inbox);
         }
@@ -242,6 +262,28 @@ fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Opti
     }
 }
 
+impl PyInbox {
+    /// Inserts one message with `insert`, its Python object cached first (see
+    /// [`Wrappers::precache`]); returns that object.
+    fn insert_one<'py>(
+        &self,
+        py: Python<'py>,
+        message: &Bound<'py, PyAny>,
+        stored: Arc<Message>,
+        insert: impl FnOnce(&Inbox, Arc<Message>) -> Result<(), crate::inbox::InboxError>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let obj = returned(message, &stored)?;
+        let previous = self.wrappers.precache(&stored, &obj);
+        if let Err(e) = insert(&self.inner, Arc::clone(&stored)) {
+            self.wrappers.restore(&stored, previous);
+            return Err(inbox_err(py, e));
+        }
+        drop(previous);
+        self.wrappers.prune_if_large(&self.inner);
+        Ok(obj)
+    }
+}
+
 #[pymethods]
 impl PyInbox {
     #[new]
@@ -308,19 +350,13 @@ impl PyInbox {
     /// Inserts at the end of `target`; returns the stored message.
     fn append<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.inner.append(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
-        let obj = returned(message, &stored)?;
-        self.wrappers.remember(&self.inner, &stored, &obj);
-        Ok(obj)
+        self.insert_one(py, message, stored, |inbox, m| inbox.append(target, m))
     }
 
     /// Inserts at the start of `target`; returns the stored message.
     fn prepend<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.inner.prepend(target, Arc::clone(&stored)).map_err(|e| inbox_err(py, e))?;
-        let obj = returned(message, &stored)?;
-        self.wrappers.remember(&self.inner, &stored, &obj);
-        Ok(obj)
+        self.insert_one(py, message, stored, |inbox, m| inbox.prepend(target, m))
     }
 
     /// Removes `delete_count` messages at `start` of `target` and inserts `inserted` there,
@@ -349,26 +385,49 @@ impl PyInbox {
                 objects.push(item);
             }
         }
-        let removed = self.inner.splice(target, start, delete_count, messages.clone()).map_err(|e| inbox_err(py, e))?;
-        let removed = self.wrappers.taken(py, &removed)?;
-        for (stored, given) in messages.iter().zip(&objects) {
-            if given.is_instance_of::<super::message::PyMessage>() {
-                self.wrappers.remember(&self.inner, stored, given);
+        let is_message = |o: &&Bound<'py, PyAny>| o.is_instance_of::<super::message::PyMessage>();
+        let given: Vec<_> = messages.iter().zip(&objects).filter(|(_, o)| is_message(o)).collect();
+        let previous: Vec<_> = given.iter().map(|(stored, obj)| self.wrappers.precache(stored, obj)).collect();
+        let removed = match self.inner.splice(target, start, delete_count, messages.clone()) {
+            Ok(removed) => removed,
+            Err(e) => {
+                // Undone in reverse, so a message given twice gets its first displaced entry back.
+                for ((stored, _), prev) in given.iter().zip(previous).rev() {
+                    self.wrappers.restore(stored, prev);
+                }
+                return Err(inbox_err(py, e));
             }
+        };
+        drop(previous);
+        let out = self.wrappers.taken(py, &removed)?;
+        // A message both removed and inserted again by this splice keeps its object.
+        for (stored, obj) in given.iter().filter(|(stored, _)| removed.iter().any(|r| Arc::ptr_eq(r, stored))) {
+            drop(self.wrappers.precache(stored, obj));
         }
-        Ok(removed)
+        self.wrappers.prune_if_large(&self.inner);
+        Ok(out)
     }
 
     /// Replaces the pending message `message_id` (in whichever list holds it) by
     /// `new_message`, which may keep or change the id. False if `message_id` is not pending.
     fn replace(&self, py: Python<'_>, message_id: &str, new_message: &Bound<'_, PyAny>) -> PyResult<bool> {
         let message = user_message_arg(new_message)?;
-        let replaced = self.inner.replace_message(message_id, Arc::clone(&message)).map_err(|e| inbox_err(py, e))?;
-        let Some(replaced) = replaced else { return Ok(false) };
-        self.wrappers.forget(&replaced);
-        if new_message.is_instance_of::<super::message::PyMessage>() {
-            self.wrappers.remember(&self.inner, &message, new_message);
+        let given = new_message.is_instance_of::<super::message::PyMessage>();
+        let previous = given.then(|| self.wrappers.precache(&message, new_message));
+        let replaced = match self.inner.replace_message(message_id, Arc::clone(&message)) {
+            Ok(Some(replaced)) => replaced,
+            outcome => {
+                if let Some(previous) = previous {
+                    self.wrappers.restore(&message, previous);
+                }
+                return outcome.map(|_| false).map_err(|e| inbox_err(py, e));
+            }
+        };
+        drop(previous);
+        if !Arc::ptr_eq(&replaced, &message) {
+            self.wrappers.forget(&replaced);
         }
+        self.wrappers.prune_if_large(&self.inner);
         Ok(true)
     }
 

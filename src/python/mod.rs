@@ -7,6 +7,7 @@ mod convert;
 mod driver;
 mod errors;
 mod event_log;
+mod faults;
 mod history;
 mod inbox;
 mod message;
@@ -36,7 +37,12 @@ fn release_gil_while(wait: &mut dyn FnMut()) {
     wait();
 }
 
-#[pymodule]
+/// `gil_used = true`: the module has only been built and tested with the GIL (see "Threads and
+/// free-threaded Python" in docs/durability.md). A free-threaded interpreter re-enables the GIL
+/// when it imports it, rather than run it unsupervised: the non-frozen classes (`EventIterator`,
+/// `Driver`, the waterfall cursors) rely on the GIL to serialise their `&mut self` calls, and
+/// the Python side of `AgentLoop` reads its state from other threads without a lock.
+#[pymodule(gil_used = true)]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::blocking::set_hook(release_gil_while);
@@ -45,6 +51,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     message::register(m)?;
     event_log::register(m)?;
     store::register(m)?;
+    faults::register(m)?;
     inbox::register(m)?;
     projection::register(m)?;
     waterfall::register(m)?;

@@ -9,6 +9,7 @@ use pyo3::types::{PyDict, PyString};
 use super::convert::map_to_py;
 use super::errors::{log_err, warn};
 use super::event_log::{id_arg, wrap_log, PyEvent, PySessionLog};
+use super::faults::PyFaultPlan;
 use crate::event_log::{Durability, FileStore, MemoryStore, Store};
 
 fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -77,11 +78,16 @@ pub struct PyFileStore {
 
 #[pymethods]
 impl PyFileStore {
+    /// `_faults` (test-only, private): a `kerman._core._FaultPlan` consulted by the writers
+    /// of the logs this store opens.
     #[new]
-    #[pyo3(signature = (root, durability="checkpoint"))]
-    fn new(py: Python<'_>, root: PathBuf, durability: &str) -> PyResult<Self> {
+    #[pyo3(signature = (root, durability="checkpoint", *, _faults=None))]
+    fn new(py: Python<'_>, root: PathBuf, durability: &str, _faults: Option<PyRef<'_, PyFaultPlan>>) -> PyResult<Self> {
         let mode = durability_arg(durability)?;
-        let inner = FileStore::new(&root, mode).map_err(|e| log_err(py, e))?;
+        let mut inner = FileStore::new(&root, mode).map_err(|e| log_err(py, e))?;
+        if let Some(plan) = _faults {
+            inner = inner.with_fault(plan.hook());
+        }
         Ok(PyFileStore { inner, root, durability: durability.to_string() })
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kerman::event_log::file::{Durability, FaultPoint, FileStore, Recovery};
+use kerman::event_log::file::{Durability, Fault, FaultPoint, FileStore, Recovery};
 use kerman::event_log::{LogError, SessionLog, Store};
 use serde_json::json;
 
@@ -316,13 +316,15 @@ fn a_log_ending_inside_a_turn_gets_closers_on_open() {
     assert_eq!(jsons(&log), written);
 }
 
-/// A store whose writers fail at `point` while `armed` is set.
+/// A store whose writers fail at `point` while `armed` is set. Writes fail short (10 bytes
+/// reach the file first), so the cleanup has something to cut off.
 fn faulty(dir: &Path, durability: Durability, point: FaultPoint) -> (FileStore, Arc<AtomicBool>) {
     let armed = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&armed);
-    let store = FileStore::new(dir.join("store"), durability)
-        .unwrap()
-        .with_fault(Arc::new(move |p| (p == point && flag.load(Ordering::SeqCst)).then(|| io::Error::other("injected"))));
+    let store = FileStore::new(dir.join("store"), durability).unwrap().with_fault(Arc::new(move |site| {
+        (site.point == point && flag.load(Ordering::SeqCst))
+            .then(|| Fault::Short { bytes: 10, error: io::Error::other("injected") })
+    }));
     (store, armed)
 }
 
@@ -354,6 +356,29 @@ fn a_failed_write_or_sync_fails_the_barrier_truncates_and_poisons() {
         log.append("goal/change", &json!({})).unwrap();
         log.flush_blocking().unwrap();
     }
+}
+
+#[test]
+fn a_failed_cut_back_leaves_a_torn_tail_that_open_truncates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("store"), Durability::Strict).unwrap().with_fault(Arc::new(|site| {
+        match site.point {
+            FaultPoint::Write if site.seqs.start == 2 => Some(Fault::Short { bytes: 15, error: io::Error::other("short") }),
+            FaultPoint::CutBack => Some(Fault::Fail(io::Error::other("no cut"))),
+            _ => None,
+        }
+    }));
+    let log = store.create(Some("t")).unwrap();
+    fill(&log, 2);
+    log.flush_blocking().unwrap();
+    fill(&log, 1);
+    let Err(LogError::Write { detail }) = log.flush_blocking() else { panic!("the barrier must fail") };
+    assert!(detail.contains("cutting the file back") && detail.contains("no cut"), "{detail}");
+    assert!(log.close().is_err());
+
+    let (log, recovery) = store.open_with_report("t").unwrap();
+    assert_eq!(recovery.truncated_bytes, 15);
+    assert_eq!(log.len(), 2);
 }
 
 #[test]

@@ -65,16 +65,49 @@ impl FromStr for Durability {
     }
 }
 
-/// Where the fault hook is consulted: before each write and each sync of a writer thread.
+/// Where the fault hook is consulted, on the writer thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultPoint {
+    /// Before a batch is written.
     Write,
+    /// Before a batch is synced, and before the final sync when the log closes.
     Sync,
+    /// Before the file is cut back to its durable length after a failed write or sync.
+    CutBack,
 }
 
-/// A testing seam: returns the error to inject at a point, or `None` to carry on. An injected
-/// write error first writes half of the batch, like a short write, then fails.
-pub type FaultHook = Arc<dyn Fn(FaultPoint) -> Option<std::io::Error> + Send + Sync>;
+/// What the writer is about to do when it consults the fault hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultSite {
+    pub point: FaultPoint,
+    /// The seqs of the events in the batch (empty for the final sync at close).
+    pub seqs: std::ops::Range<u64>,
+    /// The batch's length in bytes (0 for the final sync).
+    pub bytes: usize,
+}
+
+/// An injected I/O failure.
+#[derive(Debug)]
+pub enum Fault {
+    /// The operation fails with this error without touching the file.
+    Fail(std::io::Error),
+    /// At a write: the first `bytes` bytes of the batch reach the file (at most all but one: a
+    /// short write), then the write fails with `error`. Elsewhere the same as `Fail`.
+    Short { bytes: usize, error: std::io::Error },
+}
+
+impl Fault {
+    /// The error the failing operation reports.
+    pub fn into_error(self) -> std::io::Error {
+        match self {
+            Fault::Fail(error) | Fault::Short { error, .. } => error,
+        }
+    }
+}
+
+/// A testing seam: returns the fault to inject at a site, or `None` to carry on. Called on the
+/// writer thread, with no lock held; it must not block for long.
+pub type FaultHook = Arc<dyn Fn(&FaultSite) -> Option<Fault> + Send + Sync>;
 
 /// What `open` had to do to a session file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 //! the session is reopened (and so re-verified from disk).
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -17,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::super::{Backend, Event, FlushCallback, LogError};
-use super::{format, Durability, FaultHook, FaultPoint};
+use super::{format, Durability, Fault, FaultHook, FaultPoint, FaultSite};
 
 /// The batch window of `Checkpoint` and `Batch`, measured from the first pending event.
 pub(super) const WINDOW: Duration = Duration::from_millis(50);
@@ -100,6 +101,7 @@ impl FileBackend {
             durability: setup.durability,
             fault: setup.fault,
             durable_len: setup.len,
+            written: setup.events,
             batch: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -204,6 +206,8 @@ struct Writer {
     fault: Option<FaultHook>,
     /// The file length that is durable; everything beyond it goes on failure.
     durable_len: u64,
+    /// The events within `durable_len` (the first seq of the next batch).
+    written: u64,
     /// The batch being written (swapped with the pending buffer to reuse both allocations).
     batch: Vec<u8>,
 }
@@ -211,15 +215,19 @@ struct Writer {
 impl Writer {
     fn run(mut self) -> Result<(), LogError> {
         while let Some(upto) = self.next_batch() {
-            let outcome = self.write_batch();
+            let seqs = self.written..upto;
+            let outcome = self.write_batch(&seqs);
+            self.finish(seqs, outcome);
             self.batch.clear();
-            self.finish(upto, outcome);
         }
         self.shutdown()
     }
 
-    fn injected(&self, point: FaultPoint) -> Option<std::io::Error> {
-        self.fault.as_ref().and_then(|fault| fault(point))
+    /// Asks the fault hook (if any) about the operation at `point` on the events `seqs`.
+    fn injected(&self, point: FaultPoint, seqs: &Range<u64>) -> Option<Fault> {
+        let fault = self.fault.as_ref()?;
+        let bytes = if seqs.is_empty() { 0 } else { self.batch.len() };
+        fault(&FaultSite { point, seqs: seqs.clone(), bytes })
     }
 
     /// Waits until a batch is due, takes it into `self.batch` and returns the event count it
@@ -260,17 +268,23 @@ impl Writer {
         }
     }
 
-    fn write_batch(&mut self) -> Result<(), String> {
-        if let Some(e) = self.injected(FaultPoint::Write) {
-            // Simulates a short write followed by an error, so the cleanup is exercised.
-            let _ = self.file.write_all_at(&self.batch[..self.batch.len() / 2], self.durable_len);
-            return Err(format!("write failed: {e}"));
+    fn write_batch(&mut self, seqs: &Range<u64>) -> Result<(), String> {
+        match self.injected(FaultPoint::Write, seqs) {
+            None => {}
+            Some(Fault::Short { bytes, error }) => {
+                // Part of the batch reaches the file before the error, so the cleanup has
+                // partial bytes to cut off.
+                let part = bytes.min(self.batch.len().saturating_sub(1));
+                let _ = self.file.write_all_at(&self.batch[..part], self.durable_len);
+                return Err(format!("write failed: {error}"));
+            }
+            Some(Fault::Fail(e)) => return Err(format!("write failed: {e}")),
         }
         self.file.write_all_at(&self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
         let written = self.durable_len + self.batch.len() as u64;
         if self.durability != Durability::None {
-            if let Some(e) = self.injected(FaultPoint::Sync) {
-                return Err(format!("fsync failed: {e}"));
+            if let Some(fault) = self.injected(FaultPoint::Sync, seqs) {
+                return Err(format!("fsync failed: {}", fault.into_error()));
             }
             self.file.sync_data().map_err(|e| format!("fsync failed: {e}"))?;
         }
@@ -278,9 +292,11 @@ impl Writer {
         Ok(())
     }
 
-    fn finish(&mut self, upto: u64, outcome: Result<(), String>) {
+    fn finish(&mut self, seqs: Range<u64>, outcome: Result<(), String>) {
         let (ready, result) = match outcome {
             Ok(()) => {
+                self.written = seqs.end;
+                let upto = seqs.end;
                 let mut st = lock(&self.shared);
                 st.durable = upto;
                 let (ready, waiting) = std::mem::take(&mut st.waiters).into_iter().partition(|(target, _)| *target <= upto);
@@ -290,7 +306,11 @@ impl Writer {
             Err(mut detail) => {
                 // Cut the file back before anyone hears of the failure, so no partial record
                 // survives for a later open to mistake for a torn tail of durable data.
-                if let Err(e) = self.file.set_len(self.durable_len).and_then(|()| self.file.sync_data()) {
+                let cut = match self.injected(FaultPoint::CutBack, &seqs) {
+                    Some(fault) => Err(fault.into_error()),
+                    None => self.file.set_len(self.durable_len).and_then(|()| self.file.sync_data()),
+                };
+                if let Err(e) = cut {
                     detail.push_str(&format!("; cutting the file back to {} bytes also failed: {e}", self.durable_len));
                 }
                 let mut st = lock(&self.shared);
@@ -312,8 +332,8 @@ impl Writer {
             None => Ok(()),
         };
         if result.is_ok() && self.durability != Durability::None {
-            let synced = match self.injected(FaultPoint::Sync) {
-                Some(e) => Err(e),
+            let synced = match self.injected(FaultPoint::Sync, &(self.written..self.written)) {
+                Some(fault) => Err(fault.into_error()),
                 None => self.file.sync_data(),
             };
             if let Err(e) = synced {

@@ -1,0 +1,359 @@
+"""Injected write and fsync failures, at every point an agent loop's session reaches the disk.
+
+A private ``kerman._core._FaultPlan`` makes the FileStore's writer thread fail one write
+(nothing written, or a short write: part of the batch, then the error), one fsync, or the final
+fsync at close. Batching is timing-dependent (group commit), so a point is named by the event
+whose batch fails: failing "the batch that holds seq S" for every S of a fault-free run covers
+every write and sync point any batching of that run can have.
+
+Each faulty run checks what SPEC 2.2 promises: the flush barriers covering the failed batch
+raise ``LogWriteError`` (and no barrier beyond it succeeds, so the loop never calls the model or
+a tool body past a failed checkpoint); the log is poisoned; the loop reports the failure through
+``agent/error``, goes idle and leaves no task running; and after close, reopening gives a
+consistent log that holds every acknowledged event byte for byte (the checks of
+``test_crash.py``). A plain log with one event per barrier makes the points deterministic, and
+there each numbered write and sync fails in turn. See docs/durability.md for the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Tuple
+
+import pytest
+
+import kerman
+from conftest import DURABILITIES, session_path
+from kerman._core import _FaultPlan
+from test_crash import (check_balanced, claim_accounting, disk_state, fold_consumed_work,
+                        resume_and_run)
+
+CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"}
+         for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
+
+
+class Run:
+    """What one scenario run saw: barriers with their outcome, acknowledged prefixes, the
+    errors the loop reported, and the LogWriteError that stopped the scenario, if any."""
+
+    def __init__(self, log: kerman.SessionLog) -> None:
+        self.log = log
+        self.barriers: List[Tuple[int, Optional[BaseException]]] = []
+        self.acks: List[List[str]] = []
+        self.reported: List[Tuple[Any, dict]] = []  # (exception, failure dict) of agent/error
+        self.stopped: Optional[BaseException] = None
+        self.tasks: List["asyncio.Task[Any]"] = []  # every task the loop created
+
+    def acknowledged(self, n: int) -> None:
+        self.barriers.append((n, None))
+        self.acks.append([e.to_json() for e in self.log.events(stop=n)])
+
+    async def flush(self) -> None:
+        n = len(self.log)
+        try:
+            await self.log.flush()
+        except kerman.LogWriteError as exc:
+            self.barriers.append((n, exc))
+            raise
+        self.acknowledged(n)
+
+
+async def scenario(log: kerman.SessionLog, run: Run) -> kerman.AgentLoop:
+    """Two turns: three tool calls two at a time (``slow`` runs until ``last`` starts, so a
+    failure at ``last``'s barrier finds ``slow`` still running), steer/followup/replace from
+    inside ``lookup``, a streamed reply, a second turn, then an inject and a remove; explicit
+    barriers before every step and at the end. With checkpoint barriers (strict, checkpoint)
+    the model and the tool bodies that run alone note what the loop's own barrier
+    acknowledged."""
+    checkpoints = log._checkpoints
+    script = kerman.models.ScriptedModel([
+        kerman.ModelReply(CALLS),
+        [{"type": "text-delta", "text": "done "}, {"type": "text-delta", "text": "with 1"},
+         {"type": "finish", "reason": "stop"}],
+        "turn 2",
+    ])
+
+    def model(request: Any) -> Any:
+        if checkpoints:
+            run.acknowledged(len(log))
+        return script(request)
+
+    async def lookup(args: Any, ctx: kerman.ToolContext) -> str:
+        if checkpoints:
+            run.acknowledged(len(log))
+        loop.steer("steer from the tool")
+        queued = loop.followup("second")
+        loop.inbox.replace(queued.id, kerman.UserMessage("second, rewritten", id=queued.id))
+        return "found"
+
+    last_started = asyncio.Event()
+
+    async def slow(args: Any, ctx: kerman.ToolContext) -> str:
+        await last_started.wait()
+        return "slow"
+
+    async def last(args: Any, ctx: kerman.ToolContext) -> str:
+        if checkpoints:
+            run.acknowledged(len(log))
+        last_started.set()
+        return "last"
+
+    tools = [kerman.Tool("lookup", lookup), kerman.Tool("slow", slow), kerman.Tool("last", last)]
+    loop = kerman.AgentLoop(model, log=log, tools=tools, max_parallel_tool_calls=2)
+
+    @loop.pre_step
+    async def barrier(step: kerman.PreStep, next: Any) -> Any:
+        await run.flush()
+        return await next()
+
+    loop.on("agent/error", lambda ev: run.reported.append((ev.exception, ev.error)))
+    try:
+        loop.inject("context")
+        loop.followup("first")
+        await loop.when_idle()
+        await run.flush()
+        dropped = loop.inject("dropped")
+        loop.inbox.remove(dropped.id)
+        await run.flush()
+    except kerman.LogWriteError as exc:
+        run.stopped = exc
+    await loop.when_idle()
+    return loop
+
+
+async def faulty_run(root: Path, mode: str, plan: _FaultPlan) -> Tuple[Run, kerman.AgentLoop, List[str]]:
+    log = kerman.FileStore(root, durability=mode, _faults=plan).create("s")
+    run = Run(log)
+    running = asyncio.get_running_loop()
+
+    def factory(event_loop: Any, coro: Any, **kwargs: Any) -> "asyncio.Task[Any]":
+        task = asyncio.Task(coro, loop=event_loop, **kwargs)
+        run.tasks.append(task)
+        return task
+
+    running.set_task_factory(factory)
+    try:
+        loop = await scenario(log, run)
+    finally:
+        running.set_task_factory(None)
+    return run, loop, [e.to_json() for e in log.events()]
+
+
+def count(root: Path, mode: str) -> Tuple[int, _FaultPlan]:
+    """A fault-free run: the number of events, and the plan that counted the points."""
+    plan = _FaultPlan()
+    run, loop, events = asyncio.run(faulty_run(root / "count", mode, plan))
+    assert run.stopped is None and not run.reported, (run.stopped, run.reported)
+    loop.log.close()
+    assert plan.writes >= 1 and plan.fired is None
+    return len(events), plan
+
+
+async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[int],
+                       cut_back: bool = False) -> None:
+    """One run with ``plan`` armed at event ``seq`` (``None``: the final fsync at close)."""
+    run, loop, committed = await faulty_run(root, mode, plan)
+    log = loop.log
+    at_close = seq is None
+    if at_close:
+        assert plan.fired is None and run.stopped is None and not run.reported
+        first = len(committed)
+    else:
+        fired = plan.fired
+        assert fired is not None, f"the fault never fired: {plan!r} seq={seq} of {len(committed)}"
+        first = fired["first_seq"]
+        assert first <= seq < first + fired["events"]
+
+    # No barrier beyond the failed batch succeeds; those that cover it fail.
+    for n, outcome in run.barriers:
+        if n > first:
+            assert isinstance(outcome, kerman.LogWriteError), (n, first, outcome)
+    # The loop reports the write failure as a failed turn, and nothing else leaks.
+    for exc, failure in run.reported:
+        assert isinstance(exc, kerman.LogWriteError), repr(exc)
+        assert failure["message"].startswith("session log write failed: "), failure
+    assert loop.status == "idle"
+    # No tool call is left running once the loop is idle, and no task's failure went unseen
+    # (asyncio's flag for "Task exception was never retrieved").
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    for task in run.tasks:
+        assert task.done() and not task._log_traceback, task
+
+    if not at_close:
+        seen = [e for _, e in run.barriers if e is not None] + [e for e, _ in run.reported] + [run.stopped]
+        assert any(isinstance(e, kerman.LogWriteError) for e in seen), "the failure never surfaced"
+        # Poisoned: appends, barriers and inbox mutations raise, and change nothing.
+        n, pending = len(log), (loop.inbox.next_turn, loop.inbox.next_step)
+        with pytest.raises(kerman.LogWriteError):
+            log.append("test/after", {})
+        with pytest.raises(kerman.LogWriteError):
+            await log.flush()
+        with pytest.raises(kerman.LogWriteError):
+            loop.followup("after the failure")
+        assert len(log) == n and (loop.inbox.next_turn, loop.inbox.next_step) == pending
+        with pytest.raises(kerman.LogWriteError):  # its final flush tells the caller
+            await loop.aclose()
+        assert loop.status == "idle" and not log.closed
+    with pytest.raises(kerman.LogWriteError):
+        log.close()
+    assert plan.fired is not None
+
+    # Reopen without faults: a prefix of what was committed, then closers.
+    path = session_path(root, "s")
+    on_disk, torn = disk_state(path)
+    if cut_back:  # unacknowledged records of the short write may survive, whole or torn
+        assert on_disk >= first
+    else:
+        assert not torn and on_disk == first
+    store = kerman.FileStore(root, durability=mode)
+    reopened = store.open("s")
+    try:
+        events = list(reopened.events())
+        assert [e.to_json() for e in events[:on_disk]] == committed[:on_disk]
+        for ack in run.acks:
+            assert [e.to_json() for e in events[:len(ack)]] == ack
+        check_balanced(events)
+        proj = kerman.InboxProjection.fold(reopened.splices())
+        inbox = kerman.Inbox(reopened)
+        assert list(proj.next_turn) == list(inbox.next_turn)
+        assert list(proj.next_step) == list(inbox.next_step)
+        work = kerman.consumed_work(events)
+        end, dropped = fold_consumed_work(events)
+        assert (work.end.seq if work.end is not None else None) == end
+        assert work.dropped_unrun == dropped
+        unentered = claim_accounting(events)
+        completed = [e.data["turn"] for e in events
+                     if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
+        ends = {e.data["turn"]: e.data["reason"]["kind"] for e in events if e.type == "turn/end"}
+        await resume_and_run(reopened, unentered, completed[-1] if completed else None, ends)
+    finally:
+        reopened.close()
+
+
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """A folder on tmpfs when there is one: every failure here is injected, so a real disk's
+    fsync latency would only slow the hundreds of runs down."""
+    if not os.access("/dev/shm", os.W_OK):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="kerman-faults-", dir="/dev/shm"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# Bytes of the failing batch that reach the file before the error: part of the first record,
+# a record or two, everything but the last byte (clamped).
+SHORT = (1, 200, 10**9)
+
+
+def plans(mode: str, seq: int) -> Iterator[Tuple[str, _FaultPlan, bool]]:
+    """Every way the batch holding ``seq`` can fail: (name, plan, whether the cleanup fails)."""
+    yield "write", _FaultPlan("write", seq=seq), False
+    for i, short in enumerate(SHORT):
+        cut_back = (seq + i) % 2 == 1  # half of the short writes also fail to cut the file back
+        yield f"short{short}", _FaultPlan("write", seq=seq, short=short, cut_back=cut_back), cut_back
+    if mode != "none":
+        yield "sync", _FaultPlan("sync", seq=seq), False
+
+
+@pytest.mark.parametrize("mode", DURABILITIES)
+def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
+    events, counted = count(root, mode)
+    # The fault-free run's points: writes of contiguous batches covering every event once.
+    starts = [first for first, _, _ in counted.batches]
+    assert starts[0] == 0 and sum(n for _, n, _ in counted.batches) == events
+    assert all(a + n == b for (a, n, _), b in zip(counted.batches, starts[1:]))
+    assert counted.syncs == (0 if mode == "none" else counted.writes + 1)  # + the final one
+
+    async def every_point() -> int:
+        runs = 0
+        for seq in range(events):
+            for name, plan, cut_back in plans(mode, seq):
+                await check_failed(root / f"{name}-{seq}", mode, plan, seq, cut_back)
+                runs += 1
+        if mode != "none":
+            await check_failed(root / "at-close", mode, _FaultPlan("sync", at_close=True), None)
+            runs += 1
+        return runs
+
+    assert asyncio.run(every_point()) == events * (5 if mode != "none" else 4) + (mode != "none")
+
+
+
+EVENTS = 5
+
+
+async def one_by_one(where: Path, mode: str, plan: _FaultPlan
+                     ) -> Tuple[kerman.SessionLog, List[Optional[BaseException]]]:
+    """Appends EVENTS events, awaiting a barrier after each: the outcome of each append+flush."""
+    log = kerman.FileStore(where, durability=mode, _faults=plan).create("n")
+    outcomes: List[Optional[BaseException]] = []
+    for i in range(EVENTS):
+        try:
+            log.append("test/n", {"i": i})
+            await log.flush()
+            outcomes.append(None)
+        except kerman.LogWriteError as exc:
+            outcomes.append(exc)
+    return log, outcomes
+
+
+@pytest.mark.parametrize("mode", DURABILITIES)
+def test_every_nth_write_and_sync_of_a_log(root: Path, mode: str) -> None:
+    """One event per barrier makes the points deterministic: write and sync k carry event k-1,
+    and closing adds a final sync. Fails each by its number, with ENOSPC or EIO."""
+    counted = _FaultPlan()
+    log, outcomes = asyncio.run(one_by_one(root / "count", mode, counted))
+    log.close()
+    assert outcomes == [None] * EVENTS
+    assert [(first, n) for first, n, _ in counted.batches] == [(i, 1) for i in range(EVENTS)]
+    assert counted.writes == EVENTS
+    assert counted.syncs == (0 if mode == "none" else EVENTS + 1)
+
+    points = [("write", k, None) for k in range(1, counted.writes + 1)]
+    points += [("write", k, 10) for k in range(1, counted.writes + 1)]
+    points += [("sync", k, None) for k in range(1, counted.syncs + 1)]
+    for op, k, short in points:
+        code = errno.ENOSPC if k % 2 else errno.EIO
+        plan = _FaultPlan(op, nth=k, short=short, errno=code)
+        where = root / f"{op}-{k}-{short}"
+        log, outcomes = asyncio.run(one_by_one(where, mode, plan))
+        if op == "sync" and k == counted.syncs:  # the final sync, at close
+            assert outcomes == [None] * EVENTS and plan.fired is None
+            with pytest.raises(kerman.LogWriteError, match=os.strerror(code)):
+                log.close()
+            kept = EVENTS
+        else:
+            assert outcomes[:k - 1] == [None] * (k - 1)
+            failed = outcomes[k - 1]
+            assert isinstance(failed, kerman.LogWriteError) and os.strerror(code) in str(failed)
+            # Poisoned: every later append is refused.
+            assert all(isinstance(o, kerman.LogWriteError) for o in outcomes[k:])
+            assert len(log) == k
+            with pytest.raises(kerman.LogWriteError):
+                log.close()
+            kept = k - 1
+        assert plan.fired == {"op": op, "nth": k, "first_seq": min(k - 1, EVENTS), "events": int(k <= EVENTS)}
+        reopened = kerman.FileStore(where, durability=mode).open("n")
+        assert [e.data for e in reopened.events()] == [{"i": i} for i in range(kept)]
+        reopened.close()
+
+
+def test_fault_plan_arguments() -> None:
+    for bad in [dict(op="read", nth=1), dict(op="write"), dict(op="write", nth=1, seq=2),
+                dict(op="write", nth=0), dict(op="write", at_close=True),
+                dict(op="sync", nth=1, short=3), dict(nth=1)]:
+        with pytest.raises(ValueError):
+            _FaultPlan(**bad)
+    plan = _FaultPlan()
+    assert (plan.writes, plan.syncs, plan.batches, plan.fired) == (0, 0, [], None)
