@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench bench-rust clean
+.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench bench-rust bench-instr clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -52,6 +52,11 @@ bench: install
 # e.g. `make bench-rust BENCH_ARGS=claim` runs only the benchmarks whose name contains "claim".
 bench-rust:
 	cargo bench --bench micro -- $(BENCH_ARGS)
+
+# Instructions per loop turn (P3, P4 shapes), Kerman and baseline, under callgrind: a
+# repeatable A/B measure on a noisy machine (a few minutes; needs valgrind).
+bench-instr: install
+	$(PY) benches/python/turn_cost.py
 
 clean:
 	rm -rf $(CARGO_TARGET_DIR) dist

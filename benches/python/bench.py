@@ -676,7 +676,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(machine_line())
     print(f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
-          "Loop rows (P3, P4, P10): the turn and the step run in the Rust Driver; tool scheduling is still Python.")
+          "Loop rows (P3, P4, P10): the turn and the step run in the Rust Driver; a lone tool call runs in the driver task, several go through the Python scheduler.")
     return 0
 
 

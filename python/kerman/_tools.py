@@ -6,11 +6,12 @@ are cancelled and drain, and unstarted ones get a synthetic aborted result."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import sys
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
 from ._core import NEXT_STEP, ToolResultMessage, UserMessage
 from ._turn import _uncancel
@@ -220,12 +221,41 @@ async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
 _INLINE = sys.version_info >= (3, 11)
 
 
+class _InContext:
+    """Awaits ``coro`` with every step of it run inside ``context``: what a task of its own
+    would give the call (a copy of the driver's context variables, so a tool that sets one
+    does not leak it into the rest of the turn, exactly as a pooled call cannot)."""
+
+    __slots__ = ("coro", "context")
+
+    def __init__(self, coro: Any, context: contextvars.Context) -> None:
+        self.coro = coro
+        self.context = context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        run, coro = self.context.run, self.coro
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                yielded = run(coro.send, value) if error is None else run(coro.throw, error)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value, error = (yield yielded), None
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:
+                value, error = None, exc
+
+
 async def _run_inline(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], tool: Tool) -> bool:
     call_seq = _log_call(loop, turn, step, call)
     ctx = ToolContext(call["id"], turn, step, loop._signal, loop)
     loop._in_user = True
     try:
-        outcome = await _invoke_body(loop, tool, call, ctx)
+        outcome = await _InContext(_invoke_body(loop, tool, call, ctx), contextvars.copy_context())
     finally:
         loop._in_user = False
     task = loop._task  # the driver's task, which this runs in (no current_task() lookup)

@@ -260,3 +260,47 @@ def test_cancel_during_the_checkpoint_flush_of_a_lone_call(tmp_path, durability)
     # the aborted signal first: both are "before dispatch", and the body never ran.
     assert result.data["error"] == ABORTED_BEFORE
     assert ran == []
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_context_variables_a_tool_sets_stay_in_that_call(calls):
+    """A tool runs in a copy of the driver's context, lone or pooled: what it sets is not
+    seen by the model's next request, while what the driver's context holds is seen by the
+    tool."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("kerman_tool_var", default="unset")
+    seen_by_model: List[str] = []
+    seen_by_tool: List[str] = []
+
+    class Model:
+        def __init__(self) -> None:
+            self.n = 0
+
+        async def __call__(self, request):
+            seen_by_model.append(var.get())
+            self.n += 1
+            if self.n == 1:
+                var.set("set by the model")
+                return ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "work", "arguments": "{}"}
+                                   for i in range(calls)])
+            return ModelReply("done")
+
+    async def main():
+        loop = AgentLoop(Model())
+
+        @loop.tool
+        async def work(args, ctx):
+            seen_by_tool.append(var.get())
+            var.set("set by the tool")
+            await asyncio.sleep(0)
+            return "ok"
+
+        loop.followup("go")
+        await loop.when_idle()
+        return loop
+
+    loop = asyncio.run(main())
+    assert seen_by_tool == ["set by the model"] * calls
+    assert seen_by_model == ["unset", "set by the model"]
+    assert loop.log[-1].data["reason"] == {"kind": "completed"}

@@ -1,0 +1,111 @@
+"""Instructions per loop turn, Kerman against the baseline, counted by callgrind.
+
+Wall-clock ratios on a shared 2-core VM drift by tens of percent between runs; instruction
+counts do not (callgrind counts the same for the same binary and input whatever else the
+machine does). This runs the P3/P4 turn shapes under ``valgrind --tool=callgrind`` at two
+sizes and reports the difference divided by the extra turns, so start-up and imports cancel
+out. Use it for A/B comparisons of a change; the targets themselves are wall-clock ratios
+(``bench.py``), which also pay for what instructions do not show (page faults, syscalls,
+cache misses).
+
+    python3 benches/python/turn_cost.py            # P3 (0, 1, 5 listeners) and P4
+    python3 benches/python/turn_cost.py --turns 1000,3000 --only P4
+
+Run as a child: ``turn_cost.py --child IMPL LISTENERS TOOL TURNS`` runs one loop workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CASES = {"P3/0": (0, False), "P3/1": (1, False), "P3/5": (5, False), "P4": (0, True)}
+
+
+def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
+    """The P3/P4 workload of bench.py: sessions of 100 turns, prompts in bursts of 50."""
+    if impl == "kerman":
+        import kerman as mod
+    else:
+        sys.path.insert(0, HERE)
+        import baseline as mod  # type: ignore[no-redef]
+    text = mod.ModelReply("The last commit adds group commit to the writer thread.")
+    call = mod.ModelReply([{"type": "tool-call", "id": "call-1", "name": "git_log", "arguments": '{"n": 1}'}])
+
+    async def model(request: Any) -> Any:
+        return call if tool and request.step == 1 else text
+
+    async def git_log(args: Any, ctx: Any) -> str:
+        return "commit 4f1c2e: add group commit"
+
+    async def passthrough(step: Any, next: Any) -> Any:
+        return await next()
+
+    async def main() -> None:
+        for _ in range(turns // 100):
+            loop = mod.AgentLoop(model)
+            if tool:
+                loop.tool(git_log)
+            for _ in range(listeners):
+                loop.pre_step(passthrough)
+            for _ in range(2):
+                for _ in range(50):
+                    loop.followup("What changed in the last commit?")
+                await loop.when_idle()
+            assert loop.turn == 100
+
+    asyncio.run(main())
+
+
+def instructions(impl: str, listeners: int, tool: bool, turns: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
+             os.path.abspath(__file__), "--child", impl, str(listeners), str(int(tool)), str(turns)],
+            capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main(argv: List[str]) -> None:
+    if argv[:1] == ["--child"]:
+        child(argv[1], int(argv[2]), argv[3] == "1", int(argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
+    ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
+    args = ap.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    small, large = (int(n) for n in args.turns.split(","))
+    if small % 100 or large % 100 or large <= small:
+        raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
+    names = args.only.split(",") if args.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(unknown)}; expected some of {', '.join(CASES)}")
+    print(f"| case | Kerman instr/turn | baseline instr/turn | ratio |\n|---|---|---|---|")
+    for name in names:
+        listeners, tool = CASES[name]
+        per = {}
+        for impl in ("kerman", "baseline"):
+            print(f"  {name} {impl}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
+            a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
+            per[impl] = (b - a) / (large - small)
+        print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
