@@ -228,8 +228,11 @@ def test_cancel_before_a_lone_call_starts_gives_aborted_before_dispatch():
 
 
 @pytest.mark.parametrize("durability", ["strict", "checkpoint"])
-def test_cancel_during_the_checkpoint_flush_of_a_lone_call(tmp_path, durability):
-    """cancel() while the call awaits its checkpoint barrier: aborted before the body ran."""
+def test_cancel_after_a_lone_call_is_logged_and_before_its_barrier_gives_aborted_before(tmp_path, durability):
+    """cancel() once the call is logged but before its checkpoint barrier and body: the body
+    never runs and the result is the synthetic aborted-before one, as for pooled calls. (The
+    cancel comes from an observer of ``tool/call``, so it lands at a known point; a cancel
+    while the barrier is pending takes the same path through ``CancelledError``.)"""
     import kerman
 
     async def main():
@@ -244,8 +247,7 @@ def test_cancel_during_the_checkpoint_flush_of_a_lone_call(tmp_path, durability)
 
         def observer(event):
             if event.type == "tool/call":
-                # The call is logged; its body waits for the flush barrier next.
-                asyncio.get_running_loop().call_soon(loop.cancel, "user")
+                loop.cancel("user", keep_inbox=True)
 
         log.subscribe(observer)
         loop.followup("go")
@@ -256,10 +258,9 @@ def test_cancel_during_the_checkpoint_flush_of_a_lone_call(tmp_path, durability)
     loop, ran = asyncio.run(main())
     [result] = results(loop.log)
     assert balanced(loop.log)
-    # Either the barrier was still pending (aborted before) or already done and the body saw
-    # the aborted signal first: both are "before dispatch", and the body never ran.
     assert result.data["error"] == ABORTED_BEFORE
     assert ran == []
+    assert loop.log[-1].data["reason"] == {"kind": "aborted", "reason": {"kind": "user"}}
 
 
 @pytest.mark.parametrize("calls", [1, 2])
