@@ -16,6 +16,7 @@
 
 pub mod blocking;
 pub mod event_log;
+mod ids;
 pub mod inbox;
 pub mod json;
 pub mod message;

@@ -110,7 +110,7 @@ impl Hash for Message {
 
 /// Mints a new message id: a UUIDv7 (time-ordered) in its text form.
 pub fn new_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    crate::ids::new_id()
 }
 
 // Building a JSON object hashes each key (serde_json's ordered map); cloning a prototype
