@@ -155,7 +155,7 @@ impl Message {
         id: Option<String>,
     ) -> Result<Message, MessageError> {
         let source = source.unwrap_or_else(|| kind_source("user"));
-        if source.get("kind").and_then(Value::as_str) == Some("tool") {
+        if field(&source, "kind").and_then(Value::as_str) == Some("tool") {
             return Err(MessageError::new(
                 "source.kind",
                 "\"tool\" is reserved for tool results; use a ToolResultMessage",
@@ -237,7 +237,7 @@ impl Message {
         };
         let kind = match role {
             "assistant" => MessageKind::Assistant,
-            "user" if source.get("kind").and_then(Value::as_str) == Some("tool") => MessageKind::ToolResult,
+            "user" if field(&source, "kind").and_then(Value::as_str) == Some("tool") => MessageKind::ToolResult,
             "user" => MessageKind::User,
             other => {
                 return Err(MessageError::new("role", format!("expected \"user\" or \"assistant\", got {other:?}")))
@@ -289,7 +289,7 @@ impl Message {
 
     /// `source.kind`, always present.
     pub fn source_kind(&self) -> &str {
-        self.source.get("kind").and_then(Value::as_str).unwrap_or("")
+        field(&self.source, "kind").and_then(Value::as_str).unwrap_or("")
     }
 
     /// The text blocks joined with `\n`.
@@ -334,6 +334,15 @@ impl Message {
     }
 }
 
+/// `map.get(key)` for the small objects messages are made of (a block, a source): comparing a
+/// handful of short keys is several times cheaper than hashing `key` with the map's SipHash.
+fn field<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    if map.len() > 8 {
+        return map.get(key);
+    }
+    map.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+}
+
 fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -346,7 +355,7 @@ fn type_name(value: &Value) -> &'static str {
 }
 
 fn require_str(block: &Map<String, Value>, key: &str, path: &dyn Fn() -> String) -> Result<(), MessageError> {
-    match block.get(key) {
+    match field(block, key) {
         Some(Value::String(_)) => Ok(()),
         Some(other) => Err(MessageError::new(format!("{}.{key}", path()), format!("expected a string, got {}", type_name(other)))),
         None => Err(MessageError::new(format!("{}.{key}", path()), "missing")),
@@ -361,7 +370,7 @@ fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), Me
         let Value::Object(map) = block else {
             return Err(MessageError::new(here(), format!("expected a content block object, got {}", type_name(block))));
         };
-        let kind = match map.get("type") {
+        let kind = match field(map, "type") {
             Some(Value::String(kind)) if !kind.is_empty() => kind.as_str(),
             Some(_) => return Err(MessageError::new(format!("{}.type", here()), "expected a non-empty string")),
             None => return Err(MessageError::new(format!("{}.type", here()), "missing")),
@@ -375,14 +384,14 @@ fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), Me
             }
             "tool-result" => {
                 require_str(map, "toolCallId", &here)?;
-                match map.get("content") {
+                match field(map, "content") {
                     Some(Value::Array(inner)) => validate_blocks(inner, &|| format!("{}.content", here()))?,
                     Some(other) => {
                         return Err(MessageError::new(format!("{}.content", here()), format!("expected a list, got {}", type_name(other))))
                     }
                     None => return Err(MessageError::new(format!("{}.content", here()), "missing")),
                 }
-                if let Some(flag) = map.get("isError") {
+                if let Some(flag) = field(map, "isError") {
                     if !flag.is_boolean() {
                         return Err(MessageError::new(format!("{}.isError", here()), "expected a bool"));
                     }
@@ -396,7 +405,7 @@ fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), Me
 }
 
 fn validate_source(kind: MessageKind, content: &[Value], source: &Map<String, Value>) -> Result<(), MessageError> {
-    let source_kind = match source.get("kind") {
+    let source_kind = match field(source, "kind") {
         Some(Value::String(k)) if !k.is_empty() => k.as_str(),
         Some(_) => return Err(MessageError::new("source.kind", "expected a non-empty string")),
         None => return Err(MessageError::new("source.kind", "missing")),
@@ -409,16 +418,16 @@ fn validate_source(kind: MessageKind, content: &[Value], source: &Map<String, Va
         )),
         MessageKind::Assistant => Ok(()),
         MessageKind::ToolResult => {
-            let Some(Value::String(call_id)) = source.get("callId") else {
+            let Some(Value::String(call_id)) = field(source, "callId") else {
                 return Err(MessageError::new("source.callId", "a tool result needs a string callId"));
             };
             let [Value::Object(block)] = content else {
                 return Err(MessageError::new("content", "a tool result must hold exactly one tool-result block"));
             };
-            if block.get("type").and_then(Value::as_str) != Some("tool-result") {
+            if field(block, "type").and_then(Value::as_str) != Some("tool-result") {
                 return Err(MessageError::new("content[0].type", "a tool result must hold a tool-result block"));
             }
-            if block.get("toolCallId").and_then(Value::as_str) != Some(call_id.as_str()) {
+            if field(block, "toolCallId").and_then(Value::as_str) != Some(call_id.as_str()) {
                 return Err(MessageError::new("content[0].toolCallId", format!("does not match source.callId {call_id:?}")));
             }
             Ok(())
