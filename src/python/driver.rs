@@ -93,6 +93,9 @@ enum Flow<'py> {
 /// One turn's state (the locals of the turn loop).
 struct Turn {
     turn: Py<PyAny>,
+    /// The turn's abort signal (`loop._signal` when the turn began; replaced only between
+    /// turns), held so the many aborted-checks of a turn read one attribute, not two.
+    signal: Py<PyAny>,
     claimed: Option<Py<PyAny>>,
     claim_error: Option<PyErr>,
     next_step: bool,
@@ -106,9 +109,10 @@ struct Turn {
 }
 
 impl Turn {
-    fn new(turn: Py<PyAny>, claimed: Option<Py<PyAny>>, claim_error: Option<PyErr>) -> Turn {
+    fn new(turn: Py<PyAny>, signal: Py<PyAny>, claimed: Option<Py<PyAny>>, claim_error: Option<PyErr>) -> Turn {
         Turn {
             turn,
+            signal,
             claimed,
             claim_error,
             next_step: false,
@@ -152,11 +156,11 @@ impl Machine {
     }
 
     fn signal<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.agent(py).getattr(intern!(py, "_signal"))
+        Ok(self.turn.signal.bind(py).clone())
     }
 
     fn aborted(&self, py: Python<'_>) -> PyResult<bool> {
-        signal_aborted(self.agent(py))
+        is_aborted(self.turn.signal.bind(py))
     }
 
     /// `_turn.check(loop)`: raises `_Aborted` once the signal has aborted.
@@ -605,6 +609,7 @@ impl Machine {
         visit.call(&self.history)?;
         let t = &self.turn;
         visit.call(&t.turn)?;
+        visit.call(&t.signal)?;
         for obj in [&t.claimed, &t.batch, &t.step, &t.ending].into_iter().flatten() {
             visit.call(obj)?;
         }
@@ -629,10 +634,9 @@ fn turn_json(turn: u64) -> String {
     out
 }
 
-/// `loop._signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
-fn signal_aborted(agent: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let py = agent.py();
-    let signal = agent.getattr(intern!(py, "_signal"))?;
+/// `signal.aborted`, read from its slot (`_reason is not None`) for an exact `Signal`.
+fn is_aborted(signal: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = signal.py();
     if signal.get_type().is(helpers(py)?.signal.bind(py)) {
         return Ok(!signal.getattr(intern!(py, "_reason"))?.is_none());
     }
@@ -645,7 +649,8 @@ fn signal_aborted(agent: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// for the turn's body to raise, so the turn still ends.
 fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> PyResult<Option<Turn>> {
     let py = agent.py();
-    if signal_aborted(agent)? {
+    let signal = agent.getattr(intern!(py, "_signal"))?;
+    if is_aborted(&signal)? {
         return Ok(None);
     }
     let last: u64 = agent.getattr(intern!(py, "_turn"))?.extract()?;
@@ -666,17 +671,18 @@ fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> 
         Err(e) if e.is_instance_of::<PyException>(py) => (None, Some(e)),
         Err(e) => return Err(e),
     };
-    Ok(Some(Turn::new(turn.into_pyobject(py)?.into_any().unbind(), claimed, claim_error)))
+    Ok(Some(Turn::new(turn.into_pyobject(py)?.into_any().unbind(), signal.unbind(), claimed, claim_error)))
 }
 
-fn prefix_turn(turn: Bound<'_, PyAny>, claimed: Bound<'_, PyAny>, claim_error: Bound<'_, PyAny>) -> PyResult<Turn> {
+fn prefix_turn(agent: &Bound<'_, PyAny>, turn: Bound<'_, PyAny>, claimed: Bound<'_, PyAny>, claim_error: Bound<'_, PyAny>) -> PyResult<Turn> {
+    let signal = agent.getattr(intern!(agent.py(), "_signal"))?.unbind();
     let claimed = if claimed.is_none() { None } else { Some(claimed.unbind()) };
     let claim_error = if claim_error.is_none() {
         None
     } else {
         Some(PyErr::from_value(claim_error.cast_into::<PyBaseException>()?.into_any()))
     };
-    Ok(Turn::new(turn.unbind(), claimed, claim_error))
+    Ok(Turn::new(turn.unbind(), signal, claimed, claim_error))
 }
 
 enum State {
@@ -787,7 +793,7 @@ impl PyDriver {
             log: r#loop.getattr(intern!(py, "_log"))?.cast_into::<PySessionLog>()?.unbind(),
             inbox: r#loop.getattr(intern!(py, "_inbox"))?.cast_into::<PyInbox>()?.unbind(),
             history: r#loop.getattr(intern!(py, "_history"))?.cast_into::<PyHistory>()?.unbind(),
-            turn: prefix_turn(turn.clone(), claimed.clone(), claim_error.clone())?,
+            turn: prefix_turn(r#loop, turn.clone(), claimed.clone(), claim_error.clone())?,
             started: false,
             inner: None,
         };
