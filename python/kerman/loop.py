@@ -249,7 +249,7 @@ class AgentLoop:
             elif self._event_loop.is_closed():
                 # Refused before inserting: a caller told of a failure must not find it queued.
                 raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
-        after_abort = wakeup and self._status == "running" and self._signal.aborted
+        after_abort = wakeup and self._status == "running" and self._signal._reason is not None
         stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         if wakeup:
             if on_thread:
@@ -297,7 +297,8 @@ class AgentLoop:
     def _wake(self, after_abort: bool) -> None:
         """Reference 5.3: start a driver when idle; latch a wake the running one cannot deliver."""
         if self._status != "idle":
-            reason = self._signal.reason
+            # The signal's slot, not its `reason` property (a copy): this runs per delivery.
+            reason = self._signal._reason
             if reason is not None and reason.get("kind") != "disposed" and after_abort:
                 self._wake_requested = True
             return
