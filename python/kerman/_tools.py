@@ -11,7 +11,7 @@ import inspect
 import json
 import sys
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Coroutine, Dict, Generator, List, Optional, Tuple
 
 from ._core import NEXT_STEP, ToolResultMessage, UserMessage
 from ._turn import _uncancel
@@ -47,7 +47,7 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
             await loop._log.flush()
     except asyncio.CancelledError:
         return _error(*ABORTED_BEFORE)
-    if ctx.signal.aborted:
+    if ctx.signal._reason is not None:  # the slot, not the property: this runs per call
         return _error(*ABORTED_BEFORE)
     try:
         raw = call.get("arguments") or "{}"
@@ -114,14 +114,19 @@ def _log_call(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any]) -> 
     return seq
 
 
-async def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]]) -> bool:
-    """Runs the step's tool calls; returns whether a committed result concludes the turn."""
-    signal = loop._signal
-    n = len(calls)
-    if n == 1 and _INLINE and not signal.aborted:
+def run_tools(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]]) -> Coroutine[Any, Any, bool]:
+    """The coroutine that runs the step's tool calls and returns whether a committed result
+    concludes the turn (a plain function choosing it, so a lone call is one coroutine deep)."""
+    if len(calls) == 1 and _INLINE and loop._signal._reason is None:
         tool = loop._tools.get(calls[0].get("name", ""))
         if tool is not None:
-            return await _run_inline(loop, turn, step, calls[0], tool)
+            return _run_inline(loop, turn, step, calls[0], tool)
+    return _run_pool(loop, turn, step, calls)
+
+
+async def _run_pool(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[str, Any]]) -> bool:
+    signal = loop._signal
+    n = len(calls)
     outcomes: List[Optional[Outcome]] = [None] * n
     boxes: Dict[int, List[Optional[Outcome]]] = {}
     call_seqs: List[int] = [0] * n

@@ -2,7 +2,7 @@
 
 The turn loop and the step are ``kerman._core.Driver``; it calls ``_decision``,
 ``failure_of``, ``error_chain``, ``emit_error``, ``_uncancel`` and ``_Assembler`` from here,
-raises ``TurnFailure`` and ``_Aborted``, and awaits ``_tools.run_tools`` for a step's tool calls.
+raises ``TurnFailure`` and ``_Aborted``, and awaits the coroutine ``_tools.run_tools`` returns for a step's tool calls.
 
 User code (listeners, the model, serial hooks) is awaited so that ``cancel()`` can throw
 ``CancelledError`` into it: the driver sets ``loop._in_user`` around each such await. A
