@@ -1,0 +1,126 @@
+//! The runtime thread: one connection, one request at a time.
+
+use std::sync::mpsc::SyncSender;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_postgres::{Client, NoTls};
+
+use super::{db_err, schema, sql, Lease, Row};
+use crate::event_log::LogError;
+
+/// What the runtime thread can be asked to do.
+pub enum Request {
+    Create { id: String, header: String },
+    /// Acquire the lease, then read the header and every record.
+    Open { id: String },
+    Append { lease: Lease, rows: Vec<Row> },
+    Read { id: String },
+    Release { lease: Lease },
+    Exists { id: String },
+    List,
+    Delete { id: String },
+}
+
+#[derive(Debug)]
+pub enum Response {
+    Lease(Lease),
+    /// Lease, header text, record texts.
+    Opened(Lease, String, Vec<String>),
+    Records(Vec<String>),
+    Bool(bool),
+    Ids(Vec<String>),
+    Done,
+}
+
+/// Runs on the runtime thread: it must be quick and must not block (hand off, don't work).
+pub type Reply = Box<dyn FnOnce(Result<Response, LogError>) + Send>;
+
+type Job = (Request, Reply);
+
+pub struct Handle {
+    tx: UnboundedSender<Job>,
+    pub owner: String,
+    pub applied: Vec<i32>,
+}
+
+impl Handle {
+    pub fn submit(&self, request: Request, reply: Reply) {
+        if let Err(e) = self.tx.send((request, reply)) {
+            (e.0 .1)(Err(stopped()));
+        }
+    }
+}
+
+pub fn stopped() -> LogError {
+    LogError::Database { context: "postgres store".into(), detail: "the connection thread has stopped".into() }
+}
+
+pub fn unexpected(response: Response) -> LogError {
+    LogError::Database { context: "postgres store".into(), detail: format!("unexpected response {response:?}") }
+}
+
+/// Starts the thread, connects and migrates; returns once the store is usable (or why not).
+pub fn start(dsn: String, owner: String, ttl_ms: f64) -> Result<Handle, LogError> {
+    let (tx, rx) = unbounded_channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let thread_owner = owner.clone();
+    std::thread::Builder::new()
+        .name("kerman-postgres".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return drop(ready_tx.send(Err(LogError::io("start the postgres runtime", e)))),
+            };
+            rt.block_on(run(dsn, thread_owner, ttl_ms, rx, ready_tx));
+        })
+        .map_err(|e| LogError::io("spawn the postgres thread", e))?;
+    let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
+    Ok(Handle { tx, owner, applied })
+}
+
+async fn run(
+    dsn: String,
+    owner: String,
+    ttl_ms: f64,
+    mut rx: UnboundedReceiver<Job>,
+    ready: SyncSender<Result<Vec<i32>, LogError>>,
+) {
+    let (mut client, connection) = match tokio_postgres::connect(&dsn, NoTls).await {
+        Ok(pair) => pair,
+        Err(e) => return drop(ready.send(Err(db_err("connect")(e)))),
+    };
+    // The connection task does the socket I/O; if it dies, requests fail with its error.
+    tokio::spawn(connection);
+    match schema::migrate(&mut client).await {
+        Ok(applied) => drop(ready.send(Ok(applied))),
+        Err(e) => return drop(ready.send(Err(e))),
+    }
+    while let Some((request, reply)) = rx.recv().await {
+        reply(handle(&mut client, request, &owner, ttl_ms).await);
+    }
+}
+
+async fn handle(c: &mut Client, request: Request, owner: &str, ttl_ms: f64) -> Result<Response, LogError> {
+    Ok(match request {
+        Request::Create { id, header } => Response::Lease(sql::create(c, &id, &header, owner, ttl_ms).await?),
+        Request::Open { id } => {
+            let (lease, header) = sql::acquire(c, &id, owner, ttl_ms).await?;
+            Response::Opened(lease, header, sql::read(c, &id).await?)
+        }
+        Request::Append { lease, rows } => {
+            sql::append(c, &lease, &rows, ttl_ms).await?;
+            Response::Done
+        }
+        Request::Read { id } => Response::Records(sql::read(c, &id).await?),
+        Request::Release { lease } => {
+            sql::release(c, &lease).await?;
+            Response::Done
+        }
+        Request::Exists { id } => Response::Bool(sql::exists(c, &id).await?),
+        Request::List => Response::Ids(sql::list(c).await?),
+        Request::Delete { id } => {
+            sql::delete(c, &id).await?;
+            Response::Done
+        }
+    })
+}
