@@ -175,3 +175,59 @@ fn an_append_that_does_not_follow_the_last_seq_is_refused() {
     store.append(&lease, &events[2..]).unwrap();
     assert_eq!(store.read(&lease.session_id).unwrap(), events);
 }
+
+// ---- The Store contract, through SessionLog and PgBackend ----
+
+use kerman::event_log::postgres::PostgresStore;
+
+fn store(dsn: &str, lease_ttl_ms: u64) -> PostgresStore {
+    PostgresStore::connect(dsn, PgOptions { lease_ttl_ms }).unwrap()
+}
+
+#[test]
+fn a_session_log_commits_to_postgres_and_reopens_elsewhere() {
+    let Some(dsn) = dsn() else { return };
+    let a = store(&dsn, 30_000);
+    let log = a.create(None).unwrap();
+    let id = log.id().to_string();
+    assert!(a.exists(&id).unwrap());
+    assert!(!a.list().unwrap().contains(&id), "an empty session is not listed");
+    // A burst: rows queue while a transaction is in flight and go out together.
+    for i in 0..300 {
+        log.append("goal/change", &json!({"i": i})).unwrap();
+    }
+    log.flush_blocking().unwrap();
+    assert_eq!(a.core().read(&id).unwrap().len(), 300, "flush returned before everything committed");
+    log.append("goal/change", &json!({"last": true})).unwrap();
+    let written = log.range(0, None);
+    log.close().unwrap();
+
+    let b = store(&dsn, 30_000);
+    assert!(b.list().unwrap().contains(&id));
+    let reopened = b.open(&id).unwrap();
+    assert_eq!(reopened.range(0, None), written, "close commits what is pending");
+    assert_eq!(reopened.header(), log.header());
+    assert!(matches!(a.delete(&id), Err(LogError::Locked { .. })));
+    reopened.close().unwrap();
+    a.delete(&id).unwrap();
+    assert!(!a.exists(&id).unwrap());
+    assert!(matches!(a.open(&id), Err(LogError::NotFound { .. })));
+}
+
+#[test]
+fn a_log_whose_lease_was_taken_over_fails_its_flush_and_later_appends() {
+    let Some(dsn) = dsn() else { return };
+    let (old, new) = (store(&dsn, 0), store(&dsn, 0));
+    let log = old.create(None).unwrap();
+    log.append("goal/change", &json!(1)).unwrap();
+    log.flush_blocking().unwrap();
+
+    let taken = new.open(log.id()).unwrap();
+    log.append("goal/change", &json!(2)).unwrap(); // queued; its transaction is refused
+    assert!(matches!(log.flush_blocking(), Err(LogError::LeaseLost { .. })));
+    assert!(matches!(log.append("goal/change", &json!(3)), Err(LogError::LeaseLost { .. })));
+    taken.append("goal/change", &json!("new owner")).unwrap();
+    taken.flush_blocking().unwrap();
+    let data: Vec<_> = new.core().read(log.id()).unwrap().iter().map(|e| e.data()).collect();
+    assert_eq!(data, [json!(1), json!("new owner")]);
+}

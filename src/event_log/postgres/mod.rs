@@ -8,19 +8,24 @@
 //! Python object, and requests run one at a time in submission order, so one session's appends
 //! reach the server in seq order.
 //!
-//! Not yet here (see the branch notes): `Backend` wiring with group commit, lease renewal in
-//! the background, reconnects, LISTEN/NOTIFY tails, TLS.
+//! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
+//! behind each `SessionLog`. Not yet here (see docs/postgres.md): lease renewal in the
+//! background, reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS, Python.
 
+mod backend;
 mod schema;
 mod sql;
+mod store;
 mod worker;
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub use backend::PgBackend;
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
 pub use sql::Row;
+pub use store::PostgresStore;
 pub use worker::{Reply, Request, Response};
 
 use crate::event_log::{check_id, new_header, resolve_id, Event, LogError};
