@@ -73,7 +73,7 @@ fn submit(shared: &Shared, batch: Option<(Request, Reply)>) {
     }
 }
 
-/// Runs on the runtime thread when a transaction ends: settles barriers, sends the next batch.
+/// Runs on the reply thread when a transaction ends: settles barriers, sends the next batch.
 fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
     let (ready, outcome, batch) = {
         let mut st = lock(shared);

@@ -2,11 +2,11 @@
 //! append conditional on the lease epoch (the fencing token) and on seq continuity.
 //!
 //! All database work happens on one private thread running a current-thread tokio runtime;
-//! callers hand it requests over a channel and get each result through a callback
-//! ([`PgCore::submit`], which never blocks: the path a `Backend` flush will take) or by waiting
-//! ([`PgCore::call`] and the typed helpers, for open/create/tests). The thread never sees a
-//! Python object, and requests run one at a time in submission order, so one session's appends
-//! reach the server in seq order.
+//! callers hand it requests over a channel and get each result through a callback run on a
+//! second, reply thread ([`PgCore::submit`], which never blocks: the path of `PgBackend`) or by
+//! waiting ([`PgCore::call`] and the typed helpers, for open/create/tests). The runtime thread
+//! never runs caller code, so never touches a Python object or waits for the GIL; requests run
+//! one at a time in submission order, so one session's appends reach the server in seq order.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
 //! behind each `SessionLog`. Not yet here (see docs/postgres.md): lease renewal in the

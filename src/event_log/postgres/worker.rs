@@ -32,7 +32,9 @@ pub enum Response {
     Done,
 }
 
-/// Runs on the runtime thread: it must be quick and must not block (hand off, don't work).
+/// Runs on the store's reply thread, never on the runtime thread: a reply may wait (for the
+/// GIL, to complete an asyncio future) without stalling other sessions' database I/O. Replies
+/// run one at a time in completion order, so they should hand off rather than work.
 pub type Reply = Box<dyn FnOnce(Result<Response, LogError>) + Send>;
 
 type Job = (Request, Reply);
@@ -64,6 +66,16 @@ pub fn start(dsn: String, owner: String, ttl_ms: f64) -> Result<Handle, LogError
     let (tx, rx) = unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let thread_owner = owner.clone();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(Reply, Result<Response, LogError>)>();
+    std::thread::Builder::new()
+        .name("kerman-postgres-replies".into())
+        .spawn(move || {
+            for (reply, result) in done_rx {
+                // A panicking reply must not take the other replies down with it.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || reply(result)));
+            }
+        })
+        .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
     std::thread::Builder::new()
         .name("kerman-postgres".into())
         .spawn(move || {
@@ -71,7 +83,7 @@ pub fn start(dsn: String, owner: String, ttl_ms: f64) -> Result<Handle, LogError
                 Ok(rt) => rt,
                 Err(e) => return drop(ready_tx.send(Err(LogError::io("start the postgres runtime", e)))),
             };
-            rt.block_on(run(dsn, thread_owner, ttl_ms, rx, ready_tx));
+            rt.block_on(run(dsn, thread_owner, ttl_ms, rx, ready_tx, done_tx));
         })
         .map_err(|e| LogError::io("spawn the postgres thread", e))?;
     let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
@@ -84,6 +96,7 @@ async fn run(
     ttl_ms: f64,
     mut rx: UnboundedReceiver<Job>,
     ready: SyncSender<Result<Vec<i32>, LogError>>,
+    done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
 ) {
     let (mut client, connection) = match tokio_postgres::connect(&dsn, NoTls).await {
         Ok(pair) => pair,
@@ -96,7 +109,10 @@ async fn run(
         Err(e) => return drop(ready.send(Err(e))),
     }
     while let Some((request, reply)) = rx.recv().await {
-        reply(handle(&mut client, request, &owner, ttl_ms).await);
+        let result = handle(&mut client, request, &owner, ttl_ms).await;
+        // The reply thread outlives this loop (it ends when `done` is dropped), so this send
+        // fails only if it panicked outside a reply, and then there is nobody to tell.
+        let _ = done.send((reply, result));
     }
 }
 
