@@ -18,17 +18,18 @@ test-deps:
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
 # KERMAN_PG_DSN names one. KERMAN_PG_REQUIRED=1 makes a missing server a failure, not a skip.
+PG_ENV = dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
+	echo "KERMAN_PG_DSN=$$dsn"; export KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1;
+
 test-rust:
-	@dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
-	echo "test-rust: KERMAN_PG_DSN=$$dsn"; \
-	KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1 cargo test --release --quiet --features postgres
+	@$(PG_ENV) cargo test --release --quiet --features postgres
 
 # Starts (or finds) the test PostgreSQL server and prints its DSN.
 pg-server:
 	@bash scripts/pg-test-server.sh
 
 test-python: install test-deps
-	$(PY) -m pytest -q
+	@$(PG_ENV) $(PY) -m pytest -q
 	$(MAKE) stubtest
 
 stubtest:
