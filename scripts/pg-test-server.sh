@@ -17,7 +17,7 @@ pg_bin() {
 }
 
 BIN="$(pg_bin)"
-if [ -n "$BIN" ] && "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT"; then
+if [ -n "$BIN" ] && "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then
     echo "$DSN"
     exit 0
 fi
@@ -49,7 +49,7 @@ if [ ! -s "$ROOT/data/PG_VERSION" ]; then
         || { cat "$ROOT/initdb.log" >&2; exit 1; }
 fi
 
-if ! "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT"; then
+if ! "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then
     # -w waits until the server accepts connections (pg_ctl polls; no sleep of ours).
     as_pg "$BIN/pg_ctl" -D "$ROOT/data" -l "$ROOT/server.log" -w -t 60 \
         -o "-h 127.0.0.1 -p $PORT -k $ROOT -c fsync=off -c full_page_writes=off" start >&2 \
