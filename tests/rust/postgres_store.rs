@@ -231,3 +231,27 @@ fn a_log_whose_lease_was_taken_over_fails_its_flush_and_later_appends() {
     let data: Vec<_> = new.core().read(log.id()).unwrap().iter().map(|e| e.data()).collect();
     assert_eq!(data, [json!(1), json!("new owner")]);
 }
+
+#[test]
+fn an_idle_owner_keeps_its_lease_past_the_ttl() {
+    let Some(dsn) = dsn() else { return };
+    // The owner appends nothing; only the store's background renewal (every ttl/3) keeps the
+    // lease. Another store keeps trying to take it for three TTLs: it must never succeed.
+    let ttl = std::time::Duration::from_millis(600);
+    let owner = store(&dsn, ttl.as_millis() as u64);
+    let log = owner.create(None).unwrap();
+    let other = store(&dsn, 30_000);
+    let until = std::time::Instant::now() + 3 * ttl;
+    let mut tries = 0;
+    while std::time::Instant::now() < until {
+        match other.open(log.id()) {
+            Err(LogError::Locked { .. }) => tries += 1,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("the idle owner's lease lapsed after {tries} tries"),
+        }
+        // Pacing, not synchronisation: the test is about wall-clock time passing.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    log.append("goal/change", &json!("still mine")).unwrap();
+    log.flush_blocking().unwrap();
+}

@@ -9,8 +9,7 @@
 //! one at a time in submission order, so one session's appends reach the server in seq order.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
-//! behind each `SessionLog`. Not yet here (see docs/postgres.md): lease renewal in the
-//! background, reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS, Python.
+//! behind each `SessionLog`. Not yet here (see docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS, Python.
 
 mod backend;
 mod schema;

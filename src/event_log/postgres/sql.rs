@@ -1,6 +1,8 @@
 //! The store's statements. Each function is one unit of work on the runtime thread; those that
 //! write more than one row do it in one transaction.
 
+use std::collections::HashMap;
+
 use tokio_postgres::Client;
 
 use super::{db_err, Lease};
@@ -101,6 +103,23 @@ pub async fn append(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64) ->
     .await
     .map_err(db_err("advance last seq"))?;
     tx.commit().await.map_err(db_err("commit append"))
+}
+
+/// Extends every lease in `held` (session id -> epoch) that is still ours, in one statement.
+pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl_ms: f64) -> Result<(), LogError> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let (ids, epochs): (Vec<&str>, Vec<i64>) = held.iter().map(|(id, epoch)| (id.as_str(), *epoch)).unzip();
+    c.execute(
+        "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
+         FROM unnest($1::text[], $2::bigint[]) AS h(id, epoch)
+         WHERE s.id = h.id AND s.epoch = h.epoch AND s.owner = $4",
+        &[&ids, &epochs, &ttl_ms, &owner],
+    )
+    .await
+    .map_err(db_err("renew leases"))?;
+    Ok(())
 }
 
 /// Every record of a session, in seq order.

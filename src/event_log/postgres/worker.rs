@@ -1,6 +1,10 @@
 //! The runtime thread: one connection, one request at a time.
 
+use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_postgres::{Client, NoTls};
@@ -108,27 +112,66 @@ async fn run(
         Ok(applied) => drop(ready.send(Ok(applied))),
         Err(e) => return drop(ready.send(Err(e))),
     }
-    while let Some((request, reply)) = rx.recv().await {
-        let result = handle(&mut client, request, &owner, ttl_ms).await;
+    // Leases this store holds, renewed every third of the TTL so an owner that appends
+    // nothing for a while (a long model call) keeps its sessions. A TTL of 0 is never renewed.
+    let mut held: HashMap<String, i64> = HashMap::new();
+    let period = (ttl_ms > 0.0).then(|| Duration::from_secs_f64(ttl_ms / 3000.0).max(Duration::from_millis(10)));
+    let mut next_renewal = period.map(|p| Instant::now() + p);
+    loop {
+        // Checked before every request too, so a busy store still renews its idle sessions.
+        if let (Some(p), Some(at)) = (period, next_renewal) {
+            if Instant::now() >= at {
+                // A failed renewal is not reported: the next append of that session will be.
+                let _ = sql::renew(&mut client, &held, &owner, ttl_ms).await;
+                next_renewal = Some(Instant::now() + p);
+            }
+        }
+        let job = match next_renewal {
+            Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
+                Ok(job) => job,
+                Err(_) => continue,
+            },
+            None => rx.recv().await,
+        };
+        let Some((request, reply)) = job else { break };
+        let result = handle(&mut client, request, &owner, ttl_ms, &mut held).await;
         // The reply thread outlives this loop (it ends when `done` is dropped), so this send
         // fails only if it panicked outside a reply, and then there is nobody to tell.
         let _ = done.send((reply, result));
     }
 }
 
-async fn handle(c: &mut Client, request: Request, owner: &str, ttl_ms: f64) -> Result<Response, LogError> {
+async fn handle(
+    c: &mut Client,
+    request: Request,
+    owner: &str,
+    ttl_ms: f64,
+    held: &mut HashMap<String, i64>,
+) -> Result<Response, LogError> {
     Ok(match request {
-        Request::Create { id, header } => Response::Lease(sql::create(c, &id, &header, owner, ttl_ms).await?),
+        Request::Create { id, header } => {
+            let lease = sql::create(c, &id, &header, owner, ttl_ms).await?;
+            held.insert(id, lease.epoch);
+            Response::Lease(lease)
+        }
         Request::Open { id } => {
             let (lease, header) = sql::acquire(c, &id, owner, ttl_ms).await?;
+            held.insert(id.clone(), lease.epoch);
             Response::Opened(lease, header, sql::read(c, &id).await?)
         }
         Request::Append { lease, rows } => {
-            sql::append(c, &lease, &rows, ttl_ms).await?;
+            let result = sql::append(c, &lease, &rows, ttl_ms).await;
+            if let Err(LogError::LeaseLost { .. }) = result {
+                held.remove(&lease.session_id);
+            }
+            result?;
             Response::Done
         }
         Request::Read { id } => Response::Records(sql::read(c, &id).await?),
         Request::Release { lease } => {
+            if held.get(&lease.session_id) == Some(&lease.epoch) {
+                held.remove(&lease.session_id);
+            }
             sql::release(c, &lease).await?;
             Response::Done
         }
