@@ -9,7 +9,8 @@
 //! one at a time in submission order, so one session's appends reach the server in seq order.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
-//! behind each `SessionLog`. Not yet here (see docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS, Python.
+//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Not yet here (see
+//! docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
 
 mod backend;
 mod schema;
