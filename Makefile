@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust test-python stubtest fuzz demo bench bench-rust bench-instr clean
+.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest fuzz demo bench bench-rust bench-instr clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -15,11 +15,21 @@ install:
 test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19"
 
+# The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
+# throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
+# KERMAN_PG_DSN names one. KERMAN_PG_REQUIRED=1 makes a missing server a failure, not a skip.
+PG_ENV = dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
+	echo "KERMAN_PG_DSN=$$dsn"; export KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1;
+
 test-rust:
-	cargo test --release --quiet
+	@$(PG_ENV) cargo test --release --quiet --features postgres
+
+# Starts (or finds) the test PostgreSQL server and prints its DSN.
+pg-server:
+	@bash scripts/pg-test-server.sh
 
 test-python: install test-deps
-	$(PY) -m pytest -q
+	@$(PG_ENV) $(PY) -m pytest -q
 	$(MAKE) stubtest
 
 stubtest:

@@ -154,6 +154,19 @@ class MemoryStore:
     def delete(self, id: str) -> None: ...
 
 @final
+class PostgresStore:
+    """Sessions in a PostgreSQL database; each store is one lease owner."""
+
+    def __new__(cls, dsn: str, *, lease_ttl: float = 30.0) -> PostgresStore: ...
+    @property
+    def lease_ttl(self) -> float: ...
+    def create(self, id: str | None = None) -> SessionLog: ...
+    def open(self, id: str) -> SessionLog: ...
+    def list(self) -> builtins.list[str]: ...
+    def exists(self, id: str) -> bool: ...
+    def delete(self, id: str) -> None: ...
+
+@final
 class FileStore:
     """Sessions as files under ``root``, one JSON-lines file each."""
 
@@ -292,6 +305,7 @@ __all__ = [
     "SessionLog",
     "MemoryStore",
     "FileStore",
+    "PostgresStore",
     "Inbox",
     "NEXT_TURN",
     "NEXT_STEP",

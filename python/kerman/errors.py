@@ -25,6 +25,7 @@ __all__ = [
     "SessionExistsError",
     "LogClosedError",
     "LogWriteError",
+    "LeaseLostError",
     "LoopError",
     "TurnAborted",
     "ModelError",
@@ -122,6 +123,11 @@ class LogClosedError(LogError):
 
 class LogWriteError(LogError, OSError):
     """A write or fsync failed. The log is poisoned until it is reopened and re-verified."""
+
+
+class LeaseLostError(LogError):
+    """Another owner took the session over (PostgresStore): this log's appends are fenced out
+    by the newer lease epoch. The log is poisoned; reopen the session to continue."""
 
 
 class LoopError(KermanError):

@@ -31,6 +31,11 @@ pub enum LogError {
     Write { detail: String },
     /// A session id that is empty or unusable.
     InvalidId(String),
+    /// The session's lease moved on (another owner opened it with a newer epoch): this
+    /// handle's appends are fenced out. Reopen to continue.
+    LeaseLost { id: String, epoch: i64, current: i64 },
+    /// A database (PostgreSQL store) failure, with what was being done.
+    Database { context: String, detail: String },
     /// Any other I/O failure, with what was being done.
     Io { context: String, source: std::io::Error },
 }
@@ -81,6 +86,11 @@ impl fmt::Display for LogError {
             LogError::Closed { id } => write!(f, "session \"{id}\" is closed"),
             LogError::Write { detail } => write!(f, "session log write failed: {detail}"),
             LogError::InvalidId(detail) => write!(f, "invalid session id: {detail}"),
+            LogError::LeaseLost { id, epoch, current } => write!(
+                f,
+                "session \"{id}\": lease lost (this handle holds epoch {epoch}, the session is at epoch {current}); another owner took it over"
+            ),
+            LogError::Database { context, detail } => write!(f, "{context}: {detail}"),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
         }
     }

@@ -6,6 +6,8 @@ mod event;
 pub mod file;
 mod log;
 mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod publish;
 mod store;
 

@@ -50,7 +50,8 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
         LogError::Exists { .. } => new_err(py, "SessionExistsError", (text,)),
         LogError::Closed { .. } => new_err(py, "LogClosedError", (text,)),
         LogError::Write { .. } => new_err(py, "LogWriteError", (text,)),
-        LogError::Io { .. } => new_err(py, "LogError", (text,)),
+        LogError::LeaseLost { .. } => new_err(py, "LeaseLostError", (text,)),
+        LogError::Io { .. } | LogError::Database { .. } => new_err(py, "LogError", (text,)),
     }
 }
 

@@ -11,6 +11,8 @@ mod faults;
 mod history;
 mod inbox;
 mod message;
+#[cfg(feature = "postgres")]
+mod pg_store;
 mod projection;
 mod slots;
 mod store;
@@ -51,6 +53,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     message::register(m)?;
     event_log::register(m)?;
     store::register(m)?;
+    #[cfg(feature = "postgres")]
+    pg_store::register(m)?;
     faults::register(m)?;
     inbox::register(m)?;
     projection::register(m)?;

@@ -4,4 +4,6 @@ mod event_log;
 mod file_store;
 mod fuzz_corpus;
 mod inbox;
+#[cfg(feature = "postgres")]
+mod postgres_store;
 mod projection;

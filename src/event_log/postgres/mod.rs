@@ -1,0 +1,184 @@
+//! The PostgreSQL store's core (feature `postgres`): sessions and events in two tables, every
+//! append conditional on the lease epoch (the fencing token) and on seq continuity.
+//!
+//! All database work happens on one private thread running a current-thread tokio runtime;
+//! callers hand it requests over a channel and get each result through a callback run on a
+//! second, reply thread ([`PgCore::submit`], which never blocks: the path of `PgBackend`) or by
+//! waiting ([`PgCore::call`] and the typed helpers, for open/create/tests). The runtime thread
+//! never runs caller code, so never touches a Python object or waits for the GIL; requests run
+//! one at a time in submission order, so one session's appends reach the server in seq order.
+//!
+//! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
+//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Not yet here (see
+//! docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
+
+mod backend;
+mod schema;
+mod sql;
+mod store;
+mod worker;
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+pub use backend::PgBackend;
+pub use schema::{latest as latest_schema_version, MIGRATIONS};
+pub use sql::Row;
+pub use store::PostgresStore;
+pub use worker::{Reply, Request, Response};
+
+use crate::event_log::{check_id, new_header, resolve_id, Event, LogError};
+
+/// The right to append to one session: valid while `epoch` is the session's current epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub session_id: String,
+    /// Who holds it: one id per [`PgCore`], so two cores in one process are two owners.
+    pub owner: String,
+    pub epoch: i64,
+}
+
+/// A session just opened: its lease, header and committed events.
+pub struct Opened {
+    pub lease: Lease,
+    pub header: Map<String, Value>,
+    pub events: Vec<Event>,
+}
+
+/// Connection settings beyond the DSN.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// How long a lease lasts without an append renewing it; after that another owner may take
+    /// the session over (bumping the epoch, which fences the old holder out).
+    pub lease_ttl_ms: u64,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions { lease_ttl_ms: 30_000 }
+    }
+}
+
+/// A connection to one database, on its own runtime thread. Dropping the last clone ends the
+/// thread once the requests already submitted have run.
+#[derive(Clone)]
+pub struct PgCore {
+    inner: Arc<worker::Handle>,
+}
+
+impl PgCore {
+    /// Connects and applies any pending migrations before returning.
+    pub fn connect(dsn: &str, options: PgOptions) -> Result<PgCore, LogError> {
+        let owner = crate::message::new_id();
+        let handle = worker::start(dsn.to_string(), owner, options.lease_ttl_ms as f64)?;
+        Ok(PgCore { inner: Arc::new(handle) })
+    }
+
+    /// The schema versions this core's connect applied (empty when the database was current).
+    pub fn applied_migrations(&self) -> &[i32] {
+        &self.inner.applied
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Queues `request`; `reply` runs on the runtime thread with its outcome. Must not block.
+    pub fn submit(&self, request: Request, reply: Reply) {
+        self.inner.submit(request, reply)
+    }
+
+    /// Runs `request` and waits for its outcome.
+    pub fn call(&self, request: Request) -> Result<Response, LogError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.submit(request, Box::new(move |r| drop(tx.send(r))));
+        rx.recv().unwrap_or_else(|_| Err(worker::stopped()))
+    }
+
+    /// Creates a session (minting a UUIDv7 id for `None`) and holds its lease.
+    pub fn create(&self, id: Option<&str>) -> Result<(Lease, Map<String, Value>), LogError> {
+        let id = resolve_id(id)?;
+        let header = new_header(&id);
+        let text = serde_json::to_string(&header).map_err(|e| LogError::Write { detail: e.to_string() })?;
+        match self.call(Request::Create { id, header: text })? {
+            Response::Lease(lease) => Ok((lease, header)),
+            other => Err(worker::unexpected(other)),
+        }
+    }
+
+    /// Takes the lease of an existing session (epoch + 1) and reads it back.
+    pub fn open(&self, id: &str) -> Result<Opened, LogError> {
+        check_id(id)?;
+        let (lease, header, records) = match self.call(Request::Open { id: id.into() })? {
+            Response::Opened(lease, header, records) => (lease, header, records),
+            other => return Err(worker::unexpected(other)),
+        };
+        let header = match serde_json::from_str(&header) {
+            Ok(Value::Object(map)) => map,
+            _ => return Err(corrupt(id, -1, "the header is not a JSON object".into())),
+        };
+        let events = parse_records(id, &records)?;
+        Ok(Opened { lease, header, events })
+    }
+
+    /// Appends `events` (consecutive seqs following the stored ones) in one transaction.
+    pub fn append(&self, lease: &Lease, events: &[Event]) -> Result<(), LogError> {
+        let rows = events.iter().map(to_row).collect();
+        match self.call(Request::Append { lease: lease.clone(), rows })? {
+            Response::Done => Ok(()),
+            other => Err(worker::unexpected(other)),
+        }
+    }
+
+    /// Every committed event of a session, without taking its lease.
+    pub fn read(&self, id: &str) -> Result<Vec<Event>, LogError> {
+        match self.call(Request::Read { id: id.into() })? {
+            Response::Records(records) => parse_records(id, &records),
+            other => Err(worker::unexpected(other)),
+        }
+    }
+
+    pub fn release(&self, lease: &Lease) -> Result<(), LogError> {
+        match self.call(Request::Release { lease: lease.clone() })? {
+            Response::Done => Ok(()),
+            other => Err(worker::unexpected(other)),
+        }
+    }
+}
+
+/// The row of one event: seq, time and type as columns (for queries), the record as text.
+pub fn to_row(event: &Event) -> Row {
+    Row { seq: event.seq as i64, time: event.time, kind: event.kind().to_string(), record: event.to_json() }
+}
+
+fn parse_records(id: &str, records: &[String]) -> Result<Vec<Event>, LogError> {
+    let mut intern = |s: &str| Arc::<str>::from(s);
+    let mut events = Vec::with_capacity(records.len());
+    for (i, text) in records.iter().enumerate() {
+        let event = Event::from_json(text, &mut intern).map_err(|detail| corrupt(id, i as i64, detail))?;
+        // The primary key makes gaps impossible unless rows were edited by hand.
+        if event.seq != i as u64 {
+            return Err(corrupt(id, i as i64, format!("record at position {i} carries seq {}", event.seq)));
+        }
+        events.push(event);
+    }
+    Ok(events)
+}
+
+fn corrupt(id: &str, seq: i64, detail: String) -> LogError {
+    LogError::Database { context: format!("session \"{id}\" seq {seq}"), detail: format!("corrupt record: {detail}") }
+}
+
+/// Maps a driver error to `LogError::Database`, keeping the server's message when there is one
+/// (the driver's own `Display` says only "db error").
+pub(crate) fn db_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> LogError {
+    let context = context.into();
+    move |e| {
+        let detail = match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => e.to_string(),
+        };
+        LogError::Database { context, detail }
+    }
+}

@@ -1,0 +1,81 @@
+//! The schema, as numbered migrations applied on first use.
+//!
+//! `kerman_schema` records which versions were applied. Migrations run in one transaction
+//! under an advisory lock, so two processes starting against a fresh database cannot both
+//! apply version 1 (`CREATE TABLE IF NOT EXISTS` alone races on the catalog).
+
+use tokio_postgres::Client;
+
+use super::db_err;
+use crate::event_log::LogError;
+
+/// Taken with `pg_advisory_xact_lock` while migrating; an arbitrary constant ("KERMAN" in ASCII).
+const MIGRATION_LOCK: i64 = 0x4B45_524D_414E;
+
+/// Append-only: a released version is never edited, a change is a new entry.
+pub const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    // Event records and headers are kept as the JSON text that was written (not jsonb), so
+    // key order and number spelling come back byte for byte, as from the file store.
+    // `last_seq` (-1 when empty) and `epoch` are the two conditions every append checks.
+    "CREATE TABLE kerman_sessions (
+         id text PRIMARY KEY,
+         header text NOT NULL,
+         last_seq bigint NOT NULL DEFAULT -1,
+         owner text,
+         epoch bigint NOT NULL DEFAULT 0,
+         expires_at timestamptz
+     );
+     CREATE TABLE kerman_events (
+         session_id text NOT NULL REFERENCES kerman_sessions (id) ON DELETE CASCADE,
+         seq bigint NOT NULL,
+         time bigint NOT NULL,
+         type text NOT NULL,
+         record text NOT NULL,
+         PRIMARY KEY (session_id, seq)
+     );",
+)];
+
+/// The newest schema version this build knows.
+pub fn latest() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+/// Brings the database up to [`latest`]; returns the versions it applied (empty if none).
+/// A database migrated by a newer kerman is refused rather than written with old assumptions.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
+    let tx = client.transaction().await.map_err(db_err("begin migration"))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(db_err("lock migration"))?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS kerman_schema (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(db_err("create kerman_schema"))?;
+    let row = tx
+        .query_one("SELECT coalesce(max(version), 0) FROM kerman_schema", &[])
+        .await
+        .map_err(db_err("read schema version"))?;
+    let current: i32 = row.get(0);
+    if current > latest() {
+        return Err(LogError::Database {
+            context: "schema version".into(),
+            detail: format!(
+                "the database has kerman schema version {current}, this kerman knows up to {}: upgrade kerman",
+                latest()
+            ),
+        });
+    }
+    let mut applied = Vec::new();
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.batch_execute(sql).await.map_err(db_err(format!("apply schema version {version}")))?;
+        tx.execute("INSERT INTO kerman_schema (version) VALUES ($1)", &[version])
+            .await
+            .map_err(db_err("record schema version"))?;
+        applied.push(*version);
+    }
+    tx.commit().await.map_err(db_err("commit migration"))?;
+    Ok(applied)
+}

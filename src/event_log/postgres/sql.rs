@@ -1,0 +1,178 @@
+//! The store's statements. Each function is one unit of work on the runtime thread; those that
+//! write more than one row do it in one transaction.
+
+use std::collections::HashMap;
+
+use tokio_postgres::Client;
+
+use super::{db_err, Lease};
+use crate::event_log::LogError;
+
+/// One event as stored: the envelope fields that are columns, and the whole record as text.
+pub struct Row {
+    pub seq: i64,
+    pub time: i64,
+    pub kind: String,
+    pub record: String,
+}
+
+/// Creates a session owned by `owner` at epoch 1. An existing id is `Exists`.
+pub async fn create(c: &mut Client, id: &str, header: &str, owner: &str, ttl_ms: f64) -> Result<Lease, LogError> {
+    let row = c
+        .query_opt(
+            "INSERT INTO kerman_sessions (id, header, owner, epoch, expires_at)
+             VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond')
+             ON CONFLICT (id) DO NOTHING RETURNING epoch",
+            &[&id, &header, &owner, &ttl_ms],
+        )
+        .await
+        .map_err(db_err("create session"))?;
+    match row {
+        Some(row) => Ok(Lease { session_id: id.into(), owner: owner.into(), epoch: row.get(0) }),
+        None => Err(LogError::Exists { id: id.into() }),
+    }
+}
+
+/// Takes the lease of a session nobody holds (or whose holder let it expire) and bumps the
+/// epoch: the new epoch is the fencing token, so every append of an older holder is refused
+/// from now on. Returns the lease and the header text.
+pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Result<(Lease, String), LogError> {
+    let row = c
+        .query_opt(
+            "UPDATE kerman_sessions
+             SET owner = $2, epoch = epoch + 1, expires_at = now() + $3::float8 * interval '1 millisecond'
+             WHERE id = $1 AND (owner IS NULL OR expires_at < now())
+             RETURNING epoch, header",
+            &[&id, &owner, &ttl_ms],
+        )
+        .await
+        .map_err(db_err("acquire lease"))?;
+    if let Some(row) = row {
+        let lease = Lease { session_id: id.into(), owner: owner.into(), epoch: row.get(0) };
+        return Ok((lease, row.get(1)));
+    }
+    match exists(c, id).await? {
+        true => Err(LogError::Locked { id: id.into() }),
+        false => Err(LogError::NotFound { id: id.into() }),
+    }
+}
+
+/// Appends `rows` (consecutive seqs) in one transaction, only if `lease` is still the current
+/// epoch and the first seq follows the stored last one; renews the lease on success.
+pub async fn append(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64) -> Result<(), LogError> {
+    let Some(first) = rows.first() else { return Ok(()) };
+    let id = lease.session_id.as_str();
+    let tx = c.transaction().await.map_err(db_err("begin append"))?;
+    // FOR UPDATE: a concurrent acquire waits for this commit (or we wait for it and then see
+    // its new epoch), so the epoch check and the insert are one atomic step.
+    let row = tx
+        .query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .map_err(db_err("check lease"))?
+        .ok_or_else(|| LogError::NotFound { id: id.into() })?;
+    let (epoch, last_seq): (i64, i64) = (row.get(0), row.get(1));
+    if epoch != lease.epoch {
+        return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
+    }
+    if first.seq != last_seq + 1 {
+        return Err(LogError::Write {
+            detail: format!(
+                "session \"{id}\": append of seq {} does not follow the stored last seq {last_seq}",
+                first.seq
+            ),
+        });
+    }
+    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
+    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
+    let records: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
+    // One statement for the whole batch: arrays unnested server-side.
+    tx.execute(
+        "INSERT INTO kerman_events (session_id, seq, time, type, record)
+         SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[])",
+        &[&id, &seqs, &times, &kinds, &records],
+    )
+    .await
+    .map_err(db_err("insert events"))?;
+    let last = rows[rows.len() - 1].seq;
+    tx.execute(
+        "UPDATE kerman_sessions SET last_seq = $2, expires_at = now() + $3::float8 * interval '1 millisecond'
+         WHERE id = $1",
+        &[&id, &last, &ttl_ms],
+    )
+    .await
+    .map_err(db_err("advance last seq"))?;
+    tx.commit().await.map_err(db_err("commit append"))
+}
+
+/// Extends every lease in `held` (session id -> epoch) that is still ours, in one statement.
+pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl_ms: f64) -> Result<(), LogError> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let (ids, epochs): (Vec<&str>, Vec<i64>) = held.iter().map(|(id, epoch)| (id.as_str(), *epoch)).unzip();
+    c.execute(
+        "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
+         FROM unnest($1::text[], $2::bigint[]) AS h(id, epoch)
+         WHERE s.id = h.id AND s.epoch = h.epoch AND s.owner = $4",
+        &[&ids, &epochs, &ttl_ms, &owner],
+    )
+    .await
+    .map_err(db_err("renew leases"))?;
+    Ok(())
+}
+
+/// Every record of a session, in seq order.
+pub async fn read(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
+    let rows = c
+        .query("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[&id])
+        .await
+        .map_err(db_err("read events"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Gives the lease up (only if it is still ours), so the next `open` needs no expiry wait.
+pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
+    c.execute(
+        "UPDATE kerman_sessions SET owner = NULL, expires_at = NULL WHERE id = $1 AND epoch = $2",
+        &[&lease.session_id, &lease.epoch],
+    )
+    .await
+    .map_err(db_err("release lease"))?;
+    Ok(())
+}
+
+pub async fn exists(c: &mut Client, id: &str) -> Result<bool, LogError> {
+    let row = c
+        .query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db_err("check session"))?;
+    Ok(row.is_some())
+}
+
+/// Sessions holding at least one event, by id.
+pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
+    let rows = c
+        .query("SELECT id FROM kerman_sessions WHERE last_seq >= 0 ORDER BY id", &[])
+        .await
+        .map_err(db_err("list sessions"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Deletes a session nobody holds (an expired lease counts as nobody).
+pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
+    let n = c
+        .execute(
+            "DELETE FROM kerman_sessions WHERE id = $1 AND (owner IS NULL OR expires_at < now())",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("delete session"))?;
+    if n == 1 {
+        return Ok(());
+    }
+    match exists(c, id).await? {
+        true => Err(LogError::Locked { id: id.into() }),
+        false => Err(LogError::NotFound { id: id.into() }),
+    }
+}

@@ -1,0 +1,81 @@
+//! `PostgresStore`: sessions in a PostgreSQL database (feature `postgres`).
+//!
+//! Every call that talks to the server waits with the GIL released (`py.detach`): the wait is
+//! a network round trip on the store's own thread, and other Python threads should run
+//! meanwhile. Appends never wait here: they queue, and `log.flush()` completes on the loop.
+
+use pyo3::prelude::*;
+
+use super::errors::log_err;
+use super::event_log::{id_arg, wrap_log, PySessionLog};
+use crate::event_log::postgres::{PgOptions, PostgresStore};
+use crate::event_log::Store;
+
+/// Sessions in one PostgreSQL database; each store is one lease owner on one connection.
+#[pyclass(name = "PostgresStore", module = "kerman", frozen)]
+pub struct PyPostgresStore {
+    inner: PostgresStore,
+    lease_ttl: f64,
+}
+
+#[pymethods]
+impl PyPostgresStore {
+    /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
+    /// migrations. `lease_ttl` (seconds): how long a session stays owned without an append.
+    #[new]
+    #[pyo3(signature = (dsn, *, lease_ttl=30.0))]
+    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64) -> PyResult<Self> {
+        if !(lease_ttl.is_finite() && lease_ttl >= 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err("lease_ttl must be a finite number of seconds >= 0"));
+        }
+        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64 };
+        let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
+        Ok(PyPostgresStore { inner, lease_ttl })
+    }
+
+    #[getter]
+    fn lease_ttl(&self) -> f64 {
+        self.lease_ttl
+    }
+
+    /// A new, empty session, owned by this store (id minted as a UUIDv7 when `None`).
+    #[pyo3(signature = (id=None))]
+    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+        let id = match id.filter(|i| !i.is_none()) {
+            None => None,
+            Some(id) => Some(id_arg(id)?),
+        };
+        py.detach(|| self.inner.create(id.as_deref())).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Takes the session's lease (a newer epoch fences any previous owner out) and reads it;
+    /// a log ending inside an open turn gets crash closers.
+    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.open(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Ids of sessions holding at least one event.
+    fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.detach(|| self.inner.list()).map_err(|e| log_err(py, e))
+    }
+
+    fn exists(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.exists(&id)).map_err(|e| log_err(py, e))
+    }
+
+    /// Deletes a session nobody holds a live lease on.
+    fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.delete(&id)).map_err(|e| log_err(py, e))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<PostgresStore lease_ttl={}>", self.lease_ttl)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPostgresStore>()
+}

@@ -1,0 +1,84 @@
+"""PostgresStore against a real server (issue 6). `KERMAN_PG_DSN` names it (`make test` starts
+one with scripts/pg-test-server.sh); without it these tests skip, unless KERMAN_PG_REQUIRED=1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from kerman import AgentLoop, LeaseLostError, PostgresStore, SessionLockedError, SessionNotFoundError
+from kerman.models import EchoModel
+
+DSN = os.environ.get("KERMAN_PG_DSN", "")
+if not DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
+    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
+pytestmark = pytest.mark.skipif(not DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def flushed(log):
+    await log.flush()
+
+
+def test_an_agent_loop_runs_on_a_postgres_log_and_resumes_in_another_store():
+    store = PostgresStore(DSN)
+    log = store.create()
+
+    async def turn():
+        loop = AgentLoop(EchoModel(), log=log)
+        loop.followup("hello over postgres")
+        await loop.when_idle()
+        await loop.aclose()
+        await log.aclose()
+
+    run(turn())
+    written = [e.to_dict() for e in log]
+    assert any(e["type"] == "assistant/message" for e in written)
+
+    reopened = PostgresStore(DSN).open(log.id)
+    try:
+        assert [e.to_dict() for e in reopened] == written
+        assert reopened.header == log.header
+        assert log.id in store.list()
+    finally:
+        reopened.close()
+
+
+def test_a_held_session_is_locked_and_a_missing_one_not_found():
+    a, b = PostgresStore(DSN), PostgresStore(DSN)
+    log = a.create(f"held-{uuid.uuid4()}")
+    try:
+        with pytest.raises(SessionLockedError):
+            b.open(log.id)
+        with pytest.raises(SessionNotFoundError):
+            b.open(f"missing-{uuid.uuid4()}")
+    finally:
+        log.close()
+    b.open(log.id).close()
+    b.delete(log.id)
+    assert not a.exists(log.id)
+
+
+def test_a_log_whose_lease_was_taken_over_raises_lease_lost():
+    # lease_ttl=0: the lease lapses at once, so the second store may take the session over
+    # while the first log still believes it owns it.
+    old, new = PostgresStore(DSN, lease_ttl=0), PostgresStore(DSN, lease_ttl=0)
+    log = old.create()
+    log.append("x/e", 1)
+    run(flushed(log))
+    taken = new.open(log.id)
+    log.append("x/e", 2)  # queued; its transaction is refused by the newer epoch
+    with pytest.raises(LeaseLostError):
+        run(flushed(log))
+    with pytest.raises(LeaseLostError):
+        log.append("x/e", 3)
+    taken.append("x/e", "new owner")
+    run(flushed(taken))
+    taken.close()
+    assert [e.data for e in PostgresStore(DSN).open(log.id)] == [1, "new owner"]
