@@ -185,6 +185,13 @@ impl Machine {
 
     /// `{"turn":T,"step":S}` (the data of `step/start` and `step/end`).
     fn turn_and_step(&self, py: Python<'_>) -> PyResult<String> {
+        let mut out = self.turn_step_head(py)?;
+        out.push('}');
+        Ok(out)
+    }
+
+    /// `{"turn":T,"step":S` (unterminated): the head of every step payload.
+    fn turn_step_head(&self, py: Python<'_>) -> PyResult<String> {
         let turn: u64 = self.turn.turn.bind(py).extract()?;
         let step: Option<u64> = match &self.turn.step {
             Some(s) => s.bind(py).extract()?,
@@ -196,7 +203,6 @@ impl Machine {
             Some(step) => push_u64(&mut out, step),
             None => out.push_str("null"),
         }
-        out.push('}');
         Ok(out)
     }
 

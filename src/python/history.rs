@@ -47,14 +47,18 @@ impl PyHistory {
     /// joins directly once everything before it is folded.
     pub fn push(&self, py: Python<'_>, log: &PySessionLog, seq: u64, message: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         self.catch_up(py, log, seq)?;
+        self.advance(seq, message.map(|m| m.clone().unbind()));
+        Ok(())
+    }
+
+    /// Folds the event at `seq` (carrying `message`, if a surface event) when everything
+    /// before it is folded; otherwise leaves it to the next catch-up.
+    fn advance(&self, seq: u64, message: Option<Py<PyAny>>) {
         let mut state = self.state();
         if state.pos == seq {
-            if let Some(message) = message {
-                state.messages.push(message.clone().unbind());
-            }
+            state.messages.extend(message);
             state.pos = seq + 1;
         }
-        Ok(())
     }
 
     /// A fresh list of the messages (what a request carries).
@@ -75,11 +79,7 @@ impl PyHistory {
     /// decoded by the driver before the next request).
     #[pyo3(signature = (seq, message=None))]
     fn remember(&self, seq: u64, message: Option<Py<PyAny>>) {
-        let mut state = self.state();
-        if state.pos == seq {
-            state.messages.extend(message);
-            state.pos = seq + 1;
-        }
+        self.advance(seq, message);
     }
 
     /// The seq up to which the log is folded.

@@ -20,7 +20,6 @@ use super::super::errors::{message_err, not_json};
 use super::super::message::{content_arg, wrap};
 use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
-use crate::json::push_u64;
 use crate::message::Message;
 use super::{dict, helpers, Machine, Pending, Seam, UserStep};
 
@@ -123,14 +122,9 @@ impl Machine {
     /// the message built and serialised in Rust; it joins the history unless it is empty.
     fn append_assistant(&self, py: Python<'_>, content: &Bound<'_, PyAny>, usage: &Bound<'_, PyAny>, seqs: Vec<u64>, interrupted: bool) -> PyResult<()> {
         let message = Message::assistant(content_arg(content)?, None, None).map_err(|e| message_err(py, e))?;
-        let json = message.json();
-        let mut data = String::with_capacity(json.len() + 64);
-        data.push_str(r#"{"turn":"#);
-        push_u64(&mut data, self.turn_no(py).extract()?);
-        data.push_str(r#","step":"#);
-        push_u64(&mut data, self.step_no(py).extract()?);
+        let mut data = self.turn_step_head(py)?;
         data.push_str(r#","message":"#);
-        data.push_str(json);
+        data.push_str(message.json());
         if interrupted {
             data.push_str(r#","interrupted":true"#);
         }
