@@ -72,6 +72,13 @@ impl Event {
         Event { seq, time, kind, data, surface: surface.map(Arc::new) }
     }
 
+    /// The same event with `kind` (an equal type name, interned by the log that keeps it):
+    /// the data text and surface are moved, not copied.
+    pub(crate) fn with_kind(self, kind: Arc<str>) -> Self {
+        debug_assert_eq!(&*kind, &*self.kind);
+        Event { kind, ..self }
+    }
+
     pub fn kind(&self) -> &str {
         &self.kind
     }

@@ -47,7 +47,7 @@ struct State {
     observers: Arc<Vec<(u64, Observer)>>,
     next_observer: u64,
     waiters: Vec<Waiter>,
-    types: HashMap<Box<str>, Arc<str>, foldhash::fast::RandomState>,
+    types: TypeNames,
 }
 
 struct Shared {
@@ -119,7 +119,11 @@ impl Publishing<'_> {
     }
 }
 
-fn intern(types: &mut HashMap<Box<str>, Arc<str>, foldhash::fast::RandomState>, kind: &str) -> Arc<str> {
+/// Event type names of one log, each held once.
+pub(crate) type TypeNames = HashMap<Box<str>, Arc<str>, foldhash::fast::RandomState>;
+
+/// The shared copy of `kind` in `types` (added if new).
+pub(crate) fn intern(types: &mut TypeNames, kind: &str) -> Arc<str> {
     if let Some(k) = types.get(kind) {
         return Arc::clone(k);
     }
@@ -136,7 +140,7 @@ impl SessionLog {
             .into_iter()
             .map(|e| {
                 let kind = intern(&mut types, e.kind());
-                Event::new(e.seq, e.time, kind, Arc::from(e.data_json()), e.surface().cloned())
+                e.with_kind(kind)
             })
             .collect();
         let last_time = events.last().map_or(i64::MIN, |e| e.time);

@@ -6,13 +6,13 @@
 //! damage further down is described in [`Scan::invalid`] and the caller decides: a torn tail is
 //! repaired by `open`, corruption is refused except by an explicit `repair`.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use super::super::store::FORMAT_VERSION;
+use super::super::log::{intern, TypeNames};
 use super::super::{Event, LogError};
 
 /// The `type` of the header record.
@@ -160,15 +160,8 @@ pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError
     };
     let header = parse_header(&bytes[..header_end], path, id)?;
 
-    let mut types: HashMap<String, Arc<str>> = HashMap::new();
-    let mut intern = |kind: &str| -> Arc<str> {
-        if let Some(k) = types.get(kind) {
-            return Arc::clone(k);
-        }
-        let k: Arc<str> = Arc::from(kind);
-        types.insert(kind.to_string(), Arc::clone(&k));
-        k
-    };
+    let mut types = TypeNames::default();
+    let mut intern = |kind: &str| -> Arc<str> { intern(&mut types, kind) };
     let mut events: Vec<Event> = Vec::new();
     let mut good_len = header_end + 1;
     let mut invalid: Option<Invalid> = None;
