@@ -140,15 +140,21 @@ def test_lone_call_raising_cancelled_error_on_its_own_is_an_aborted_dispatch_and
         [{"type": "text", "text": "after the tool"}]
 
 
-def test_outside_cancellation_during_a_lone_call_commits_its_result_then_propagates():
+def cancel_driver_during_lone_call(body):
+    """Runs a turn whose lone tool call awaits forever through ``body(wait)`` and cancels the
+    driver task from outside once the call has started; returns the loop and that task."""
+
     async def main():
         loop = AgentLoop(ScriptedModel([call(), "never asked"]))
         entered = asyncio.Event()
 
-        @loop.tool
-        async def work(args, ctx):
+        async def wait():
             entered.set()
             await asyncio.get_running_loop().create_future()
+
+        @loop.tool
+        async def work(args, ctx):
+            return await body(wait)
 
         loop.followup("go")
         driver = loop._task
@@ -157,7 +163,14 @@ def test_outside_cancellation_during_a_lone_call_commits_its_result_then_propaga
         await asyncio.wait({driver})
         return loop, driver
 
-    loop, driver = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_outside_cancellation_during_a_lone_call_commits_its_result_then_propagates():
+    async def body(wait):
+        await wait()
+
+    loop, driver = cancel_driver_during_lone_call(body)
     assert driver.cancelled()
     [result] = results(loop.log)
     assert result.data["error"] == ABORTED_DURING
@@ -171,27 +184,14 @@ def test_outside_cancellation_swallowed_by_a_lone_call_still_propagates():
     """A tool that catches the CancelledError and returns: its result is kept, but the driver
     was cancelled from outside and must still end (as the pool's ``await asyncio.wait`` would)."""
 
-    async def main():
-        loop = AgentLoop(ScriptedModel([call(), "never asked"]))
-        entered = asyncio.Event()
+    async def body(wait):
+        try:
+            await wait()
+        except asyncio.CancelledError:
+            return ToolResult("swallowed")
+        return "unreachable"
 
-        @loop.tool
-        async def work(args, ctx):
-            entered.set()
-            try:
-                await asyncio.get_running_loop().create_future()
-            except asyncio.CancelledError:
-                return ToolResult("swallowed")
-            return "unreachable"
-
-        loop.followup("go")
-        driver = loop._task
-        await entered.wait()
-        driver.cancel()
-        await asyncio.wait({driver})
-        return loop, driver
-
-    loop, driver = asyncio.run(main())
+    loop, driver = cancel_driver_during_lone_call(body)
     assert driver.cancelled()
     [result] = results(loop.log)
     assert result.data["message"]["content"][0]["content"][0]["text"] == "swallowed"
