@@ -1,5 +1,9 @@
 """PostgresStore against a real server (issue 6). `KERMAN_PG_DSN` names it (`make test` starts
-one with scripts/pg-test-server.sh); without it these tests skip, unless KERMAN_PG_REQUIRED=1."""
+one with scripts/pg-test-server.sh); without it these tests skip, unless KERMAN_PG_REQUIRED=1.
+
+Beyond SPEC: the keyword `PostgresStore(dsn, *, lease_ttl=30.0)` (seconds a lease lives
+without renewal; SPEC names the lease but not its length), and `LogError` for database
+failures that are neither a lost lease nor a lock conflict."""
 
 from __future__ import annotations
 
