@@ -75,31 +75,39 @@ pub fn new_id() -> String {
         last_ms: 0,
         last: 0,
     });
-    if state.generation != generation {
-        // A fresh process (or a forked child): nothing of the old pool or counter is reused.
+    let forked = state.generation != generation;
+    if forked {
+        // A fresh process (or a forked child): nothing of the old pool is reused.
         state.generation = generation;
         state.used = POOL;
-        state.last_ms = 0;
     }
     let (ms, random) = if ms <= state.last_ms {
-        // Same millisecond (or the clock stepped back): count up from the last id.
-        (state.last_ms, state.last + 1)
+        // Same millisecond (or the clock stepped back): count up from the last id. A forked
+        // child jumps a random 48-bit distance instead of 1, so it neither repeats the ids its
+        // parent makes next nor sorts before the ids it inherited.
+        let step = if forked { 1 + (take(state) & ((1 << 48) - 1)) } else { 1 };
+        (state.last_ms, state.last + step)
     } else {
-        if state.used + TAKE > POOL {
-            fill(&mut state.pool[..]);
-            state.used = 0;
-        }
-        let mut bytes = [0u8; 16];
-        bytes[..TAKE].copy_from_slice(&state.pool[state.used..state.used + TAKE]);
-        state.used += TAKE;
         // 73 random bits: the 74-bit field can then count up within a millisecond without
         // ever overflowing.
-        (ms, u128::from_le_bytes(bytes) & ((1 << 73) - 1))
+        (ms, take(state) & ((1 << 73) - 1))
     };
     state.last_ms = ms;
     state.last = random;
     drop(guard);
     uuid::Uuid::from_bytes(layout(ms, random)).to_string()
+}
+
+/// The next 80 bits of the pool, refilling it when it runs out.
+fn take(state: &mut State) -> u128 {
+    if state.used + TAKE > POOL {
+        fill(&mut state.pool[..]);
+        state.used = 0;
+    }
+    let mut bytes = [0u8; 16];
+    bytes[..TAKE].copy_from_slice(&state.pool[state.used..state.used + TAKE]);
+    state.used += TAKE;
+    u128::from_le_bytes(bytes)
 }
 
 /// The RFC 9562 UUIDv7 layout: 48-bit milliseconds, version 7, 12 bits of `random`, the
