@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._core import NEXT_STEP, NEXT_TURN, Message, UserMessage
-from .errors import LoopError, ModelError
+from .errors import LeaseLostError, LoopError, ModelError
 from .types import Enter, Reject
 
 if TYPE_CHECKING:
@@ -80,6 +80,30 @@ def _uncancel(loop: "AgentLoop") -> None:
 
 def emit_error(loop: "AgentLoop", turn: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
     loop._emit("agent/error", turn=turn, step=loop._step, error=failure, exception=exc)
+
+
+def lease_lost(exc: BaseException) -> Optional[LeaseLostError]:
+    """The ``LeaseLostError`` behind a turn's exception, if that is what ended it."""
+    if isinstance(exc, LeaseLostError):
+        return exc
+    if isinstance(exc, TurnFailure) and isinstance(exc.cause, LeaseLostError):
+        return exc.cause
+    return None
+
+
+def fence(loop: "AgentLoop", turn: int, exc: BaseException) -> bool:
+    """Issue 6: another owner took the session over. Aborts the turn's signal with cause
+    ``{"kind": "fenced"}``, reports one ``agent/error`` (code ``FENCED``) and marks the loop
+    fenced, so it refuses further input. The driver then appends nothing more: the session is
+    the new owner's, whose ``open`` closed this turn. ``False`` for any other exception."""
+    lost = lease_lost(exc)
+    if lost is None:
+        return False
+    loop._signal._abort({"kind": "fenced"})
+    if loop._fenced is None:
+        loop._fenced = lost
+        emit_error(loop, turn, {"message": error_chain(lost), "code": "FENCED"}, lost)
+    return True
 
 
 def _decision(value: Any) -> Tuple[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 from . import _dispatch, _turn
 from ._core import NEXT_STEP, NEXT_TURN, Driver, Inbox, MemoryStore, SessionLog, UserMessage, LoopHistory
-from .errors import LoopError
+from .errors import LeaseLostError, LoopError
 from .types import LiveEvent, Signal, Tool
 
 __all__ = ["AgentLoop"]
@@ -101,6 +101,8 @@ class AgentLoop:
         self._last_options: Optional[str] = None
         # The derived history (surface messages), kept current as the loop appends.
         self._history = LoopHistory()
+        # Set when another owner took the session over (PostgresStore): the loop stops.
+        self._fenced: Optional[LeaseLostError] = None
 
     # ---- properties -------------------------------------------------------------------------
 
@@ -230,6 +232,7 @@ class AgentLoop:
         """
         if target not in (NEXT_TURN, NEXT_STEP):
             raise ValueError(f'target must be "next-turn" or "next-step", got {target!r}')
+        self._check_fenced()
         # On the bound loop's own thread while it runs: no get_running_loop() (a getpid
         # syscall per call). Anywhere else, ask asyncio.
         bound = self._event_loop
@@ -260,6 +263,7 @@ class AgentLoop:
 
     def wake(self) -> bool:
         """Starts a turn if the loop is idle and input is pending (e.g. after a resume)."""
+        self._check_fenced()
         if not self._inbox.has_pending:
             return False
         here = _current_loop()
@@ -277,6 +281,11 @@ class AgentLoop:
         was_idle = self._status == "idle"
         self._wake(False)
         return was_idle
+
+    def _check_fenced(self) -> None:
+        if self._fenced is not None:
+            raise LeaseLostError(f"this AgentLoop was fenced out of session {self._log.id!r} by a newer "
+                                 f"owner; reopen the session to continue ({self._fenced})")
 
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
@@ -310,7 +319,15 @@ class AgentLoop:
         self._wake_requested = False
         self._set_status("running")
         # Driver.begin appends turn/start and makes the first claim; None: no turn recorded.
-        driver = Driver.begin(self)
+        try:
+            driver = Driver.begin(self)
+        except BaseException as exc:
+            # Nothing started (the log refused turn/start): back to idle, and the caller
+            # learns why.
+            self._set_status("idle")
+            if isinstance(exc, LeaseLostError) and self._fenced is None:
+                self._fenced = exc
+            raise
         if driver is None:
             self._finish_driver()
             return
@@ -323,7 +340,7 @@ class AgentLoop:
         latched = self._wake_requested
         self._wake_requested = False
         self._set_status("idle")
-        if latched and self._inbox.has_pending and self._status == "idle":
+        if latched and self._fenced is None and self._inbox.has_pending and self._status == "idle":
             self._start_driver()
 
     # ---- cancellation and idling ------------------------------------------------------------
@@ -372,7 +389,7 @@ class AgentLoop:
         if self._status == "running" or discard_pending:
             self.cancel("disposed", keep_inbox=not discard_pending)
         await self.when_idle()
-        if not self._log.closed:
+        if not self._log.closed and self._fenced is None:
             await self._log.flush()
             if self._owns_log:
                 await self._log.aclose()

@@ -483,6 +483,11 @@ impl Machine {
         let mut reraise: Option<PyErr> = None;
         if let Some(exc) = exc {
             self.turn.stop_driver = true;
+            // Fenced out by a newer lease owner: the session is no longer ours, so not even a
+            // turn/end is appended (the new owner's open closed this turn).
+            if self.fenced(py, &exc)? {
+                return Ok(false);
+            }
             let handled = (|| -> PyResult<bool> {
                 let h = helpers(py)?;
                 let cancelled = is_cancelled(py, h, &exc);
@@ -534,6 +539,9 @@ impl Machine {
             if !e.is_instance_of::<PyException>(py) {
                 return Err(e);
             }
+            if self.fenced(py, &e)? {
+                return Ok(false);
+            }
             let reported = (|| -> PyResult<()> {
                 let h = helpers(py)?;
                 let failure = h.failure_of.bind(py).call1((e.value(py),))?;
@@ -550,6 +558,15 @@ impl Machine {
             return Err(e);
         }
         Ok(!self.turn.stop_driver && self.inbox.bind(py).getattr(intern!(py, "has_pending"))?.is_truthy()?)
+    }
+
+    /// `_turn.fence(loop, turn, exc)`: true (and the loop fenced) when `exc` is a lost lease.
+    fn fenced(&mut self, py: Python<'_>, exc: &PyErr) -> PyResult<bool> {
+        let fenced = helpers(py)?.fence.bind(py).call1((self.agent(py), self.turn.turn.bind(py), exc.value(py)))?.is_truthy()?;
+        if fenced {
+            self.turn.stop_driver = true;
+        }
+        Ok(fenced)
     }
 
     /// Between turns: a fresh signal, then the next turn's synchronous prefix. `Ok(false)` when
@@ -580,6 +597,10 @@ impl Machine {
                 Ok((true, _)) => external = Some(e),
                 Ok((false, true)) => {
                     let logged = (|| -> PyResult<()> {
+                        // The next turn's turn/start refused for a lost lease: fenced, not a bug.
+                        if self.fenced(py, &e)? {
+                            return Ok(());
+                        }
                         let kwargs = PyDict::new(py);
                         kwargs.set_item("exc_info", e.value(py))?;
                         helpers(py)?.logger.bind(py).call_method("error", ("AgentLoop driver failed",), Some(&kwargs))?;
