@@ -280,7 +280,9 @@ class AgentLoop:
             raise LoopError("this AgentLoop is bound to another event loop")
         was_idle = self._status == "idle"
         self._wake(False)
-        return was_idle
+        # False when no turn started after all: the log refused turn/start (reported as
+        # agent/error), e.g. after a failed write poisoned it.
+        return was_idle and self._status == "running"
 
     def _check_fenced(self) -> None:
         if self._fenced is not None:
@@ -321,12 +323,8 @@ class AgentLoop:
         # Driver.begin appends turn/start and makes the first claim; None: no turn recorded.
         try:
             driver = Driver.begin(self)
-        except BaseException as exc:
-            # Nothing started (the log refused turn/start): back to idle, and the caller
-            # learns why.
-            self._set_status("idle")
-            if isinstance(exc, LeaseLostError) and self._fenced is None:
-                self._fenced = exc
+        except BaseException:
+            self._set_status("idle")  # nothing started: no driver will set it back
             raise
         if driver is None:
             self._finish_driver()

@@ -688,8 +688,11 @@ fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> 
     if let Err(e) = started {
         let e = log_err(py, e);
         let h = helpers(py)?;
-        let failure = h.failure_of.bind(py).call1((e.value(py),))?;
-        h.emit_error.bind(py).call1((agent, last, failure, e.value(py)))?;
+        // A lost lease fences the loop (and reports it); any other failure is reported as is.
+        if !h.fence.bind(py).call1((agent, last, e.value(py)))?.is_truthy()? {
+            let failure = h.failure_of.bind(py).call1((e.value(py),))?;
+            h.emit_error.bind(py).call1((agent, last, failure, e.value(py)))?;
+        }
         return Ok(None);
     }
     agent.setattr(intern!(py, "_turn"), turn)?;

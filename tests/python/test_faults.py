@@ -357,3 +357,24 @@ def test_fault_plan_arguments() -> None:
             _FaultPlan(**bad)
     plan = _FaultPlan()
     assert (plan.writes, plan.syncs, plan.batches, plan.fired) == (0, 0, [], None)
+
+
+def test_a_wake_on_a_poisoned_log_reports_the_failure_and_starts_nothing(tmp_path: Path) -> None:
+    # The first write fails: the pending message's splice poisons the log. The wake's
+    # turn/start is refused: reported once as agent/error, the loop stays idle, and wake()
+    # says no turn started (it used to return True).
+    log = kerman.FileStore(tmp_path, durability="strict", _faults=_FaultPlan("write", seq=0)).create("s")
+
+    async def scenario() -> None:
+        loop = kerman.AgentLoop(kerman.models.EchoModel(), log=log)
+        errors: List[Any] = []
+        loop.on("agent/error", errors.append)
+        loop.inject("pending")
+        with pytest.raises(kerman.LogWriteError):
+            await log.flush()
+        assert loop.wake() is False
+        assert loop.status == "idle" and loop.turn == 0
+        assert [type(e.exception) for e in errors] == [kerman.LogWriteError]
+        await loop.when_idle()
+
+    asyncio.run(scenario())
