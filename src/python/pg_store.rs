@@ -28,7 +28,7 @@ impl PyPostgresStore {
         if !(lease_ttl.is_finite() && lease_ttl >= 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err("lease_ttl must be a finite number of seconds >= 0"));
         }
-        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64 };
+        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64, ..PgOptions::default() };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
         Ok(PyPostgresStore { inner, lease_ttl })
     }
