@@ -128,6 +128,24 @@ fn an_append_whose_reply_was_lost_after_commit_is_not_sent_again() {
     c.append(&lease, &events[..0]).unwrap();
 }
 
+#[test]
+fn an_open_whose_reply_was_lost_adopts_the_lease_it_took() {
+    let Some(dsn) = dsn() else { return };
+    let (a, b) = (core(&dsn), core(&dsn));
+    let (lease, _) = a.create(None).unwrap();
+    let events = sample_events(5);
+    a.append(&lease, &events[..3]).unwrap();
+    a.release(&lease).unwrap();
+    b.call(Request::InjectFault(Fault::LoseReplyAfterOpen)).unwrap();
+    // Retried blindly, the open would find the session held (by b itself) and say Locked.
+    let opened = b.open(&lease.session_id).unwrap();
+    assert_eq!(opened.lease.epoch, 2, "the lease the lost try took, not a second bump");
+    assert_eq!(opened.events, events[..3]);
+    assert!(matches!(a.open(&lease.session_id), Err(LogError::Locked { .. })));
+    b.append(&opened.lease, &events[3..]).unwrap();
+    assert_eq!(records(&b, &lease.session_id), texts(&events));
+}
+
 /// Holds the session row locked from another session, so the store's append blocks inside
 /// the server; then ends the store's backend there, mid-statement.
 fn append_cut_off_mid_statement(dsn: &str, meddle: impl FnOnce(&Admin, &str)) -> (PgCore, String, Vec<kerman::event_log::Event>, Result<Response, LogError>) {
@@ -192,7 +210,7 @@ fn as_user(dsn: &str, user: &str) -> String {
 fn reconnecting_gives_up_naming_the_host_and_the_last_error_then_recovers() {
     let Some(dsn) = dsn() else { return };
     let admin = Admin::new(&dsn);
-    let role = format!("kerman_t_{}", kerman::message::new_id().replace('-', "")[..16].to_string());
+    let role = format!("kerman_t_{}", &kerman::message::new_id().replace('-', "")[16..]);
     admin.exec(&format!("CREATE ROLE {role} SUPERUSER LOGIN"));
     let c = PgCore::connect(&as_user(&dsn, &role), PgOptions { reconnect_ms: 300, ..PgOptions::default() }).unwrap();
     // The server now refuses this role's new connections; then its live one goes.

@@ -31,7 +31,7 @@ pub enum Request {
     Exists { id: String },
     List,
     Delete { id: String },
-    /// Tests only: make the next append lose its connection (see [`Fault`]).
+    /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
     InjectFault(Fault),
 }
@@ -45,6 +45,9 @@ pub enum Fault {
     LoseConnectionBeforeAppend,
     /// After it committed, before its reply is seen: it must not be sent again.
     LoseReplyAfterAppend,
+    /// After the next open took the lease and read the session: the retry must adopt that
+    /// lease rather than find the session locked (by itself).
+    LoseReplyAfterOpen,
 }
 
 #[derive(Debug)]
@@ -352,8 +355,15 @@ impl Worker {
             }
             Request::Open { id } => {
                 let (lease, header) = sql::acquire(c, id, owner, ttl_ms).await?;
+                let records = sql::read(c, id).await?;
+                if self.fault == Some(Fault::LoseReplyAfterOpen) {
+                    self.fault = None;
+                    return Err(terminate_self(c).await);
+                }
+                // Only now: if the read fails, a retry must be able to adopt this lease, and if
+                // no retry succeeds the lease lapses unrenewed.
                 self.held.insert(id.clone(), lease.epoch);
-                Response::Opened(lease, header, sql::read(c, id).await?)
+                Response::Opened(lease, header, records)
             }
             Request::Append { lease, rows } => {
                 if self.fault == Some(Fault::LoseConnectionBeforeAppend) {
