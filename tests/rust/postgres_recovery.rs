@@ -212,11 +212,26 @@ fn reconnecting_gives_up_naming_the_host_and_the_last_error_then_recovers() {
     let admin = Admin::new(&dsn);
     let role = format!("kerman_t_{}", &kerman::message::new_id().replace('-', "")[16..]);
     admin.exec(&format!("CREATE ROLE {role} SUPERUSER LOGIN"));
-    let c = PgCore::connect(&as_user(&dsn, &role), PgOptions { reconnect_ms: 300, ..PgOptions::default() }).unwrap();
+    let options = PgOptions { reconnect_ms: 300, ..PgOptions::default() };
+    let s = kerman::event_log::postgres::PostgresStore::connect(&as_user(&dsn, &role), options).unwrap();
+    let c = s.core().clone();
+    let log = s.create(None).unwrap();
+    log.append("goal/change", &json!(1)).unwrap();
+    log.flush_blocking().unwrap();
     // The server now refuses this role's new connections; then its live one goes.
     admin.exec(&format!("ALTER ROLE {role} NOLOGIN"));
     admin.terminate(admin.pid(c.owner()));
     let host = dsn.split_once('@').map(|(_, h)| h.split('/').next().unwrap().to_string()).unwrap();
+    log.append("goal/change", &json!(2)).unwrap();
+    match log.flush_blocking() {
+        Err(LogError::Write { detail }) => {
+            assert!(detail.contains(&format!("reconnect to {host}")), "{detail}");
+            assert!(detail.contains("not permitted to log in"), "{detail}");
+            assert_eq!(detail.matches("session \"").count(), 1, "{detail}");
+        }
+        other => panic!("expected the flush to fail, got {:?}", other.map_err(|e| e.to_string())),
+    }
+    // The next request tries once more, without a second round of backoff.
     match c.call(Request::List) {
         Err(LogError::Database { context, detail }) => {
             assert!(context.contains(&host), "{context}");
@@ -226,6 +241,10 @@ fn reconnecting_gives_up_naming_the_host_and_the_last_error_then_recovers() {
     }
     admin.exec(&format!("ALTER ROLE {role} LOGIN"));
     assert!(matches!(c.call(Request::List), Ok(Response::Ids(_))), "the store came back");
+    assert!(log.close().is_err(), "the log stays poisoned until reopened");
+    let reopened = s.open(log.id()).unwrap();
+    assert_eq!(reopened.len(), 1);
+    drop((reopened, log, s));
     drop(c);
     // The runtime thread closes its connection as it ends; end it here in case it has not yet.
     for pid in admin.pids("", &format!("OR usename = '{role}'")) {

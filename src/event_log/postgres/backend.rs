@@ -50,7 +50,7 @@ impl Shared {
         let id = self.lease.session_id.clone();
         match poison {
             Poison::LeaseLost { epoch, current } => LogError::LeaseLost { id, epoch: *epoch, current: *current },
-            Poison::Failed(detail) => LogError::Write { detail: format!("session \"{id}\": {detail}") },
+            Poison::Failed(detail) => LogError::Write { detail: detail.clone() },
         }
     }
 }
@@ -84,7 +84,9 @@ fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
         match result {
             Ok(_) => st.committed += n,
             Err(LogError::LeaseLost { epoch, current, .. }) => st.poison = Some(Poison::LeaseLost { epoch, current }),
-            Err(e) => st.poison = Some(Poison::Failed(e.to_string())),
+            // Write errors from the store already name the session; others get it here.
+            Err(LogError::Write { detail }) => st.poison = Some(Poison::Failed(detail)),
+            Err(e) => st.poison = Some(Poison::Failed(format!("session \"{}\": {e}", shared.lease.session_id))),
         }
         let committed = st.committed;
         let ready: Vec<FlushCallback> = match &st.poison {
