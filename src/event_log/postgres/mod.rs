@@ -16,6 +16,8 @@ mod backend;
 mod schema;
 mod sql;
 mod store;
+mod reconnect;
+mod recover;
 mod worker;
 
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 //! store's reconnect budget (then `LogError::Database` naming the host and the last error).
 //! The request it interrupted is retried when that is safe (reads, conditional writes), and an
 //! append whose outcome is unknown is settled by reading the session back, never re-sent
-//! blindly.
+//! blindly. How: `reconnect.rs` (backoff, telling a dropped connection from a statement's own
+//! error) and `recover.rs` (settling the interrupted request).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -13,7 +14,6 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
-use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
 use super::sql::Prepared;
@@ -112,7 +112,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         })
         .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
     let worker = Worker {
-        host: host_of(&config),
+        host: super::reconnect::host_of(&config),
         config,
         owner: owner.clone(),
         ttl_ms: options.lease_ttl_ms as f64,
@@ -145,42 +145,25 @@ pub fn on_reply_thread() -> bool {
     ON_REPLY_THREAD.with(|on| on.get())
 }
 
-fn host_of(config: &Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(h)) => h.clone(),
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".into(),
-    };
-    match config.get_ports().first() {
-        Some(port) => format!("{host}:{port}"),
-        None => host,
-    }
-}
-
 /// One live connection and the statements prepared on it.
-struct Conn {
-    client: Client,
-    prepared: Prepared,
+pub(super) struct Conn {
+    pub(super) client: Client,
+    pub(super) prepared: Prepared,
 }
 
-/// How many times one request may see its connection drop before it fails.
-const MAX_LOSSES: u32 = 3;
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-struct Worker {
-    config: Config,
+pub(super) struct Worker {
+    pub(super) config: Config,
     /// host:port, for errors.
-    host: String,
-    owner: String,
-    ttl_ms: f64,
-    reconnect_budget: Duration,
-    conn: Option<Conn>,
+    pub(super) host: String,
+    pub(super) owner: String,
+    pub(super) ttl_ms: f64,
+    pub(super) reconnect_budget: Duration,
+    pub(super) conn: Option<Conn>,
     /// The last reconnect ran out of budget: the next request tries once, without backoff,
     /// so a long outage fails each request fast instead of stalling every one for the budget.
-    gave_up: bool,
+    pub(super) gave_up: bool,
     /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
-    held: HashMap<String, i64>,
+    pub(super) held: HashMap<String, i64>,
     fault: Option<Fault>,
 }
 
@@ -258,6 +241,8 @@ impl Worker {
             self.fault = Some(fault);
             return Ok(Response::Done);
         }
+        // How many times one request may see its connection drop before it fails.
+        const MAX_LOSSES: u32 = 3;
         let mut losses = 0;
         let mut resent = false;
         loop {
@@ -278,73 +263,8 @@ impl Worker {
         }
     }
 
-    /// The connection, reconnecting with jittered exponential backoff (bounded by the
-    /// reconnect budget) if it is gone.
-    async fn connection(&mut self) -> Result<(), LogError> {
-        if self.conn.as_ref().is_some_and(|c| !c.client.is_closed()) {
-            return Ok(());
-        }
-        self.conn = None;
-        let started = Instant::now();
-        let deadline = started + self.reconnect_budget;
-        let mut delay = FIRST_BACKOFF;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let last = match tokio::time::timeout_at(deadline.max(Instant::now() + FIRST_BACKOFF), self.reconnect()).await {
-                Ok(Ok(conn)) => {
-                    self.conn = Some(conn);
-                    self.gave_up = false;
-                    if !self.held.is_empty() {
-                        // Leases may have run down while the connection was away.
-                        let conn = self.conn.as_mut().expect("just set");
-                        let _ = sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await;
-                    }
-                    return Ok(());
-                }
-                Ok(Err(e)) => e,
-                Err(_) => "connect timed out".to_string(),
-            };
-            let pause = jitter(delay);
-            if self.gave_up || Instant::now() + pause >= deadline {
-                self.gave_up = true;
-                return Err(LogError::Database {
-                    context: format!("reconnect to {}", self.host),
-                    detail: format!(
-                        "gave up after {attempts} attempt(s) over {:.1} s; last error: {last}",
-                        started.elapsed().as_secs_f64()
-                    ),
-                });
-            }
-            tokio::time::sleep(pause).await;
-            delay = (delay * 2).min(MAX_BACKOFF);
-        }
-    }
-
-    async fn reconnect(&self) -> Result<Conn, String> {
-        let detail = |e: LogError| match e {
-            LogError::Database { detail, .. } => detail,
-            other => other.to_string(),
-        };
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| detail(db_err("")(e)))?;
-        tokio::spawn(connection);
-        let prepared = Prepared::new(&client).await.map_err(detail)?;
-        Ok(Conn { client, prepared })
-    }
-
-    /// Whether the connection is gone (after a database error: the error may be the server's
-    /// own, such as a constraint, on a healthy connection). Costs a round trip only then.
-    async fn lost(&mut self) -> bool {
-        let Some(conn) = &self.conn else { return true };
-        let gone = conn.client.is_closed() || conn.client.simple_query("").await.is_err();
-        if gone {
-            self.conn = None;
-        }
-        gone
-    }
-
     /// The request's first try.
-    async fn attempt(&mut self, request: &Request) -> Result<Response, LogError> {
+    pub(super) async fn attempt(&mut self, request: &Request) -> Result<Response, LogError> {
         let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
         let (owner, ttl_ms) = (self.owner.as_str(), self.ttl_ms);
         Ok(match request {
@@ -399,97 +319,6 @@ impl Worker {
         })
     }
 
-    /// A retry after the connection dropped during an earlier try, whose effect may or may
-    /// not have been committed.
-    async fn after_loss(&mut self, request: &Request, resent: &mut bool) -> Result<Response, LogError> {
-        match request {
-            Request::Append { lease, rows } => self.settle_append(lease, rows, resent).await,
-            // An earlier try may have taken the lease (open) or inserted the row (create): the
-            // retry then finds it held by this very owner under an epoch no log of ours has.
-            Request::Open { id } => match self.attempt(request).await {
-                Err(LogError::Locked { .. }) => match self.adopt(id, None).await? {
-                    Some((lease, header)) => {
-                        let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
-                        let records = sql::read(&mut conn.client, id).await?;
-                        Ok(Response::Opened(lease, header, records))
-                    }
-                    None => Err(LogError::Locked { id: id.clone() }),
-                },
-                other => other,
-            },
-            Request::Create { id, header } => match self.attempt(request).await {
-                Err(LogError::Exists { .. }) => match self.adopt(id, Some(header)).await? {
-                    Some((lease, _)) => Ok(Response::Lease(lease)),
-                    None => Err(LogError::Exists { id: id.clone() }),
-                },
-                other => other,
-            },
-            // The earlier try deleted it.
-            Request::Delete { .. } => match self.attempt(request).await {
-                Err(LogError::NotFound { .. }) => Ok(Response::Done),
-                other => other,
-            },
-            // Reads, and writes that are idempotent (release).
-            _ => self.attempt(request).await,
-        }
-    }
-
-    /// Takes over a lease an interrupted open/create of ours acquired: held by this owner,
-    /// under an epoch none of our logs holds (and, for create, at epoch 1 with our header).
-    async fn adopt(&mut self, id: &str, header: Option<&String>) -> Result<Option<(Lease, String)>, LogError> {
-        if self.held.contains_key(id) {
-            return Ok(None);
-        }
-        let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
-        let Some((owner, epoch, stored)) = sql::lease_of(&mut conn.client, id).await? else { return Ok(None) };
-        let ours = owner.as_deref() == Some(self.owner.as_str())
-            && header.is_none_or(|h| epoch == 1 && *h == stored);
-        if !ours {
-            return Ok(None);
-        }
-        self.held.insert(id.to_string(), epoch);
-        Ok(Some((Lease { session_id: id.to_string(), owner: self.owner.clone(), epoch }, stored)))
-    }
-
-    /// An append whose reply never came: it committed or it did not. The session's `last_seq`
-    /// says which; never append blindly, or the batch could land twice.
-    async fn settle_append(&mut self, lease: &Lease, rows: &[Row], resent: &mut bool) -> Result<Response, LogError> {
-        let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(Response::Done) };
-        let id = lease.session_id.as_str();
-        let Some(Conn { client: c, .. }) = self.conn.as_mut() else { return Err(stopped()) };
-        let (epoch, last_seq) = sql::session_state(c, id).await?.ok_or_else(|| LogError::NotFound { id: id.into() })?;
-        let unknown = |what: String| LogError::Write {
-            detail: format!("session \"{id}\": the outcome of appending seqs {}..={} is unknown: {what}", first.seq, last.seq),
-        };
-        if last_seq >= last.seq {
-            // It landed, unless somebody else's rows did: compare what is stored with what was sent.
-            let stored = sql::read_seqs(c, id, first.seq, last.seq).await?;
-            let same = stored.len() == rows.len()
-                && stored.iter().zip(rows).all(|((seq, record), row)| *seq == row.seq && *record == row.record);
-            return match same {
-                true => Ok(Response::Done),
-                false => Err(unknown("the stored records for those seqs differ from the ones sent".into())),
-            };
-        }
-        if last_seq != first.seq - 1 {
-            return Err(unknown(format!("the stored last seq is {last_seq}")));
-        }
-        if epoch != lease.epoch {
-            self.held.remove(id);
-            return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
-        }
-        if *resent {
-            return Err(unknown("it did not land after being sent twice".into()));
-        }
-        // It did not land: send it once more, under the same epoch and seq conditions.
-        *resent = true;
-        let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
-        let result = sql::append(c, prepared, lease, rows, self.ttl_ms).await;
-        if let Err(LogError::LeaseLost { .. }) = result {
-            self.held.remove(id);
-        }
-        result.map(|()| Response::Done)
-    }
 }
 
 /// Ends this connection's server process from inside (the test faults): the client sees the
@@ -499,10 +328,4 @@ async fn terminate_self(c: &mut Client) -> LogError {
         Err(e) => db_err("injected connection loss")(e),
         Ok(_) => LogError::Database { context: "injected connection loss".into(), detail: "the backend survived".into() },
     }
-}
-
-/// A pause between `delay / 2` and `delay`, so stores cut off together do not reconnect in step.
-fn jitter(delay: Duration) -> Duration {
-    let r = getrandom::u64().unwrap_or(0) % 1000;
-    delay / 2 + delay * (r as u32) / 2000
 }
