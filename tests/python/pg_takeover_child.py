@@ -11,6 +11,9 @@ session over). It then appends ``a-late`` and flushes; a lease-lost flush writes
 ``flush LeaseLostError``, and a further append ``append LeaseLostError`` (anything else: the
 exception's name, or ``ok``). Exits 0.
 
+``drop``: with a 30 s lease, creates the session, appends ``d0`` and ``d1``, drops the log
+without closing it (the store lives on), writes ``dropped`` and waits for ``go`` before exiting.
+
 ``model`` / ``tool``: runs an AgentLoop on the session. In ``model`` mode the model, on its
 first request, awaits forever; in ``tool`` mode it asks for the tool ``wait``, whose body
 awaits forever. Before awaiting, the model (or tool body) flushes the log and writes
@@ -21,6 +24,7 @@ parent SIGKILLs it there.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 
 import kerman
@@ -57,6 +61,18 @@ def stale(dsn: str, session_id: str, ttl: float) -> None:
         say("append ok")
     except Exception as e:  # noqa: BLE001
         say("append " + type(e).__name__)
+
+
+def drop(dsn: str, session_id: str) -> None:
+    store = kerman.PostgresStore(dsn, lease_ttl=30.0)
+    log = store.create(session_id)
+    log.append("x/e", "d0")
+    log.append("x/e", "d1")
+    del log
+    gc.collect()
+    say("dropped")
+    assert sys.stdin.readline().strip() == "go"
+    assert store.exists(session_id)
 
 
 async def mid_turn(mode: str, dsn: str, session_id: str, ttl: float) -> None:
@@ -97,6 +113,8 @@ def main() -> None:
     mode, dsn, session_id, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     if mode == "stale":
         stale(dsn, session_id, ttl)
+    elif mode == "drop":
+        drop(dsn, session_id)
     else:
         asyncio.run(mid_turn(mode, dsn, session_id, ttl))
 

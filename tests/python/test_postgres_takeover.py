@@ -2,7 +2,8 @@
 out, and a SIGKILLed owner's session is taken over with crash closers and nothing it flushed
 lost. The other process is ``pg_takeover_child.py``; the two talk over pipes, and waiting for a
 lease to lapse polls the database (with a deadline), never a sleep standing in for an event.
-Also here: a store's connection ended by the server (``pg_terminate_backend``, found by the
+A log dropped without ``close()`` in a still-running process frees its session at once. Also
+here: a store's connection ended by the server (``pg_terminate_backend``, found by the
 store's ``application_name``) is re-established without losing or repeating an append."""
 
 from __future__ import annotations
@@ -108,6 +109,24 @@ def test_a_stale_owner_appends_nothing_after_another_process_takes_over():
     finally:
         reap(proc)
     assert data_of(session_id) == ["a0", "a1", "b1", "b2"]
+
+
+def test_a_log_dropped_without_close_is_free_for_another_process_at_once():
+    session_id = f"dropped-{uuid.uuid4()}"
+    proc = spawn("drop", session_id)
+    try:
+        assert line(proc) == "dropped"
+        # Its lease lasts 30 s and its store still runs (and renews what it holds): only the
+        # release on drop lets us in within the deadline.
+        log = open_when_free(PostgresStore(DSN), session_id, limit=15.0)
+        assert [e.data for e in log] == ["d0", "d1"], "the dropped log committed what it had queued"
+        log.close()
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        reap(proc)
 
 
 @pytest.mark.parametrize("awaiting", ["model", "tool"])
