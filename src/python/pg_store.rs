@@ -21,14 +21,16 @@ pub struct PyPostgresStore {
 #[pymethods]
 impl PyPostgresStore {
     /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
-    /// migrations. `lease_ttl` (seconds): how long a session stays owned without an append.
+    /// migrations. `lease_ttl` (seconds): how long a session stays owned without a renewal.
+    /// A connection that drops later is re-established, retrying for up to 10 s; it shows in
+    /// `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN names one.
     #[new]
     #[pyo3(signature = (dsn, *, lease_ttl=30.0))]
     fn new(py: Python<'_>, dsn: &str, lease_ttl: f64) -> PyResult<Self> {
         if !(lease_ttl.is_finite() && lease_ttl >= 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err("lease_ttl must be a finite number of seconds >= 0"));
         }
-        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64 };
+        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64, ..PgOptions::default() };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
         Ok(PyPostgresStore { inner, lease_ttl })
     }

@@ -6,4 +6,6 @@ mod fuzz_corpus;
 mod inbox;
 #[cfg(feature = "postgres")]
 mod postgres_store;
+#[cfg(feature = "postgres")]
+mod postgres_recovery;
 mod projection;

@@ -8,7 +8,7 @@ use kerman::event_log::postgres::{PgCore, PgOptions, Request, Response};
 use kerman::event_log::{LogError, MemoryStore, Store, Surface};
 use serde_json::json;
 
-fn dsn() -> Option<String> {
+pub fn dsn() -> Option<String> {
     match std::env::var("KERMAN_PG_DSN") {
         Ok(dsn) if !dsn.is_empty() => Some(dsn),
         _ => {
@@ -55,7 +55,7 @@ fn core(dsn: &str) -> PgCore {
 }
 
 /// Events minted by a memory log, so they are exactly what a `SessionLog` would hand a backend.
-fn sample_events(n: usize) -> Vec<kerman::event_log::Event> {
+pub fn sample_events(n: usize) -> Vec<kerman::event_log::Event> {
     let log = MemoryStore::new().create(None).unwrap();
     for i in 0..n {
         if i % 3 == 1 {
@@ -140,7 +140,7 @@ fn an_append_under_a_stale_epoch_is_fenced_out() {
     let Some(dsn) = dsn() else { return };
     // A zero TTL: the lease expires at once, so a second owner may take over while the first
     // still believes it holds the session (a paused process, a partition).
-    let options = PgOptions { lease_ttl_ms: 0 };
+    let options = PgOptions { lease_ttl_ms: 0, ..PgOptions::default() };
     let old = PgCore::connect(&dsn, options.clone()).unwrap();
     let new = PgCore::connect(&dsn, options).unwrap();
     let (stale, _) = old.create(None).unwrap();
@@ -180,8 +180,8 @@ fn an_append_that_does_not_follow_the_last_seq_is_refused() {
 
 use kerman::event_log::postgres::PostgresStore;
 
-fn store(dsn: &str, lease_ttl_ms: u64) -> PostgresStore {
-    PostgresStore::connect(dsn, PgOptions { lease_ttl_ms }).unwrap()
+pub fn store(dsn: &str, lease_ttl_ms: u64) -> PostgresStore {
+    PostgresStore::connect(dsn, PgOptions { lease_ttl_ms, ..PgOptions::default() }).unwrap()
 }
 
 #[test]

@@ -30,6 +30,9 @@ struct State {
     committed: u64,
     waiters: Vec<(u64, FlushCallback)>,
     poison: Option<Poison>,
+    /// Closed from the reply thread (the log dropped there): give the lease up once the last
+    /// batch is done, without waiting for it.
+    release_when_idle: bool,
 }
 
 struct Shared {
@@ -47,7 +50,7 @@ impl Shared {
         let id = self.lease.session_id.clone();
         match poison {
             Poison::LeaseLost { epoch, current } => LogError::LeaseLost { id, epoch: *epoch, current: *current },
-            Poison::Failed(detail) => LogError::Write { detail: format!("session \"{id}\": {detail}") },
+            Poison::Failed(detail) => LogError::Write { detail: detail.clone() },
         }
     }
 }
@@ -81,7 +84,9 @@ fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
         match result {
             Ok(_) => st.committed += n,
             Err(LogError::LeaseLost { epoch, current, .. }) => st.poison = Some(Poison::LeaseLost { epoch, current }),
-            Err(e) => st.poison = Some(Poison::Failed(e.to_string())),
+            // Write errors from the store already name the session; others get it here.
+            Err(LogError::Write { detail }) => st.poison = Some(Poison::Failed(detail)),
+            Err(e) => st.poison = Some(Poison::Failed(format!("session \"{}\": {e}", shared.lease.session_id))),
         }
         let committed = st.committed;
         let ready: Vec<FlushCallback> = match &st.poison {
@@ -93,7 +98,8 @@ fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
             }
         };
         let outcome = st.poison.clone();
-        (ready, outcome, next_batch(shared, &mut st))
+        let batch = next_batch(shared, &mut st).or_else(|| release_if_idle(shared, &mut st));
+        (ready, outcome, batch)
     };
     submit(shared, batch);
     // Outside the lock: a callback may flush or append again.
@@ -104,6 +110,16 @@ fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
         };
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(result)));
     }
+}
+
+/// The release request, once, if a release was asked for and no batch is left to send.
+fn release_if_idle(shared: &Shared, st: &mut State) -> Option<(Request, Reply)> {
+    let idle = !st.in_flight && (st.pending.is_empty() || st.poison.is_some());
+    if !(st.release_when_idle && idle) {
+        return None;
+    }
+    st.release_when_idle = false;
+    Some((Request::Release { lease: shared.lease.clone() }, Box::new(|_| ())))
 }
 
 pub struct PgBackend {
@@ -120,6 +136,7 @@ impl PgBackend {
             committed: events,
             waiters: Vec::new(),
             poison: None,
+            release_when_idle: false,
         };
         PgBackend { shared: Arc::new(Shared { core, lease, state: Mutex::new(state) }) }
     }
@@ -155,6 +172,18 @@ impl Backend for PgBackend {
     }
 
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        if super::worker::on_reply_thread() {
+            // The last handle of the log went away inside a reply (a flush callback owned it).
+            // Waiting here for the flush would wait for this very thread: queue the release
+            // behind the batches still to go instead. The pending rows still commit.
+            let batch = {
+                let mut st = lock(&self.shared);
+                st.release_when_idle = true;
+                release_if_idle(&self.shared, &mut st)
+            };
+            submit(&self.shared, batch);
+            return Ok(());
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.flush(Box::new(move |r| drop(tx.send(r))));
         let flushed = crate::blocking::wait(|| rx.recv()).unwrap_or_else(|_| Err(super::worker::stopped()));

@@ -10,12 +10,14 @@
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
 //! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Not yet here (see
-//! docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
+//! docs/postgres.md): LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
 
 mod backend;
 mod schema;
 mod sql;
 mod store;
+mod reconnect;
+mod recover;
 mod worker;
 
 use std::sync::Arc;
@@ -26,7 +28,7 @@ pub use backend::PgBackend;
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
 pub use sql::Row;
 pub use store::PostgresStore;
-pub use worker::{Reply, Request, Response};
+pub use worker::{Fault, Reply, Request, Response};
 
 use crate::event_log::{check_id, new_header, resolve_id, Event, LogError};
 
@@ -52,11 +54,14 @@ pub struct PgOptions {
     /// How long a lease lasts without an append renewing it; after that another owner may take
     /// the session over (bumping the epoch, which fences the old holder out).
     pub lease_ttl_ms: u64,
+    /// How long the runtime thread keeps trying (with backoff) to reconnect after the
+    /// connection drops, before the request waiting for it fails.
+    pub reconnect_ms: u64,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions { lease_ttl_ms: 30_000 }
+        PgOptions { lease_ttl_ms: 30_000, reconnect_ms: 10_000 }
     }
 }
 
@@ -71,7 +76,7 @@ impl PgCore {
     /// Connects and applies any pending migrations before returning.
     pub fn connect(dsn: &str, options: PgOptions) -> Result<PgCore, LogError> {
         let owner = crate::message::new_id();
-        let handle = worker::start(dsn.to_string(), owner, options.lease_ttl_ms as f64)?;
+        let handle = worker::start(dsn.to_string(), owner, options)?;
         Ok(PgCore { inner: Arc::new(handle) })
     }
 

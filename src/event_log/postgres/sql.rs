@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 use super::{db_err, Lease};
 use crate::event_log::LogError;
@@ -57,52 +57,69 @@ pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Resu
     }
 }
 
-/// Appends `rows` (consecutive seqs) in one transaction, only if `lease` is still the current
-/// epoch and the first seq follows the stored last one; renews the lease on success.
-pub async fn append(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64) -> Result<(), LogError> {
-    let Some(first) = rows.first() else { return Ok(()) };
+/// The append statement: one round trip, one implicit transaction. The session row is updated
+/// only if `lease` is still the current epoch and `last_seq` is the seq just before the batch
+/// (the row lock it takes makes a concurrent `acquire` wait for this commit, or makes this
+/// update re-check the epoch `acquire` committed); the events are inserted only from the row
+/// that update returned, so a refused append writes nothing. Renews the lease on success.
+const APPEND: &str = "WITH s AS (
+        UPDATE kerman_sessions SET last_seq = $8, expires_at = now() + $9::float8 * interval '1 millisecond'
+        WHERE id = $1 AND epoch = $6 AND last_seq = $7
+        RETURNING id
+    ), ins AS (
+        INSERT INTO kerman_events (session_id, seq, time, type, record)
+        SELECT s.id, u.* FROM s, unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[]) AS u
+        RETURNING 1
+    )
+    SELECT count(*) FROM ins";
+
+/// Statements prepared once per connection, so each use is one round trip (a `&str` query
+/// costs a second one to prepare it every time).
+pub struct Prepared {
+    append: Statement,
+}
+
+impl Prepared {
+    pub async fn new(c: &Client) -> Result<Prepared, LogError> {
+        Ok(Prepared { append: c.prepare(APPEND).await.map_err(db_err("prepare append"))? })
+    }
+}
+
+/// Appends `rows` (consecutive seqs) in one statement, only if `lease` is still the current
+/// epoch and the first seq follows the stored last one; renews the lease on success. Why a
+/// refused append was refused is read only when it happens (a second round trip).
+pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], ttl_ms: f64) -> Result<(), LogError> {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(()) };
     let id = lease.session_id.as_str();
-    let tx = c.transaction().await.map_err(db_err("begin append"))?;
-    // FOR UPDATE: a concurrent acquire waits for this commit (or we wait for it and then see
-    // its new epoch), so the epoch check and the insert are one atomic step.
-    let row = tx
-        .query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1 FOR UPDATE", &[&id])
-        .await
-        .map_err(db_err("check lease"))?
-        .ok_or_else(|| LogError::NotFound { id: id.into() })?;
-    let (epoch, last_seq): (i64, i64) = (row.get(0), row.get(1));
-    if epoch != lease.epoch {
-        return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
-    }
-    if first.seq != last_seq + 1 {
-        return Err(LogError::Write {
-            detail: format!(
-                "session \"{id}\": append of seq {} does not follow the stored last seq {last_seq}",
-                first.seq
-            ),
-        });
-    }
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
     let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
     let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
     let records: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
-    // One statement for the whole batch: arrays unnested server-side.
-    tx.execute(
-        "INSERT INTO kerman_events (session_id, seq, time, type, record)
-         SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[])",
-        &[&id, &seqs, &times, &kinds, &records],
-    )
-    .await
-    .map_err(db_err("insert events"))?;
-    let last = rows[rows.len() - 1].seq;
-    tx.execute(
-        "UPDATE kerman_sessions SET last_seq = $2, expires_at = now() + $3::float8 * interval '1 millisecond'
-         WHERE id = $1",
-        &[&id, &last, &ttl_ms],
-    )
-    .await
-    .map_err(db_err("advance last seq"))?;
-    tx.commit().await.map_err(db_err("commit append"))
+    let row = c
+        .query_one(&p.append, &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms])
+        .await
+        .map_err(db_err("append events"))?;
+    let inserted: i64 = row.get(0);
+    if inserted == rows.len() as i64 {
+        return Ok(());
+    }
+    // Nothing was written (the statement is atomic): say why.
+    let (epoch, last_seq) = session_state(c, id).await?.ok_or_else(|| LogError::NotFound { id: id.into() })?;
+    if epoch != lease.epoch {
+        return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
+    }
+    Err(LogError::Write {
+        detail: format!("session \"{id}\": append of seq {} does not follow the stored last seq {last_seq}", first.seq),
+    })
+}
+
+/// A session's current epoch and last seq, or `None` if it does not exist.
+pub async fn session_state(c: &mut Client, id: &str) -> Result<Option<(i64, i64)>, LogError> {
+    let row = c
+        .query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db_err("read session state"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
 /// Extends every lease in `held` (session id -> epoch) that is still ours, in one statement.
@@ -175,4 +192,25 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
         true => Err(LogError::Locked { id: id.into() }),
         false => Err(LogError::NotFound { id: id.into() }),
     }
+}
+
+/// A session's lease holder, epoch and header text, or `None` if it does not exist.
+pub async fn lease_of(c: &mut Client, id: &str) -> Result<Option<(Option<String>, i64, String)>, LogError> {
+    let row = c
+        .query_opt("SELECT owner, epoch, header FROM kerman_sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db_err("read lease"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+}
+
+/// The stored (seq, record) pairs of `from..=to`, in seq order.
+pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<Vec<(i64, String)>, LogError> {
+    let rows = c
+        .query(
+            "SELECT seq, record FROM kerman_events WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+            &[&id, &from, &to],
+        )
+        .await
+        .map_err(db_err("read back appended events"))?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }

@@ -1,15 +1,23 @@
 //! The runtime thread: one connection, one request at a time.
+//!
+//! A dropped connection is re-established with jittered exponential backoff, bounded by the
+//! store's reconnect budget (then `LogError::Database` naming the host and the last error).
+//! The request it interrupted is retried when that is safe (reads, conditional writes), and an
+//! append whose outcome is unknown is settled by reading the session back, never re-sent
+//! blindly. How: `reconnect.rs` (backoff, telling a dropped connection from a statement's own
+//! error) and `recover.rs` (settling the interrupted request).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio_postgres::{Client, NoTls};
+use tokio::time::Instant;
+use tokio_postgres::{Client, Config, NoTls};
 
-use super::{db_err, schema, sql, Lease, Row};
+use super::sql::Prepared;
+use super::{db_err, schema, sql, Lease, PgOptions, Row};
 use crate::event_log::LogError;
 
 /// What the runtime thread can be asked to do.
@@ -23,6 +31,23 @@ pub enum Request {
     Exists { id: String },
     List,
     Delete { id: String },
+    /// Tests only: make the next append or open lose its connection (see [`Fault`]).
+    #[doc(hidden)]
+    InjectFault(Fault),
+}
+
+/// A connection loss at a chosen point of the next append, for tests of the recovery path
+/// (the server ends the backend, as `pg_terminate_backend` from another session would).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Before the append statement is sent: it must be sent again, once.
+    LoseConnectionBeforeAppend,
+    /// After it committed, before its reply is seen: it must not be sent again.
+    LoseReplyAfterAppend,
+    /// After the next open took the lease and read the session: the retry must adopt that
+    /// lease rather than find the session locked (by itself).
+    LoseReplyAfterOpen,
 }
 
 #[derive(Debug)]
@@ -66,20 +91,37 @@ pub fn unexpected(response: Response) -> LogError {
 }
 
 /// Starts the thread, connects and migrates; returns once the store is usable (or why not).
-pub fn start(dsn: String, owner: String, ttl_ms: f64) -> Result<Handle, LogError> {
+pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, LogError> {
+    let mut config: Config = dsn.parse().map_err(db_err("parse the DSN"))?;
+    // Named per store so an operator (or a test) can find this store's backend in
+    // pg_stat_activity; a DSN that names one keeps it.
+    if config.get_application_name().is_none() {
+        config.application_name(format!("kerman {owner}"));
+    }
     let (tx, rx) = unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
-    let thread_owner = owner.clone();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<(Reply, Result<Response, LogError>)>();
     std::thread::Builder::new()
         .name("kerman-postgres-replies".into())
         .spawn(move || {
+            ON_REPLY_THREAD.with(|on| on.set(true));
             for (reply, result) in done_rx {
                 // A panicking reply must not take the other replies down with it.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || reply(result)));
             }
         })
         .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
+    let worker = Worker {
+        host: super::reconnect::host_of(&config),
+        config,
+        owner: owner.clone(),
+        ttl_ms: options.lease_ttl_ms as f64,
+        reconnect_budget: Duration::from_millis(options.reconnect_ms),
+        conn: None,
+        gave_up: false,
+        held: HashMap::new(),
+        fault: None,
+    };
     std::thread::Builder::new()
         .name("kerman-postgres".into())
         .spawn(move || {
@@ -87,99 +129,203 @@ pub fn start(dsn: String, owner: String, ttl_ms: f64) -> Result<Handle, LogError
                 Ok(rt) => rt,
                 Err(e) => return drop(ready_tx.send(Err(LogError::io("start the postgres runtime", e)))),
             };
-            rt.block_on(run(dsn, thread_owner, ttl_ms, rx, ready_tx, done_tx));
+            rt.block_on(worker.run(rx, ready_tx, done_tx));
         })
         .map_err(|e| LogError::io("spawn the postgres thread", e))?;
     let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
     Ok(Handle { tx, owner, applied })
 }
 
-async fn run(
-    dsn: String,
-    owner: String,
-    ttl_ms: f64,
-    mut rx: UnboundedReceiver<Job>,
-    ready: SyncSender<Result<Vec<i32>, LogError>>,
-    done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
-) {
-    let (mut client, connection) = match tokio_postgres::connect(&dsn, NoTls).await {
-        Ok(pair) => pair,
-        Err(e) => return drop(ready.send(Err(db_err("connect")(e)))),
-    };
-    // The connection task does the socket I/O; if it dies, requests fail with its error.
-    tokio::spawn(connection);
-    match schema::migrate(&mut client).await {
-        Ok(applied) => drop(ready.send(Ok(applied))),
-        Err(e) => return drop(ready.send(Err(e))),
-    }
-    // Leases this store holds, renewed every third of the TTL so an owner that appends
-    // nothing for a while (a long model call) keeps its sessions. A TTL of 0 is never renewed.
-    let mut held: HashMap<String, i64> = HashMap::new();
-    let period = (ttl_ms > 0.0).then(|| Duration::from_secs_f64(ttl_ms / 3000.0).max(Duration::from_millis(10)));
-    let mut next_renewal = period.map(|p| Instant::now() + p);
-    loop {
-        // Checked before every request too, so a busy store still renews its idle sessions.
-        if let (Some(p), Some(at)) = (period, next_renewal) {
-            if Instant::now() >= at {
-                // A failed renewal is not reported: the next append of that session will be.
-                let _ = sql::renew(&mut client, &held, &owner, ttl_ms).await;
-                next_renewal = Some(Instant::now() + p);
-            }
-        }
-        let job = match next_renewal {
-            Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
-                Ok(job) => job,
-                Err(_) => continue,
-            },
-            None => rx.recv().await,
-        };
-        let Some((request, reply)) = job else { break };
-        let result = handle(&mut client, request, &owner, ttl_ms, &mut held).await;
-        // The reply thread outlives this loop (it ends when `done` is dropped), so this send
-        // fails only if it panicked outside a reply, and then there is nobody to tell.
-        let _ = done.send((reply, result));
-    }
+thread_local! {
+    static ON_REPLY_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
-async fn handle(
-    c: &mut Client,
-    request: Request,
-    owner: &str,
-    ttl_ms: f64,
-    held: &mut HashMap<String, i64>,
-) -> Result<Response, LogError> {
-    Ok(match request {
-        Request::Create { id, header } => {
-            let lease = sql::create(c, &id, &header, owner, ttl_ms).await?;
-            held.insert(id, lease.epoch);
-            Response::Lease(lease)
+/// Whether the caller is a store's reply thread, where nothing may wait for another reply.
+pub fn on_reply_thread() -> bool {
+    ON_REPLY_THREAD.with(|on| on.get())
+}
+
+/// One live connection and the statements prepared on it.
+pub(super) struct Conn {
+    pub(super) client: Client,
+    pub(super) prepared: Prepared,
+}
+
+pub(super) struct Worker {
+    pub(super) config: Config,
+    /// host:port, for errors.
+    pub(super) host: String,
+    pub(super) owner: String,
+    pub(super) ttl_ms: f64,
+    pub(super) reconnect_budget: Duration,
+    pub(super) conn: Option<Conn>,
+    /// The last reconnect ran out of budget: the next request tries once, without backoff,
+    /// so a long outage fails each request fast instead of stalling every one for the budget.
+    pub(super) gave_up: bool,
+    /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
+    pub(super) held: HashMap<String, i64>,
+    fault: Option<Fault>,
+}
+
+impl Worker {
+    async fn run(
+        mut self,
+        mut rx: UnboundedReceiver<Job>,
+        ready: SyncSender<Result<Vec<i32>, LogError>>,
+        done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
+    ) {
+        // The first connect is not retried: a wrong DSN or a server that is down should fail
+        // the constructor at once.
+        let migrated = async {
+            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err("connect"))?;
+            tokio::spawn(connection);
+            let applied = schema::migrate(&mut client).await?;
+            let prepared = Prepared::new(&client).await?;
+            self.conn = Some(Conn { client, prepared });
+            Ok(applied)
         }
-        Request::Open { id } => {
-            let (lease, header) = sql::acquire(c, &id, owner, ttl_ms).await?;
-            held.insert(id.clone(), lease.epoch);
-            Response::Opened(lease, header, sql::read(c, &id).await?)
+        .await;
+        let failed = migrated.is_err();
+        let _ = ready.send(migrated);
+        if failed {
+            return;
         }
-        Request::Append { lease, rows } => {
-            let result = sql::append(c, &lease, &rows, ttl_ms).await;
-            if let Err(LogError::LeaseLost { .. }) = result {
-                held.remove(&lease.session_id);
+        // A busy store still renews its idle sessions: the deadline is checked before every
+        // request too. A TTL of 0 is never renewed.
+        let period = (self.ttl_ms > 0.0)
+            .then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
+        let mut next_renewal = period.map(|p| Instant::now() + p);
+        loop {
+            if let (Some(p), Some(at)) = (period, next_renewal) {
+                if Instant::now() >= at {
+                    self.renew().await;
+                    next_renewal = Some(Instant::now() + p);
+                }
             }
-            result?;
-            Response::Done
+            let job = match next_renewal {
+                Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
+                    Ok(job) => job,
+                    Err(_) => continue,
+                },
+                None => rx.recv().await,
+            };
+            let Some((request, reply)) = job else { break };
+            let result = self.serve(request).await;
+            // The reply thread outlives this loop (it ends when `done` is dropped), so this
+            // send fails only if it panicked outside a reply, and then there is nobody to tell.
+            let _ = done.send((reply, result));
         }
-        Request::Read { id } => Response::Records(sql::read(c, &id).await?),
-        Request::Release { lease } => {
-            if held.get(&lease.session_id) == Some(&lease.epoch) {
-                held.remove(&lease.session_id);
+    }
+
+    /// Extends the leases held. A failure is not reported: the next append of a session whose
+    /// lease lapsed meanwhile is refused (or, if nobody took it, succeeds: the epoch decides).
+    async fn renew(&mut self) {
+        if self.held.is_empty() || self.connection().await.is_err() {
+            return;
+        }
+        let Some(conn) = self.conn.as_mut() else { return };
+        if sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await.is_err() && self.lost().await {
+            // Reconnect now rather than at the next request: an idle owner must keep renewing.
+            if self.connection().await.is_ok() {
+                if let Some(conn) = self.conn.as_mut() {
+                    let _ = sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await;
+                }
             }
-            sql::release(c, &lease).await?;
-            Response::Done
         }
-        Request::Exists { id } => Response::Bool(sql::exists(c, &id).await?),
-        Request::List => Response::Ids(sql::list(c).await?),
-        Request::Delete { id } => {
-            sql::delete(c, &id).await?;
-            Response::Done
+    }
+
+    /// Runs one request, reconnecting when the connection drops under it. Reads are simply
+    /// retried; a write whose outcome is unknown is settled from what the database now holds.
+    async fn serve(&mut self, request: Request) -> Result<Response, LogError> {
+        if let Request::InjectFault(fault) = request {
+            self.fault = Some(fault);
+            return Ok(Response::Done);
         }
-    })
+        // How many times one request may see its connection drop before it fails.
+        const MAX_LOSSES: u32 = 3;
+        let mut losses = 0;
+        let mut resent = false;
+        loop {
+            self.connection().await?;
+            let result = match losses {
+                0 => self.attempt(&request).await,
+                _ => self.after_loss(&request, &mut resent).await,
+            };
+            match result {
+                Err(e @ LogError::Database { .. }) if self.lost().await => {
+                    losses += 1;
+                    if losses > MAX_LOSSES {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The request's first try.
+    pub(super) async fn attempt(&mut self, request: &Request) -> Result<Response, LogError> {
+        let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
+        let (owner, ttl_ms) = (self.owner.as_str(), self.ttl_ms);
+        Ok(match request {
+            Request::Create { id, header } => {
+                let lease = sql::create(c, id, header, owner, ttl_ms).await?;
+                self.held.insert(id.clone(), lease.epoch);
+                Response::Lease(lease)
+            }
+            Request::Open { id } => {
+                let (lease, header) = sql::acquire(c, id, owner, ttl_ms).await?;
+                let records = sql::read(c, id).await?;
+                if self.fault == Some(Fault::LoseReplyAfterOpen) {
+                    self.fault = None;
+                    return Err(terminate_self(c).await);
+                }
+                // Only now: if the read fails, a retry must be able to adopt this lease, and if
+                // no retry succeeds the lease lapses unrenewed.
+                self.held.insert(id.clone(), lease.epoch);
+                Response::Opened(lease, header, records)
+            }
+            Request::Append { lease, rows } => {
+                if self.fault == Some(Fault::LoseConnectionBeforeAppend) {
+                    self.fault = None;
+                    return Err(terminate_self(c).await);
+                }
+                let result = sql::append(c, prepared, lease, rows, ttl_ms).await;
+                if let Err(LogError::LeaseLost { .. }) = result {
+                    self.held.remove(&lease.session_id);
+                }
+                result?;
+                if self.fault == Some(Fault::LoseReplyAfterAppend) {
+                    self.fault = None;
+                    return Err(terminate_self(c).await);
+                }
+                Response::Done
+            }
+            Request::Read { id } => Response::Records(sql::read(c, id).await?),
+            Request::Release { lease } => {
+                if self.held.get(&lease.session_id) == Some(&lease.epoch) {
+                    self.held.remove(&lease.session_id);
+                }
+                sql::release(c, lease).await?;
+                Response::Done
+            }
+            Request::Exists { id } => Response::Bool(sql::exists(c, id).await?),
+            Request::List => Response::Ids(sql::list(c).await?),
+            Request::Delete { id } => {
+                sql::delete(c, id).await?;
+                Response::Done
+            }
+            Request::InjectFault(_) => Response::Done,
+        })
+    }
+
+}
+
+/// Ends this connection's server process from inside (the test faults): the client sees the
+/// connection drop exactly as after an operator's `pg_terminate_backend`.
+async fn terminate_self(c: &mut Client) -> LogError {
+    match c.simple_query("SELECT pg_terminate_backend(pg_backend_pid())").await {
+        Err(e) => db_err("injected connection loss")(e),
+        Ok(_) => LogError::Database { context: "injected connection loss".into(), detail: "the backend survived".into() },
+    }
 }

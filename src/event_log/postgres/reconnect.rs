@@ -1,0 +1,102 @@
+//! Reconnecting the runtime thread's connection: jittered exponential backoff within the
+//! store's reconnect budget, and telling a dropped connection from a statement's own error.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::config::Host;
+use tokio_postgres::{Config, NoTls};
+
+use super::db_err;
+use super::sql::{self, Prepared};
+use super::worker::{Conn, Worker};
+use crate::event_log::LogError;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+impl Worker {
+    /// The connection, reconnecting with jittered exponential backoff (bounded by the
+    /// reconnect budget) if it is gone.
+    pub(super) async fn connection(&mut self) -> Result<(), LogError> {
+        if self.conn.as_ref().is_some_and(|c| !c.client.is_closed()) {
+            return Ok(());
+        }
+        self.conn = None;
+        let started = Instant::now();
+        let deadline = started + self.reconnect_budget;
+        let mut delay = FIRST_BACKOFF;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let last = match tokio::time::timeout_at(deadline.max(Instant::now() + FIRST_BACKOFF), self.reconnect()).await {
+                Ok(Ok(conn)) => {
+                    self.conn = Some(conn);
+                    self.gave_up = false;
+                    if !self.held.is_empty() {
+                        // Leases may have run down while the connection was away.
+                        let conn = self.conn.as_mut().expect("just set");
+                        let _ = sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await;
+                    }
+                    return Ok(());
+                }
+                Ok(Err(e)) => e,
+                Err(_) => "connect timed out".to_string(),
+            };
+            let pause = jitter(delay);
+            if self.gave_up || Instant::now() + pause >= deadline {
+                self.gave_up = true;
+                return Err(LogError::Database {
+                    context: format!("reconnect to {}", self.host),
+                    detail: format!(
+                        "gave up after {attempts} attempt(s) over {:.1} s; last error: {last}",
+                        started.elapsed().as_secs_f64()
+                    ),
+                });
+            }
+            tokio::time::sleep(pause).await;
+            delay = (delay * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn reconnect(&self) -> Result<Conn, String> {
+        let detail = |e: LogError| match e {
+            LogError::Database { detail, .. } => detail,
+            other => other.to_string(),
+        };
+        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| detail(db_err("")(e)))?;
+        tokio::spawn(connection);
+        let prepared = Prepared::new(&client).await.map_err(detail)?;
+        Ok(Conn { client, prepared })
+    }
+
+    /// Whether the connection is gone (after a database error: the error may be the server's
+    /// own, such as a constraint, on a healthy connection). Costs a round trip only then.
+    pub(super) async fn lost(&mut self) -> bool {
+        let Some(conn) = &self.conn else { return true };
+        let gone = conn.client.is_closed() || conn.client.simple_query("").await.is_err();
+        if gone {
+            self.conn = None;
+        }
+        gone
+    }
+}
+
+/// host:port of the DSN's first host, for errors.
+pub(super) fn host_of(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".into(),
+    };
+    match config.get_ports().first() {
+        Some(port) => format!("{host}:{port}"),
+        None => host,
+    }
+}
+
+/// A pause between `delay / 2` and `delay`, so stores cut off together do not reconnect in step.
+fn jitter(delay: Duration) -> Duration {
+    let r = getrandom::u64().unwrap_or(0) % 1000;
+    delay / 2 + delay * (r as u32) / 2000
+}

@@ -1,0 +1,101 @@
+//! Settling a request whose connection dropped under it: its effect may or may not have been
+//! committed, so it is never simply repeated when repeating could apply it twice.
+
+use super::sql;
+use super::worker::{stopped, Conn, Request, Response, Worker};
+use super::{Lease, Row};
+use crate::event_log::LogError;
+
+impl Worker {
+    /// A retry after the connection dropped during an earlier try, whose effect may or may
+    /// not have been committed.
+    pub(super) async fn after_loss(&mut self, request: &Request, resent: &mut bool) -> Result<Response, LogError> {
+        match request {
+            Request::Append { lease, rows } => self.settle_append(lease, rows, resent).await,
+            // An earlier try may have taken the lease (open) or inserted the row (create): the
+            // retry then finds it held by this very owner under an epoch no log of ours has.
+            Request::Open { id } => match self.attempt(request).await {
+                Err(LogError::Locked { .. }) => match self.adopt(id, None).await? {
+                    Some((lease, header)) => {
+                        let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
+                        let records = sql::read(&mut conn.client, id).await?;
+                        Ok(Response::Opened(lease, header, records))
+                    }
+                    None => Err(LogError::Locked { id: id.clone() }),
+                },
+                other => other,
+            },
+            Request::Create { id, header } => match self.attempt(request).await {
+                Err(LogError::Exists { .. }) => match self.adopt(id, Some(header)).await? {
+                    Some((lease, _)) => Ok(Response::Lease(lease)),
+                    None => Err(LogError::Exists { id: id.clone() }),
+                },
+                other => other,
+            },
+            // The earlier try deleted it.
+            Request::Delete { .. } => match self.attempt(request).await {
+                Err(LogError::NotFound { .. }) => Ok(Response::Done),
+                other => other,
+            },
+            // Reads, and writes that are idempotent (release).
+            _ => self.attempt(request).await,
+        }
+    }
+
+    /// Takes over a lease an interrupted open/create of ours acquired: held by this owner,
+    /// under an epoch none of our logs holds (and, for create, at epoch 1 with our header).
+    async fn adopt(&mut self, id: &str, header: Option<&String>) -> Result<Option<(Lease, String)>, LogError> {
+        if self.held.contains_key(id) {
+            return Ok(None);
+        }
+        let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
+        let Some((owner, epoch, stored)) = sql::lease_of(&mut conn.client, id).await? else { return Ok(None) };
+        let ours = owner.as_deref() == Some(self.owner.as_str())
+            && header.is_none_or(|h| epoch == 1 && *h == stored);
+        if !ours {
+            return Ok(None);
+        }
+        self.held.insert(id.to_string(), epoch);
+        Ok(Some((Lease { session_id: id.to_string(), owner: self.owner.clone(), epoch }, stored)))
+    }
+
+    /// An append whose reply never came: it committed or it did not. The session's `last_seq`
+    /// says which; never append blindly, or the batch could land twice.
+    async fn settle_append(&mut self, lease: &Lease, rows: &[Row], resent: &mut bool) -> Result<Response, LogError> {
+        let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(Response::Done) };
+        let id = lease.session_id.as_str();
+        let Some(Conn { client: c, .. }) = self.conn.as_mut() else { return Err(stopped()) };
+        let (epoch, last_seq) = sql::session_state(c, id).await?.ok_or_else(|| LogError::NotFound { id: id.into() })?;
+        let unknown = |what: String| LogError::Write {
+            detail: format!("session \"{id}\": the outcome of appending seqs {}..={} is unknown: {what}", first.seq, last.seq),
+        };
+        if last_seq >= last.seq {
+            // It landed, unless somebody else's rows did: compare what is stored with what was sent.
+            let stored = sql::read_seqs(c, id, first.seq, last.seq).await?;
+            let same = stored.len() == rows.len()
+                && stored.iter().zip(rows).all(|((seq, record), row)| *seq == row.seq && *record == row.record);
+            return match same {
+                true => Ok(Response::Done),
+                false => Err(unknown("the stored records for those seqs differ from the ones sent".into())),
+            };
+        }
+        if last_seq != first.seq - 1 {
+            return Err(unknown(format!("the stored last seq is {last_seq}")));
+        }
+        if epoch != lease.epoch {
+            self.held.remove(id);
+            return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
+        }
+        if *resent {
+            return Err(unknown("it did not land after being sent twice".into()));
+        }
+        // It did not land: send it once more, under the same epoch and seq conditions.
+        *resent = true;
+        let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
+        let result = sql::append(c, prepared, lease, rows, self.ttl_ms).await;
+        if let Err(LogError::LeaseLost { .. }) = result {
+            self.held.remove(id);
+        }
+        result.map(|()| Response::Done)
+    }
+}
