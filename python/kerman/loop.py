@@ -82,6 +82,10 @@ class AgentLoop:
             # Called only while someone listens: no Python call per message otherwise.
             _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
                     self._listeners["agent/inbox/claimed"]),
+            # PostgresStore.enqueue from another process: a waking message starts a turn.
+            # (getattr: it may run on the store's thread before __init__ has finished.)
+            _on_remote=lambda wake: wake and getattr(self, "_event_loop", None) is not None
+            and self._call_on_loop(self._wake, False),
         )
         self._turn = 0
         for event in self._log.events(types="turn/start"):

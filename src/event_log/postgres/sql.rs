@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use tokio_postgres::Client;
 
 use super::{db_err, Lease};
+use crate::event_log::StagedInput;
 use crate::event_log::LogError;
 
 /// One event as stored: the envelope fields that are columns, and the whole record as text.
@@ -60,6 +61,13 @@ pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Resu
 /// Appends `rows` (consecutive seqs) in one transaction, only if `lease` is still the current
 /// epoch and the first seq follows the stored last one; renews the lease on success.
 pub async fn append(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64) -> Result<(), LogError> {
+    append_claiming(c, lease, rows, ttl_ms, &[]).await
+}
+
+/// [`append`], also deleting the staged messages `claims` (whose splices are among `rows`) in
+/// the same transaction; if any of them is gone (claimed already), nothing commits. The commit
+/// notifies the session's append channel with the new last seq, for followers.
+pub async fn append_claiming(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64, claims: &[String]) -> Result<(), LogError> {
     let Some(first) = rows.first() else { return Ok(()) };
     let id = lease.session_id.as_str();
     let tx = c.transaction().await.map_err(db_err("begin append"))?;
@@ -94,10 +102,23 @@ pub async fn append(c: &mut Client, lease: &Lease, rows: &[Row], ttl_ms: f64) ->
     )
     .await
     .map_err(db_err("insert events"))?;
+    if !claims.is_empty() {
+        let n = tx
+            .execute("DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = ANY($2)", &[&id, &claims])
+            .await
+            .map_err(db_err("claim staged messages"))?;
+        if n != claims.len() as u64 {
+            return Err(LogError::Write {
+                detail: format!("session \"{id}\": a staged message was already claimed; nothing was appended"),
+            });
+        }
+    }
     let last = rows[rows.len() - 1].seq;
+    // pg_notify in the same statement costs no round trip; PostgreSQL delivers it at commit
+    // (and drops it on rollback), so a follower never hears of rows it cannot read yet.
     tx.execute(
         "UPDATE kerman_sessions SET last_seq = $2, expires_at = now() + $3::float8 * interval '1 millisecond'
-         WHERE id = $1",
+         WHERE id = $1 RETURNING pg_notify('kerman_a_' || md5(id), last_seq::text)",
         &[&id, &last, &ttl_ms],
     )
     .await
@@ -175,4 +196,90 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
         true => Err(LogError::Locked { id: id.into() }),
         false => Err(LogError::NotFound { id: id.into() }),
     }
+}
+
+/// Records of a session with seq > `after`, in seq order (a follower's catch-up read).
+pub async fn read_after(c: &mut Client, id: &str, after: i64) -> Result<Vec<String>, LogError> {
+    let rows = c
+        .query("SELECT record FROM kerman_events WHERE session_id = $1 AND seq > $2 ORDER BY seq", &[&id, &after])
+        .await
+        .map_err(db_err("read new events"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Why `enqueue` inserted nothing.
+pub enum Refused {
+    NoSession,
+    /// The id is staged already, or an `agent/inbox/spliced` of the session inserted it.
+    Duplicate,
+}
+
+/// Stages `message` for the owner of session `id` and notifies its enqueue channel, in one
+/// statement (one round trip, committed on its own). Takes no lease and touches no event.
+pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
+    // The log check parses only this session's splices; the staged table's primary key covers
+    // ids enqueued but not yet taken. A data-modifying CTE always runs; the notify CTE runs
+    // because the final SELECT reads it.
+    let row = c
+        .query_one(
+            "WITH s AS (SELECT id FROM kerman_sessions WHERE id = $1),
+             logged AS (
+                 SELECT 1 FROM kerman_events
+                 WHERE session_id = $1 AND type = 'agent/inbox/spliced'
+                   AND (record::jsonb -> 'data' -> 'inserted') @> jsonb_build_array(jsonb_build_object('id', $2::text))
+             ),
+             ins AS (
+                 INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
+                 SELECT $1, $2, $3, $4, $5 FROM s WHERE NOT EXISTS (SELECT 1 FROM logged)
+                 ON CONFLICT DO NOTHING RETURNING 1
+             ),
+             woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins)
+             SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM ins), (SELECT count(*) FROM woke)",
+            &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup],
+        )
+        .await
+        .map_err(db_err("enqueue message"))?;
+    let (sessions, inserted): (i64, i64) = (row.get(0), row.get(1));
+    Ok(match (sessions, inserted) {
+        (0, _) => Err(Refused::NoSession),
+        (_, 0) => Err(Refused::Duplicate),
+        _ => Ok(()),
+    })
+}
+
+/// The messages staged for session `id`, in enqueue order.
+pub async fn staged(c: &mut Client, id: &str) -> Result<Vec<StagedInput>, LogError> {
+    let rows = c
+        .query(
+            "SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("read staged messages"))?;
+    Ok(rows
+        .iter()
+        .map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) })
+        .collect())
+}
+
+/// Deletes staged rows the owner dropped (their ids were already in the log), only while
+/// `lease` is current.
+pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<(), LogError> {
+    c.execute(
+        "DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = ANY($2)
+           AND EXISTS (SELECT 1 FROM kerman_sessions WHERE id = $1 AND epoch = $3)",
+        &[&lease.session_id, &ids, &lease.epoch],
+    )
+    .await
+    .map_err(db_err("drop staged messages"))?;
+    Ok(())
+}
+
+/// A session's header text, if it exists.
+pub async fn header(c: &mut Client, id: &str) -> Result<Option<String>, LogError> {
+    let row = c
+        .query_opt("SELECT header FROM kerman_sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db_err("read session header"))?;
+    Ok(row.map(|r| r.get(0)))
 }

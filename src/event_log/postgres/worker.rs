@@ -9,8 +9,9 @@ use tokio::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_postgres::{Client, NoTls};
 
+use super::listen::{self, Subscriber};
 use super::{db_err, schema, sql, Lease, Row};
-use crate::event_log::LogError;
+use crate::event_log::{LogError, StagedInput};
 
 /// What the runtime thread can be asked to do.
 pub enum Request {
@@ -23,6 +24,21 @@ pub enum Request {
     Exists { id: String },
     List,
     Delete { id: String },
+    /// Subscribes to a NOTIFY channel on the store's LISTEN connection (opened on first use).
+    Listen { id: u64, channel: String, subscriber: Subscriber },
+    Unlisten { id: u64 },
+    /// Records with seq > `after` (a follower's catch-up read).
+    ReadAfter { id: String, after: i64 },
+    /// An append that also deletes the staged messages its splices insert.
+    AppendStaged { lease: Lease, rows: Vec<Row>, claims: Vec<String> },
+    /// Stages a message for the session's owner: `Bool(false)` if the id is taken.
+    Enqueue { id: String, staged: StagedInput },
+    /// The messages staged for a session.
+    Staged { id: String },
+    /// Deletes staged rows the owner dropped.
+    Unstage { lease: Lease, ids: Vec<String> },
+    /// The header and records of a session, without its lease.
+    Peek { id: String },
 }
 
 #[derive(Debug)]
@@ -34,6 +50,9 @@ pub enum Response {
     Bool(bool),
     Ids(Vec<String>),
     Done,
+    Staged(Vec<StagedInput>),
+    /// Header text, record texts.
+    Session(String, Vec<String>),
 }
 
 /// Runs on the store's reply thread, never on the runtime thread: a reply may wait (for the
@@ -102,6 +121,7 @@ async fn run(
     ready: SyncSender<Result<Vec<i32>, LogError>>,
     done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
 ) {
+    let mut listener = listen::Lazy::new(dsn.clone());
     let (mut client, connection) = match tokio_postgres::connect(&dsn, NoTls).await {
         Ok(pair) => pair,
         Err(e) => return drop(ready.send(Err(db_err("connect")(e)))),
@@ -134,7 +154,7 @@ async fn run(
             None => rx.recv().await,
         };
         let Some((request, reply)) = job else { break };
-        let result = handle(&mut client, request, &owner, ttl_ms, &mut held).await;
+        let result = handle(&mut client, request, &owner, ttl_ms, &mut held, &mut listener).await;
         // The reply thread outlives this loop (it ends when `done` is dropped), so this send
         // fails only if it panicked outside a reply, and then there is nobody to tell.
         let _ = done.send((reply, result));
@@ -147,6 +167,7 @@ async fn handle(
     owner: &str,
     ttl_ms: f64,
     held: &mut HashMap<String, i64>,
+    listener: &mut listen::Lazy,
 ) -> Result<Response, LogError> {
     Ok(match request {
         Request::Create { id, header } => {
@@ -180,6 +201,39 @@ async fn handle(
         Request::Delete { id } => {
             sql::delete(c, &id).await?;
             Response::Done
+        }
+        Request::Listen { id, channel, subscriber } => {
+            listener.get().subscribe(id, channel, subscriber);
+            Response::Done
+        }
+        Request::Unlisten { id } => {
+            if let Some(l) = listener.started() {
+                l.unsubscribe(id);
+            }
+            Response::Done
+        }
+        Request::ReadAfter { id, after } => Response::Records(sql::read_after(c, &id, after).await?),
+        Request::AppendStaged { lease, rows, claims } => {
+            let result = sql::append_claiming(c, &lease, &rows, ttl_ms, &claims).await;
+            if let Err(LogError::LeaseLost { .. }) = result {
+                held.remove(&lease.session_id);
+            }
+            result?;
+            Response::Done
+        }
+        Request::Enqueue { id, staged } => match sql::enqueue(c, &staged, &id).await? {
+            Ok(()) => Response::Bool(true),
+            Err(sql::Refused::Duplicate) => Response::Bool(false),
+            Err(sql::Refused::NoSession) => return Err(LogError::NotFound { id }),
+        },
+        Request::Staged { id } => Response::Staged(sql::staged(c, &id).await?),
+        Request::Unstage { lease, ids } => {
+            sql::unstage(c, &lease, &ids).await?;
+            Response::Done
+        }
+        Request::Peek { id } => {
+            let header = sql::header(c, &id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
+            Response::Session(header, sql::read(c, &id).await?)
         }
     })
 }
