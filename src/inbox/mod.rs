@@ -156,8 +156,14 @@ impl Inbox {
     /// a log failure stops, leaving the rest staged. Then tells the listener they arrived.
     pub fn take_staged(&self, staged: Vec<StagedInput>) -> Taken {
         let mut out = Taken::default();
+        // Only splices whose text mentions one of the ids are parsed.
+        let mentions = |data: &str| staged.iter().any(|row| data.contains(row.id.as_str()));
         let logged: HashSet<String> = self.shared.log.with_events(|events| {
-            events.iter().filter(|e| e.kind() == SPLICED).flat_map(|e| inserted_ids(e.data_json())).collect()
+            events
+                .iter()
+                .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
+                .flat_map(|e| inserted_ids(e.data_json()))
+                .collect()
         });
         let mut wake = false;
         for row in staged {

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import List, Optional
@@ -52,10 +53,12 @@ class Child:
     """A child process whose stdout lines are read with a deadline."""
 
     def __init__(self, *args: str, stdin: bool = False) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, CHILD, *args],
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
         )
         self.lines: List[str] = []
@@ -80,6 +83,10 @@ class Child:
             self.proc.stdin = None
         rest, _ = self.proc.communicate(timeout=DEADLINE)
         self.lines.extend(rest.splitlines())
+        if self.proc.returncode != 0:
+            self.stderr.seek(0)
+            print(f"child {self.proc.args[2:]} exited with {self.proc.returncode}:\n{self.stderr.read()}", file=sys.stderr)
+        self.stderr.close()
         return self.proc.returncode
 
 

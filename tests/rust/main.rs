@@ -5,5 +5,7 @@ mod file_store;
 mod fuzz_corpus;
 mod inbox;
 #[cfg(feature = "postgres")]
+mod postgres_distributed;
+#[cfg(feature = "postgres")]
 mod postgres_store;
 mod projection;

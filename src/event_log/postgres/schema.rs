@@ -16,10 +16,11 @@ const MIGRATION_LOCK: i64 = 0x4B45_524D_414E;
 pub const MIGRATIONS: &[(i32, &str)] = &[
     (
         1,
-    // Event records and headers are kept as the JSON text that was written (not jsonb), so
-    // key order and number spelling come back byte for byte, as from the file store.
-    // `last_seq` (-1 when empty) and `epoch` are the two conditions every append checks.
-    "CREATE TABLE kerman_sessions (
+        // Event records and headers are kept as the JSON text that was written (not jsonb),
+        // so key order and number spelling come back byte for byte, as from the file store.
+        // `last_seq` (-1 when empty) and `epoch` are the two conditions every append checks.
+        // (The SQL text below is unchanged since release, indentation included.)
+        "CREATE TABLE kerman_sessions (
          id text PRIMARY KEY,
          header text NOT NULL,
          last_seq bigint NOT NULL DEFAULT -1,
