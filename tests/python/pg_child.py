@@ -79,10 +79,16 @@ async def worker(dsn: str, id: str, label: str) -> None:
             await asyncio.wait_for(arrived.wait(), 0.1)
         except asyncio.TimeoutError:
             pass
-        await loop.when_idle()
-        while loop.inbox.has_pending and loop.wake():
+        # Close only when idle with nothing pending, checked with no await before close():
+        # a wake scheduled meanwhile (input arriving from the enqueuer) runs at an await, so
+        # this never closes the log under a running turn. Input inserted by the store's
+        # thread after the check is committed by close() and claimed by the next owner.
+        while True:
             await loop.when_idle()
-        await log.flush()
+            await log.flush()
+            if loop.status == "idle" and not loop.inbox.has_pending:
+                break
+            loop.wake()
         log.close()
     say("stopped", label)
 

@@ -165,6 +165,10 @@ fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
     };
     let fresh: Vec<StagedInput> = {
         let mut st = lock(shared);
+        if st.closed {
+            st.fetching = false;
+            return;
+        }
         let fresh: Vec<StagedInput> = rows.into_iter().filter(|r| !st.staged.contains(&r.id)).collect();
         // Marked before the inbox appends, so `enqueue` tags the splices as claims.
         st.staged.extend(fresh.iter().map(|r| r.id.clone()));

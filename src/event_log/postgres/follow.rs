@@ -118,6 +118,14 @@ impl Backend for Follower {
     /// Stops following; the session itself is untouched (there is no lease to release).
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
         lock(&self.shared).closed = true;
+        // Waits out a catch-up being published on the reply thread (its observers and tail
+        // wake-ups call into Python): after `close` returns this follower calls nothing more,
+        // so the process may exit at once. A thread already holding the token (an observer
+        // closing its own log) has nothing to wait for. Not reached from the log's drop: the
+        // weak handle no longer upgrades by then.
+        if let Some(log) = self.shared.log.get().and_then(WeakSessionLog::upgrade) {
+            drop(log.publishing());
+        }
         self.shared.core.submit(Request::Unlisten { id: self.shared.subscription }, Box::new(|_| ()));
         Ok(())
     }
