@@ -83,9 +83,7 @@ class AgentLoop:
             _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
                     self._listeners["agent/inbox/claimed"]),
             # PostgresStore.enqueue from another process: a waking message starts a turn.
-            # (getattr: it may run on the store's thread before __init__ has finished.)
-            _on_remote=lambda wake: wake and getattr(self, "_event_loop", None) is not None
-            and self._call_on_loop(self._wake, False),
+            _on_remote=self._remote_input,
         )
         self._turn = 0
         for event in self._log.events(types="turn/start"):
@@ -281,6 +279,12 @@ class AgentLoop:
         was_idle = self._status == "idle"
         self._wake(False)
         return was_idle
+
+    def _remote_input(self, wake: bool) -> None:
+        """Input another process enqueued was inserted (on the store's thread): wake as
+        ``followup`` would. (getattr: this may run before ``__init__`` has finished.)"""
+        if wake and getattr(self, "_event_loop", None) is not None:
+            self._call_on_loop(self._wake, False)
 
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread

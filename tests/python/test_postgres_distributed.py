@@ -256,6 +256,8 @@ def test_enqueue_refuses_duplicate_ids_and_unknown_sessions():
         web.enqueue(f"no-such-session-{message.id}", "x")
     with pytest.raises(ValueError):
         web.enqueue(log.id, "x", target="later")
+    with pytest.raises(SessionNotFoundError):
+        web.follow(f"no-such-session-{message.id}")
 
     async def scenario() -> None:
         AgentLoop(EchoModel(), log=log)
