@@ -9,8 +9,10 @@
 //! one at a time in submission order, so one session's appends reach the server in seq order.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
-//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Not yet here (see
-//! docs/postgres.md): reconnects, LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
+//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Other processes:
+//! read-only followers ([`Follower`], fed through the LISTEN connection of `listen.rs`) and
+//! `enqueue` (staged rows the owner's [`PgBackend`] claims); see docs/distributed.md. Not yet
+//! here (see docs/postgres.md): reconnects of the main connection, TLS.
 
 mod backend;
 mod follow;
