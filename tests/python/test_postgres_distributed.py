@@ -223,6 +223,30 @@ def test_enqueue_from_another_process_while_a_loop_runs_starts_a_turn_and_is_cla
     log.close()
 
 
+def test_the_owner_picks_up_input_staged_while_its_listen_connection_was_down():
+    store = PostgresStore(DSN)
+    log = store.create()
+    web = PostgresStore(DSN)
+    name = f"kerman-listen-{os.getpid()}"
+
+    async def scenario() -> None:
+        loop = AgentLoop(EchoModel(), log=log)
+        first = web.enqueue(log.id, "before", wakeup=False)
+        await wait_for_state(lambda: first.id in inserted_ids(log), "the first message to arrive")
+        # Every LISTEN connection of this process goes; the next message's NOTIFY may find
+        # none, and the re-LISTEN's catch-up read must pick it up.
+        killed = psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'")
+        assert killed and set(killed) == {"t"}
+        second = web.enqueue(log.id, "while reconnecting", wakeup=False)
+        await wait_for_state(lambda: second.id in inserted_ids(log), "the second message to arrive")
+        await log.flush()
+        assert [m.id for m in loop.inbox.next_turn] == [first.id, second.id]
+
+    run(scenario())
+    assert psql(f"SELECT count(*) FROM kerman_inbox_staged WHERE session_id = '{log.id}'") == ["0"]
+    log.close()
+
+
 def test_enqueue_with_no_owner_waits_for_the_next_open():
     store = PostgresStore(DSN)
     log = store.create()
