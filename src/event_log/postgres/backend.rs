@@ -293,7 +293,12 @@ impl Backend for PgBackend {
     /// Starts listening on the session's enqueue channel (first inbox only) and reads what is
     /// staged already: input enqueued while no owner ran is picked up here, after `open`.
     fn attach_intake(&self, intake: Weak<dyn Intake>) {
-        lock_intakes(&self.shared).push(intake);
+        {
+            // Inboxes come and go over a long-lived log: forget the dropped ones.
+            let mut intakes = lock_intakes(&self.shared);
+            intakes.retain(|i| i.strong_count() > 0);
+            intakes.push(intake);
+        }
         let subscribe = {
             let mut st = lock(&self.shared);
             match st.subscription.is_none() && !st.closed {
