@@ -4,6 +4,10 @@ baseline (baseline.py) and against machine limits probed at the start of the sam
 
     python3 benches/python/bench.py [--quick] [--only P1,P3] [--reps N] [--dir PATH]
 
+An extra row, ``tail`` (PostgreSQL LISTEN-driven tail latency, benches/python/pg_tail.py), runs
+with the full set or ``--only TAIL`` when ``KERMAN_PG_DSN`` names a server, and is skipped with a
+message otherwise.
+
 Kerman and the baseline run interleaved, repetition by repetition (the order alternates), and
 each figure is the median over repetitions, so machine drift hits both sides alike. Every
 target is a ratio measured in this run. The output is one table plus a machine line; see
@@ -36,6 +40,8 @@ import baseline as B  # noqa: E402
 import gen_log  # noqa: E402
 
 WORKLOADS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10")
+# Extra rows outside PERFORMANCE.md's P1–P10, run with the full set or by name (--only TAIL).
+EXTRAS = ("TAIL",)
 now_ns = time.perf_counter_ns
 
 
@@ -45,8 +51,8 @@ class Cfg:
         self.reps: int = args.reps or (3 if args.quick else 5)
         self.dir: str = os.path.abspath(args.dir)
         self.work = os.path.join(self.dir, f"run-{os.getpid()}")
-        self.only = set(WORKLOADS) if not args.only else {w.strip().upper() for w in args.only.split(",")}
-        unknown = self.only - set(WORKLOADS)
+        self.only = set(WORKLOADS + EXTRAS) if not args.only else {w.strip().upper() for w in args.only.split(",")}
+        unknown = self.only - set(WORKLOADS + EXTRAS)
         if unknown:
             raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}")
 
@@ -607,6 +613,24 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
                 f"bare sleep {(lim - delay) / delay:.2%}", "—", "< 1% net of the bare sleep", k_net < 0.01)]
 
 
+# ---- extra: PostgreSQL LISTEN-driven tail latency ----------------------------------------------
+
+def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
+    """Append + flush here -> seen by a follower's tail() in another process (pg_tail.py)."""
+    if not os.environ.get("KERMAN_PG_DSN"):
+        print("  TAIL skipped: KERMAN_PG_DSN is unset (scripts/pg-test-server.sh starts a server)", flush=True)
+        return []
+    n = cfg.size(500, 200)
+    done = subprocess.run([sys.executable, os.path.join(HERE, "pg_tail.py"), str(n)], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"pg_tail.py failed:\n{done.stderr}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    return [Row("tail", f"PostgreSQL: commit -> follower tail in another process ({n} events)",
+                f"p50 {r['tail_p50_ms']:.2f} ms, p99 {r['tail_p99_ms']:.2f} ms", "—",
+                f"commit p50 {r['commit_p50_ms']:.2f} ms", "—", "report")]
+
+
 # ---- driver ------------------------------------------------------------------------------------
 
 def machine_line() -> str:
@@ -662,7 +686,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{p['json']:.0f} MB/s; Kerman reader (FileStore.verify) {p['verify']:.0f} MB/s; "
                   f"FileStore.open {p['open']:.0f} MB/s", flush=True)
         rows: List[Row] = []
-        for name in WORKLOADS:
+        for name in WORKLOADS + EXTRAS:
             if name in cfg.only:
                 t0 = time.perf_counter()
                 rows += globals()[name.lower()](cfg, probes)

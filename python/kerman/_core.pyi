@@ -165,6 +165,12 @@ class PostgresStore:
     def list(self) -> builtins.list[str]: ...
     def exists(self, id: str) -> bool: ...
     def delete(self, id: str) -> None: ...
+    def follow(self, id: str) -> SessionLog:
+        """A read-only follower: the session's events, growing live as its owner commits."""
+    def enqueue(
+        self, id: str, message: str | UserMessage, target: _Target = "next-turn", wakeup: bool = True
+    ) -> UserMessage:
+        """Queues a message for the session's owner without taking its lease (web handlers)."""
 
 @final
 class FileStore:
@@ -196,6 +202,7 @@ class Inbox:
         on_claimed: Callable[[UserMessage, int], object] | None = None,
         *,
         _gates: tuple[list[Any], list[Any], list[Any]] | None = None,
+        _on_remote: Callable[[bool], object] | None = None,
     ) -> Inbox: ...
     @property
     def log(self) -> SessionLog: ...

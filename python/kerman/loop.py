@@ -82,6 +82,8 @@ class AgentLoop:
             # Called only while someone listens: no Python call per message otherwise.
             _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
                     self._listeners["agent/inbox/claimed"]),
+            # PostgresStore.enqueue from another process: a waking message starts a turn.
+            _on_remote=self._remote_input,
         )
         self._turn = 0
         for event in self._log.events(types="turn/start"):
@@ -288,6 +290,12 @@ class AgentLoop:
         if self._fenced is not None:
             raise LeaseLostError(f"this AgentLoop was fenced out of session {self._log.id!r} by a newer "
                                  f"owner; reopen the session to continue ({self._fenced})")
+
+    def _remote_input(self, wake: bool) -> None:
+        """Input another process enqueued was inserted (on the store's thread): wake as
+        ``followup`` would. (getattr: this may run before ``__init__`` has finished.)"""
+        if wake and getattr(self, "_event_loop", None) is not None:
+            self._call_on_loop(self._wake, False)
 
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread

@@ -34,6 +34,8 @@ pub enum LogError {
     /// The session's lease moved on (another owner opened it with a newer epoch): this
     /// handle's appends are fenced out. Reopen to continue.
     LeaseLost { id: String, epoch: i64, current: i64 },
+    /// An append to a read-only log (a PostgreSQL follower, `PostgresStore.follow`).
+    ReadOnly { id: String },
     /// A database (PostgreSQL store) failure, with what was being done.
     Database { context: String, detail: String },
     /// Any other I/O failure, with what was being done.
@@ -89,6 +91,10 @@ impl fmt::Display for LogError {
             LogError::LeaseLost { id, epoch, current } => write!(
                 f,
                 "session \"{id}\": lease lost (this handle holds epoch {epoch}, the session is at epoch {current}); another owner took it over"
+            ),
+            LogError::ReadOnly { id } => write!(
+                f,
+                "session \"{id}\" is followed read-only here (PostgresStore.follow); open it to append"
             ),
             LogError::Database { context, detail } => write!(f, "{context}: {detail}"),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),

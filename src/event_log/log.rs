@@ -1,7 +1,7 @@
 //! `SessionLog`: the append-only list of events every other part projects from.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
@@ -38,6 +38,34 @@ pub trait Backend: Send + Sync {
     fn checkpoints(&self) -> bool {
         false
     }
+    /// Registers where input staged by other processes goes (the log's inbox). Only backends
+    /// that can receive such input (the PostgreSQL owner) keep it.
+    fn attach_intake(&self, _intake: Weak<dyn Intake>) {}
+}
+
+/// A message another process staged for this session's owner (`PostgresStore.enqueue`): its
+/// id, the message as JSON text, the target list name and whether it should wake the loop.
+#[derive(Clone, Debug)]
+pub struct StagedInput {
+    pub id: String,
+    pub message: String,
+    pub target: String,
+    pub wakeup: bool,
+}
+
+/// What an [`Intake`] did with staged input.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Inserted into the inbox (each through one splice appended to the log).
+    pub taken: Vec<String>,
+    /// Never to be inserted: the id is already in the log or pending, or the row is invalid.
+    pub dropped: Vec<String>,
+}
+
+/// Takes staged input into a session's inbox. The inbox registers itself on its log; staged
+/// input stays staged while no inbox is attached.
+pub trait Intake: Send + Sync {
+    fn take(&self, staged: Vec<StagedInput>) -> Taken;
 }
 
 struct State {
@@ -294,6 +322,44 @@ impl SessionLog {
         crate::blocking::wait(|| rx.recv().unwrap_or(Ok(())))
     }
 
+    /// Sends input staged by other processes to `intake` (see [`Backend::attach_intake`]).
+    pub fn attach_intake(&self, intake: Weak<dyn Intake>) {
+        self.shared.backend.attach_intake(intake)
+    }
+
+    /// A handle that does not keep the log alive.
+    pub fn downgrade(&self) -> WeakSessionLog {
+        WeakSessionLog(Arc::downgrade(&self.shared))
+    }
+
+    /// Adds events another writer committed (a read-only follower's catch-up read), in seq
+    /// order, running observers and waking waiters as an append does. Events already held are
+    /// skipped and a gap stops it (the caller reads again); returns how many were added.
+    pub fn adopt(&self, events: Vec<Event>) -> Result<usize, LogError> {
+        let publishing = self.publishing()?;
+        let mut added = 0;
+        for event in events {
+            let event = {
+                let mut st = lock(&self.shared.state);
+                let len = st.events.len() as u64;
+                if st.closed || event.seq > len {
+                    break;
+                }
+                if event.seq < len {
+                    continue;
+                }
+                let kind = intern(&mut st.types, event.kind());
+                let event = event.with_kind(kind);
+                st.last_time = st.last_time.max(event.time);
+                st.events.push(event.clone());
+                event
+            };
+            publishing.notify(&event);
+            added += 1;
+        }
+        Ok(added)
+    }
+
     /// Closes the log: flushes, releases the session, wakes waiters. Idempotent.
     pub fn close(&self) -> Result<(), LogError> {
         let (events, waiters) = {
@@ -319,6 +385,16 @@ impl Drop for Shared {
             st.closed = true;
             let _ = self.backend.close(&st.events);
         }
+    }
+}
+
+/// A [`SessionLog`] handle that does not keep it alive (for callbacks the log itself owns).
+#[derive(Clone)]
+pub struct WeakSessionLog(std::sync::Weak<Shared>);
+
+impl WeakSessionLog {
+    pub fn upgrade(&self) -> Option<SessionLog> {
+        self.0.upgrade().map(|shared| SessionLog { shared })
     }
 }
 

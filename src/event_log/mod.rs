@@ -15,7 +15,9 @@ pub use closers::close_open_turn;
 pub use error::LogError;
 pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, SPLICED, SURFACE_TYPES};
 pub use file::{Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
-pub use log::{now_ms, Backend, FlushCallback, Observer, Publishing, SessionLog, Waiter};
+pub use log::{
+    now_ms, Backend, FlushCallback, Intake, Observer, Publishing, SessionLog, StagedInput, Taken, Waiter, WeakSessionLog,
+};
 pub use memory::MemoryStore;
 pub use store::{Store, FORMAT_VERSION};
 pub(crate) use store::{check_id, new_header, resolve_id};

@@ -10,13 +10,14 @@
 mod splice;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use serde_json::Value;
 
-pub use splice::{normalize, placement, ById, Lists, Splice, SpliceError, Target};
+pub use splice::{inserted_ids, normalize, placement, ById, Lists, Splice, SpliceError, Target};
 
-use crate::event_log::{LogError, SessionLog, SPLICED};
+use crate::event_log::{Intake, LogError, SessionLog, StagedInput, Taken, SPLICED};
 use crate::message::{Message, MessageKind};
 
 /// Live notifications of an inbox: called after each mutation, on the mutating thread.
@@ -24,6 +25,9 @@ pub trait InboxListener: Send + Sync {
     fn inserted(&self, _message: &Arc<Message>) {}
     fn discarded(&self, _message: &Arc<Message>) {}
     fn claimed(&self, _message: &Arc<Message>, _turn: u64) {}
+    /// Messages another process enqueued were inserted (after their `inserted` calls);
+    /// `wake`: at least one asked to wake the loop. Runs on the store's reply thread.
+    fn arrived(&self, _wake: bool) {}
 }
 
 /// Errors of live inbox mutations.
@@ -82,6 +86,28 @@ struct Shared {
     log: SessionLog,
     lists: Mutex<Lists>,
     listener: Option<Box<dyn InboxListener>>,
+    /// What the log's backend hands staged input to; the backend holds it weakly.
+    feed: Arc<Feed>,
+}
+
+/// The inbox as an [`Intake`], without keeping it alive.
+struct Feed(Weak<Shared>);
+
+impl Intake for Feed {
+    fn take(&self, staged: Vec<StagedInput>) -> Taken {
+        match self.0.upgrade() {
+            Some(shared) => Inbox { shared }.take_staged(staged),
+            None => Taken::default(),
+        }
+    }
+}
+
+/// The user message a staged row carries, if it is one and has the row's id.
+fn staged_message(staged: &StagedInput) -> Option<(Target, Arc<Message>)> {
+    let target = Target::parse(&staged.target)?;
+    let value: Value = serde_json::from_str(&staged.message).ok()?;
+    let message = Message::from_value(&value).ok()?;
+    (message.kind() == MessageKind::User && message.id() == staged.id).then(|| (target, Arc::new(message)))
 }
 
 /// The inbox of one session. Clones share it. All methods are thread-safe.
@@ -113,7 +139,55 @@ impl Inbox {
     pub fn new(log: SessionLog, listener: Option<Box<dyn InboxListener>>) -> Result<Inbox, ProjectionError> {
         let seed_length = log.header().get("seedLength").and_then(Value::as_u64).unwrap_or(0);
         let lists = log.with_events(|events| replay(events, seed_length))?;
-        Ok(Inbox { shared: Arc::new(Shared { log, lists: Mutex::new(lists), listener }) })
+        let shared = Arc::new_cyclic(|weak| Shared {
+            log: log.clone(),
+            lists: Mutex::new(lists),
+            listener,
+            feed: Arc::new(Feed(weak.clone())),
+        });
+        let feed: Arc<dyn Intake> = shared.feed.clone();
+        log.attach_intake(Arc::downgrade(&feed));
+        Ok(Inbox { shared })
+    }
+
+    /// Inserts messages other processes staged for this session (`PostgresStore.enqueue`),
+    /// each with an ordinary append splice, in the given order. A message whose id is already
+    /// in the log (inserted by an earlier splice) or pending is dropped, never inserted twice;
+    /// a log failure stops, leaving the rest staged. Then tells the listener they arrived.
+    pub fn take_staged(&self, staged: Vec<StagedInput>) -> Taken {
+        let mut out = Taken::default();
+        // Only splices whose text mentions one of the ids are parsed.
+        let mentions = |data: &str| staged.iter().any(|row| data.contains(row.id.as_str()));
+        let logged: HashSet<String> = self.shared.log.with_events(|events| {
+            events
+                .iter()
+                .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
+                .flat_map(|e| inserted_ids(e.data_json()))
+                .collect()
+        });
+        let mut wake = false;
+        for row in staged {
+            let Some((target, message)) = staged_message(&row) else {
+                out.dropped.push(row.id);
+                continue;
+            };
+            if logged.contains(&row.id) || self.contains(&row.id) {
+                out.dropped.push(row.id);
+                continue;
+            }
+            match self.append(target, message) {
+                Ok(()) => {
+                    wake |= row.wakeup;
+                    out.taken.push(row.id);
+                }
+                Err(InboxError::Duplicate(_) | InboxError::NotUserMessage(_)) => out.dropped.push(row.id),
+                Err(InboxError::Log(_)) => break,
+            }
+        }
+        if let (false, Some(listener)) = (out.taken.is_empty(), &self.shared.listener) {
+            listener.arrived(wake);
+        }
+        out
     }
 
     pub fn log(&self) -> &SessionLog {

@@ -194,6 +194,9 @@ struct Callbacks {
     on_inserted: Option<Py<PyAny>>,
     on_discarded: Option<Py<PyAny>>,
     on_claimed: Option<Py<PyAny>>,
+    /// Private to the AgentLoop: `on_remote(wake)` after messages another process enqueued
+    /// (`PostgresStore.enqueue`) were inserted, on the store's reply thread.
+    on_remote: Option<Py<PyAny>>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
@@ -242,6 +245,15 @@ impl InboxListener for Callbacks {
             call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
         }
     }
+
+    fn arrived(&self, wake: bool) {
+        let Some(callback) = &self.on_remote else { return };
+        Python::attach(|py| {
+            if let Err(err) = callback.call1(py, (wake,)) {
+                report_contained(py, "inbox on_remote callback", err);
+            }
+        });
+    }
 }
 
 /// Queued user input: `next_turn` prompts and `next_step` steering/context, a projection of
@@ -287,7 +299,7 @@ impl PyInbox {
 #[pymethods]
 impl PyInbox {
     #[new]
-    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None))]
+    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None))]
     fn new(
         py: Python<'_>,
         log: Py<PySessionLog>,
@@ -295,16 +307,21 @@ impl PyInbox {
         on_discarded: Option<Py<PyAny>>,
         on_claimed: Option<Py<PyAny>>,
         _gates: Option<(Py<PyList>, Py<PyList>, Py<PyList>)>,
+        _on_remote: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
             on_inserted: callable(on_inserted, "on_inserted", py)?,
             on_discarded: callable(on_discarded, "on_discarded", py)?,
             on_claimed: callable(on_claimed, "on_claimed", py)?,
+            on_remote: callable(_on_remote, "_on_remote", py)?,
             gates: _gates.map(|(a, b, c)| [a, b, c]),
             wrappers: Arc::clone(&wrappers),
         };
-        let any = callbacks.on_inserted.is_some() || callbacks.on_discarded.is_some() || callbacks.on_claimed.is_some();
+        let any = callbacks.on_inserted.is_some()
+            || callbacks.on_discarded.is_some()
+            || callbacks.on_claimed.is_some()
+            || callbacks.on_remote.is_some();
         let listener: Option<Box<dyn InboxListener>> = if any { Some(Box::new(callbacks)) } else { None };
         let inner = Inbox::new(log.get().inner.clone(), listener).map_err(|e| projection_err(py, e))?;
         Ok(PyInbox { inner, log, wrappers })

@@ -6,10 +6,12 @@
 
 use pyo3::prelude::*;
 
-use super::errors::log_err;
+use super::errors::{log_err, new_err};
 use super::event_log::{id_arg, wrap_log, PySessionLog};
+use super::message::{user_message_arg, wrap, PyMessage};
 use crate::event_log::postgres::{PgOptions, PostgresStore};
-use crate::event_log::Store;
+use crate::event_log::{StagedInput, Store};
+use crate::inbox::Target;
 
 /// Sessions in one PostgreSQL database; each store is one lease owner on one connection.
 #[pyclass(name = "PostgresStore", module = "kerman", frozen)]
@@ -55,6 +57,51 @@ impl PyPostgresStore {
     fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
         py.detach(|| self.inner.open(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// A read-only follower of session `id` (another process, or this store, owns it): its
+    /// events so far, then each commit as it happens, so `tail()` and `subscribe()` follow the
+    /// session live. Takes no lease. Appends raise `LogError`; `close()` stops following.
+    fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.follow(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
+    /// Queues `message` for session `id` without taking its lease (for web handlers): the
+    /// session's owner inserts it into its inbox's `target` list, and with `wakeup` its idle
+    /// AgentLoop starts a turn. Returns the stored message; its id is the receipt to look for
+    /// (the owner's `agent/inbox/spliced` inserting it). With no owner running, the next `open`
+    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError`; an
+    /// unknown session `SessionNotFoundError`.
+    #[pyo3(signature = (id, message, target="next-turn", wakeup=true))]
+    fn enqueue<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        message: &Bound<'py, PyAny>,
+        target: &str,
+        wakeup: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let target = Target::parse(target).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!("target must be \"next-turn\" or \"next-step\", got {target:?}"))
+        })?;
+        let stored = user_message_arg(message)?;
+        let staged = StagedInput {
+            id: stored.id().to_string(),
+            message: stored.json().to_string(),
+            target: target.as_str().to_string(),
+            wakeup,
+        };
+        let fresh = py.detach(|| self.inner.enqueue(&id, staged)).map_err(|e| log_err(py, e))?;
+        if !fresh {
+            let text = format!("message \"{}\" is already enqueued for session \"{id}\" or in its log", stored.id());
+            return Err(new_err(py, "DuplicateMessageError", (text, stored.id().to_string())));
+        }
+        if message.is_instance_of::<PyMessage>() {
+            return Ok(message.clone());
+        }
+        wrap(py, stored)
     }
 
     /// Ids of sessions holding at least one event.

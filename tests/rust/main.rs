@@ -5,6 +5,8 @@ mod file_store;
 mod fuzz_corpus;
 mod inbox;
 #[cfg(feature = "postgres")]
+mod postgres_distributed;
+#[cfg(feature = "postgres")]
 mod postgres_store;
 #[cfg(feature = "postgres")]
 mod postgres_recovery;

@@ -9,11 +9,21 @@
 //!
 //! A failed transaction (lease lost, database error) poisons the backend: pending and later
 //! barriers fail and later appends are refused, until the session is reopened.
+//!
+//! Staged input (`PostgresStore::enqueue` from other processes): once an inbox attaches
+//! ([`Backend::attach_intake`]) the backend reads the session's staged rows, then again on
+//! every NOTIFY of its enqueue channel (and after each re-LISTEN), and hands new ones to the
+//! inbox, which inserts each with an ordinary splice. The append transaction carrying such a
+//! splice also deletes the staged row (`AppendStaged`), so exactly one splice per staged
+//! message can commit: a crash before that commit leaves the row for the next owner.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use super::listen::{self, Channel, Note};
 use super::{to_row, Lease, PgCore, Reply, Request, Response, Row};
-use crate::event_log::{Backend, Event, FlushCallback, LogError};
+use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
+use crate::inbox::inserted_ids;
 
 /// Why the backend stopped accepting appends; rebuilt into a fresh `LogError` per caller.
 #[derive(Clone)]
@@ -33,12 +43,24 @@ struct State {
     /// Closed from the reply thread (the log dropped there): give the lease up once the last
     /// batch is done, without waiting for it.
     release_when_idle: bool,
+    /// Staged message ids handed to the inbox whose splice has not committed yet.
+    staged: HashSet<String>,
+    /// Staged ids whose splices are pending: deleted by the next transaction.
+    claims: Vec<String>,
+    /// A staged-rows read in flight, and whether another was asked for meanwhile.
+    fetching: bool,
+    fetch_again: bool,
+    /// The enqueue-channel subscription, once an inbox attached.
+    subscription: Option<u64>,
+    closed: bool,
 }
 
 struct Shared {
     core: PgCore,
     lease: Lease,
     state: Mutex<State>,
+    /// Inboxes over this log, oldest first; staged input goes to the first one alive.
+    intakes: Mutex<Vec<Weak<dyn Intake>>>,
 }
 
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
@@ -64,10 +86,15 @@ fn next_batch(shared: &Arc<Shared>, st: &mut State) -> Option<(Request, Reply)> 
     }
     st.in_flight = true;
     let rows = std::mem::take(&mut st.pending);
+    let claims = std::mem::take(&mut st.claims);
     let n = rows.len() as u64;
     let next = Arc::clone(shared);
-    let request = Request::Append { lease: shared.lease.clone(), rows };
-    Some((request, Box::new(move |result| committed(&next, n, result))))
+    let lease = shared.lease.clone();
+    let request = match claims.is_empty() {
+        true => Request::Append { lease, rows },
+        false => Request::AppendStaged { lease, rows, claims: claims.clone() },
+    };
+    Some((request, Box::new(move |result| committed(&next, n, claims, result))))
 }
 
 fn submit(shared: &Shared, batch: Option<(Request, Reply)>) {
@@ -77,12 +104,17 @@ fn submit(shared: &Shared, batch: Option<(Request, Reply)>) {
 }
 
 /// Runs on the reply thread when a transaction ends: settles barriers, sends the next batch.
-fn committed(shared: &Arc<Shared>, n: u64, result: Result<Response, LogError>) {
+fn committed(shared: &Arc<Shared>, n: u64, claims: Vec<String>, result: Result<Response, LogError>) {
     let (ready, outcome, batch) = {
         let mut st = lock(shared);
         st.in_flight = false;
         match result {
-            Ok(_) => st.committed += n,
+            Ok(_) => {
+                st.committed += n;
+                for id in &claims {
+                    st.staged.remove(id);
+                }
+            }
             Err(LogError::LeaseLost { epoch, current, .. }) => st.poison = Some(Poison::LeaseLost { epoch, current }),
             // Write errors from the store already name the session; others get it here.
             Err(LogError::Write { detail }) => st.poison = Some(Poison::Failed(detail)),
@@ -122,6 +154,71 @@ fn release_if_idle(shared: &Shared, st: &mut State) -> Option<(Request, Reply)> 
     Some((Request::Release { lease: shared.lease.clone() }, Box::new(|_| ())))
 }
 
+/// Reads the staged rows, unless a read is in flight (then one more follows it).
+fn fetch(shared: &Arc<Shared>) {
+    {
+        let mut st = lock(shared);
+        if st.closed || st.poison.is_some() {
+            return;
+        }
+        if st.fetching {
+            st.fetch_again = true;
+            return;
+        }
+        st.fetching = true;
+    }
+    let next = Arc::clone(shared);
+    let request = Request::Staged { id: shared.lease.session_id.clone() };
+    shared.core.submit(request, Box::new(move |result| fetched(&next, result)));
+}
+
+/// On the reply thread: hands the rows not already handed over to the inbox.
+fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
+    // A failed read is not reported: the next notification (or re-LISTEN) reads again.
+    let rows = match result {
+        Ok(Response::Staged(rows)) => rows,
+        _ => Vec::new(),
+    };
+    let fresh: Vec<StagedInput> = {
+        let mut st = lock(shared);
+        if st.closed {
+            st.fetching = false;
+            return;
+        }
+        let fresh: Vec<StagedInput> = rows.into_iter().filter(|r| !st.staged.contains(&r.id)).collect();
+        // Marked before the inbox appends, so `enqueue` tags the splices as claims.
+        st.staged.extend(fresh.iter().map(|r| r.id.clone()));
+        fresh
+    };
+    if !fresh.is_empty() {
+        let ids: Vec<String> = fresh.iter().map(|r| r.id.clone()).collect();
+        let intake = lock_intakes(shared).iter().find_map(Weak::upgrade);
+        // Outside every lock: the inbox appends to the log, which enqueues here.
+        let taken = intake.map(|i| i.take(fresh)).unwrap_or_default();
+        let mut st = lock(shared);
+        for id in ids.iter().filter(|id| !taken.taken.contains(id)) {
+            st.staged.remove(id);
+        }
+        drop(st);
+        if !taken.dropped.is_empty() {
+            let request = Request::Unstage { lease: shared.lease.clone(), ids: taken.dropped };
+            shared.core.submit(request, Box::new(|_| ()));
+        }
+    }
+    let again = {
+        let mut st = lock(shared);
+        st.fetching = false;
+        std::mem::take(&mut st.fetch_again)
+    };
+    if again {
+        fetch(shared);
+    }
+}
+
+fn lock_intakes(shared: &Shared) -> MutexGuard<'_, Vec<Weak<dyn Intake>>> {
+    shared.intakes.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 pub struct PgBackend {
     shared: Arc<Shared>,
 }
@@ -137,8 +234,15 @@ impl PgBackend {
             waiters: Vec::new(),
             poison: None,
             release_when_idle: false,
+            staged: HashSet::new(),
+            claims: Vec::new(),
+            fetching: false,
+            fetch_again: false,
+            subscription: None,
+            closed: false,
         };
-        PgBackend { shared: Arc::new(Shared { core, lease, state: Mutex::new(state) }) }
+        let intakes = Mutex::new(Vec::new());
+        PgBackend { shared: Arc::new(Shared { core, lease, state: Mutex::new(state), intakes }) }
     }
 }
 
@@ -150,6 +254,14 @@ impl Backend for PgBackend {
         }
         st.pending.push(to_row(event));
         st.enqueued += 1;
+        // Only while staged input is being inserted: a splice of one of those ids claims it.
+        if !st.staged.is_empty() && event.kind() == SPLICED {
+            for id in inserted_ids(event.data_json()) {
+                if st.staged.contains(&id) && !st.claims.contains(&id) {
+                    st.claims.push(id);
+                }
+            }
+        }
         let batch = next_batch(&self.shared, &mut st);
         drop(st);
         submit(&self.shared, batch);
@@ -172,6 +284,14 @@ impl Backend for PgBackend {
     }
 
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        let subscription = {
+            let mut st = lock(&self.shared);
+            st.closed = true;
+            st.subscription.take()
+        };
+        if let Some(id) = subscription {
+            self.shared.core.submit(Request::Unlisten { id }, Box::new(|_| ()));
+        }
         if super::worker::on_reply_thread() {
             // The last handle of the log went away inside a reply (a flush callback owned it).
             // Waiting here for the flush would wait for this very thread: queue the release
@@ -197,5 +317,38 @@ impl Backend for PgBackend {
     /// model request and tool body, as with the file store's `checkpoint` mode.
     fn checkpoints(&self) -> bool {
         true
+    }
+
+    /// Starts listening on the session's enqueue channel (first inbox only) and reads what is
+    /// staged already: input enqueued while no owner ran is picked up here, after `open`.
+    fn attach_intake(&self, intake: Weak<dyn Intake>) {
+        {
+            // Inboxes come and go over a long-lived log: forget the dropped ones.
+            let mut intakes = lock_intakes(&self.shared);
+            intakes.retain(|i| i.strong_count() > 0);
+            intakes.push(intake);
+        }
+        let subscribe = {
+            let mut st = lock(&self.shared);
+            match st.subscription.is_none() && !st.closed {
+                true => {
+                    let id = listen::next_id();
+                    st.subscription = Some(id);
+                    Some(id)
+                }
+                false => None,
+            }
+        };
+        if let Some(id) = subscribe {
+            let weak = Arc::downgrade(&self.shared);
+            let subscriber: listen::Subscriber = Arc::new(move |_note: Note| {
+                if let Some(shared) = weak.upgrade() {
+                    fetch(&shared);
+                }
+            });
+            let channel = listen::channel_name(Channel::Enqueued, &self.shared.lease.session_id);
+            self.shared.core.submit(Request::Listen { id, channel, subscriber }, Box::new(|_| ()));
+        }
+        fetch(&self.shared);
     }
 }

@@ -9,10 +9,14 @@
 //! one at a time in submission order, so one session's appends reach the server in seq order.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
-//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Not yet here (see
-//! docs/postgres.md): LISTEN/NOTIFY tails, `enqueue` for web handlers, TLS.
+//! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Other processes:
+//! read-only followers ([`Follower`], fed through the LISTEN connection of `listen.rs`) and
+//! `enqueue` (staged rows the owner's [`PgBackend`] claims); see docs/distributed.md. Not yet
+//! here (see docs/postgres.md): TLS.
 
 mod backend;
+mod follow;
+mod listen;
 mod schema;
 mod sql;
 mod store;
@@ -25,12 +29,14 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 pub use backend::PgBackend;
+pub use follow::Follower;
+pub use listen::{channel_name, Channel};
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
 pub use sql::Row;
 pub use store::PostgresStore;
 pub use worker::{Fault, Reply, Request, Response};
 
-use crate::event_log::{check_id, new_header, resolve_id, Event, LogError};
+use crate::event_log::{check_id, new_header, resolve_id, Event, LogError, StagedInput};
 
 /// The right to append to one session: valid while `epoch` is the session's current epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +150,31 @@ impl PgCore {
         }
     }
 
+    /// Stages `message` (a user message as JSON text, with id `message_id`) for the owner of
+    /// session `id`, without taking its lease. `Ok(false)`: that id is already staged or in the
+    /// session's log. An unknown session is `NotFound`.
+    pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
+        check_id(id)?;
+        match self.call(Request::Enqueue { id: id.into(), staged })? {
+            Response::Bool(b) => Ok(b),
+            other => Err(worker::unexpected(other)),
+        }
+    }
+
+    /// The header and events of a session, without taking its lease (for followers).
+    pub fn read_session(&self, id: &str) -> Result<(Map<String, Value>, Vec<Event>), LogError> {
+        check_id(id)?;
+        let (header, records) = match self.call(Request::Peek { id: id.into() })? {
+            Response::Session(header, records) => (header, records),
+            other => return Err(worker::unexpected(other)),
+        };
+        let header = match serde_json::from_str(&header) {
+            Ok(Value::Object(map)) => map,
+            _ => return Err(corrupt(id, -1, "the header is not a JSON object".into())),
+        };
+        Ok((header, parse_records(id, &records)?))
+    }
+
     pub fn release(&self, lease: &Lease) -> Result<(), LogError> {
         match self.call(Request::Release { lease: lease.clone() })? {
             Response::Done => Ok(()),
@@ -158,12 +189,18 @@ pub fn to_row(event: &Event) -> Row {
 }
 
 fn parse_records(id: &str, records: &[String]) -> Result<Vec<Event>, LogError> {
+    parse_records_from(id, records, 0)
+}
+
+/// Parses records that should carry seqs `first`, `first + 1`, ...
+pub(crate) fn parse_records_from(id: &str, records: &[String], first: u64) -> Result<Vec<Event>, LogError> {
     let mut intern = |s: &str| Arc::<str>::from(s);
     let mut events = Vec::with_capacity(records.len());
     for (i, text) in records.iter().enumerate() {
+        let i = first + i as u64;
         let event = Event::from_json(text, &mut intern).map_err(|detail| corrupt(id, i as i64, detail))?;
         // The primary key makes gaps impossible unless rows were edited by hand.
-        if event.seq != i as u64 {
+        if event.seq != i {
             return Err(corrupt(id, i as i64, format!("record at position {i} carries seq {}", event.seq)));
         }
         events.push(event);

@@ -11,7 +11,14 @@ impl Worker {
     /// not have been committed.
     pub(super) async fn after_loss(&mut self, request: &Request, resent: &mut bool) -> Result<Response, LogError> {
         match request {
-            Request::Append { lease, rows } => self.settle_append(lease, rows, resent).await,
+            Request::Append { lease, rows } => self.settle_append(lease, rows, &[], resent).await,
+            Request::AppendStaged { lease, rows, claims } => self.settle_append(lease, rows, claims, resent).await,
+            // The earlier try may have staged it: the retry then finds the id taken. Message ids
+            // are minted per message, so after a lost reply that is our own earlier try.
+            Request::Enqueue { .. } => match self.attempt(request).await {
+                Ok(Response::Bool(false)) => Ok(Response::Bool(true)),
+                other => other,
+            },
             // An earlier try may have taken the lease (open) or inserted the row (create): the
             // retry then finds it held by this very owner under an epoch no log of ours has.
             Request::Open { id } => match self.attempt(request).await {
@@ -37,7 +44,7 @@ impl Worker {
                 Err(LogError::NotFound { .. }) => Ok(Response::Done),
                 other => other,
             },
-            // Reads, and writes that are idempotent (release).
+            // Reads, and writes that are idempotent (release, unstage).
             _ => self.attempt(request).await,
         }
     }
@@ -61,7 +68,7 @@ impl Worker {
 
     /// An append whose reply never came: it committed or it did not. The session's `last_seq`
     /// says which; never append blindly, or the batch could land twice.
-    async fn settle_append(&mut self, lease: &Lease, rows: &[Row], resent: &mut bool) -> Result<Response, LogError> {
+    async fn settle_append(&mut self, lease: &Lease, rows: &[Row], claims: &[String], resent: &mut bool) -> Result<Response, LogError> {
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(Response::Done) };
         let id = lease.session_id.as_str();
         let Some(Conn { client: c, .. }) = self.conn.as_mut() else { return Err(stopped()) };
@@ -92,7 +99,7 @@ impl Worker {
         // It did not land: send it once more, under the same epoch and seq conditions.
         *resent = true;
         let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
-        let result = sql::append(c, prepared, lease, rows, self.ttl_ms).await;
+        let result = sql::append(c, prepared, lease, rows, self.ttl_ms, claims).await;
         if let Err(LogError::LeaseLost { .. }) = result {
             self.held.remove(id);
         }

@@ -13,12 +13,14 @@ use crate::event_log::LogError;
 const MIGRATION_LOCK: i64 = 0x4B45_524D_414E;
 
 /// Append-only: a released version is never edited, a change is a new entry.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    // Event records and headers are kept as the JSON text that was written (not jsonb), so
-    // key order and number spelling come back byte for byte, as from the file store.
-    // `last_seq` (-1 when empty) and `epoch` are the two conditions every append checks.
-    "CREATE TABLE kerman_sessions (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        // Event records and headers are kept as the JSON text that was written (not jsonb),
+        // so key order and number spelling come back byte for byte, as from the file store.
+        // `last_seq` (-1 when empty) and `epoch` are the two conditions every append checks.
+        // (The SQL text below is unchanged since release, indentation included.)
+        "CREATE TABLE kerman_sessions (
          id text PRIMARY KEY,
          header text NOT NULL,
          last_seq bigint NOT NULL DEFAULT -1,
@@ -34,7 +36,25 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
          record text NOT NULL,
          PRIMARY KEY (session_id, seq)
      );",
-)];
+    ),
+    (
+        2,
+        // Messages `enqueue` staged for a session's owner (a web handler never appends to the
+        // log itself: the owner assigns seqs in memory). The owner deletes a row in the same
+        // transaction that appends the splice inserting its id, so exactly one splice per
+        // staged message can ever commit. `n` keeps enqueue order.
+        "CREATE TABLE kerman_inbox_staged (
+             session_id text NOT NULL REFERENCES kerman_sessions (id) ON DELETE CASCADE,
+             message_id text NOT NULL,
+             message text NOT NULL,
+             target text NOT NULL CHECK (target IN ('next-turn', 'next-step')),
+             wakeup boolean NOT NULL,
+             enqueued_at timestamptz NOT NULL DEFAULT now(),
+             n bigserial NOT NULL,
+             PRIMARY KEY (session_id, message_id)
+         );",
+    ),
+];
 
 /// The newest schema version this build knows.
 pub fn latest() -> i32 {

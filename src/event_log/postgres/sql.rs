@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use tokio_postgres::{Client, Statement};
 
 use super::{db_err, Lease};
+use crate::event_log::StagedInput;
 use crate::event_log::LogError;
 
 /// One event as stored: the envelope fields that are columns, and the whole record as text.
@@ -58,20 +59,29 @@ pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Resu
 }
 
 /// The append statement: one round trip, one implicit transaction. The session row is updated
-/// only if `lease` is still the current epoch and `last_seq` is the seq just before the batch
-/// (the row lock it takes makes a concurrent `acquire` wait for this commit, or makes this
-/// update re-check the epoch `acquire` committed); the events are inserted only from the row
-/// that update returned, so a refused append writes nothing. Renews the lease on success.
+/// only if `lease` is still the current epoch, `last_seq` is the seq just before the batch and
+/// every staged message the batch claims ($10) is still staged (the row lock it takes makes a
+/// concurrent `acquire` wait for this commit, or makes this update re-check the epoch `acquire`
+/// committed); the events are inserted and the claimed rows deleted only from the row that
+/// update returned, so a refused append writes nothing. Renews the lease on success, and
+/// notifies the session's append channel with the new last seq (delivered at commit, so a
+/// follower never hears of rows it cannot read yet).
 const APPEND: &str = "WITH s AS (
         UPDATE kerman_sessions SET last_seq = $8, expires_at = now() + $9::float8 * interval '1 millisecond'
         WHERE id = $1 AND epoch = $6 AND last_seq = $7
-        RETURNING id
+          AND (SELECT count(*) FROM kerman_inbox_staged
+               WHERE session_id = $1 AND message_id = ANY($10::text[])) = cardinality($10::text[])
+        RETURNING id, pg_notify('kerman_a_' || md5(id), $8::text)
+    ), claimed AS (
+        DELETE FROM kerman_inbox_staged
+        WHERE session_id IN (SELECT id FROM s) AND message_id = ANY($10::text[])
+        RETURNING 1
     ), ins AS (
         INSERT INTO kerman_events (session_id, seq, time, type, record)
         SELECT s.id, u.* FROM s, unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[]) AS u
         RETURNING 1
     )
-    SELECT count(*) FROM ins";
+    SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM claimed)";
 
 /// Statements prepared once per connection, so each use is one round trip (a `&str` query
 /// costs a second one to prepare it every time).
@@ -86,9 +96,11 @@ impl Prepared {
 }
 
 /// Appends `rows` (consecutive seqs) in one statement, only if `lease` is still the current
-/// epoch and the first seq follows the stored last one; renews the lease on success. Why a
-/// refused append was refused is read only when it happens (a second round trip).
-pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], ttl_ms: f64) -> Result<(), LogError> {
+/// epoch and the first seq follows the stored last one; renews the lease on success. `claims`
+/// are staged messages (`enqueue`) whose splices are among `rows`: deleted in the same
+/// statement, and if any of them is gone (claimed already) nothing is written. Why a refused
+/// append was refused is read only when it happens (a second round trip).
+pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], ttl_ms: f64, claims: &[String]) -> Result<(), LogError> {
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(()) };
     let id = lease.session_id.as_str();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
@@ -96,7 +108,10 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
     let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
     let records: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
     let row = c
-        .query_one(&p.append, &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms])
+        .query_one(
+            &p.append,
+            &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms, &claims],
+        )
         .await
         .map_err(db_err("append events"))?;
     let inserted: i64 = row.get(0);
@@ -108,9 +123,12 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
     if epoch != lease.epoch {
         return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
     }
-    Err(LogError::Write {
-        detail: format!("session \"{id}\": append of seq {} does not follow the stored last seq {last_seq}", first.seq),
-    })
+    if last_seq != first.seq - 1 {
+        return Err(LogError::Write {
+            detail: format!("session \"{id}\": append of seq {} does not follow the stored last seq {last_seq}", first.seq),
+        });
+    }
+    Err(LogError::Write { detail: format!("session \"{id}\": a staged message was already claimed; nothing was appended") })
 }
 
 /// A session's current epoch and last seq, or `None` if it does not exist.
@@ -213,4 +231,91 @@ pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<V
         .await
         .map_err(db_err("read back appended events"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Records of a session with seq > `after`, in seq order (a follower's catch-up read).
+pub async fn read_after(c: &mut Client, id: &str, after: i64) -> Result<Vec<String>, LogError> {
+    let rows = c
+        .query("SELECT record FROM kerman_events WHERE session_id = $1 AND seq > $2 ORDER BY seq", &[&id, &after])
+        .await
+        .map_err(db_err("read new events"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Why `enqueue` inserted nothing.
+pub enum Refused {
+    NoSession,
+    /// The id is staged already, or an `agent/inbox/spliced` of the session inserted it.
+    Duplicate,
+}
+
+/// Stages `message` for the owner of session `id` and notifies its enqueue channel, in one
+/// statement (one round trip, committed on its own). Takes no lease and touches no event.
+pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
+    // The log check parses only this session's splices that mention the id (`strpos` first:
+    // far cheaper than parsing every splice as jsonb); the staged table's primary key covers
+    // ids enqueued but not yet taken. A data-modifying CTE always runs; the notify CTE runs
+    // because the final SELECT reads it.
+    let row = c
+        .query_one(
+            "WITH s AS (SELECT id FROM kerman_sessions WHERE id = $1),
+             logged AS (
+                 SELECT 1 FROM kerman_events
+                 WHERE session_id = $1 AND type = 'agent/inbox/spliced' AND strpos(record, $2) > 0
+                   AND (record::jsonb -> 'data' -> 'inserted') @> jsonb_build_array(jsonb_build_object('id', $2::text))
+             ),
+             ins AS (
+                 INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
+                 SELECT $1, $2, $3, $4, $5 FROM s WHERE NOT EXISTS (SELECT 1 FROM logged)
+                 ON CONFLICT DO NOTHING RETURNING 1
+             ),
+             woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins)
+             SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM ins), (SELECT count(*) FROM woke)",
+            &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup],
+        )
+        .await
+        .map_err(db_err("enqueue message"))?;
+    let (sessions, inserted): (i64, i64) = (row.get(0), row.get(1));
+    Ok(match (sessions, inserted) {
+        (0, _) => Err(Refused::NoSession),
+        (_, 0) => Err(Refused::Duplicate),
+        _ => Ok(()),
+    })
+}
+
+/// The messages staged for session `id`, in enqueue order.
+pub async fn staged(c: &mut Client, id: &str) -> Result<Vec<StagedInput>, LogError> {
+    let rows = c
+        .query(
+            "SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("read staged messages"))?;
+    Ok(rows
+        .iter()
+        .map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) })
+        .collect())
+}
+
+/// Deletes staged rows the owner dropped (their ids were already in the log), only while
+/// `lease` is current.
+pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<(), LogError> {
+    c.execute(
+        "DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = ANY($2)
+           AND EXISTS (SELECT 1 FROM kerman_sessions WHERE id = $1 AND epoch = $3)",
+        &[&lease.session_id, &ids, &lease.epoch],
+    )
+    .await
+    .map_err(db_err("drop staged messages"))?;
+    Ok(())
+}
+
+/// A session's header text, if it exists.
+pub async fn header(c: &mut Client, id: &str) -> Result<Option<String>, LogError> {
+    let row = c
+        .query_opt("SELECT header FROM kerman_sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db_err("read session header"))?;
+    Ok(row.map(|r| r.get(0)))
 }

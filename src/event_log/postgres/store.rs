@@ -1,8 +1,9 @@
 //! `PostgresStore`: the `Store` contract over [`PgCore`] and [`PgBackend`].
 
 use super::backend::PgBackend;
+use super::follow::Follower;
 use super::{PgCore, PgOptions, Request, Response};
-use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, Store};
+use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, Store};
 
 /// Sessions in one PostgreSQL database. Each store is one lease owner with one connection.
 #[derive(Clone)]
@@ -17,6 +18,19 @@ impl PostgresStore {
 
     pub fn core(&self) -> &PgCore {
         &self.core
+    }
+
+    /// A read-only follower of session `id`: every committed event now, then each commit of
+    /// its writer (in any process) as NOTIFY-driven catch-up reads bring it. Takes no lease;
+    /// appends fail with `LogError::ReadOnly`; `close` stops following.
+    pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
+        let (header, events) = self.core.read_session(id)?;
+        Ok(Follower::open(&self.core, id, header, events))
+    }
+
+    /// Stages a user message for session `id`'s owner (see [`PgCore::enqueue`]).
+    pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
+        self.core.enqueue(id, staged)
     }
 }
 

@@ -16,9 +16,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use tokio_postgres::{Client, Config, NoTls};
 
+use super::listen::{self, Subscriber};
 use super::sql::Prepared;
 use super::{db_err, schema, sql, Lease, PgOptions, Row};
-use crate::event_log::LogError;
+use crate::event_log::{LogError, StagedInput};
 
 /// What the runtime thread can be asked to do.
 pub enum Request {
@@ -31,6 +32,21 @@ pub enum Request {
     Exists { id: String },
     List,
     Delete { id: String },
+    /// Subscribes to a NOTIFY channel on the store's LISTEN connection (opened on first use).
+    Listen { id: u64, channel: String, subscriber: Subscriber },
+    Unlisten { id: u64 },
+    /// Records with seq > `after` (a follower's catch-up read).
+    ReadAfter { id: String, after: i64 },
+    /// An append that also deletes the staged messages its splices insert.
+    AppendStaged { lease: Lease, rows: Vec<Row>, claims: Vec<String> },
+    /// Stages a message for the session's owner: `Bool(false)` if the id is taken.
+    Enqueue { id: String, staged: StagedInput },
+    /// The messages staged for a session.
+    Staged { id: String },
+    /// Deletes staged rows the owner dropped.
+    Unstage { lease: Lease, ids: Vec<String> },
+    /// The header and records of a session, without its lease.
+    Peek { id: String },
     /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
     InjectFault(Fault),
@@ -59,6 +75,9 @@ pub enum Response {
     Bool(bool),
     Ids(Vec<String>),
     Done,
+    Staged(Vec<StagedInput>),
+    /// Header text, record texts.
+    Session(String, Vec<String>),
 }
 
 /// Runs on the store's reply thread, never on the runtime thread: a reply may wait (for the
@@ -121,6 +140,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         gave_up: false,
         held: HashMap::new(),
         fault: None,
+        listener: listen::Lazy::new(dsn.clone()),
     };
     std::thread::Builder::new()
         .name("kerman-postgres".into())
@@ -165,6 +185,8 @@ pub(super) struct Worker {
     /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
     pub(super) held: HashMap<String, i64>,
     fault: Option<Fault>,
+    /// The LISTEN connection, opened on first use (followers, enqueue wake-ups).
+    listener: listen::Lazy,
 }
 
 impl Worker {
@@ -285,12 +307,16 @@ impl Worker {
                 self.held.insert(id.clone(), lease.epoch);
                 Response::Opened(lease, header, records)
             }
-            Request::Append { lease, rows } => {
+            Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
                 if self.fault == Some(Fault::LoseConnectionBeforeAppend) {
                     self.fault = None;
                     return Err(terminate_self(c).await);
                 }
-                let result = sql::append(c, prepared, lease, rows, ttl_ms).await;
+                let claims = match request {
+                    Request::AppendStaged { claims, .. } => claims.as_slice(),
+                    _ => &[],
+                };
+                let result = sql::append(c, prepared, lease, rows, ttl_ms, claims).await;
                 if let Err(LogError::LeaseLost { .. }) = result {
                     self.held.remove(&lease.session_id);
                 }
@@ -316,6 +342,31 @@ impl Worker {
                 Response::Done
             }
             Request::InjectFault(_) => Response::Done,
+            Request::Listen { id, channel, subscriber } => {
+                self.listener.get().subscribe(*id, channel.clone(), subscriber.clone());
+                Response::Done
+            }
+            Request::Unlisten { id } => {
+                if let Some(l) = self.listener.started() {
+                    l.unsubscribe(*id);
+                }
+                Response::Done
+            }
+            Request::ReadAfter { id, after } => Response::Records(sql::read_after(c, id, *after).await?),
+            Request::Enqueue { id, staged } => match sql::enqueue(c, staged, id).await? {
+                Ok(()) => Response::Bool(true),
+                Err(sql::Refused::Duplicate) => Response::Bool(false),
+                Err(sql::Refused::NoSession) => return Err(LogError::NotFound { id: id.clone() }),
+            },
+            Request::Staged { id } => Response::Staged(sql::staged(c, id).await?),
+            Request::Unstage { lease, ids } => {
+                sql::unstage(c, lease, ids).await?;
+                Response::Done
+            }
+            Request::Peek { id } => {
+                let header = sql::header(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
+                Response::Session(header, sql::read(c, id).await?)
+            }
         })
     }
 
