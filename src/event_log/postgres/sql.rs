@@ -71,7 +71,7 @@ const APPEND: &str = "WITH s AS (
         WHERE id = $1 AND epoch = $6 AND last_seq = $7
           AND (SELECT count(*) FROM kerman_inbox_staged
                WHERE session_id = $1 AND message_id = ANY($10::text[])) = cardinality($10::text[])
-        RETURNING id, pg_notify('kerman_a_' || md5(id), $8::text)
+        RETURNING id, pg_notify('kerman_a_' || md5(id), last_seq::text)
     ), claimed AS (
         DELETE FROM kerman_inbox_staged
         WHERE session_id IN (SELECT id FROM s) AND message_id = ANY($10::text[])
