@@ -243,3 +243,39 @@ def test_a_base_exception_from_the_body_ends_the_turn_and_resets_the_flag():
     assert loop._in_user is False
     # As on the Python path: no result is logged for a call whose body did not finish.
     assert results(loop.log) == []
+
+
+def typed(value: Any) -> Any:
+    """``value`` with every scalar's type spelled out and dict order kept, so an int that
+    arrives as a float (or a reordered dict) compares unequal."""
+    if isinstance(value, dict):
+        return ("dict", [(k, typed(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [typed(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"a": 1, "b": 2, "a": 3}',
+    '{"zero": -0, "negzero": -0.0, "exp": 1e2, "half": 1.5, "tiny": 5e-324, "round": 0.1}',
+    '{"big": 12345678901234567890123, "u64": 18446744073709551615, "i64": -9223372036854775808,'
+    ' "past": 18446744073709551616, "neg": -9223372036854775809}',
+    '{"inf": 1E400, "huge": 1e300}',
+    '{"pair": "\\ud83d\\ude00", "lone": "\\ud800", "esc": "\\n\\t\\"\\\\\\/", "raw": "\u00e9\U0001F600"}',
+    '{"nested": [true, false, null, [], {}, [[{"x": [1]}]]]}',
+    ' \t\n [1, "x"] \r\n',
+    '"just a string"',
+    "12",
+    "[" * 200 + "]" * 200,
+])
+def test_arguments_decode_exactly_as_python_json_does(arguments):
+    seen: List[Any] = []
+
+    async def work(args: Dict[str, Any], ctx: Any) -> str:
+        seen.append(args)
+        return "ok"
+
+    loop = run([call(arguments=arguments), "done"], work)
+    want = json.JSONDecoder(parse_constant=lambda name: None).decode(arguments)
+    assert [typed(a) for a in seen] == [typed(want)]
+    assert "error" not in results(loop.log)[0].data

@@ -18,8 +18,10 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyList, PyString};
 
+use serde_json::Value;
 use std::sync::Arc;
 
+use super::super::convert::to_py;
 use super::super::message::{content_arg, wrap};
 use super::context::{copy_context, run_in, InContext};
 use super::delegate::{await_iter, send_into, Sent};
@@ -68,6 +70,29 @@ enum Started<'py> {
 /// `field` of a call block, when it is an exact `str`.
 fn str_field<'py>(call: &Bound<'py, PyDict>, field: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyString>>> {
     Ok(call.get_item(field)?.and_then(|v| v.cast_into_exact::<PyString>().ok()))
+}
+
+/// The arguments as `_tools._ARGUMENTS.decode` would decode them, when serde_json's reading is
+/// certainly the same: parsed, and no number that could differ (a float too large to have been
+/// an integer that fits, or `-0`, which Python reads as the int 0). Anything serde_json refuses
+/// (NaN, lone surrogates, numbers out of range, deep nesting, ...) is left to Python, which
+/// accepts it or words the error.
+fn plain_json(text: &str) -> Option<Value> {
+    fn exact(value: &Value) -> bool {
+        match value {
+            Value::Number(n) => match n.as_f64() {
+                _ if n.is_i64() || n.is_u64() => true,
+                // An integer literal beyond 64 bits arrives as a float (Python keeps an int).
+                Some(f) => f.abs() < 9.2e18 && !(f == 0.0 && f.is_sign_negative()),
+                None => false,
+            },
+            Value::Array(items) => items.iter().all(exact),
+            Value::Object(map) => map.values().all(exact),
+            _ => true,
+        }
+    }
+    let value: Value = serde_json::from_str(text).ok()?;
+    exact(&value).then_some(value)
 }
 
 /// `,"key":"value"` — a call field as `_append_owned` writes it.
@@ -136,7 +161,12 @@ impl Machine {
             Ok(true) => return Started::Finished(h.aborted_before.bind(py).call0().map(|o| Outcome::Other(o.unbind()))),
             Err(e) => return Started::Finished(Err(e)),
         }
-        let args = match h.decode_arguments.bind(py).call1((raw,)) {
+        let fast = raw.to_str().ok().and_then(plain_json).map(|value| to_py(py, &value));
+        let decoded = match fast {
+            Some(args) => args,
+            None => h.decode_arguments.bind(py).call1((raw,)),
+        };
+        let args = match decoded {
             Ok(args) => args,
             Err(e) if e.is_instance_of::<PyValueError>(py) => {
                 return Started::Finished(h.bad_arguments.bind(py).call1((e.value(py),)).map(|o| Outcome::Other(o.unbind())))
