@@ -245,6 +245,8 @@ async def _run_pool(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
 # task of its own: no task, no asyncio.wait, no extra event-loop iterations. cancel() reaches it
 # the way it reaches a listener or the model (``_in_user``). Telling an outside cancellation
 # from the tool's own CancelledError needs ``Task.cancelling()`` (3.11+); 3.10 uses the pool.
+# The Rust driver runs most lone calls itself (src/python/driver/tool.rs, the same steps);
+# ``_run_inline`` is left the ones with a checkpoint barrier to await before the body.
 _INLINE = sys.version_info >= (3, 11)
 
 

@@ -22,7 +22,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::super::convert::to_py;
-use super::super::message::{content_arg, wrap};
+use super::super::message::wrap;
 use super::context::{copy_context, run_in, InContext};
 use super::delegate::{await_iter, send_into, Sent};
 use super::helpers::{helpers, is_cancelled};
@@ -290,11 +290,11 @@ impl Machine {
     }
 
     /// `_record` of a plain `str` result: `tool/result` {"turn", "step", "message"}, citing the
-    /// call; the message joins the history. `false` (nothing logged) when the message cannot
-    /// be built, for `_commit` to word the failure.
+    /// call; the message joins the history. `false` (nothing logged) when the text is not
+    /// valid Unicode (a lone surrogate), for `_commit` to word the failure.
     fn commit_text(&self, py: Python<'_>, id: &Py<PyString>, seq: u64, text: &Bound<'_, PyString>) -> PyResult<bool> {
-        let (Ok(id), Ok(content)) = (id.bind(py).to_str(), content_arg(text.as_any())) else { return Ok(false) };
-        let Ok(message) = Message::tool_result(id, content, false, None) else { return Ok(false) };
+        let (Ok(id), Ok(text)) = (id.bind(py).to_str(), text.to_str()) else { return Ok(false) };
+        let message = Message::tool_result_text(id, text);
         let mut data = self.turn_step_head(py)?;
         data.push_str(r#","message":"#);
         data.push_str(message.json());
