@@ -122,8 +122,9 @@ static TEXT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
     block.insert("text".into(), Value::String(String::new()));
     block
 });
+const SOURCE_KINDS: [&str; 3] = ["user", "model", "tool"];
 static SOURCES: LazyLock<[Map<String, Value>; 3]> = LazyLock::new(|| {
-    ["user", "model", "tool"].map(|kind| {
+    SOURCE_KINDS.map(|kind| {
         let mut source = Map::new();
         source.insert("kind".into(), Value::String(kind.into()));
         source
@@ -150,8 +151,9 @@ fn text_block(text: &str) -> Value {
 }
 
 fn kind_source(kind: &str) -> Map<String, Value> {
-    match SOURCES.iter().find(|s| s["kind"] == kind) {
-        Some(source) => source.clone(),
+    // By name, not by looking into each prototype: `s["kind"]` hashes the key every time.
+    match SOURCE_KINDS.iter().position(|k| *k == kind) {
+        Some(i) => SOURCES[i].clone(),
         None => {
             let mut source = Map::new();
             source.insert("kind".into(), Value::String(kind.into()));
