@@ -122,12 +122,26 @@ static TEXT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
     block.insert("text".into(), Value::String(String::new()));
     block
 });
+const SOURCE_KINDS: [&str; 3] = ["user", "model", "tool"];
 static SOURCES: LazyLock<[Map<String, Value>; 3]> = LazyLock::new(|| {
-    ["user", "model", "tool"].map(|kind| {
+    SOURCE_KINDS.map(|kind| {
         let mut source = Map::new();
         source.insert("kind".into(), Value::String(kind.into()));
         source
     })
+});
+
+static TOOL_RESULT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
+    let mut block = Map::new();
+    block.insert("type".into(), Value::String("tool-result".into()));
+    block.insert("toolCallId".into(), Value::String(String::new()));
+    block.insert("content".into(), Value::Array(Vec::new()));
+    block
+});
+static TOOL_SOURCE: LazyLock<Map<String, Value>> = LazyLock::new(|| {
+    let mut source = kind_source("tool");
+    source.insert("callId".into(), Value::String(String::new()));
+    source
 });
 
 fn text_block(text: &str) -> Value {
@@ -137,8 +151,9 @@ fn text_block(text: &str) -> Value {
 }
 
 fn kind_source(kind: &str) -> Map<String, Value> {
-    match SOURCES.iter().find(|s| s["kind"] == kind) {
-        Some(source) => source.clone(),
+    // By name, not by looking into each prototype: `s["kind"]` hashes the key every time.
+    match SOURCE_KINDS.iter().position(|k| *k == kind) {
+        Some(i) => SOURCES[i].clone(),
         None => {
             let mut source = Map::new();
             source.insert("kind".into(), Value::String(kind.into()));
@@ -202,6 +217,30 @@ impl Message {
         let mut source = kind_source("tool");
         source.insert("callId".into(), Value::String(call_id.into()));
         Message::build(MessageKind::ToolResult, vec![Value::Object(block)], source, id)
+    }
+
+    /// What `tool_result(call_id, [a text block of text], false, None)` builds, for the
+    /// commonest result (a tool returned a `str`): valid by construction, so not checked again,
+    /// and its JSON written as it is built rather than serialised from the maps later.
+    pub fn tool_result_text(call_id: &str, text: &str) -> Message {
+        let mut block = TOOL_RESULT_BLOCK.clone();
+        block["toolCallId"] = Value::String(call_id.into());
+        block["content"] = Value::Array(vec![text_block(text)]);
+        let mut source = TOOL_SOURCE.clone();
+        source["callId"] = Value::String(call_id.into());
+        let id = new_id();
+        let mut out = String::with_capacity(160 + 2 * call_id.len() + text.len());
+        out.push_str("{\"id\":");
+        json::push_str_literal(&mut out, &id);
+        out.push_str(r#","role":"user","content":[{"type":"tool-result","toolCallId":"#);
+        json::push_str_literal(&mut out, call_id);
+        out.push_str(r#","content":[{"type":"text","text":"#);
+        json::push_str_literal(&mut out, text);
+        out.push_str(r#"}]}],"source":{"kind":"tool","callId":"#);
+        json::push_str_literal(&mut out, call_id);
+        out.push_str("}}");
+        let json = OnceLock::from(Arc::<str>::from(out));
+        Message { id, kind: MessageKind::ToolResult, content: vec![Value::Object(block)], source, json }
     }
 
     /// Imports a message dict (`{id, role, content, source}`), keeping its id. The kind follows
@@ -442,6 +481,20 @@ mod tests {
 
     fn blocks(v: Value) -> Vec<Value> {
         v.as_array().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn tool_result_text_is_tool_result_of_a_text_block() {
+        for (call_id, text) in [("c1", "ok"), ("c\"1 \u{e9}\\", "a\n\t\u{1}\"q\" \u{1F600} \u{2028}"), ("", "")] {
+            let fast = Message::tool_result_text(call_id, text);
+            let built = Message::tool_result(call_id, blocks(json!([{"type": "text", "text": text}])), false, Some(fast.id().to_owned())).unwrap();
+            assert_eq!(fast, built);
+            // The JSON written up front is what serialising the maps gives.
+            let serialised = Message { json: OnceLock::new(), ..fast.clone() };
+            assert_eq!(fast.json(), serialised.json());
+            assert_eq!(fast.json(), built.json());
+            assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
+        }
     }
 
     #[test]

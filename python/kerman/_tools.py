@@ -53,7 +53,7 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
         raw = call.get("arguments") or "{}"
         args = _ARGUMENTS.decode(raw) if isinstance(raw, str) else raw
     except ValueError as exc:
-        return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
+        return _bad_arguments(exc)
     try:
         value = tool.fn(args, ctx)
         if type(value) is CoroutineType or inspect.isawaitable(value):
@@ -61,7 +61,29 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
     except asyncio.CancelledError:
         return _error(*ABORTED_DURING)
     except Exception as exc:
-        return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
+        return _raised(exc)
+    return _returned(tool, value)
+
+
+# The outcomes of a body, shared with the driver's own run of a lone call (kerman._core.Driver,
+# src/python/driver/tool.rs), which calls these for everything but a plain str result.
+
+def _aborted_before() -> Outcome:
+    return _error(*ABORTED_BEFORE)
+
+
+def _bad_arguments(exc: ValueError) -> Outcome:
+    return _error(f"invalid tool arguments: {exc}", "ValueError", "INVALID_ARGUMENTS")
+
+
+def _raised(exc: BaseException) -> Outcome:
+    """A body's exception: its CancelledError is an aborted dispatch, any other an error result."""
+    if isinstance(exc, asyncio.CancelledError):
+        return _error(*ABORTED_DURING)
+    return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
+
+
+def _returned(tool: Tool, value: Any) -> Outcome:
     if isinstance(value, str):
         return value, False, None, False, (), None
     if not isinstance(value, ToolResult):
@@ -223,6 +245,8 @@ async def _run_pool(loop: "AgentLoop", turn: int, step: int, calls: List[Dict[st
 # task of its own: no task, no asyncio.wait, no extra event-loop iterations. cancel() reaches it
 # the way it reaches a listener or the model (``_in_user``). Telling an outside cancellation
 # from the tool's own CancelledError needs ``Task.cancelling()`` (3.11+); 3.10 uses the pool.
+# The Rust driver runs most lone calls itself (src/python/driver/tool.rs, the same steps);
+# ``_run_inline`` is left the ones with a checkpoint barrier to await before the body.
 _INLINE = sys.version_info >= (3, 11)
 
 

@@ -5,16 +5,19 @@
 //! `pre_step` waterfall, the step, the `turn_stopping` hooks, the `sleep(0)` that absorbs a
 //! pending self-thrown cancellation) the driver holds that awaitable's iterator and delegates
 //! `send`/`throw` to it with `PyIter_Send`, exactly like `await` in a Python coroutine. The
-//! step body is states of the same machine (`step.rs`); only the tool calls are still a
-//! Python coroutine (`kerman._tools.run_tools`), delegated to like any other awaitable.
+//! step body is states of the same machine (`step.rs`), and so is a step's lone tool call
+//! (`tool.rs`); several calls are still a Python coroutine (`kerman._tools.run_tools`),
+//! delegated to like any other awaitable.
 //!
 //! The machine is taken out of the object for the duration of every call, so no borrow of the
 //! object is held while Python code runs; a re-entrant call sees "already executing".
 
 mod canonical;
+mod context;
 mod delegate;
 mod helpers;
 mod step;
+mod tool;
 mod user;
 
 use pyo3::exceptions::{
@@ -68,6 +71,10 @@ enum Pending {
     CloseStream { error: PyErr },
     /// `_tools.run_tools(loop, turn, step, calls)`.
     Tools,
+    /// The body of a lone tool call the driver runs itself, suspended (an `InContext`).
+    Tool,
+    /// `asyncio.sleep(0)` absorbing a cancellation thrown into that body.
+    ToolAbsorb,
 }
 
 /// How a `user_await` goes on: suspended in the awaitable, or done with its outcome.
@@ -312,6 +319,14 @@ impl Machine {
             Some(Pending::CloseStream { error }) => self.step_settle(py, Err(error)),
             Some(Pending::Tools) => {
                 let ran = self.tools_done(py, outcome);
+                self.step_settle(py, ran)
+            }
+            Some(Pending::Tool) => {
+                let ran = self.lone_resumed(py, outcome);
+                self.step_settle(py, ran)
+            }
+            Some(Pending::ToolAbsorb) => {
+                let ran = self.lone_absorbed(py, outcome);
                 self.step_settle(py, ran)
             }
         };

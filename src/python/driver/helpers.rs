@@ -13,6 +13,17 @@ pub(super) struct Helpers {
     pub(super) fence: Py<PyAny>,
     pub(super) error_chain: Py<PyAny>,
     pub(super) run_tools: Py<PyAny>,
+    /// For a lone call the driver runs itself (`tool.rs`): the `ToolContext` class, the
+    /// arguments decoder's `decode`, `inspect.isawaitable`, and `_tools`' outcome builders and
+    /// `_commit` (everything but a plain str result goes through those, so it reads the same).
+    pub(super) tool_context: Py<PyAny>,
+    pub(super) decode_arguments: Py<PyAny>,
+    pub(super) is_awaitable: Py<PyAny>,
+    pub(super) aborted_before: Py<PyAny>,
+    pub(super) bad_arguments: Py<PyAny>,
+    pub(super) raised: Py<PyAny>,
+    pub(super) returned: Py<PyAny>,
+    pub(super) commit: Py<PyAny>,
     pub(super) assembler: Py<PyAny>,
     pub(super) uncancel: Py<PyAny>,
     pub(super) turn_failure: Py<PyAny>,
@@ -48,6 +59,7 @@ pub(super) fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
         let dispatch = py.import("kerman._dispatch")?;
         let asyncio = py.import("asyncio")?;
         let core = py.import("kerman._core")?;
+        let tools = py.import("kerman._tools")?;
         let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
         Ok(Helpers {
             decision: get(&turn, "_decision")?,
@@ -55,7 +67,15 @@ pub(super) fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
             emit_error: get(&turn, "emit_error")?,
             fence: get(&turn, "fence")?,
             error_chain: get(&turn, "error_chain")?,
-            run_tools: get(&py.import("kerman._tools")?, "run_tools")?,
+            run_tools: get(&tools, "run_tools")?,
+            tool_context: get(&types, "ToolContext")?,
+            decode_arguments: tools.getattr("_ARGUMENTS")?.getattr("decode")?.unbind(),
+            is_awaitable: get(&py.import("inspect")?, "isawaitable")?,
+            aborted_before: get(&tools, "_aborted_before")?,
+            bad_arguments: get(&tools, "_bad_arguments")?,
+            raised: get(&tools, "_raised")?,
+            returned: get(&tools, "_returned")?,
+            commit: get(&tools, "_commit")?,
             assembler: get(&turn, "_Assembler")?,
             uncancel: get(&turn, "_uncancel")?,
             turn_failure: get(&turn, "TurnFailure")?,

@@ -1,8 +1,8 @@
 //! The step (reference 5.6 steps 2–6, SPEC D1, D3, 4.9) as states of the driver: build the
 //! request, the `before_request` waterfall, `request/header`, the checkpoint barrier, the model
 //! call (awaited or streamed chunk by chunk), `request_error` with `Retry` re-issuing in the
-//! same step, the assistant message, and the tool calls (the Python coroutine
-//! `kerman._tools.run_tools`, delegated to).
+//! same step, the assistant message, and the tool calls (a lone call run here, `tool.rs`;
+//! several through the Python coroutine `kerman._tools.run_tools`, delegated to).
 //!
 //! Every function here runs inside the step's `try`: an `Err` ends the step (its `finally`
 //! appends `step/end`) and then the turn.
@@ -20,6 +20,7 @@ use super::super::errors::{message_err, not_json};
 use super::super::message::{content_arg, wrap};
 use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
+use super::tool::LoneCall;
 use crate::message::Message;
 use super::{dict, helpers, Machine, Pending, Seam, UserStep};
 
@@ -35,6 +36,8 @@ pub(super) struct Step {
     seqs: Option<Py<PyList>>,
     /// The failure the `request_error` waterfall is deciding about: (failure dict, exception).
     failure: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// A lone tool call the driver runs itself (`tool.rs`).
+    pub(super) lone: Option<LoneCall>,
 }
 
 impl Step {
@@ -49,6 +52,9 @@ impl Step {
         if let Some((failure, exc)) = &self.failure {
             visit.call(failure)?;
             visit.call(exc)?;
+        }
+        if let Some(lone) = &self.lone {
+            lone.visit(visit)?;
         }
         Ok(())
     }
@@ -97,15 +103,15 @@ fn missing(what: &str) -> PyErr {
 }
 
 impl Machine {
-    fn work(&mut self) -> PyResult<&mut Step> {
+    pub(super) fn work(&mut self) -> PyResult<&mut Step> {
         self.turn.work.as_mut().ok_or_else(|| missing("step"))
     }
 
-    fn turn_no<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+    pub(super) fn turn_no<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.turn.turn.bind(py).clone()
     }
 
-    fn step_no<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+    pub(super) fn step_no<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.turn.step.as_ref().map(|s| s.bind(py).clone()).unwrap_or_else(|| py.None().into_bound(py))
     }
 
@@ -176,6 +182,7 @@ impl Machine {
             assembler: None,
             seqs: None,
             failure: None,
+            lone: None,
         });
         self.request_begin(py)
     }
@@ -492,6 +499,9 @@ impl Machine {
         }
         if calls.is_empty() {
             return Ok(StepBody::Done(StepEnd::Completed));
+        }
+        if let Some(body) = self.lone_call(py, &calls)? {
+            return Ok(body);
         }
         let ran = h.run_tools.bind(py).call1((self.agent(py), self.turn_no(py), self.step_no(py), calls))?;
         Ok(StepBody::Await(await_iter(ran)?, Pending::Tools))
