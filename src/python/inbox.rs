@@ -5,6 +5,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
@@ -155,21 +156,37 @@ impl Wrappers {
     }
 
     /// The objects of messages that have left the lists (cached ones are forgotten), under
-    /// one lock.
+    /// one lock, as a new list. The cached objects go straight into the list's slots: no
+    /// intermediate vectors (a claim hands back its whole batch this way).
     fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
-        let cached: Vec<Option<(Arc<Message>, Py<PyAny>)>> = {
+        let len = messages.len();
+        // SAFETY: `PyList_New` returns a new reference (or null with an exception set) to a
+        // list of `len` null slots; every slot is filled below before the list is returned,
+        // and a list with null slots is safe to traverse and to free if a wrap fails midway.
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?.cast_into_unchecked::<PyList>() };
+        let mut missed = false;
+        {
             let mut map = self.lock();
-            messages.iter().map(|m| map.remove(&address(m))).collect()
-        };
-        let items = cached
-            .into_iter()
-            .zip(messages)
-            .map(|(c, m)| match c {
-                Some((_, obj)) => Ok(obj.into_bound(py)),
-                None => wrap(py, Arc::clone(m)),
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+            for (i, m) in messages.iter().enumerate() {
+                match map.remove(&address(m)) {
+                    // SAFETY: `i < len`, the slot is empty, and the reference is handed to it.
+                    Some((_, obj)) => unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) },
+                    None => missed = true,
+                }
+            }
+        }
+        if missed {
+            // Wrapped outside the lock: making an object can run Python code.
+            for (i, m) in messages.iter().enumerate() {
+                // SAFETY: `i < len`; a null slot is one the loop above left empty.
+                if unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) }.is_null() {
+                    let obj = wrap(py, Arc::clone(m))?;
+                    // SAFETY: as above, the slot is empty.
+                    unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
+                }
+            }
+        }
+        Ok(list)
     }
 
     fn tuple<'py>(&self, py: Python<'py>, inbox: &Inbox, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
