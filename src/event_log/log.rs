@@ -81,7 +81,10 @@ pub fn now_ms() -> i64 {
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 || ts.tv_sec < 0 {
         return 0;
     }
-    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
+    // `time_t` and `c_long` are 32 bits on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    let ms = ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000;
+    ms
 }
 
 /// Wall-clock epoch milliseconds (0 before the epoch).
