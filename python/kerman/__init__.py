@@ -6,7 +6,9 @@ See https://github.com/ (README) and ``docs/`` for the model in full.
 
 from __future__ import annotations
 
-from . import errors
+import atexit
+
+from . import _core, errors
 from ._core import (
     FORMAT_VERSION,
     NEXT_STEP,
@@ -126,3 +128,7 @@ __all__ = [
     "ModelError",
     "__version__",
 ]
+
+# Before finalization: the core's writer and reply threads stop calling into Python, so a log
+# dropped while the interpreter shuts down can join its writer (src/python/exit.rs).
+atexit.register(_core._at_exit)

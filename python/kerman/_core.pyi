@@ -298,6 +298,8 @@ class Driver(Coroutine[Any, Any, None]):
 
 def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWork: ...
 
+def _at_exit() -> None: ...
+
 
 __all__ = [
     "__version__",

@@ -6,6 +6,8 @@
 //! `TOOL_OUTCOME_UNKNOWN` citing the call (its side effect may have happened); then `step/end`
 //! if a step is open; then `turn/end {kind: "interrupted"}`. Closers reuse the last event's time.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::event::Surface;
@@ -78,9 +80,7 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
     let Some(open) = open else { return Ok(0) };
     let publishing = log.publishing()?;
     let commit = |kind: &str, data: String, surface: Option<Surface>| -> Result<Event, LogError> {
-        let event = publishing.commit(kind, data, surface, time)?;
-        publishing.notify(&event);
-        Ok(event)
+        publishing.publish(kind, Arc::from(data), surface, time)
     };
     let mut count = 0;
     if let Some(step) = open.step {

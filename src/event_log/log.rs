@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+#[cfg(not(unix))]
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
@@ -76,6 +77,8 @@ struct State {
     next_observer: u64,
     waiters: Vec<Waiter>,
     types: TypeNames,
+    /// The type of the last commit, an entry of `types`.
+    last_kind: Option<Arc<str>>,
 }
 
 struct Shared {
@@ -96,7 +99,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Wall-clock epoch milliseconds.
+/// Wall-clock epoch milliseconds (0 before the epoch).
+#[cfg(unix)]
+pub fn now_ms() -> i64 {
+    // `clock_gettime` directly: `SystemTime::now().duration_since(..).as_millis()` adds a
+    // checked subtraction and 128-bit arithmetic to every append for the same number.
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME is always supported.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 || ts.tv_sec < 0 {
+        return 0;
+    }
+    // `time_t` and `c_long` are 32 bits on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    let ms = ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000;
+    ms
+}
+
+/// Wall-clock epoch milliseconds (0 before the epoch).
+#[cfg(not(unix))]
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
@@ -109,41 +129,56 @@ pub struct Publishing<'a> {
 }
 
 impl Publishing<'_> {
-    /// Commits one event. `data` must be valid JSON text. `time` overrides the clock (crash
-    /// closers reuse the last event's time); it is still clamped to be non-decreasing.
-    pub(crate) fn commit(
+    /// Commits one event, then runs the observers for it and wakes waiters. `data` must be
+    /// valid JSON text. `time` overrides the clock (crash closers reuse the last event's time);
+    /// it is still clamped to be non-decreasing.
+    ///
+    /// The observers and waiters are taken under the same lock as the commit (one lock per
+    /// event, not two): those registered once the event is in the log see the next one.
+    pub(crate) fn publish(
         &self,
         kind: &str,
-        data: String,
+        data: Arc<str>,
         surface: Option<Surface>,
         time: Option<i64>,
     ) -> Result<Event, LogError> {
         let shared = &self.log.shared;
-        let mut st = lock(&shared.state);
-        if st.closed {
-            return Err(LogError::Closed { id: shared.id.clone() });
-        }
-        let time = time.unwrap_or_else(now_ms).max(st.last_time);
-        let kind = intern(&mut st.types, kind);
-        let event = Event::new(st.events.len() as u64, time, kind, Arc::from(data), surface);
-        shared.backend.enqueue(&event)?;
-        st.last_time = time;
-        st.events.push(event.clone());
-        Ok(event)
-    }
-
-    /// Runs the observers for `event`, then wakes waiters. Call once per commit, after it.
-    pub(crate) fn notify(&self, event: &Event) {
-        let (observers, waiters) = {
-            let mut st = lock(&self.log.shared.state);
-            (Arc::clone(&st.observers), std::mem::take(&mut st.waiters))
+        let (event, observers, waiters) = {
+            let mut st = lock(&shared.state);
+            if st.closed {
+                return Err(LogError::Closed { id: shared.id.clone() });
+            }
+            let time = time.unwrap_or_else(now_ms).max(st.last_time);
+            let kind = st.intern_kind(kind);
+            let event = Event::new(st.events.len() as u64, time, kind, data, surface);
+            shared.backend.enqueue(&event)?;
+            st.last_time = time;
+            st.events.push(event.clone());
+            let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
+            (event, observers, std::mem::take(&mut st.waiters))
         };
-        for (_, observer) in observers.iter() {
-            observer(event);
+        for (_, observer) in observers.iter().flat_map(|o| o.iter()) {
+            observer(&event);
         }
         for waiter in waiters {
             waiter();
         }
+        Ok(event)
+    }
+}
+
+impl State {
+    /// The log's shared copy of `kind`. Runs of one type (every inbox mutation is a splice)
+    /// are answered by comparing with the previous commit's type, without hashing.
+    fn intern_kind(&mut self, kind: &str) -> Arc<str> {
+        if let Some(last) = &self.last_kind {
+            if **last == *kind {
+                return Arc::clone(last);
+            }
+        }
+        let k = intern(&mut self.types, kind);
+        self.last_kind = Some(Arc::clone(&k));
+        k
     }
 }
 
@@ -184,6 +219,7 @@ impl SessionLog {
                     next_observer: 0,
                     waiters: Vec::new(),
                     types,
+                    last_kind: None,
                 }),
                 publish: PublishLock::default(),
                 backend,
@@ -254,10 +290,7 @@ impl SessionLog {
         if is_surface_type(kind) != surface.is_some() {
             return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
         }
-        let publishing = self.publishing()?;
-        let event = publishing.commit(kind, data, surface, None)?;
-        publishing.notify(&event);
-        Ok(event)
+        self.publishing()?.publish(kind, Arc::from(data), surface, None)
     }
 
     /// Takes the publish token for a commit-then-notify sequence.
@@ -336,10 +369,11 @@ impl SessionLog {
     /// order, running observers and waking waiters as an append does. Events already held are
     /// skipped and a gap stops it (the caller reads again); returns how many were added.
     pub fn adopt(&self, events: Vec<Event>) -> Result<usize, LogError> {
-        let publishing = self.publishing()?;
+        let _publishing = self.publishing()?;
         let mut added = 0;
         for event in events {
-            let event = {
+            // As `publish`: observers and waiters taken under the lock that adds the event.
+            let (event, observers, waiters) = {
                 let mut st = lock(&self.shared.state);
                 let len = st.events.len() as u64;
                 if st.closed || event.seq > len {
@@ -348,13 +382,19 @@ impl SessionLog {
                 if event.seq < len {
                     continue;
                 }
-                let kind = intern(&mut st.types, event.kind());
+                let kind = st.intern_kind(event.kind());
                 let event = event.with_kind(kind);
                 st.last_time = st.last_time.max(event.time);
                 st.events.push(event.clone());
-                event
+                let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
+                (event, observers, std::mem::take(&mut st.waiters))
             };
-            publishing.notify(&event);
+            for (_, observer) in observers.iter().flat_map(|o| o.iter()) {
+                observer(&event);
+            }
+            for waiter in waiters {
+                waiter();
+            }
             added += 1;
         }
         Ok(added)

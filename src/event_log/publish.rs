@@ -4,27 +4,40 @@
 //! order. The owning thread is recorded: an append from that same thread (an observer appending
 //! to its own log) is refused instead of deadlocking. Other threads wait, through
 //! [`crate::blocking::wait`], so an embedding runtime can release its global lock.
+//!
+//! The token is one atomic word naming its holder, so the uncontended take and release (every
+//! append of a single-threaded program) are one compare-exchange and one store, with no mutex
+//! and no `thread::current()` (an `Arc` clone and drop). The mutex and condvar serve only
+//! threads that have to wait.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, ThreadId};
 
 #[derive(Default)]
 pub(crate) struct PublishLock {
-    state: Mutex<Owner>,
+    /// The holder's [`mark`], or 0 when free.
+    owner: AtomicUsize,
+    /// Threads blocked in `acquire`; a release takes the mutex to wake one only if there are
+    /// any (no futex call on the uncontended path).
+    waiting: AtomicUsize,
+    sleep: Mutex<()>,
     released: Condvar,
-}
-
-#[derive(Default)]
-struct Owner {
-    thread: Option<ThreadId>,
-    /// Threads blocked in `acquire`; a release wakes one only if there are any (no futex
-    /// call on the uncontended path, which is every append of a single-threaded program).
-    waiting: usize,
 }
 
 /// Proof that this thread holds the publish token; releases it on drop.
 pub(crate) struct PublishToken<'a> {
     lock: &'a PublishLock,
+}
+
+thread_local! {
+    static MARK: u8 = const { 0 };
+}
+
+/// A non-zero word naming the calling thread among live threads: the address of its own
+/// thread-local. (A token is released before its thread ends, so a reused address never
+/// names a holder.)
+fn mark() -> usize {
+    MARK.with(|m| m as *const u8 as usize)
 }
 
 fn relock<'a, T>(r: Result<MutexGuard<'a, T>, PoisonError<MutexGuard<'a, T>>>) -> MutexGuard<'a, T> {
@@ -34,28 +47,26 @@ fn relock<'a, T>(r: Result<MutexGuard<'a, T>, PoisonError<MutexGuard<'a, T>>>) -
 impl PublishLock {
     /// Takes the token, or returns `None` if this thread already holds it (reentrancy).
     pub(crate) fn acquire(&self) -> Option<PublishToken<'_>> {
-        let me = thread::current().id();
-        {
-            let mut state = relock(self.state.lock());
-            if state.thread == Some(me) {
-                return None;
-            }
-            if state.thread.is_none() {
-                state.thread = Some(me);
-                return Some(PublishToken { lock: self });
-            }
-            state.waiting += 1;
+        let me = mark();
+        match self.owner.compare_exchange(0, me, Ordering::SeqCst, Ordering::Relaxed) {
+            Ok(_) => return Some(PublishToken { lock: self }),
+            // Only this thread ever stores its own mark, so seeing it means it holds the token.
+            Err(holder) if holder == me => return None,
+            Err(_) => {}
         }
         // The token is taken inside the wait and the mutex released before the wait returns:
         // the hook then re-takes the embedding's global lock (the GIL), and a thread holding
         // that lock may be blocked on this mutex, so it must not be held across that.
         crate::blocking::wait(|| {
-            let mut state = relock(self.state.lock());
-            while state.thread.is_some() {
-                state = relock(self.released.wait(state));
+            let mut guard = relock(self.sleep.lock());
+            // Counted before the retry, under the mutex: a release that empties `owner` after
+            // this retry fails sees the count and notifies, which cannot happen before this
+            // thread waits (it needs the mutex), so the wake-up is not lost.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while self.owner.compare_exchange(0, me, Ordering::SeqCst, Ordering::Relaxed).is_err() {
+                guard = relock(self.released.wait(guard));
             }
-            state.waiting -= 1;
-            state.thread = Some(me);
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         });
         Some(PublishToken { lock: self })
     }
@@ -63,10 +74,9 @@ impl PublishLock {
 
 impl Drop for PublishToken<'_> {
     fn drop(&mut self) {
-        let mut state = relock(self.lock.state.lock());
-        state.thread = None;
-        if state.waiting > 0 {
-            drop(state);
+        self.lock.owner.store(0, Ordering::SeqCst);
+        if self.lock.waiting.load(Ordering::SeqCst) > 0 {
+            let _guard = relock(self.lock.sleep.lock());
             self.lock.released.notify_one();
         }
     }
@@ -76,6 +86,7 @@ impl Drop for PublishToken<'_> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::thread;
 
     #[test]
     fn same_thread_is_refused_other_threads_wait() {
@@ -86,6 +97,30 @@ mod tests {
         let handle = thread::spawn(move || other.acquire().is_some());
         drop(token);
         assert!(handle.join().unwrap());
+        assert!(lock.acquire().is_some());
+    }
+
+    #[test]
+    fn one_holder_at_a_time_under_contention() {
+        let lock = Arc::new(PublishLock::default());
+        let inside = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (lock, inside) = (Arc::clone(&lock), Arc::clone(&inside));
+                thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let token = lock.acquire().unwrap();
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                        thread::yield_now();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        drop(token);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
         assert!(lock.acquire().is_some());
     }
 }

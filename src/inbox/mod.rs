@@ -9,6 +9,7 @@
 
 mod splice;
 
+use std::cell::RefCell;
 use std::fmt;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -118,6 +119,30 @@ pub struct Inbox {
 
 fn lock(m: &Mutex<Lists>) -> MutexGuard<'_, Lists> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// Where a thread writes splice payloads before they are copied into their event: reused,
+    /// so a mutation allocates the event's text only, not a temporary string as well.
+    static PAYLOAD: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Buffers past this size are not kept for the next payload.
+const PAYLOAD_KEEP: usize = 4096;
+
+/// The logged text of `splice`.
+fn payload(splice: &Splice) -> Arc<str> {
+    PAYLOAD.with(|buf| {
+        // Not reentrant: nothing in here calls out.
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        splice.write_json(&mut buf);
+        let text = Arc::from(buf.as_str());
+        if buf.capacity() > PAYLOAD_KEEP {
+            *buf = String::new();
+        }
+        text
+    })
 }
 
 /// Folds the splices of `events` (from `seed_length` on) into lists, validating each.
@@ -259,8 +284,7 @@ impl Inbox {
             })?;
             splice
         };
-        let event = publishing.commit(SPLICED, splice.to_json(), None, None)?;
-        publishing.notify(&event);
+        publishing.publish(SPLICED, payload(&splice), None, None)?;
         let removed = lock(&self.shared.lists).apply(&splice);
         drop(publishing);
         Ok(Some(Applied { removed, inserted: splice.inserted, canceled: splice.canceled }))
@@ -382,11 +406,8 @@ impl Inbox {
     /// The loop's step-boundary operation: pure deletion of all of `next-step`, then (at a turn
     /// boundary) the head of `next-turn`; then `claimed` per message, in batch order.
     pub fn claim(&self, target: Target, turn: u64) -> Result<Vec<Arc<Message>>, InboxError> {
-        let mut batch = Vec::new();
         let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step.len())), Vec::new(), false)?;
-        if let Some(step) = step {
-            batch.extend(step.removed);
-        }
+        let mut batch = step.map_or_else(Vec::new, |step| step.removed);
         if target == Target::NextTurn {
             let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn.len().min(1))), Vec::new(), false)?;
             if let Some(head) = head {

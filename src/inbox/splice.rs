@@ -78,13 +78,19 @@ impl Splice {
     /// The `agent/inbox/spliced` payload, keys in the reference's order.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(64 + self.inserted.iter().map(|m| m.json().len()).sum::<usize>());
+        self.write_json(&mut out);
+        out
+    }
+
+    /// Appends [`to_json`](Self::to_json)'s text to `out`.
+    pub fn write_json(&self, out: &mut String) {
         out.push_str("{\"target\":\"");
         out.push_str(self.target.as_str());
         out.push_str("\",\"start\":");
-        crate::json::push_u64(&mut out, self.start as u64);
+        crate::json::push_u64(out, self.start as u64);
         if self.removed > 0 {
             out.push_str(",\"removedCount\":");
-            crate::json::push_u64(&mut out, self.removed as u64);
+            crate::json::push_u64(out, self.removed as u64);
         }
         out.push_str(",\"inserted\":[");
         for (i, m) in self.inserted.iter().enumerate() {
@@ -98,7 +104,6 @@ impl Splice {
             out.push_str(",\"outcome\":\"canceled\"");
         }
         out.push('}');
-        out
     }
 
     /// Parses a logged payload. Unknown extra fields are ignored; `outcome` does not change
@@ -263,7 +268,14 @@ impl Lists {
     /// Applies a validated splice; returns the removed messages.
     pub fn apply(&mut self, s: &Splice) -> Vec<Arc<Message>> {
         let list = self.list_mut(s.target);
-        let removed: Vec<Arc<Message>> = list.splice(s.start..s.start + s.removed, s.inserted.iter().cloned()).collect();
+        let removed: Vec<Arc<Message>> = if s.removed > 0 && s.removed == list.len() && s.inserted.is_empty() {
+            // The whole list goes (a claim of next-step, a clear): hand its buffer over rather
+            // than copying the items out, and leave an empty one of the same capacity.
+            let capacity = list.capacity();
+            std::mem::replace(list, Vec::with_capacity(capacity))
+        } else {
+            list.splice(s.start..s.start + s.removed, s.inserted.iter().cloned()).collect()
+        };
         if removed.len() == self.ids.len() {
             // Everything pending was removed (a claim of the whole next-step list, a clear).
             self.ids.clear();

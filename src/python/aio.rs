@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use super::errors::log_err;
+use super::exit::attach_unless_exiting;
 use crate::event_log::LogError;
 
 static AIO: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -156,7 +157,8 @@ impl FlushCompletion {
             }
         };
         let Some(delivered) = delivered else { return };
-        Python::attach(|py| {
+        // From the writer or reply thread: never while the interpreter exits (`exit.rs`).
+        attach_unless_exiting(|py| {
             let event_loop = delivered._event_loop.clone_ref(py);
             let drain = delivered._drain.clone_ref(py);
             let first = {

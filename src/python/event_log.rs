@@ -12,6 +12,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use super::aio::{aio, Completion, FlushCompletion};
 use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_messages};
 use super::errors::{log_err, not_json, report_contained};
+use super::exit::attach_unless_exiting;
 use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
 
 /// One committed log entry. Immutable; `data` is decoded on first access and cached.
@@ -323,7 +324,7 @@ impl PySessionLog {
     /// A future that completes once the log holds more than `seq` events or is closed.
     fn _grown<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyAny>> {
         let (completion, future) = Completion::new(py)?;
-        self.inner.wait_beyond(seq, Box::new(move || Python::attach(|py| completion.complete(py, None))));
+        self.inner.wait_beyond(seq, Box::new(move || drop(attach_unless_exiting(|py| completion.complete(py, None)))));
         Ok(future)
     }
 
@@ -338,11 +339,11 @@ impl PySessionLog {
             Ok(())
         })?;
         let id = self.inner.subscribe(Arc::new(move |event: &Event| {
-            Python::attach(|py| {
+            attach_unless_exiting(|py| {
                 if let Err(err) = callback.call1(py, (PyEvent::new(event.clone()),)) {
                     report_contained(py, "session log observer", err);
                 }
-            })
+            });
         }));
         Ok(PyUnsubscribe { log: self.inner.clone(), id })
     }

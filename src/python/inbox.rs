@@ -5,12 +5,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
 use super::errors::{inbox_err, projection_err, report_contained};
+use super::exit::attach_unless_exiting;
 use super::event_log::PySessionLog;
-use super::message::{user_message_arg, wrap};
+use super::message::{user_message_arg, wrap, PyMessage};
 use crate::inbox::{Inbox, InboxListener, Target};
 use crate::message::Message;
 
@@ -61,7 +63,7 @@ impl Hasher for AddressHasher {
     }
 }
 
-type ByAddress = HashMap<usize, (Arc<Message>, Py<PyAny>), BuildHasherDefault<AddressHasher>>;
+type ByAddress = HashMap<usize, Py<PyAny>, BuildHasherDefault<AddressHasher>>;
 
 fn address(message: &Arc<Message>) -> usize {
     Arc::as_ptr(message) as usize
@@ -69,13 +71,16 @@ fn address(message: &Arc<Message>) -> usize {
 
 /// The Python object of each pending message, so `claim`, `get` and the list getters return
 /// the objects that were queued instead of fresh wrappers. Keyed by the address of the core
-/// message, which the entry keeps alive (so an address names one message while cached); a
-/// miss just wraps anew. The lock is never held while Python code can run: wrappers are made
+/// message; the entry's object is a (frozen) `Message` wrapping that very message, so it keeps
+/// the message alive and an address names one message while cached. A miss just wraps anew. The lock is never held while Python code can run: wrappers are made
 /// and released outside it.
 #[derive(Default)]
 struct Wrappers {
     map: Mutex<ByAddress>,
 }
+
+/// The largest batch [`Wrappers::taken`] matches against a whole map by linear search.
+const WHOLE_MAP_MAX: usize = 32;
 
 /// Entries past which a `remember` checks for stale ones (messages that left the lists by a
 /// path that did not `take` them).
@@ -88,7 +93,7 @@ impl Wrappers {
 
     /// The cached object of `message`.
     fn lookup<'py>(&self, py: Python<'py>, message: &Arc<Message>) -> Option<Bound<'py, PyAny>> {
-        self.lock().get(&address(message)).map(|(_, obj)| obj.bind(py).clone())
+        self.lock().get(&address(message)).map(|obj| obj.bind(py).clone())
     }
 
     /// Records `obj` as the Python object of the pending `message`.
@@ -100,12 +105,13 @@ impl Wrappers {
     /// Caches `obj` for `message` before it is inserted: another thread may claim it as soon
     /// as it is pending (while `on_inserted` runs, say), and must get this object back.
     /// Returns the entry it displaced, for [`restore`](Self::restore) if the insertion fails.
-    fn precache(&self, message: &Arc<Message>, obj: &Bound<'_, PyAny>) -> Option<(Arc<Message>, Py<PyAny>)> {
-        self.lock().insert(address(message), (Arc::clone(message), obj.clone().unbind()))
+    fn precache(&self, message: &Arc<Message>, obj: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
+        debug_assert!(obj.cast::<PyMessage>().is_ok_and(|o| Arc::ptr_eq(&o.get().inner, message)));
+        self.lock().insert(address(message), obj.clone().unbind())
     }
 
     /// Undoes a [`precache`](Self::precache) whose insertion failed.
-    fn restore(&self, message: &Arc<Message>, previous: Option<(Arc<Message>, Py<PyAny>)>) {
+    fn restore(&self, message: &Arc<Message>, previous: Option<Py<PyAny>>) {
         let displaced = {
             let mut map = self.lock();
             match previous {
@@ -155,21 +161,57 @@ impl Wrappers {
     }
 
     /// The objects of messages that have left the lists (cached ones are forgotten), under
-    /// one lock.
+    /// one lock, as a new list. The cached objects go straight into the list's slots: no
+    /// intermediate vectors (a claim hands back its whole batch this way).
     fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
-        let cached: Vec<Option<(Arc<Message>, Py<PyAny>)>> = {
+        let len = messages.len();
+        // SAFETY: `PyList_New` returns a new reference (or null with an exception set) to a
+        // list of `len` null slots; every slot is filled below before the list is returned,
+        // and a list with null slots is safe to traverse and to free if a wrap fails midway.
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?.cast_into_unchecked::<PyList>() };
+        // SAFETY (both closures): `i < len`, the slot is empty (addresses in `messages` are
+        // distinct, so each slot is offered one object), and the reference is handed to it.
+        let put = |i: usize, obj: Py<PyAny>| unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
+        let mut filled = 0;
+        {
             let mut map = self.lock();
-            messages.iter().map(|m| map.remove(&address(m))).collect()
-        };
-        let items = cached
-            .into_iter()
-            .zip(messages)
-            .map(|(c, m)| match c {
-                Some((_, obj)) => Ok(obj.into_bound(py)),
-                None => wrap(py, Arc::clone(m)),
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+            if len <= WHOLE_MAP_MAX && map.len() == len {
+                // Most likely the batch is everything cached (a claim that empties the inbox):
+                // emptying the map in one pass and placing each object by a linear search of
+                // the batch costs less than one hash-table removal per message.
+                let mut strays = Vec::new();
+                for (key, obj) in map.drain() {
+                    match messages.iter().position(|m| address(m) == key) {
+                        Some(i) => {
+                            put(i, obj);
+                            filled += 1;
+                        }
+                        None => strays.push((key, obj)),
+                    }
+                }
+                map.extend(strays);
+            } else {
+                for (i, m) in messages.iter().enumerate() {
+                    if let Some(obj) = map.remove(&address(m)) {
+                        put(i, obj);
+                        filled += 1;
+                    }
+                }
+            }
+        }
+        let missed = filled < len;
+        if missed {
+            // Wrapped outside the lock: making an object can run Python code.
+            for (i, m) in messages.iter().enumerate() {
+                // SAFETY: `i < len`; a null slot is one the loop above left empty.
+                if unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) }.is_null() {
+                    let obj = wrap(py, Arc::clone(m))?;
+                    // SAFETY: as above, the slot is empty.
+                    unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
+                }
+            }
+        }
+        Ok(list)
     }
 
     fn tuple<'py>(&self, py: Python<'py>, inbox: &Inbox, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
@@ -212,7 +254,7 @@ impl Callbacks {
 
 fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: &Arc<Message>, turn: Option<u64>) {
     let Some(callback) = callback else { return };
-    Python::attach(|py| {
+    attach_unless_exiting(|py| {
         let obj = match wrappers.lookup(py, message) {
             Some(obj) => Ok(obj),
             None => wrap(py, Arc::clone(message)),
@@ -229,26 +271,26 @@ fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: 
 
 impl InboxListener for Callbacks {
     fn inserted(&self, message: &Arc<Message>) {
-        if Python::attach(|py| self.open(py, 0)) {
+        if attach_unless_exiting(|py| self.open(py, 0)) == Some(true) {
             call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
         }
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        if Python::attach(|py| self.open(py, 1)) {
+        if attach_unless_exiting(|py| self.open(py, 1)) == Some(true) {
             call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
         }
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        if Python::attach(|py| self.open(py, 2)) {
+        if attach_unless_exiting(|py| self.open(py, 2)) == Some(true) {
             call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
         }
     }
 
     fn arrived(&self, wake: bool) {
         let Some(callback) = &self.on_remote else { return };
-        Python::attach(|py| {
+        attach_unless_exiting(|py| {
             if let Err(err) = callback.call1(py, (wake,)) {
                 report_contained(py, "inbox on_remote callback", err);
             }

@@ -7,6 +7,7 @@ mod convert;
 mod driver;
 mod errors;
 mod event_log;
+mod exit;
 mod faults;
 mod history;
 mod inbox;
@@ -56,6 +57,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "postgres")]
     pg_store::register(m)?;
     faults::register(m)?;
+    exit::register(m)?;
     inbox::register(m)?;
     projection::register(m)?;
     waterfall::register(m)?;

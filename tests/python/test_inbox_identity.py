@@ -54,3 +54,19 @@ def test_duplicate_append_keeps_the_pending_object() -> None:
     except kerman.errors.DuplicateMessageError:
         pass
     assert inbox.get("a") is a
+
+
+def test_a_claim_as_large_as_the_cache_but_of_other_messages_keeps_the_cached_ones() -> None:
+    # The claim's fast path empties the whole cache when the batch is as long as it; a cached
+    # message outside the batch must go back in. Replayed messages start uncached.
+    store = kerman.MemoryStore()
+    log = store.create()
+    kerman.Inbox(log).append("next-step", kerman.UserMessage("replayed", id="r"))
+    log.close()
+    inbox = kerman.Inbox(store.open(log.id))
+    queued = kerman.UserMessage("queued", id="q")
+    inbox.append("next-turn", queued)
+    (replayed,) = inbox.claim("next-step", 1)
+    assert replayed.id == "r" and replayed.text == "replayed"
+    assert inbox.get("q") is queued
+    assert inbox.claim("next-turn", 2)[0] is queued
