@@ -184,10 +184,33 @@ def durable_file_store(store_root, durability) -> kerman.FileStore:
     return kerman.FileStore(store_root, durability=durability)
 
 
-@pytest.fixture(params=["memory", "file"])
+PG_DSN = os.environ.get("KERMAN_PG_DSN", "")
+
+
+def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
+    """A PostgresStore alone in a new schema of the test server (its migrations run there), so
+    ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``
+    unless ``KERMAN_PG_REQUIRED=1``."""
+    if not PG_DSN:
+        if os.environ.get("KERMAN_PG_REQUIRED") == "1":
+            raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
+        pytest.skip("KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+    import subprocess
+    import uuid
+
+    schema = f"t_{uuid.uuid4().hex}"
+    subprocess.run(["psql", PG_DSN, "-qc", f"CREATE SCHEMA {schema}"], check=True, capture_output=True)
+    sep = "&" if "?" in PG_DSN else "?"
+    return kerman.PostgresStore(f"{PG_DSN}{sep}options=-csearch_path%3D{schema}", **kwargs)
+
+
+# The Store contract: every test taking ``store`` (or ``log``) runs against each store.
+@pytest.fixture(params=["memory", "file", "postgres"])
 def store(request, tmp_path):
     if request.param == "memory":
         return kerman.MemoryStore()
+    if request.param == "postgres":
+        return postgres_store_in_fresh_schema()
     return kerman.FileStore(tmp_path / "sessions", durability="none")
 
 
