@@ -324,7 +324,10 @@ impl PySessionLog {
     /// A future that completes once the log holds more than `seq` events or is closed.
     fn _grown<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyAny>> {
         let (completion, future) = Completion::new(py)?;
-        self.inner.wait_beyond(seq, Box::new(move || drop(attach_unless_exiting(|py| completion.complete(py, None)))));
+        self.inner.wait_beyond(seq, Box::new(move || {
+            // Nothing to complete once the interpreter exits (`exit.rs`).
+            let _ = attach_unless_exiting(|py| completion.complete(py, None));
+        }));
         Ok(future)
     }
 
