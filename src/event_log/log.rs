@@ -157,13 +157,18 @@ impl Publishing<'_> {
             let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
             (event, observers, std::mem::take(&mut st.waiters))
         };
-        for (_, observer) in observers.iter().flat_map(|o| o.iter()) {
-            observer(&event);
-        }
-        for waiter in waiters {
-            waiter();
-        }
+        notify(&event, observers, waiters);
         Ok(event)
+    }
+}
+
+/// After a commit, outside the state lock: the observers of `event`, then the waiters.
+fn notify(event: &Event, observers: Option<Arc<Vec<(u64, Observer)>>>, waiters: Vec<Waiter>) {
+    for (_, observer) in observers.iter().flat_map(|o| o.iter()) {
+        observer(event);
+    }
+    for waiter in waiters {
+        waiter();
     }
 }
 
@@ -389,12 +394,7 @@ impl SessionLog {
                 let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
                 (event, observers, std::mem::take(&mut st.waiters))
             };
-            for (_, observer) in observers.iter().flat_map(|o| o.iter()) {
-                observer(&event);
-            }
-            for waiter in waiters {
-                waiter();
-            }
+            notify(&event, observers, waiters);
             added += 1;
         }
         Ok(added)

@@ -184,16 +184,19 @@ def durable_file_store(store_root, durability) -> kerman.FileStore:
     return kerman.FileStore(store_root, durability=durability)
 
 
+# The PostgreSQL test server (`make test` starts one; scripts/pg-test-server.sh). Without
+# KERMAN_PG_DSN the PostgreSQL tests skip, unless KERMAN_PG_REQUIRED=1 (as under `make test`),
+# which makes a missing server an error.
 PG_DSN = os.environ.get("KERMAN_PG_DSN", "")
+if not PG_DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
+    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
+needs_postgres = pytest.mark.skipif(not PG_DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
 
 
 def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
     """A PostgresStore alone in a new schema of the test server (its migrations run there), so
-    ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``
-    unless ``KERMAN_PG_REQUIRED=1``."""
+    ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``."""
     if not PG_DSN:
-        if os.environ.get("KERMAN_PG_REQUIRED") == "1":
-            raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
         pytest.skip("KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
     import subprocess
     import uuid

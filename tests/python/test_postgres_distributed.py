@@ -26,10 +26,9 @@ import pytest
 from kerman import AgentLoop, DuplicateMessageError, LogError, PostgresStore, SessionNotFoundError
 from kerman.models import EchoModel
 
-DSN = os.environ.get("KERMAN_PG_DSN", "")
-if not DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
-    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
-pytestmark = pytest.mark.skipif(not DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+from conftest import PG_DSN as DSN, needs_postgres
+
+pytestmark = needs_postgres
 
 CHILD = os.path.join(os.path.dirname(__file__), "pg_child.py")
 DEADLINE = 60.0

@@ -11,16 +11,14 @@ fenced loop."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
 from kerman import AgentLoop, LeaseLostError, ModelReply, PostgresStore, ToolResult
 
-DSN = os.environ.get("KERMAN_PG_DSN", "")
-if not DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
-    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
-pytestmark = pytest.mark.skipif(not DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+from conftest import PG_DSN as DSN, needs_postgres
+
+pytestmark = needs_postgres
 
 
 def run(coro):

@@ -8,7 +8,6 @@ failures that are neither a lost lease nor a lock conflict."""
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 
 import pytest
@@ -16,10 +15,9 @@ import pytest
 from kerman import AgentLoop, LeaseLostError, PostgresStore, SessionLockedError, SessionNotFoundError
 from kerman.models import EchoModel
 
-DSN = os.environ.get("KERMAN_PG_DSN", "")
-if not DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
-    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
-pytestmark = pytest.mark.skipif(not DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+from conftest import PG_DSN as DSN, needs_postgres
+
+pytestmark = needs_postgres
 
 
 def run(coro):

@@ -24,10 +24,9 @@ import pytest
 from kerman import AgentLoop, PostgresStore, SessionLockedError
 from kerman.models import EchoModel
 
-DSN = os.environ.get("KERMAN_PG_DSN", "")
-if not DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
-    raise RuntimeError("KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset")
-pytestmark = pytest.mark.skipif(not DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
+from conftest import PG_DSN as DSN, needs_postgres
+
+pytestmark = needs_postgres
 
 CHILD = Path(__file__).with_name("pg_takeover_child.py")
 TTL = 1.0  # seconds: short, so a takeover after a stall or a kill waits about this long
