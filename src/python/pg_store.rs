@@ -18,28 +18,51 @@ use crate::inbox::Target;
 pub struct PyPostgresStore {
     inner: PostgresStore,
     lease_ttl: f64,
+    reconnect_timeout: f64,
+}
+
+/// `value` as whole milliseconds, if it is a finite number of seconds >= 0.
+fn seconds(name: &str, value: f64) -> PyResult<u64> {
+    if !(value.is_finite() && value >= 0.0) {
+        // Spelled as Python would (`nan`, `inf`, `-1.0`).
+        let shown = match value {
+            v if v.is_nan() => "nan".to_string(),
+            v if v.is_infinite() => (if v > 0.0 { "inf" } else { "-inf" }).to_string(),
+            v => format!("{v:?}"),
+        };
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{name} must be a finite number of seconds >= 0, got {shown}"
+        )));
+    }
+    Ok((value * 1000.0) as u64)
 }
 
 #[pymethods]
 impl PyPostgresStore {
     /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
     /// migrations. `lease_ttl` (seconds): how long a session stays owned without a renewal.
-    /// A connection that drops later is re-established, retrying for up to 10 s; it shows in
+    /// `reconnect_timeout` (seconds): how long a request whose connection dropped keeps
+    /// reconnecting (jittered backoff) before it fails with `LogError`. The connection shows in
     /// `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN names one.
     #[new]
-    #[pyo3(signature = (dsn, *, lease_ttl=30.0))]
-    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64) -> PyResult<Self> {
-        if !(lease_ttl.is_finite() && lease_ttl >= 0.0) {
-            return Err(pyo3::exceptions::PyValueError::new_err("lease_ttl must be a finite number of seconds >= 0"));
-        }
-        let options = PgOptions { lease_ttl_ms: (lease_ttl * 1000.0) as u64, ..PgOptions::default() };
+    #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0))]
+    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64) -> PyResult<Self> {
+        let options = PgOptions {
+            lease_ttl_ms: seconds("lease_ttl", lease_ttl)?,
+            reconnect_ms: seconds("reconnect_timeout", reconnect_timeout)?,
+        };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl })
+        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout })
     }
 
     #[getter]
     fn lease_ttl(&self) -> f64 {
         self.lease_ttl
+    }
+
+    #[getter]
+    fn reconnect_timeout(&self) -> f64 {
+        self.reconnect_timeout
     }
 
     /// A new, empty session, owned by this store (id minted as a UUIDv7 when `None`).
@@ -121,7 +144,7 @@ impl PyPostgresStore {
     }
 
     fn __repr__(&self) -> String {
-        format!("<PostgresStore lease_ttl={}>", self.lease_ttl)
+        format!("<PostgresStore lease_ttl={} reconnect_timeout={}>", self.lease_ttl, self.reconnect_timeout)
     }
 }
 

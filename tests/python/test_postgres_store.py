@@ -1,18 +1,20 @@
 """PostgresStore against a real server (issue 6). `KERMAN_PG_DSN` names it (`make test` starts
 one with scripts/pg-test-server.sh); without it these tests skip, unless KERMAN_PG_REQUIRED=1.
 
-Beyond SPEC: the keyword `PostgresStore(dsn, *, lease_ttl=30.0)` (seconds a lease lives
-without renewal; SPEC names the lease but not its length), and `LogError` for database
+Beyond SPEC: the keywords `PostgresStore(dsn, *, lease_ttl=30.0, reconnect_timeout=10.0)`
+(seconds a lease lives without renewal, seconds a dropped connection is retried; SPEC names
+the lease but not its length), and `LogError` for database
 failures that are neither a lost lease nor a lock conflict."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 
 import pytest
 
-from kerman import AgentLoop, LeaseLostError, PostgresStore, SessionLockedError, SessionNotFoundError
+from kerman import AgentLoop, LeaseLostError, LogError, PostgresStore, SessionLockedError, SessionNotFoundError
 from kerman.models import EchoModel
 
 from conftest import PG_DSN as DSN, needs_postgres
@@ -84,3 +86,34 @@ def test_a_log_whose_lease_was_taken_over_raises_lease_lost():
     run(flushed(taken))
     taken.close()
     assert [e.data for e in PostgresStore(DSN).open(log.id)] == [1, "new owner"]
+
+
+def test_reconnect_timeout_bounds_how_long_a_dropped_connection_is_retried():
+    # A role of its own, so the server can refuse exactly this store's reconnects.
+    role = f"kerman_py_{uuid.uuid4().hex[:12]}"
+    psql(f"CREATE ROLE {role} SUPERUSER LOGIN")
+    scheme, rest = DSN.split("://", 1)
+    store = PostgresStore(f"{scheme}://{role}@{rest.split('@', 1)[-1]}", reconnect_timeout=0.3)
+    assert store.reconnect_timeout == 0.3
+    log = store.create()
+    try:
+        # The server now refuses this role's new connections; then its live one goes.
+        psql(f"ALTER ROLE {role} NOLOGIN")
+        psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        with pytest.raises(LogError, match=r"gave up after \d+ attempt\(s\) over 0\.\d s.*not permitted to log in"):
+            store.list()
+        psql(f"ALTER ROLE {role} LOGIN")
+        assert store.exists(log.id)  # the store comes back by itself
+    finally:
+        psql(f"ALTER ROLE {role} LOGIN")
+
+
+@pytest.mark.parametrize("keyword", ["lease_ttl", "reconnect_timeout"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_durations_must_be_finite_seconds(keyword, value):
+    with pytest.raises(ValueError, match=f"{keyword} must be a finite number of seconds >= 0, got {value}"):
+        PostgresStore(DSN, **{keyword: value})
+
+
+def psql(sql: str) -> None:
+    subprocess.run(["psql", DSN, "-qXc", sql], check=True, capture_output=True, timeout=30)
