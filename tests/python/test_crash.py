@@ -267,6 +267,30 @@ async def resume_and_run(log: kerman.SessionLog, unentered: Dict[int, List[Tuple
     return requeued
 
 
+async def check_and_resume(log: kerman.SessionLog, events: List[kerman.Event]) -> Optional[str]:
+    """The checks every reopened session gets (here after a kill, in test_faults.py after a
+    failed write): balanced turns and steps, the inbox projection equal to the live inbox, the
+    consumed-work fold, every claimed message accounted for; then `resume_and_run`."""
+    check_balanced(events)
+    proj = kerman.InboxProjection.fold(log.splices())
+    inbox = kerman.Inbox(log)
+    assert [m.id for m in proj.next_turn] == [m.id for m in inbox.next_turn]
+    assert [m.id for m in proj.next_step] == [m.id for m in inbox.next_step]
+    assert list(proj.next_turn) == list(inbox.next_turn)
+    assert list(proj.next_step) == list(inbox.next_step)
+
+    work = kerman.consumed_work(events)
+    end, dropped = fold_consumed_work(events)
+    assert (work.end.seq if work.end is not None else None) == end
+    assert work.dropped_unrun == dropped
+
+    unentered = claim_accounting(events)
+    completed = [e.data["turn"] for e in events
+                 if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
+    ends = {e.data["turn"]: e.data["reason"]["kind"] for e in events if e.type == "turn/end"}
+    return await resume_and_run(log, unentered, completed[-1] if completed else None, ends)
+
+
 def check_session(store_root: Path, mode: str, sid: str, acks: List[Tuple[int, int]],
                   committed: int) -> dict:
     on_disk, torn = disk_state(session_path(store_root, sid))
@@ -277,27 +301,8 @@ def check_session(store_root: Path, mode: str, sid: str, acks: List[Tuple[int, i
         events = list(log.events())
         assert len(events) >= on_disk
         check_acks(events, acks)
-        check_balanced(events)
         closers = len(events) - on_disk
-
-        proj = kerman.InboxProjection.fold(log.splices())
-        inbox = kerman.Inbox(log)
-        assert [m.id for m in proj.next_turn] == [m.id for m in inbox.next_turn]
-        assert [m.id for m in proj.next_step] == [m.id for m in inbox.next_step]
-        assert list(proj.next_turn) == list(inbox.next_turn)
-        assert list(proj.next_step) == list(inbox.next_step)
-
-        work = kerman.consumed_work(events)
-        end, dropped = fold_consumed_work(events)
-        assert (work.end.seq if work.end is not None else None) == end
-        assert work.dropped_unrun == dropped
-
-        unentered = claim_accounting(events)
-        completed = [e.data["turn"] for e in events
-                     if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
-        ends = {e.data["turn"]: e.data["reason"]["kind"] for e in events if e.type == "turn/end"}
-        requeued = asyncio.run(resume_and_run(log, unentered, completed[-1] if completed else None,
-                                              ends))
+        requeued = asyncio.run(check_and_resume(log, events))
     finally:
         log.close()
     # the resumed session reopens cleanly with nothing left to close

@@ -30,8 +30,7 @@ import pytest
 import kerman
 from conftest import DURABILITIES, session_path
 from kerman._core import _FaultPlan
-from test_crash import (check_balanced, claim_accounting, disk_state, fold_consumed_work,
-                        resume_and_run)
+from test_crash import check_and_resume, disk_state
 
 CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"}
          for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
@@ -217,20 +216,7 @@ async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[in
         assert [e.to_json() for e in events[:on_disk]] == committed[:on_disk]
         for ack in run.acks:
             assert [e.to_json() for e in events[:len(ack)]] == ack
-        check_balanced(events)
-        proj = kerman.InboxProjection.fold(reopened.splices())
-        inbox = kerman.Inbox(reopened)
-        assert list(proj.next_turn) == list(inbox.next_turn)
-        assert list(proj.next_step) == list(inbox.next_step)
-        work = kerman.consumed_work(events)
-        end, dropped = fold_consumed_work(events)
-        assert (work.end.seq if work.end is not None else None) == end
-        assert work.dropped_unrun == dropped
-        unentered = claim_accounting(events)
-        completed = [e.data["turn"] for e in events
-                     if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
-        ends = {e.data["turn"]: e.data["reason"]["kind"] for e in events if e.type == "turn/end"}
-        await resume_and_run(reopened, unentered, completed[-1] if completed else None, ends)
+        await check_and_resume(reopened, events)
     finally:
         reopened.close()
 
