@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::listen::{self, Channel, Note};
-use super::{to_row, Lease, PgCore, Reply, Request, Response, Row};
+use super::{to_row, Lease, OneInFlight, PgCore, Reply, Request, Response, Row};
 use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
 use crate::inbox::inserted_ids;
 
@@ -47,9 +47,8 @@ struct State {
     staged: HashSet<String>,
     /// Staged ids whose splices are pending: deleted by the next transaction.
     claims: Vec<String>,
-    /// A staged-rows read in flight, and whether another was asked for meanwhile.
-    fetching: bool,
-    fetch_again: bool,
+    /// The staged-rows reads.
+    fetches: OneInFlight,
     /// The enqueue-channel subscription, once an inbox attached.
     subscription: Option<u64>,
     closed: bool,
@@ -161,11 +160,9 @@ fn fetch(shared: &Arc<Shared>) {
         if st.closed || st.poison.is_some() {
             return;
         }
-        if st.fetching {
-            st.fetch_again = true;
+        if !st.fetches.start() {
             return;
         }
-        st.fetching = true;
     }
     let next = Arc::clone(shared);
     let request = Request::Staged { id: shared.lease.session_id.clone() };
@@ -182,7 +179,7 @@ fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
     let fresh: Vec<StagedInput> = {
         let mut st = lock(shared);
         if st.closed {
-            st.fetching = false;
+            st.fetches.finish();
             return;
         }
         let fresh: Vec<StagedInput> = rows.into_iter().filter(|r| !st.staged.contains(&r.id)).collect();
@@ -205,11 +202,7 @@ fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
             shared.core.submit(request, Box::new(|_| ()));
         }
     }
-    let again = {
-        let mut st = lock(shared);
-        st.fetching = false;
-        std::mem::take(&mut st.fetch_again)
-    };
+    let again = lock(shared).fetches.finish();
     if again {
         fetch(shared);
     }
@@ -236,8 +229,7 @@ impl PgBackend {
             release_when_idle: false,
             staged: HashSet::new(),
             claims: Vec::new(),
-            fetching: false,
-            fetch_again: false,
+            fetches: OneInFlight::default(),
             subscription: None,
             closed: false,
         };

@@ -8,14 +8,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::listen::{self, Channel, Note};
-use super::{parse_records_from, PgCore, Request, Response};
+use super::{parse_records_from, OneInFlight, PgCore, Request, Response};
 use crate::event_log::{Backend, Event, FlushCallback, LogError, SessionLog, WeakSessionLog};
 
 #[derive(Default)]
 struct State {
-    /// A catch-up read in flight, and whether another was asked for meanwhile.
-    reading: bool,
-    again: bool,
+    /// The catch-up reads.
+    reads: OneInFlight,
     closed: bool,
 }
 
@@ -40,11 +39,9 @@ fn catch_up(shared: &Arc<Shared>) {
         if st.closed {
             return;
         }
-        if st.reading {
-            st.again = true;
+        if !st.reads.start() {
             return;
         }
-        st.reading = true;
     }
     let after = log.len() as i64 - 1;
     drop(log);
@@ -63,11 +60,7 @@ fn read(shared: &Arc<Shared>, after: i64, result: Result<Response, LogError>) {
             let _ = log.adopt(events);
         }
     }
-    let again = {
-        let mut st = lock(shared);
-        st.reading = false;
-        std::mem::take(&mut st.again)
-    };
+    let again = lock(shared).reads.finish();
     if again {
         catch_up(shared);
     }

@@ -224,3 +224,30 @@ pub(crate) fn db_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::
         LogError::Database { context, detail }
     }
 }
+
+/// One read of a kind in flight at a time (a follower's catch-up, an owner's staged-input
+/// read); asks made while it runs fold into one more read after it, so a burst of
+/// notifications costs two reads, not one each.
+#[derive(Default)]
+pub(crate) struct OneInFlight {
+    running: bool,
+    again: bool,
+}
+
+impl OneInFlight {
+    /// True: start the read now. False: one is running, and another will follow it.
+    pub(crate) fn start(&mut self) -> bool {
+        if self.running {
+            self.again = true;
+            return false;
+        }
+        self.running = true;
+        true
+    }
+
+    /// The read ended: true if another was asked for meanwhile (the caller starts it).
+    pub(crate) fn finish(&mut self) -> bool {
+        self.running = false;
+        std::mem::take(&mut self.again)
+    }
+}
