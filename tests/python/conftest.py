@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, List, Optional, Union
 
 import pytest
 
@@ -193,16 +193,23 @@ if not PG_DSN and os.environ.get("KERMAN_PG_REQUIRED") == "1":
 needs_postgres = pytest.mark.skipif(not PG_DSN, reason="KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
 
 
+def psql(sql: str) -> List[str]:
+    """Rows of `sql` (unaligned, one per line) through the psql client, on the test server."""
+    import subprocess
+
+    out = subprocess.run(["psql", PG_DSN, "-XAtq", "-c", sql], check=True, capture_output=True, text=True, timeout=30)
+    return [line for line in out.stdout.splitlines() if line]
+
+
 def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
     """A PostgresStore alone in a new schema of the test server (its migrations run there), so
     ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``."""
     if not PG_DSN:
         pytest.skip("KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
-    import subprocess
     import uuid
 
     schema = f"t_{uuid.uuid4().hex}"
-    subprocess.run(["psql", PG_DSN, "-qc", f"CREATE SCHEMA {schema}"], check=True, capture_output=True)
+    psql(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_DSN else "?"
     return kerman.PostgresStore(f"{PG_DSN}{sep}options=-csearch_path%3D{schema}", **kwargs)
 

@@ -26,7 +26,7 @@ import pytest
 from kerman import AgentLoop, DuplicateMessageError, LogError, PostgresStore, SessionNotFoundError
 from kerman.models import EchoModel
 
-from conftest import PG_DSN as DSN, needs_postgres
+from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 
@@ -40,12 +40,6 @@ def run(coro):
 
 async def flushed(log) -> None:
     await log.flush()
-
-
-def psql(sql: str) -> List[str]:
-    """Rows of `sql` (unaligned, one per line) through the psql client."""
-    out = subprocess.run(["psql", DSN, "-XAtq", "-c", sql], check=True, capture_output=True, text=True, timeout=30)
-    return [line for line in out.stdout.splitlines() if line]
 
 
 class Child:

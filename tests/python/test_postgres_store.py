@@ -9,7 +9,6 @@ failures that are neither a lost lease nor a lock conflict."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from kerman import AgentLoop, LeaseLostError, LogError, PostgresStore, SessionLockedError, SessionNotFoundError
 from kerman.models import EchoModel
 
-from conftest import PG_DSN as DSN, needs_postgres
+from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 
@@ -113,7 +112,3 @@ def test_reconnect_timeout_bounds_how_long_a_dropped_connection_is_retried():
 def test_durations_must_be_finite_seconds(keyword, value):
     with pytest.raises(ValueError, match=f"{keyword} must be a finite number of seconds >= 0, got {value}"):
         PostgresStore(DSN, **{keyword: value})
-
-
-def psql(sql: str) -> None:
-    subprocess.run(["psql", DSN, "-qXc", sql], check=True, capture_output=True, timeout=30)

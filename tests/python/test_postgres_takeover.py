@@ -24,7 +24,7 @@ import pytest
 from kerman import AgentLoop, PostgresStore, SessionLockedError
 from kerman.models import EchoModel
 
-from conftest import PG_DSN as DSN, needs_postgres
+from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 
@@ -169,8 +169,7 @@ def test_a_killed_owner_mid_turn_is_taken_over_with_crash_closers(awaiting):
 
 
 def backend_pid(app: str) -> str:
-    out = subprocess.run(["psql", DSN, "-Atc", f"SELECT pid FROM pg_stat_activity WHERE application_name = '{app}'"],
-                         check=True, capture_output=True, text=True).stdout.split()
+    out = psql(f"SELECT pid FROM pg_stat_activity WHERE application_name = '{app}'")
     assert len(out) == 1, out
     return out[0]
 
@@ -184,7 +183,7 @@ def test_appends_survive_the_server_ending_the_connection_between_them():
         log.append("x/e", i)
     run(flushed(log))
     first = backend_pid(app)
-    subprocess.run(["psql", DSN, "-Atc", f"SELECT pg_terminate_backend({first})"], check=True, capture_output=True)
+    psql(f"SELECT pg_terminate_backend({first})")
     for i in range(3, 6):
         log.append("x/e", i)
     run(flushed(log))
