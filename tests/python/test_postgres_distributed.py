@@ -4,7 +4,10 @@
 Beyond SPEC: `PostgresStore.follow(id)` (a read-only `SessionLog` that grows as the owner
 commits; appends raise `LogError`) and `PostgresStore.enqueue(id, message, target="next-turn",
 wakeup=True)` (stages a message for the owner; `DuplicateMessageError` for an id already staged
-or in the log, `SessionNotFoundError` for an unknown session).
+or in the log, `SessionNotFoundError` for an unknown session). Against the issue's wording
+("the owner re-folds new splices into its inbox before the next claim"): the owner takes staged
+input when its NOTIFY arrives (about a millisecond), not by a database read before every claim,
+so a message staged just before a claim joins the next one (docs/distributed.md).
 
 Children are real processes (tests/python/pg_child.py); the parent waits on their output lines
 or on database state, each wait bounded by a deadline."""
