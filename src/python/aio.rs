@@ -6,6 +6,7 @@ use std::thread::{self, ThreadId};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
+use super::doorbell::Doorbell;
 use super::errors::log_err;
 use super::exit::attach_unless_exiting;
 use crate::event_log::LogError;
@@ -16,51 +17,15 @@ pub fn aio(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     Ok(AIO.get_or_try_init(py, || py.import("kerman._aio").map(Bound::unbind))?.bind(py))
 }
 
-/// A future on the running event loop, and how to complete it from any thread.
-pub struct Completion {
-    event_loop: Py<PyAny>,
-    future: Py<PyAny>,
-    loop_thread: ThreadId,
-}
-
-impl Completion {
-    /// A new future on the running loop (`RuntimeError` outside async code).
-    pub fn new(py: Python<'_>) -> PyResult<(Completion, Bound<'_, PyAny>)> {
-        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
-        let future = event_loop.call_method0("create_future")?;
-        let completion = Completion {
-            event_loop: event_loop.unbind(),
-            future: future.clone().unbind(),
-            loop_thread: thread::current().id(),
-        };
-        Ok((completion, future))
-    }
-
-    /// Completes the future (with `error` if given). On the loop's own thread this is direct;
-    /// from any other thread it goes through `call_soon_threadsafe`.
-    pub fn complete(self, py: Python<'_>, error: Option<PyErr>) {
-        let exc = error.map(|e| e.into_value(py).into_any());
-        let result = (|| -> PyResult<()> {
-            let resolve = aio(py)?.getattr("resolve")?;
-            if thread::current().id() == self.loop_thread {
-                resolve.call1((self.future, exc))?;
-            } else {
-                self.event_loop.bind(py).call_method1("call_soon_threadsafe", (resolve, self.future, exc))?;
-            }
-            Ok(())
-        })();
-        // The loop may be closed by now; nobody is left to tell.
-        drop(result);
-    }
-}
-
 /// One completion waiting in a [`Drain`]'s queue: everything it holds is released on the loop
 /// thread, with the GIL, so writer threads never have to take it just to let go of a handle.
 struct Delivered {
     future: Py<PyAny>,
     error: Option<LogError>,
-    _event_loop: Py<PyAny>,
-    _drain: Py<Drain>,
+    /// For a `call_soon_threadsafe` drain, the loop and the drain it schedules: a doorbell's
+    /// completions hold neither (a queue left undrained by a closed loop must not keep its
+    /// drain, and so its pipe, alive).
+    _scheduled: Option<(Py<PyAny>, Py<Drain>)>,
 }
 
 type Queue = Arc<Mutex<Vec<Delivered>>>;
@@ -70,16 +35,40 @@ fn lock(queue: &Queue) -> MutexGuard<'_, Vec<Delivered>> {
 }
 
 /// The completions of one event loop that other threads have delivered, resolved in one go on
-/// the loop thread. A thread that finds the queue empty schedules the drain (one
-/// `call_soon_threadsafe`, with the GIL); the others only push, without the GIL.
+/// the loop thread. A thread that finds the queue empty wakes the loop; the others only push.
+/// The wake-up is the drain's [`Doorbell`] (a byte down a pipe the loop watches with
+/// `add_reader`: no GIL on the delivering thread) or, for a loop without `add_reader`, a
+/// `call_soon_threadsafe` with the GIL.
 #[pyclass(frozen, module = "kerman._core")]
 pub struct Drain {
     queue: Queue,
+    bell: Option<Arc<Doorbell>>,
+}
+
+impl Drain {
+    /// A drain for `event_loop`, watched through a doorbell when the loop lets us.
+    fn start<'py>(py: Python<'py>, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Drain>> {
+        if let Ok(bell) = Doorbell::new() {
+            let bell = Arc::new(bell);
+            let fd = bell.fd();
+            let drain = Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())), bell: Some(bell) })?;
+            // Proactor loops (Windows) and some third-party loops have no `add_reader`.
+            if event_loop.call_method1("add_reader", (fd, &drain)).is_ok() {
+                return Ok(drain);
+            }
+        }
+        Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())), bell: None })
+    }
 }
 
 #[pymethods]
 impl Drain {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        // Empty the pipe before taking the queue: a completion pushed after the take rings
+        // again, one pushed before it is in what we take.
+        if let Some(bell) = &self.bell {
+            bell.clear();
+        }
         let delivered = std::mem::take(&mut *lock(&self.queue));
         let resolve = aio(py)?.getattr("resolve")?;
         for d in delivered {
@@ -93,19 +82,24 @@ impl Drain {
 
 static DRAINS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// A flush future on the running loop whose result can be delivered from any thread through
-/// the loop's shared [`Drain`].
-pub struct FlushCompletion {
-    event_loop: Py<PyAny>,
+/// A future on the running loop (a flush, a tail's wait) whose outcome can be delivered from
+/// any thread through the loop's shared [`Drain`].
+pub struct Completion {
     future: Py<PyAny>,
     loop_thread: ThreadId,
-    drain: Py<Drain>,
     queue: Queue,
+    wake: Wake,
 }
 
-impl FlushCompletion {
+/// How a delivering thread wakes the loop when it finds the drain's queue empty.
+enum Wake {
+    Bell(Arc<Doorbell>),
+    Threadsafe { event_loop: Py<PyAny>, drain: Py<Drain> },
+}
+
+impl Completion {
     /// A new future on the running loop (`RuntimeError` outside async code).
-    pub fn new(py: Python<'_>) -> PyResult<(FlushCompletion, Bound<'_, PyAny>)> {
+    pub fn new(py: Python<'_>) -> PyResult<(Completion, Bound<'_, PyAny>)> {
         let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
         let future = event_loop.call_method0("create_future")?;
         let drains = DRAINS.get_or_try_init(py, || py.import("weakref")?.getattr("WeakKeyDictionary")?.call0().map(Bound::unbind))?.bind(py);
@@ -114,39 +108,52 @@ impl FlushCompletion {
         let drain = match known {
             Some(drain) => drain,
             None => {
-                let drain = Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())) })?;
+                let drain = Drain::start(py, &event_loop)?;
                 drop(drains.set_item(&event_loop, &drain));
                 drain
             }
         };
         let queue = Arc::clone(&drain.get().queue);
-        let completion = FlushCompletion {
-            event_loop: event_loop.unbind(),
-            future: future.clone().unbind(),
-            loop_thread: thread::current().id(),
-            drain: drain.unbind(),
-            queue,
+        let wake = match &drain.get().bell {
+            Some(bell) => Wake::Bell(Arc::clone(bell)),
+            None => Wake::Threadsafe { event_loop: event_loop.unbind(), drain: drain.unbind() },
         };
+        let completion = Completion { future: future.clone().unbind(), loop_thread: thread::current().id(), queue, wake };
         Ok((completion, future))
     }
 
     /// Delivers the outcome. May be called without the GIL, on any thread.
     pub fn deliver(self, result: Result<(), LogError>) {
-        let FlushCompletion { event_loop, future, loop_thread, drain, queue } = self;
-        let delivered = Delivered { future, error: result.err(), _event_loop: event_loop, _drain: drain };
+        let Completion { future, loop_thread, queue, wake } = self;
+        let error = result.err();
         if thread::current().id() == loop_thread {
             // Completed at once, on the loop's own thread: resolve directly.
             Python::attach(|py| {
                 let result = (|| -> PyResult<()> {
-                    let exc = delivered.error.map(|e| log_err(py, e).into_value(py).into_any());
-                    aio(py)?.getattr("resolve")?.call1((delivered.future, exc))?;
+                    let exc = error.map(|e| log_err(py, e).into_value(py).into_any());
+                    aio(py)?.getattr("resolve")?.call1((future, exc))?;
                     Ok(())
                 })();
                 drop(result);
-                drop((delivered._event_loop, delivered._drain));
+                drop(wake);
             });
             return;
         }
+        let (event_loop, drain) = match wake {
+            Wake::Bell(bell) => {
+                let first = {
+                    let mut q = lock(&queue);
+                    q.push(Delivered { future, error, _scheduled: None });
+                    q.len() == 1
+                };
+                if first {
+                    bell.ring();
+                }
+                return;
+            }
+            Wake::Threadsafe { event_loop, drain } => (event_loop, drain),
+        };
+        let delivered = Delivered { future, error, _scheduled: Some((event_loop, drain)) };
         let delivered = {
             let mut q = lock(&queue);
             if q.is_empty() {
@@ -159,8 +166,10 @@ impl FlushCompletion {
         let Some(delivered) = delivered else { return };
         // From the writer or reply thread: never while the interpreter exits (`exit.rs`).
         attach_unless_exiting(|py| {
-            let event_loop = delivered._event_loop.clone_ref(py);
-            let drain = delivered._drain.clone_ref(py);
+            let (event_loop, drain) = match &delivered._scheduled {
+                Some((event_loop, drain)) => (event_loop.clone_ref(py), drain.clone_ref(py)),
+                None => return,
+            };
             let first = {
                 let mut q = lock(&queue);
                 let first = q.is_empty();

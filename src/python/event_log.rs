@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use super::aio::{aio, Completion, FlushCompletion};
+use super::aio::{aio, Completion};
 use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_messages};
 use super::errors::{log_err, not_json, report_contained};
 use super::exit::attach_unless_exiting;
@@ -324,10 +324,7 @@ impl PySessionLog {
     /// A future that completes once the log holds more than `seq` events or is closed.
     fn _grown<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyAny>> {
         let (completion, future) = Completion::new(py)?;
-        self.inner.wait_beyond(seq, Box::new(move || {
-            // Nothing to complete once the interpreter exits (`exit.rs`).
-            let _ = attach_unless_exiting(|py| completion.complete(py, None));
-        }));
+        self.inner.wait_beyond(seq, Box::new(move || completion.deliver(Ok(()))));
         Ok(future)
     }
 
@@ -354,7 +351,7 @@ impl PySessionLog {
     /// The durability barrier: an awaitable that completes once everything appended so far is
     /// on disk (as the store's durability mode promises), or raises `LogWriteError`.
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (completion, future) = FlushCompletion::new(py)?;
+        let (completion, future) = Completion::new(py)?;
         self.inner.flush(Box::new(move |result: Result<(), LogError>| completion.deliver(result)));
         Ok(future)
     }
@@ -383,9 +380,8 @@ impl PySessionLog {
 
     fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let (completion, future) = Completion::new(py)?;
+        let future = py.import("asyncio")?.call_method0("get_running_loop")?.call_method0("create_future")?;
         future.call_method1("set_result", (slf,))?;
-        drop(completion);
         Ok(future)
     }
 

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod aio;
 mod convert;
+mod doorbell;
 mod driver;
 mod errors;
 mod event_log;
