@@ -56,24 +56,31 @@ impl fmt::Display for MessageError {
 impl std::error::Error for MessageError {}
 
 /// An immutable message value. Equality and hashing are by value (object key order ignored).
+///
+/// A message is held as its compact JSON, as its content and source values, or both: each is
+/// made from the other on first use. The messages an agent loop makes most (a prompt or a reply
+/// given as a `str`, a tool's `str` result) are written as JSON text straight away and parsed
+/// only if something reads their content: a handful of JSON maps per message costs ~25 heap
+/// blocks and ~1 kB, the text two blocks and its length.
 pub struct Message {
     id: String,
     kind: MessageKind,
+    /// Content and source; set, or made from `json` on first use. Boxed: a message that never
+    /// needs them pays one word, not the two collections' headers.
+    parts: OnceLock<Box<Parts>>,
+    /// Compact JSON of the whole message; set, or made from `parts` on first use.
+    json: OnceLock<Arc<str>>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct Parts {
     content: Vec<Value>,
     source: Map<String, Value>,
-    /// Compact JSON of the whole message, made once on first use (it is logged on every insert).
-    json: OnceLock<Arc<str>>,
 }
 
 impl Clone for Message {
     fn clone(&self) -> Self {
-        Message {
-            id: self.id.clone(),
-            kind: self.kind,
-            content: self.content.clone(),
-            source: self.source.clone(),
-            json: self.json.clone(),
-        }
+        Message { id: self.id.clone(), kind: self.kind, parts: self.parts.clone(), json: self.json.clone() }
     }
 }
 
@@ -82,8 +89,8 @@ impl fmt::Debug for Message {
         f.debug_struct("Message")
             .field("id", &self.id)
             .field("role", &self.kind.role())
-            .field("content", &self.content)
-            .field("source", &self.source)
+            .field("content", &self.content())
+            .field("source", self.source())
             .finish()
     }
 }
@@ -92,8 +99,7 @@ impl PartialEq for Message {
     fn eq(&self, other: &Self) -> bool {
         self.id == other.id
             && self.kind == other.kind
-            && self.content == other.content
-            && self.source == other.source
+            && (self.same_text(other) || (self.content() == other.content() && self.source() == other.source()))
     }
 }
 
@@ -103,8 +109,8 @@ impl Hash for Message {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.id.hash(state);
         self.kind.hash(state);
-        json::canonical(&Value::Array(self.content.clone())).hash(state);
-        json::canonical(&Value::Object(self.source.clone())).hash(state);
+        json::canonical(&Value::Array(self.content().to_vec())).hash(state);
+        json::canonical(&Value::Object(self.source().clone())).hash(state);
     }
 }
 
@@ -116,12 +122,6 @@ pub fn new_id() -> String {
 // Building a JSON object hashes each key (serde_json's ordered map); cloning a prototype
 // copies the stored hashes instead, which is most of the cost of the small maps every
 // message carries.
-static TEXT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
-    let mut block = Map::new();
-    block.insert("type".into(), Value::String("text".into()));
-    block.insert("text".into(), Value::String(String::new()));
-    block
-});
 const SOURCE_KINDS: [&str; 3] = ["user", "model", "tool"];
 static SOURCES: LazyLock<[Map<String, Value>; 3]> = LazyLock::new(|| {
     SOURCE_KINDS.map(|kind| {
@@ -130,25 +130,6 @@ static SOURCES: LazyLock<[Map<String, Value>; 3]> = LazyLock::new(|| {
         source
     })
 });
-
-static TOOL_RESULT_BLOCK: LazyLock<Map<String, Value>> = LazyLock::new(|| {
-    let mut block = Map::new();
-    block.insert("type".into(), Value::String("tool-result".into()));
-    block.insert("toolCallId".into(), Value::String(String::new()));
-    block.insert("content".into(), Value::Array(Vec::new()));
-    block
-});
-static TOOL_SOURCE: LazyLock<Map<String, Value>> = LazyLock::new(|| {
-    let mut source = kind_source("tool");
-    source.insert("callId".into(), Value::String(String::new()));
-    source
-});
-
-fn text_block(text: &str) -> Value {
-    let mut block = TEXT_BLOCK.clone();
-    block["text"] = Value::String(text.into());
-    Value::Object(block)
-}
 
 fn kind_source(kind: &str) -> Map<String, Value> {
     // By name, not by looking into each prototype: `s["kind"]` hashes the key every time.
@@ -179,15 +160,32 @@ impl Message {
         Message::build(MessageKind::User, content, source, id)
     }
 
-    /// A user message holding one text block.
+    /// A user message holding one text block, with a fresh id.
     pub fn user_text(text: &str) -> Message {
-        Message {
-            id: new_id(),
-            kind: MessageKind::User,
-            content: vec![text_block(text)],
-            source: kind_source("user"),
-            json: OnceLock::new(),
-        }
+        Message::of_text(MessageKind::User, text, None)
+    }
+
+    /// A user (source `{kind: "user"}`) or assistant (source `{kind: "model"}`) message holding
+    /// one text block: what `Message::user` or `Message::assistant` build from that block and
+    /// no source, valid by construction and written as JSON text (see [`Message`]).
+    pub fn of_text(kind: MessageKind, text: &str, id: Option<String>) -> Message {
+        let source = match kind {
+            MessageKind::Assistant => "model",
+            MessageKind::User | MessageKind::ToolResult => "user",
+        };
+        let kind = if kind == MessageKind::Assistant { kind } else { MessageKind::User };
+        let id = id.unwrap_or_else(new_id);
+        let mut out = String::with_capacity(96 + id.len() + text.len());
+        out.push_str("{\"id\":");
+        json::push_str_literal(&mut out, &id);
+        out.push_str(",\"role\":\"");
+        out.push_str(kind.role());
+        out.push_str(r#"","content":[{"type":"text","text":"#);
+        json::push_str_literal(&mut out, text);
+        out.push_str(r#"}],"source":{"kind":""#);
+        out.push_str(source);
+        out.push_str("\"}}");
+        Message { id, kind, parts: OnceLock::new(), json: OnceLock::from(Arc::<str>::from(out)) }
     }
 
     /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
@@ -223,11 +221,6 @@ impl Message {
     /// commonest result (a tool returned a `str`): valid by construction, so not checked again,
     /// and its JSON written as it is built rather than serialised from the maps later.
     pub fn tool_result_text(call_id: &str, text: &str) -> Message {
-        let mut block = TOOL_RESULT_BLOCK.clone();
-        block["toolCallId"] = Value::String(call_id.into());
-        block["content"] = Value::Array(vec![text_block(text)]);
-        let mut source = TOOL_SOURCE.clone();
-        source["callId"] = Value::String(call_id.into());
         let id = new_id();
         let mut out = String::with_capacity(160 + 2 * call_id.len() + text.len());
         out.push_str("{\"id\":");
@@ -239,8 +232,7 @@ impl Message {
         out.push_str(r#"}]}],"source":{"kind":"tool","callId":"#);
         json::push_str_literal(&mut out, call_id);
         out.push_str("}}");
-        let json = OnceLock::from(Arc::<str>::from(out));
-        Message { id, kind: MessageKind::ToolResult, content: vec![Value::Object(block)], source, json }
+        Message { id, kind: MessageKind::ToolResult, parts: OnceLock::new(), json: OnceLock::from(Arc::<str>::from(out)) }
     }
 
     /// Imports a message dict (`{id, role, content, source}`), keeping its id. The kind follows
@@ -298,12 +290,12 @@ impl Message {
         };
         validate_blocks(&content, &|| "content".to_owned())?;
         validate_source(kind, &content, &source)?;
-        Ok(Message { id, kind, content, source, json: OnceLock::new() })
+        Ok(Message { id, kind, parts: OnceLock::from(Box::new(Parts { content, source })), json: OnceLock::new() })
     }
 
     /// The same message (same id, kind and source) with new content.
     pub fn with_content(&self, content: Vec<Value>) -> Result<Message, MessageError> {
-        Message::build(self.kind, content, self.source.clone(), Some(self.id.clone()))
+        Message::build(self.kind, content, self.source().clone(), Some(self.id.clone()))
     }
 
     pub fn id(&self) -> &str {
@@ -319,22 +311,37 @@ impl Message {
     }
 
     pub fn content(&self) -> &[Value] {
-        &self.content
+        &self.parts().content
     }
 
     pub fn source(&self) -> &Map<String, Value> {
-        &self.source
+        &self.parts().source
+    }
+
+    /// The content and source, parsed from the JSON text the first time they are asked for.
+    fn parts(&self) -> &Parts {
+        self.parts.get_or_init(|| {
+            let json = self.json.get().expect("a message holds its parts, its JSON or both");
+            // The text was written by this module (or serialised from validated parts), so it
+            // parses; an empty message is no worse than a panic if that ever broke.
+            Box::new(serde_json::from_str(json).unwrap_or_else(|_| Parts { content: Vec::new(), source: Map::new() }))
+        })
+    }
+
+    /// Both messages hold the same JSON text already (no parsing to compare them).
+    fn same_text(&self, other: &Message) -> bool {
+        matches!((self.json.get(), other.json.get()), (Some(a), Some(b)) if a == b)
     }
 
     /// `source.kind`, always present.
     pub fn source_kind(&self) -> &str {
-        field(&self.source, "kind").and_then(Value::as_str).unwrap_or("")
+        field(self.source(), "kind").and_then(Value::as_str).unwrap_or("")
     }
 
     /// The text blocks joined with `\n`.
     pub fn text(&self) -> String {
         let texts: Vec<&str> = self
-            .content
+            .content()
             .iter()
             .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
             .filter_map(|b| b.get("text").and_then(Value::as_str))
@@ -347,8 +354,8 @@ impl Message {
         let mut map = Map::new();
         map.insert("id".into(), Value::String(self.id.clone()));
         map.insert("role".into(), Value::String(self.role().into()));
-        map.insert("content".into(), Value::Array(self.content.clone()));
-        map.insert("source".into(), Value::Object(self.source.clone()));
+        map.insert("content".into(), Value::Array(self.content().to_vec()));
+        map.insert("source".into(), Value::Object(self.source().clone()));
         Value::Object(map)
     }
 
@@ -363,9 +370,9 @@ impl Message {
             out.push_str("\",\"content\":");
             let mut out = out.into_bytes();
             // Serialising values of a `Value` tree into a `Vec` cannot fail.
-            let _ = serde_json::to_writer(&mut out, &self.content);
+            let _ = serde_json::to_writer(&mut out, self.content());
             out.extend_from_slice(b",\"source\":");
-            let _ = serde_json::to_writer(&mut out, &self.source);
+            let _ = serde_json::to_writer(&mut out, self.source());
             out.push(b'}');
             // Only UTF-8 was written (serde_json writes valid UTF-8).
             String::from_utf8(out).unwrap_or_default().into()
@@ -490,11 +497,51 @@ mod tests {
             let built = Message::tool_result(call_id, blocks(json!([{"type": "text", "text": text}])), false, Some(fast.id().to_owned())).unwrap();
             assert_eq!(fast, built);
             // The JSON written up front is what serialising the maps gives.
-            let serialised = Message { json: OnceLock::new(), ..fast.clone() };
+            let serialised = Message { json: OnceLock::new(), parts: OnceLock::from(Box::new(fast.parts().clone())), ..fast.clone() };
             assert_eq!(fast.json(), serialised.json());
             assert_eq!(fast.json(), built.json());
             assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
         }
+    }
+
+    #[test]
+    fn text_messages_are_the_general_build_of_one_text_block() {
+        for text in ["", "hi", "a\n\t\u{1}\"q\" \u{1F600} \u{2028} \\"] {
+            for kind in [MessageKind::User, MessageKind::Assistant] {
+                let fast = Message::of_text(kind, text, Some("m-1".into()));
+                let block = blocks(json!([{"type": "text", "text": text}]));
+                let built = match kind {
+                    MessageKind::Assistant => Message::assistant(block, None, Some("m-1".into())),
+                    _ => Message::user(block, None, Some("m-1".into())),
+                }
+                .unwrap();
+                // Same bytes before anything parses the text, then the same values after.
+                assert_eq!(fast.json(), built.json());
+                assert!(fast.parts.get().is_none());
+                assert_eq!(fast.content(), built.content());
+                assert_eq!(fast.source(), built.source());
+                assert_eq!(fast, built);
+                let hash = |m: &Message| {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    m.hash(&mut h);
+                    h.finish()
+                };
+                assert_eq!(hash(&Message::of_text(kind, text, Some("m-1".into()))), hash(&built));
+                assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
+            }
+        }
+        // A tool-result kind is not a text message: it is made a user message.
+        assert_eq!(Message::of_text(MessageKind::ToolResult, "x", None).kind(), MessageKind::User);
+    }
+
+    #[test]
+    fn equality_of_unparsed_messages_compares_values_when_texts_differ() {
+        let a = Message::of_text(MessageKind::User, "x", Some("i".into()));
+        let b = Message::of_text(MessageKind::User, "y", Some("i".into()));
+        assert_ne!(a, b);
+        let c = Message::user(blocks(json!([{"text": "x", "type": "text"}])), None, Some("i".into())).unwrap();
+        assert_ne!(a.json(), c.json());
+        assert_eq!(a, c);
     }
 
     #[test]

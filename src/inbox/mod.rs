@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use serde_json::Value;
 
-pub use splice::{inserted_ids, normalize, placement, ById, Lists, Splice, SpliceError, Target};
+pub use splice::{inserted_ids, normalize, placement, Lists, Splice, SpliceError, Target};
 
 use crate::event_log::{Intake, LogError, SessionLog, StagedInput, Taken, SPLICED};
 use crate::message::{Message, MessageKind};
@@ -257,8 +257,10 @@ impl Inbox {
     /// (`target`, normalised `start`, `removed` count), or `None` for a no-op; `inserted` goes
     /// in there.
     ///
-    /// A no-op is detected before the publish token is taken, so it never counts as a
-    /// reentrant append (clearing an empty inbox from a log observer is harmless).
+    /// The log's observers see the lists before the splice (reference INB-09), and run with no
+    /// lock held; so with observers the lists are locked twice (plan and commit, then apply),
+    /// without, once. A no-op never counts as a reentrant append (clearing an empty inbox
+    /// from a log observer is harmless).
     fn mutate(
         &self,
         plan: impl Fn(&Lists) -> Option<(Target, usize, usize)>,
@@ -266,12 +268,13 @@ impl Inbox {
         canceled: bool,
     ) -> Result<Option<Applied>, InboxError> {
         let is_noop = |p: &Option<(Target, usize, usize)>| p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty());
-        if is_noop(&plan(&lock(&self.shared.lists))) {
-            return Ok(None);
-        }
-        let publishing = self.shared.log.publishing()?;
-        let splice = {
-            let lists = lock(&self.shared.lists);
+        let publishing = match self.shared.log.publishing() {
+            Ok(publishing) => publishing,
+            Err(LogError::Reentrant) if is_noop(&plan(&lock(&self.shared.lists))) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (removed, splice, committed) = {
+            let mut lists = lock(&self.shared.lists);
             let planned = plan(&lists);
             if is_noop(&planned) {
                 return Ok(None);
@@ -282,10 +285,12 @@ impl Inbox {
                 SpliceError::Duplicate(id) => InboxError::Duplicate(id),
                 SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
             })?;
-            splice
+            let committed = publishing.commit(SPLICED, payload(&splice), None, None, false)?;
+            let removed = (!committed.has_observers()).then(|| lists.apply(&splice));
+            (removed, splice, committed)
         };
-        publishing.publish(SPLICED, payload(&splice), None, None)?;
-        let removed = lock(&self.shared.lists).apply(&splice);
+        committed.notify();
+        let removed = removed.unwrap_or_else(|| lock(&self.shared.lists).apply(&splice));
         drop(publishing);
         Ok(Some(Applied { removed, inserted: splice.inserted, canceled: splice.canceled }))
     }
@@ -406,10 +411,10 @@ impl Inbox {
     /// The loop's step-boundary operation: pure deletion of all of `next-step`, then (at a turn
     /// boundary) the head of `next-turn`; then `claimed` per message, in batch order.
     pub fn claim(&self, target: Target, turn: u64) -> Result<Vec<Arc<Message>>, InboxError> {
-        let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step.len())), Vec::new(), false)?;
+        let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step().len())), Vec::new(), false)?;
         let mut batch = step.map_or_else(Vec::new, |step| step.removed);
         if target == Target::NextTurn {
-            let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn.len().min(1))), Vec::new(), false)?;
+            let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn().len().min(1))), Vec::new(), false)?;
             if let Some(head) = head {
                 batch.extend(head.removed);
             }
@@ -426,6 +431,6 @@ impl Inbox {
 impl fmt::Debug for Inbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lists = lock(&self.shared.lists);
-        write!(f, "Inbox(next_turn={}, next_step={})", lists.next_turn.len(), lists.next_step.len())
+        write!(f, "Inbox(next_turn={}, next_step={})", lists.next_turn().len(), lists.next_step().len())
     }
 }

@@ -37,7 +37,7 @@ use super::inbox::PyInbox;
 use crate::inbox::Target;
 use crate::json::push_u64;
 use super::message::PyMessage;
-use crate::event_log::{is_surface_type, Event, Surface, SurfaceOp};
+use crate::event_log::{is_surface_type, Surface, SurfaceOp};
 use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
 use helpers::{entered, helpers, is_cancelled};
 use step::{Step, StepEnd};
@@ -180,9 +180,10 @@ impl Machine {
 
     /// Appends a loop-owned event whose payload is already JSON text, straight to the core
     /// log: no Python dict is built and converted for the loop's own fixed-shape events.
-    fn append_json(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>) -> PyResult<Event> {
+    /// Returns the event's seq (copying the event out of the log would cost atomics for nothing).
+    fn append_json(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>) -> PyResult<u64> {
         let surface = is_surface_type(kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: seqs });
-        self.log.get().inner.append_owned(kind, data, surface).map_err(|e| log_err(py, e))
+        self.log.get().inner.append_owned_seq(kind, data, surface).map_err(|e| log_err(py, e))
     }
 
     fn append(&self, py: Python<'_>, kind: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -215,10 +216,10 @@ impl Machine {
 
     /// Appends a surface event carrying `message`; the message joins the derived history
     /// directly, so requests never re-read what the loop wrote.
-    fn append_message(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>, message: Option<&Bound<'_, PyAny>>) -> PyResult<Event> {
-        let event = self.append_json(py, kind, data, seqs)?;
-        self.history.get().push(py, self.log.get(), event.seq, message)?;
-        Ok(event)
+    fn append_message(&self, py: Python<'_>, kind: &str, data: String, seqs: Option<Vec<u64>>, message: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        let seq = self.append_json(py, kind, data, seqs)?;
+        self.history.get().push(py, self.log.get(), seq, message)?;
+        Ok(seq)
     }
 
     fn next_step_pending(&self, _py: Python<'_>) -> PyResult<bool> {
@@ -699,7 +700,7 @@ fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> 
     let turn = last + 1;
     let mut data = turn_json(turn);
     data.push('}');
-    let started = log.inner.append_owned("turn/start", data, None);
+    let started = log.inner.append_owned_seq("turn/start", data, None);
     if let Err(e) = started {
         let e = log_err(py, e);
         let h = helpers(py)?;

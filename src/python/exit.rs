@@ -19,6 +19,16 @@ static INSIDE: AtomicUsize = AtomicUsize::new(0);
 /// `Python::attach` for calls from the core's threads: `None` (nothing runs) once the
 /// interpreter is exiting.
 pub fn attach_unless_exiting<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    if EXITING.load(SeqCst) {
+        return None;
+    }
+    // SAFETY: only reads the calling thread's state.
+    if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
+        // Already attached (Python code mutating an inbox, say): there is no attach to guard,
+        // and `at_exit`, which needs the GIL this thread holds, cannot be running. Skipping
+        // the count saves two atomic operations per call, ~20 ns here.
+        return Some(Python::attach(f));
+    }
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {

@@ -132,7 +132,7 @@ impl Wrappers {
     /// Drops entries whose message is no longer pending.
     fn prune(&self, inbox: &Inbox) {
         let lists = inbox.snapshot();
-        let pending: HashSet<usize> = lists.next_turn.iter().chain(&lists.next_step).map(address).collect();
+        let pending: HashSet<usize> = lists.next_turn().iter().chain(lists.next_step()).map(address).collect();
         let mut stale = Vec::new();
         {
             let mut map = self.lock();
@@ -271,19 +271,19 @@ fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: 
 
 impl InboxListener for Callbacks {
     fn inserted(&self, message: &Arc<Message>) {
-        if attach_unless_exiting(|py| self.open(py, 0)) == Some(true) {
+        if self.on_inserted.is_some() && attach_unless_exiting(|py| self.open(py, 0)) == Some(true) {
             call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
         }
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        if attach_unless_exiting(|py| self.open(py, 1)) == Some(true) {
+        if self.on_discarded.is_some() && attach_unless_exiting(|py| self.open(py, 1)) == Some(true) {
             call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
         }
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        if attach_unless_exiting(|py| self.open(py, 2)) == Some(true) {
+        if self.on_claimed.is_some() && attach_unless_exiting(|py| self.open(py, 2)) == Some(true) {
             call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
         }
     }
@@ -514,7 +514,7 @@ impl PyInbox {
 
     fn __repr__(&self) -> String {
         let lists = self.inner.snapshot();
-        format!("<Inbox next_turn={} next_step={}>", lists.next_turn.len(), lists.next_step.len())
+        format!("<Inbox next_turn={} next_step={}>", lists.next_turn().len(), lists.next_step().len())
     }
 }
 

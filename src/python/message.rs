@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyClassInitializer;
 use serde_json::{Map, Value};
 
@@ -58,6 +58,45 @@ pub fn content_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
         Ok(_) => Err(invalid(py, "content", format!("expected a str or a list of blocks, got {}", obj.get_type().name()?))),
         Err(e) => Err(invalid(py, &e.path, e.reason)),
     }
+}
+
+/// The message `kind` builds from content that is one text block (a `str`, or a list holding
+/// just `{"type": "text", "text": str}` with its keys in that order, as `ModelReply` makes it)
+/// and no source, written as JSON text at once (`Message::of_text`, the same bytes as the
+/// general path); `None` for any other arguments, which take the general path (and its
+/// errors: an empty id, say).
+pub fn text_message(kind: MessageKind, content: &Bound<'_, PyAny>, source: Option<&Bound<'_, PyAny>>, id: Option<String>) -> PyResult<Option<Message>> {
+    if source.is_some_and(|s| !s.is_none()) || id.as_deref() == Some("") {
+        return Ok(None);
+    }
+    let text = if content.is_exact_instance_of::<PyString>() {
+        content.clone()
+    } else {
+        match lone_text_block(content) {
+            Some(text) => text,
+            None => return Ok(None),
+        }
+    };
+    let text = text_arg(&text, "content[0].text")?;
+    Ok(Some(Message::of_text(kind, &text, id)))
+}
+
+/// The text of `[{"type": "text", "text": str}]` (exact types, nothing else in the dict).
+fn lone_text_block<'py>(content: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let list = content.cast_exact::<PyList>().ok()?;
+    if list.len() != 1 {
+        return None;
+    }
+    let block = list.get_item(0).ok()?;
+    let block = block.cast_exact::<PyDict>().ok()?;
+    if block.len() != 2 {
+        return None;
+    }
+    let mut items = block.iter();
+    let (k0, v0) = items.next()?;
+    let (k1, v1) = items.next()?;
+    let is = |obj: &Bound<'py, PyAny>, want: &str| obj.cast_exact::<PyString>().is_ok_and(|s| s.to_str().is_ok_and(|s| s == want));
+    (is(&k0, "type") && is(&v0, "text") && is(&k1, "text") && v1.is_exact_instance_of::<PyString>()).then_some(v1)
 }
 
 fn source_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Map<String, Value>>> {
@@ -229,7 +268,11 @@ impl PyUserMessage {
         source: Option<&Bound<'_, PyAny>>,
         id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let m = Message::user(content_arg(content)?, source_arg(source)?, id_arg(id)?).map_err(|e| message_err(py, e))?;
+        let id = id_arg(id)?;
+        let m = match text_message(MessageKind::User, content, source, id.clone())? {
+            Some(m) => m,
+            None => Message::user(content_arg(content)?, source_arg(source)?, id).map_err(|e| message_err(py, e))?,
+        };
         Ok(PyClassInitializer::from(PyMessage { inner: Arc::new(m) }).add_subclass(PyUserMessage))
     }
 }
@@ -244,7 +287,11 @@ impl PyAssistantMessage {
         source: Option<&Bound<'_, PyAny>>,
         id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let m = Message::assistant(content_arg(content)?, source_arg(source)?, id_arg(id)?).map_err(|e| message_err(py, e))?;
+        let id = id_arg(id)?;
+        let m = match text_message(MessageKind::Assistant, content, source, id.clone())? {
+            Some(m) => m,
+            None => Message::assistant(content_arg(content)?, source_arg(source)?, id).map_err(|e| message_err(py, e))?,
+        };
         Ok(PyClassInitializer::from(PyMessage { inner: Arc::new(m) }).add_subclass(PyAssistantMessage))
     }
 

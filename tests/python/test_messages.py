@@ -375,6 +375,89 @@ def test_key_order_is_preserved_verbatim():
     assert list(m.source) == ["z", "kind", "plugin"]
 
 
+# A message of one text block (a str, or [{"type": "text", "text": ...}] with its keys in that
+# order, as ModelReply makes it) is written as JSON text at once and parsed only when read; the
+# cases below pin that it is indistinguishable from one built from its blocks.
+
+ONE_BLOCK = [("user", UserMessage), ("assistant", AssistantMessage)]
+
+
+@pytest.mark.parametrize("role,cls", ONE_BLOCK)
+@pytest.mark.parametrize("text", ["", "hi", 'quote " backslash \\ \n\t\x01 \u2028 \U0001F600'])
+def test_one_text_block_messages_match_the_general_path(role, cls, text):
+    log = kerman.MemoryStore().create()
+    shorthand = cls(text, id="m-1")
+    listed = cls([{"type": "text", "text": text}], id="m-1")
+    # from_dict never takes the shortcut: the general path, for reference.
+    general = Message.from_dict({"id": "m-1", "role": role, "content": [{"type": "text", "text": text}],
+                                 "source": {"kind": "user" if role == "user" else "model"}})
+    assert type(general) is cls
+    for m in (shorthand, listed):
+        assert m == general and hash(m) == hash(general)
+        assert m.to_dict() == general.to_dict()
+        assert list(m.to_dict()) == ["id", "role", "content", "source"]
+        assert m.content == [{"type": "text", "text": text}] and m.text == text
+        assert m.source == {"kind": "user" if role == "user" else "model"}
+        assert repr(m) == repr(general)
+    for m in (shorthand, listed, general):
+        log.append("x/message", {"m": m.to_dict()})
+    texts = [e.to_json().split('"data":', 1)[1] for e in log]
+    assert texts[0] == texts[1] == texts[2]
+
+
+@pytest.mark.parametrize("role,cls", ONE_BLOCK)
+def test_a_text_block_with_other_key_order_or_fields_keeps_them(role, cls):
+    swapped = cls([{"text": "x", "type": "text"}], id="m-1")
+    assert list(swapped.content[0]) == ["text", "type"]
+    extra = cls([{"type": "text", "text": "x", "cache": True}], id="m-1")
+    assert extra.content == [{"type": "text", "text": "x", "cache": True}]
+    assert swapped != extra
+
+
+@pytest.mark.parametrize("role,cls", ONE_BLOCK)
+def test_one_text_block_messages_validate_like_the_general_path(role, cls):
+    with pytest.raises(InvalidMessageError) as err:
+        cls("bad \ud800 surrogate")
+    assert err.value.field == "content[0].text"
+    with pytest.raises(InvalidMessageError) as err:
+        cls([{"type": "text", "text": "x"}], id="")
+    assert err.value.field == "id"
+    with pytest.raises(InvalidMessageError) as err:
+        cls([{"type": "text", "text": 3}])
+    assert err.value.field == "content[0].text"
+
+
+async def _logged_reply(content):
+    seen = []
+
+    async def model(request):
+        seen.append(list(request.messages))
+        return kerman.ModelReply(content)
+
+    loop = kerman.AgentLoop(model)
+    loop.followup("hi")
+    await loop.when_idle()
+    loop.followup("again")
+    await loop.when_idle()
+    first = next(iter(loop.log.events(types="assistant/message")))
+    # The second request's history holds the first reply as the loop kept it.
+    return first.data["message"], seen[1][1]
+
+
+def test_a_str_reply_logs_and_keeps_the_same_message_as_its_blocks():
+    import asyncio
+
+    said, kept = asyncio.run(_logged_reply("The answer."))
+    # Keys in the other order: the general path (the logged block keeps that order).
+    said_blocks, kept_blocks = asyncio.run(_logged_reply([{"text": "The answer.", "type": "text"}]))
+    assert list(said_blocks["content"][0]) == ["text", "type"]
+    assert list(said) == list(said_blocks) == ["id", "role", "content", "source"]
+    assert said["content"] == said_blocks["content"] == [{"type": "text", "text": "The answer."}]
+    assert said["source"] == said_blocks["source"] == {"kind": "model"}
+    for message, logged in ((kept, said), (kept_blocks, said_blocks)):
+        assert type(message) is AssistantMessage and message.to_dict() == logged
+
+
 def test_plugin_source_with_empty_plugin_name_is_kept():
     m = UserMessage("x", source={"kind": "plugin", "plugin": ""})
     assert m.source == {"kind": "plugin", "plugin": ""}

@@ -17,11 +17,11 @@ use std::sync::Arc;
 
 use super::super::convert::to_json_text;
 use super::super::errors::{message_err, not_json};
-use super::super::message::{content_arg, wrap};
+use super::super::message::{content_arg, text_message, wrap};
 use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
 use super::tool::LoneCall;
-use crate::message::Message;
+use crate::message::{Message, MessageKind};
 use super::{dict, helpers, Machine, Pending, Seam, UserStep};
 
 /// The running step's state (the locals of `run_step`).
@@ -127,7 +127,15 @@ impl Machine {
     /// `assistant/message`: `{"turn", "step", "message"[, "interrupted": true][, "usage"]}`,
     /// the message built and serialised in Rust; it joins the history unless it is empty.
     fn append_assistant(&self, py: Python<'_>, content: &Bound<'_, PyAny>, usage: &Bound<'_, PyAny>, seqs: Vec<u64>, interrupted: bool) -> PyResult<()> {
-        let message = Message::assistant(content_arg(content)?, None, None).map_err(|e| message_err(py, e))?;
+        // A `str` reply is one text block: never empty, and its content is not parsed to say so.
+        let (message, empty) = match text_message(MessageKind::Assistant, content, None, None)? {
+            Some(message) => (message, false),
+            None => {
+                let message = Message::assistant(content_arg(content)?, None, None).map_err(|e| message_err(py, e))?;
+                let empty = message.content().is_empty();
+                (message, empty)
+            }
+        };
         let mut data = self.turn_step_head(py)?;
         data.push_str(r#","message":"#);
         data.push_str(message.json());
@@ -141,7 +149,7 @@ impl Machine {
         }
         data.push('}');
         // An empty assistant message stays in the log but not in the history.
-        let message = if message.content().is_empty() { None } else { Some(wrap(py, Arc::new(message))?) };
+        let message = if empty { None } else { Some(wrap(py, Arc::new(message))?) };
         self.append_message(py, "assistant/message", data, Some(seqs), message.as_ref()).map(drop)
     }
 

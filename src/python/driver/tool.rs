@@ -136,7 +136,7 @@ impl Machine {
         push_field(&mut data, "name", name_text);
         push_field(&mut data, "arguments", arguments_text);
         data.push('}');
-        let seq = self.append_message(py, "tool/call", data, None, None)?.seq;
+        let seq = self.append_message(py, "tool/call", data, None, None)?;
         let ctx = h.tool_context.bind(py).call1((&id, self.turn_no(py), self.step_no(py), self.signal(py)?, self.agent(py)))?;
         // From here until the body is done, cancel() throws into the driver's task.
         self.agent(py).setattr(intern!(py, "_in_user"), true)?;
