@@ -170,7 +170,8 @@ def probe_concurrent_fsync(root: str, files: int, seconds: float) -> float:
 
 def probe_handoff(n: int) -> float:
     """ns for an asyncio loop -> thread -> loop round trip (threading.Event, then
-    call_soon_threadsafe), no I/O: what any writer-thread design adds to a flush."""
+    call_soon_threadsafe), no I/O: what a Python writer thread adds to a flush (the
+    baseline's design; Kerman's writer wakes the loop without the GIL, docs/performance.md)."""
     async def go() -> float:
         loop = asyncio.get_running_loop()
         wake = threading.Event()
