@@ -134,9 +134,7 @@ impl Publishing<'_> {
     /// it is still clamped to be non-decreasing.
     pub(crate) fn publish(&self, kind: &str, data: Arc<str>, surface: Option<Surface>, time: Option<i64>) -> Result<Event, LogError> {
         let committed = self.commit(kind, data, surface, time, true)?;
-        let event = committed.event.clone();
-        committed.notify();
-        Ok(event.expect("a kept event"))
+        Ok(committed.notify().expect("a kept event"))
     }
 
     /// [`publish`](Self::publish) for a caller that needs only the seq: the event is moved
@@ -144,7 +142,7 @@ impl Publishing<'_> {
     pub(crate) fn publish_seq(&self, kind: &str, data: Arc<str>, surface: Option<Surface>) -> Result<u64, LogError> {
         let committed = self.commit(kind, data, surface, None, false)?;
         let seq = committed.seq;
-        committed.notify();
+        drop(committed.notify());
         Ok(seq)
     }
 
@@ -176,6 +174,14 @@ impl Publishing<'_> {
     }
 }
 
+/// Surface metadata goes with the surface types and only with them.
+fn check_surface(kind: &str, surface: &Option<Surface>) -> Result<(), LogError> {
+    if is_surface_type(kind) != surface.is_some() {
+        return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
+    }
+    Ok(())
+}
+
 /// A committed event whose observers and waiters have not run yet.
 #[must_use = "the observers and waiters run only in notify()"]
 pub(crate) struct Committed {
@@ -190,9 +196,9 @@ impl Committed {
         self.observers.is_some()
     }
 
-    /// Runs the observers of the event, then the waiters. Call it holding no lock: observers
-    /// may be Python code.
-    pub(crate) fn notify(self) {
+    /// Runs the observers of the event, then the waiters; returns the event if it was kept.
+    /// Call it holding no lock: observers may be Python code.
+    pub(crate) fn notify(self) -> Option<Event> {
         if let (Some(observers), Some(event)) = (&self.observers, &self.event) {
             for (_, observer) in observers.iter() {
                 observer(event);
@@ -201,6 +207,7 @@ impl Committed {
         for waiter in self.waiters {
             waiter();
         }
+        self.event
     }
 }
 
@@ -324,18 +331,14 @@ impl SessionLog {
 
     /// Appends any type, including the reserved ones (for the Inbox, the loop and the closers).
     pub(crate) fn append_owned(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<Event, LogError> {
-        if is_surface_type(kind) != surface.is_some() {
-            return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
-        }
+        check_surface(kind, &surface)?;
         self.publishing()?.publish(kind, Arc::from(data), surface, None)
     }
 
     /// [`append_owned`](Self::append_owned) for a caller that needs only the seq.
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn append_owned_seq(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<u64, LogError> {
-        if is_surface_type(kind) != surface.is_some() {
-            return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
-        }
+        check_surface(kind, &surface)?;
         self.publishing()?.publish_seq(kind, Arc::from(data), surface)
     }
 
@@ -436,7 +439,7 @@ impl SessionLog {
                 st.events.push(event);
                 Committed { seq: len, event: copy, observers, waiters: std::mem::take(&mut st.waiters) }
             };
-            committed.notify();
+            drop(committed.notify());
             added += 1;
         }
         Ok(added)

@@ -289,7 +289,7 @@ impl Inbox {
             let removed = (!committed.has_observers()).then(|| lists.apply(&splice));
             (removed, splice, committed)
         };
-        committed.notify();
+        drop(committed.notify());
         let removed = removed.unwrap_or_else(|| lock(&self.shared.lists).apply(&splice));
         drop(publishing);
         Ok(Some(Applied { removed, inserted: splice.inserted, canceled: splice.canceled }))

@@ -57,6 +57,11 @@ impl Drain {
                 return Ok(drain);
             }
         }
+        Drain::plain(py)
+    }
+
+    /// A drain woken with `call_soon_threadsafe`.
+    fn plain(py: Python<'_>) -> PyResult<Bound<'_, Drain>> {
         Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())), bell: None })
     }
 }
@@ -108,7 +113,10 @@ impl Completion {
         let drain = match known {
             Some(drain) => drain,
             None => {
-                let drain = Drain::start(py, &event_loop)?;
+                // Only a drain the map can keep gets a pipe: one made per flush would leave a
+                // watched pipe behind each time.
+                let kept = py.import("weakref")?.call_method1("ref", (&event_loop,)).is_ok();
+                let drain = if kept { Drain::start(py, &event_loop)? } else { Drain::plain(py)? };
                 drop(drains.set_item(&event_loop, &drain));
                 drain
             }
