@@ -2,8 +2,10 @@
 
 ``kerman log list|show|tail|inbox|verify|repair`` inspect session files without modifying them
 (shared lock, no torn-tail repair, no crash closers) except ``repair``, which only acts on explicit
-confirmation. ``kerman demo`` runs the showcase. Errors are one line on stderr, never a traceback:
-exit 2 for usage and a missing store, 1 for everything else that went wrong.
+confirmation. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL store, named by
+its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
+showcase. Errors are one line on stderr, never a traceback: exit 2 for usage and a missing store,
+1 for everything else that went wrong.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime
 import fnmatch
 import json
 import os
+import re
 import shlex
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -33,6 +36,7 @@ __all__ = ["main", "human_size"]
 LARGE_FILE_BYTES = 50 * 1000 * 1000
 
 _PLACEMENTS = ("queued", "steering", "context")
+STORE_HELP = "the session store: a FileStore folder, or a PostgreSQL DSN (postgresql://…)"
 _SAFE_ID_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
@@ -79,11 +83,39 @@ def _session_file(root: str, session_id: str) -> str:
     return os.path.join(root, name + ".jsonl")
 
 
+def _is_dsn(store: str) -> bool:
+    return store.startswith(("postgresql://", "postgres://"))
+
+
+def _shown(store: str) -> str:
+    """The store as messages name it: a DSN without its password."""
+    return re.sub(r"^(postgres(?:ql)?://[^:/@]*):[^@/]*@", r"\1@", store) if _is_dsn(store) else store
+
+
+def _postgres(dsn: str) -> Any:
+    store_cls = getattr(sys.modules["kerman"], "PostgresStore", None)
+    if store_cls is None:
+        raise _Exit(2, "kerman: this build of kerman has no PostgreSQL store")
+    return store_cls(dsn)
+
+
 def _store(path: str) -> FileStore:
+    if _is_dsn(path):
+        raise _Exit(2, f"kerman: {_shown(path)} is a PostgreSQL store; verify and repair work on FileStore "
+                       "folders (PostgreSQL checks every append in its own transaction)")
     # FileStore creates a missing root; an inspection command must not.
     if not os.path.isdir(path):
         raise _Exit(2, f"kerman: no session store at {path}")
     return FileStore(path, durability="none")
+
+
+def _follow(store: Any, session_id: str) -> tuple[dict[str, Any], list[Any]]:
+    """The header and events of a PostgreSQL session, read by a follower that then stops."""
+    log = _session_call(store.follow, session_id)
+    try:
+        return log.header, list(log.events())
+    finally:
+        log.close()
 
 
 def _progress(args: argparse.Namespace, verb: str = "reading") -> None:
@@ -102,7 +134,7 @@ def _repair_hint(args: argparse.Namespace) -> str:
 
 def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
     if isinstance(error, SessionNotFoundError):
-        return f'kerman: session "{args.id}" not found in {args.store}'
+        return f'kerman: session "{args.id}" not found in {_shown(args.store)}'
     text = f"kerman: {error}"
     if isinstance(error, CorruptLogError):
         where = f"{error.path}, line {error.line} (seq {error.seq})"
@@ -124,6 +156,9 @@ def _session_call(method: Callable[[str], Any], session_id: str) -> Any:
 
 
 def _read(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+    if _is_dsn(args.store):
+        header, events = _follow(_postgres(args.store), args.id)
+        return header, events, {}
     store = _store(args.store)
     _progress(args)
     header, events, info = _session_call(store._read, args.id)
@@ -167,7 +202,42 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
 # -- commands ----------------------------------------------------------------------------------
 
 
+def _list_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
+    store = _postgres(args.store)
+    rows = []
+    ids = sorted(store.list())
+    if len(ids) > 20 and not args.json:
+        _err(f"kerman: reading {len(ids)} sessions…")
+    for session_id in ids:
+        row: dict[str, Any] = {"id": session_id, "events": None, "size_bytes": None, "status": "ok"}
+        try:
+            row["events"] = len(_follow(store, session_id)[1])
+        except SessionNotFoundError:  # deleted meanwhile
+            continue
+        except KermanError:
+            row["status"] = "unreadable"
+        rows.append(row)
+    return rows
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
+    rows = _list_postgres(args) if _is_dsn(args.store) else _list_files(args)
+    if args.json:
+        _out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
+        return 0
+    if not rows:
+        _err(f"kerman: no sessions in {_shown(args.store)}")
+        return 0
+    width = max(len(r["id"]) for r in rows)
+    for r in rows:
+        events = _count(r["events"], "event") if r["events"] is not None else "? events"
+        size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else ("—" if _is_dsn(args.store) else "?")
+        status = "" if r["status"] == "ok" else f"  ({r['status']})"
+        _out(f"{r['id']:<{width}}  {events:>12}  {size:>8}{status}")
+    return 0
+
+
+def _list_files(args: argparse.Namespace) -> list[dict[str, Any]]:
     store = _store(args.store)
     rows = []
     for session_id in sorted(store.list()):
@@ -191,19 +261,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         except KermanError as error:  # locked, mostly
             row["status"] = "locked" if isinstance(error, SessionLockedError) else "unreadable"
         rows.append(row)
-    if args.json:
-        _out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
-        return 0
-    if not rows:
-        _err(f"kerman: no sessions in {args.store}")
-        return 0
-    width = max(len(r["id"]) for r in rows)
-    for r in rows:
-        events = _count(r["events"], "event") if r["events"] is not None else "? events"
-        size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else "?"
-        status = "" if r["status"] == "ok" else f"  ({r['status']})"
-        _out(f"{r['id']:<{width}}  {events:>12}  {size:>8}{status}")
-    return 0
+    return rows
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -373,13 +431,14 @@ def _parser() -> argparse.ArgumentParser:
                       help="folder to put the demo session in (default: a fresh temporary folder)")
     demo.set_defaults(handler=_cmd_demo)
 
-    log = commands.add_parser("log", help="inspect or repair session logs in a FileStore folder")
+    log = commands.add_parser("log", help="inspect session logs (a FileStore folder or a PostgreSQL DSN), "
+                                          "repair session files")
     log_commands = log.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
 
     def session_command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
-                        json_help: Optional[str]) -> argparse.ArgumentParser:
+                        json_help: Optional[str], store_help: str = STORE_HELP) -> argparse.ArgumentParser:
         sub = log_commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("store", help="the session store folder")
+        sub.add_argument("store", help=store_help)
         sub.add_argument("id", help="the session id")
         if json_help:
             sub.add_argument("--json", action="store_true", help=json_help)
@@ -388,7 +447,7 @@ def _parser() -> argparse.ArgumentParser:
 
     listing = log_commands.add_parser("list", help="list the sessions in a store",
                                       description="list the sessions in a store")
-    listing.add_argument("store", help="the session store folder")
+    listing.add_argument("store", help=STORE_HELP)
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
     listing.set_defaults(handler=_cmd_list)
 
@@ -410,8 +469,9 @@ def _parser() -> argparse.ArgumentParser:
     session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
                     "print a JSON list of {placement, message}")
     session_command("verify", "check every record without modifying the file", _cmd_verify,
-                    "print the result as a JSON object")
-    repair = session_command("repair", "truncate a torn tail or cut off corrupt records", _cmd_repair, None)
+                    "print the result as a JSON object", "the session store folder")
+    repair = session_command("repair", "truncate a torn tail or cut off corrupt records", _cmd_repair, None,
+                             "the session store folder")
     repair.add_argument("--yes", action="store_true", help="repair without asking")
     return parser
 

@@ -201,9 +201,9 @@ def psql(sql: str) -> List[str]:
     return [line for line in out.stdout.splitlines() if line]
 
 
-def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
-    """A PostgresStore alone in a new schema of the test server (its migrations run there), so
-    ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``."""
+def fresh_schema_dsn() -> str:
+    """A DSN of the test server whose search path is a new, empty schema. Skips without
+    ``KERMAN_PG_DSN``."""
     if not PG_DSN:
         pytest.skip("KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)")
     import uuid
@@ -211,7 +211,13 @@ def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
     schema = f"t_{uuid.uuid4().hex}"
     psql(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_DSN else "?"
-    return kerman.PostgresStore(f"{PG_DSN}{sep}options=-csearch_path%3D{schema}", **kwargs)
+    return f"{PG_DSN}{sep}options=-csearch_path%3D{schema}"
+
+
+def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
+    """A PostgresStore alone in a new schema of the test server (its migrations run there), so
+    ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``."""
+    return kerman.PostgresStore(fresh_schema_dsn(), **kwargs)
 
 
 # The Store contract: every test taking ``store`` (or ``log``) runs against each store.

@@ -705,3 +705,69 @@ def test_piping_into_a_closed_reader_is_quiet(tmp_path: Path) -> None:
     assert first.startswith(b'session "big"')
     assert err == b""
     assert code == 141
+
+
+# -- a PostgreSQL store, named by its DSN --------------------------------------------------------
+
+
+def _pg_session(store: Any) -> tuple[str, list[str]]:
+    """A session with one completed turn and one pending context message; its events' JSON."""
+    import asyncio
+
+    log = store.create("cli-pg")
+
+    async def main() -> None:
+        async def model(request: Any) -> kerman.ModelReply:
+            return kerman.ModelReply("hello there")
+
+        loop = kerman.AgentLoop(model, log=log)
+        loop.followup("hi")
+        await loop.when_idle()
+        loop.inject(kerman.UserMessage("use metric units", id="ctx-1"))
+        await log.flush()
+
+    asyncio.run(main())
+    events = [e.to_json() for e in log.events()]
+    return "cli-pg", events
+
+
+def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import fresh_schema_dsn
+
+    dsn = fresh_schema_dsn()
+    store = kerman.PostgresStore(dsn)
+    sid, events = _pg_session(store)
+
+    code, out, _ = run(capsys, "log", "show", dsn, sid, "--json")
+    assert code == 0 and out.splitlines() == events
+    code, out, _ = run(capsys, "log", "tail", dsn, sid, "-n", "2", "--json")
+    assert code == 0 and out.splitlines() == events[-2:]
+    code, out, _ = run(capsys, "log", "show", dsn, sid, "--types", "turn/*")
+    assert code == 0 and "turn/start" in out and "turn/end" in out and "user/message" not in out
+    code, out, _ = run(capsys, "log", "inbox", dsn, sid, "--json")
+    assert code == 0
+    [item] = json.loads(out)
+    assert item["placement"] == "steering" and item["message"]["id"] == "ctx-1"
+    code, out, _ = run(capsys, "log", "list", dsn, "--json")
+    assert code == 0 and json.loads(out) == [{"id": sid, "events": len(events), "size_bytes": None, "status": "ok"}]
+    code, out, _ = run(capsys, "log", "list", dsn)
+    assert code == 0 and out.split() == [sid, str(len(events)), "events", "—"]
+    # The follower took no lease: the owner's log is still the owner's.
+    assert store.exists(sid)
+
+
+
+def test_postgres_store_errors_name_the_store_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import fresh_schema_dsn
+
+    dsn = fresh_schema_dsn()
+    scheme, rest = dsn.split("://", 1)
+    user, host = rest.split("@", 1) if "@" in rest.split("/", 1)[0] else ("postgres", rest)
+    # The test server trusts local connections, so the password is sent and ignored.
+    with_password = f"{scheme}://{user.split(':')[0]}:s3cret@{host}"
+    code, _, err = run(capsys, "log", "show", with_password, "missing")
+    assert code == 1 and 'session "missing" not found in postgresql://' in err and "s3cret" not in err
+    code, _, err = run(capsys, "log", "verify", with_password, "missing")
+    assert code == 2 and "verify and repair work on FileStore folders" in err and "s3cret" not in err
+    code, _, err = run(capsys, "log", "list", with_password)
+    assert code == 0 and "no sessions in" in err and "s3cret" not in err
