@@ -19,6 +19,7 @@ pub struct PyPostgresStore {
     inner: PostgresStore,
     lease_ttl: f64,
     reconnect_timeout: f64,
+    request_timeout: f64,
 }
 
 /// `value` as whole milliseconds, if it is a finite number of seconds >= 0.
@@ -42,17 +43,22 @@ impl PyPostgresStore {
     /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
     /// migrations. `lease_ttl` (seconds): how long a session stays owned without a renewal.
     /// `reconnect_timeout` (seconds): how long a request whose connection dropped keeps
-    /// reconnecting (jittered backoff) before it fails with `LogError`. The connection shows in
-    /// `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN names one.
+    /// reconnecting (jittered backoff) before it fails with `LogError`. `request_timeout`
+    /// (seconds, 0 for none): how long one try of a request waits for the server's reply
+    /// before the connection is given up and the request settled as after a lost connection
+    /// (a hung backend or a silent partition would otherwise wait for TCP). The connection
+    /// shows in `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN
+    /// names one.
     #[new]
-    #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0))]
-    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0))]
+    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> PyResult<Self> {
         let options = PgOptions {
             lease_ttl_ms: seconds("lease_ttl", lease_ttl)?,
             reconnect_ms: seconds("reconnect_timeout", reconnect_timeout)?,
+            request_ms: seconds("request_timeout", request_timeout)?,
         };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout })
+        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout })
     }
 
     #[getter]
@@ -63,6 +69,11 @@ impl PyPostgresStore {
     #[getter]
     fn reconnect_timeout(&self) -> f64 {
         self.reconnect_timeout
+    }
+
+    #[getter]
+    fn request_timeout(&self) -> f64 {
+        self.request_timeout
     }
 
     /// A new, empty session, owned by this store (id minted as a UUIDv7 when `None`).
@@ -144,7 +155,10 @@ impl PyPostgresStore {
     }
 
     fn __repr__(&self) -> String {
-        format!("<PostgresStore lease_ttl={} reconnect_timeout={}>", self.lease_ttl, self.reconnect_timeout)
+        format!(
+            "<PostgresStore lease_ttl={} reconnect_timeout={} request_timeout={}>",
+            self.lease_ttl, self.reconnect_timeout, self.request_timeout
+        )
     }
 }
 

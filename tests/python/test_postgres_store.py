@@ -1,9 +1,10 @@
 """PostgresStore against a real server (issue 6). `KERMAN_PG_DSN` names it (`make test` starts
 one with scripts/pg-test-server.sh); without it these tests skip, unless KERMAN_PG_REQUIRED=1.
 
-Beyond SPEC: the keywords `PostgresStore(dsn, *, lease_ttl=30.0, reconnect_timeout=10.0)`
-(seconds a lease lives without renewal, seconds a dropped connection is retried; SPEC names
-the lease but not its length), and `LogError` for database
+Beyond SPEC: the keywords `PostgresStore(dsn, *, lease_ttl=30.0, reconnect_timeout=10.0,
+request_timeout=30.0)` (seconds a lease lives without renewal, seconds a dropped connection is
+retried, seconds one try of a request waits for its reply; SPEC names the lease but not its
+length), and `LogError` for database
 failures that are neither a lost lease nor a lock conflict."""
 
 from __future__ import annotations
@@ -107,8 +108,92 @@ def test_reconnect_timeout_bounds_how_long_a_dropped_connection_is_retried():
         psql(f"ALTER ROLE {role} LOGIN")
 
 
-@pytest.mark.parametrize("keyword", ["lease_ttl", "reconnect_timeout"])
+@pytest.mark.parametrize("keyword", ["lease_ttl", "reconnect_timeout", "request_timeout"])
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
 def test_durations_must_be_finite_seconds(keyword, value):
     with pytest.raises(ValueError, match=f"{keyword} must be a finite number of seconds >= 0, got {value}"):
         PostgresStore(DSN, **{keyword: value})
+
+
+# A server that stops answering without closing the connection (a hung or stopped backend, a
+# partition without a reset) would leave a request waiting for TCP, for minutes or hours.
+# `request_timeout` bounds one try: the connection is given up and the request settled as
+# after a lost connection.
+
+
+def _store_named(app: str, **kwargs) -> tuple[PostgresStore, str]:
+    from conftest import fresh_schema_dsn
+
+    dsn = f"{fresh_schema_dsn()}&application_name={app}"
+    return PostgresStore(dsn, **kwargs), dsn
+
+
+def _backends(app: str, waiting_on_lock: bool = False) -> list[int]:
+    lock = " AND wait_event_type = 'Lock'" if waiting_on_lock else ""
+    return [int(pid) for pid in psql(f"SELECT pid FROM pg_stat_activity WHERE application_name = '{app}'{lock}")]
+
+
+def test_a_stopped_backend_is_given_up_and_the_append_settled():
+    import os
+    import signal
+
+    app = f"kerman_stall_{uuid.uuid4().hex[:12]}"
+    store, _ = _store_named(app, request_timeout=0.5)
+    assert store.request_timeout == 0.5 and "request_timeout=0.5" in repr(store)
+    log = store.create()
+    log.append("x/e", 1)
+    run(flushed(log))
+    [pid] = _backends(app)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except PermissionError:
+        pytest.skip("cannot signal the test server's processes")
+    try:
+        log.append("x/e", 2)
+        run(flushed(log))  # the stopped backend never answers; a new connection does
+        assert set(_backends(app)) - {pid}  # (the stopped one is listed until it runs again)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log.append("x/e", 3)
+    run(flushed(log))
+    sid = log.id
+    log.close()
+    # Exactly once each, although the stopped backend got the second append too.
+    assert [e.data for e in store.open(sid)] == [1, 2, 3]
+
+
+def test_a_request_blocked_past_its_retries_fails_with_an_unknown_outcome():
+    import subprocess
+
+    app = f"kerman_block_{uuid.uuid4().hex[:12]}"
+    store, dsn = _store_named(app, request_timeout=0.3)
+    log = store.create()
+    log.append("x/e", 1)
+    run(flushed(log))
+    # Another session locks the session's row (every append updates it; reads and reconnects
+    # do not wait for it) until told to let go.
+    holder = subprocess.Popen(["psql", dsn.replace(f"&application_name={app}", "&application_name=holder"),
+                               "-Xq", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              text=True)
+    assert holder.stdin is not None
+    holder.stdin.write(f"BEGIN; SELECT id FROM kerman_sessions WHERE id = '{log.id}' FOR UPDATE;\n")
+    holder.stdin.flush()
+    try:
+        while not psql("SELECT 1 FROM pg_stat_activity WHERE application_name = 'holder' "
+                       "AND state = 'idle in transaction'"):
+            pass
+        log.append("x/e", 2)
+        # Sent, no reply, given up; settled (not landed), sent again, no reply: unknown.
+        with pytest.raises(LogError, match=r"outcome of appending seqs 1\.\.=1 is unknown"):
+            run(flushed(log))
+    finally:
+        holder.stdin.write("COMMIT;\n")
+        holder.stdin.close()
+        holder.wait(30)
+    with pytest.raises(LogError, match="is unknown"):
+        log.close()  # the failed write poisoned the log
+    # The abandoned backends may still have committed it once the lock went: either way, once.
+    follower = store.follow(log.id)
+    data = [e.data for e in follower]
+    follower.close()
+    assert data in ([1], [1, 2])

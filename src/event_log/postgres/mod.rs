@@ -63,11 +63,16 @@ pub struct PgOptions {
     /// How long the runtime thread keeps trying (with backoff) to reconnect after the
     /// connection drops, before the request waiting for it fails.
     pub reconnect_ms: u64,
+    /// How long one try of a request may wait for the server's reply (0: no limit). A server
+    /// that stops answering without closing the connection (a hung or stopped backend, a
+    /// partition without a reset) is otherwise only noticed by TCP, after minutes or hours;
+    /// past this, the connection is dropped and the request settled as after a lost connection.
+    pub request_ms: u64,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions { lease_ttl_ms: 30_000, reconnect_ms: 10_000 }
+        PgOptions { lease_ttl_ms: 30_000, reconnect_ms: 10_000, request_ms: 30_000 }
     }
 }
 

@@ -33,11 +33,8 @@ impl Worker {
                 Ok(Ok(conn)) => {
                     self.conn = Some(conn);
                     self.gave_up = false;
-                    if !self.held.is_empty() {
-                        // Leases may have run down while the connection was away.
-                        let conn = self.conn.as_mut().expect("just set");
-                        let _ = sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await;
-                    }
+                    // Leases may have run down while the connection was away.
+                    self.renew_held().await;
                     return Ok(());
                 }
                 Ok(Err(e)) => e,
@@ -59,22 +56,50 @@ impl Worker {
         }
     }
 
+    /// Extends the leases held, within the request timeout; a renewal that gets no reply
+    /// gives the connection up (the next request reconnects). Whether it worked is not
+    /// reported: a lapsed lease shows at the next append (refused if somebody took it).
+    pub(super) async fn renew_held(&mut self) -> bool {
+        let (limit, held, owner, ttl_ms) = (self.request_timeout, &self.held, self.owner.as_str(), self.ttl_ms);
+        let Some(conn) = self.conn.as_mut() else { return false };
+        if held.is_empty() {
+            return true;
+        }
+        let renewal = sql::renew(&mut conn.client, held, owner, ttl_ms);
+        let done = match limit {
+            None => renewal.await,
+            Some(limit) => match tokio::time::timeout(limit, renewal).await {
+                Ok(done) => done,
+                Err(_) => {
+                    self.conn = None;
+                    return false;
+                }
+            },
+        };
+        done.is_ok()
+    }
+
     async fn reconnect(&self) -> Result<Conn, String> {
         let detail = |e: LogError| match e {
             LogError::Database { detail, .. } => detail,
             other => other.to_string(),
         };
         let (client, connection) = self.config.connect(NoTls).await.map_err(|e| detail(db_err("")(e)))?;
-        tokio::spawn(connection);
+        let task = super::worker::drive(connection);
         let prepared = Prepared::new(&client).await.map_err(detail)?;
-        Ok(Conn { client, prepared })
+        Ok(Conn::new(client, prepared, task))
     }
 
     /// Whether the connection is gone (after a database error: the error may be the server's
     /// own, such as a constraint, on a healthy connection). Costs a round trip only then.
     pub(super) async fn lost(&mut self) -> bool {
         let Some(conn) = &self.conn else { return true };
-        let gone = conn.client.is_closed() || conn.client.simple_query("").await.is_err();
+        let gone = conn.client.is_closed()
+            || match self.request_timeout {
+                None => conn.client.simple_query("").await.is_err(),
+                // No reply in time counts as gone, as for any request.
+                Some(limit) => !matches!(tokio::time::timeout(limit, conn.client.simple_query("")).await, Ok(Ok(_))),
+            };
         if gone {
             self.conn = None;
         }

@@ -98,7 +98,7 @@ impl Worker {
         }
         // It did not land: send it once more, under the same epoch and seq conditions.
         *resent = true;
-        let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
+        let Some(Conn { client: c, prepared, .. }) = self.conn.as_mut() else { return Err(stopped()) };
         let result = sql::append(c, prepared, lease, rows, self.ttl_ms, claims).await;
         if let Err(LogError::LeaseLost { .. }) = result {
             self.held.remove(id);

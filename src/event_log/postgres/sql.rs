@@ -146,10 +146,16 @@ pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl
         return Ok(());
     }
     let (ids, epochs): (Vec<&str>, Vec<i64>) = held.iter().map(|(id, epoch)| (id.as_str(), *epoch)).unzip();
+    // A row another transaction holds locked is skipped, and renewed next round (renewals
+    // run every third of the TTL): waiting for it would stall every request queued behind the
+    // renewal on this connection.
     c.execute(
         "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
-         FROM unnest($1::text[], $2::bigint[]) AS h(id, epoch)
-         WHERE s.id = h.id AND s.epoch = h.epoch AND s.owner = $4",
+         FROM (SELECT f.id FROM kerman_sessions f
+               JOIN unnest($1::text[], $2::bigint[]) AS h(id, epoch) ON f.id = h.id AND f.epoch = h.epoch
+               WHERE f.owner = $4
+               FOR UPDATE OF f SKIP LOCKED) AS free
+         WHERE s.id = free.id",
         &[&ids, &epochs, &ttl_ms, &owner],
     )
     .await

@@ -136,6 +136,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         owner: owner.clone(),
         ttl_ms: options.lease_ttl_ms as f64,
         reconnect_budget: Duration::from_millis(options.reconnect_ms),
+        request_timeout: (options.request_ms > 0).then(|| Duration::from_millis(options.request_ms)),
         conn: None,
         gave_up: false,
         held: HashMap::new(),
@@ -169,6 +170,32 @@ pub fn on_reply_thread() -> bool {
 pub(super) struct Conn {
     pub(super) client: Client,
     pub(super) prepared: Prepared,
+    /// The task driving the socket: aborted with the connection, so a connection given up on
+    /// (no reply in time) closes its socket instead of waiting for a reply that never comes.
+    pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+impl Conn {
+    pub(super) fn new(client: Client, prepared: Prepared, task: tokio::task::JoinHandle<()>) -> Conn {
+        Conn { client, prepared, task }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Drives a connection's socket until it closes (its error is seen by the client's requests).
+pub(super) fn drive<S, T>(connection: tokio_postgres::Connection<S, T>) -> tokio::task::JoinHandle<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _ = connection.await;
+    })
 }
 
 pub(super) struct Worker {
@@ -178,6 +205,8 @@ pub(super) struct Worker {
     pub(super) owner: String,
     pub(super) ttl_ms: f64,
     pub(super) reconnect_budget: Duration,
+    /// How long one try of a request may wait for its reply (`PgOptions::request_ms`).
+    pub(super) request_timeout: Option<Duration>,
     pub(super) conn: Option<Conn>,
     /// The last reconnect ran out of budget: the next request tries once, without backoff,
     /// so a long outage fails each request fast instead of stalling every one for the budget.
@@ -200,10 +229,10 @@ impl Worker {
         // the constructor at once.
         let migrated = async {
             let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err("connect"))?;
-            tokio::spawn(connection);
+            let task = drive(connection);
             let applied = schema::migrate(&mut client).await?;
             let prepared = Prepared::new(&client).await?;
-            self.conn = Some(Conn { client, prepared });
+            self.conn = Some(Conn::new(client, prepared, task));
             Ok(applied)
         }
         .await;
@@ -245,14 +274,10 @@ impl Worker {
         if self.held.is_empty() || self.connection().await.is_err() {
             return;
         }
-        let Some(conn) = self.conn.as_mut() else { return };
-        if sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await.is_err() && self.lost().await {
-            // Reconnect now rather than at the next request: an idle owner must keep renewing.
-            if self.connection().await.is_ok() {
-                if let Some(conn) = self.conn.as_mut() {
-                    let _ = sql::renew(&mut conn.client, &self.held, &self.owner, self.ttl_ms).await;
-                }
-            }
+        if !self.renew_held().await && self.lost().await {
+            // Reconnect now rather than at the next request: an idle owner must keep renewing
+            // (a reconnect renews).
+            let _ = self.connection().await;
         }
     }
 
@@ -269,9 +294,28 @@ impl Worker {
         let mut resent = false;
         loop {
             self.connection().await?;
-            let result = match losses {
-                0 => self.attempt(&request).await,
-                _ => self.after_loss(&request, &mut resent).await,
+            let request_timeout = self.request_timeout;
+            let tried = async {
+                match losses {
+                    0 => self.attempt(&request).await,
+                    _ => self.after_loss(&request, &mut resent).await,
+                }
+            };
+            let result = match request_timeout {
+                None => tried.await,
+                Some(limit) => match tokio::time::timeout(limit, tried).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        // No reply: give the connection up (its socket closes with it) and
+                        // settle the request as after a lost connection.
+                        self.conn = None;
+                        losses += 1;
+                        if losses > MAX_LOSSES {
+                            return Err(no_reply(&request, &self.host, limit, losses));
+                        }
+                        continue;
+                    }
+                },
             };
             match result {
                 Err(e @ LogError::Database { .. }) if self.lost().await => {
@@ -287,7 +331,7 @@ impl Worker {
 
     /// The request's first try.
     pub(super) async fn attempt(&mut self, request: &Request) -> Result<Response, LogError> {
-        let Some(Conn { client: c, prepared }) = self.conn.as_mut() else { return Err(stopped()) };
+        let Some(Conn { client: c, prepared, .. }) = self.conn.as_mut() else { return Err(stopped()) };
         let (owner, ttl_ms) = (self.owner.as_str(), self.ttl_ms);
         Ok(match request {
             Request::Create { id, header } => {
@@ -370,6 +414,23 @@ impl Worker {
         })
     }
 
+}
+
+/// A request that got no reply in time, `times` times. An append's connection was dropped
+/// with the statement possibly sent, and its server process may still commit it (a backend
+/// waiting on a lock does not notice its client leaving): its outcome is unknown.
+fn no_reply(request: &Request, host: &str, limit: Duration, times: u32) -> LogError {
+    let what = format!("no reply from {host} within {:.1} s, {times} times", limit.as_secs_f64());
+    match request {
+        Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
+            let seqs = match (rows.first(), rows.last()) {
+                (Some(first), Some(last)) => format!("seqs {}..={}", first.seq, last.seq),
+                _ => "nothing".into(),
+            };
+            LogError::Write { detail: format!("session \"{}\": the outcome of appending {seqs} is unknown: {what}", lease.session_id) }
+        }
+        _ => LogError::Database { context: format!("postgres request to {host}"), detail: what },
+    }
 }
 
 /// Ends this connection's server process from inside (the test faults): the client sees the
