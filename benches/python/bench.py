@@ -575,22 +575,27 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     turns = cfg.size(20, 6)
     delay = 0.05
 
-    def run(reply_cls: Any, loop_cls: Any) -> float:
+    def run(reply_cls: Any, loop_cls: Any) -> Tuple[float, float]:
+        """Median turn time, and median time of the turn outside the model call (the model
+        times its own call: the sleep and its timer's lateness are the model's)."""
         reply = reply_cls("The answer, after thinking for a while.")
+        inside: List[int] = []
 
         async def model(request: Any) -> Any:
+            t = now_ns()
             await asyncio.sleep(delay)
+            inside.append(now_ns() - t)
             return reply
 
-        async def go() -> float:
+        async def go() -> Tuple[float, float]:
             loop = loop_cls(model)
-            out = []
+            whole = []
             for _ in range(turns):
                 t0 = now_ns()
                 loop.followup("A question that needs a slow model.")
                 await loop.when_idle()
-                out.append((now_ns() - t0) / 1e9)
-            return med(out)
+                whole.append(now_ns() - t0)
+            return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside)]) / 1e9
         return asyncio.run(go())
 
     async def bare() -> float:
@@ -604,14 +609,18 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop),
                             lambda: run(B.ModelReply, B.AgentLoop), lambda: asyncio.run(bare()))
     lim = med(ls)
-    # Gross: (turn - 50 ms) / 50 ms. Net: minus what a bare ``await asyncio.sleep(0.05)`` takes
-    # on this event loop (timer granularity), which no library can remove. The verdict is net.
-    def gross(t: float) -> str:
-        return f"{(t - delay) / delay:.2%} ({(t - lim) / delay:+.2%} net)"
+    # The verdict: the turn's time outside the model call, per 50 ms call, measured in each turn.
+    # Also shown: gross, (turn - 50 ms) / 50 ms, and net of a bare `await asyncio.sleep(0.05)`
+    # timed separately (timer granularity, which no library can remove; two medians of separate
+    # sleeps, whose lateness differs by ~0.1 ms between repetitions here, so noisier).
+    def cell(side: List[Tuple[float, float]]) -> Tuple[str, float]:
+        turn, outside = med([t for t, _ in side]), med([o for _, o in side]) / delay
+        return f"{outside:.2%} (gross {(turn - delay) / delay:.2%}, {(turn - lim) / delay:+.2%} net)", outside
 
-    k_net = (med(ks) - lim) / delay
-    return [Row("P10", "overhead around a 50 ms model call, gross (net)", gross(med(ks)), gross(med(bs)),
-                f"bare sleep {(lim - delay) / delay:.2%}", "—", "< 1% net of the bare sleep", k_net < 0.01)]
+    k_text, k_out = cell(ks)
+    b_text, _ = cell(bs)
+    return [Row("P10", "overhead around a 50 ms model call: outside the call (gross, net)", k_text, b_text,
+                f"bare sleep {(lim - delay) / delay:.2%}", "—", "< 1% outside the call", k_out < 0.01)]
 
 
 # ---- extra: PostgreSQL LISTEN-driven tail latency ----------------------------------------------

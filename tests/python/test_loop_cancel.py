@@ -445,6 +445,29 @@ def test_CAN_11_when_idle_waiter_resolves_after_cancel():
     asyncio.run(main())
 
 
+def test_cancelling_a_when_idle_waiter_leaves_the_turn_running():
+    async def main():
+        model = HangModel()
+        loop = AgentLoop(model)
+        loop.followup("q")
+        waiter = asyncio.create_task(loop.when_idle())
+        await model.entered.wait()
+        task = loop._task
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert loop.status == "running" and not task.done()  # the turn goes on
+        again = asyncio.create_task(loop.when_idle())
+        await asyncio.sleep(0)
+        assert not again.done()
+        loop.cancel()
+        await again
+        assert loop.status == "idle" and turn_ends(loop.log) == [aborted(USER)]
+        assert task.done() and not task.cancelled()
+
+    asyncio.run(main())
+
+
 def test_CAN_12_idle_listener_sends_a_replacement_waits_then_cancels():
     async def main():
         model = ScriptedModel(["one", "two"])
