@@ -9,7 +9,7 @@ use tokio_postgres::{Config, NoTls};
 
 use super::db_err;
 use super::sql::{self, Prepared};
-use super::worker::{Conn, Worker};
+use super::worker::{within, Conn, Worker};
 use crate::event_log::LogError;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -65,18 +65,13 @@ impl Worker {
         if held.is_empty() {
             return true;
         }
-        let renewal = sql::renew(&mut conn.client, held, owner, ttl_ms);
-        let done = match limit {
-            None => renewal.await,
-            Some(limit) => match tokio::time::timeout(limit, renewal).await {
-                Ok(done) => done,
-                Err(_) => {
-                    self.conn = None;
-                    return false;
-                }
-            },
-        };
-        done.is_ok()
+        match within(limit, sql::renew(&mut conn.client, held, owner, ttl_ms)).await {
+            Some(done) => done.is_ok(),
+            None => {
+                self.conn = None;
+                false
+            }
+        }
     }
 
     async fn reconnect(&self) -> Result<Conn, String> {
@@ -94,12 +89,9 @@ impl Worker {
     /// own, such as a constraint, on a healthy connection). Costs a round trip only then.
     pub(super) async fn lost(&mut self) -> bool {
         let Some(conn) = &self.conn else { return true };
+        // No reply in time counts as gone, as for any request.
         let gone = conn.client.is_closed()
-            || match self.request_timeout {
-                None => conn.client.simple_query("").await.is_err(),
-                // No reply in time counts as gone, as for any request.
-                Some(limit) => !matches!(tokio::time::timeout(limit, conn.client.simple_query("")).await, Ok(Ok(_))),
-            };
+            || !matches!(within(self.request_timeout, conn.client.simple_query("")).await, Some(Ok(_)));
         if gone {
             self.conn = None;
         }

@@ -294,28 +294,22 @@ impl Worker {
         let mut resent = false;
         loop {
             self.connection().await?;
-            let request_timeout = self.request_timeout;
+            let limit = self.request_timeout;
             let tried = async {
                 match losses {
                     0 => self.attempt(&request).await,
                     _ => self.after_loss(&request, &mut resent).await,
                 }
             };
-            let result = match request_timeout {
-                None => tried.await,
-                Some(limit) => match tokio::time::timeout(limit, tried).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        // No reply: give the connection up (its socket closes with it) and
-                        // settle the request as after a lost connection.
-                        self.conn = None;
-                        losses += 1;
-                        if losses > MAX_LOSSES {
-                            return Err(no_reply(&request, &self.host, limit, losses));
-                        }
-                        continue;
-                    }
-                },
+            let Some(result) = within(limit, tried).await else {
+                // No reply: give the connection up (its socket closes with it) and settle the
+                // request as after a lost connection.
+                self.conn = None;
+                losses += 1;
+                if losses > MAX_LOSSES {
+                    return Err(no_reply(&request, &self.host, limit.unwrap_or_default(), losses));
+                }
+                continue;
             };
             match result {
                 Err(e @ LogError::Database { .. }) if self.lost().await => {
@@ -414,6 +408,14 @@ impl Worker {
         })
     }
 
+}
+
+/// `work`'s output, or `None` if `limit` passed first (with no limit, always its output).
+pub(super) async fn within<F: std::future::Future>(limit: Option<Duration>, work: F) -> Option<F::Output> {
+    match limit {
+        None => Some(work.await),
+        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
+    }
 }
 
 /// A request that got no reply in time, `times` times. An append's connection was dropped
