@@ -465,7 +465,10 @@ def test_delivery_from_a_thread_running_its_own_event_loop() -> None:
 
         t = threading.Thread(target=other)
         t.start()
-        await joined([t])
+        # Joined without yielding: the bound loop runs none of the scheduled wakes before the
+        # thread's three calls are done. (Awaiting the join let a fast turn claim both
+        # messages first, and `wake()` then rightly found nothing pending: False.)
+        t.join()
         await drained(loop)
         return loop, results
 
