@@ -162,15 +162,9 @@ impl Publishing<'_> {
         }
         let time = time.unwrap_or_else(now_ms).max(st.last_time);
         let kind = st.intern_kind(kind);
-        let seq = st.events.len() as u64;
-        let event = Event::new(seq, time, kind, data, surface);
+        let event = Event::new(st.events.len() as u64, time, kind, data, surface);
         shared.backend.enqueue(&event)?;
-        st.last_time = time;
-        let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
-        let copy = (keep || observers.is_some()).then(|| event.clone());
-        st.events.push(event);
-        let waiters = std::mem::take(&mut st.waiters);
-        Ok(Committed { seq, event: copy, observers, waiters })
+        Ok(st.push(event, keep))
     }
 }
 
@@ -212,6 +206,17 @@ impl Committed {
 }
 
 impl State {
+    /// Adds the next event (its seq is the log's length), taking its observers and waiters
+    /// under the same lock; copies it out only if `keep` or an observer needs it.
+    fn push(&mut self, event: Event, keep: bool) -> Committed {
+        let seq = event.seq;
+        self.last_time = self.last_time.max(event.time);
+        let observers = (!self.observers.is_empty()).then(|| Arc::clone(&self.observers));
+        let copy = (keep || observers.is_some()).then(|| event.clone());
+        self.events.push(event);
+        Committed { seq, event: copy, observers, waiters: std::mem::take(&mut self.waiters) }
+    }
+
     /// The log's shared copy of `kind`. Runs of one type (every inbox mutation is a splice)
     /// are answered by comparing with the previous commit's type, without hashing.
     fn intern_kind(&mut self, kind: &str) -> Arc<str> {
@@ -421,7 +426,6 @@ impl SessionLog {
         let _publishing = self.publishing()?;
         let mut added = 0;
         for event in events {
-            // As `publish`: observers and waiters taken under the lock that adds the event.
             let committed = {
                 let mut st = lock(&self.shared.state);
                 let len = st.events.len() as u64;
@@ -432,12 +436,7 @@ impl SessionLog {
                     continue;
                 }
                 let kind = st.intern_kind(event.kind());
-                let event = event.with_kind(kind);
-                st.last_time = st.last_time.max(event.time);
-                let observers = (!st.observers.is_empty()).then(|| Arc::clone(&st.observers));
-                let copy = observers.is_some().then(|| event.clone());
-                st.events.push(event);
-                Committed { seq: len, event: copy, observers, waiters: std::mem::take(&mut st.waiters) }
+                st.push(event.with_kind(kind), false)
             };
             drop(committed.notify());
             added += 1;
@@ -475,7 +474,7 @@ impl Drop for Shared {
 
 /// A [`SessionLog`] handle that does not keep it alive (for callbacks the log itself owns).
 #[derive(Clone)]
-pub struct WeakSessionLog(std::sync::Weak<Shared>);
+pub struct WeakSessionLog(Weak<Shared>);
 
 impl WeakSessionLog {
     pub fn upgrade(&self) -> Option<SessionLog> {
