@@ -300,13 +300,18 @@ impl SessionLog {
 
     /// Committed events with `start <= seq < stop` (stop clamped to the length).
     pub fn range(&self, start: u64, stop: Option<u64>) -> Vec<Event> {
+        self.range_where(start, stop, |_| true)
+    }
+
+    /// The events of [`range`](Self::range) that `keep` accepts; only those are copied out.
+    pub fn range_where(&self, start: u64, stop: Option<u64>, keep: impl Fn(&Event) -> bool) -> Vec<Event> {
         let st = lock(&self.shared.state);
         let len = st.events.len() as u64;
         let stop = stop.unwrap_or(len).min(len);
         if start >= stop {
             return Vec::new();
         }
-        st.events[start as usize..stop as usize].to_vec()
+        st.events[start as usize..stop as usize].iter().filter(|e| keep(e)).cloned().collect()
     }
 
     /// Calls `f` with the committed events, under the state lock (keep it short; no appends).

@@ -200,12 +200,7 @@ impl PySessionLog {
         let mut out = Vec::new();
         // Only the surface events are copied out of the log (usually none: the loop's own
         // messages join its history directly, and this skips the events between them).
-        let surface: Vec<Event> = self.inner.with_events(|events| {
-            let stop = stop.map_or(events.len(), |s| (s as usize).min(events.len()));
-            let start = (start as usize).min(stop);
-            events[start..stop].iter().filter(|e| crate::event_log::is_surface_type(e.kind())).cloned().collect()
-        });
-        for event in &surface {
+        for event in &self.inner.range_where(start, stop, |e| crate::event_log::is_surface_type(e.kind())) {
             let data: serde_json::Value = serde_json::from_str(event.data_json())
                 .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
             let value = if event.kind() == "user/message" { &data } else { &data["message"] };
