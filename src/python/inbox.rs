@@ -250,42 +250,41 @@ impl Callbacks {
     fn open(&self, py: Python<'_>, which: usize) -> bool {
         self.gates.as_ref().is_none_or(|gates| !gates[which].bind(py).is_empty())
     }
-}
 
-fn call(callback: &Option<Py<PyAny>>, wrappers: &Wrappers, what: &str, message: &Arc<Message>, turn: Option<u64>) {
-    let Some(callback) = callback else { return };
-    attach_unless_exiting(|py| {
-        let obj = match wrappers.lookup(py, message) {
-            Some(obj) => Ok(obj),
-            None => wrap(py, Arc::clone(message)),
-        };
-        let result = obj.and_then(|m| match turn {
-            Some(turn) => callback.call1(py, (m, turn)),
-            None => callback.call1(py, (m,)),
+    /// Calls `callback` with the message's object (and `turn`) if it is set and its gate is
+    /// open, with one attach for both.
+    fn call(&self, which: usize, callback: &Option<Py<PyAny>>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
+        let Some(callback) = callback else { return };
+        attach_unless_exiting(|py| {
+            if !self.open(py, which) {
+                return;
+            }
+            let obj = match self.wrappers.lookup(py, message) {
+                Some(obj) => Ok(obj),
+                None => wrap(py, Arc::clone(message)),
+            };
+            let result = obj.and_then(|m| match turn {
+                Some(turn) => callback.call1(py, (m, turn)),
+                None => callback.call1(py, (m,)),
+            });
+            if let Err(err) = result {
+                report_contained(py, what, err);
+            }
         });
-        if let Err(err) = result {
-            report_contained(py, what, err);
-        }
-    });
+    }
 }
 
 impl InboxListener for Callbacks {
     fn inserted(&self, message: &Arc<Message>) {
-        if self.on_inserted.is_some() && attach_unless_exiting(|py| self.open(py, 0)) == Some(true) {
-            call(&self.on_inserted, &self.wrappers, "inbox on_inserted callback", message, None);
-        }
+        self.call(0, &self.on_inserted, "inbox on_inserted callback", message, None);
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        if self.on_discarded.is_some() && attach_unless_exiting(|py| self.open(py, 1)) == Some(true) {
-            call(&self.on_discarded, &self.wrappers, "inbox on_discarded callback", message, None);
-        }
+        self.call(1, &self.on_discarded, "inbox on_discarded callback", message, None);
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        if self.on_claimed.is_some() && attach_unless_exiting(|py| self.open(py, 2)) == Some(true) {
-            call(&self.on_claimed, &self.wrappers, "inbox on_claimed callback", message, Some(turn));
-        }
+        self.call(2, &self.on_claimed, "inbox on_claimed callback", message, Some(turn));
     }
 
     fn arrived(&self, wake: bool) {
