@@ -73,9 +73,7 @@ impl Worker {
         let id = lease.session_id.as_str();
         let Some(Conn { client: c, .. }) = self.conn.as_mut() else { return Err(stopped()) };
         let (epoch, last_seq) = sql::session_state(c, id).await?.ok_or_else(|| LogError::NotFound { id: id.into() })?;
-        let unknown = |what: String| LogError::Write {
-            detail: format!("session \"{id}\": the outcome of appending seqs {}..={} is unknown: {what}", first.seq, last.seq),
-        };
+        let unknown = |what: String| unknown_outcome(id, rows, &what);
         if last_seq >= last.seq {
             // It landed, unless somebody else's rows did: compare what is stored with what was sent.
             let stored = sql::read_seqs(c, id, first.seq, last.seq).await?;
@@ -105,4 +103,13 @@ impl Worker {
         }
         result.map(|()| Response::Done)
     }
+}
+
+/// An append that may or may not have landed: the flush fails saying so, naming its seqs.
+pub(super) fn unknown_outcome(session: &str, rows: &[Row], why: &str) -> LogError {
+    let seqs = match (rows.first(), rows.last()) {
+        (Some(first), Some(last)) => format!("seqs {}..={}", first.seq, last.seq),
+        _ => "nothing".into(),
+    };
+    LogError::Write { detail: format!("session \"{session}\": the outcome of appending {seqs} is unknown: {why}") }
 }

@@ -425,11 +425,7 @@ fn no_reply(request: &Request, host: &str, limit: Duration, times: u32) -> LogEr
     let what = format!("no reply from {host} within {:.1} s, {times} times", limit.as_secs_f64());
     match request {
         Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
-            let seqs = match (rows.first(), rows.last()) {
-                (Some(first), Some(last)) => format!("seqs {}..={}", first.seq, last.seq),
-                _ => "nothing".into(),
-            };
-            LogError::Write { detail: format!("session \"{}\": the outcome of appending {seqs} is unknown: {what}", lease.session_id) }
+            super::recover::unknown_outcome(&lease.session_id, rows, &what)
         }
         _ => LogError::Database { context: format!("postgres request to {host}"), detail: what },
     }
