@@ -175,12 +175,8 @@ impl Message {
         };
         let kind = if kind == MessageKind::Assistant { kind } else { MessageKind::User };
         let id = id.unwrap_or_else(new_id);
-        let mut out = String::with_capacity(96 + id.len() + text.len());
-        out.push_str("{\"id\":");
-        json::push_str_literal(&mut out, &id);
-        out.push_str(",\"role\":\"");
-        out.push_str(kind.role());
-        out.push_str(r#"","content":[{"type":"text","text":"#);
+        let mut out = json_head(&id, kind.role(), 96 + id.len() + text.len());
+        out.push_str(r#"[{"type":"text","text":"#);
         json::push_str_literal(&mut out, text);
         out.push_str(r#"}],"source":{"kind":""#);
         out.push_str(source);
@@ -222,10 +218,8 @@ impl Message {
     /// and its JSON written as it is built rather than serialised from the maps later.
     pub fn tool_result_text(call_id: &str, text: &str) -> Message {
         let id = new_id();
-        let mut out = String::with_capacity(160 + 2 * call_id.len() + text.len());
-        out.push_str("{\"id\":");
-        json::push_str_literal(&mut out, &id);
-        out.push_str(r#","role":"user","content":[{"type":"tool-result","toolCallId":"#);
+        let mut out = json_head(&id, "user", 160 + 2 * call_id.len() + text.len());
+        out.push_str(r#"[{"type":"tool-result","toolCallId":"#);
         json::push_str_literal(&mut out, call_id);
         out.push_str(r#","content":[{"type":"text","text":"#);
         json::push_str_literal(&mut out, text);
@@ -362,13 +356,7 @@ impl Message {
     /// Compact JSON of [`to_value`](Self::to_value), computed once.
     pub fn json(&self) -> &str {
         self.json.get_or_init(|| {
-            let mut out = String::with_capacity(256);
-            out.push_str("{\"id\":");
-            json::push_str_literal(&mut out, &self.id);
-            out.push_str(",\"role\":\"");
-            out.push_str(self.role());
-            out.push_str("\",\"content\":");
-            let mut out = out.into_bytes();
+            let mut out = json_head(&self.id, self.role(), 256).into_bytes();
             // Serialising values of a `Value` tree into a `Vec` cannot fail.
             let _ = serde_json::to_writer(&mut out, self.content());
             out.extend_from_slice(b",\"source\":");
@@ -378,6 +366,17 @@ impl Message {
             String::from_utf8(out).unwrap_or_default().into()
         })
     }
+}
+
+/// The start of a message's compact JSON, up to its content: `{"id":…,"role":"…","content":`.
+fn json_head(id: &str, role: &str, capacity: usize) -> String {
+    let mut out = String::with_capacity(capacity);
+    out.push_str("{\"id\":");
+    json::push_str_literal(&mut out, id);
+    out.push_str(",\"role\":\"");
+    out.push_str(role);
+    out.push_str("\",\"content\":");
+    out
 }
 
 /// `map.get(key)` for the small objects messages are made of (a block, a source): comparing a
