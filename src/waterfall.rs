@@ -39,6 +39,18 @@ impl<T> Cursor<T> {
     pub fn remaining(&self) -> usize {
         self.listeners.len() - self.next
     }
+
+    /// Every listener of the snapshot, pulled or not (the binding shows them to Python's
+    /// garbage collector).
+    pub fn listeners(&self) -> &[T] {
+        &self.listeners
+    }
+
+    /// Takes the listeners out, leaving a cursor with none remaining.
+    pub fn take_listeners(&mut self) -> Vec<T> {
+        self.next = 0;
+        std::mem::take(&mut self.listeners)
+    }
 }
 
 #[cfg(test)]
@@ -52,6 +64,16 @@ mod tests {
         assert_eq!(c.remaining(), 1);
         assert_eq!(c.pull(), Pull::Listener(&"b"));
         assert_eq!(c.pull(), Pull::Default);
+        assert_eq!(c.pull(), Pull::Default);
+    }
+
+    #[test]
+    fn taking_the_listeners_leaves_only_the_default() {
+        let mut c = Cursor::new(vec!["a", "b"]);
+        assert_eq!(c.pull(), Pull::Listener(&"a"));
+        assert_eq!(c.listeners(), &["a", "b"]);
+        assert_eq!(c.take_listeners(), vec!["a", "b"]);
+        assert_eq!(c.remaining(), 0);
         assert_eq!(c.pull(), Pull::Default);
     }
 }

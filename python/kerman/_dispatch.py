@@ -28,8 +28,9 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
     for listener in list(listeners):
         try:
             result = listener(event)
-        except Exception:
-            _log.exception('agent event "%s" listener threw', what)
+        except Exception as exc:
+            _log.error('agent event "%s" listener %s raised %s: %s', what, _name(listener), type(exc).__name__, exc,
+                       exc_info=exc)
             continue
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
@@ -37,13 +38,23 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
 
 
 def _report(task: "asyncio.Future[Any]", *, what: str) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        _log.error('agent event "%s" listener rejected', what, exc_info=task.exception())
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None:
+        _log.error('agent event "%s" async listener raised %s: %s', what, type(exc).__name__, exc, exc_info=exc)
 
 
-def register(listeners: List[Callable[..., Any]], fn: Callable[..., Any], prepend: bool) -> None:
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def register(listeners: List[Callable[..., Any]], fn: Callable[..., Any], prepend: bool, where: str) -> None:
+    """Adds ``fn`` to ``listeners``. A listener is registered once per seam: registering it
+    again is refused (it would run twice, which is never what a plugin set up twice means)."""
     if not callable(fn):
         raise TypeError(f"a listener must be callable, got {type(fn).__name__}")
+    if fn in listeners:
+        raise ValueError(f"{_name(fn)} is already registered on {where}; a listener is registered once "
+                         "(loop.remove_listener(fn) takes it off)")
     if prepend:
         listeners.insert(0, fn)
     else:

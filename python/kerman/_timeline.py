@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 __all__ = ["summarize", "format_event", "message_text", "quote", "compact_json", "short_id", "source_tag",
            "TYPE_WIDTH"]
@@ -169,12 +169,39 @@ def _turn_end(data: Mapping[str, Any]) -> str:
         error = reason.get("error")
         if isinstance(error, Mapping):
             message = _escape(_truncate(str(error.get("message", "")), TEXT_LIMIT))
-            return f"{head} error: {message} [{_escape(str(error.get('code', 'UNKNOWN')))}]"
+            text = f"{head} error: {message} [{_escape(str(error.get('code', 'UNKNOWN')))}]"
+            return text + _raised_in(error)
         return f"{head} error: {compact_json(error)}"
     if isinstance(kind, str):
         extra = {k: v for k, v in reason.items() if k != "kind"}
         return f"{head} {_escape(kind)}" + (f" {compact_json(extra)}" if extra else "")
     return f"{head} {compact_json(reason)}"
+
+
+def _raised_in(error: Mapping[str, Any]) -> str:
+    """`` NameError in model`` for a failure recorded from a user exception."""
+    kind, function = error.get("exceptionType"), error.get("function")
+    if not isinstance(kind, str):
+        return ""
+    return f" {_escape(kind)}" + (f" in {_escape(str(function))}" if function is not None else "")
+
+
+def traceback_lines(event: Any) -> List[str]:
+    """The traceback text a ``turn/end`` failure or a ``tool/result`` error recorded, one
+    escaped line each (none for other events). Never raises."""
+    try:
+        _, _, kind, data = _parts(event)
+        if kind == "turn/end":
+            reason = data.get("reason")
+            error = reason.get("error") if isinstance(reason, Mapping) else None
+        elif kind == "tool/result":
+            error = data.get("error")
+        else:
+            return []
+        text = error.get("traceback") if isinstance(error, Mapping) else None
+        return [_escape(line) for line in text.rstrip("\n").split("\n")] if isinstance(text, str) else []
+    except Exception:
+        return []
 
 
 def _user_message(data: Mapping[str, Any]) -> str:
@@ -240,7 +267,7 @@ def _tool_result(data: Mapping[str, Any]) -> str:
         text = f"#{_escape(str(call_id))} {text}"
     error = data.get("error")
     if isinstance(error, Mapping):
-        text += f" error {_escape(str(error.get('code', 'UNKNOWN')))}"
+        text += f" error {_escape(str(error.get('code', 'UNKNOWN')))}" + _raised_in(error)
     elif error is not None:
         text += f" error {compact_json(error, 40)}"
     return text

@@ -14,18 +14,20 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Coroutine, Dict, Generator, List, Optional, Tuple
 
 from ._core import NEXT_STEP, ToolResultMessage, UserMessage
+from ._report import callable_name, describe, tool_failed
 from ._turn import _uncancel
 from .types import Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from .loop import AgentLoop
 
-# (content, is_error, error dict or None, concludes_turn, additional contexts, meta)
-Outcome = Tuple[Any, bool, Optional[Dict[str, str]], bool, Tuple[Any, ...], Any]
+# (content, is_error, error dict or None, concludes_turn, additional contexts, meta, the
+# exception the body raised or None)
+Outcome = Tuple[Any, bool, Optional[Dict[str, Any]], bool, Tuple[Any, ...], Any, Optional[BaseException]]
 
 
-def _error(text: str, name: str, code: str) -> Outcome:
-    return text, True, {"name": name, "code": code}, False, (), None
+def _error(text: str, name: str, code: str, exc: Optional[BaseException] = None) -> Outcome:
+    return text, True, {"name": name, "code": code}, False, (), None, exc
 
 
 ABORTED_BEFORE = ("Error: tool call aborted before dispatch", "AbortError", "ABORTED_BEFORE_DISPATCH")
@@ -80,16 +82,16 @@ def _raised(exc: BaseException) -> Outcome:
     """A body's exception: its CancelledError is an aborted dispatch, any other an error result."""
     if isinstance(exc, asyncio.CancelledError):
         return _error(*ABORTED_DURING)
-    return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR")
+    return _error(str(exc) or type(exc).__name__, type(exc).__name__, "TOOL_ERROR", exc)
 
 
 def _returned(tool: Tool, value: Any) -> Outcome:
     if isinstance(value, str):
-        return value, False, None, False, (), None
+        return value, False, None, False, (), None, None
     if not isinstance(value, ToolResult):
         return _error(f"tool {tool.name!r} returned {type(value).__name__}; expected str or ToolResult",
                       "TypeError", "TOOL_ERROR")
-    return value.content, value.is_error, None, value.concludes_turn, value.additional_contexts, value.meta
+    return value.content, value.is_error, None, value.concludes_turn, value.additional_contexts, value.meta, None
 
 
 def _reject_constant(name: str) -> Any:
@@ -101,7 +103,10 @@ _ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> None:
-    content, is_error, error, _, _, meta = outcome
+    content, is_error, error, _, _, meta, raised = outcome
+    if raised is not None and error is not None:
+        tool = loop._tools.get(call.get("name"))  # type: ignore[arg-type]
+        error = {**error, **describe(raised, callable_name(tool.fn) if tool is not None else None, typed=False)}
     message = ToolResultMessage(call["id"], content, is_error=is_error)
     # The message object itself: _append_owned writes it as its JSON (no dict round trip).
     data: Dict[str, Any] = {"turn": turn, "step": step, "message": message}
@@ -111,10 +116,12 @@ def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_
         data["meta"] = meta
     # The history takes the message as is (a gap before it is decoded by the driver).
     loop._history.remember(loop._log._append_owned("tool/result", data, [call_seq]).seq, message)
+    if raised is not None and error is not None:
+        tool_failed(loop, turn, step, call, error, content, raised)
 
 
 def _commit(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> bool:
-    _, _, _, concludes, contexts, _ = outcome
+    _, _, _, concludes, contexts, _, _ = outcome
     try:
         _record(loop, turn, step, call, call_seq, outcome)
     except ValueError as exc:  # InvalidMessageError, NotJsonError: a result that is not JSON

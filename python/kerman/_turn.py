@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._core import NEXT_STEP, NEXT_TURN, Message, UserMessage
+from ._report import describe, turn_failed
 from .errors import LeaseLostError, LoopError, ModelError
 from .types import Enter, Reject
 
@@ -59,15 +60,20 @@ def error_chain(exc: BaseException) -> str:
 
 
 def failure_of(exc: BaseException) -> Dict[str, Any]:
+    """The failure dict of an exception (what ``turn/end {kind: "error"}`` carries): its
+    message and code, and for an exception raised in user code, the exception type, the user
+    function and the traceback text (``_report.describe``)."""
     if isinstance(exc, TurnFailure):
-        return exc.failure
+        if exc.cause is None or "traceback" in exc.failure:
+            return exc.failure
+        return {**exc.failure, **describe(exc.cause)}
     if isinstance(exc, ModelError):
         failure: Dict[str, Any] = {"message": exc.message or type(exc).__name__, "code": exc.code}
         for key, value in (("status", exc.status), ("retryAfterMs", exc.retry_after_ms), ("requestId", exc.request_id)):
             if value is not None:
                 failure[key] = value
-        return failure
-    return {"message": error_chain(exc), "code": "UNKNOWN"}
+        return {**failure, **describe(exc)}
+    return {"message": error_chain(exc), "code": "UNKNOWN", **describe(exc)}
 
 
 def _uncancel(loop: "AgentLoop") -> None:
@@ -79,7 +85,8 @@ def _uncancel(loop: "AgentLoop") -> None:
 
 
 def emit_error(loop: "AgentLoop", turn: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
-    loop._emit("agent/error", turn=turn, step=loop._step, error=failure, exception=exc)
+    """Reports the failure turn ``turn`` ends with: logged, ``agent/error``, ``last_error``."""
+    turn_failed(loop, turn, failure, exc)
 
 
 def lease_lost(exc: BaseException) -> Optional[LeaseLostError]:

@@ -21,7 +21,7 @@ import sys
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import FORMAT_VERSION, FileStore, InboxProjection, __version__
-from ._timeline import format_event, message_text, quote, source_tag
+from ._timeline import format_event, message_text, quote, source_tag, traceback_lines
 from .errors import (
     CorruptLogError,
     KermanError,
@@ -193,6 +193,9 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
         t0 = events[0].time if events and args.relative else None
         for event in events:
             _out(format_event(event, t0=t0))
+            # A failure recorded from a user exception: its traceback, under the event.
+            for line in traceback_lines(event):
+                _out(f"{'':7}| {line}")
     torn = info.get("torn_tail_bytes") or 0
     if torn:
         _err(f"kerman: note: {torn} bytes of torn tail at the end of the file are not shown "

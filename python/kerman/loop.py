@@ -123,6 +123,7 @@ class AgentLoop:
         self._history = LoopHistory()
         # Set when another owner took the session over (PostgresStore): the loop stops.
         self._fenced: Optional[LeaseLostError] = None
+        self._last_error: Optional[LiveEvent] = None
 
     # ---- properties -------------------------------------------------------------------------
 
@@ -148,38 +149,46 @@ class AgentLoop:
     def tools(self) -> Dict[str, Tool]:
         return dict(self._tools)
 
+    @property
+    def last_error(self) -> Optional[LiveEvent]:
+        """The last ``agent/error`` event (``.error``, ``.exception``, ``.traceback``,
+        ``.function``, ``.turn``, ``.step``), whether or not anyone listened; ``None`` if
+        nothing failed yet."""
+        return self._last_error
+
     def __repr__(self) -> str:
         return f"<AgentLoop turn={self._turn} status={self._status} pending={len(self._inbox)}>"
 
     # ---- registration -----------------------------------------------------------------------
 
-    def _decorator(self, listeners: List[Callable[..., Any]], fn: Optional[Callable[..., Any]], prepend: bool) -> Any:
+    def _decorator(self, listeners: List[Callable[..., Any]], fn: Optional[Callable[..., Any]], prepend: bool,
+                   where: str) -> Any:
         if fn is None:
-            return lambda f: self._decorator(listeners, f, prepend)
-        _dispatch.register(listeners, fn, prepend)
+            return lambda f: self._decorator(listeners, f, prepend, where)
+        _dispatch.register(listeners, fn, prepend, where)
         return fn
 
     def pre_step(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every step: ``async def f(step: PreStep, next) -> Enter | Reject``."""
-        return self._decorator(self._pre_step, fn, prepend)
+        return self._decorator(self._pre_step, fn, prepend, "pre_step")
 
     def before_request(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every model request: ``async def f(request, next) -> ModelRequest``."""
-        return self._decorator(self._before_request, fn, prepend)
+        return self._decorator(self._before_request, fn, prepend, "before_request")
 
     def request_error(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall on a model failure: ``async def f(failure, next) -> Retry | None``."""
-        return self._decorator(self._request_error, fn, prepend)
+        return self._decorator(self._request_error, fn, prepend, "request_error")
 
     def turn_stopping(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Serial, when a turn is about to end: ``async def f(stop: TurnStopping) -> None``."""
-        return self._decorator(self._turn_stopping, fn, prepend)
+        return self._decorator(self._turn_stopping, fn, prepend, "turn_stopping")
 
     def on(self, event: str, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Registers a live-event listener (sync or async; failures are logged)."""
         if event not in self._listeners:
             raise ValueError(f"unknown live event {event!r}; expected one of {', '.join(LIVE_EVENTS)}")
-        return self._decorator(self._listeners[event], fn, prepend)
+        return self._decorator(self._listeners[event], fn, prepend, repr(event))
 
     def remove_listener(self, fn: Callable[..., Any]) -> bool:
         """Removes ``fn`` from every seam it is registered on; False if it was nowhere."""
@@ -214,10 +223,14 @@ class AgentLoop:
     # ---- live events ------------------------------------------------------------------------
 
     def _emit(self, event: str, **fields: Any) -> None:
+        if self._listeners[event]:
+            self._emit_live(LiveEvent(event, self, **fields))
+
+    def _emit_live(self, live: LiveEvent) -> None:
+        event = live.type
         listeners = self._listeners[event]
         if not listeners:
             return
-        live = LiveEvent(event, self, **fields)
         # Listeners run on the bound loop's thread (SPEC 4.3), even for an insertion made
         # from another thread.
         if self._event_loop is not None and threading.get_ident() != self._loop_thread:
@@ -418,6 +431,14 @@ class AgentLoop:
             await self._log.flush()
             if self._owns_log:
                 await self._log.aclose()
+
+    async def __aenter__(self) -> "AgentLoop":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        """``aclose()``: a log this loop created is closed; one it was given stays open, for
+        whoever opened it (``with store.open(id) as log:``)."""
+        await self.aclose()
 
     def requeue_claimed(self, turn: int) -> List[UserMessage]:
         """Re-inserts what finished turn ``turn`` claimed but never entered (SPEC D9)."""

@@ -83,6 +83,25 @@ impl Drain {
         }
         Ok(())
     }
+
+    /// Completions delivered but not yet resolved hold their futures (and, for a
+    /// `call_soon_threadsafe` drain, the loop and the drain itself).
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        let Ok(queue) = self.queue.try_lock() else { return Ok(()) };
+        for d in queue.iter() {
+            visit.call(&d.future)?;
+            if let Some((event_loop, drain)) = &d._scheduled {
+                visit.call(event_loop)?;
+                visit.call(drain)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let stranded = std::mem::take(&mut *lock(&self.queue));
+        drop(stranded);
+    }
 }
 
 static DRAINS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();

@@ -39,7 +39,7 @@ use crate::json::push_u64;
 use super::message::PyMessage;
 use crate::event_log::{is_surface_type, Surface, SurfaceOp};
 use delegate::{close_delegate, send_into, throw_into, type_name, Sent};
-use helpers::{entered, helpers, is_cancelled};
+use helpers::{entered, exception, helpers, is_cancelled};
 use step::{Step, StepEnd};
 
 /// The user-code seams the driver awaits (each through `user_await`'s rules).
@@ -518,7 +518,7 @@ impl Machine {
                     let reason = self.signal(py)?.getattr(intern!(py, "reason"))?;
                     self.turn.ending = Some(dict(py, &[("kind", &aborted), ("reason", &reason)])?.into_any().unbind());
                 } else {
-                    let value = exc.value(py);
+                    let value = &exception(py, &exc);
                     let failure = h.failure_of.bind(py).call1((value,))?;
                     let error = "error".into_pyobject(py)?.into_any();
                     self.turn.ending = Some(dict(py, &[("kind", &error), ("error", &failure)])?.into_any().unbind());
@@ -560,8 +560,9 @@ impl Machine {
             }
             let reported = (|| -> PyResult<()> {
                 let h = helpers(py)?;
-                let failure = h.failure_of.bind(py).call1((e.value(py),))?;
-                h.emit_error.bind(py).call1((self.agent(py), self.turn.turn.bind(py), failure, e.value(py)))?;
+                let value = exception(py, &e);
+                let failure = h.failure_of.bind(py).call1((&value,))?;
+                h.emit_error.bind(py).call1((self.agent(py), self.turn.turn.bind(py), failure, value))?;
                 Ok(())
             })();
             reported?;
@@ -706,8 +707,9 @@ fn begin_turn(agent: &Bound<'_, PyAny>, log: &PySessionLog, inbox: &PyInbox) -> 
         let h = helpers(py)?;
         // A lost lease fences the loop (and reports it); any other failure is reported as is.
         if !h.fence.bind(py).call1((agent, last, e.value(py)))?.is_truthy()? {
-            let failure = h.failure_of.bind(py).call1((e.value(py),))?;
-            h.emit_error.bind(py).call1((agent, last, failure, e.value(py)))?;
+            let value = exception(py, &e);
+            let failure = h.failure_of.bind(py).call1((&value,))?;
+            h.emit_error.bind(py).call1((agent, last, failure, value))?;
         }
         return Ok(None);
     }

@@ -1,19 +1,20 @@
 //! `Event`, `SessionLog` and the stores.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::aio::{aio, Completion};
 use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_messages};
 use super::errors::{log_err, not_json, report_contained};
 use super::exit::attach_unless_exiting;
-use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, SPLICED};
+use super::gc::Held;
+use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilter, SPLICED};
 
 /// One committed log entry. Immutable; `data` is decoded on first access and cached.
 #[pyclass(name = "Event", module = "kerman", frozen)]
@@ -60,6 +61,15 @@ impl PyEvent {
     #[getter(r#type)]
     fn kind(&self) -> &str {
         self.inner.kind()
+    }
+
+    /// The cached payload is a plain dict the caller may change, so it can hold a cycle back
+    /// to its event. Once set it never changes, so there is nothing for `__clear__` to break.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // SAFETY: `tp_traverse` runs with the interpreter attached; the token only reads the
+        // cell (it makes no Python call).
+        let py = unsafe { Python::assume_attached() };
+        visit.call(self.data.get(py))
     }
 
     /// The payload, decoded once and cached.
@@ -124,25 +134,26 @@ impl PyEvent {
     }
 }
 
-/// A type filter: `None`, one type, or an iterable of types.
-pub fn types_arg(types: Option<&Bound<'_, PyAny>>) -> PyResult<Option<HashSet<String>>> {
+/// A type filter: `None`, one type, or an iterable of types; each may be a pattern with `*`
+/// and `?` (`"assistant/*"`), as on the command line.
+pub fn types_arg(types: Option<&Bound<'_, PyAny>>) -> PyResult<Option<TypeFilter>> {
     let Some(types) = types.filter(|t| !t.is_none()) else { return Ok(None) };
     if let Ok(s) = types.extract::<String>() {
-        return Ok(Some(HashSet::from([s])));
+        return Ok(Some(TypeFilter::new([s])));
     }
-    let mut out = HashSet::new();
+    let mut out = Vec::new();
     for t in types.try_iter()? {
         let t = t?;
         let Ok(s) = t.extract::<String>() else {
             return Err(PyTypeError::new_err(format!("event types must be str, got {}", t.get_type().name()?)));
         };
-        out.insert(s);
+        out.push(s);
     }
-    Ok(Some(out))
+    Ok(Some(TypeFilter::new(out)))
 }
 
-fn matches(types: &Option<HashSet<String>>, event: &Event) -> bool {
-    types.as_ref().is_none_or(|t| t.contains(event.kind()))
+fn matches(types: &Option<TypeFilter>, event: &Event) -> bool {
+    types.as_ref().is_none_or(|t| t.matches(event.kind()))
 }
 
 /// A snapshot iterator over committed events (its end is fixed when it is made).
@@ -151,7 +162,7 @@ pub struct PyEventIter {
     log: SessionLog,
     next: u64,
     stop: u64,
-    types: Option<HashSet<String>>,
+    types: Option<TypeFilter>,
 }
 
 #[pymethods]
@@ -177,19 +188,51 @@ impl PyEventIter {
 pub struct PyUnsubscribe {
     log: SessionLog,
     id: u64,
+    callback: Arc<Held>,
 }
 
 #[pymethods]
 impl PyUnsubscribe {
     fn __call__(&self) -> bool {
-        self.log.unsubscribe(self.id)
+        let removed = self.log.unsubscribe(self.id);
+        drop(self.callback.take());
+        removed
     }
 }
 
 /// The append-only log of one session.
-#[pyclass(name = "SessionLog", module = "kerman", frozen)]
+#[pyclass(name = "SessionLog", module = "kerman", frozen, weakref)]
 pub struct PySessionLog {
     pub inner: SessionLog,
+    /// The Python observers this handle subscribed, visible to the collector (the core holds
+    /// them as closures); ids for unsubscribing them on `__clear__`.
+    observers: Mutex<Vec<(u64, Arc<Held>)>>,
+    /// File and PostgreSQL logs hold a lock or a lease: dropping one open warns, the way a
+    /// dropped open file does, and closes it.
+    holds_session: bool,
+}
+
+impl Drop for PySessionLog {
+    fn drop(&mut self) {
+        if !self.holds_session || self.inner.is_closed() {
+            return;
+        }
+        attach_unless_exiting(|py| {
+            let text = format!(
+                "SessionLog {:?} was not closed; it was closed when collected (its events flushed, its session released). \
+                 Close it with log.close() or open it with `with store.open(id) as log:`",
+                self.inner.id()
+            );
+            if let Err(err) = PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyResourceWarning>(), &std::ffi::CString::new(text).unwrap_or_default(), 1) {
+                err.write_unraisable(py, None);
+            }
+        });
+        // A failure here was most likely reported already (a poisoned log fails its flushes),
+        // but it must not pass unseen.
+        if let Err(e) = self.inner.close() {
+            attach_unless_exiting(|py| report_contained(py, "closing a collected SessionLog", log_err(py, e)));
+        }
+    }
 }
 
 impl PySessionLog {
@@ -295,7 +338,7 @@ impl PySessionLog {
     #[pyo3(signature = (start=0))]
     fn splices(&self, start: u64) -> PyEventIter {
         let len = self.inner.len();
-        PyEventIter { log: self.inner.clone(), next: start, stop: len, types: Some(HashSet::from([SPLICED.to_string()])) }
+        PyEventIter { log: self.inner.clone(), next: start, stop: len, types: Some(TypeFilter::new([SPLICED.to_string()])) }
     }
 
     /// An async iterator: committed events from `start`, then live ones; ends on close.
@@ -304,7 +347,7 @@ impl PySessionLog {
         let py = slf.py();
         let types = match types_arg(types)? {
             None => py.None().into_bound(py),
-            Some(t) => pyo3::types::PyFrozenSet::new(py, t.iter())?.into_any(),
+            Some(t) => pyo3::types::PyFrozenSet::new(py, t.entries())?.into_any(),
         };
         aio(py)?.getattr("tail")?.call1((slf, start, types))
     }
@@ -340,14 +383,42 @@ impl PySessionLog {
             }
             Ok(())
         })?;
+        let held = Arc::new(Held::new(callback));
+        let observer = Arc::clone(&held);
         let id = self.inner.subscribe(Arc::new(move |event: &Event| {
             attach_unless_exiting(|py| {
+                let Some(callback) = observer.get(py) else { return };
                 if let Err(err) = callback.call1(py, (PyEvent::new(event.clone()),)) {
                     report_contained(py, "session log observer", err);
                 }
             });
         }));
-        Ok(PyUnsubscribe { log: self.inner.clone(), id })
+        let mut observers = self.observers.lock().unwrap_or_else(PoisonError::into_inner);
+        observers.retain(|(_, h)| !h.is_cleared());
+        observers.push((id, Arc::clone(&held)));
+        Ok(PyUnsubscribe { log: self.inner.clone(), id, callback: held })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Ok(observers) = self.observers.try_lock() else { return Ok(()) };
+        for (_, held) in observers.iter() {
+            held.visit(&visit)?;
+        }
+        Ok(())
+    }
+
+    /// Unsubscribes this handle's observers (the collector found them only reachable from
+    /// each other).
+    fn __clear__(&self) {
+        let observers = std::mem::take(&mut *self.observers.lock().unwrap_or_else(PoisonError::into_inner));
+        let callbacks: Vec<_> = observers
+            .into_iter()
+            .filter_map(|(id, held)| {
+                self.inner.unsubscribe(id);
+                held.take()
+            })
+            .collect();
+        drop(callbacks);
     }
 
     /// The durability barrier: an awaitable that completes once everything appended so far is
@@ -399,9 +470,16 @@ impl PySessionLog {
     }
 }
 
-/// Builds a Python `SessionLog` around a core log.
+/// Builds a Python `SessionLog` around a core log that holds nothing to release (a memory
+/// log, a read-only follower).
 pub fn wrap_log(log: SessionLog) -> PySessionLog {
-    PySessionLog { inner: log }
+    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: false }
+}
+
+/// Builds a Python `SessionLog` around a log that holds its session (a file lock, a lease):
+/// dropping it open warns with `ResourceWarning`, then closes it.
+pub fn wrap_owned_log(log: SessionLog) -> PySessionLog {
+    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: true }
 }
 
 pub fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {

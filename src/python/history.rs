@@ -111,6 +111,8 @@ impl PyHistory {
     }
 
     fn __clear__(&self) {
-        self.state().messages.clear();
+        // Dropped outside the lock: dropping may run finalizers.
+        let messages = std::mem::take(&mut self.state().messages);
+        drop(messages);
     }
 }

@@ -8,10 +8,12 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::errors::{inbox_err, projection_err, report_contained};
-use super::exit::attach_unless_exiting;
 use super::event_log::PySessionLog;
+use super::exit::attach_unless_exiting;
+use super::gc::Held;
 use super::message::{user_message_arg, wrap, PyMessage};
 use crate::inbox::{Inbox, InboxListener, Target};
 use crate::message::Message;
@@ -129,6 +131,20 @@ impl Wrappers {
         }
     }
 
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Ok(map) = self.map.try_lock() else { return Ok(()) };
+        for obj in map.values() {
+            visit.call(obj)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets every cached object (a miss just wraps anew).
+    fn clear(&self) {
+        let all = std::mem::take(&mut *self.lock());
+        drop(all);
+    }
+
     /// Drops entries whose message is no longer pending.
     fn prune(&self, inbox: &Inbox) {
         let lists = inbox.snapshot();
@@ -231,34 +247,61 @@ fn returned<'py>(given: &Bound<'py, PyAny>, stored: &Arc<Message>) -> PyResult<B
     wrap(given.py(), Arc::clone(stored))
 }
 
-/// Calls the Python notification callbacks; their failures are logged, never raised.
+/// Calls the Python notification callbacks; their failures are logged, never raised. The
+/// callbacks are [`Held`] so the inbox that owns them can show them to the collector and drop
+/// them in `__clear__` (the core keeps this listener as an opaque box).
 struct Callbacks {
-    on_inserted: Option<Py<PyAny>>,
-    on_discarded: Option<Py<PyAny>>,
-    on_claimed: Option<Py<PyAny>>,
+    on_inserted: Option<Held>,
+    on_discarded: Option<Held>,
+    on_claimed: Option<Held>,
     /// Private to the AgentLoop: `on_remote(wake)` after messages another process enqueued
     /// (`PostgresStore.enqueue`) were inserted, on the store's reply thread.
-    on_remote: Option<Py<PyAny>>,
+    on_remote: Option<Held>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
-    gates: Option<[Py<PyList>; 3]>,
+    gates: Option<[Held<PyList>; 3]>,
     wrappers: Arc<Wrappers>,
 }
 
 impl Callbacks {
+    fn held(&self) -> impl Iterator<Item = &Held> {
+        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote].into_iter().flatten()
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for held in self.held() {
+            held.visit(visit)?;
+        }
+        for gate in self.gates.iter().flatten() {
+            gate.visit(visit)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every callback and gate (a cleared gate stays closed).
+    fn clear(&self) {
+        let callbacks: Vec<_> = self.held().filter_map(Held::take).collect();
+        let gates: Vec<_> = self.gates.iter().flatten().filter_map(Held::take).collect();
+        drop((callbacks, gates));
+    }
+
     fn open(&self, py: Python<'_>, which: usize) -> bool {
-        self.gates.as_ref().is_none_or(|gates| !gates[which].bind(py).is_empty())
+        match &self.gates {
+            None => true,
+            Some(gates) => gates[which].get(py).is_some_and(|gate| !gate.bind(py).is_empty()),
+        }
     }
 
     /// Calls `callback` with the message's object (and `turn`) if it is set and its gate is
     /// open, with one attach for both.
-    fn call(&self, which: usize, callback: &Option<Py<PyAny>>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
+    fn call(&self, which: usize, callback: &Option<Held>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
         let Some(callback) = callback else { return };
         attach_unless_exiting(|py| {
             if !self.open(py, which) {
                 return;
             }
+            let Some(callback) = callback.get(py) else { return };
             let obj = match self.wrappers.lookup(py, message) {
                 Some(obj) => Ok(obj),
                 None => wrap(py, Arc::clone(message)),
@@ -274,22 +317,26 @@ impl Callbacks {
     }
 }
 
-impl InboxListener for Callbacks {
+/// The core holds the listener; the Python inbox holds it too, to visit and clear it.
+struct Listener(Arc<Callbacks>);
+
+impl InboxListener for Listener {
     fn inserted(&self, message: &Arc<Message>) {
-        self.call(0, &self.on_inserted, "inbox on_inserted callback", message, None);
+        self.0.call(0, &self.0.on_inserted, "inbox on_inserted callback", message, None);
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        self.call(1, &self.on_discarded, "inbox on_discarded callback", message, None);
+        self.0.call(1, &self.0.on_discarded, "inbox on_discarded callback", message, None);
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        self.call(2, &self.on_claimed, "inbox on_claimed callback", message, Some(turn));
+        self.0.call(2, &self.0.on_claimed, "inbox on_claimed callback", message, Some(turn));
     }
 
     fn arrived(&self, wake: bool) {
-        let Some(callback) = &self.on_remote else { return };
+        let Some(callback) = &self.0.on_remote else { return };
         attach_unless_exiting(|py| {
+            let Some(callback) = callback.get(py) else { return };
             if let Err(err) = callback.call1(py, (wake,)) {
                 report_contained(py, "inbox on_remote callback", err);
             }
@@ -300,18 +347,19 @@ impl InboxListener for Callbacks {
 /// Queued user input: `next_turn` prompts and `next_step` steering/context, a projection of
 /// the log's `agent/inbox/spliced` events. Every mutation logs one splice before the lists
 /// change. Thread-safe.
-#[pyclass(name = "Inbox", module = "kerman", frozen)]
+#[pyclass(name = "Inbox", module = "kerman", frozen, weakref)]
 pub struct PyInbox {
     pub inner: Inbox,
     log: Py<PySessionLog>,
     wrappers: Arc<Wrappers>,
+    callbacks: Option<Arc<Callbacks>>,
 }
 
-fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {
     match obj {
         Some(o) if o.is_none(py) => Ok(None),
-        Some(o) if !o.bind(py).is_callable() => Err(PyTypeError::new_err(format!("{name} must be callable"))),
-        other => Ok(other),
+        Some(o) if !o.bind(py).is_callable() => Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?))),
+        other => Ok(other.map(Held::new)),
     }
 }
 
@@ -356,16 +404,31 @@ impl PyInbox {
             on_discarded: callable(on_discarded, "on_discarded", py)?,
             on_claimed: callable(on_claimed, "on_claimed", py)?,
             on_remote: callable(_on_remote, "_on_remote", py)?,
-            gates: _gates.map(|(a, b, c)| [a, b, c]),
+            gates: _gates.map(|(a, b, c)| [Held::new(a), Held::new(b), Held::new(c)]),
             wrappers: Arc::clone(&wrappers),
         };
-        let any = callbacks.on_inserted.is_some()
-            || callbacks.on_discarded.is_some()
-            || callbacks.on_claimed.is_some()
-            || callbacks.on_remote.is_some();
-        let listener: Option<Box<dyn InboxListener>> = if any { Some(Box::new(callbacks)) } else { None };
+        let any = callbacks.held().next().is_some();
+        let callbacks = any.then(|| Arc::new(callbacks));
+        let listener = callbacks.as_ref().map(|c| Box::new(Listener(Arc::clone(c))) as Box<dyn InboxListener>);
         let inner = Inbox::new(log.get().inner.clone(), listener).map_err(|e| projection_err(py, e))?;
-        Ok(PyInbox { inner, log, wrappers })
+        Ok(PyInbox { inner, log, wrappers, callbacks })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.log)?;
+        if let Some(callbacks) = &self.callbacks {
+            callbacks.visit(&visit)?;
+        }
+        self.wrappers.visit(&visit)
+    }
+
+    /// Drops the callbacks and the cached message objects: the collector found the inbox
+    /// only reachable from them. The pending messages themselves stay.
+    fn __clear__(&self) {
+        if let Some(callbacks) = &self.callbacks {
+            callbacks.clear();
+        }
+        self.wrappers.clear();
     }
 
     /// The session log this inbox projects.

@@ -10,6 +10,7 @@ mod errors;
 mod event_log;
 mod exit;
 mod faults;
+mod gc;
 mod history;
 mod inbox;
 mod message;

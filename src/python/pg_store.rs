@@ -7,7 +7,7 @@
 use pyo3::prelude::*;
 
 use super::errors::{log_err, new_err};
-use super::event_log::{id_arg, wrap_log, PySessionLog};
+use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
 use crate::event_log::postgres::{PgOptions, PostgresStore};
 use crate::event_log::{StagedInput, Store};
@@ -83,14 +83,14 @@ impl PyPostgresStore {
             None => None,
             Some(id) => Some(id_arg(id)?),
         };
-        py.detach(|| self.inner.create(id.as_deref())).map(wrap_log).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.create(id.as_deref())).map(wrap_owned_log).map_err(|e| log_err(py, e))
     }
 
     /// Takes the session's lease (a newer epoch fences any previous owner out) and reads it;
     /// a log ending inside an open turn gets crash closers.
     fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
-        py.detach(|| self.inner.open(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.open(&id)).map(wrap_owned_log).map_err(|e| log_err(py, e))
     }
 
     /// A read-only follower of session `id` (another process, or this store, owns it): its

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyString};
 
 use super::convert::map_to_py;
 use super::errors::{log_err, warn};
-use super::event_log::{id_arg, wrap_log, PyEvent, PySessionLog};
+use super::event_log::{id_arg, wrap_log, wrap_owned_log, PyEvent, PySessionLog};
 use super::faults::PyFaultPlan;
 use crate::event_log::{Durability, FileStore, MemoryStore, Store};
 
@@ -107,7 +107,7 @@ impl PyFileStore {
     #[pyo3(signature = (id=None))]
     fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
         let id = create_arg(id)?;
-        self.inner.create(id.as_deref()).map(wrap_log).map_err(|e| log_err(py, e))
+        self.inner.create(id.as_deref()).map(wrap_owned_log).map_err(|e| log_err(py, e))
     }
 
     /// Opens a session for appending: verifies every record, truncates a torn tail, refuses
@@ -124,7 +124,7 @@ impl PyFileStore {
             let events = if n == 1 { "event" } else { "events" };
             warn(py, &format!("session {id:?} ended inside an open turn; appended {n} closing {events}"));
         }
-        Ok(wrap_log(log))
+        Ok(wrap_owned_log(log))
     }
 
     /// Ids of sessions holding at least one event.

@@ -4,6 +4,7 @@ use std::sync::Mutex;
 
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::waterfall::{Cursor, Pull};
 
@@ -39,6 +40,14 @@ impl PyReady {
     }
 
     fn close(&mut self) {
+        self.value = None;
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.value)
+    }
+
+    fn __clear__(&mut self) {
         self.value = None;
     }
 }
@@ -94,6 +103,23 @@ impl PyNext {
 
     fn __repr__(&self) -> String {
         format!("<Next remaining={}>", self.remaining())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.payload)?;
+        visit.call(&self.default)?;
+        let Ok(cursor) = self.cursor.try_lock() else { return Ok(()) };
+        for listener in cursor.listeners() {
+            visit.call(listener)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the listeners (the payload and default never change, so a cycle through them is
+    /// broken elsewhere).
+    fn __clear__(&mut self) {
+        let listeners = self.cursor.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take_listeners();
+        drop(listeners);
     }
 }
 

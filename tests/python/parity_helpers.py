@@ -8,6 +8,8 @@ import asyncio
 import functools
 import json
 import re
+
+from conftest import plain
 from typing import Any, Callable, Dict, List
 
 TURN, STEP, SPLICED = "next-turn", "next-step", "agent/inbox/spliced"
@@ -48,8 +50,9 @@ class Minted:
 
 
 def records(log: Any, start: int = 0, minted: Any = None) -> List[Dict[str, Any]]:
-    """Every event from ``start`` as its wire record without ``time``, minted ids redacted.
-    Checks on the way that seqs are contiguous and times non-decreasing."""
+    """Every event from ``start`` as its wire record without ``time``, minted ids redacted,
+    and without Kerman's report of a user exception (``conftest.plain``: the baseline records
+    none). Checks on the way that seqs are contiguous and times non-decreasing."""
     minted = minted or Minted()
     out, last = [], 0
     for i, event in enumerate(log.events(start), start):
@@ -57,7 +60,7 @@ def records(log: Any, start: int = 0, minted: Any = None) -> List[Dict[str, Any]
         assert record["seq"] == event.seq == i, "seqs are contiguous from 0"
         assert record["time"] >= last, "event time is non-decreasing"
         last = record.pop("time")
-        out.append(minted(record))
+        out.append(minted(plain(record)))
     return out
 
 
@@ -123,7 +126,9 @@ def call(call_id: str, name: str, args: Any = None) -> Dict[str, Any]:
 
 
 def turn_ends(log: Any) -> List[Any]:
-    return [e.data for e in log.events(types=["turn/end"])]
+    """The ``turn/end`` payloads, without Kerman's report of a user exception (the baseline
+    records none)."""
+    return [plain(e.data) for e in log.events(types=["turn/end"])]
 
 
 def user_texts(log: Any) -> List[str]:

@@ -710,8 +710,9 @@ def test_piping_into_a_closed_reader_is_quiet(tmp_path: Path) -> None:
 # -- a PostgreSQL store, named by its DSN --------------------------------------------------------
 
 
-def _pg_session(store: Any) -> tuple[str, list[str]]:
-    """A session with one completed turn and one pending context message; its events' JSON."""
+def _pg_session(store: Any) -> tuple[Any, list[str]]:
+    """A session with one completed turn and one pending context message, left open (the
+    owner holds it while the CLI reads); the log and its events' JSON."""
     import asyncio
 
     log = store.create("cli-pg")
@@ -728,7 +729,7 @@ def _pg_session(store: Any) -> tuple[str, list[str]]:
 
     asyncio.run(main())
     events = [e.to_json() for e in log.events()]
-    return "cli-pg", events
+    return log, events
 
 
 def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
@@ -736,7 +737,8 @@ def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
 
     dsn = fresh_schema_dsn()
     store = kerman.PostgresStore(dsn)
-    sid, events = _pg_session(store)
+    log, events = _pg_session(store)
+    sid = log.id
 
     code, out, _ = run(capsys, "log", "show", dsn, sid, "--json")
     assert code == 0 and out.splitlines() == events
@@ -753,7 +755,8 @@ def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "log", "list", dsn)
     assert code == 0 and out.split() == [sid, str(len(events)), "events", "—"]
     # The follower took no lease: the owner's log is still the owner's.
-    assert store.exists(sid)
+    log.append("cli/after", {})
+    log.close()
 
 
 

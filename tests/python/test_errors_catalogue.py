@@ -56,7 +56,7 @@ from kerman import (
 )
 from kerman.models import EchoModel, ScriptedModel
 
-from conftest import event_record, header_record, session_path, write_raw_session
+from conftest import event_record, header_record, plain, session_path, write_raw_session
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -1030,7 +1030,9 @@ def test_tool_raises():
     async def tool(args, ctx):
         raise RuntimeError("disk on fire")
     run = _tool_run(tool)
-    assert _tool_result(run) == ({"name": "RuntimeError", "code": "TOOL_ERROR"}, "disk on fire")
+    error, text = _tool_result(run)
+    assert (plain(error), text) == ({"name": "RuntimeError", "code": "TOOL_ERROR"}, "disk on fire")
+    assert error["traceback"].endswith("RuntimeError: disk on fire\n")
     assert run.end == {"kind": "completed"}  # the turn continues: the model saw the error
 
 

@@ -364,3 +364,5 @@ def test_a_wake_on_a_poisoned_log_reports_the_failure_and_starts_nothing(tmp_pat
         await loop.when_idle()
 
     asyncio.run(scenario())
+    with pytest.raises(kerman.LogWriteError):
+        log.close()

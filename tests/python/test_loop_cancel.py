@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import kerman
-from conftest import event_record, header_record, read_raw_session, session_path, write_raw_session
+from conftest import event_record, header_record, plain, read_raw_session, session_path, write_raw_session
 from kerman import (
     NEXT_STEP,
     NEXT_TURN,
@@ -77,7 +77,8 @@ def boundaries(log) -> List[str]:
 
 
 def turn_ends(log) -> List[Dict[str, Any]]:
-    return [e.data["reason"] for e in log.events() if e.type == "turn/end"]
+    """The turns' endings, without the report of a user exception (test_user_errors.py)."""
+    return [plain(e.data["reason"]) for e in log.events() if e.type == "turn/end"]
 
 
 def count(log, type_: str) -> int:
@@ -681,7 +682,7 @@ def test_CAN_20_cancel_inside_request_error():
 
         loop.followup("go")
         await loop.when_idle()
-        assert seen == [{"message": "flaky", "code": "OVERLOADED"}, "cancelled"]
+        assert plain(seen) == [{"message": "flaky", "code": "OVERLOADED"}, "cancelled"]
         assert of_type(loop.log, "assistant/message") == []
         assert len(model.requests) == 1
         assert turn_ends(loop.log) == [aborted(USER)]
@@ -1155,7 +1156,7 @@ def test_ERR_01_script_exhausted_reports_one_agent_error():
         loop.followup("go")
         await loop.when_idle()
         [error] = live.errors
-        assert error.error == {"message": "script exhausted", "code": "UNKNOWN"}
+        assert plain(error.error) == {"message": "script exhausted", "code": "UNKNOWN"}
         assert isinstance(error.exception, ModelError)
         assert error.turn == 1 and error.step == 1
         assert turn_ends(loop.log) == [{"kind": "error", "error": {"message": "script exhausted", "code": "UNKNOWN"}}]
@@ -2684,7 +2685,8 @@ def test_a_failing_model_keeps_its_exception_type_in_agent_error(exc, failure):
         await loop.when_idle()
         [error] = live.errors
         assert error.exception is exc and type(error.exception) is type(exc)
-        assert error.error == failure
+        assert plain(error.error) == failure
+        assert error.error["exceptionType"] == type(exc).__name__
         assert error.type == "agent/error" and error.loop is loop
         assert turn_ends(loop.log) == [{"kind": "error", "error": failure}]
 
@@ -2717,7 +2719,7 @@ def test_agent_error_reports_the_turn_and_the_last_entered_step():
         await loop.when_idle()
         assert proposals == [(1, 1), (2, 1), (2, 2), (3, 1)]
         assert [(e.turn, e.step) for e in live.errors] == [(2, 1), (3, 0)]
-        assert [e.error for e in live.errors] == [{"message": "fail at 2.2", "code": "UNKNOWN"},
+        assert [plain(e.error) for e in live.errors] == [{"message": "fail at 2.2", "code": "UNKNOWN"},
                                                   {"message": "fail at 3.1", "code": "UNKNOWN"}]
 
     asyncio.run(main())

@@ -25,6 +25,7 @@ import logging
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
+from conftest import plain
 
 import kerman
 from kerman import (
@@ -104,7 +105,8 @@ def user_texts(log: Any) -> List[str]:
 
 
 def turn_ends(log: Any) -> List[dict]:
-    return [e.data for e in events(log, "turn/end")]
+    """The ``turn/end`` payloads, without the report of a user exception (test_user_errors.py)."""
+    return [plain(e.data) for e in events(log, "turn/end")]
 
 
 def texts(request: ModelRequest) -> List[str]:
@@ -342,7 +344,8 @@ async def test_DEL_07_throwing_status_listener_is_contained(caplog):
     assert rec.statuses() == ["running", "idle"]
     assert loop.status == "idle"
     assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "completed"}}]
-    threw = [r for r in caplog.records if 'agent event "agent/status" listener threw' in r.getMessage()]
+    threw = [r for r in caplog.records if 'agent event "agent/status" listener' in r.getMessage()
+             and "raised RuntimeError" in r.getMessage()]
     assert len(threw) == 2
 
 
@@ -835,7 +838,7 @@ async def test_PRE_14_throwing_pre_step_fails_the_turn_and_keeps_the_rest_queued
     await loop.when_idle()
     errors = rec.of("agent/error")
     assert len(errors) == 1
-    assert errors[0].error == {"message": "prompt hook broke", "code": "UNKNOWN"}
+    assert plain(errors[0].error) == {"message": "prompt hook broke", "code": "UNKNOWN"}
     assert errors[0].exception is boom
     assert errors[0].turn == 1
     assert boundaries(loop.log) == [("turn/start", 1), ("turn/end", 1)]
@@ -1473,7 +1476,7 @@ async def test_sequence_5_12_F_throwing_pre_step():
     await loop.when_idle()
     B_ = msg("<id2>", "B")
     failure = {"message": "prompt hook broke", "code": "UNKNOWN"}
-    assert rec.trace == [
+    assert plain(rec.trace) == [
         {"type": SPLICED, "seq": 0, "data": {"target": "next-turn", "start": 0, "inserted": [A_]}},
         {"live": "agent/inbox/inserted", "message": A_},
         {"live": "agent/status", "status": "running"},
@@ -2031,7 +2034,7 @@ async def test_scripted_model_exception_item_is_raised():
     await loop.when_idle()
     assert len(failures) == 1
     assert failures[0].exception is err
-    assert failures[0].failure == {"message": "rate limited", "code": "RATE_LIMIT", "status": 429}
+    assert plain(failures[0].failure) == {"message": "rate limited", "code": "RATE_LIMIT", "status": 429}
     assert turn_ends(loop.log)[0] == {"turn": 1, "reason": {"kind": "completed"}}
     assert len(types_of(loop.log, "step/start")) == 1  # the retry stays in the step (D1)
     loop.followup("two")
@@ -2049,7 +2052,7 @@ async def test_scripted_model_exhausted_raises_model_error():
     await loop.when_idle()
     failure = {"message": "script exhausted", "code": "UNKNOWN"}
     assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "error", "error": failure}}]
-    assert [e.error for e in rec.of("agent/error")] == [failure]
+    assert [plain(e.error) for e in rec.of("agent/error")] == [failure]
     assert isinstance(rec.of("agent/error")[0].exception, ModelError)
     assert len(model.requests) == 1
     assert types_of(loop.log, "assistant/message") == []
@@ -2259,7 +2262,7 @@ async def test_tools_raising_tool_gives_a_TOOL_ERROR_result_with_the_exception_t
     loop.followup("go")
     await loop.when_idle()
     (tr,) = events(loop.log, "tool/result")
-    assert tr.data["error"] == {"name": "ToolBroke", "code": "TOOL_ERROR"}
+    assert plain(tr.data["error"]) == {"name": "ToolBroke", "code": "TOOL_ERROR"}
     assert tr.data["message"]["content"] == [
         {"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "bad input: 42"}], "isError": True}]
     assert len(model.requests) == 2
@@ -2333,7 +2336,7 @@ async def test_turn_stopping_listener_that_raises_fails_the_turn_after_its_step(
     failure = {"message": "stopping hook broke", "code": "UNKNOWN"}
     assert boundaries(loop.log) == [("turn/start", 1), ("step/start", 1, 1), ("step/end", 1, 1), ("turn/end", 1)]
     assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "error", "error": failure}}]
-    assert [(e.turn, e.step, e.error) for e in rec.of("agent/error")] == [(1, 1, failure)]
+    assert [(e.turn, e.step, plain(e.error)) for e in rec.of("agent/error")] == [(1, 1, failure)]
 
 
 @asynctest

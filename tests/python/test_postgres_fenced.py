@@ -78,6 +78,10 @@ def test_a_takeover_during_the_model_call_fences_the_loop_before_its_tool_runs()
     assert stored[-1] == "turn/end" and new_log[len(new_log) - 1].data["reason"]["kind"] == "interrupted"
     assert "turn/end" not in types(log), "the fenced loop appended no turn/end of its own"
     new_log.close()
+    # The fenced handle is closed like any other: closing it reports the lost lease.
+    with pytest.raises(LeaseLostError):
+        log.close()
+    assert log.closed
 
 
 def test_a_takeover_while_a_tool_runs_fences_the_next_step():
@@ -118,3 +122,7 @@ def test_a_takeover_while_a_tool_runs_fences_the_next_step():
     assert new_log[len(new_log) - 3].data["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
     assert new_log[len(new_log) - 1].data["reason"] == {"kind": "interrupted"}
     new_log.close()
+    # The fenced handle is closed like any other: closing it reports the lost lease.
+    with pytest.raises(LeaseLostError):
+        log.close()
+    assert log.closed

@@ -85,7 +85,10 @@ def test_a_log_whose_lease_was_taken_over_raises_lease_lost():
     taken.append("x/e", "new owner")
     run(flushed(taken))
     taken.close()
-    assert [e.data for e in PostgresStore(DSN).open(log.id)] == [1, "new owner"]
+    with PostgresStore(DSN).open(log.id) as reopened:
+        assert [e.data for e in reopened] == [1, "new owner"]
+    with pytest.raises(LeaseLostError):
+        log.close()
 
 
 def test_reconnect_timeout_bounds_how_long_a_dropped_connection_is_retried():
@@ -106,6 +109,7 @@ def test_reconnect_timeout_bounds_how_long_a_dropped_connection_is_retried():
         assert store.exists(log.id)  # the store comes back by itself
     finally:
         psql(f"ALTER ROLE {role} LOGIN")
+    log.close()
 
 
 @pytest.mark.parametrize("keyword", ["lease_ttl", "reconnect_timeout", "request_timeout"])
@@ -159,7 +163,8 @@ def test_a_stopped_backend_is_given_up_and_the_append_settled():
     sid = log.id
     log.close()
     # Exactly once each, although the stopped backend got the second append too.
-    assert [e.data for e in store.open(sid)] == [1, 2, 3]
+    with store.open(sid) as reopened:
+        assert [e.data for e in reopened] == [1, 2, 3]
 
 
 def test_a_request_blocked_past_its_retries_fails_with_an_unknown_outcome():

@@ -253,6 +253,7 @@ def test_cancel_after_a_lone_call_is_logged_and_before_its_barrier_gives_aborted
         loop.followup("go")
         await loop.when_idle()
         await loop.aclose()
+        log.close()
         return loop, ran
 
     loop, ran = asyncio.run(main())

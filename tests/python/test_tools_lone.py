@@ -90,6 +90,8 @@ def test_lone_call_events_are_byte_identical_to_what_the_python_path_writes(tmp_
     assert got["tool/call"] == want["tool/call"]
     assert got["tool/result"] == want["tool/result"]
     assert loop.log[-1].data["reason"] == {"kind": "completed"}
+    loop.log.close()
+    ref_log.close()
 
 
 def test_a_sync_tool_runs_in_a_copy_of_the_context():

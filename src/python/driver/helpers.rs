@@ -110,6 +110,13 @@ pub(super) fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
     })
 }
 
+/// The exception of `err` with its traceback attached (`__traceback__`): before Python 3.12 a
+/// fetched error keeps its traceback beside the value, and a report of a user's bug without it
+/// would not say where the bug is.
+pub(super) fn exception<'py>(py: Python<'py>, err: &PyErr) -> Bound<'py, pyo3::exceptions::PyBaseException> {
+    err.clone_ref(py).into_value(py).into_bound(py)
+}
+
 pub(super) fn is_cancelled(py: Python<'_>, h: &Helpers, err: &PyErr) -> bool {
     err.is_instance(py, h.cancelled_error.bind(py))
 }

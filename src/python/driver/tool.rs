@@ -25,7 +25,7 @@ use super::super::convert::to_py;
 use super::super::message::wrap;
 use super::context::{copy_context, run_in, InContext};
 use super::delegate::{await_iter, send_into, Sent};
-use super::helpers::{helpers, is_cancelled};
+use super::helpers::{exception, helpers, is_cancelled};
 use super::step::{StepBody, StepEnd};
 use super::{Machine, Pending};
 use crate::json::push_str_literal;
@@ -216,7 +216,7 @@ impl Machine {
         if !is_cancelled(py, h, &e) && !e.is_instance_of::<PyException>(py) {
             return Err(e);
         }
-        Ok(Outcome::Other(h.raised.bind(py).call1((e.value(py),))?.unbind()))
+        Ok(Outcome::Other(h.raised.bind(py).call1((exception(py, &e),))?.unbind()))
     }
 
     /// The suspended body finished with `outcome` (its return value or exception).

@@ -5,7 +5,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 use super::delegate::await_iter;
-use super::helpers::{helpers, is_cancelled};
+use super::helpers::{exception, helpers, is_cancelled};
 use super::step::StepBody;
 use super::{dict, Body, Machine, Pending, Seam, UserStep};
 
@@ -74,7 +74,7 @@ impl Machine {
             if h.cancelling {
                 let task = h.current_task.bind(py).call0()?;
                 if !task.is_none() && !task.call_method0(intern!(py, "cancelling"))?.is_truthy()? {
-                    let exc = err.value(py);
+                    let exc = &exception(py, &err);
                     let message = h.error_chain.bind(py).call1((exc,))?;
                     let code = "UNKNOWN".into_pyobject(py)?.into_any();
                     let failure = dict(py, &[("message", &message), ("code", &code)])?;

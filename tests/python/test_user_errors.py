@@ -1,0 +1,197 @@
+"""Issue 11, item 2: a bug in user code never fails silently.
+
+An exception from user code (the model, a tool, a pre-step listener) that ends or alters a turn
+is reported three ways: on the ``kerman`` logger with its traceback, on the ``agent/error`` live
+event (``.exception``, ``.traceback``, ``.function``), and durably in the log (the ``turn/end``
+failure or the ``tool/result`` error carries the exception type, its traceback text and the
+user function), so ``kerman log show`` explains a failed turn after the fact.
+``loop.last_error`` is the last such report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, List
+
+import pytest
+
+import kerman
+from kerman import cli
+
+
+def run_turn(loop: kerman.AgentLoop, prompt: str = "go") -> None:
+    async def main() -> None:
+        loop.followup(prompt)
+        await loop.when_idle()
+
+    asyncio.run(main())
+
+
+def kerman_errors(caplog: pytest.LogCaptureFixture) -> List[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "kerman" and r.levelno >= logging.ERROR]
+
+
+async def typo_model(request: kerman.ModelRequest) -> kerman.ModelReply:
+    return kerman.ModelReply(undefined_name)  # type: ignore[name-defined]  # noqa: F821
+
+
+def test_a_failing_model_is_logged_with_its_traceback(caplog):
+    loop = kerman.AgentLoop(typo_model)
+    run_turn(loop)
+    records = kerman_errors(caplog)
+    assert len(records) == 1
+    record = records[0]
+    assert record.exc_info is not None and record.exc_info[0] is NameError
+    assert "turn 1" in record.getMessage() and "typo_model" in record.getMessage()
+    assert "undefined_name" in record.getMessage()
+
+
+def test_a_failing_model_is_on_the_live_event_and_last_error():
+    seen: List[Any] = []
+    loop = kerman.AgentLoop(typo_model)
+    loop.on("agent/error", seen.append)
+    assert loop.last_error is None
+    run_turn(loop)
+    assert len(seen) == 1
+    event = seen[0]
+    assert isinstance(event.exception, NameError)
+    assert event.function == "typo_model"
+    assert "NameError: name 'undefined_name' is not defined" in event.traceback
+    assert "in typo_model" in event.traceback
+    assert loop.last_error is event
+
+
+def test_a_failing_model_is_recorded_durably(tmp_path):
+    store = kerman.FileStore(str(tmp_path))
+    with store.create("s") as log:
+        loop = kerman.AgentLoop(typo_model, log=log)
+        run_turn(loop)
+    with store.open("s") as log:
+        end = list(log.events(types="turn/end"))[-1]
+    error = end.data["reason"]["error"]
+    assert end.data["reason"]["kind"] == "error"
+    assert error["code"] == "UNKNOWN"
+    assert error["message"] == "name 'undefined_name' is not defined"
+    assert error["exceptionType"] == "NameError"
+    assert error["function"] == "typo_model"
+    assert "in typo_model" in error["traceback"]
+    assert error["traceback"].rstrip().endswith("NameError: name 'undefined_name' is not defined")
+
+
+def test_kerman_log_show_explains_a_failed_turn(tmp_path, capsys):
+    store = kerman.FileStore(str(tmp_path))
+    with store.create("s") as log:
+        run_turn(kerman.AgentLoop(typo_model, log=log))
+    assert cli.main(["log", "show", str(tmp_path), "s"]) == 0
+    out = capsys.readouterr().out
+    assert "turn/end" in out
+    assert "NameError" in out
+    assert "in typo_model" in out
+    assert "NameError: name 'undefined_name' is not defined" in out
+
+
+def test_a_tool_with_the_wrong_signature_is_reported_and_the_turn_goes_on(caplog):
+    calls = {"n": 0}
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "clock", "arguments": "{}"}])
+        return kerman.ModelReply("done")
+
+    seen: List[Any] = []
+    loop = kerman.AgentLoop(model)
+
+    @loop.tool
+    async def clock(args: Any) -> str:  # the context parameter is missing
+        "The time."
+        return "12:00"
+
+    loop.on("agent/error", seen.append)
+    run_turn(loop)
+    ends = [e.data["reason"]["kind"] for e in loop.log.events(types="turn/end")]
+    assert ends == ["completed"]
+    result = list(loop.log.events(types="tool/result"))[0]
+    error = result.data["error"]
+    assert error["name"] == "TypeError" and error["code"] == "TOOL_ERROR"
+    assert error["function"].endswith(".<locals>.clock")
+    assert "TypeError" in error["traceback"]
+    assert len(seen) == 1 and isinstance(seen[0].exception, TypeError)
+    assert seen[0].error["code"] == "TOOL_ERROR" and seen[0].function == error["function"]
+    assert loop.last_error is seen[0]
+    records = kerman_errors(caplog)
+    assert len(records) == 1 and records[0].exc_info[0] is TypeError
+    assert "tool 'clock'" in records[0].getMessage()
+
+
+def test_tools_run_in_parallel_report_each_failure(caplog):
+    calls = {"n": 0}
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return kerman.ModelReply([
+                {"type": "tool-call", "id": "a", "name": "boom", "arguments": "{}"},
+                {"type": "tool-call", "id": "b", "name": "boom", "arguments": "{}"},
+            ])
+        return kerman.ModelReply("done")
+
+    loop = kerman.AgentLoop(model)
+
+    @loop.tool
+    async def boom(args: Any, ctx: Any) -> str:
+        "Fails."
+        raise RuntimeError("kaput")
+
+    run_turn(loop)
+    errors = [e.data["error"] for e in loop.log.events(types="tool/result")]
+    assert [e["name"] for e in errors] == ["RuntimeError", "RuntimeError"]
+    assert all("kaput" in e["traceback"] and e["function"].endswith(".<locals>.boom") for e in errors)
+    assert len(kerman_errors(caplog)) == 2
+
+
+def test_a_failing_pre_step_listener_is_reported(caplog):
+    loop = kerman.AgentLoop(lambda request: kerman.ModelReply("hi"))
+
+    @loop.pre_step
+    async def guard(step: Any, next: Any) -> Any:
+        raise KeyError("missing")
+
+    run_turn(loop)
+    assert loop.last_error is not None
+    assert isinstance(loop.last_error.exception, KeyError)
+    assert loop.last_error.function == "test_a_failing_pre_step_listener_is_reported.<locals>.guard"
+    end = list(loop.log.events(types="turn/end"))[-1]
+    assert end.data["reason"]["error"]["exceptionType"] == "KeyError"
+    assert len(kerman_errors(caplog)) == 1
+
+
+def test_a_failing_live_listener_is_logged_with_its_traceback(caplog):
+    loop = kerman.AgentLoop(lambda request: kerman.ModelReply("hi"))
+
+    def listener(event: Any) -> None:
+        raise ValueError("listener bug")
+
+    loop.on("agent/status", listener)
+    run_turn(loop)
+    records = [r for r in kerman_errors(caplog) if r.exc_info and r.exc_info[0] is ValueError]
+    assert records, "the listener's exception was not logged"
+    assert all("listener bug" in r.getMessage() for r in records)
+
+
+def test_a_deliberate_model_error_is_recorded_without_a_user_traceback():
+    """A ModelError is the model's way to say the request failed: its failure keeps the code
+    it gave, and is reported (logged, last_error) like any other error."""
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        raise kerman.ModelError("rate limited", code="RATE_LIMITED", status=429)
+
+    loop = kerman.AgentLoop(model)
+    run_turn(loop)
+    error = list(loop.log.events(types="turn/end"))[-1].data["reason"]["error"]
+    assert error["code"] == "RATE_LIMITED" and error["status"] == 429
+    assert error["exceptionType"] == "ModelError"
+    assert loop.last_error is not None and loop.last_error.error["code"] == "RATE_LIMITED"
+    json.dumps(error)  # all of it is JSON
