@@ -1,8 +1,9 @@
 """The ``kerman`` command line (also ``python -m kerman``).
 
 ``kerman log list|show|tail|inbox|verify|repair`` inspect session files without modifying them
-(shared lock, no torn-tail repair, no crash closers) except ``repair``, which only acts on explicit
-confirmation. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL store, named by
+(no lock, so a session an agent is running can be read; no torn-tail repair, no crash closers)
+except ``repair``, which only acts on explicit confirmation. ``tail --follow`` follows a live
+session until interrupted. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL store, named by
 its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
 showcase. Errors are one line on stderr, never a traceback: exit 2 for usage and a missing store,
 1 for everything else that went wrong.
@@ -25,7 +26,6 @@ from ._timeline import format_event, message_text, quote, source_tag
 from .errors import (
     CorruptLogError,
     KermanError,
-    SessionLockedError,
     SessionNotFoundError,
     UnsupportedFormatError,
 )
@@ -258,8 +258,8 @@ def _list_files(args: argparse.Namespace) -> list[dict[str, Any]]:
             row["status"] = "unsupported-format"
         except SessionNotFoundError:  # deleted meanwhile
             continue
-        except KermanError as error:  # locked, mostly
-            row["status"] = "locked" if isinstance(error, SessionLockedError) else "unreadable"
+        except KermanError:  # an I/O error: reading takes no lock
+            row["status"] = "unreadable"
         rows.append(row)
     return rows
 
@@ -273,12 +273,50 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    if args.follow:
+        return _follow_tail(args)
     header, events, info = _read(args)
     keep = _type_filter(args.types)
     selected = [e for e in events if keep(e.type)]
     selected = selected[len(selected) - args.n:] if args.n else []
     _print_events(args, header, selected, len(events), info)
     return 0
+
+
+def _follow_tail(args: argparse.Namespace) -> int:
+    """The last N events, then each new one as the session's owner commits it, until Ctrl-C
+    (exit 0) or the follower stops (the session was deleted or repaired)."""
+    import asyncio
+
+    store = _postgres(args.store) if _is_dsn(args.store) else _store(args.store)
+    log = _session_call(store.follow, args.id)
+    keep = _type_filter(args.types)
+    try:
+        events = list(log.events())
+        selected = [e for e in events if keep(e.type)]
+        selected = selected[len(selected) - args.n:] if args.n else []
+        _print_events(args, log.header, selected, len(events), {})
+        sys.stdout.flush()
+        t0 = selected[0].time if selected and args.relative else None
+
+        async def follow() -> None:
+            nonlocal t0
+            async for event in log.tail(start=len(events)):
+                if not keep(event.type):
+                    continue
+                if t0 is None and args.relative:
+                    t0 = event.time
+                _out(event.to_json() if args.json else format_event(event, t0=t0))
+                sys.stdout.flush()
+
+        try:
+            asyncio.run(follow())
+        except KeyboardInterrupt:
+            return 0
+        _err(f'kerman: stopped following session "{args.id}": it was deleted, repaired or cut back')
+        return 0
+    finally:
+        log.close()
 
 
 def _cmd_inbox(args: argparse.Namespace) -> int:
@@ -465,6 +503,8 @@ def _parser() -> argparse.ArgumentParser:
         else:
             sub.add_argument("-n", type=_natural, default=20, metavar="N",
                              help="how many events (default 20)")
+            sub.add_argument("-f", "--follow", action="store_true",
+                             help="then print each new event as it is committed, until interrupted (Ctrl-C)")
 
     session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
                     "print a JSON list of {placement, message}")

@@ -45,7 +45,7 @@ impl PyMemoryStore {
         self.inner.open(&id).map(wrap_log).map_err(|e| log_err(py, e))
     }
 
-    /// Ids of sessions holding at least one event.
+    /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.inner.list().map_err(|e| log_err(py, e))
     }
@@ -127,7 +127,7 @@ impl PyFileStore {
         Ok(wrap_log(log))
     }
 
-    /// Ids of sessions holding at least one event.
+    /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.inner.list().map_err(|e| log_err(py, e))
     }
@@ -136,12 +136,22 @@ impl PyFileStore {
         self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
 
+    /// A read-only follower of session `id`: its events so far, then each record its owner (in
+    /// this or another process) writes, as the file grows, so `tail()` and `subscribe()` follow
+    /// the session live. Takes no lock and never writes. Appends raise `LogError`; `close()`
+    /// stops following. A corrupt file raises `CorruptLogError`; an incomplete last record is
+    /// simply not visible yet.
+    fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.follow(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
     /// Deletes a session file nobody has open.
     fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
 
-    /// Checks a session without modifying it (shared lock): returns `{"path", "events",
+    /// Checks a session without modifying it or taking its lock: returns `{"path", "events",
     /// "size_bytes", "torn_tail_bytes"}`; raises `CorruptLogError`/`UnsupportedFormatError`.
     fn verify<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let snap = self.inner.read(&id_arg(id)?).map_err(|e| log_err(py, e))?;

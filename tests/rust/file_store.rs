@@ -135,16 +135,17 @@ fn exists_not_found_and_locked() {
 
     let log = store.create(Some("s")).unwrap();
     assert!(matches!(store.create(Some("s")), Err(LogError::Exists { .. })));
-    // The creator owns the session until it closes.
-    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
+    // The creator owns the session until it closes; the error says it is held here.
+    assert!(matches!(store.open("s"), Err(LogError::LockedHere { .. })));
     fill(&log, 1);
     log.close().unwrap();
 
     let log = store.open("s").unwrap();
-    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.delete("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.read("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.repair("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.open("s"), Err(LogError::LockedHere { .. })));
+    assert!(matches!(store.delete("s"), Err(LogError::LockedHere { .. })));
+    // Readers take no lock: an open session reads as committed so far.
+    assert_eq!(store.read("s").unwrap().events.len(), 1);
+    assert!(matches!(store.repair("s"), Err(LogError::LockedHere { .. })));
     log.close().unwrap();
 
     let log = store.open("s").unwrap();
@@ -155,13 +156,13 @@ fn exists_not_found_and_locked() {
 }
 
 #[test]
-fn empty_sessions_are_not_listed() {
+fn empty_sessions_are_listed_as_they_exist() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     store.create(Some("empty")).unwrap().close().unwrap();
     closed_session(&store, "full", 1);
     assert!(store.exists("empty").unwrap());
-    assert_eq!(store.list().unwrap(), ["full"]);
+    assert_eq!(store.list().unwrap(), ["empty", "full"]);
 }
 
 #[test]
