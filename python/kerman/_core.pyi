@@ -195,8 +195,11 @@ class FileStore:
     def follow(self, id: str) -> SessionLog:
         """A read-only follower: the session's events, growing live as its owner appends."""
     def verify(self, id: str) -> dict[str, Any]: ...
-    def repair(self, id: str) -> dict[str, Any]: ...
-    def _read(self, id: str) -> tuple[dict[str, _JsonValue], builtins.list[Event], dict[str, Any]]: ...
+    def repair(self, id: str, *, dry_run: bool = False) -> dict[str, Any]:
+        """Repairs a torn tail or a corrupt log, keeping every record that verifies."""
+    def _read(
+        self, id: str, allow_damaged: bool = False
+    ) -> tuple[dict[str, _JsonValue], builtins.list[Event], dict[str, Any]]: ...
 
 @final
 class Inbox:

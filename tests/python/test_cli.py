@@ -554,9 +554,11 @@ def test_repair_asks_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture
     monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
     code, out, err = run(capsys, "log", "repair", str(root), "s1")
     assert code == 0, err
-    assert "kept 1 event," in out and f"backup: {path}.corrupt" in out
+    assert "kept 6 events that verify," in out and f"backup: {path}.corrupt" in out
+    assert "  seq 1 lost\n" in out and f"set aside: {path}.damaged" in out
     assert Path(f"{path}.corrupt").read_bytes() == before
-    assert kerman.FileStore(root, durability="none").verify("s1")["events"] == 1
+    # 6 kept, a placeholder at seq 1, the log/repaired record
+    assert kerman.FileStore(root, durability="none").verify("s1")["events"] == 8
 
 
 def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -566,10 +568,45 @@ def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixtu
     before = path.read_bytes()
     code, out, err = run(capsys, "log", "repair", str(root), "s1", "--yes")
     assert code == 0 and err == ""
-    removed = len(before) - path.stat().st_size
-    assert removed > 0
-    assert f"removed {cli.human_size(removed)}" in out and f"backup: {path}.corrupt" in out
+    removed = len(Path(f"{path}.damaged").read_bytes())
+    lines = before.splitlines(keepends=True)
+    assert removed == len(lines[2]) > 0  # only line 3 is set aside
+    assert out == (f"repaired: kept 6 events that verify, removed {cli.human_size(removed)}; the log now holds 8 events:\n"
+                   f"  line 3 ({cli.human_size(removed)}, claims seq 1): {_checksum_detail(lines[2])}\n"
+                   f"  seq 1 lost\n"
+                   f"backup: {path}.corrupt\nset aside: {path}.damaged\n")
     assert run(capsys, "log", "verify", str(root), "s1")[0] == 0
+
+
+def _checksum_detail(line: bytes) -> str:
+    return f"checksum mismatch (stored {line[:8].decode()}, computed {crc32c(line[9:-1]):08x})"
+
+
+@pytest.mark.parametrize("command", ["show", "tail", "inbox"])
+def test_allow_damaged_reads_what_verifies_and_names_what_it_skips(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   command: str) -> None:
+    root, _ = make_store(tmp_path)
+    path = session_file(root, "s1")
+    corrupt_middle(path)
+    before = path.read_bytes()
+    code, out, err = run(capsys, "log", command, str(root), "s1", "--json", "--allow-damaged")
+    line = before.splitlines(keepends=True)[2]
+    assert err.startswith("kerman: s1: the file is damaged; showing the 6 records that verify (a lost seq is a gap); "
+                   "nothing was modified. Skipped:\n"
+                   f"kerman:   line 3 ({cli.human_size(len(line))}, claims seq 1): {_checksum_detail(line)}\n"
+                   "kerman:   seq 1 lost\n"
+                   f"kerman: to repair it, run: kerman log repair {root} s1\n")
+    if command == "inbox":
+        # seq 1 inserted "prompt 1": the later splices no longer fit, and it says so
+        assert (code, out) == (1, "")
+        assert err.endswith("kerman: invalid persisted inbox splice at session seq 4: invalid inbox splice\n"
+                            "kerman: the inbox cannot be rebuilt without the records that are lost; the ones "
+                            f"that verify are shown by: kerman log show {root} s1 --allow-damaged\n")
+    else:
+        assert code == 0 and err.count("\n") == 4
+        assert [json.loads(x)["seq"] for x in out.splitlines()] == [0, 2, 3, 4, 5, 6]
+    assert path.read_bytes() == before and sorted(os.listdir(root)) == ["s1.jsonl"]
 
 
 def test_repair_yes_on_a_torn_tail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -863,16 +863,21 @@ def test_repair_keeps_a_corrupt_copy_and_then_opens(store_root):
     backup = Path(report["backup"])
     assert backup.read_bytes() == damaged
     assert backup.parent == path.parent and backup.name.startswith(path.name + ".corrupt")
-    assert report["kept_events"] == 2
-    assert report["removed_bytes"] == len(damaged) - start
-    assert path.read_bytes() == data[:start]
+    assert Path(report["quarantine"]).read_bytes() == damaged[start:end]
+    # every record that verifies is kept at its seq; seq 2 holds a placeholder
+    assert (report["kept_events"], report["events"], report["lost_seqs"]) == (4, 6, [[2, 2]])
+    assert report["removed_bytes"] == end - start
     log = store.open("r")
     try:
-        assert [e.to_json() for e in log.events()] == [e.to_json() for e in evs[:2]]
-        assert log.append("x/new", 1).seq == 2
+        kept = [e.to_json() for e in log.events()]
+        assert kept[:2] + kept[3:5] == [e.to_json() for e in evs[:2] + evs[3:]]
+        assert (log[2].type, log[2].data) == ("log/damaged", {"seqs": [2, 2], "lines": [4, 4],
+                                                             "backup": "r.jsonl.corrupt"})
+        assert log[5].type == "log/repaired" and log[5].data["lostSeqs"] == [[2, 2]]
+        assert log.append("x/new", 1).seq == 6
     finally:
         log.close()
-    assert store.list() == ["r"]  # the backup is not a session
+    assert store.list() == ["r"]  # the backup and the quarantine are not sessions
 
 
 def test_J_02_committed_lines_are_never_rewritten(file_store, store_root):

@@ -161,12 +161,13 @@ fn random_hex() -> String {
     simple[simple.len() - 12..].to_string()
 }
 
-/// Copies `bytes` (a session file's contents) to the first free `<path>.corrupt[.N]`.
-pub(super) fn write_backup(path: &Path, bytes: &[u8]) -> Result<PathBuf, LogError> {
+/// Writes `bytes` (a copy of a session file, or the lines `repair` set aside) to the first free
+/// `<path>.<suffix>[.N]`, durably.
+pub(super) fn write_backup(path: &Path, suffix: &str, bytes: &[u8]) -> Result<PathBuf, LogError> {
     let base = path.as_os_str().to_os_string();
     for n in 0..10_000u32 {
         let mut name = base.clone();
-        name.push(if n == 0 { ".corrupt".to_string() } else { format!(".corrupt.{n}") });
+        name.push(if n == 0 { format!(".{suffix}") } else { format!(".{suffix}.{n}") });
         let backup = PathBuf::from(name);
         let mut file = match create_private(&backup) {
             Ok(file) => file,
@@ -180,4 +181,18 @@ pub(super) fn write_backup(path: &Path, bytes: &[u8]) -> Result<PathBuf, LogErro
         return Ok(backup);
     }
     Err(io_at("finding a free backup name for", path, ErrorKind::AlreadyExists.into()))
+}
+
+/// Replaces the file at `dir/name` with `contents`, all or nothing: written and synced under a
+/// hidden temporary name, renamed over the old name, and the directory synced. Readers that
+/// have the old file open keep reading the old file.
+pub(super) fn replace(dir: &Path, name: &str, stem: &str, contents: &[u8]) -> Result<(), LogError> {
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{stem}.{}.tmp", random_hex()));
+    let mut file = create_private(&tmp).map_err(|e| io_at("creating", &tmp, e))?;
+    let guard = TempGuard(&tmp);
+    file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
+    fs::rename(&tmp, &target).map_err(|e| io_at("renaming over", &target, e))?;
+    std::mem::forget(guard);
+    sync_dir(dir)
 }
