@@ -57,7 +57,7 @@ pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
     let next = setup.events.len() as u64;
     let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
     let _ = shared.log.set(log.downgrade());
-    let watch = Watch { shared, path: setup.path, file: setup.file, offset: setup.offset, seen: setup.offset, next, types: TypeNames::default() };
+    let watch = Watch { shared, path: setup.path, file: setup.file, offset: setup.offset, seen: None, next, types: TypeNames::default() };
     std::thread::Builder::new()
         .name("kerman-follow".into())
         .spawn(move || watch.run())
@@ -71,8 +71,9 @@ struct Watch {
     file: File,
     /// Where the first record not yet adopted starts.
     offset: u64,
-    /// The file size at the last look (a read happens only when it changes).
-    seen: u64,
+    /// The file's size and modification time at the last look: a read happens only when they
+    /// change (the time too, so a tail cut back and regrown to the same size is read again).
+    seen: Option<(u64, i64, i64)>,
     /// The next seq.
     next: u64,
     types: TypeNames,
@@ -116,14 +117,15 @@ impl Watch {
             Ok(named) if named.dev() == meta.dev() && named.ino() == meta.ino() => {}
             _ => return Step::Stop,
         }
-        if len == self.seen {
+        let key = Some((len, meta.mtime(), meta.mtime_nsec()));
+        if key == self.seen {
             return Step::Wait;
         }
-        self.seen = len;
+        self.seen = key;
         let mut bytes = vec![0u8; (len - self.offset) as usize];
         if self.file.read_exact_at(&mut bytes, self.offset).is_err() {
             // Cut back between the size and the read: the next look decides.
-            self.seen = 0;
+            self.seen = None;
             return Step::Wait;
         }
         let events = self.parse(&bytes);
