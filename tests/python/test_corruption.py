@@ -462,3 +462,29 @@ def test_every_header_bit_flip_is_refused_and_never_repaired(session, scratch, b
                 assert (exc.value.line, exc.value.seq) == (1, 0), (i, bit, attempt.__name__)
             assert path.read_bytes() == damaged, (i, bit)
             assert os.listdir(root) == [path.name], "repair left a backup of a bad header"
+
+
+def test_one_flipped_bit_in_the_middle_of_64_events_loses_one_record(tmp_path, capsys):
+    """Issue 11 item 5, as reported: one bit flipped in the middle of a 64-event file used to
+    make `repair` keep only the 19 records before it. Now it keeps the other 63, each at its
+    seq, and `show --allow-damaged` reads them without writing anything."""
+    from kerman import cli
+
+    store = FileStore(tmp_path, durability="none")
+    with store.create("big") as log:
+        for i in range(64):
+            log.append("x/e", {"i": i})
+    path = session_path(tmp_path, "big")
+    start, _ = _spans(path.read_bytes())[19 + 1]  # seq 19
+    damaged = _flip(path.read_bytes(), start + 30, 2)
+    path.write_bytes(damaged)
+    assert cli.main(["log", "show", str(tmp_path), "big", "--json"]) == 1
+    capsys.readouterr()
+    assert cli.main(["log", "show", str(tmp_path), "big", "--json", "--allow-damaged"]) == 0
+    shown = [json.loads(line)["data"]["i"] for line in capsys.readouterr().out.splitlines()]
+    assert shown == [i for i in range(64) if i != 19] and path.read_bytes() == damaged
+    report = store.repair("big")
+    assert (report["kept_events"], report["lost_seqs"], [d["line"] for d in report["dropped"]]) == (63, [[19, 19]], [21])
+    with store.open("big") as log:
+        assert [e.data.get("i") for e in log.events()][:64] == [*range(19), None, *range(20, 64)]
+        assert [log[19].type, log[64].type, len(log)] == ["log/damaged", "log/repaired", 65]

@@ -261,3 +261,33 @@ def test_a_session_held_by_another_process_is_not_blamed_on_this_one(running):
         store.open("live")
     assert str(exc.value) == 'session "live" is locked: another process or handle has it open'
     writer.close()
+
+
+def test_cli_tail_follow_of_a_postgres_session():
+    """`--follow` takes a DSN too (a PostgresStore follower); the writer is this process."""
+    from conftest import fresh_schema_dsn
+
+    dsn = fresh_schema_dsn()
+    store = kerman.PostgresStore(dsn)
+    log = store.create("pg-live")
+
+    async def append(i: int) -> None:
+        log.append("x/w", {"i": i})
+        await log.flush()
+
+    asyncio.run(append(0))
+    proc = subprocess.Popen([sys.executable, "-m", "kerman", "log", "tail", dsn, "pg-live", "--follow", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["data"] == {"i": 0}
+        asyncio.run(append(1))
+        assert json.loads(proc.stdout.readline())["data"] == {"i": 1}
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=DEADLINE)
+        assert (proc.returncode, out) == (0, ""), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=DEADLINE)
+        log.close()

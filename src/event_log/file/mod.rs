@@ -457,4 +457,17 @@ pub mod raw {
     pub fn unframe(line: &[u8]) -> Result<&str, String> {
         format::unframe(line)
     }
+
+    /// The file `FileStore::repair` would write for a corrupt file's bytes (at time 0, naming
+    /// the backup `b` and the quarantine `q`), with the number of records it kept; `None` if
+    /// the file is not corrupt.
+    pub fn repair(bytes: &[u8], id: &str) -> Result<Option<(Vec<u8>, u64)>, LogError> {
+        let path = Path::new("<memory>");
+        if format::scan(bytes, path, id)?.corruption(path).is_none() {
+            return Ok(None);
+        }
+        let s = super::salvage::salvage(bytes, path, id)?;
+        let kept = s.kept.len() as u64;
+        Ok(Some((super::salvage::rebuild(bytes, &s, 0, "b", Some("q")), kept)))
+    }
 }
