@@ -3,8 +3,8 @@
 ``kerman log list|show|tail|inbox|verify|repair`` inspect session files without modifying them
 (no lock, so a session an agent is running can be read; no torn-tail repair, no crash closers)
 except ``repair``, which only acts on explicit confirmation. ``tail --follow`` follows a live
-session until interrupted. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL store, named by
-its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
+session until interrupted. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL
+store, named by its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
 showcase. Errors are one line on stderr, never a traceback: exit 2 for usage and a missing store,
 1 for everything else that went wrong.
 """
@@ -305,6 +305,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_tail(args: argparse.Namespace) -> int:
     if args.follow:
+        if args.allow_damaged:
+            raise _Exit(2, "kerman: --follow and --allow-damaged cannot be combined: a damaged file is not "
+                           f"followed; read it with --allow-damaged, or repair it first: {_repair_hint(args)}")
         return _follow_tail(args)
     header, events, info = _read(args)
     keep = _type_filter(args.types)
@@ -547,7 +550,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "print a JSON list of {placement, message}"))
     session_command("verify", "check every record without modifying the file", _cmd_verify,
                     "print the result as a JSON object", "the session store folder")
-    repair = session_command("repair", "truncate a torn tail or cut off corrupt records", _cmd_repair, None,
+    repair = session_command("repair", "cut off a torn tail, or repair a corrupt file keeping every record "
+                             "that verifies", _cmd_repair, None,
                              "the session store folder")
     repair.add_argument("--yes", action="store_true", help="repair without asking")
     return parser

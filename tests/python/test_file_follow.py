@@ -291,3 +291,12 @@ def test_cli_tail_follow_of_a_postgres_session():
             proc.kill()
             proc.communicate(timeout=DEADLINE)
         log.close()
+
+
+def test_cli_follow_and_allow_damaged_do_not_combine(store_root, capsys):
+    from kerman import cli
+
+    FileStore(store_root, durability="none").create("x").close()
+    assert cli.main(["log", "tail", str(store_root), "x", "--follow", "--allow-damaged"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("kerman: --follow and --allow-damaged cannot be combined")
