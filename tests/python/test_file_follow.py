@@ -159,7 +159,7 @@ def test_a_follower_refuses_to_write(running):
     writer.close()
 
 
-def test_a_follower_tail_ends_on_close_and_when_the_session_is_deleted(running):
+def test_a_follower_tail_ends_when_the_session_is_deleted(running):
     store, writer = running
     follower = store.follow("live")
     writer.close()
