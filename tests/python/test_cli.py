@@ -576,6 +576,10 @@ def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixtu
                    f"  seq 1 lost\n"
                    f"backup: {path}.corrupt\nset aside: {path}.damaged\n")
     assert run(capsys, "log", "verify", str(root), "s1")[0] == 0
+    _, out, _ = run(capsys, "log", "show", str(root), "s1", "--types", "log/*")
+    assert [line.split(None, 3)[2:] for line in out.splitlines()[1:]] == [
+        ["log/damaged", "lost (seq 1; line 3 of s1.jsonl.corrupt)"],
+        ["log/repaired", "1 line set aside, seq 1 lost; backup s1.jsonl.corrupt"]]
 
 
 def _checksum_detail(line: bytes) -> str:
