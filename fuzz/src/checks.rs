@@ -104,6 +104,18 @@ fn check_scan(bytes: &[u8]) {
     assert_eq!(rewritten.events, s.events, "an event changed when written again");
     assert_eq!(rewritten.good_len, again.len() as u64);
 
+    // A corrupt file repairs into a clean one that keeps the records before the damage as they
+    // were, a record for every kept record and lost seq, and the closing `log/repaired`.
+    if s.corruption.is_some() {
+        let (repaired, kept) = raw::repair(bytes, ID).expect("repair refused a readable header").expect("corrupt");
+        let r = raw::scan(&repaired, ID).expect("the repaired header was refused");
+        assert!(r.corruption.is_none() && r.good_len == repaired.len() as u64, "the repaired file is not clean");
+        assert_eq!(r.events[..s.events.len()], s.events[..], "repair changed the records before the damage");
+        assert_eq!(r.events.last().map(|e| e.kind()), Some("log/repaired"));
+        let placeholders = r.events.iter().filter(|e| e.kind() == "log/damaged").count() as u64;
+        assert!(kept + placeholders + 1 >= r.events.len() as u64, "repair invented records");
+    }
+
     // A valid record after damage whose lines are all terminated turns a torn tail into
     // corruption; after a clean file it is simply the next event when its seq fits.
     if !bytes.ends_with(b"\n") {

@@ -281,7 +281,28 @@ def _request_header(data: Mapping[str, Any]) -> str:
     return compact_json(data)
 
 
+def _seqs(pair: Any) -> str:
+    first, last = pair
+    return f"seq {first}" if first == last else f"seqs {first}–{last}"
+
+
+def _damaged(d: Mapping[str, Any]) -> str:
+    """A placeholder repair wrote at a lost seq (docs/format.md, "Repairing corruption")."""
+    lines = d.get("lines")
+    where = f"lines {lines[0]}–{lines[1]}" if lines and lines[0] != lines[1] else (
+        f"line {lines[0]}" if lines else "no line")
+    return f"lost ({_seqs(d['seqs'])}; {where} of {_escape(str(d.get('backup')))})"
+
+
+def _repaired(d: Mapping[str, Any]) -> str:
+    lost = ", ".join(_seqs(pair) for pair in d.get("lostSeqs") or ()) or "no seq"
+    dropped = len(d.get("dropped") or ())
+    return f"{dropped} line{'' if dropped == 1 else 's'} set aside, {lost} lost; backup {_escape(str(d.get('backup')))}"
+
+
 _SUMMARIES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "log/damaged": _damaged,
+    "log/repaired": _repaired,
     "agent/inbox/spliced": _splice,
     "turn/start": lambda d: f"turn {d.get('turn')}",
     "turn/end": _turn_end,

@@ -1,9 +1,10 @@
 """The ``kerman`` command line (also ``python -m kerman``).
 
 ``kerman log list|show|tail|inbox|verify|repair`` inspect session files without modifying them
-(shared lock, no torn-tail repair, no crash closers) except ``repair``, which only acts on explicit
-confirmation. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL store, named by
-its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
+(no lock, so a session an agent is running can be read; no torn-tail repair, no crash closers)
+except ``repair``, which only acts on explicit confirmation. ``tail --follow`` follows a live
+session until interrupted. ``list``, ``show``, ``tail`` and ``inbox`` also read a PostgreSQL
+store, named by its DSN (``postgresql://…``), as a read-only follower (no lease). ``kerman demo`` runs the
 showcase. Errors are one line on stderr, never a traceback: exit 2 for usage and a missing store,
 1 for everything else that went wrong.
 """
@@ -25,7 +26,7 @@ from ._timeline import format_event, message_text, quote, source_tag, traceback_
 from .errors import (
     CorruptLogError,
     KermanError,
-    SessionLockedError,
+    ProjectionError,
     SessionNotFoundError,
     UnsupportedFormatError,
 )
@@ -140,8 +141,9 @@ def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
         where = f"{error.path}, line {error.line} (seq {error.seq})"
         if getattr(args, "log_command", None) == "repair":
             return f"{text}\nkerman: cannot repair {where}"
-        text += (f"\nkerman: bad record in {where}; nothing was modified. To cut the log off there "
-                 f"(keeping a full .corrupt copy), run: {_repair_hint(args)}")
+        text += (f"\nkerman: bad record in {where}; nothing was modified. To read the records that verify, "
+                 f"add --allow-damaged to show, tail or inbox; to repair the file (keeping every record that "
+                 f"verifies, and a full .corrupt copy), run: {_repair_hint(args)}")
     return text
 
 
@@ -161,8 +163,37 @@ def _read(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any], dict[str
         return header, events, {}
     store = _store(args.store)
     _progress(args)
-    header, events, info = _session_call(store._read, args.id)
+    allow_damaged = bool(getattr(args, "allow_damaged", False))
+    header, events, info = _session_call(lambda sid: store._read(sid, allow_damaged), args.id)
+    if info.get("skipped"):
+        _note_skipped(args, info["skipped"], len(events))
     return header, events, info
+
+
+def _range(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}–{last}"
+
+
+def _plan_lines(report: dict[str, Any]) -> list[str]:
+    """What a salvage leaves out, one line each: the lines set aside, the lost seqs, the torn tail."""
+    lines = []
+    for d in report["dropped"]:
+        claims = f", claims seq {d['seq']}" if d["seq"] is not None else ""
+        lines.append(f"line {d['line']} ({human_size(d['bytes'])}{claims}): {d['detail']}")
+    for first, last in report["lost_seqs"]:
+        lines.append(f"{'seq' if first == last else 'seqs'} {_range(first, last)} lost")
+    if report["torn_tail_bytes"]:
+        lines.append(f"torn tail from line {report['torn_tail_line']} ({human_size(report['torn_tail_bytes'])})")
+    return lines
+
+
+def _note_skipped(args: argparse.Namespace, report: dict[str, Any], shown: int) -> None:
+    """With --allow-damaged: names on stderr what the output leaves out (stdout stays clean)."""
+    _err(f"kerman: {args.id}: the file is damaged; showing the {_count(shown, 'record')} that verify "
+         "(a lost seq is a gap); nothing was modified. Skipped:")
+    for line in _plan_lines(report):
+        _err(f"kerman:   {line}")
+    _err(f"kerman: to repair it, run: {_repair_hint(args)}")
 
 
 def _type_filter(patterns: Optional[Iterable[str]]) -> Callable[[str], bool]:
@@ -261,8 +292,8 @@ def _list_files(args: argparse.Namespace) -> list[dict[str, Any]]:
             row["status"] = "unsupported-format"
         except SessionNotFoundError:  # deleted meanwhile
             continue
-        except KermanError as error:  # locked, mostly
-            row["status"] = "locked" if isinstance(error, SessionLockedError) else "unreadable"
+        except KermanError:  # an I/O error: reading takes no lock
+            row["status"] = "unreadable"
         rows.append(row)
     return rows
 
@@ -276,6 +307,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    if args.follow:
+        if args.allow_damaged:
+            raise _Exit(2, "kerman: --follow and --allow-damaged cannot be combined: a damaged file is not "
+                           f"followed; read it with --allow-damaged, or repair it first: {_repair_hint(args)}")
+        return _follow_tail(args)
     header, events, info = _read(args)
     keep = _type_filter(args.types)
     selected = [e for e in events if keep(e.type)]
@@ -284,9 +320,52 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _follow_tail(args: argparse.Namespace) -> int:
+    """The last N events, then each new one as the session's owner commits it, until Ctrl-C
+    (exit 0) or the follower stops (the session was deleted or repaired)."""
+    import asyncio
+
+    store = _postgres(args.store) if _is_dsn(args.store) else _store(args.store)
+    log = _session_call(store.follow, args.id)
+    keep = _type_filter(args.types)
+    try:
+        events = list(log.events())
+        selected = [e for e in events if keep(e.type)]
+        selected = selected[len(selected) - args.n:] if args.n else []
+        _print_events(args, log.header, selected, len(events), {})
+        sys.stdout.flush()
+        t0 = selected[0].time if selected and args.relative else None
+
+        async def follow() -> None:
+            nonlocal t0
+            async for event in log.tail(start=len(events)):
+                if not keep(event.type):
+                    continue
+                if t0 is None and args.relative:
+                    t0 = event.time
+                _out(event.to_json() if args.json else format_event(event, t0=t0))
+                sys.stdout.flush()
+
+        try:
+            asyncio.run(follow())
+        except KeyboardInterrupt:
+            return 0
+        _err(f'kerman: stopped following session "{args.id}": it was deleted, repaired or cut back')
+        return 0
+    finally:
+        log.close()
+
+
 def _cmd_inbox(args: argparse.Namespace) -> int:
-    _, events, _ = _read(args)
-    items = InboxProjection.fold(events).items()
+    _, events, info = _read(args)
+    try:
+        items = InboxProjection.fold(events).items()
+    except ProjectionError as error:
+        if not info.get("skipped"):
+            raise
+        raise _Exit(1, f"kerman: {error}\nkerman: the inbox cannot be rebuilt without the records that are lost; "
+                       f"the ones that verify are shown by: kerman log show {shlex.quote(args.store)} "
+                       f"{shlex.quote(args.id)} --allow-damaged") from None
     if args.json:
         _out(json.dumps([{"placement": p, "message": m.to_dict()} for p, m in items],
                         ensure_ascii=False, separators=(",", ":")))
@@ -334,26 +413,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _line_offset(path: str, line: int) -> Optional[int]:
-    """Byte offset where 1-based ``line`` starts, or ``None``."""
-    if line <= 1:
-        return 0
-    seen, offset = 0, 0
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                start = 0
-                while (at := chunk.find(b"\n", start)) >= 0:
-                    seen += 1
-                    if seen == line - 1:
-                        return offset + at + 1
-                    start = at + 1
-                offset += len(chunk)
-    except OSError:
-        return None
-    return None
-
-
 def _confirm(question: str, args: argparse.Namespace) -> bool:
     stdin = sys.stdin
     if stdin is None or not stdin.isatty():
@@ -372,14 +431,17 @@ def _cmd_repair(args: argparse.Namespace) -> int:
         try:
             info = _session_call(store.verify, args.id)
         except CorruptLogError as error:
-            offset = _line_offset(error.path, error.line) if error.path and error.line else None
-            size = os.path.getsize(error.path) if error.path and os.path.exists(error.path) else None
-            amount = f" ({human_size(size - offset)})" if offset is not None and size is not None else ""
             _out(f"{error.path} is corrupt at line {error.line} (seq {error.seq}):\n  {error}")
-            _out(f"repair would keep the {_count(error.seq, 'event')} before it and cut off everything from line "
-                 f"{error.line} on{amount}, after copying the whole file to a .corrupt backup next to it")
             if error.line is not None and error.line <= 1:
                 raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that")
+            plan = _session_call(lambda sid: store.repair(sid, dry_run=True), args.id)
+            _out(f"repair would keep the {_count(plan['kept_events'], 'record')} that verify, each at its seq, "
+                 "and set aside:")
+            for line in _plan_lines(plan):
+                _out(f"  {line}")
+            _out("after copying the whole file to a .corrupt backup next to it (the lines set aside also go, "
+                 "verbatim, to a .damaged file); each lost seq gets a log/damaged placeholder and a "
+                 "log/repaired record naming all of this is appended")
         else:
             torn = info.get("torn_tail_bytes") or 0
             if not torn:
@@ -398,8 +460,17 @@ def _cmd_repair(args: argparse.Namespace) -> int:
         return 0
     backup = result.get("backup")
     exact = f" ({removed} bytes)" if removed >= 1000 else ""
-    _out(f"repaired: kept {kept}, removed {human_size(removed)}{exact}")
-    _out(f"backup: {backup}" if backup else "backup: none (only a torn tail was removed)")
+    if not backup:
+        _out(f"repaired: kept {kept}, removed {human_size(removed)}{exact}")
+        _out("backup: none (only a torn tail was removed)")
+        return 0
+    _out(f"repaired: kept {kept} that verify, removed {human_size(removed)}{exact}; "
+         f"the log now holds {_count(result['events'], 'event')}:")
+    for line in _plan_lines(result):
+        _out(f"  {line}")
+    _out(f"backup: {backup}")
+    if result.get("quarantine"):
+        _out(f"set aside: {result['quarantine']}")
     return 0
 
 
@@ -420,6 +491,12 @@ def _natural(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
     return value
+
+
+def _allow_damaged(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--allow-damaged", action="store_true",
+                     help="read a corrupt session file as far as its records verify, naming what is skipped "
+                          "on stderr (nothing is written)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -462,18 +539,22 @@ def _parser() -> argparse.ArgumentParser:
                          help="only these event types (glob patterns such as 'turn/*' allowed)")
         sub.add_argument("--relative", action="store_true",
                          help="times in seconds since the first event shown")
+        _allow_damaged(sub)
         if name == "show":
             sub.add_argument("--from", dest="start", type=_natural, default=0, metavar="SEQ",
                              help="start at this seq")
         else:
             sub.add_argument("-n", type=_natural, default=20, metavar="N",
                              help="how many events (default 20)")
+            sub.add_argument("-f", "--follow", action="store_true",
+                             help="then print each new event as it is committed, until interrupted (Ctrl-C)")
 
-    session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
-                    "print a JSON list of {placement, message}")
+    _allow_damaged(session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
+                                   "print a JSON list of {placement, message}"))
     session_command("verify", "check every record without modifying the file", _cmd_verify,
                     "print the result as a JSON object", "the session store folder")
-    repair = session_command("repair", "truncate a torn tail or cut off corrupt records", _cmd_repair, None,
+    repair = session_command("repair", "cut off a torn tail, or repair a corrupt file keeping every record "
+                             "that verifies", _cmd_repair, None,
                              "the session store folder")
     repair.add_argument("--yes", action="store_true", help="repair without asking")
     return parser

@@ -83,7 +83,8 @@ class CorruptLogError(LogError):
     """An invalid record followed by valid ones: committed data is damaged. Nothing was modified.
 
     ``path`` is the file, ``line`` the 1-based line (the header is line 1) and ``seq`` the seq
-    expected there. ``kerman log repair`` can truncate it, keeping a ``.corrupt`` copy.
+    expected there. ``kerman log repair`` repairs it, keeping every record that verifies at its
+    seq (docs/format.md, "Repairing corruption") and a ``.corrupt`` copy.
     """
 
     def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None,

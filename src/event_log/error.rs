@@ -23,6 +23,8 @@ pub enum LogError {
     UnsupportedFormat { path: PathBuf, found: u64, supported: u64 },
     /// Another owner holds the session.
     Locked { id: String },
+    /// An owning log of this very process still holds the session (it was not closed).
+    LockedHere { id: String },
     NotFound { id: String },
     Exists { id: String },
     /// The log was closed; nothing more can be appended.
@@ -83,6 +85,10 @@ impl fmt::Display for LogError {
             LogError::Locked { id } => {
                 write!(f, "session \"{id}\" is locked: another process or handle has it open")
             }
+            LogError::LockedHere { id } => write!(
+                f,
+                "session \"{id}\" is locked by a session log still open in this process: close that log first"
+            ),
             LogError::NotFound { id } => write!(f, "session \"{id}\" not found"),
             LogError::Exists { id } => write!(f, "session \"{id}\" already exists"),
             LogError::Closed { id } => write!(f, "session \"{id}\" is closed"),
@@ -92,10 +98,9 @@ impl fmt::Display for LogError {
                 f,
                 "session \"{id}\": lease lost (this handle holds epoch {epoch}, the session is at epoch {current}); another owner took it over"
             ),
-            LogError::ReadOnly { id } => write!(
-                f,
-                "session \"{id}\" is followed read-only here (PostgresStore.follow); open it to append"
-            ),
+            LogError::ReadOnly { id } => {
+                write!(f, "session \"{id}\" is followed read-only here (store.follow); open it to append")
+            }
             LogError::Database { context, detail } => write!(f, "{context}: {detail}"),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
         }

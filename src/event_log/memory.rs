@@ -1,7 +1,6 @@
 //! `MemoryStore`: sessions that live as long as the process.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Map, Value};
@@ -15,8 +14,6 @@ struct Entry {
     header: Map<String, Value>,
     /// The events as of the last close; `None` while a log owns the session.
     events: Option<Vec<Event>>,
-    /// Set by the first append; `list` shows only sessions holding events.
-    nonempty: Arc<AtomicBool>,
 }
 
 type Sessions = Arc<Mutex<BTreeMap<String, Entry>>>;
@@ -34,14 +31,10 @@ fn lock(s: &Sessions) -> MutexGuard<'_, BTreeMap<String, Entry>> {
 struct MemoryBackend {
     id: String,
     sessions: Sessions,
-    nonempty: Arc<AtomicBool>,
 }
 
 impl Backend for MemoryBackend {
     fn enqueue(&self, _event: &Event) -> Result<(), LogError> {
-        if !self.nonempty.load(Ordering::Relaxed) {
-            self.nonempty.store(true, Ordering::Relaxed);
-        }
         Ok(())
     }
 
@@ -62,8 +55,8 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn backend(&self, id: &str, nonempty: &Arc<AtomicBool>) -> Box<dyn Backend> {
-        Box::new(MemoryBackend { id: id.to_string(), sessions: Arc::clone(&self.sessions), nonempty: Arc::clone(nonempty) })
+    fn backend(&self, id: &str) -> Box<dyn Backend> {
+        Box::new(MemoryBackend { id: id.to_string(), sessions: Arc::clone(&self.sessions) })
     }
 }
 
@@ -71,32 +64,31 @@ impl Store for MemoryStore {
     fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError> {
         let id = resolve_id(id)?;
         let header = new_header(&id);
-        let nonempty = Arc::new(AtomicBool::new(false));
         {
             let mut sessions = lock(&self.sessions);
             if sessions.contains_key(&id) {
                 return Err(LogError::Exists { id });
             }
-            sessions.insert(id.clone(), Entry { header: header.clone(), events: None, nonempty: Arc::clone(&nonempty) });
+            sessions.insert(id.clone(), Entry { header: header.clone(), events: None });
         }
-        Ok(SessionLog::from_parts(id.clone(), header, Vec::new(), self.backend(&id, &nonempty)))
+        Ok(SessionLog::from_parts(id.clone(), header, Vec::new(), self.backend(&id)))
     }
 
     fn open(&self, id: &str) -> Result<SessionLog, LogError> {
         check_id(id)?;
-        let (header, events, nonempty) = {
+        let (header, events) = {
             let mut sessions = lock(&self.sessions);
             let entry = sessions.get_mut(id).ok_or_else(|| LogError::NotFound { id: id.into() })?;
-            let events = entry.events.take().ok_or_else(|| LogError::Locked { id: id.into() })?;
-            (entry.header.clone(), events, Arc::clone(&entry.nonempty))
+            let events = entry.events.take().ok_or_else(|| LogError::LockedHere { id: id.into() })?;
+            (entry.header.clone(), events)
         };
-        let log = SessionLog::from_parts(id.to_string(), header, events, self.backend(id, &nonempty));
+        let log = SessionLog::from_parts(id.to_string(), header, events, self.backend(id));
         closers::close_open_turn(&log)?;
         Ok(log)
     }
 
     fn list(&self) -> Result<Vec<String>, LogError> {
-        Ok(lock(&self.sessions).iter().filter(|(_, e)| e.nonempty.load(Ordering::Relaxed)).map(|(id, _)| id.clone()).collect())
+        Ok(lock(&self.sessions).keys().cloned().collect())
     }
 
     fn exists(&self, id: &str) -> Result<bool, LogError> {
@@ -109,7 +101,7 @@ impl Store for MemoryStore {
         let mut sessions = lock(&self.sessions);
         match sessions.get(id) {
             None => Err(LogError::NotFound { id: id.into() }),
-            Some(entry) if entry.events.is_none() => Err(LogError::Locked { id: id.into() }),
+            Some(entry) if entry.events.is_none() => Err(LogError::LockedHere { id: id.into() }),
             Some(_) => {
                 sessions.remove(id);
                 Ok(())

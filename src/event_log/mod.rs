@@ -15,8 +15,8 @@ mod store;
 pub use closers::close_open_turn;
 pub use error::LogError;
 pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, SPLICED, SURFACE_TYPES};
+pub use file::{DamagedSnapshot, Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
 pub use filter::{is_pattern, TypeFilter};
-pub use file::{Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
 pub use log::{
     now_ms, Backend, FlushCallback, Intake, Observer, Publishing, SessionLog, StagedInput, Taken, Waiter, WeakSessionLog,
 };

@@ -13,9 +13,10 @@ pub const FORMAT_VERSION: u64 = 1;
 ///   `None`); an existing id is `Exists`.
 /// * `open` hands out the one owning log of an existing session: it verifies what is stored,
 ///   repairs a torn tail, and appends deterministic closers if the log ends inside an open turn.
-///   A session another handle owns is `Locked`.
-/// * `list` names sessions holding at least one event; `exists` any created id; `delete`
-///   removes a session nobody owns.
+///   A session another handle owns is `Locked` (`LockedHere` when the store can tell that it is
+///   a log of this very process).
+/// * `list` names every created session, sorted, and agrees with `exists` (an empty session
+///   is listed); `delete` removes a session nobody owns.
 pub trait Store: Send + Sync {
     fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError>;
     fn open(&self, id: &str) -> Result<SessionLog, LogError>;

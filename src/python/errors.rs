@@ -46,6 +46,11 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
             new_err(py, "UnsupportedFormatError", (text, path.display().to_string(), found, supported))
         }
         LogError::Locked { .. } => new_err(py, "SessionLockedError", (text,)),
+        LogError::LockedHere { .. } => {
+            let how = "log.close(), or open it as `with store.open(id) as log:` so it closes itself; \
+                       a handle dropped but not yet garbage-collected is released by gc.collect()";
+            new_err(py, "SessionLockedError", (format!("{text} ({how})"),))
+        }
         LogError::NotFound { .. } => new_err(py, "SessionNotFoundError", (text,)),
         LogError::Exists { .. } => new_err(py, "SessionExistsError", (text,)),
         LogError::Closed { .. } => new_err(py, "LogClosedError", (text,)),

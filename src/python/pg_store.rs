@@ -138,7 +138,7 @@ impl PyPostgresStore {
         wrap(py, stored)
     }
 
-    /// Ids of sessions holding at least one event.
+    /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.detach(|| self.inner.list()).map_err(|e| log_err(py, e))
     }

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use super::convert::map_to_py;
 use super::errors::{log_err, warn};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PyEvent, PySessionLog};
 use super::faults::PyFaultPlan;
-use crate::event_log::{Durability, FileStore, MemoryStore, Store};
+use crate::event_log::{Durability, FileStore, MemoryStore, RepairReport, Store};
 
 fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
     match id.filter(|i| !i.is_none()) {
@@ -45,7 +45,7 @@ impl PyMemoryStore {
         self.inner.open(&id).map(wrap_log).map_err(|e| log_err(py, e))
     }
 
-    /// Ids of sessions holding at least one event.
+    /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.inner.list().map_err(|e| log_err(py, e))
     }
@@ -127,7 +127,7 @@ impl PyFileStore {
         Ok(wrap_owned_log(log))
     }
 
-    /// Ids of sessions holding at least one event.
+    /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.inner.list().map_err(|e| log_err(py, e))
     }
@@ -136,12 +136,22 @@ impl PyFileStore {
         self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
 
+    /// A read-only follower of session `id`: its events so far, then each record its owner (in
+    /// this or another process) writes, as the file grows, so `tail()` and `subscribe()` follow
+    /// the session live. Takes no lock and never writes. Appends raise `LogError`; `close()`
+    /// stops following. A corrupt file raises `CorruptLogError`; an incomplete last record is
+    /// simply not visible yet.
+    fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.follow(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+    }
+
     /// Deletes a session file nobody has open.
     fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
 
-    /// Checks a session without modifying it (shared lock): returns `{"path", "events",
+    /// Checks a session without modifying it or taking its lock: returns `{"path", "events",
     /// "size_bytes", "torn_tail_bytes"}`; raises `CorruptLogError`/`UnsupportedFormatError`.
     fn verify<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let snap = self.inner.read(&id_arg(id)?).map_err(|e| log_err(py, e))?;
@@ -153,22 +163,42 @@ impl PyFileStore {
         Ok(d)
     }
 
-    /// Truncates a torn tail or, for a corrupt log, everything from the first bad record
-    /// (after copying the file to `<path>.corrupt`). Returns `{"kept_events",
-    /// "removed_bytes", "backup"}`.
-    fn repair<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
-        let report = self.inner.repair(&id_arg(id)?).map_err(|e| log_err(py, e))?;
-        let d = PyDict::new(py);
-        d.set_item("kept_events", report.kept_events)?;
-        d.set_item("removed_bytes", report.removed_bytes)?;
-        d.set_item("backup", report.backup.map(|p| p.display().to_string()))?;
-        Ok(d)
+    /// Repairs the session file (docs/format.md, "Repairing corruption"): truncates a torn
+    /// tail; for a corrupt log copies the whole file to `<path>.corrupt`, sets the lines that
+    /// do not verify aside in `<path>.damaged`, keeps every verified record at its seq with a
+    /// `log/damaged` placeholder at each lost seq, and appends a `log/repaired` record. With
+    /// `dry_run`, only reports what it would do (no lock taken, nothing written). Returns
+    /// `{"kept_events", "events", "removed_bytes", "dropped": [{"line", "bytes", "seq",
+    /// "detail"}], "lost_seqs": [[first, last]], "torn_tail_bytes", "torn_tail_line",
+    /// "backup", "quarantine"}`.
+    #[pyo3(signature = (id, *, dry_run=false))]
+    fn repair<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>, dry_run: bool) -> PyResult<Bound<'py, PyDict>> {
+        let id = id_arg(id)?;
+        let report = if dry_run { self.inner.plan_repair(&id) } else { self.inner.repair(&id) };
+        report_dict(py, &report.map_err(|e| log_err(py, e))?)
     }
 
-    /// Read-only snapshot for tools: `(header, events, info)`; never modifies the file.
-    fn _read<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyDict>, Vec<PyEvent>, Bound<'py, PyDict>)> {
-        let snap = self.inner.read(&id_arg(id)?).map_err(|e| log_err(py, e))?;
+    /// Read-only snapshot for tools: `(header, events, info)`; never modifies the file. With
+    /// `allow_damaged`, a corrupt file gives the records that verify and `info["skipped"]`
+    /// (the `repair` report of what was left out) instead of `CorruptLogError`.
+    #[pyo3(signature = (id, allow_damaged=false))]
+    fn _read<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        allow_damaged: bool,
+    ) -> PyResult<(Bound<'py, PyDict>, Vec<PyEvent>, Bound<'py, PyDict>)> {
+        let id = id_arg(id)?;
+        let (snap, skipped) = if allow_damaged {
+            let damaged = self.inner.read_damaged(&id).map_err(|e| log_err(py, e))?;
+            (damaged.snapshot, damaged.skipped)
+        } else {
+            (self.inner.read(&id).map_err(|e| log_err(py, e))?, None)
+        };
         let info = PyDict::new(py);
+        if let Some(skipped) = skipped {
+            info.set_item("skipped", report_dict(py, &skipped)?)?;
+        }
         info.set_item("path", snap.path.display().to_string())?;
         info.set_item("size_bytes", snap.size_bytes)?;
         info.set_item("torn_tail_bytes", snap.torn_tail_bytes)?;
@@ -181,6 +211,30 @@ impl PyFileStore {
             .unwrap_or_default();
         format!("<FileStore root={root} durability='{}'>", self.durability)
     }
+}
+
+fn report_dict<'py>(py: Python<'py>, report: &RepairReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kept_events", report.kept_events)?;
+    d.set_item("events", report.events)?;
+    d.set_item("removed_bytes", report.removed_bytes)?;
+    let dropped = PyList::empty(py);
+    for line in &report.dropped {
+        let item = PyDict::new(py);
+        item.set_item("line", line.line)?;
+        item.set_item("bytes", line.bytes.end - line.bytes.start)?;
+        item.set_item("seq", line.claimed_seq)?;
+        item.set_item("detail", &line.detail)?;
+        dropped.append(item)?;
+    }
+    d.set_item("dropped", dropped)?;
+    let lost: Vec<Vec<u64>> = report.lost.iter().map(|l| vec![l.seqs.start, l.seqs.end - 1]).collect();
+    d.set_item("lost_seqs", lost)?;
+    d.set_item("torn_tail_bytes", report.torn_tail_bytes)?;
+    d.set_item("torn_tail_line", report.torn_tail_line)?;
+    d.set_item("backup", report.backup.as_ref().map(|p| p.display().to_string()))?;
+    d.set_item("quarantine", report.quarantine.as_ref().map(|p| p.display().to_string()))?;
+    Ok(d)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

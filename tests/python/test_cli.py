@@ -284,11 +284,11 @@ def test_list_marks_damaged_and_locked_sessions(tmp_path: Path, capsys: pytest.C
             log.append("goal/change", {"goal": 2})
     corrupt_middle(session_file(root, "bad"))
     tear_tail(session_file(root, "torn"))
-    with store.open("busy"):
+    with store.open("busy"):  # an open session is read without its lock
         code, out, _ = run(capsys, "log", "list", str(root), "--json")
     assert code == 0
     status = {row["id"]: (row["status"], row["events"]) for row in json.loads(out)}
-    assert status == {"bad": ("corrupt", None), "busy": ("locked", None), "torn": ("torn-tail", 1)}
+    assert status == {"bad": ("corrupt", None), "busy": ("ok", 2), "torn": ("torn-tail", 1)}
 
 
 def test_list_of_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -482,13 +482,23 @@ def test_an_unsupported_format_is_an_error(tmp_path: Path, capsys: pytest.Captur
     assert_no_traceback(err)
 
 
-@pytest.mark.parametrize("command", ["show", "tail", "inbox", "verify", "repair"])
-def test_a_locked_session_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+@pytest.mark.parametrize("command", ["show", "tail", "inbox", "verify"])
+def test_reading_commands_read_a_session_that_is_open(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      command: str) -> None:
+    """Readers take no lock (issue 11 item 3): they see what is committed so far."""
+    root, _ = make_store(tmp_path)
+    alone = run(capsys, "log", command, str(root), "s1", "--json")
+    with kerman.FileStore(root, durability="none").open("s1"):
+        assert run(capsys, "log", command, str(root), "s1", "--json") == alone
+    assert alone[0] == 0 and alone[1]
+
+
+def test_repair_of_an_open_session_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = make_store(tmp_path)
     with kerman.FileStore(root, durability="none").open("s1"):
-        code, out, err = run(capsys, "log", command, str(root), "s1", *(["--yes"] if command == "repair" else []))
+        code, out, err = run(capsys, "log", "repair", str(root), "s1", "--yes")
     assert code == 1 and out == ""
-    assert err.startswith("kerman: ") and "locked" in err
+    assert err.startswith('kerman: session "s1" is locked by a session log still open in this process')
     assert_no_traceback(err)
 
 
@@ -544,9 +554,11 @@ def test_repair_asks_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture
     monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
     code, out, err = run(capsys, "log", "repair", str(root), "s1")
     assert code == 0, err
-    assert "kept 1 event," in out and f"backup: {path}.corrupt" in out
+    assert "kept 6 events that verify," in out and f"backup: {path}.corrupt" in out
+    assert "  seq 1 lost\n" in out and f"set aside: {path}.damaged" in out
     assert Path(f"{path}.corrupt").read_bytes() == before
-    assert kerman.FileStore(root, durability="none").verify("s1")["events"] == 1
+    # 6 kept, a placeholder at seq 1, the log/repaired record
+    assert kerman.FileStore(root, durability="none").verify("s1")["events"] == 8
 
 
 def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -556,10 +568,49 @@ def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixtu
     before = path.read_bytes()
     code, out, err = run(capsys, "log", "repair", str(root), "s1", "--yes")
     assert code == 0 and err == ""
-    removed = len(before) - path.stat().st_size
-    assert removed > 0
-    assert f"removed {cli.human_size(removed)}" in out and f"backup: {path}.corrupt" in out
+    removed = len(Path(f"{path}.damaged").read_bytes())
+    lines = before.splitlines(keepends=True)
+    assert removed == len(lines[2]) > 0  # only line 3 is set aside
+    assert out == (f"repaired: kept 6 events that verify, removed {cli.human_size(removed)}; the log now holds 8 events:\n"
+                   f"  line 3 ({cli.human_size(removed)}, claims seq 1): {_checksum_detail(lines[2])}\n"
+                   f"  seq 1 lost\n"
+                   f"backup: {path}.corrupt\nset aside: {path}.damaged\n")
     assert run(capsys, "log", "verify", str(root), "s1")[0] == 0
+    _, out, _ = run(capsys, "log", "show", str(root), "s1", "--types", "log/*")
+    assert [line.split(None, 3)[2:] for line in out.splitlines()[1:]] == [
+        ["log/damaged", "lost (seq 1; line 3 of s1.jsonl.corrupt)"],
+        ["log/repaired", "1 line set aside, seq 1 lost; backup s1.jsonl.corrupt"]]
+
+
+def _checksum_detail(line: bytes) -> str:
+    return f"checksum mismatch (stored {line[:8].decode()}, computed {crc32c(line[9:-1]):08x})"
+
+
+@pytest.mark.parametrize("command", ["show", "tail", "inbox"])
+def test_allow_damaged_reads_what_verifies_and_names_what_it_skips(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   command: str) -> None:
+    root, _ = make_store(tmp_path)
+    path = session_file(root, "s1")
+    corrupt_middle(path)
+    before = path.read_bytes()
+    code, out, err = run(capsys, "log", command, str(root), "s1", "--json", "--allow-damaged")
+    line = before.splitlines(keepends=True)[2]
+    assert err.startswith("kerman: s1: the file is damaged; showing the 6 records that verify (a lost seq is a gap); "
+                   "nothing was modified. Skipped:\n"
+                   f"kerman:   line 3 ({cli.human_size(len(line))}, claims seq 1): {_checksum_detail(line)}\n"
+                   "kerman:   seq 1 lost\n"
+                   f"kerman: to repair it, run: kerman log repair {root} s1\n")
+    if command == "inbox":
+        # seq 1 inserted "prompt 1": the later splices no longer fit, and it says so
+        assert (code, out) == (1, "")
+        assert err.endswith("kerman: invalid persisted inbox splice at session seq 4: invalid inbox splice\n"
+                            "kerman: the inbox cannot be rebuilt without the records that are lost; the ones "
+                            f"that verify are shown by: kerman log show {root} s1 --allow-damaged\n")
+    else:
+        assert code == 0 and err.count("\n") == 4
+        assert [json.loads(x)["seq"] for x in out.splitlines()] == [0, 2, 3, 4, 5, 6]
+    assert path.read_bytes() == before and sorted(os.listdir(root)) == ["s1.jsonl"]
 
 
 def test_repair_yes_on_a_torn_tail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,11 @@ envelope field occurs in the records damaged here. Each case states its exact ou
   cuts the file and ends in exactly the state of a file cut cleanly before line L (closers
   included), byte for byte;
 * corruption at line L: `open` and `verify` raise `CorruptLogError(line=L, seq=L-2)` naming the
-  next valid line and change nothing; only `repair` cuts, after keeping a full `.corrupt` copy.
+  next valid line and change nothing; `repair(dry_run=True)` names exactly the lines it would
+  set aside and the seqs that are lost, and changes nothing; `repair` keeps a full `.corrupt`
+  copy, puts the lines set aside verbatim in `.damaged`, and leaves exactly the original file
+  with a `log/damaged` placeholder at each lost seq (every other record byte for byte at its
+  seq) and a `log/repaired` record naming it all (docs/format.md, "Repairing corruption").
 
 test_stores.py keeps the simpler single cases (one flip per place, boundary cuts, seq gaps,
 version checks); this file sweeps offsets and bits.
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compact, event_record, frame, header_record, session_path, write_raw_session
+from conftest import compact, event_record, frame, header_record, read_raw_session, session_path, write_raw_session
 from kerman import AgentLoop, CorruptLogError, FileStore, ModelReply
 from kerman.models import ScriptedModel
 
@@ -172,9 +176,31 @@ def check_torn(damaged: bytes, line: int, root: Path, caplog) -> None:
     assert path.read_bytes() == want_file
 
 
-def check_corrupt(damaged: bytes, line: int, valid_after: int, root: Path) -> None:
-    """`damaged` is refused with the first invalid record at `line` and a valid one on
-    `valid_after`; only `repair` changes the file."""
+def _time(record_line: bytes) -> int:
+    return json.loads(record_line[9:-1])["time"]
+
+
+def expected_repair(s: Session, dropped: list, lost: list) -> bytes:
+    """The repaired file of a damaged copy of `s` whose lines `dropped` are set aside and whose
+    seqs `lost` are lost, without its final `log/repaired` record: every original record at its
+    seq, byte for byte, and a placeholder at each lost seq."""
+    out = s.line(1)
+    for seq in range(len(s.spans) - 1):
+        if seq not in lost:
+            out += s.line(seq + 2)
+            continue
+        before = _time(s.line(lost[0] + 1)) if lost[0] > 0 else json.loads(s.line(1)[9:-1])["createdAt"]
+        data = {"seqs": [lost[0], lost[-1]], "lines": [dropped[0], dropped[-1]] if dropped else None,
+                "backup": f"{session_path('.', SID).name}.corrupt"}
+        out += frame(compact(event_record(seq, "log/damaged", data, time=before)))
+    return out
+
+
+def check_corrupt(s: Session, damaged: bytes, line: int, valid_after: int, root: Path, dropped: list,
+                  lost: list) -> None:
+    """`damaged` (a damaged copy of `s`) is refused with the first invalid record at `line` and
+    a valid one on `valid_after`; only `repair` changes the file, setting aside exactly the
+    lines `dropped` (numbered as in `damaged`) and losing exactly the seqs `lost`."""
     path = _place(damaged, root)
     store = FileStore(root, durability="none")
     for attempt in (store.open, store.verify, store.open):  # a refusal leaves no lock behind
@@ -185,11 +211,31 @@ def check_corrupt(damaged: bytes, line: int, valid_after: int, root: Path) -> No
         assert f"invalid record at line {line} (seq {line - 2})" in str(err)
         assert str(err).endswith(f"a valid record follows on line {valid_after}"), str(err)
         assert path.read_bytes() == damaged, f"{attempt.__name__} modified the file"
-    good = sum(e - s for s, e in _spans(damaged)[:line - 1])
+    spans = _spans(damaged)
+    aside = [damaged[spans[n - 1][0]:spans[n - 1][1]] for n in dropped]
+    want = expected_repair(s, dropped, lost)
+    events = len(_spans(want)) - 1  # the marker comes after these
+    plan = store.repair(SID, dry_run=True)
+    assert path.read_bytes() == damaged and os.listdir(root) == [path.name], "a dry run wrote"
+    assert [(d["line"], d["bytes"]) for d in plan["dropped"]] == [(n, len(b)) for n, b in zip(dropped, aside)]
+    assert {k: v for k, v in plan.items() if k != "dropped"} == {
+        "kept_events": events - len(lost), "events": events + 1, "removed_bytes": sum(map(len, aside)),
+        "lost_seqs": [[lost[0], lost[-1]]] if lost else [], "torn_tail_bytes": 0, "torn_tail_line": None,
+        "backup": None, "quarantine": None}
     report = store.repair(SID)
+    assert report == {**plan, "backup": f"{path}.corrupt", "quarantine": f"{path}.damaged" if aside else None}
     assert Path(report["backup"]).read_bytes() == damaged
-    assert (report["kept_events"], report["removed_bytes"]) == (line - 2, len(damaged) - good)
-    assert path.read_bytes() == damaged[:good]
+    assert (Path(report["quarantine"]).read_bytes() if aside else b"") == b"".join(aside)
+    repaired = path.read_bytes()
+    assert repaired.startswith(want), "the kept records or the placeholders differ"
+    [(ok, marker, _)] = read_raw_session(path)[events + 1:]
+    assert ok, "the log/repaired record does not verify"
+    assert marker["time"] >= _time(want.splitlines(keepends=True)[-1])
+    assert {k: v for k, v in marker.items() if k != "time"} == {"type": "log/repaired", "seq": events, "data": {
+        "backup": f"{path.name}.corrupt", "quarantine": f"{path.name}.damaged" if aside else None,
+        "dropped": report["dropped"], "lostSeqs": report["lost_seqs"], "tornTailBytes": 0}}
+    verified = store.verify(SID)
+    assert (verified["events"], verified["torn_tail_bytes"]) == (events + 1, 0)
 
 
 @contextmanager
@@ -235,7 +281,10 @@ def test_repair_of_a_torn_tail_cuts_it_without_a_backup(session, scratch, keep):
     start, end = session.spans[session.middle - 1]
     path = _place(session.data[:start + keep % (end - start)], scratch)
     report = FileStore(scratch, durability="none").repair(SID)
-    assert report == {"kept_events": session.middle - 2, "removed_bytes": keep % (end - start), "backup": None}
+    assert report == {"kept_events": session.middle - 2, "events": session.middle - 2,
+                      "removed_bytes": keep % (end - start), "dropped": [], "lost_seqs": [],
+                      "torn_tail_bytes": keep % (end - start), "torn_tail_line": session.middle,
+                      "backup": None, "quarantine": None}
     assert path.read_bytes() == session.data[:start]
     assert os.listdir(scratch) == [path.name]
 
@@ -243,10 +292,13 @@ def test_repair_of_a_torn_tail_cuts_it_without_a_backup(session, scratch, keep):
 def test_a_middle_record_cut_short_is_corruption(session, scratch):
     """A record missing its end (or missing entirely) with the rest of the file intact: the
     stub swallows the next line, and the line after that is valid."""
-    start, end = session.spans[session.middle - 1]
+    m = session.middle
+    start, end = session.spans[m - 1]
     for cut in range(start, end):
         with case(f"record cut at {cut}"):
-            check_corrupt(session.data[:cut] + session.data[end:], session.middle, session.middle + 1, scratch / "s")
+            # cut at its start, the record is gone whole: its seq is lost, no line is set aside
+            dropped, lost = ([], [m - 2]) if cut == start else ([m], [m - 2, m - 1])
+            check_corrupt(session, session.data[:cut] + session.data[end:], m, m + 1, scratch / "s", dropped, lost)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +316,7 @@ def _garbage(n: int, newlines: bool, seed: int) -> bytes:
 
 
 def _tail_cases(s: Session):
-    """(id, damaged bytes, ("torn", line) | ("corrupt", line, valid_after))."""
+    """(id, damaged bytes, ("torn", line) | ("corrupt", line, valid_after, lines set aside, seqs lost))."""
     d, end = s.data, len(s.spans) + 1  # `end`: the line after the last record
     last_start, _ = s.spans[s.last - 1]
     prev_start, _ = s.spans[s.last - 2]
@@ -286,11 +338,15 @@ def _tail_cases(s: Session):
     # a partial record with no newline swallows the complete one written after it
     yield "partial-then-whole", d + s.line(s.last)[:30] + s.line(s.last), ("torn", end)
     # ...but once terminated, any valid record after it, whatever its seq, means corruption
-    yield "garbage-line-then-old-record", d + b"junk\n" + s.line(s.last), ("corrupt", end, end + 1)
-    yield "another-session-appended", d + other, ("corrupt", end, end + 1)
-    yield "middle-record-zeroed", _zero(d, mid_start, mid_end - 1), ("corrupt", s.middle, s.middle + 1)
-    yield "middle-record-zeroed-with-newline", _zero(d, mid_start, mid_end), ("corrupt", s.middle, s.middle + 1)
-    yield "garbage-inside", d[:mid_start] + b"garbage\n" + d[mid_start:], ("corrupt", s.middle, s.middle + 1)
+    # the repeated old record and the foreign one verify but do not continue the log: set aside
+    yield "garbage-line-then-old-record", d + b"junk\n" + s.line(s.last), ("corrupt", end, end + 1, [end, end + 1], [])
+    yield "another-session-appended", d + other, ("corrupt", end, end + 1, [end, end + 1], [])
+    m = s.middle
+    yield "middle-record-zeroed", _zero(d, mid_start, mid_end - 1), ("corrupt", m, m + 1, [m], [m - 2])
+    # without its newline the zeroed record swallows the next one: two seqs in one line
+    yield "middle-record-zeroed-with-newline", _zero(d, mid_start, mid_end), ("corrupt", m, m + 1, [m], [m - 2, m - 1])
+    # an extra line costs no seq
+    yield "garbage-inside", d[:mid_start] + b"garbage\n" + d[mid_start:], ("corrupt", m, m + 1, [m], [])
 
 
 TAIL_IDS = [
@@ -311,7 +367,8 @@ def test_zero_and_garbage_damage(session, scratch, caplog, name):
     if outcome[0] == "torn":
         check_torn(damaged, outcome[1], scratch / "s", caplog)
     else:
-        check_corrupt(damaged, outcome[1], outcome[2], scratch / "s")
+        _, line, after, dropped, lost = outcome
+        check_corrupt(session, damaged, line, after, scratch / "s", dropped, lost)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,9 +429,12 @@ def test_single_bit_flip(session, scratch, caplog, which, field):
             if which == "last":
                 check_torn(damaged, line, scratch / "s", caplog)
                 continue
-            # the next record is on the next line, unless the flip split this one in two
-            split = record[i] ^ (1 << bit) == 0x0A
-            check_corrupt(damaged, line, line + 2 if split else line + 1, scratch / "s")
+            # the next record is on the next line, unless the flip split this one in two (two
+            # lines set aside for its seq) or joined it with the next (one line, two seqs)
+            split, joined = record[i] ^ (1 << bit) == 0x0A, record[i] == 0x0A
+            dropped = [line, line + 1] if split else [line]
+            lost = [line - 2, line - 1] if joined else [line - 2]
+            check_corrupt(session, damaged, line, line + 2 if split else line + 1, scratch / "s", dropped, lost)
 
 
 def test_newline_flip_before_the_last_record_is_a_torn_tail(session, scratch, caplog):
@@ -402,3 +462,29 @@ def test_every_header_bit_flip_is_refused_and_never_repaired(session, scratch, b
                 assert (exc.value.line, exc.value.seq) == (1, 0), (i, bit, attempt.__name__)
             assert path.read_bytes() == damaged, (i, bit)
             assert os.listdir(root) == [path.name], "repair left a backup of a bad header"
+
+
+def test_one_flipped_bit_in_the_middle_of_64_events_loses_one_record(tmp_path, capsys):
+    """Issue 11 item 5, as reported: one bit flipped in the middle of a 64-event file used to
+    make `repair` keep only the 19 records before it. Now it keeps the other 63, each at its
+    seq, and `show --allow-damaged` reads them without writing anything."""
+    from kerman import cli
+
+    store = FileStore(tmp_path, durability="none")
+    with store.create("big") as log:
+        for i in range(64):
+            log.append("x/e", {"i": i})
+    path = session_path(tmp_path, "big")
+    start, _ = _spans(path.read_bytes())[19 + 1]  # seq 19
+    damaged = _flip(path.read_bytes(), start + 30, 2)
+    path.write_bytes(damaged)
+    assert cli.main(["log", "show", str(tmp_path), "big", "--json"]) == 1
+    capsys.readouterr()
+    assert cli.main(["log", "show", str(tmp_path), "big", "--json", "--allow-damaged"]) == 0
+    shown = [json.loads(line)["data"]["i"] for line in capsys.readouterr().out.splitlines()]
+    assert shown == [i for i in range(64) if i != 19] and path.read_bytes() == damaged
+    report = store.repair("big")
+    assert (report["kept_events"], report["lost_seqs"], [d["line"] for d in report["dropped"]]) == (63, [[19, 19]], [21])
+    with store.open("big") as log:
+        assert [e.data.get("i") for e in log.events()][:64] == [*range(19), None, *range(20, 64)]
+        assert [log[19].type, log[64].type, len(log)] == ["log/damaged", "log/repaired", 65]

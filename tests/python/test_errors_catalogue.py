@@ -428,12 +428,18 @@ def test_session_create_existing_and_open_missing(store):
 
 
 def test_session_opened_twice_same_process(store):
+    """Memory and file stores say that this process holds it, and how to release it (issue
+    11 item 1); a PostgreSQL lease names no process."""
+    here = ('^session "s" is locked by a session log still open in this process: close that log first '
+            r'\(log.close\(\), or open it as `with store.open\(id\) as log:` so it closes itself; '
+            r'a handle dropped but not yet garbage-collected is released by gc.collect\(\)\)$')
+    generic = '^session "s" is locked: another process or handle has it open'
     log = store.create("s")
     try:
-        with pytest.raises(SessionLockedError, match='^session "s" is locked: another process or handle has it open'):
+        with pytest.raises(SessionLockedError, match=here if isinstance(store, (FileStore, MemoryStore)) else generic):
             store.open("s")
         if isinstance(store, FileStore):
-            with pytest.raises(SessionLockedError):
+            with pytest.raises(SessionLockedError, match=here):
                 store.delete("s")
     finally:
         log.close()
@@ -1154,15 +1160,18 @@ def test_cli_invalid_session_id(cli_store):
 
 
 def test_cli_locked_session(cli_store):
+    """Reading needs no lock (issue 11 item 3); only repair, which writes, is refused."""
     log = FileStore(cli_store).open("s")
     try:
         show = cli("log", "show", str(cli_store), "s")
         listing = cli("log", "list", str(cli_store))
+        repair = cli("log", "repair", str(cli_store), "s", "--yes")
     finally:
         log.close()
-    assert show.returncode == 1
-    assert show.stderr == 'kerman: session "s" is locked: another process or handle has it open\n'
-    assert listing.returncode == 0 and "(locked)" in listing.stdout
+    assert show.returncode == 0 and show.stderr == ""
+    assert listing.returncode == 0 and "(" not in listing.stdout
+    assert repair.returncode == 1
+    assert repair.stderr == 'kerman: session "s" is locked: another process or handle has it open\n'
 
 
 def test_cli_newer_format(tmp_path):

@@ -49,8 +49,8 @@ fn closed_logs_refuse_appends_and_memory_sessions_reopen() {
     let store = MemoryStore::new();
     let log = store.create(Some("s")).unwrap();
     log.append("a/b", &json!({"k": 1})).unwrap();
-    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.delete("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.open("s"), Err(LogError::LockedHere { .. })));
+    assert!(matches!(store.delete("s"), Err(LogError::LockedHere { .. })));
     log.close().unwrap();
     assert!(matches!(log.append("a/b", &json!(1)), Err(LogError::Closed { .. })));
     let again = store.open("s").unwrap();
@@ -61,12 +61,12 @@ fn closed_logs_refuse_appends_and_memory_sessions_reopen() {
 }
 
 #[test]
-fn empty_sessions_are_not_listed() {
+fn empty_sessions_are_listed_as_they_exist() {
     let store = MemoryStore::new();
     let _empty = store.create(Some("empty")).unwrap();
     let full = store.create(Some("full")).unwrap();
     full.append("a/b", &json!(1)).unwrap();
-    assert_eq!(store.list().unwrap(), ["full"]);
+    assert_eq!(store.list().unwrap(), ["empty", "full"]);
     assert!(store.exists("empty").unwrap());
 }
 

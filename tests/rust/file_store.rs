@@ -135,16 +135,17 @@ fn exists_not_found_and_locked() {
 
     let log = store.create(Some("s")).unwrap();
     assert!(matches!(store.create(Some("s")), Err(LogError::Exists { .. })));
-    // The creator owns the session until it closes.
-    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
+    // The creator owns the session until it closes; the error says it is held here.
+    assert!(matches!(store.open("s"), Err(LogError::LockedHere { .. })));
     fill(&log, 1);
     log.close().unwrap();
 
     let log = store.open("s").unwrap();
-    assert!(matches!(store.open("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.delete("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.read("s"), Err(LogError::Locked { .. })));
-    assert!(matches!(store.repair("s"), Err(LogError::Locked { .. })));
+    assert!(matches!(store.open("s"), Err(LogError::LockedHere { .. })));
+    assert!(matches!(store.delete("s"), Err(LogError::LockedHere { .. })));
+    // Readers take no lock: an open session reads as committed so far.
+    assert_eq!(store.read("s").unwrap().events.len(), 1);
+    assert!(matches!(store.repair("s"), Err(LogError::LockedHere { .. })));
     log.close().unwrap();
 
     let log = store.open("s").unwrap();
@@ -155,13 +156,13 @@ fn exists_not_found_and_locked() {
 }
 
 #[test]
-fn empty_sessions_are_not_listed() {
+fn empty_sessions_are_listed_as_they_exist() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     store.create(Some("empty")).unwrap().close().unwrap();
     closed_session(&store, "full", 1);
     assert!(store.exists("empty").unwrap());
-    assert_eq!(store.list().unwrap(), ["full"]);
+    assert_eq!(store.list().unwrap(), ["empty", "full"]);
 }
 
 #[test]
@@ -230,28 +231,91 @@ fn a_bit_flip_in_a_middle_record_is_corruption_and_changes_nothing() {
 }
 
 #[test]
-fn repair_keeps_a_corrupt_copy_and_truncates() {
+fn repair_keeps_every_record_that_verifies_at_its_seq() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let (path, mut bytes) = closed_session(&store, "r", 5);
-    let bad = line_start(&bytes, 4); // seq 2
+    let (bad, next) = (line_start(&bytes, 4), line_start(&bytes, 5)); // seq 2
     bytes[bad + 12] ^= 0x04;
     fs::write(&path, &bytes).unwrap();
     fs::write(store.root().join("r.jsonl.corrupt"), b"an older backup").unwrap();
 
+    // The plan names the line and the seq, and writes nothing.
+    let plan = store.plan_repair("r").unwrap();
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+    assert_eq!(plan.dropped.iter().map(|d| (d.line, d.bytes.clone())).collect::<Vec<_>>(), [(4, bad as u64..next as u64)]);
+    assert_eq!(plan.lost.iter().map(|l| (l.seqs.clone(), l.lines.clone())).collect::<Vec<_>>(), [(2..3, vec![4])]);
+    assert_eq!((plan.kept_events, plan.events, plan.backup.clone(), plan.quarantine.clone()), (4, 6, None, None));
+    // So does a read that allows damage; it skips exactly that.
+    let read = store.read_damaged("r").unwrap();
+    assert_eq!(read.snapshot.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 3, 4]);
+    assert_eq!(read.skipped.as_ref().map(|s| s.lost.clone()), Some(plan.lost.clone()));
+
     let report = store.repair("r").unwrap();
     let backup = store.root().join("r.jsonl.corrupt.1");
-    assert_eq!(report.backup.as_deref(), Some(backup.as_path()));
-    assert_eq!((report.kept_events, report.removed_bytes), (2, (bytes.len() - bad) as u64));
+    let quarantine = store.root().join("r.jsonl.damaged");
+    assert_eq!((report.backup.as_deref(), report.quarantine.as_deref()), (Some(backup.as_path()), Some(quarantine.as_path())));
+    assert_eq!((report.kept_events, report.removed_bytes), (4, (next - bad) as u64));
     assert_eq!(fs::read(&backup).unwrap(), bytes);
-    assert_eq!(fs::metadata(&backup).unwrap().permissions().mode() & 0o777, 0o600);
-    assert_eq!(fs::read(&path).unwrap(), &bytes[..bad]);
-    assert_eq!(store.open("r").unwrap().len(), 2);
+    assert_eq!(fs::read(&quarantine).unwrap(), &bytes[bad..next]);
+    for file in [&backup, &quarantine, &path] {
+        assert_eq!(fs::metadata(file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let repaired = fs::read(&path).unwrap();
+    assert_eq!(&repaired[..bad], &bytes[..bad], "the records before the damage are untouched");
+    let log = store.open("r").unwrap();
+    let events = log.range(0, None);
+    assert_eq!(events.iter().map(|e| e.kind().to_string()).collect::<Vec<_>>(),
+               ["goal/change", "goal/change", "log/damaged", "goal/change", "goal/change", "log/repaired"]);
+    assert_eq!(events[2].data(), json!({"seqs": [2, 2], "lines": [4, 4], "backup": "r.jsonl.corrupt.1"}));
+    assert_eq!(events[3].data()["n"], 3, "later records keep their seqs");
+    assert_eq!(events[5].data()["lostSeqs"], json!([[2, 2]]));
+    assert_eq!(events[5].data()["quarantine"], "r.jsonl.damaged");
+    log.close().unwrap();
     assert_eq!(store.list().unwrap(), ["r"]);
 
     // A healthy file is left alone.
     let report = store.repair("r").unwrap();
-    assert_eq!((report.kept_events, report.removed_bytes, report.backup), (2, 0, None));
+    assert_eq!((report.kept_events, report.removed_bytes, report.backup), (6, 0, None));
+}
+
+#[test]
+fn repair_sets_aside_records_that_do_not_continue_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, mut bytes) = closed_session(&store, "o", 3);
+    let clean = bytes.clone();
+    // A copy of seq 0 (verifies, but repeats) and a record claiming an absurd seq.
+    bytes.extend_from_slice(&clean[line_start(&clean, 2)..line_start(&clean, 3)]);
+    bytes.extend_from_slice(framed(r#"{"type":"x/far","seq":999999999,"time":1,"data":0}"#).as_bytes());
+    bytes.extend_from_slice(framed(r#"{"type":"x/next","seq":3,"time":1,"data":0}"#).as_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let report = store.repair("o").unwrap();
+    assert_eq!(report.dropped.iter().map(|d| (d.line, d.claimed_seq)).collect::<Vec<_>>(), [(5, Some(0)), (6, Some(999999999))]);
+    assert!(report.lost.is_empty());
+    let log = store.open("o").unwrap();
+    assert_eq!(log.range(0, None).iter().map(|e| e.kind().to_string()).collect::<Vec<_>>()[3..], ["x/next", "log/repaired"]);
+}
+
+#[test]
+fn a_follower_grows_with_the_owner_and_refuses_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let owner = store.create(Some("f")).unwrap();
+    fill(&owner, 2);
+    owner.flush_blocking().unwrap();
+    let follower = store.follow("f").unwrap();
+    assert_eq!(follower.len(), 2);
+    assert!(matches!(follower.append("x/y", &json!(1)), Err(LogError::ReadOnly { .. })));
+    let (tx, rx) = std::sync::mpsc::channel();
+    follower.wait_beyond(4, Box::new(move || tx.send(()).unwrap()));
+    fill(&owner, 3);
+    owner.flush_blocking().unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the follower did not grow");
+    assert_eq!(jsons(&follower)[..5], jsons(&owner)[..]);
+    owner.close().unwrap();
+    follower.close().unwrap();
+    assert_eq!(store.open("f").unwrap().len(), 5, "the follower wrote nothing");
 }
 
 #[test]

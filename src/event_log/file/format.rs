@@ -122,7 +122,7 @@ impl Scan {
     }
 }
 
-fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<String, Value>, LogError> {
+pub(super) fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<String, Value>, LogError> {
     let corrupt =
         |detail: String| LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: format!("header: {detail}") };
     let json = unframe(line).map_err(corrupt)?;

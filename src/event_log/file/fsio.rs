@@ -1,9 +1,11 @@
 //! File-system steps of the store: locking, atomic creation, directory syncs, backups.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use super::super::LogError;
 
@@ -19,41 +21,67 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_at("syncing directory", dir, e))
 }
 
-#[derive(Clone, Copy)]
-pub(super) enum Access {
-    /// Read-write with the exclusive lock: the one owner of a session.
-    Owner,
-    /// Read-only with a shared lock: readers that must not race an owner's repairs.
-    Reader,
+/// The session files (device, inode) that owning logs of this process hold locked, so that a
+/// second opener here can be told that it is this process, not another, that holds one.
+static HELD: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+
+fn held() -> std::sync::MutexGuard<'static, Option<HashSet<(u64, u64)>>> {
+    HELD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Opens session `id`'s file at `path` and takes its advisory lock without waiting.
-pub(super) fn open_locked(path: &Path, id: &str, access: Access) -> Result<File, LogError> {
+/// An owning log's entry in [`HELD`]; dropped after the file is unlocked.
+pub(super) struct Hold(Option<(u64, u64)>);
+
+impl Hold {
+    pub(super) fn new(file: &File) -> Hold {
+        let key = file.metadata().ok().map(|m| (m.dev(), m.ino()));
+        if let Some(key) = key {
+            held().get_or_insert_with(HashSet::new).insert(key);
+        }
+        Hold(key)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let (Some(key), Some(set)) = (self.0, held().as_mut()) {
+            set.remove(&key);
+        }
+    }
+}
+
+/// Opens session `id`'s file at `path` read-write and takes its exclusive advisory lock
+/// without waiting: the one owner of a session (also `delete` and `repair`).
+pub(super) fn open_locked(path: &Path, id: &str) -> Result<File, LogError> {
     // A name replaced under us (deleted and created again) is simply opened again.
     for _ in 0..3 {
-        if let Some(file) = try_open_locked(path, id, access)? {
+        if let Some(file) = try_open_locked(path, id)? {
             return Ok(file);
         }
     }
     Err(LogError::Locked { id: id.into() })
 }
 
-fn try_open_locked(path: &Path, id: &str, access: Access) -> Result<Option<File>, LogError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(matches!(access, Access::Owner))
-        .open(path)
-        .map_err(|e| match e.kind() {
-            ErrorKind::NotFound => LogError::NotFound { id: id.into() },
-            _ => io_at("opening", path, e),
-        })?;
-    let locked = match access {
-        Access::Owner => file.try_lock(),
-        Access::Reader => file.try_lock_shared(),
-    };
-    match locked {
+/// Opens session `id`'s file read-only, taking no lock: readers never stand in an owner's way
+/// (the file only grows by whole records, and each record carries its checksum).
+pub(super) fn open_reader(path: &Path, id: &str) -> Result<File, LogError> {
+    File::open(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => LogError::NotFound { id: id.into() },
+        _ => io_at("opening", path, e),
+    })
+}
+
+fn try_open_locked(path: &Path, id: &str) -> Result<Option<File>, LogError> {
+    let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => LogError::NotFound { id: id.into() },
+        _ => io_at("opening", path, e),
+    })?;
+    match file.try_lock() {
         Ok(()) => {}
-        Err(TryLockError::WouldBlock) => return Err(LogError::Locked { id: id.into() }),
+        Err(TryLockError::WouldBlock) => {
+            let here = file.metadata().ok().is_some_and(|m| held().as_ref().is_some_and(|s| s.contains(&(m.dev(), m.ino()))));
+            return Err(if here { LogError::LockedHere { id: id.into() } } else { LogError::Locked { id: id.into() } });
+        }
         Err(TryLockError::Error(e)) => return Err(io_at("locking", path, e)),
     }
     // A delete may have unlinked the file between our open and our lock; the lock only
@@ -133,12 +161,13 @@ fn random_hex() -> String {
     simple[simple.len() - 12..].to_string()
 }
 
-/// Copies `bytes` (a session file's contents) to the first free `<path>.corrupt[.N]`.
-pub(super) fn write_backup(path: &Path, bytes: &[u8]) -> Result<PathBuf, LogError> {
+/// Writes `bytes` (a copy of a session file, or the lines `repair` set aside) to the first free
+/// `<path>.<suffix>[.N]`, durably.
+pub(super) fn write_backup(path: &Path, suffix: &str, bytes: &[u8]) -> Result<PathBuf, LogError> {
     let base = path.as_os_str().to_os_string();
     for n in 0..10_000u32 {
         let mut name = base.clone();
-        name.push(if n == 0 { ".corrupt".to_string() } else { format!(".corrupt.{n}") });
+        name.push(if n == 0 { format!(".{suffix}") } else { format!(".{suffix}.{n}") });
         let backup = PathBuf::from(name);
         let mut file = match create_private(&backup) {
             Ok(file) => file,
@@ -154,25 +183,16 @@ pub(super) fn write_backup(path: &Path, bytes: &[u8]) -> Result<PathBuf, LogErro
     Err(io_at("finding a free backup name for", path, ErrorKind::AlreadyExists.into()))
 }
 
-/// Whether a session file holds anything beyond its header line (read without locking, so
-/// sessions open elsewhere are listed too).
-pub(super) fn has_records(path: &Path) -> Result<bool, LogError> {
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_at("opening", path, e)),
-    };
-    let len = file.metadata().map_err(|e| io_at("inspecting", path, e))?.len();
-    let mut buf = [0u8; 4096];
-    let mut seen = 0u64;
-    loop {
-        let n = file.read(&mut buf).map_err(|e| io_at("reading", path, e))?;
-        if n == 0 {
-            return Ok(false);
-        }
-        if let Some(i) = buf[..n].iter().position(|&b| b == b'\n') {
-            return Ok(len > seen + i as u64 + 1);
-        }
-        seen += n as u64;
-    }
+/// Replaces the file at `dir/name` with `contents`, all or nothing: written and synced under a
+/// hidden temporary name, renamed over the old name, and the directory synced. Readers that
+/// have the old file open keep reading the old file.
+pub(super) fn replace(dir: &Path, name: &str, stem: &str, contents: &[u8]) -> Result<(), LogError> {
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{stem}.{}.tmp", random_hex()));
+    let mut file = create_private(&tmp).map_err(|e| io_at("creating", &tmp, e))?;
+    let guard = TempGuard(&tmp);
+    file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
+    fs::rename(&tmp, &target).map_err(|e| io_at("renaming over", &target, e))?;
+    std::mem::forget(guard);
+    sync_dir(dir)
 }

@@ -1,12 +1,17 @@
 //! `FileStore`: one JSON-lines file per session (format version 1, see docs/format.md).
 //!
 //! A session file is owned by one open log at a time through an exclusive advisory lock held
-//! on its descriptor for as long as the log is open; read-only tools take a shared lock. Each
-//! open log has a writer thread (see `writer.rs`) so appends never wait for the disk.
+//! on its descriptor for as long as the log is open. Readers (`read`, `follow`) take no lock:
+//! the file only ever grows by whole checksummed records, so a reader sees a consistent prefix
+//! and leaves an incomplete last record for later. Each open log has a writer thread (see
+//! `writer.rs`) so appends never wait for the disk.
 
+mod follow;
 mod format;
 mod fsio;
 mod names;
+mod repair;
+mod salvage;
 mod writer;
 
 use std::fmt;
@@ -21,7 +26,6 @@ use serde_json::{Map, Value};
 use super::closers::close_open_turn;
 use super::{check_id, new_header, resolve_id};
 use super::{Event, LogError, SessionLog, Store};
-use fsio::Access;
 use writer::{FileBackend, WriterSetup};
 
 /// When appended events reach the disk.
@@ -120,6 +124,9 @@ pub struct Recovery {
     pub closers: usize,
 }
 
+pub use repair::{DamagedSnapshot, RepairReport};
+pub use salvage::{Dropped, Lost, DAMAGED, REPAIRED};
+
 /// A verified, read-only view of a session file.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -130,15 +137,6 @@ pub struct Snapshot {
     /// Bytes of a torn tail that `open` would cut off (left in place here).
     pub torn_tail_bytes: u64,
     pub size_bytes: u64,
-}
-
-/// What `repair` did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RepairReport {
-    pub kept_events: u64,
-    pub removed_bytes: u64,
-    /// The copy of the file as it was, made before cutting off corrupt data.
-    pub backup: Option<PathBuf>,
 }
 
 /// A store of session files in one directory.
@@ -187,11 +185,12 @@ impl FileStore {
     fn start(&self, id: String, header: Map<String, Value>, events: Vec<Event>, file: fs::File, len: u64) -> Result<SessionLog, LogError> {
         let backend = FileBackend::start(WriterSetup {
             id: id.clone(),
-            file,
             len,
             events: events.len() as u64,
             durability: self.durability,
             fault: self.fault.clone(),
+            hold: fsio::Hold::new(&file),
+            file,
         })?;
         Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
     }
@@ -199,7 +198,7 @@ impl FileStore {
     /// [`Store::open`], also telling what recovery did (for warnings).
     pub fn open_with_report(&self, id: &str) -> Result<(SessionLog, Recovery), LogError> {
         let path = self.path_of(id)?;
-        let file = fsio::open_locked(&path, id, Access::Owner)?;
+        let file = fsio::open_locked(&path, id)?;
         let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
@@ -216,10 +215,11 @@ impl FileStore {
     }
 
     /// Verifies and reads session `id` without changing its file (a torn tail is reported, not
-    /// cut off; no closers are added). Refused while an owner has the session open.
+    /// cut off; no closers are added). Takes no lock, so it reads a session another log (in
+    /// any process) has open as committed so far; a record being written is not yet seen.
     pub fn read(&self, id: &str) -> Result<Snapshot, LogError> {
         let path = self.path_of(id)?;
-        let file = fsio::open_locked(&path, id, Access::Reader)?;
+        let file = fsio::open_reader(&path, id)?;
         let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
@@ -233,22 +233,18 @@ impl FileStore {
         })
     }
 
-    /// Cuts session `id`'s file back to its valid prefix. Corrupt data is first copied, with
-    /// the whole file, to `<file>.corrupt` (or `.corrupt.N`). A damaged header or another format
-    /// version is refused: there is nothing to keep.
-    pub fn repair(&self, id: &str) -> Result<RepairReport, LogError> {
+    /// A read-only follower of session `id`: every record committed so far, then each record
+    /// its owner (in any process) writes, as the file grows. Takes no lock and never writes;
+    /// appends fail with `LogError::ReadOnly`; `close` stops following. Corruption is refused
+    /// as by `read`; a torn or incomplete last record is simply not visible yet.
+    pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
         let path = self.path_of(id)?;
-        let file = fsio::open_locked(&path, id, Access::Owner)?;
-        let bytes = fsio::read_all(&file, &path)?;
-        let scan = format::scan(&bytes, &path, id)?;
-        let mut report = RepairReport { kept_events: scan.events.len() as u64, ..RepairReport::default() };
-        let Some(invalid) = &scan.invalid else { return Ok(report) };
-        if invalid.valid_after.is_some() {
-            report.backup = Some(fsio::write_backup(&path, &bytes)?);
+        let file = fsio::open_reader(&path, id)?;
+        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        if let Some(err) = scan.corruption(&path) {
+            return Err(err);
         }
-        fsio::truncate(&file, scan.good_len, &path)?;
-        report.removed_bytes = scan.bad_bytes();
-        Ok(report)
+        follow::start(follow::Setup { id: id.to_string(), path, file, offset: scan.good_len, header: scan.header, events: scan.events })
     }
 }
 
@@ -271,8 +267,9 @@ impl Store for FileStore {
         self.open_with_report(id).map(|(log, _)| log)
     }
 
-    /// Sessions with at least one record after the header, sorted; foreign, hidden, temporary
-    /// and backup files are ignored. Files are not locked, so open sessions are listed too.
+    /// Every session, sorted, exactly the ids `exists` answers true for (an empty session is
+    /// listed); foreign, hidden, temporary and backup files are ignored. Files are not opened,
+    /// so sessions open elsewhere and unreadable files are listed too (`open` says why).
     fn list(&self) -> Result<Vec<String>, LogError> {
         let entries =
             fs::read_dir(&self.root).map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
@@ -281,13 +278,8 @@ impl Store for FileStore {
             let entry = entry.map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
             let name = entry.file_name();
             let Some(id) = name.to_str().and_then(names::id_of_file_name) else { continue };
-            if !entry.file_type().is_ok_and(|t| t.is_file()) {
-                continue;
-            }
-            // A file we cannot read is still a session: list it, and let `open` report why.
-            if fsio::has_records(&entry.path()).unwrap_or(true) {
-                ids.push(id);
-            }
+            // Whatever `exists` answers true for (any entry under a session's name) is listed.
+            ids.push(id);
         }
         ids.sort();
         Ok(ids)
@@ -305,7 +297,7 @@ impl Store for FileStore {
     /// Removes a session nobody has open (readers included).
     fn delete(&self, id: &str) -> Result<(), LogError> {
         let path = self.path_of(id)?;
-        let file = fsio::open_locked(&path, id, Access::Owner)?;
+        let file = fsio::open_locked(&path, id)?;
         fs::remove_file(&path).map_err(|e| LogError::io(format!("removing {}", path.display()), e))?;
         fsio::sync_dir(&self.root)?;
         drop(file);
@@ -341,5 +333,18 @@ pub mod raw {
     /// Checks one line's framing and CRC-32C (without its newline); returns the JSON text.
     pub fn unframe(line: &[u8]) -> Result<&str, String> {
         format::unframe(line)
+    }
+
+    /// The file `FileStore::repair` would write for a corrupt file's bytes (at time 0, naming
+    /// the backup `b` and the quarantine `q`), with the number of records it kept; `None` if
+    /// the file is not corrupt.
+    pub fn repair(bytes: &[u8], id: &str) -> Result<Option<(Vec<u8>, u64)>, LogError> {
+        let path = Path::new("<memory>");
+        if format::scan(bytes, path, id)?.corruption(path).is_none() {
+            return Ok(None);
+        }
+        let s = super::salvage::salvage(bytes, path, id)?;
+        let kept = s.kept.len() as u64;
+        Ok(Some((super::salvage::rebuild(bytes, &s, 0, "b", Some("q")), kept)))
     }
 }

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::super::{Backend, Event, FlushCallback, LogError};
-use super::{format, Durability, Fault, FaultHook, FaultPoint, FaultSite};
+use super::{format, fsio, Durability, Fault, FaultHook, FaultPoint, FaultSite};
 
 /// The batch window of `Checkpoint` and `Batch`, measured from the first pending event.
 pub(super) const WINDOW: Duration = Duration::from_millis(50);
@@ -33,6 +33,8 @@ pub(super) struct WriterSetup {
     pub events: u64,
     pub durability: Durability,
     pub fault: Option<FaultHook>,
+    /// The file's entry among the sessions this process holds, released after the lock.
+    pub hold: fsio::Hold,
 }
 
 struct State {
@@ -100,6 +102,7 @@ impl FileBackend {
             file: setup.file,
             durability: setup.durability,
             fault: setup.fault,
+            hold: setup.hold,
             durable_len: setup.len,
             written: setup.events,
             batch: Vec::new(),
@@ -204,6 +207,7 @@ struct Writer {
     file: File,
     durability: Durability,
     fault: Option<FaultHook>,
+    hold: fsio::Hold,
     /// The file length that is durable; everything beyond it goes on failure.
     durable_len: u64,
     /// The events within `durable_len` (the first seq of the next batch).
@@ -342,6 +346,7 @@ impl Writer {
         }
         let _ = self.file.unlock();
         drop(self.file);
+        drop(self.hold);
         let leftover = {
             let mut st = lock(&self.shared);
             st.stopped = true;

@@ -191,10 +191,10 @@ pub async fn exists(c: &mut Client, id: &str) -> Result<bool, LogError> {
     Ok(row.is_some())
 }
 
-/// Sessions holding at least one event, by id.
+/// Every created session, by id (the ids `exists` answers true for).
 pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
     let rows = c
-        .query("SELECT id FROM kerman_sessions WHERE last_seq >= 0 ORDER BY id", &[])
+        .query("SELECT id FROM kerman_sessions ORDER BY id", &[])
         .await
         .map_err(db_err("list sessions"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())

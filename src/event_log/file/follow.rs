@@ -1,0 +1,191 @@
+//! A read-only follower of a session file (`FileStore::follow`): takes no lock, refuses
+//! appends, and grows as the owner (in any process) appends whole records.
+//!
+//! Growth is detected by polling the file's size on a private thread, every [`POLL`] while
+//! the follower is open (a timed condvar wait, never a spin; closing wakes it at once). Only
+//! complete records whose checksum and envelope verify and whose seq is the log's next one are
+//! adopted; an incomplete last record (a write in progress, or a torn tail) stays invisible
+//! and is read again once the file grows. The follower stops, closing its log so tails end,
+//! when the file is cut back below what it has shown (a failed write the owner undid) or its
+//! name no longer points to the file it reads (the session was deleted or repaired).
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::format;
+use crate::event_log::log::{intern, TypeNames};
+use crate::event_log::{Backend, Event, FlushCallback, LogError, SessionLog, WeakSessionLog};
+
+/// How often the size of a followed file is looked at.
+pub(super) const POLL: Duration = Duration::from_millis(20);
+
+/// What a follower starts from: the file it read, where that read's good prefix ends, and the
+/// header and events of that prefix.
+pub(super) struct Setup {
+    pub id: String,
+    pub path: PathBuf,
+    pub file: File,
+    pub offset: u64,
+    pub header: Map<String, Value>,
+    pub events: Vec<Event>,
+}
+
+struct Shared {
+    id: String,
+    closed: Mutex<bool>,
+    wake: Condvar,
+    log: OnceLock<WeakSessionLog>,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, bool> {
+    shared.closed.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The backend of a follower's `SessionLog`.
+struct Follower {
+    shared: Arc<Shared>,
+}
+
+/// Starts following: the returned log holds `setup.events` and grows with the file.
+pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
+    let shared = Arc::new(Shared { id: setup.id.clone(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
+    let next = setup.events.len() as u64;
+    let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
+    let _ = shared.log.set(log.downgrade());
+    let watch = Watch { shared, path: setup.path, file: setup.file, offset: setup.offset, seen: None, next, types: TypeNames::default() };
+    std::thread::Builder::new()
+        .name("kerman-follow".into())
+        .spawn(move || watch.run())
+        .map_err(|e| LogError::io("starting the session follower thread", e))?;
+    Ok(log)
+}
+
+struct Watch {
+    shared: Arc<Shared>,
+    path: PathBuf,
+    file: File,
+    /// Where the first record not yet adopted starts.
+    offset: u64,
+    /// The file's size and modification time at the last look: a read happens only when they
+    /// change (the time too, so a tail cut back and regrown to the same size is read again).
+    seen: Option<(u64, i64, i64)>,
+    /// The next seq.
+    next: u64,
+    types: TypeNames,
+}
+
+enum Step {
+    Wait,
+    Stop,
+}
+
+impl Watch {
+    fn run(mut self) {
+        loop {
+            {
+                let closed = lock(&self.shared);
+                if *closed {
+                    return;
+                }
+                let (closed, _) = self.shared.wake.wait_timeout(closed, POLL).unwrap_or_else(PoisonError::into_inner);
+                if *closed {
+                    return;
+                }
+            }
+            let Some(log) = self.shared.log.get().and_then(WeakSessionLog::upgrade) else { return };
+            if let Step::Stop = self.look(&log) {
+                // Ends the tails; `close` finds the token free (this thread holds none).
+                let _ = log.close();
+                return;
+            }
+        }
+    }
+
+    /// Reads what the file gained since the last look and adopts its complete records.
+    fn look(&mut self, log: &SessionLog) -> Step {
+        let Ok(meta) = self.file.metadata() else { return Step::Wait };
+        let len = meta.len();
+        if len < self.offset {
+            return Step::Stop;
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(named) if named.dev() == meta.dev() && named.ino() == meta.ino() => {}
+            _ => return Step::Stop,
+        }
+        let key = Some((len, meta.mtime(), meta.mtime_nsec()));
+        if key == self.seen {
+            return Step::Wait;
+        }
+        self.seen = key;
+        let mut bytes = vec![0u8; (len - self.offset) as usize];
+        if self.file.read_exact_at(&mut bytes, self.offset).is_err() {
+            // Cut back between the size and the read: the next look decides.
+            self.seen = None;
+            return Step::Wait;
+        }
+        let events = self.parse(&bytes);
+        if !events.is_empty() && log.adopt(events).is_err() {
+            return Step::Stop;
+        }
+        Step::Wait
+    }
+
+    /// The complete, verified records at the start of `bytes` that continue the log; moves
+    /// `offset` past them. Stops at the first line that does not (it is read again later).
+    fn parse(&mut self, bytes: &[u8]) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut pos = 0;
+        while let Some(i) = bytes[pos..].iter().position(|&b| b == b'\n') {
+            let line = &bytes[pos..pos + i];
+            let types = &mut self.types;
+            let parsed = format::unframe(line).and_then(|json| Event::from_json(json, &mut |k: &str| intern(types, k)));
+            match parsed {
+                Ok(event) if event.seq == self.next => {
+                    self.next += 1;
+                    events.push(event);
+                    pos += i + 1;
+                }
+                _ => break,
+            }
+        }
+        self.offset += pos as u64;
+        events
+    }
+}
+
+impl Backend for Follower {
+    fn enqueue(&self, _event: &Event) -> Result<(), LogError> {
+        Err(LogError::ReadOnly { id: self.shared.id.clone() })
+    }
+
+    /// Nothing is ever written here, so everything "appended" is as durable as it gets.
+    fn flush(&self, done: FlushCallback) {
+        done(Ok(()))
+    }
+
+    /// Stops following; the file is untouched.
+    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        *lock(&self.shared) = true;
+        self.shared.wake.notify_all();
+        // Waits out an adoption being published on the follower thread (its observers and
+        // tail wake-ups may call into Python): after `close` returns nothing more is called.
+        // A thread already holding the token (an observer closing its own log) has nothing to
+        // wait for; from the log's drop the weak handle no longer upgrades.
+        if let Some(log) = self.shared.log.get().and_then(WeakSessionLog::upgrade) {
+            drop(log.publishing());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        *lock(&self.shared) = true;
+        self.shared.wake.notify_all();
+    }
+}
