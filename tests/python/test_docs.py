@@ -6,8 +6,9 @@ or is a marked fragment that at least compiles. The conventions are in docs/test
   compiled), ``continue`` (runs after the previous block of the same file, in its namespace),
   ``postgres`` (needs the PostgreSQL test server: runs with ``KERMAN_PG_DSN`` naming a fresh
   schema, skips without it unless ``KERMAN_PG_REQUIRED=1``). Anything else is refused.
-* A ```text block right after a python block (only blank lines between) is the output that
-  block prints, compared line by line with UUIDs replaced by ``<id>``.
+* A ```text block that is the next fence after a python block, in the same section (prose may
+  come between), is the output that block prints, compared line by line with UUIDs replaced by
+  ``<id>``.
 
 Each chain runs in a fresh subprocess (``docs_runner.py``) in an empty temporary folder, so no
 block can leave files in the repository.
@@ -91,8 +92,9 @@ def extract(text: str, path: str) -> List[Block]:
             raise ValueError(f"{path}:{i + 1}: malformed doctest marker (write <!-- doctest: WORDS --> on a line of its own)")
         fence = FENCE.match(raw)
         if not fence:
+            if raw.lstrip().startswith("#"):
+                last_python = None  # a heading: what follows belongs to another section
             if raw.strip():
-                last_python = None
                 if pending_words is not None:
                     raise ValueError(f"{path}:{pending_line}: a doctest marker must be right before a ```python fence")
             i += 1
