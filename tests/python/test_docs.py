@@ -89,7 +89,7 @@ def extract(text: str, path: str) -> List[Block]:
             pending_words, pending_line = words, i + 1
             i += 1
             continue
-        if "doctest" in raw and "<!--" in raw:
+        if raw.lstrip().startswith("<!--") and "doctest" in raw:
             raise ValueError(f"{path}:{i + 1}: malformed doctest marker (write <!-- doctest: WORDS --> on a line of its own)")
         fence = FENCE.match(raw)
         if not fence:
@@ -245,6 +245,8 @@ def test_unknown_or_misplaced_markers_are_refused() -> None:
         extract("<!-- doctest: fragment -->\nprose\n```python\npass\n```\n", "x.md")
     with pytest.raises(ValueError, match=r"x\.md:1: a doctest marker must be right before"):
         extract("<!-- doctest: fragment -->\n```sh\nls\n```\n", "x.md")
+    with pytest.raises(ValueError, match=r"x\.md:1: malformed doctest marker"):
+        extract("<!-- doctest fragment -->\n```python\npass\n```\n", "x.md")
     with pytest.raises(ValueError, match=r"x\.md:1: use ```python"):
         extract("```py\npass\n```\n", "x.md")
     with pytest.raises(ValueError, match=r"x\.md:1: write markers as"):
