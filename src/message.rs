@@ -332,10 +332,20 @@ impl Message {
         field(self.source(), "kind").and_then(Value::as_str).unwrap_or("")
     }
 
-    /// The text blocks joined with `\n`.
+    /// The text blocks joined with `\n`. For a tool result, those of the result's content (the
+    /// inner `content` of its one `tool-result` block), so a tool's `str` result reads back as
+    /// that `str`; its own content holds no text block of its own.
     pub fn text(&self) -> String {
-        let texts: Vec<&str> = self
-            .content()
+        let blocks = match self.kind {
+            MessageKind::ToolResult => self
+                .content()
+                .first()
+                .and_then(|block| block.get("content"))
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice),
+            MessageKind::User | MessageKind::Assistant => self.content(),
+        };
+        let texts: Vec<&str> = blocks
             .iter()
             .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
             .filter_map(|b| b.get("text").and_then(Value::as_str))
@@ -501,6 +511,24 @@ mod tests {
             assert_eq!(fast.json(), built.json());
             assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
         }
+    }
+
+    #[test]
+    fn a_tool_results_text_is_the_text_of_its_content() {
+        let fast = Message::tool_result_text("c1", "12:00");
+        let logged = fast.json().to_owned();
+        assert_eq!(fast.text(), "12:00");
+        // Reading the text parses the content but leaves the logged JSON as it was written.
+        assert_eq!(fast.json(), logged);
+        let content = blocks(json!([{"type": "text", "text": "a"}, {"type": "image", "ref": "x"}, {"type": "text", "text": "b"}]));
+        let built = Message::tool_result("c2", content, true, None).unwrap();
+        assert_eq!(built.text(), "a\nb");
+        assert_eq!(Message::tool_result("c3", vec![], false, None).unwrap().text(), "");
+        assert_eq!(Message::from_value(&serde_json::from_str(built.json()).unwrap()).unwrap().text(), "a\nb");
+        // A user message holding a tool-result-shaped block is not a tool result: only its own
+        // text blocks count.
+        let user = Message::user(blocks(json!([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "x"}]}])), None, None).unwrap();
+        assert_eq!(user.text(), "");
     }
 
     #[test]

@@ -441,5 +441,6 @@ class AgentLoop:
         await self.aclose()
 
     def requeue_claimed(self, turn: int) -> List[UserMessage]:
-        """Re-inserts what finished turn ``turn`` claimed but never entered (SPEC D9)."""
+        """Re-inserts what finished turn ``turn`` claimed but never entered (claimed input never
+        comes back by itself; docs/loop.md, "Resume and requeue_claimed")."""
         return _turn.requeue_claimed(self, turn)

@@ -176,7 +176,8 @@ impl PyMessage {
         map_to_py(py, self.inner.source())
     }
 
-    /// The text blocks joined with a newline.
+    /// The text blocks joined with a newline; for a `ToolResultMessage`, those of the result's
+    /// content (what the tool returned), not of the `tool-result` block wrapping it.
     #[getter]
     fn text(&self) -> String {
         self.inner.text()

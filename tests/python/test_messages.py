@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import pickle
 import time
 import uuid
@@ -103,6 +105,58 @@ def test_tool_result_message_error_flag_and_block_content():
     assert block["isError"] is True
     assert block["toolCallId"] == "c"
     assert block["content"] == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+
+
+def test_a_tool_results_text_is_the_text_of_what_the_tool_returned():
+    # The text lives in the tool-result block's own content; `.text` reads it there.
+    assert ToolResultMessage("c", "12:00").text == "12:00"
+    m = ToolResultMessage("c", [{"type": "text", "text": "a"}, {"type": "image", "ref": "i"},
+                                {"type": "text", "text": "b"}], is_error=True, id="t-1")
+    assert m.text == "a\nb"
+    assert ToolResultMessage("c", []).text == ""
+    assert Message.from_dict(m.to_dict()).text == "a\nb"
+    assert repr(ToolResultMessage("c-1", "r", id="t-1")) == "ToolResultMessage(id='t-1', call_id='c-1', text='r')"
+    # Reading the text changes nothing that is logged.
+    assert m.to_dict()["content"] == [{"type": "tool-result", "toolCallId": "c", "content": [
+        {"type": "text", "text": "a"}, {"type": "image", "ref": "i"}, {"type": "text", "text": "b"}], "isError": True}]
+    # A user message carrying a tool-result-shaped block is not a tool result.
+    assert UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "x"}]}]).text == ""
+
+
+def test_a_tool_results_text_reaches_the_model_and_the_logged_record_is_unchanged(tmp_path):
+    seen = []
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if not results:
+            return kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "clock", "arguments": "{}"}])
+        seen.append(results[-1].text)
+        return kerman.ModelReply("ok")
+
+    async def main() -> str:
+        log = kerman.FileStore(tmp_path, durability="none").create("s")
+        loop = kerman.AgentLoop(model, log=log)
+
+        @loop.tool
+        async def clock(args, ctx):
+            return "12:00"
+
+        loop.followup("time?")
+        await loop.when_idle()
+        [result] = log.events(types="tool/result")
+        await loop.aclose()
+        log.close()
+        return result.to_json()
+
+    record = asyncio.run(main())
+    assert seen == ["12:00"]
+    # The tool/result record as the format writes it (docs/format.md), byte for byte.
+    data = json.loads(record)["data"]
+    message_id = data["message"]["id"]
+    assert record.split(',"data":', 1)[1] == (
+        '{"turn":1,"step":1,"message":{"id":"%s","role":"user","content":[{"type":"tool-result",'
+        '"toolCallId":"c1","content":[{"type":"text","text":"12:00"}]}],"source":{"kind":"tool",'
+        '"callId":"c1"}}},"sourceEventSeqs":[%d],"surfaceOp":"append"}' % (message_id, json.loads(record)["seq"] - 1))
 
 
 def test_user_message_cannot_claim_a_tool_source():
