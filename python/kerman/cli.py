@@ -197,7 +197,9 @@ def _note_skipped(args: argparse.Namespace, report: dict[str, Any], shown: int) 
 
 
 def _type_filter(patterns: Optional[Iterable[str]]) -> Callable[[str], bool]:
-    wanted = [p for item in patterns or () for p in item.split(",") if p]
+    """The filter of ``--types``: the language of ``log.events(types=...)`` (``*`` any run of
+    characters, ``?`` one; ``[`` is an ordinary character there, so it is escaped here)."""
+    wanted = [p.replace("[", "[[]") for item in patterns or () for p in item.split(",") if p]
     if not wanted:
         return lambda _type: True
     return lambda kind: any(fnmatch.fnmatchcase(kind, p) for p in wanted)

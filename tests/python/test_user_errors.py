@@ -195,3 +195,29 @@ def test_a_deliberate_model_error_is_recorded_without_a_user_traceback():
     assert error["exceptionType"] == "ModelError"
     assert loop.last_error is not None and loop.last_error.error["code"] == "RATE_LIMITED"
     json.dumps(error)  # all of it is JSON
+
+
+def test_a_listener_registered_twice_is_refused():
+    """Issue 11, item 4: registering the same listener twice used to run it twice, silently.
+    A listener is registered once per seam; a second registration raises, naming it."""
+    loop = kerman.AgentLoop(lambda request: kerman.ModelReply("hi"))
+
+    def status(event: Any) -> None:
+        pass
+
+    async def guard(step: Any, next: Any) -> Any:
+        return await next()
+
+    loop.on("agent/status", status)
+    with pytest.raises(ValueError, match=r"status is already registered on 'agent/status'"):
+        loop.on("agent/status", status)
+    loop.on("agent/error", status)  # another seam: fine
+    loop.pre_step(guard)
+    with pytest.raises(ValueError, match="guard is already registered on pre_step"):
+        loop.pre_step(guard)
+    seen: List[str] = []
+    loop.on("agent/status", lambda e: seen.append(e.status))
+    run_turn(loop)
+    assert seen == ["running", "idle"]
+    assert loop.remove_listener(status)
+    loop.on("agent/status", status)  # registered again after removal
