@@ -6,7 +6,9 @@ baseline (baseline.py) and against machine limits probed at the start of the sam
 
 An extra row, ``tail`` (PostgreSQL LISTEN-driven tail latency, benches/python/pg_tail.py), runs
 with the full set or ``--only TAIL`` when ``KERMAN_PG_DSN`` names a server, and is skipped with a
-message otherwise.
+message otherwise. The ``soak`` rows (``--only SOAK``, benches/python/soak.py) run 100,000
+sessions one turn each in a process of their own and compare its RSS at the end with RSS after
+the first 1,000.
 
 Kerman and the baseline run interleaved, repetition by repetition (the order alternates), and
 each figure is the median over repetitions, so machine drift hits both sides alike. Every
@@ -41,7 +43,7 @@ import gen_log  # noqa: E402
 
 WORKLOADS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10")
 # Extra rows outside PERFORMANCE.md's P1–P10, run with the full set or by name (--only TAIL).
-EXTRAS = ("TAIL",)
+EXTRAS = ("TAIL", "SOAK")
 now_ns = time.perf_counter_ns
 
 
@@ -657,6 +659,29 @@ def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     return [Row("tail", f"PostgreSQL: commit -> follower tail in another process ({n} events)",
                 f"p50 {r['tail_p50_ms']:.2f} ms, p99 {r['tail_p99_ms']:.2f} ms", "—",
                 f"commit p50 {r['commit_p50_ms']:.2f} ms", "—", "report")]
+
+
+# ---- extra: memory soak ------------------------------------------------------------------------
+
+def soak(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
+    """Sessions created, run one turn each, closed and dropped in one process (soak.py): RSS at
+    the end within 10% of RSS after the warm-up."""
+    n, files = cfg.size(100_000, 20_000), cfg.size(1_500, 300)
+    done = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), str(n), str(files), cfg.fresh_dir("soak")],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"soak.py failed:\n{done.stderr}")
+    phases = json.loads(done.stdout.strip().splitlines()[-1])
+    labels = {"memory": "memory logs", "file": "file sessions (created, closed, deleted)", "large": "1 MB prompts"}
+    rows = []
+    for key, label in labels.items():
+        p = phases[key]
+        start, end = p["rss_after_warmup"], p["rss_end"]
+        ratio = end / start
+        rows.append(Row("soak", f"RSS over {p['sessions']:,} {label}, one turn each, dropped",
+                        f"{end / 1e6:.1f} MB at the end", "—", f"{start / 1e6:.1f} MB after warm-up",
+                        f"{ratio:.3f}×", "≤ 1.10×", ratio <= 1.10))
+    return rows
 
 
 # ---- driver ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 from . import _dispatch, _turn
@@ -92,16 +93,31 @@ class AgentLoop:
         self._tools: Dict[str, Tool] = {}
         for tool in tools:
             self._add_tool(tool)
+        # The inbox's callbacks reach the loop through a weak reference: a loop the program
+        # drops is then freed at once, by reference counting, with whatever its session holds
+        # (a 1 MB prompt, say), instead of waiting for a full garbage collection.
+        this = weakref.ref(self)
+
+        def emit(event: str, **fields: Any) -> None:
+            loop = this()
+            if loop is not None:
+                loop._emit(event, **fields)
+
+        def remote_input(wake: bool) -> None:
+            loop = this()
+            if loop is not None:
+                loop._remote_input(wake)
+
         self._inbox = Inbox(
             self._log,
-            on_inserted=lambda m: self._emit("agent/inbox/inserted", message=m),
-            on_discarded=lambda m: self._emit("agent/inbox/discarded", message=m),
-            on_claimed=lambda m, turn: self._emit("agent/inbox/claimed", message=m, turn=turn),
+            on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
+            on_discarded=lambda m: emit("agent/inbox/discarded", message=m),
+            on_claimed=lambda m, turn: emit("agent/inbox/claimed", message=m, turn=turn),
             # Called only while someone listens: no Python call per message otherwise.
             _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
                     self._listeners["agent/inbox/claimed"]),
             # PostgresStore.enqueue from another process: a waking message starts a turn.
-            _on_remote=self._remote_input,
+            _on_remote=remote_input,
         )
         self._turn = 0
         for event in self._log.events(types="turn/start"):

@@ -230,3 +230,23 @@ def test_with_store_open_closes_the_log(tmp_path):
     assert log.closed
     with store.open("s") as again:
         assert [e.type for e in again] == ["plugin/x"]
+
+
+def test_a_dropped_loop_is_freed_by_reference_counting_alone():
+    """No collection needed: the loop's own callbacks hold it weakly, so what its session holds
+    (a 1 MB prompt) goes the moment the program lets go of the loop."""
+
+    async def main() -> "weakref.ref[Any]":
+        loop = kerman.AgentLoop(reply)
+        loop.on("agent/inbox/inserted", lambda event: None)
+        loop.followup("x" * 1_000_000)
+        await loop.when_idle()
+        await loop.aclose()
+        return weakref.ref(loop)
+
+    gc.disable()
+    try:
+        ref = run(main)
+        assert ref() is None
+    finally:
+        gc.enable()
