@@ -22,6 +22,7 @@ def test_usage_runs() -> None:
     result = subprocess.run([sys.executable, str(USAGE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "ctx" in result.stdout and "hello" in result.stdout and "goal/change" in result.stdout
+    assert "RuntimeError: typed failure" in result.stdout
 
 
 def test_package_type_checks_strictly() -> None:

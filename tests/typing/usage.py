@@ -21,7 +21,20 @@ async def main() -> list[str]:
     placements = [placement for placement, _ in projection.items()]
     work = kerman.consumed_work(log.events())
     log.close()
-    return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun)]
+    failed = await failing_turn()
+    return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed]
+
+
+async def failing_turn() -> str:
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        raise RuntimeError("typed failure")
+
+    async with kerman.AgentLoop(model) as loop:
+        loop.followup("go")
+        await loop.when_idle()
+        error = loop.last_error
+        assert error is not None
+        return f"{type(error.exception).__name__}: {error.error['message']}"
 
 
 if __name__ == "__main__":
