@@ -280,8 +280,9 @@ def test_enqueue_refuses_duplicate_ids_and_unknown_sessions():
         web.follow(f"no-such-session-{message.id}")
 
     async def scenario() -> None:
-        AgentLoop(EchoModel(), log=log)
+        loop = AgentLoop(EchoModel(), log=log)  # held: a dropped loop is freed, and its inbox with it
         await wait_for_state(lambda: message.id in inserted_ids(log), "the staged message to reach the inbox")
+        await loop.aclose()
         await log.flush()
 
     run(scenario())
