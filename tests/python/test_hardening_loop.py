@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from kerman import AgentLoop, FileStore, Inbox, InboxError, MemoryStore, ModelReply, Tool, UserMessage
+from kerman import AgentLoop, FileStore, Inbox, InboxError, MemoryStore, ModelReply, Tool, ToolResult, UserMessage
 from kerman.models import EchoModel, ScriptedModel
 
 from conftest import read_raw_session, session_path, write_raw_session
@@ -75,6 +75,46 @@ def test_deep_arguments_are_invalid_arguments(arguments, calls):
     assert seen == []  # the body never ran
     assert end_of(events) == {"kind": "completed"}  # the turn continued: the model saw the error
 
+
+
+def deep_value(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_deep_values_elsewhere_in_a_turn_give_clear_errors():
+    """The neighbours of deep arguments: a deep tool result is an error result (the turn goes
+    on), deep request options and deep reply content fail the turn with a clear error; none is
+    a RecursionError or a crash."""
+    async def deep_result(args, ctx):
+        return ToolResult([{"type": "text", "text": "x", "v": deep_value(DEPTH)}])
+    events = run_calls([call("c1")], [Tool("t", deep_result)])
+    [result] = results_of(events)
+    assert result["error"]["code"] == "TOOL_ERROR"
+    assert "nested deeper than 100 levels" in result["message"]["content"][0]["content"][0]["text"]
+    assert end_of(events) == {"kind": "completed"}
+
+    async def deep_options(request, next):
+        request.options = {"v": deep_value(DEPTH)}
+        return request
+
+    async def main() -> List[Any]:
+        loop = AgentLoop(EchoModel())
+        loop.before_request(deep_options)
+        loop.followup("hi")
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+    reason = end_of(asyncio.run(main()))
+    assert reason["error"]["code"] == "INVALID_REQUEST", reason
+    assert reason["error"]["message"].startswith("request options are not lossless JSON"), reason
+
+    reply = ModelReply([{"type": "tool-call", "id": "c1", "name": "t", "arguments": deep_value(DEPTH)}])
+    reason = end_of(run_calls_with(reply, [Tool("t", lambda args, ctx: "ran")]))
+    assert reason["kind"] == "error" and "nested deeper than 100 levels" in reason["error"]["message"], reason
 
 # ---- item 4: a log has at most one inbox --------------------------------------------------
 
