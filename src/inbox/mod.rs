@@ -318,9 +318,6 @@ impl Inbox {
         canceled: bool,
     ) -> Result<Option<Applied>, InboxError> {
         let is_noop = |p: &Option<(Target, usize, usize)>| p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty());
-        if self.is_closed() {
-            return Err(InboxError::Closed(self.shared.log.id().to_string()));
-        }
         let publishing = match self.shared.log.publishing() {
             Ok(publishing) => publishing,
             Err(LogError::Reentrant) if is_noop(&plan(&lock(&self.shared.lists))) => return Ok(None),
@@ -331,6 +328,11 @@ impl Inbox {
             let planned = plan(&lists);
             if is_noop(&planned) {
                 return Ok(None);
+            }
+            // A closed inbox no longer projects the log (another may): it writes nothing. A
+            // no-op (clearing it when empty) is still harmless.
+            if self.is_closed() {
+                return Err(InboxError::Closed(self.shared.log.id().to_string()));
             }
             let Some((target, start, removed)) = planned else { return Ok(None) };
             let splice = Splice { target, start, removed, inserted, canceled };

@@ -159,6 +159,7 @@ def test_two_loops_over_one_log_are_refused_and_the_closed_one_gives_way(tmp_pat
         first.followup("one")
         await first.when_idle()
         await first.aclose()
+        first.cancel()  # nothing pending: a no-op, not refused by the closed inbox
         second = AgentLoop(EchoModel(), log=log)  # the closed loop's inbox gave way
         second.followup("two")
         await second.when_idle()

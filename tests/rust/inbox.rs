@@ -232,6 +232,8 @@ fn a_log_has_at_most_one_inbox() {
     assert!(clone.is_closed());
     let err = clone.append(Target::NextTurn, msg("B")).unwrap_err();
     assert!(matches!(&err, InboxError::Closed(_)), "{err}");
+    assert!(matches!(clone.clear(), Err(InboxError::Closed(_))), "clearing pending input is a change");
+    assert!(clone.remove("nope").is_ok(), "a no-op writes nothing and is not refused");
     let again = Inbox::new(log.clone(), None).unwrap();
     assert_eq!(ids(&again.list(Target::NextTurn)), ["A"]);
     // Dropping gives it up too.
