@@ -53,7 +53,7 @@ async def _invoke_body(loop: "AgentLoop", tool: Tool, call: Dict[str, Any], ctx:
         return _error(*ABORTED_BEFORE)
     try:
         raw = call.get("arguments") or "{}"
-        args = _ARGUMENTS.decode(raw) if isinstance(raw, str) else raw
+        args = _decode_arguments(raw) if isinstance(raw, str) else raw
     except ValueError as exc:
         return _bad_arguments(exc)
     try:
@@ -100,6 +100,17 @@ def _reject_constant(name: str) -> Any:
 
 # One decoder for every call: json.loads with a keyword builds a new decoder (and scanner) each time.
 _ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _decode_arguments(text: str) -> Any:
+    """The arguments' JSON text as Python values; ``ValueError`` for anything that is not JSON
+    the tool can receive. Valid JSON nested deeper than the interpreter can decode (its
+    recursion limit) is such a value: an ``INVALID_ARGUMENTS`` result, never a failed turn."""
+    try:
+        return _ARGUMENTS.decode(text)
+    except RecursionError:
+        raise ValueError(f"nested too deeply to decode ({len(text)} characters; Python's recursion "
+                         f"limit is {sys.getrecursionlimit()})") from None
 
 
 def _record(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], call_seq: int, outcome: Outcome) -> None:

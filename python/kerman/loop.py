@@ -437,16 +437,22 @@ class AgentLoop:
                 break
 
     async def aclose(self, discard_pending: bool = False) -> None:
-        """Cancels with cause ``disposed``, waits until idle, flushes, and closes the log if this
-        loop created it. Pending input stays durable for the next resume unless
+        """Cancels with cause ``disposed``, waits until idle, flushes, closes the log if this
+        loop created it, and closes the loop's inbox, so another ``AgentLoop`` or ``Inbox`` may
+        be created over the log. Pending input stays durable for the next resume unless
         ``discard_pending``."""
         if self._status == "running" or discard_pending:
             self.cancel("disposed", keep_inbox=not discard_pending)
         await self.when_idle()
-        if not self._log.closed and self._fenced is None:
-            await self._log.flush()
-            if self._owns_log:
-                await self._log.aclose()
+        try:
+            if not self._log.closed and self._fenced is None:
+                await self._log.flush()
+                if self._owns_log:
+                    await self._log.aclose()
+        finally:
+            # A log has at most one inbox: this loop's gives way to the next (a notebook
+            # re-creating its loop over the same log).
+            self._inbox.close()
 
     async def __aenter__(self) -> "AgentLoop":
         return self

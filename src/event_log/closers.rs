@@ -1,7 +1,8 @@
 //! Crash closers: a log that ends inside an open turn gets deterministic closing events on
 //! open (reference 2.10), so the turn structure is balanced before anything else runs.
 //!
-//! For each tool call of the open step's assistant messages with no result: an error
+//! For each tool call of the open step's assistant messages with no result (calls, `tool/call`s
+//! and results matched by id and occurrence): an error
 //! `tool/result`, `TOOL_NOT_STARTED` if no `tool/call` was logged (safe to retry) or
 //! `TOOL_OUTCOME_UNKNOWN` citing the call (its side effect may have happened); then `step/end`
 //! if a step is open; then `turn/end {kind: "interrupted"}`. Closers reuse the last event's time.
@@ -84,11 +85,25 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
     };
     let mut count = 0;
     if let Some(step) = open.step {
+        // Calls are matched to their `tool/call` and `tool/result` by id and occurrence: the
+        // n-th request of an id by the n-th of each (the loop refuses a reply that repeats an
+        // id, but a log may hold one), so every requested call gets exactly one result.
+        let mut occurrences: Vec<(&str, usize)> = Vec::new();
         for (call_id, name) in &open.requested {
-            if open.finished.contains(call_id) {
+            let nth = match occurrences.iter_mut().find(|(id, _)| *id == call_id.as_str()) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n - 1
+                }
+                None => {
+                    occurrences.push((call_id.as_str(), 1));
+                    0
+                }
+            };
+            if open.finished.iter().filter(|id| *id == call_id).count() > nth {
                 continue;
             }
-            let started = open.started.iter().find(|(id, _)| id == call_id).map(|(_, seq)| *seq);
+            let started = open.started.iter().filter(|(id, _)| id == call_id).nth(nth).map(|(_, seq)| *seq);
             let (text, error_name, code) = match started {
                 None => (
                     format!("Tool call {name:?} was not started before the session was interrupted; it is safe to retry."),

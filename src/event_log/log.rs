@@ -75,10 +75,15 @@ struct State {
     closed: bool,
     observers: Arc<Vec<(u64, Observer)>>,
     next_observer: u64,
-    waiters: Vec<Waiter>,
+    /// Registered waits, each with the id [`SessionLog::forget_wait`] takes.
+    waiters: Vec<(u64, Waiter)>,
+    next_waiter: u64,
     types: TypeNames,
     /// The type of the last commit, an entry of `types`.
     last_kind: Option<Arc<str>>,
+    /// Whether an inbox projects this log: a log has at most one (two would each append
+    /// splices planned against their own lists, a log no replay accepts).
+    inbox: bool,
 }
 
 struct Shared {
@@ -182,7 +187,7 @@ pub(crate) struct Committed {
     pub seq: u64,
     event: Option<Event>,
     observers: Option<Arc<Vec<(u64, Observer)>>>,
-    waiters: Vec<Waiter>,
+    waiters: Vec<(u64, Waiter)>,
 }
 
 impl Committed {
@@ -198,7 +203,7 @@ impl Committed {
                 observer(event);
             }
         }
-        for waiter in self.waiters {
+        for (_, waiter) in self.waiters {
             waiter();
         }
         self.event
@@ -267,8 +272,10 @@ impl SessionLog {
                     observers: Arc::new(Vec::new()),
                     next_observer: 0,
                     waiters: Vec::new(),
+                    next_waiter: 0,
                     types,
                     last_kind: None,
+                    inbox: false,
                 }),
                 publish: PublishLock::default(),
                 backend,
@@ -379,15 +386,38 @@ impl SessionLog {
         removed
     }
 
-    /// Calls `waiter` once the log holds more than `len` events or is closed (at once if so).
-    pub fn wait_beyond(&self, len: u64, waiter: Waiter) {
+    /// Calls `waiter` once the log holds more than `len` events or is closed (at once if so,
+    /// returning `None`). Otherwise returns the wait's id: a wait nobody awaits any more (a
+    /// cancelled `tail()`) is given up with [`forget_wait`](Self::forget_wait), not kept until
+    /// the next append.
+    pub fn wait_beyond(&self, len: u64, waiter: Waiter) -> Option<u64> {
         let mut st = lock(&self.shared.state);
         if st.closed || st.events.len() as u64 > len {
             drop(st);
             waiter();
+            None
         } else {
-            st.waiters.push(waiter);
+            let id = st.next_waiter;
+            st.next_waiter += 1;
+            st.waiters.push((id, waiter));
+            Some(id)
         }
+    }
+
+    /// Drops the wait `id` without calling it; `false` if it already ran (or was forgotten).
+    /// The waiter is dropped after the lock is released (it may hold Python objects).
+    pub fn forget_wait(&self, id: u64) -> bool {
+        let forgotten = {
+            let mut st = lock(&self.shared.state);
+            let at = st.waiters.iter().position(|(i, _)| *i == id);
+            at.map(|at| st.waiters.remove(at))
+        };
+        forgotten.is_some()
+    }
+
+    /// How many waits are registered (for leak tests).
+    pub fn waiting(&self) -> usize {
+        lock(&self.shared.state).waiters.len()
     }
 
     /// The durability barrier: `done` runs once everything appended so far is durable.
@@ -412,6 +442,17 @@ impl SessionLog {
             let _ = tx.send(r);
         }));
         crate::blocking::wait(|| rx.recv().unwrap_or(Ok(())))
+    }
+
+    /// Marks the log as projected by an inbox; `false` (nothing changed) if one already is.
+    pub(crate) fn claim_inbox(&self) -> bool {
+        let mut st = lock(&self.shared.state);
+        !std::mem::replace(&mut st.inbox, true)
+    }
+
+    /// The log's inbox was closed or dropped: another may be created.
+    pub(crate) fn release_inbox(&self) {
+        lock(&self.shared.state).inbox = false;
     }
 
     /// Sends input staged by other processes to `intake` (see [`Backend::attach_intake`]).
@@ -460,7 +501,7 @@ impl SessionLog {
             (st.events.clone(), std::mem::take(&mut st.waiters))
         };
         let result = self.shared.backend.close(&events);
-        for waiter in waiters {
+        for (_, waiter) in waiters {
             waiter();
         }
         result

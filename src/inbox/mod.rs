@@ -12,6 +12,7 @@ mod splice;
 use std::cell::RefCell;
 use std::fmt;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use serde_json::Value;
@@ -41,6 +42,12 @@ pub enum InboxError {
     NotUserMessage(String),
     /// The durable append failed (closed, poisoned, reentrant...); nothing changed.
     Log(LogError),
+    /// The log already has an inbox (the session's id): a log has at most one.
+    Attached(String),
+    /// This inbox was closed (the session's id): it no longer projects its log.
+    Closed(String),
+    /// The log's splices cannot be replayed.
+    Projection(ProjectionError),
 }
 
 impl fmt::Display for InboxError {
@@ -49,6 +56,12 @@ impl fmt::Display for InboxError {
             InboxError::Duplicate(id) => write!(f, "message \"{id}\" is already pending"),
             InboxError::NotUserMessage(id) => write!(f, "message \"{id}\" is not a user message; only user messages can be queued"),
             InboxError::Log(e) => e.fmt(f),
+            InboxError::Attached(id) => write!(
+                f,
+                "session \"{id}\" already has an inbox (an Inbox or AgentLoop over this log is open); a log has at most one: close or drop it first"
+            ),
+            InboxError::Closed(id) => write!(f, "this inbox of session \"{id}\" was closed; create a new Inbox (or AgentLoop) over the log"),
+            InboxError::Projection(e) => e.fmt(f),
         }
     }
 }
@@ -89,6 +102,16 @@ struct Shared {
     listener: Option<Box<dyn InboxListener>>,
     /// What the log's backend hands staged input to; the backend holds it weakly.
     feed: Arc<Feed>,
+    /// Set by [`Inbox::close`]: mutations are refused and the log may have another inbox.
+    closed: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.log.release_inbox();
+        }
+    }
 }
 
 /// The inbox as an [`Intake`], without keeping it alive.
@@ -97,8 +120,8 @@ struct Feed(Weak<Shared>);
 impl Intake for Feed {
     fn take(&self, staged: Vec<StagedInput>) -> Taken {
         match self.0.upgrade() {
-            Some(shared) => Inbox { shared }.take_staged(staged),
-            None => Taken::default(),
+            Some(shared) if !shared.closed.load(Ordering::Acquire) => Inbox { shared }.take_staged(staged),
+            _ => Taken::default(),
         }
     }
 }
@@ -161,14 +184,26 @@ pub fn replay<'a>(events: impl IntoIterator<Item = &'a crate::event_log::Event>,
 
 impl Inbox {
     /// An inbox over `log`, replaying its splices (those at or after `header.seedLength`).
-    pub fn new(log: SessionLog, listener: Option<Box<dyn InboxListener>>) -> Result<Inbox, ProjectionError> {
+    /// A log has at most one inbox: while another is open (not closed or dropped) this is
+    /// [`InboxError::Attached`].
+    pub fn new(log: SessionLog, listener: Option<Box<dyn InboxListener>>) -> Result<Inbox, InboxError> {
+        if !log.claim_inbox() {
+            return Err(InboxError::Attached(log.id().to_string()));
+        }
         let seed_length = log.header().get("seedLength").and_then(Value::as_u64).unwrap_or(0);
-        let lists = log.with_events(|events| replay(events, seed_length))?;
+        let lists = match log.with_events(|events| replay(events, seed_length)) {
+            Ok(lists) => lists,
+            Err(e) => {
+                log.release_inbox();
+                return Err(InboxError::Projection(e));
+            }
+        };
         let shared = Arc::new_cyclic(|weak| Shared {
             log: log.clone(),
             lists: Mutex::new(lists),
             listener,
             feed: Arc::new(Feed(weak.clone())),
+            closed: AtomicBool::new(false),
         });
         let feed: Arc<dyn Intake> = shared.feed.clone();
         log.attach_intake(Arc::downgrade(&feed));
@@ -206,13 +241,28 @@ impl Inbox {
                     out.taken.push(row.id);
                 }
                 Err(InboxError::Duplicate(_) | InboxError::NotUserMessage(_)) => out.dropped.push(row.id),
-                Err(InboxError::Log(_)) => break,
+                // The log failed, or the inbox was closed: the rest stays staged.
+                Err(_) => break,
             }
         }
         if let (false, Some(listener)) = (out.taken.is_empty(), &self.shared.listener) {
             listener.arrived(wake);
         }
         out
+    }
+
+    /// Stops projecting the log: later mutations are refused ([`InboxError::Closed`]), staged
+    /// input stays staged, and another inbox may be created over the log. Idempotent; the
+    /// lists stay readable.
+    pub fn close(&self) {
+        if !self.shared.closed.swap(true, Ordering::AcqRel) {
+            self.shared.log.release_inbox();
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
     }
 
     pub fn log(&self) -> &SessionLog {
@@ -278,6 +328,11 @@ impl Inbox {
             let planned = plan(&lists);
             if is_noop(&planned) {
                 return Ok(None);
+            }
+            // A closed inbox no longer projects the log (another may): it writes nothing. A
+            // no-op (clearing it when empty) is still harmless.
+            if self.is_closed() {
+                return Err(InboxError::Closed(self.shared.log.id().to_string()));
             }
             let Some((target, start, removed)) = planned else { return Ok(None) };
             let splice = Splice { target, start, removed, inserted, canceled };

@@ -28,10 +28,28 @@ struct Delivered {
     _scheduled: Option<(Py<PyAny>, Py<Drain>)>,
 }
 
-type Queue = Arc<Mutex<Vec<Delivered>>>;
+/// A drain's completions; `closed` once the drain is gone (its loop closed): what is delivered
+/// then is dropped at once, with the GIL, never left in a queue nobody drains.
+#[derive(Default)]
+struct Pending {
+    items: Vec<Delivered>,
+    closed: bool,
+}
 
-fn lock(queue: &Queue) -> MutexGuard<'_, Vec<Delivered>> {
+type Queue = Arc<Mutex<Pending>>;
+
+fn lock(queue: &Queue) -> MutexGuard<'_, Pending> {
     queue.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Lets `stranded` go with the GIL (a writer thread must not leave Python references to be
+/// released later by whoever next takes it), unless the interpreter is exiting.
+fn release(stranded: Vec<Delivered>) {
+    if stranded.is_empty() {
+        return;
+    }
+    // While the interpreter exits the closure is dropped unrun: pyo3 defers those releases.
+    let _ = attach_unless_exiting(move |_py| drop(stranded));
 }
 
 /// The completions of one event loop that other threads have delivered, resolved in one go on
@@ -39,7 +57,7 @@ fn lock(queue: &Queue) -> MutexGuard<'_, Vec<Delivered>> {
 /// The wake-up is the drain's [`Doorbell`] (a byte down a pipe the loop watches with
 /// `add_reader`: no GIL on the delivering thread) or, for a loop without `add_reader`, a
 /// `call_soon_threadsafe` with the GIL.
-#[pyclass(frozen, module = "kerman._core")]
+#[pyclass(frozen, weakref, module = "kerman._core")]
 pub struct Drain {
     queue: Queue,
     bell: Option<Arc<Doorbell>>,
@@ -51,7 +69,7 @@ impl Drain {
         if let Ok(bell) = Doorbell::new() {
             let bell = Arc::new(bell);
             let fd = bell.fd();
-            let drain = Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())), bell: Some(bell) })?;
+            let drain = Bound::new(py, Drain { queue: Queue::default(), bell: Some(bell) })?;
             // Proactor loops (Windows) and some third-party loops have no `add_reader`.
             if event_loop.call_method1("add_reader", (fd, &drain)).is_ok() {
                 return Ok(drain);
@@ -62,7 +80,7 @@ impl Drain {
 
     /// A drain woken with `call_soon_threadsafe`.
     fn plain(py: Python<'_>) -> PyResult<Bound<'_, Drain>> {
-        Bound::new(py, Drain { queue: Arc::new(Mutex::new(Vec::new())), bell: None })
+        Bound::new(py, Drain { queue: Queue::default(), bell: None })
     }
 }
 
@@ -74,7 +92,7 @@ impl Drain {
         if let Some(bell) = &self.bell {
             bell.clear();
         }
-        let delivered = std::mem::take(&mut *lock(&self.queue));
+        let delivered = std::mem::take(&mut lock(&self.queue).items);
         let resolve = aio(py)?.getattr("resolve")?;
         for d in delivered {
             let exc = d.error.map(|e| log_err(py, e).into_value(py).into_any());
@@ -88,7 +106,7 @@ impl Drain {
     /// `call_soon_threadsafe` drain, the loop and the drain itself).
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         let Ok(queue) = self.queue.try_lock() else { return Ok(()) };
-        for d in queue.iter() {
+        for d in queue.items.iter() {
             visit.call(&d.future)?;
             if let Some((event_loop, drain)) = &d._scheduled {
                 visit.call(event_loop)?;
@@ -99,12 +117,39 @@ impl Drain {
     }
 
     fn __clear__(&self) {
-        let stranded = std::mem::take(&mut *lock(&self.queue));
+        let stranded = std::mem::take(&mut lock(&self.queue).items);
         drop(stranded);
     }
 }
 
+impl Drop for Drain {
+    /// The loop is gone (a watched drain lives as long as its `add_reader` registration): what
+    /// it never drained, and whatever is delivered from now on, is dropped (here with the GIL:
+    /// a drain is released by the interpreter).
+    fn drop(&mut self) {
+        let stranded = {
+            let mut q = lock(&self.queue);
+            q.closed = true;
+            std::mem::take(&mut q.items)
+        };
+        drop(stranded);
+    }
+}
+
+/// Event loop -> `(weak reference to its drain, whether it is watched)`. Weak both ways: the
+/// loop's `add_reader` registration keeps a watched drain alive while the loop is open, and the
+/// completions in flight keep a `call_soon_threadsafe` one. A strong value would keep the loop
+/// alive through the futures in the drain's queue (a completion delivered after the loop
+/// closed is never drained): every short-lived loop, and its pipe, would leak.
 static DRAINS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The loop's live drain, and whether it ever got a watched one (`None`: never seen).
+fn known_drain<'py>(drains: &Bound<'py, PyAny>, event_loop: &Bound<'py, PyAny>) -> (Option<Bound<'py, Drain>>, Option<bool>) {
+    let Ok(entry) = drains.call_method1("get", (event_loop,)) else { return (None, None) };
+    let Ok((weak, watched)) = entry.extract::<(Bound<'py, PyAny>, bool)>() else { return (None, None) };
+    let drain = weak.call0().ok().and_then(|d| d.cast_into::<Drain>().ok());
+    (drain, Some(watched))
+}
 
 /// A future on the running loop (a flush, a tail's wait) whose outcome can be delivered from
 /// any thread through the loop's shared [`Drain`].
@@ -128,15 +173,20 @@ impl Completion {
         let future = event_loop.call_method0("create_future")?;
         let drains = DRAINS.get_or_try_init(py, || py.import("weakref")?.getattr("WeakKeyDictionary")?.call0().map(Bound::unbind))?.bind(py);
         // A loop that cannot be weakly referenced gets a drain per flush: correct, not coalesced.
-        let known = drains.call_method1("get", (&event_loop,)).ok().and_then(|d| d.cast_into::<Drain>().ok());
-        let drain = match known {
-            Some(drain) => drain,
-            None => {
-                // Only a drain the map can keep gets a pipe: one made per flush would leave a
-                // watched pipe behind each time.
+        let drain = match known_drain(drains, &event_loop) {
+            (Some(drain), _) => drain,
+            // Its watched drain went with its `add_reader` registration: the loop is closed.
+            // A plain drain delivers nothing to it, and makes no pipe.
+            (None, Some(true)) => Drain::plain(py)?,
+            (None, watched) => {
+                // Only a drain the map can name gets a pipe: one made per flush would leave a
+                // watched pipe behind each time. A loop refused `add_reader` is not asked again.
                 let kept = py.import("weakref")?.call_method1("ref", (&event_loop,)).is_ok();
-                let drain = if kept { Drain::start(py, &event_loop)? } else { Drain::plain(py)? };
-                drop(drains.set_item(&event_loop, &drain));
+                let drain = if kept && watched.is_none() { Drain::start(py, &event_loop)? } else { Drain::plain(py)? };
+                if kept {
+                    let weak = py.import("weakref")?.call_method1("ref", (&drain,))?;
+                    drop(drains.set_item(&event_loop, (weak, drain.get().bell.is_some())));
+                }
                 drain
             }
         };
@@ -168,10 +218,17 @@ impl Completion {
         }
         let (event_loop, drain) = match wake {
             Wake::Bell(bell) => {
+                let delivered = Delivered { future, error, _scheduled: None };
                 let first = {
                     let mut q = lock(&queue);
-                    q.push(Delivered { future, error, _scheduled: None });
-                    q.len() == 1
+                    if q.closed {
+                        drop(q);
+                        // Its loop closed: nobody will resolve it.
+                        release(vec![delivered]);
+                        return;
+                    }
+                    q.items.push(delivered);
+                    q.items.len() == 1
                 };
                 if first {
                     bell.ring();
@@ -183,10 +240,10 @@ impl Completion {
         let delivered = Delivered { future, error, _scheduled: Some((event_loop, drain)) };
         let delivered = {
             let mut q = lock(&queue);
-            if q.is_empty() {
+            if q.items.is_empty() {
                 Some(delivered)
             } else {
-                q.push(delivered);
+                q.items.push(delivered);
                 None
             }
         };
@@ -199,13 +256,13 @@ impl Completion {
             };
             let first = {
                 let mut q = lock(&queue);
-                let first = q.is_empty();
-                q.push(delivered);
+                let first = q.items.is_empty();
+                q.items.push(delivered);
                 first
             };
             if first && event_loop.bind(py).call_method1("call_soon_threadsafe", (drain,)).is_err() {
                 // The loop is closed: nobody will drain; release what waits, with the GIL.
-                let stranded = std::mem::take(&mut *lock(&queue));
+                let stranded = std::mem::take(&mut lock(&queue).items);
                 drop(stranded);
             }
         });

@@ -68,6 +68,9 @@ pub fn inbox_err(py: Python<'_>, e: InboxError) -> PyErr {
         }
         InboxError::NotUserMessage(_) => PyTypeError::new_err(e.to_string()),
         InboxError::Log(e) => log_err(py, e),
+        InboxError::Projection(e) => projection_err(py, e),
+        // `InboxError` itself, not a subclass: nothing to catch them apart by yet.
+        InboxError::Attached(_) | InboxError::Closed(_) => new_err(py, "InboxError", (e.to_string(),)),
     }
 }
 

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -14,7 +15,7 @@ use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_mess
 use super::errors::{log_err, not_json, report_contained};
 use super::exit::attach_unless_exiting;
 use super::gc::Held;
-use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilter, SPLICED};
+use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilter, WeakSessionLog, SPLICED};
 
 /// One committed log entry. Immutable; `data` is decoded on first access and cached.
 #[pyclass(name = "Event", module = "kerman", frozen)]
@@ -201,6 +202,27 @@ impl PyUnsubscribe {
 }
 
 /// The append-only log of one session.
+/// The done callback of a `_grown` future: a cancelled one (a `tail()` timed out or cancelled)
+/// drops its waiter, and with it the future and its event loop, instead of leaving it in the
+/// log until the next append. Holds no Python object.
+#[pyclass(frozen, module = "kerman._core")]
+struct ForgetWait {
+    log: WeakSessionLog,
+    id: u64,
+}
+
+#[pymethods]
+impl ForgetWait {
+    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future.call_method0(intern!(future.py(), "cancelled"))?.is_truthy()? {
+            if let Some(log) = self.log.upgrade() {
+                log.forget_wait(self.id);
+            }
+        }
+        Ok(())
+    }
+}
+
 #[pyclass(name = "SessionLog", module = "kerman", frozen, weakref)]
 pub struct PySessionLog {
     pub inner: SessionLog,
@@ -367,10 +389,19 @@ impl PySessionLog {
     }
 
     /// A future that completes once the log holds more than `seq` events or is closed.
+    /// A cancelled future gives its wait up at once (see [`ForgetWait`]).
     fn _grown<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyAny>> {
         let (completion, future) = Completion::new(py)?;
-        self.inner.wait_beyond(seq, Box::new(move || completion.deliver(Ok(()))));
+        if let Some(id) = self.inner.wait_beyond(seq, Box::new(move || completion.deliver(Ok(())))) {
+            let forget = Bound::new(py, ForgetWait { log: self.inner.downgrade(), id })?;
+            future.call_method1(intern!(py, "add_done_callback"), (forget,))?;
+        }
         Ok(future)
+    }
+
+    /// How many `_grown` waits the log holds (for leak tests).
+    fn _waiting(&self) -> usize {
+        self.inner.waiting()
     }
 
     /// Registers `callback(event)`, called synchronously after each commit, in seq order.

@@ -10,12 +10,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::errors::{inbox_err, projection_err, report_contained};
+use super::errors::{inbox_err, report_contained};
 use super::event_log::PySessionLog;
 use super::exit::attach_unless_exiting;
 use super::gc::Held;
 use super::message::{user_message_arg, wrap, PyMessage};
-use crate::inbox::{Inbox, InboxListener, Target};
+use crate::inbox::{Inbox, InboxError, InboxListener, Target};
 use crate::message::Message;
 
 /// `"next-turn"` or `"next-step"`; anything else is a `ValueError` naming it.
@@ -409,8 +409,18 @@ impl PyInbox {
         };
         let any = callbacks.held().next().is_some();
         let callbacks = any.then(|| Arc::new(callbacks));
-        let listener = callbacks.as_ref().map(|c| Box::new(Listener(Arc::clone(c))) as Box<dyn InboxListener>);
-        let inner = Inbox::new(log.get().inner.clone(), listener).map_err(|e| projection_err(py, e))?;
+        let listener = || callbacks.as_ref().map(|c| Box::new(Listener(Arc::clone(c))) as Box<dyn InboxListener>);
+        let core = log.get().inner.clone();
+        let inner = match Inbox::new(core.clone(), listener()) {
+            // The open inbox may be garbage the collector has not reached yet (a notebook
+            // re-creating its AgentLoop, whose callbacks make a cycle): collect once, retry.
+            Err(InboxError::Attached(_)) => {
+                py.import("gc")?.call_method0("collect")?;
+                Inbox::new(core, listener())
+            }
+            other => other,
+        };
+        let inner = inner.map_err(|e| inbox_err(py, e))?;
         Ok(PyInbox { inner, log, wrappers, callbacks })
     }
 
@@ -429,6 +439,18 @@ impl PyInbox {
             callbacks.clear();
         }
         self.wrappers.clear();
+    }
+
+    /// Stops projecting the log: later mutations raise `InboxError`, and another `Inbox` (or
+    /// `AgentLoop`) may be created over the log. Idempotent; the lists stay readable.
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
     }
 
     /// The session log this inbox projects.

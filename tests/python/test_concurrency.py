@@ -248,7 +248,7 @@ def test_threads_mutate_the_inbox_while_the_loop_runs(tmp_path: Path, kind: str,
     assert {mid for mid, end in seen.items() if "removed" in end} == removed
     assert {mid for mid, end in seen.items() if "replaced" in end} == replaced
     # The inbox a fresh replay builds is the live one.
-    assert kerman.Inbox(log).next_turn == loop.inbox.next_turn == ()
+    assert kerman.InboxProjection.fold(log.splices()).next_turn == loop.inbox.next_turn == ()
     log.close()
 
 

@@ -278,6 +278,7 @@ async def check_and_resume(log: kerman.SessionLog, events: List[kerman.Event]) -
     assert [m.id for m in proj.next_step] == [m.id for m in inbox.next_step]
     assert list(proj.next_turn) == list(inbox.next_turn)
     assert list(proj.next_step) == list(inbox.next_step)
+    inbox.close()  # a log has at most one inbox: the loop below takes it over
 
     work = kerman.consumed_work(events)
     end, dropped = fold_consumed_work(events)

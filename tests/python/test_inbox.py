@@ -752,6 +752,7 @@ def test_INB_12_fork_child_ignores_splices_before_seed_length(file_log):
     # the child keeps working on top of that state
     inbox.append(STEP, U("b"))
     assert ids(inbox.next_step) == ["b"]
+    inbox.close()
     assert ids(Inbox(log).next_step) == ["b"]
 
 
@@ -1064,6 +1065,7 @@ def test_id_may_be_sent_again_once_it_is_no_longer_pending(retire):
     inbox.append(STEP, again)
     assert inbox.get("a") == again
     assert [m.to_dict() for m in InboxProjection.fold(log.splices()).next_step] == [again.to_dict()]
+    inbox.close()
     assert Inbox(log).get("a") == again
 
 
@@ -1167,9 +1169,10 @@ def _exercise(inbox):
     inbox.splice(TURN, -1, 1, [U("t3"), U("t4")])
 
 
-def test_second_inbox_over_the_same_log_replays_the_lists_silently():
+def test_a_new_inbox_over_the_same_log_replays_the_lists_silently():
     inbox, log, _ = new_inbox()
     _exercise(inbox)
+    inbox.close()  # a log has at most one inbox (test_hardening_loop.py)
     again, _, rec = new_inbox(log)
     assert again.next_turn == inbox.next_turn
     assert again.next_step == inbox.next_step
@@ -1179,6 +1182,7 @@ def test_second_inbox_over_the_same_log_replays_the_lists_silently():
     assert again.next_turn[1].text == "edited"
     assert rec.calls == [], "replay emits no notifications"
     n = len(log)
+    again.close()
     Inbox(log)
     assert len(log) == n, "replay appends nothing"
 
@@ -1199,6 +1203,7 @@ def test_reopened_file_session_replays_the_lists(tmp_path):
         assert [m.to_dict() for m in again.next_step] == expected_step
         # keeps working: new mutations continue the same log
         again.append(STEP, U("after-reopen"))
+        again.close()
         assert ids(Inbox(reopened).next_step) == ["s3", "after-reopen"]
     finally:
         reopened.close()
@@ -1265,6 +1270,7 @@ def test_concurrent_mutations_match_a_replay_of_the_log():
     folded = InboxProjection.fold(log.splices())
     assert folded.next_turn == inbox.next_turn
     assert folded.next_step == inbox.next_step
+    inbox.close()
     replayed = Inbox(log)
     assert replayed.next_turn == inbox.next_turn
     assert replayed.next_step == inbox.next_step

@@ -2092,6 +2092,7 @@ async def test_request_header_logged_first_and_when_options_change():
     assert [r.options for r in model.requests] == [{}, {}, {"x": 1}, {"x": 1}, {}, {}]
 
     # a new loop instance logs again on its first request, even with unchanged options
+    await loop.aclose()  # a log has at most one inbox
     model2 = ScriptedModel(["again"])
     loop2 = AgentLoop(model2, log=log)
     loop2.followup("p6")

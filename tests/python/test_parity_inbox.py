@@ -230,6 +230,8 @@ def test_a_second_inbox_over_the_log_replays_the_lists(api):
     inbox.remove("b")
     inbox.claim(STEP, 1)
     inbox.prepend(STEP, U(api, "s2"))
+    if api.__name__ == "kerman":
+        inbox.close()  # a log has at most one inbox
     again = api.Inbox(log)
     assert ids(again.next_turn) == ["a", "c"] and ids(again.next_step) == ["s2"]
     assert again.next_turn == inbox.next_turn

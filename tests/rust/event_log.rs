@@ -86,6 +86,53 @@ fn waiters_fire_on_growth_and_close() {
 }
 
 #[test]
+fn a_forgotten_wait_is_dropped_at_once_and_never_called() {
+    let log = MemoryStore::new().create(None).unwrap();
+    let fired = Arc::new(Mutex::new(0));
+    let held = Arc::new(());
+    let (f, h) = (Arc::clone(&fired), Arc::clone(&held));
+    let id = log.wait_beyond(0, Box::new(move || { let _h = &h; *f.lock().unwrap() += 1 })).expect("registered");
+    let f = Arc::clone(&fired);
+    let kept = log.wait_beyond(0, Box::new(move || *f.lock().unwrap() += 10)).expect("registered");
+    assert_ne!(id, kept);
+    assert_eq!(log.waiting(), 2);
+    assert!(log.forget_wait(id));
+    assert!(!log.forget_wait(id), "a wait is forgotten once");
+    assert_eq!(Arc::strong_count(&held), 1, "the forgotten waiter was dropped, not kept until the next append");
+    log.append("a/b", &json!(1)).unwrap();
+    assert_eq!(*fired.lock().unwrap(), 10);
+    assert!(!log.forget_wait(kept), "a wait that ran cannot be forgotten");
+    // A wait that is already satisfied runs at once and has no id.
+    assert!(log.wait_beyond(0, Box::new(|| {})).is_none());
+    assert_eq!(log.waiting(), 0);
+}
+
+#[test]
+fn closers_answer_each_call_of_a_repeated_id_once() {
+    use kerman::event_log::Surface;
+    let log = MemoryStore::new().create(None).unwrap();
+    log.append_loop_event("turn/start", &json!({"turn": 1}), None).unwrap();
+    log.append_loop_event("step/start", &json!({"turn": 1, "step": 1}), None).unwrap();
+    let call = |id: &str| json!({"type": "tool-call", "id": id, "name": "t", "arguments": "{}"});
+    let message = json!({"id": "m", "role": "assistant", "content": [call("c1"), call("c1"), call("c2")], "source": {"kind": "model"}});
+    log.append_loop_event("assistant/message", &json!({"turn": 1, "step": 1, "message": message}), Some(Surface::append())).unwrap();
+    let first = log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
+    let second = log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
+    let result = json!({"id": "r", "role": "tool", "content": [{"type": "tool-result", "callId": "c1", "content": [{"type": "text", "text": "ok"}]}], "source": {"kind": "tool", "callId": "c1"}});
+    log.append_loop_event("tool/result", &json!({"turn": 1, "step": 1, "message": result}), Some(Surface::append_citing(vec![first.seq]))).unwrap();
+    let before = log.len();
+    // The second c1 (started, no result) and c2 (never started); then step/end and turn/end.
+    assert_eq!(close_open_turn(&log).unwrap(), 4);
+    let closers = log.range(before, None);
+    let code = |e: &kerman::event_log::Event| e.data()["error"]["code"].as_str().map(str::to_string);
+    assert_eq!(code(&closers[0]).as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
+    assert_eq!(closers[0].surface().and_then(|s| s.source_event_seqs.clone()), Some(vec![second.seq]));
+    assert_eq!(code(&closers[1]).as_deref(), Some("TOOL_NOT_STARTED"));
+    assert_eq!(closers[1].data()["message"]["source"]["callId"], "c2");
+    assert_eq!([closers[2].kind(), closers[3].kind()], ["step/end", "turn/end"]);
+}
+
+#[test]
 fn closers_are_a_no_op_on_a_balanced_log() {
     let log = MemoryStore::new().create(None).unwrap();
     log.append("a/b", &json!(1)).unwrap();

@@ -132,6 +132,7 @@ fn replay_rebuilds_the_lists() {
     inbox.append(Target::NextStep, msg("B")).unwrap();
     inbox.append(Target::NextTurn, msg("C")).unwrap();
     inbox.claim(Target::NextTurn, 1).unwrap();
+    drop(inbox);
     let again = Inbox::new(log, None).unwrap();
     assert_eq!(ids(&again.list(Target::NextTurn)), ["C"]);
     assert!(again.list(Target::NextStep).is_empty());
@@ -155,9 +156,11 @@ fn inb_01_bad_persisted_splice_fails_replay_with_its_seq() {
     let text = r#"{"type":"agent/inbox/spliced","seq":0,"time":1,"data":{"target":"next-turn","start":1,"inserted":[]}}"#;
     let event = Event::from_json(text, &mut |k: &str| Arc::from(k)).unwrap();
     let log = SessionLog::from_parts("s".into(), serde_json::Map::new(), vec![event], Box::new(Null));
-    let err = Inbox::new(log, None).unwrap_err();
-    assert_eq!(err.seq, 0);
+    let err = Inbox::new(log.clone(), None).unwrap_err();
+    assert!(matches!(&err, InboxError::Projection(e) if e.seq == 0), "{err}");
     assert!(err.to_string().starts_with("invalid persisted inbox splice at session seq 0"));
+    // A refused inbox does not count as the log's inbox.
+    assert!(matches!(Inbox::new(log, None), Err(InboxError::Projection(_))));
 }
 
 #[test]
@@ -206,7 +209,34 @@ fn concurrent_mutations_stay_consistent_with_the_log() {
     for t in threads {
         t.join().unwrap();
     }
+    inbox.close();
     let replayed = Inbox::new(log, None).unwrap();
     assert_eq!(ids(&replayed.list(Target::NextTurn)), ids(&inbox.list(Target::NextTurn)));
     assert_eq!(inbox.len(), 4 * (200 - 67));
+}
+
+#[test]
+fn a_log_has_at_most_one_inbox() {
+    let (log, inbox, _) = setup();
+    inbox.append(Target::NextTurn, msg("A")).unwrap();
+    let err = Inbox::new(log.clone(), None).unwrap_err();
+    assert!(matches!(&err, InboxError::Attached(id) if id == log.id()), "{err}");
+    assert!(err.to_string().contains("already has an inbox"), "{err}");
+    // A clone is the same inbox, not a second one.
+    let clone = inbox.clone();
+    drop(inbox);
+    assert!(matches!(Inbox::new(log.clone(), None), Err(InboxError::Attached(_))));
+    // Closing gives the log up: the closed inbox refuses mutations, a new one replays.
+    clone.close();
+    clone.close();
+    assert!(clone.is_closed());
+    let err = clone.append(Target::NextTurn, msg("B")).unwrap_err();
+    assert!(matches!(&err, InboxError::Closed(_)), "{err}");
+    assert!(matches!(clone.clear(), Err(InboxError::Closed(_))), "clearing pending input is a change");
+    assert!(clone.remove("nope").is_ok(), "a no-op writes nothing and is not refused");
+    let again = Inbox::new(log.clone(), None).unwrap();
+    assert_eq!(ids(&again.list(Target::NextTurn)), ["A"]);
+    // Dropping gives it up too.
+    drop(again);
+    Inbox::new(log, None).unwrap();
 }

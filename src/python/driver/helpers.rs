@@ -69,7 +69,7 @@ pub(super) fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
             error_chain: get(&turn, "error_chain")?,
             run_tools: get(&tools, "run_tools")?,
             tool_context: get(&types, "ToolContext")?,
-            decode_arguments: tools.getattr("_ARGUMENTS")?.getattr("decode")?.unbind(),
+            decode_arguments: get(&tools, "_decode_arguments")?,
             is_awaitable: get(&py.import("inspect")?, "isawaitable")?,
             aborted_before: get(&tools, "_aborted_before")?,
             bad_arguments: get(&tools, "_bad_arguments")?,

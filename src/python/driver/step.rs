@@ -88,6 +88,24 @@ pub(super) fn waterfall<'py>(
 }
 
 /// A `TurnFailure` with `{"message": message, "code": code}`.
+/// The first `id` (a `str`) that two of `calls` share. Other ids are the message's to refuse.
+fn duplicate_call_id(calls: &Bound<'_, PyList>) -> PyResult<Option<String>> {
+    if calls.len() < 2 {
+        return Ok(None);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for call in calls.iter() {
+        let id = call.call_method1(intern!(call.py(), "get"), ("id",))?;
+        if let Ok(id) = id.cast::<PyString>() {
+            let id = id.to_cow()?.into_owned();
+            if !seen.insert(id.clone()) {
+                return Ok(Some(id));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn turn_failure(py: Python<'_>, message: String, code: &str) -> PyErr {
     let built = (|| -> PyResult<PyErr> {
         let message = message.into_pyobject(py)?.into_any();
@@ -494,16 +512,27 @@ impl Machine {
         } else {
             content
         };
+        let calls = PyList::empty(py);
+        if !max_tokens {
+            // Only dicts: anything else fails the message's own validation, below.
+            for block in content.try_iter()? {
+                let block = block?;
+                let Ok(dict) = block.cast::<PyDict>() else { continue };
+                if dict.get_item(intern!(py, "type"))?.is_some_and(|t| t.eq("tool-call").unwrap_or(false)) {
+                    calls.append(block)?;
+                }
+            }
+            // Results are matched to calls by id (by the model's provider, and by the crash
+            // closers): two calls with one id could never both be answered. Refused before the
+            // message is logged, so the log never holds a call without its result.
+            if let Some(id) = duplicate_call_id(&calls)? {
+                let message = format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply");
+                return Err(turn_failure(py, message, "INVALID_REPLY"));
+            }
+        }
         self.append_assistant(py, &content, &usage, seqs.extract()?, false)?;
         if max_tokens {
             return Ok(StepBody::Done(StepEnd::MaxTokens));
-        }
-        let calls = PyList::empty(py);
-        for block in content.try_iter()? {
-            let block = block?;
-            if block.call_method1(intern!(py, "get"), ("type",))?.eq("tool-call")? {
-                calls.append(block)?;
-            }
         }
         if calls.is_empty() {
             return Ok(StepBody::Done(StepEnd::Completed));
