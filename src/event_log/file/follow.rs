@@ -113,7 +113,7 @@ impl Watch {
         if len < self.offset {
             return Step::Stop;
         }
-        match std::fs::metadata(&self.path) {
+        match std::fs::symlink_metadata(&self.path) {
             Ok(named) if named.dev() == meta.dev() && named.ino() == meta.ino() => {}
             _ => return Step::Stop,
         }

@@ -17,6 +17,7 @@ mod writer;
 use std::fmt;
 use std::fs;
 use std::io::ErrorKind;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -157,7 +158,13 @@ impl FileStore {
     /// A store in `root`, created if missing.
     pub fn new(root: impl Into<PathBuf>, durability: Durability) -> Result<Self, LogError> {
         let root = root.into();
-        fs::create_dir_all(&root).map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
+        // Private: the names in it are session ids. Only directories created here get 0700
+        // (the umask can only narrow it); an existing folder keeps the mode it was given.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
         Ok(FileStore { root, durability, fault: None })
     }
 
