@@ -37,6 +37,8 @@ pub(super) struct Setup {
 
 struct Shared {
     id: String,
+    /// In a forked child the follower thread does not exist (forks.rs).
+    origin: super::forks::Origin,
     closed: Mutex<bool>,
     wake: Condvar,
     log: OnceLock<WeakSessionLog>,
@@ -53,7 +55,7 @@ struct Follower {
 
 /// Starts following: the returned log holds `setup.events` and grows with the file.
 pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
-    let shared = Arc::new(Shared { id: setup.id.clone(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
+    let shared = Arc::new(Shared { id: setup.id.clone(), origin: super::forks::Origin::here(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
     let next = setup.events.len() as u64;
     let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
     let _ = shared.log.set(log.downgrade());
@@ -170,6 +172,10 @@ impl Backend for Follower {
 
     /// Stops following; the file is untouched.
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        if self.shared.origin.forked() {
+            // The thread (and whatever it held at the fork) is the parent's: wait for nothing.
+            return Ok(());
+        }
         *lock(&self.shared) = true;
         self.shared.wake.notify_all();
         // Waits out an adoption being published on the follower thread (its observers and
@@ -185,6 +191,9 @@ impl Backend for Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
+        if self.shared.origin.forked() {
+            return;
+        }
         *lock(&self.shared) = true;
         self.shared.wake.notify_all();
     }

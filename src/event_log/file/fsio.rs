@@ -29,21 +29,38 @@ fn held() -> std::sync::MutexGuard<'static, Option<HashSet<(u64, u64)>>> {
     HELD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// An owning log's entry in [`HELD`]; dropped after the file is unlocked.
-pub(super) struct Hold(Option<(u64, u64)>);
+/// In a forked child (from the atfork handler): the parent's logs hold nothing here. Takes
+/// the lock only if free (another thread may have held it at the fork) and frees no memory.
+pub(super) fn forget_held() {
+    if let Ok(mut held) = HELD.try_lock() {
+        if let Some(set) = held.as_mut() {
+            set.clear();
+        }
+    }
+}
+
+/// An owning log's entry in [`HELD`] and its descriptor's in the fork table
+/// (`forks.rs`); taken as soon as the lock is, and dropped after the file is unlocked but
+/// before it is closed.
+pub(super) struct Hold(Option<(u64, u64)>, #[allow(dead_code)] super::forks::Registered, super::forks::Origin);
 
 impl Hold {
     pub(super) fn new(file: &File) -> Hold {
+        use std::os::fd::AsRawFd;
+        let registered = super::forks::Registered::new(file.as_raw_fd());
         let key = file.metadata().ok().map(|m| (m.dev(), m.ino()));
         if let Some(key) = key {
             held().get_or_insert_with(HashSet::new).insert(key);
         }
-        Hold(key)
+        Hold(key, registered, super::forks::Origin::here())
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        if self.2.forked() {
+            return;
+        }
         if let (Some(key), Some(set)) = (self.0, held().as_mut()) {
             set.remove(&key);
         }

@@ -7,6 +7,7 @@
 //! `writer.rs`) so appends never wait for the disk.
 
 mod follow;
+mod forks;
 mod format;
 mod fsio;
 mod names;
@@ -189,14 +190,21 @@ impl FileStore {
         Ok(self.root.join(names::file_name(id)?))
     }
 
-    fn start(&self, id: String, header: Map<String, Value>, events: Vec<Event>, file: fs::File, len: u64) -> Result<SessionLog, LogError> {
+    fn start(
+        &self,
+        id: String,
+        header: Map<String, Value>,
+        events: Vec<Event>,
+        (file, hold): (fs::File, fsio::Hold),
+        len: u64,
+    ) -> Result<SessionLog, LogError> {
         let backend = FileBackend::start(WriterSetup {
             id: id.clone(),
             len,
             events: events.len() as u64,
             durability: self.durability,
             fault: self.fault.clone(),
-            hold: fsio::Hold::new(&file),
+            hold,
             file,
         })?;
         Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
@@ -206,6 +214,9 @@ impl FileStore {
     pub fn open_with_report(&self, id: &str) -> Result<(SessionLog, Recovery), LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_locked(&path, id)?;
+        // Registered at once, so a fork from another thread during the scan leaves no lock
+        // behind in the child (forks.rs); dropped before the file on every error path.
+        let hold = fsio::Hold::new(&file);
         let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
@@ -216,7 +227,7 @@ impl FileStore {
             recovery.truncated_bytes = scan.bad_bytes();
             recovery.truncated_at_line = Some(invalid.line);
         }
-        let log = self.start(id.to_string(), scan.header, scan.events, file, scan.good_len)?;
+        let log = self.start(id.to_string(), scan.header, scan.events, (file, hold), scan.good_len)?;
         recovery.closers = close_open_turn(&log)?;
         Ok((log, recovery))
     }
@@ -267,7 +278,8 @@ impl Store for FileStore {
         let Some(file) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line)? else {
             return Err(LogError::Exists { id });
         };
-        self.start(id, header, Vec::new(), file, line.len() as u64)
+        let hold = fsio::Hold::new(&file);
+        self.start(id, header, Vec::new(), (file, hold), line.len() as u64)
     }
 
     fn open(&self, id: &str) -> Result<SessionLog, LogError> {
