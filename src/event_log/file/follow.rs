@@ -6,8 +6,11 @@
 //! complete records whose checksum and envelope verify and whose seq is the log's next one are
 //! adopted; an incomplete last record (a write in progress, or a torn tail) stays invisible
 //! and is read again once the file grows. The follower stops, closing its log so tails end,
-//! when the file is cut back below what it has shown (a failed write the owner undid) or its
-//! name no longer points to the file it reads (the session was deleted or repaired).
+//! when the file is cut back below what it has shown (a failed write the owner undid), its
+//! name no longer points to the file it reads (the session was deleted and perhaps created
+//! again, or repaired), or the bytes it has shown changed (the same file overwritten in place
+//! with another session, as `cp` does): it compares its header line and the last record it
+//! adopted with the file before adopting anything more, so two sessions are never spliced.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -33,6 +36,11 @@ pub(super) struct Setup {
     pub offset: u64,
     pub header: Map<String, Value>,
     pub events: Vec<Event>,
+    /// The header line as read (with its newline).
+    pub header_line: Vec<u8>,
+    /// Where the last line of the good prefix starts, and that line (the header line when
+    /// there are no events).
+    pub last_line: (u64, Vec<u8>),
 }
 
 struct Shared {
@@ -59,7 +67,17 @@ pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
     let next = setup.events.len() as u64;
     let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
     let _ = shared.log.set(log.downgrade());
-    let watch = Watch { shared, path: setup.path, file: setup.file, offset: setup.offset, seen: None, next, types: TypeNames::default() };
+    let watch = Watch {
+        shared,
+        path: setup.path,
+        file: setup.file,
+        offset: setup.offset,
+        seen: None,
+        next,
+        types: TypeNames::default(),
+        header_line: setup.header_line,
+        last_line: setup.last_line,
+    };
     std::thread::Builder::new()
         .name("kerman-follow".into())
         .spawn(move || watch.run())
@@ -79,6 +97,10 @@ struct Watch {
     /// The next seq.
     next: u64,
     types: TypeNames,
+    /// The bytes shown so far that must not change: the header line, and the last line
+    /// adopted (at its offset).
+    header_line: Vec<u8>,
+    last_line: (u64, Vec<u8>),
 }
 
 enum Step {
@@ -130,11 +152,25 @@ impl Watch {
             self.seen = None;
             return Step::Wait;
         }
+        // Checked after the read: an in-place rewrite that reached the bytes just read has
+        // rewritten these earlier ones first.
+        if !self.unchanged() {
+            return Step::Stop;
+        }
         let events = self.parse(&bytes);
         if !events.is_empty() && log.adopt(events).is_err() {
             return Step::Stop;
         }
         Step::Wait
+    }
+
+    /// Whether the header line and the last adopted line are still what was shown.
+    fn unchanged(&self) -> bool {
+        let same = |at: u64, expected: &[u8]| {
+            let mut now = vec![0u8; expected.len()];
+            self.file.read_exact_at(&mut now, at).is_ok() && now == expected
+        };
+        same(0, &self.header_line) && same(self.last_line.0, &self.last_line.1)
     }
 
     /// The complete, verified records at the start of `bytes` that continue the log; moves
@@ -150,6 +186,7 @@ impl Watch {
                 Ok(event) if event.seq == self.next => {
                     self.next += 1;
                     events.push(event);
+                    self.last_line = (self.offset + pos as u64, bytes[pos..pos + i + 1].to_vec());
                     pos += i + 1;
                 }
                 _ => break,

@@ -258,11 +258,25 @@ impl FileStore {
     pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
-        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let bytes = fsio::read_all(&file, &path)?;
+        let scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
-        follow::start(follow::Setup { id: id.to_string(), path, file, offset: scan.good_len, header: scan.header, events: scan.events })
+        // The good prefix is whole lines, the header first (the scan verified it).
+        let good = &bytes[..scan.good_len as usize];
+        let header_end = good.iter().position(|&b| b == b'\n').map_or(good.len(), |i| i + 1);
+        let last_start = good[..good.len().saturating_sub(1)].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        follow::start(follow::Setup {
+            id: id.to_string(),
+            path,
+            file,
+            offset: scan.good_len,
+            header: scan.header,
+            events: scan.events,
+            header_line: good[..header_end].to_vec(),
+            last_line: (last_start as u64, good[last_start..].to_vec()),
+        })
     }
 }
 
