@@ -109,14 +109,20 @@ HOLD_AFTER_FORK = """
     import os, sys, time
     import kerman
     store = kerman.FileStore(sys.argv[1], durability="none")
-    log = store.open("s") if store.exists("s") else store.create("s")
+    log = store.create("s")
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        # The child lives on, holding whatever it inherited, until its stdin closes.
-        print("child", os.getpid(), flush=True)
+        # The child lives on, holding whatever it inherited, until its stdin closes. It says
+        # it runs (so the fork is complete) through a pipe: only the owner writes to stdout.
+        os.close(r)
+        os.write(w, b"x")
+        os.close(w)
         sys.stdin.read()
         os._exit(0)
-    print("owner", os.getpid(), flush=True)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    print(os.getpid(), pid, flush=True)
     sys.stdin.read()
 """
 
@@ -126,13 +132,11 @@ def test_a_forked_child_does_not_keep_a_dead_owners_lock(tmp_path):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     child_pid = None
     try:
-        lines = [proc.stdout.readline().split() for _ in range(2)]
-        pids = {role: int(pid) for role, pid in lines}
-        child_pid = pids["child"]
+        owner_pid, child_pid = map(int, proc.stdout.readline().split())
         store = FileStore(tmp_path, durability="none")
         with pytest.raises(SessionLockedError):
             store.open("s")
-        os.kill(pids["owner"], signal.SIGKILL)
+        os.kill(owner_pid, signal.SIGKILL)
         proc.wait(timeout=DEADLINE)
         # The owner is dead; the child it forked is still alive.
         os.kill(child_pid, 0)
