@@ -22,7 +22,7 @@ import sys
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import FORMAT_VERSION, FileStore, InboxProjection, __version__
-from ._timeline import format_event, message_text, quote, source_tag, traceback_lines
+from ._timeline import _escape, format_event, message_text, quote, source_tag, traceback_lines
 from .errors import (
     CorruptLogError,
     KermanError,
@@ -66,13 +66,34 @@ def _count(n: Any, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+# Control characters (C0 but newline and tab, DEL, C1) never reach the terminal raw, whatever
+# carried them (an id, a path, an error text). Ids and texts are escaped where they are printed;
+# this is the last line of defence, in a form that is also valid inside JSON strings (JSON output
+# escapes C0 itself but leaves DEL and C1 raw).
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+#: Passwords of the DSN being used, scrubbed from everything printed (set by ``main``).
+_SECRETS: list[str] = []
+
+
+def _terminal_safe(line: str) -> str:
+    for secret in _SECRETS:
+        line = line.replace(secret, "***")
+    return _RAW_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
 def _out(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
+    sys.stdout.write(_terminal_safe(line) + "\n")
 
 
 def _err(line: str) -> None:
-    sys.stderr.write(line + "\n")
+    sys.stderr.write(_terminal_safe(line) + "\n")
     sys.stderr.flush()
+
+
+def _shown_id(session_id: Any) -> str:
+    """A session id as text output shows it: control characters (newlines too) escaped."""
+    return _escape(str(session_id))
 
 
 # -- store and session access ------------------------------------------------------------------
@@ -84,13 +105,66 @@ def _session_file(root: str, session_id: str) -> str:
     return os.path.join(root, name + ".jsonl")
 
 
+_URL_DSN = ("postgresql://", "postgres://")
+# A key=value connection string starts with a keyword and "=" (libpq allows spaces around it).
+_KV_DSN = re.compile(r"^\s*[A-Za-z_]+\s*=")
+# A password keyword's value in a key=value DSN: quoted (with \\ and \' escapes) or up to a space.
+_KV_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+# A password in a URL's query string.
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#]*)", re.IGNORECASE)
+
+
 def _is_dsn(store: str) -> bool:
-    return store.startswith(("postgresql://", "postgres://"))
+    """A PostgreSQL DSN, as a URL or as key=value pairs (an existing folder is always a folder)."""
+    if store.startswith(_URL_DSN):
+        return True
+    return bool(_KV_DSN.match(store)) and not os.path.isdir(store)
+
+
+def _split_url_userinfo(store: str) -> Optional[tuple[str, str, str]]:
+    """``(scheme://, userinfo, @rest)`` of a URL DSN that has a userinfo part."""
+    scheme, _, rest = store.partition("://")
+    authority_end = len(rest)
+    for stop in "?#":
+        i = rest.find(stop)
+        if i >= 0:
+            authority_end = min(authority_end, i)
+    at = rest.rfind("@", 0, authority_end)
+    if at < 0:
+        return None
+    return scheme + "://", rest[:at], rest[at:]
+
+
+def _passwords(store: str) -> list[str]:
+    """Every password a DSN carries (as written), longest first, for scrubbing."""
+    if not _is_dsn(store):
+        return []
+    found = []
+    if store.startswith(_URL_DSN):
+        parts = _split_url_userinfo(store)
+        if parts and ":" in parts[1]:
+            found.append(parts[1].split(":", 1)[1])
+        found += [m.group(2) for m in _QUERY_PASSWORD.finditer(store)]
+    else:
+        for m in _KV_PASSWORD.finditer(store):
+            value = m.group(2)
+            found.append(value)
+            if value.startswith("'"):
+                found.append(re.sub(r"\\(.)", r"\1", value.strip("'")))
+    return sorted({p for p in found if p}, key=len, reverse=True)
 
 
 def _shown(store: str) -> str:
-    """The store as messages name it: a DSN without its password."""
-    return re.sub(r"^(postgres(?:ql)?://[^:/@]*):[^@/]*@", r"\1@", store) if _is_dsn(store) else store
+    """The store as messages name it: a DSN without its password (URL userinfo, URL query,
+    key=value), as ``***``."""
+    if not _is_dsn(store):
+        return store
+    if store.startswith(_URL_DSN):
+        parts = _split_url_userinfo(store)
+        if parts and ":" in parts[1]:
+            store = parts[0] + parts[1].split(":", 1)[0] + ":***" + parts[2]
+        return _QUERY_PASSWORD.sub(r"\1***", store)
+    return _KV_PASSWORD.sub(r"\1***", store)
 
 
 def _postgres(dsn: str) -> Any:
@@ -135,8 +209,12 @@ def _repair_hint(args: argparse.Namespace) -> str:
 
 def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
     if isinstance(error, SessionNotFoundError):
-        return f'kerman: session "{args.id}" not found in {_shown(args.store)}'
+        return f'kerman: session "{_shown_id(args.id)}" not found in {_shown(args.store)}'
     text = f"kerman: {error}"
+    session_id = getattr(args, "id", None)
+    if session_id and session_id != _shown_id(session_id):
+        # Messages quote the id raw; show it escaped (a newline in it must not start a line).
+        text = text.replace(session_id, _shown_id(session_id))
     if isinstance(error, CorruptLogError):
         where = f"{error.path}, line {error.line} (seq {error.seq})"
         if getattr(args, "log_command", None) == "repair":
@@ -218,7 +296,7 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
         for event in events:
             _out(event.to_json())
     else:
-        line = (f'session "{header.get("id", args.id)}"  created {_local_time(header.get("createdAt"))}  '
+        line = (f'session "{_shown_id(header.get("id", args.id))}"  created {_local_time(header.get("createdAt"))}  '
                 f'format {header.get("version")}  {_count(total, "event")}')
         if len(events) != total:
             line += f" (showing {len(events)})"
@@ -264,12 +342,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         _err(f"kerman: no sessions in {_shown(args.store)}")
         return 0
-    width = max(len(r["id"]) for r in rows)
+    width = max(len(_shown_id(r["id"])) for r in rows)
     for r in rows:
         events = _count(r["events"], "event") if r["events"] is not None else "? events"
         size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else ("—" if _is_dsn(args.store) else "?")
         status = "" if r["status"] == "ok" else f"  ({r['status']})"
-        _out(f"{r['id']:<{width}}  {events:>12}  {size:>8}{status}")
+        _out(f"{_shown_id(r['id']):<{width}}  {events:>12}  {size:>8}{status}")
     return 0
 
 
@@ -352,7 +430,7 @@ def _follow_tail(args: argparse.Namespace) -> int:
             asyncio.run(follow())
         except KeyboardInterrupt:
             return 0
-        _err(f'kerman: stopped following session "{args.id}": it was deleted, repaired or cut back')
+        _err(f'kerman: stopped following session "{_shown_id(args.id)}": it was deleted, repaired or cut back')
         return 0
     finally:
         log.close()
@@ -590,6 +668,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args = _parser().parse_args(argv)
         except SystemExit as stop:  # --help, --version, usage errors: argparse has printed them
             return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+        _SECRETS[:] = _passwords(getattr(args, "store", None) or "")
         try:
             code = int(args.handler(args))
         except _Exit as stop:

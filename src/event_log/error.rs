@@ -40,6 +40,9 @@ pub enum LogError {
     ReadOnly { id: String },
     /// A database (PostgreSQL store) failure, with what was being done.
     Database { context: String, detail: String },
+    /// A log used in a forked child of the process that opened it (its writer thread is the
+    /// parent's): open the session again in the child instead.
+    Forked { id: String, owner: u32, pid: u32 },
     /// Any other I/O failure, with what was being done.
     Io { context: String, source: std::io::Error },
 }
@@ -102,6 +105,10 @@ impl fmt::Display for LogError {
                 write!(f, "session \"{id}\" is followed read-only here (store.follow); open it to append")
             }
             LogError::Database { context, detail } => write!(f, "{context}: {detail}"),
+            LogError::Forked { id, owner, pid } => write!(
+                f,
+                "session \"{id}\" was opened by process {owner}; this process ({pid}) is a fork of it and cannot use that log: open the session again here (once its owner has closed it)"
+            ),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
         }
     }

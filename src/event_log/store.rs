@@ -17,6 +17,17 @@ pub const FORMAT_VERSION: u64 = 1;
 ///   a log of this very process).
 /// * `list` names every created session, sorted, and agrees with `exists` (an empty session
 ///   is listed); `delete` removes a session nobody owns.
+/// * What a store keeps: an event appended to one of its logs is kept exactly (type, data,
+///   envelope, byte for byte after a reopen), or refused by the append itself — before its seq
+///   is assigned, with a `LogError` naming the problem, leaving the log and the events queued
+///   before it untouched. A store never accepts an event and then fails at write or commit time
+///   because of what it holds. Memory and file stores keep every lossless-JSON value, NUL in
+///   types, keys and texts included (the file escapes it as `\u0000`); a store whose medium
+///   cannot (PostgreSQL `text`/`jsonb` and NUL) checks at append time, in its backend's
+///   `enqueue` (an error there refuses the append: nothing is committed, no seq is taken).
+/// * File stores store only regular files: a session name that is anything else (a link, a
+///   FIFO, a device, a directory) is listed, but refused by every operation that would read or
+///   write it.
 pub trait Store: Send + Sync {
     fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError>;
     fn open(&self, id: &str) -> Result<SessionLog, LogError>;

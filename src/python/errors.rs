@@ -56,7 +56,9 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
         LogError::Closed { .. } => new_err(py, "LogClosedError", (text,)),
         LogError::Write { .. } => new_err(py, "LogWriteError", (text,)),
         LogError::LeaseLost { .. } => new_err(py, "LeaseLostError", (text,)),
-        LogError::Io { .. } | LogError::Database { .. } | LogError::ReadOnly { .. } => new_err(py, "LogError", (text,)),
+        LogError::Io { .. } | LogError::Database { .. } | LogError::ReadOnly { .. } | LogError::Forked { .. } => {
+            new_err(py, "LogError", (text,))
+        }
     }
 }
 

@@ -300,3 +300,64 @@ def test_cli_follow_and_allow_damaged_do_not_combine(store_root, capsys):
     assert cli.main(["log", "tail", str(store_root), "x", "--follow", "--allow-damaged"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("kerman: --follow and --allow-damaged cannot be combined")
+
+
+# -- a followed session replaced (issue 12, item 14) -------------------------------------------
+
+
+def _records(n: int, tag: str) -> list:
+    # Every record the same length, so a follower reading on at its old offset in a replaced
+    # file lands exactly on a record boundary (the worst case: it would verify).
+    return [event_record(i, "x/e", {"tag": tag, "i": f"{i:04d}"}) for i in range(n)]
+
+
+def _until_end_or_spliced(follower, old: int) -> list:
+    """The follower's seqs until its tail ends, or until it shows a seq it never had."""
+
+    async def run():
+        seen = []
+        async for event in follower.tail():
+            seen.append((event.seq, event.data["tag"]))
+            if event.seq >= old:
+                break
+        return seen
+
+    return asyncio.run(asyncio.wait_for(run(), DEADLINE))
+
+
+def test_a_follower_of_a_deleted_and_recreated_session_ends_without_splicing(store_root):
+    store = FileStore(store_root, durability="none")
+    write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_600_000),
+                      _records(10, "old"))
+    follower = store.follow("s")
+    try:
+        header = follower.header
+        store.delete("s")
+        write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_699_999),
+                          _records(15, "new"))
+        assert _until_end_or_spliced(follower, 10) == [(i, "old") for i in range(10)]
+        assert follower.closed and follower.header == header
+    finally:
+        follower.close()
+
+
+@pytest.mark.parametrize("header", ["new-header", "same-header"])
+def test_a_follower_of_a_session_rewritten_in_place_ends_without_splicing(store_root, header):
+    """The same file (same inode) overwritten with another session (`cp new s.jsonl` does
+    this): the follower must notice from the bytes it has shown, not just the file's identity."""
+    store = FileStore(store_root, durability="none")
+    path = session_path(store_root, "s")
+    write_raw_session(path, header_record("s", created_at=1_767_225_600_000), _records(10, "old"))
+    follower = store.follow("s")
+    try:
+        inode = path.stat().st_ino
+        created = 1_767_225_699_999 if header == "new-header" else 1_767_225_600_000
+        replacement = store_root / "replacement"
+        data = write_raw_session(replacement, header_record("s", created_at=created), _records(15, "neW"))
+        with open(path, "r+b") as f:  # in place: no truncation, one write
+            f.write(data)
+        assert path.stat().st_ino == inode
+        assert _until_end_or_spliced(follower, 10) == [(i, "old") for i in range(10)]
+        assert follower.closed
+    finally:
+        follower.close()

@@ -307,11 +307,19 @@ fn a_follower_grows_with_the_owner_and_refuses_appends() {
     let follower = store.follow("f").unwrap();
     assert_eq!(follower.len(), 2);
     assert!(matches!(follower.append("x/y", &json!(1)), Err(LogError::ReadOnly { .. })));
-    let (tx, rx) = std::sync::mpsc::channel();
-    follower.wait_beyond(4, Box::new(move || tx.send(()).unwrap()));
     fill(&owner, 3);
     owner.flush_blocking().unwrap();
-    rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the follower did not grow");
+    // A waiter runs at the follower's next growth, which may adopt the three records in more
+    // than one look: wait until it holds all five (or has stopped), within a deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while follower.len() < 5 && !follower.is_closed() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        follower.wait_beyond(follower.len(), Box::new(move || {
+            let _ = tx.send(());
+        }));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        rx.recv_timeout(left).expect("the follower did not grow");
+    }
     assert_eq!(jsons(&follower)[..5], jsons(&owner)[..]);
     owner.close().unwrap();
     follower.close().unwrap();
@@ -511,4 +519,61 @@ fn concurrent_appenders_and_barriers_keep_every_event_in_order() {
         assert_eq!(snapshot.events.iter().map(|e| e.to_json()).collect::<Vec<_>>(), written);
         assert_eq!(snapshot.events.len(), 200);
     }
+}
+
+#[test]
+fn entries_that_are_not_regular_files_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (victim, before) = closed_session(&FileStore::new(elsewhere.path(), Durability::None).unwrap(), "v", 2);
+    let fifo = store.path_of("fifo").unwrap();
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink(&victim, store.path_of("link").unwrap()).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", store.path_of("zero").unwrap()).unwrap();
+    fs::create_dir(store.path_of("dir").unwrap()).unwrap();
+    for (id, kind) in [("fifo", "a FIFO"), ("link", "a symbolic link"), ("zero", "a symbolic link"), ("dir", "a directory")] {
+        assert!(store.exists(id).unwrap() && store.list().unwrap().contains(&id.to_string()));
+        let refusals = [
+            store.open(id).map(|_| ()),
+            store.read(id).map(|_| ()),
+            store.follow(id).map(|_| ()),
+            store.delete(id),
+            store.repair(id).map(|_| ()),
+        ];
+        for refusal in refusals {
+            let text = refusal.unwrap_err().to_string();
+            assert!(text.contains(kind) && text.contains("not a regular file"), "{id}: {text}");
+        }
+    }
+    assert_eq!(fs::read(&victim).unwrap(), before, "nothing was written through the link");
+}
+
+#[test]
+fn a_follower_of_a_file_rewritten_in_place_stops_without_splicing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (path, _) = closed_session(&store, "r", 3);
+    let follower = store.follow("r").unwrap();
+    // Another session's bytes over the same inode, longer than what the follower has shown.
+    let other = tempfile::tempdir().unwrap();
+    let (_, replacement) = closed_session(&FileStore::new(other.path(), Durability::None).unwrap(), "r", 6);
+    {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all(&replacement).unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !follower.is_closed() {
+        assert!(std::time::Instant::now() < deadline, "the follower did not stop");
+        let tx = tx.clone();
+        follower.wait_beyond(follower.len(), Box::new(move || {
+            let _ = tx.send(());
+        }));
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
+    assert_eq!(follower.len(), 3, "nothing of the other session was adopted");
 }

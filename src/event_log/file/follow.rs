@@ -6,8 +6,11 @@
 //! complete records whose checksum and envelope verify and whose seq is the log's next one are
 //! adopted; an incomplete last record (a write in progress, or a torn tail) stays invisible
 //! and is read again once the file grows. The follower stops, closing its log so tails end,
-//! when the file is cut back below what it has shown (a failed write the owner undid) or its
-//! name no longer points to the file it reads (the session was deleted or repaired).
+//! when the file is cut back below what it has shown (a failed write the owner undid), its
+//! name no longer points to the file it reads (the session was deleted and perhaps created
+//! again, or repaired), or the bytes it has shown changed (the same file overwritten in place
+//! with another session, as `cp` does): it compares its header line and the last record it
+//! adopted with the file before adopting anything more, so two sessions are never spliced.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -33,10 +36,17 @@ pub(super) struct Setup {
     pub offset: u64,
     pub header: Map<String, Value>,
     pub events: Vec<Event>,
+    /// The header line as read (with its newline).
+    pub header_line: Vec<u8>,
+    /// Where the last line of the good prefix starts, and that line (the header line when
+    /// there are no events).
+    pub last_line: (u64, Vec<u8>),
 }
 
 struct Shared {
     id: String,
+    /// In a forked child the follower thread does not exist (forks.rs).
+    origin: super::forks::Origin,
     closed: Mutex<bool>,
     wake: Condvar,
     log: OnceLock<WeakSessionLog>,
@@ -53,11 +63,21 @@ struct Follower {
 
 /// Starts following: the returned log holds `setup.events` and grows with the file.
 pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
-    let shared = Arc::new(Shared { id: setup.id.clone(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
+    let shared = Arc::new(Shared { id: setup.id.clone(), origin: super::forks::Origin::here(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
     let next = setup.events.len() as u64;
     let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
     let _ = shared.log.set(log.downgrade());
-    let watch = Watch { shared, path: setup.path, file: setup.file, offset: setup.offset, seen: None, next, types: TypeNames::default() };
+    let watch = Watch {
+        shared,
+        path: setup.path,
+        file: setup.file,
+        offset: setup.offset,
+        seen: None,
+        next,
+        types: TypeNames::default(),
+        header_line: setup.header_line,
+        last_line: setup.last_line,
+    };
     std::thread::Builder::new()
         .name("kerman-follow".into())
         .spawn(move || watch.run())
@@ -77,6 +97,10 @@ struct Watch {
     /// The next seq.
     next: u64,
     types: TypeNames,
+    /// The bytes shown so far that must not change: the header line, and the last line
+    /// adopted (at its offset).
+    header_line: Vec<u8>,
+    last_line: (u64, Vec<u8>),
 }
 
 enum Step {
@@ -113,7 +137,7 @@ impl Watch {
         if len < self.offset {
             return Step::Stop;
         }
-        match std::fs::metadata(&self.path) {
+        match std::fs::symlink_metadata(&self.path) {
             Ok(named) if named.dev() == meta.dev() && named.ino() == meta.ino() => {}
             _ => return Step::Stop,
         }
@@ -128,11 +152,25 @@ impl Watch {
             self.seen = None;
             return Step::Wait;
         }
+        // Checked after the read: an in-place rewrite that reached the bytes just read has
+        // rewritten these earlier ones first.
+        if !self.unchanged() {
+            return Step::Stop;
+        }
         let events = self.parse(&bytes);
         if !events.is_empty() && log.adopt(events).is_err() {
             return Step::Stop;
         }
         Step::Wait
+    }
+
+    /// Whether the header line and the last adopted line are still what was shown.
+    fn unchanged(&self) -> bool {
+        let same = |at: u64, expected: &[u8]| {
+            let mut now = vec![0u8; expected.len()];
+            self.file.read_exact_at(&mut now, at).is_ok() && now == expected
+        };
+        same(0, &self.header_line) && same(self.last_line.0, &self.last_line.1)
     }
 
     /// The complete, verified records at the start of `bytes` that continue the log; moves
@@ -148,6 +186,7 @@ impl Watch {
                 Ok(event) if event.seq == self.next => {
                     self.next += 1;
                     events.push(event);
+                    self.last_line = (self.offset + pos as u64, bytes[pos..pos + i + 1].to_vec());
                     pos += i + 1;
                 }
                 _ => break,
@@ -170,6 +209,10 @@ impl Backend for Follower {
 
     /// Stops following; the file is untouched.
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        if self.shared.origin.forked() {
+            // The thread (and whatever it held at the fork) is the parent's: wait for nothing.
+            return Ok(());
+        }
         *lock(&self.shared) = true;
         self.shared.wake.notify_all();
         // Waits out an adoption being published on the follower thread (its observers and
@@ -185,6 +228,9 @@ impl Backend for Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
+        if self.shared.origin.forked() {
+            return;
+        }
         *lock(&self.shared) = true;
         self.shared.wake.notify_all();
     }

@@ -29,21 +29,38 @@ fn held() -> std::sync::MutexGuard<'static, Option<HashSet<(u64, u64)>>> {
     HELD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// An owning log's entry in [`HELD`]; dropped after the file is unlocked.
-pub(super) struct Hold(Option<(u64, u64)>);
+/// In a forked child (from the atfork handler): the parent's logs hold nothing here. Takes
+/// the lock only if free (another thread may have held it at the fork) and frees no memory.
+pub(super) fn forget_held() {
+    if let Ok(mut held) = HELD.try_lock() {
+        if let Some(set) = held.as_mut() {
+            set.clear();
+        }
+    }
+}
+
+/// An owning log's entry in [`HELD`] and its descriptor's in the fork table
+/// (`forks.rs`); taken as soon as the lock is, and dropped after the file is unlocked but
+/// before it is closed.
+pub(super) struct Hold(Option<(u64, u64)>, #[allow(dead_code)] super::forks::Registered, super::forks::Origin);
 
 impl Hold {
     pub(super) fn new(file: &File) -> Hold {
+        use std::os::fd::AsRawFd;
+        let registered = super::forks::Registered::new(file.as_raw_fd());
         let key = file.metadata().ok().map(|m| (m.dev(), m.ino()));
         if let Some(key) = key {
             held().get_or_insert_with(HashSet::new).insert(key);
         }
-        Hold(key)
+        Hold(key, registered, super::forks::Origin::here())
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        if self.2.forked() {
+            return;
+        }
         if let (Some(key), Some(set)) = (self.0, held().as_mut()) {
             set.remove(&key);
         }
@@ -65,17 +82,79 @@ pub(super) fn open_locked(path: &Path, id: &str) -> Result<File, LogError> {
 /// Opens session `id`'s file read-only, taking no lock: readers never stand in an owner's way
 /// (the file only grows by whole records, and each record carries its checksum).
 pub(super) fn open_reader(path: &Path, id: &str) -> Result<File, LogError> {
-    File::open(path).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => LogError::NotFound { id: id.into() },
-        _ => io_at("opening", path, e),
-    })
+    open_session(path, id, false)
+}
+
+/// What a directory entry is, for refusals ("a FIFO", "a symbolic link").
+fn kind_of(file_type: fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else {
+        "not a plain file"
+    }
+}
+
+fn not_regular(path: &Path, id: &str, kind: &str) -> LogError {
+    LogError::io(
+        format!("refusing session {id:?} at {}", path.display()),
+        std::io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("it is {kind}, not a regular file (session files are never opened through links; remove or rename it)"),
+        ),
+    )
+}
+
+/// Opens the session file at `path` without following a symbolic link and without blocking
+/// (a FIFO would wait for a writer), then refuses anything that is not a regular file (a
+/// device would read without bound). Descriptors are close-on-exec (as every `std` open is).
+fn open_session(path: &Path, id: &str, write: bool) -> Result<File, LogError> {
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path);
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Err(LogError::NotFound { id: id.into() }),
+        Err(e) => {
+            // ELOOP (a link), EISDIR, ENXIO (a FIFO opened for writing with no reader), ...:
+            // say what the entry is when it is not a regular file.
+            return Err(match fs::symlink_metadata(path) {
+                Ok(meta) if !meta.file_type().is_file() => not_regular(path, id, kind_of(meta.file_type())),
+                _ => io_at("opening", path, e),
+            });
+        }
+    };
+    let meta = file.metadata().map_err(|e| io_at("inspecting", path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(path, id, kind_of(meta.file_type())));
+    }
+    // Back to ordinary blocking I/O (O_NONBLOCK only mattered for the open itself).
+    // SAFETY: fcntl on a descriptor we own; no memory is passed.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
 }
 
 fn try_open_locked(path: &Path, id: &str) -> Result<Option<File>, LogError> {
-    let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => LogError::NotFound { id: id.into() },
-        _ => io_at("opening", path, e),
-    })?;
+    let file = open_session(path, id, true)?;
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
@@ -87,7 +166,7 @@ fn try_open_locked(path: &Path, id: &str) -> Result<Option<File>, LogError> {
     // A delete may have unlinked the file between our open and our lock; the lock only
     // counts for the file the name still points to.
     let ours = file.metadata().map_err(|e| io_at("inspecting", path, e))?;
-    match fs::metadata(path) {
+    match fs::symlink_metadata(path) {
         Ok(named) if named.dev() == ours.dev() && named.ino() == ours.ino() => Ok(Some(file)),
         Ok(_) => Ok(None),
         Err(e) if e.kind() == ErrorKind::NotFound => Err(LogError::NotFound { id: id.into() }),

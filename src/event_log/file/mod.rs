@@ -7,6 +7,7 @@
 //! `writer.rs`) so appends never wait for the disk.
 
 mod follow;
+mod forks;
 mod format;
 mod fsio;
 mod names;
@@ -17,6 +18,7 @@ mod writer;
 use std::fmt;
 use std::fs;
 use std::io::ErrorKind;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -157,7 +159,13 @@ impl FileStore {
     /// A store in `root`, created if missing.
     pub fn new(root: impl Into<PathBuf>, durability: Durability) -> Result<Self, LogError> {
         let root = root.into();
-        fs::create_dir_all(&root).map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
+        // Private: the names in it are session ids. Only directories created here get 0700
+        // (the umask can only narrow it); an existing folder keeps the mode it was given.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
         Ok(FileStore { root, durability, fault: None })
     }
 
@@ -182,14 +190,21 @@ impl FileStore {
         Ok(self.root.join(names::file_name(id)?))
     }
 
-    fn start(&self, id: String, header: Map<String, Value>, events: Vec<Event>, file: fs::File, len: u64) -> Result<SessionLog, LogError> {
+    fn start(
+        &self,
+        id: String,
+        header: Map<String, Value>,
+        events: Vec<Event>,
+        (file, hold): (fs::File, fsio::Hold),
+        len: u64,
+    ) -> Result<SessionLog, LogError> {
         let backend = FileBackend::start(WriterSetup {
             id: id.clone(),
             len,
             events: events.len() as u64,
             durability: self.durability,
             fault: self.fault.clone(),
-            hold: fsio::Hold::new(&file),
+            hold,
             file,
         })?;
         Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
@@ -199,6 +214,9 @@ impl FileStore {
     pub fn open_with_report(&self, id: &str) -> Result<(SessionLog, Recovery), LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_locked(&path, id)?;
+        // Registered at once, so a fork from another thread during the scan leaves no lock
+        // behind in the child (forks.rs); dropped before the file on every error path.
+        let hold = fsio::Hold::new(&file);
         let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
@@ -209,7 +227,7 @@ impl FileStore {
             recovery.truncated_bytes = scan.bad_bytes();
             recovery.truncated_at_line = Some(invalid.line);
         }
-        let log = self.start(id.to_string(), scan.header, scan.events, file, scan.good_len)?;
+        let log = self.start(id.to_string(), scan.header, scan.events, (file, hold), scan.good_len)?;
         recovery.closers = close_open_turn(&log)?;
         Ok((log, recovery))
     }
@@ -240,11 +258,25 @@ impl FileStore {
     pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
-        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let bytes = fsio::read_all(&file, &path)?;
+        let scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
-        follow::start(follow::Setup { id: id.to_string(), path, file, offset: scan.good_len, header: scan.header, events: scan.events })
+        // The good prefix is whole lines, the header first (the scan verified it).
+        let good = &bytes[..scan.good_len as usize];
+        let header_end = good.iter().position(|&b| b == b'\n').map_or(good.len(), |i| i + 1);
+        let last_start = good[..good.len().saturating_sub(1)].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        follow::start(follow::Setup {
+            id: id.to_string(),
+            path,
+            file,
+            offset: scan.good_len,
+            header: scan.header,
+            events: scan.events,
+            header_line: good[..header_end].to_vec(),
+            last_line: (last_start as u64, good[last_start..].to_vec()),
+        })
     }
 }
 
@@ -260,7 +292,8 @@ impl Store for FileStore {
         let Some(file) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line)? else {
             return Err(LogError::Exists { id });
         };
-        self.start(id, header, Vec::new(), file, line.len() as u64)
+        let hold = fsio::Hold::new(&file);
+        self.start(id, header, Vec::new(), (file, hold), line.len() as u64)
     }
 
     fn open(&self, id: &str) -> Result<SessionLog, LogError> {

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::super::{Backend, Event, FlushCallback, LogError};
-use super::{format, fsio, Durability, Fault, FaultHook, FaultPoint, FaultSite};
+use super::{forks, format, fsio, Durability, Fault, FaultHook, FaultPoint, FaultSite};
 
 /// The batch window of `Checkpoint` and `Batch`, measured from the first pending event.
 pub(super) const WINDOW: Duration = Duration::from_millis(50);
@@ -26,6 +26,9 @@ pub(super) const WINDOW: Duration = Duration::from_millis(50);
 /// Everything a writer needs to take over a verified, locked session file.
 pub(super) struct WriterSetup {
     pub id: String,
+    /// The file's entry among the sessions this process holds, released after the lock and
+    /// (declared before `file`) dropped before the file is closed.
+    pub hold: fsio::Hold,
     pub file: File,
     /// The file's length, all of it durable and verified.
     pub len: u64,
@@ -33,8 +36,6 @@ pub(super) struct WriterSetup {
     pub events: u64,
     pub durability: Durability,
     pub fault: Option<FaultHook>,
-    /// The file's entry among the sessions this process holds, released after the lock.
-    pub hold: fsio::Hold,
 }
 
 struct State {
@@ -78,6 +79,9 @@ pub(super) struct FileBackend {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<Result<(), LogError>>>>,
     durability: Durability,
+    /// The process (and fork generation) that started the writer: in a forked child the
+    /// writer thread does not exist, so nothing may wait for it (forks.rs).
+    origin: forks::Origin,
 }
 
 impl FileBackend {
@@ -97,12 +101,13 @@ impl FileBackend {
             }),
             wake: Condvar::new(),
         });
+        let origin = forks::Origin::here();
         let writer = Writer {
             shared: Arc::clone(&shared),
+            hold: setup.hold,
             file: setup.file,
             durability: setup.durability,
             fault: setup.fault,
-            hold: setup.hold,
             durable_len: setup.len,
             written: setup.events,
             batch: Vec::new(),
@@ -111,12 +116,20 @@ impl FileBackend {
             .name("kerman-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| LogError::io("starting the session writer thread", e))?;
-        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)), durability: setup.durability })
+        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)), durability: setup.durability, origin })
     }
 
     /// Stops the writer after it has drained, and waits for it unless called from the writer
     /// itself (a flush callback dropping the last handle of its log).
     fn stop(&self) -> Result<(), LogError> {
+        if self.origin.forked() {
+            // A forked child's copy: the writer thread is the parent's, and the shared state
+            // may have been locked at the fork. Its handle must not be joined (or detached).
+            if let Some(handle) = self.thread.try_lock().ok().and_then(|mut t| t.take()) {
+                std::mem::forget(handle);
+            }
+            return Ok(());
+        }
         {
             let mut st = lock(&self.shared);
             st.closing = true;
@@ -135,12 +148,22 @@ impl FileBackend {
     }
 }
 
+impl FileBackend {
+    fn check_origin(&self) -> Result<(), LogError> {
+        match self.origin.forked() {
+            false => Ok(()),
+            true => Err(LogError::Forked { id: self.id.clone(), owner: self.origin.pid, pid: std::process::id() }),
+        }
+    }
+}
+
 impl Backend for FileBackend {
     fn checkpoints(&self) -> bool {
         matches!(self.durability, Durability::Checkpoint | Durability::Strict)
     }
 
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
+        self.check_origin()?;
         // Serialise before taking the lock the writer shares.
         let json = event.to_json();
         let crc = crc32c::crc32c(json.as_bytes());
@@ -170,6 +193,9 @@ impl Backend for FileBackend {
     }
 
     fn flush(&self, done: FlushCallback) {
+        if let Err(e) = self.check_origin() {
+            return done(Err(e));
+        }
         let mut st = lock(&self.shared);
         let result = if let Some(detail) = &st.poisoned {
             Err(LogError::Write { detail: detail.clone() })
@@ -204,10 +230,11 @@ impl Drop for FileBackend {
 
 struct Writer {
     shared: Arc<Shared>,
+    /// Declared before `file`: dropped first (see `WriterSetup::hold`).
+    hold: fsio::Hold,
     file: File,
     durability: Durability,
     fault: Option<FaultHook>,
-    hold: fsio::Hold,
     /// The file length that is durable; everything beyond it goes on failure.
     durable_len: u64,
     /// The events within `durable_len` (the first seq of the next batch).
@@ -345,8 +372,8 @@ impl Writer {
             }
         }
         let _ = self.file.unlock();
-        drop(self.file);
         drop(self.hold);
+        drop(self.file);
         let leftover = {
             let mut st = lock(&self.shared);
             st.stopped = true;
