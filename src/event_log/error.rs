@@ -42,6 +42,9 @@ pub enum LogError {
     Database { context: String, detail: String },
     /// Any other I/O failure, with what was being done.
     Io { context: String, source: std::io::Error },
+    /// A value this store cannot keep (NUL in a PostgreSQL text column), refused before it
+    /// is accepted; says what and names it (see `storable.rs`).
+    Unstorable(String),
 }
 
 impl LogError {
@@ -103,6 +106,7 @@ impl fmt::Display for LogError {
             }
             LogError::Database { context, detail } => write!(f, "{context}: {detail}"),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
+            LogError::Unstorable(detail) => write!(f, "cannot store this: {detail}"),
         }
     }
 }

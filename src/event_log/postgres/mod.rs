@@ -160,6 +160,7 @@ impl PgCore {
     /// session's log. An unknown session is `NotFound`.
     pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
         check_id(id)?;
+        crate::event_log::storable::check_text("message id", &staged.id)?;
         match self.call(Request::Enqueue { id: id.into(), staged })? {
             Response::Bool(b) => Ok(b),
             other => Err(worker::unexpected(other)),
