@@ -121,3 +121,151 @@ def test_the_owner_drops_a_staged_row_whose_id_is_in_the_log_whatever_its_id(mid
         wait_until(lambda: staged_count(dsn) == 0, "the owner to drop the staged duplicate")
         flush(log)
         assert inserted(log).count(mid) == 1 and mid not in inbox
+
+
+# ---- 2: a retry racing the owner's claim -------------------------------------------------------
+
+
+def named(dsn: str, name: str) -> str:
+    return f"{dsn}&application_name={name}"
+
+
+def waiting_on_a_lock(app: str) -> bool:
+    return psql(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = {literal(app)} "
+                "AND wait_event_type = 'Lock'") != ["0"]
+
+
+class Psql:
+    """A psql session fed statements one at a time (to hold a transaction open)."""
+
+    def __init__(self) -> None:
+        from conftest import PG_DSN
+
+        self.proc = subprocess.Popen(["psql", PG_DSN, "-XAtq", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def run(self, sql: str, marker: str) -> None:
+        """Runs `sql`, then waits for psql to print `marker` (so `sql` has run)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{sql};\nSELECT {literal(marker)};\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + DEADLINE
+        while self.proc.stdout.readline().rstrip("\n") != marker:
+            assert time.monotonic() < deadline and self.proc.poll() is None, "psql ended early"
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=DEADLINE)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def test_a_retry_sent_while_a_claim_is_uncommitted_is_refused_as_a_duplicate():
+    dsn = fresh_schema_dsn()
+    schema = schema_of(dsn)
+    tag = uuid.uuid4().hex[:12]
+    web_app = f"web-{tag}"
+    store, web = PostgresStore(dsn), PostgresStore(named(dsn, web_app))
+    with store.create() as log:
+        sid = log.id
+        seq = len(list(log.events()))
+    first = web.enqueue(sid, UserMessage("first", id="m-race"))
+    # The claim, held open: what an owner's append of the splice inserting the staged message
+    # does (advance last_seq, delete the staged row, insert the splice) in a psql transaction.
+    splice = json.dumps({"type": "agent/inbox/spliced", "seq": seq, "time": 0,
+                         "data": {"target": "next-turn", "start": 0, "removedCount": 0,
+                                  "inserted": [first.to_dict()]}}, separators=(",", ":"))
+    claim = Psql()
+    outcome: List[Any] = []
+    try:
+        claim.run(f"BEGIN; UPDATE {schema}.kerman_sessions SET last_seq = {seq} WHERE id = {literal(sid)}; "
+                  f"DELETE FROM {schema}.kerman_inbox_staged WHERE session_id = {literal(sid)}; "
+                  f"INSERT INTO {schema}.kerman_events (session_id, seq, time, type, record) "
+                  f"VALUES ({literal(sid)}, {seq}, 0, 'agent/inbox/spliced', {literal(splice)})", "claimed")
+
+        def retry() -> None:
+            try:
+                outcome.append(web.enqueue(sid, UserMessage("retry", id="m-race")))
+            except Exception as e:  # noqa: BLE001 - the outcome is asserted below
+                outcome.append(e)
+
+        thread = threading.Thread(target=retry)
+        thread.start()
+        # The retry must wait for the claim's outcome (it cannot know it before the commit).
+        wait_until(lambda: waiting_on_a_lock(web_app), "the retry to wait for the claim")
+        assert not outcome
+        claim.run("COMMIT", "committed")
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+    finally:
+        claim.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], DuplicateMessageError), outcome
+    assert staged_count(dsn) == 0
+    with store.open(sid) as log:
+        inbox = Inbox(log)
+        flush(log)
+        assert inserted(log) == ["m-race"]
+        assert [m.text for m in inbox.next_turn] == ["first"]
+
+
+def test_immediate_retries_of_many_enqueues_are_each_refused_and_each_message_runs_once():
+    dsn = fresh_schema_dsn()
+    owner, web = PostgresStore(dsn), PostgresStore(dsn)
+    n = 150
+    with owner.create() as log:
+        inbox = Inbox(log)
+        accepted_retries = []
+        for i in range(n):
+            web.enqueue(log.id, UserMessage(f"first-{i}", id=f"r{i}"))
+            try:
+                web.enqueue(log.id, UserMessage(f"retry-{i}", id=f"r{i}"))
+                accepted_retries.append(i)
+            except DuplicateMessageError:
+                pass
+        assert accepted_retries == []
+        wait_until(lambda: len(inbox) == n, "every message to reach the inbox")
+        flush(log)
+        assert sorted(inserted(log)) == sorted(f"r{i}" for i in range(n))
+        assert {m.text for m in inbox.next_turn} == {f"first-{i}" for i in range(n)}
+        assert staged_count(dsn) == 0
+
+
+# ---- 3: NUL ------------------------------------------------------------------------------------
+
+
+def test_an_event_type_with_nul_is_refused_at_append_and_the_batch_around_it_commits():
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    with store.create() as log:
+        before = log.append("ok/before", {"n": 1})
+        with pytest.raises(ValueError, match=r"event type .*contains NUL"):
+            log.append("bad\x00type", {"n": 2})
+        after = log.append("ok/after", {"text": "a\x00b", "nested": ["\x00"]})
+        assert after.seq == before.seq + 1  # the refused event took no seq
+        flush(log)
+        sid = log.id
+    with store.open(sid) as log:
+        assert [(e.type, e.data) for e in log.events()] == [
+            ("ok/before", {"n": 1}), ("ok/after", {"text": "a\x00b", "nested": ["\x00"]})]
+
+
+def test_enqueue_after_a_message_with_nul_answers_duplicate_or_accepts_never_a_raw_error():
+    dsn = fresh_schema_dsn()
+    store, web = PostgresStore(dsn), PostgresStore(dsn)
+    with store.create() as log:
+        inbox = Inbox(log)
+        inbox.append("next-turn", UserMessage("nul \x00 inside", id="n1"))
+        inbox.remove("n1")
+        flush(log)
+        with pytest.raises(DuplicateMessageError):
+            web.enqueue(log.id, UserMessage("again", id="n1"))
+        message = web.enqueue(log.id, UserMessage("text with \x00 too", id="n2"))
+        wait_until(lambda: "n2" in inbox, "the staged message to reach the inbox")
+        assert inbox.get("n2") == message
+        with pytest.raises(DuplicateMessageError):
+            web.enqueue(log.id, UserMessage("again", id="n2"))
+        with pytest.raises(ValueError, match=r"message id .*contains NUL"):
+            web.enqueue(log.id, UserMessage("x", id="bad\x00id"))
+        flush(log)
+        assert inserted(log) == ["n1", "n2"]
