@@ -22,6 +22,20 @@ pub fn check_pg_type(kind: &str) -> Result<(), LogError> {
     check_text("event type", kind)
 }
 
+/// The longest id (session or message) the PostgreSQL store keeps, in UTF-8 bytes: ids are
+/// primary-key columns, and a btree entry holds at most 2704 bytes (a session id and a message
+/// id together in the staged table's key).
+pub const MAX_PG_ID_BYTES: usize = 1024;
+
+/// Refuses an id longer than [`MAX_PG_ID_BYTES`]; the message shows its start and its length.
+pub fn check_pg_id(what: &str, id: &str) -> Result<(), String> {
+    if id.len() <= MAX_PG_ID_BYTES {
+        return Ok(());
+    }
+    let start: String = id.chars().take(32).collect();
+    Err(format!("{what} {start:?}… is {} bytes long (at most {MAX_PG_ID_BYTES})", id.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,22 +22,6 @@ pub struct PyPostgresStore {
     request_timeout: f64,
 }
 
-/// `value` as whole milliseconds, if it is a finite number of seconds >= 0.
-fn seconds(name: &str, value: f64) -> PyResult<u64> {
-    if !(value.is_finite() && value >= 0.0) {
-        // Spelled as Python would (`nan`, `inf`, `-1.0`).
-        let shown = match value {
-            v if v.is_nan() => "nan".to_string(),
-            v if v.is_infinite() => (if v > 0.0 { "inf" } else { "-inf" }).to_string(),
-            v => format!("{v:?}"),
-        };
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "{name} must be a finite number of seconds >= 0, got {shown}"
-        )));
-    }
-    Ok((value * 1000.0) as u64)
-}
-
 #[pymethods]
 impl PyPostgresStore {
     /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
@@ -52,11 +36,16 @@ impl PyPostgresStore {
     #[new]
     #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0))]
     fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> PyResult<Self> {
-        let options = PgOptions {
-            lease_ttl_ms: seconds("lease_ttl", lease_ttl)?,
-            reconnect_ms: seconds("reconnect_timeout", reconnect_timeout)?,
-            request_ms: seconds("request_timeout", request_timeout)?,
-        };
+        let options = PgOptions::from_seconds(lease_ttl, reconnect_timeout, request_timeout).map_err(|(bounds, why)| {
+            let value = match bounds.name {
+                "lease_ttl" => lease_ttl,
+                "reconnect_timeout" => reconnect_timeout,
+                _ => request_timeout,
+            };
+            // The value as Python spells it (`nan`, `inf`, `1e+300`).
+            let shown = pyo3::types::PyFloat::new(py, value).repr().map(|r| r.to_string()).unwrap_or_default();
+            pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
+        })?;
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
         Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout })
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import threading
 import time
@@ -269,3 +270,51 @@ def test_enqueue_after_a_message_with_nul_answers_duplicate_or_accepts_never_a_r
             web.enqueue(log.id, UserMessage("x", id="bad\x00id"))
         flush(log)
         assert inserted(log) == ["n1", "n2"]
+
+
+# ---- 15: ids and durations at their edges ------------------------------------------------------
+
+
+def test_ids_longer_than_the_store_keeps_are_refused_with_the_limit_named():
+    store = PostgresStore(fresh_schema_dsn())
+    for n in (1024, 1):
+        with store.create("s" * n) as log:
+            assert log.id == "s" * n
+    # Incompressible, so the server's index could not take them either (over 2704 bytes).
+    long = uuid.uuid4().hex * 100
+    with pytest.raises(ValueError, match=r"invalid session id: .* is 3200 bytes long \(at most 1024\)"):
+        store.create(long)
+    with pytest.raises(ValueError, match=r"invalid session id: .* is 1025 bytes long \(at most 1024\)"):
+        store.create("é" * 512 + "x")
+    assert not store.exists(long) and store.list() == sorted(["s" * 1024, "s"])
+    with store.create() as log:
+        with pytest.raises(ValueError, match=r"message id .* is 3200 bytes long \(at most 1024\)"):
+            store.enqueue(log.id, UserMessage("x", id=long))
+        store.enqueue(log.id, UserMessage("x", id="m" * 1024))
+
+
+@pytest.mark.parametrize("keyword,value,bounds", [
+    ("lease_ttl", 1e300, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+    ("lease_ttl", 1e-9, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+    ("lease_ttl", 0.05, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+    ("request_timeout", 1e-9, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
+    ("request_timeout", 1e300, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
+    ("reconnect_timeout", 1e-9, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
+    ("reconnect_timeout", 4000.0, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
+])
+def test_durations_outside_their_bounds_are_refused_naming_them(keyword, value, bounds):
+    with pytest.raises(ValueError, match=f"{keyword} must be {bounds}, got {re.escape(repr(value))}$"):
+        PostgresStore(fresh_schema_dsn(), **{keyword: value})
+
+
+def test_durations_at_their_bounds_are_kept():
+    store = PostgresStore(fresh_schema_dsn(), lease_ttl=86400, request_timeout=0.001, reconnect_timeout=3600)
+    assert (store.lease_ttl, store.request_timeout, store.reconnect_timeout) == (86400, 0.001, 3600)
+    store = PostgresStore(fresh_schema_dsn(), lease_ttl=86400, request_timeout=86400, reconnect_timeout=0.001)
+    with store.create() as log:  # the longest lease fits the server's interval arithmetic
+        log.append("x", {})
+        flush(log)
+    store = PostgresStore(fresh_schema_dsn(), lease_ttl=0.1)
+    with store.create() as log:
+        log.append("x", {})
+        flush(log)
