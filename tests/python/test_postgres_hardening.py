@@ -318,3 +318,36 @@ def test_durations_at_their_bounds_are_kept():
     with store.create() as log:
         log.append("x", {})
         flush(log)
+
+
+# ---- 16: what connection errors say ------------------------------------------------------------
+
+
+def test_a_refused_connection_names_the_host_port_and_os_error_but_not_the_password():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        for dsn in (f"postgresql://kerman:hunter2secret@127.0.0.1:{port}/db",
+                    f"host=127.0.0.1 port={port} user=kerman password=hunter2secret dbname=db"):
+            with pytest.raises(LogError) as caught:
+                PostgresStore(dsn)
+            text = str(caught.value)
+            assert f"127.0.0.1:{port}" in text and "refused" in text.lower(), text
+            assert "hunter2" not in text
+
+
+@pytest.mark.parametrize("dsn,part", [
+    ("host=127.0.0.1 port=notaport password=hunter2secret", "port"),
+    ("host=127.0.0.1 sslmode=sometimes password=hunter2secret", "sslmode"),
+    ("host=127.0.0.1 frobnicate=1 password=hunter2secret", "frobnicate"),
+    ("postgresql://kerman:hunter2secret@127.0.0.1:notaport/db", "port"),
+    ("host=127.0.0.1 password='hunter2secret", "unterminated"),
+])
+def test_a_bad_dsn_names_the_part_that_is_wrong_but_not_the_password(dsn, part):
+    with pytest.raises(LogError) as caught:
+        PostgresStore(dsn)
+    text = str(caught.value)
+    assert "invalid connection string" in text and part in text, text
+    assert "hunter2" not in text

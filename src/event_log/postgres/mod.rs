@@ -293,10 +293,27 @@ pub(crate) fn db_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::
     move |e| {
         let detail = match e.as_db_error() {
             Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => e.to_string(),
+            None => with_causes(&e),
         };
         LogError::Database { context, detail }
     }
+}
+
+/// `e` and its chain of causes: the driver's own message is only the kind ("error connecting
+/// to server", "invalid connection string"); the OS error or the part of the DSN that is wrong
+/// is in its source. (No cause quotes a DSN value, so no password shows.)
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// One read of a kind in flight at a time (a follower's catch-up, an owner's staged-input

@@ -228,7 +228,8 @@ impl Worker {
         // The first connect is not retried: a wrong DSN or a server that is down should fail
         // the constructor at once.
         let migrated = async {
-            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err("connect"))?;
+            let context = format!("connect to {}", self.host);
+            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err(context))?;
             let task = drive(connection);
             let applied = schema::migrate(&mut client).await?;
             let prepared = Prepared::new(&client).await?;
