@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional
 
 import pytest
 
-from kerman import DuplicateMessageError, Inbox, LogError, PostgresStore, UserMessage
+from kerman import DuplicateMessageError, Inbox, LogError, PostgresStore, SessionLockedError, UserMessage
 
 from conftest import fresh_schema_dsn, needs_postgres, psql
 
@@ -351,3 +351,42 @@ def test_a_bad_dsn_names_the_part_that_is_wrong_but_not_the_password(dsn, part):
     text = str(caught.value)
     assert "invalid connection string" in text and part in text, text
     assert "hunter2" not in text
+
+
+# ---- 7: close during an outage -----------------------------------------------------------------
+
+
+def test_a_log_closed_while_the_server_is_unreachable_gives_its_lease_up_locally():
+    # A role of its own, so the server can refuse exactly this store's reconnects.
+    role = f"kerman_py_{uuid.uuid4().hex[:12]}"
+    psql(f"CREATE ROLE {role} SUPERUSER LOGIN")
+    dsn = fresh_schema_dsn()
+    scheme, rest = dsn.split("://", 1)
+    ttl = 1.0
+    store = PostgresStore(f"{scheme}://{role}@{rest.split('@', 1)[-1]}", reconnect_timeout=0.3, lease_ttl=ttl)
+    try:
+        log = store.create()
+        log.append("x", 1)
+        flush(log)
+        psql(f"ALTER ROLE {role} NOLOGIN")
+        psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        with pytest.raises(LogError, match="gave up"):
+            log.close()  # the release cannot reach the server
+        assert log.closed
+        psql(f"ALTER ROLE {role} LOGIN")
+        assert store.exists(log.id)  # reconnected (a reconnect renews the leases still held)
+        # Not renewed any more: the lease lapses after lease_ttl and the session opens again,
+        # here and from another store.
+        deadline = time.monotonic() + 20 * ttl
+        while True:
+            try:
+                with store.open(log.id) as again:
+                    assert [e.data for e in again] == [1]
+                break
+            except SessionLockedError:
+                assert time.monotonic() < deadline, "the lease is still renewed after close()"
+                time.sleep(ttl / 10)
+        with PostgresStore(dsn).open(log.id) as other:
+            assert [e.data for e in other] == [1]
+    finally:
+        psql(f"ALTER ROLE {role} LOGIN")

@@ -289,6 +289,14 @@ impl Worker {
             self.fault = Some(fault);
             return Ok(Response::Done);
         }
+        if let Request::Release { lease } = &request {
+            // Given up locally first, whatever the server says: a release that cannot reach it
+            // (an outage) must still stop the renewals, or the lease would be renewed as soon
+            // as the server is back and outlive the log. Unrenewed, it lapses after the TTL.
+            if self.held.get(&lease.session_id) == Some(&lease.epoch) {
+                self.held.remove(&lease.session_id);
+            }
+        }
         // How many times one request may see its connection drop before it fails.
         const MAX_LOSSES: u32 = 3;
         let mut losses = 0;
