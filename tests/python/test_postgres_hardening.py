@@ -390,3 +390,53 @@ def test_a_log_closed_while_the_server_is_unreachable_gives_its_lease_up_locally
             assert [e.data for e in other] == [1]
     finally:
         psql(f"ALTER ROLE {role} LOGIN")
+
+
+# ---- 8: a store inherited through fork() -------------------------------------------------------
+
+
+def test_a_store_inherited_through_fork_raises_in_the_child_and_the_parent_carries_on():
+    import os
+
+    store = PostgresStore(fresh_schema_dsn())
+    log = store.create()
+    log.append("x", 1)
+    flush(log)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report each call's outcome, never return into pytest
+        code = 1
+        try:
+            os.close(read)
+            outcomes = []
+            for call in (store.list, lambda: store.exists(log.id), lambda: store.create(),
+                         lambda: log.append("x", 2), lambda: flush(log), log.close):
+                try:
+                    call()
+                    outcomes.append("ok")
+                except LogError as e:
+                    outcomes.append(str(e))
+            os.write(write, json.dumps(outcomes).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    deadline = time.monotonic() + DEADLINE
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(read)
+            raise AssertionError("the child hung on the inherited store")
+        time.sleep(0.01)
+    with os.fdopen(read, "rb") as f:
+        outcomes = json.loads(f.read() or b"null")
+    assert outcomes is not None and len(outcomes) == 6, outcomes
+    for outcome in outcomes:
+        assert "fork()" in outcome and "create the PostgresStore in the child" in outcome, outcomes
+    # The parent's store and log are untouched by the child.
+    log.append("x", 3)
+    flush(log)
+    log.close()
+    with store.open(log.id) as again:
+        assert [e.data for e in again] == [1, 3]

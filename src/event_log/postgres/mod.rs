@@ -166,6 +166,12 @@ impl PgCore {
         &self.inner.owner
     }
 
+    /// `Some(error)` in a process that inherited this core through `fork()`, where it cannot
+    /// work (its threads stayed in the parent): every use fails at once instead of waiting.
+    pub fn forked(&self) -> Option<LogError> {
+        self.inner.forked().then(|| self.inner.fork_error())
+    }
+
     /// Queues `request`; `reply` runs on the runtime thread with its outcome. Must not block.
     pub fn submit(&self, request: Request, reply: Reply) {
         self.inner.submit(request, reply)

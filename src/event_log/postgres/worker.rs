@@ -91,13 +91,40 @@ pub struct Handle {
     tx: UnboundedSender<Job>,
     pub owner: String,
     pub applied: Vec<i32>,
+    /// The process that started the threads: a child inherits the handle through `fork()`
+    /// but not the threads, so a request sent there would wait forever.
+    pid: u32,
 }
 
 impl Handle {
     pub fn submit(&self, request: Request, reply: Reply) {
+        if self.forked() {
+            return reply(Err(forked(self.pid)));
+        }
         if let Err(e) = self.tx.send((request, reply)) {
             (e.0 .1)(Err(stopped()));
         }
+    }
+
+    /// Whether this is a copy inherited through `fork()` (its threads stayed in the parent).
+    pub fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
+    pub fn fork_error(&self) -> LogError {
+        forked(self.pid)
+    }
+}
+
+/// The error of every use of a store in a process it was inherited by.
+pub fn forked(parent: u32) -> LogError {
+    LogError::Database {
+        context: "postgres store".into(),
+        detail: format!(
+            "this store was created in process {parent} and inherited by process {} through fork(); \
+             its connection threads stay in the parent: create the PostgresStore in the child",
+            std::process::id()
+        ),
     }
 }
 
@@ -154,7 +181,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         })
         .map_err(|e| LogError::io("spawn the postgres thread", e))?;
     let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
-    Ok(Handle { tx, owner, applied })
+    Ok(Handle { tx, owner, applied, pid: std::process::id() })
 }
 
 thread_local! {
