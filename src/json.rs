@@ -86,6 +86,17 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn may_hold_string_finds_ids_json_escapes_and_not_bare_substrings() {
+        for id in ["q\"uote", "back\\slash", "ctl\u{1}", "nl\n", "a", "é"] {
+            let text = serde_json::to_string(&json!({"inserted": [{"id": id}]})).unwrap();
+            assert!(may_hold_string(&text, id), "{id:?} in {text}");
+        }
+        // A short id inside other text is not the string "a" (the parse decides anyway).
+        assert!(!may_hold_string(r#"{"text":"banana"}"#, "a"));
+        assert!(may_hold_string(r#"{"text":"\u0041"}"#, "A"));
+    }
+
+    #[test]
     fn canonical_sorts_keys_at_every_depth() {
         let a = json!({"b": 1, "a": {"d": [1, {"z": 0, "y": 1}], "c": null}});
         assert_eq!(canonical(&a), r#"{"a":{"c":null,"d":[1,{"y":1,"z":0}]},"b":1}"#);

@@ -348,3 +348,21 @@ impl OneInFlight {
         std::mem::take(&mut self.again)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_bounded_and_never_round_to_zero() {
+        assert_eq!(LEASE_TTL.millis(0.0), Ok(0));
+        assert_eq!(LEASE_TTL.millis(0.1), Ok(100));
+        assert_eq!(REQUEST_TIMEOUT.millis(0.001), Ok(1));
+        for bad in [1e-9, 0.05, 1e300, 86_400.5] {
+            assert_eq!(LEASE_TTL.millis(bad), Err("lease_ttl must be 0 (no renewal) or from 0.1 to 86400 seconds".into()));
+        }
+        assert!(REQUEST_TIMEOUT.millis(f64::NAN).unwrap_err().contains("finite number of seconds >= 0"));
+        assert!(PgOptions { request_ms: u64::MAX, ..PgOptions::default() }.check().is_err());
+        assert!(PgOptions::default().check().is_ok());
+    }
+}
