@@ -440,3 +440,29 @@ def test_a_store_inherited_through_fork_raises_in_the_child_and_the_parent_carri
     log.close()
     with store.open(log.id) as again:
         assert [e.data for e in again] == [1, 3]
+
+
+# ---- hostile session ids through every PostgreSQL path -----------------------------------------
+
+
+@pytest.mark.parametrize("sid", ['q"uote', "back\\slash", "ctl\x01\n", "'; --", "é\u2028", "s" * 1024])
+def test_hostile_session_ids_create_enqueue_follow_and_reopen(sid):
+    dsn = fresh_schema_dsn()
+    store, web = PostgresStore(dsn), PostgresStore(dsn)
+    with store.create(sid) as log:
+        inbox = Inbox(log)
+        follower = web.follow(sid)
+        try:
+            web.enqueue(sid, UserMessage("hi", id=sid))  # the message id is the same hostile text
+            wait_until(lambda: sid in inbox, "the staged message to reach the inbox")
+            flush(log)
+            wait_until(lambda: inserted(follower) == [sid], "the follower to see the splice")
+            with pytest.raises(DuplicateMessageError):
+                web.enqueue(sid, UserMessage("again", id=sid))
+        finally:
+            follower.close()
+    assert store.list() == [sid] and store.exists(sid)
+    with store.open(sid) as log:
+        assert inserted(log) == [sid]
+    store.delete(sid)
+    assert not store.exists(sid)
