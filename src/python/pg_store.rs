@@ -32,7 +32,10 @@ impl PyPostgresStore {
     /// before the connection is given up and the request settled as after a lost connection
     /// (a hung backend or a silent partition would otherwise wait for TCP). The connection
     /// shows in `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN
-    /// names one.
+    /// names one. Bounds (`ValueError` outside them): `lease_ttl` 0 (never renewed) or 0.1 to
+    /// 86400; `reconnect_timeout` 0 (one try) or 0.001 to 3600; `request_timeout` 0 (no limit)
+    /// or 0.001 to 86400. A server that cannot be reached raises `LogError` naming host:port and
+    /// the cause; a store inherited through `fork()` raises `LogError` on every call in the child.
     #[new]
     #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0))]
     fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> PyResult<Self> {
@@ -94,8 +97,9 @@ impl PyPostgresStore {
     /// session's owner inserts it into its inbox's `target` list, and with `wakeup` its idle
     /// AgentLoop starts a turn. Returns the stored message; its id is the receipt to look for
     /// (the owner's `agent/inbox/spliced` inserting it). With no owner running, the next `open`
-    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError`; an
-    /// unknown session `SessionNotFoundError`.
+    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError` (also
+    /// for a retry racing the owner's claim of the first try); an unknown session
+    /// `SessionNotFoundError`; a message id with NUL or over 1024 UTF-8 bytes `ValueError`.
     #[pyo3(signature = (id, message, target="next-turn", wakeup=true))]
     fn enqueue<'py>(
         &self,
