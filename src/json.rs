@@ -63,6 +63,17 @@ pub fn push_str_literal(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
+/// Whether JSON text written by this crate may hold the string `s` as a value: a cheap
+/// filter before parsing, never the comparison itself (`"a"` also occurs as a key, or inside
+/// a longer text's escapes). Strings are written by [`push_str_literal`], so `s` occurs as
+/// that literal, quotes included; text holding any `\u` escape is let through too, since
+/// such an escape can spell any character another writer chose to escape.
+pub fn may_hold_string(json: &str, s: &str) -> bool {
+    let mut literal = String::with_capacity(s.len() + 2);
+    push_str_literal(&mut literal, s);
+    json.contains(literal.as_str()) || json.contains("\\u")
+}
+
 /// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
 /// building a small payload).
 pub fn push_u64(out: &mut String, n: u64) {
@@ -73,6 +84,17 @@ pub fn push_u64(out: &mut String, n: u64) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn may_hold_string_finds_ids_json_escapes_and_not_bare_substrings() {
+        for id in ["q\"uote", "back\\slash", "ctl\u{1}", "nl\n", "a", "é"] {
+            let text = serde_json::to_string(&json!({"inserted": [{"id": id}]})).unwrap();
+            assert!(may_hold_string(&text, id), "{id:?} in {text}");
+        }
+        // A short id inside other text is not the string "a" (the parse decides anyway).
+        assert!(!may_hold_string(r#"{"text":"banana"}"#, "a"));
+        assert!(may_hold_string(r#"{"text":"\u0041"}"#, "A"));
+    }
 
     #[test]
     fn canonical_sorts_keys_at_every_depth() {

@@ -45,6 +45,9 @@ pub enum LogError {
     Forked { id: String, owner: u32, pid: u32 },
     /// Any other I/O failure, with what was being done.
     Io { context: String, source: std::io::Error },
+    /// A value this store cannot keep (NUL in a PostgreSQL text column), refused before it
+    /// is accepted; says what and names it (see `storable.rs`).
+    Unstorable(String),
 }
 
 impl LogError {
@@ -110,6 +113,7 @@ impl fmt::Display for LogError {
                 "session \"{id}\" was opened by process {owner}; this process ({pid}) is a fork of it and cannot use that log: open the session again here (once its owner has closed it)"
             ),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
+            LogError::Unstorable(detail) => write!(f, "cannot store this: {detail}"),
         }
     }
 }

@@ -10,6 +10,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
+pub mod storable;
 mod store;
 
 pub use closers::close_open_turn;

@@ -216,8 +216,9 @@ impl Inbox {
     /// a log failure stops, leaving the rest staged. Then tells the listener they arrived.
     pub fn take_staged(&self, staged: Vec<StagedInput>) -> Taken {
         let mut out = Taken::default();
-        // Only splices whose text mentions one of the ids are parsed.
-        let mentions = |data: &str| staged.iter().any(|row| data.contains(row.id.as_str()));
+        // Only splices whose text may hold one of the ids are parsed; ids are then compared
+        // as values (an id JSON escapes is not in the text as it is).
+        let mentions = |data: &str| staged.iter().any(|row| crate::json::may_hold_string(data, &row.id));
         let logged: HashSet<String> = self.shared.log.with_events(|events| {
             events
                 .iter()

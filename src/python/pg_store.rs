@@ -22,22 +22,6 @@ pub struct PyPostgresStore {
     request_timeout: f64,
 }
 
-/// `value` as whole milliseconds, if it is a finite number of seconds >= 0.
-fn seconds(name: &str, value: f64) -> PyResult<u64> {
-    if !(value.is_finite() && value >= 0.0) {
-        // Spelled as Python would (`nan`, `inf`, `-1.0`).
-        let shown = match value {
-            v if v.is_nan() => "nan".to_string(),
-            v if v.is_infinite() => (if v > 0.0 { "inf" } else { "-inf" }).to_string(),
-            v => format!("{v:?}"),
-        };
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "{name} must be a finite number of seconds >= 0, got {shown}"
-        )));
-    }
-    Ok((value * 1000.0) as u64)
-}
-
 #[pymethods]
 impl PyPostgresStore {
     /// Connects to `dsn` (a libpq-style URL or key=value string) and applies pending schema
@@ -48,15 +32,23 @@ impl PyPostgresStore {
     /// before the connection is given up and the request settled as after a lost connection
     /// (a hung backend or a silent partition would otherwise wait for TCP). The connection
     /// shows in `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN
-    /// names one.
+    /// names one. Bounds (`ValueError` outside them): `lease_ttl` 0 (never renewed) or 0.1 to
+    /// 86400; `reconnect_timeout` 0 (one try) or 0.001 to 3600; `request_timeout` 0 (no limit)
+    /// or 0.001 to 86400. A server that cannot be reached raises `LogError` naming host:port and
+    /// the cause; a store inherited through `fork()` raises `LogError` on every call in the child.
     #[new]
     #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0))]
     fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> PyResult<Self> {
-        let options = PgOptions {
-            lease_ttl_ms: seconds("lease_ttl", lease_ttl)?,
-            reconnect_ms: seconds("reconnect_timeout", reconnect_timeout)?,
-            request_ms: seconds("request_timeout", request_timeout)?,
-        };
+        let options = PgOptions::from_seconds(lease_ttl, reconnect_timeout, request_timeout).map_err(|(bounds, why)| {
+            let value = match bounds.name {
+                "lease_ttl" => lease_ttl,
+                "reconnect_timeout" => reconnect_timeout,
+                _ => request_timeout,
+            };
+            // The value as Python spells it (`nan`, `inf`, `1e+300`).
+            let shown = pyo3::types::PyFloat::new(py, value).repr().map(|r| r.to_string()).unwrap_or_default();
+            pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
+        })?;
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
         Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout })
     }
@@ -105,8 +97,9 @@ impl PyPostgresStore {
     /// session's owner inserts it into its inbox's `target` list, and with `wakeup` its idle
     /// AgentLoop starts a turn. Returns the stored message; its id is the receipt to look for
     /// (the owner's `agent/inbox/spliced` inserting it). With no owner running, the next `open`
-    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError`; an
-    /// unknown session `SessionNotFoundError`.
+    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError` (also
+    /// for a retry racing the owner's claim of the first try); an unknown session
+    /// `SessionNotFoundError`; a message id with NUL or over 1024 UTF-8 bytes `ValueError`.
     #[pyo3(signature = (id, message, target="next-turn", wakeup=true))]
     fn enqueue<'py>(
         &self,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::listen::{self, Channel, Note};
 use super::{to_row, Lease, OneInFlight, PgCore, Reply, Request, Response, Row};
-use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
+use crate::event_log::{storable, Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
 use crate::inbox::inserted_ids;
 
 /// Why the backend stopped accepting appends; rebuilt into a fresh `LogError` per caller.
@@ -240,6 +240,11 @@ impl PgBackend {
 
 impl Backend for PgBackend {
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
+        // Refused here, before the log takes the seq: at commit it would fail the whole batch.
+        storable::check_pg_type(event.kind())?;
+        if let Some(e) = self.shared.core.forked() {
+            return Err(e);
+        }
         let mut st = lock(&self.shared);
         if let Some(poison) = &st.poison {
             return Err(self.shared.error(poison));
@@ -261,6 +266,10 @@ impl Backend for PgBackend {
     }
 
     fn flush(&self, done: FlushCallback) {
+        // In a forked child the batch in flight (if any) is the parent's: it never completes here.
+        if let Some(e) = self.shared.core.forked() {
+            return done(Err(e));
+        }
         let mut st = lock(&self.shared);
         if let Some(poison) = &st.poison {
             let err = self.shared.error(poison);
@@ -276,6 +285,10 @@ impl Backend for PgBackend {
     }
 
     fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+        // The lease is the parent's: nothing to release here, and nothing to wait for.
+        if let Some(e) = self.shared.core.forked() {
+            return Err(e);
+        }
         let subscription = {
             let mut st = lock(&self.shared);
             st.closed = true;

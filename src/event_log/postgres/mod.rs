@@ -36,7 +36,7 @@ pub use sql::Row;
 pub use store::PostgresStore;
 pub use worker::{Fault, Reply, Request, Response};
 
-use crate::event_log::{check_id, new_header, resolve_id, Event, LogError, StagedInput};
+use crate::event_log::{check_id, new_header, resolve_id, storable, Event, LogError, StagedInput};
 
 /// The right to append to one session: valid while `epoch` is the session's current epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +70,71 @@ pub struct PgOptions {
     pub request_ms: u64,
 }
 
+/// The bounds of one duration option, in seconds: 0 has its own meaning (`zero`); anything
+/// else must lie in `min..=max`, so that it neither rounds to 0 (1e-9 s would turn a lease or
+/// a limit into its 0 meaning) nor overflows the server's interval arithmetic (1e300 s).
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub name: &'static str,
+    pub zero: &'static str,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// `PgOptions::lease_ttl_ms`, in seconds.
+pub const LEASE_TTL: Bounds = Bounds { name: "lease_ttl", zero: "no renewal", min: 0.1, max: 86_400.0 };
+/// `PgOptions::reconnect_ms`, in seconds.
+pub const RECONNECT_TIMEOUT: Bounds = Bounds { name: "reconnect_timeout", zero: "one try", min: 0.001, max: 3_600.0 };
+/// `PgOptions::request_ms`, in seconds.
+pub const REQUEST_TIMEOUT: Bounds = Bounds { name: "request_timeout", zero: "no limit", min: 0.001, max: 86_400.0 };
+
+impl Bounds {
+    /// `seconds` as whole milliseconds, or what it must be (the caller adds the value as its
+    /// user spelled it: "…, got 1e+300").
+    pub fn millis(&self, seconds: f64) -> Result<u64, String> {
+        let name = self.name;
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(format!("{name} must be a finite number of seconds >= 0"));
+        }
+        if seconds != 0.0 && !(self.min..=self.max).contains(&seconds) {
+            return Err(self.must());
+        }
+        Ok((seconds * 1000.0).round() as u64)
+    }
+
+    /// Whether `ms` (as in [`PgOptions`]) is within bounds.
+    pub fn check_ms(&self, ms: u64) -> Result<(), LogError> {
+        let seconds = ms as f64 / 1000.0;
+        match ms == 0 || (self.min..=self.max).contains(&seconds) {
+            true => Ok(()),
+            false => Err(LogError::Unstorable(format!("{}, got {ms} ms", self.must()))),
+        }
+    }
+
+    fn must(&self) -> String {
+        format!("{} must be 0 ({}) or from {} to {} seconds", self.name, self.zero, self.min, self.max)
+    }
+}
+
+impl PgOptions {
+    /// Options from durations in seconds, each checked against its [`Bounds`].
+    pub fn from_seconds(lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> Result<PgOptions, (Bounds, String)> {
+        let ms = |b: Bounds, v: f64| b.millis(v).map_err(|why| (b, why));
+        Ok(PgOptions {
+            lease_ttl_ms: ms(LEASE_TTL, lease_ttl)?,
+            reconnect_ms: ms(RECONNECT_TIMEOUT, reconnect_timeout)?,
+            request_ms: ms(REQUEST_TIMEOUT, request_timeout)?,
+        })
+    }
+
+    /// Refuses a duration outside its [`Bounds`].
+    pub fn check(&self) -> Result<(), LogError> {
+        LEASE_TTL.check_ms(self.lease_ttl_ms)?;
+        RECONNECT_TIMEOUT.check_ms(self.reconnect_ms)?;
+        REQUEST_TIMEOUT.check_ms(self.request_ms)
+    }
+}
+
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions { lease_ttl_ms: 30_000, reconnect_ms: 10_000, request_ms: 30_000 }
@@ -86,6 +151,7 @@ pub struct PgCore {
 impl PgCore {
     /// Connects and applies any pending migrations before returning.
     pub fn connect(dsn: &str, options: PgOptions) -> Result<PgCore, LogError> {
+        options.check()?;
         let owner = crate::message::new_id();
         let handle = worker::start(dsn.to_string(), owner, options)?;
         Ok(PgCore { inner: Arc::new(handle) })
@@ -98,6 +164,12 @@ impl PgCore {
 
     pub fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    /// `Some(error)` in a process that inherited this core through `fork()`, where it cannot
+    /// work (its threads stayed in the parent): every use fails at once instead of waiting.
+    pub fn forked(&self) -> Option<LogError> {
+        self.inner.forked().then(|| self.inner.fork_error())
     }
 
     /// Queues `request`; `reply` runs on the runtime thread with its outcome. Must not block.
@@ -115,6 +187,7 @@ impl PgCore {
     /// Creates a session (minting a UUIDv7 id for `None`) and holds its lease.
     pub fn create(&self, id: Option<&str>) -> Result<(Lease, Map<String, Value>), LogError> {
         let id = resolve_id(id)?;
+        storable::check_pg_id("the id", &id).map_err(LogError::InvalidId)?;
         let header = new_header(&id);
         let text = serde_json::to_string(&header).map_err(|e| LogError::Write { detail: e.to_string() })?;
         match self.call(Request::Create { id, header: text })? {
@@ -160,6 +233,8 @@ impl PgCore {
     /// session's log. An unknown session is `NotFound`.
     pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
         check_id(id)?;
+        storable::check_text("message id", &staged.id)?;
+        storable::check_pg_id("message id", &staged.id).map_err(LogError::Unstorable)?;
         match self.call(Request::Enqueue { id: id.into(), staged })? {
             Response::Bool(b) => Ok(b),
             other => Err(worker::unexpected(other)),
@@ -224,10 +299,27 @@ pub(crate) fn db_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::
     move |e| {
         let detail = match e.as_db_error() {
             Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => e.to_string(),
+            None => with_causes(&e),
         };
         LogError::Database { context, detail }
     }
+}
+
+/// `e` and its chain of causes: the driver's own message is only the kind ("error connecting
+/// to server", "invalid connection string"); the OS error or the part of the DSN that is wrong
+/// is in its source. (No cause quotes a DSN value, so no password shows.)
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// One read of a kind in flight at a time (a follower's catch-up, an owner's staged-input
@@ -254,5 +346,23 @@ impl OneInFlight {
     pub(crate) fn finish(&mut self) -> bool {
         self.running = false;
         std::mem::take(&mut self.again)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_bounded_and_never_round_to_zero() {
+        assert_eq!(LEASE_TTL.millis(0.0), Ok(0));
+        assert_eq!(LEASE_TTL.millis(0.1), Ok(100));
+        assert_eq!(REQUEST_TIMEOUT.millis(0.001), Ok(1));
+        for bad in [1e-9, 0.05, 1e300, 86_400.5] {
+            assert_eq!(LEASE_TTL.millis(bad), Err("lease_ttl must be 0 (no renewal) or from 0.1 to 86400 seconds".into()));
+        }
+        assert!(REQUEST_TIMEOUT.millis(f64::NAN).unwrap_err().contains("finite number of seconds >= 0"));
+        assert!(PgOptions { request_ms: u64::MAX, ..PgOptions::default() }.check().is_err());
+        assert!(PgOptions::default().check().is_ok());
     }
 }

@@ -106,9 +106,11 @@ pub(super) fn host_of(config: &Config) -> String {
         Some(Host::Unix(path)) => path.display().to_string(),
         None => "localhost".into(),
     };
-    match config.get_ports().first() {
-        Some(port) => format!("{host}:{port}"),
-        None => host,
+    // The driver's default port when the DSN names none.
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first() {
+        Some(Host::Unix(_)) => format!("{host} (port {port})"),
+        _ => format!("{host}:{port}"),
     }
 }
 

@@ -256,37 +256,80 @@ pub enum Refused {
 }
 
 /// Stages `message` for the owner of session `id` and notifies its enqueue channel, in one
-/// statement (one round trip, committed on its own). Takes no lease and touches no event.
+/// transaction committed on its own. Takes no lease and touches no event.
+///
+/// The session row is locked first (`FOR SHARE`, in its own statement), which waits for an
+/// owner's append in flight (its update of that row) and holds the next one off until this
+/// commits. The log check that follows runs on a snapshot taken after that wait, so a splice
+/// claiming this id either committed before it (seen: a duplicate) or commits after this
+/// transaction (and then found the staged row this one left, or this one's insert conflicted
+/// with it). Without the lock, a retry racing a claim read its snapshot before the claim
+/// committed while `ON CONFLICT` waited for it: accepted, then dropped by the owner.
 pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
-    // The log check parses only this session's splices that mention the id (`strpos` first:
-    // far cheaper than parsing every splice as jsonb); the staged table's primary key covers
-    // ids enqueued but not yet taken. A data-modifying CTE always runs; the notify CTE runs
-    // because the final SELECT reads it.
-    let row = c
+    let tx = c.transaction().await.map_err(db_err("enqueue message: begin"))?;
+    let session = tx
+        .query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1 FOR SHARE", &[&id])
+        .await
+        .map_err(db_err("enqueue message: lock the session"))?;
+    if session.is_none() {
+        return Ok(Err(Refused::NoSession));
+    }
+    // Ids are compared as values, in Rust: only the splices whose text may hold the id are
+    // read (`strpos` of the id as this crate writes it as a JSON string, so ids that JSON
+    // escapes are found and short ids are not matched inside other text), then parsed. Records
+    // are never cast to `jsonb`, which refuses the `\u0000` escape a NUL in a text is stored as.
+    let mut literal = String::new();
+    crate::json::push_str_literal(&mut literal, &staged.id);
+    let candidates = tx
+        .query(
+            "SELECT record FROM kerman_events
+             WHERE session_id = $1 AND type = 'agent/inbox/spliced'
+               AND (strpos(record, $2) > 0 OR strpos(record, '\\u') > 0)",
+            &[&id, &literal],
+        )
+        .await
+        .map_err(db_err("enqueue message: check the log"))?;
+    if candidates.iter().any(|row| record_inserts(row.get(0), &staged.id)) {
+        return Ok(Err(Refused::Duplicate));
+    }
+    // A data-modifying CTE always runs; the notify CTE runs because the final SELECT reads it.
+    let row = tx
         .query_one(
-            "WITH s AS (SELECT id FROM kerman_sessions WHERE id = $1),
-             logged AS (
-                 SELECT 1 FROM kerman_events
-                 WHERE session_id = $1 AND type = 'agent/inbox/spliced' AND strpos(record, $2) > 0
-                   AND (record::jsonb -> 'data' -> 'inserted') @> jsonb_build_array(jsonb_build_object('id', $2::text))
-             ),
-             ins AS (
+            "WITH ins AS (
                  INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
-                 SELECT $1, $2, $3, $4, $5 FROM s WHERE NOT EXISTS (SELECT 1 FROM logged)
+                 VALUES ($1, $2, $3, $4, $5)
                  ON CONFLICT DO NOTHING RETURNING 1
              ),
              woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins)
-             SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM ins), (SELECT count(*) FROM woke)",
+             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke)",
             &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup],
         )
         .await
         .map_err(db_err("enqueue message"))?;
-    let (sessions, inserted): (i64, i64) = (row.get(0), row.get(1));
-    Ok(match (sessions, inserted) {
-        (0, _) => Err(Refused::NoSession),
-        (_, 0) => Err(Refused::Duplicate),
-        _ => Ok(()),
-    })
+    let inserted: i64 = row.get(0);
+    if inserted == 0 {
+        return Ok(Err(Refused::Duplicate));
+    }
+    tx.commit().await.map_err(db_err("enqueue message: commit"))?;
+    Ok(Ok(()))
+}
+
+/// Whether the stored splice record `record` inserts a message with id `message_id`.
+fn record_inserts(record: &str, message_id: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Record {
+        data: Payload,
+    }
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        #[serde(default)]
+        inserted: Vec<Inserted>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inserted {
+        id: String,
+    }
+    serde_json::from_str::<Record>(record).is_ok_and(|r| r.data.inserted.iter().any(|m| m.id == message_id))
 }
 
 /// The messages staged for session `id`, in enqueue order.

@@ -91,13 +91,40 @@ pub struct Handle {
     tx: UnboundedSender<Job>,
     pub owner: String,
     pub applied: Vec<i32>,
+    /// The process that started the threads: a child inherits the handle through `fork()`
+    /// but not the threads, so a request sent there would wait forever.
+    pid: u32,
 }
 
 impl Handle {
     pub fn submit(&self, request: Request, reply: Reply) {
+        if self.forked() {
+            return reply(Err(forked(self.pid)));
+        }
         if let Err(e) = self.tx.send((request, reply)) {
             (e.0 .1)(Err(stopped()));
         }
+    }
+
+    /// Whether this is a copy inherited through `fork()` (its threads stayed in the parent).
+    pub fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
+    pub fn fork_error(&self) -> LogError {
+        forked(self.pid)
+    }
+}
+
+/// The error of every use of a store in a process it was inherited by.
+pub fn forked(parent: u32) -> LogError {
+    LogError::Database {
+        context: "postgres store".into(),
+        detail: format!(
+            "this store was created in process {parent} and inherited by process {} through fork(); \
+             its connection threads stay in the parent: create the PostgresStore in the child",
+            std::process::id()
+        ),
     }
 }
 
@@ -154,7 +181,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         })
         .map_err(|e| LogError::io("spawn the postgres thread", e))?;
     let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
-    Ok(Handle { tx, owner, applied })
+    Ok(Handle { tx, owner, applied, pid: std::process::id() })
 }
 
 thread_local! {
@@ -228,7 +255,8 @@ impl Worker {
         // The first connect is not retried: a wrong DSN or a server that is down should fail
         // the constructor at once.
         let migrated = async {
-            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err("connect"))?;
+            let context = format!("connect to {}", self.host);
+            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err(context))?;
             let task = drive(connection);
             let applied = schema::migrate(&mut client).await?;
             let prepared = Prepared::new(&client).await?;
@@ -287,6 +315,14 @@ impl Worker {
         if let Request::InjectFault(fault) = request {
             self.fault = Some(fault);
             return Ok(Response::Done);
+        }
+        if let Request::Release { lease } = &request {
+            // Given up locally first, whatever the server says: a release that cannot reach it
+            // (an outage) must still stop the renewals, or the lease would be renewed as soon
+            // as the server is back and outlive the log. Unrenewed, it lapses after the TTL.
+            if self.held.get(&lease.session_id) == Some(&lease.epoch) {
+                self.held.remove(&lease.session_id);
+            }
         }
         // How many times one request may see its connection drop before it fails.
         const MAX_LOSSES: u32 = 3;
