@@ -3,7 +3,9 @@
 //! session's append channel trigger. Payloads are only hints: every notification, and every
 //! (re-)LISTEN, which covers notifications lost while the LISTEN connection was down, leads to
 //! a read of whatever is newer than what the log holds, so events arrive in order, without a
-//! gap or a duplicate, whether or not a notification was missed.
+//! gap or a duplicate, whether or not a notification was missed. Every read names the
+//! session's incarnation: once the session is deleted (or deleted and created again under its
+//! id) the follower ends, closing its log, instead of splicing another session onto it.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -21,6 +23,8 @@ struct State {
 struct Shared {
     core: PgCore,
     id: String,
+    /// Which session of that id is followed (`kerman_sessions.incarnation`).
+    incarnation: i64,
     subscription: u64,
     /// Set once the log exists (the backend is built first).
     log: OnceLock<WeakSessionLog>,
@@ -46,7 +50,7 @@ fn catch_up(shared: &Arc<Shared>) {
     let after = log.len() as i64 - 1;
     drop(log);
     let next = Arc::clone(shared);
-    let request = Request::ReadAfter { id: shared.id.clone(), after };
+    let request = Request::ReadAfter { id: shared.id.clone(), after, incarnation: shared.incarnation };
     shared.core.submit(request, Box::new(move |result| read(&next, after, result)));
 }
 
@@ -54,11 +58,21 @@ fn catch_up(shared: &Arc<Shared>) {
 /// if a notification came meanwhile.
 fn read(shared: &Arc<Shared>, after: i64, result: Result<Response, LogError>) {
     // A failed read is not reported: the next notification or re-LISTEN reads again.
-    if let Ok(Response::Records(records)) = result {
-        let log = shared.log.get().and_then(WeakSessionLog::upgrade);
-        if let (Some(log), Ok(events)) = (log, parse_records_from(&shared.id, &records, (after + 1) as u64)) {
-            let _ = log.adopt(events);
+    match result {
+        Ok(Response::Records(records)) => {
+            let log = shared.log.get().and_then(WeakSessionLog::upgrade);
+            if let (Some(log), Ok(events)) = (log, parse_records_from(&shared.id, &records, (after + 1) as u64)) {
+                let _ = log.adopt(events);
+            }
         }
+        Ok(Response::Replaced) => {
+            // Ends the tails; `close` finds the publish token free (this thread holds none).
+            if let Some(log) = shared.log.get().and_then(WeakSessionLog::upgrade) {
+                let _ = log.close();
+            }
+            return;
+        }
+        _ => {}
     }
     let again = lock(shared).reads.finish();
     if again {
@@ -74,10 +88,11 @@ pub struct Follower {
 impl Follower {
     /// Reads the session and starts following it: the log holds every committed event, and
     /// grows as the writer commits.
-    pub fn open(core: &PgCore, id: &str, header: serde_json::Map<String, serde_json::Value>, events: Vec<Event>) -> SessionLog {
+    pub fn open(core: &PgCore, id: &str, incarnation: i64, header: serde_json::Map<String, serde_json::Value>, events: Vec<Event>) -> SessionLog {
         let shared = Arc::new(Shared {
             core: core.clone(),
             id: id.to_string(),
+            incarnation,
             subscription: listen::next_id(),
             log: OnceLock::new(),
             state: Mutex::new(State::default()),

@@ -241,18 +241,19 @@ impl PgCore {
         }
     }
 
-    /// The header and events of a session, without taking its lease (for followers).
-    pub fn read_session(&self, id: &str) -> Result<(Map<String, Value>, Vec<Event>), LogError> {
+    /// The header, incarnation and events of a session, without taking its lease (for
+    /// followers).
+    pub fn read_session(&self, id: &str) -> Result<(Map<String, Value>, i64, Vec<Event>), LogError> {
         check_id(id)?;
-        let (header, records) = match self.call(Request::Peek { id: id.into() })? {
-            Response::Session(header, records) => (header, records),
+        let (header, incarnation, records) = match self.call(Request::Peek { id: id.into() })? {
+            Response::Session(header, incarnation, records) => (header, incarnation, records),
             other => return Err(worker::unexpected(other)),
         };
         let header = match serde_json::from_str(&header) {
             Ok(Value::Object(map)) => map,
             _ => return Err(corrupt(id, -1, "the header is not a JSON object".into())),
         };
-        Ok((header, parse_records(id, &records)?))
+        Ok((header, incarnation, parse_records(id, &records)?))
     }
 
     pub fn release(&self, lease: &Lease) -> Result<(), LogError> {

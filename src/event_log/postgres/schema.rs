@@ -54,6 +54,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              PRIMARY KEY (session_id, message_id)
          );",
     ),
+    (
+        3,
+        // Which incarnation of a session id a row is: a session deleted and created again
+        // under the same id is another session, and a follower must not splice the two
+        // (`sql::read_after` compares it). Existing rows are numbered too.
+        "ALTER TABLE kerman_sessions ADD COLUMN incarnation bigserial NOT NULL;",
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -202,9 +202,12 @@ pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
 
 /// Deletes a session nobody holds (an expired lease counts as nobody).
 pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
+    // Notifies the append channel like a commit does: a follower reads, finds the session
+    // gone, and ends.
     let n = c
         .execute(
-            "DELETE FROM kerman_sessions WHERE id = $1 AND (owner IS NULL OR expires_at < now())",
+            "DELETE FROM kerman_sessions WHERE id = $1 AND (owner IS NULL OR expires_at < now()) \
+             RETURNING pg_notify('kerman_a_' || md5(id), '-1')",
             &[&id],
         )
         .await
@@ -240,12 +243,37 @@ pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<V
 }
 
 /// Records of a session with seq > `after`, in seq order (a follower's catch-up read).
-pub async fn read_after(c: &mut Client, id: &str, after: i64) -> Result<Vec<String>, LogError> {
+/// The records after `after` of the session's `incarnation`, in one statement (one snapshot);
+/// `None` once the session is gone or is another incarnation (deleted and created again).
+pub async fn read_after(c: &mut Client, id: &str, after: i64, incarnation: i64) -> Result<Option<Vec<String>>, LogError> {
     let rows = c
-        .query("SELECT record FROM kerman_events WHERE session_id = $1 AND seq > $2 ORDER BY seq", &[&id, &after])
+        .query(
+            "SELECT s.incarnation, e.record FROM kerman_sessions s \
+             LEFT JOIN kerman_events e ON e.session_id = s.id AND e.seq > $2 \
+             WHERE s.id = $1 ORDER BY e.seq",
+            &[&id, &after],
+        )
         .await
         .map_err(db_err("read new events"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    if rows.first().is_none_or(|r| r.get::<_, i64>(0) != incarnation) {
+        return Ok(None);
+    }
+    Ok(Some(rows.iter().filter_map(|r| r.get::<_, Option<String>>(1)).collect()))
+}
+
+/// The header and incarnation of a session, and its records, in one snapshot.
+pub async fn peek(c: &mut Client, id: &str) -> Result<Option<(String, i64, Vec<String>)>, LogError> {
+    let rows = c
+        .query(
+            "SELECT s.header, s.incarnation, e.record FROM kerman_sessions s \
+             LEFT JOIN kerman_events e ON e.session_id = s.id WHERE s.id = $1 ORDER BY e.seq",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("read session"))?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let (header, incarnation) = (first.get(0), first.get(1));
+    Ok(Some((header, incarnation, rows.iter().filter_map(|r| r.get::<_, Option<String>>(2)).collect())))
 }
 
 /// Why `enqueue` inserted nothing.
@@ -358,13 +386,4 @@ pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<()
     .await
     .map_err(db_err("drop staged messages"))?;
     Ok(())
-}
-
-/// A session's header text, if it exists.
-pub async fn header(c: &mut Client, id: &str) -> Result<Option<String>, LogError> {
-    let row = c
-        .query_opt("SELECT header FROM kerman_sessions WHERE id = $1", &[&id])
-        .await
-        .map_err(db_err("read session header"))?;
-    Ok(row.map(|r| r.get(0)))
 }

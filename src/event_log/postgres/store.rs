@@ -24,8 +24,8 @@ impl PostgresStore {
     /// its writer (in any process) as NOTIFY-driven catch-up reads bring it. Takes no lease;
     /// appends fail with `LogError::ReadOnly`; `close` stops following.
     pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
-        let (header, events) = self.core.read_session(id)?;
-        Ok(Follower::open(&self.core, id, header, events))
+        let (header, incarnation, events) = self.core.read_session(id)?;
+        Ok(Follower::open(&self.core, id, incarnation, header, events))
     }
 
     /// Stages a user message for session `id`'s owner (see [`PgCore::enqueue`]).

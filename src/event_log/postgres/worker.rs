@@ -36,7 +36,7 @@ pub enum Request {
     Listen { id: u64, channel: String, subscriber: Subscriber },
     Unlisten { id: u64 },
     /// Records with seq > `after` (a follower's catch-up read).
-    ReadAfter { id: String, after: i64 },
+    ReadAfter { id: String, after: i64, incarnation: i64 },
     /// An append that also deletes the staged messages its splices insert.
     AppendStaged { lease: Lease, rows: Vec<Row>, claims: Vec<String> },
     /// Stages a message for the session's owner: `Bool(false)` if the id is taken.
@@ -76,8 +76,10 @@ pub enum Response {
     Ids(Vec<String>),
     Done,
     Staged(Vec<StagedInput>),
-    /// Header text, record texts.
-    Session(String, Vec<String>),
+    /// Header text, incarnation, record texts.
+    Session(String, i64, Vec<String>),
+    /// A followed session is gone, or was deleted and created again.
+    Replaced,
 }
 
 /// Runs on the store's reply thread, never on the runtime thread: a reply may wait (for the
@@ -426,7 +428,10 @@ impl Worker {
                 }
                 Response::Done
             }
-            Request::ReadAfter { id, after } => Response::Records(sql::read_after(c, id, *after).await?),
+            Request::ReadAfter { id, after, incarnation } => match sql::read_after(c, id, *after, *incarnation).await? {
+                Some(records) => Response::Records(records),
+                None => Response::Replaced,
+            },
             Request::Enqueue { id, staged } => match sql::enqueue(c, staged, id).await? {
                 Ok(()) => Response::Bool(true),
                 Err(sql::Refused::Duplicate) => Response::Bool(false),
@@ -438,8 +443,8 @@ impl Worker {
                 Response::Done
             }
             Request::Peek { id } => {
-                let header = sql::header(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
-                Response::Session(header, sql::read(c, id).await?)
+                let (header, incarnation, records) = sql::peek(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
+                Response::Session(header, incarnation, records)
             }
         })
     }
