@@ -345,19 +345,11 @@ pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<R
 /// Whether the stored splice record `record` inserts a message with id `message_id`.
 fn record_inserts(record: &str, message_id: &str) -> bool {
     #[derive(serde::Deserialize)]
-    struct Record {
-        data: Payload,
+    struct Record<'a> {
+        #[serde(borrow)]
+        data: &'a serde_json::value::RawValue,
     }
-    #[derive(serde::Deserialize)]
-    struct Payload {
-        #[serde(default)]
-        inserted: Vec<Inserted>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inserted {
-        id: String,
-    }
-    serde_json::from_str::<Record>(record).is_ok_and(|r| r.data.inserted.iter().any(|m| m.id == message_id))
+    serde_json::from_str::<Record>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
 }
 
 /// The messages staged for session `id`, in enqueue order.
