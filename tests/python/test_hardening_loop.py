@@ -33,14 +33,7 @@ def deep_object(depth: int) -> str:
 
 def run_calls(calls: List[Dict[str, Any]], tools: List[Tool]) -> List[Any]:
     """One turn: the model asks for ``calls``, then says "done"; returns the log's events."""
-    async def main() -> List[Any]:
-        loop = AgentLoop(ScriptedModel([ModelReply(calls), "done"]), tools=tools)
-        loop.followup("hi")
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
-    return asyncio.run(main())
+    return run_calls_with(ModelReply(calls), tools)
 
 
 def results_of(events: List[Any]) -> List[Dict[str, Any]]:
@@ -366,6 +359,7 @@ def test_calls_with_distinct_ids_still_run():
 
 
 def run_calls_with(reply: Any, tools: List[Tool]) -> List[Any]:
+    """One turn: the model gives ``reply``, then says "done"; returns the log's events."""
     async def main() -> List[Any]:
         loop = AgentLoop(ScriptedModel([reply, "done"]), tools=tools)
         loop.followup("hi")
