@@ -9,6 +9,8 @@ import inspect
 import logging
 from typing import Any, Callable, List, Sequence
 
+from ._report import callable_name
+
 
 _log = logging.getLogger("kerman")
 
@@ -44,7 +46,7 @@ def _report(task: "asyncio.Future[Any]", *, what: str) -> None:
 
 
 def _name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
+    return callable_name(fn) or repr(fn)
 
 
 def register(listeners: List[Callable[..., Any]], fn: Callable[..., Any], prepend: bool, where: str) -> None:
