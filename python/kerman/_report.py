@@ -72,16 +72,15 @@ def describe(exc: BaseException, fallback: Optional[str] = None, *, typed: bool 
 
 
 def report(loop: "AgentLoop", turn: int, step: int, error: Dict[str, Any], exc: Optional[BaseException],
-           text: str, **fields: Any) -> LiveEvent:
+           text: str) -> None:
     """Logs ``text`` (with the traceback), keeps the ``agent/error`` event as the loop's
     ``last_error`` and emits it."""
     live = LiveEvent("agent/error", loop, turn=turn, step=step, error=error, exception=exc,
                      traceback=error.get("traceback") if exc is not None else None,
-                     function=error.get("function"), **fields)
+                     function=error.get("function"))
     loop._last_error = live
     _log.error(text, exc_info=exc)
     loop._emit_live(live)
-    return live
 
 
 def turn_failed(loop: "AgentLoop", turn: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
