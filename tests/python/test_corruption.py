@@ -14,6 +14,10 @@ envelope field occurs in the records damaged here. Each case states its exact ou
   with a `log/damaged` placeholder at each lost seq (every other record byte for byte at its
   seq) and a `log/repaired` record naming it all (docs/format.md, "Repairing corruption").
 
+Deviation from SPEC 2.2 ("`kerman log repair` may truncate only on explicit request"), as issue
+11 asks: repair still runs only on request and keeps the `.corrupt` copy, but it no longer
+truncates at the damage; it keeps every later record that verifies.
+
 test_stores.py keeps the simpler single cases (one flip per place, boundary cuts, seq gaps,
 version checks); this file sweeps offsets and bits.
 """

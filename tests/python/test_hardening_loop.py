@@ -336,6 +336,9 @@ def call(id: str, name: str = "t", arguments: str = "{}") -> Dict[str, Any]:
 @pytest.mark.parametrize("streamed", [False, True], ids=["reply", "stream"])
 @pytest.mark.parametrize("ids", [["c1", "c1"], ["a", "c1", "b", "c1"]], ids=["pair", "among-others"])
 def test_a_reply_repeating_a_call_id_is_invalid(streamed, ids):
+    """SPEC and the reference are silent on repeated call ids; the decision (issue 12, item 5):
+    refused as ``INVALID_REPLY``, naming the id, before anything is logged, rather than renamed,
+    so the history stays what the model said."""
     ran: List[Any] = []
 
     async def body(args, ctx):

@@ -99,6 +99,9 @@ def test_kerman_log_show_explains_a_failed_turn(tmp_path, capsys):
 
 
 def test_a_tool_with_the_wrong_signature_is_reported_and_the_turn_goes_on(caplog):
+    """Beyond SPEC 4.6, where ``agent/error`` reports a turn that ends with an error: issue 11
+    asks that a tool's exception, which the model gets and the turn survives, be reported on
+    ``agent/error`` too (``.error["code"]`` is ``TOOL_ERROR``)."""
     calls = {"n": 0}
 
     async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
@@ -205,7 +208,9 @@ def test_a_deliberate_model_error_is_recorded_without_a_user_traceback():
 
 def test_a_listener_registered_twice_is_refused():
     """Issue 11, item 4: registering the same listener twice used to run it twice, silently.
-    A listener is registered once per seam; a second registration raises, naming it."""
+    SPEC and the reference are silent; the decision: a listener is registered once per seam,
+    and a second registration raises, naming it (a silent single registration would hide a
+    plugin set up twice)."""
     loop = kerman.AgentLoop(lambda request: kerman.ModelReply("hi"))
 
     def status(event: Any) -> None:
