@@ -87,7 +87,6 @@ pub(super) fn waterfall<'py>(
     helpers(py)?.next.bind(py).call1((listeners, payload, default))?.call0()
 }
 
-/// A `TurnFailure` with `{"message": message, "code": code}`.
 /// The first `id` (a `str`) that two of `calls` share. Other ids are the message's to refuse.
 fn duplicate_call_id(calls: &Bound<'_, PyList>) -> PyResult<Option<String>> {
     if calls.len() < 2 {
@@ -106,6 +105,7 @@ fn duplicate_call_id(calls: &Bound<'_, PyList>) -> PyResult<Option<String>> {
     Ok(None)
 }
 
+/// A `TurnFailure` with `{"message": message, "code": code}`.
 fn turn_failure(py: Python<'_>, message: String, code: &str) -> PyErr {
     let built = (|| -> PyResult<PyErr> {
         let message = message.into_pyobject(py)?.into_any();
