@@ -14,6 +14,7 @@
 //! Everything here is plain Rust. The Python binding lives in `src/python/` behind the
 //! `python` feature and is the only code that touches pyo3.
 
+pub mod agent_loop;
 pub mod blocking;
 pub mod event_log;
 mod ids;

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+pub use crate::agent_loop::{consumed_work, ConsumedWork};
+
 use crate::event_log::{Event, SPLICED};
 use crate::inbox::{placement, Lists, ProjectionError, Splice, Target};
 use crate::message::Message;
@@ -56,52 +58,4 @@ impl InboxProjection {
             .flat_map(|t| self.lists.list(t).iter().map(move |m| (placement(t, m), Arc::clone(m))))
             .collect()
     }
-}
-
-/// What `consumed_work` found: the last `turn/end` that accounts for consumed input, and whether
-/// input was dropped without running since.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ConsumedWork {
-    pub end: Option<Event>,
-    pub dropped_unrun: bool,
-}
-
-/// Reference 4.4 (`foldConsumedWork`), one pass over a log or an owned suffix of it.
-pub fn consumed_work<'a>(events: impl IntoIterator<Item = &'a Event>) -> ConsumedWork {
-    let mut out = ConsumedWork::default();
-    let mut open: Option<u64> = None;
-    let mut stepped: Vec<u64> = Vec::new();
-    let mut claimed: Vec<u64> = Vec::new();
-    for event in events {
-        match event.kind() {
-            "turn/start" => open = event.data().get("turn").and_then(Value::as_u64),
-            "step/start" => stepped.extend(event.data().get("turn").and_then(Value::as_u64)),
-            SPLICED => {
-                let data = event.data();
-                if data.get("removedCount").is_none() {
-                    continue;
-                }
-                if data.get("outcome").and_then(Value::as_str) == Some("canceled") {
-                    let replaced = data.get("inserted").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
-                    out.dropped_unrun |= !replaced;
-                } else if let Some(turn) = open {
-                    claimed.push(turn);
-                }
-            }
-            "turn/end" => {
-                let data = event.data();
-                let Some(turn) = data.get("turn").and_then(Value::as_u64) else { continue };
-                let completed = data.pointer("/reason/kind").and_then(Value::as_str) == Some("completed");
-                if stepped.contains(&turn) || (claimed.contains(&turn) && !completed) {
-                    out.end = Some(event.clone());
-                    out.dropped_unrun = false;
-                }
-                if open == Some(turn) {
-                    open = None;
-                }
-            }
-            _ => {}
-        }
-    }
-    out
 }

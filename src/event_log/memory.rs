@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Map, Value};
 
-use super::closers;
 use super::log::{Backend, FlushCallback, SessionLog};
 use super::store::{check_id, new_header, resolve_id, Store};
 use super::{Event, LogError};
@@ -83,7 +82,7 @@ impl Store for MemoryStore {
             (entry.header.clone(), events)
         };
         let log = SessionLog::from_parts(id.to_string(), header, events, self.backend(id));
-        closers::close_open_turn(&log)?;
+        crate::agent_loop::close_open_turn(&log)?;
         Ok(log)
     }
 

@@ -1,6 +1,5 @@
 //! The session log: events, the append path, and the stores that keep logs.
 
-mod closers;
 mod error;
 mod event;
 pub mod file;
@@ -13,7 +12,8 @@ mod publish;
 pub mod storable;
 mod store;
 
-pub use closers::close_open_turn;
+/// The crash closers belong to the loop (they write its events); stores call them on open.
+pub use crate::agent_loop::close_open_turn;
 pub use error::LogError;
 pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, SPLICED, SURFACE_TYPES};
 pub use file::{DamagedSnapshot, Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::closers::close_open_turn;
+use crate::agent_loop::close_open_turn;
 use super::{check_id, new_header, resolve_id};
 use super::{Event, LogError, SessionLog, Store};
 use writer::{FileBackend, WriterSetup};

@@ -7,13 +7,11 @@
 //! `TOOL_OUTCOME_UNKNOWN` citing the call (its side effect may have happened); then `step/end`
 //! if a step is open; then `turn/end {kind: "interrupted"}`. Closers reuse the last event's time.
 
-use std::sync::Arc;
+use serde_json::json;
 
-use serde_json::{json, Value};
-
-use super::event::Surface;
-use super::{Event, LogError, SessionLog};
-use crate::json;
+use super::ending::{Ending, FailureCode};
+use super::events::{self, publish, LoopEvent};
+use crate::event_log::{Event, LogError, SessionLog};
 use crate::message::Message;
 
 /// What the tail of a log says about its last turn.
@@ -28,44 +26,28 @@ struct OpenTurn {
     finished: Vec<String>,
 }
 
-fn field_u64(data: &Value, key: &str) -> Option<u64> {
-    data.get(key).and_then(Value::as_u64)
-}
-
 fn find_open_turn(events: &[Event]) -> Option<OpenTurn> {
-    let start = events.iter().rposition(|e| e.kind() == "turn/start")?;
-    let turn = field_u64(&events[start].data(), "turn")?;
+    let start = events.iter().rposition(|e| e.kind() == events::TURN_START)?;
+    let turn = events::turn_of(&events[start].data())?;
     let mut open = OpenTurn { turn, ..OpenTurn::default() };
     for event in &events[start + 1..] {
         match event.kind() {
-            "turn/end" => return None,
-            "step/start" => {
-                open.step = field_u64(&event.data(), "step");
+            events::TURN_END => return None,
+            events::STEP_START => {
+                open.step = events::step_of(&event.data());
                 open.requested.clear();
                 open.started.clear();
                 open.finished.clear();
             }
-            "step/end" => open.step = None,
-            "assistant/message" if open.step.is_some() => {
-                let data = event.data();
-                let calls = data.pointer("/message/content").and_then(Value::as_array).cloned().unwrap_or_default();
-                for block in calls {
-                    if block.get("type").and_then(Value::as_str) == Some("tool-call") {
-                        let id = block.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-                        let name = block.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-                        open.requested.push((id, name));
-                    }
-                }
-            }
-            "tool/call" if open.step.is_some() => {
-                let data = event.data();
-                if let Some(id) = data.get("callId").and_then(Value::as_str) {
+            events::STEP_END => open.step = None,
+            events::ASSISTANT_MESSAGE if open.step.is_some() => open.requested.extend(events::requested_calls(&event.data())),
+            events::TOOL_CALL if open.step.is_some() => {
+                if let Some(id) = events::call_id(&event.data()) {
                     open.started.push((id.to_string(), event.seq));
                 }
             }
-            "tool/result" if open.step.is_some() => {
-                let data = event.data();
-                if let Some(id) = data.pointer("/message/source/callId").and_then(Value::as_str) {
+            events::TOOL_RESULT if open.step.is_some() => {
+                if let Some(id) = events::result_call_id(&event.data()) {
                     open.finished.push(id.to_string());
                 }
             }
@@ -80,9 +62,7 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
     let (open, time) = log.with_events(|events| (find_open_turn(events), events.last().map(|e| e.time)));
     let Some(open) = open else { return Ok(0) };
     let publishing = log.publishing()?;
-    let commit = |kind: &str, data: String, surface: Option<Surface>| -> Result<Event, LogError> {
-        publishing.publish(kind, Arc::from(data), surface, time)
-    };
+    let commit = |event: LoopEvent| -> Result<Event, LogError> { publish(&publishing, event, time) };
     let mut count = 0;
     if let Some(step) = open.step {
         // Calls are matched to their `tool/call` and `tool/result` by id and occurrence: the
@@ -108,14 +88,14 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
                 None => (
                     format!("Tool call {name:?} was not started before the session was interrupted; it is safe to retry."),
                     "ToolNotStartedError",
-                    "TOOL_NOT_STARTED",
+                    FailureCode::ToolNotStarted,
                 ),
                 Some(_) => (
                     format!(
                         "Tool call {name:?} was interrupted before its result was recorded; its side effects may or may not have happened. Do not retry blindly."
                     ),
                     "ToolOutcomeUnknownError",
-                    "TOOL_OUTCOME_UNKNOWN",
+                    FailureCode::ToolOutcomeUnknown,
                 ),
             };
             let seq = log.len();
@@ -126,22 +106,12 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
                 Some(format!("interrupted-tool-result-{call_id}-{seq}")),
             )
             .map_err(|e| LogError::InvalidEvent(e.to_string()))?;
-            let data = format!(
-                "{{\"turn\":{},\"step\":{step},\"message\":{},\"error\":{}}}",
-                open.turn,
-                message.json(),
-                json::compact(&json!({"name": error_name, "code": code}))
-            );
-            let surface = match started {
-                Some(call_seq) => Surface::append_citing(vec![call_seq]),
-                None => Surface::append(),
-            };
-            commit("tool/result", data, Some(surface))?;
+            commit(events::tool_result(open.turn, step, &message, Some(&code.tool_error(error_name)), None, started))?;
             count += 1;
         }
-        commit("step/end", format!("{{\"turn\":{},\"step\":{step}}}", open.turn), None)?;
+        commit(events::step_end(open.turn, step))?;
         count += 1;
     }
-    commit("turn/end", format!("{{\"turn\":{},\"reason\":{{\"kind\":\"interrupted\"}}}}", open.turn), None)?;
+    commit(events::turn_end(open.turn, &Ending::Interrupted))?;
     Ok(count + 1)
 }

@@ -1,0 +1,211 @@
+//! The one writer (and reader) of the loop's events: `turn/*`, `step/*`, `user/message`,
+//! `request/header`, `assistant/*` and `tool/*`. Every payload the loop logs is built here, as
+//! compact JSON text, and appended through [`append`]; the crash closers and the recovery folds
+//! read them back with the readers at the end. Keeping writer and reader side by side is what
+//! keeps the grammar in one place (docs/format.md documents it for outsiders).
+
+use serde_json::Value;
+
+use super::ending::Ending;
+use crate::event_log::{is_surface_type, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
+use crate::json::{push_str_literal, push_u64};
+use crate::message::Message;
+
+pub const TURN_START: &str = "turn/start";
+pub const TURN_END: &str = "turn/end";
+pub const STEP_START: &str = "step/start";
+pub const STEP_END: &str = "step/end";
+pub const USER_MESSAGE: &str = "user/message";
+pub const REQUEST_HEADER: &str = "request/header";
+pub const ASSISTANT_CHUNK: &str = "assistant/chunk";
+pub const ASSISTANT_MESSAGE: &str = "assistant/message";
+pub const TOOL_CALL: &str = "tool/call";
+pub const TOOL_RESULT: &str = "tool/result";
+
+/// One loop event, ready to append: its type, payload and (for surface events) the seqs it
+/// cites.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopEvent {
+    pub kind: &'static str,
+    pub data: String,
+    pub cites: Option<Vec<u64>>,
+}
+
+impl LoopEvent {
+    fn new(kind: &'static str, data: String) -> LoopEvent {
+        LoopEvent { kind, data, cites: None }
+    }
+
+    fn citing(kind: &'static str, data: String, cites: Vec<u64>) -> LoopEvent {
+        LoopEvent { kind, data, cites: Some(cites) }
+    }
+}
+
+/// Appends `event` to `log`; its seq.
+pub fn append(log: &SessionLog, event: LoopEvent) -> Result<u64, LogError> {
+    let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
+    log.append_owned_seq(event.kind, event.data, surface)
+}
+
+/// Commits `event` under a publish token already held, at `time` (the closers reuse the last
+/// event's time) or now.
+pub fn publish(publishing: &Publishing<'_>, event: LoopEvent, time: Option<i64>) -> Result<Event, LogError> {
+    let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
+    publishing.publish(event.kind, std::sync::Arc::from(event.data), surface, time)
+}
+
+/// `{"turn":T` (unterminated).
+fn turn_head(turn: u64) -> String {
+    let mut out = String::with_capacity(64);
+    out.push_str(r#"{"turn":"#);
+    push_u64(&mut out, turn);
+    out
+}
+
+/// `{"turn":T,"step":S` (unterminated): the head of every step payload.
+fn step_head(turn: u64, step: u64) -> String {
+    let mut out = turn_head(turn);
+    out.push_str(r#","step":"#);
+    push_u64(&mut out, step);
+    out
+}
+
+pub fn turn_start(turn: u64) -> LoopEvent {
+    let mut data = turn_head(turn);
+    data.push('}');
+    LoopEvent::new(TURN_START, data)
+}
+
+/// `turn/end {turn, reason}`.
+pub fn turn_end(turn: u64, ending: &Ending) -> LoopEvent {
+    let mut data = turn_head(turn);
+    data.push_str(r#","reason":"#);
+    data.push_str(&ending.to_json());
+    data.push('}');
+    LoopEvent::new(TURN_END, data)
+}
+
+pub fn step_start(turn: u64, step: u64) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push('}');
+    LoopEvent::new(STEP_START, data)
+}
+
+pub fn step_end(turn: u64, step: u64) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push('}');
+    LoopEvent::new(STEP_END, data)
+}
+
+/// `user/message`: the message itself is the payload.
+pub fn user_message(message: &Message) -> LoopEvent {
+    LoopEvent::new(USER_MESSAGE, message.json().to_owned())
+}
+
+/// `request/header {options}`; `options` is the options' JSON text.
+pub fn request_header(options: &str) -> LoopEvent {
+    let mut data = String::with_capacity(options.len() + 12);
+    data.push_str(r#"{"options":"#);
+    data.push_str(options);
+    data.push('}');
+    LoopEvent::new(REQUEST_HEADER, data)
+}
+
+/// `assistant/chunk {turn, step, chunk}`; `chunk` is the chunk's JSON text.
+pub fn assistant_chunk(turn: u64, step: u64, chunk: &str) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push_str(r#","chunk":"#);
+    data.push_str(chunk);
+    data.push('}');
+    LoopEvent::new(ASSISTANT_CHUNK, data)
+}
+
+/// `assistant/message {turn, step, message[, interrupted: true][, usage]}`, citing the chunks
+/// it was assembled from.
+pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: bool, usage: Option<&str>, chunks: Vec<u64>) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push_str(r#","message":"#);
+    data.push_str(message.json());
+    if interrupted {
+        data.push_str(r#","interrupted":true"#);
+    }
+    if let Some(usage) = usage {
+        data.push_str(r#","usage":"#);
+        data.push_str(usage);
+    }
+    data.push('}');
+    LoopEvent::citing(ASSISTANT_MESSAGE, data, chunks)
+}
+
+/// `tool/call {turn, step, callId, name, arguments}`.
+pub fn tool_call(turn: u64, step: u64, id: &str, name: &str, arguments: &str) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    for (key, value) in [("callId", id), ("name", name), ("arguments", arguments)] {
+        data.push_str(",\"");
+        data.push_str(key);
+        data.push_str("\":");
+        push_str_literal(&mut data, value);
+    }
+    data.push('}');
+    LoopEvent::new(TOOL_CALL, data)
+}
+
+/// `tool/result {turn, step, message[, error][, meta]}`, citing its `tool/call` (none for a
+/// closer's result of a call that never started).
+pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value>, meta: Option<&str>, call: Option<u64>) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push_str(r#","message":"#);
+    data.push_str(message.json());
+    if let Some(error) = error {
+        data.push_str(r#","error":"#);
+        data.push_str(&crate::json::compact(error));
+    }
+    if let Some(meta) = meta {
+        data.push_str(r#","meta":"#);
+        data.push_str(meta);
+    }
+    data.push('}');
+    match call {
+        Some(seq) => LoopEvent::citing(TOOL_RESULT, data, vec![seq]),
+        None => LoopEvent { kind: TOOL_RESULT, data, cites: None },
+    }
+}
+
+// ---- readers ---------------------------------------------------------------------------------
+
+/// The `turn` field of a `turn/*` or `step/*` payload.
+pub fn turn_of(data: &Value) -> Option<u64> {
+    data.get("turn").and_then(Value::as_u64)
+}
+
+/// The `step` field of a `step/*` payload.
+pub fn step_of(data: &Value) -> Option<u64> {
+    data.get("step").and_then(Value::as_u64)
+}
+
+/// `reason.kind` of a `turn/end` payload.
+pub fn end_kind(data: &Value) -> Option<&str> {
+    data.pointer("/reason/kind").and_then(Value::as_str)
+}
+
+/// The tool calls an `assistant/message` payload requests: (id, name) in order.
+pub fn requested_calls(data: &Value) -> Vec<(String, String)> {
+    let blocks = data.pointer("/message/content").and_then(Value::as_array);
+    let field = |block: &Value, key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+    blocks
+        .into_iter()
+        .flatten()
+        .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"))
+        .map(|block| (field(block, "id"), field(block, "name")))
+        .collect()
+}
+
+/// The call id a `tool/call` payload starts.
+pub fn call_id(data: &Value) -> Option<&str> {
+    data.get("callId").and_then(Value::as_str)
+}
+
+/// The call id a `tool/result` payload answers.
+pub fn result_call_id(data: &Value) -> Option<&str> {
+    data.pointer("/message/source/callId").and_then(Value::as_str)
+}

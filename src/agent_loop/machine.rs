@@ -1,0 +1,866 @@
+//! The sans-IO turn machine: `resume(input) -> effect`.
+//!
+//! The machine holds a driver run's turn and step state and decides everything the loop does;
+//! whatever must be awaited (user code, the model, a flush) or done in the host language
+//! (reporting an error with its exception, aborting the host's signal) is an [`Effect`] it
+//! returns, and the result comes back as the next [`Input`]. It writes its events itself,
+//! through [`events`](super::events), to the log in its [`Ctx`]: appends are synchronous and
+//! in memory, and their failures are turn failures like any other.
+//!
+//! Where a Python coroutine would raise, the machine *unwinds*: a fault inside a step closes
+//! the step (`step/end`, whose own failure wins), then the turn ends (`turn/end`) with the
+//! fault's ending, and the run goes on with the next queued turn or finishes.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::assemble::Assembler;
+use super::ending::{Ending, FailureCode};
+use super::events::{self, append, LoopEvent};
+use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
+use super::{CoreError, Shared};
+use crate::event_log::{LogError, SessionLog};
+use crate::inbox::{Inbox, Target};
+use crate::message::Message;
+
+/// What the machine works on besides its own state.
+pub struct Ctx<'a> {
+    pub log: &'a SessionLog,
+    pub inbox: &'a Inbox,
+    pub shared: &'a Shared,
+    /// `Some(exclusive)` when a tool of that name is registered (`exclusive`: it runs alone).
+    pub tools: &'a dyn Fn(&str) -> Option<bool>,
+    pub max_parallel: usize,
+}
+
+impl Ctx<'_> {
+    pub fn sink(&self) -> Sink<'_> {
+        Sink { log: self.log, inbox: self.inbox, history: &self.shared.history }
+    }
+
+    fn append(&self, event: LoopEvent) -> Result<u64, LogError> {
+        append(self.log, event)
+    }
+
+    /// Appends a surface event carrying `message`, which joins the history.
+    fn append_message(&self, event: LoopEvent, message: Option<Arc<Message>>) -> Result<u64, LogError> {
+        let seq = self.append(event)?;
+        self.shared.history.push(self.log, seq, message);
+        Ok(seq)
+    }
+
+    fn aborted(&self) -> bool {
+        self.shared.state().abort.is_some()
+    }
+}
+
+/// The `pre_step` decision, as the host read it.
+#[derive(Debug)]
+pub enum Decision {
+    Enter(Vec<Arc<Message>>),
+    Reject(Option<String>),
+    /// Neither: the host's `repr` of what the waterfall returned.
+    Invalid(String),
+}
+
+/// The request `before_request` left, as the host read it.
+#[derive(Debug)]
+pub enum Requested {
+    /// `options`: the options' JSON text; `canonical`: their canonical text (compared between
+    /// requests to decide whether a `request/header` is due).
+    Request { options: String, canonical: String },
+    /// Not a request: its `repr`.
+    NotARequest(String),
+    /// Options that are not lossless JSON: why.
+    NotJson(String),
+}
+
+/// A complete model reply.
+#[derive(Debug)]
+pub struct Reply {
+    pub content: Vec<Value>,
+    /// The usage's JSON text.
+    pub usage: Option<String>,
+    pub max_tokens: bool,
+}
+
+/// How host code the machine awaited raised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaisedKind {
+    /// An ordinary exception.
+    Error,
+    /// A cancellation the loop did not cause (the driver's task was cancelled from outside).
+    Cancelled,
+    /// Something that is not an ordinary exception (`KeyboardInterrupt`, ...): the turn ends
+    /// and it propagates.
+    Fatal,
+    /// The session's lease was lost: another owner took it over.
+    LeaseLost,
+}
+
+/// An exception out of host code: its kind and failure dict (what `turn/end` would carry).
+#[derive(Debug, Clone)]
+pub struct Raised {
+    pub kind: RaisedKind,
+    pub failure: Value,
+}
+
+impl Raised {
+    pub fn new(kind: RaisedKind, failure: Value) -> Raised {
+        Raised { kind, failure }
+    }
+}
+
+#[derive(Debug)]
+pub enum Input {
+    /// The driver starts (or an effect that needs no answer is done).
+    Continue,
+    Decided(Decision),
+    Requested(Requested),
+    Reply(Reply),
+    /// The model returned something that is not a reply: its `repr`.
+    NotAReply(String),
+    /// The model returned a stream: chunks follow.
+    Streaming,
+    Chunk(Map<String, Value>),
+    /// The stream yielded something that is not a chunk dict: its `repr`.
+    NotAChunk(String),
+    StreamEnded,
+    /// The model failed (a `ModelError`): its failure dict.
+    ModelFailed(Value),
+    /// What `request_error` decided: re-issue the request or not.
+    Retry(bool),
+    /// The tool plan, every call committed.
+    ToolsDone(ToolPlan),
+    Raised(Raised),
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Effect {
+    /// Run the `pre_step` waterfall over this batch; answer `Decided`.
+    PreStep { batch: Vec<Arc<Message>> },
+    /// Build the request (`history`, `entered`) and run `before_request`; answer `Requested`.
+    BeforeRequest,
+    /// Await a flush of the log (the checkpoint barrier); answer `Continue`.
+    Flush,
+    /// Call the model; answer `Reply`, `Streaming`, `NotAReply` or `ModelFailed`.
+    CallModel,
+    /// Await the stream's next chunk; answer `Chunk`, `NotAChunk`, `StreamEnded` or `ModelFailed`.
+    NextChunk,
+    /// Close the stream (`aclose()`), whatever that gives; answer `Continue`.
+    CloseStream,
+    /// Run `request_error` over this failure; answer `Retry`.
+    RequestError { failure: Value },
+    /// Run the tool plan (`take_plan`); answer `ToolsDone`.
+    RunTools,
+    /// Run the `turn_stopping` hooks; answer `Continue`.
+    TurnStopping,
+    /// Turn this core error into the host's exception; answer `Raised`.
+    Describe(CoreError),
+    /// Report a failed turn (`agent/error`, the logger); `exception`: with the exception the
+    /// host last raised. Answer `Continue`.
+    Report { turn: u64, step: u64, failure: Value, exception: bool },
+    /// The turn's signal aborted with this cause (already set in the shared state). Answer
+    /// `Continue`.
+    Abort(Value),
+    /// Another owner took the session over: abort the signal (`{"kind": "fenced"}`), and unless
+    /// the loop is fenced already, mark it so and report `failure`. Answer `Continue`.
+    Fence { turn: u64, failure: Value },
+    /// A fresh signal for the next turn; answer `Continue`.
+    NewTurn,
+    /// No turn was recorded (`begin` only).
+    NoTurn,
+    /// The run is over: the loop goes idle.
+    Finished,
+}
+
+/// Why the turn body stopped early.
+#[derive(Debug)]
+enum Fault {
+    /// The signal aborted.
+    Aborted,
+    /// A failure with no host exception behind it, or one whose exception the host holds.
+    Failure { failure: Value, exception: bool },
+    Raised(Raised),
+    /// A core operation failed; the host describes it first.
+    Core(CoreError),
+}
+
+impl Fault {
+    fn rule(code: FailureCode, message: impl Into<String>) -> Fault {
+        Fault::Failure { failure: code.failure(message), exception: false }
+    }
+}
+
+/// Where the machine waits.
+#[derive(Debug)]
+enum Wait {
+    Start,
+    PreStep,
+    BeforeRequest,
+    Flush,
+    Model,
+    Chunk,
+    CloseStream(Fault),
+    RequestError(Value, bool),
+    Tools,
+    Stopping,
+    /// A described core error goes on unwinding from `Unwind`.
+    Describe(Unwind),
+    /// A report is done; go on from `Then`.
+    Then(Then),
+    Done,
+}
+
+/// Where an unwinding fault came from.
+#[derive(Debug, Clone, Copy)]
+enum Unwind {
+    /// The turn body (a step may be open).
+    Body,
+    /// `turn/end` could not be appended.
+    TurnEnd,
+    /// `turn/start` could not be appended.
+    Begin,
+}
+
+/// What follows an effect that needs no answer.
+#[derive(Debug)]
+enum Then {
+    /// Append `turn/end`.
+    TurnEnd,
+    /// The run goes on with the next turn or finishes.
+    Conclude,
+    /// A fresh signal is in place: begin the next turn.
+    Begin,
+    /// Finish (after a fence).
+    Finish,
+    /// The signal was aborted (`disposed`): the turn ends aborted.
+    EndAborted,
+    /// The turn stops with nothing more appended.
+    NoTurn,
+}
+
+/// One driver run: turns until one stops it.
+#[derive(Debug)]
+pub struct Machine {
+    wait: Wait,
+    turn: u64,
+    claimed: Vec<Arc<Message>>,
+    claim_error: Option<CoreError>,
+    next_step: bool,
+    /// The step the batch would enter.
+    step: u64,
+    step_open: bool,
+    entered: Vec<Arc<Message>>,
+    ending: Option<Ending>,
+    max_tokens: bool,
+    stop_driver: bool,
+    assembler: Option<Assembler>,
+    chunks: Vec<u64>,
+    plan: Option<ToolPlan>,
+    /// The exception the run ends with propagates (an outside cancellation, a fatal error).
+    propagate: bool,
+}
+
+impl Machine {
+    /// The synchronous prefix of a turn (reference 5.5 steps 1–3): `turn/start`, then the first
+    /// claim of next-turn. The effect is `Continue`-able: `Report`/`Fence` effects and then
+    /// `NoTurn` when no turn was recorded; `None` effect (the turn began) otherwise. A failed
+    /// claim is kept for the body to raise, so the turn still ends.
+    pub fn begin(ctx: &Ctx<'_>) -> (Machine, Option<Effect>) {
+        let mut machine = Machine {
+            wait: Wait::Start,
+            turn: 0,
+            claimed: Vec::new(),
+            claim_error: None,
+            next_step: false,
+            step: 0,
+            step_open: false,
+            entered: Vec::new(),
+            ending: None,
+            max_tokens: false,
+            stop_driver: false,
+            assembler: None,
+            chunks: Vec::new(),
+            plan: None,
+            propagate: false,
+        };
+        let effect = machine.begin_turn(ctx);
+        (machine, effect)
+    }
+
+    /// The turn this run is in.
+    pub fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// The step being decided or run.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The messages entered in the running step (what the request's `entered` holds).
+    pub fn entered(&self) -> &[Arc<Message>] {
+        &self.entered
+    }
+
+    /// The tool plan to run (after `RunTools`).
+    pub fn take_plan(&mut self) -> Option<ToolPlan> {
+        self.plan.take()
+    }
+
+    /// Whether the exception that ended the run propagates out of it: a cancellation from
+    /// outside, or something that is not an ordinary exception.
+    pub fn propagates(&self) -> bool {
+        self.propagate
+    }
+
+    /// Whether the run is over.
+    pub fn is_done(&self) -> bool {
+        matches!(self.wait, Wait::Done)
+    }
+
+    fn begin_turn(&mut self, ctx: &Ctx<'_>) -> Option<Effect> {
+        if ctx.aborted() {
+            self.wait = Wait::Done;
+            return Some(Effect::NoTurn);
+        }
+        let last = ctx.shared.state().turn;
+        if let Err(e) = ctx.append(events::turn_start(last + 1)) {
+            self.turn = last;
+            self.wait = Wait::Describe(Unwind::Begin);
+            return Some(Effect::Describe(CoreError::Log(e)));
+        }
+        self.turn = last + 1;
+        ctx.shared.state().turn = self.turn;
+        self.next_step = false;
+        self.ending = None;
+        self.max_tokens = false;
+        self.stop_driver = false;
+        match ctx.inbox.claim(Target::NextTurn, self.turn) {
+            Ok(batch) => self.claimed = batch,
+            Err(e) => self.claim_error = Some(CoreError::Inbox(e)),
+        }
+        self.wait = Wait::Start;
+        None
+    }
+
+    /// Feeds the result of the last effect (`Continue` to start); returns the next effect.
+    pub fn resume(&mut self, ctx: &Ctx<'_>, input: Input) -> Effect {
+        let wait = std::mem::replace(&mut self.wait, Wait::Done);
+        match (wait, input) {
+            (Wait::Start, Input::Continue) => self.turn_top(ctx),
+            (Wait::PreStep, Input::Decided(decision)) => self.decided(ctx, decision),
+            (Wait::BeforeRequest, Input::Requested(requested)) => self.requested(ctx, requested),
+            (Wait::Flush, Input::Continue) => match self.check(ctx) {
+                Ok(()) => self.call_model(),
+                Err(f) => self.fail(ctx, f),
+            },
+            (Wait::Model, input) => self.model_result(ctx, input),
+            (Wait::Chunk, input) => self.chunk_result(ctx, input),
+            (Wait::CloseStream(fault), Input::Continue) => self.fail(ctx, fault),
+            (Wait::RequestError(failure, exception), Input::Retry(retry)) => {
+                if let Err(f) = self.check(ctx) {
+                    return self.fail(ctx, f);
+                }
+                if retry {
+                    return self.request_begin(ctx);
+                }
+                self.fail(ctx, Fault::Failure { failure, exception })
+            }
+            (Wait::Tools, Input::ToolsDone(plan)) => {
+                let end = if plan.concludes() { StepEnd::Completed } else { StepEnd::Again };
+                self.step_done(ctx, end)
+            }
+            (Wait::Stopping, Input::Continue) => match self.check(ctx) {
+                Ok(()) => self.after_stopping(ctx),
+                Err(f) => self.fail(ctx, f),
+            },
+            (Wait::Describe(from), Input::Raised(raised)) => self.unwind(ctx, from, Fault::Raised(raised)),
+            (Wait::Then(then), Input::Continue) => self.then(ctx, then),
+            // Host code an effect awaited raised: the fault unwinds from where it was awaited.
+            (Wait::CloseStream(fault), Input::Raised(_)) => self.fail(ctx, fault),
+            (Wait::Stopping | Wait::Flush | Wait::PreStep | Wait::BeforeRequest | Wait::RequestError(..) | Wait::Tools | Wait::Start, Input::Raised(raised)) => {
+                self.fail(ctx, Fault::Raised(raised))
+            }
+            (Wait::Then(then), Input::Raised(_)) => self.then(ctx, then),
+            (Wait::Done, _) => Effect::Finished,
+            (wait, input) => panic!("the turn machine got {input:?} while waiting for {wait:?}"),
+        }
+    }
+
+    fn check(&self, ctx: &Ctx<'_>) -> Result<(), Fault> {
+        if ctx.aborted() {
+            return Err(Fault::Aborted);
+        }
+        Ok(())
+    }
+
+    // ---- the turn body ------------------------------------------------------------------------
+
+    fn turn_top(&mut self, ctx: &Ctx<'_>) -> Effect {
+        if let Some(e) = self.claim_error.take() {
+            return self.fail(ctx, Fault::Core(e));
+        }
+        self.next_step = false;
+        let batch = std::mem::take(&mut self.claimed);
+        self.step_top(ctx, batch)
+    }
+
+    /// The head of the step loop: the batch (claimed between steps) goes to `pre_step`.
+    fn step_top(&mut self, ctx: &Ctx<'_>, batch: Vec<Arc<Message>>) -> Effect {
+        if let Err(f) = self.check(ctx) {
+            return self.fail(ctx, f);
+        }
+        self.step = ctx.shared.state().step + 1;
+        let batch = if self.next_step {
+            match ctx.inbox.claim(Target::NextStep, self.turn) {
+                Ok(batch) => batch,
+                Err(e) => return self.fail(ctx, Fault::Core(CoreError::Inbox(e))),
+            }
+        } else {
+            batch
+        };
+        self.wait = Wait::PreStep;
+        Effect::PreStep { batch }
+    }
+
+    fn decided(&mut self, ctx: &Ctx<'_>, decision: Decision) -> Effect {
+        let messages = match decision {
+            Decision::Invalid(repr) => {
+                let message = format!("pre-step listener returned {repr}; expected Enter or Reject");
+                return self.fail(ctx, Fault::rule(FailureCode::InvalidDecision, message));
+            }
+            _ if ctx.aborted() => return self.fail(ctx, Fault::Aborted),
+            Decision::Reject(reason) => {
+                self.ending = Some(Ending::Blocked(reason));
+                self.stop_driver = true;
+                return self.end_turn(ctx);
+            }
+            Decision::Enter(messages) => messages,
+        };
+        let entering = !messages.is_empty();
+        if self.ending.is_some() && !entering {
+            return self.end_turn(ctx);
+        }
+        if ctx.shared.state().step == 0 && !entering {
+            // An empty first batch: nothing to do.
+            self.ending = Some(Ending::Completed);
+            self.stop_driver = true;
+            return self.end_turn(ctx);
+        }
+        if let Err(e) = ctx.append(events::step_start(self.turn, self.step)) {
+            return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+        }
+        ctx.shared.state().step = self.step;
+        self.step_open = true;
+        for message in &messages {
+            if let Err(e) = ctx.append_message(events::user_message(message), Some(Arc::clone(message))) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
+        }
+        self.entered = messages;
+        self.request_begin(ctx)
+    }
+
+    // ---- the step -----------------------------------------------------------------------------
+
+    fn request_begin(&mut self, ctx: &Ctx<'_>) -> Effect {
+        // Caught up with what others appended, so the request's history is the whole log.
+        if let Err(e) = ctx.shared.history.catch_up(ctx.log, ctx.log.len()) {
+            return self.fail(ctx, Fault::Core(CoreError::Message(e)));
+        }
+        self.wait = Wait::BeforeRequest;
+        Effect::BeforeRequest
+    }
+
+    fn requested(&mut self, ctx: &Ctx<'_>, requested: Requested) -> Effect {
+        if let Err(f) = self.check(ctx) {
+            return self.fail(ctx, f);
+        }
+        let (options, canonical) = match requested {
+            Requested::Request { options, canonical } => (options, canonical),
+            Requested::NotARequest(repr) => {
+                let message = format!("before_request listener returned {repr}; expected a ModelRequest");
+                return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
+            }
+            Requested::NotJson(detail) => {
+                let message = format!("request options are not lossless JSON: {detail}");
+                return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
+            }
+        };
+        let header_due = {
+            let state = ctx.shared.state();
+            state.requests == 0 || state.last_options.as_deref() != Some(canonical.as_str())
+        };
+        if header_due {
+            if let Err(e) = ctx.append(events::request_header(&options)) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
+            ctx.shared.state().last_options = Some(canonical);
+        }
+        ctx.shared.state().requests += 1;
+        if ctx.log.checkpoints() {
+            self.wait = Wait::Flush;
+            return Effect::Flush;
+        }
+        self.call_model()
+    }
+
+    fn call_model(&mut self) -> Effect {
+        self.wait = Wait::Model;
+        Effect::CallModel
+    }
+
+    fn model_result(&mut self, ctx: &Ctx<'_>, input: Input) -> Effect {
+        match input {
+            Input::Reply(reply) => self.reply_done(ctx, reply.content, reply.usage, reply.max_tokens, Vec::new()),
+            Input::NotAReply(repr) => {
+                let message = format!("model returned {repr}; expected a ModelReply");
+                self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message))
+            }
+            Input::Streaming => {
+                self.assembler = Some(Assembler::new());
+                self.chunks.clear();
+                self.wait = Wait::Chunk;
+                Effect::NextChunk
+            }
+            Input::ModelFailed(failure) => self.request_failed(failure, true),
+            Input::Raised(raised) => self.fail(ctx, Fault::Raised(raised)),
+            input => panic!("the turn machine got {input:?} while waiting for the model"),
+        }
+    }
+
+    fn chunk_result(&mut self, ctx: &Ctx<'_>, input: Input) -> Effect {
+        match input {
+            Input::Chunk(chunk) => match self.take_chunk(ctx, chunk) {
+                Ok(()) => {
+                    self.wait = Wait::Chunk;
+                    Effect::NextChunk
+                }
+                Err(fault) => self.stream_failed(ctx, fault),
+            },
+            Input::NotAChunk(repr) => {
+                let message = format!("model stream yielded {repr}; expected a chunk dict");
+                self.stream_failed(ctx, Fault::rule(FailureCode::InvalidReply, message))
+            }
+            Input::StreamEnded => self.stream_end(ctx),
+            Input::ModelFailed(failure) => self.request_failed(failure, true),
+            Input::Raised(raised) => self.stream_failed(ctx, Fault::Raised(raised)),
+            input => panic!("the turn machine got {input:?} while waiting for a chunk"),
+        }
+    }
+
+    /// Logs one chunk (`assistant/chunk`) and feeds it to the assembler.
+    fn take_chunk(&mut self, ctx: &Ctx<'_>, chunk: Map<String, Value>) -> Result<(), Fault> {
+        self.check(ctx)?;
+        let text = crate::json::compact(&Value::Object(chunk));
+        let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&text) else { unreachable!("compact JSON of an object") };
+        let seq = ctx.append(events::assistant_chunk(self.turn, self.step, &text)).map_err(|e| Fault::Core(CoreError::Log(e)))?;
+        self.chunks.push(seq);
+        let assembler = self.assembler.get_or_insert_with(Assembler::new);
+        assembler.feed(&chunk).map_err(|message| Fault::rule(FailureCode::Unknown, message))
+    }
+
+    /// A stream failed (or was aborted, or cancelled from outside): what was visible is logged
+    /// as an interrupted message when the turn aborted, the stream is closed, and the fault
+    /// unwinds.
+    fn stream_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
+        if ctx.aborted() {
+            if let Some(assembler) = self.assembler.take() {
+                let visible = assembler.visible();
+                if !visible.is_empty() {
+                    let usage = assembler.usage().map(|u| crate::json::compact(&u));
+                    let chunks = std::mem::take(&mut self.chunks);
+                    if let Err(fault) = self.append_assistant(ctx, visible, usage, chunks, true) {
+                        return self.fail(ctx, fault);
+                    }
+                }
+            }
+        }
+        self.assembler = None;
+        self.wait = Wait::CloseStream(fault);
+        Effect::CloseStream
+    }
+
+    /// The stream ended: a finish reason other than `stop` or `max-tokens` is a failure.
+    fn stream_end(&mut self, ctx: &Ctx<'_>) -> Effect {
+        let assembler = self.assembler.take().unwrap_or_default();
+        let chunks = std::mem::take(&mut self.chunks);
+        let max_tokens = match assembler.finish() {
+            Some("stop") => false,
+            Some("max-tokens") => true,
+            _ => return self.request_failed(assembler.failure(), false),
+        };
+        let usage = assembler.usage().map(|u| crate::json::compact(&u));
+        self.reply_done(ctx, assembler.into_blocks(), usage, max_tokens, chunks)
+    }
+
+    fn request_failed(&mut self, failure: Value, exception: bool) -> Effect {
+        self.wait = Wait::RequestError(failure.clone(), exception);
+        Effect::RequestError { failure }
+    }
+
+    /// `assistant/message`; an empty message stays in the log but not in the history.
+    fn append_assistant(&self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<String>, chunks: Vec<u64>, interrupted: bool) -> Result<Message, Fault> {
+        let message = Message::assistant(content, None, None).map_err(|e| Fault::Core(CoreError::Message(e)))?;
+        let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage.as_deref(), chunks);
+        let joined = (!message.content().is_empty()).then(|| Arc::new(message.clone()));
+        ctx.append_message(event, joined).map_err(|e| Fault::Core(CoreError::Log(e)))?;
+        Ok(message)
+    }
+
+    /// Logs the assistant message (its tool calls dropped on `max-tokens`, SPEC 4.9), then
+    /// plans its tool calls.
+    fn reply_done(&mut self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<String>, max_tokens: bool, chunks: Vec<u64>) -> Effect {
+        let content = if max_tokens {
+            content.into_iter().filter(|b| b.get("type").and_then(Value::as_str) != Some("tool-call")).collect()
+        } else {
+            content
+        };
+        // Validated before anything is logged: results are matched to calls by id (by the
+        // model's provider and by the crash closers), so two calls with one id could never
+        // both be answered, and the log never holds a call without its result.
+        let message = match Message::assistant(content, None, None) {
+            Ok(message) => message,
+            Err(e) => return self.fail(ctx, Fault::Core(CoreError::Message(e))),
+        };
+        let calls = if max_tokens { Vec::new() } else { requested(&message) };
+        if let Some(id) = repeated_id(&calls) {
+            let message = format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply");
+            return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message));
+        }
+        let content = message.content().to_vec();
+        if let Err(fault) = self.append_assistant(ctx, content, usage, chunks, false) {
+            return self.fail(ctx, fault);
+        }
+        if max_tokens {
+            return self.step_done(ctx, StepEnd::MaxTokens);
+        }
+        if calls.is_empty() {
+            return self.step_done(ctx, StepEnd::Completed);
+        }
+        let calls = calls
+            .into_iter()
+            .map(|(id, name, arguments)| {
+                let tool = (ctx.tools)(&name);
+                Call { id, name, arguments, known: tool.is_some(), exclusive: tool.unwrap_or(false) }
+            })
+            .collect();
+        self.plan = Some(ToolPlan::new(self.turn, self.step, calls, ctx.max_parallel));
+        self.wait = Wait::Tools;
+        Effect::RunTools
+    }
+
+    fn step_done(&mut self, ctx: &Ctx<'_>, end: StepEnd) -> Effect {
+        // The step's `finally`: step/end is appended whatever happened.
+        self.step_open = false;
+        if let Err(e) = ctx.append(events::step_end(self.turn, self.step)) {
+            return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+        }
+        self.max_tokens |= matches!(end, StepEnd::MaxTokens);
+        self.ending = match end {
+            StepEnd::Again => None,
+            _ if self.max_tokens => Some(Ending::MaxTokens),
+            _ => Some(Ending::Completed),
+        };
+        if let Err(f) = self.check(ctx) {
+            return self.fail(ctx, f);
+        }
+        if self.ending.is_some() && ctx.inbox.count(Target::NextStep) == 0 {
+            self.wait = Wait::Stopping;
+            return Effect::TurnStopping;
+        }
+        self.after_stopping(ctx)
+    }
+
+    fn after_stopping(&mut self, ctx: &Ctx<'_>) -> Effect {
+        if self.ending.is_some() && ctx.inbox.count(Target::NextStep) == 0 {
+            return self.end_turn(ctx);
+        }
+        self.next_step = true;
+        self.step_top(ctx, Vec::new())
+    }
+
+    // ---- ending -------------------------------------------------------------------------------
+
+    /// The turn body raised `fault`: it unwinds through the open step, then ends the turn.
+    fn fail(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
+        self.unwind(ctx, Unwind::Body, fault)
+    }
+
+    fn unwind(&mut self, ctx: &Ctx<'_>, from: Unwind, fault: Fault) -> Effect {
+        if let Fault::Core(e) = fault {
+            self.wait = Wait::Describe(from);
+            return Effect::Describe(e);
+        }
+        match from {
+            Unwind::Body => {}
+            Unwind::Begin => return self.begin_failed(fault),
+            Unwind::TurnEnd => return self.turn_end_failed(ctx, fault),
+        }
+        self.assembler = None;
+        self.plan = None;
+        if self.step_open {
+            self.step_open = false;
+            // The step's `finally`; its own failure replaces the one being handled.
+            if let Err(e) = ctx.append(events::step_end(self.turn, self.step)) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
+        }
+        self.turn_failed(ctx, fault)
+    }
+
+    /// The turn's `except`: the ending a fault gives.
+    fn turn_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
+        self.stop_driver = true;
+        let (failure, exception) = match fault {
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => {
+                // Fenced out by a newer owner: the session is no longer ours, so not even a
+                // turn/end is appended (the new owner's open closed this turn).
+                return self.fence(ctx, failure, Then::Finish);
+            }
+            Fault::Raised(Raised { kind: RaisedKind::Cancelled, .. }) if !ctx.aborted() => {
+                // Cancelled from outside (event-loop shutdown): the turn ends disposed.
+                let cause = serde_json::json!({"kind": "disposed"});
+                ctx.shared.state().abort = Some(cause.clone());
+                self.propagate = true;
+                self.wait = Wait::Then(Then::EndAborted);
+                return Effect::Abort(cause);
+            }
+            Fault::Raised(Raised { kind, failure }) => {
+                // Not an ordinary exception: the turn ends, then it propagates.
+                self.propagate |= kind == RaisedKind::Fatal;
+                (failure, true)
+            }
+            Fault::Failure { failure, exception } => (failure, exception),
+            Fault::Aborted => (Value::Null, false),
+            Fault::Core(_) => unreachable!("described before it unwinds"),
+        };
+        if let Some(cause) = ctx.shared.state().abort.clone() {
+            self.ending = Some(Ending::Aborted(cause));
+            return self.end_turn(ctx);
+        }
+        self.ending = Some(Ending::Error(failure.clone()));
+        self.wait = Wait::Then(Then::TurnEnd);
+        Effect::Report { turn: self.turn, step: ctx.shared.state().step, failure, exception }
+    }
+
+    fn fence(&mut self, ctx: &Ctx<'_>, failure: Value, then: Then) -> Effect {
+        self.stop_driver = true;
+        {
+            let mut state = ctx.shared.state();
+            if state.abort.is_none() {
+                state.abort = Some(serde_json::json!({"kind": "fenced"}));
+            }
+        }
+        let message = failure.get("message").cloned().unwrap_or(Value::Null);
+        let mut fenced = Map::new();
+        fenced.insert("message".into(), message);
+        fenced.insert("code".into(), Value::String(FailureCode::Fenced.as_str().into()));
+        self.wait = Wait::Then(then);
+        Effect::Fence { turn: self.turn, failure: Value::Object(fenced) }
+    }
+
+    /// The turn's `finally`: `turn/end`.
+    fn end_turn(&mut self, ctx: &Ctx<'_>) -> Effect {
+        let ending = self.ending.clone().unwrap_or(Ending::Completed);
+        if let Err(e) = ctx.append(events::turn_end(self.turn, &ending)) {
+            self.wait = Wait::Describe(Unwind::TurnEnd);
+            return Effect::Describe(CoreError::Log(e));
+        }
+        self.conclude(ctx)
+    }
+
+    fn turn_end_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
+        match fault {
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure, Then::Finish),
+            Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
+                self.stop_driver = true;
+                self.wait = Wait::Then(Then::Conclude);
+                Effect::Report { turn: self.turn, step: ctx.shared.state().step, failure, exception: true }
+            }
+            Fault::Aborted | Fault::Core(_) => self.conclude(ctx),
+        }
+    }
+
+    fn begin_failed(&mut self, fault: Fault) -> Effect {
+        let turn = self.turn;
+        match fault {
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => {
+                self.stop_driver = true;
+                let message = failure.get("message").cloned().unwrap_or(Value::Null);
+                let mut fenced = Map::new();
+                fenced.insert("message".into(), message);
+                fenced.insert("code".into(), Value::String(FailureCode::Fenced.as_str().into()));
+                self.wait = Wait::Then(Then::NoTurn);
+                Effect::Fence { turn, failure: Value::Object(fenced) }
+            }
+            Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
+                self.wait = Wait::Then(Then::NoTurn);
+                Effect::Report { turn, step: 0, failure, exception: true }
+            }
+            Fault::Aborted | Fault::Core(_) => {
+                self.wait = Wait::Done;
+                Effect::NoTurn
+            }
+        }
+    }
+
+    fn then(&mut self, ctx: &Ctx<'_>, then: Then) -> Effect {
+        match then {
+            Then::TurnEnd => self.end_turn(ctx),
+            Then::Conclude => self.conclude(ctx),
+            Then::Begin => match {
+                let mut state = ctx.shared.state();
+                state.step = 0;
+                state.abort = None;
+                state.wake_latched = false;
+                drop(state);
+                self.begin_turn(ctx)
+            } {
+                None => self.turn_top(ctx),
+                Some(Effect::NoTurn) => {
+                    self.wait = Wait::Done;
+                    Effect::Finished
+                }
+                Some(effect) => effect,
+            },
+            Then::Finish => {
+                self.wait = Wait::Done;
+                Effect::Finished
+            }
+            Then::EndAborted => {
+                let cause = ctx.shared.state().abort.clone().unwrap_or(Value::Null);
+                self.ending = Some(Ending::Aborted(cause));
+                self.end_turn(ctx)
+            }
+            Then::NoTurn => {
+                self.wait = Wait::Done;
+                Effect::NoTurn
+            }
+        }
+    }
+
+    /// After `turn/end`: the next queued turn starts unless this one stopped the run.
+    fn conclude(&mut self, ctx: &Ctx<'_>) -> Effect {
+        if !self.stop_driver && ctx.inbox.has_pending() {
+            self.wait = Wait::Then(Then::Begin);
+            return Effect::NewTurn;
+        }
+        self.wait = Wait::Done;
+        Effect::Finished
+    }
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy)]
+enum StepEnd {
+    /// The turn may complete.
+    Completed,
+    /// The model stopped at its token limit.
+    MaxTokens,
+    /// Tool results are owed another request.
+    Again,
+}

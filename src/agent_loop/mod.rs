@@ -1,0 +1,148 @@
+//! The agent loop: a sans-IO turn machine over one session log (SPEC 4, reference 5.5–5.8).
+//!
+//! The turn algorithm in one screen (`docs/loop.md` has the picture and the state diagram):
+//!
+//! ```text
+//! begin:   turn/start; claim next-step and the head of next-turn
+//! step:    pre_step(batch) ── Reject ─► turn/end {blocked}
+//!                          ── Enter([]) on the first step ─► turn/end {completed}
+//!          step/start; user/message × batch
+//!          before_request(request); request/header when the options changed
+//!          (checkpoint: flush) model(request) ── failure ─► request_error ── Retry ─► request again
+//!          assistant/chunk × n; assistant/message
+//!          tool plan: tool/call, tool/result × calls (results in model order)
+//!          step/end
+//!          tool results owed, or next-step input pending? ─► claim next-step, next step
+//!          turn_stopping (a hook may steer: another step)
+//! end:     turn/end {completed | max-tokens}; next-turn input pending? ─► the next turn
+//! faults:  the open step gets step/end, the turn turn/end {error | aborted}; a lost lease
+//!          ends the run with nothing more appended (the new owner closed the turn)
+//! ```
+//!
+//! [`Machine`] decides and writes; the host (the Python binding) awaits what an [`Effect`]
+//! asks for and answers with an [`Input`]. [`Shared`] is the state that outlives a run and
+//! that the host reads between them: the turn counter, the last entered step, the request
+//! count and last options, the abort cause and the wake latch.
+
+mod assemble;
+mod closers;
+mod ending;
+pub mod events;
+mod history;
+mod machine;
+mod recovery;
+mod tools;
+
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::Value;
+
+pub use assemble::Assembler;
+pub use closers::close_open_turn;
+pub use ending::{Ending, FailureCode};
+pub use history::History;
+pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, Requested};
+pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, ConsumedWork, RequeueError};
+pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
+
+use crate::event_log::{LogError, SessionLog};
+use crate::inbox::InboxError;
+use crate::message::MessageError;
+
+/// A core operation the loop made failed.
+#[derive(Debug)]
+pub enum CoreError {
+    Log(LogError),
+    Inbox(InboxError),
+    Message(MessageError),
+}
+
+impl PartialEq for CoreError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl std::fmt::Display for CoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CoreError::Log(e) => e.fmt(f),
+            CoreError::Inbox(e) => e.fmt(f),
+            CoreError::Message(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<LogError> for CoreError {
+    fn from(e: LogError) -> Self {
+        CoreError::Log(e)
+    }
+}
+
+/// The loop's state between and across runs.
+#[derive(Debug, Default)]
+pub struct LoopState {
+    /// The last turn started (0 before the first).
+    pub turn: u64,
+    /// The last step entered in the running turn (0 before its first).
+    pub step: u64,
+    /// Requests made by this loop (the first always logs `request/header`).
+    pub requests: u64,
+    /// The canonical text of the last logged request options.
+    pub last_options: Option<String>,
+    /// The running turn's abort cause; the first cause wins.
+    pub abort: Option<Value>,
+    /// A waking input arrived while the turn was being cancelled: run again once it ends.
+    pub wake_latched: bool,
+}
+
+impl LoopState {
+    /// Aborts the running turn with `cause`; false when it had aborted already.
+    pub fn abort(&mut self, cause: Value) -> bool {
+        if self.abort.is_some() {
+            return false;
+        }
+        self.abort = Some(cause);
+        true
+    }
+
+    /// A waking input while a turn runs: latched when the turn is being cancelled (not
+    /// disposed) and the input was redirected to next-turn because of that.
+    pub fn latch_wake(&mut self, after_abort: bool) {
+        let cancelling = self.abort.as_ref().is_some_and(|c| c.get("kind").and_then(Value::as_str) != Some("disposed"));
+        if cancelling && after_abort {
+            self.wake_latched = true;
+        }
+    }
+
+    /// A run is starting: a fresh signal, no step, no latch.
+    pub fn reset_run(&mut self) {
+        self.step = 0;
+        self.abort = None;
+        self.wake_latched = false;
+    }
+}
+
+/// What the loop shares between its machine, its tool runs and its host.
+#[derive(Default)]
+pub struct Shared {
+    state: Mutex<LoopState>,
+    pub history: History,
+}
+
+impl Shared {
+    /// The state of a loop over `log`: the turn counter restored from its `turn/start`s.
+    pub fn resume(log: &SessionLog) -> Shared {
+        let turn = log.with_events(|all| {
+            all.iter().filter(|e| e.kind() == events::TURN_START).filter_map(|e| events::turn_of(&e.data())).next_back().unwrap_or(0)
+        });
+        let shared = Shared::default();
+        shared.state().turn = turn;
+        shared
+    }
+
+    /// Locked only for field access, never across a call out.
+    pub fn state(&self) -> MutexGuard<'_, LoopState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

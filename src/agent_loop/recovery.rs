@@ -1,0 +1,170 @@
+//! Folds over a finished session that the loop's recovery needs: which turn accounts for the
+//! input it consumed (`consumed_work`, reference 4.4), and what a finished turn claimed but never
+//! entered (`requeue_claimed`, SPEC D9).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::events::{self, end_kind, turn_of};
+use crate::event_log::{Event, SPLICED};
+use crate::inbox::{Inbox, InboxError, Target};
+use crate::message::{Message, MessageKind};
+
+/// What `consumed_work` found: the last `turn/end` that accounts for consumed input, and whether
+/// input was dropped without running since.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConsumedWork {
+    pub end: Option<Event>,
+    pub dropped_unrun: bool,
+}
+
+/// Reference 4.4 (`foldConsumedWork`), one pass over a log or an owned suffix of it.
+pub fn consumed_work<'a>(events: impl IntoIterator<Item = &'a Event>) -> ConsumedWork {
+    let mut out = ConsumedWork::default();
+    let mut open: Option<u64> = None;
+    let mut stepped: Vec<u64> = Vec::new();
+    let mut claimed: Vec<u64> = Vec::new();
+    for event in events {
+        match event.kind() {
+            events::TURN_START => open = turn_of(&event.data()),
+            events::STEP_START => stepped.extend(turn_of(&event.data())),
+            SPLICED => {
+                let data = event.data();
+                if data.get("removedCount").is_none() {
+                    continue;
+                }
+                if data.get("outcome").and_then(Value::as_str) == Some("canceled") {
+                    let replaced = data.get("inserted").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+                    out.dropped_unrun |= !replaced;
+                } else if let Some(turn) = open {
+                    claimed.push(turn);
+                }
+            }
+            events::TURN_END => {
+                let data = event.data();
+                let Some(turn) = turn_of(&data) else { continue };
+                let completed = end_kind(&data) == Some("completed");
+                if stepped.contains(&turn) || (claimed.contains(&turn) && !completed) {
+                    out.end = Some(event.clone());
+                    out.dropped_unrun = false;
+                }
+                if open == Some(turn) {
+                    open = None;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Why a turn's claimed input cannot be requeued.
+#[derive(Debug)]
+pub enum RequeueError {
+    NotInLog(u64),
+    StillOpen(u64),
+    NothingLeft(u64),
+    Inbox(InboxError),
+}
+
+impl std::fmt::Display for RequeueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequeueError::NotInLog(turn) => write!(f, "turn {turn} is not in this log"),
+            RequeueError::StillOpen(turn) => write!(f, "turn {turn} is still open"),
+            RequeueError::NothingLeft(turn) => write!(f, "turn {turn} has nothing left to requeue"),
+            RequeueError::Inbox(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The messages finished turn `turn` claimed that never appeared after the claim (neither as a
+/// `user/message` nor in a later insertion), each with the list it was claimed from, in claim
+/// order.
+pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Value)>, RequeueError> {
+    #[derive(PartialEq)]
+    enum State {
+        Unknown,
+        Open,
+        Ended,
+    }
+    let mut lists: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
+    let slot = |target: Target| if target == Target::NextTurn { 0 } else { 1 };
+    let mut claimed: Vec<(Target, Value, u64)> = Vec::new();
+    // Claims are pure deletions: the lists are rebuilt to know what each one removed.
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut state = State::Unknown;
+    for event in events {
+        let data = event.data();
+        match event.kind() {
+            events::TURN_START if turn_of(&data) == Some(turn) => state = State::Open,
+            events::TURN_END if turn_of(&data) == Some(turn) && state == State::Open => state = State::Ended,
+            SPLICED => {
+                let target = match data.get("target").and_then(Value::as_str) {
+                    Some("next-step") => Target::NextStep,
+                    _ => Target::NextTurn,
+                };
+                let items = &mut lists[slot(target)];
+                let start = (data.get("start").and_then(Value::as_u64).unwrap_or(0) as usize).min(items.len());
+                let removed = data.get("removedCount").and_then(Value::as_u64).unwrap_or(0) as usize;
+                let end = (start + removed).min(items.len());
+                let inserted = data.get("inserted").and_then(Value::as_array).cloned().unwrap_or_default();
+                let gone: Vec<Value> = items.splice(start..end, inserted.iter().cloned()).collect();
+                if state == State::Open && removed > 0 && data.get("outcome").and_then(Value::as_str) != Some("canceled") {
+                    claimed.extend(gone.into_iter().map(|m| (target, m, event.seq)));
+                }
+                for m in &inserted {
+                    if let Some(id) = m.get("id").and_then(Value::as_str) {
+                        seen.insert(id.to_owned(), event.seq);
+                    }
+                }
+            }
+            events::USER_MESSAGE => {
+                if let Some(id) = data.get("id").and_then(Value::as_str) {
+                    seen.insert(id.to_owned(), event.seq);
+                }
+            }
+            _ => {}
+        }
+    }
+    match state {
+        State::Unknown => return Err(RequeueError::NotInLog(turn)),
+        State::Open => return Err(RequeueError::StillOpen(turn)),
+        State::Ended => {}
+    }
+    let missing: Vec<(Target, Value)> = claimed
+        .into_iter()
+        .filter(|(_, m, seq)| {
+            let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
+            seen.get(id).is_none_or(|at| at <= seq)
+        })
+        .map(|(t, m, _)| (t, m))
+        .collect();
+    if missing.is_empty() {
+        return Err(RequeueError::NothingLeft(turn));
+    }
+    Ok(missing)
+}
+
+/// SPEC D9: re-inserts what finished turn `turn` claimed but never entered, at the head of the
+/// list each came from, in claim order (one splice per list, next-step first). Returns them in
+/// that order.
+pub fn requeue_claimed(inbox: &Inbox, turn: u64) -> Result<Vec<Arc<Message>>, RequeueError> {
+    let missing = inbox.log().with_events(|events| claimed_unentered(events, turn))?;
+    let mut out = Vec::new();
+    for target in [Target::NextStep, Target::NextTurn] {
+        let messages: Vec<Arc<Message>> = missing
+            .iter()
+            .filter(|(t, _)| *t == target)
+            .filter_map(|(_, m)| Message::from_value(m).ok())
+            .filter(|m| m.kind() == MessageKind::User)
+            .map(Arc::new)
+            .collect();
+        if !messages.is_empty() {
+            inbox.splice(target, 0, 0, messages.clone()).map_err(RequeueError::Inbox)?;
+            out.extend(messages);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,340 @@
+//! The tool plan of one step (reference 5.8, SPEC 4.4): which call starts next, which results
+//! are committed, and which are synthesised.
+//!
+//! Calls start in the model's order in a rolling pool of at most `max_parallel` running at
+//! once; a call of a `parallel=False` tool is a barrier: it waits for the running calls and runs
+//! alone. Each call logs `tool/call` as it starts; results are committed (`tool/result`)
+//! strictly in model order, so a fast call waits for slower earlier ones. An unknown tool's call
+//! gets its error result without running. After an abort nothing new starts; what never started
+//! gets a `tool/call` and an `ABORTED_BEFORE_DISPATCH` result.
+//!
+//! The plan does no I/O besides appending to the log: whoever runs the bodies (the binding's
+//! driver for a lone call, its executor for several) asks [`ToolPlan::next`] what to do and
+//! hands each body's outcome to [`ToolPlan::finish`].
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::ending::FailureCode;
+use super::events::{self, append};
+use super::history::History;
+use super::CoreError;
+use crate::event_log::{LogError, SessionLog};
+use crate::inbox::{Inbox, Target};
+use crate::message::Message;
+
+/// One requested call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+    /// A tool of that name is registered.
+    pub known: bool,
+    /// That tool runs alone (`parallel=False`).
+    pub exclusive: bool,
+}
+
+/// A result's content: a tool's plain `str`, or content blocks.
+#[derive(Debug, Clone)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Value>),
+}
+
+/// What a call's body gave, as the result to commit.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub content: Content,
+    pub is_error: bool,
+    /// The result's `error` (`name`, `code`, and for an exception `function`/`traceback`).
+    pub error: Option<Value>,
+    pub concludes: bool,
+    /// Messages queued in next-step right after the result is logged.
+    pub contexts: Vec<Arc<Message>>,
+    /// `meta` as JSON text.
+    pub meta: Option<String>,
+    /// The body raised (its error is reported as `agent/error` once committed).
+    pub raised: bool,
+}
+
+impl Outcome {
+    pub fn text(text: impl Into<String>) -> Outcome {
+        Outcome { content: Content::Text(text.into()), is_error: false, error: None, concludes: false, contexts: Vec::new(), meta: None, raised: false }
+    }
+
+    /// An error result: `text` for the model, `error {name, code}` for the log.
+    pub fn error(text: impl Into<String>, name: &str, code: FailureCode) -> Outcome {
+        Outcome { is_error: true, error: Some(code.tool_error(name)), ..Outcome::text(text) }
+    }
+
+    pub fn aborted_before() -> Outcome {
+        Outcome::error("Error: tool call aborted before dispatch", "AbortError", FailureCode::AbortedBeforeDispatch)
+    }
+
+    pub fn aborted_during() -> Outcome {
+        Outcome::error("Error: tool call aborted during dispatch", "CancelledError", FailureCode::AbortedDuringDispatch)
+    }
+
+    pub fn unknown_tool(name: &str) -> Outcome {
+        Outcome::error(format!("unknown tool {}", py_repr(name)), "UnknownToolError", FailureCode::UnknownTool)
+    }
+
+    pub fn bad_arguments(detail: &str) -> Outcome {
+        Outcome::error(format!("invalid tool arguments: {detail}"), "ValueError", FailureCode::InvalidArguments)
+    }
+
+    /// A result the log refused (content blocks that are not a message's, say): an error result
+    /// in its place, so the call keeps a result.
+    pub fn invalid(tool: &str, error_name: &str, detail: &str) -> Outcome {
+        Outcome::error(format!("tool {} returned an invalid result: {detail}", py_repr(tool)), error_name, FailureCode::ToolError)
+    }
+
+    fn message(&self, call_id: &str) -> Result<Message, crate::message::MessageError> {
+        match &self.content {
+            Content::Text(text) if !self.is_error => Ok(Message::tool_result_text(call_id, text)),
+            Content::Text(text) => Message::tool_result(call_id, vec![serde_json::json!({"type": "text", "text": text})], true, None),
+            Content::Blocks(blocks) => Message::tool_result(call_id, blocks.clone(), self.is_error, None),
+        }
+    }
+}
+
+/// A str as Python's `repr` writes it (the wording of the errors the loop has always used).
+pub fn py_repr(text: &str) -> String {
+    let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push(quote);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// What the runner does next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Run call `index` (its `tool/call` is logged).
+    Start(usize),
+    /// Wait for a running call to finish.
+    Wait,
+    /// Every call has its result.
+    Done,
+}
+
+/// A committed result whose body raised: the runner reports it (`agent/error`).
+#[derive(Debug, Clone)]
+pub struct Raised {
+    pub index: usize,
+    /// The error the result carries, with `message`, `callId` and `tool` added.
+    pub failure: Value,
+}
+
+/// Where the plan writes: the log, the inbox (a result's contexts) and the loop's history.
+pub struct Sink<'a> {
+    pub log: &'a SessionLog,
+    pub inbox: &'a Inbox,
+    pub history: &'a History,
+}
+
+#[derive(Debug)]
+pub struct ToolPlan {
+    pub turn: u64,
+    pub step: u64,
+    calls: Vec<Call>,
+    max_parallel: usize,
+    started: usize,
+    running: usize,
+    exclusive_running: bool,
+    call_seqs: Vec<u64>,
+    outcomes: Vec<Option<Outcome>>,
+    committed: usize,
+    concludes: bool,
+    raised: Vec<Raised>,
+}
+
+impl ToolPlan {
+    pub fn new(turn: u64, step: u64, calls: Vec<Call>, max_parallel: usize) -> ToolPlan {
+        let n = calls.len();
+        ToolPlan {
+            turn,
+            step,
+            calls,
+            max_parallel: max_parallel.max(1),
+            started: 0,
+            running: 0,
+            exclusive_running: false,
+            call_seqs: vec![0; n],
+            outcomes: vec![None; n],
+            committed: 0,
+            concludes: false,
+            raised: Vec::new(),
+        }
+    }
+
+    pub fn calls(&self) -> &[Call] {
+        &self.calls
+    }
+
+    pub fn call(&self, index: usize) -> &Call {
+        &self.calls[index]
+    }
+
+    /// How many calls run now.
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Whether a committed result concludes the turn.
+    pub fn concludes(&self) -> bool {
+        self.concludes
+    }
+
+    /// The committed results whose bodies raised, since the last call (for reporting).
+    pub fn take_raised(&mut self) -> Vec<Raised> {
+        std::mem::take(&mut self.raised)
+    }
+
+    /// What to do next. `aborted`: the turn's signal has aborted, so nothing new starts.
+    pub fn next(&mut self, sink: &Sink<'_>, aborted: bool) -> Result<Next, CoreError> {
+        let n = self.calls.len();
+        while self.started < n && !aborted {
+            let index = self.started;
+            let call = &self.calls[index];
+            let exclusive = call.known && call.exclusive;
+            if self.running > 0 && (exclusive || self.exclusive_running || self.running >= self.max_parallel) {
+                return Ok(Next::Wait);
+            }
+            self.call_seqs[index] = self.log_call(sink, index)?;
+            self.started += 1;
+            if !self.calls[index].known {
+                self.outcomes[index] = Some(Outcome::unknown_tool(&self.calls[index].name));
+                self.commit_ready(sink)?;
+                continue;
+            }
+            self.running += 1;
+            self.exclusive_running = exclusive;
+            return Ok(Next::Start(index));
+        }
+        if self.running > 0 {
+            return Ok(Next::Wait);
+        }
+        // Aborted (or all started and finished): the rest never runs.
+        for index in self.started..n {
+            self.call_seqs[index] = self.log_call(sink, index)?;
+            self.outcomes[index] = Some(Outcome::aborted_before());
+        }
+        self.started = n;
+        self.commit_ready(sink)?;
+        Ok(Next::Done)
+    }
+
+    /// Call `index` finished with `outcome`: it is committed as soon as every earlier call is.
+    pub fn finish(&mut self, sink: &Sink<'_>, index: usize, outcome: Outcome) -> Result<(), CoreError> {
+        debug_assert!(self.outcomes[index].is_none(), "a call finishes once");
+        self.outcomes[index] = Some(outcome);
+        self.running = self.running.saturating_sub(1);
+        self.exclusive_running = self.exclusive_running && self.running > 0;
+        self.commit_ready(sink)
+    }
+
+    /// Call `index` failed in a way its step does not survive: it stops counting as running
+    /// (the runner cancels the others and fails the step).
+    pub fn abandon(&mut self, index: usize) {
+        let _ = index;
+        self.running = self.running.saturating_sub(1);
+        self.exclusive_running = self.exclusive_running && self.running > 0;
+    }
+
+    fn log_call(&self, sink: &Sink<'_>, index: usize) -> Result<u64, LogError> {
+        let call = &self.calls[index];
+        let seq = append(sink.log, events::tool_call(self.turn, self.step, &call.id, &call.name, &call.arguments))?;
+        sink.history.push(sink.log, seq, None);
+        Ok(seq)
+    }
+
+    fn commit_ready(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
+        while self.committed < self.calls.len() {
+            let Some(outcome) = self.outcomes[self.committed].take() else { break };
+            let index = self.committed;
+            self.committed += 1;
+            self.concludes = self.commit(sink, index, outcome)? || self.concludes;
+        }
+        Ok(())
+    }
+
+    /// Logs call `index`'s result and queues its contexts; whether it concludes the turn.
+    fn commit(&mut self, sink: &Sink<'_>, index: usize, outcome: Outcome) -> Result<bool, CoreError> {
+        let call = &self.calls[index];
+        let (outcome, message) = match outcome.message(&call.id) {
+            Ok(message) => (outcome, message),
+            Err(e) => {
+                let invalid = Outcome::invalid(&call.name, "InvalidMessageError", &e.to_string());
+                let message = invalid.message(&call.id).map_err(CoreError::Message)?;
+                (invalid, message)
+            }
+        };
+        let seq = append(
+            sink.log,
+            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), Some(self.call_seqs[index])),
+        )?;
+        sink.history.push(sink.log, seq, Some(Arc::new(message)));
+        if outcome.raised {
+            if let Some(error) = &outcome.error {
+                self.raised.push(Raised { index, failure: tool_failure(call, error, &outcome.content) });
+            }
+        }
+        for context in outcome.contexts {
+            sink.inbox.append(Target::NextStep, context).map_err(CoreError::Inbox)?;
+        }
+        Ok(outcome.concludes)
+    }
+}
+
+/// The `agent/error` failure of a tool that raised: its result text as the message, the
+/// result's error, the call's id and tool.
+fn tool_failure(call: &Call, error: &Value, content: &Content) -> Value {
+    let mut failure = serde_json::Map::new();
+    let message = match content {
+        Content::Text(text) => Value::String(text.clone()),
+        Content::Blocks(_) => error.get("name").cloned().unwrap_or(Value::Null),
+    };
+    failure.insert("message".into(), message);
+    if let Value::Object(error) = error {
+        for (key, value) in error {
+            failure.insert(key.clone(), value.clone());
+        }
+    }
+    failure.insert("callId".into(), Value::String(call.id.clone()));
+    failure.insert("tool".into(), Value::String(call.name.clone()));
+    Value::Object(failure)
+}
+
+/// The calls an assistant message requests, in order: `(id, name, arguments)`.
+pub fn requested(message: &Message) -> Vec<(String, String, String)> {
+    let text = |block: &Value, key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+    message
+        .content()
+        .iter()
+        .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"))
+        .map(|block| (text(block, "id"), text(block, "name"), text(block, "arguments")))
+        .collect()
+}
+
+/// The first id two of `calls` share.
+pub fn repeated_id(calls: &[(String, String, String)]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    calls.iter().map(|(id, _, _)| id.as_str()).find(|id| !seen.insert(*id))
+}
