@@ -83,18 +83,19 @@ def report(loop: "AgentLoop", turn: int, step: int, error: Dict[str, Any], exc: 
     loop._emit_live(live)
 
 
-def turn_failed(loop: "AgentLoop", turn: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
-    """A turn ends with ``failure`` (the dict its ``turn/end`` carries)."""
+def turn_failed(loop: "AgentLoop", turn: int, step: int, failure: Dict[str, Any],
+                exc: Optional[BaseException]) -> None:
+    """A turn ends with ``failure`` (the dict its ``turn/end`` carries); ``step`` is the last
+    step it entered."""
     where = f" (raised in {failure['function']})" if failure.get("function") else ""
     text = f"turn {turn} failed: {failure.get('message')} [{failure.get('code')}]{where}"
-    report(loop, turn, loop._step, failure, exc, text)
+    report(loop, turn, step, failure, exc, text)
 
 
-def tool_failed(loop: "AgentLoop", turn: int, step: int, call: Dict[str, Any], error: Dict[str, Any],
-                content: Any, exc: BaseException) -> None:
-    """A tool raised: its error result goes to the model and the turn goes on."""
-    failure = {"message": content if isinstance(content, str) else type(exc).__name__, **error,
-               "callId": call.get("id"), "tool": call.get("name")}
-    text = (f"tool {call.get('name')!r} (call {call.get('id')!r}, turn {turn} step {step}) raised "
-            f"{type(exc).__name__}: {exc}; the model gets it as the call's error result")
+def tool_failed(loop: "AgentLoop", turn: int, step: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
+    """A tool raised: its error result goes to the model and the turn goes on. ``failure`` is
+    the result's error with the result text as ``message``, the ``callId`` and the ``tool``."""
+    kind = type(exc).__name__ if exc is not None else failure.get("name")
+    text = (f"tool {failure.get('tool')!r} (call {failure.get('callId')!r}, turn {turn} step {step}) raised "
+            f"{kind}: {exc}; the model gets it as the call's error result")
     report(loop, turn, step, failure, exc, text)

@@ -1,9 +1,12 @@
 """``AgentLoop``: claims queued input before every step, awaits one pre-step decision, calls
 the model, runs tools, and records everything in the session log.
 
-The turn loop and the step run in ``kerman._core.Driver`` (a native coroutine object, the loop's
-Task), with synchronous helpers in ``_turn.py`` and tool scheduling in ``_tools.py``; this module
-holds the public surface: registration, delivery, waking, cancellation and idling.
+The loop's rules live in the Rust core's turn machine (``src/agent_loop/``); its state is the
+native ``LoopCore`` this object holds, and ``kerman._core.Driver`` (a native coroutine object, the
+loop's Task) runs the machine. This module is the public surface: registration, delivery,
+waking, cancellation and idling, plus the Python side of what the loop does (reporting, the
+``turn_stopping`` dispatch, the executor of a plan of several tool calls), handed to the core as
+plain functions.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
-from . import _dispatch, _turn
-from ._core import NEXT_STEP, NEXT_TURN, Driver, Inbox, MemoryStore, SessionLog, UserMessage, LoopHistory
+from . import _dispatch, _executor, _report
+from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, UserMessage
 from .errors import LeaseLostError, LoopError
 from .types import LiveEvent, Signal, Tool
 
@@ -57,6 +60,17 @@ async def _finished(task: "asyncio.Task[Any]") -> None:
         await done
     finally:
         task.remove_done_callback(wake)
+
+
+def _driver_finished(loop: "AgentLoop") -> None:
+    """The core's ``finished`` hook: the driver is done, the loop goes idle."""
+    loop._task = None
+    loop._finish_driver()
+
+
+def _abort_signal(signal: Signal, cause: Dict[str, Any]) -> None:
+    """The core's ``abort`` hook: the turn's signal aborts (an outside cancellation, a fence)."""
+    signal._abort(cause)
 
 
 def _current_loop() -> Optional[asyncio.AbstractEventLoop]:
@@ -119,26 +133,17 @@ class AgentLoop:
             # PostgresStore.enqueue from another process: a waking message starts a turn.
             _on_remote=remote_input,
         )
-        self._turn = 0
-        for event in self._log.events(types="turn/start"):
-            self._turn = int(event.data["turn"])
+        # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
+        # its rules are native; registration mutates the lists and dict handed over here.
+        self._core = LoopCore(self._log, self._inbox, model, self._tools, self._pre_step, self._before_request,
+                              self._request_error, self._turn_stopping, self._options, max_parallel_tool_calls,
+                              describe=_report.describe, report_turn=_report.turn_failed,
+                              report_tool=_report.tool_failed, finished=_driver_finished, abort=_abort_signal,
+                              serial=_dispatch.serial, run_tools=_executor.run)
         self._status = "idle"
-        self._signal: Signal = Signal()
-        self._step = 0
-        self._wake_requested = False
         self._task: Optional["asyncio.Task[None]"] = None
         self._event_loop: Optional[asyncio.AbstractEventLoop] = _current_loop()
         self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
-        # Cancellation plumbing: whether the driver is inside an await of user code, and
-        # whether cancel() threw CancelledError into it.
-        self._in_user = False
-        self._thrown = False
-        self._requests = 0
-        self._last_options: Optional[str] = None
-        # The derived history (surface messages), kept current as the loop appends.
-        self._history = LoopHistory()
-        # Set when another owner took the session over (PostgresStore): the loop stops.
-        self._fenced: Optional[LeaseLostError] = None
         self._last_error: Optional[LiveEvent] = None
 
     # ---- properties -------------------------------------------------------------------------
@@ -159,7 +164,27 @@ class AgentLoop:
     @property
     def turn(self) -> int:
         """The number of the last turn started (0 before the first)."""
-        return self._turn
+        return self._core.turn
+
+    @property
+    def _signal(self) -> Signal:
+        """The running (or last) turn's signal; a fresh one before the first turn."""
+        signal = self._core.signal
+        return signal if signal is not None else Signal()
+
+    @property
+    def _fenced(self) -> Optional[BaseException]:
+        """The ``LeaseLostError`` of another owner taking the session over (PostgresStore): the
+        loop stops."""
+        return self._core.fenced
+
+    @property
+    def _in_user(self) -> bool:
+        return self._core.in_user
+
+    @property
+    def _thrown(self) -> bool:
+        return self._core.thrown
 
     @property
     def tools(self) -> Dict[str, Tool]:
@@ -173,7 +198,7 @@ class AgentLoop:
         return self._last_error
 
     def __repr__(self) -> str:
-        return f"<AgentLoop turn={self._turn} status={self._status} pending={len(self._inbox)}>"
+        return f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)}>"
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -301,7 +326,7 @@ class AgentLoop:
             elif self._event_loop.is_closed():
                 # Refused before inserting: a caller told of a failure must not find it queued.
                 raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
-        after_abort = wakeup and self._status == "running" and self._signal._reason is not None
+        after_abort = wakeup and self._status == "running" and self._core.aborted
         stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         if wakeup:
             if on_thread:
@@ -334,9 +359,10 @@ class AgentLoop:
         return was_idle and self._status == "running"
 
     def _check_fenced(self) -> None:
-        if self._fenced is not None:
+        fenced = self._core.fenced
+        if fenced is not None:
             raise LeaseLostError(f"this AgentLoop was fenced out of session {self._log.id!r} by a newer "
-                                 f"owner; reopen the session to continue ({self._fenced})")
+                                 f"owner; reopen the session to continue ({fenced})")
 
     def _remote_input(self, wake: bool) -> None:
         """Input another process enqueued was inserted (on the store's thread): wake as
@@ -363,21 +389,17 @@ class AgentLoop:
     def _wake(self, after_abort: bool) -> None:
         """Reference 5.3: start a driver when idle; latch a wake the running one cannot deliver."""
         if self._status != "idle":
-            # The signal's slot, not its `reason` property (a copy): this runs per delivery.
-            reason = self._signal._reason
-            if reason is not None and reason.get("kind") != "disposed" and after_abort:
-                self._wake_requested = True
+            self._core.latch_wake(after_abort)
             return
         self._start_driver()
 
     def _start_driver(self) -> None:
-        self._signal = Signal()
-        self._step = 0
-        self._wake_requested = False
+        # The turn's signal exists before "running" is announced: a listener of that may cancel.
+        self._core.prepare(Signal())
         self._set_status("running")
-        # Driver.begin appends turn/start and makes the first claim; None: no turn recorded.
+        # begin appends turn/start and makes the first claim; None: no turn recorded.
         try:
-            driver = Driver.begin(self)
+            driver = self._core.begin(self)
         except BaseException:
             self._set_status("idle")  # nothing started: no driver will set it back
             raise
@@ -386,14 +408,13 @@ class AgentLoop:
             return
         assert self._event_loop is not None
         # The driver (kerman._core.Driver) runs turns until one stops it, then calls
-        # _finish_driver; an outside cancellation ends the turn disposed and propagates.
+        # _driver_finished; an outside cancellation ends the turn disposed and propagates.
         self._task = self._event_loop.create_task(driver)
 
     def _finish_driver(self) -> None:
-        latched = self._wake_requested
-        self._wake_requested = False
+        latched = self._core.take_latch()
         self._set_status("idle")
-        if latched and self._fenced is None and self._inbox.has_pending and self._status == "idle":
+        if latched and self._core.fenced is None and self._inbox.has_pending and self._status == "idle":
             self._start_driver()
 
     # ---- cancellation and idling ------------------------------------------------------------
@@ -411,17 +432,18 @@ class AgentLoop:
     def _cancel(self, reason: Dict[str, Any], keep_inbox: bool) -> None:
         failed: Optional[BaseException] = None
         if not keep_inbox:
-            self._wake_requested = False
+            self._core.clear_latch()
             try:
                 self._inbox.clear()
             except Exception as exc:
                 # E.g. from a log observer, where appending is refused as reentrant: the turn
                 # is still aborted; the caller learns that pending input was not discarded.
                 failed = exc
-        if self._status == "running" and self._signal._abort(reason):
+        if self._status == "running" and self._core.abort(reason):
+            self._core.signal._abort(reason)
             task = self._task
-            if self._in_user and task is not None and not task.done() and not self._thrown:
-                self._thrown = True
+            # Throw into the listener, model or tool the driver awaits (once).
+            if task is not None and not task.done() and self._core.should_throw():
                 task.cancel()
         if failed is not None:
             raise failed
@@ -445,7 +467,7 @@ class AgentLoop:
             self.cancel("disposed", keep_inbox=not discard_pending)
         await self.when_idle()
         try:
-            if not self._log.closed and self._fenced is None:
+            if not self._log.closed and self._core.fenced is None:
                 await self._log.flush()
                 if self._owns_log:
                     await self._log.aclose()
@@ -465,4 +487,4 @@ class AgentLoop:
     def requeue_claimed(self, turn: int) -> List[UserMessage]:
         """Re-inserts what finished turn ``turn`` claimed but never entered (claimed input never
         comes back by itself; docs/loop.md, "Resume and requeue_claimed")."""
-        return _turn.requeue_claimed(self, turn)
+        return list(self._core.requeue_claimed(turn))

@@ -67,9 +67,10 @@ pub enum Decision {
 /// The request `before_request` left, as the host read it.
 #[derive(Debug)]
 pub enum Requested {
-    /// `options`: the options' JSON text; `canonical`: their canonical text (compared between
-    /// requests to decide whether a `request/header` is due).
-    Request { options: String, canonical: String },
+    /// `canonical`: the options' canonical text (compared between requests to decide whether a
+    /// `request/header` is due); `options`: their JSON text for the header, or why they have
+    /// none (read only when the header is due: see [`LoopState::header_due`](super::LoopState::header_due)).
+    Request { options: Result<String, LogError>, canonical: String },
     /// Not a request: its `repr`.
     NotARequest(String),
     /// Options that are not lossless JSON: why.
@@ -150,8 +151,9 @@ pub enum Effect {
     NextChunk,
     /// Close the stream (`aclose()`), whatever that gives; answer `Continue`.
     CloseStream,
-    /// Run `request_error` over this failure; answer `Retry`.
-    RequestError { failure: Value },
+    /// Run `request_error` over this failure (`exception`: the host's last exception is
+    /// behind it); answer `Retry`.
+    RequestError { failure: Value, exception: bool },
     /// Run the tool plan (`take_plan`); answer `ToolsDone`.
     RunTools,
     /// Run the `turn_stopping` hooks; answer `Continue`.
@@ -490,12 +492,10 @@ impl Machine {
                 return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
             }
         };
-        let header_due = {
-            let state = ctx.shared.state();
-            state.requests == 0 || state.last_options.as_deref() != Some(canonical.as_str())
-        };
+        let header_due = ctx.shared.state().header_due(&canonical);
         if header_due {
-            if let Err(e) = ctx.append(events::request_header(&options)) {
+            let appended = options.and_then(|options| ctx.append(events::request_header(&options)));
+            if let Err(e) = appended {
                 return self.fail(ctx, Fault::Core(CoreError::Log(e)));
             }
             ctx.shared.state().last_options = Some(canonical);
@@ -599,7 +599,7 @@ impl Machine {
 
     fn request_failed(&mut self, failure: Value, exception: bool) -> Effect {
         self.wait = Wait::RequestError(failure.clone(), exception);
-        Effect::RequestError { failure }
+        Effect::RequestError { failure, exception }
     }
 
     /// `assistant/message`; an empty message stays in the log but not in the history.
@@ -738,13 +738,16 @@ impl Machine {
             Fault::Aborted => (Value::Null, false),
             Fault::Core(_) => unreachable!("described before it unwinds"),
         };
-        if let Some(cause) = ctx.shared.state().abort.clone() {
+        // Copied out first: the state is never locked across an append (observers run Python).
+        let abort = ctx.shared.state().abort.clone();
+        if let Some(cause) = abort {
             self.ending = Some(Ending::Aborted(cause));
             return self.end_turn(ctx);
         }
         self.ending = Some(Ending::Error(failure.clone()));
         self.wait = Wait::Then(Then::TurnEnd);
-        Effect::Report { turn: self.turn, step: ctx.shared.state().step, failure, exception }
+        let step = ctx.shared.state().step;
+        Effect::Report { turn: self.turn, step, failure, exception }
     }
 
     fn fence(&mut self, ctx: &Ctx<'_>, failure: Value, then: Then) -> Effect {
@@ -779,7 +782,8 @@ impl Machine {
             Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
                 self.stop_driver = true;
                 self.wait = Wait::Then(Then::Conclude);
-                Effect::Report { turn: self.turn, step: ctx.shared.state().step, failure, exception: true }
+                let step = ctx.shared.state().step;
+                Effect::Report { turn: self.turn, step, failure, exception: true }
             }
             Fault::Aborted | Fault::Core(_) => self.conclude(ctx),
         }

@@ -115,6 +115,12 @@ impl LoopState {
         }
     }
 
+    /// Whether a request with these canonical options logs a `request/header`: the loop's
+    /// first request, or options that differ from the last logged ones.
+    pub fn header_due(&self, canonical: &str) -> bool {
+        self.requests == 0 || self.last_options.as_deref() != Some(canonical)
+    }
+
     /// A run is starting: a fresh signal, no step, no latch.
     pub fn reset_run(&mut self) {
         self.step = 0;
@@ -141,7 +147,10 @@ impl Shared {
         shared
     }
 
-    /// Locked only for field access, never across a call out.
+    /// Locked only for field access, never across a call out: an append runs log observers,
+    /// which may run Python, and a thread waiting for this lock while holding the GIL would
+    /// deadlock with it. Copy what you need out in its own statement (not in the scrutinee of
+    /// an `if let` or `match`, whose temporaries live to the end of the block).
     pub fn state(&self) -> MutexGuard<'_, LoopState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -160,6 +160,7 @@ pub struct ToolPlan {
     exclusive_running: bool,
     call_seqs: Vec<u64>,
     outcomes: Vec<Option<Outcome>>,
+    finished: Vec<bool>,
     committed: usize,
     concludes: bool,
     raised: Vec<Raised>,
@@ -178,6 +179,7 @@ impl ToolPlan {
             exclusive_running: false,
             call_seqs: vec![0; n],
             outcomes: vec![None; n],
+            finished: vec![false; n],
             committed: 0,
             concludes: false,
             raised: Vec::new(),
@@ -220,6 +222,7 @@ impl ToolPlan {
             self.call_seqs[index] = self.log_call(sink, index)?;
             self.started += 1;
             if !self.calls[index].known {
+                self.finished[index] = true;
                 self.outcomes[index] = Some(Outcome::unknown_tool(&self.calls[index].name));
                 self.commit_ready(sink)?;
                 continue;
@@ -234,6 +237,7 @@ impl ToolPlan {
         // Aborted (or all started and finished): the rest never runs.
         for index in self.started..n {
             self.call_seqs[index] = self.log_call(sink, index)?;
+            self.finished[index] = true;
             self.outcomes[index] = Some(Outcome::aborted_before());
         }
         self.started = n;
@@ -241,9 +245,18 @@ impl ToolPlan {
         Ok(Next::Done)
     }
 
+    /// Whether call `index` has its outcome (a call finishes once; later outcomes are
+    /// ignored, e.g. the cancellation of a task whose body had returned).
+    pub fn is_finished(&self, index: usize) -> bool {
+        self.finished.get(index).copied().unwrap_or(true)
+    }
+
     /// Call `index` finished with `outcome`: it is committed as soon as every earlier call is.
     pub fn finish(&mut self, sink: &Sink<'_>, index: usize, outcome: Outcome) -> Result<(), CoreError> {
-        debug_assert!(self.outcomes[index].is_none(), "a call finishes once");
+        if self.is_finished(index) {
+            return Ok(());
+        }
+        self.finished[index] = true;
         self.outcomes[index] = Some(outcome);
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
@@ -253,7 +266,9 @@ impl ToolPlan {
     /// Call `index` failed in a way its step does not survive: it stops counting as running
     /// (the runner cancels the others and fails the step).
     pub fn abandon(&mut self, index: usize) {
-        let _ = index;
+        if let Some(done) = self.finished.get_mut(index) {
+            *done = true;
+        }
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
     }

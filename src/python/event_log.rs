@@ -257,28 +257,6 @@ impl Drop for PySessionLog {
     }
 }
 
-impl PySessionLog {
-    /// For the AgentLoop: the messages of the surface events with `start <= seq < stop` (the
-    /// derived history), decoded from the stored JSON. Assistant messages with empty content
-    /// stay in the log but are left out.
-    pub(crate) fn surface_messages<'py>(&self, py: Python<'py>, start: u64, stop: Option<u64>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let mut out = Vec::new();
-        // Only the surface events are copied out of the log (usually none: the loop's own
-        // messages join its history directly, and this skips the events between them).
-        for event in &self.inner.range_where(start, stop, |e| crate::event_log::is_surface_type(e.kind())) {
-            let data: serde_json::Value = serde_json::from_str(event.data_json())
-                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-            let value = if event.kind() == "user/message" { &data } else { &data["message"] };
-            let message = crate::message::Message::from_value(value).map_err(|e| super::errors::message_err(py, e))?;
-            if message.kind() == crate::message::MessageKind::Assistant && message.content().is_empty() {
-                continue;
-            }
-            out.push(super::message::wrap(py, Arc::new(message))?);
-        }
-        Ok(out)
-    }
-}
-
 fn index(len: u64, i: i64) -> Option<u64> {
     let i = if i < 0 { i + len as i64 } else { i };
     (i >= 0 && (i as u64) < len).then_some(i as u64)

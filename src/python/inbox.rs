@@ -385,6 +385,23 @@ impl PyInbox {
     }
 }
 
+impl PyInbox {
+    /// The Python objects of a batch the loop claimed (the ones that were inserted, where
+    /// cached), as a new list; the cache forgets them.
+    pub(crate) fn claimed_objects<'py>(&self, py: Python<'py>, batch: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
+        self.wrappers.taken(py, batch)
+    }
+
+    /// The objects of messages just inserted by the core (a requeue), cached as theirs.
+    pub(crate) fn pending_objects<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for message in messages {
+            out.append(self.wrappers.pending(py, &self.inner, message)?)?;
+        }
+        Ok(out)
+    }
+}
+
 #[pymethods]
 impl PyInbox {
     #[new]

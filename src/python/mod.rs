@@ -2,16 +2,15 @@
 
 use pyo3::prelude::*;
 
+mod agent_loop;
 mod aio;
 mod convert;
 mod doorbell;
-mod driver;
 mod errors;
 mod event_log;
 mod exit;
 mod faults;
 mod gc;
-mod history;
 mod inbox;
 mod message;
 #[cfg(feature = "postgres")]
@@ -63,7 +62,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     inbox::register(m)?;
     projection::register(m)?;
     waterfall::register(m)?;
-    driver::register(m)?;
-    m.add_class::<history::PyHistory>()?;
+    agent_loop::register(m)?;
     Ok(())
 }

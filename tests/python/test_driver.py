@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from kerman import AgentLoop
+from kerman import AgentLoop, Signal
 from kerman._core import Driver
 from kerman.models import ScriptedModel
 
@@ -87,6 +87,16 @@ def test_a_reentrant_call_into_the_running_driver_is_refused() -> None:
     asyncio.run(main())
 
 
+def by_hand(loop: AgentLoop) -> Any:
+    """A driver for the loop's next turn, not run as a Task: the steps of ``_start_driver``
+    (``turn/start`` and the first claim are committed) without ``create_task``."""
+    loop._core.prepare(Signal())
+    loop._status = "running"
+    driver = loop._core.begin(loop)
+    assert driver is not None
+    return driver
+
+
 def test_driving_by_hand_delegates_to_the_awaited_object() -> None:
     """``send`` passes the awaited object's yields through and feeds values back into it."""
 
@@ -104,11 +114,7 @@ def test_driving_by_hand_delegates_to_the_awaited_object() -> None:
             got.append(await Suspend())
             return await next()
 
-        prefix = (loop._turn + 1, None, None)
-        loop._log._append_owned("turn/start", {"turn": prefix[0]})
-        loop._turn = prefix[0]
-        loop._status = "running"
-        driver = Driver(loop, *prefix)
+        driver = by_hand(loop)
         with pytest.raises(TypeError, match="just-started"):
             driver.send(1)
         assert driver.send(None) == "suspended"
@@ -134,10 +140,7 @@ def test_closing_a_suspended_driver_ends_the_turn() -> None:
             await Suspend()
             return await next()
 
-        loop._log._append_owned("turn/start", {"turn": 1})
-        loop._turn = 1
-        loop._status = "running"
-        driver = Driver(loop, 1, None, None)
+        driver = by_hand(loop)
         assert driver.send(None) == "suspended"
         driver.close()
         [end] = turn_ends(loop.log)
@@ -233,11 +236,8 @@ def test_driving_by_hand_passes_a_streaming_models_yields_through() -> None:
             yield {"type": "text-delta", "text": "b"}
 
         loop = AgentLoop(model)
-        loop._log._append_owned("turn/start", {"turn": 1})
-        loop._turn = 1
-        loop._status = "running"
         loop._inbox.append("next-turn", "go")
-        driver = Driver(loop, 1, loop._inbox.claim("next-turn", 1), None)
+        driver = by_hand(loop)
         assert driver.send(None) == "suspended"
         assert driver.send(1) == "suspended"
         with pytest.raises(StopIteration):

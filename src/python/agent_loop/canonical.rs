@@ -7,7 +7,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
-use super::helpers;
+use super::classes;
 
 /// Deeper values go to `json.dumps` (which also detects cycles).
 const MAX_DEPTH: usize = 32;
@@ -19,7 +19,7 @@ pub(super) fn canonical<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, P
     if write(value, &mut out, 0)? {
         return Ok(PyString::new(py, &out).into_any());
     }
-    let h = helpers(py)?;
+    let h = classes(py)?;
     h.json_dumps.bind(py).call((value,), Some(h.canonical.bind(py)))
 }
 

@@ -1,0 +1,573 @@
+//! `Driver`: a coroutine object (the AgentLoop's asyncio Task) that runs a turn machine,
+//! turning its effects into awaits.
+//!
+//! Wherever the machine asks for something to be awaited (a waterfall of listeners, the model,
+//! a chunk, a flush, a tool body) the driver holds that awaitable's iterator and delegates
+//! `send`/`throw` to it with `PyIter_Send`, exactly like `await` in a Python coroutine; the
+//! outcome goes back to the machine as its next input. The driver keeps the coroutine
+//! protocol, the absorption of the cancellations `cancel()` throws (`seams.rs`), context
+//! variables for tool bodies (`tools.rs`) and payload building; the loop's rules are the
+//! machine's.
+//!
+//! The run is taken out of the object for the duration of every call, so no borrow of the
+//! object is held while Python code runs; a re-entrant call sees "already executing".
+
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyBaseException, PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::types::{PyList, PyTuple, PyType};
+
+use super::super::errors::{inbox_err, log_err, message_err};
+use super::delegate::{close_delegate, send_into, throw_into, type_name, Sent};
+use super::read;
+use super::tools::Lone;
+use super::{classes, Parts, PyLoopCore};
+use crate::agent_loop::{CoreError, Ctx, Effect, Input, Machine, Raised, RaisedKind};
+
+/// The user-code seams the driver awaits (`seams.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Seam {
+    PreStep,
+    BeforeRequest,
+    Model,
+    Chunk,
+    RequestError,
+    Stopping,
+}
+
+/// What the driver is awaiting.
+pub(super) enum Pending {
+    /// User code at a seam.
+    User(Seam),
+    /// `asyncio.sleep(0)` absorbing a self-thrown cancellation; `result` is the seam's.
+    Absorb { seam: Seam, result: Py<PyAny> },
+    /// `log.flush()`, the checkpoint barrier before a model request.
+    Flush,
+    /// `aclose()` of a stream that failed or was aborted.
+    CloseStream,
+    /// The executor running a plan of several tool calls.
+    Tools,
+    /// The checkpoint barrier before a lone call's body.
+    ToolFlush,
+    /// A lone call's body, suspended (an `InContext`).
+    Tool,
+    /// `asyncio.sleep(0)` absorbing a cancellation thrown into that body.
+    ToolAbsorb,
+}
+
+/// How the driver goes on after an effect or an await.
+pub(super) enum Step<'py> {
+    /// Feed this to the machine.
+    Input(Input),
+    /// Await this.
+    Await(Bound<'py, PyAny>, Pending),
+    /// The run is over.
+    Finished,
+}
+
+/// A driver run: the machine and the Python objects of its current step.
+pub(super) struct Run {
+    pub agent: Py<PyAny>,
+    pub core: Py<PyLoopCore>,
+    pub parts: Arc<Parts>,
+    pub machine: Machine,
+    started: bool,
+    /// The awaited delegate, while suspended in it.
+    inner: Option<(Py<PyAny>, Pending)>,
+    /// The step's entered messages (the Python objects), its request and its stream.
+    pub entered: Option<Py<PyList>>,
+    pub request: Option<Py<PyAny>>,
+    pub stream: Option<Py<PyAny>>,
+    /// The lone tool call the driver runs itself.
+    pub lone: Option<Lone>,
+    /// The executor's run of a plan of several calls.
+    pub tool_run: Option<Py<super::tools::PyToolRun>>,
+    /// The exception behind the last failure the machine was told of (for its report).
+    pub last_exc: Option<PyErr>,
+    /// The exception the run ends with, if the machine says it propagates.
+    pub propagating: Option<PyErr>,
+}
+
+/// The host's exception for a core error.
+pub(super) fn core_err(py: Python<'_>, e: CoreError) -> PyErr {
+    match e {
+        CoreError::Log(e) => log_err(py, e),
+        CoreError::Inbox(e) => inbox_err(py, e),
+        CoreError::Message(e) => message_err(py, e),
+    }
+}
+
+impl Run {
+    pub fn core<'py>(&self, py: Python<'py>) -> &Bound<'py, PyLoopCore> {
+        self.core.bind(py)
+    }
+
+    /// Runs `f` with the machine's context (the log, the inbox, the shared state, the tools).
+    pub fn with_ctx<R>(&mut self, py: Python<'_>, f: impl FnOnce(&mut Machine, &Ctx<'_>) -> R) -> R {
+        let parts = Arc::clone(&self.parts);
+        let core = self.core.bind(py).get();
+        let tools = parts.tools.bind(py);
+        let lookup = |name: &str| -> Option<bool> {
+            let tool = tools.get_item(name).ok().flatten().filter(|t| !t.is_none())?;
+            let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
+            Some(!parallel)
+        };
+        let ctx = Ctx {
+            log: &parts.log.get().inner,
+            inbox: &parts.inbox.get().inner,
+            shared: &core.shared,
+            tools: &lookup,
+            max_parallel: parts.max_parallel,
+        };
+        f(&mut self.machine, &ctx)
+    }
+
+    /// How an exception reads to the machine; keeps it for the report (and for propagating).
+    pub fn raised(&mut self, py: Python<'_>, err: PyErr) -> Input {
+        let (raised, propagates) = match read::raised(&self.parts, py, &err) {
+            Ok(classified) => classified,
+            // Describing it failed: the failure says what it can.
+            Err(_) => (Raised::new(RaisedKind::Error, crate::agent_loop::FailureCode::Unknown.failure(err.to_string())), false),
+        };
+        if propagates {
+            self.propagating = Some(err.clone_ref(py));
+        }
+        if raised.kind != RaisedKind::Cancelled {
+            self.last_exc = Some(err);
+        }
+        Input::Raised(raised)
+    }
+
+    /// Runs effects until one must be awaited or the run is over.
+    fn advance<'py>(&mut self, py: Python<'py>, input: Input) -> Step<'py> {
+        let mut input = input;
+        loop {
+            let effect = self.with_ctx(py, |machine, ctx| machine.resume(ctx, input));
+            match self.perform(py, effect) {
+                Step::Input(next) => input = next,
+                step => return step,
+            }
+        }
+    }
+
+    /// Does what `effect` asks; an exception doing it is the effect's outcome.
+    fn perform<'py>(&mut self, py: Python<'py>, effect: Effect) -> Step<'py> {
+        match self.try_perform(py, effect) {
+            Ok(step) => step,
+            Err(e) => Step::Input(self.raised(py, e)),
+        }
+    }
+
+    fn try_perform<'py>(&mut self, py: Python<'py>, effect: Effect) -> PyResult<Step<'py>> {
+        let c = classes(py)?;
+        let parts = Arc::clone(&self.parts);
+        Ok(match effect {
+            Effect::PreStep { batch } => return self.pre_step(py, batch),
+            Effect::BeforeRequest => return self.before_request(py),
+            Effect::Flush => {
+                let flush = parts.log.bind(py).call_method0(intern!(py, "flush"))?;
+                Step::Await(super::delegate::await_iter(flush)?, Pending::Flush)
+            }
+            Effect::CallModel => return self.call_model(py),
+            Effect::NextChunk => return self.next_chunk(py),
+            Effect::CloseStream => {
+                let Some(stream) = self.stream.take() else { return Ok(Step::Input(Input::Continue)) };
+                match stream.bind(py).getattr_opt(intern!(py, "aclose")) {
+                    Ok(Some(aclose)) => match aclose.call0().and_then(super::delegate::await_iter) {
+                        Ok(iter) => Step::Await(iter, Pending::CloseStream),
+                        Err(_) => Step::Input(Input::Continue),
+                    },
+                    _ => Step::Input(Input::Continue),
+                }
+            }
+            Effect::RequestError { failure, exception } => return self.request_error(py, failure, exception),
+            Effect::RunTools => {
+                let plan = self.machine.take_plan().ok_or_else(|| PySystemError::new_err("the driver lost its tool plan"))?;
+                return self.run_plan(py, plan);
+            }
+            Effect::TurnStopping => return self.turn_stopping(py),
+            Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
+            Effect::Report { turn, step, failure, exception } => {
+                let exc = if exception { self.last_exc.take().map(|e| e.into_value(py).into_any()) } else { None };
+                let failure = super::super::convert::to_py(py, &failure)?;
+                parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
+                Step::Input(Input::Continue)
+            }
+            Effect::Abort(cause) => {
+                let cause = super::super::convert::to_py(py, &cause)?;
+                parts.abort.bind(py).call1((self.core(py).get().signal_obj(py), cause))?;
+                Step::Input(Input::Continue)
+            }
+            Effect::Fence { turn, failure } => {
+                let cause = super::super::convert::to_py(py, &serde_json::json!({"kind": "fenced"}))?;
+                parts.abort.bind(py).call1((self.core(py).get().signal_obj(py), cause))?;
+                let core_obj = self.core.clone_ref(py);
+                let core = core_obj.bind(py).get();
+                if !core.is_fenced() {
+                    let exc = self.last_exc.take().map(|e| e.into_value(py).into_any());
+                    core.set_fenced(exc.as_ref().map(|e| e.clone_ref(py)).unwrap_or_else(|| py.None()));
+                    let failure = super::super::convert::to_py(py, &failure)?;
+                    let step = core.shared.state().step;
+                    parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
+                }
+                Step::Input(Input::Continue)
+            }
+            Effect::NewTurn => {
+                let signal = c.signal.bind(py).call0()?;
+                self.core(py).get().set_signal(signal.unbind());
+                Step::Input(Input::Continue)
+            }
+            Effect::NoTurn | Effect::Finished => Step::Finished,
+        })
+    }
+
+    /// An await finished with `outcome`.
+    fn settled<'py>(&mut self, py: Python<'py>, pending: Pending, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        match pending {
+            Pending::User(seam) => self.user_finish(py, seam, outcome),
+            Pending::Absorb { seam, result } => self.absorb_finish(py, seam, outcome, result),
+            Pending::Flush => match outcome {
+                Ok(_) => Step::Input(Input::Continue),
+                Err(e) => Step::Input(self.raised(py, e)),
+            },
+            // Whatever closing the stream gave, the fault it was closed for goes on.
+            Pending::CloseStream => Step::Input(Input::Continue),
+            Pending::Tools => self.tools_done(py, outcome),
+            Pending::ToolFlush => self.lone_flushed(py, outcome),
+            Pending::Tool => self.lone_resumed(py, outcome),
+            Pending::ToolAbsorb => self.lone_absorbed(py, outcome),
+        }
+    }
+
+    /// Drives until the run suspends (`Ok(yielded)`) or finishes (`Err`: `StopIteration` on
+    /// return, else the exception); the bool says whether it finished.
+    fn drive<'py>(&mut self, py: Python<'py>, mut step: Step<'py>) -> (bool, PyResult<Py<PyAny>>) {
+        loop {
+            step = match step {
+                Step::Input(input) => self.advance(py, input),
+                Step::Await(iter, pending) => match send_into(&iter, &py.None().into_bound(py)) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.settled(py, pending, Ok(r)),
+                    Sent::Error(e) => self.settled(py, pending, Err(e)),
+                },
+                Step::Finished => return (true, self.finish(py)),
+            };
+        }
+    }
+
+    fn run<'py>(&mut self, py: Python<'py>, input: Resume<'py>) -> (bool, PyResult<Py<PyAny>>) {
+        let step = match (self.inner.take(), input) {
+            (Some((iter, pending)), Resume::Send(value)) => {
+                let iter = iter.into_bound(py);
+                match send_into(&iter, &value) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.settled(py, pending, Ok(r)),
+                    Sent::Error(e) => self.settled(py, pending, Err(e)),
+                }
+            }
+            (Some((iter, pending)), Resume::Throw(exc)) => {
+                let iter = iter.into_bound(py);
+                match throw_into(&iter, exc) {
+                    Sent::Next(y) => {
+                        self.inner = Some((iter.unbind(), pending));
+                        return (false, Ok(y.unbind()));
+                    }
+                    Sent::Return(r) => self.settled(py, pending, Ok(r)),
+                    Sent::Error(e) => self.settled(py, pending, Err(e)),
+                }
+            }
+            (None, Resume::Send(value)) => {
+                if self.started {
+                    return (true, Err(PySystemError::new_err("the driver lost its awaited object")));
+                }
+                if !value.is_none() {
+                    return (false, Err(PyTypeError::new_err("can't send non-None value to a just-started coroutine")));
+                }
+                self.started = true;
+                Step::Input(Input::Continue)
+            }
+            // Thrown before the first step (the Task was cancelled before it ran): the
+            // exception lands at the top of the turn, which still ends and reports.
+            (None, Resume::Throw(exc)) => {
+                self.started = true;
+                Step::Input(self.raised(py, exc))
+            }
+        };
+        self.drive(py, step)
+    }
+
+    /// The run's `finally`: the façade learns the driver is done; then an outside
+    /// cancellation or a fatal error propagates.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.lone = None;
+        self.tool_run = None;
+        let propagating = if self.machine.propagates() { self.propagating.take() } else { None };
+        self.parts.finished.bind(py).call1((self.agent.bind(py),))?;
+        match propagating {
+            Some(e) if e.is_instance_of::<PyStopIteration>(py) => {
+                let wrapped = PyRuntimeError::new_err("coroutine raised StopIteration");
+                wrapped.set_cause(py, Some(e));
+                Err(wrapped)
+            }
+            Some(e) => Err(e),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.agent)?;
+        visit.call(&self.core)?;
+        for obj in [&self.request, &self.stream].into_iter().flatten() {
+            visit.call(obj)?;
+        }
+        if let Some(entered) = &self.entered {
+            visit.call(entered)?;
+        }
+        if let Some(run) = &self.tool_run {
+            visit.call(run)?;
+        }
+        if let Some(lone) = &self.lone {
+            lone.visit(visit)?;
+        }
+        if let Some((iter, pending)) = &self.inner {
+            visit.call(iter)?;
+            if let Pending::Absorb { result, .. } = pending {
+                visit.call(result)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Resume<'py> {
+    Send(Bound<'py, PyAny>),
+    Throw(PyErr),
+}
+
+enum State {
+    Ready(Box<Run>),
+    /// Inside `send`/`throw`/`close`: the run is on the Rust stack.
+    Running,
+    Done,
+}
+
+/// The AgentLoop's turn driver: a coroutine object (``send``/``throw``/``close``/``__await__``)
+/// run as the loop's Task. ``LoopCore.begin(loop, signal)`` makes one for a turn whose
+/// ``turn/start`` and first claim it committed.
+#[pyclass(name = "Driver", module = "kerman", weakref)]
+pub struct PyDriver {
+    state: State,
+}
+
+impl PyDriver {
+    /// Starts a turn (synchronously: `turn/start`, the first claim); `None` when no turn was
+    /// recorded (the failure, if any, is reported).
+    pub(super) fn begin(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>) -> PyResult<Option<PyDriver>> {
+        let py = core.py();
+        let parts = core.get().parts()?;
+        let (machine, mut effect) = {
+            let tools = |_: &str| None;
+            let ctx = Ctx {
+                log: &parts.log.get().inner,
+                inbox: &parts.inbox.get().inner,
+                shared: &core.get().shared,
+                tools: &tools,
+                max_parallel: parts.max_parallel,
+            };
+            Machine::begin(&ctx)
+        };
+        let mut run = Box::new(Run {
+            agent: agent.clone().unbind(),
+            core: core.clone().unbind(),
+            parts,
+            machine,
+            started: false,
+            inner: None,
+            entered: None,
+            request: None,
+            stream: None,
+            lone: None,
+            tool_run: None,
+            last_exc: None,
+            propagating: None,
+        });
+        // A turn that could not start reports why, synchronously (no await is involved).
+        while let Some(e) = effect.take() {
+            match e {
+                Effect::NoTurn | Effect::Finished => return Ok(None),
+                e => match run.perform(py, e) {
+                    Step::Input(input) => effect = Some(run.with_ctx(py, |machine, ctx| machine.resume(ctx, input))),
+                    Step::Await(..) | Step::Finished => return Ok(None),
+                },
+            }
+        }
+        Ok(Some(PyDriver { state: State::Ready(run) }))
+    }
+
+    fn take(slf: &Bound<'_, Self>) -> PyResult<Result<Box<Run>, bool>> {
+        let mut this = slf.try_borrow_mut()?;
+        Ok(match std::mem::replace(&mut this.state, State::Running) {
+            State::Ready(run) => Ok(run),
+            State::Running => Err(true),
+            State::Done => {
+                this.state = State::Done;
+                Err(false)
+            }
+        })
+    }
+
+    fn put(slf: &Bound<'_, Self>, run: Box<Run>, done: bool) -> PyResult<()> {
+        let finished = {
+            let mut this = slf.try_borrow_mut()?;
+            if done {
+                this.state = State::Done;
+                Some(run)
+            } else {
+                this.state = State::Ready(run);
+                None
+            }
+        };
+        // Dropping the references may run finalizers: not while the object is borrowed.
+        drop(finished);
+        Ok(())
+    }
+
+    fn resume<'py>(slf: &Bound<'py, Self>, input: Resume<'py>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let mut run = match Self::take(slf)? {
+            Ok(run) => run,
+            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
+            Err(false) => {
+                return Err(match input {
+                    Resume::Send(_) => PyRuntimeError::new_err("cannot reuse already awaited coroutine"),
+                    Resume::Throw(exc) => exc,
+                })
+            }
+        };
+        let (done, out) = run.run(py, input);
+        Self::put(slf, run, done)?;
+        out
+    }
+}
+
+fn exception_arg(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<PyErr> {
+    let val = val.filter(|v| !v.is_none());
+    let exc = if typ.is_instance_of::<PyBaseException>() {
+        if val.is_some() {
+            return Err(PyTypeError::new_err("instance exception may not have a separate value"));
+        }
+        typ.clone()
+    } else if typ.cast::<PyType>().is_ok_and(|t| t.is_subclass_of::<PyBaseException>().unwrap_or(false)) {
+        match val {
+            None => typ.call0()?,
+            Some(v) if v.is_instance(typ)? => v.clone(),
+            Some(v) => match v.cast::<PyTuple>() {
+                Ok(args) => typ.call1(args)?,
+                Err(_) => typ.call1((v,))?,
+            },
+        }
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "exceptions must be classes or instances deriving from BaseException, not {}",
+            type_name(typ)
+        )));
+    };
+    let exc = match tb.filter(|t| !t.is_none()) {
+        Some(tb) => exc.call_method1(intern!(typ.py(), "with_traceback"), (tb,))?,
+        None => exc,
+    };
+    Ok(PyErr::from_value(exc))
+}
+
+#[pymethods]
+impl PyDriver {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        Self::resume(slf, Resume::Send(slf.py().None().into_bound(slf.py())))
+    }
+
+    /// Resumes the driver with ``value``; returns what it yields, raises ``StopIteration``
+    /// when it finishes.
+    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        Self::resume(slf, Resume::Send(value.clone()))
+    }
+
+    /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
+    #[pyo3(signature = (typ, val=None, tb=None))]
+    fn throw(slf: &Bound<'_, Self>, typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        let exc = exception_arg(typ, val, tb)?;
+        Self::resume(slf, Resume::Throw(exc))
+    }
+
+    /// Raises ``GeneratorExit`` where the driver is suspended (closing the awaited object
+    /// first); the turn ends and the loop goes idle.
+    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut run = match Self::take(slf)? {
+            Ok(run) => run,
+            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
+            Err(false) => return Ok(()),
+        };
+        let Some((iter, pending)) = run.inner.take() else {
+            // Never started: nothing ran, nothing to unwind.
+            return Self::put(slf, run, true);
+        };
+        let exc = close_delegate(&iter.into_bound(py));
+        let step = run.settled(py, pending, Err(exc));
+        let (done, out) = run.drive(py, step);
+        Self::put(slf, run, done)?;
+        match out {
+            Ok(_) => Err(PyRuntimeError::new_err("coroutine ignored GeneratorExit")),
+            Err(e) if e.is_instance_of::<PyGeneratorExit>(py) || e.is_instance_of::<PyStopIteration>(py) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// For asyncio's Task repr.
+    #[getter]
+    fn __name__(&self) -> &'static str {
+        "Driver"
+    }
+
+    #[getter]
+    fn __qualname__(&self) -> &'static str {
+        "Driver"
+    }
+
+    fn __repr__(&self) -> &'static str {
+        match self.state {
+            State::Ready(_) => "<kerman.Driver suspended>",
+            State::Running => "<kerman.Driver running>",
+            State::Done => "<kerman.Driver done>",
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.state {
+            State::Ready(run) => run.visit(&visit),
+            _ => Ok(()),
+        }
+    }
+
+    fn __clear__(&mut self) {
+        if let State::Ready(_) = self.state {
+            self.state = State::Done;
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The binding of `crate::agent_loop`: the `LoopCore` an `AgentLoop` holds (the loop's state,
+//! read through typed accessors), and the `Driver` that runs a turn machine as the loop's
+//! asyncio Task, turning its effects into awaits (`driver.rs`).
+//!
+//! The native side imports Python only for values: the payload and decision classes, the
+//! `Signal` class, exception classes, and `asyncio`'s own functions. Everything the loop does in
+//! Python (reporting, dispatching hooks, the executor of a tool plan) is handed to `LoopCore`
+//! by the `AgentLoop` façade as plain callables.
+
+mod canonical;
+mod context;
+mod delegate;
+mod driver;
+mod read;
+mod seams;
+mod tools;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyType};
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::convert::{to_py, to_value};
+use super::errors::new_err;
+use super::event_log::PySessionLog;
+use super::inbox::PyInbox;
+use super::message::wrap;
+use crate::agent_loop::{requeue_claimed, RequeueError, Shared};
+
+pub use driver::PyDriver;
+
+/// The Python classes and functions the binding uses as values, looked up once.
+pub(crate) struct Classes {
+    pub signal: Py<PyAny>,
+    pub pre_step: Py<PyAny>,
+    pub turn_stopping: Py<PyAny>,
+    pub enter: Py<PyAny>,
+    pub reject: Py<PyAny>,
+    pub model_request: Py<PyAny>,
+    pub model_reply: Py<PyAny>,
+    pub request_failure: Py<PyAny>,
+    pub retry: Py<PyAny>,
+    pub tool_context: Py<PyAny>,
+    pub tool_result: Py<PyAny>,
+    pub model_error: Py<PyAny>,
+    pub lease_lost: Py<PyAny>,
+    pub user_message: Py<PyAny>,
+    pub next: Py<PyAny>,
+    pub json_dumps: Py<PyAny>,
+    pub json_decoder: Py<PyAny>,
+    pub canonical: Py<PyDict>,
+    pub sleep: Py<PyAny>,
+    pub current_task: Py<PyAny>,
+    pub is_awaitable: Py<PyAny>,
+    pub cancelled_error: Py<PyType>,
+    pub recursion_limit: Py<PyAny>,
+    /// `Task.cancelling()` exists (Python 3.11+).
+    pub cancelling: bool,
+}
+
+static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
+
+pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
+    CLASSES.get_or_try_init(py, || {
+        let types = py.import("kerman.types")?;
+        let errors = py.import("kerman.errors")?;
+        let core = py.import("kerman._core")?;
+        let asyncio = py.import("asyncio")?;
+        let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
+        Ok(Classes {
+            signal: get(&types, "Signal")?,
+            pre_step: get(&types, "PreStep")?,
+            turn_stopping: get(&types, "TurnStopping")?,
+            enter: get(&types, "Enter")?,
+            reject: get(&types, "Reject")?,
+            model_request: get(&types, "ModelRequest")?,
+            model_reply: get(&types, "ModelReply")?,
+            request_failure: get(&types, "RequestFailure")?,
+            retry: get(&types, "Retry")?,
+            tool_context: get(&types, "ToolContext")?,
+            tool_result: get(&types, "ToolResult")?,
+            model_error: get(&errors, "ModelError")?,
+            lease_lost: get(&errors, "LeaseLostError")?,
+            user_message: get(&core, "UserMessage")?,
+            next: get(&core, "Next")?,
+            json_dumps: get(&py.import("json")?, "dumps")?,
+            json_decoder: read::arguments_decoder(py)?.unbind(),
+            canonical: {
+                // `json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)`
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("sort_keys", true)?;
+                kwargs.set_item("separators", (",", ":"))?;
+                kwargs.set_item("allow_nan", false)?;
+                kwargs.unbind()
+            },
+            sleep: get(&asyncio, "sleep")?,
+            current_task: get(&asyncio, "current_task")?,
+            is_awaitable: get(&py.import("inspect")?, "isawaitable")?,
+            cancelled_error: asyncio.getattr("CancelledError")?.cast_into::<PyType>()?.unbind(),
+            recursion_limit: get(&py.import("sys")?, "getrecursionlimit")?,
+            cancelling: py.version_info() >= (3, 11),
+        })
+    })
+}
+
+/// What the façade hands the core: the loop's registries (the very lists and dict it keeps,
+/// so registration needs no call here) and the Python side of what the loop does.
+pub(crate) struct Parts {
+    pub log: Py<PySessionLog>,
+    pub inbox: Py<PyInbox>,
+    pub model: Py<PyAny>,
+    pub tools: Py<PyDict>,
+    pub pre_step: Py<PyList>,
+    pub before_request: Py<PyList>,
+    pub request_error: Py<PyList>,
+    pub turn_stopping: Py<PyList>,
+    pub options: Py<PyDict>,
+    pub max_parallel: usize,
+    /// `describe(exc, function, typed) -> dict`: an exception's report fields.
+    pub describe: Py<PyAny>,
+    /// `report_turn(loop, turn, step, failure, exc)`: a failed turn.
+    pub report_turn: Py<PyAny>,
+    /// `report_tool(loop, turn, step, failure, exc)`: a tool that raised.
+    pub report_tool: Py<PyAny>,
+    /// `finished(loop)`: the driver is done (the loop goes idle).
+    pub finished: Py<PyAny>,
+    /// `abort(signal, cause)`: the host signal aborts.
+    pub abort: Py<PyAny>,
+    /// `serial(listeners, payload)`: the `turn_stopping` dispatch.
+    pub serial: Py<PyAny>,
+    /// `run_tools(run)`: the executor of a plan of several calls.
+    pub run_tools: Py<PyAny>,
+}
+
+impl Parts {
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.log)?;
+        visit.call(&self.inbox)?;
+        visit.call(&self.model)?;
+        visit.call(&self.tools)?;
+        for list in [&self.pre_step, &self.before_request, &self.request_error, &self.turn_stopping] {
+            visit.call(list)?;
+        }
+        visit.call(&self.options)?;
+        for hook in [&self.describe, &self.report_turn, &self.report_tool, &self.finished, &self.abort, &self.serial, &self.run_tools] {
+            visit.call(hook)?;
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The loop's native state: the core's `Shared` (turn, step, abort cause, wake latch, history)
+/// and the Python objects a run needs. Held by `AgentLoop` as `_core`.
+#[pyclass(name = "LoopCore", module = "kerman._core", frozen)]
+pub struct PyLoopCore {
+    pub(crate) shared: Arc<Shared>,
+    parts: Mutex<Option<Arc<Parts>>>,
+    /// The running turn's signal.
+    signal: Mutex<Option<Py<PyAny>>>,
+    /// The `LeaseLostError` that fenced the loop out of its session.
+    fenced: Mutex<Option<Py<PyAny>>>,
+    /// The driver awaits user code (so `cancel()` throws into its task)...
+    in_user: AtomicBool,
+    /// ... and `cancel()` threw, so the driver absorbs that cancellation.
+    thrown: AtomicBool,
+    /// Python objects of the history's messages, wrapped once each (aligned with the core's).
+    history: Mutex<Vec<Py<PyAny>>>,
+}
+
+impl PyLoopCore {
+    pub(crate) fn parts(&self) -> PyResult<Arc<Parts>> {
+        lock(&self.parts).clone().ok_or_else(|| PyValueError::new_err("this AgentLoop was cleared"))
+    }
+
+    pub(crate) fn signal_obj(&self, py: Python<'_>) -> Py<PyAny> {
+        lock(&self.signal).as_ref().map(|s| s.clone_ref(py)).unwrap_or_else(|| py.None())
+    }
+
+    pub(crate) fn set_signal(&self, signal: Py<PyAny>) {
+        let old = lock(&self.signal).replace(signal);
+        drop(old);
+    }
+
+    pub(crate) fn set_in_user(&self, on: bool) {
+        self.in_user.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn thrown(&self) -> bool {
+        self.thrown.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn clear_thrown(&self) {
+        self.thrown.store(false, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_fenced(&self) -> bool {
+        lock(&self.fenced).is_some()
+    }
+
+    pub(crate) fn set_fenced(&self, exc: Py<PyAny>) {
+        let old = lock(&self.fenced).replace(exc);
+        drop(old);
+    }
+
+    /// The history's messages as a new list, wrapping the ones not wrapped yet.
+    pub(crate) fn history_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let have = lock(&self.history).len();
+        let fresh = self.shared.history.since(have);
+        let mut wrapped = Vec::with_capacity(fresh.len());
+        for message in fresh {
+            wrapped.push(wrap(py, message)?.unbind());
+        }
+        let mut cache = lock(&self.history);
+        if cache.len() == have {
+            cache.extend(wrapped);
+        }
+        PyList::new(py, cache.iter().map(|m| m.bind(py)))
+    }
+}
+
+#[pymethods]
+impl PyLoopCore {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (log, inbox, model, tools, pre_step, before_request, request_error, turn_stopping, options, max_parallel, *, describe, report_turn, report_tool, finished, abort, serial, run_tools))]
+    fn new(
+        log: Bound<'_, PySessionLog>,
+        inbox: Bound<'_, PyInbox>,
+        model: Py<PyAny>,
+        tools: Py<PyDict>,
+        pre_step: Py<PyList>,
+        before_request: Py<PyList>,
+        request_error: Py<PyList>,
+        turn_stopping: Py<PyList>,
+        options: Py<PyDict>,
+        max_parallel: usize,
+        describe: Py<PyAny>,
+        report_turn: Py<PyAny>,
+        report_tool: Py<PyAny>,
+        finished: Py<PyAny>,
+        abort: Py<PyAny>,
+        serial: Py<PyAny>,
+        run_tools: Py<PyAny>,
+    ) -> PyResult<Self> {
+        classes(log.py())?;
+        let shared = Arc::new(Shared::resume(&log.get().inner));
+        let parts = Parts {
+            log: log.unbind(),
+            inbox: inbox.unbind(),
+            model,
+            tools,
+            pre_step,
+            before_request,
+            request_error,
+            turn_stopping,
+            options,
+            max_parallel: max_parallel.max(1),
+            describe,
+            report_turn,
+            report_tool,
+            finished,
+            abort,
+            serial,
+            run_tools,
+        };
+        Ok(PyLoopCore {
+            shared,
+            parts: Mutex::new(Some(Arc::new(parts))),
+            signal: Mutex::new(None),
+            fenced: Mutex::new(None),
+            in_user: AtomicBool::new(false),
+            thrown: AtomicBool::new(false),
+            history: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The last turn started (0 before the first).
+    #[getter]
+    fn turn(&self) -> u64 {
+        self.shared.state().turn
+    }
+
+    /// The last step entered in the running turn.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.shared.state().step
+    }
+
+    /// The running turn's signal.
+    #[getter]
+    fn signal(&self, py: Python<'_>) -> Py<PyAny> {
+        self.signal_obj(py)
+    }
+
+    /// Whether the running turn was aborted.
+    #[getter]
+    fn aborted(&self) -> bool {
+        self.shared.state().abort.is_some()
+    }
+
+    /// The `LeaseLostError` that fenced this loop out of its session, or `None`.
+    #[getter]
+    fn fenced(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.fenced).as_ref().map(|e| e.clone_ref(py))
+    }
+
+    /// Whether the driver is awaiting user code.
+    #[getter]
+    fn in_user(&self) -> bool {
+        self.in_user.load(Ordering::Relaxed)
+    }
+
+    /// Whether `cancel()` threw into the driver and the driver has not absorbed it yet.
+    #[getter(thrown)]
+    fn thrown_flag(&self) -> bool {
+        self.thrown()
+    }
+
+    /// Aborts the running turn with `cause` (first cause wins); true if this call aborted it.
+    fn abort(&self, cause: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let cause = to_value(cause, "cause").map_err(|e| PyValueError::new_err(e.describe()))?;
+        Ok(self.shared.state().abort(cause))
+    }
+
+    /// For `cancel()`: true when the driver awaits user code and no cancellation was thrown
+    /// into it yet; the caller then cancels the driver's task (and this marks it thrown).
+    fn should_throw(&self) -> bool {
+        if self.in_user.load(Ordering::Relaxed) && !self.thrown() {
+            self.thrown.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// A waking input while a turn runs: latched when the turn is being cancelled (not
+    /// disposed) and the input went to next-turn because of that.
+    fn latch_wake(&self, after_abort: bool) {
+        self.shared.state().latch_wake(after_abort);
+    }
+
+    /// Takes the wake latch (the loop is going idle: a latched wake starts the next turn).
+    fn take_latch(&self) -> bool {
+        std::mem::take(&mut self.shared.state().wake_latched)
+    }
+
+    fn clear_latch(&self) {
+        self.shared.state().wake_latched = false;
+    }
+
+    /// A run is about to start: `signal` is the new turn's, nothing is aborted or latched,
+    /// no step entered. (Before the loop says it is running, so a listener of that can cancel.)
+    fn prepare(&self, signal: Py<PyAny>) {
+        self.shared.state().reset_run();
+        self.set_signal(signal);
+        self.clear_thrown();
+    }
+
+    /// Starts a turn for `loop` (`turn/start`, the first claim) and returns the driver that
+    /// runs it, or `None` when no turn was recorded (the signal had aborted, or `turn/start`
+    /// was refused).
+    fn begin(slf: &Bound<'_, Self>, r#loop: &Bound<'_, PyAny>) -> PyResult<Option<PyDriver>> {
+        PyDriver::begin(slf, r#loop)
+    }
+
+    /// SPEC D9: re-inserts what finished turn `turn` claimed but never entered.
+    fn requeue_claimed<'py>(&self, py: Python<'py>, turn: u64) -> PyResult<Bound<'py, PyList>> {
+        let parts = self.parts()?;
+        let inbox = parts.inbox.bind(py);
+        let requeued = requeue_claimed(&inbox.get().inner, turn).map_err(|e| match e {
+            RequeueError::Inbox(e) => super::errors::inbox_err(py, e),
+            other => new_err(py, "LoopError", (other.to_string(),)),
+        })?;
+        inbox.get().pending_objects(py, &requeued)
+    }
+
+    /// The history's messages (user, assistant and tool results, in log order).
+    fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.history_list(py)
+    }
+
+    /// The loop's counters, for tests and `repr`s: requests made, canonical last options.
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (requests, last_options, abort) = {
+            let state = self.shared.state();
+            (state.requests, state.last_options.clone(), state.abort.clone())
+        };
+        let out = PyDict::new(py);
+        out.set_item("requests", requests)?;
+        out.set_item("last_options", last_options)?;
+        out.set_item("abort", abort.as_ref().map(|v| to_py(py, v)).transpose()?)?;
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = self.shared.state();
+        format!("<LoopCore turn={} step={} aborted={}>", state.turn, state.step, state.abort.is_some())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(parts) = self.parts.try_lock() {
+            if let Some(parts) = parts.as_ref() {
+                parts.visit(&visit)?;
+            }
+        }
+        for held in [&self.signal, &self.fenced] {
+            if let Ok(obj) = held.try_lock() {
+                visit.call(obj.as_ref())?;
+            }
+        }
+        if let Ok(history) = self.history.try_lock() {
+            for m in history.iter() {
+                visit.call(m)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let parts = lock(&self.parts).take();
+        let signal = lock(&self.signal).take();
+        let fenced = lock(&self.fenced).take();
+        let history = std::mem::take(&mut *lock(&self.history));
+        drop((parts, signal, fenced, history));
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLoopCore>()?;
+    m.add_class::<PyDriver>()?;
+    m.add_class::<tools::PyToolRun>()?;
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Reading what Python code returned or raised into the machine's inputs: decisions,
+//! requests, replies, chunks, and exceptions as failure dicts.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyException, PyRecursionError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyCFunction, PyDict, PyList, PyString, PyTuple};
+use serde_json::{Map, Value};
+
+use super::super::convert::{to_json_text, to_value};
+use super::super::errors::not_json;
+use super::super::message::{content_arg, PyMessage};
+use super::{canonical, classes, Parts};
+use crate::agent_loop::{Decision, Raised, RaisedKind, Reply, Requested};
+use crate::message::Message;
+
+/// `repr(value)`, or a placeholder when even that fails.
+pub(super) fn repr(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable value>".to_owned())
+}
+
+/// The `Arc<Message>` of a `UserMessage`, or a new one from a `str`.
+fn user_message(value: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Message>>> {
+    if let Ok(message) = value.cast::<PyMessage>() {
+        if value.is_instance(classes(value.py())?.user_message.bind(value.py()))? {
+            return Ok(Some(Arc::clone(&message.get().inner)));
+        }
+        return Ok(None);
+    }
+    match value.cast::<PyString>() {
+        Ok(text) => Ok(Some(Arc::new(Message::user_text(text.to_str()?)))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The pre-step decision a waterfall returned, and the Python list of the entered messages
+/// (the very objects, so `request.entered` holds them).
+pub(super) fn decision<'py>(value: &Bound<'py, PyAny>) -> PyResult<(Decision, Option<Bound<'py, PyList>>)> {
+    let py = value.py();
+    let c = classes(py)?;
+    let is_dict = value.is_instance_of::<PyDict>();
+    let kind = if is_dict {
+        value.call_method1(intern!(py, "get"), ("kind",))?
+    } else {
+        value.getattr_opt(intern!(py, "kind"))?.unwrap_or_else(|| py.None().into_bound(py))
+    };
+    if kind.eq("enter")? && (is_dict || value.is_instance(c.enter.bind(py))?) {
+        let raw = if is_dict { value.call_method1(intern!(py, "get"), ("messages",))? } else { value.getattr(intern!(py, "messages"))? };
+        if raw.is_instance_of::<PyList>() || raw.is_instance_of::<PyTuple>() {
+            let objects = PyList::empty(py);
+            let mut messages = Vec::new();
+            for item in raw.try_iter()? {
+                let item = item?;
+                let Some(message) = user_message(&item)? else { return Ok((Decision::Invalid(repr(value)), None)) };
+                if item.is_instance_of::<PyString>() {
+                    objects.append(super::super::message::wrap(py, Arc::clone(&message))?)?;
+                } else {
+                    objects.append(&item)?;
+                }
+                messages.push(message);
+            }
+            return Ok((Decision::Enter(messages), Some(objects)));
+        }
+    } else if kind.eq("reject")? && (is_dict || value.is_instance(c.reject.bind(py))?) {
+        let reason = if is_dict { value.call_method1(intern!(py, "get"), ("reason",))? } else { value.getattr(intern!(py, "reason"))? };
+        if reason.is_none() {
+            return Ok((Decision::Reject(None), None));
+        }
+        if let Ok(text) = reason.cast::<PyString>() {
+            return Ok((Decision::Reject(Some(text.to_str()?.to_owned())), None));
+        }
+    }
+    Ok((Decision::Invalid(repr(value)), None))
+}
+
+/// The request `before_request` left: its options' canonical text, and their JSON text when a
+/// header is due (`header_due`).
+pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str) -> bool) -> PyResult<Requested> {
+    let py = value.py();
+    if !value.is_instance(classes(py)?.model_request.bind(py))? {
+        return Ok(Requested::NotARequest(repr(value)));
+    }
+    let options = value.getattr(intern!(py, "options"))?;
+    if let Ok(dict) = options.cast_exact::<PyDict>() {
+        if dict.is_empty() {
+            return Ok(Requested::Request { options: Ok("{}".to_owned()), canonical: "{}".to_owned() });
+        }
+    }
+    let canonical = match canonical::canonical(&options) {
+        Ok(text) => text.extract::<String>()?,
+        Err(e) => return Ok(Requested::NotJson(e.value(py).to_string())),
+    };
+    let options = if header_due(&canonical) {
+        to_json_text(&options, "data.options")
+            .map_err(|e| crate::event_log::LogError::NotJson { event_type: "request/header".into(), detail: e.describe() })
+    } else {
+        Ok(String::new())
+    };
+    Ok(Requested::Request { options, canonical })
+}
+
+/// A model's complete reply (`Ok(None)`: not a reply).
+pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
+    let py = value.py();
+    let c = classes(py)?;
+    let reply = if value.is_instance_of::<PyString>() { c.model_reply.bind(py).call1((value,))? } else { value.clone() };
+    if !reply.is_instance(c.model_reply.bind(py))? {
+        return Ok(None);
+    }
+    let content = content_arg(&reply.getattr(intern!(py, "content"))?)?;
+    let usage = reply.getattr(intern!(py, "usage"))?;
+    let usage = if usage.is_none() {
+        None
+    } else {
+        Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, "assistant/message", e.describe()))?)
+    };
+    let max_tokens = reply.getattr(intern!(py, "finish"))?.eq("max-tokens")?;
+    Ok(Some(Reply { content, usage, max_tokens }))
+}
+
+/// One stream chunk (`Ok(None)`: not a chunk dict, a dict with a str `type`).
+pub(super) fn chunk(value: &Bound<'_, PyAny>) -> PyResult<Option<Map<String, Value>>> {
+    let py = value.py();
+    let Ok(dict) = value.cast::<PyDict>() else { return Ok(None) };
+    if !dict.call_method1(intern!(py, "get"), ("type",))?.is_instance_of::<PyString>() {
+        return Ok(None);
+    }
+    match to_value(value, "data.chunk") {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => Ok(None),
+        Err(e) => Err(not_json(py, "assistant/chunk", e.describe())),
+    }
+}
+
+/// Whether a `request_error` action asks for a retry.
+pub(super) fn is_retry(action: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = action.py();
+    Ok(action.is_instance(classes(py)?.retry.bind(py))?
+        || (action.is_instance_of::<PyDict>() && action.call_method1(intern!(py, "get"), ("kind",))?.eq("retry")?))
+}
+
+// ---- exceptions -------------------------------------------------------------------------------
+
+/// The exception's message (or class name), then its cause chain.
+pub(super) fn error_chain(exc: &Bound<'_, PyAny>) -> String {
+    let py = exc.py();
+    let mut parts: Vec<String> = Vec::new();
+    let mut seen: Vec<usize> = Vec::new();
+    let mut current = Some(exc.clone());
+    while let Some(e) = current.filter(|e| !e.is_none()) {
+        let addr = e.as_ptr() as usize;
+        if seen.contains(&addr) {
+            break;
+        }
+        seen.push(addr);
+        let text = match e.str() {
+            Ok(s) if !s.to_string_lossy().is_empty() => s.to_string_lossy().into_owned(),
+            Ok(_) => e.get_type().name().map(|n| n.to_string()).unwrap_or_default(),
+            Err(_) => "<unrenderable value>".to_owned(),
+        };
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        current = e.getattr(intern!(py, "__cause__")).ok();
+    }
+    parts.join(": ")
+}
+
+/// A value as JSON, or its `str` when it is not JSON (a failure must always be loggable).
+fn json_or_str(value: &Bound<'_, PyAny>) -> Value {
+    to_value(value, "failure").unwrap_or_else(|_| Value::String(value.str().map(|s| s.to_string()).unwrap_or_default()))
+}
+
+/// `describe(exc, function, typed)`: the report fields of an exception raised in user code.
+pub(super) fn describe(parts: &Parts, exc: &Bound<'_, PyAny>, function: Option<&str>, typed: bool) -> PyResult<Map<String, Value>> {
+    let py = exc.py();
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "typed"), typed)?;
+    let described = parts.describe.bind(py).call((exc, function), Some(&kwargs))?;
+    match to_value(&described, "failure") {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Ok(Map::new()),
+    }
+}
+
+/// The failure dict of an exception (what `turn/end {kind: "error"}` carries): a
+/// `ModelError`'s message, code and details, or any other exception's message chain with code
+/// `UNKNOWN`; then its report fields.
+pub(super) fn failure_of(parts: &Parts, exc: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let py = exc.py();
+    let mut failure = Map::new();
+    if exc.is_instance(classes(py)?.model_error.bind(py))? {
+        let message = exc.getattr(intern!(py, "message"))?;
+        let message = if message.is_truthy()? { json_or_str(&message) } else { Value::String(exc.get_type().name()?.to_string()) };
+        failure.insert("message".into(), message);
+        failure.insert("code".into(), json_or_str(&exc.getattr(intern!(py, "code"))?));
+        for (key, attr) in [("status", "status"), ("retryAfterMs", "retry_after_ms"), ("requestId", "request_id")] {
+            let value = exc.getattr(attr)?;
+            if !value.is_none() {
+                failure.insert(key.into(), json_or_str(&value));
+            }
+        }
+    } else {
+        failure.insert("message".into(), Value::String(error_chain(exc)));
+        failure.insert("code".into(), Value::String("UNKNOWN".into()));
+    }
+    failure.extend(describe(parts, exc, None, true)?);
+    Ok(Value::Object(failure))
+}
+
+/// How an exception out of host code reads to the machine, and whether it propagates out of
+/// the driver once the run ends.
+pub(super) fn raised(parts: &Parts, py: Python<'_>, err: &PyErr) -> PyResult<(Raised, bool)> {
+    let c = classes(py)?;
+    let exc = &exception(py, err);
+    if err.is_instance(py, c.cancelled_error.bind(py)) {
+        return Ok((Raised::new(RaisedKind::Cancelled, Value::Null), true));
+    }
+    if exc.is_instance(c.lease_lost.bind(py))? {
+        let mut failure = Map::new();
+        failure.insert("message".into(), Value::String(error_chain(exc)));
+        return Ok((Raised::new(RaisedKind::LeaseLost, Value::Object(failure)), false));
+    }
+    let fatal = !err.is_instance_of::<PyException>(py);
+    let kind = if fatal { RaisedKind::Fatal } else { RaisedKind::Error };
+    Ok((Raised::new(kind, failure_of(parts, exc)?), fatal))
+}
+
+/// The exception of `err` with its traceback attached (`__traceback__`): before Python 3.12 a
+/// fetched error keeps its traceback beside the value, and a report of a user's bug without it
+/// would not say where the bug is.
+pub(super) fn exception<'py>(py: Python<'py>, err: &PyErr) -> Bound<'py, PyAny> {
+    err.clone_ref(py).into_value(py).into_bound(py).into_any()
+}
+
+/// Whether `err` is a `ModelError`.
+pub(super) fn is_model_error(py: Python<'_>, err: &PyErr) -> PyResult<bool> {
+    err.value(py).is_instance(classes(py)?.model_error.bind(py))
+}
+
+// ---- tool arguments ---------------------------------------------------------------------------
+
+/// `json.JSONDecoder(parse_constant=...)` refusing `NaN` and the infinities: one decoder for
+/// every call (`json.loads` with a keyword builds a new one each time).
+pub(super) fn arguments_decoder(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let reject = PyCFunction::new_closure(py, Some(c"reject_constant"), None, |args, _kwargs| -> PyResult<Py<PyAny>> {
+        let name: String = args.get_item(0)?.extract()?;
+        Err(PyValueError::new_err(format!("{name} is not valid JSON")))
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("parse_constant", reject)?;
+    py.import("json")?.getattr("JSONDecoder")?.call((), Some(&kwargs))
+}
+
+/// The arguments' JSON text as Python values. `Err(detail)` for anything that is not JSON the
+/// tool can receive, valid JSON nested deeper than the interpreter can decode included (an
+/// `INVALID_ARGUMENTS` result, never a failed turn).
+pub(super) fn decode_arguments<'py>(py: Python<'py>, text: &Bound<'py, PyString>) -> PyResult<Result<Bound<'py, PyAny>, String>> {
+    let decoder = classes(py)?.json_decoder.bind(py);
+    match decoder.call_method1(intern!(py, "decode"), (text,)) {
+        Ok(value) => Ok(Ok(value)),
+        Err(e) if e.is_instance_of::<PyRecursionError>(py) => {
+            let limit = classes(py)?.recursion_limit.bind(py).call0()?;
+            Ok(Err(format!("nested too deeply to decode ({} characters; Python's recursion limit is {limit})", text.len()?)))
+        }
+        Err(e) if e.is_instance_of::<PyValueError>(py) => Ok(Err(e.value(py).to_string())),
+        Err(e) => Err(e),
+    }
+}

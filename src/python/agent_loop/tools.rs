@@ -1,0 +1,591 @@
+//! Running a step's tool plan (reference 5.8, SPEC 4.4). The machine's `ToolPlan` decides what
+//! starts, commits and is synthesised; this file runs the bodies. A plan of one call runs in
+//! the driver's own task (Python 3.11+: no task, no `asyncio.wait`, two event-loop iterations
+//! fewer per call); a plan of several goes to the façade's executor as a `ToolRun`, whose calls
+//! each run in an asyncio task. Both read a body's outcome the same way (`returned`/`raised`)
+//! and commit through the plan, so one call and many differ only in who awaits them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pyo3::exceptions::{PyException, PySystemError, PyValueError};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::types::{PyList, PyString, PyTuple};
+use serde_json::{Map, Value};
+
+use super::super::convert::{to_json_text, to_py};
+use super::super::errors::not_json;
+use super::super::message::content_arg;
+use super::context::{copy_context, run_in, InContext};
+use super::delegate::{await_iter, send_into, Sent};
+use super::driver::{core_err, Pending, Run, Step};
+use super::{classes, read, Parts, PyLoopCore};
+use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPlan};
+use crate::message::Message;
+
+/// The arguments as the JSON decoder would decode them, when serde_json's reading is certainly
+/// the same: parsed, and no number that could differ (a float too large to have been an integer
+/// that fits, or `-0`, which Python reads as the int 0). Anything serde_json refuses is left to
+/// the decoder, which accepts it or words the error.
+fn plain_json(text: &str) -> Option<Value> {
+    fn exact(value: &Value) -> bool {
+        match value {
+            Value::Number(n) => match n.as_f64() {
+                _ if n.is_i64() || n.is_u64() => true,
+                // An integer literal beyond 64 bits arrives as a float (Python keeps an int).
+                Some(f) => f.abs() < 9.2e18 && !(f == 0.0 && f.is_sign_negative()),
+                None => false,
+            },
+            Value::Array(items) => items.iter().all(exact),
+            Value::Object(map) => map.values().all(exact),
+            _ => true,
+        }
+    }
+    let value: Value = serde_json::from_str(text).ok()?;
+    exact(&value).then_some(value)
+}
+
+/// The call's arguments as Python values, or the `INVALID_ARGUMENTS` outcome.
+fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
+    let text = if text.is_empty() { "{}" } else { text };
+    if let Some(value) = plain_json(text) {
+        return Ok(Ok(to_py(py, &value)?));
+    }
+    Ok(read::decode_arguments(py, &PyString::new(py, text))?.map_err(|detail| Outcome::bad_arguments(&detail)))
+}
+
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+}
+
+fn callable_name(f: &Bound<'_, PyAny>) -> Option<String> {
+    let py = f.py();
+    for attr in [intern!(py, "__qualname__"), intern!(py, "__name__")] {
+        if let Ok(Some(name)) = f.getattr_opt(attr) {
+            if let Ok(name) = name.extract::<String>() {
+                return Some(name);
+            }
+        }
+    }
+    None
+}
+
+/// A body's return value as its outcome: a `str`, a `ToolResult`, or a `TOOL_ERROR`.
+/// `Err`: the result's additional contexts are not messages (the step fails).
+fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
+    let c = classes(py)?;
+    // A str the message refuses (a lone surrogate, say) is an invalid result.
+    let content = |content: &Bound<'_, PyAny>| -> Result<Content, Outcome> {
+        // An exact str; a subclass goes to the message's own reading, which refuses it.
+        if let Ok(text) = content.cast_exact::<PyString>() {
+            if let Ok(text) = text.to_str() {
+                return Ok(Content::Text(text.to_owned()));
+            }
+        }
+        content_arg(content).map(Content::Blocks).map_err(|e| invalid(py, name, &e))
+    };
+    if value.is_instance_of::<PyString>() {
+        return Ok(content(value).map(|content| Outcome { content, ..Outcome::text("") }).unwrap_or_else(|o| o));
+    }
+    if !value.is_instance(c.tool_result.bind(py))? {
+        let text = format!("tool {} returned {}; expected str or ToolResult", crate::agent_loop::py_repr(name), type_name(value));
+        return Ok(Outcome::error(text, "TypeError", FailureCode::ToolError));
+    }
+    let content = match content(&value.getattr(intern!(py, "content"))?) {
+        Ok(content) => content,
+        Err(invalid) => return Ok(invalid),
+    };
+    let meta = value.getattr(intern!(py, "meta"))?;
+    let meta = if meta.is_none() {
+        None
+    } else {
+        match to_json_text(&meta, "data.meta") {
+            Ok(text) => Some(text),
+            Err(e) => return Ok(invalid(py, name, &not_json(py, "tool/result", e.describe()))),
+        }
+    };
+    let mut contexts = Vec::new();
+    for context in value.getattr(intern!(py, "additional_contexts"))?.try_iter()? {
+        let context = context?;
+        let message = match context.cast::<PyString>() {
+            Ok(text) => {
+                let mut source = Map::new();
+                source.insert("kind".into(), Value::String("plugin".into()));
+                source.insert("plugin".into(), Value::String(format!("tool:{name}")));
+                let block = serde_json::json!({"type": "text", "text": text.to_str()?});
+                Message::user(vec![block], Some(source), None).map_err(|e| super::super::errors::message_err(py, e))?
+            }
+            Err(_) => (*super::super::message::user_message_arg(&context)?).clone(),
+        };
+        contexts.push(Arc::new(message));
+    }
+    Ok(Outcome {
+        content,
+        is_error: value.getattr(intern!(py, "is_error"))?.is_truthy()?,
+        error: None,
+        concludes: value.getattr(intern!(py, "concludes_turn"))?.is_truthy()?,
+        contexts,
+        meta,
+        raised: false,
+    })
+}
+
+fn invalid(py: Python<'_>, name: &str, e: &PyErr) -> Outcome {
+    Outcome::invalid(name, &type_name(e.value(py).as_any()), &e.value(py).to_string())
+}
+
+/// A body's exception as its outcome: its `CancelledError` is an aborted dispatch, any other
+/// exception an error result (reported once committed). `Err`: not an ordinary exception.
+fn raised(parts: &Parts, py: Python<'_>, tool: &Bound<'_, PyAny>, e: PyErr) -> PyResult<(Outcome, Option<PyErr>)> {
+    let c = classes(py)?;
+    if e.is_instance(py, c.cancelled_error.bind(py)) {
+        return Ok((Outcome::aborted_during(), None));
+    }
+    if !e.is_instance_of::<PyException>(py) {
+        return Err(e);
+    }
+    let exc = read::exception(py, &e);
+    let name = type_name(&exc);
+    let text = match exc.str() {
+        Ok(s) if !s.to_string_lossy().is_empty() => s.to_string_lossy().into_owned(),
+        _ => name.clone(),
+    };
+    let mut outcome = Outcome::error(text, &name, FailureCode::ToolError);
+    let function = tool.getattr(intern!(py, "fn")).ok().and_then(|f| callable_name(&f));
+    if let Some(Value::Object(error)) = &mut outcome.error {
+        error.extend(read::describe(parts, &exc, function.as_deref(), false)?);
+    }
+    outcome.raised = true;
+    Ok((outcome, Some(e)))
+}
+
+/// Reports the committed results whose bodies raised (`agent/error`, the logger).
+fn report_raised(parts: &Parts, py: Python<'_>, agent: &Bound<'_, PyAny>, plan: &mut ToolPlan, exceptions: &mut HashMap<usize, PyErr>) -> PyResult<()> {
+    for raised in plan.take_raised() {
+        let exc = exceptions.remove(&raised.index).map(|e| e.into_value(py).into_any());
+        let failure = to_py(py, &raised.failure)?;
+        parts.report_tool.bind(py).call1((agent, plan.turn, plan.step, failure, exc))?;
+    }
+    Ok(())
+}
+
+fn ctx_of<'a>(parts: &'a Parts, core: &'a PyLoopCore, py: Python<'a>, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
+    let _ = py;
+    Ctx { log: &parts.log.get().inner, inbox: &parts.inbox.get().inner, shared: &core.shared, tools, max_parallel: parts.max_parallel }
+}
+
+const NO_TOOLS: &dyn Fn(&str) -> Option<bool> = &|_| None;
+
+/// The tool of `name`, when registered.
+fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(parts.tools.bind(py).get_item(name)?.filter(|t| !t.is_none()))
+}
+
+// ---- a lone call, run by the driver -----------------------------------------------------------
+
+/// The lone call while it runs (kept in the run between its awaits).
+pub(super) struct Lone {
+    plan: ToolPlan,
+    tool: Py<PyAny>,
+    outcome: Option<Outcome>,
+    exceptions: HashMap<usize, PyErr>,
+}
+
+impl Lone {
+    pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.tool)?;
+        for e in self.exceptions.values() {
+            // The exception objects of reported-to-be results.
+            let _ = e;
+        }
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Runs the step's tool plan: a lone call here (3.11+), several through the executor.
+    pub(super) fn run_plan<'py>(&mut self, py: Python<'py>, plan: ToolPlan) -> PyResult<Step<'py>> {
+        if plan.calls().len() == 1 && classes(py)?.cancelling {
+            return self.lone_next(py, plan, HashMap::new());
+        }
+        let run = Bound::new(
+            py,
+            PyToolRun {
+                core: self.core.clone_ref(py),
+                agent: self.agent.clone_ref(py),
+                signal: self.core(py).get().signal_obj(py),
+                plan: Mutex::new(Some(plan)),
+                exceptions: Mutex::new(HashMap::new()),
+            },
+        )?;
+        let awaitable = self.parts.run_tools.bind(py).call1((&run,))?;
+        self.tool_run = Some(run.unbind());
+        Ok(Step::Await(await_iter(awaitable)?, Pending::Tools))
+    }
+
+    pub(super) fn tools_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        let run = self.tool_run.take();
+        if let Err(e) = outcome {
+            return Step::Input(self.raised(py, e));
+        }
+        let plan = run.and_then(|run| run.get().plan.lock().unwrap_or_else(PoisonError::into_inner).take());
+        match plan {
+            Some(plan) => Step::Input(Input::ToolsDone(plan)),
+            None => Step::Input(self.raised(py, PySystemError::new_err("the executor lost its tool plan"))),
+        }
+    }
+
+    /// Asks the plan what to do next: start the call, or (all committed) give the plan back.
+    fn lone_next<'py>(&mut self, py: Python<'py>, mut plan: ToolPlan, mut exceptions: HashMap<usize, PyErr>) -> PyResult<Step<'py>> {
+        let parts = Arc::clone(&self.parts);
+        let core = self.core(py).get();
+        let aborted = core.shared.state().abort.is_some();
+        let next = {
+            let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+            plan.next(&ctx.sink(), aborted)
+        };
+        let next = next.map_err(|e| core_err(py, e))?;
+        report_raised(&parts, py, self.agent.bind(py), &mut plan, &mut exceptions)?;
+        match next {
+            Next::Done => Ok(Step::Input(Input::ToolsDone(plan))),
+            Next::Wait => Err(PySystemError::new_err("a lone tool call waits for nothing")),
+            Next::Start(index) => {
+                let name = plan.call(index).name.clone();
+                let Some(tool) = tool(&parts, py, &name)? else {
+                    return Err(PySystemError::new_err(format!("tool {name:?} was unregistered while its call started")));
+                };
+                self.lone = Some(Lone { plan, tool: tool.unbind(), outcome: None, exceptions });
+                if parts.log.get().inner.checkpoints() {
+                    // The checkpoint barrier before the body.
+                    let flush = parts.log.bind(py).call_method0(intern!(py, "flush"))?;
+                    return Ok(Step::Await(await_iter(flush)?, Pending::ToolFlush));
+                }
+                self.lone_start(py)
+            }
+        }
+    }
+
+    fn lone(&mut self) -> PyResult<&mut Lone> {
+        self.lone.as_mut().ok_or_else(|| PySystemError::new_err("the driver lost its tool call"))
+    }
+
+    pub(super) fn lone_flushed<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        match outcome {
+            Ok(_) => self.lone_step(py, |run, py| run.lone_start(py)),
+            Err(e) if self.is_cancelled(py, &e) => self.lone_step(py, |run, py| run.lone_done(py, Ok(Outcome::aborted_before()))),
+            Err(e) => {
+                self.lone = None;
+                Step::Input(self.raised(py, e))
+            }
+        }
+    }
+
+    fn lone_step<'py>(&mut self, py: Python<'py>, f: impl FnOnce(&mut Self, Python<'py>) -> PyResult<Step<'py>>) -> Step<'py> {
+        match f(self, py) {
+            Ok(step) => step,
+            Err(e) => {
+                self.lone = None;
+                self.core(py).get().set_in_user(false);
+                Step::Input(self.raised(py, e))
+            }
+        }
+    }
+
+    /// The body up to its first suspension.
+    fn lone_start<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
+        let c = classes(py)?;
+        // An observer of `tool/call` may have aborted the turn.
+        if self.core(py).get().shared.state().abort.is_some() {
+            return self.lone_done(py, Ok(Outcome::aborted_before()));
+        }
+        let (id, arguments) = {
+            let lone = self.lone()?;
+            let call = lone.plan.call(0);
+            (call.id.clone(), call.arguments.clone())
+        };
+        let args = match arguments_or_outcome(py, &arguments)? {
+            Ok(args) => args,
+            Err(outcome) => return self.lone_done(py, Ok(outcome)),
+        };
+        let (turn, step) = (self.machine.turn(), self.machine.step());
+        let ctx = c.tool_context.bind(py).call1((id, turn, step, self.core(py).get().signal_obj(py), self.agent.bind(py)))?;
+        // From here until the body is done, cancel() throws into the driver's task.
+        self.core(py).get().set_in_user(true);
+        let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
+        let context = copy_context(py)?;
+        let first = run_in(&context, || -> PyResult<Result<Bound<'py, PyAny>, (Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+            let value = tool.getattr(intern!(py, "fn"))?.call1((args, ctx))?;
+            // SAFETY: a type check on a live object.
+            let coroutine = unsafe { ffi::PyCoro_CheckExact(value.as_ptr()) } != 0;
+            if !coroutine && !c.is_awaitable.bind(py).call1((&value,))?.is_truthy()? {
+                return Ok(Ok(value));
+            }
+            let iter = await_iter(value)?;
+            match send_into(&iter, &py.None().into_bound(py)) {
+                Sent::Next(yielded) => Ok(Err((iter, yielded))),
+                Sent::Return(value) => Ok(Ok(value)),
+                Sent::Error(e) => Err(e),
+            }
+        });
+        match first.and_then(|r| r) {
+            Ok(Ok(value)) => {
+                let outcome = self.lone_returned(py, &value);
+                self.lone_done(py, outcome)
+            }
+            Ok(Err((iter, yielded))) => {
+                let awaited = Bound::new(py, InContext::new(iter, context, yielded))?;
+                Ok(Step::Await(awaited.into_any(), Pending::Tool))
+            }
+            Err(e) => {
+                let outcome = self.lone_raised(py, e);
+                self.lone_done(py, outcome)
+            }
+        }
+    }
+
+    fn lone_returned(&mut self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
+        let name = self.lone()?.plan.call(0).name.clone();
+        returned(py, &name, value)
+    }
+
+    fn lone_raised(&mut self, py: Python<'_>, e: PyErr) -> PyResult<Outcome> {
+        let parts = Arc::clone(&self.parts);
+        let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
+        let (outcome, exc) = raised(&parts, py, &tool, e)?;
+        if let Some(exc) = exc {
+            self.lone()?.exceptions.insert(0, exc);
+        }
+        Ok(outcome)
+    }
+
+    /// The suspended body finished with `outcome` (its return value or exception).
+    pub(super) fn lone_resumed<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        self.lone_step(py, |run, py| {
+            let done = match outcome {
+                Ok(value) => run.lone_returned(py, &value),
+                Err(e) => run.lone_raised(py, e),
+            };
+            run.lone_done(py, done)
+        })
+    }
+
+    /// The body is done: absorb a cancellation `cancel()` threw (as after a listener), or note
+    /// one from outside, then commit.
+    fn lone_done<'py>(&mut self, py: Python<'py>, outcome: PyResult<Outcome>) -> PyResult<Step<'py>> {
+        self.core(py).get().set_in_user(false);
+        let outcome = outcome?;
+        self.lone()?.outcome = Some(outcome);
+        if self.core(py).get().thrown() {
+            // The throw may still be pending (the body returned before it landed): consume it.
+            let sleep = await_iter(classes(py)?.sleep.bind(py).call1((0,))?)?;
+            return Ok(Step::Await(sleep, Pending::ToolAbsorb));
+        }
+        // Cancelled from outside while the call ran: its result is committed all the same (the
+        // log never holds a call without its result), then the cancellation goes on.
+        let external = self.cancelling(py)?;
+        self.lone_commit(py, external)
+    }
+
+    /// The `sleep(0)` absorbing a thrown cancellation finished.
+    pub(super) fn lone_absorbed<'py>(&mut self, py: Python<'py>, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        self.lone_step(py, |run, py| {
+            if let Err(e) = outcome {
+                if !run.is_cancelled(py, &e) {
+                    return Err(e);
+                }
+            }
+            run.uncancel(py)?;
+            run.lone_commit(py, false)
+        })
+    }
+
+    fn lone_commit<'py>(&mut self, py: Python<'py>, external: bool) -> PyResult<Step<'py>> {
+        let Lone { mut plan, outcome, exceptions, .. } = self.lone.take().ok_or_else(|| PySystemError::new_err("the driver lost its tool call"))?;
+        let outcome = outcome.ok_or_else(|| PySystemError::new_err("the driver lost its tool outcome"))?;
+        let parts = Arc::clone(&self.parts);
+        {
+            let core = self.core(py).get();
+            let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+            plan.finish(&ctx.sink(), 0, outcome).map_err(|e| core_err(py, e))?;
+        }
+        let step = self.lone_next(py, plan, exceptions)?;
+        if external {
+            let cancelled = classes(py)?.cancelled_error.bind(py).call0()?;
+            return Ok(Step::Input(self.raised(py, PyErr::from_value(cancelled))));
+        }
+        Ok(step)
+    }
+}
+
+fn arguments_or_outcome<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
+    arguments(py, text)
+}
+
+// ---- several calls, run by the executor -------------------------------------------------------
+
+/// A plan of several tool calls, handed to the executor (`kerman._executor.run`): it asks
+/// `next()` what to start, runs each body in a task of its own (`prepare`, then the body, then
+/// `returned` / `raised` / `cancelled`), and the plan commits results in model order.
+#[pyclass(name = "ToolRun", module = "kerman._core", frozen)]
+pub struct PyToolRun {
+    core: Py<PyLoopCore>,
+    agent: Py<PyAny>,
+    signal: Py<PyAny>,
+    plan: Mutex<Option<ToolPlan>>,
+    /// The exceptions of bodies that raised, until their results are reported.
+    exceptions: Mutex<HashMap<usize, PyErr>>,
+}
+
+impl PyToolRun {
+    /// Runs `f` on the plan, taken out of its lock (committing runs log observers, which may
+    /// run Python).
+    fn with_plan<R>(&self, py: Python<'_>, f: impl FnOnce(&mut ToolPlan, &Ctx<'_>) -> PyResult<R>) -> PyResult<R> {
+        let mut plan = self.plan.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| PyValueError::new_err("this tool run is over"))?;
+        let core = self.core.bind(py).get();
+        let out = match core.parts() {
+            Ok(parts) => {
+                let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+                let out = f(&mut plan, &ctx);
+                let mut exceptions = std::mem::take(&mut *self.exceptions.lock().unwrap_or_else(PoisonError::into_inner));
+                let reported = report_raised(&parts, py, self.agent.bind(py), &mut plan, &mut exceptions);
+                self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).extend(exceptions);
+                out.and_then(|out| reported.map(|()| out))
+            }
+            Err(e) => Err(e),
+        };
+        *self.plan.lock().unwrap_or_else(PoisonError::into_inner) = Some(plan);
+        out
+    }
+
+    fn finish_with(&self, py: Python<'_>, index: usize, outcome: Outcome) -> PyResult<()> {
+        self.with_plan(py, |plan, ctx| plan.finish(&ctx.sink(), index, outcome).map_err(|e| core_err(py, e)))
+    }
+
+    fn tool<'py>(&self, py: Python<'py>, index: usize) -> PyResult<(String, Option<Bound<'py, PyAny>>)> {
+        let name = self.with_plan(py, |plan, _| Ok(plan.calls().get(index).map(|c| c.name.clone())))?;
+        let name = name.ok_or_else(|| PyValueError::new_err(format!("no tool call {index} in this run")))?;
+        let parts = self.core.bind(py).get().parts()?;
+        let tool = tool(&parts, py, &name)?;
+        Ok((name, tool))
+    }
+}
+
+#[pymethods]
+impl PyToolRun {
+    /// The index of the call to start next, or `None`: wait for a running call (or, with
+    /// nothing running, every call has its result).
+    fn next(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        let aborted = self.core.bind(py).get().shared.state().abort.is_some();
+        self.with_plan(py, |plan, ctx| match plan.next(&ctx.sink(), aborted).map_err(|e| core_err(py, e))? {
+            Next::Start(index) => Ok(Some(index)),
+            Next::Wait | Next::Done => Ok(None),
+        })
+    }
+
+    /// How many calls run now.
+    #[getter]
+    fn running(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_plan(py, |plan, _| Ok(plan.running()))
+    }
+
+    /// The turn's signal.
+    #[getter]
+    fn signal(&self, py: Python<'_>) -> Py<PyAny> {
+        self.signal.clone_ref(py)
+    }
+
+    /// Whether a flush barrier precedes every body (checkpoint durability).
+    #[getter]
+    fn checkpoints(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.core.bind(py).get().parts()?.log.get().inner.checkpoints())
+    }
+
+    /// `log.flush()`: the checkpoint barrier's awaitable.
+    fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.core.bind(py).get().parts()?.log.bind(py).call_method0(intern!(py, "flush"))
+    }
+
+    /// What call `index`'s body is called with, `(fn, args, ctx)`; `None` when its outcome is
+    /// decided without running it (the turn aborted, the arguments are not JSON).
+    fn prepare<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        if self.core.bind(py).get().shared.state().abort.is_some() {
+            self.finish_with(py, index, Outcome::aborted_before())?;
+            return Ok(None);
+        }
+        let (call, turn, step) = self.with_plan(py, |plan, _| Ok((plan.call(index).clone(), plan.turn, plan.step)))?;
+        let args = match arguments(py, &call.arguments)? {
+            Ok(args) => args,
+            Err(outcome) => {
+                self.finish_with(py, index, outcome)?;
+                return Ok(None);
+            }
+        };
+        let (_, tool) = self.tool(py, index)?;
+        let tool = tool.ok_or_else(|| PySystemError::new_err(format!("tool {:?} was unregistered while its call started", call.name)))?;
+        let ctx = classes(py)?.tool_context.bind(py).call1((call.id, turn, step, self.signal.bind(py), self.agent.bind(py)))?;
+        Ok(Some(PyTuple::new(py, [tool.getattr(intern!(py, "fn"))?, args, ctx])?))
+    }
+
+    /// Call `index`'s body returned `value`.
+    fn returned(&self, py: Python<'_>, index: usize, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (name, _) = self.tool(py, index)?;
+        let outcome = returned(py, &name, value)?;
+        self.finish_with(py, index, outcome)
+    }
+
+    /// Call `index`'s body raised `exc`.
+    fn raised(&self, py: Python<'_>, index: usize, exc: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_, tool) = self.tool(py, index)?;
+        let tool = tool.unwrap_or_else(|| py.None().into_bound(py));
+        let parts = self.core.bind(py).get().parts()?;
+        let (outcome, exc) = raised(&parts, py, &tool, PyErr::from_value(exc.clone()))?;
+        if let Some(exc) = exc {
+            self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).insert(index, exc);
+        }
+        self.finish_with(py, index, outcome)
+    }
+
+    /// Call `index` was cancelled: aborted during dispatch, unless its body had finished.
+    fn cancelled(&self, py: Python<'_>, index: usize) -> PyResult<()> {
+        self.finish_with(py, index, Outcome::aborted_during())
+    }
+
+    /// Call `index` never reached its body (its barrier was cancelled).
+    fn aborted_before(&self, py: Python<'_>, index: usize) -> PyResult<()> {
+        self.finish_with(py, index, Outcome::aborted_before())
+    }
+
+    /// The run is being cancelled from outside: the calls not started get their aborted
+    /// results (call once nothing runs).
+    fn abort_unstarted(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_plan(py, |plan, ctx| plan.next(&ctx.sink(), true).map(drop).map_err(|e| core_err(py, e)))
+    }
+
+    /// A call that failed in a way its step does not survive (its barrier raised).
+    fn abandon(&self, py: Python<'_>, index: usize) -> PyResult<()> {
+        self.with_plan(py, |plan, _| {
+            plan.abandon(index);
+            Ok(())
+        })
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.with_plan(py, |plan, _| Ok((plan.calls().len(), plan.running()))) {
+            Ok((calls, running)) => format!("<ToolRun calls={calls} running={running}>"),
+            Err(_) => "<ToolRun done>".to_owned(),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.core)?;
+        visit.call(&self.agent)?;
+        visit.call(&self.signal)?;
+        Ok(())
+    }
+}
+
+#[allow(dead_code)]
+fn unused(_: &Bound<'_, PyList>) {}
