@@ -71,7 +71,7 @@ def boundaries(log) -> List[str]:
 
 
 def turn_ends(log) -> List[Dict[str, Any]]:
-    """The turns' endings, without the report of a user exception (test_user_errors.py)."""
+    """The turns' endings, without the report of a user exception (test_user_code_errors.py)."""
     return [plain(e.data["reason"]) for e in log.events() if e.type == "turn/end"]
 
 

@@ -105,7 +105,7 @@ def user_texts(log: Any) -> List[str]:
 
 
 def turn_ends(log: Any) -> List[dict]:
-    """The ``turn/end`` payloads, without the report of a user exception (test_user_errors.py)."""
+    """The ``turn/end`` payloads, without the report of a user exception (test_user_code_errors.py)."""
     return [plain(e.data) for e in events(log, "turn/end")]
 
 
