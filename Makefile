@@ -41,7 +41,7 @@ test: test-rust test-python
 # The slow profile: many more crash iterations (200 kills per durability mode), then every
 # fuzz target for FUZZ_SECONDS (docs/testing.md).
 test-slow: install test-deps
-	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/test_crash.py
+	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/store/test_crash.py
 	$(MAKE) fuzz
 
 FUZZ_SECONDS ?= 60

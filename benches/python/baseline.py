@@ -7,7 +7,7 @@ no extra copies, the same events with the same payloads as Kerman. Where a compe
 would take a shortcut Kerman cannot (skip lossless-JSON checks beyond ``allow_nan=False``,
 ``zlib.crc32`` instead of CRC-32C, no cancellation plumbing in the loop, several tool calls
 gathered rather than scheduled), the baseline takes it. The parity tests
-(tests/python/test_parity_*.py, ``--impl``) hold it to Kerman's behaviour on that subset.
+(tests/python/parity/test_parity_*.py, ``--impl``) hold it to Kerman's behaviour on that subset.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ REPORT_KEYS = ("exceptionType", "function", "traceback")
 
 def plain(value: Any) -> Any:
     """``value`` with the report of a user exception (``exceptionType``, ``function``,
-    ``traceback``, tested in test_user_errors.py) taken out of every dict in it, for tests that
+    ``traceback``, tested in loop/test_user_code_errors.py) taken out of every dict in it, for tests that
     pin a failure's message and code (and the pure-Python baseline, which records no report)."""
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items() if k not in REPORT_KEYS}

@@ -1172,7 +1172,7 @@ def _exercise(inbox):
 def test_a_new_inbox_over_the_same_log_replays_the_lists_silently():
     inbox, log, _ = new_inbox()
     _exercise(inbox)
-    inbox.close()  # a log has at most one inbox (test_hardening_loop.py)
+    inbox.close()  # a log has at most one inbox (test_one_inbox_per_log.py)
     again, _, rec = new_inbox(log)
     assert again.next_turn == inbox.next_turn
     assert again.next_step == inbox.next_step

@@ -9,7 +9,7 @@ or in the log, `SessionNotFoundError` for an unknown session). Against the issue
 input when its NOTIFY arrives (about a millisecond), not by a database read before every claim,
 so a message staged just before a claim joins the next one (docs/distributed.md).
 
-Children are real processes (tests/python/pg_child.py); the parent waits on their output lines
+Children are real processes (tests/python/postgres/pg_child.py); the parent waits on their output lines
 or on database state, each wait bounded by a deadline."""
 
 from __future__ import annotations

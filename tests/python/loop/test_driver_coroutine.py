@@ -1,7 +1,7 @@
 """The turn driver is a native coroutine object (``kerman._core.Driver``, SPEC 1): it runs as the
 AgentLoop's Task and follows the coroutine protocol (``send``/``throw``/``close``/``__await__``).
 
-The turn behaviour itself is pinned by test_loop_turns.py and test_loop_cancel.py; these tests
+The turn behaviour itself is pinned by test_turns.py and test_cancel.py; these tests
 pin the protocol and the cases only a coroutine object has (a throw before its first step, a
 re-entrant call).
 """

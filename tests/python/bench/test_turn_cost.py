@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "python" / "turn_cost.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benches" / "python" / "turn_cost.py"
 
 
 @pytest.mark.parametrize("impl", ["kerman", "baseline"])

@@ -1,4 +1,4 @@
-"""Child program for tests/python/test_postgres_takeover.py. Not a test module.
+"""Child program for tests/python/postgres/test_postgres_takeover.py. Not a test module.
 
 Usage: ``python pg_takeover_child.py <mode> <dsn> <session-id> <lease-ttl>``
 

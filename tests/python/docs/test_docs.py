@@ -31,7 +31,7 @@ import pytest
 from conftest import PG_DSN, fresh_schema_dsn
 from docs_runner import compile_block
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUNNER = Path(__file__).resolve().parent / "docs_runner.py"
 SAFETY_NET = 100  # seconds: only so a hung block fails its test instead of blocking the run
 MARKER = re.compile(r"^\s*<!--\s*doctest:(.*?)-->\s*$")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import pytest
 
 import kerman
-from test_crash import check_balanced, claim_accounting
+from store.test_crash import check_balanced, claim_accounting
 
 @pytest.fixture(autouse=True)
 def nothing_contained(caplog: pytest.LogCaptureFixture) -> Any:

@@ -1,4 +1,4 @@
-"""Child program for the crash tests (tests/python/test_crash.py). Not a test module.
+"""Child program for the crash tests (tests/python/store/test_crash.py). Not a test module.
 
 Usage: ``python crash_child.py <store-root> <durability> <session-id>``
 

@@ -3,7 +3,7 @@
 JSON text of ``tool/call`` and ``tool/result`` (compared with what ``_append_owned`` writes for
 the dicts ``_tools`` builds), and the outcomes it hands to ``_tools`` for wording (sync tools,
 non-coroutine awaitables, ``ToolResult`` extras, invalid arguments and results). Cancellation
-is pinned by test_tools_inline.py.
+is pinned by test_lone_tool_cancellation.py.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def user_texts(log: Any) -> List[str]:
 
 
 def turn_ends(log: Any) -> List[dict]:
-    """The ``turn/end`` payloads, without the report of a user exception (test_user_errors.py)."""
+    """The ``turn/end`` payloads, without the report of a user exception (test_user_code_errors.py)."""
     return [plain(e.data) for e in events(log, "turn/end")]
 
 
@@ -2126,6 +2126,26 @@ async def test_request_header_compares_options_as_canonical_json():
     ]
 
 
+def test_options_keyword_sets_the_first_request_options() -> None:
+    """Addition to SPEC 2.5: ``AgentLoop(..., options=...)`` gives ``request.options`` its
+    initial value, logged in the first ``request/header``."""
+    seen: List[Any] = []
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        seen.append(dict(request.options))
+        return kerman.ModelReply("ok")
+
+    async def main() -> None:
+        loop = kerman.AgentLoop(model, options={"model": "m", "temperature": 0})
+        loop.followup("hi")
+        await loop.when_idle()
+        headers = [e.data for e in loop.log.events(types="request/header")]
+        assert headers == [{"options": {"model": "m", "temperature": 0}}]
+
+    asyncio.run(main())
+    assert seen == [{"model": "m", "temperature": 0}]
+
+
 # --------------------------------------------------------------------------------------------
 # Tools (SPEC 2.5, 4.4, 4.6; reference 5.8)
 # --------------------------------------------------------------------------------------------
@@ -2288,6 +2308,27 @@ async def test_tools_context_and_tool_result_fields():
     assert tr.data["meta"] == {"k": "v"}
     assert tr.data["message"]["content"][0]["isError"] is True
     assert [(t["name"], t["description"]) for t in model.requests[0].tools] == [("inspect", "looks")]
+
+
+def test_str_tool_contexts_get_a_plugin_source_naming_the_tool() -> None:
+    """SPEC 2.5 leaves the source of a ``str`` in ``additional_contexts`` open: it becomes
+    ``{"kind": "plugin", "plugin": "tool:<name>"}`` (``tool`` is reserved for tool results)."""
+    call = {"type": "tool-call", "id": "c1", "name": "look", "arguments": "{}"}
+
+    async def main() -> None:
+        loop = kerman.AgentLoop(ScriptedModel([kerman.ModelReply([call]), "done"]))
+
+        @loop.tool
+        async def look(args: Any, ctx: kerman.ToolContext) -> kerman.ToolResult:
+            return kerman.ToolResult("found", additional_contexts=["note"])
+
+        loop.followup("go")
+        await loop.when_idle()
+        entered = [e.data for e in loop.log.events(types="user/message")]
+        assert entered[-1]["source"] == {"kind": "plugin", "plugin": "tool:look"}
+        assert entered[-1]["content"] == [{"type": "text", "text": "note"}]
+
+    asyncio.run(main())
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 import kerman
 
-BENCHES = Path(__file__).resolve().parents[2] / "benches" / "python"
+BENCHES = Path(__file__).resolve().parents[3] / "benches" / "python"
 sys.path.insert(0, str(BENCHES))
 
 import baseline  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 import kerman
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 EXPECTED_EXAMPLES = {"minimal_agent.py", "guard_plugin.py", "context_plugin.py", "ui_consumer.py"}
 SAFETY_NET = 100  # seconds: only so a hung subprocess fails the test instead of blocking it

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-USAGE = Path(__file__).parent.parent / "typing" / "usage.py"
+USAGE = Path(__file__).parent.parent.parent / "typing" / "usage.py"
 
 
 def test_usage_type_checks_strictly() -> None:
@@ -26,7 +26,7 @@ def test_usage_runs() -> None:
 
 
 def test_package_type_checks_strictly() -> None:
-    package = Path(__file__).parent.parent.parent / "python" / "kerman"
+    package = Path(__file__).parent.parent.parent.parent / "python" / "kerman"
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(package)],
         capture_output=True,
