@@ -1,5 +1,6 @@
 //! One integration-test binary for the Rust core.
 
+mod agent_loop;
 mod event_log;
 mod file_store;
 mod fuzz_corpus;
