@@ -23,17 +23,25 @@ use crate::event_log::{LogError, StagedInput};
 
 /// What the runtime thread can be asked to do.
 pub enum Request {
+    /// Create session `id` with this header, taking its lease.
     Create { id: String, header: String },
     /// Acquire the lease, then read the header and every record.
     Open { id: String },
+    /// Append rows under the lease (refused if the lease moved on).
     Append { lease: Lease, rows: Vec<Row> },
+    /// Every record of a session.
     Read { id: String },
+    /// Give the lease up.
     Release { lease: Lease },
+    /// Whether session `id` exists.
     Exists { id: String },
+    /// Every session id.
     List,
+    /// Delete session `id` and its records (refused while its lease is held).
     Delete { id: String },
     /// Subscribes to a NOTIFY channel on the store's LISTEN connection (opened on first use).
     Listen { id: u64, channel: String, subscriber: Subscriber },
+    /// Ends subscription `id` (from `Listen`).
     Unlisten { id: u64 },
     /// Records with seq > `after` (a follower's catch-up read).
     ReadAfter { id: String, after: i64, incarnation: i64 },
