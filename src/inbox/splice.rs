@@ -344,7 +344,6 @@ pub fn placement(target: Target, message: &Message) -> &'static str {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,9 +76,7 @@ impl PyEvent {
     /// The payload, decoded once and cached.
     #[getter]
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.data
-            .get_or_try_init(py, || json_to_py(py, self.inner.data_json()).map(Bound::unbind))
-            .map(|d| d.clone_ref(py))
+        self.data.get_or_try_init(py, || json_to_py(py, self.inner.data_json()).map(Bound::unbind)).map(|d| d.clone_ref(py))
     }
 
     /// `"append"`, `{"op": "replace", "start", "end"}`, or `None` for non-surface events.
@@ -245,7 +243,9 @@ impl Drop for PySessionLog {
                  Close it with log.close() or open it with `with store.open(id) as log:`",
                 self.inner.id()
             );
-            if let Err(err) = PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyResourceWarning>(), &std::ffi::CString::new(text).unwrap_or_default(), 1) {
+            if let Err(err) =
+                PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyResourceWarning>(), &std::ffi::CString::new(text).unwrap_or_default(), 1)
+            {
                 err.write_unraisable(py, None);
             }
         });
@@ -266,8 +266,8 @@ impl PySessionLog {
         // Only the surface events are copied out of the log (usually none: the loop's own
         // messages join its history directly, and this skips the events between them).
         for event in &self.inner.range_where(start, stop, |e| crate::event_log::is_surface_type(e.kind())) {
-            let data: serde_json::Value = serde_json::from_str(event.data_json())
-                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            let data: serde_json::Value =
+                serde_json::from_str(event.data_json()).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
             let value = if event.kind() == "user/message" { &data } else { &data["message"] };
             let message = crate::message::Message::from_value(value).map_err(|e| super::errors::message_err(py, e))?;
             if message.kind() == crate::message::MessageKind::Assistant && message.content().is_empty() {
@@ -335,7 +335,13 @@ impl PySessionLog {
     /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`. Top-level
     /// values of `data` may be `Message` objects (written as their JSON).
     #[pyo3(signature = (r#type, data, source_event_seqs=None))]
-    fn _append_owned(&self, py: Python<'_>, r#type: &str, data: &Bound<'_, PyAny>, source_event_seqs: Option<Vec<u64>>) -> PyResult<PyEvent> {
+    fn _append_owned(
+        &self,
+        py: Python<'_>,
+        r#type: &str,
+        data: &Bound<'_, PyAny>,
+        source_event_seqs: Option<Vec<u64>>,
+    ) -> PyResult<PyEvent> {
         let text = to_json_text_with_messages(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
         let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
         self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
@@ -532,9 +538,12 @@ fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
         let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
         return Err(PyTypeError::new_err(format!("{what} must be a str, got {name}")));
     };
-    s.to_str()
-        .map(str::to_owned)
-        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("{what} is not valid Unicode (lone surrogate): {}", s.repr().map(|r| r.to_string()).unwrap_or_default())))
+    s.to_str().map(str::to_owned).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} is not valid Unicode (lone surrogate): {}",
+            s.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -358,7 +358,9 @@ pub struct PyInbox {
 fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {
     match obj {
         Some(o) if o.is_none(py) => Ok(None),
-        Some(o) if !o.bind(py).is_callable() => Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?))),
+        Some(o) if !o.bind(py).is_callable() => {
+            Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?)))
+        }
         other => Ok(other.map(Held::new)),
     }
 }

@@ -234,11 +234,7 @@ async fn connect(dsn: &str, generation: u64, tx: UnboundedSender<Input>) -> Resu
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(n))) => {
-                    let input = Input::Notification {
-                        generation,
-                        channel: n.channel().to_string(),
-                        payload: n.payload().to_string(),
-                    };
+                    let input = Input::Notification { generation, channel: n.channel().to_string(), payload: n.payload().to_string() };
                     if tx.send(input).is_err() {
                         return;
                     }

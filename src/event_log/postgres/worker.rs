@@ -281,8 +281,7 @@ impl Worker {
         }
         // A busy store still renews its idle sessions: the deadline is checked before every
         // request too. A TTL of 0 is never renewed.
-        let period = (self.ttl_ms > 0.0)
-            .then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
+        let period = (self.ttl_ms > 0.0).then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
         let mut next_renewal = period.map(|p| Instant::now() + p);
         loop {
             if let (Some(p), Some(at)) = (period, next_renewal) {
@@ -456,7 +455,6 @@ impl Worker {
             }
         })
     }
-
 }
 
 /// `work`'s output, or `None` if `limit` passed first (with no limit, always its output).
