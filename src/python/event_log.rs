@@ -1,12 +1,11 @@
 //! `Event`, `SessionLog` and the stores.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -21,12 +20,12 @@ use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilt
 #[pyclass(name = "Event", module = "kerman", frozen)]
 pub struct PyEvent {
     pub inner: Event,
-    data: PyOnceLock<Py<PyAny>>,
+    data: OnceLock<Py<PyAny>>,
 }
 
 impl PyEvent {
     pub fn new(inner: Event) -> Self {
-        PyEvent { inner, data: PyOnceLock::new() }
+        PyEvent { inner, data: OnceLock::new() }
     }
 }
 
@@ -67,16 +66,21 @@ impl PyEvent {
     /// The cached payload is a plain dict the caller may change, so it can hold a cycle back
     /// to its event. Once set it never changes, so there is nothing for `__clear__` to break.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: `tp_traverse` runs with the interpreter attached; the token only reads the
-        // cell (it makes no Python call).
-        let py = unsafe { Python::assume_attached() };
-        visit.call(self.data.get(py))
+        // A std `OnceLock`, not pyo3's `PyOnceLock`: reading it needs no `Python` token, and
+        // `__traverse__` is given none.
+        visit.call(self.data.get())
     }
 
     /// The payload, decoded once and cached.
     #[getter]
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.data.get_or_try_init(py, || json_to_py(py, self.inner.data_json()).map(Bound::unbind)).map(|d| d.clone_ref(py))
+        if let Some(data) = self.data.get() {
+            return Ok(data.clone_ref(py));
+        }
+        let decoded = json_to_py(py, self.inner.data_json())?.unbind();
+        // Decoding can run Python code (finalizers in a collection), so another thread may have
+        // cached its decoding meanwhile: the first one cached wins, and every caller gets it.
+        Ok(self.data.get_or_init(|| decoded).clone_ref(py))
     }
 
     /// `"append"`, `{"op": "replace", "start", "end"}`, or `None` for non-surface events.

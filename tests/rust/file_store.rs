@@ -530,7 +530,8 @@ fn entries_that_are_not_regular_files_are_refused_without_blocking() {
     let (victim, before) = closed_session(&FileStore::new(elsewhere.path(), Durability::None).unwrap(), "v", 2);
     let fifo = store.path_of("fifo").unwrap();
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it (std has
+    // no safe mkfifo).
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     std::os::unix::fs::symlink(&victim, store.path_of("link").unwrap()).unwrap();
     std::os::unix::fs::symlink("/dev/zero", store.path_of("zero").unwrap()).unwrap();
