@@ -126,7 +126,7 @@ impl Event {
 
     /// Parses one record, checking the envelope rules. `intern` shares type strings.
     pub fn from_json(text: &str, intern: &mut dyn FnMut(&str) -> Arc<str>) -> Result<Event, String> {
-        let raw: RawEnvelope = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let raw: RawEnvelope<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let kind: &str = &raw.kind;
         if kind.is_empty() {
             return Err("empty event type".into());

@@ -330,7 +330,7 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
         #[serde(borrow)]
         data: &'a serde_json::value::RawValue,
     }
-    serde_json::from_str::<Record>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
+    serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
 }
 
 /// The messages staged for session `id`, in enqueue order.
