@@ -11,14 +11,13 @@ import json
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import pytest
 
+from conftest import read_raw_session, session_path, write_raw_session
 from kerman import AgentLoop, FileStore, Inbox, InboxError, MemoryStore, ModelReply, Tool, ToolResult, UserMessage
 from kerman.models import EchoModel, ScriptedModel
-
-from conftest import read_raw_session, session_path, write_raw_session
 
 DEPTH = 100_000
 
@@ -241,7 +240,7 @@ def test_a_completion_delivered_to_a_closed_loop_is_dropped(factory):
         log.append("x/event", {})
 
     refs = []
-    for i in range(20):
+    for _ in range(20):
         refs += run_short_lived(factory, leave_a_wait, 1)
         thread = threading.Thread(target=append)  # delivers on a thread that is not the loop's
         thread.start()
