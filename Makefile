@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest fuzz demo bench bench-rust bench-instr clean
+.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest lint fuzz demo bench bench-rust bench-instr clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -37,6 +37,15 @@ stubtest:
 
 # Everything: Rust unit + integration tests, then the Python suite against the built wheel.
 test: test-rust test-python
+
+# Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
+# Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)
+# and the stubs against the built module.
+lint: install test-deps
+	cargo fmt --check
+	cargo clippy --release --all-targets --features python,postgres -- -D warnings
+	$(PY) -m ruff check
+	$(MAKE) stubtest
 
 # The slow profile: many more crash iterations (200 kills per durability mode), then every
 # fuzz target for FUZZ_SECONDS (docs/testing.md).

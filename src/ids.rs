@@ -68,13 +68,7 @@ pub fn new_id() -> String {
     let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let generation = FORKS.load(Ordering::SeqCst);
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let state = guard.get_or_insert_with(|| State {
-        generation: u64::MAX,
-        pool: Box::new([0; POOL]),
-        used: POOL,
-        last_ms: 0,
-        last: 0,
-    });
+    let state = guard.get_or_insert_with(|| State { generation: u64::MAX, pool: Box::new([0; POOL]), used: POOL, last_ms: 0, last: 0 });
     let forked = state.generation != generation;
     if forked {
         // A fresh process (or a forked child): nothing of the old pool is reused.

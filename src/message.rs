@@ -145,17 +145,10 @@ fn kind_source(kind: &str) -> Map<String, Value> {
 
 impl Message {
     /// A user message. `source` defaults to `{kind: "user"}`; `id` to a fresh UUIDv7.
-    pub fn user(
-        content: Vec<Value>,
-        source: Option<Map<String, Value>>,
-        id: Option<String>,
-    ) -> Result<Message, MessageError> {
+    pub fn user(content: Vec<Value>, source: Option<Map<String, Value>>, id: Option<String>) -> Result<Message, MessageError> {
         let source = source.unwrap_or_else(|| kind_source("user"));
         if field(&source, "kind").and_then(Value::as_str) == Some("tool") {
-            return Err(MessageError::new(
-                "source.kind",
-                "\"tool\" is reserved for tool results; use a ToolResultMessage",
-            ));
+            return Err(MessageError::new("source.kind", "\"tool\" is reserved for tool results; use a ToolResultMessage"));
         }
         Message::build(MessageKind::User, content, source, id)
     }
@@ -185,22 +178,13 @@ impl Message {
     }
 
     /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
-    pub fn assistant(
-        content: Vec<Value>,
-        source: Option<Map<String, Value>>,
-        id: Option<String>,
-    ) -> Result<Message, MessageError> {
+    pub fn assistant(content: Vec<Value>, source: Option<Map<String, Value>>, id: Option<String>) -> Result<Message, MessageError> {
         let source = source.unwrap_or_else(|| kind_source("model"));
         Message::build(MessageKind::Assistant, content, source, id)
     }
 
     /// A tool result for `call_id`: one `tool-result` block wrapping `content`.
-    pub fn tool_result(
-        call_id: &str,
-        content: Vec<Value>,
-        is_error: bool,
-        id: Option<String>,
-    ) -> Result<Message, MessageError> {
+    pub fn tool_result(call_id: &str, content: Vec<Value>, is_error: bool, id: Option<String>) -> Result<Message, MessageError> {
         let mut block = Map::new();
         block.insert("type".into(), Value::String("tool-result".into()));
         block.insert("toolCallId".into(), Value::String(call_id.into()));
@@ -264,19 +248,12 @@ impl Message {
             "assistant" => MessageKind::Assistant,
             "user" if field(&source, "kind").and_then(Value::as_str) == Some("tool") => MessageKind::ToolResult,
             "user" => MessageKind::User,
-            other => {
-                return Err(MessageError::new("role", format!("expected \"user\" or \"assistant\", got {other:?}")))
-            }
+            other => return Err(MessageError::new("role", format!("expected \"user\" or \"assistant\", got {other:?}"))),
         };
         Message::build(kind, content, source, Some(id))
     }
 
-    fn build(
-        kind: MessageKind,
-        content: Vec<Value>,
-        source: Map<String, Value>,
-        id: Option<String>,
-    ) -> Result<Message, MessageError> {
+    fn build(kind: MessageKind, content: Vec<Value>, source: Map<String, Value>, id: Option<String>) -> Result<Message, MessageError> {
         let id = match id {
             Some(id) if id.is_empty() => return Err(MessageError::new("id", "must be a non-empty string")),
             Some(id) => id,
@@ -337,12 +314,9 @@ impl Message {
     /// that `str`; its own content holds no text block of its own.
     pub fn text(&self) -> String {
         let blocks = match self.kind {
-            MessageKind::ToolResult => self
-                .content()
-                .first()
-                .and_then(|block| block.get("content"))
-                .and_then(Value::as_array)
-                .map_or(&[][..], Vec::as_slice),
+            MessageKind::ToolResult => {
+                self.content().first().and_then(|block| block.get("content")).and_then(Value::as_array).map_or(&[][..], Vec::as_slice)
+            }
             MessageKind::User | MessageKind::Assistant => self.content(),
         };
         let texts: Vec<&str> = blocks
@@ -467,10 +441,9 @@ fn validate_source(kind: MessageKind, content: &[Value], source: &Map<String, Va
     };
     match kind {
         MessageKind::User => Ok(()),
-        MessageKind::Assistant if source_kind != "model" => Err(MessageError::new(
-            "source.kind",
-            format!("an assistant message must have source kind \"model\", got {source_kind:?}"),
-        )),
+        MessageKind::Assistant if source_kind != "model" => {
+            Err(MessageError::new("source.kind", format!("an assistant message must have source kind \"model\", got {source_kind:?}")))
+        }
         MessageKind::Assistant => Ok(()),
         MessageKind::ToolResult => {
             let Some(Value::String(call_id)) = field(source, "callId") else {
@@ -503,7 +476,8 @@ mod tests {
     fn tool_result_text_is_tool_result_of_a_text_block() {
         for (call_id, text) in [("c1", "ok"), ("c\"1 \u{e9}\\", "a\n\t\u{1}\"q\" \u{1F600} \u{2028}"), ("", "")] {
             let fast = Message::tool_result_text(call_id, text);
-            let built = Message::tool_result(call_id, blocks(json!([{"type": "text", "text": text}])), false, Some(fast.id().to_owned())).unwrap();
+            let built =
+                Message::tool_result(call_id, blocks(json!([{"type": "text", "text": text}])), false, Some(fast.id().to_owned())).unwrap();
             assert_eq!(fast, built);
             // The JSON written up front is what serialising the maps gives.
             let serialised = Message { json: OnceLock::new(), parts: OnceLock::from(Box::new(fast.parts().clone())), ..fast.clone() };
@@ -527,7 +501,12 @@ mod tests {
         assert_eq!(Message::from_value(&serde_json::from_str(built.json()).unwrap()).unwrap().text(), "a\nb");
         // A user message holding a tool-result-shaped block is not a tool result: only its own
         // text blocks count.
-        let user = Message::user(blocks(json!([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "x"}]}])), None, None).unwrap();
+        let user = Message::user(
+            blocks(json!([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "x"}]}])),
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(user.text(), "");
     }
 
@@ -582,9 +561,12 @@ mod tests {
 
     #[test]
     fn json_round_trips_through_from_value() {
-        let m = Message::user(blocks(json!([{"type": "text", "text": "x"}, {"type": "custom", "z": [1]}])),
+        let m = Message::user(
+            blocks(json!([{"type": "text", "text": "x"}, {"type": "custom", "z": [1]}])),
             Some(json!({"kind": "plugin", "plugin": "", "extra": 1}).as_object().cloned().unwrap_or_default()),
-            Some("m-1".into())).unwrap();
+            Some("m-1".into()),
+        )
+        .unwrap();
         let back = Message::from_value(&serde_json::from_str(m.json()).unwrap()).unwrap();
         assert_eq!(back, m);
         assert_eq!(back.json(), m.json());
@@ -622,7 +604,10 @@ mod tests {
     #[test]
     fn equality_ignores_key_order() {
         let a = Message::user(blocks(json!([{"type": "text", "text": "x"}])), None, Some("i".into())).unwrap();
-        let b = Message::from_value(&json!({"source": {"kind": "user"}, "content": [{"text": "x", "type": "text"}], "role": "user", "id": "i"})).unwrap();
+        let b = Message::from_value(
+            &json!({"source": {"kind": "user"}, "content": [{"text": "x", "type": "text"}], "role": "user", "id": "i"}),
+        )
+        .unwrap();
         assert_eq!(a, b);
         use std::collections::hash_map::DefaultHasher;
         let (mut ha, mut hb) = (DefaultHasher::new(), DefaultHasher::new());

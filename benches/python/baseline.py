@@ -112,7 +112,7 @@ class Log:
     """Append-only list of events with observers; a writer (file store) gets each record line."""
 
     def __init__(self, id: str, header: Dict[str, Any], events: Optional[List[Event]] = None,
-                 writer: Optional["_Writer"] = None) -> None:
+                 writer: Optional[_Writer] = None) -> None:
         self.id, self.header, self.closed = id, header, False
         self._events: List[Event] = events or []
         self._last_time = self._events[-1].time if self._events else 0
@@ -209,7 +209,7 @@ class _Writer:
         self._lock = threading.Lock()
         self._submitted = 0  # lines handed over (caller side)
         self._durable = 0  # lines written and synced (writer side, under _lock)
-        self._waiters: List[Tuple[int, "asyncio.Future[None]", asyncio.AbstractEventLoop]] = []
+        self._waiters: List[Tuple[int, asyncio.Future[None], asyncio.AbstractEventLoop]] = []
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="baseline-writer", daemon=True)
         self._thread.start()
@@ -255,7 +255,7 @@ class _Writer:
                 self._durable = written
                 ready = [w for w in self._waiters if w[0] <= written]
                 self._waiters = [w for w in self._waiters if w[0] > written]
-            by_loop: Dict[asyncio.AbstractEventLoop, List["asyncio.Future[None]"]] = {}
+            by_loop: Dict[asyncio.AbstractEventLoop, List[asyncio.Future[None]]] = {}
             for _, future, loop in ready:
                 by_loop.setdefault(loop, []).append(future)
             for loop, futures in by_loop.items():
@@ -270,7 +270,7 @@ class _Writer:
         self._thread.join()
 
 
-def _resolve(futures: List["asyncio.Future[None]"]) -> None:
+def _resolve(futures: List[asyncio.Future[None]]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(None)
@@ -521,7 +521,7 @@ class Reject:
 
 @dataclass(slots=True)
 class PreStep:
-    loop: "AgentLoop"
+    loop: AgentLoop
     messages: List[Message]
     turn: int
     step: int
@@ -566,7 +566,7 @@ class ToolContext:
 
     __slots__ = ("call_id", "turn", "step", "loop")
 
-    def __init__(self, call_id: str, turn: int, step: int, loop: "AgentLoop") -> None:
+    def __init__(self, call_id: str, turn: int, step: int, loop: AgentLoop) -> None:
         self.call_id, self.turn, self.step, self.loop = call_id, turn, step, loop
 
 
@@ -609,7 +609,7 @@ class AgentLoop:
         for event in self.log.events(types="turn/start"):
             self.turn = event.data["turn"]
         self.status = "idle"
-        self._task: Optional["asyncio.Task[None]"] = None
+        self._task: Optional[asyncio.Task[None]] = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._history: Optional[List[Message]] = None  # derived from the log on the first request
@@ -676,7 +676,8 @@ class AgentLoop:
                     batch = self.inbox.claim(NEXT_STEP, turn)
                 first = False
                 payload = PreStep(self, batch, turn, step + 1)
-                decision = await waterfall(self._pre_step, payload, lambda: Enter(payload.messages))
+                # The default decision runs inside this await, before `payload` changes (B023).
+                decision = await waterfall(self._pre_step, payload, lambda: Enter(payload.messages))  # noqa: B023
                 if not isinstance(decision, (Enter, Reject)):
                     raise TurnFailure({"message": f"pre-step listener returned {decision!r}; expected Enter or Reject",
                                        "code": "INVALID_DECISION"})
@@ -747,7 +748,7 @@ class AgentLoop:
             results = [await self._call_tool(calls[0], turn, step)]
         else:
             results = await asyncio.gather(*(self._call_tool(c, turn, step) for c in calls))
-        for call, seq, (content, error) in zip(calls, seqs, results):
+        for call, seq, (content, error) in zip(calls, seqs, results, strict=True):
             result = ToolResultMessage(call["id"], content, error is not None)
             data: Dict[str, Any] = {"turn": turn, "step": step, "message": result.to_dict()}
             if error is not None:

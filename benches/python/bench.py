@@ -36,10 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import kerman  # noqa: E402
-
 import baseline as B  # noqa: E402
 import gen_log  # noqa: E402
+import kerman  # noqa: E402
 
 WORKLOADS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10")
 # Extra rows outside PERFORMANCE.md's P1–P10, run with the full set or by name (--only TAIL).
@@ -465,7 +464,8 @@ def p7(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
 
     rows = []
     for mode in ("batch", "checkpoint"):
-        ks, bs = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability=mode)),
+        # `interleave` calls both at once, before `mode` changes (B023).
+        ks, bs = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability=mode)),  # noqa: B023
                             lambda: run(B.FileStore(root, durability="batch")))
         k, b = med([pct(s, 50) for s in ks]), med([pct(s, 50) for s in bs])
         k99 = med([pct(s, 99) for s in ks])
@@ -597,7 +597,7 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
                 loop.followup("A question that needs a slow model.")
                 await loop.when_idle()
                 whole.append(now_ns() - t0)
-            return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside)]) / 1e9
+            return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside, strict=True)]) / 1e9
         return asyncio.run(go())
 
     async def bare() -> Tuple[float, float]:
@@ -622,7 +622,7 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             task = asyncio.ensure_future(turn())
             await asyncio.wait({task})
             whole.append(now_ns() - t0)
-        return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside)]) / 1e9
+        return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside, strict=True)]) / 1e9
 
     ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop),
                             lambda: run(B.ModelReply, B.AgentLoop), lambda: asyncio.run(bare()))
@@ -704,7 +704,7 @@ def table(rows: List[Row]) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
 
     def fmt(c: List[str]) -> str:
-        return "| " + " | ".join(v.ljust(w) for v, w in zip(c, widths)) + " |"
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)) + " |"
 
     return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(c) for c in cells[1:]])
 
@@ -753,7 +753,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(machine_line())
     print(f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
-          "Loop rows (P3, P4, P10): the turn and the step run in the Rust Driver; a lone tool call runs in the driver task, several go through the Python scheduler.")
+          "Loop rows (P3, P4, P10): the turn and the step run in the Rust Driver; "
+          "a lone tool call runs in the driver task, several go through the Python scheduler.")
     return 0
 
 

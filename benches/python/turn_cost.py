@@ -95,7 +95,7 @@ def main(argv: List[str]) -> None:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise SystemExit(f"unknown case(s) {', '.join(unknown)}; expected some of {', '.join(CASES)}")
-    print(f"| case | Kerman instr/turn | baseline instr/turn | ratio |\n|---|---|---|---|")
+    print("| case | Kerman instr/turn | baseline instr/turn | ratio |\n|---|---|---|---|")
     for name in names:
         listeners, tool = CASES[name]
         per = {}

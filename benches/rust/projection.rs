@@ -21,8 +21,6 @@ pub fn benches(c: &mut Criterion) {
     group.bench_function(format!("inbox_fold/{}_events", events.len()), |b| {
         b.iter_with_large_drop(|| InboxProjection::fold(black_box(&events)).expect("replays"))
     });
-    group.bench_function(format!("consumed_work/{}_events", events.len()), |b| {
-        b.iter(|| consumed_work(black_box(&events)))
-    });
+    group.bench_function(format!("consumed_work/{}_events", events.len()), |b| b.iter(|| consumed_work(black_box(&events))));
     group.finish();
 }

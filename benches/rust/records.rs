@@ -59,9 +59,8 @@ pub fn benches(c: &mut Criterion) {
     let (_, tool_result) = &samples[2];
     let line = frame(&tool_result.to_json());
     group.throughput(Throughput::Bytes(line.len() as u64 + 1));
-    group.bench_function("unframe/tool_result_6k", |b| {
-        b.iter(|| raw::unframe(black_box(line.as_bytes())).expect("checksum matches").len())
-    });
+    group
+        .bench_function("unframe/tool_result_6k", |b| b.iter(|| raw::unframe(black_box(line.as_bytes())).expect("checksum matches").len()));
     group.finish();
 
     let session = Builder::with_file_size(1_000_000);

@@ -16,9 +16,8 @@ use serde_json::{json, Map, Value};
 
 /// English-ish words plus what makes JSON text expensive: quotes, tabs, non-ASCII.
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "is", "that", "for", "with", "on", "session", "log", "inbox",
-    "turn", "step", "model", "tool", "claim", "durable", "append", "writer", "prompt", "context",
-    "result", "reply", "stream", "chunk", "résumé", "naïve", "\"quoted\"", "tab\there",
+    "the", "of", "and", "to", "in", "is", "that", "for", "with", "on", "session", "log", "inbox", "turn", "step", "model", "tool", "claim",
+    "durable", "append", "writer", "prompt", "context", "result", "reply", "stream", "chunk", "résumé", "naïve", "\"quoted\"", "tab\there",
     "src/event_log/file/format.rs", "{json: [1, 2]}", "42", "3.14",
 ];
 

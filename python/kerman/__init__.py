@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 
-from . import _core, errors
+from . import _core, errors, models
 from ._core import (
     FORMAT_VERSION,
     NEXT_STEP,
@@ -29,6 +29,27 @@ from ._core import (
     __version__,
     consumed_work,
 )
+from .errors import (
+    CorruptLogError,
+    DuplicateMessageError,
+    InboxError,
+    InvalidMessageError,
+    KermanError,
+    LeaseLostError,
+    LogClosedError,
+    LogError,
+    LogWriteError,
+    LoopError,
+    ModelError,
+    NotJsonError,
+    ProjectionError,
+    ReentrantAppendError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    TurnAborted,
+    UnsupportedFormatError,
+)
 from .loop import AgentLoop
 from .types import (
     Enter,
@@ -44,28 +65,6 @@ from .types import (
     ToolContext,
     ToolResult,
     TurnStopping,
-)
-from . import models
-from .errors import (
-    CorruptLogError,
-    DuplicateMessageError,
-    InboxError,
-    InvalidMessageError,
-    KermanError,
-    LogClosedError,
-    LogError,
-    LeaseLostError,
-    LogWriteError,
-    LoopError,
-    ModelError,
-    NotJsonError,
-    ProjectionError,
-    ReentrantAppendError,
-    SessionExistsError,
-    SessionLockedError,
-    SessionNotFoundError,
-    TurnAborted,
-    UnsupportedFormatError,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, AsyncIterator, Optional
 
 
-def resolve(fut: "asyncio.Future[Any]", exc: Optional[BaseException]) -> None:
+def resolve(fut: asyncio.Future[Any], exc: Optional[BaseException]) -> None:
     """Completes ``fut`` unless it was cancelled or completed already."""
     if fut.done():
         return

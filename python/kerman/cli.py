@@ -513,7 +513,7 @@ def _cmd_repair(args: argparse.Namespace) -> int:
         except CorruptLogError as error:
             _out(f"{error.path} is corrupt at line {error.line} (seq {error.seq}):\n  {error}")
             if error.line is not None and error.line <= 1:
-                raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that")
+                raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that") from None
             plan = _session_call(lambda sid: store.repair(sid, dry_run=True), args.id)
             _out(f"repair would keep the {_count(plan['kept_events'], 'record')} that verify, each at its seq, "
                  "and set aside:")

@@ -25,7 +25,9 @@ pub enum LogError {
     Locked { id: String },
     /// An owning log of this very process still holds the session (it was not closed).
     LockedHere { id: String },
+    /// No session `id` in the store.
     NotFound { id: String },
+    /// A session `id` already exists (create of a taken id).
     Exists { id: String },
     /// The log was closed; nothing more can be appended.
     Closed { id: String },

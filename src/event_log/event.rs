@@ -126,7 +126,7 @@ impl Event {
 
     /// Parses one record, checking the envelope rules. `intern` shares type strings.
     pub fn from_json(text: &str, intern: &mut dyn FnMut(&str) -> Arc<str>) -> Result<Event, String> {
-        let raw: RawEnvelope = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let raw: RawEnvelope<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let kind: &str = &raw.kind;
         if kind.is_empty() {
             return Err("empty event type".into());
@@ -138,9 +138,7 @@ impl Event {
             (true, Some(op)) => Some(Surface { op: op.into_op()?, source_event_seqs: raw.source_event_seqs }),
             (true, None) => return Err(format!("surface event \"{kind}\" lacks surfaceOp")),
             (false, Some(_)) => return Err(format!("event \"{kind}\" must not carry surfaceOp")),
-            (false, None) if raw.source_event_seqs.is_some() => {
-                return Err(format!("event \"{kind}\" must not carry sourceEventSeqs"))
-            }
+            (false, None) if raw.source_event_seqs.is_some() => return Err(format!("event \"{kind}\" must not carry sourceEventSeqs")),
             (false, None) => None,
         };
         if let Some(seqs) = surface.as_ref().and_then(|s| s.source_event_seqs.as_ref()) {
@@ -180,9 +178,7 @@ impl WireSurfaceOp {
     fn into_op(self) -> Result<SurfaceOp, String> {
         match self {
             WireSurfaceOp::Name(name) if name == "append" => Ok(SurfaceOp::Append),
-            WireSurfaceOp::Replace { op, start, end } if op == "replace" && start <= end => {
-                Ok(SurfaceOp::Replace { start, end })
-            }
+            WireSurfaceOp::Replace { op, start, end } if op == "replace" && start <= end => Ok(SurfaceOp::Replace { start, end }),
             _ => Err("invalid surfaceOp".into()),
         }
     }

@@ -159,7 +159,14 @@ impl Publishing<'_> {
     /// event is copied out only if `keep` or an observer needs it: a copy is two atomic
     /// reference-count increments and, later, two decrements, ~10 ns each on the VMs measured
     /// here, which on the inbox's paths cost more than everything else the commit does.
-    pub(crate) fn commit(&self, kind: &str, data: Arc<str>, surface: Option<Surface>, time: Option<i64>, keep: bool) -> Result<Committed, LogError> {
+    pub(crate) fn commit(
+        &self,
+        kind: &str,
+        data: Arc<str>,
+        surface: Option<Surface>,
+        time: Option<i64>,
+        keep: bool,
+    ) -> Result<Committed, LogError> {
         let shared = &self.log.shared;
         let mut st = lock(&shared.state);
         if st.closed {

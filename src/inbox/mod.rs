@@ -10,8 +10,8 @@
 mod splice;
 
 use std::cell::RefCell;
-use std::fmt;
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -220,11 +220,7 @@ impl Inbox {
         // as values (an id JSON escapes is not in the text as it is).
         let mentions = |data: &str| staged.iter().any(|row| crate::json::may_hold_string(data, &row.id));
         let logged: HashSet<String> = self.shared.log.with_events(|events| {
-            events
-                .iter()
-                .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
-                .flat_map(|e| inserted_ids(e.data_json()))
-                .collect()
+            events.iter().filter(|e| e.kind() == SPLICED && mentions(e.data_json())).flat_map(|e| inserted_ids(e.data_json())).collect()
         });
         let mut wake = false;
         for row in staged {

@@ -167,8 +167,10 @@ pub fn normalize(len: usize, start: i64, delete: i64) -> (usize, usize) {
 struct Pending(NonNull<Message>);
 
 // SAFETY: a `Pending` is only dereferenced as `&Message` (which is `Sync`) while the `Lists`
-// holding it is borrowed, and the lists keep the message alive (see `Lists`).
+// holding it is borrowed, and the lists keep the message alive (see `Lists`); so sending one
+// to another thread hands over no more than a `&Message` would.
 unsafe impl Send for Pending {}
+// SAFETY: as for `Send`: sharing a `Pending` shares only a `&Message`, and `Message` is `Sync`.
 unsafe impl Sync for Pending {}
 
 impl Pending {
@@ -344,6 +346,20 @@ pub fn placement(target: Target, message: &Message) -> &'static str {
     }
 }
 
+/// The ids a logged splice payload inserts, read without building the messages (for the
+/// staged-input checks of the PostgreSQL store); empty if the payload does not parse.
+pub fn inserted_ids(data: &str) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        #[serde(default)]
+        inserted: Vec<Inserted>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inserted {
+        id: String,
+    }
+    serde_json::from_str::<Payload>(data).map(|p| p.inserted.into_iter().map(|m| m.id).collect()).unwrap_or_default()
+}
 
 #[cfg(test)]
 mod tests {
@@ -393,19 +409,4 @@ mod tests {
         let s = Splice { target: Target::NextTurn, start: 1, removed: 0, inserted: vec![], canceled: false };
         assert!(matches!(lists.validate(&s), Err(SpliceError::Invalid(_))));
     }
-}
-
-/// The ids a logged splice payload inserts, read without building the messages (for the
-/// staged-input checks of the PostgreSQL store); empty if the payload does not parse.
-pub fn inserted_ids(data: &str) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Payload {
-        #[serde(default)]
-        inserted: Vec<Inserted>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inserted {
-        id: String,
-    }
-    serde_json::from_str::<Payload>(data).map(|p| p.inserted.into_iter().map(|m| m.id).collect()).unwrap_or_default()
 }

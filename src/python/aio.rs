@@ -171,7 +171,8 @@ impl Completion {
     pub fn new(py: Python<'_>) -> PyResult<(Completion, Bound<'_, PyAny>)> {
         let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
         let future = event_loop.call_method0("create_future")?;
-        let drains = DRAINS.get_or_try_init(py, || py.import("weakref")?.getattr("WeakKeyDictionary")?.call0().map(Bound::unbind))?.bind(py);
+        let drains =
+            DRAINS.get_or_try_init(py, || py.import("weakref")?.getattr("WeakKeyDictionary")?.call0().map(Bound::unbind))?.bind(py);
         // A loop that cannot be weakly referenced gets a drain per flush: correct, not coalesced.
         let drain = match known_drain(drains, &event_loop) {
             (Some(drain), _) => drain,

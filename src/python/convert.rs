@@ -308,7 +308,6 @@ pub fn map_to_py<'py>(py: Python<'py>, map: &Map<String, Value>) -> PyResult<Bou
 
 /// Parses JSON text (known valid: it came from the log) into Python objects.
 pub fn json_to_py<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid JSON: {e}")))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid JSON: {e}")))?;
     to_py(py, &value)
 }

@@ -40,9 +40,7 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
         LogError::ReservedType(_) | LogError::InvalidType(_) | LogError::InvalidId(_) => PyValueError::new_err(text),
         LogError::Unstorable(_) => PyValueError::new_err(text),
         LogError::InvalidEvent(_) => new_err(py, "LogError", (text,)),
-        LogError::Corrupt { path, line, seq, .. } => {
-            new_err(py, "CorruptLogError", (text, path.display().to_string(), line, seq))
-        }
+        LogError::Corrupt { path, line, seq, .. } => new_err(py, "CorruptLogError", (text, path.display().to_string(), line, seq)),
         LogError::UnsupportedFormat { path, found, supported } => {
             new_err(py, "UnsupportedFormatError", (text, path.display().to_string(), found, supported))
         }
@@ -97,8 +95,5 @@ pub fn report_contained(py: Python<'_>, what: &str, err: PyErr) {
 
 /// Logs a warning on the `kerman` logger.
 pub fn warn(py: Python<'_>, text: &str) {
-    let _ = py
-        .import("logging")
-        .and_then(|m| m.call_method1("getLogger", ("kerman",)))
-        .and_then(|l| l.call_method1("warning", (text,)));
+    let _ = py.import("logging").and_then(|m| m.call_method1("getLogger", ("kerman",))).and_then(|l| l.call_method1("warning", (text,)));
 }

@@ -1,12 +1,11 @@
 //! `Event`, `SessionLog` and the stores.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -21,12 +20,12 @@ use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilt
 #[pyclass(name = "Event", module = "kerman", frozen)]
 pub struct PyEvent {
     pub inner: Event,
-    data: PyOnceLock<Py<PyAny>>,
+    data: OnceLock<Py<PyAny>>,
 }
 
 impl PyEvent {
     pub fn new(inner: Event) -> Self {
-        PyEvent { inner, data: PyOnceLock::new() }
+        PyEvent { inner, data: OnceLock::new() }
     }
 }
 
@@ -67,18 +66,21 @@ impl PyEvent {
     /// The cached payload is a plain dict the caller may change, so it can hold a cycle back
     /// to its event. Once set it never changes, so there is nothing for `__clear__` to break.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // SAFETY: `tp_traverse` runs with the interpreter attached; the token only reads the
-        // cell (it makes no Python call).
-        let py = unsafe { Python::assume_attached() };
-        visit.call(self.data.get(py))
+        // A std `OnceLock`, not pyo3's `PyOnceLock`: reading it needs no `Python` token, and
+        // `__traverse__` is given none.
+        visit.call(self.data.get())
     }
 
     /// The payload, decoded once and cached.
     #[getter]
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.data
-            .get_or_try_init(py, || json_to_py(py, self.inner.data_json()).map(Bound::unbind))
-            .map(|d| d.clone_ref(py))
+        if let Some(data) = self.data.get() {
+            return Ok(data.clone_ref(py));
+        }
+        let decoded = json_to_py(py, self.inner.data_json())?.unbind();
+        // Decoding can run Python code (finalizers in a collection), so another thread may have
+        // cached its decoding meanwhile: the first one cached wins, and every caller gets it.
+        Ok(self.data.get_or_init(|| decoded).clone_ref(py))
     }
 
     /// `"append"`, `{"op": "replace", "start", "end"}`, or `None` for non-surface events.
@@ -245,7 +247,9 @@ impl Drop for PySessionLog {
                  Close it with log.close() or open it with `with store.open(id) as log:`",
                 self.inner.id()
             );
-            if let Err(err) = PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyResourceWarning>(), &std::ffi::CString::new(text).unwrap_or_default(), 1) {
+            if let Err(err) =
+                PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyResourceWarning>(), &std::ffi::CString::new(text).unwrap_or_default(), 1)
+            {
                 err.write_unraisable(py, None);
             }
         });
@@ -313,7 +317,13 @@ impl PySessionLog {
     /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`. Top-level
     /// values of `data` may be `Message` objects (written as their JSON).
     #[pyo3(signature = (r#type, data, source_event_seqs=None))]
-    fn _append_owned(&self, py: Python<'_>, r#type: &str, data: &Bound<'_, PyAny>, source_event_seqs: Option<Vec<u64>>) -> PyResult<PyEvent> {
+    fn _append_owned(
+        &self,
+        py: Python<'_>,
+        r#type: &str,
+        data: &Bound<'_, PyAny>,
+        source_event_seqs: Option<Vec<u64>>,
+    ) -> PyResult<PyEvent> {
         let text = to_json_text_with_messages(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
         let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
         self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
@@ -510,9 +520,12 @@ fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
         let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
         return Err(PyTypeError::new_err(format!("{what} must be a str, got {name}")));
     };
-    s.to_str()
-        .map(str::to_owned)
-        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("{what} is not valid Unicode (lone surrogate): {}", s.repr().map(|r| r.to_string()).unwrap_or_default())))
+    s.to_str().map(str::to_owned).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} is not valid Unicode (lone surrogate): {}",
+            s.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -22,7 +22,8 @@ pub fn attach_unless_exiting<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
     if EXITING.load(SeqCst) {
         return None;
     }
-    // SAFETY: only reads the calling thread's state.
+    // SAFETY: CPython allows `PyGILState_Check` on any thread at any time, attached or not
+    // (pyo3 has no safe "is this thread attached?"); it only reads the calling thread's state.
     if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
         // Already attached (Python code mutating an inbox, say): there is no attach to guard,
         // and `at_exit`, which needs the GIL this thread holds, cannot be running. Skipping

@@ -182,10 +182,11 @@ impl Wrappers {
     fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
         let len = messages.len();
         // SAFETY: `PyList_New` returns a new reference (or null with an exception set) to a
-        // list of `len` null slots; every slot is filled below before the list is returned,
-        // and a list with null slots is safe to traverse and to free if a wrap fails midway.
+        // list of `len` null slots. No Python code runs until every slot holds an object (a
+        // cached one, or `None` until its wrapper is made), so no Python code can see a null
+        // slot (through `gc.get_objects()`, say); freeing the list if a wrap fails is safe.
         let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?.cast_into_unchecked::<PyList>() };
-        // SAFETY (both closures): `i < len`, the slot is empty (addresses in `messages` are
+        // SAFETY: every caller passes `i < len` and an empty slot (addresses in `messages` are
         // distinct, so each slot is offered one object), and the reference is handed to it.
         let put = |i: usize, obj: Py<PyAny>| unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
         let mut filled = 0;
@@ -215,16 +216,19 @@ impl Wrappers {
                 }
             }
         }
-        let missed = filled < len;
-        if missed {
-            // Wrapped outside the lock: making an object can run Python code.
-            for (i, m) in messages.iter().enumerate() {
-                // SAFETY: `i < len`; a null slot is one the loop above left empty.
+        if filled < len {
+            // Wrapped outside the lock, and only once no slot is null: making an object can
+            // run Python code.
+            let mut empty = Vec::with_capacity(len - filled);
+            for i in 0..len {
+                // SAFETY: `i < len`, the length of `list`; the item is only compared with null.
                 if unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) }.is_null() {
-                    let obj = wrap(py, Arc::clone(m))?;
-                    // SAFETY: as above, the slot is empty.
-                    unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
+                    put(i, py.None());
+                    empty.push(i);
                 }
+            }
+            for i in empty {
+                list.set_item(i, wrap(py, Arc::clone(&messages[i]))?)?;
             }
         }
         Ok(list)
@@ -358,7 +362,9 @@ pub struct PyInbox {
 fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {
     match obj {
         Some(o) if o.is_none(py) => Ok(None),
-        Some(o) if !o.bind(py).is_callable() => Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?))),
+        Some(o) if !o.bind(py).is_callable() => {
+            Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?)))
+        }
         other => Ok(other.map(Held::new)),
     }
 }

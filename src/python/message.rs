@@ -65,7 +65,12 @@ pub fn content_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
 /// and no source, written as JSON text at once (`Message::of_text`, the same bytes as the
 /// general path); `None` for any other arguments, which take the general path (and its
 /// errors: an empty id, say).
-pub fn text_message(kind: MessageKind, content: &Bound<'_, PyAny>, source: Option<&Bound<'_, PyAny>>, id: Option<String>) -> PyResult<Option<Message>> {
+pub fn text_message(
+    kind: MessageKind,
+    content: &Bound<'_, PyAny>,
+    source: Option<&Bound<'_, PyAny>>,
+    id: Option<String>,
+) -> PyResult<Option<Message>> {
     if source.is_some_and(|s| !s.is_none()) || id.as_deref() == Some("") {
         return Ok(None);
     }
@@ -118,8 +123,7 @@ fn id_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
 
 /// A `str` that must be valid Unicode (no lone surrogates) to be stored; `field` names it.
 fn text_arg(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<String> {
-    obj.extract::<String>()
-        .map_err(|_| invalid(obj.py(), field, "string is not valid Unicode (lone surrogate)".into()))
+    obj.extract::<String>().map_err(|_| invalid(obj.py(), field, "string is not valid Unicode (lone surrogate)".into()))
 }
 
 /// A user message from a `str` or a `UserMessage`; anything else is a `TypeError`.

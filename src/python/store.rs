@@ -207,8 +207,8 @@ impl PyFileStore {
     }
 
     fn __repr__(&self) -> String {
-        let root = Python::attach(|py| PyString::new(py, &self.root.display().to_string()).repr().map(|r| r.to_string()))
-            .unwrap_or_default();
+        let root =
+            Python::attach(|py| PyString::new(py, &self.root.display().to_string()).repr().map(|r| r.to_string())).unwrap_or_default();
         format!("<FileStore root={root} durability='{}'>", self.durability)
     }
 }

@@ -141,7 +141,7 @@ def encode_session_id(session_id: str) -> str:
         if c.isascii() and (c.isalnum() or c in "_-"):
             out.append(c)
         else:
-            out.append("~%02X" % b)
+            out.append(f"~{b:02X}")
     return "".join(out)
 
 
@@ -215,7 +215,7 @@ def fresh_schema_dsn() -> str:
     return f"{PG_DSN}{sep}options=-csearch_path%3D{schema}"
 
 
-def postgres_store_in_fresh_schema(**kwargs: Any) -> "kerman.PostgresStore":
+def postgres_store_in_fresh_schema(**kwargs: Any) -> kerman.PostgresStore:
     """A PostgresStore alone in a new schema of the test server (its migrations run there), so
     ``list()`` and friends see only this test's sessions. Skips without ``KERMAN_PG_DSN``."""
     return kerman.PostgresStore(fresh_schema_dsn(), **kwargs)

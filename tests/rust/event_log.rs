@@ -91,7 +91,15 @@ fn a_forgotten_wait_is_dropped_at_once_and_never_called() {
     let fired = Arc::new(Mutex::new(0));
     let held = Arc::new(());
     let (f, h) = (Arc::clone(&fired), Arc::clone(&held));
-    let id = log.wait_beyond(0, Box::new(move || { let _h = &h; *f.lock().unwrap() += 1 })).expect("registered");
+    let id = log
+        .wait_beyond(
+            0,
+            Box::new(move || {
+                let _h = &h;
+                *f.lock().unwrap() += 1
+            }),
+        )
+        .expect("registered");
     let f = Arc::clone(&fired);
     let kept = log.wait_beyond(0, Box::new(move || *f.lock().unwrap() += 10)).expect("registered");
     assert_ne!(id, kept);
@@ -116,10 +124,13 @@ fn closers_answer_each_call_of_a_repeated_id_once() {
     let call = |id: &str| json!({"type": "tool-call", "id": id, "name": "t", "arguments": "{}"});
     let message = json!({"id": "m", "role": "assistant", "content": [call("c1"), call("c1"), call("c2")], "source": {"kind": "model"}});
     log.append_loop_event("assistant/message", &json!({"turn": 1, "step": 1, "message": message}), Some(Surface::append())).unwrap();
-    let first = log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
-    let second = log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
+    let first =
+        log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
+    let second =
+        log.append_loop_event("tool/call", &json!({"turn": 1, "step": 1, "callId": "c1", "name": "t", "arguments": "{}"}), None).unwrap();
     let result = json!({"id": "r", "role": "tool", "content": [{"type": "tool-result", "callId": "c1", "content": [{"type": "text", "text": "ok"}]}], "source": {"kind": "tool", "callId": "c1"}});
-    log.append_loop_event("tool/result", &json!({"turn": 1, "step": 1, "message": result}), Some(Surface::append_citing(vec![first.seq]))).unwrap();
+    log.append_loop_event("tool/result", &json!({"turn": 1, "step": 1, "message": result}), Some(Surface::append_citing(vec![first.seq])))
+        .unwrap();
     let before = log.len();
     // The second c1 (started, no result) and c2 (never started); then step/end and turn/end.
     assert_eq!(close_open_turn(&log).unwrap(), 4);

@@ -24,8 +24,7 @@ fn framed(json: &str) -> String {
 
 fn fill(log: &SessionLog, n: usize) {
     for i in 0..n {
-        log.append("goal/change", &json!({"goal": format!("g{i} ✓"), "n": i, "nested": {"z": [1, null], "a": "\n"}}))
-            .unwrap();
+        log.append("goal/change", &json!({"goal": format!("g{i} ✓"), "n": i, "nested": {"z": [1, null], "a": "\n"}})).unwrap();
     }
 }
 
@@ -265,8 +264,10 @@ fn repair_keeps_every_record_that_verifies_at_its_seq() {
     assert_eq!(&repaired[..bad], &bytes[..bad], "the records before the damage are untouched");
     let log = store.open("r").unwrap();
     let events = log.range(0, None);
-    assert_eq!(events.iter().map(|e| e.kind().to_string()).collect::<Vec<_>>(),
-               ["goal/change", "goal/change", "log/damaged", "goal/change", "goal/change", "log/repaired"]);
+    assert_eq!(
+        events.iter().map(|e| e.kind().to_string()).collect::<Vec<_>>(),
+        ["goal/change", "goal/change", "log/damaged", "goal/change", "goal/change", "log/repaired"]
+    );
     assert_eq!(events[2].data(), json!({"seqs": [2, 2], "lines": [4, 4], "backup": "r.jsonl.corrupt.1"}));
     assert_eq!(events[3].data()["n"], 3, "later records keep their seqs");
     assert_eq!(events[5].data()["lostSeqs"], json!([[2, 2]]));
@@ -314,9 +315,12 @@ fn a_follower_grows_with_the_owner_and_refuses_appends() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while follower.len() < 5 && !follower.is_closed() {
         let (tx, rx) = std::sync::mpsc::channel();
-        follower.wait_beyond(follower.len(), Box::new(move || {
-            let _ = tx.send(());
-        }));
+        follower.wait_beyond(
+            follower.len(),
+            Box::new(move || {
+                let _ = tx.send(());
+            }),
+        );
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         rx.recv_timeout(left).expect("the follower did not grow");
     }
@@ -394,8 +398,7 @@ fn faulty(dir: &Path, durability: Durability, point: FaultPoint) -> (FileStore, 
     let armed = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&armed);
     let store = FileStore::new(dir.join("store"), durability).unwrap().with_fault(Arc::new(move |site| {
-        (site.point == point && flag.load(Ordering::SeqCst))
-            .then(|| Fault::Short { bytes: 10, error: io::Error::other("injected") })
+        (site.point == point && flag.load(Ordering::SeqCst)).then(|| Fault::Short { bytes: 10, error: io::Error::other("injected") })
     }));
     (store, armed)
 }
@@ -433,12 +436,10 @@ fn a_failed_write_or_sync_fails_the_barrier_truncates_and_poisons() {
 #[test]
 fn a_failed_cut_back_leaves_a_torn_tail_that_open_truncates() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::new(dir.path().join("store"), Durability::Strict).unwrap().with_fault(Arc::new(|site| {
-        match site.point {
-            FaultPoint::Write if site.seqs.start == 2 => Some(Fault::Short { bytes: 15, error: io::Error::other("short") }),
-            FaultPoint::CutBack => Some(Fault::Fail(io::Error::other("no cut"))),
-            _ => None,
-        }
+    let store = FileStore::new(dir.path().join("store"), Durability::Strict).unwrap().with_fault(Arc::new(|site| match site.point {
+        FaultPoint::Write if site.seqs.start == 2 => Some(Fault::Short { bytes: 15, error: io::Error::other("short") }),
+        FaultPoint::CutBack => Some(Fault::Fail(io::Error::other("no cut"))),
+        _ => None,
     }));
     let log = store.create(Some("t")).unwrap();
     fill(&log, 2);
@@ -529,7 +530,8 @@ fn entries_that_are_not_regular_files_are_refused_without_blocking() {
     let (victim, before) = closed_session(&FileStore::new(elsewhere.path(), Durability::None).unwrap(), "v", 2);
     let fifo = store.path_of("fifo").unwrap();
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it (std has
+    // no safe mkfifo).
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     std::os::unix::fs::symlink(&victim, store.path_of("link").unwrap()).unwrap();
     std::os::unix::fs::symlink("/dev/zero", store.path_of("zero").unwrap()).unwrap();
@@ -570,9 +572,12 @@ fn a_follower_of_a_file_rewritten_in_place_stops_without_splicing() {
     while !follower.is_closed() {
         assert!(std::time::Instant::now() < deadline, "the follower did not stop");
         let tx = tx.clone();
-        follower.wait_beyond(follower.len(), Box::new(move || {
-            let _ = tx.send(());
-        }));
+        follower.wait_beyond(
+            follower.len(),
+            Box::new(move || {
+                let _ = tx.send(());
+            }),
+        );
         let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
     }
     assert_eq!(follower.len(), 3, "nothing of the other session was adopted");

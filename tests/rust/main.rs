@@ -8,7 +8,7 @@ mod inbox;
 #[cfg(feature = "postgres")]
 mod postgres_distributed;
 #[cfg(feature = "postgres")]
-mod postgres_store;
-#[cfg(feature = "postgres")]
 mod postgres_recovery;
+#[cfg(feature = "postgres")]
+mod postgres_store;
 mod projection;

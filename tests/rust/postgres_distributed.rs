@@ -45,9 +45,12 @@ fn staged(message: &Message, target: Target, wakeup: bool) -> StagedInput {
 /// Waits (bounded) until `log` holds more than `len` events.
 fn wait_beyond(log: &kerman::event_log::SessionLog, len: u64) {
     let (tx, rx) = mpsc::channel();
-    log.wait_beyond(len, Box::new(move || {
-        let _ = tx.send(());
-    }));
+    log.wait_beyond(
+        len,
+        Box::new(move || {
+            let _ = tx.send(());
+        }),
+    );
     rx.recv_timeout(DEADLINE).expect("the log did not grow in time");
 }
 

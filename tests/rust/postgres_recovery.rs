@@ -148,7 +148,10 @@ fn an_open_whose_reply_was_lost_adopts_the_lease_it_took() {
 
 /// Holds the session row locked from another session, so the store's append blocks inside
 /// the server; then ends the store's backend there, mid-statement.
-fn append_cut_off_mid_statement(dsn: &str, meddle: impl FnOnce(&Admin, &str)) -> (PgCore, String, Vec<kerman::event_log::Event>, Result<Response, LogError>) {
+fn append_cut_off_mid_statement(
+    dsn: &str,
+    meddle: impl FnOnce(&Admin, &str),
+) -> (PgCore, String, Vec<kerman::event_log::Event>, Result<Response, LogError>) {
     let admin = Admin::new(dsn);
     let c = core(dsn);
     let (lease, _) = c.create(None).unwrap();

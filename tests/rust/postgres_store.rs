@@ -12,10 +12,7 @@ pub fn dsn() -> Option<String> {
     match std::env::var("KERMAN_PG_DSN") {
         Ok(dsn) if !dsn.is_empty() => Some(dsn),
         _ => {
-            assert!(
-                std::env::var("KERMAN_PG_REQUIRED").as_deref() != Ok("1"),
-                "KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset"
-            );
+            assert!(std::env::var("KERMAN_PG_REQUIRED").as_deref() != Ok("1"), "KERMAN_PG_REQUIRED=1 but KERMAN_PG_DSN is unset");
             eprintln!("skipped: KERMAN_PG_DSN is unset (run scripts/pg-test-server.sh)");
             None
         }

@@ -63,7 +63,13 @@ struct Follower {
 
 /// Starts following: the returned log holds `setup.events` and grows with the file.
 pub(super) fn start(setup: Setup) -> Result<SessionLog, LogError> {
-    let shared = Arc::new(Shared { id: setup.id.clone(), origin: super::forks::Origin::here(), closed: Mutex::new(false), wake: Condvar::new(), log: OnceLock::new() });
+    let shared = Arc::new(Shared {
+        id: setup.id.clone(),
+        origin: super::forks::Origin::here(),
+        closed: Mutex::new(false),
+        wake: Condvar::new(),
+        log: OnceLock::new(),
+    });
     let next = setup.events.len() as u64;
     let log = SessionLog::from_parts(setup.id, setup.header, setup.events, Box::new(Follower { shared: Arc::clone(&shared) }));
     let _ = shared.log.set(log.downgrade());

@@ -113,16 +113,31 @@ extern "C" fn in_child() {
     }
 }
 
+/// Points descriptor `fd` at `null`'s open file, close-on-exec; negative on failure.
+///
+/// # Safety
+///
+/// `fd` is a descriptor of a log registered in `FDS`, which nothing in this (child) process
+/// uses any more, and `null` is open: async-signal-safe calls on descriptors only.
 #[cfg(target_os = "linux")]
 unsafe fn replace(null: i32, fd: i32) -> i32 {
-    libc::dup3(null, fd, libc::O_CLOEXEC)
+    // SAFETY: the caller's contract; `dup3` takes no memory.
+    unsafe { libc::dup3(null, fd, libc::O_CLOEXEC) }
 }
 
+/// As on Linux, with `dup2` and then `fcntl` (no `dup3` here).
+///
+/// # Safety
+///
+/// As for the Linux `replace`.
 #[cfg(not(target_os = "linux"))]
 unsafe fn replace(null: i32, fd: i32) -> i32 {
-    let r = libc::dup2(null, fd);
-    if r >= 0 {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    // SAFETY: the caller's contract; neither call takes memory.
+    unsafe {
+        let r = libc::dup2(null, fd);
+        if r >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+        r
     }
-    r
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::super::store::FORMAT_VERSION;
 use super::super::log::{intern, TypeNames};
+use super::super::store::FORMAT_VERSION;
 use super::super::{Event, LogError};
 
 /// The `type` of the header record.
@@ -123,16 +123,13 @@ impl Scan {
 }
 
 pub(super) fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<String, Value>, LogError> {
-    let corrupt =
-        |detail: String| LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: format!("header: {detail}") };
+    let corrupt = |detail: String| LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: format!("header: {detail}") };
     let json = unframe(line).map_err(corrupt)?;
     let mut record: Map<String, Value> = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
     // The version decides how to read everything else, so it is checked first.
     match record.get("version").map(Value::as_u64) {
         Some(Some(FORMAT_VERSION)) => {}
-        Some(Some(found)) => {
-            return Err(LogError::UnsupportedFormat { path: path.to_path_buf(), found, supported: FORMAT_VERSION })
-        }
+        Some(Some(found)) => return Err(LogError::UnsupportedFormat { path: path.to_path_buf(), found, supported: FORMAT_VERSION }),
         Some(None) => return Err(corrupt("\"version\" is not a non-negative integer".into())),
         None => return Err(corrupt("no \"version\"".into())),
     }

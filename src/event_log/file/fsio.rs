@@ -119,11 +119,7 @@ fn not_regular(path: &Path, id: &str, kind: &str) -> LogError {
 /// (a FIFO would wait for a writer), then refuses anything that is not a regular file (a
 /// device would read without bound). Descriptors are close-on-exec (as every `std` open is).
 fn open_session(path: &Path, id: &str, write: bool) -> Result<File, LogError> {
-    let opened = OpenOptions::new()
-        .read(true)
-        .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path);
+    let opened = OpenOptions::new().read(true).write(write).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY).open(path);
     let file = match opened {
         Ok(file) => file,
         Err(e) if e.kind() == ErrorKind::NotFound => return Err(LogError::NotFound { id: id.into() }),

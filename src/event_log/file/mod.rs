@@ -242,13 +242,7 @@ impl FileStore {
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
-        Ok(Snapshot {
-            torn_tail_bytes: scan.bad_bytes(),
-            size_bytes: scan.total_len,
-            header: scan.header,
-            events: scan.events,
-            path,
-        })
+        Ok(Snapshot { torn_tail_bytes: scan.bad_bytes(), size_bytes: scan.total_len, header: scan.header, events: scan.events, path })
     }
 
     /// A read-only follower of session `id`: every record committed so far, then each record
@@ -304,8 +298,7 @@ impl Store for FileStore {
     /// listed); foreign, hidden, temporary and backup files are ignored. Files are not opened,
     /// so sessions open elsewhere and unreadable files are listed too (`open` says why).
     fn list(&self) -> Result<Vec<String>, LogError> {
-        let entries =
-            fs::read_dir(&self.root).map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
+        let entries = fs::read_dir(&self.root).map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;
         let mut ids = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| LogError::io(format!("listing {}", self.root.display()), e))?;

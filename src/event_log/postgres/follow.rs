@@ -88,7 +88,13 @@ pub struct Follower {
 impl Follower {
     /// Reads the session and starts following it: the log holds every committed event, and
     /// grows as the writer commits.
-    pub fn open(core: &PgCore, id: &str, incarnation: i64, header: serde_json::Map<String, serde_json::Value>, events: Vec<Event>) -> SessionLog {
+    pub fn open(
+        core: &PgCore,
+        id: &str,
+        incarnation: i64,
+        header: serde_json::Map<String, serde_json::Value>,
+        events: Vec<Event>,
+    ) -> SessionLog {
         let shared = Arc::new(Shared {
             core: core.clone(),
             id: id.to_string(),

@@ -53,11 +53,15 @@ pub fn channel_name(kind: Channel, session_id: &str) -> String {
     name
 }
 
+/// What the LISTEN task is told: commands from the store, and news from its connection.
 enum Input {
+    /// Subscription `id`: tell `subscriber` about NOTIFYs on `channel`.
     Subscribe { id: u64, channel: String, subscriber: Subscriber },
+    /// Ends subscription `id`.
     Unsubscribe { id: u64 },
     /// From the connection of generation `generation`.
     Notification { generation: u64, channel: String, payload: String },
+    /// The connection of generation `generation` was lost.
     Lost { generation: u64 },
 }
 
@@ -230,11 +234,7 @@ async fn connect(dsn: &str, generation: u64, tx: UnboundedSender<Input>) -> Resu
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(n))) => {
-                    let input = Input::Notification {
-                        generation,
-                        channel: n.channel().to_string(),
-                        payload: n.payload().to_string(),
-                    };
+                    let input = Input::Notification { generation, channel: n.channel().to_string(), payload: n.payload().to_string() };
                     if tx.send(input).is_err() {
                         return;
                     }

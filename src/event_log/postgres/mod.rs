@@ -17,11 +17,11 @@
 mod backend;
 mod follow;
 mod listen;
+mod reconnect;
+mod recover;
 mod schema;
 mod sql;
 mod store;
-mod reconnect;
-mod recover;
 mod worker;
 
 use std::sync::Arc;

@@ -90,8 +90,7 @@ impl Worker {
     pub(super) async fn lost(&mut self) -> bool {
         let Some(conn) = &self.conn else { return true };
         // No reply in time counts as gone, as for any request.
-        let gone = conn.client.is_closed()
-            || !matches!(within(self.request_timeout, conn.client.simple_query("")).await, Some(Ok(_)));
+        let gone = conn.client.is_closed() || !matches!(within(self.request_timeout, conn.client.simple_query("")).await, Some(Ok(_)));
         if gone {
             self.conn = None;
         }

@@ -57,8 +57,7 @@ impl Worker {
         }
         let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
         let Some((owner, epoch, stored)) = sql::lease_of(&mut conn.client, id).await? else { return Ok(None) };
-        let ours = owner.as_deref() == Some(self.owner.as_str())
-            && header.is_none_or(|h| epoch == 1 && *h == stored);
+        let ours = owner.as_deref() == Some(self.owner.as_str()) && header.is_none_or(|h| epoch == 1 && *h == stored);
         if !ours {
             return Ok(None);
         }
@@ -77,8 +76,8 @@ impl Worker {
         if last_seq >= last.seq {
             // It landed, unless somebody else's rows did: compare what is stored with what was sent.
             let stored = sql::read_seqs(c, id, first.seq, last.seq).await?;
-            let same = stored.len() == rows.len()
-                && stored.iter().zip(rows).all(|((seq, record), row)| *seq == row.seq && *record == row.record);
+            let same =
+                stored.len() == rows.len() && stored.iter().zip(rows).all(|((seq, record), row)| *seq == row.seq && *record == row.record);
             return match same {
                 true => Ok(Response::Done),
                 false => Err(unknown("the stored records for those seqs differ from the ones sent".into())),

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use tokio_postgres::{Client, Statement};
 
 use super::{db_err, Lease};
-use crate::event_log::StagedInput;
 use crate::event_log::LogError;
+use crate::event_log::StagedInput;
 
 /// One event as stored: the envelope fields that are columns, and the whole record as text.
 pub struct Row {
@@ -108,10 +108,7 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
     let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
     let records: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
     let row = c
-        .query_one(
-            &p.append,
-            &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms, &claims],
-        )
+        .query_one(&p.append, &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms, &claims])
         .await
         .map_err(db_err("append events"))?;
     let inserted: i64 = row.get(0);
@@ -133,10 +130,8 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
 
 /// A session's current epoch and last seq, or `None` if it does not exist.
 pub async fn session_state(c: &mut Client, id: &str) -> Result<Option<(i64, i64)>, LogError> {
-    let row = c
-        .query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1", &[&id])
-        .await
-        .map_err(db_err("read session state"))?;
+    let row =
+        c.query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("read session state"))?;
     Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
@@ -165,10 +160,8 @@ pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl
 
 /// Every record of a session, in seq order.
 pub async fn read(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
-    let rows = c
-        .query("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[&id])
-        .await
-        .map_err(db_err("read events"))?;
+    let rows =
+        c.query("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[&id]).await.map_err(db_err("read events"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -184,19 +177,13 @@ pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
 }
 
 pub async fn exists(c: &mut Client, id: &str) -> Result<bool, LogError> {
-    let row = c
-        .query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[&id])
-        .await
-        .map_err(db_err("check session"))?;
+    let row = c.query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("check session"))?;
     Ok(row.is_some())
 }
 
 /// Every created session, by id (the ids `exists` answers true for).
 pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
-    let rows = c
-        .query("SELECT id FROM kerman_sessions ORDER BY id", &[])
-        .await
-        .map_err(db_err("list sessions"))?;
+    let rows = c.query("SELECT id FROM kerman_sessions ORDER BY id", &[]).await.map_err(db_err("list sessions"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -223,20 +210,14 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
 
 /// A session's lease holder, epoch and header text, or `None` if it does not exist.
 pub async fn lease_of(c: &mut Client, id: &str) -> Result<Option<(Option<String>, i64, String)>, LogError> {
-    let row = c
-        .query_opt("SELECT owner, epoch, header FROM kerman_sessions WHERE id = $1", &[&id])
-        .await
-        .map_err(db_err("read lease"))?;
+    let row = c.query_opt("SELECT owner, epoch, header FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("read lease"))?;
     Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }
 
 /// The stored (seq, record) pairs of `from..=to`, in seq order.
 pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<Vec<(i64, String)>, LogError> {
     let rows = c
-        .query(
-            "SELECT seq, record FROM kerman_events WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
-            &[&id, &from, &to],
-        )
+        .query("SELECT seq, record FROM kerman_events WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq", &[&id, &from, &to])
         .await
         .map_err(db_err("read back appended events"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -349,22 +330,16 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
         #[serde(borrow)]
         data: &'a serde_json::value::RawValue,
     }
-    serde_json::from_str::<Record>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
+    serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
 }
 
 /// The messages staged for session `id`, in enqueue order.
 pub async fn staged(c: &mut Client, id: &str) -> Result<Vec<StagedInput>, LogError> {
     let rows = c
-        .query(
-            "SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n",
-            &[&id],
-        )
+        .query("SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n", &[&id])
         .await
         .map_err(db_err("read staged messages"))?;
-    Ok(rows
-        .iter()
-        .map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) })
-        .collect())
+    Ok(rows.iter().map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) }).collect())
 }
 
 /// Deletes staged rows the owner dropped (their ids were already in the log), only while

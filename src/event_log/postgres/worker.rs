@@ -23,17 +23,25 @@ use crate::event_log::{LogError, StagedInput};
 
 /// What the runtime thread can be asked to do.
 pub enum Request {
+    /// Create session `id` with this header, taking its lease.
     Create { id: String, header: String },
     /// Acquire the lease, then read the header and every record.
     Open { id: String },
+    /// Append rows under the lease (refused if the lease moved on).
     Append { lease: Lease, rows: Vec<Row> },
+    /// Every record of a session.
     Read { id: String },
+    /// Give the lease up.
     Release { lease: Lease },
+    /// Whether session `id` exists.
     Exists { id: String },
+    /// Every session id.
     List,
+    /// Delete session `id` and its records (refused while its lease is held).
     Delete { id: String },
     /// Subscribes to a NOTIFY channel on the store's LISTEN connection (opened on first use).
     Listen { id: u64, channel: String, subscriber: Subscriber },
+    /// Ends subscription `id` (from `Listen`).
     Unlisten { id: u64 },
     /// Records with seq > `after` (a follower's catch-up read).
     ReadAfter { id: String, after: i64, incarnation: i64 },
@@ -273,8 +281,7 @@ impl Worker {
         }
         // A busy store still renews its idle sessions: the deadline is checked before every
         // request too. A TTL of 0 is never renewed.
-        let period = (self.ttl_ms > 0.0)
-            .then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
+        let period = (self.ttl_ms > 0.0).then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
         let mut next_renewal = period.map(|p| Instant::now() + p);
         loop {
             if let (Some(p), Some(at)) = (period, next_renewal) {
@@ -448,7 +455,6 @@ impl Worker {
             }
         })
     }
-
 }
 
 /// `work`'s output, or `None` if `limit` passed first (with no limit, always its output).

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
+from conftest import event_record, header_record, plain, session_path, write_raw_session
 from kerman import (
     AgentLoop,
     AssistantMessage,
@@ -55,8 +56,6 @@ from kerman import (
     UserMessage,
 )
 from kerman.models import EchoModel, ScriptedModel
-
-from conftest import event_record, header_record, plain, session_path, write_raw_session
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 

@@ -186,7 +186,7 @@ def run_chain(chain: Chain, cwd: Path, env: Optional[Dict[str, str]] = None) -> 
         pytest.fail(f"{block.where}: the block raised\n{result['error']}{done.stderr}", pytrace=False)
     assert done.returncode == 0, f"{chain.where}: exit status {done.returncode}\n{done.stderr}"
     assert done.stderr == "", f"{chain.where}: the blocks wrote to stderr:\n{done.stderr}"
-    for block, printed, warned in zip(chain.blocks, result["outputs"], result["errors"]):
+    for block, printed, warned in zip(chain.blocks, result["outputs"], result["errors"], strict=True):
         if block.output is None:
             assert warned == "", f"{block.where}: the block wrote to stderr and shows no output:\n{warned}"
         elif normalise(printed) != normalise(block.output):

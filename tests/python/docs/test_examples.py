@@ -24,7 +24,7 @@ EXPECTED_EXAMPLES = {"minimal_agent.py", "guard_plugin.py", "context_plugin.py",
 SAFETY_NET = 100  # seconds: only so a hung subprocess fails the test instead of blocking it
 
 
-def run(args: List[str], cwd: Path, env: "dict[str, str] | None" = None) -> subprocess.CompletedProcess:
+def run(args: List[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, encoding="utf-8", check=False,
                           timeout=SAFETY_NET, env=env)
 

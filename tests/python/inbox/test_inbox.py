@@ -263,16 +263,16 @@ def test_persisted_splice_extra_fields_and_outcome_do_not_change_effects(file_lo
 
 def test_INB_02_replace_in_either_list_and_duplicate_refusal():
     inbox, log, rec = new_inbox()
-    O, S, R = U("o"), U("s"), U("r")
-    inbox.append(TURN, O)
+    Q, S, R = U("q"), U("s"), U("r")
+    inbox.append(TURN, Q)
     inbox.append(STEP, S)
     events_before = len(log)
 
     assert inbox.replace("missing", R) is False
     assert len(log) == events_before
-    assert inbox.next_turn == (O,) and inbox.next_step == (S,)
+    assert inbox.next_turn == (Q,) and inbox.next_step == (S,)
 
-    assert inbox.replace(O.id, R) is True
+    assert inbox.replace(Q.id, R) is True
     S2 = S.with_content("edited")
     assert S2.id == S.id and S2 != S
     assert inbox.replace(S.id, S2) is True
@@ -280,8 +280,8 @@ def test_INB_02_replace_in_either_list_and_duplicate_refusal():
     assert inbox.next_turn == (R,)
     assert inbox.next_step == (S2,)
     assert inbox.next_step[0].text == "edited"
-    assert rec.of("discarded") == [O, S]
-    assert rec.of("inserted") == [O, S, R, S2]
+    assert rec.of("discarded") == [Q, S]
+    assert rec.of("inserted") == [Q, S, R, S2]
     # discarded(old) comes before inserted(new) for each replacement
     assert [c[0] for c in rec.calls] == ["inserted", "inserted", "discarded", "inserted", "discarded", "inserted"]
 

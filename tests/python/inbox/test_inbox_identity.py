@@ -40,7 +40,7 @@ def test_str_prompts_and_many_messages() -> None:
     msgs = [kerman.UserMessage(f"m{i}", id=f"m{i}") for i in range(200)]
     for x in msgs:
         inbox.append("next-step", x)
-    assert all(got is want for got, want in zip(inbox.claim("next-step", 0), msgs))
+    assert all(got is want for got, want in zip(inbox.claim("next-step", 0), msgs, strict=True))
     assert inbox.next_turn == (m,) and inbox.claim("next-turn", 1)[0] is m
     assert len(inbox) == 0
 

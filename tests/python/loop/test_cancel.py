@@ -1362,7 +1362,7 @@ def test_cancel_causes_are_stored_as_dicts(cause, stored):
     asyncio.run(main())
 
 
-def _driver_task(*others: "asyncio.Task[Any]") -> "asyncio.Task[Any]":
+def _driver_task(*others: asyncio.Task[Any]) -> asyncio.Task[Any]:
     """The one task besides the current one and ``others``: the AgentLoop's driver."""
     me = asyncio.current_task()
     [task] = [t for t in asyncio.all_tasks() if t is not me and t not in others]

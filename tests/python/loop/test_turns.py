@@ -25,9 +25,9 @@ import logging
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
-from conftest import plain
 
 import kerman
+from conftest import plain
 from kerman import (
     AgentLoop,
     Enter,

@@ -3,7 +3,6 @@ never repeated between a process and a child it forks (the ids' random bits come
 batch fetched from the OS, which a forked child must not reuse)."""
 
 import os
-import sys
 import uuid
 
 import pytest

@@ -552,9 +552,12 @@ CONSTRUCTOR_CASES = [
     ("block-type-missing", lambda: UserMessage([{"text": "x"}]), "content[0].type"),
     ("block-type-int", lambda: UserMessage([{"type": 3}]), "content[0].type"),
     ("tool-call-no-arguments", lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n"}]), "content[0].arguments"),
-    ("tool-call-dict-arguments", lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}]), "content[0].arguments"),
+    ("tool-call-dict-arguments",
+     lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}]), "content[0].arguments"),
     ("tool-result-content-str", lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": "x"}]), "content[0].content"),
-    ("nested-tool-result-text", lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": None}]}]), "content[0].content[0].text"),
+    ("nested-tool-result-text",
+     lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": None}]}]),
+     "content[0].content[0].text"),
     ("nan-text", lambda: UserMessage([{"type": "text", "text": NAN}]), "content[0].text"),
     ("nan-extra", lambda: UserMessage([{"type": "text", "text": "x", "score": NAN}]), "content[0].score"),
     ("inf-extra", lambda: UserMessage([{"type": "x", "v": INF}]), "content[0].v"),
@@ -631,7 +634,8 @@ def test_tool_result_dict_with_mismatched_call_id_is_rejected():
 @pytest.mark.parametrize("m", [
     UserMessage("hi", id="u"),
     UserMessage([{"type": "custom", "x": [1, {"y": None}]}], source={"kind": "plugin", "plugin": "p"}),
-    AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}], source={"kind": "model", "provider": "p", "model": "m"}),
+    AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}],
+                     source={"kind": "model", "provider": "p", "model": "m"}),
     ToolResultMessage("c", "r", is_error=True),
 ], ids=["user", "plugin", "assistant", "tool"])
 def test_pickle_round_trip(m):

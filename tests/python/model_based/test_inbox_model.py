@@ -250,7 +250,7 @@ class InboxMachine(RuleBasedStateMachine):
     @invariant()
     def log_matches_the_model(self):
         assert [ev.data for ev in self.log.splices()] == self.expected_payloads
-        for ev, expected in zip(self.log.splices(), self.expected_payloads):
+        for ev, expected in zip(self.log.splices(), self.expected_payloads, strict=True):
             assert list(ev.data) == list(expected), "payload key order"
 
     @invariant()

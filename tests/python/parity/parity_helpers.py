@@ -8,9 +8,9 @@ import asyncio
 import functools
 import json
 import re
+from typing import Any, Callable, Dict, List
 
 from conftest import plain
-from typing import Any, Callable, Dict, List
 
 TURN, STEP, SPLICED = "next-turn", "next-step", "agent/inbox/spliced"
 UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")

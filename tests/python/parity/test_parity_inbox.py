@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from parity_helpers import SPLICED, STEP, TURN, Minted, UUID7, ids, msg, records, same, splices
+from parity_helpers import SPLICED, STEP, TURN, UUID7, Minted, ids, msg, records, same, splices
 
 
 def new(api, **callbacks):

@@ -14,9 +14,23 @@ from typing import Any, Dict, List
 
 import pytest
 
-from parity_helpers import (CLAIM_TURN, SPLICED, STEP, TURN, Minted, amsg, asynctest, ids, msg, records, same,
-                            scripted, turn_ends, types, user_texts)
-
+from parity_helpers import (
+    CLAIM_TURN,
+    SPLICED,
+    STEP,
+    TURN,
+    Minted,
+    amsg,
+    asynctest,
+    ids,
+    msg,
+    records,
+    same,
+    scripted,
+    turn_ends,
+    types,
+    user_texts,
+)
 
 # ---- followup: one turn --------------------------------------------------------------------
 
@@ -96,7 +110,7 @@ async def test_a_burst_of_followups_runs_one_turn_each_through_pass_through_list
     assert user_texts(loop.log) == ["A", "B", "C"]
     assert turn_ends(loop.log) == [{"turn": t, "reason": {"kind": "completed"}} for t in (1, 2, 3)]
     assert [r["entered"] for r in model.requests] == [["A"], ["B"], ["C"]]
-    assert seen == [(k, t, 1, [p], True) for t, p in zip((1, 2, 3), "ABC") for k in range(listeners)]
+    assert seen == [(k, t, 1, [p], True) for t, p in zip((1, 2, 3), "ABC", strict=True) for k in range(listeners)]
     assert loop.turn == 3 and loop.status == "idle"
 
 

@@ -72,7 +72,8 @@ async def worker(dsn: str, id: str, label: str) -> None:
         say("open", label, rounds)
         loop = AgentLoop(EchoModel(), log=log)
         arrived = asyncio.Event()
-        loop.on("agent/inbox/claimed", lambda e: (say("claimed", e.message.id), arrived.set()))
+        # Each round's loop has its own listener and event: the listener never sees a later one (B023).
+        loop.on("agent/inbox/claimed", lambda e: (say("claimed", e.message.id), arrived.set()))  # noqa: B023
         loop.wake()
         # Hold the lease a moment so staged input has a chance to arrive here, then drain.
         try:

@@ -22,14 +22,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from typing import List, Optional
+from typing import List
 
 import pytest
 
+from conftest import PG_DSN as DSN
+from conftest import needs_postgres, psql
 from kerman import AgentLoop, DuplicateMessageError, LogError, PostgresStore, SessionNotFoundError
 from kerman.models import EchoModel
-
-from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 

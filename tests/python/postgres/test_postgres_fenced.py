@@ -14,9 +14,9 @@ import asyncio
 
 import pytest
 
+from conftest import PG_DSN as DSN
+from conftest import needs_postgres
 from kerman import AgentLoop, LeaseLostError, ModelReply, PostgresStore, ToolResult
-
-from conftest import PG_DSN as DSN, needs_postgres
 
 pytestmark = needs_postgres
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, List
 
-from kerman import PostgresStore
-
 from conftest import fresh_schema_dsn, needs_postgres
+from kerman import PostgresStore
 
 pytestmark = needs_postgres
 

@@ -15,13 +15,12 @@ import subprocess
 import threading
 import time
 import uuid
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List
 
 import pytest
 
-from kerman import DuplicateMessageError, Inbox, LogError, PostgresStore, SessionLockedError, UserMessage
-
 from conftest import fresh_schema_dsn, needs_postgres, psql
+from kerman import DuplicateMessageError, Inbox, LogError, PostgresStore, SessionLockedError, UserMessage
 
 pytestmark = needs_postgres
 

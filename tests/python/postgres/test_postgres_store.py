@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
+from conftest import PG_DSN as DSN
+from conftest import needs_postgres, psql
 from kerman import AgentLoop, LeaseLostError, LogError, PostgresStore, SessionLockedError, SessionNotFoundError
 from kerman.models import EchoModel
-
-from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 

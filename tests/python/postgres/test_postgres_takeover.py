@@ -21,10 +21,10 @@ from typing import List
 
 import pytest
 
+from conftest import PG_DSN as DSN
+from conftest import needs_postgres, psql
 from kerman import AgentLoop, PostgresStore, SessionLockedError
 from kerman.models import EchoModel
-
-from conftest import PG_DSN as DSN, needs_postgres, psql
 
 pytestmark = needs_postgres
 

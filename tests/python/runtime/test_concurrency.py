@@ -19,12 +19,13 @@ import random
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Set, Tuple
 
 import pytest
 
 import kerman
 from store.test_crash import check_balanced, claim_accounting
+
 
 @pytest.fixture(autouse=True)
 def nothing_contained(caplog: pytest.LogCaptureFixture) -> Any:

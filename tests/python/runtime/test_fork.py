@@ -21,7 +21,6 @@ import textwrap
 
 import pytest
 
-import kerman
 from kerman import FileStore, SessionLockedError
 
 DEADLINE = 60  # seconds; only ever reached when something is broken

@@ -25,7 +25,7 @@ async def reply(request: kerman.ModelRequest) -> kerman.ModelReply:
     return kerman.ModelReply("hi")
 
 
-def collected(refs: List["weakref.ref[Any]"]) -> int:
+def collected(refs: List[weakref.ref[Any]]) -> int:
     gc.collect()
     return sum(r() is None for r in refs)
 
@@ -35,7 +35,7 @@ def run(coro_fn: Callable[[], Any]) -> Any:
 
 
 def test_a_dropped_loop_is_freed_after_a_turn():
-    async def main() -> List["weakref.ref[Any]"]:
+    async def main() -> List[weakref.ref[Any]]:
         refs = []
         for _ in range(10):
             loop = kerman.AgentLoop(reply)
@@ -62,7 +62,7 @@ def test_a_loop_never_run_is_freed():
 def test_cycles_through_listeners_tools_and_seams_are_collected():
     """Every registration point holds a function that refers back to the loop."""
 
-    async def main() -> List["weakref.ref[Any]"]:
+    async def main() -> List[weakref.ref[Any]]:
         loop = kerman.AgentLoop(reply)
         holder = {"loop": loop}
 
@@ -92,7 +92,9 @@ def test_cycles_through_listeners_tools_and_seams_are_collected():
 def test_a_log_whose_observer_refers_to_it_is_collected():
     log = kerman.MemoryStore().create("s")
     seen: List[Any] = []
-    log.subscribe(lambda event: seen.append((log, event)))
+    # `del` below drops the frame's references, leaving the cycle only: pyflakes then calls the
+    # closure's names undefined (F821), which they are not while it can run.
+    log.subscribe(lambda event: seen.append((log, event)))  # noqa: F821
     log.append("plugin/x", {})
     assert len(seen) == 1
     ref = weakref.ref(log)
@@ -103,8 +105,9 @@ def test_a_log_whose_observer_refers_to_it_is_collected():
 def test_an_inbox_whose_callbacks_refer_to_it_is_collected():
     log = kerman.MemoryStore().create("s")
     box: List[Any] = []
-    inbox = kerman.Inbox(log, on_inserted=lambda m: box.append(inbox), on_discarded=lambda m: box.append(inbox),
-                         on_claimed=lambda m, turn: box.append(inbox))
+    # As above: the names are deleted below on purpose (F821).
+    inbox = kerman.Inbox(log, on_inserted=lambda m: box.append(inbox), on_discarded=lambda m: box.append(inbox),  # noqa: F821
+                         on_claimed=lambda m, turn: box.append(inbox))  # noqa: F821
     inbox.append("next-turn", "hello")
     assert box == [inbox]
     refs = [weakref.ref(inbox), weakref.ref(log)]
@@ -135,7 +138,7 @@ def test_a_next_held_by_its_own_listener_is_collected():
     kept: List[Any] = []
 
     def listener(payload: Any, next: Any) -> Any:
-        kept.append(next)
+        kept.append(next)  # noqa: F821 (deleted below on purpose, as above)
         return next()
 
     nxt = kerman._core.Next([listener], {"p": kept}, lambda: "done")
@@ -236,7 +239,7 @@ def test_a_dropped_loop_is_freed_by_reference_counting_alone():
     """No collection needed: the loop's own callbacks hold it weakly, so what its session holds
     (a 1 MB prompt) goes the moment the program lets go of the loop."""
 
-    async def main() -> "weakref.ref[Any]":
+    async def main() -> weakref.ref[Any]:
         loop = kerman.AgentLoop(reply)
         loop.on("agent/inbox/inserted", lambda event: None)
         loop.followup("x" * 1_000_000)

@@ -221,7 +221,7 @@ def check_corrupt(s: Session, damaged: bytes, line: int, valid_after: int, root:
     events = len(_spans(want)) - 1  # the marker comes after these
     plan = store.repair(SID, dry_run=True)
     assert path.read_bytes() == damaged and os.listdir(root) == [path.name], "a dry run wrote"
-    assert [(d["line"], d["bytes"]) for d in plan["dropped"]] == [(n, len(b)) for n, b in zip(dropped, aside)]
+    assert [(d["line"], d["bytes"]) for d in plan["dropped"]] == [(n, len(b)) for n, b in zip(dropped, aside, strict=True)]
     assert {k: v for k, v in plan.items() if k != "dropped"} == {
         "kept_events": events - len(lost), "events": events + 1, "removed_bytes": sum(map(len, aside)),
         "lost_seqs": [[lost[0], lost[-1]]] if lost else [], "torn_tail_bytes": 0, "torn_tail_line": None,

@@ -46,7 +46,7 @@ class Run:
         self.acks: List[List[str]] = []
         self.reported: List[Tuple[Any, dict]] = []  # (exception, failure dict) of agent/error
         self.stopped: Optional[BaseException] = None
-        self.tasks: List["asyncio.Task[Any]"] = []  # every task the loop created
+        self.tasks: List[asyncio.Task[Any]] = []  # every task the loop created
 
     def acknowledged(self, n: int) -> None:
         self.barriers.append((n, None))
@@ -130,7 +130,7 @@ async def faulty_run(root: Path, mode: str, plan: _FaultPlan) -> Tuple[Run, kerm
     run = Run(log)
     running = asyncio.get_running_loop()
 
-    def factory(event_loop: Any, coro: Any, **kwargs: Any) -> "asyncio.Task[Any]":
+    def factory(event_loop: Any, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=event_loop, **kwargs)
         run.tasks.append(task)
         return task
@@ -258,7 +258,7 @@ def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
     # The fault-free run's points: writes of contiguous batches covering every event once.
     starts = [first for first, _, _ in counted.batches]
     assert starts[0] == 0 and sum(n for _, n, _ in counted.batches) == events
-    assert all(a + n == b for (a, n, _), b in zip(counted.batches, starts[1:]))
+    assert all(a + n == b for (a, n, _), b in zip(counted.batches, starts[1:], strict=False))
     assert counted.syncs == (0 if mode == "none" else counted.writes + 1)  # + the final one
 
     async def every_point() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import kerman
-from conftest import event_record, frame, compact, header_record, session_path, write_raw_session
+from conftest import compact, event_record, frame, header_record, session_path, write_raw_session
 from kerman import FileStore, SessionLockedError
 from kerman.errors import LogError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pytest
 
 import kerman
 from conftest import (
-    DURABILITIES,
     compact,
     crc32c,
     encode_session_id,
@@ -291,7 +289,7 @@ def test_header_and_records_have_valid_checksums(file_store, store_root):
     log.close()
     raw = read_raw_session(session_path(store_root, "crc"))
     assert len(raw) == 4
-    for ok, rec, line in raw:
+    for ok, _rec, line in raw:
         assert ok, line
         assert line.endswith(b"\n")
         assert line[:8] == line[:8].lower()
