@@ -29,5 +29,5 @@ mod python;
 
 pub use event_log::{Event, FileStore, LogError, MemoryStore, SessionLog, Store};
 pub use inbox::{Inbox, InboxError, ProjectionError, Target};
-pub use projection::{consumed_work, ConsumedWork, InboxProjection};
 pub use message::{Message, MessageError, MessageKind};
+pub use projection::{consumed_work, ConsumedWork, InboxProjection};

@@ -292,7 +292,7 @@ class Driver(Coroutine[Any, Any, None]):
     turn machine, awaiting what the machine asks for (user code, the model, a flush, tool
     bodies) by delegation. Made by ``LoopCore.begin``."""
 
-    def __await__(self) -> Generator[Any, None, None]: ...
+    def __await__(self) -> Generator[Any]: ...
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...
     def send(self, value: Any) -> Any: ...
@@ -334,7 +334,8 @@ __all__ = [
     "Ready",
     "Next",
     "Driver",
-    "LoopHistory",
+    "LoopCore",
+    "ToolRun",
 ]
 
 @final

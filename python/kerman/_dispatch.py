@@ -11,7 +11,6 @@ from typing import Any, Callable, List, Sequence
 
 from ._report import callable_name
 
-
 _log = logging.getLogger("kerman")
 
 
@@ -39,7 +38,7 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
             task.add_done_callback(functools.partial(_report, what=what))
 
 
-def _report(task: "asyncio.Future[Any]", *, what: str) -> None:
+def _report(task: asyncio.Future[Any], *, what: str) -> None:
     exc = None if task.cancelled() else task.exception()
     if exc is not None:
         _log.error('agent event "%s" async listener raised %s: %s', what, type(exc).__name__, exc, exc_info=exc)

@@ -43,7 +43,7 @@ async def _call(run: Any, index: int) -> None:
     run.returned(index, value)
 
 
-def _collect(run: Any, tasks: Dict[int, "asyncio.Task[None]"], done: Set["asyncio.Task[None]"]) -> None:
+def _collect(run: Any, tasks: Dict[int, asyncio.Task[None]], done: Set[asyncio.Task[None]]) -> None:
     failed = None
     for index in [i for i, t in tasks.items() if t in done]:
         task = tasks.pop(index)
@@ -60,7 +60,7 @@ def _collect(run: Any, tasks: Dict[int, "asyncio.Task[None]"], done: Set["asynci
 
 async def run(run: Any) -> None:
     """Runs a ``kerman._core.ToolRun`` to the end: every call gets exactly one result."""
-    tasks: Dict[int, "asyncio.Task[None]"] = {}
+    tasks: Dict[int, asyncio.Task[None]] = {}
 
     def cancel_running(_reason: Any = None) -> None:
         for task in tasks.values():

@@ -71,7 +71,7 @@ def describe(exc: BaseException, fallback: Optional[str] = None, *, typed: bool 
     return record
 
 
-def report(loop: "AgentLoop", turn: int, step: int, error: Dict[str, Any], exc: Optional[BaseException],
+def report(loop: AgentLoop, turn: int, step: int, error: Dict[str, Any], exc: Optional[BaseException],
            text: str) -> None:
     """Logs ``text`` (with the traceback), keeps the ``agent/error`` event as the loop's
     ``last_error`` and emits it."""
@@ -83,7 +83,7 @@ def report(loop: "AgentLoop", turn: int, step: int, error: Dict[str, Any], exc: 
     loop._emit_live(live)
 
 
-def turn_failed(loop: "AgentLoop", turn: int, step: int, failure: Dict[str, Any],
+def turn_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any],
                 exc: Optional[BaseException]) -> None:
     """A turn ends with ``failure`` (the dict its ``turn/end`` carries); ``step`` is the last
     step it entered."""
@@ -92,7 +92,7 @@ def turn_failed(loop: "AgentLoop", turn: int, step: int, failure: Dict[str, Any]
     report(loop, turn, step, failure, exc, text)
 
 
-def tool_failed(loop: "AgentLoop", turn: int, step: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
+def tool_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
     """A tool raised: its error result goes to the model and the turn goes on. ``failure`` is
     the result's error with the result text as ``message``, the ``callId`` and the ``tool``."""
     kind = type(exc).__name__ if exc is not None else failure.get("name")

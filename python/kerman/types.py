@@ -40,7 +40,7 @@ class Signal:
     def __init__(self) -> None:
         self._reason: Optional[Dict[str, Any]] = None
         self._callbacks: List[Callable[[Dict[str, Any]], object]] = []
-        self._waiters: List["asyncio.Future[None]"] = []
+        self._waiters: List[asyncio.Future[None]] = []
 
     @property
     def aborted(self) -> bool:
@@ -134,7 +134,7 @@ class PreStep:
     """The ``pre_step`` payload. ``messages`` is the claimed batch; the default decision enters
     it, so a listener that mutates it changes what the default returns."""
 
-    loop: "AgentLoop"
+    loop: AgentLoop
     messages: List[UserMessage]
     turn: int
     step: int
@@ -155,7 +155,7 @@ class ModelRequest:
     step: int
     signal: Signal
     entered: List[UserMessage] = field(default_factory=list)
-    loop: Optional["AgentLoop"] = None
+    loop: Optional[AgentLoop] = None
 
 
 class ModelReply:
@@ -183,7 +183,7 @@ class RequestFailure:
     """The ``request_error`` payload: ``failure`` is the failure dict (``message``, ``code``,
     optional ``status``, ``retryAfterMs``, ``requestId``); ``exception`` the ModelError, if any."""
 
-    loop: "AgentLoop"
+    loop: AgentLoop
     turn: int
     step: int
     failure: Dict[str, Any]
@@ -195,7 +195,7 @@ class RequestFailure:
 class TurnStopping:
     """The ``turn_stopping`` payload. A listener that wants another step calls ``loop.steer``."""
 
-    loop: "AgentLoop"
+    loop: AgentLoop
     turn: int
     signal: Signal
 
@@ -208,7 +208,7 @@ class ToolContext:
     turn: int
     step: int
     signal: Signal
-    loop: "AgentLoop"
+    loop: AgentLoop
 
 
 class ToolResult:
@@ -263,7 +263,7 @@ class LiveEvent:
 
     __slots__ = ("type", "loop", "_fields")
 
-    def __init__(self, type: str, loop: "AgentLoop", **fields: Any) -> None:
+    def __init__(self, type: str, loop: AgentLoop, **fields: Any) -> None:
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "loop", loop)
         object.__setattr__(self, "_fields", fields)

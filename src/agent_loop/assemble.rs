@@ -88,7 +88,13 @@ impl Assembler {
             None => "'stop'".into(),
             Some(Value::String(s)) => format!("'{s}'"),
             Some(Value::Null) => "None".into(),
-            Some(Value::Bool(b)) => if *b { "True".into() } else { "False".into() },
+            Some(Value::Bool(b)) => {
+                if *b {
+                    "True".into()
+                } else {
+                    "False".into()
+                }
+            }
             Some(other) => crate::json::compact(other),
         }
     }

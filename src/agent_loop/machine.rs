@@ -183,7 +183,10 @@ enum Fault {
     /// The signal aborted.
     Aborted,
     /// A failure with no host exception behind it, or one whose exception the host holds.
-    Failure { failure: Value, exception: bool },
+    Failure {
+        failure: Value,
+        exception: bool,
+    },
     Raised(Raised),
     /// A core operation failed; the host describes it first.
     Core(CoreError),
@@ -383,9 +386,10 @@ impl Machine {
             (Wait::Then(then), Input::Continue) => self.then(ctx, then),
             // Host code an effect awaited raised: the fault unwinds from where it was awaited.
             (Wait::CloseStream(fault), Input::Raised(_)) => self.fail(ctx, fault),
-            (Wait::Stopping | Wait::Flush | Wait::PreStep | Wait::BeforeRequest | Wait::RequestError(..) | Wait::Tools | Wait::Start, Input::Raised(raised)) => {
-                self.fail(ctx, Fault::Raised(raised))
-            }
+            (
+                Wait::Stopping | Wait::Flush | Wait::PreStep | Wait::BeforeRequest | Wait::RequestError(..) | Wait::Tools | Wait::Start,
+                Input::Raised(raised),
+            ) => self.fail(ctx, Fault::Raised(raised)),
             (Wait::Then(then), Input::Raised(_)) => self.then(ctx, then),
             (Wait::Done, _) => Effect::Finished,
             (wait, input) => panic!("the turn machine got {input:?} while waiting for {wait:?}"),
@@ -603,7 +607,14 @@ impl Machine {
     }
 
     /// `assistant/message`; an empty message stays in the log but not in the history.
-    fn append_assistant(&self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<String>, chunks: Vec<u64>, interrupted: bool) -> Result<Message, Fault> {
+    fn append_assistant(
+        &self,
+        ctx: &Ctx<'_>,
+        content: Vec<Value>,
+        usage: Option<String>,
+        chunks: Vec<u64>,
+        interrupted: bool,
+    ) -> Result<Message, Fault> {
         let message = Message::assistant(content, None, None).map_err(|e| Fault::Core(CoreError::Message(e)))?;
         let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage.as_deref(), chunks);
         let joined = (!message.content().is_empty()).then(|| Arc::new(message.clone()));
@@ -816,21 +827,11 @@ impl Machine {
         match then {
             Then::TurnEnd => self.end_turn(ctx),
             Then::Conclude => self.conclude(ctx),
-            Then::Begin => match {
-                let mut state = ctx.shared.state();
-                state.step = 0;
-                state.abort = None;
-                state.wake_latched = false;
-                drop(state);
-                self.begin_turn(ctx)
-            } {
-                None => self.turn_top(ctx),
-                Some(Effect::NoTurn) => {
-                    self.wait = Wait::Done;
-                    Effect::Finished
-                }
-                Some(effect) => effect,
-            },
+            Then::Begin => {
+                // A fresh signal is in place (the host made it): nothing aborted, no step.
+                ctx.shared.state().reset_run();
+                self.begin_next(ctx)
+            }
             Then::Finish => {
                 self.wait = Wait::Done;
                 Effect::Finished
@@ -844,6 +845,17 @@ impl Machine {
                 self.wait = Wait::Done;
                 Effect::NoTurn
             }
+        }
+    }
+
+    fn begin_next(&mut self, ctx: &Ctx<'_>) -> Effect {
+        match self.begin_turn(ctx) {
+            None => self.turn_top(ctx),
+            Some(Effect::NoTurn) => {
+                self.wait = Wait::Done;
+                Effect::Finished
+            }
+            Some(effect) => effect,
         }
     }
 

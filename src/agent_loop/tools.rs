@@ -61,7 +61,15 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn text(text: impl Into<String>) -> Outcome {
-        Outcome { content: Content::Text(text.into()), is_error: false, error: None, concludes: false, contexts: Vec::new(), meta: None, raised: false }
+        Outcome {
+            content: Content::Text(text.into()),
+            is_error: false,
+            error: None,
+            concludes: false,
+            contexts: Vec::new(),
+            meta: None,
+            raised: false,
+        }
     }
 
     /// An error result: `text` for the model, `error {name, code}` for the log.
@@ -303,7 +311,14 @@ impl ToolPlan {
         };
         let seq = append(
             sink.log,
-            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), Some(self.call_seqs[index])),
+            events::tool_result(
+                self.turn,
+                self.step,
+                &message,
+                outcome.error.as_ref(),
+                outcome.meta.as_deref(),
+                Some(self.call_seqs[index]),
+            ),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));
         if outcome.raised {

@@ -157,7 +157,7 @@ fn reject(reason: Option<&str>) -> Ans {
 /// `before_request` leaves a request with these options.
 fn request(options: Value) -> Ans {
     answer("BeforeRequest", move |_, _| {
-        Input::Requested(Requested::Request { options: options.to_string(), canonical: canonical(&options) })
+        Input::Requested(Requested::Request { options: Ok(options.to_string()), canonical: canonical(&options) })
     })
 }
 
@@ -332,7 +332,7 @@ fn label(effect: &Effect, machine: &Machine) -> String {
     match effect {
         Effect::PreStep { batch } => format!("PreStep[{}]", texts(batch)),
         Effect::BeforeRequest => format!("BeforeRequest[{}]", texts(machine.entered())),
-        Effect::RequestError { failure } => format!("RequestError {failure}"),
+        Effect::RequestError { failure, .. } => format!("RequestError {failure}"),
         Effect::Describe(e) => format!("Describe({e})"),
         Effect::Report { turn, step, failure, exception } => format!("Report({turn}, {step}, exception={exception}) {failure}"),
         Effect::Abort(cause) => format!("Abort {cause}"),

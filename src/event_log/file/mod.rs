@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::agent_loop::close_open_turn;
 use super::{check_id, new_header, resolve_id};
 use super::{Event, LogError, SessionLog, Store};
+use crate::agent_loop::close_open_turn;
 use writer::{FileBackend, WriterSetup};
 
 /// When appended events reach the disk.

@@ -90,7 +90,12 @@ impl InContext {
     }
 
     #[pyo3(signature = (exc, _val=None, _tb=None))]
-    fn throw(slf: &Bound<'_, Self>, exc: &Bound<'_, PyAny>, _val: Option<&Bound<'_, PyAny>>, _tb: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    fn throw(
+        slf: &Bound<'_, Self>,
+        exc: &Bound<'_, PyAny>,
+        _val: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let (iter, context) = {
             let mut this = slf.try_borrow_mut()?;

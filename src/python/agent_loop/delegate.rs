@@ -82,15 +82,19 @@ pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
 }
 
+/// Whether `obj` is exactly a native coroutine (`types.CoroutineType`).
+pub(super) fn is_coroutine(obj: &Bound<'_, PyAny>, c: &super::Classes) -> bool {
+    obj.get_type().is(c.coroutine_type.bind(obj.py()))
+}
+
 /// The iterator `await obj` delegates to (`obj.__await__()`, or a native coroutine itself).
 pub(super) fn await_iter<'py>(obj: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = obj.py();
-    // SAFETY: type checks on a live object.
-    if unsafe { ffi::PyCoro_CheckExact(obj.as_ptr()) } != 0 {
+    let c = super::classes(py)?;
+    if is_coroutine(&obj, c) {
         return Ok(obj);
     }
-    // SAFETY: as above.
-    if unsafe { ffi::PyGen_CheckExact(obj.as_ptr()) } != 0 {
+    if obj.get_type().is(c.generator_type.bind(py)) {
         // A `types.coroutine` generator (CO_ITERABLE_COROUTINE) is awaitable as it is.
         let flags: u64 = obj.getattr(intern!(py, "gi_code"))?.getattr(intern!(py, "co_flags"))?.extract()?;
         if flags & 0x100 != 0 {
@@ -101,12 +105,10 @@ pub(super) fn await_iter<'py>(obj: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyA
         return Err(PyTypeError::new_err(format!("object {} can't be used in 'await' expression", type_name(&obj))));
     };
     let iter = method.call1((&obj,))?;
-    // SAFETY: type checks on a live object.
-    if unsafe { ffi::PyCoro_CheckExact(iter.as_ptr()) } != 0 {
+    if is_coroutine(&iter, c) {
         return Err(PyTypeError::new_err("__await__() returned a coroutine"));
     }
-    // SAFETY: as above.
-    if unsafe { ffi::PyIter_Check(iter.as_ptr()) } == 0 {
+    if iter.cast::<pyo3::types::PyIterator>().is_err() {
         return Err(PyTypeError::new_err(format!("__await__() returned non-iterator of type '{}'", type_name(&iter))));
     }
     Ok(iter)

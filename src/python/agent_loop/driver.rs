@@ -510,7 +510,12 @@ impl PyDriver {
 
     /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
     #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(slf: &Bound<'_, Self>, typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    fn throw(
+        slf: &Bound<'_, Self>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let exc = exception_arg(typ, val, tb)?;
         Self::resume(slf, Resume::Throw(exc))
     }

@@ -56,6 +56,9 @@ pub(crate) struct Classes {
     pub sleep: Py<PyAny>,
     pub current_task: Py<PyAny>,
     pub is_awaitable: Py<PyAny>,
+    /// `types.CoroutineType` and `types.GeneratorType`, for exact type checks.
+    pub coroutine_type: Py<PyAny>,
+    pub generator_type: Py<PyAny>,
     pub cancelled_error: Py<PyType>,
     pub recursion_limit: Py<PyAny>,
     /// `Task.cancelling()` exists (Python 3.11+).
@@ -100,6 +103,8 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             sleep: get(&asyncio, "sleep")?,
             current_task: get(&asyncio, "current_task")?,
             is_awaitable: get(&py.import("inspect")?, "isawaitable")?,
+            coroutine_type: get(&py.import("types")?, "CoroutineType")?,
+            generator_type: get(&py.import("types")?, "GeneratorType")?,
             cancelled_error: asyncio.getattr("CancelledError")?.cast_into::<PyType>()?.unbind(),
             recursion_limit: get(&py.import("sys")?, "getrecursionlimit")?,
             cancelling: py.version_info() >= (3, 11),

@@ -85,7 +85,8 @@ impl Run {
             None => PyList::empty(py),
         };
         let (turn, step) = self.turn_step();
-        let request = c.model_request.bind(py).call1((history, tools, options, turn, step, self.signal(py), entered, self.agent.bind(py)))?;
+        let request =
+            c.model_request.bind(py).call1((history, tools, options, turn, step, self.signal(py), entered, self.agent.bind(py)))?;
         let listeners = parts.before_request.bind(py);
         if listeners.is_empty() {
             // No listener: the request goes out as built.
@@ -140,7 +141,8 @@ impl Run {
         let (turn, step) = self.turn_step();
         let failure = to_py(py, &failure)?;
         let payload = classes(py)?.request_failure.bind(py).call1((self.agent.bind(py), turn, step, failure, exc, self.signal(py)))?;
-        let default = PyCFunction::new_closure(py, Some(c"no_action"), None, |args, _kwargs| -> PyResult<Py<PyAny>> { Ok(args.py().None()) })?;
+        let default =
+            PyCFunction::new_closure(py, Some(c"no_action"), None, |args, _kwargs| -> PyResult<Py<PyAny>> { Ok(args.py().None()) })?;
         let awaitable = waterfall(listeners, &payload, default.as_any());
         Ok(self.user_begin(py, awaitable, Seam::RequestError))
     }
@@ -195,7 +197,13 @@ impl Run {
         self.seam_step(py, seam, Ok(result))
     }
 
-    pub(super) fn absorb_finish<'py>(&mut self, py: Python<'py>, seam: Seam, outcome: PyResult<Bound<'py, PyAny>>, result: Py<PyAny>) -> Step<'py> {
+    pub(super) fn absorb_finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        seam: Seam,
+        outcome: PyResult<Bound<'py, PyAny>>,
+        result: Py<PyAny>,
+    ) -> Step<'py> {
         if let Err(e) = outcome {
             if !self.is_cancelled(py, &e) {
                 return self.seam_step(py, seam, Err(Fail::Err(e)));

@@ -9,11 +9,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyException, PySystemError, PyValueError};
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyString, PyTuple};
 use serde_json::{Map, Value};
 
 use super::super::convert::{to_json_text, to_py};
@@ -78,17 +77,17 @@ fn callable_name(f: &Bound<'_, PyAny>) -> Option<String> {
 fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
     let c = classes(py)?;
     // A str the message refuses (a lone surrogate, say) is an invalid result.
-    let content = |content: &Bound<'_, PyAny>| -> Result<Content, Outcome> {
+    let content = |content: &Bound<'_, PyAny>| -> Result<Content, Box<Outcome>> {
         // An exact str; a subclass goes to the message's own reading, which refuses it.
         if let Ok(text) = content.cast_exact::<PyString>() {
             if let Ok(text) = text.to_str() {
                 return Ok(Content::Text(text.to_owned()));
             }
         }
-        content_arg(content).map(Content::Blocks).map_err(|e| invalid(py, name, &e))
+        content_arg(content).map(Content::Blocks).map_err(|e| Box::new(invalid(py, name, &e)))
     };
     if value.is_instance_of::<PyString>() {
-        return Ok(content(value).map(|content| Outcome { content, ..Outcome::text("") }).unwrap_or_else(|o| o));
+        return Ok(content(value).map(|content| Outcome { content, ..Outcome::text("") }).unwrap_or_else(|o| *o));
     }
     if !value.is_instance(c.tool_result.bind(py))? {
         let text = format!("tool {} returned {}; expected str or ToolResult", crate::agent_loop::py_repr(name), type_name(value));
@@ -96,7 +95,7 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
     }
     let content = match content(&value.getattr(intern!(py, "content"))?) {
         Ok(content) => content,
-        Err(invalid) => return Ok(invalid),
+        Err(invalid) => return Ok(*invalid),
     };
     let meta = value.getattr(intern!(py, "meta"))?;
     let meta = if meta.is_none() {
@@ -163,7 +162,13 @@ fn raised(parts: &Parts, py: Python<'_>, tool: &Bound<'_, PyAny>, e: PyErr) -> P
 }
 
 /// Reports the committed results whose bodies raised (`agent/error`, the logger).
-fn report_raised(parts: &Parts, py: Python<'_>, agent: &Bound<'_, PyAny>, plan: &mut ToolPlan, exceptions: &mut HashMap<usize, PyErr>) -> PyResult<()> {
+fn report_raised(
+    parts: &Parts,
+    py: Python<'_>,
+    agent: &Bound<'_, PyAny>,
+    plan: &mut ToolPlan,
+    exceptions: &mut HashMap<usize, PyErr>,
+) -> PyResult<()> {
     for raised in plan.take_raised() {
         let exc = exceptions.remove(&raised.index).map(|e| e.into_value(py).into_any());
         let failure = to_py(py, &raised.failure)?;
@@ -196,12 +201,7 @@ pub(super) struct Lone {
 
 impl Lone {
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.tool)?;
-        for e in self.exceptions.values() {
-            // The exception objects of reported-to-be results.
-            let _ = e;
-        }
-        Ok(())
+        visit.call(&self.tool)
     }
 }
 
@@ -301,12 +301,12 @@ impl Run {
         if self.core(py).get().shared.state().abort.is_some() {
             return self.lone_done(py, Ok(Outcome::aborted_before()));
         }
-        let (id, arguments) = {
+        let (id, text) = {
             let lone = self.lone()?;
             let call = lone.plan.call(0);
             (call.id.clone(), call.arguments.clone())
         };
-        let args = match arguments_or_outcome(py, &arguments)? {
+        let args = match arguments(py, &text)? {
             Ok(args) => args,
             Err(outcome) => return self.lone_done(py, Ok(outcome)),
         };
@@ -318,9 +318,7 @@ impl Run {
         let context = copy_context(py)?;
         let first = run_in(&context, || -> PyResult<Result<Bound<'py, PyAny>, (Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
             let value = tool.getattr(intern!(py, "fn"))?.call1((args, ctx))?;
-            // SAFETY: a type check on a live object.
-            let coroutine = unsafe { ffi::PyCoro_CheckExact(value.as_ptr()) } != 0;
-            if !coroutine && !c.is_awaitable.bind(py).call1((&value,))?.is_truthy()? {
+            if !super::delegate::is_coroutine(&value, c) && !c.is_awaitable.bind(py).call1((&value,))?.is_truthy()? {
                 return Ok(Ok(value));
             }
             let iter = await_iter(value)?;
@@ -403,7 +401,8 @@ impl Run {
     }
 
     fn lone_commit<'py>(&mut self, py: Python<'py>, external: bool) -> PyResult<Step<'py>> {
-        let Lone { mut plan, outcome, exceptions, .. } = self.lone.take().ok_or_else(|| PySystemError::new_err("the driver lost its tool call"))?;
+        let Lone { mut plan, outcome, exceptions, .. } =
+            self.lone.take().ok_or_else(|| PySystemError::new_err("the driver lost its tool call"))?;
         let outcome = outcome.ok_or_else(|| PySystemError::new_err("the driver lost its tool outcome"))?;
         let parts = Arc::clone(&self.parts);
         {
@@ -418,10 +417,6 @@ impl Run {
         }
         Ok(step)
     }
-}
-
-fn arguments_or_outcome<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
-    arguments(py, text)
 }
 
 // ---- several calls, run by the executor -------------------------------------------------------
@@ -443,7 +438,12 @@ impl PyToolRun {
     /// Runs `f` on the plan, taken out of its lock (committing runs log observers, which may
     /// run Python).
     fn with_plan<R>(&self, py: Python<'_>, f: impl FnOnce(&mut ToolPlan, &Ctx<'_>) -> PyResult<R>) -> PyResult<R> {
-        let mut plan = self.plan.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| PyValueError::new_err("this tool run is over"))?;
+        let mut plan = self
+            .plan
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| PyValueError::new_err("this tool run is over"))?;
         let core = self.core.bind(py).get();
         let out = match core.parts() {
             Ok(parts) => {
@@ -586,6 +586,3 @@ impl PyToolRun {
         Ok(())
     }
 }
-
-#[allow(dead_code)]
-fn unused(_: &Bound<'_, PyList>) {}

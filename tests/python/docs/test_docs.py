@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
+from docs_runner import compile_block
 
 from conftest import PG_DSN, fresh_schema_dsn
-from docs_runner import compile_block
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNNER = Path(__file__).resolve().parent / "docs_runner.py"

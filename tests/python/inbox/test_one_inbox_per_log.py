@@ -13,7 +13,6 @@ import pytest
 from kerman import AgentLoop, FileStore, Inbox, InboxError, MemoryStore, UserMessage
 from kerman.models import EchoModel
 
-
 # ---- item 4: a log has at most one inbox --------------------------------------------------
 
 def test_a_second_inbox_over_one_log_is_refused():

@@ -12,7 +12,6 @@ import pytest
 from kerman import AgentLoop, ModelReply, Tool, ToolResult
 from kerman.models import EchoModel, ScriptedModel
 
-
 DEPTH = 100_000
 
 

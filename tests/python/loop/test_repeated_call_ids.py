@@ -10,10 +10,9 @@ from typing import Any, Dict, List
 
 import pytest
 
+from conftest import read_raw_session, session_path, write_raw_session
 from kerman import AgentLoop, FileStore, ModelReply, Tool
 from kerman.models import ScriptedModel
-
-from conftest import read_raw_session, session_path, write_raw_session
 
 
 def run_calls(calls: List[Dict[str, Any]], tools: List[Tool]) -> List[Any]:

@@ -30,7 +30,6 @@ from kerman import (
 )
 from kerman.models import ScriptedModel
 
-
 USER = {"kind": "user"}
 COMPLETED = {"kind": "completed"}
 BOUNDARIES = ("turn/start", "step/start", "step/end", "turn/end")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from parity_helpers import SPLICED, STEP, TURN, UUID7, Minted, ids, msg, records, same, splices
 
 

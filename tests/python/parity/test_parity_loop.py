@@ -13,7 +13,6 @@ import json
 from typing import Any, Dict, List
 
 import pytest
-
 from parity_helpers import (
     CLAIM_TURN,
     SPLICED,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import pytest
-
 from parity_helpers import SPLICED, STEP, Minted, amsg, asynctest, call, msg, records, same, scripted, tool_msg, turn_ends, types
 
 

@@ -16,7 +16,6 @@ import pytest
 
 from kerman import FileStore, MemoryStore
 
-
 # ---- item 11: short-lived event loops and cancelled waits leak nothing --------------------
 
 def open_fds() -> int:
@@ -67,7 +66,7 @@ def test_a_completion_delivered_to_a_closed_loop_is_dropped(factory):
         log.append("x/event", {})
 
     refs = []
-    for i in range(20):
+    for _ in range(20):
         refs += run_short_lived(factory, leave_a_wait, 1)
         thread = threading.Thread(target=append)  # delivers on a thread that is not the loop's
         thread.start()

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
+from test_crash import check_and_resume, disk_state
 
 import kerman
 from conftest import DURABILITIES, session_path
 from kerman._core import _FaultPlan
-from test_crash import check_and_resume, disk_state
 
 CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"}
          for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
