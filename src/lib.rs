@@ -1,5 +1,24 @@
 //! Kerman: a durable agent loop built on one append-only session log.
 //!
+//! # Layout
+//!
+//! Each layer depends only on the ones before it:
+//!
+//! * [`message`] — immutable message values (user, assistant, tool result) and their JSON; `ids`
+//!   mints their UUIDv7 ids; [`json`] holds compact and canonical JSON text.
+//! * [`event_log`] — the session log: events, the append path, observers, and the stores (memory,
+//!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature) with their recovery.
+//! * [`inbox`] — the two lists of queued user input, a projection of the log's splices;
+//!   [`projection`] folds the same events for UIs and reconnects.
+//! * [`waterfall`] — the cursor of a waterfall dispatch (`next()` pulls the next listener).
+//! * [`agent_loop`] — the agent loop as a sans-IO turn machine (`resume(input) -> effect`): the
+//!   turn and step rules, the one writer of every loop event (crash closers included), failure
+//!   codes, the tool plan, the derived history and the recovery folds.
+//! * [`blocking`] — how core waits release the host's lock (the GIL) while they block.
+//! * `python/` — the binding (the `python` feature), the only code that touches pyo3: one file
+//!   or folder per core module, and `python/agent_loop/`, whose driver turns the machine's
+//!   effects into awaits.
+//!
 //! The model in one screen:
 //!
 //! * A [`SessionLog`](event_log::SessionLog) is an append-only list of [`Event`](event_log::Event)s.
@@ -10,6 +29,9 @@
 //!   lists (`next-turn`, `next-step`) of user messages. Every mutation appends one normalised
 //!   splice before the lists change, so replaying the log rebuilds the inbox exactly.
 //! * [`projection`] holds pure folds over the same events, for UIs and reconnects.
+//! * The [`agent_loop`]'s [`Machine`](agent_loop::Machine) runs turns over a log and its inbox:
+//!   it claims input, asks for one pre-step decision, calls the model, plans tools and writes
+//!   every event of the turn; its host awaits what each effect asks for.
 //!
 //! Everything here is plain Rust. The Python binding lives in `src/python/` behind the
 //! `python` feature and is the only code that touches pyo3.

@@ -753,8 +753,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(machine_line())
     print(f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
-          "Loop rows (P3, P4, P10): the turn and the step run in the Rust Driver; "
-          "a lone tool call runs in the driver task, several go through the Python scheduler.")
+          "Loop rows (P3, P4, P10): the core's turn machine decides, the native Driver awaits; "
+          "a lone tool call runs in the driver task, several go through kerman._executor.")
     return 0
 
 

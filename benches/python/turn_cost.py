@@ -47,8 +47,11 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
     async def git_log(args: Any, ctx: Any) -> str:
         return "commit 4f1c2e: add group commit"
 
-    async def passthrough(step: Any, next: Any) -> Any:
-        return await next()
+    def passthrough() -> Any:
+        # A new function each time: a listener is registered once per seam.
+        async def listener(step: Any, next: Any) -> Any:
+            return await next()
+        return listener
 
     async def main() -> None:
         for _ in range(turns // 100):
@@ -56,7 +59,7 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
             if tool:
                 loop.tool(git_log)
             for _ in range(listeners):
-                loop.pre_step(passthrough)
+                loop.pre_step(passthrough())
             for _ in range(2):
                 for _ in range(50):
                     loop.followup("What changed in the last commit?")

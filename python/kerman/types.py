@@ -251,7 +251,8 @@ class Tool:
         self.parallel = parallel
 
     def spec(self) -> Dict[str, Any]:
-        """The JSON spec a model sees."""
+        """The JSON spec a model sees. (The loop builds the same dict natively for a plain
+        ``Tool``; a subclass that overrides ``spec`` is called.)"""
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     def __repr__(self) -> str:

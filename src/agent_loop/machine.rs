@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use super::assemble::Assembler;
 use super::ending::{Ending, FailureCode};
 use super::events::{self, append, LoopEvent};
-use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
+use super::tools::{repeated_id, requested, Call, Content, Sink, ToolPlan};
 use super::{CoreError, Shared};
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
@@ -80,7 +80,8 @@ pub enum Requested {
 /// A complete model reply.
 #[derive(Debug)]
 pub struct Reply {
-    pub content: Vec<Value>,
+    /// One text block (the commonest reply, built without parsing), or content blocks.
+    pub content: Content,
     /// The usage's JSON text.
     pub usage: Option<String>,
     pub max_tokens: bool,
@@ -519,7 +520,17 @@ impl Machine {
 
     fn model_result(&mut self, ctx: &Ctx<'_>, input: Input) -> Effect {
         match input {
-            Input::Reply(reply) => self.reply_done(ctx, reply.content, reply.usage, reply.max_tokens, Vec::new()),
+            Input::Reply(Reply { content: Content::Text(text), usage, max_tokens }) => {
+                // One text block: no tool calls to drop or plan, nothing to validate.
+                let message = Message::of_text(crate::message::MessageKind::Assistant, &text, None);
+                if let Err(fault) = self.append_assistant(ctx, message, usage, Vec::new(), false) {
+                    return self.fail(ctx, fault);
+                }
+                self.step_done(ctx, if max_tokens { StepEnd::MaxTokens } else { StepEnd::Completed })
+            }
+            Input::Reply(Reply { content: Content::Blocks(content), usage, max_tokens }) => {
+                self.reply_done(ctx, content, usage, max_tokens, Vec::new())
+            }
             Input::NotAReply(repr) => {
                 let message = format!("model returned {repr}; expected a ModelReply");
                 self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message))
@@ -577,7 +588,10 @@ impl Machine {
                 if !visible.is_empty() {
                     let usage = assembler.usage().map(|u| crate::json::compact(&u));
                     let chunks = std::mem::take(&mut self.chunks);
-                    if let Err(fault) = self.append_assistant(ctx, visible, usage, chunks, true) {
+                    let appended = Message::assistant(visible, None, None)
+                        .map_err(|e| Fault::Core(CoreError::Message(e)))
+                        .and_then(|message| self.append_assistant(ctx, message, usage, chunks, true));
+                    if let Err(fault) = appended {
                         return self.fail(ctx, fault);
                     }
                 }
@@ -610,16 +624,15 @@ impl Machine {
     fn append_assistant(
         &self,
         ctx: &Ctx<'_>,
-        content: Vec<Value>,
+        message: Message,
         usage: Option<String>,
         chunks: Vec<u64>,
         interrupted: bool,
-    ) -> Result<Message, Fault> {
-        let message = Message::assistant(content, None, None).map_err(|e| Fault::Core(CoreError::Message(e)))?;
+    ) -> Result<(), Fault> {
         let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage.as_deref(), chunks);
-        let joined = (!message.content().is_empty()).then(|| Arc::new(message.clone()));
+        let joined = (!message.content().is_empty()).then(|| Arc::new(message));
         ctx.append_message(event, joined).map_err(|e| Fault::Core(CoreError::Log(e)))?;
-        Ok(message)
+        Ok(())
     }
 
     /// Logs the assistant message (its tool calls dropped on `max-tokens`, SPEC 4.9), then
@@ -642,8 +655,7 @@ impl Machine {
             let message = format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply");
             return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message));
         }
-        let content = message.content().to_vec();
-        if let Err(fault) = self.append_assistant(ctx, content, usage, chunks, false) {
+        if let Err(fault) = self.append_assistant(ctx, message, usage, chunks, false) {
             return self.fail(ctx, fault);
         }
         if max_tokens {

@@ -86,6 +86,18 @@ pub fn text_message(
     Ok(Some(Message::of_text(kind, &text, id)))
 }
 
+/// The text of content that is one text block (`[{"type": "text", "text": str}]`, exact types,
+/// nothing else in the dict, as `ModelReply` makes it from a `str`), when it is valid Unicode.
+pub fn lone_text(content: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    match lone_text_block(content) {
+        Some(text) => match text.cast::<PyString>().map(|s| s.to_str()) {
+            Ok(Ok(text)) => Ok(Some(text.to_owned())),
+            _ => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
 /// The text of `[{"type": "text", "text": str}]` (exact types, nothing else in the dict).
 fn lone_text_block<'py>(content: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     let list = content.cast_exact::<PyList>().ok()?;

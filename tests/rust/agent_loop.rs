@@ -13,8 +13,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kerman::agent_loop::{
-    close_open_turn, consumed_work, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply,
-    Requested, RequeueError, Shared, Sink, ToolPlan,
+    close_open_turn, consumed_work, requeue_claimed, Content, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind,
+    Reply, Requested, RequeueError, Shared, Sink, ToolPlan,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -162,7 +162,7 @@ fn request(options: Value) -> Ans {
 }
 
 fn reply(content: Vec<Value>) -> Ans {
-    answer("CallModel", move |_, _| Input::Reply(Reply { content, usage: None, max_tokens: false }))
+    answer("CallModel", move |_, _| Input::Reply(Reply { content: Content::Blocks(content), usage: None, max_tokens: false }))
 }
 
 fn reply_text(text: &str) -> Ans {
@@ -170,7 +170,7 @@ fn reply_text(text: &str) -> Ans {
 }
 
 fn reply_max_tokens(content: Vec<Value>) -> Ans {
-    answer("CallModel", move |_, _| Input::Reply(Reply { content, usage: None, max_tokens: true }))
+    answer("CallModel", move |_, _| Input::Reply(Reply { content: Content::Blocks(content), usage: None, max_tokens: true }))
 }
 
 fn stream() -> Ans {
@@ -500,7 +500,7 @@ fn a_normal_turn_logs_the_documented_sequence() {
             enter(),
             request(json!({})),
             answer("CallModel", move |_, _| {
-                Input::Reply(Reply { content: vec![block("you said: hello")], usage: Some(usage), max_tokens: false })
+                Input::Reply(Reply { content: Content::Blocks(vec![block("you said: hello")]), usage: Some(usage), max_tokens: false })
             }),
         ],
     );

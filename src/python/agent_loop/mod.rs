@@ -45,6 +45,7 @@ pub(crate) struct Classes {
     pub request_failure: Py<PyAny>,
     pub retry: Py<PyAny>,
     pub tool_context: Py<PyAny>,
+    pub tool: Py<PyAny>,
     pub tool_result: Py<PyAny>,
     pub model_error: Py<PyAny>,
     pub lease_lost: Py<PyAny>,
@@ -85,6 +86,7 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             request_failure: get(&types, "RequestFailure")?,
             retry: get(&types, "Retry")?,
             tool_context: get(&types, "ToolContext")?,
+            tool: get(&types, "Tool")?,
             tool_result: get(&types, "ToolResult")?,
             model_error: get(&errors, "ModelError")?,
             lease_lost: get(&errors, "LeaseLostError")?,
@@ -215,13 +217,20 @@ impl PyLoopCore {
         drop(old);
     }
 
-    /// The history's messages as a new list, wrapping the ones not wrapped yet.
-    pub(crate) fn history_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// The history's messages as a new list, wrapping the ones not wrapped yet; a message that
+    /// is one of `known` (the step's entered objects) is that object.
+    pub(crate) fn history_list<'py>(&self, py: Python<'py>, known: Option<&Bound<'py, PyList>>) -> PyResult<Bound<'py, PyList>> {
         let have = lock(&self.history).len();
         let fresh = self.shared.history.since(have);
         let mut wrapped = Vec::with_capacity(fresh.len());
         for message in fresh {
-            wrapped.push(wrap(py, message)?.unbind());
+            let same = known.and_then(|known| {
+                known.iter().find(|obj| obj.cast::<super::message::PyMessage>().is_ok_and(|m| Arc::ptr_eq(&m.get().inner, &message)))
+            });
+            wrapped.push(match same {
+                Some(obj) => obj.unbind(),
+                None => wrap(py, message)?.unbind(),
+            });
         }
         let mut cache = lock(&self.history);
         if cache.len() == have {
@@ -388,7 +397,7 @@ impl PyLoopCore {
 
     /// The history's messages (user, assistant and tool results, in log order).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        self.history_list(py)
+        self.history_list(py, None)
     }
 
     /// The loop's counters, for tests and `repr`s: requests made, canonical last options.

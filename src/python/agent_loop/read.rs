@@ -13,7 +13,7 @@ use super::super::convert::{to_json_text, to_value};
 use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
 use super::{canonical, classes, Parts};
-use crate::agent_loop::{Decision, Raised, RaisedKind, Reply, Requested};
+use crate::agent_loop::{Content, Decision, Raised, RaisedKind, Reply, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -109,7 +109,11 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     if !reply.is_instance(c.model_reply.bind(py))? {
         return Ok(None);
     }
-    let content = content_arg(&reply.getattr(intern!(py, "content"))?)?;
+    let content = reply.getattr(intern!(py, "content"))?;
+    let content = match super::super::message::lone_text(&content)? {
+        Some(text) => Content::Text(text),
+        None => Content::Blocks(content_arg(&content)?),
+    };
     let usage = reply.getattr(intern!(py, "usage"))?;
     let usage = if usage.is_none() {
         None

@@ -39,6 +39,20 @@ fn waterfall<'py>(listeners: &Bound<'py, PyList>, payload: &Bound<'py, PyAny>, d
     classes(py)?.next.bind(py).call1((listeners, payload, default))?.call0()
 }
 
+/// `tool.spec()`: built here for a plain `Tool` (what `Tool.spec` returns, without a call into
+/// Python per tool per request); a subclass's own `spec` is called.
+fn tool_spec<'py>(tool: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = tool.py();
+    if !tool.get_type().is(classes(py)?.tool.bind(py)) {
+        return tool.call_method0(intern!(py, "spec"));
+    }
+    let spec = pyo3::types::PyDict::new(py);
+    spec.set_item(intern!(py, "name"), tool.getattr(intern!(py, "name"))?)?;
+    spec.set_item(intern!(py, "description"), tool.getattr(intern!(py, "description"))?)?;
+    spec.set_item(intern!(py, "parameters"), tool.getattr(intern!(py, "parameters"))?)?;
+    Ok(spec.into_any())
+}
+
 impl Run {
     fn turn_step(&self) -> (u64, u64) {
         (self.machine.turn(), self.machine.step())
@@ -74,14 +88,15 @@ impl Run {
     pub(super) fn before_request<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let c = classes(py)?;
-        let history = self.core(py).get().history_list(py)?;
+        let entered = self.entered.as_ref().map(|list| list.bind(py).clone());
+        let history = self.core(py).get().history_list(py, entered.as_ref())?;
         let tools = PyList::empty(py);
         for tool in parts.tools.bind(py).values() {
-            tools.append(tool.call_method0(intern!(py, "spec"))?)?;
+            tools.append(tool_spec(&tool)?)?;
         }
         let options = parts.options.bind(py).copy()?;
-        let entered = match &self.entered {
-            Some(list) => PyList::new(py, list.bind(py).iter())?,
+        let entered = match entered {
+            Some(list) => PyList::new(py, list.iter())?,
             None => PyList::empty(py),
         };
         let (turn, step) = self.turn_step();
