@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -11,10 +12,18 @@ use super::errors::log_err;
 use super::exit::attach_unless_exiting;
 use crate::event_log::LogError;
 
-static AIO: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-pub fn aio(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(AIO.get_or_try_init(py, || py.import("kerman._aio").map(Bound::unbind))?.bind(py))
+/// Completes `future` with `None`, or with the exception `exc`, unless it was cancelled or
+/// completed already.
+fn resolve(future: &Bound<'_, PyAny>, exc: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+    let py = future.py();
+    if future.call_method0(intern!(py, "done"))?.is_truthy()? {
+        return Ok(());
+    }
+    match exc {
+        None => future.call_method1(intern!(py, "set_result"), (py.None(),))?,
+        Some(exc) => future.call_method1(intern!(py, "set_exception"), (exc,))?,
+    };
+    Ok(())
 }
 
 /// One completion waiting in a [`Drain`]'s queue: everything it holds is released on the loop
@@ -93,11 +102,10 @@ impl Drain {
             bell.clear();
         }
         let delivered = std::mem::take(&mut lock(&self.queue).items);
-        let resolve = aio(py)?.getattr("resolve")?;
         for d in delivered {
-            let exc = d.error.map(|e| log_err(py, e).into_value(py).into_any());
+            let exc = d.error.map(|e| log_err(py, e).into_value(py).into_any().into_bound(py));
             // A failing resolve (a closed loop) leaves nobody to tell; the others still run.
-            drop(resolve.call1((d.future, exc)));
+            drop(resolve(d.future.bind(py), exc));
         }
         Ok(())
     }
@@ -207,12 +215,9 @@ impl Completion {
         if thread::current().id() == loop_thread {
             // Completed at once, on the loop's own thread: resolve directly.
             Python::attach(|py| {
-                let result = (|| -> PyResult<()> {
-                    let exc = error.map(|e| log_err(py, e).into_value(py).into_any());
-                    aio(py)?.getattr("resolve")?.call1((future, exc))?;
-                    Ok(())
-                })();
-                drop(result);
+                let exc = error.map(|e| log_err(py, e).into_value(py).into_any().into_bound(py));
+                drop(resolve(future.bind(py), exc));
+                drop(future);
                 drop(wake);
             });
             return;
