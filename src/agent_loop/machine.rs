@@ -523,7 +523,7 @@ impl Machine {
             Input::Reply(Reply { content: Content::Text(text), usage, max_tokens }) => {
                 // One text block: no tool calls to drop or plan, nothing to validate.
                 let message = Message::of_text(crate::message::MessageKind::Assistant, &text, None);
-                if let Err(fault) = self.append_assistant(ctx, message, usage, Vec::new(), false) {
+                if let Err(fault) = self.append_assistant(ctx, message, false, usage, Vec::new(), false) {
                     return self.fail(ctx, fault);
                 }
                 self.step_done(ctx, if max_tokens { StepEnd::MaxTokens } else { StepEnd::Completed })
@@ -590,7 +590,7 @@ impl Machine {
                     let chunks = std::mem::take(&mut self.chunks);
                     let appended = Message::assistant(visible, None, None)
                         .map_err(|e| Fault::Core(CoreError::Message(e)))
-                        .and_then(|message| self.append_assistant(ctx, message, usage, chunks, true));
+                        .and_then(|message| self.append_assistant(ctx, message, false, usage, chunks, true));
                     if let Err(fault) = appended {
                         return self.fail(ctx, fault);
                     }
@@ -620,17 +620,20 @@ impl Machine {
         Effect::RequestError { failure, exception }
     }
 
-    /// `assistant/message`; an empty message stays in the log but not in the history.
+    /// `assistant/message`; an empty message stays in the log but not in the history. `empty`
+    /// says which (the caller knows: asking a text message built without its parts would parse
+    /// its JSON).
     fn append_assistant(
         &self,
         ctx: &Ctx<'_>,
         message: Message,
+        empty: bool,
         usage: Option<String>,
         chunks: Vec<u64>,
         interrupted: bool,
     ) -> Result<(), Fault> {
         let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage.as_deref(), chunks);
-        let joined = (!message.content().is_empty()).then(|| Arc::new(message));
+        let joined = (!empty).then(|| Arc::new(message));
         ctx.append_message(event, joined).map_err(|e| Fault::Core(CoreError::Log(e)))?;
         Ok(())
     }
@@ -655,7 +658,8 @@ impl Machine {
             let message = format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply");
             return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message));
         }
-        if let Err(fault) = self.append_assistant(ctx, message, usage, chunks, false) {
+        let empty = message.content().is_empty();
+        if let Err(fault) = self.append_assistant(ctx, message, empty, usage, chunks, false) {
             return self.fail(ctx, fault);
         }
         if max_tokens {

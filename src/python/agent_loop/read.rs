@@ -40,13 +40,28 @@ fn user_message(value: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Message>>> {
 pub(super) fn decision<'py>(value: &Bound<'py, PyAny>) -> PyResult<(Decision, Option<Bound<'py, PyList>>)> {
     let py = value.py();
     let c = classes(py)?;
+    if value.get_type().is(c.enter.bind(py)) {
+        let messages = value.getattr(intern!(py, "messages"))?;
+        if let Ok(list) = messages.cast_exact::<PyList>() {
+            let user_message = c.user_message.bind(py);
+            let mut arcs = Vec::with_capacity(list.len());
+            for item in list.iter() {
+                // Exactly a UserMessage; anything else takes the general reading below.
+                let Some(message) = item.get_type().is(user_message).then(|| item.cast::<PyMessage>().ok()).flatten() else { break };
+                arcs.push(Arc::clone(&message.get().inner));
+            }
+            if arcs.len() == list.len() {
+                return Ok((Decision::Enter(arcs), Some(PyList::new(py, list.iter())?)));
+            }
+        }
+    }
     let is_dict = value.is_instance_of::<PyDict>();
     let kind = if is_dict {
         value.call_method1(intern!(py, "get"), ("kind",))?
     } else {
         value.getattr_opt(intern!(py, "kind"))?.unwrap_or_else(|| py.None().into_bound(py))
     };
-    if kind.eq("enter")? && (is_dict || value.is_instance(c.enter.bind(py))?) {
+    if kind.eq(intern!(py, "enter"))? && (is_dict || value.is_instance(c.enter.bind(py))?) {
         let raw = if is_dict { value.call_method1(intern!(py, "get"), ("messages",))? } else { value.getattr(intern!(py, "messages"))? };
         if raw.is_instance_of::<PyList>() || raw.is_instance_of::<PyTuple>() {
             let objects = PyList::empty(py);
@@ -63,7 +78,7 @@ pub(super) fn decision<'py>(value: &Bound<'py, PyAny>) -> PyResult<(Decision, Op
             }
             return Ok((Decision::Enter(messages), Some(objects)));
         }
-    } else if kind.eq("reject")? && (is_dict || value.is_instance(c.reject.bind(py))?) {
+    } else if kind.eq(intern!(py, "reject"))? && (is_dict || value.is_instance(c.reject.bind(py))?) {
         let reason = if is_dict { value.call_method1(intern!(py, "get"), ("reason",))? } else { value.getattr(intern!(py, "reason"))? };
         if reason.is_none() {
             return Ok((Decision::Reject(None), None));
@@ -120,7 +135,7 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     } else {
         Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, "assistant/message", e.describe()))?)
     };
-    let max_tokens = reply.getattr(intern!(py, "finish"))?.eq("max-tokens")?;
+    let max_tokens = reply.getattr(intern!(py, "finish"))?.eq(intern!(py, "max-tokens"))?;
     Ok(Some(Reply { content, usage, max_tokens }))
 }
 
@@ -142,7 +157,8 @@ pub(super) fn chunk(value: &Bound<'_, PyAny>) -> PyResult<Option<Map<String, Val
 pub(super) fn is_retry(action: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = action.py();
     Ok(action.is_instance(classes(py)?.retry.bind(py))?
-        || (action.is_instance_of::<PyDict>() && action.call_method1(intern!(py, "get"), ("kind",))?.eq("retry")?))
+        || (action.is_instance_of::<PyDict>()
+            && action.call_method1(intern!(py, "get"), (intern!(py, "kind"),))?.eq(intern!(py, "retry"))?))
 }
 
 // ---- exceptions -------------------------------------------------------------------------------
