@@ -62,9 +62,11 @@ fuzz:
 demo: install
 	kerman demo
 
-# The Python targets against the baseline, then the Rust micro-benchmarks.
+# The Python targets against the baseline, the native→Python operations per loop turn (a
+# deterministic probe), then the Rust micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
+	$(PY) benches/python/crossings.py
 	$(MAKE) bench-rust
 
 # Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,

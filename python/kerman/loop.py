@@ -389,7 +389,8 @@ class AgentLoop:
     def _wake(self, after_abort: bool) -> None:
         """Reference 5.3: start a driver when idle; latch a wake the running one cannot deliver."""
         if self._status != "idle":
-            self._core.latch_wake(after_abort)
+            if after_abort:  # only input redirected by a cancel in progress can latch
+                self._core.latch_wake(True)
             return
         self._start_driver()
 

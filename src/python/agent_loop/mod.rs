@@ -178,8 +178,10 @@ pub struct PyLoopCore {
     in_user: AtomicBool,
     /// ... and `cancel()` threw, so the driver absorbs that cancellation.
     thrown: AtomicBool,
-    /// Python objects of the history's messages, wrapped once each (aligned with the core's).
-    history: Mutex<Vec<Py<PyAny>>>,
+    /// Python objects of the history's messages, wrapped once each (aligned with the core's),
+    /// in a list of its own that is never handed out: a request gets a slice of it, which
+    /// Python copies in one step.
+    history: Mutex<Option<Py<PyList>>>,
 }
 
 impl PyLoopCore {
@@ -220,23 +222,25 @@ impl PyLoopCore {
     /// The history's messages as a new list, wrapping the ones not wrapped yet; a message that
     /// is one of `known` (the step's entered objects) is that object.
     pub(crate) fn history_list<'py>(&self, py: Python<'py>, known: Option<&Bound<'py, PyList>>) -> PyResult<Bound<'py, PyList>> {
-        let have = lock(&self.history).len();
-        let fresh = self.shared.history.since(have);
-        let mut wrapped = Vec::with_capacity(fresh.len());
-        for message in fresh {
+        let cache = lock(&self.history).as_ref().map(|list| list.clone_ref(py));
+        let cache = match cache {
+            Some(list) => list.into_bound(py),
+            None => {
+                let list = PyList::empty(py);
+                *lock(&self.history) = Some(list.clone().unbind());
+                list
+            }
+        };
+        for message in self.shared.history.since(cache.len()) {
             let same = known.and_then(|known| {
                 known.iter().find(|obj| obj.cast::<super::message::PyMessage>().is_ok_and(|m| Arc::ptr_eq(&m.get().inner, &message)))
             });
-            wrapped.push(match same {
-                Some(obj) => obj.unbind(),
-                None => wrap(py, message)?.unbind(),
-            });
+            match same {
+                Some(obj) => cache.append(obj)?,
+                None => cache.append(wrap(py, message)?)?,
+            }
         }
-        let mut cache = lock(&self.history);
-        if cache.len() == have {
-            cache.extend(wrapped);
-        }
-        PyList::new(py, cache.iter().map(|m| m.bind(py)))
+        Ok(cache.get_slice(0, cache.len()))
     }
 }
 
@@ -292,7 +296,7 @@ impl PyLoopCore {
             fenced: Mutex::new(None),
             in_user: AtomicBool::new(false),
             thrown: AtomicBool::new(false),
-            history: Mutex::new(Vec::new()),
+            history: Mutex::new(None),
         })
     }
 
@@ -430,9 +434,7 @@ impl PyLoopCore {
             }
         }
         if let Ok(history) = self.history.try_lock() {
-            for m in history.iter() {
-                visit.call(m)?;
-            }
+            visit.call(history.as_ref())?;
         }
         Ok(())
     }
@@ -441,7 +443,7 @@ impl PyLoopCore {
         let parts = lock(&self.parts).take();
         let signal = lock(&self.signal).take();
         let fenced = lock(&self.fenced).take();
-        let history = std::mem::take(&mut *lock(&self.history));
+        let history = lock(&self.history).take();
         drop((parts, signal, fenced, history));
     }
 }
