@@ -107,7 +107,7 @@ impl Assembler {
             failure.insert("message".into(), Value::String(format!("model finished with reason {}", self.finish_repr())));
         }
         if !failure.contains_key("code") {
-            failure.insert("code".into(), Value::String("UNKNOWN".into()));
+            failure.insert("code".into(), Value::String(super::FailureCode::Unknown.as_str().into()));
         }
         Value::Object(failure)
     }

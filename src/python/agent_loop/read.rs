@@ -13,7 +13,8 @@ use super::super::convert::{to_json_text, to_value};
 use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
 use super::{canonical, classes, Parts};
-use crate::agent_loop::{Content, Decision, Raised, RaisedKind, Reply, Requested};
+use crate::agent_loop::events::{ASSISTANT_CHUNK, ASSISTANT_MESSAGE, REQUEST_HEADER};
+use crate::agent_loop::{Content, Decision, FailureCode, Raised, RaisedKind, Reply, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -109,7 +110,7 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str) ->
     };
     let options = if header_due(&canonical) {
         to_json_text(&options, "data.options")
-            .map_err(|e| crate::event_log::LogError::NotJson { event_type: "request/header".into(), detail: e.describe() })
+            .map_err(|e| crate::event_log::LogError::NotJson { event_type: REQUEST_HEADER.into(), detail: e.describe() })
     } else {
         Ok(String::new())
     };
@@ -133,7 +134,7 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     let usage = if usage.is_none() {
         None
     } else {
-        Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, "assistant/message", e.describe()))?)
+        Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, ASSISTANT_MESSAGE, e.describe()))?)
     };
     let max_tokens = reply.getattr(intern!(py, "finish"))?.eq(intern!(py, "max-tokens"))?;
     Ok(Some(Reply { content, usage, max_tokens }))
@@ -149,7 +150,7 @@ pub(super) fn chunk(value: &Bound<'_, PyAny>) -> PyResult<Option<Map<String, Val
     match to_value(value, "data.chunk") {
         Ok(Value::Object(map)) => Ok(Some(map)),
         Ok(_) => Ok(None),
-        Err(e) => Err(not_json(py, "assistant/chunk", e.describe())),
+        Err(e) => Err(not_json(py, ASSISTANT_CHUNK, e.describe())),
     }
 }
 
@@ -224,7 +225,7 @@ pub(super) fn failure_of(parts: &Parts, exc: &Bound<'_, PyAny>) -> PyResult<Valu
         }
     } else {
         failure.insert("message".into(), Value::String(error_chain(exc)));
-        failure.insert("code".into(), Value::String("UNKNOWN".into()));
+        failure.insert("code".into(), Value::String(FailureCode::Unknown.as_str().into()));
     }
     failure.extend(describe(parts, exc, None, true)?);
     Ok(Value::Object(failure))

@@ -103,7 +103,7 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
     } else {
         match to_json_text(&meta, "data.meta") {
             Ok(text) => Some(text),
-            Err(e) => return Ok(invalid(py, name, &not_json(py, "tool/result", e.describe()))),
+            Err(e) => return Ok(invalid(py, name, &not_json(py, crate::agent_loop::events::TOOL_RESULT, e.describe()))),
         }
     };
     let mut contexts = Vec::new();
