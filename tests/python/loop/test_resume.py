@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Optional
 
 import pytest
 
 import kerman
-from conftest import event_record, header_record, plain, read_raw_session, session_path, write_raw_session
+from conftest import event_record, header_record, read_raw_session, session_path, write_raw_session
 from kerman import (
     NEXT_STEP,
     NEXT_TURN,
@@ -30,121 +30,30 @@ from kerman import (
     MemoryStore,
     ModelReply,
     ToolResultMessage,
-    UserMessage,
 )
 from kerman.models import ScriptedModel
-
-CancelledError = asyncio.CancelledError
-
-DISPOSED = {"kind": "disposed"}
-COMPLETED = {"kind": "completed"}
-
-
-def aborted(cause: Dict[str, Any]) -> Dict[str, Any]:
-    return {"kind": "aborted", "reason": cause}
-
+from loop.loop_helpers import (
+    COMPLETED,
+    DISPOSED,
+    HangModel,
+    Live,
+    aborted,
+    canceled_splices,
+    count,
+    drain,
+    forever,
+    of_type,
+    result_of,
+    result_text,
+    texts,
+    tool_calls,
+    turn_ends,
+    types_of,
+)
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def types_of(log, start: int = 0) -> List[str]:
-    return [e.type for e in log.events(start)]
-
-
-def of_type(log, *types: str) -> list:
-    return [e for e in log.events() if e.type in types]
-
-
-def turn_ends(log) -> List[Dict[str, Any]]:
-    """The turns' endings, without the report of a user exception (test_user_code_errors.py)."""
-    return [plain(e.data["reason"]) for e in log.events() if e.type == "turn/end"]
-
-
-def count(log, type_: str) -> int:
-    return sum(1 for e in log.events() if e.type == type_)
-
-
-def texts(messages) -> List[str]:
-    return [m.text for m in messages]
-
-
-def canceled_splices(log) -> list:
-    return [e.data for e in log.splices() if e.data.get("outcome") == "canceled"]
-
-
-def tool_calls(*calls) -> ModelReply:
-    """A reply with one tool-call block per ``(id, name)`` or ``(id, name, arguments)``."""
-    return ModelReply([{"type": "tool-call", "id": c[0], "name": c[1], "arguments": c[2] if len(c) > 2 else "{}"}
-                       for c in calls])
-
-
-def result_of(log, call_id: str):
-    """The ``tool/result`` event for ``call_id`` (asserts there is exactly one)."""
-    found = [e for e in log.events() if e.type == "tool/result" and e.data["message"]["content"][0]["toolCallId"] == call_id]
-    assert len(found) == 1, f"expected one tool/result for {call_id}, got {len(found)}: {types_of(log)}"
-    return found[0]
-
-
-def result_text(event) -> str:
-    block = event.data["message"]["content"][0]
-    content = block["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(b.get("text", "") for b in content)
-
-
-async def forever() -> None:
-    """Awaits a future nobody resolves: only a cancellation gets out."""
-    await asyncio.get_running_loop().create_future()
-
-
-async def drain() -> None:
-    """A barrier behind every callback already scheduled on the running loop (FIFO)."""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    loop.call_soon(fut.set_result, None)
-    await fut
-
-
-class Live:
-    """Records the live events of one AgentLoop."""
-
-    def __init__(self, loop: AgentLoop) -> None:
-        self.statuses: List[str] = []
-        self.errors: list = []
-        self.inserted: List[UserMessage] = []
-        self.discarded: List[UserMessage] = []
-        self.claimed: list = []
-        loop.on("agent/status", lambda e: self.statuses.append(e.status))
-        loop.on("agent/error", self.errors.append)
-        loop.on("agent/inbox/inserted", lambda e: self.inserted.append(e.message))
-        loop.on("agent/inbox/discarded", lambda e: self.discarded.append(e.message))
-        loop.on("agent/inbox/claimed", lambda e: self.claimed.append((e.message, e.turn)))
-
-
-class HangModel:
-    """Hangs on the requests numbered in ``hang`` (1-based) until cancelled; answers the others
-    with ``"reply <n>"``. Records requests and the CancelledErrors it saw."""
-
-    def __init__(self, hang=(1,)) -> None:
-        self.hang = set(hang)
-        self.requests: list = []
-        self.entered = asyncio.Event()
-        self.cancelled = 0
-
-    async def __call__(self, request):
-        self.requests.append(request)
-        n = len(self.requests)
-        if n in self.hang:
-            self.entered.set()
-            try:
-                await forever()
-            except CancelledError:
-                self.cancelled += 1
-                raise
-        return ModelReply(f"reply {n}")
 
 
 # --------------------------------------------------------------------------------------------

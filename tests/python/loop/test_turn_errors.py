@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, List
 
 import pytest
 
@@ -26,65 +25,13 @@ from kerman import (
     ModelError,
     ModelReply,
     Retry,
-    UserMessage,
 )
 from kerman.models import ScriptedModel
-
-USER = {"kind": "user"}
-COMPLETED = {"kind": "completed"}
-BOUNDARIES = ("turn/start", "step/start", "step/end", "turn/end")
-
-
-def aborted(cause: Dict[str, Any]) -> Dict[str, Any]:
-    return {"kind": "aborted", "reason": cause}
-
+from loop.loop_helpers import BOUNDARIES, COMPLETED, USER, Live, aborted, boundaries, count, of_type, tool_calls, turn_ends, types_of
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def types_of(log, start: int = 0) -> List[str]:
-    return [e.type for e in log.events(start)]
-
-
-def of_type(log, *types: str) -> list:
-    return [e for e in log.events() if e.type in types]
-
-
-def boundaries(log) -> List[str]:
-    return [e.type for e in log.events() if e.type in BOUNDARIES]
-
-
-def turn_ends(log) -> List[Dict[str, Any]]:
-    """The turns' endings, without the report of a user exception (test_user_code_errors.py)."""
-    return [plain(e.data["reason"]) for e in log.events() if e.type == "turn/end"]
-
-
-def count(log, type_: str) -> int:
-    return sum(1 for e in log.events() if e.type == type_)
-
-
-def tool_calls(*calls) -> ModelReply:
-    """A reply with one tool-call block per ``(id, name)`` or ``(id, name, arguments)``."""
-    return ModelReply([{"type": "tool-call", "id": c[0], "name": c[1], "arguments": c[2] if len(c) > 2 else "{}"}
-                       for c in calls])
-
-
-class Live:
-    """Records the live events of one AgentLoop."""
-
-    def __init__(self, loop: AgentLoop) -> None:
-        self.statuses: List[str] = []
-        self.errors: list = []
-        self.inserted: List[UserMessage] = []
-        self.discarded: List[UserMessage] = []
-        self.claimed: list = []
-        loop.on("agent/status", lambda e: self.statuses.append(e.status))
-        loop.on("agent/error", self.errors.append)
-        loop.on("agent/inbox/inserted", lambda e: self.inserted.append(e.message))
-        loop.on("agent/inbox/discarded", lambda e: self.discarded.append(e.message))
-        loop.on("agent/inbox/claimed", lambda e: self.claimed.append((e.message, e.turn)))
 
 
 # --------------------------------------------------------------------------------------------

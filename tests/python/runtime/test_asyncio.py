@@ -11,12 +11,10 @@ import asyncio
 import contextvars
 import sys
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 
-import kerman
-from conftest import plain
 from kerman import (
     NEXT_TURN,
     AgentLoop,
@@ -24,68 +22,27 @@ from kerman import (
     ModelReply,
 )
 from kerman.models import ScriptedModel
-
-CancelledError = asyncio.CancelledError
-
-USER = {"kind": "user"}
-PARENT = {"kind": "parent"}
-COMPLETED = {"kind": "completed"}
-
-
-def aborted(cause: Dict[str, Any]) -> Dict[str, Any]:
-    return {"kind": "aborted", "reason": cause}
-
+from loop.loop_helpers import (
+    COMPLETED,
+    PARENT,
+    USER,
+    CancelledError,
+    HangModel,
+    aborted,
+    count,
+    forever,
+    result_of,
+    result_text,
+    texts,
+    tool_calls,
+    turn_ends,
+    types_of,
+    user_texts,
+)
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def types_of(log, start: int = 0) -> List[str]:
-    return [e.type for e in log.events(start)]
-
-
-def turn_ends(log) -> List[Dict[str, Any]]:
-    """The turns' endings, without the report of a user exception (test_user_code_errors.py)."""
-    return [plain(e.data["reason"]) for e in log.events() if e.type == "turn/end"]
-
-
-def count(log, type_: str) -> int:
-    return sum(1 for e in log.events() if e.type == type_)
-
-
-def user_texts(log) -> List[str]:
-    return [kerman.Message.from_dict(e.data).text for e in log.events() if e.type == "user/message"]
-
-
-def texts(messages) -> List[str]:
-    return [m.text for m in messages]
-
-
-def tool_calls(*calls) -> ModelReply:
-    """A reply with one tool-call block per ``(id, name)`` or ``(id, name, arguments)``."""
-    return ModelReply([{"type": "tool-call", "id": c[0], "name": c[1], "arguments": c[2] if len(c) > 2 else "{}"}
-                       for c in calls])
-
-
-def result_of(log, call_id: str):
-    """The ``tool/result`` event for ``call_id`` (asserts there is exactly one)."""
-    found = [e for e in log.events() if e.type == "tool/result" and e.data["message"]["content"][0]["toolCallId"] == call_id]
-    assert len(found) == 1, f"expected one tool/result for {call_id}, got {len(found)}: {types_of(log)}"
-    return found[0]
-
-
-def result_text(event) -> str:
-    block = event.data["message"]["content"][0]
-    content = block["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(b.get("text", "") for b in content)
-
-
-async def forever() -> None:
-    """Awaits a future nobody resolves: only a cancellation gets out."""
-    await asyncio.get_running_loop().create_future()
 
 
 def _in_thread(fn):
@@ -106,29 +63,6 @@ def _in_thread(fn):
     if "error" in out:
         raise out["error"]
     return out.get("value")
-
-
-class HangModel:
-    """Hangs on the requests numbered in ``hang`` (1-based) until cancelled; answers the others
-    with ``"reply <n>"``. Records requests and the CancelledErrors it saw."""
-
-    def __init__(self, hang=(1,)) -> None:
-        self.hang = set(hang)
-        self.requests: list = []
-        self.entered = asyncio.Event()
-        self.cancelled = 0
-
-    async def __call__(self, request):
-        self.requests.append(request)
-        n = len(self.requests)
-        if n in self.hang:
-            self.entered.set()
-            try:
-                await forever()
-            except CancelledError:
-                self.cancelled += 1
-                raise
-        return ModelReply(f"reply {n}")
 
 
 # --------------------------------------------------------------------------------------------
