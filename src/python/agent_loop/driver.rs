@@ -86,9 +86,9 @@ pub(super) struct Run {
     /// The executor's run of a plan of several calls.
     pub tool_run: Option<Py<super::tools::PyToolRun>>,
     /// The exception behind the last failure the machine was told of (for its report).
-    pub last_exc: Option<PyErr>,
+    pub last_exc: Option<Py<PyBaseException>>,
     /// The exception the run ends with, if the machine says it propagates.
-    pub propagating: Option<PyErr>,
+    pub propagating: Option<Py<PyBaseException>>,
 }
 
 /// The host's exception for a core error.
@@ -132,11 +132,13 @@ impl Run {
             // Describing it failed: the failure says what it can.
             Err(_) => (Raised::new(RaisedKind::Error, crate::agent_loop::FailureCode::Unknown.failure(err.to_string())), false),
         };
+        // Kept as the exception object (its traceback attached), which the collector can see.
+        let exc = err.into_value(py);
         if propagates {
-            self.propagating = Some(err.clone_ref(py));
+            self.propagating = Some(exc.clone_ref(py));
         }
         if raised.kind != RaisedKind::Cancelled {
-            self.last_exc = Some(err);
+            self.last_exc = Some(exc);
         }
         Input::Raised(raised)
     }
@@ -191,7 +193,7 @@ impl Run {
             Effect::TurnStopping => return self.turn_stopping(py),
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
             Effect::Report { turn, step, failure, exception } => {
-                let exc = if exception { self.last_exc.take().map(|e| e.into_value(py).into_any()) } else { None };
+                let exc = if exception { self.last_exc.take().map(|e| e.into_bound(py).into_any()) } else { None };
                 let failure = super::super::convert::to_py(py, &failure)?;
                 parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
                 Step::Input(Input::Continue)
@@ -207,8 +209,8 @@ impl Run {
                 let core_obj = self.core.clone_ref(py);
                 let core = core_obj.bind(py).get();
                 if !core.is_fenced() {
-                    let exc = self.last_exc.take().map(|e| e.into_value(py).into_any());
-                    core.set_fenced(exc.as_ref().map(|e| e.clone_ref(py)).unwrap_or_else(|| py.None()));
+                    let exc = self.last_exc.take().map(|e| e.into_bound(py).into_any());
+                    core.set_fenced(exc.as_ref().map(|e| e.clone().unbind()).unwrap_or_else(|| py.None()));
                     let failure = super::super::convert::to_py(py, &failure)?;
                     let step = core.shared.state().step;
                     parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
@@ -312,7 +314,7 @@ impl Run {
         self.tool_run = None;
         let propagating = if self.machine.propagates() { self.propagating.take() } else { None };
         self.parts.finished.bind(py).call1((self.agent.bind(py),))?;
-        match propagating {
+        match propagating.map(|e| PyErr::from_value(e.into_bound(py).into_any())) {
             Some(e) if e.is_instance_of::<PyStopIteration>(py) => {
                 let wrapped = PyRuntimeError::new_err("coroutine raised StopIteration");
                 wrapped.set_cause(py, Some(e));
@@ -334,6 +336,9 @@ impl Run {
         }
         if let Some(run) = &self.tool_run {
             visit.call(run)?;
+        }
+        for exc in [&self.last_exc, &self.propagating].into_iter().flatten() {
+            visit.call(exc)?;
         }
         if let Some(lone) = &self.lone {
             lone.visit(visit)?;

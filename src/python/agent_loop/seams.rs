@@ -150,8 +150,8 @@ impl Run {
             return Ok(Step::Input(Input::Retry(false)));
         }
         let exc = match (&self.last_exc, exception) {
-            (Some(e), true) => e.clone_ref(py).into_value(py).into_any(),
-            _ => py.None(),
+            (Some(e), true) => e.clone_ref(py).into_bound(py).into_any(),
+            _ => py.None().into_bound(py),
         };
         let (turn, step) = self.turn_step();
         let failure = to_py(py, &failure)?;
@@ -299,7 +299,7 @@ impl Run {
             Err(Fail::Aborted) => return Ok(Step::Input(Input::Raised(Raised::new(RaisedKind::Error, Value::Null)))),
             Err(Fail::Own(e)) => {
                 let failure = read::failure_of(&self.parts, &read::exception(py, &e))?;
-                self.last_exc = Some(e);
+                self.last_exc = Some(e.into_value(py));
                 return Ok(Step::Input(Input::Raised(Raised::new(RaisedKind::Error, failure))));
             }
             Err(Fail::Err(e)) => {
@@ -309,7 +309,7 @@ impl Run {
                 }
                 if matches!(seam, Seam::Model | Seam::Chunk) && read::is_model_error(py, &e)? {
                     let failure = read::failure_of(&self.parts, &read::exception(py, &e))?;
-                    self.last_exc = Some(e);
+                    self.last_exc = Some(e.into_value(py));
                     self.stream = None;
                     return Ok(Step::Input(Input::ModelFailed(failure)));
                 }

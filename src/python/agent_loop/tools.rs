@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyException, PySystemError, PyValueError};
+use pyo3::exceptions::{PyBaseException, PyException, PySystemError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
@@ -167,10 +167,10 @@ fn report_raised(
     py: Python<'_>,
     agent: &Bound<'_, PyAny>,
     plan: &mut ToolPlan,
-    exceptions: &mut HashMap<usize, PyErr>,
+    exceptions: &mut HashMap<usize, Py<PyBaseException>>,
 ) -> PyResult<()> {
     for raised in plan.take_raised() {
-        let exc = exceptions.remove(&raised.index).map(|e| e.into_value(py).into_any());
+        let exc = exceptions.remove(&raised.index).map(|e| e.into_bound(py).into_any());
         let failure = to_py(py, &raised.failure)?;
         parts.report_tool.bind(py).call1((agent, plan.turn, plan.step, failure, exc))?;
     }
@@ -196,12 +196,16 @@ pub(super) struct Lone {
     plan: ToolPlan,
     tool: Py<PyAny>,
     outcome: Option<Outcome>,
-    exceptions: HashMap<usize, PyErr>,
+    exceptions: HashMap<usize, Py<PyBaseException>>,
 }
 
 impl Lone {
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.tool)
+        visit.call(&self.tool)?;
+        for exc in self.exceptions.values() {
+            visit.call(exc)?;
+        }
+        Ok(())
     }
 }
 
@@ -239,7 +243,12 @@ impl Run {
     }
 
     /// Asks the plan what to do next: start the call, or (all committed) give the plan back.
-    fn lone_next<'py>(&mut self, py: Python<'py>, mut plan: ToolPlan, mut exceptions: HashMap<usize, PyErr>) -> PyResult<Step<'py>> {
+    fn lone_next<'py>(
+        &mut self,
+        py: Python<'py>,
+        mut plan: ToolPlan,
+        mut exceptions: HashMap<usize, Py<PyBaseException>>,
+    ) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let core = self.core(py).get();
         let aborted = core.shared.state().abort.is_some();
@@ -354,7 +363,7 @@ impl Run {
         let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
         let (outcome, exc) = raised(&parts, py, &tool, e)?;
         if let Some(exc) = exc {
-            self.lone()?.exceptions.insert(0, exc);
+            self.lone()?.exceptions.insert(0, exc.into_value(py));
         }
         Ok(outcome)
     }
@@ -431,7 +440,7 @@ pub struct PyToolRun {
     signal: Py<PyAny>,
     plan: Mutex<Option<ToolPlan>>,
     /// The exceptions of bodies that raised, until their results are reported.
-    exceptions: Mutex<HashMap<usize, PyErr>>,
+    exceptions: Mutex<HashMap<usize, Py<PyBaseException>>>,
 }
 
 impl PyToolRun {
@@ -543,7 +552,7 @@ impl PyToolRun {
         let parts = self.core.bind(py).get().parts()?;
         let (outcome, exc) = raised(&parts, py, &tool, PyErr::from_value(exc.clone()))?;
         if let Some(exc) = exc {
-            self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).insert(index, exc);
+            self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).insert(index, exc.into_value(py));
         }
         self.finish_with(py, index, outcome)
     }
@@ -583,6 +592,11 @@ impl PyToolRun {
         visit.call(&self.core)?;
         visit.call(&self.agent)?;
         visit.call(&self.signal)?;
+        if let Ok(exceptions) = self.exceptions.try_lock() {
+            for exc in exceptions.values() {
+                visit.call(exc)?;
+            }
+        }
         Ok(())
     }
 }
