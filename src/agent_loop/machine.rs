@@ -724,7 +724,7 @@ impl Machine {
         }
         match from {
             Unwind::Body => {}
-            Unwind::Begin => return self.begin_failed(fault),
+            Unwind::Begin => return self.begin_failed(ctx, fault),
             Unwind::TurnEnd => return self.turn_end_failed(ctx, fault),
         }
         self.assembler = None;
@@ -785,12 +785,10 @@ impl Machine {
                 state.abort = Some(serde_json::json!({"kind": "fenced"}));
             }
         }
-        let message = failure.get("message").cloned().unwrap_or(Value::Null);
-        let mut fenced = Map::new();
-        fenced.insert("message".into(), message);
-        fenced.insert("code".into(), Value::String(FailureCode::Fenced.as_str().into()));
+        // The report says who: the lost lease's message, code FENCED.
+        let message = failure.get("message").and_then(Value::as_str).unwrap_or_default();
         self.wait = Wait::Then(then);
-        Effect::Fence { turn: self.turn, failure: Value::Object(fenced) }
+        Effect::Fence { turn: self.turn, failure: FailureCode::Fenced.failure(message) }
     }
 
     /// The turn's `finally`: `turn/end`.
@@ -816,18 +814,10 @@ impl Machine {
         }
     }
 
-    fn begin_failed(&mut self, fault: Fault) -> Effect {
+    fn begin_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
         let turn = self.turn;
         match fault {
-            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => {
-                self.stop_driver = true;
-                let message = failure.get("message").cloned().unwrap_or(Value::Null);
-                let mut fenced = Map::new();
-                fenced.insert("message".into(), message);
-                fenced.insert("code".into(), Value::String(FailureCode::Fenced.as_str().into()));
-                self.wait = Wait::Then(Then::NoTurn);
-                Effect::Fence { turn, failure: Value::Object(fenced) }
-            }
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure, Then::NoTurn),
             Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
                 self.wait = Wait::Then(Then::NoTurn);
                 Effect::Report { turn, step: 0, failure, exception: true }

@@ -115,14 +115,7 @@ impl Run {
             let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
             Some(!parallel)
         };
-        let ctx = Ctx {
-            log: &parts.log.get().inner,
-            inbox: &parts.inbox.get().inner,
-            shared: &core.shared,
-            tools: &lookup,
-            max_parallel: parts.max_parallel,
-        };
-        f(&mut self.machine, &ctx)
+        f(&mut self.machine, &parts.ctx(core, &lookup))
     }
 
     /// How an exception reads to the machine; keeps it for the report (and for propagating).
@@ -380,15 +373,8 @@ impl PyDriver {
         let py = core.py();
         let parts = core.get().parts()?;
         let (machine, mut effect) = {
-            let tools = |_: &str| None;
-            let ctx = Ctx {
-                log: &parts.log.get().inner,
-                inbox: &parts.inbox.get().inner,
-                shared: &core.get().shared,
-                tools: &tools,
-                max_parallel: parts.max_parallel,
-            };
-            Machine::begin(&ctx)
+            // The first claim and `turn/start` plan no tools.
+            Machine::begin(&parts.ctx(core.get(), &|_| None))
         };
         let mut run = Box::new(Run {
             agent: agent.clone().unbind(),

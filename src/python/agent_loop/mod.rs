@@ -29,7 +29,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
-use crate::agent_loop::{requeue_claimed, RequeueError, Shared};
+use crate::agent_loop::{requeue_claimed, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
 
@@ -144,6 +144,12 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
+    /// The machine's context over these parts and `core`'s shared state; `tools` says whether a
+    /// tool is registered (and runs alone).
+    pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
+        Ctx { log: &self.log.get().inner, inbox: &self.inbox.get().inner, shared: &core.shared, tools, max_parallel: self.max_parallel }
+    }
+
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.log)?;
         visit.call(&self.inbox)?;

@@ -177,16 +177,35 @@ fn report_raised(
     Ok(())
 }
 
-fn ctx_of<'a>(parts: &'a Parts, core: &'a PyLoopCore, py: Python<'a>, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
-    let _ = py;
-    Ctx { log: &parts.log.get().inner, inbox: &parts.inbox.get().inner, shared: &core.shared, tools, max_parallel: parts.max_parallel }
-}
-
 const NO_TOOLS: &dyn Fn(&str) -> Option<bool> = &|_| None;
 
 /// The tool of `name`, when registered.
 fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(parts.tools.bind(py).get_item(name)?.filter(|t| !t.is_none()))
+}
+
+/// What call `index`'s body is called with (its arguments and `ToolContext`), or the outcome
+/// it gets without running: the turn aborted (an observer of `tool/call` may have aborted it),
+/// or the arguments are not JSON the tool can receive. One reading for a lone call and for
+/// each call of the executor.
+fn prepare_call<'py>(
+    py: Python<'py>,
+    core: &PyLoopCore,
+    plan: &ToolPlan,
+    index: usize,
+    signal: &Bound<'py, PyAny>,
+    agent: &Bound<'py, PyAny>,
+) -> PyResult<Result<(Bound<'py, PyAny>, Bound<'py, PyAny>), Outcome>> {
+    if core.shared.state().abort.is_some() {
+        return Ok(Err(Outcome::aborted_before()));
+    }
+    let call = plan.call(index);
+    let args = match arguments(py, &call.arguments)? {
+        Ok(args) => args,
+        Err(outcome) => return Ok(Err(outcome)),
+    };
+    let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent))?;
+    Ok(Ok((args, ctx)))
 }
 
 // ---- a lone call, run by the driver -----------------------------------------------------------
@@ -253,7 +272,7 @@ impl Run {
         let core = self.core(py).get();
         let aborted = core.shared.state().abort.is_some();
         let next = {
-            let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+            let ctx = parts.ctx(core, NO_TOOLS);
             plan.next(&ctx.sink(), aborted)
         };
         let next = next.map_err(|e| core_err(py, e))?;
@@ -306,21 +325,17 @@ impl Run {
     /// The body up to its first suspension.
     fn lone_start<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
         let c = classes(py)?;
-        // An observer of `tool/call` may have aborted the turn.
-        if self.core(py).get().shared.state().abort.is_some() {
-            return self.lone_done(py, Ok(Outcome::aborted_before()));
-        }
-        let (id, text) = {
-            let lone = self.lone()?;
-            let call = lone.plan.call(0);
-            (call.id.clone(), call.arguments.clone())
+        let signal = self.core(py).get().signal_obj(py).into_bound(py);
+        let prepared = {
+            let core = self.core.clone_ref(py);
+            let agent = self.agent.clone_ref(py);
+            let plan = &self.lone()?.plan;
+            prepare_call(py, core.bind(py).get(), plan, 0, &signal, agent.bind(py))?
         };
-        let args = match arguments(py, &text)? {
-            Ok(args) => args,
+        let (args, ctx) = match prepared {
+            Ok(prepared) => prepared,
             Err(outcome) => return self.lone_done(py, Ok(outcome)),
         };
-        let (turn, step) = (self.machine.turn(), self.machine.step());
-        let ctx = c.tool_context.bind(py).call1((id, turn, step, self.core(py).get().signal_obj(py), self.agent.bind(py)))?;
         // From here until the body is done, cancel() throws into the driver's task.
         self.core(py).get().set_in_user(true);
         let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
@@ -416,7 +431,7 @@ impl Run {
         let parts = Arc::clone(&self.parts);
         {
             let core = self.core(py).get();
-            let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+            let ctx = parts.ctx(core, NO_TOOLS);
             plan.finish(&ctx.sink(), 0, outcome).map_err(|e| core_err(py, e))?;
         }
         let step = self.lone_next(py, plan, exceptions)?;
@@ -456,7 +471,7 @@ impl PyToolRun {
         let core = self.core.bind(py).get();
         let out = match core.parts() {
             Ok(parts) => {
-                let ctx = ctx_of(&parts, core, py, NO_TOOLS);
+                let ctx = parts.ctx(core, NO_TOOLS);
                 let out = f(&mut plan, &ctx);
                 let mut exceptions = std::mem::take(&mut *self.exceptions.lock().unwrap_or_else(PoisonError::into_inner));
                 let reported = report_raised(&parts, py, self.agent.bind(py), &mut plan, &mut exceptions);
@@ -520,21 +535,17 @@ impl PyToolRun {
     /// What call `index`'s body is called with, `(fn, args, ctx)`; `None` when its outcome is
     /// decided without running it (the turn aborted, the arguments are not JSON).
     fn prepare<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        if self.core.bind(py).get().shared.state().abort.is_some() {
-            self.finish_with(py, index, Outcome::aborted_before())?;
-            return Ok(None);
-        }
-        let (call, turn, step) = self.with_plan(py, |plan, _| Ok((plan.call(index).clone(), plan.turn, plan.step)))?;
-        let args = match arguments(py, &call.arguments)? {
-            Ok(args) => args,
+        let core = self.core.bind(py).get();
+        let prepared = self.with_plan(py, |plan, _| prepare_call(py, core, plan, index, self.signal.bind(py), self.agent.bind(py)))?;
+        let (args, ctx) = match prepared {
+            Ok(prepared) => prepared,
             Err(outcome) => {
                 self.finish_with(py, index, outcome)?;
                 return Ok(None);
             }
         };
-        let (_, tool) = self.tool(py, index)?;
-        let tool = tool.ok_or_else(|| PySystemError::new_err(format!("tool {:?} was unregistered while its call started", call.name)))?;
-        let ctx = classes(py)?.tool_context.bind(py).call1((call.id, turn, step, self.signal.bind(py), self.agent.bind(py)))?;
+        let (name, tool) = self.tool(py, index)?;
+        let tool = tool.ok_or_else(|| PySystemError::new_err(format!("tool {name:?} was unregistered while its call started")))?;
         Ok(Some(PyTuple::new(py, [tool.getattr(intern!(py, "fn"))?, args, ctx])?))
     }
 
