@@ -1,7 +1,9 @@
 """``SessionLog.tail()`` as the native ``LogTail``: what its own async iterator protocol could get
 wrong (the behaviour shared with the generator it replaced is pinned in test_log.py).
 
-A cancelled ``__anext__`` gives its wait up and loses no event, so the next one carries on;
+A cancelled ``__anext__`` gives its wait up and loses no event, so the next one carries on.
+(A deliberate change from the async generator it replaced, which a cancellation finished for
+good, so every later ``anext`` raised ``StopAsyncIteration``; SPEC is silent on it.)
 the tail and a suspended ``__anext__`` take part in the garbage collector; a finished or
 closed tail lets its log go.
 """

@@ -1,0 +1,55 @@
+"""The structure ARCHITECTURE.md asks for, checked on the source tree: the agent loop lives in the
+pyo3-free core (``src/agent_loop/``), the binding imports Python only for values (classes,
+sentinels) and reads no private attribute of a Python object, and the machine has Rust tests of
+its own. A change that moves a loop rule back into the binding, or reaches into ``AgentLoop``'s
+privates from native code, fails here."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+CORE = ROOT / "src" / "agent_loop"
+BINDING = ROOT / "src" / "python"
+
+# The kerman modules the binding may import, for classes only (payloads, decisions, Signal,
+# exceptions, the native module's own classes).
+VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core"}
+
+
+def _rust(folder: Path):
+    files = sorted(folder.rglob("*.rs"))
+    assert files, f"no Rust files under {folder}"
+    return [(f, f.read_text()) for f in files]
+
+
+def test_the_turn_machine_has_no_pyo3():
+    offenders = [str(f.relative_to(ROOT)) for f, text in _rust(CORE) if re.search(r"\bpyo3\b", text)]
+    assert offenders == []
+
+
+def test_the_binding_imports_kerman_modules_only_for_values():
+    imported = set()
+    for _, text in _rust(BINDING):
+        imported.update(re.findall(r'import\("(kerman[\w.]*)"\)', text))
+    assert imported and imported <= VALUE_MODULES, imported - VALUE_MODULES
+
+
+def test_the_loops_binding_reads_no_private_attribute():
+    # A single leading underscore names a private attribute; dunders are protocol.
+    private = re.compile(r'(?:intern!\(py, |getattr(?:_opt)?\(|setattr\(|call_method[01]?\()"(_[a-z][\w]*)"')
+    found = {m.group(1) for _, text in _rust(BINDING / "agent_loop") for m in private.finditer(text)}
+    assert found == set()
+
+
+def test_the_python_side_has_no_loop_modules_left():
+    package = ROOT / "python" / "kerman"
+    assert not (package / "_turn.py").exists() and not (package / "_tools.py").exists()
+    imports = [line for f in package.glob("*.py") for line in f.read_text().splitlines()
+               if line.startswith(("import ", "from "))]
+    assert [line for line in imports if re.search(r"\b_(turn|tools)\b", line)] == []
+
+
+def test_the_machine_has_rust_tests_of_its_own():
+    text = (ROOT / "tests" / "rust" / "agent_loop.rs").read_text()
+    assert text.count("#[test]") >= 40
+    assert "mod agent_loop;" in (ROOT / "tests" / "rust" / "main.rs").read_text()
