@@ -49,18 +49,50 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// Appends `s` to `out` as a JSON string literal.
+/// Appends `s` to `out` as a JSON string literal, escaped exactly as serde_json escapes it
+/// (`"`, `\\`, and control characters; everything else, non-ASCII included, as it is).
 pub fn push_str_literal(out: &mut String, s: &str) {
-    // Most strings here (ids, event types) need no escaping: copy them as they are.
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f) {
-        out.reserve(s.len() + 2);
-        out.push('"');
+    out.reserve(s.len() + 2);
+    out.push('"');
+    // Most strings here (ids, event types, prose) need no escaping. This test has no early
+    // exit, so the compiler checks 32 bytes at a time; a per-byte loop cost ~7 instructions
+    // a byte on every event.
+    let dirty = s.bytes().fold(false, |dirty, b| dirty | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if dirty {
+        push_escaped(out, s);
+    } else {
         out.push_str(s);
-        out.push('"');
-        return;
     }
-    // serde_json's string escaping is the reference; a `&str` always serialises.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    out.push('"');
+}
+
+fn push_escaped(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // Escaped bytes are ASCII, so `start..i` falls on character boundaries.
+        out.push_str(&s[start..i]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 0xf)] as char);
+        } else {
+            out.push_str(short);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
 }
 
 /// Whether JSON text written by this crate may hold the string `s` as a value: a cheap
@@ -84,6 +116,20 @@ pub fn push_u64(out: &mut String, n: u64) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn string_literals_are_escaped_as_serde_json_escapes_them() {
+        let mut cases: Vec<String> = (0u8..0x80).map(|b| format!("a{}b", b as char)).collect();
+        cases.extend(
+            ["", "plain text", "é\u{2028}\u{10FFFF}", "\"\\\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f}", "tail\\", "\"head"].map(String::from),
+        );
+        cases.push((0u8..0x80).map(char::from).chain("日本語".chars()).collect());
+        for s in cases {
+            let mut out = String::from("[");
+            push_str_literal(&mut out, &s);
+            assert_eq!(out[1..], serde_json::to_string(&s).unwrap(), "{s:?}");
+        }
+    }
 
     #[test]
     fn may_hold_string_finds_ids_json_escapes_and_not_bare_substrings() {

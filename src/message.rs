@@ -65,11 +65,19 @@ impl std::error::Error for MessageError {}
 pub struct Message {
     id: String,
     kind: MessageKind,
-    /// Content and source; set, or made from `json` on first use. Boxed: a message that never
-    /// needs them pays one word, not the two collections' headers.
-    parts: OnceLock<Box<Parts>>,
-    /// Compact JSON of the whole message; set, or made from `parts` on first use.
-    json: OnceLock<Arc<str>>,
+    repr: Repr,
+}
+
+/// What a message is made from, and the other form made from it on first use. (A set
+/// `OnceLock` at construction would cost its one-time initialisation, two atomic operations
+/// and a call, on every message: the made form is a plain field instead.)
+#[derive(Clone)]
+enum Repr {
+    /// Written as compact JSON text; content and source parsed on first use. Boxed: a message
+    /// that never needs them pays one word, not the two collections' headers.
+    Text { json: Arc<str>, parts: OnceLock<Box<Parts>> },
+    /// Built from content and source; the JSON text written on first use.
+    Parts { parts: Box<Parts>, json: OnceLock<Arc<str>> },
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -80,7 +88,7 @@ struct Parts {
 
 impl Clone for Message {
     fn clone(&self) -> Self {
-        Message { id: self.id.clone(), kind: self.kind, parts: self.parts.clone(), json: self.json.clone() }
+        Message { id: self.id.clone(), kind: self.kind, repr: self.repr.clone() }
     }
 }
 
@@ -174,7 +182,7 @@ impl Message {
         out.push_str(r#"}],"source":{"kind":""#);
         out.push_str(source);
         out.push_str("\"}}");
-        Message { id, kind, parts: OnceLock::new(), json: OnceLock::from(Arc::<str>::from(out)) }
+        Message { id, kind, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
     }
 
     /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
@@ -210,7 +218,7 @@ impl Message {
         out.push_str(r#"}]}],"source":{"kind":"tool","callId":"#);
         json::push_str_literal(&mut out, call_id);
         out.push_str("}}");
-        Message { id, kind: MessageKind::ToolResult, parts: OnceLock::new(), json: OnceLock::from(Arc::<str>::from(out)) }
+        Message { id, kind: MessageKind::ToolResult, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
     }
 
     /// Imports a message dict (`{id, role, content, source}`), keeping its id. The kind follows
@@ -261,7 +269,7 @@ impl Message {
         };
         validate_blocks(&content, &|| "content".to_owned())?;
         validate_source(kind, &content, &source)?;
-        Ok(Message { id, kind, parts: OnceLock::from(Box::new(Parts { content, source })), json: OnceLock::new() })
+        Ok(Message { id, kind, repr: Repr::Parts { parts: Box::new(Parts { content, source }), json: OnceLock::new() } })
     }
 
     /// The same message (same id, kind and source) with new content.
@@ -291,17 +299,27 @@ impl Message {
 
     /// The content and source, parsed from the JSON text the first time they are asked for.
     fn parts(&self) -> &Parts {
-        self.parts.get_or_init(|| {
-            let json = self.json.get().expect("a message holds its parts, its JSON or both");
-            // The text was written by this module (or serialised from validated parts), so it
-            // parses; an empty message is no worse than a panic if that ever broke.
-            Box::new(serde_json::from_str(json).unwrap_or_else(|_| Parts { content: Vec::new(), source: Map::new() }))
-        })
+        match &self.repr {
+            Repr::Parts { parts, .. } => parts,
+            Repr::Text { json, parts } => parts.get_or_init(|| {
+                // The text was written by this module (or serialised from validated parts), so
+                // it parses; an empty message is no worse than a panic if that ever broke.
+                Box::new(serde_json::from_str(json).unwrap_or_else(|_| Parts { content: Vec::new(), source: Map::new() }))
+            }),
+        }
+    }
+
+    /// The JSON text, if it has been made.
+    fn made_json(&self) -> Option<&Arc<str>> {
+        match &self.repr {
+            Repr::Text { json, .. } => Some(json),
+            Repr::Parts { json, .. } => json.get(),
+        }
     }
 
     /// Both messages hold the same JSON text already (no parsing to compare them).
     fn same_text(&self, other: &Message) -> bool {
-        matches!((self.json.get(), other.json.get()), (Some(a), Some(b)) if a == b)
+        matches!((self.made_json(), other.made_json()), (Some(a), Some(b)) if a == b)
     }
 
     /// `source.kind`, always present.
@@ -339,12 +357,16 @@ impl Message {
 
     /// Compact JSON of [`to_value`](Self::to_value), computed once.
     pub fn json(&self) -> &str {
-        self.json.get_or_init(|| {
+        let (parts, json) = match &self.repr {
+            Repr::Text { json, .. } => return json,
+            Repr::Parts { parts, json } => (parts, json),
+        };
+        json.get_or_init(|| {
             let mut out = json_head(&self.id, self.role(), 256).into_bytes();
             // Serialising values of a `Value` tree into a `Vec` cannot fail.
-            let _ = serde_json::to_writer(&mut out, self.content());
+            let _ = serde_json::to_writer(&mut out, &parts.content);
             out.extend_from_slice(b",\"source\":");
-            let _ = serde_json::to_writer(&mut out, self.source());
+            let _ = serde_json::to_writer(&mut out, &parts.source);
             out.push(b'}');
             // Only UTF-8 was written (serde_json writes valid UTF-8).
             String::from_utf8(out).unwrap_or_default().into()
@@ -480,7 +502,7 @@ mod tests {
                 Message::tool_result(call_id, blocks(json!([{"type": "text", "text": text}])), false, Some(fast.id().to_owned())).unwrap();
             assert_eq!(fast, built);
             // The JSON written up front is what serialising the maps gives.
-            let serialised = Message { json: OnceLock::new(), parts: OnceLock::from(Box::new(fast.parts().clone())), ..fast.clone() };
+            let serialised = Message { repr: Repr::Parts { parts: Box::new(fast.parts().clone()), json: OnceLock::new() }, ..fast.clone() };
             assert_eq!(fast.json(), serialised.json());
             assert_eq!(fast.json(), built.json());
             assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
@@ -523,7 +545,7 @@ mod tests {
                 .unwrap();
                 // Same bytes before anything parses the text, then the same values after.
                 assert_eq!(fast.json(), built.json());
-                assert!(fast.parts.get().is_none());
+                assert!(matches!(&fast.repr, Repr::Text { parts, .. } if parts.get().is_none()));
                 assert_eq!(fast.content(), built.content());
                 assert_eq!(fast.source(), built.source());
                 assert_eq!(fast, built);

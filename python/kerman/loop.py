@@ -306,7 +306,11 @@ class AgentLoop:
         """
         if target not in (NEXT_TURN, NEXT_STEP):
             raise ValueError(f'target must be "next-turn" or "next-step", got {target!r}')
-        self._check_fenced()
+        # Every prompt passes here: the checks of _check_fenced and _wake are written out
+        # rather than called (a Python call costs about as much as the native insertion).
+        core = self._core
+        if core.fenced is not None:
+            self._check_fenced()
         # On the bound loop's own thread while it runs: no get_running_loop() (a getpid
         # syscall per call). Anywhere else, ask asyncio.
         bound = self._event_loop
@@ -314,7 +318,7 @@ class AgentLoop:
             here: Optional[asyncio.AbstractEventLoop] = bound
         else:
             here = _current_loop()
-        on_thread = here is not None and here is self._event_loop
+        on_thread = here is not None and here is bound
         if wakeup and not on_thread:
             if here is not None and self._event_loop is None:
                 self._bind(here)
@@ -326,13 +330,15 @@ class AgentLoop:
             elif self._event_loop.is_closed():
                 # Refused before inserting: a caller told of a failure must not find it queued.
                 raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
-        after_abort = wakeup and self._status == "running" and self._core.aborted
+        after_abort = wakeup and self._status == "running" and core.aborted
         stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         if wakeup:
-            if on_thread:
-                self._wake(after_abort)
-            else:
+            if not on_thread:
                 self._call_on_loop(self._wake, after_abort)
+            elif self._status == "idle":  # read again: the insertion's listeners ran
+                self._start_driver()
+            elif after_abort:
+                core.latch_wake(True)  # what _wake does for a loop that is not idle
         return stored
 
     def wake(self) -> bool:

@@ -38,9 +38,10 @@ class Signal:
     __slots__ = ("_reason", "_callbacks", "_waiters")
 
     def __init__(self) -> None:
+        # The lists are made on first use: most turns' signals are never waited on.
         self._reason: Optional[Dict[str, Any]] = None
-        self._callbacks: List[Callable[[Dict[str, Any]], object]] = []
-        self._waiters: List[asyncio.Future[None]] = []
+        self._callbacks: Optional[List[Callable[[Dict[str, Any]], object]]] = None
+        self._waiters: Optional[List[asyncio.Future[None]]] = None
 
     @property
     def aborted(self) -> bool:
@@ -55,6 +56,8 @@ class Signal:
         """Calls ``fn(reason)`` when the signal aborts, or at once if it already has."""
         if self._reason is not None:
             fn(dict(self._reason))
+        elif self._callbacks is None:
+            self._callbacks = [fn]
         else:
             self._callbacks.append(fn)
 
@@ -62,6 +65,8 @@ class Signal:
         """Waits until the signal aborts; returns the reason."""
         if self._reason is None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self._waiters is None:
+                self._waiters = []
             self._waiters.append(fut)
             await fut
         assert self._reason is not None
@@ -76,13 +81,13 @@ class Signal:
         if self._reason is not None:
             return False
         self._reason = dict(reason)
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks or (), None
         for fn in callbacks:
             try:
                 fn(dict(reason))
             except Exception:  # contained: one callback cannot stop the others
                 _log.exception("signal callback %r raised", fn)
-        waiters, self._waiters = self._waiters, []
+        waiters, self._waiters = self._waiters or (), None
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)

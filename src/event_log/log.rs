@@ -29,11 +29,17 @@ pub type Waiter = Box<dyn FnOnce() + Send>;
 ///   backend's mode promises, or with the write error. It may call `done` at once, on the
 ///   calling thread.
 /// * `close(events)` makes everything durable and releases the session (its lock); it is called
-///   once, with the log's final events, and may block (through [`crate::blocking::wait`]).
+///   once, and may block (through [`crate::blocking::wait`]). `events` holds the log's final
+///   events only for a backend that [`keeps_events`](Backend::keeps_events) (it is empty
+///   otherwise): a dropped log hands its own over rather than copying them.
 pub trait Backend: Send + Sync {
     fn enqueue(&self, event: &Event) -> Result<(), LogError>;
     fn flush(&self, done: FlushCallback);
-    fn close(&self, events: &[Event]) -> Result<(), LogError>;
+    fn close(&self, events: Vec<Event>) -> Result<(), LogError>;
+    /// Whether `close` keeps the events (the memory store, for a reopen).
+    fn keeps_events(&self) -> bool {
+        false
+    }
     /// Whether the agent loop should await a flush barrier before each model request and tool
     /// body (the `checkpoint` and `strict` durability modes).
     fn checkpoints(&self) -> bool {
@@ -81,6 +87,8 @@ struct State {
     types: TypeNames,
     /// The type of the last commit, an entry of `types`.
     last_kind: Option<Arc<str>>,
+    /// Constant type names by address and length, each an entry of `types`.
+    statics: Vec<((usize, usize), Arc<str>)>,
     /// Whether an inbox projects this log: a log has at most one (two would each append
     /// splices planned against their own lists, a log no replay accepts).
     inbox: bool,
@@ -169,12 +177,7 @@ impl Publishing<'_> {
     ) -> Result<Committed, LogError> {
         let shared = &self.log.shared;
         let mut st = lock(&shared.state);
-        if st.closed {
-            return Err(LogError::Closed { id: shared.id.clone() });
-        }
-        let time = time.unwrap_or_else(now_ms).max(st.last_time);
-        let kind = st.intern_kind(kind);
-        let event = Event::new(st.events.len() as u64, time, kind, data, surface);
+        let event = st.next_event(&shared.id, Kind::Any(kind), data, surface, time)?;
         shared.backend.enqueue(&event)?;
         Ok(st.push(event, keep))
     }
@@ -218,6 +221,26 @@ impl Committed {
 }
 
 impl State {
+    /// The event the next commit of `kind` adds (not added yet).
+    fn next_event(
+        &mut self,
+        id: &str,
+        kind: Kind<'_>,
+        data: Arc<str>,
+        surface: Option<Surface>,
+        time: Option<i64>,
+    ) -> Result<Event, LogError> {
+        if self.closed {
+            return Err(LogError::Closed { id: id.to_owned() });
+        }
+        let time = time.unwrap_or_else(now_ms).max(self.last_time);
+        let kind = match kind {
+            Kind::Static(kind) => self.intern_static(kind),
+            Kind::Any(kind) => self.intern_kind(kind),
+        };
+        Ok(Event::new(self.events.len() as u64, time, kind, data, surface))
+    }
+
     /// Adds the next event (its seq is the log's length), taking its observers and waiters
     /// under the same lock; copies it out only if `keep` or an observer needs it.
     fn push(&mut self, event: Event, keep: bool) -> Committed {
@@ -241,6 +264,26 @@ impl State {
         self.last_kind = Some(Arc::clone(&k));
         k
     }
+
+    /// [`intern_kind`](Self::intern_kind) for a type name the program holds as a constant
+    /// (the loop's events): found by its address among the ones seen before, without hashing
+    /// or comparing text. A constant's address never names other text; two copies of one
+    /// name at two addresses are two entries here and one in `types`.
+    fn intern_static(&mut self, kind: &'static str) -> Arc<str> {
+        let key = (kind.as_ptr() as usize, kind.len());
+        if let Some((_, k)) = self.statics.iter().find(|(at, _)| *at == key) {
+            return Arc::clone(k);
+        }
+        let k = intern(&mut self.types, kind);
+        self.statics.push((key, Arc::clone(&k)));
+        k
+    }
+}
+
+/// How a commit names its type: a constant of the program, or any text.
+enum Kind<'a> {
+    Static(&'static str),
+    Any(&'a str),
 }
 
 /// Event type names of one log, each held once.
@@ -282,6 +325,7 @@ impl SessionLog {
                     next_waiter: 0,
                     types,
                     last_kind: None,
+                    statics: Vec::new(),
                     inbox: false,
                 }),
                 publish: PublishLock::default(),
@@ -361,9 +405,25 @@ impl SessionLog {
 
     /// [`append_owned`](Self::append_owned) for a caller that needs only the seq.
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
-    pub(crate) fn append_owned_seq(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<u64, LogError> {
+    pub(crate) fn append_owned_seq(&self, kind: &'static str, data: String, surface: Option<Surface>) -> Result<u64, LogError> {
         check_surface(kind, &surface)?;
-        self.publishing()?.publish_seq(kind, Arc::from(data), surface)
+        let data = Arc::from(data);
+        // With no observer and no waiter there is nothing to notify, so nothing to order: the
+        // commit needs only the state lock, not the publish token too (two atomic operations
+        // fewer on every loop event). The token must be free, though: whoever holds it (an
+        // inbox mutation, the closers, an observer of this thread) expects no event between
+        // its own, and a holder on this thread must get `Reentrant` as before.
+        {
+            let shared = &self.shared;
+            let mut st = lock(&shared.state);
+            if st.observers.is_empty() && st.waiters.is_empty() && shared.publish.is_free() {
+                let event = st.next_event(&shared.id, Kind::Static(kind), data, surface, None)?;
+                shared.backend.enqueue(&event)?;
+                let committed = st.push(event, false);
+                return Ok(committed.seq);
+            }
+        }
+        self.publishing()?.publish_seq(kind, data, surface)
     }
 
     /// Takes the publish token for a commit-then-notify sequence.
@@ -505,9 +565,11 @@ impl SessionLog {
                 return Ok(());
             }
             st.closed = true;
-            (st.events.clone(), std::mem::take(&mut st.waiters))
+            // The log stays readable after close: the backend gets a copy.
+            let events = if self.shared.backend.keeps_events() { st.events.clone() } else { Vec::new() };
+            (events, std::mem::take(&mut st.waiters))
         };
-        let result = self.shared.backend.close(&events);
+        let result = self.shared.backend.close(events);
         for (_, waiter) in waiters {
             waiter();
         }
@@ -520,7 +582,8 @@ impl Drop for Shared {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         if !st.closed {
             st.closed = true;
-            let _ = self.backend.close(&st.events);
+            let events = if self.backend.keeps_events() { std::mem::take(&mut st.events) } else { Vec::new() };
+            let _ = self.backend.close(events);
         }
     }
 }
@@ -538,5 +601,52 @@ impl WeakSessionLog {
 impl std::fmt::Debug for SessionLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SessionLog({:?}, len={})", self.shared.id, self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_log::{MemoryStore, Store};
+
+    fn log() -> SessionLog {
+        MemoryStore::new().create(None).unwrap()
+    }
+
+    #[test]
+    fn a_quiet_append_is_refused_while_this_thread_holds_the_token() {
+        let log = log();
+        let publishing = log.publishing().unwrap();
+        assert!(matches!(log.append_owned_seq("turn/start", "{}".into(), None), Err(LogError::Reentrant)));
+        drop(publishing);
+        assert_eq!(log.append_owned_seq("turn/start", "{}".into(), None).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_quiet_append_waits_for_a_holder_on_another_thread() {
+        let log = log();
+        let publishing = log.publishing().unwrap();
+        let other = log.clone();
+        let appender = std::thread::spawn(move || other.append_owned_seq("step/start", "{}".into(), None).unwrap());
+        // The appender must block on the held token, not commit past it.
+        while log.shared.publish.waiting() == 0 {
+            assert!(!appender.is_finished(), "an append went past a held publish token");
+            std::thread::yield_now();
+        }
+        assert_eq!(publishing.publish_seq("turn/start", Arc::from("{}"), None).unwrap(), 0);
+        drop(publishing);
+        assert_eq!(appender.join().unwrap(), 1);
+        let kinds: Vec<String> = log.range(0, None).iter().map(|e| e.kind().to_owned()).collect();
+        assert_eq!(kinds, ["turn/start", "step/start"]);
+    }
+
+    #[test]
+    fn constant_type_names_are_interned_once_with_the_others() {
+        let log = log();
+        log.append_owned_seq("turn/start", "{}".into(), None).unwrap();
+        log.append_owned("turn/start", "{}".into(), None).unwrap();
+        log.append_owned_seq("turn/start", "{}".into(), None).unwrap();
+        let events = log.range(0, None);
+        assert!(events.windows(2).all(|w| std::ptr::eq(w[0].kind(), w[1].kind())), "one shared copy of the name");
     }
 }

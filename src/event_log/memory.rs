@@ -41,11 +41,15 @@ impl Backend for MemoryBackend {
         done(Ok(()));
     }
 
-    fn close(&self, events: &[Event]) -> Result<(), LogError> {
+    fn close(&self, events: Vec<Event>) -> Result<(), LogError> {
         if let Some(entry) = lock(&self.sessions).get_mut(&self.id) {
-            entry.events = Some(events.to_vec());
+            entry.events = Some(events);
         }
         Ok(())
+    }
+
+    fn keeps_events(&self) -> bool {
+        true
     }
 }
 

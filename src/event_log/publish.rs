@@ -45,6 +45,18 @@ fn relock<'a, T>(r: Result<MutexGuard<'a, T>, PoisonError<MutexGuard<'a, T>>>) -
 }
 
 impl PublishLock {
+    /// Whether no thread holds the token (a plain load: a hint that a holder may change the
+    /// moment after, so callers act on it only under a lock every holder also takes).
+    pub(crate) fn is_free(&self) -> bool {
+        self.owner.load(Ordering::Acquire) == 0
+    }
+
+    /// Threads blocked in `acquire`.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
     /// Takes the token, or returns `None` if this thread already holds it (reentrancy).
     pub(crate) fn acquire(&self) -> Option<PublishToken<'_>> {
         let me = mark();

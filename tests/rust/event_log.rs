@@ -61,6 +61,23 @@ fn closed_logs_refuse_appends_and_memory_sessions_reopen() {
 }
 
 #[test]
+fn a_memory_session_dropped_without_close_reopens_with_its_events() {
+    let store = MemoryStore::new();
+    let log = store.create(Some("s")).unwrap();
+    log.append("a/b", &json!({"k": 1})).unwrap();
+    log.append("a/b", &json!({"k": 2})).unwrap();
+    // The dropped log hands its events to the store (moved, not copied).
+    drop(log);
+    let again = store.open("s").unwrap();
+    assert_eq!(again.range(0, None).iter().map(|e| e.data()).collect::<Vec<_>>(), [json!({"k": 1}), json!({"k": 2})]);
+    again.append("a/b", &json!({"k": 3})).unwrap();
+    again.close().unwrap();
+    // A closed log stays readable: the store got a copy.
+    assert_eq!(again.len(), 3);
+    assert_eq!(store.open("s").unwrap().len(), 3);
+}
+
+#[test]
 fn empty_sessions_are_listed_as_they_exist() {
     let store = MemoryStore::new();
     let _empty = store.create(Some("empty")).unwrap();

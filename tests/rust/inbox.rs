@@ -149,7 +149,7 @@ fn inb_01_bad_persisted_splice_fails_replay_with_its_seq() {
         fn flush(&self, done: FlushCallback) {
             done(Ok(()))
         }
-        fn close(&self, _: &[Event]) -> Result<(), LogError> {
+        fn close(&self, _: Vec<Event>) -> Result<(), LogError> {
             Ok(())
         }
     }

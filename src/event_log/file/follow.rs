@@ -214,7 +214,7 @@ impl Backend for Follower {
     }
 
     /// Stops following; the file is untouched.
-    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+    fn close(&self, _events: Vec<Event>) -> Result<(), LogError> {
         if self.shared.origin.forked() {
             // The thread (and whatever it held at the fork) is the parent's: wait for nothing.
             return Ok(());

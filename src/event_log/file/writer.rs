@@ -215,7 +215,7 @@ impl Backend for FileBackend {
         done(result);
     }
 
-    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+    fn close(&self, _events: Vec<Event>) -> Result<(), LogError> {
         self.stop()
     }
 }

@@ -284,7 +284,7 @@ impl Backend for PgBackend {
         st.waiters.push((target, done));
     }
 
-    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+    fn close(&self, _events: Vec<Event>) -> Result<(), LogError> {
         // The lease is the parent's: nothing to release here, and nothing to wait for.
         if let Some(e) = self.shared.core.forked() {
             return Err(e);

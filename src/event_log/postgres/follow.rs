@@ -130,7 +130,7 @@ impl Backend for Follower {
     }
 
     /// Stops following; the session itself is untouched (there is no lease to release).
-    fn close(&self, _events: &[Event]) -> Result<(), LogError> {
+    fn close(&self, _events: Vec<Event>) -> Result<(), LogError> {
         lock(&self.shared).closed = true;
         // Waits out a catch-up being published on the reply thread (its observers and tail
         // wake-ups call into Python): after `close` returns this follower calls nothing more,

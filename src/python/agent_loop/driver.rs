@@ -89,6 +89,9 @@ pub(super) struct Run {
     pub last_exc: Option<Py<PyBaseException>>,
     /// The exception the run ends with, if the machine says it propagates.
     pub propagating: Option<Py<PyBaseException>>,
+    /// The task running this driver, once asked for: it never changes while the run lasts,
+    /// and `asyncio.current_task()` is a Python call and, on 3.11, a `getpid` system call.
+    pub task: std::sync::OnceLock<Py<PyAny>>,
 }
 
 /// The host's exception for a core error.
@@ -333,6 +336,9 @@ impl Run {
         for exc in [&self.last_exc, &self.propagating].into_iter().flatten() {
             visit.call(exc)?;
         }
+        if let Some(task) = self.task.get() {
+            visit.call(task)?;
+        }
         if let Some(lone) = &self.lone {
             lone.visit(visit)?;
         }
@@ -390,6 +396,7 @@ impl PyDriver {
             tool_run: None,
             last_exc: None,
             propagating: None,
+            task: std::sync::OnceLock::new(),
         });
         // A turn that could not start reports why, synchronously (no await is involved).
         while let Some(e) = effect.take() {

@@ -242,10 +242,7 @@ impl Run {
         if !c.cancelling {
             return Ok(());
         }
-        let task = c.current_task.bind(py).call0()?;
-        if task.is_none() {
-            return Ok(());
-        }
+        let Some(task) = self.task(py)? else { return Ok(()) };
         while task.call_method0(intern!(py, "cancelling"))?.is_truthy()? {
             task.call_method0(intern!(py, "uncancel"))?;
         }
@@ -258,8 +255,22 @@ impl Run {
         if !c.cancelling {
             return Ok(false);
         }
-        let task = c.current_task.bind(py).call0()?;
-        Ok(!task.is_none() && task.call_method0(intern!(py, "cancelling"))?.is_truthy()?)
+        match self.task(py)? {
+            Some(task) => task.call_method0(intern!(py, "cancelling"))?.is_truthy(),
+            None => Ok(false),
+        }
+    }
+
+    /// The task running the driver (`None` outside a task: driven by hand).
+    fn task<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some(task) = self.task.get() {
+            return Ok(Some(task.bind(py).clone()));
+        }
+        let task = classes(py)?.current_task.bind(py).call0()?;
+        if task.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.task.get_or_init(|| task.unbind()).bind(py).clone()))
     }
 
     /// What a `CancelledError` out of user code is: the abort we threw, a failure when no
