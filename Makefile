@@ -43,7 +43,7 @@ test: test-rust test-python
 # and the stubs against the built module.
 lint: install test-deps
 	cargo fmt --check
-	cargo clippy --release --all-targets --features python,postgres,mimalloc -- -D warnings
+	cargo clippy --release --all-targets --features python,postgres -- -D warnings
 	$(PY) -m ruff check
 	$(MAKE) stubtest
 

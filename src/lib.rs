@@ -49,11 +49,6 @@ pub mod waterfall;
 #[cfg(feature = "python")]
 mod python;
 
-// Only the Rust side's allocations: Python objects still come from Python's allocator, and no
-// memory crosses between the two (pyo3 frees what Python allocated through Python).
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub use event_log::{Event, FileStore, LogError, MemoryStore, SessionLog, Store};
 pub use inbox::{Inbox, InboxError, ProjectionError, Target};
