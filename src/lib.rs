@@ -49,7 +49,6 @@ pub mod waterfall;
 #[cfg(feature = "python")]
 mod python;
 
-
 pub use event_log::{Event, FileStore, LogError, MemoryStore, SessionLog, Store};
 pub use inbox::{Inbox, InboxError, ProjectionError, Target};
 pub use message::{Message, MessageError, MessageKind};

@@ -185,6 +185,29 @@ impl Message {
         Message { id, kind, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
     }
 
+    /// An assistant message holding only tool-call blocks `{type, id, name, arguments}`
+    /// (each `(id, name, arguments)` of `calls`, in order) and no source: what
+    /// `Message::assistant` builds from those blocks, valid by construction and written as JSON
+    /// text (the same bytes), so a reply of tool calls is neither validated nor serialised
+    /// from maps. Repeated ids are the caller's rule to check.
+    pub fn of_tool_calls(calls: &[(String, String, String)]) -> Message {
+        let id = new_id();
+        let capacity = 64 + id.len() + calls.iter().map(|(i, n, a)| 48 + i.len() + n.len() + a.len() * 2).sum::<usize>();
+        let mut out = json_head(&id, MessageKind::Assistant.role(), capacity);
+        out.push('[');
+        for (i, (call_id, name, arguments)) in calls.iter().enumerate() {
+            out.push_str(if i == 0 { r#"{"type":"tool-call","id":"# } else { r#",{"type":"tool-call","id":"# });
+            json::push_str_literal(&mut out, call_id);
+            out.push_str(r#","name":"#);
+            json::push_str_literal(&mut out, name);
+            out.push_str(r#","arguments":"#);
+            json::push_str_literal(&mut out, arguments);
+            out.push('}');
+        }
+        out.push_str(r#"],"source":{"kind":"model"}}"#);
+        Message { id, kind: MessageKind::Assistant, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
+    }
+
     /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
     pub fn assistant(content: Vec<Value>, source: Option<Map<String, Value>>, id: Option<String>) -> Result<Message, MessageError> {
         let source = source.unwrap_or_else(|| kind_source("model"));
@@ -492,6 +515,21 @@ mod tests {
 
     fn blocks(v: Value) -> Vec<Value> {
         v.as_array().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn tool_call_messages_are_the_bytes_the_general_path_writes() {
+        let calls: Vec<(String, String, String)> =
+            vec![("call-1".into(), "git_log".into(), r#"{"n": 1}"#.into()), ("c\"2\n".into(), "é/名".into(), "".into())];
+        let fast = Message::of_tool_calls(&calls);
+        let blocks = calls
+            .iter()
+            .map(|(id, name, arguments)| json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}))
+            .collect();
+        let built = Message::assistant(blocks, None, Some(fast.id().to_owned())).unwrap();
+        assert_eq!(fast.json(), built.json());
+        assert_eq!(fast, built);
+        assert_eq!(Message::from_value(&serde_json::from_str(fast.json()).unwrap()).unwrap(), fast);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use super::assemble::Assembler;
 use super::ending::{Ending, FailureCode};
 use super::events::{self, append, LoopEvent};
-use super::tools::{repeated_id, requested, Call, Content, Sink, ToolPlan};
+use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
@@ -80,11 +80,22 @@ pub enum Requested {
 /// A complete model reply.
 #[derive(Debug)]
 pub struct Reply {
-    /// One text block (the commonest reply, built without parsing), or content blocks.
-    pub content: Content,
+    pub content: ReplyContent,
     /// The usage's JSON text.
     pub usage: Option<String>,
     pub max_tokens: bool,
+}
+
+/// What a reply holds. The two common shapes are given as what they are, so the message is
+/// written as JSON text at once rather than built from maps, validated and serialised.
+#[derive(Debug)]
+pub enum ReplyContent {
+    /// One text block.
+    Text(String),
+    /// Only tool-call blocks `{type, id, name, arguments}`, each `(id, name, arguments)`.
+    Calls(Vec<(String, String, String)>),
+    /// Any content blocks.
+    Blocks(Vec<Value>),
 }
 
 /// How host code the machine awaited raised.
@@ -520,7 +531,7 @@ impl Machine {
 
     fn model_result(&mut self, ctx: &Ctx<'_>, input: Input) -> Effect {
         match input {
-            Input::Reply(Reply { content: Content::Text(text), usage, max_tokens }) => {
+            Input::Reply(Reply { content: ReplyContent::Text(text), usage, max_tokens }) => {
                 // One text block: no tool calls to drop or plan, nothing to validate.
                 let message = Message::of_text(crate::message::MessageKind::Assistant, &text, None);
                 if let Err(fault) = self.append_assistant(ctx, message, false, usage, Vec::new(), false) {
@@ -528,7 +539,26 @@ impl Machine {
                 }
                 self.step_done(ctx, if max_tokens { StepEnd::MaxTokens } else { StepEnd::Completed })
             }
-            Input::Reply(Reply { content: Content::Blocks(content), usage, max_tokens }) => {
+            Input::Reply(Reply { content: ReplyContent::Calls(calls), usage, max_tokens: false }) => {
+                // Checked as `reply_done` checks, in the same order: nothing is logged of a
+                // reply that repeats an id.
+                let message = Message::of_tool_calls(&calls);
+                if let Some(id) = repeated_id(&calls) {
+                    return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, repeated_message(id)));
+                }
+                if let Err(fault) = self.append_assistant(ctx, message, false, usage, Vec::new(), false) {
+                    return self.fail(ctx, fault);
+                }
+                self.plan_calls(ctx, calls)
+            }
+            Input::Reply(Reply { content: ReplyContent::Calls(calls), usage, max_tokens: true }) => {
+                let blocks = calls
+                    .into_iter()
+                    .map(|(id, name, arguments)| serde_json::json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}))
+                    .collect();
+                self.reply_done(ctx, blocks, usage, true, Vec::new())
+            }
+            Input::Reply(Reply { content: ReplyContent::Blocks(content), usage, max_tokens }) => {
                 self.reply_done(ctx, content, usage, max_tokens, Vec::new())
             }
             Input::NotAReply(repr) => {
@@ -655,8 +685,7 @@ impl Machine {
         };
         let calls = if max_tokens { Vec::new() } else { requested(&message) };
         if let Some(id) = repeated_id(&calls) {
-            let message = format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply");
-            return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, message));
+            return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, repeated_message(id)));
         }
         let empty = message.content().is_empty();
         if let Err(fault) = self.append_assistant(ctx, message, empty, usage, chunks, false) {
@@ -665,6 +694,11 @@ impl Machine {
         if max_tokens {
             return self.step_done(ctx, StepEnd::MaxTokens);
         }
+        self.plan_calls(ctx, calls)
+    }
+
+    /// The reply's calls, logged with it, become the step's tool plan (none: the step is done).
+    fn plan_calls(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>) -> Effect {
         if calls.is_empty() {
             return self.step_done(ctx, StepEnd::Completed);
         }
@@ -885,4 +919,8 @@ enum StepEnd {
     MaxTokens,
     /// Tool results are owed another request.
     Again,
+}
+
+fn repeated_message(id: &str) -> String {
+    format!("model reply has two tool calls with id {id:?}; tool-call ids must be unique within a reply")
 }

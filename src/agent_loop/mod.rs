@@ -41,7 +41,7 @@ pub use assemble::Assembler;
 pub use closers::close_open_turn;
 pub use ending::{Ending, FailureCode};
 pub use history::History;
-pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, Requested};
+pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, ConsumedWork, RequeueError};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
 

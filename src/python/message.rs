@@ -116,6 +116,37 @@ fn lone_text_block<'py>(content: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>
     (is(&k0, "type") && is(&v0, "text") && is(&k1, "text") && v1.is_exact_instance_of::<PyString>()).then_some(v1)
 }
 
+/// The calls of content that is only tool-call blocks, `[{"type": "tool-call", "id": str,
+/// "name": str, "arguments": str}, ...]` (exact types, those keys in that order and nothing
+/// else, as a provider adapter or `ModelReply` user writes them), as `(id, name, arguments)`;
+/// `None` for any other content (empty, other blocks, extra keys, a str subclass, text that is
+/// not valid Unicode), which takes the general path and its checks.
+pub fn lone_tool_calls(content: &Bound<'_, PyAny>) -> Option<Vec<(String, String, String)>> {
+    let list = content.cast_exact::<PyList>().ok()?;
+    if list.is_empty() {
+        return None;
+    }
+    let text = |obj: &Bound<'_, PyAny>| obj.cast_exact::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned));
+    let mut calls = Vec::with_capacity(list.len());
+    for block in list.iter() {
+        let block = block.cast_exact::<PyDict>().ok()?;
+        if block.len() != 4 {
+            return None;
+        }
+        let mut items = block.iter();
+        let mut field = |key: &str| -> Option<String> {
+            let (k, v) = items.next()?;
+            (text(&k)? == key).then_some(())?;
+            text(&v)
+        };
+        if field("type")? != "tool-call" {
+            return None;
+        }
+        calls.push((field("id")?, field("name")?, field("arguments")?));
+    }
+    Some(calls)
+}
+
 fn source_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Map<String, Value>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     let py = obj.py();

@@ -13,8 +13,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kerman::agent_loop::{
-    close_open_turn, consumed_work, requeue_claimed, Content, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind,
-    Reply, Requested, RequeueError, Shared, Sink, ToolPlan,
+    close_open_turn, consumed_work, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply,
+    ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -162,7 +162,7 @@ fn request(options: Value) -> Ans {
 }
 
 fn reply(content: Vec<Value>) -> Ans {
-    answer("CallModel", move |_, _| Input::Reply(Reply { content: Content::Blocks(content), usage: None, max_tokens: false }))
+    answer("CallModel", move |_, _| Input::Reply(Reply { content: ReplyContent::Blocks(content), usage: None, max_tokens: false }))
 }
 
 fn reply_text(text: &str) -> Ans {
@@ -170,7 +170,13 @@ fn reply_text(text: &str) -> Ans {
 }
 
 fn reply_max_tokens(content: Vec<Value>) -> Ans {
-    answer("CallModel", move |_, _| Input::Reply(Reply { content: Content::Blocks(content), usage: None, max_tokens: true }))
+    answer("CallModel", move |_, _| Input::Reply(Reply { content: ReplyContent::Blocks(content), usage: None, max_tokens: true }))
+}
+
+/// A reply of only tool calls, given as its calls (the binding's shortcut for that shape).
+fn reply_calls(calls: &[(&str, &str, &str)], max_tokens: bool) -> Ans {
+    let calls = calls.iter().map(|(id, name, arguments)| (id.to_string(), name.to_string(), arguments.to_string())).collect();
+    answer("CallModel", move |_, _| Input::Reply(Reply { content: ReplyContent::Calls(calls), usage: None, max_tokens }))
 }
 
 fn stream() -> Ans {
@@ -500,7 +506,7 @@ fn a_normal_turn_logs_the_documented_sequence() {
             enter(),
             request(json!({})),
             answer("CallModel", move |_, _| {
-                Input::Reply(Reply { content: Content::Blocks(vec![block("you said: hello")]), usage: Some(usage), max_tokens: false })
+                Input::Reply(Reply { content: ReplyContent::Blocks(vec![block("you said: hello")]), usage: Some(usage), max_tokens: false })
             }),
         ],
     );
@@ -893,6 +899,43 @@ fn the_tool_pool_has_barriers_and_commits_results_in_model_order() {
         assert_eq!(cites(&w.log, *result), Some(vec![*call]));
     }
     assert_eq!(w.requests.borrow()[1], ["user: go", "model: ", "tool: A", "tool: B", "tool: deployed", "tool: C"]);
+}
+
+#[test]
+fn a_reply_given_as_its_calls_logs_what_the_same_blocks_log() {
+    let calls = [("c1", "read", r#"{"p":"a"}"#), ("c2", "read", "{\"p\":\"\u{e9}\\n\"}")];
+    let blocks: Vec<Value> = calls.iter().map(|(id, name, arguments)| call(id, name, arguments)).collect();
+    let outcomes = |calls: Ans, blocks: Ans, tools_run: bool| {
+        let (a, b) = (World::new().tool("read", false), World::new().tool("read", false));
+        for (w, reply) in [(&a, calls), (&b, blocks)] {
+            w.followup("go");
+            let mut script = vec![enter(), request(json!({})), reply];
+            if tools_run {
+                script.extend([enter(), request(json!({})), reply_text("done")]);
+            }
+            let r = run(w, script);
+            assert!(r.effects.last().is_some_and(|e| e == "Finished"), "{:?}", r.effects);
+        }
+        let (ra, rb) = (a.requests.borrow().clone(), b.requests.borrow().clone());
+        (snapshot(&a.log), snapshot(&b.log), ra, rb)
+    };
+    let (as_calls, as_blocks, requests_calls, requests_blocks) = outcomes(reply_calls(&calls, false), reply(blocks.clone()), true);
+    assert_eq!(as_calls, as_blocks);
+    assert_eq!(requests_calls, requests_blocks);
+    assert!(as_calls.contains(&assistant_message(1, 1, blocks.clone())), "{as_calls:#?}");
+    // At the token limit the calls are dropped, as from blocks.
+    let (as_calls, as_blocks, ..) = outcomes(reply_calls(&calls, true), reply_max_tokens(blocks), false);
+    assert_eq!(as_calls, as_blocks);
+    // A repeated id fails the turn before anything of the reply is logged, as from blocks.
+    let repeated = [("c1", "read", "{}"), ("c1", "read", "{}")];
+    let (a, b) = (World::new().tool("read", false), World::new().tool("read", false));
+    a.followup("go");
+    b.followup("go");
+    let ra = run(&a, vec![enter(), request(json!({})), reply_calls(&repeated, false)]);
+    let rb = run(&b, vec![enter(), request(json!({})), reply(repeated.iter().map(|(i, n, g)| call(i, n, g)).collect())]);
+    assert_eq!(ra.effects, rb.effects);
+    assert_eq!(snapshot(&a.log), snapshot(&b.log));
+    assert!(ra.effects.iter().any(|e| e.contains("INVALID_REPLY")), "{:?}", ra.effects);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
 use super::{canonical, classes, Parts};
 use crate::agent_loop::events::{ASSISTANT_CHUNK, ASSISTANT_MESSAGE, REQUEST_HEADER};
-use crate::agent_loop::{Content, Decision, FailureCode, Raised, RaisedKind, Reply, Requested};
+use crate::agent_loop::{Decision, FailureCode, Raised, RaisedKind, Reply, ReplyContent, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -127,8 +127,11 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     }
     let content = reply.getattr(intern!(py, "content"))?;
     let content = match super::super::message::lone_text(&content)? {
-        Some(text) => Content::Text(text),
-        None => Content::Blocks(content_arg(&content)?),
+        Some(text) => ReplyContent::Text(text),
+        None => match super::super::message::lone_tool_calls(&content) {
+            Some(calls) => ReplyContent::Calls(calls),
+            None => ReplyContent::Blocks(content_arg(&content)?),
+        },
     };
     let usage = reply.getattr(intern!(py, "usage"))?;
     let usage = if usage.is_none() {
