@@ -407,23 +407,40 @@ impl SessionLog {
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn append_owned_seq(&self, kind: &'static str, data: String, surface: Option<Surface>) -> Result<u64, LogError> {
         check_surface(kind, &surface)?;
-        let data = Arc::from(data);
-        // With no observer and no waiter there is nothing to notify, so nothing to order: the
-        // commit needs only the state lock, not the publish token too (two atomic operations
-        // fewer on every loop event). The token must be free, though: whoever holds it (an
-        // inbox mutation, the closers, an observer of this thread) expects no event between
-        // its own, and a holder on this thread must get `Reentrant` as before.
-        {
-            let shared = &self.shared;
-            let mut st = lock(&shared.state);
-            if st.observers.is_empty() && st.waiters.is_empty() && shared.publish.is_free() {
-                let event = st.next_event(&shared.id, Kind::Static(kind), data, surface, None)?;
-                shared.backend.enqueue(&event)?;
-                let committed = st.push(event, false);
-                return Ok(committed.seq);
+        match self.commit_quiet(kind, move || (Arc::from(data), surface)) {
+            Ok(committed) => committed,
+            Err(event) => {
+                let (data, surface) = event();
+                self.publishing()?.publish_seq(kind, data, surface)
             }
         }
-        self.publishing()?.publish_seq(kind, data, surface)
+    }
+
+    /// Commits the event `event` makes, of type `kind`, if it can go without the publish
+    /// token; gives `event` back (not called) when it cannot.
+    ///
+    /// With no observer and no waiter there is nothing to notify, so nothing to order: the
+    /// commit needs only the state lock, not the publish token too (two atomic operations
+    /// fewer on every loop event). The token must be free, though: whoever holds it (an inbox
+    /// mutation, the closers, an observer of this thread) expects no event between its own,
+    /// and a holder on this thread must get `Reentrant` from `publishing` as before. A holder
+    /// that took the token before this looks is seen (it took it before its own look at the
+    /// state, under the same lock); one that takes it after commits after this.
+    pub(crate) fn commit_quiet<F>(&self, kind: &'static str, event: F) -> Result<Result<u64, LogError>, F>
+    where
+        F: FnOnce() -> (Arc<str>, Option<Surface>),
+    {
+        let shared = &self.shared;
+        let mut st = lock(&shared.state);
+        if !(st.observers.is_empty() && st.waiters.is_empty() && shared.publish.is_free()) {
+            return Err(event);
+        }
+        let (data, surface) = event();
+        let committed = st.next_event(&shared.id, Kind::Static(kind), data, surface, None).and_then(|event| {
+            shared.backend.enqueue(&event)?;
+            Ok(st.push(event, false).seq)
+        });
+        Ok(committed)
     }
 
     /// Takes the publish token for a commit-then-notify sequence.

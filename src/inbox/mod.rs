@@ -154,6 +154,13 @@ thread_local! {
 const PAYLOAD_KEEP: usize = 4096;
 
 /// The logged text of `splice`.
+fn splice_error(e: SpliceError) -> InboxError {
+    match e {
+        SpliceError::Duplicate(id) => InboxError::Duplicate(id),
+        SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
+    }
+}
+
 fn payload(splice: &Splice) -> Arc<str> {
     PAYLOAD.with(|buf| {
         // Not reentrant: nothing in here calls out.
@@ -314,16 +321,42 @@ impl Inbox {
         inserted: Vec<Arc<Message>>,
         canceled: bool,
     ) -> Result<Option<Applied>, InboxError> {
-        let is_noop = |p: &Option<(Target, usize, usize)>| p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty());
+        let is_noop = |p: &Option<(Target, usize, usize)>, inserted: &[Arc<Message>]| {
+            p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty())
+        };
+        // With nothing to notify the log commits without its publish token (see
+        // `SessionLog::commit_quiet`), under the lists lock; otherwise, or if the token is
+        // held, the mutation runs the long way below, planned again.
+        let inserted = {
+            let mut lists = lock(&self.shared.lists);
+            let planned = plan(&lists);
+            if is_noop(&planned, &inserted) {
+                return Ok(None);
+            }
+            if self.is_closed() {
+                return Err(InboxError::Closed(self.shared.log.id().to_string()));
+            }
+            let Some((target, start, removed)) = planned else { return Ok(None) };
+            let splice = Splice { target, start, removed, inserted, canceled };
+            lists.validate(&splice).map_err(splice_error)?;
+            match self.shared.log.commit_quiet(SPLICED, || (payload(&splice), None)) {
+                Ok(committed) => {
+                    committed?;
+                    let removed = lists.apply(&splice);
+                    return Ok(Some(Applied { removed, inserted: splice.inserted, canceled }));
+                }
+                Err(_) => splice.inserted,
+            }
+        };
         let publishing = match self.shared.log.publishing() {
             Ok(publishing) => publishing,
-            Err(LogError::Reentrant) if is_noop(&plan(&lock(&self.shared.lists))) => return Ok(None),
+            Err(LogError::Reentrant) if is_noop(&plan(&lock(&self.shared.lists)), &inserted) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let (removed, splice, committed) = {
             let mut lists = lock(&self.shared.lists);
             let planned = plan(&lists);
-            if is_noop(&planned) {
+            if is_noop(&planned, &inserted) {
                 return Ok(None);
             }
             // A closed inbox no longer projects the log (another may): it writes nothing. A
@@ -333,10 +366,7 @@ impl Inbox {
             }
             let Some((target, start, removed)) = planned else { return Ok(None) };
             let splice = Splice { target, start, removed, inserted, canceled };
-            lists.validate(&splice).map_err(|e| match e {
-                SpliceError::Duplicate(id) => InboxError::Duplicate(id),
-                SpliceError::Invalid(d) => InboxError::Log(LogError::InvalidEvent(format!("invalid inbox splice {d}"))),
-            })?;
+            lists.validate(&splice).map_err(splice_error)?;
             let committed = publishing.commit(SPLICED, payload(&splice), None, None, false)?;
             let removed = (!committed.has_observers()).then(|| lists.apply(&splice));
             (removed, splice, committed)
