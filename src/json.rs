@@ -3,7 +3,84 @@
 //! Values are `serde_json::Value` with `preserve_order`, so objects keep the key order they were
 //! built or parsed with; that order is part of what is written to the log.
 
+use std::cell::Cell;
+use std::sync::Arc;
+
 use serde_json::Value;
+
+thread_local! {
+    static SPARE: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// A `String` for writing one JSON text that is then copied out (into an `Arc<str>`, as the
+/// log and messages hold text): taken from this thread's spare and given back when dropped, so
+/// writing the texts of a loop turn allocates only their copies, not a buffer each too. One
+/// taken while another is in use starts empty, as a new `String` would.
+pub struct Scratch(String);
+
+/// Spares above this are freed rather than kept (a 1 MB prompt is not held on to).
+const KEEP: usize = 16 * 1024;
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        let mut text = SPARE.try_with(Cell::take).unwrap_or_default();
+        text.clear();
+        Scratch(text)
+    }
+
+    pub fn to_arc(&self) -> Arc<str> {
+        Arc::from(self.0.as_str())
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch::new()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let text = std::mem::take(&mut self.0);
+        if text.capacity() <= KEEP {
+            // During the thread's exit the spare is gone: the text is simply freed.
+            let _ = SPARE.try_with(|spare| spare.set(text));
+        }
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut String {
+        &mut self.0
+    }
+}
+
+impl Clone for Scratch {
+    fn clone(&self) -> Self {
+        let mut copy = Scratch::new();
+        copy.push_str(&self.0);
+        copy
+    }
+}
+
+impl PartialEq for Scratch {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Compact JSON text of `value` (no whitespace), keys in their stored order.
 pub fn compact(value: &Value) -> String {
@@ -116,6 +193,27 @@ pub fn push_u64(out: &mut String, n: u64) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn scratch_texts_are_reused_and_independent() {
+        let mut a = Scratch::new();
+        a.push_str("first");
+        let arc = a.to_arc();
+        let kept = a.capacity();
+        drop(a);
+        let mut b = Scratch::new();
+        assert!(b.is_empty());
+        assert!(b.capacity() >= kept, "the spare came back");
+        // A second one while the first is in use starts empty and apart.
+        let mut c = Scratch::new();
+        b.push('b');
+        c.push('c');
+        assert_eq!((&**b, &**c, &*arc), ("b", "c", "first"));
+        let mut big = Scratch::new();
+        big.push_str(&"x".repeat(KEEP + 1));
+        drop(big);
+        assert!(Scratch::new().capacity() <= KEEP, "a large spare is not kept");
+    }
 
     #[test]
     fn string_literals_are_escaped_as_serde_json_escapes_them() {

@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::{Map, Value};
 
-use crate::json;
+use crate::json::{self, Scratch};
 
 /// Which of the three message values a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,7 +182,7 @@ impl Message {
         out.push_str(r#"}],"source":{"kind":""#);
         out.push_str(source);
         out.push_str("\"}}");
-        Message { id, kind, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
+        Message { id, kind, repr: Repr::Text { json: out.to_arc(), parts: OnceLock::new() } }
     }
 
     /// An assistant message holding only tool-call blocks `{type, id, name, arguments}`
@@ -205,7 +205,7 @@ impl Message {
             out.push('}');
         }
         out.push_str(r#"],"source":{"kind":"model"}}"#);
-        Message { id, kind: MessageKind::Assistant, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
+        Message { id, kind: MessageKind::Assistant, repr: Repr::Text { json: out.to_arc(), parts: OnceLock::new() } }
     }
 
     /// An assistant message. `source` defaults to `{kind: "model"}` and must have that kind.
@@ -241,7 +241,7 @@ impl Message {
         out.push_str(r#"}]}],"source":{"kind":"tool","callId":"#);
         json::push_str_literal(&mut out, call_id);
         out.push_str("}}");
-        Message { id, kind: MessageKind::ToolResult, repr: Repr::Text { json: Arc::from(out), parts: OnceLock::new() } }
+        Message { id, kind: MessageKind::ToolResult, repr: Repr::Text { json: out.to_arc(), parts: OnceLock::new() } }
     }
 
     /// Imports a message dict (`{id, role, content, source}`), keeping its id. The kind follows
@@ -380,12 +380,24 @@ impl Message {
 
     /// Compact JSON of [`to_value`](Self::to_value), computed once.
     pub fn json(&self) -> &str {
+        self.json_text()
+    }
+
+    /// [`json`](Self::json) as the shared text itself: a `user/message` event holds the
+    /// message's own text rather than a copy.
+    pub fn json_arc(&self) -> Arc<str> {
+        Arc::clone(self.json_text())
+    }
+
+    fn json_text(&self) -> &Arc<str> {
         let (parts, json) = match &self.repr {
             Repr::Text { json, .. } => return json,
             Repr::Parts { parts, json } => (parts, json),
         };
         json.get_or_init(|| {
-            let mut out = json_head(&self.id, self.role(), 256).into_bytes();
+            let mut head = String::with_capacity(256);
+            write_head(&mut head, &self.id, self.role());
+            let mut out = head.into_bytes();
             // Serialising values of a `Value` tree into a `Vec` cannot fail.
             let _ = serde_json::to_writer(&mut out, &parts.content);
             out.extend_from_slice(b",\"source\":");
@@ -398,14 +410,19 @@ impl Message {
 }
 
 /// The start of a message's compact JSON, up to its content: `{"id":…,"role":"…","content":`.
-fn json_head(id: &str, role: &str, capacity: usize) -> String {
-    let mut out = String::with_capacity(capacity);
+fn json_head(id: &str, role: &str, capacity: usize) -> Scratch {
+    let mut out = Scratch::new();
+    out.reserve(capacity);
+    write_head(&mut out, id, role);
+    out
+}
+
+fn write_head(out: &mut String, id: &str, role: &str) {
     out.push_str("{\"id\":");
-    json::push_str_literal(&mut out, id);
+    json::push_str_literal(out, id);
     out.push_str(",\"role\":\"");
     out.push_str(role);
     out.push_str("\",\"content\":");
-    out
 }
 
 /// `map.get(key)` for the small objects messages are made of (a block, a source): comparing a

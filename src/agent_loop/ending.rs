@@ -126,9 +126,16 @@ impl Ending {
     }
 
     pub fn to_json(&self) -> String {
+        let mut out = String::new();
+        self.write_json(&mut out);
+        out
+    }
+
+    /// Appends [`to_json`](Self::to_json)'s text to `out`.
+    pub fn write_json(&self, out: &mut String) {
         match self {
-            Ending::Completed => r#"{"kind":"completed"}"#.to_owned(),
-            _ => crate::json::compact(&self.to_value()),
+            Ending::Completed => out.push_str(r#"{"kind":"completed"}"#),
+            _ => out.push_str(&crate::json::compact(&self.to_value())),
         }
     }
 }

@@ -4,11 +4,13 @@
 //! read them back with the readers at the end. Keeping writer and reader side by side is what
 //! keeps the grammar in one place (docs/format.md documents it for outsiders).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::ending::Ending;
 use crate::event_log::{is_surface_type, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
-use crate::json::{push_str_literal, push_u64};
+use crate::json::{push_str_literal, push_u64, Scratch};
 use crate::message::Message;
 
 pub const TURN_START: &str = "turn/start";
@@ -27,43 +29,67 @@ pub const TOOL_RESULT: &str = "tool/result";
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopEvent {
     pub kind: &'static str,
-    pub data: String,
+    pub data: Payload,
     pub cites: Option<Vec<u64>>,
 }
 
-impl LoopEvent {
-    fn new(kind: &'static str, data: String) -> LoopEvent {
-        LoopEvent { kind, data, cites: None }
+/// A payload's JSON text: written for the event, or a message's own text (`user/message`),
+/// which the event shares instead of copying.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    Written(Scratch),
+    Shared(Arc<str>),
+}
+
+impl Payload {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Payload::Written(text) => text,
+            Payload::Shared(text) => text,
+        }
     }
 
-    fn citing(kind: &'static str, data: String, cites: Vec<u64>) -> LoopEvent {
-        LoopEvent { kind, data, cites: Some(cites) }
+    fn into_arc(self) -> Arc<str> {
+        match self {
+            Payload::Written(text) => text.to_arc(),
+            Payload::Shared(text) => text,
+        }
+    }
+}
+
+impl LoopEvent {
+    fn new(kind: &'static str, data: Scratch) -> LoopEvent {
+        LoopEvent { kind, data: Payload::Written(data), cites: None }
+    }
+
+    fn citing(kind: &'static str, data: Scratch, cites: Vec<u64>) -> LoopEvent {
+        LoopEvent { kind, data: Payload::Written(data), cites: Some(cites) }
     }
 }
 
 /// Appends `event` to `log`; its seq.
 pub fn append(log: &SessionLog, event: LoopEvent) -> Result<u64, LogError> {
     let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
-    log.append_owned_seq(event.kind, event.data, surface)
+    log.append_owned_seq(event.kind, event.data.into_arc(), surface)
 }
 
 /// Commits `event` under a publish token already held, at `time` (the closers reuse the last
 /// event's time) or now.
 pub fn publish(publishing: &Publishing<'_>, event: LoopEvent, time: Option<i64>) -> Result<Event, LogError> {
     let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
-    publishing.publish(event.kind, std::sync::Arc::from(event.data), surface, time)
+    publishing.publish(event.kind, event.data.into_arc(), surface, time)
 }
 
 /// `{"turn":T` (unterminated).
-fn turn_head(turn: u64) -> String {
-    let mut out = String::with_capacity(64);
+fn turn_head(turn: u64) -> Scratch {
+    let mut out = Scratch::new();
     out.push_str(r#"{"turn":"#);
     push_u64(&mut out, turn);
     out
 }
 
 /// `{"turn":T,"step":S` (unterminated): the head of every step payload.
-fn step_head(turn: u64, step: u64) -> String {
+fn step_head(turn: u64, step: u64) -> Scratch {
     let mut out = turn_head(turn);
     out.push_str(r#","step":"#);
     push_u64(&mut out, step);
@@ -80,7 +106,7 @@ pub fn turn_start(turn: u64) -> LoopEvent {
 pub fn turn_end(turn: u64, ending: &Ending) -> LoopEvent {
     let mut data = turn_head(turn);
     data.push_str(r#","reason":"#);
-    data.push_str(&ending.to_json());
+    ending.write_json(&mut data);
     data.push('}');
     LoopEvent::new(TURN_END, data)
 }
@@ -99,12 +125,12 @@ pub fn step_end(turn: u64, step: u64) -> LoopEvent {
 
 /// `user/message`: the message itself is the payload.
 pub fn user_message(message: &Message) -> LoopEvent {
-    LoopEvent::new(USER_MESSAGE, message.json().to_owned())
+    LoopEvent { kind: USER_MESSAGE, data: Payload::Shared(message.json_arc()), cites: None }
 }
 
 /// `request/header {options}`; `options` is the options' JSON text.
 pub fn request_header(options: &str) -> LoopEvent {
-    let mut data = String::with_capacity(options.len() + 12);
+    let mut data = Scratch::new();
     data.push_str(r#"{"options":"#);
     data.push_str(options);
     data.push('}');
@@ -167,7 +193,7 @@ pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value
     data.push('}');
     match call {
         Some(seq) => LoopEvent::citing(TOOL_RESULT, data, vec![seq]),
-        None => LoopEvent { kind: TOOL_RESULT, data, cites: None },
+        None => LoopEvent::new(TOOL_RESULT, data),
     }
 }
 

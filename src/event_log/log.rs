@@ -405,9 +405,9 @@ impl SessionLog {
 
     /// [`append_owned`](Self::append_owned) for a caller that needs only the seq.
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
-    pub(crate) fn append_owned_seq(&self, kind: &'static str, data: String, surface: Option<Surface>) -> Result<u64, LogError> {
+    pub(crate) fn append_owned_seq(&self, kind: &'static str, data: Arc<str>, surface: Option<Surface>) -> Result<u64, LogError> {
         check_surface(kind, &surface)?;
-        match self.commit_quiet(kind, move || (Arc::from(data), surface)) {
+        match self.commit_quiet(kind, move || (data, surface)) {
             Ok(committed) => committed,
             Err(event) => {
                 let (data, surface) = event();
