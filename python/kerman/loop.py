@@ -12,6 +12,7 @@ plain functions.
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
@@ -24,6 +25,15 @@ from .types import LiveEvent, Signal, Tool
 __all__ = ["AgentLoop"]
 
 Target = Literal["next-turn", "next-step"]
+
+
+class _FromLog(enum.Enum):
+    """The default of ``AgentLoop(instructions=)``: what the session last recorded."""
+
+    TOKEN = 0
+
+
+_FROM_LOG = _FromLog.TOKEN
 
 LIVE_EVENTS = (
     "agent/status",
@@ -88,7 +98,8 @@ class AgentLoop:
     """
 
     def __init__(self, model: Callable[..., Any], log: Optional[SessionLog] = None, tools: Sequence[Tool] = (),
-                 max_parallel_tool_calls: int = 10, *, options: Optional[Dict[str, Any]] = None) -> None:
+                 max_parallel_tool_calls: int = 10, *, options: Optional[Dict[str, Any]] = None,
+                 instructions: Union[str, None, _FromLog] = _FROM_LOG) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
         if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) \
@@ -140,6 +151,9 @@ class AgentLoop:
                               describe=_report.describe, report_turn=_report.turn_failed,
                               report_tool=_report.tool_failed, finished=_driver_finished, abort=_abort_signal,
                               serial=_dispatch.serial, run_tools=_executor.run)
+        # Without instructions=, a resumed session goes on with the ones it last recorded.
+        if instructions is not _FROM_LOG:
+            self.instructions = instructions
         self._status = "idle"
         self._task: Optional[asyncio.Task[None]] = None
         self._event_loop: Optional[asyncio.AbstractEventLoop] = _current_loop()
@@ -155,6 +169,19 @@ class AgentLoop:
     @property
     def log(self) -> SessionLog:
         return self._log
+
+    @property
+    def instructions(self) -> Optional[str]:
+        """The system prompt each request starts with (``request.instructions``), or ``None``.
+        Recorded in the log (``agent/instructions``) before the next request when it changes, so
+        an ``AgentLoop`` resumed over the session without ``instructions=`` sends the same."""
+        return self._core.instructions
+
+    @instructions.setter
+    def instructions(self, value: Optional[str]) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"instructions must be a str or None, got {type(value).__name__}")
+        self._core.instructions = value
 
     @property
     def status(self) -> str:

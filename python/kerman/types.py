@@ -150,8 +150,9 @@ class PreStep:
 class ModelRequest:
     """What the model is called with. ``messages`` is the derived history (user, assistant and
     tool-result messages in log order, this step's user messages included); ``entered`` the
-    user messages entered in this step. ``before_request`` listeners may mutate ``options`` or
-    assign/mutate ``messages``."""
+    user messages entered in this step; ``instructions`` the system prompt (the loop's
+    ``instructions``, or ``None``). ``before_request`` listeners may mutate ``options``,
+    assign/mutate ``messages`` or assign ``instructions``."""
 
     messages: List[Any]
     tools: List[Dict[str, Any]]
@@ -161,6 +162,7 @@ class ModelRequest:
     signal: Signal
     entered: List[UserMessage] = field(default_factory=list)
     loop: Optional[AgentLoop] = None
+    instructions: Optional[str] = None
 
 
 class ModelReply:

@@ -23,6 +23,7 @@ pub const ASSISTANT_CHUNK: &str = "assistant/chunk";
 pub const ASSISTANT_MESSAGE: &str = "assistant/message";
 pub const TOOL_CALL: &str = "tool/call";
 pub const TOOL_RESULT: &str = "tool/result";
+pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
 /// cites.
@@ -128,13 +129,31 @@ pub fn user_message(message: &Message) -> LoopEvent {
     LoopEvent { kind: USER_MESSAGE, data: Payload::Shared(message.json_arc()), cites: None }
 }
 
-/// `request/header {options}`; `options` is the options' JSON text.
-pub fn request_header(options: &str) -> LoopEvent {
+/// `request/header {options, instructions?}`; `options` is the options' JSON text,
+/// `instructions` the instructions the request carries (the key is absent without).
+pub fn request_header(options: &str, instructions: Option<&str>) -> LoopEvent {
     let mut data = Scratch::new();
     data.push_str(r#"{"options":"#);
     data.push_str(options);
+    if let Some(text) = instructions {
+        data.push_str(r#","instructions":"#);
+        push_str_literal(&mut data, text);
+    }
     data.push('}');
     LoopEvent::new(REQUEST_HEADER, data)
+}
+
+/// `agent/instructions {instructions}`: the loop's configured instructions from now on
+/// (`null`: none).
+pub fn instructions(text: Option<&str>) -> LoopEvent {
+    let mut data = Scratch::new();
+    data.push_str(r#"{"instructions":"#);
+    match text {
+        Some(text) => push_str_literal(&mut data, text),
+        None => data.push_str("null"),
+    }
+    data.push('}');
+    LoopEvent::new(INSTRUCTIONS, data)
 }
 
 /// `assistant/chunk {turn, step, chunk}`; `chunk` is the chunk's JSON text.
@@ -202,6 +221,11 @@ pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value
 /// The `turn` field of a `turn/*` or `step/*` payload.
 pub fn turn_of(data: &Value) -> Option<u64> {
     data.get("turn").and_then(Value::as_u64)
+}
+
+/// The `instructions` of an `agent/instructions` payload (`None`: none, or not a str).
+pub fn instructions_of(data: &Value) -> Option<String> {
+    data.get("instructions").and_then(Value::as_str).map(str::to_owned)
 }
 
 /// The `step` field of a `step/*` payload.

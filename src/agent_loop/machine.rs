@@ -70,11 +70,14 @@ pub enum Requested {
     /// `canonical`: the options' canonical text (compared between requests to decide whether a
     /// `request/header` is due); `options`: their JSON text for the header, or why they have
     /// none (read only when the header is due: see [`LoopState::header_due`](super::LoopState::header_due)).
-    Request { options: Result<String, LogError>, canonical: String },
+    /// `instructions`: what the request carries as its instructions (system prompt).
+    Request { options: Result<String, LogError>, canonical: String, instructions: Option<String> },
     /// Not a request: its `repr`.
     NotARequest(String),
     /// Options that are not lossless JSON: why.
     NotJson(String),
+    /// Instructions that are neither a `str` nor `None`: their type's name.
+    BadInstructions(String),
 }
 
 /// A complete model reply.
@@ -497,8 +500,8 @@ impl Machine {
         if let Err(f) = self.check(ctx) {
             return self.fail(ctx, f);
         }
-        let (options, canonical) = match requested {
-            Requested::Request { options, canonical } => (options, canonical),
+        let (options, canonical, instructions) = match requested {
+            Requested::Request { options, canonical, instructions } => (options, canonical, instructions),
             Requested::NotARequest(repr) => {
                 let message = format!("before_request listener returned {repr}; expected a ModelRequest");
                 return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
@@ -507,14 +510,32 @@ impl Machine {
                 let message = format!("request options are not lossless JSON: {detail}");
                 return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
             }
+            Requested::BadInstructions(repr) => {
+                let message = format!("request.instructions must be a str or None, got {repr}");
+                return self.fail(ctx, Fault::rule(FailureCode::InvalidRequest, message));
+            }
         };
-        let header_due = ctx.shared.state().header_due(&canonical);
+        // The configured instructions are recorded when they change (a resumed loop reads
+        // them back), before the header of the first request that starts from them.
+        let configured = {
+            let state = ctx.shared.state();
+            (state.instructions != state.logged_instructions).then(|| state.instructions.clone())
+        };
+        if let Some(configured) = configured {
+            if let Err(e) = ctx.append(events::instructions(configured.as_deref())) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
+            ctx.shared.state().logged_instructions = configured;
+        }
+        let header_due = ctx.shared.state().header_due(&canonical, instructions.as_deref());
         if header_due {
-            let appended = options.and_then(|options| ctx.append(events::request_header(&options)));
+            let appended = options.and_then(|options| ctx.append(events::request_header(&options, instructions.as_deref())));
             if let Err(e) = appended {
                 return self.fail(ctx, Fault::Core(CoreError::Log(e)));
             }
-            ctx.shared.state().last_options = Some(canonical);
+            let mut state = ctx.shared.state();
+            state.last_options = Some(canonical);
+            state.last_instructions = instructions;
         }
         ctx.shared.state().requests += 1;
         if ctx.log.checkpoints() {

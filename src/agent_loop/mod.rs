@@ -90,6 +90,13 @@ pub struct LoopState {
     pub requests: u64,
     /// The canonical text of the last logged request options.
     pub last_options: Option<String>,
+    /// The instructions the last logged `request/header` carried.
+    pub last_instructions: Option<String>,
+    /// The loop's configured instructions (what each request starts with), and the ones the
+    /// log last recorded (`agent/instructions`): the next request logs the configured ones
+    /// first when the two differ.
+    pub instructions: Option<String>,
+    pub logged_instructions: Option<String>,
     /// The running turn's abort cause; the first cause wins.
     pub abort: Option<Value>,
     /// A waking input arrived while the turn was being cancelled: run again once it ends.
@@ -115,10 +122,10 @@ impl LoopState {
         }
     }
 
-    /// Whether a request with these canonical options logs a `request/header`: the loop's
-    /// first request, or options that differ from the last logged ones.
-    pub fn header_due(&self, canonical: &str) -> bool {
-        self.requests == 0 || self.last_options.as_deref() != Some(canonical)
+    /// Whether a request with these canonical options and instructions logs a
+    /// `request/header`: the loop's first request, or either differs from the last logged.
+    pub fn header_due(&self, canonical: &str, instructions: Option<&str>) -> bool {
+        self.requests == 0 || self.last_options.as_deref() != Some(canonical) || self.last_instructions.as_deref() != instructions
     }
 
     /// A run is starting: a fresh signal, no step, no latch.
@@ -139,11 +146,20 @@ pub struct Shared {
 impl Shared {
     /// The state of a loop over `log`: the turn counter restored from its `turn/start`s.
     pub fn resume(log: &SessionLog) -> Shared {
-        let turn = log.with_events(|all| {
-            all.iter().filter(|e| e.kind() == events::TURN_START).filter_map(|e| events::turn_of(&e.data())).next_back().unwrap_or(0)
+        let (turn, instructions) = log.with_events(|all| {
+            let turn =
+                all.iter().filter(|e| e.kind() == events::TURN_START).filter_map(|e| events::turn_of(&e.data())).next_back().unwrap_or(0);
+            let instructions = all.iter().rev().find(|e| e.kind() == events::INSTRUCTIONS).and_then(|e| events::instructions_of(&e.data()));
+            (turn, instructions)
         });
         let shared = Shared::default();
-        shared.state().turn = turn;
+        {
+            let mut state = shared.state();
+            state.turn = turn;
+            // A resumed loop goes on with the instructions the session last recorded.
+            state.instructions = instructions.clone();
+            state.logged_instructions = instructions;
+        }
         shared
     }
 

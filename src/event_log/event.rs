@@ -13,6 +13,8 @@ pub const SURFACE_TYPES: [&str; 3] = ["user/message", "assistant/message", "tool
 
 /// The durable inbox event type.
 pub const SPLICED: &str = "agent/inbox/spliced";
+/// The agent's configured instructions (system prompt), logged when they change.
+pub const INSTRUCTIONS: &str = "agent/instructions";
 
 /// True for types only the Inbox and the AgentLoop may append (SPEC 4.7).
 pub fn is_reserved_type(kind: &str) -> bool {
@@ -23,6 +25,7 @@ pub fn is_reserved_type(kind: &str) -> bool {
         || kind == "user/message"
         || kind == "request/header"
         || kind == SPLICED
+        || kind == INSTRUCTIONS
 }
 
 pub fn is_surface_type(kind: &str) -> bool {

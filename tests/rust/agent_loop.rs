@@ -157,7 +157,7 @@ fn reject(reason: Option<&str>) -> Ans {
 /// `before_request` leaves a request with these options.
 fn request(options: Value) -> Ans {
     answer("BeforeRequest", move |_, _| {
-        Input::Requested(Requested::Request { options: Ok(options.to_string()), canonical: canonical(&options) })
+        Input::Requested(Requested::Request { options: Ok(options.to_string()), canonical: canonical(&options), instructions: None })
     })
 }
 
@@ -171,6 +171,14 @@ fn reply_text(text: &str) -> Ans {
 
 fn reply_max_tokens(content: Vec<Value>) -> Ans {
     answer("CallModel", move |_, _| Input::Reply(Reply { content: ReplyContent::Blocks(content), usage: None, max_tokens: true }))
+}
+
+/// `before_request` leaves a request with no options and these instructions.
+fn request_instructed(instructions: Option<&str>) -> Ans {
+    let instructions = instructions.map(str::to_owned);
+    answer("BeforeRequest", move |_, _| {
+        Input::Requested(Requested::Request { options: Ok("{}".into()), canonical: "{}".into(), instructions })
+    })
 }
 
 /// A reply of only tool calls, given as its calls (the binding's shortcut for that shape).
@@ -1618,6 +1626,43 @@ fn a_stream_repeating_a_call_id_keeps_its_chunks_and_logs_no_message() {
 
 fn headers(log: &SessionLog) -> Vec<Value> {
     log.range(0, None).iter().filter(|e| e.kind() == "request/header").map(|e| e.data()["options"].clone()).collect()
+}
+
+#[test]
+fn instructions_are_recorded_when_they_change_and_headers_carry_what_each_request_sent() {
+    let w = World::new();
+    w.shared.state().instructions = Some("base".into());
+    w.followup("a");
+    let r = run(&w, vec![enter(), request_instructed(Some("base")), reply_text("1")]);
+    assert_eq!(r.effects.last().map(String::as_str), Some("Finished"));
+    w.followup("b");
+    // Same instructions, a listener's variant for this request: a header, no new record.
+    run(&w, vec![enter(), request_instructed(Some("base, turn 2")), reply_text("2")]);
+    w.shared.state().instructions = None;
+    w.followup("c");
+    run(&w, vec![enter(), request_instructed(None), reply_text("3")]);
+    let recorded: Vec<String> =
+        snapshot(&w.log).into_iter().filter(|l| l.starts_with("agent/instructions") || l.starts_with("request/header")).collect();
+    assert_eq!(
+        recorded,
+        [
+            ev("agent/instructions", json!({"instructions": "base"})),
+            ev("request/header", json!({"options": {}, "instructions": "base"})),
+            ev("request/header", json!({"options": {}, "instructions": "base, turn 2"})),
+            ev("agent/instructions", json!({"instructions": null})),
+            ev("request/header", json!({"options": {}})),
+        ]
+    );
+    // A loop resumed over the log starts from the last recorded instructions.
+    let log = w.log.clone();
+    let resumed = Shared::resume(&log);
+    assert_eq!(resumed.state().instructions, None);
+    w.shared.state().instructions = Some("again".into());
+    w.followup("d");
+    run(&w, vec![enter(), request_instructed(Some("again")), reply_text("4")]);
+    let resumed = Shared::resume(&log);
+    let state = resumed.state();
+    assert_eq!((state.instructions.as_deref(), state.logged_instructions.as_deref()), (Some("again"), Some("again")));
 }
 
 #[test]

@@ -18,10 +18,10 @@ mod tools;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyType};
+use pyo3::types::{PyDict, PyList, PyString, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::convert::{to_py, to_value};
@@ -310,6 +310,27 @@ impl PyLoopCore {
     #[getter]
     fn turn(&self) -> u64 {
         self.shared.state().turn
+    }
+
+    /// The configured instructions each request starts with (`None`: none). A resumed loop
+    /// starts with the ones its session last recorded.
+    #[getter]
+    fn instructions(&self) -> Option<String> {
+        self.shared.state().instructions.clone()
+    }
+
+    #[setter]
+    fn set_instructions(&self, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let text = match value {
+            None => None,
+            Some(v) if v.is_none() => None,
+            Some(v) => match v.cast::<PyString>() {
+                Ok(text) => Some(text.to_str()?.to_owned()),
+                Err(_) => return Err(PyTypeError::new_err(format!("instructions must be a str or None, got {}", v.get_type().name()?))),
+            },
+        };
+        self.shared.state().instructions = text;
+        Ok(())
     }
 
     /// The last step entered in the running turn.

@@ -91,30 +91,38 @@ pub(super) fn decision<'py>(value: &Bound<'py, PyAny>) -> PyResult<(Decision, Op
     Ok((Decision::Invalid(repr(value)), None))
 }
 
-/// The request `before_request` left: its options' canonical text, and their JSON text when a
-/// header is due (`header_due`).
-pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str) -> bool) -> PyResult<Requested> {
+/// The request `before_request` left: its options' canonical text, their JSON text when a
+/// header is due (`header_due`), and its instructions.
+pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Option<&str>) -> bool) -> PyResult<Requested> {
     let py = value.py();
     if !value.is_instance(classes(py)?.model_request.bind(py))? {
         return Ok(Requested::NotARequest(repr(value)));
     }
-    let options = value.getattr(intern!(py, "options"))?;
-    if let Ok(dict) = options.cast_exact::<PyDict>() {
-        if dict.is_empty() {
-            return Ok(Requested::Request { options: Ok("{}".to_owned()), canonical: "{}".to_owned() });
-        }
-    }
-    let canonical = match canonical::canonical(&options) {
-        Ok(text) => text.extract::<String>()?,
-        Err(e) => return Ok(Requested::NotJson(e.value(py).to_string())),
+    let instructions = value.getattr(intern!(py, "instructions"))?;
+    let instructions = if instructions.is_none() {
+        None
+    } else if let Ok(text) = instructions.cast::<PyString>() {
+        Some(text.to_str()?.to_owned())
+    } else {
+        return Ok(Requested::BadInstructions(instructions.get_type().name()?.to_string()));
     };
-    let options = if header_due(&canonical) {
+    let options = value.getattr(intern!(py, "options"))?;
+    let canonical = match options.cast_exact::<PyDict>() {
+        Ok(dict) if dict.is_empty() => "{}".to_owned(),
+        _ => match canonical::canonical(&options) {
+            Ok(text) => text.extract::<String>()?,
+            Err(e) => return Ok(Requested::NotJson(e.value(py).to_string())),
+        },
+    };
+    let options = if !header_due(&canonical, instructions.as_deref()) {
+        Ok(String::new())
+    } else if canonical == "{}" && options.is_exact_instance_of::<PyDict>() {
+        Ok("{}".to_owned())
+    } else {
         to_json_text(&options, "data.options")
             .map_err(|e| crate::event_log::LogError::NotJson { event_type: REQUEST_HEADER.into(), detail: e.describe() })
-    } else {
-        Ok(String::new())
     };
-    Ok(Requested::Request { options, canonical })
+    Ok(Requested::Request { options, canonical, instructions })
 }
 
 /// A model's complete reply (`Ok(None)`: not a reply).

@@ -100,8 +100,18 @@ impl Run {
             None => PyList::empty(py),
         };
         let (turn, step) = self.turn_step();
-        let request =
-            c.model_request.bind(py).call1((history, tools, options, turn, step, self.signal(py), entered, self.agent.bind(py)))?;
+        let instructions = self.core(py).get().shared.state().instructions.clone();
+        let request = c.model_request.bind(py).call1((
+            history,
+            tools,
+            options,
+            turn,
+            step,
+            self.signal(py),
+            entered,
+            self.agent.bind(py),
+            instructions,
+        ))?;
         let listeners = parts.before_request.bind(py);
         if listeners.is_empty() {
             // No listener: the request goes out as built.
@@ -176,7 +186,7 @@ impl Run {
 
     fn read_request(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<crate::agent_loop::Requested> {
         let core = self.core(py).get();
-        read::request(request, |canonical| core.shared.state().header_due(canonical))
+        read::request(request, |canonical, instructions| core.shared.state().header_due(canonical, instructions))
     }
 
     // ---- awaiting user code -------------------------------------------------------------------
