@@ -12,8 +12,8 @@ use super::event_log::PyEvent;
 use super::inbox::messages_to_tuple;
 use super::message::wrap;
 use crate::event_log::{Event, SPLICED};
+use crate::inbox::projection::{consumed_work, InboxProjection};
 use crate::inbox::Target;
-use crate::projection::{consumed_work, InboxProjection};
 
 /// An event from an `Event` or an envelope dict (`to_dict()` form).
 fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {
