@@ -15,7 +15,6 @@ mod inbox;
 mod message;
 #[cfg(feature = "postgres")]
 mod pg_store;
-mod projection;
 mod slots;
 mod store;
 mod waterfall;
@@ -60,7 +59,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     faults::register(m)?;
     exit::register(m)?;
     inbox::register(m)?;
-    projection::register(m)?;
+    inbox::projection::register(m)?;
     waterfall::register(m)?;
     agent_loop::register(m)?;
     Ok(())

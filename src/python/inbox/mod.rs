@@ -1,5 +1,7 @@
 //! `Inbox`: the two pending lists of a session, thread-safe.
 
+pub(super) mod projection;
+
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -6,11 +6,11 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use super::convert::to_value;
-use super::errors::{new_err, projection_err};
-use super::event_log::PyEvent;
-use super::inbox::messages_to_tuple;
-use super::message::wrap;
+use super::super::convert::to_value;
+use super::super::errors::{new_err, projection_err};
+use super::super::event_log::PyEvent;
+use super::super::message::wrap;
+use super::messages_to_tuple;
 use crate::event_log::{Event, SPLICED};
 use crate::inbox::projection::{consumed_work, InboxProjection};
 use crate::inbox::Target;
