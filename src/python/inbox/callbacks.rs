@@ -8,9 +8,9 @@ use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::super::errors::report_contained;
-use super::super::exit::attach_unless_exiting;
 use super::super::gc::Held;
 use super::super::message::wrap;
+use super::super::runtime::exit::attach_unless_exiting;
 use super::identity::Wrappers;
 use crate::inbox::InboxListener;
 use crate::message::Message;
