@@ -7,7 +7,8 @@
 //! * [`message`] — immutable message values (user, assistant, tool result) and their JSON; `ids`
 //!   mints their UUIDv7 ids; [`json`] holds compact and canonical JSON text.
 //! * [`event_log`] — the session log: events, the append path, observers, and the stores (memory,
-//!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature) with their recovery.
+//!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature, whose connection thread
+//!   and its reconnects are `event_log/postgres/worker/`) with their recovery.
 //! * [`inbox`] — the two lists of queued user input, a projection of the log's splices;
 //!   [`inbox::projection`] folds the same events for UIs and reconnects.
 //! * [`waterfall`] — the cursor of a waterfall dispatch (`next()` pulls the next listener).
@@ -16,8 +17,11 @@
 //!   codes, the tool plan, the derived history and the recovery folds.
 //! * [`blocking`] — how core waits release the host's lock (the GIL) while they block.
 //! * `python/` — the binding (the `python` feature), the only code that touches pyo3: one file
-//!   or folder per core module, and `python/agent_loop/`, whose driver turns the machine's
-//!   effects into awaits.
+//!   or folder per core module (`python/inbox/`: the `Inbox` class, its cache of the queued
+//!   Python objects, its callbacks and the projection's binding); `python/runtime/`, what every
+//!   class runs on (asyncio completions and their doorbell, interpreter exit, the GIL released
+//!   around core waits); and `python/agent_loop/`, whose driver turns the machine's effects
+//!   into awaits.
 //!
 //! The model in one screen:
 //!
