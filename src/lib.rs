@@ -7,17 +7,21 @@
 //! * [`message`] — immutable message values (user, assistant, tool result) and their JSON; `ids`
 //!   mints their UUIDv7 ids; [`json`] holds compact and canonical JSON text.
 //! * [`event_log`] — the session log: events, the append path, observers, and the stores (memory,
-//!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature) with their recovery.
+//!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature, whose connection thread
+//!   and its reconnects are `event_log/postgres/worker/`) with their recovery.
 //! * [`inbox`] — the two lists of queued user input, a projection of the log's splices;
-//!   [`projection`] folds the same events for UIs and reconnects.
+//!   [`inbox::projection`] folds the same events for UIs and reconnects.
 //! * [`waterfall`] — the cursor of a waterfall dispatch (`next()` pulls the next listener).
 //! * [`agent_loop`] — the agent loop as a sans-IO turn machine (`resume(input) -> effect`): the
 //!   turn and step rules, the one writer of every loop event (crash closers included), failure
 //!   codes, the tool plan, the derived history and the recovery folds.
 //! * [`blocking`] — how core waits release the host's lock (the GIL) while they block.
 //! * `python/` — the binding (the `python` feature), the only code that touches pyo3: one file
-//!   or folder per core module, and `python/agent_loop/`, whose driver turns the machine's
-//!   effects into awaits.
+//!   or folder per core module (`python/inbox/`: the `Inbox` class, its cache of the queued
+//!   Python objects, its callbacks and the projection's binding); `python/runtime/`, what every
+//!   class runs on (asyncio completions and their doorbell, interpreter exit, the GIL released
+//!   around core waits); and `python/agent_loop/`, whose driver turns the machine's effects
+//!   into awaits.
 //!
 //! The model in one screen:
 //!
@@ -28,7 +32,7 @@
 //! * An [`Inbox`](inbox::Inbox) is a projection of the log's `agent/inbox/spliced` events: two
 //!   lists (`next-turn`, `next-step`) of user messages. Every mutation appends one normalised
 //!   splice before the lists change, so replaying the log rebuilds the inbox exactly.
-//! * [`projection`] holds pure folds over the same events, for UIs and reconnects.
+//! * [`inbox::projection`] holds pure folds over the same events, for UIs and reconnects.
 //! * The [`agent_loop`]'s [`Machine`](agent_loop::Machine) runs turns over a log and its inbox:
 //!   it claims input, asks for one pre-step decision, calls the model, plans tools and writes
 //!   every event of the turn; its host awaits what each effect asks for.
@@ -43,13 +47,12 @@ mod ids;
 pub mod inbox;
 pub mod json;
 pub mod message;
-pub mod projection;
 pub mod waterfall;
 
 #[cfg(feature = "python")]
 mod python;
 
 pub use event_log::{Event, FileStore, LogError, MemoryStore, SessionLog, Store};
+pub use inbox::projection::{consumed_work, ConsumedWork, InboxProjection};
 pub use inbox::{Inbox, InboxError, ProjectionError, Target};
 pub use message::{Message, MessageError, MessageKind};
-pub use projection::{consumed_work, ConsumedWork, InboxProjection};

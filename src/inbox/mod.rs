@@ -7,6 +7,7 @@
 //! The log's publish token is held from validation to application, so mutations from several
 //! threads serialise and an observer that mutates the inbox is refused as reentrant.
 
+pub mod projection;
 mod splice;
 
 use std::cell::RefCell;

@@ -10,11 +10,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::aio::Completion;
 use super::convert::{json_to_py, map_to_py, to_json_text, to_json_text_with_messages};
 use super::errors::{log_err, not_json, report_contained};
-use super::exit::attach_unless_exiting;
 use super::gc::Held;
+use super::runtime::aio::Completion;
+use super::runtime::exit::attach_unless_exiting;
 use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilter, WeakSessionLog, SPLICED};
 
 /// One committed log entry. Immutable; `data` is decoded on first access and cached.

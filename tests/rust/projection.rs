@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use kerman::event_log::Event;
+use kerman::inbox::projection::{consumed_work, InboxProjection};
 use kerman::inbox::Target;
-use kerman::projection::{consumed_work, InboxProjection};
 
 fn events(lines: &[&str]) -> Vec<Event> {
     lines

@@ -17,8 +17,6 @@
 mod backend;
 mod follow;
 mod listen;
-mod reconnect;
-mod recover;
 mod schema;
 mod sql;
 mod store;

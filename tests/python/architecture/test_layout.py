@@ -2,7 +2,9 @@
 pyo3-free core (``src/agent_loop/``), the binding imports Python only for values (classes,
 sentinels) and reads no private attribute of a Python object, and the machine has Rust tests of
 its own. A change that moves a loop rule back into the binding, or reaches into ``AgentLoop``'s
-privates from native code, fails here."""
+privates from native code, fails here. So does a component that leaves its folder (the inbox with
+its projection, the PostgreSQL runtime thread with its reconnects, the binding's inbox and
+runtime, each mirroring what it wraps) or an old file left behind."""
 
 import re
 from pathlib import Path
@@ -14,6 +16,28 @@ BINDING = ROOT / "src" / "python"
 # The kerman modules the binding may import, for classes only (payloads, decisions, Signal,
 # exceptions, the native module's own classes).
 VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core"}
+
+# Each component's folder and the files it holds.
+FOLDERS = {
+    "src/inbox": ("mod.rs", "splice.rs", "projection.rs"),
+    "src/event_log/postgres/worker": ("mod.rs", "reconnect.rs", "recover.rs"),
+    "src/python/inbox": ("mod.rs", "identity.rs", "callbacks.rs", "projection.rs"),
+    "src/python/runtime": ("mod.rs", "aio.rs", "doorbell.rs", "exit.rs", "gil.rs"),
+    "src/python/agent_loop": ("mod.rs",),
+}
+
+# The files those folders replaced.
+GONE = (
+    "src/projection.rs",
+    "src/event_log/postgres/worker.rs",
+    "src/event_log/postgres/reconnect.rs",
+    "src/event_log/postgres/recover.rs",
+    "src/python/inbox.rs",
+    "src/python/projection.rs",
+    "src/python/aio.rs",
+    "src/python/doorbell.rs",
+    "src/python/exit.rs",
+)
 
 
 def _rust(folder: Path):
@@ -53,3 +77,17 @@ def test_the_machine_has_rust_tests_of_its_own():
     text = (ROOT / "tests" / "rust" / "agent_loop.rs").read_text()
     assert text.count("#[test]") >= 40
     assert "mod agent_loop;" in (ROOT / "tests" / "rust" / "main.rs").read_text()
+
+
+def test_each_component_has_its_folder():
+    missing = [f"{folder}/{name}" for folder, names in FOLDERS.items() for name in names if not (ROOT / folder / name).is_file()]
+    assert missing == []
+
+
+def test_the_files_the_folders_replaced_are_gone():
+    assert [path for path in GONE if (ROOT / path).exists()] == []
+
+
+def test_the_gil_release_hook_lives_in_the_runtime():
+    assert "fn release_gil_while" in (BINDING / "runtime" / "gil.rs").read_text()
+    assert "fn release_gil_while" not in (BINDING / "mod.rs").read_text()

@@ -1,4 +1,4 @@
-"""A process that exits with flushes in flight exits (src/python/exit.rs).
+"""A process that exits with flushes in flight exits (src/python/runtime/exit.rs).
 
 Logs still open at exit are dropped while the interpreter finalizes, which joins their writer
 threads; a writer delivering a flush completion then could not attach to the finalizing

@@ -7,8 +7,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
+use super::super::errors::log_err;
 use super::doorbell::Doorbell;
-use super::errors::log_err;
 use super::exit::attach_unless_exiting;
 use crate::event_log::LogError;
 

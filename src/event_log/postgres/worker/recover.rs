@@ -1,9 +1,9 @@
 //! Settling a request whose connection dropped under it: its effect may or may not have been
 //! committed, so it is never simply repeated when repeating could apply it twice.
 
-use super::sql;
-use super::worker::{stopped, Conn, Request, Response, Worker};
-use super::{Lease, Row};
+use super::super::sql;
+use super::super::{Lease, Row};
+use super::{stopped, Conn, Request, Response, Worker};
 use crate::event_log::LogError;
 
 impl Worker {

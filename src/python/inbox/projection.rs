@@ -6,14 +6,14 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use super::convert::to_value;
-use super::errors::{new_err, projection_err};
-use super::event_log::PyEvent;
-use super::inbox::messages_to_tuple;
-use super::message::wrap;
+use super::super::convert::to_value;
+use super::super::errors::{new_err, projection_err};
+use super::super::event_log::PyEvent;
+use super::super::message::wrap;
+use super::messages_to_tuple;
 use crate::event_log::{Event, SPLICED};
+use crate::inbox::projection::{consumed_work, InboxProjection};
 use crate::inbox::Target;
-use crate::projection::{consumed_work, InboxProjection};
 
 /// An event from an `Event` or an envelope dict (`to_dict()` form).
 fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {

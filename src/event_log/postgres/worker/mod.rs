@@ -5,7 +5,10 @@
 //! The request it interrupted is retried when that is safe (reads, conditional writes), and an
 //! append whose outcome is unknown is settled by reading the session back, never re-sent
 //! blindly. How: `reconnect.rs` (backoff, telling a dropped connection from a statement's own
-//! error) and `recover.rs` (settling the interrupted request).
+//! error) and `recover.rs` (settling the interrupted request), this module's children.
+
+mod reconnect;
+mod recover;
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -168,7 +171,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         })
         .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
     let worker = Worker {
-        host: super::reconnect::host_of(&config),
+        host: reconnect::host_of(&config),
         config,
         owner: owner.clone(),
         ttl_ms: options.lease_ttl_ms as f64,
@@ -472,7 +475,7 @@ fn no_reply(request: &Request, host: &str, limit: Duration, times: u32) -> LogEr
     let what = format!("no reply from {host} within {:.1} s, {times} times", limit.as_secs_f64());
     match request {
         Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
-            super::recover::unknown_outcome(&lease.session_id, rows, &what)
+            recover::unknown_outcome(&lease.session_id, rows, &what)
         }
         _ => LogError::Database { context: format!("postgres request to {host}"), detail: what },
     }

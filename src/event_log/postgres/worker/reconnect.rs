@@ -7,9 +7,9 @@ use tokio::time::Instant;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Config, NoTls};
 
-use super::db_err;
-use super::sql::{self, Prepared};
-use super::worker::{within, Conn, Worker};
+use super::super::db_err;
+use super::super::sql::{self, Prepared};
+use super::{within, Conn, Worker};
 use crate::event_log::LogError;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -80,7 +80,7 @@ impl Worker {
             other => other.to_string(),
         };
         let (client, connection) = self.config.connect(NoTls).await.map_err(|e| detail(db_err("")(e)))?;
-        let task = super::worker::drive(connection);
+        let task = super::drive(connection);
         let prepared = Prepared::new(&client).await.map_err(detail)?;
         Ok(Conn::new(client, prepared, task))
     }

@@ -1,22 +1,26 @@
-//! `Inbox`: the two pending lists of a session, thread-safe.
+//! `Inbox`: the two pending lists of a session, thread-safe. The cache of the queued Python
+//! objects is `identity.rs`, the notification callbacks `callbacks.rs`; `projection.rs` binds
+//! `InboxProjection`.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+mod callbacks;
+mod identity;
+pub(super) mod projection;
+
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::errors::{inbox_err, report_contained};
+use super::errors::inbox_err;
 use super::event_log::PySessionLog;
-use super::exit::attach_unless_exiting;
 use super::gc::Held;
-use super::message::{user_message_arg, wrap, PyMessage};
+use super::message::{user_message_arg, wrap};
 use crate::inbox::{Inbox, InboxError, InboxListener, Target};
 use crate::message::Message;
+use callbacks::{callable, Callbacks, Listener};
+use identity::Wrappers;
 
 /// `"next-turn"` or `"next-step"`; anything else is a `ValueError` naming it.
 pub fn target_arg(obj: &Bound<'_, PyAny>) -> PyResult<Target> {
@@ -40,205 +44,6 @@ fn coord_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     }
 }
 
-/// Hashes a message's address (the only thing written) with murmur3's 64-bit finaliser.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.0 ^= i as u64;
-    }
-
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-type ByAddress = HashMap<usize, Py<PyAny>, BuildHasherDefault<AddressHasher>>;
-
-fn address(message: &Arc<Message>) -> usize {
-    Arc::as_ptr(message) as usize
-}
-
-/// The Python object of each pending message, so `claim`, `get` and the list getters return
-/// the objects that were queued instead of fresh wrappers. Keyed by the address of the core
-/// message; the entry's object is a (frozen) `Message` wrapping that very message, so it keeps
-/// the message alive and an address names one message while cached. A miss just wraps anew. The lock is never held while Python code can run: wrappers are made
-/// and released outside it.
-#[derive(Default)]
-struct Wrappers {
-    map: Mutex<ByAddress>,
-}
-
-/// The largest batch [`Wrappers::taken`] matches against a whole map by linear search.
-const WHOLE_MAP_MAX: usize = 32;
-
-/// Entries past which a `remember` checks for stale ones (messages that left the lists by a
-/// path that did not `take` them).
-const PRUNE_FLOOR: usize = 64;
-
-impl Wrappers {
-    fn lock(&self) -> MutexGuard<'_, ByAddress> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The cached object of `message`.
-    fn lookup<'py>(&self, py: Python<'py>, message: &Arc<Message>) -> Option<Bound<'py, PyAny>> {
-        self.lock().get(&address(message)).map(|obj| obj.bind(py).clone())
-    }
-
-    /// Records `obj` as the Python object of the pending `message`.
-    fn remember(&self, inbox: &Inbox, message: &Arc<Message>, obj: &Bound<'_, PyAny>) {
-        drop(self.precache(message, obj));
-        self.prune_if_large(inbox);
-    }
-
-    /// Caches `obj` for `message` before it is inserted: another thread may claim it as soon
-    /// as it is pending (while `on_inserted` runs, say), and must get this object back.
-    /// Returns the entry it displaced, for [`restore`](Self::restore) if the insertion fails.
-    fn precache(&self, message: &Arc<Message>, obj: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
-        debug_assert!(obj.cast::<PyMessage>().is_ok_and(|o| Arc::ptr_eq(&o.get().inner, message)));
-        self.lock().insert(address(message), obj.clone().unbind())
-    }
-
-    /// Undoes a [`precache`](Self::precache) whose insertion failed.
-    fn restore(&self, message: &Arc<Message>, previous: Option<Py<PyAny>>) {
-        let displaced = {
-            let mut map = self.lock();
-            match previous {
-                Some(entry) => map.insert(address(message), entry),
-                None => map.remove(&address(message)),
-            }
-        };
-        drop(displaced);
-    }
-
-    fn prune_if_large(&self, inbox: &Inbox) {
-        let len = self.lock().len();
-        if len > PRUNE_FLOOR && len > 2 * inbox.len() {
-            self.prune(inbox);
-        }
-    }
-
-    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        let Ok(map) = self.map.try_lock() else { return Ok(()) };
-        for obj in map.values() {
-            visit.call(obj)?;
-        }
-        Ok(())
-    }
-
-    /// Forgets every cached object (a miss just wraps anew).
-    fn clear(&self) {
-        let all = std::mem::take(&mut *self.lock());
-        drop(all);
-    }
-
-    /// Drops entries whose message is no longer pending.
-    fn prune(&self, inbox: &Inbox) {
-        let lists = inbox.snapshot();
-        let pending: HashSet<usize> = lists.next_turn().iter().chain(lists.next_step()).map(address).collect();
-        let mut stale = Vec::new();
-        {
-            let mut map = self.lock();
-            let gone: Vec<usize> = map.keys().filter(|k| !pending.contains(k)).copied().collect();
-            for k in gone {
-                stale.extend(map.remove(&k));
-            }
-        }
-        drop(stale);
-    }
-
-    /// The object of a pending message: the cached one, or a new wrapper that is then cached.
-    fn pending<'py>(&self, py: Python<'py>, inbox: &Inbox, message: &Arc<Message>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(obj) = self.lookup(py, message) {
-            return Ok(obj);
-        }
-        let obj = wrap(py, Arc::clone(message))?;
-        self.remember(inbox, message, &obj);
-        Ok(obj)
-    }
-
-    /// Forgets a message that left the lists.
-    fn forget(&self, message: &Arc<Message>) {
-        let old = self.lock().remove(&address(message));
-        drop(old);
-    }
-
-    /// The objects of messages that have left the lists (cached ones are forgotten), under
-    /// one lock, as a new list. The cached objects go straight into the list's slots: no
-    /// intermediate vectors (a claim hands back its whole batch this way).
-    fn taken<'py>(&self, py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyList>> {
-        let len = messages.len();
-        // SAFETY: `PyList_New` returns a new reference (or null with an exception set) to a
-        // list of `len` null slots. No Python code runs until every slot holds an object (a
-        // cached one, or `None` until its wrapper is made), so no Python code can see a null
-        // slot (through `gc.get_objects()`, say); freeing the list if a wrap fails is safe.
-        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?.cast_into_unchecked::<PyList>() };
-        // SAFETY: every caller passes `i < len` and an empty slot (addresses in `messages` are
-        // distinct, so each slot is offered one object), and the reference is handed to it.
-        let put = |i: usize, obj: Py<PyAny>| unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
-        let mut filled = 0;
-        {
-            let mut map = self.lock();
-            if len <= WHOLE_MAP_MAX && map.len() == len {
-                // Most likely the batch is everything cached (a claim that empties the inbox):
-                // emptying the map in one pass and placing each object by a linear search of
-                // the batch costs less than one hash-table removal per message.
-                let mut strays = Vec::new();
-                for (key, obj) in map.drain() {
-                    match messages.iter().position(|m| address(m) == key) {
-                        Some(i) => {
-                            put(i, obj);
-                            filled += 1;
-                        }
-                        None => strays.push((key, obj)),
-                    }
-                }
-                map.extend(strays);
-            } else {
-                for (i, m) in messages.iter().enumerate() {
-                    if let Some(obj) = map.remove(&address(m)) {
-                        put(i, obj);
-                        filled += 1;
-                    }
-                }
-            }
-        }
-        if filled < len {
-            // Wrapped outside the lock, and only once no slot is null: making an object can
-            // run Python code.
-            let mut empty = Vec::with_capacity(len - filled);
-            for i in 0..len {
-                // SAFETY: `i < len`, the length of `list`; the item is only compared with null.
-                if unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) }.is_null() {
-                    put(i, py.None());
-                    empty.push(i);
-                }
-            }
-            for i in empty {
-                list.set_item(i, wrap(py, Arc::clone(&messages[i]))?)?;
-            }
-        }
-        Ok(list)
-    }
-
-    fn tuple<'py>(&self, py: Python<'py>, inbox: &Inbox, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, messages.iter().map(|m| self.pending(py, inbox, m)).collect::<PyResult<Vec<_>>>()?)
-    }
-}
-
 pub fn messages_to_tuple<'py>(py: Python<'py>, messages: &[Arc<Message>]) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(py, messages.iter().map(|m| wrap(py, Arc::clone(m))).collect::<PyResult<Vec<_>>>()?)
 }
@@ -251,103 +56,6 @@ fn returned<'py>(given: &Bound<'py, PyAny>, stored: &Arc<Message>) -> PyResult<B
     wrap(given.py(), Arc::clone(stored))
 }
 
-/// Calls the Python notification callbacks; their failures are logged, never raised. The
-/// callbacks are [`Held`] so the inbox that owns them can show them to the collector and drop
-/// them in `__clear__` (the core keeps this listener as an opaque box).
-struct Callbacks {
-    on_inserted: Option<Held>,
-    on_discarded: Option<Held>,
-    on_claimed: Option<Held>,
-    /// Private to the AgentLoop: `on_remote(wake)` after messages another process enqueued
-    /// (`PostgresStore.enqueue`) were inserted, on the store's reply thread.
-    on_remote: Option<Held>,
-    /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
-    /// to be called (the loop's live listeners of that event), so an inbox with nobody
-    /// listening makes no Python call per message.
-    gates: Option<[Held<PyList>; 3]>,
-    wrappers: Arc<Wrappers>,
-}
-
-impl Callbacks {
-    fn held(&self) -> impl Iterator<Item = &Held> {
-        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote].into_iter().flatten()
-    }
-
-    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for held in self.held() {
-            held.visit(visit)?;
-        }
-        for gate in self.gates.iter().flatten() {
-            gate.visit(visit)?;
-        }
-        Ok(())
-    }
-
-    /// Drops every callback and gate (a cleared gate stays closed).
-    fn clear(&self) {
-        let callbacks: Vec<_> = self.held().filter_map(Held::take).collect();
-        let gates: Vec<_> = self.gates.iter().flatten().filter_map(Held::take).collect();
-        drop((callbacks, gates));
-    }
-
-    fn open(&self, py: Python<'_>, which: usize) -> bool {
-        match &self.gates {
-            None => true,
-            Some(gates) => gates[which].get(py).is_some_and(|gate| !gate.bind(py).is_empty()),
-        }
-    }
-
-    /// Calls `callback` with the message's object (and `turn`) if it is set and its gate is
-    /// open, with one attach for both.
-    fn call(&self, which: usize, callback: &Option<Held>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
-        let Some(callback) = callback else { return };
-        attach_unless_exiting(|py| {
-            if !self.open(py, which) {
-                return;
-            }
-            let Some(callback) = callback.get(py) else { return };
-            let obj = match self.wrappers.lookup(py, message) {
-                Some(obj) => Ok(obj),
-                None => wrap(py, Arc::clone(message)),
-            };
-            let result = obj.and_then(|m| match turn {
-                Some(turn) => callback.call1(py, (m, turn)),
-                None => callback.call1(py, (m,)),
-            });
-            if let Err(err) = result {
-                report_contained(py, what, err);
-            }
-        });
-    }
-}
-
-/// The core holds the listener; the Python inbox holds it too, to visit and clear it.
-struct Listener(Arc<Callbacks>);
-
-impl InboxListener for Listener {
-    fn inserted(&self, message: &Arc<Message>) {
-        self.0.call(0, &self.0.on_inserted, "inbox on_inserted callback", message, None);
-    }
-
-    fn discarded(&self, message: &Arc<Message>) {
-        self.0.call(1, &self.0.on_discarded, "inbox on_discarded callback", message, None);
-    }
-
-    fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        self.0.call(2, &self.0.on_claimed, "inbox on_claimed callback", message, Some(turn));
-    }
-
-    fn arrived(&self, wake: bool) {
-        let Some(callback) = &self.0.on_remote else { return };
-        attach_unless_exiting(|py| {
-            let Some(callback) = callback.get(py) else { return };
-            if let Err(err) = callback.call1(py, (wake,)) {
-                report_contained(py, "inbox on_remote callback", err);
-            }
-        });
-    }
-}
-
 /// Queued user input: `next_turn` prompts and `next_step` steering/context, a projection of
 /// the log's `agent/inbox/spliced` events. Every mutation logs one splice before the lists
 /// change. Thread-safe.
@@ -357,16 +65,6 @@ pub struct PyInbox {
     log: Py<PySessionLog>,
     wrappers: Arc<Wrappers>,
     callbacks: Option<Arc<Callbacks>>,
-}
-
-fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {
-    match obj {
-        Some(o) if o.is_none(py) => Ok(None),
-        Some(o) if !o.bind(py).is_callable() => {
-            Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?)))
-        }
-        other => Ok(other.map(Held::new)),
-    }
 }
 
 impl PyInbox {

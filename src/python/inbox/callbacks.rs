@@ -1,0 +1,123 @@
+//! The `Inbox`'s notification callbacks and the listener through which the core calls them.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::super::errors::report_contained;
+use super::super::gc::Held;
+use super::super::message::wrap;
+use super::super::runtime::exit::attach_unless_exiting;
+use super::identity::Wrappers;
+use crate::inbox::InboxListener;
+use crate::message::Message;
+
+/// Calls the Python notification callbacks; their failures are logged, never raised. The
+/// callbacks are [`Held`] so the inbox that owns them can show them to the collector and drop
+/// them in `__clear__` (the core keeps this listener as an opaque box).
+pub(super) struct Callbacks {
+    pub(super) on_inserted: Option<Held>,
+    pub(super) on_discarded: Option<Held>,
+    pub(super) on_claimed: Option<Held>,
+    /// Private to the AgentLoop: `on_remote(wake)` after messages another process enqueued
+    /// (`PostgresStore.enqueue`) were inserted, on the store's reply thread.
+    pub(super) on_remote: Option<Held>,
+    /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
+    /// to be called (the loop's live listeners of that event), so an inbox with nobody
+    /// listening makes no Python call per message.
+    pub(super) gates: Option<[Held<PyList>; 3]>,
+    pub(super) wrappers: Arc<Wrappers>,
+}
+
+impl Callbacks {
+    pub(super) fn held(&self) -> impl Iterator<Item = &Held> {
+        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote].into_iter().flatten()
+    }
+
+    pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for held in self.held() {
+            held.visit(visit)?;
+        }
+        for gate in self.gates.iter().flatten() {
+            gate.visit(visit)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every callback and gate (a cleared gate stays closed).
+    pub(super) fn clear(&self) {
+        let callbacks: Vec<_> = self.held().filter_map(Held::take).collect();
+        let gates: Vec<_> = self.gates.iter().flatten().filter_map(Held::take).collect();
+        drop((callbacks, gates));
+    }
+
+    fn open(&self, py: Python<'_>, which: usize) -> bool {
+        match &self.gates {
+            None => true,
+            Some(gates) => gates[which].get(py).is_some_and(|gate| !gate.bind(py).is_empty()),
+        }
+    }
+
+    /// Calls `callback` with the message's object (and `turn`) if it is set and its gate is
+    /// open, with one attach for both.
+    fn call(&self, which: usize, callback: &Option<Held>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
+        let Some(callback) = callback else { return };
+        attach_unless_exiting(|py| {
+            if !self.open(py, which) {
+                return;
+            }
+            let Some(callback) = callback.get(py) else { return };
+            let obj = match self.wrappers.lookup(py, message) {
+                Some(obj) => Ok(obj),
+                None => wrap(py, Arc::clone(message)),
+            };
+            let result = obj.and_then(|m| match turn {
+                Some(turn) => callback.call1(py, (m, turn)),
+                None => callback.call1(py, (m,)),
+            });
+            if let Err(err) = result {
+                report_contained(py, what, err);
+            }
+        });
+    }
+}
+
+/// The core holds the listener; the Python inbox holds it too, to visit and clear it.
+pub(super) struct Listener(pub(super) Arc<Callbacks>);
+
+impl InboxListener for Listener {
+    fn inserted(&self, message: &Arc<Message>) {
+        self.0.call(0, &self.0.on_inserted, "inbox on_inserted callback", message, None);
+    }
+
+    fn discarded(&self, message: &Arc<Message>) {
+        self.0.call(1, &self.0.on_discarded, "inbox on_discarded callback", message, None);
+    }
+
+    fn claimed(&self, message: &Arc<Message>, turn: u64) {
+        self.0.call(2, &self.0.on_claimed, "inbox on_claimed callback", message, Some(turn));
+    }
+
+    fn arrived(&self, wake: bool) {
+        let Some(callback) = &self.0.on_remote else { return };
+        attach_unless_exiting(|py| {
+            let Some(callback) = callback.get(py) else { return };
+            if let Err(err) = callback.call1(py, (wake,)) {
+                report_contained(py, "inbox on_remote callback", err);
+            }
+        });
+    }
+}
+
+pub(super) fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {
+    match obj {
+        Some(o) if o.is_none(py) => Ok(None),
+        Some(o) if !o.bind(py).is_callable() => {
+            Err(PyTypeError::new_err(format!("{name} must be callable, got {}", o.bind(py).get_type().name()?)))
+        }
+        other => Ok(other.map(Held::new)),
+    }
+}
