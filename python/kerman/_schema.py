@@ -15,8 +15,10 @@ positional parameter (see :func:`typed_tool`) and is called as it always was.
 
 ``check_parameters`` refuses a ``parameters`` that is not a JSON Schema a tool can have: a
 structural check of the JSON Schema vocabulary (2020-12, with the older drafts' forms), done
-here without a dependency, plus three rules for a tool (an object schema at the top, ``required``
-naming declared properties, ``$ref`` pointing inside the schema).
+here without a dependency (so a schema is accepted or refused alike on every install), plus
+three rules for a tool (an object schema at the top, ``required`` naming declared properties,
+``$ref`` pointing inside the schema); for a typed tool, the schema must also describe the
+function's arguments.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NoReturn, Opti
 
 from .types import ToolContext, ToolResult
 
-__all__ = ["Typed", "typed_tool", "check_parameters"]
+__all__ = ["Typed", "typed_tool", "check_parameters", "schema_problem", "parse_docstring", "Docstring"]
 
 _EMPTY: Any = inspect.Parameter.empty
 _P = inspect.Parameter

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from typing import Annotated, Any, Dict, List, Literal, Mapping, NewType, Optional, Tuple, TypedDict, Union
+from typing import Annotated, Any, Dict, List, Literal, Mapping, NewType, Optional, Sequence, Tuple, TypedDict, Union
 
 import pytest
 from tools_helpers import parameters_of, spec_of
@@ -180,7 +180,8 @@ def test_literals_and_enums_are_enums_typed_when_their_values_share_a_type() -> 
 
 def test_lists_tuples_and_dicts() -> None:
     def t(a: list[str], b: List[int], c: list, d: tuple[int, str], e: Tuple[float, ...], f: tuple,
-          g: dict[str, int], h: Dict[str, List[bool]], i: dict, j: Mapping[str, float], k: list[list[int]]) -> str:
+          g: dict[str, int], h: Dict[str, List[bool]], i: dict, j: Mapping[str, float], k: list[list[int]],
+          m: Sequence[str]) -> str:
         return ""
 
     assert parameters_of(t) == obj({
@@ -195,7 +196,8 @@ def test_lists_tuples_and_dicts() -> None:
         "i": {"type": "object"},
         "j": {"type": "object", "additionalProperties": NUMBER},
         "k": {"type": "array", "items": {"type": "array", "items": INTEGER}},
-    }, list("abcdefghijk"))
+        "m": {"type": "array", "items": STRING},
+    }, list("abcdefghijkm"))
 
 
 def test_a_dataclass_is_a_closed_object_with_its_docstring_and_defaults() -> None:
