@@ -271,14 +271,19 @@ class AgentLoop:
     def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
              parameters: Optional[Dict[str, Any]] = None, parallel: bool = True) -> Any:
         """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
-        ``loop.tool(Tool(...))``. Returns what it was given."""
+        ``loop.tool(Tool(...))``. Returns what it was given. A typed function
+        (``async def search(query: str, limit: int = 10, *, ctx)``) gets its schema from its
+        signature and its description from its docstring's first paragraph; a function of the
+        ``(args, ctx)`` form gets the whole docstring (see :class:`Tool`)."""
         if isinstance(fn, Tool):
             self._add_tool(fn)
             return fn
         if fn is None:
             return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel)
-        doc = (fn.__doc__ or "").strip()
-        self._add_tool(Tool(name or fn.__name__, fn, description if description is not None else doc, parameters, parallel))
+        tool = Tool(name or fn.__name__, fn, description, parameters, parallel)
+        if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
+            tool.description = (fn.__doc__ or "").strip()
+        self._add_tool(tool)
         return fn
 
     def _add_tool(self, tool: Tool) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Annotated, Any, Literal
 
 import kerman
+from kerman.models import ScriptedModel
 
 
 async def main() -> list[str]:
@@ -22,7 +25,8 @@ async def main() -> list[str]:
     work = kerman.consumed_work(log.events())
     log.close()
     failed = await failing_turn()
-    return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed]
+    typed = await typed_tools()
+    return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed] + typed
 
 
 async def failing_turn() -> str:
@@ -35,6 +39,40 @@ async def failing_turn() -> str:
         error = loop.last_error
         assert error is not None
         return f"{type(error.exception).__name__}: {error.error['message']}"
+
+
+@dataclasses.dataclass
+class Filters:
+    tags: list[str]
+    year: int | None = None
+
+
+async def typed_tools() -> list[str]:
+    calls = [{"type": "tool-call", "id": "c1", "name": "search", "arguments": '{"query": "q", "filters": {"tags": ["a"]}}'},
+             {"type": "tool-call", "id": "c2", "name": "search", "arguments": '{"query": 1}'},
+             {"type": "tool-call", "id": "c3", "name": "legacy", "arguments": '{"any": "thing"}'}]
+    loop = kerman.AgentLoop(ScriptedModel([kerman.ModelReply(calls), "done"]))
+
+    @loop.tool
+    async def search(query: Annotated[str, "What to look for."], limit: int = 10, filters: Filters | None = None,
+                     mode: Literal["fast", "exact"] = "fast", *, ctx: kerman.ToolContext) -> str:
+        """Searches the index."""
+        return f"{query} {limit} {filters} {mode} {ctx.call_id}"
+
+    def legacy(args: dict[str, Any], ctx: kerman.ToolContext) -> kerman.ToolResult:
+        return kerman.ToolResult(str(sorted(args)))
+
+    tool: kerman.Tool = loop.tool(kerman.Tool("legacy", legacy, description=None, parameters=None))
+    assert loop.tools["search"].typed and not tool.typed
+    spec = loop.tools["search"].spec()
+    assert spec["description"] == "Searches the index." and spec["parameters"]["required"] == ["query"]
+    async with loop:
+        loop.followup("go")
+        await loop.when_idle()
+    texts = [e.data["message"]["content"][0]["content"][0]["text"] for e in loop.log.events(types="tool/result")]
+    assert texts == ["q 10 Filters(tags=['a'], year=None) fast c1", "invalid tool arguments: query: expected a string, got 1",
+                     "['any']"], texts
+    return texts[:1]
 
 
 if __name__ == "__main__":
