@@ -1,0 +1,36 @@
+"""Real model adapters: one class per wire protocol, each over the vendor's official SDK.
+
+``AgentLoop(OpenAIChat("gpt-4.1"))`` just works. The SDKs are optional extras
+(``pip install 'kerman[openai]'``, ``kerman[anthropic]``, ``kerman[gemini]``), imported when a
+provider is constructed, never by ``import kerman`` or ``import kerman.providers``.
+docs/providers.md has the guide.
+"""
+
+from __future__ import annotations
+
+from ..errors import (
+    AuthenticationError,
+    ContextLengthError,
+    InvalidRequestError,
+    ModelConnectionError,
+    ModelTimeoutError,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+)
+from ._base import Provider, usage_chunk
+from .openai_chat import OpenAIChat
+
+__all__ = [
+    "Provider",
+    "OpenAIChat",
+    "usage_chunk",
+    "RateLimitError",
+    "ServerError",
+    "OverloadedError",
+    "ModelTimeoutError",
+    "ModelConnectionError",
+    "ContextLengthError",
+    "AuthenticationError",
+    "InvalidRequestError",
+]
