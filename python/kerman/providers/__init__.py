@@ -19,11 +19,23 @@ from ..errors import (
     ServerError,
 )
 from ._base import Provider, usage_chunk
+from .anthropic import Anthropic
+from .gemini import Gemini
 from .openai_chat import OpenAIChat
+from .openai_responses import OpenAIResponses
+from .retry import FALLBACK_ON, RETRY_ON, Fallback, retry_policy, should_retry
 
 __all__ = [
-    "Provider",
     "OpenAIChat",
+    "OpenAIResponses",
+    "Anthropic",
+    "Gemini",
+    "Fallback",
+    "retry_policy",
+    "should_retry",
+    "RETRY_ON",
+    "FALLBACK_ON",
+    "Provider",
     "usage_chunk",
     "RateLimitError",
     "ServerError",

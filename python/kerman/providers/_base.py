@@ -242,7 +242,7 @@ def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str],
     kind, message = error_fields(body)
     if not message:
         message = getattr(exc, "message", None) or str(exc)
-    return classify(provider, status=status if isinstance(status, int) else None, kind=kind, message=message,
+    return classify(provider, status=status if isinstance(status, int) and status >= 400 else None, kind=kind, message=message,
                     retry_after=retry_after_ms(headers), request_id=getattr(exc, "request_id", None),
                     timeout="APITimeoutError" in names,
                     connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
@@ -322,7 +322,7 @@ class _LogIndex:
 class Provider:
     """Base of every provider: a Kerman model (``model(request)``) over one wire protocol.
 
-    Subclasses implement ``_convert(message, blocks)`` (one history message to its wire form,
+    Subclasses implement ``_convert(message, blocks, request)`` (one history message to its wire form,
     cached per message), ``_build(request)`` (the SDK call's keyword arguments) and
     ``_stream(request, kwargs)`` / ``_complete(request, kwargs)``.
 
@@ -406,7 +406,7 @@ class Provider:
         entry = self._old.pop(key, None)
         if entry is None or (entry[0] is not m and entry[0] != m):
             blocks = self._native(m, request) if type(m) is AssistantMessage else None
-            entry = (m, self._convert(m, blocks))
+            entry = (m, self._convert(m, blocks, request))
         young = self._young
         young[key] = entry
         if len(young) > self._limit:
@@ -415,7 +415,7 @@ class Provider:
             self._young[key] = entry
         return entry
 
-    def _convert(self, message: Any, blocks: Optional[Blocks]) -> Any:
+    def _convert(self, message: Any, blocks: Optional[Blocks], request: Any) -> Any:
         """One message's wire form; ``blocks`` are an assistant message's annotated blocks when
         a stream left opaque state for it (else ``message.content`` is used)."""
         raise NotImplementedError

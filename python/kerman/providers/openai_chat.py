@@ -105,7 +105,7 @@ class OpenAIChat(Provider):
 
     # -- request --
 
-    def _convert(self, m: Any, blocks: Optional[Blocks]) -> Dict[str, Any]:
+    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any = None) -> Dict[str, Any]:
         kind = type(m)
         if kind is ToolResultMessage:
             inner = m.content[0] if m.content else {}

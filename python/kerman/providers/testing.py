@@ -22,7 +22,7 @@ providers) can be tested offline against the real SDKs.
 
 Protocols: ``"openai-chat"`` (``/v1/chat/completions``), ``"openai-responses"``
 (``/v1/responses``), ``"anthropic"`` (``/v1/messages``), ``"gemini"``
-(``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``). With
+(``/v1/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``, ``/v1beta`` too). With
 ``api_key=`` set, a request with another key gets the vendor's 401, whose body quotes the key
 it was sent (as some servers do), so tests can check that errors never show it. Only the
 standard library is used; the server runs in a daemon thread on 127.0.0.1.
@@ -540,7 +540,8 @@ PATHS = {
     "openai-chat": lambda p: p == "/v1/chat/completions",
     "openai-responses": lambda p: p == "/v1/responses",
     "anthropic": lambda p: p == "/v1/messages",
-    "gemini": lambda p: p.startswith("/v1beta/models/") and (p.endswith(":generateContent") or p.endswith(":streamGenerateContent")),
+    "gemini": lambda p: p.startswith(("/v1beta/models/", "/v1/models/"))
+    and (p.endswith(":generateContent") or p.endswith(":streamGenerateContent")),
 }
 
 
