@@ -146,7 +146,7 @@ CONTEXT_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
-RETRY_INFO = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)s\s*$")
+BAD_KEY = re.compile(r"api[ _-]?key[^.]{0,40}(not valid|invalid)|API_KEY_INVALID|(invalid|incorrect) api[ _-]?key", re.IGNORECASE)
 
 
 def retry_after_ms(headers: Any, now: Optional[float] = None) -> Optional[int]:
@@ -208,6 +208,8 @@ def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None
                                              "unauthenticated", "permission_denied"):
         cls = errors.AuthenticationError
         code = "PERMISSION_DENIED" if status == 403 or "permission" in kind_l else "AUTHENTICATION_FAILED"
+    elif status in (400, None) and BAD_KEY.search(text):  # Gemini answers a bad key with 400 INVALID_ARGUMENT
+        cls, code = errors.AuthenticationError, "AUTHENTICATION_FAILED"
     elif status in (503, 529) or kind_l in ("overloaded_error", "unavailable", "overloaded", "server_is_overloaded",
                                              "slow_down"):
         cls, code = errors.OverloadedError, "OVERLOADED"
@@ -248,6 +250,21 @@ def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str],
                     connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
                     interrupted="APIConnectionError" in names and "APITimeoutError" not in names and started,
                     secrets=secrets)
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """An httpx / httpx2 transport failure (a dropped connection, a read timeout) that an SDK let
+    through unwrapped (some do, mid-stream)."""
+    for c in type(exc).__mro__:
+        if c.__name__ in ("TransportError", "TimeoutException") and c.__module__.split(".")[0] in ("httpx", "httpx2", "httpcore"):
+            return True
+    return False
+
+
+def transport_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool) -> errors.ModelError:
+    timeout = any(c.__name__ == "TimeoutException" for c in type(exc).__mro__)
+    return classify(provider, status=None, message=str(exc) or type(exc).__name__, timeout=timeout,
+                    connection=not timeout and not started, interrupted=not timeout and started, secrets=secrets)
 
 
 def error_fields(body: Any) -> Tuple[Optional[str], str]:
@@ -454,7 +471,21 @@ class Provider:
             return hit[0]
         return None
 
+    async def aclose(self) -> None:
+        """Closes the SDK client if this provider built it (one passed as ``client=`` stays
+        yours to close)."""
+        if self._owns_client:
+            await self._close_client()
+
+    async def _close_client(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            await close()
+
     # -- helpers for subclasses --
+
+    _owns_client = False
+    client: Any = None
 
     def _secrets(self) -> List[str]:
         return []

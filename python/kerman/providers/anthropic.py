@@ -14,6 +14,8 @@ from ._base import (
     classify,
     error_fields,
     http_status_error,
+    is_transport_error,
+    transport_error,
     image_parts,
     parse_arguments,
     require,
@@ -60,6 +62,7 @@ class Anthropic(Provider):
                  timeout: Optional[float] = None, cache_size: int = 10_000, **params: Any) -> None:
         super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
         self._sdk = require("anthropic", "anthropic", type(self).__name__)
+        owned = client is None
         if client is None:
             options: Dict[str, Any] = {"max_retries": 0}
             if base_url is not None:
@@ -71,6 +74,7 @@ class Anthropic(Provider):
             client = self._sdk.AsyncAnthropic(**options)
         elif base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        self._owns_client = owned
         self.client = client
         self.max_tokens = int(max_tokens)
 
@@ -156,6 +160,8 @@ class Anthropic(Provider):
 
     def _error(self, exc: BaseException, started: bool = False) -> Exception:
         sdk = self._sdk
+        if is_transport_error(exc):
+            return transport_error(self.protocol, exc, self._secrets(), started)
         if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
             return http_status_error(self.protocol, exc, self._secrets(), started)
         kind, message = error_fields(getattr(exc, "body", None))
@@ -178,8 +184,10 @@ class Anthropic(Provider):
         sdk = self._sdk
         try:
             stream = await self.client.messages.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         builder = ReplyBuilder()
         tools: Dict[int, List[Any]] = {}  # index -> [id, name, [json pieces]]
         blocks: Dict[int, Dict[str, Any]] = {}  # index -> the builder's block (text and thinking)
@@ -247,8 +255,10 @@ class Anthropic(Provider):
                         delta_usage = event.usage
                     elif kind == "message_stop":
                         done = True
-        except sdk.APIError as e:
-            raise self._error(e, started=True) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e, started=True) from None
+            raise
         if not done:
             raise classify(self.protocol, status=None, message="the stream ended before message_stop", interrupted=True)
         data = self._remember(builder)
@@ -262,8 +272,10 @@ class Anthropic(Provider):
         sdk = self._sdk
         try:
             message = await self.client.messages.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         blocks: Blocks = []
         for b in message.content:
             t = b.type

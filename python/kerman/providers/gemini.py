@@ -17,11 +17,13 @@ from ._base import (
     _Bounded,
     classify,
     image_parts,
+    is_transport_error,
     mint_call_id,
     parse_arguments,
     require,
     retry_after_ms,
     tool_result_text,
+    transport_error,
     usage_chunk,
     usage_dict,
 )
@@ -86,6 +88,7 @@ class Gemini(Provider):
         self._errors = require("google.genai.errors", "gemini", type(self).__name__)
         types = require("google.genai.types", "gemini", type(self).__name__)
         self._api_key = api_key
+        owned = client is None
         if client is None:
             http: Dict[str, Any] = {"retry_options": types.HttpRetryOptions(attempts=1)}
             if base_url is not None:
@@ -98,9 +101,13 @@ class Gemini(Provider):
             client = self._genai.Client(**options)
         elif base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass api_key/base_url/timeout to your client, or no client")
+        self._owns_client = owned
         self.client = client
         self.sign_unsigned_calls = bool(sign_unsigned_calls)
         self._names = _Bounded(65_536)  # tool-call id -> name (a function response must name its function)
+
+    async def _close_client(self) -> None:
+        await self.client.aio.aclose()
 
     def _repr_extra(self) -> str:
         api = getattr(self.client, "_api_client", None)
@@ -219,16 +226,10 @@ class Gemini(Provider):
             request_id = headers.get("x-request-id") if headers is not None else None
             return classify(self.protocol, status=status, kind=exc.status, message=exc.message or str(exc),
                             retry_after=retry, request_id=request_id, secrets=self._secrets())
-        names = {c.__name__ for c in type(exc).__mro__}
-        timeout = "TimeoutException" in names
-        return classify(self.protocol, status=None, message=str(exc) or type(exc).__name__, timeout=timeout,
-                        connection=not timeout and not started, interrupted=not timeout and started, secrets=self._secrets())
+        return transport_error(self.protocol, exc, self._secrets(), started)
 
     def _is_sdk_error(self, exc: BaseException) -> bool:
-        if isinstance(exc, self._errors.APIError):
-            return True
-        names = {c.__name__ for c in type(exc).__mro__}
-        return "TransportError" in names or "TimeoutException" in names  # httpx / httpx2, which the SDK lets through
+        return isinstance(exc, self._errors.APIError) or is_transport_error(exc)  # the SDK lets httpx errors through
 
     @staticmethod
     def _usage(u: Any) -> Dict[str, Any]:

@@ -14,6 +14,8 @@ from ._base import (
     ReplyBuilder,
     data_url,
     http_status_error,
+    is_transport_error,
+    transport_error,
     image_parts,
     mint_call_id,
     require,
@@ -72,6 +74,7 @@ class OpenAIChat(Provider):
                  instructions_role: str = "system", cache_size: int = 10_000, **params: Any) -> None:
         super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
         self._sdk = require("openai", "openai", type(self).__name__)
+        owned = client is None
         if client is None:
             options: Dict[str, Any] = {"max_retries": 0}
             if base_url is not None:
@@ -87,6 +90,7 @@ class OpenAIChat(Provider):
             raise ValueError(f'max_tokens_field must be "max_completion_tokens" or "max_tokens", got {max_tokens_field!r}')
         if instructions_role not in ("system", "developer"):
             raise ValueError(f'instructions_role must be "system" or "developer", got {instructions_role!r}')
+        self._owns_client = owned
         self.client = client
         self.max_tokens = max_tokens
         self.max_tokens_field = max_tokens_field
@@ -170,6 +174,8 @@ class OpenAIChat(Provider):
 
     def _error(self, exc: BaseException, started: bool = False) -> Exception:
         sdk = self._sdk
+        if is_transport_error(exc):
+            return transport_error(self.protocol, exc, self._secrets(), started)
         if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
             return http_status_error(self.protocol, exc, self._secrets(), started)
         kind, message = _error_fields(getattr(exc, "body", None))
@@ -179,8 +185,10 @@ class OpenAIChat(Provider):
         sdk = self._sdk
         try:
             stream = await self.client.chat.completions.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         builder = ReplyBuilder()
         calls: List[List[Any]] = []  # [id, name, [argument pieces]] in the order they started
         by_index: Dict[int, List[Any]] = {}
@@ -226,8 +234,10 @@ class OpenAIChat(Provider):
                                         slot[2].append(fn.arguments)
                     if choice.finish_reason:
                         finish = choice.finish_reason
-        except sdk.APIError as e:
-            raise self._error(e, started=True) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e, started=True) from None
+            raise
         if finish is None:
             raise self._error_interrupted()
         builder.close()
@@ -256,8 +266,10 @@ class OpenAIChat(Provider):
         sdk = self._sdk
         try:
             response = await self.client.chat.completions.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         if not response.choices:
             raise self._error_interrupted()
         choice = response.choices[0]

@@ -14,6 +14,8 @@ from ._base import (
     data_url,
     error_fields,
     http_status_error,
+    is_transport_error,
+    transport_error,
     image_parts,
     require,
     tool_result_text,
@@ -57,6 +59,7 @@ class OpenAIResponses(Provider):
                  cache_size: int = 10_000, **params: Any) -> None:
         super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
         self._sdk = require("openai", "openai", type(self).__name__)
+        owned = client is None
         if client is None:
             options: Dict[str, Any] = {"max_retries": 0}
             if base_url is not None:
@@ -68,6 +71,7 @@ class OpenAIResponses(Provider):
             client = self._sdk.AsyncOpenAI(**options)
         elif base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        self._owns_client = owned
         self.client = client
 
     def _repr_extra(self) -> str:
@@ -153,6 +157,8 @@ class OpenAIResponses(Provider):
 
     def _error(self, exc: BaseException, started: bool = False) -> Exception:
         sdk = self._sdk
+        if is_transport_error(exc):
+            return transport_error(self.protocol, exc, self._secrets(), started)
         if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
             return http_status_error(self.protocol, exc, self._secrets(), started)
         kind, message = error_fields(getattr(exc, "body", None))
@@ -185,8 +191,10 @@ class OpenAIResponses(Provider):
         sdk = self._sdk
         try:
             stream = await self.client.responses.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         builder = ReplyBuilder()
         items: Dict[int, Dict[str, Any]] = {}  # output_index -> the builder's block
         calls: Dict[int, List[Any]] = {}  # output_index -> [item id, call id, name, [pieces]]
@@ -254,8 +262,10 @@ class OpenAIResponses(Provider):
                     elif kind == "error":
                         raise classify(self.protocol, status=None, kind=getattr(event, "code", None),
                                        message=getattr(event, "message", "") or "stream error", secrets=self._secrets())
-        except sdk.APIError as e:
-            raise self._error(e, started=True) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e, started=True) from None
+            raise
         if final is None:
             raise classify(self.protocol, status=None, message="the stream ended before response.completed", interrupted=True)
         if not reasoning_seen and not any((b.get("openai") or {}).get("phase") for b in builder.blocks):
@@ -271,8 +281,10 @@ class OpenAIResponses(Provider):
         sdk = self._sdk
         try:
             response = await self.client.responses.create(**kwargs)
-        except sdk.APIError as e:
-            raise self._error(e) from None
+        except Exception as e:
+            if isinstance(e, sdk.APIError) or is_transport_error(e):
+                raise self._error(e) from None
+            raise
         if getattr(response, "status", None) == "failed":
             raise self._failed(response)
         keep = any(item.type == "reasoning" or getattr(item, "phase", None) for item in response.output)

@@ -34,7 +34,7 @@ import collections
 import json
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, urlsplit
@@ -84,6 +84,8 @@ class Reply:
     end_after: Optional[int] = None
     hold_after: Optional[int] = None
     error_after: Optional[int] = None
+    cut_after_text: Optional[int] = None  # cut / hold once this many text deltas were sent
+    hold_after_text: Optional[int] = None
     error: Optional[HttpError] = None
     headers: Dict[str, str] = field(default_factory=dict)
 
@@ -209,11 +211,12 @@ class FakeServer:
 
     def _key_of(self, request: Request) -> Optional[str]:
         h = request.headers
+        auth = h.get("authorization", "")
+        bearer = auth[7:] if auth.lower().startswith("bearer ") else None
         if self.protocol.startswith("openai"):
-            auth = h.get("authorization", "")
-            return auth[7:] if auth.lower().startswith("bearer ") else auth
+            return bearer
         if self.protocol == "anthropic":
-            return h.get("x-api-key")
+            return h.get("x-api-key") or bearer  # the SDK sends the key as a bearer token
         return h.get("x-goog-api-key") or (request.query.get("key") or [None])[0]
 
 
@@ -297,7 +300,7 @@ def _chat_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optio
 
 def _chat_usage(u: Dict[str, int]) -> Dict[str, Any]:
     return {"prompt_tokens": u["input"], "completion_tokens": u["output"], "total_tokens": u["input"] + u["output"],
-            "prompt_tokens_details": {"cached_tokens": u["cacheRead"]},
+            "prompt_tokens_details": {"cached_tokens": u["cacheRead"], "cache_write_tokens": u["cacheWrite"]},
             "completion_tokens_details": {"reasoning_tokens": u["reasoning"]}}
 
 
@@ -365,7 +368,8 @@ def _anthropic_events(reply: Reply, request: Request, model: str) -> List[Tuple[
               [{"type": "input_json_delta", "partial_json": p} for p in _split(c.arguments, c.pieces)])
     events.append(("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": _finish("anthropic", reply), "stop_sequence": None},
-                                     "usage": {"output_tokens": u["output"]}}))
+                                     "usage": dict({"output_tokens": u["output"]}, **(
+                                         {"output_tokens_details": {"thinking_tokens": u["reasoning"]}} if u["reasoning"] else {}))}))
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 
@@ -559,6 +563,34 @@ def _stream_error_event(protocol: str, error: HttpError, request_id: str) -> Tup
     return None, {"error": {"message": error.message, "type": "server_error", "param": None, "code": kind}}
 
 
+def _is_text(protocol: str, event: Tuple[Optional[str], Any]) -> bool:
+    """Whether a rendered event carries visible text (for ``cut_after_text``/``hold_after_text``)."""
+    name, data = event
+    if not isinstance(data, dict):
+        return False
+    if protocol == "openai-chat":
+        return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())
+    if protocol == "openai-responses":
+        return name == "response.output_text.delta"
+    if protocol == "anthropic":
+        return name == "content_block_delta" and data["delta"].get("type") == "text_delta"
+    return any("text" in p and not p.get("thought") and p["text"]
+               for c in data.get("candidates") or () for p in c["content"]["parts"])
+
+
+def _at_text(protocol: str, events: List[Tuple[Optional[str], Any]], n: Optional[int]) -> Optional[int]:
+    """The index of the event right after the n-th text event."""
+    if n is None:
+        return None
+    seen = 0
+    for i, event in enumerate(events):
+        if seen >= n:
+            return i
+        if _is_text(protocol, event):
+            seen += 1
+    return len(events)
+
+
 def _sse(event: Optional[str], data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
@@ -622,6 +654,11 @@ def _handler(server: FakeServer) -> type:
                     if item.error is not None:
                         at = len(events) if item.error_after is None else item.error_after
                         events = events[:at] + [_stream_error_event(server.protocol, item.error, request_id)]
+                    cut = _at_text(server.protocol, events, item.cut_after_text)
+                    hold = _at_text(server.protocol, events, item.hold_after_text)
+                    if cut is not None or hold is not None:
+                        item = replace(item, cut_after=cut if cut is not None else item.cut_after,
+                                       hold_after=hold if hold is not None else item.hold_after)
                     self._events(200, events, headers, item)
                 else:
                     self._json(200, whole(item, request, server.model), headers)
