@@ -155,7 +155,7 @@ class FakeServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"fake-{protocol}", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name=f"fake-{protocol}", daemon=True)
         self._thread.start()
 
     @property

@@ -17,12 +17,24 @@ TIMEOUT = 10.0  # seconds: the SDK client's timeout, so a hung request fails its
 CLASSES = {"openai-chat": OpenAIChat, "openai-responses": OpenAIResponses, "anthropic": Anthropic, "gemini": Gemini}
 
 
+OPENED: List[Any] = []  # providers made by make() in the running test, closed when it ends
+
+
 def asynctest(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Runs an ``async def`` test in a fresh event loop (pytest-asyncio is not installed)."""
+    """Runs an ``async def`` test in a fresh event loop (pytest-asyncio is not installed), then
+    closes every provider ``make`` built, also when the test failed (an open client's sockets
+    would otherwise warn in a later test)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(fn(*args, **kwargs))
+        async def main() -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                while OPENED:
+                    await OPENED.pop().aclose()
+
+        return asyncio.run(main())
 
     return wrapper
 
@@ -31,7 +43,9 @@ def make(protocol: str, server: FakeServer, *, key: str = KEY, **kwargs: Any) ->
     """The provider for ``protocol`` talking to ``server`` (a client it builds itself)."""
     model = kwargs.pop("model", "fake-model")
     kwargs.setdefault("timeout", TIMEOUT)
-    return CLASSES[protocol](model, base_url=server.url, api_key=key, **kwargs)
+    provider = CLASSES[protocol](model, base_url=server.url, api_key=key, **kwargs)
+    OPENED.append(provider)
+    return provider
 
 
 async def run(model: Any, *prompts: Any, tools: Any = (), loop: Optional[kerman.AgentLoop] = None,

@@ -358,3 +358,30 @@ async def test_each_history_message_is_converted_once(protocol, server):
     # every message that reached a request was converted exactly once (the last reply never did)
     assert sorted(converted) == sorted(set(converted)) and len(converted) == 6
     await done(loop, model)
+
+
+@asynctest
+async def test_the_sdk_does_not_retry_by_itself(protocol, server):
+    # The client a provider builds has the SDK's retries off: the request_error seam decides.
+    server.add(HttpError(500, "boom"), Reply(text="a retry would have got this"))
+    model = make(protocol, server)
+    loop = await run(model, "hi")
+    assert failure(loop.log)["code"] == "SERVER_ERROR"
+    assert len(server.requests) == 1 and server.pending == 1
+    await done(loop, model)
+
+
+@asynctest
+async def test_a_tool_result_that_is_an_error_reaches_the_model(protocol, server):
+    server.add(Reply(tool_calls=[ToolCall("call_1", "broken", "{}")]), Reply(text="Sorry."))
+    model = make(protocol, server)
+
+    async def broken(args, ctx):
+        """Fails."""
+        raise RuntimeError("disk on fire")
+
+    loop = await run(model, "go", tools=[broken])
+    body = json.dumps(server.requests[1].body)
+    assert "disk on fire" in body
+    assert turn_ends(loop.log) == [{"kind": "completed"}]
+    await done(loop, model)
