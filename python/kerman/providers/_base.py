@@ -288,6 +288,27 @@ def error_fields(body: Any) -> Tuple[Optional[str], str]:
 # -- the opaque-state store -----------------------------------------------------------------------
 
 
+def merge_turns(out: List[Dict[str, Any]], wires: List[Any], field: str) -> None:
+    """Appends per-message turns (``{"role", field: [...]}`` or ``None``) to ``out``, merging a
+    turn into the one before it when both have the same role (parallel tool results go in one
+    user turn). A merged turn is a new dict: the ones in ``out`` are shared with the cache."""
+    last = out[-1]["role"] if out else None
+    owned = False
+    for wire in wires:
+        if wire is None:
+            continue
+        role = wire["role"]
+        if role == last:
+            if not owned:
+                out[-1] = {"role": role, field: list(out[-1][field])}
+                owned = True
+            out[-1][field].extend(wire[field])
+        else:
+            out.append(wire)
+            last = role
+            owned = False
+
+
 class _Bounded(dict):  # type: ignore[type-arg]
     """A dict that forgets its oldest entries past ``limit``."""
 
@@ -371,6 +392,7 @@ class Provider:
         self._old: Dict[str, Tuple[Any, Any]] = {}
         self._natives = _Bounded(1024)
         self._logs = _Bounded(256)
+        self._prefixes = _Bounded(64)  # loop -> (its last request's messages, their wire list)
 
     # -- the model interface --
 
@@ -403,6 +425,35 @@ class Provider:
             merged.update(options)
             return merged
         return dict(self.params)
+
+    def _wire(self, request: Any) -> List[Any]:
+        """The wire list (messages, input items, contents) of the whole history.
+
+        A session's next request carries the previous one's messages plus a few new ones, so
+        when this request's messages start with the last request's (of the same loop; compared
+        as lists, which is a pointer comparison per message for the same objects), the last
+        wire list is reused and only the new messages are added. Anything else is built from
+        the per-message cache."""
+        messages = request.messages
+        key = id(getattr(request, "loop", None))
+        prev = self._prefixes.get(key)
+        if prev is not None:
+            old_messages, old_out = prev
+            k = len(old_messages)
+            if len(messages) >= k and messages[:k] == old_messages:
+                out = old_out[:]
+                self._extend(out, self._history(messages[k:], request))
+                self._prefixes.put(key, (list(messages), out[:]))
+                return out
+        out = []
+        self._extend(out, self._history(messages, request))
+        self._prefixes.put(key, (list(messages), out[:]))
+        return out
+
+    def _extend(self, out: List[Any], wires: List[Any]) -> None:
+        """Adds the wire forms of new messages to ``out`` (which holds those before them; its
+        entries are shared with earlier requests, so one is replaced, never changed)."""
+        out.extend(wires)
 
     def _history(self, messages: Sequence[Any], request: Any) -> List[Any]:
         """The wire form of every message, each converted once (cached by id; a message with the

@@ -17,6 +17,7 @@ from ._base import (
     is_transport_error,
     transport_error,
     image_parts,
+    merge_turns,
     parse_arguments,
     require,
     usage_chunk,
@@ -87,7 +88,7 @@ class Anthropic(Provider):
 
     # -- request --
 
-    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any = None) -> Optional[Tuple[str, List[Dict[str, Any]]]]:
+    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any = None) -> Optional[Dict[str, Any]]:
         kind = type(m)
         if kind is ToolResultMessage:
             inner = m.content[0] if m.content else {}
@@ -101,7 +102,7 @@ class Anthropic(Provider):
                     if isinstance(content, list) else str(content or "")
             if m.is_error:
                 wire["is_error"] = True
-            return "user", [wire]
+            return {"role": "user", "content": [wire]}
         content = m.content if blocks is None else blocks
         out: List[Dict[str, Any]] = []
         if kind is AssistantMessage:
@@ -119,7 +120,7 @@ class Anthropic(Provider):
                         out.append({"type": "redacted_thinking", "data": opaque["redacted"]})
                     elif opaque.get("signature"):
                         out.append({"type": "thinking", "thinking": b.get("text") or "", "signature": opaque["signature"]})
-            return ("assistant", out) if out else None
+            return {"role": "assistant", "content": out} if out else None
         for b in content:
             t = b.get("type")
             if t == "text":
@@ -127,20 +128,13 @@ class Anthropic(Provider):
                     out.append({"type": "text", "text": b["text"]})
             elif t == "image":
                 out.append(_image(b))
-        return ("user", out) if out else None
+        return {"role": "user", "content": out} if out else None
+
+    def _extend(self, out: List[Any], wires: List[Any]) -> None:
+        merge_turns(out, wires, "content")  # parallel tool results go in one user turn
 
     def _build(self, request: Any) -> Dict[str, Any]:
-        messages: List[Dict[str, Any]] = []
-        last: Optional[Dict[str, Any]] = None
-        for wire in self._history(request.messages, request):
-            if wire is None:
-                continue
-            role, blocks = wire
-            if last is not None and last["role"] == role:
-                last["content"].extend(blocks)  # parallel tool results go in one user turn
-            else:
-                last = {"role": role, "content": list(blocks)}
-                messages.append(last)
+        messages = self._wire(request)
         kwargs = self._params_for(request)
         kwargs.setdefault("model", self.model)
         kwargs.setdefault("max_tokens", self.max_tokens)

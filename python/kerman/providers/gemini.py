@@ -17,6 +17,7 @@ from ._base import (
     _Bounded,
     classify,
     image_parts,
+    merge_turns,
     is_transport_error,
     mint_call_id,
     parse_arguments,
@@ -133,7 +134,7 @@ class Gemini(Provider):
                         return str(call.get("name") or "")
         return ""
 
-    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any) -> Optional[Tuple[str, List[Dict[str, Any]]]]:
+    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any) -> Optional[Dict[str, Any]]:
         kind = type(m)
         if kind is ToolResultMessage:
             inner = m.content[0] if m.content else {}
@@ -142,7 +143,7 @@ class Gemini(Provider):
                                         "response": {"error": text} if m.is_error else {"result": text}}
             if not m.call_id.startswith("kerman_"):
                 response["id"] = m.call_id
-            return "user", [{"function_response": response}]
+            return {"role": "user", "parts": [{"function_response": response}]}
         content = m.content if blocks is None else blocks
         parts: List[Dict[str, Any]] = []
         if kind is AssistantMessage:
@@ -174,7 +175,7 @@ class Gemini(Provider):
                         part["thought_signature"] = SKIP_SIGNATURE
                         signed_call = True
                     parts.append(part)
-            return ("model", parts) if parts else None
+            return {"role": "model", "parts": parts} if parts else None
         for b in content:
             t = b.get("type")
             if t == "text":
@@ -186,20 +187,13 @@ class Gemini(Provider):
                     parts.append({"file_data": {"file_uri": url, "mime_type": media or "image/png"}})
                 else:
                     parts.append({"inline_data": {"mime_type": media or "image/png", "data": base64.b64decode(data or "")}})
-        return ("user", parts) if parts else None
+        return {"role": "user", "parts": parts} if parts else None
+
+    def _extend(self, out: List[Any], wires: List[Any]) -> None:
+        merge_turns(out, wires, "parts")
 
     def _build(self, request: Any) -> Dict[str, Any]:
-        contents: List[Dict[str, Any]] = []
-        last: Optional[Dict[str, Any]] = None
-        for wire in self._history(request.messages, request):
-            if wire is None:
-                continue
-            role, parts = wire
-            if last is not None and last["role"] == role:
-                last["parts"].extend(parts)
-            else:
-                last = {"role": role, "parts": list(parts)}
-                contents.append(last)
+        contents = self._wire(request)
         config = self._params_for(request)
         model = config.pop("model", self.model)
         instructions = self._instructions_for(request)

@@ -4,6 +4,7 @@ Groq...)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
 
 from .._core import AssistantMessage, ToolResultMessage
@@ -99,6 +100,13 @@ class OpenAIChat(Provider):
         self.reasoning_fields = tuple(reasoning_fields)
         self.send_reasoning = bool(send_reasoning)
         self.instructions_role = instructions_role
+        try:
+            schema = importlib.import_module("openai.types.chat.chat_completion_chunk").ChoiceDelta.model_fields
+        except (ImportError, AttributeError):
+            schema = {}
+        # (field, in the SDK's schema?): fields outside it are read from the model's extras, as
+        # a getattr that misses costs an exception per chunk.
+        self._reasoning_reads = [(n, n in schema) for n in self.reasoning_fields]
 
     def _repr_extra(self) -> str:
         return f", base_url={_safe_url(getattr(self.client, 'base_url', '?'))!r}"
@@ -149,7 +157,7 @@ class OpenAIChat(Provider):
         return {"role": "user", "content": parts}
 
     def _build(self, request: Any) -> Dict[str, Any]:
-        messages = self._history(request.messages, request)
+        messages = self._wire(request)
         instructions = self._instructions_for(request)
         if instructions:
             messages.insert(0, {"role": self.instructions_role, "content": instructions})
@@ -194,7 +202,7 @@ class OpenAIChat(Provider):
         by_index: Dict[int, List[Any]] = {}
         finish: Optional[str] = None
         usage: Any = None
-        fields = self.reasoning_fields
+        reads = self._reasoning_reads
         try:
             async with stream:
                 async for chunk in stream:
@@ -206,8 +214,9 @@ class OpenAIChat(Provider):
                     choice = choices[0]
                     delta = choice.delta
                     if delta is not None:
-                        for name in fields:
-                            reasoning = getattr(delta, name, None)
+                        extra = getattr(delta, "__pydantic_extra__", None) or {}
+                        for name, declared in reads:
+                            reasoning = getattr(delta, name, None) if declared else extra.get(name)
                             if reasoning:
                                 out = builder.delta("reasoning", reasoning)
                                 if out is not None:

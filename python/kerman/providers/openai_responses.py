@@ -129,11 +129,12 @@ class OpenAIResponses(Provider):
             return [{"role": "user", "content": "\n".join(p["text"] for p in parts)}]
         return [{"role": "user", "content": parts}]
 
+    def _extend(self, out: List[Any], wires: List[Any]) -> None:
+        for items in wires:
+            out.extend(items)
+
     def _build(self, request: Any) -> Dict[str, Any]:
-        items: List[Dict[str, Any]] = []
-        extend = items.extend
-        for wire in self._history(request.messages, request):
-            extend(wire)
+        items = self._wire(request)
         kwargs = self._params_for(request)
         kwargs.setdefault("model", self.model)
         kwargs["input"] = items

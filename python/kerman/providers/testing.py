@@ -20,6 +20,9 @@ providers) can be tested offline against the real SDKs.
   tests);
 * a callable ``fn(request) -> item``.
 
+Once the script is empty, a request gets ``default`` (a ``FakeServer(..., default=Reply(...))``
+answers every request alike), or a 500 saying the script is exhausted.
+
 Protocols: ``"openai-chat"`` (``/v1/chat/completions``), ``"openai-responses"``
 (``/v1/responses``), ``"anthropic"`` (``/v1/messages``), ``"gemini"``
 (``/v1/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``, ``/v1beta`` too). With
@@ -137,12 +140,14 @@ def _split(text: str, n: int) -> List[str]:
 class FakeServer:
     """A loopback server for one protocol. Use as a context manager, or ``close()`` it."""
 
-    def __init__(self, protocol: str, *, api_key: Optional[str] = None, model: str = "fake-model") -> None:
+    def __init__(self, protocol: str, *, api_key: Optional[str] = None, model: str = "fake-model",
+                 default: Optional[Item] = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
         self.api_key = api_key
         self.model = model
+        self.default = default  # what a request gets once the script is empty (else a 500)
         self.requests: List[Request] = []
         self.disconnected = threading.Event()
         self.disconnects = 0
@@ -202,7 +207,7 @@ class FakeServer:
     def _next(self, request: Request) -> Any:
         with self._lock:
             self._ids += 1
-            item = self._script.popleft() if self._script else None
+            item = self._script.popleft() if self._script else self.default
         if item is None:
             return HttpError(500, "fake server: script exhausted", kind="server_error")
         while callable(item) and not isinstance(item, (Reply, HttpError, Raw)):

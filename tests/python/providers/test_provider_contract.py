@@ -385,3 +385,26 @@ async def test_a_tool_result_that_is_an_error_reaches_the_model(protocol, server
     assert "disk on fire" in body
     assert turn_ends(loop.log) == [{"kind": "completed"}]
     await done(loop, model)
+
+
+@asynctest
+async def test_a_history_trimmed_by_a_listener_is_sent_trimmed(protocol, server):
+    # The wire list of the previous request is reused only when this request extends it.
+    server.add(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    model = make(protocol, server)
+    loop = await run(model, "first", "second")
+    keep = {"last": None}
+
+    @loop.before_request
+    async def trim(request, next):
+        if keep["last"] is not None:
+            request.messages = request.messages[-keep["last"]:]
+        return await next()
+
+    keep["last"] = 1
+    await run(model, "third", loop=loop)
+    body = json.dumps(server.requests[2].body)
+    assert "third" in body and "first" not in body and "second" not in body and "one" not in body
+    body = json.dumps(server.requests[1].body)
+    assert "first" in body and "one" in body and "second" in body
+    await done(loop, model)
