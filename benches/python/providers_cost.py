@@ -32,7 +32,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 PROTOCOLS = ("openai-chat", "openai-responses", "anthropic", "gemini")
 SIZES = (10, 1000)
@@ -42,7 +42,8 @@ TARGET = 0.25
 def serve(protocol: str, conn: Any) -> None:
     from kerman.providers.testing import FakeServer, Reply, ToolCall
 
-    reply = Reply(text=[f"word{i} " for i in range(20)], tool_calls=[ToolCall("call_1", "lookup", '{"query": "weather in Paris"}', pieces=3)],
+    call = ToolCall("call_1", "lookup", '{"query": "weather in Paris"}', pieces=3)
+    reply = Reply(text=[f"word{i} " for i in range(20)], tool_calls=[call],
                   usage={"input": 1200, "output": 60, "cacheRead": 1000, "cacheWrite": 0, "reasoning": 0})
     with FakeServer(protocol, default=reply) as server:
         conn.send(server.url)
@@ -82,7 +83,7 @@ class _Replay:
     def __init__(self, events: List[Any]) -> None:
         self.events = events
 
-    async def __aenter__(self) -> "_Replay":
+    async def __aenter__(self) -> _Replay:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

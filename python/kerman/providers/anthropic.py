@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
@@ -14,12 +14,12 @@ from ._base import (
     classify,
     error_fields,
     http_status_error,
-    is_transport_error,
-    transport_error,
     image_parts,
+    is_transport_error,
     merge_turns,
     parse_arguments,
     require,
+    transport_error,
     usage_chunk,
     usage_dict,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
@@ -17,8 +17,8 @@ from ._base import (
     _Bounded,
     classify,
     image_parts,
-    merge_turns,
     is_transport_error,
+    merge_turns,
     mint_call_id,
     parse_arguments,
     require,

@@ -14,11 +14,11 @@ from ._base import (
     data_url,
     error_fields,
     http_status_error,
-    is_transport_error,
-    transport_error,
     image_parts,
+    is_transport_error,
     require,
     tool_result_text,
+    transport_error,
     usage_chunk,
     usage_dict,
 )

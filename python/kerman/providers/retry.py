@@ -56,7 +56,7 @@ def retry_policy(*, max_attempts: int = 4, base_delay: float = 0.5, max_delay: f
         raise ValueError("delays must be >= 0 and jitter in [0, 1]")
     codes = frozenset(retry_on)
     # loop -> (turn, step, retries so far): one step's count, reset when the step changes.
-    counts: "weakref.WeakKeyDictionary[Any, Tuple[int, int, int]]" = weakref.WeakKeyDictionary()
+    counts: weakref.WeakKeyDictionary[Any, Tuple[int, int, int]] = weakref.WeakKeyDictionary()
 
     async def retry_policy_listener(failure: Any, next: Callable[[], Awaitable[Any]]) -> Any:
         decision = await next()

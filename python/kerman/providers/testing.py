@@ -169,7 +169,7 @@ class FakeServer:
         root = f"http://127.0.0.1:{self.port}"
         return root + "/v1" if self.protocol.startswith("openai") else root
 
-    def add(self, *items: Item) -> "FakeServer":
+    def add(self, *items: Item) -> FakeServer:
         """Appends items to the script (one per request)."""
         with self._lock:
             self._script.extend(items)
@@ -193,7 +193,7 @@ class FakeServer:
         self._httpd.server_close()
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -737,7 +737,7 @@ def _handler(server: FakeServer) -> type:
                 while True:
                     if conn.recv(1024) == b"":
                         break
-            except socket.timeout:
+            except TimeoutError:
                 server.hold_timeouts += 1
                 return
             except OSError:

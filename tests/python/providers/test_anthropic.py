@@ -6,9 +6,9 @@ tool results, and a hand-written event stream."""
 
 from __future__ import annotations
 
-import kerman
 from provider_helpers import asynctest, chunks, clock, done, failure, make, messages, run, turn_ends
 
+import kerman
 from kerman.providers.testing import FakeServer, HttpError, Raw, Reply, ToolCall
 
 P = "anthropic"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import base64
 
-import kerman
 from provider_helpers import asynctest, chunks, clock, done, failure, make, messages, run
 
+import kerman
 from kerman.providers.testing import FakeServer, HttpError, Raw, Reply, ToolCall
 
 P = "gemini"

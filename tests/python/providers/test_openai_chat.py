@@ -96,7 +96,8 @@ async def test_a_hand_written_stream_with_parallel_calls_by_index():
     with FakeServer(P) as server:
         server.add(sse({"role": "assistant", "content": ""},
                        {"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-                       {"tool_calls": [{"index": 1, "id": "call_y", "type": "function", "function": {"name": "clock", "arguments": '{"a'}}]},
+                       {"tool_calls": [{"index": 1, "id": "call_y", "type": "function",
+                                        "function": {"name": "clock", "arguments": '{"a'}}]},
                        {"tool_calls": [{"index": 0, "function": {"arguments": '{"tz":'}}]},
                        {"tool_calls": [{"index": 1, "function": {"arguments": '":1}'}}]},
                        {"tool_calls": [{"index": 0, "function": {"arguments": '"UTC"}'}}]},

@@ -5,9 +5,9 @@ non-streamed reply), summary parts, refusals, and failures reported in the strea
 
 from __future__ import annotations
 
-import kerman
 from provider_helpers import asynctest, chunks, clock, done, failure, make, messages, run, turn_ends
 
+import kerman
 from kerman.providers.testing import FakeServer, HttpError, Raw, Reply, ToolCall
 
 P = "openai-responses"

@@ -64,7 +64,7 @@ async def test_the_backoff_is_capped_and_jittered_below_its_step():
         loop, sleeps = await with_policy(model, "hi", max_attempts=6, base_delay=1.0, max_delay=3.0, jitter=0.5)
         steps = [1.0, 2.0, 3.0, 3.0, 3.0]
         assert len(sleeps.waited) == 5
-        assert all(step / 2 <= w <= step for w, step in zip(sleeps.waited, steps))
+        assert all(step / 2 <= w <= step for w, step in zip(sleeps.waited, steps, strict=True))
         await done(loop, model)
 
 
