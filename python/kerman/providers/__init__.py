@@ -18,7 +18,7 @@ from ..errors import (
     RateLimitError,
     ServerError,
 )
-from ._base import Provider, usage_chunk
+from ._base import Provider, ReplyBuilder, classify, usage_chunk
 from .anthropic import Anthropic
 from .gemini import Gemini
 from .openai_chat import OpenAIChat
@@ -36,7 +36,9 @@ __all__ = [
     "RETRY_ON",
     "FALLBACK_ON",
     "Provider",
+    "ReplyBuilder",
     "usage_chunk",
+    "classify",
     "RateLimitError",
     "ServerError",
     "OverloadedError",
