@@ -11,10 +11,10 @@ import math
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import errors
-from .._core import AssistantMessage, ToolResultMessage, UserMessage
+from .._core import AssistantMessage
 
 __all__ = ["Provider", "usage_chunk", "classify"]
 
@@ -452,8 +452,9 @@ class Provider:
 
     def _extend(self, out: List[Any], wires: List[Any]) -> None:
         """Adds the wire forms of new messages to ``out`` (which holds those before them; its
-        entries are shared with earlier requests, so one is replaced, never changed)."""
-        out.extend(wires)
+        entries are shared with earlier requests, so one is replaced, never changed). A message
+        whose wire form is ``None`` is left out."""
+        out.extend(w for w in wires if w is not None)
 
     def _history(self, messages: Sequence[Any], request: Any) -> List[Any]:
         """The wire form of every message, each converted once (cached by id; a message with the
@@ -588,18 +589,3 @@ def parse_arguments(arguments: Any) -> Any:
         return json.loads(arguments)
     except ValueError:
         return {"_raw": arguments}
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def is_user(m: Any) -> bool:
-    return type(m) is UserMessage
-
-
-def is_tool_result(m: Any) -> bool:
-    return type(m) is ToolResultMessage
-
-
-Convert = Callable[[Any, Optional[Blocks]], Any]

@@ -117,7 +117,7 @@ class OpenAIChat(Provider):
 
     # -- request --
 
-    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any = None) -> Dict[str, Any]:
+    def _convert(self, m: Any, blocks: Optional[Blocks], request: Any = None) -> Optional[Dict[str, Any]]:
         kind = type(m)
         if kind is ToolResultMessage:
             inner = m.content[0] if m.content else {}
@@ -136,6 +136,8 @@ class OpenAIChat(Provider):
                                   "function": {"name": b.get("name"), "arguments": b.get("arguments") or "{}"}})
                 elif t == "reasoning":
                     reasoning.append(b.get("text") or "")
+            if not text and not calls:
+                return None  # only reasoning (an interrupted reply): nothing the API would take
             wire: Dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
             if calls:
                 wire["tool_calls"] = calls

@@ -408,3 +408,30 @@ async def test_a_history_trimmed_by_a_listener_is_sent_trimmed(protocol, server)
     body = json.dumps(server.requests[1].body)
     assert "first" in body and "one" in body and "second" in body
     await done(loop, model)
+
+
+def assistant_entries(protocol, body):
+    if protocol == "openai-chat":
+        return [m for m in body["messages"] if m["role"] == "assistant"]
+    if protocol == "openai-responses":
+        return [i for i in body["input"] if i.get("role") == "assistant" or i.get("type") in ("reasoning", "function_call")]
+    if protocol == "anthropic":
+        return [m for m in body["messages"] if m["role"] == "assistant"]
+    return [c for c in body["contents"] if c["role"] == "model"]
+
+
+@asynctest
+async def test_a_reply_of_unsigned_reasoning_alone_is_left_out(protocol, server):
+    # What a cancelled stream leaves when it had only thought so far, or another model's
+    # reasoning: no vendor takes an assistant turn made of that.
+    log = kerman.MemoryStore().create()
+    earlier = kerman.models.ScriptedModel([[{"type": "reasoning-delta", "text": "hidden thoughts"}]])
+    loop = await run(earlier, "hello", log=log)
+    await loop.aclose()
+    server.add(Reply(text="Hi."))
+    model = make(protocol, server)
+    loop = await run(model, "again", log=log)
+    body = server.requests[0].body
+    assert assistant_entries(protocol, body) == [] and "hidden thoughts" not in json.dumps(body)
+    assert "hello" in json.dumps(body) and "again" in json.dumps(body)
+    await done(loop, model)
