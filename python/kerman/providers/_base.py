@@ -376,6 +376,7 @@ class Provider:
 
     protocol = "provider"
     vendor = "provider"  # the key of a block's opaque fields
+    opaque = True  # whether replies can carry opaque state (else assistant messages skip the lookup)
 
     def __init__(self, model: str, *, instructions: Optional[str] = None, stream: bool = True,
                  cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None) -> None:
@@ -474,7 +475,7 @@ class Provider:
         key = m.id
         entry = self._old.pop(key, None)
         if entry is None or (entry[0] is not m and entry[0] != m):
-            blocks = self._native(m, request) if type(m) is AssistantMessage else None
+            blocks = self._native(m, request) if self.opaque and type(m) is AssistantMessage else None
             entry = (m, self._convert(m, blocks, request))
         young = self._young
         young[key] = entry

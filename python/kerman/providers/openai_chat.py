@@ -66,6 +66,7 @@ class OpenAIChat(Provider):
 
     protocol = "openai-chat"
     vendor = "openai"
+    opaque = False  # reasoning_content is plain text: nothing to keep beyond the message
 
     def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
                  base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = None,
