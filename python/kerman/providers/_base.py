@@ -442,7 +442,7 @@ class Provider:
             old_messages, old_out = prev
             k = len(old_messages)
             if len(messages) >= k and messages[:k] == old_messages:
-                out = old_out[:]
+                out: List[Any] = old_out[:]
                 self._extend(out, self._history(messages[k:], request))
                 self._prefixes.put(key, (list(messages), out[:]))
                 return out
@@ -462,7 +462,7 @@ class Provider:
         same id but other content is converted again)."""
         young = self._young
         get = young.get
-        out = []
+        out: List[Any] = []
         append = out.append
         for m in messages:
             entry = get(m.id)
@@ -502,7 +502,7 @@ class Provider:
         content = m.content
         vendor = self.vendor
         if any(vendor in b for b in content):
-            return content  # a non-streamed reply keeps its opaque state in its blocks
+            return list(content)  # a non-streamed reply keeps its opaque state in its blocks
         key = content_key(content)
         found = self._natives.get(key)
         if found is not None:

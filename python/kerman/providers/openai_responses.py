@@ -249,12 +249,12 @@ class OpenAIResponses(Provider):
                             builder.annotate("openai", block, item=_item_dict(item))
                             builder.close()
                         elif it == "message":
-                            block = items.get(event.output_index)
-                            if block is not None:
+                            message_block = items.get(event.output_index)
+                            if message_block is not None:
                                 opaque: Dict[str, Any] = {"id": item.id}
                                 if getattr(item, "phase", None):
                                     opaque["phase"] = item.phase
-                                block.setdefault("openai", {}).update(opaque)
+                                message_block.setdefault("openai", {}).update(opaque)
                                 builder.close()
                     elif kind in ("response.completed", "response.incomplete"):
                         final = event.response

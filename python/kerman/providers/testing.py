@@ -39,7 +39,7 @@ import socket
 import threading
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = ["FakeServer", "Reply", "ToolCall", "HttpError", "Raw", "Request", "PROTOCOLS"]
@@ -153,7 +153,7 @@ class FakeServer:
         self.disconnects = 0
         self._script: Deque[Item] = collections.deque()
         self._lock = threading.Lock()
-        self._held: set = set()
+        self._held: Set[socket.socket] = set()
         self._closing = False
         self.hold_timeouts = 0
         self._ids = 0
@@ -222,7 +222,7 @@ class FakeServer:
             return bearer
         if self.protocol == "anthropic":
             return h.get("x-api-key") or bearer  # the SDK sends the key as a bearer token
-        return h.get("x-goog-api-key") or (request.query.get("key") or [None])[0]
+        return h.get("x-goog-api-key") or next(iter(request.query.get("key") or ()), None)
 
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -281,10 +281,10 @@ def _request_id_header(protocol: str) -> str:
 def _chat_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optional[str], Any]]:
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000, "model": model}
 
-    def chunk(delta: Dict[str, Any], finish: Optional[str] = None) -> Tuple[None, Dict[str, Any]]:
+    def chunk(delta: Dict[str, Any], finish: Optional[str] = None) -> Tuple[Optional[str], Any]:
         return None, dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}])
 
-    events = [chunk({"role": "assistant", "content": ""})]
+    events: List[Tuple[Optional[str], Any]] = [chunk({"role": "assistant", "content": ""})]
     for piece in _pieces(reply.reasoning):
         events.append(chunk({"reasoning_content": piece}))
     for piece in _pieces(reply.text):
