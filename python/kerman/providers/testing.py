@@ -13,8 +13,8 @@ providers) can be tested offline against the real SDKs.
   vendor's SSE stream when the request asks to stream and as its JSON body otherwise; it can
   also end early (``cut_after``: the connection drops mid-body; ``end_after``: the body ends
   cleanly but the stream never finishes), fail mid-stream (``error_after`` + ``error``) or
-  stop and wait until the client disconnects (``hold_after``; ``server.disconnected`` is set
-  when it does);
+  stop and wait until the client disconnects (``hold_after``, or ``hold_headers`` before any
+  byte of the response; ``server.disconnected`` is set when it does);
 * ``HttpError(status, message, ...)``: the vendor's error body with that status and headers;
 * ``Raw(status, headers, body)``: bytes as they are, or a list of SSE events (for wire-level
   tests);
@@ -89,6 +89,7 @@ class Reply:
     error_after: Optional[int] = None
     cut_after_text: Optional[int] = None  # cut / hold once this many text deltas were sent
     hold_after_text: Optional[int] = None
+    hold_headers: bool = False  # wait for the client to disconnect before sending anything
     error: Optional[HttpError] = None
     headers: Dict[str, str] = field(default_factory=dict)
 
@@ -150,6 +151,7 @@ class FakeServer:
         self.default = default  # what a request gets once the script is empty (else a 500)
         self.requests: List[Request] = []
         self.disconnected = threading.Event()
+        self.received = threading.Event()  # set when a request arrives
         self.disconnects = 0
         self._script: Deque[Item] = collections.deque()
         self._lock = threading.Lock()
@@ -626,6 +628,7 @@ def _handler(server: FakeServer) -> type:
             request = Request(self.command, split.path, parse_qs(split.query),
                               {k.lower(): v for k, v in self.headers.items()}, body, raw)
             server.requests.append(request)
+            server.received.set()
             request_id = f"req_fake_{len(server.requests)}"
             if not PATHS[server.protocol](split.path):
                 self._json(404, _error_body(server.protocol, HttpError(404, f"no route {split.path}"), request_id), {})
@@ -651,6 +654,8 @@ def _handler(server: FakeServer) -> type:
                 else:
                     data = item.body.encode() if isinstance(item.body, str) else item.body
                     self._send(item.status, data, headers)
+            elif isinstance(item, Reply) and item.hold_headers:
+                self._hold()
             elif isinstance(item, Reply):
                 headers.update(item.headers)
                 stream, whole = RENDER[server.protocol]

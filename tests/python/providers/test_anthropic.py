@@ -202,3 +202,61 @@ async def test_a_hand_written_event_stream():
                          {"type": "usage", "input": 28, "output": 17, "cacheRead": 20, "cacheWrite": 3, "reasoning": 0},
                          {"type": "finish", "reason": "stop", "providerReason": "tool_use"}]
         await done(loop, model)
+
+
+@asynctest
+async def test_redacted_thinking_alone_is_sent_back():
+    with FakeServer(P) as server:
+        server.add(Reply(redacted="opaque-CCCC", tool_calls=[ToolCall("toolu_a", "clock", "{}")]), Reply(text="Noon."))
+        model = make(P, server)
+        loop = await run(model, "time?", tools=[clock])
+        assert messages(loop.log)[0]["message"]["content"] == [
+            {"type": "tool-call", "id": "toolu_a", "name": "clock", "arguments": "{}"}]
+        assert server.requests[1].body["messages"][1]["content"] == [
+            {"type": "redacted_thinking", "data": "opaque-CCCC"},
+            {"type": "tool_use", "id": "toolu_a", "name": "clock", "input": {}}]
+        await done(loop, model)
+
+
+def thinking_block(index, text, signature):
+    return [event("content_block_start", index=index, content_block={"type": "thinking", "thinking": "", "signature": ""}),
+            event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": text}),
+            event("content_block_delta", index=index, delta={"type": "signature_delta", "signature": signature}),
+            event("content_block_stop", index=index)]
+
+
+def tool_block(index, call_id):
+    return [event("content_block_start", index=index, content_block={"type": "tool_use", "id": call_id, "name": "clock", "input": {}}),
+            event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": "{}"}),
+            event("content_block_stop", index=index)]
+
+
+START = event("message_start", message={"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+                                        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 1}})
+END = [event("message_delta", delta={"stop_reason": "tool_use", "stop_sequence": None}, usage={"output_tokens": 9}),
+       event("message_stop")]
+
+
+@asynctest
+async def test_adjacent_and_interleaved_thinking_blocks_keep_their_own_signatures():
+    # The loop merges adjacent reasoning deltas into one block; each thinking block still goes
+    # back on its own, with its own signature, in the order the model wrote them.
+    stream = Raw(headers={"content-type": "text/event-stream"}, body=[
+        START, *thinking_block(0, "First. ", "sig-1"), *thinking_block(1, "Second.", "sig-2"), *tool_block(2, "toolu_a"),
+        *thinking_block(3, "Third.", "sig-3"), *tool_block(4, "toolu_b"), *END])
+    with FakeServer(P) as server:
+        server.add(stream, Reply(text="Noon."))
+        model = make(P, server)
+        loop = await run(model, "go", tools=[clock])
+        assert messages(loop.log)[0]["message"]["content"] == [
+            {"type": "reasoning", "text": "First. Second."},
+            {"type": "tool-call", "id": "toolu_a", "name": "clock", "arguments": "{}"},
+            {"type": "reasoning", "text": "Third."},
+            {"type": "tool-call", "id": "toolu_b", "name": "clock", "arguments": "{}"}]
+        assert server.requests[1].body["messages"][1]["content"] == [
+            {"type": "thinking", "thinking": "First. ", "signature": "sig-1"},
+            {"type": "thinking", "thinking": "Second.", "signature": "sig-2"},
+            {"type": "tool_use", "id": "toolu_a", "name": "clock", "input": {}},
+            {"type": "thinking", "thinking": "Third.", "signature": "sig-3"},
+            {"type": "tool_use", "id": "toolu_b", "name": "clock", "input": {}}]
+        await done(loop, model)

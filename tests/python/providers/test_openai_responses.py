@@ -166,3 +166,19 @@ async def test_an_error_event_in_the_stream_is_classified():
         error = failure(loop.log)
         assert error["code"] == "OVERLOADED" and "Try again later." in error["message"]
         await done(loop, model)
+
+
+@asynctest
+async def test_a_reasoning_item_with_no_summary_is_sent_back_too():
+    # No summary: nothing of it is visible in the message, but the item must still go back.
+    with FakeServer(P) as server:
+        server.add(Reply(signature="ENC-2", tool_calls=[ToolCall("call_a", "clock", "{}")]), Reply(text="Noon."))
+        model = make(P, server, store=False)
+        loop = await run(model, "time?", tools=[clock])
+        assert messages(loop.log)[0]["message"]["content"] == [
+            {"type": "tool-call", "id": "call_a", "name": "clock", "arguments": "{}"}]
+        assert server.requests[1].body["input"][1:3] == [
+            {"type": "reasoning", "id": "rs_fake1", "encrypted_content": "ENC-2", "summary": []},
+            {"type": "function_call", "call_id": "call_a", "name": "clock", "arguments": "{}", "id": "fc_fake0",
+             "status": "completed"}]
+        await done(loop, model)

@@ -435,3 +435,29 @@ async def test_a_reply_of_unsigned_reasoning_alone_is_left_out(protocol, server)
     assert assistant_entries(protocol, body) == [] and "hidden thoughts" not in json.dumps(body)
     assert "hello" in json.dumps(body) and "again" in json.dumps(body)
     await done(loop, model)
+
+
+@asynctest
+async def test_cancelling_before_the_response_starts_closes_the_connection(protocol, server):
+    server.add(Reply(text="never", hold_headers=True))
+    model = make(protocol, server)
+    loop = kerman.AgentLoop(model)
+    loop.followup("hi")
+    assert await wait_thread_event(server.received), "the request never reached the server"
+    loop.cancel()
+    await loop.when_idle()
+    assert await wait_thread_event(server.disconnected), "the server never saw the connection close"
+    assert messages(loop.log) == [] and turn_ends(loop.log) == [{"kind": "aborted", "reason": {"kind": "user"}}]
+    await done(loop, model)
+
+
+@asynctest
+async def test_errors_of_a_non_streaming_request_are_classified_the_same(protocol, server):
+    server.add(HttpError(429, "Rate limit reached", headers={"retry-after": "4"}), CONTEXT[protocol])
+    model = make(protocol, server, stream=False)
+    loop = await run(model, "one")
+    error = failure(loop.log)
+    assert (error["code"], error["status"], error["retryAfterMs"]) == ("RATE_LIMITED", 429, 4000)
+    await run(model, "two", loop=loop)
+    assert failure(loop.log)["code"] == "CONTEXT_LENGTH_EXCEEDED"
+    await done(loop, model)
