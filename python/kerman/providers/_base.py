@@ -114,7 +114,8 @@ class ReplyBuilder:
 
 
 def mint_call_id() -> str:
-    """An id for a tool call the provider sent without one (never sent back to it)."""
+    """An id for a tool call the vendor sent without one (Gemini never gets it back; a Chat
+    Completions server gets it in the call and its result, which is all they need to match)."""
     return "kerman_" + uuid.uuid4().hex[:24]
 
 

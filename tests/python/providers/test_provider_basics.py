@@ -102,3 +102,45 @@ def test_the_error_classes_are_model_errors():
     import kerman.providers as providers
 
     assert all(getattr(providers, cls.__name__) is cls for cls in classes)
+
+
+def test_retry_after_headers():
+    from kerman.providers._base import retry_after_ms
+
+    assert retry_after_ms({"retry-after-ms": "250.5"}) == 251
+    assert retry_after_ms({"retry-after": "1.5"}) == 1500
+    assert retry_after_ms({"retry-after-ms": "nope", "retry-after": "2"}) == 2000
+    now = 1_445_412_480.0  # 21 Oct 2015 07:28:00 GMT
+    assert retry_after_ms({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}, now=now) == 30_000
+    assert retry_after_ms({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, now=now) == 0
+    assert retry_after_ms({"retry-after": "soon"}) is None and retry_after_ms({}) is None and retry_after_ms(None) is None
+
+
+@pytest.mark.parametrize("status, kind, message, code, cls", [
+    (408, None, "", "TIMEOUT", "ModelTimeoutError"),
+    (409, None, "conflict", "CONFLICT", "ServerError"),
+    (413, "request_too_large", "too big", "CONTEXT_LENGTH_EXCEEDED", "ContextLengthError"),
+    (404, None, "model not found", "NOT_FOUND", "InvalidRequestError"),
+    (422, None, "unprocessable", "BAD_REQUEST", "InvalidRequestError"),
+    (400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", "AUTHENTICATION_FAILED", "AuthenticationError"),
+    (403, None, "forbidden", "PERMISSION_DENIED", "AuthenticationError"),
+    (502, None, "bad gateway", "SERVER_ERROR", "ServerError"),
+    (None, "overloaded_error", "Overloaded", "OVERLOADED", "OverloadedError"),
+    (None, "rate_limit_error", "slow down", "RATE_LIMITED", "RateLimitError"),
+    (None, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum", "CONTEXT_LENGTH_EXCEEDED",
+     "ContextLengthError"),
+    (None, "invalid_request_error", "messages.0: bad", "BAD_REQUEST", "InvalidRequestError"),
+    (None, "billing_error", "add credits", "QUOTA_EXCEEDED", "RateLimitError"),
+], ids=lambda v: str(v))
+def test_classification(status, kind, message, code, cls):
+    from kerman.providers import classify
+
+    error = classify("p", status=status, kind=kind, message=message)
+    assert (error.code, type(error).__name__, error.status) == (code, cls, status)
+
+
+def test_messages_never_show_the_secret():
+    from kerman.providers import classify
+
+    error = classify("p", status=401, message="Incorrect API key provided: sk-abcdef123456.", secrets=["sk-abcdef123456"])
+    assert "sk-abcdef123456" not in error.message and "***" in error.message
