@@ -13,7 +13,9 @@ install:
 	  && rm -rf $$d
 
 test-deps:
-	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18"
+	@# The vendors' SDKs (the providers' tests speak to loopback servers through them), pydantic
+	@# and jsonschema (typed tools' model parameters and their schema cross-checks).
+	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
@@ -67,6 +69,7 @@ demo: install
 bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
+	$(PY) benches/python/providers_cost.py
 	$(MAKE) bench-rust
 
 # Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,

@@ -154,3 +154,90 @@ class ModelError(KermanError):
         self.status = status
         self.retry_after_ms = retry_after_ms
         self.request_id = request_id
+
+
+# -- model provider failures (kerman.providers) ---------------------------------------------------
+# Each is a ModelError, so the loop routes it to the ``request_error`` waterfall like any other
+# model failure. ``code`` says what happened in one word the retry policy reads; the class is for
+# ``except`` clauses. docs/providers.md ("Errors and retries") has the table.
+
+
+class RateLimitError(ModelError):
+    """HTTP 429: too many requests (``RATE_LIMITED``) or an exhausted quota (``QUOTA_EXCEEDED``,
+    which waiting does not fix). ``retry_after_ms`` is the server's ``retry-after``, if sent."""
+
+    def __init__(self, message: str, code: str = "RATE_LIMITED", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class ServerError(ModelError):
+    """The provider failed on its side: HTTP 5xx (``SERVER_ERROR``), 409 (``CONFLICT``), or an
+    error event in the stream that names a server fault."""
+
+    def __init__(self, message: str, code: str = "SERVER_ERROR", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class OverloadedError(ServerError):
+    """The provider is overloaded (HTTP 503 or 529, or an ``overloaded_error`` event): ``OVERLOADED``."""
+
+    def __init__(self, message: str, code: str = "OVERLOADED", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class ModelTimeoutError(ModelError):
+    """The request timed out (the client's timeout, or HTTP 408): ``TIMEOUT``."""
+
+    def __init__(self, message: str, code: str = "TIMEOUT", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class ModelConnectionError(ModelError):
+    """No answer could be read: the connection failed (``CONNECTION_ERROR``), or the stream ended
+    before the reply did (``STREAM_INTERRUPTED``)."""
+
+    def __init__(self, message: str, code: str = "CONNECTION_ERROR", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class ContextLengthError(ModelError):
+    """The request does not fit the model's context window: ``CONTEXT_LENGTH_EXCEEDED``."""
+
+    def __init__(self, message: str, code: str = "CONTEXT_LENGTH_EXCEEDED", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class AuthenticationError(ModelError):
+    """HTTP 401 (``AUTHENTICATION_FAILED``: a missing or wrong key) or 403 (``PERMISSION_DENIED``).
+    The message never contains the key."""
+
+    def __init__(self, message: str, code: str = "AUTHENTICATION_FAILED", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+class InvalidRequestError(ModelError):
+    """The provider refused the request as written: HTTP 400/422 (``BAD_REQUEST``), 404
+    (``NOT_FOUND``, e.g. an unknown model). Sending it again does not help."""
+
+    def __init__(self, message: str, code: str = "BAD_REQUEST", status: Optional[int] = None,
+                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+        super().__init__(message, code, status, retry_after_ms, request_id)
+
+
+__all__ += [
+    "RateLimitError",
+    "ServerError",
+    "OverloadedError",
+    "ModelTimeoutError",
+    "ModelConnectionError",
+    "ContextLengthError",
+    "AuthenticationError",
+    "InvalidRequestError",
+]

@@ -1,0 +1,593 @@
+"""What every provider shares: the lazy SDK import, the per-message conversion cache, the
+opaque-state store (signed thinking, encrypted reasoning, thought signatures), the usage shape,
+and the error classification. No vendor SDK is imported here."""
+
+from __future__ import annotations
+
+import email.utils
+import importlib
+import json
+import math
+import re
+import time
+import uuid
+from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .. import errors
+from .._core import AssistantMessage
+
+__all__ = ["Provider", "usage_chunk", "classify"]
+
+# Provider-data chunks: the opaque parts of a streamed reply (see ``Provider`` below).
+PROVIDER_DATA = "provider-data"
+
+Blocks = List[Dict[str, Any]]
+
+
+def require(module: str, extra: str, who: str) -> Any:
+    """Imports a vendor SDK on first use, or says which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"kerman.providers.{who} needs the {module.split('.')[0]!r} package: "
+                          f"pip install 'kerman[{extra}]' (or pip install {extra_package(extra)})") from e
+
+
+def extra_package(extra: str) -> str:
+    return {"openai": "openai", "anthropic": "anthropic", "gemini": "google-genai"}[extra]
+
+
+# -- the content key: what the loop assembles from a stream's chunks ----------------------------
+
+
+def content_key(blocks: Iterable[Mapping[str, Any]]) -> Tuple[Any, ...]:
+    """The visible content as the loop's assembler builds it from the chunks a stream yields:
+    adjacent text (or reasoning) blocks merged, empty ones dropped, tool calls as they are. A
+    stream's annotated blocks and the message the loop logged for it have the same key."""
+    key: List[Any] = []
+    last = None
+    for b in blocks:
+        kind = b.get("type")
+        if kind == "text" or kind == "reasoning":
+            text = b.get("text") or ""
+            if not text:
+                continue
+            if last == kind:
+                key[-1] = (kind, key[-1][1] + text)
+            else:
+                key.append((kind, text))
+                last = kind
+        elif kind == "tool-call":
+            key.append(("tool-call", b.get("id"), b.get("name"), b.get("arguments")))
+            last = None
+    return tuple(key)
+
+
+class ReplyBuilder:
+    """Builds a reply from a vendor's stream: each ``delta`` returns the chunk to yield (``None``
+    for an empty delta, which would change nothing), and the builder keeps the vendor's blocks
+    unmerged, with their opaque annotations (``annotate``), for the next request."""
+
+    __slots__ = ("blocks", "_open", "annotated")
+
+    def __init__(self) -> None:
+        self.blocks: Blocks = []
+        self._open: Optional[Dict[str, Any]] = None
+        self.annotated = False
+
+    def start(self, kind: str) -> Dict[str, Any]:
+        """Starts a new text or reasoning block (a vendor block boundary)."""
+        block = {"type": kind, "text": ""}
+        self.blocks.append(block)
+        self._open = block
+        return block
+
+    def delta(self, kind: str, text: Optional[str]) -> Optional[Dict[str, Any]]:
+        if not text:
+            return None
+        block = self._open
+        if block is None or block["type"] != kind:
+            block = self.start(kind)
+        block["text"] += text
+        return {"type": "text-delta" if kind == "text" else "reasoning-delta", "text": text}
+
+    def annotate(self, vendor: str, block: Optional[Dict[str, Any]] = None, **fields: Any) -> None:
+        """Sets opaque fields (``block[vendor][name]``) on ``block`` (default: the open one)."""
+        target = block if block is not None else self._open
+        if target is None:
+            target = self.start("reasoning")
+        target.setdefault(vendor, {}).update(fields)
+        self.annotated = True
+
+    def tool_call(self, id: str, name: str, arguments: str, **annotation: Any) -> Dict[str, Any]:
+        block: Dict[str, Any] = {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
+        if annotation:
+            block.update(annotation)
+            self.annotated = True
+        self.blocks.append(block)
+        self._open = None
+        return {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
+
+    def close(self) -> None:
+        """Ends the open block: the next delta starts a new one."""
+        self._open = None
+
+
+def mint_call_id() -> str:
+    """An id for a tool call the vendor sent without one (Gemini never gets it back; a Chat
+    Completions server gets it in the call and its result, which is all they need to match)."""
+    return "kerman_" + uuid.uuid4().hex[:24]
+
+
+# -- usage ---------------------------------------------------------------------------------------
+
+
+def usage_chunk(input: Optional[int], output: Optional[int], cache_read: Optional[int] = None,
+                cache_write: Optional[int] = None, reasoning: Optional[int] = None) -> Dict[str, Any]:
+    """The one usage shape every provider reports (docs/providers.md, "Usage"): ``input`` counts
+    every prompt token, cached ones included; ``output`` every generated token, reasoning
+    included; ``cacheRead``/``cacheWrite`` the prompt tokens read from / written to the
+    provider's cache; ``reasoning`` the output tokens spent thinking. Unreported counts are 0."""
+    return {"type": "usage", "input": int(input or 0), "output": int(output or 0), "cacheRead": int(cache_read or 0),
+            "cacheWrite": int(cache_write or 0), "reasoning": int(reasoning or 0)}
+
+
+def usage_dict(chunk: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if chunk is None:
+        return None
+    return {k: v for k, v in chunk.items() if k != "type"}
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+CONTEXT_PATTERNS = re.compile(
+    r"context[ _-]?(length|window)|maximum context|prompt is too long|too many (input )?tokens|"
+    r"exceeds? the maximum number of tokens|input token count.*exceed|context limit|"
+    r"reduce the length of the messages|request too large",
+    re.IGNORECASE,
+)
+
+BAD_KEY = re.compile(r"api[ _-]?key[^.]{0,40}(not valid|invalid)|API_KEY_INVALID|(invalid|incorrect) api[ _-]?key", re.IGNORECASE)
+
+
+def retry_after_ms(headers: Any, now: Optional[float] = None) -> Optional[int]:
+    """``retry-after-ms`` (milliseconds) or ``retry-after`` (seconds, or an HTTP date) as ms."""
+    if headers is None:
+        return None
+    try:
+        value = headers.get("retry-after-ms")
+        if value is not None:
+            ms = float(value)
+            if math.isfinite(ms) and ms >= 0:
+                return int(math.ceil(ms))
+    except (TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        parsed = email.utils.parsedate_tz(str(value))
+        if parsed is None:
+            return None
+        seconds = email.utils.mktime_tz(parsed) - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return max(0, int(math.ceil(seconds * 1000)))
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every secret (an API key) replaced by ``***``."""
+    for secret in secrets:
+        if secret and len(secret) >= 4 and secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None, message: str = "",
+             retry_after: Optional[int] = None, request_id: Optional[str] = None, timeout: bool = False,
+             connection: bool = False, interrupted: bool = False, secrets: Sequence[str] = ()) -> errors.ModelError:
+    """The ``ModelError`` subclass for a provider failure. ``kind`` is the vendor's error type or
+    code (``rate_limit_error``, ``insufficient_quota``, ``RESOURCE_EXHAUSTED``...)."""
+    kind_l = (kind or "").lower()
+    text = scrub(message or "", secrets).strip()
+    where = f"{provider}: " + (f"HTTP {status} " if status else "") + (f"{kind}: " if kind else "")
+    full = (where + text).strip().rstrip(":")
+    args: Dict[str, Any] = {"status": status, "retry_after_ms": retry_after, "request_id": request_id}
+    cls: type
+    code: str
+    if timeout or status == 408:
+        cls, code = errors.ModelTimeoutError, "TIMEOUT"
+    elif connection or interrupted:
+        cls, code = errors.ModelConnectionError, "STREAM_INTERRUPTED" if interrupted else "CONNECTION_ERROR"
+    elif "quota" in kind_l or kind_l in ("billing_error", "billing_not_active"):
+        cls, code = errors.RateLimitError, "QUOTA_EXCEEDED"
+    elif status == 429 or kind_l in ("rate_limit_error", "rate_limit_exceeded", "resource_exhausted", "too_many_requests"):
+        cls, code = errors.RateLimitError, "RATE_LIMITED"
+    elif status in (401, 403) or kind_l in ("authentication_error", "permission_error", "invalid_api_key",
+                                             "unauthenticated", "permission_denied"):
+        cls = errors.AuthenticationError
+        code = "PERMISSION_DENIED" if status == 403 or "permission" in kind_l else "AUTHENTICATION_FAILED"
+    elif status in (400, None) and BAD_KEY.search(text):  # Gemini answers a bad key with 400 INVALID_ARGUMENT
+        cls, code = errors.AuthenticationError, "AUTHENTICATION_FAILED"
+    elif status in (503, 529) or kind_l in ("overloaded_error", "unavailable", "overloaded", "server_is_overloaded",
+                                             "slow_down"):
+        cls, code = errors.OverloadedError, "OVERLOADED"
+    elif (status is not None and status >= 500) or kind_l in ("api_error", "server_error", "internal", "internal_error",
+                                                               "timeout_error"):
+        cls, code = errors.ServerError, "SERVER_ERROR"
+    elif status == 409:
+        cls, code = errors.ServerError, "CONFLICT"
+    elif status == 413 or kind_l in ("context_length_exceeded", "request_too_large", "string_above_max_length") \
+            or CONTEXT_PATTERNS.search(text):
+        cls, code = errors.ContextLengthError, "CONTEXT_LENGTH_EXCEEDED"
+    elif status == 404 or kind_l in ("not_found_error", "not_found", "model_not_found"):
+        cls, code = errors.InvalidRequestError, "NOT_FOUND"
+    elif status is not None and 400 <= status < 500:
+        cls, code = errors.InvalidRequestError, "BAD_REQUEST"
+    elif kind_l in ("invalid_request_error", "invalid_argument", "invalid_request", "failed_precondition"):
+        cls, code = errors.InvalidRequestError, "BAD_REQUEST"
+    else:
+        cls, code = errors.ServerError, "SERVER_ERROR"
+    return cls(full or f"{provider}: request failed", code, **args)
+
+
+def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool = False) -> errors.ModelError:
+    """An SDK's status/connection/timeout exception (openai- and anthropic-style SDKs share the
+    shape: ``status_code``, ``response.headers``, ``body``, ``request_id``). ``started``: the
+    stream had begun, so a dropped connection is ``STREAM_INTERRUPTED``."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    status = getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) if response is not None else None
+    body = getattr(exc, "body", None)
+    kind, message = error_fields(body)
+    if not message:
+        message = getattr(exc, "message", None) or str(exc)
+    return classify(provider, status=status if isinstance(status, int) and status >= 400 else None, kind=kind, message=message,
+                    retry_after=retry_after_ms(headers), request_id=getattr(exc, "request_id", None),
+                    timeout="APITimeoutError" in names,
+                    connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
+                    interrupted="APIConnectionError" in names and "APITimeoutError" not in names and started,
+                    secrets=secrets)
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """An httpx / httpx2 transport failure (a dropped connection, a read timeout) that an SDK let
+    through unwrapped (some do, mid-stream)."""
+    for c in type(exc).__mro__:
+        if c.__name__ in ("TransportError", "TimeoutException") and c.__module__.split(".")[0] in ("httpx", "httpx2", "httpcore"):
+            return True
+    return False
+
+
+def transport_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool) -> errors.ModelError:
+    timeout = any(c.__name__ == "TimeoutException" for c in type(exc).__mro__)
+    return classify(provider, status=None, message=str(exc) or type(exc).__name__, timeout=timeout,
+                    connection=not timeout and not started, interrupted=not timeout and started, secrets=secrets)
+
+
+def error_fields(body: Any) -> Tuple[Optional[str], str]:
+    """(kind, message) of a vendor error body: ``{"error": {"type"|"code"|"status", "message"}}``,
+    the ``error`` dict itself, or a string."""
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping):
+            kind = inner.get("code") or inner.get("type") or inner.get("status")
+            if isinstance(kind, int):
+                kind = inner.get("status") or inner.get("type")
+            message = inner.get("message") or ""
+            return (str(kind) if kind else None), str(message)
+        if isinstance(inner, str):
+            return None, inner
+    if isinstance(body, str):
+        return None, body
+    return None, ""
+
+
+# -- the opaque-state store -----------------------------------------------------------------------
+
+
+def merge_turns(out: List[Dict[str, Any]], wires: List[Any], field: str) -> None:
+    """Appends per-message turns (``{"role", field: [...]}`` or ``None``) to ``out``, merging a
+    turn into the one before it when both have the same role (parallel tool results go in one
+    user turn). A merged turn is a new dict: the ones in ``out`` are shared with the cache."""
+    last = out[-1]["role"] if out else None
+    owned = False
+    for wire in wires:
+        if wire is None:
+            continue
+        role = wire["role"]
+        if role == last:
+            if not owned:
+                out[-1] = {"role": role, field: list(out[-1][field])}
+                owned = True
+            out[-1][field].extend(wire[field])
+        else:
+            out.append(wire)
+            last = role
+            owned = False
+
+
+class _Bounded(dict):  # type: ignore[type-arg]
+    """A dict that forgets its oldest entries past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        if len(self) > self.limit:
+            for old in list(self)[: max(1, self.limit // 4)]:
+                del self[old]
+
+
+class _LogIndex:
+    """The provider-data of one session's log, read once (after a resume, say): message id →
+    (annotated blocks, the message's content key)."""
+
+    __slots__ = ("scanned", "natives")
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        self.natives: Dict[str, Tuple[Blocks, Tuple[Any, ...]]] = {}
+
+    def update(self, log: Any, protocol: str) -> None:
+        end = len(log)
+        if end <= self.scanned:
+            return
+        for event in log.events(start=self.scanned, stop=end, types="assistant/message"):
+            seqs = event.source_event_seqs
+            if not seqs:
+                continue
+            for seq in reversed(seqs):  # provider-data comes right before usage/finish
+                chunk = log[seq].data.get("chunk") or {}
+                kind = chunk.get("type")
+                if kind == PROVIDER_DATA:
+                    if chunk.get("provider") == protocol and isinstance(chunk.get("content"), list):
+                        message = event.data["message"]
+                        self.natives[message["id"]] = (chunk["content"], content_key(message["content"]))
+                    break
+                if kind not in ("usage", "finish"):
+                    break
+        self.scanned = end
+
+
+# -- the base class --------------------------------------------------------------------------------
+
+
+class Provider:
+    """Base of every provider: a Kerman model (``model(request)``) over one wire protocol.
+
+    Subclasses implement ``_convert(message, blocks, request)`` (one history message to its wire form,
+    cached per message), ``_build(request)`` (the SDK call's keyword arguments) and
+    ``_stream(request, kwargs)`` / ``_complete(request, kwargs)``.
+
+    **Opaque state.** Some providers return state that must be sent back verbatim on the next
+    request (Anthropic's signed thinking, Responses reasoning items, Gemini thought signatures).
+    A non-streamed reply keeps it in its blocks (``block["anthropic"]["signature"]``...). A
+    streamed reply cannot (the loop assembles a streamed message from text deltas), so the
+    provider yields one ``provider-data`` chunk with the reply's annotated blocks just before its
+    ``usage`` and ``finish``: it is logged with the other chunks (so it survives a restart) and
+    ignored by the assembler. The next request finds it by the message's content (in memory) or
+    by the message's ``source_event_seqs`` in ``request.loop.log`` (after a resume).
+    """
+
+    protocol = "provider"
+    vendor = "provider"  # the key of a block's opaque fields
+    opaque = True  # whether replies can carry opaque state (else assistant messages skip the lookup)
+
+    def __init__(self, model: str, *, instructions: Optional[str] = None, stream: bool = True,
+                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        if instructions is not None and not isinstance(instructions, str):
+            raise TypeError(f"instructions must be a str or None, got {type(instructions).__name__}")
+        self.model = model
+        self.instructions = instructions
+        self.stream = bool(stream)
+        self.params: Dict[str, Any] = dict(params or {})
+        self._limit = max(16, int(cache_size))
+        self._young: Dict[str, Tuple[Any, Any]] = {}
+        self._old: Dict[str, Tuple[Any, Any]] = {}
+        self._natives = _Bounded(1024)
+        self._logs = _Bounded(256)
+        self._prefixes = _Bounded(64)  # loop -> (its last request's messages, their wire list)
+
+    # -- the model interface --
+
+    def __call__(self, request: Any) -> Any:
+        kwargs = self._build(request)
+        if self.stream:
+            return self._stream(request, kwargs)
+        return self._complete(request, kwargs)
+
+    def _build(self, request: Any) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
+        raise NotImplementedError
+
+    async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    # -- request pieces --
+
+    def _instructions_for(self, request: Any) -> Optional[str]:
+        instructions = getattr(request, "instructions", None)
+        return self.instructions if instructions is None else instructions
+
+    def _params_for(self, request: Any) -> Dict[str, Any]:
+        """Constructor params, then the request's options over them."""
+        options = getattr(request, "options", None)
+        if options:
+            merged = dict(self.params)
+            merged.update(options)
+            return merged
+        return dict(self.params)
+
+    def _wire(self, request: Any) -> List[Any]:
+        """The wire list (messages, input items, contents) of the whole history.
+
+        A session's next request carries the previous one's messages plus a few new ones, so
+        when this request's messages start with the last request's (of the same loop; compared
+        as lists, which is a pointer comparison per message for the same objects), the last
+        wire list is reused and only the new messages are added. Anything else is built from
+        the per-message cache."""
+        messages = request.messages
+        key = id(getattr(request, "loop", None))
+        prev = self._prefixes.get(key)
+        if prev is not None:
+            old_messages, old_out = prev
+            k = len(old_messages)
+            if len(messages) >= k and messages[:k] == old_messages:
+                out: List[Any] = old_out[:]
+                self._extend(out, self._history(messages[k:], request))
+                self._prefixes.put(key, (list(messages), out[:]))
+                return out
+        out = []
+        self._extend(out, self._history(messages, request))
+        self._prefixes.put(key, (list(messages), out[:]))
+        return out
+
+    def _extend(self, out: List[Any], wires: List[Any]) -> None:
+        """Adds the wire forms of new messages to ``out`` (which holds those before them; its
+        entries are shared with earlier requests, so one is replaced, never changed). A message
+        whose wire form is ``None`` is left out."""
+        out.extend(w for w in wires if w is not None)
+
+    def _history(self, messages: Sequence[Any], request: Any) -> List[Any]:
+        """The wire form of every message, each converted once (cached by id; a message with the
+        same id but other content is converted again)."""
+        young = self._young
+        get = young.get
+        out: List[Any] = []
+        append = out.append
+        for m in messages:
+            entry = get(m.id)
+            if entry is None or (entry[0] is not m and entry[0] != m):
+                entry = self._miss(m, request)
+            append(entry[1])
+        return out
+
+    def _miss(self, m: Any, request: Any) -> Tuple[Any, Any]:
+        key = m.id
+        entry = self._old.pop(key, None)
+        if entry is None or (entry[0] is not m and entry[0] != m):
+            blocks = self._native(m, request) if self.opaque and type(m) is AssistantMessage else None
+            entry = (m, self._convert(m, blocks, request))
+        young = self._young
+        young[key] = entry
+        if len(young) > self._limit:
+            self._old = young
+            self._young = {}
+            self._young[key] = entry
+        return entry
+
+    def _convert(self, message: Any, blocks: Optional[Blocks], request: Any) -> Any:
+        """One message's wire form; ``blocks`` are an assistant message's annotated blocks when
+        a stream left opaque state for it (else ``message.content`` is used)."""
+        raise NotImplementedError
+
+    def _remember(self, builder: ReplyBuilder) -> Optional[Dict[str, Any]]:
+        """At the end of a stream: the provider-data chunk to yield, if the reply has opaque state."""
+        if not builder.annotated:
+            return None
+        blocks = builder.blocks
+        self._natives.put(content_key(blocks), blocks)
+        return {"type": PROVIDER_DATA, "provider": self.protocol, "content": blocks}
+
+    def _native(self, m: Any, request: Any) -> Optional[Blocks]:
+        content = m.content
+        vendor = self.vendor
+        if any(vendor in b for b in content):
+            return list(content)  # a non-streamed reply keeps its opaque state in its blocks
+        key = content_key(content)
+        found = self._natives.get(key)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        loop = getattr(request, "loop", None)
+        log = getattr(loop, "log", None) if loop is not None else None
+        if log is None:
+            return None
+        try:
+            index = self._logs.get(log.id)
+            if index is None:
+                index = _LogIndex()
+                self._logs.put(log.id, index)
+            index.update(log, self.protocol)
+        except Exception:  # a closed or foreign log: convert without the opaque state
+            return None
+        hit = index.natives.get(m.id)
+        if hit is not None and hit[1] == key:
+            return hit[0]
+        return None
+
+    async def aclose(self) -> None:
+        """Closes the SDK client if this provider built it (one passed as ``client=`` stays
+        yours to close)."""
+        if self._owns_client:
+            await self._close_client()
+
+    async def _close_client(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            await close()
+
+    # -- helpers for subclasses --
+
+    _owns_client = False
+    client: Any = None
+
+    def _secrets(self) -> List[str]:
+        return []
+
+    def __repr__(self) -> str:
+        extra = self._repr_extra()
+        return f"{type(self).__name__}({self.model!r}{extra})"
+
+    def _repr_extra(self) -> str:
+        return ""
+
+
+def tool_result_text(block: Mapping[str, Any]) -> str:
+    """The text of a tool-result block's inner content (images dropped)."""
+    inner = block.get("content")
+    if isinstance(inner, str):
+        return inner
+    parts = []
+    for b in inner or ():
+        if isinstance(b, Mapping) and b.get("type") == "text":
+            parts.append(b.get("text") or "")
+    return "\n".join(parts)
+
+
+def image_parts(block: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(media type, base64 data, url) of a Kerman image block:
+    ``{"type": "image", "mediaType": "image/png", "data": "<base64>"}`` or ``{"type": "image", "url": "..."}``."""
+    media = block.get("mediaType") or block.get("media_type")
+    data = block.get("data")
+    url = block.get("url")
+    if isinstance(url, str) and url.startswith("data:") and data is None:
+        header, _, payload = url.partition(",")
+        media = media or header[5:].split(";")[0]
+        return media, payload, None
+    return media, data, url
+
+
+def data_url(media: Optional[str], data: str) -> str:
+    return f"data:{media or 'image/png'};base64,{data}"
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """A tool call's ``arguments`` string as the JSON object some wire formats want."""
+    if isinstance(arguments, (dict, list)):
+        return arguments
+    if not arguments:
+        return {}
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return {"_raw": arguments}
