@@ -129,5 +129,5 @@ __all__ = [
 ]
 
 # Before finalization: the core's writer and reply threads stop calling into Python, so a log
-# dropped while the interpreter shuts down can join its writer (src/python/exit.rs).
+# dropped while the interpreter shuts down can join its writer (src/python/runtime/exit.rs).
 atexit.register(_core._at_exit)
