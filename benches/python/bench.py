@@ -349,11 +349,11 @@ def _turn_rows(cfg: Cfg, id: str, label: str, listeners: int, tool: bool, target
 
 def p3(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     return [_turn_rows(cfg, "P3", f"loop turns/s, {n} pass-through pre-step listener{'s' if n != 1 else ''}", n, False, t)
-            for n, t in ((0, 5), (1, 4), (5, 3))]
+            for n, t in ((0, 10), (1, 4), (5, 3))]
 
 
 def p4(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
-    return [_turn_rows(cfg, "P4", "loop turns/s, one tool call per turn", 0, True, 4)]
+    return [_turn_rows(cfg, "P4", "loop turns/s, one tool call per turn", 0, True, 8)]
 
 
 # ---- P5, P6, P7: durable appends ---------------------------------------------------------------
