@@ -155,6 +155,11 @@ thread_local! {
 const PAYLOAD_KEEP: usize = 4096;
 
 /// The logged text of `splice`.
+/// A splice that removes nothing and inserts nothing (or none planned).
+fn is_noop(planned: &Option<(Target, usize, usize)>, inserted: &[Arc<Message>]) -> bool {
+    planned.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty())
+}
+
 fn splice_error(e: SpliceError) -> InboxError {
     match e {
         SpliceError::Duplicate(id) => InboxError::Duplicate(id),
@@ -322,24 +327,12 @@ impl Inbox {
         inserted: Vec<Arc<Message>>,
         canceled: bool,
     ) -> Result<Option<Applied>, InboxError> {
-        let is_noop = |p: &Option<(Target, usize, usize)>, inserted: &[Arc<Message>]| {
-            p.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty())
-        };
         // With nothing to notify the log commits without its publish token (see
         // `SessionLog::commit_quiet`), under the lists lock; otherwise, or if the token is
         // held, the mutation runs the long way below, planned again.
         let inserted = {
             let mut lists = lock(&self.shared.lists);
-            let planned = plan(&lists);
-            if is_noop(&planned, &inserted) {
-                return Ok(None);
-            }
-            if self.is_closed() {
-                return Err(InboxError::Closed(self.shared.log.id().to_string()));
-            }
-            let Some((target, start, removed)) = planned else { return Ok(None) };
-            let splice = Splice { target, start, removed, inserted, canceled };
-            lists.validate(&splice).map_err(splice_error)?;
+            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled)? else { return Ok(None) };
             match self.shared.log.commit_quiet(SPLICED, || (payload(&splice), None)) {
                 Ok(committed) => {
                     committed?;
@@ -356,18 +349,7 @@ impl Inbox {
         };
         let (removed, splice, committed) = {
             let mut lists = lock(&self.shared.lists);
-            let planned = plan(&lists);
-            if is_noop(&planned, &inserted) {
-                return Ok(None);
-            }
-            // A closed inbox no longer projects the log (another may): it writes nothing. A
-            // no-op (clearing it when empty) is still harmless.
-            if self.is_closed() {
-                return Err(InboxError::Closed(self.shared.log.id().to_string()));
-            }
-            let Some((target, start, removed)) = planned else { return Ok(None) };
-            let splice = Splice { target, start, removed, inserted, canceled };
-            lists.validate(&splice).map_err(splice_error)?;
+            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled)? else { return Ok(None) };
             let committed = publishing.commit(SPLICED, payload(&splice), None, None, false)?;
             let removed = (!committed.has_observers()).then(|| lists.apply(&splice));
             (removed, splice, committed)
@@ -376,6 +358,29 @@ impl Inbox {
         let removed = removed.unwrap_or_else(|| lock(&self.shared.lists).apply(&splice));
         drop(publishing);
         Ok(Some(Applied { removed, inserted: splice.inserted, canceled: splice.canceled }))
+    }
+
+    /// The splice `plan` proposes over `lists`, checked against them; `None` for a no-op.
+    /// A closed inbox no longer projects the log (another may): it writes nothing, though a
+    /// no-op (clearing it when empty) is still harmless.
+    fn checked_splice(
+        &self,
+        lists: &Lists,
+        plan: &impl Fn(&Lists) -> Option<(Target, usize, usize)>,
+        inserted: Vec<Arc<Message>>,
+        canceled: bool,
+    ) -> Result<Option<Splice>, InboxError> {
+        let planned = plan(lists);
+        if is_noop(&planned, &inserted) {
+            return Ok(None);
+        }
+        if self.is_closed() {
+            return Err(InboxError::Closed(self.shared.log.id().to_string()));
+        }
+        let Some((target, start, removed)) = planned else { return Ok(None) };
+        let splice = Splice { target, start, removed, inserted, canceled };
+        lists.validate(&splice).map_err(splice_error)?;
+        Ok(Some(splice))
     }
 
     fn announce(&self, applied: &Applied) {

@@ -11,7 +11,7 @@ import math
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import errors
 from .._core import AssistantMessage
@@ -31,6 +31,22 @@ def require(module: str, extra: str, who: str) -> Any:
     except ImportError as e:
         raise ImportError(f"kerman.providers.{who} needs the {module.split('.')[0]!r} package: "
                           f"pip install 'kerman[{extra}]' (or pip install {extra_package(extra)})") from e
+
+
+def sdk_client(factory: Callable[..., Any], client: Any, base_url: Optional[str], api_key: Optional[str],
+               timeout: Optional[float]) -> Tuple[Any, bool]:
+    """The client a provider talks through, and whether it built it: ``client`` as given (then
+    ``base_url``/``api_key``/``timeout`` belong to it), or ``factory(...)`` with the SDK's own
+    retries off, so that the loop's ``request_error`` seam decides."""
+    if client is not None:
+        if base_url is not None or api_key is not None or timeout is not None:
+            raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        return client, False
+    options: Dict[str, Any] = {"max_retries": 0}
+    for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout)):
+        if value is not None:
+            options[name] = value
+    return factory(**options), True
 
 
 def extra_package(extra: str) -> str:

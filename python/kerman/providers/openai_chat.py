@@ -19,6 +19,7 @@ from ._base import (
     is_transport_error,
     mint_call_id,
     require,
+    sdk_client,
     tool_result_text,
     transport_error,
     usage_chunk,
@@ -76,18 +77,7 @@ class OpenAIChat(Provider):
                  instructions_role: str = "system", cache_size: int = 10_000, **params: Any) -> None:
         super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
         self._sdk = require("openai", "openai", type(self).__name__)
-        owned = client is None
-        if client is None:
-            options: Dict[str, Any] = {"max_retries": 0}
-            if base_url is not None:
-                options["base_url"] = base_url
-            if api_key is not None:
-                options["api_key"] = api_key
-            if timeout is not None:
-                options["timeout"] = timeout
-            client = self._sdk.AsyncOpenAI(**options)
-        elif base_url is not None or api_key is not None or timeout is not None:
-            raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         if max_tokens_field not in ("max_completion_tokens", "max_tokens"):
             raise ValueError(f'max_tokens_field must be "max_completion_tokens" or "max_tokens", got {max_tokens_field!r}')
         if instructions_role not in ("system", "developer"):

@@ -17,6 +17,7 @@ from ._base import (
     image_parts,
     is_transport_error,
     require,
+    sdk_client,
     tool_result_text,
     transport_error,
     usage_chunk,
@@ -59,18 +60,7 @@ class OpenAIResponses(Provider):
                  cache_size: int = 10_000, **params: Any) -> None:
         super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
         self._sdk = require("openai", "openai", type(self).__name__)
-        owned = client is None
-        if client is None:
-            options: Dict[str, Any] = {"max_retries": 0}
-            if base_url is not None:
-                options["base_url"] = base_url
-            if api_key is not None:
-                options["api_key"] = api_key
-            if timeout is not None:
-                options["timeout"] = timeout
-            client = self._sdk.AsyncOpenAI(**options)
-        elif base_url is not None or api_key is not None or timeout is not None:
-            raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         self._owns_client = owned
         self.client = client
 
