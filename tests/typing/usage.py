@@ -26,6 +26,8 @@ async def main() -> list[str]:
     log.close()
     failed = await failing_turn()
     typed = await typed_tools()
+    briefed = await instructed()
+    assert briefed == "Be briefer."
     return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed] + typed
 
 
@@ -39,6 +41,18 @@ async def failing_turn() -> str:
         error = loop.last_error
         assert error is not None
         return f"{type(error.exception).__name__}: {error.error['message']}"
+
+
+async def instructed() -> str | None:
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        return kerman.ModelReply(request.instructions or "none")
+
+    loop = kerman.AgentLoop(model, instructions="Be brief.")
+    loop.instructions = None
+    loop.instructions = "Be briefer."
+    loop.followup("go")
+    await loop.when_idle()
+    return loop.instructions
 
 
 @dataclasses.dataclass
