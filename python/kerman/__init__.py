@@ -34,6 +34,7 @@ from .errors import (
     DuplicateMessageError,
     InboxError,
     InvalidMessageError,
+    InvalidToolArgumentsError,
     KermanError,
     LeaseLostError,
     LogClosedError,
@@ -124,6 +125,7 @@ __all__ = [
     "LeaseLostError",
     "LoopError",
     "TurnAborted",
+    "InvalidToolArgumentsError",
     "ModelError",
     "__version__",
 ]

@@ -36,7 +36,8 @@ import types
 import typing
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
-from .types import ToolContext, ToolResult
+from .errors import InvalidToolArgumentsError
+from .types import ToolContext
 
 __all__ = ["Typed", "typed_tool", "check_parameters", "schema_problem", "parse_docstring", "Docstring"]
 
@@ -109,8 +110,8 @@ def _kind(value: Any) -> str:
     return t.__name__
 
 
-def _refused(errors: Sequence[_Invalid]) -> ToolResult:
-    return ToolResult("invalid tool arguments: " + "; ".join(e.text() for e in errors), is_error=True)
+def _refused(errors: Sequence[_Invalid]) -> InvalidToolArgumentsError:
+    return InvalidToolArgumentsError("; ".join(e.text() for e in errors))
 
 
 # ---- compiled types -----------------------------------------------------------------------------
@@ -984,9 +985,9 @@ def _adapter(fn: Callable[..., Any], convert: Callable[[Any, Optional[List[_Inva
         try:
             kwargs = convert(args, errors)
         except _Invalid as e:  # not an object at all
-            return _refused([e])
+            raise _refused([e]) from None
         if errors:
-            return _refused(errors)
+            raise _refused(errors)
         if context is not None:
             kwargs[context] = ctx
         return fn(**kwargs)

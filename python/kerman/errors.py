@@ -28,6 +28,7 @@ __all__ = [
     "LeaseLostError",
     "LoopError",
     "TurnAborted",
+    "InvalidToolArgumentsError",
     "ModelError",
 ]
 
@@ -141,6 +142,14 @@ class TurnAborted(KermanError):
     def __init__(self, reason: Any = None) -> None:
         super().__init__(f"turn aborted: {reason!r}")
         self.reason = reason
+
+
+class InvalidToolArgumentsError(KermanError, ValueError):
+    """A tool call's arguments do not fit the tool's parameters. A typed tool raises it before
+    its body runs; like arguments that are not JSON, the model gets an error result
+    ``invalid tool arguments: …`` with ``error {"name": "ValueError", "code":
+    "INVALID_ARGUMENTS"}``, and nothing is reported as a bug (the model's mistake, not
+    yours). A legacy ``(args, ctx)`` tool may raise it too."""
 
 
 class ModelError(KermanError):

@@ -152,6 +152,10 @@ fn raised(parts: &Parts, py: Python<'_>, tool: &Bound<'_, PyAny>, e: PyErr) -> P
         Ok(s) if !s.to_string_lossy().is_empty() => s.to_string_lossy().into_owned(),
         _ => name.clone(),
     };
+    // The model's mistake, as arguments that are not JSON are: no bug to report.
+    if exc.is_instance(c.invalid_tool_arguments.bind(py))? {
+        return Ok((Outcome::bad_arguments(&text), None));
+    }
     let mut outcome = Outcome::error(text, &name, FailureCode::ToolError);
     let function = tool.getattr(intern!(py, "fn")).ok().and_then(|f| callable_name(&f));
     if let Some(Value::Object(error)) = &mut outcome.error {

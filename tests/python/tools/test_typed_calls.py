@@ -61,7 +61,8 @@ def refused(arguments: Any) -> str:
     ran = run(search_tool(seen), arguments)
     assert seen == []
     assert ran.is_error()
-    assert "error" not in ran.result.data  # a tool's own error result: not a raised exception
+    # As for arguments that are not JSON: the INVALID_ARGUMENTS code, and no report.
+    assert ran.result.data["error"] == {"name": "ValueError", "code": "INVALID_ARGUMENTS"}
     assert ran.errors == [] and ran.loop.last_error is None
     assert [e.data["reason"]["kind"] for e in ran.loop.log.events(types="turn/end")] == ["completed"]
     text = ran.text()
@@ -288,3 +289,23 @@ def test_a_pydantic_model_is_validated_and_constructed() -> None:
         ran = run(t, arguments)
         assert ran.text() == f"invalid tool arguments: {message}" and ran.is_error()
     assert len(got) == 1
+
+
+@pytest.mark.parametrize("lone", [True, False], ids=["lone-call", "pooled-calls"])
+def test_a_legacy_tool_raising_invalid_arguments_gets_the_same_result(lone):
+    """``InvalidToolArgumentsError`` from an ``(args, ctx)`` body reads as the model's mistake,
+    as a typed tool's refusal does: the INVALID_ARGUMENTS code, and no report."""
+    async def picky(args: Dict[str, Any], ctx: ToolContext) -> str:
+        if "path" not in args:
+            raise kerman.InvalidToolArgumentsError('missing required field "path"')
+        return "read"
+
+    calls = [{}] if lone else [{}, {"path": "a"}]
+    ran = run(picky, *calls)
+    first = ran.results[0]
+    assert ran.text(0) == 'invalid tool arguments: missing required field "path"'
+    assert ran.is_error(0)
+    assert first.data["error"] == {"name": "ValueError", "code": "INVALID_ARGUMENTS"}
+    assert ran.errors == [] and ran.loop.last_error is None
+    if not lone:
+        assert ran.text(1) == "read" and not ran.is_error(1)
