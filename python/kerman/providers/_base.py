@@ -568,6 +568,39 @@ class Provider:
         return ""
 
 
+class SdkClientProvider(Provider):
+    """A provider over an SDK of the OpenAI/Anthropic family: one ``Async…`` client with
+    ``api_key`` and ``base_url``, whose HTTP failures are ``APIStatusError`` /
+    ``APIConnectionError``. The key, the ``repr`` and the error reading are the same for all."""
+
+    _sdk: Any = None
+
+    def _secrets(self) -> List[str]:
+        key = getattr(self.client, "api_key", None)
+        return [key] if isinstance(key, str) else []
+
+    def _repr_extra(self) -> str:
+        return f", base_url={safe_url(getattr(self.client, 'base_url', '?'))!r}"
+
+    def _error(self, exc: BaseException, started: bool = False) -> Exception:
+        sdk = self._sdk
+        if is_transport_error(exc):
+            return transport_error(self.protocol, exc, self._secrets(), started)
+        if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
+            return http_status_error(self.protocol, exc, self._secrets(), started)
+        kind, message = error_fields(getattr(exc, "body", None))
+        return classify(self.protocol, status=None, kind=kind, message=message or str(exc), secrets=self._secrets())
+
+
+def safe_url(url: Any) -> str:
+    """``url`` without credentials in its authority (``https://user:key@host`` → ``https://host``)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
 def tool_result_text(block: Mapping[str, Any]) -> str:
     """The text of a tool-result block's inner content (images dropped)."""
     inner = block.get("content")

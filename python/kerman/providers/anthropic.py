@@ -9,22 +9,18 @@ from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
     Blocks,
-    Provider,
     ReplyBuilder,
+    SdkClientProvider,
     classify,
-    error_fields,
-    http_status_error,
     image_parts,
     is_transport_error,
     merge_turns,
     parse_arguments,
     require,
     sdk_client,
-    transport_error,
     usage_chunk,
     usage_dict,
 )
-from .openai_chat import _safe_url
 
 __all__ = ["Anthropic"]
 
@@ -38,7 +34,7 @@ def _image(block: Dict[str, Any]) -> Dict[str, Any]:
     return {"type": "image", "source": {"type": "base64", "media_type": media or "image/png", "data": data or ""}}
 
 
-class Anthropic(Provider):
+class Anthropic(SdkClientProvider):
     """A Kerman model over Anthropic's Messages API.
 
     ``Anthropic("claude-sonnet-4-5")`` builds an ``anthropic.AsyncAnthropic`` client from the
@@ -70,11 +66,7 @@ class Anthropic(Provider):
         self.max_tokens = int(max_tokens)
 
     def _repr_extra(self) -> str:
-        return f", max_tokens={self.max_tokens}, base_url={_safe_url(getattr(self.client, 'base_url', '?'))!r}"
-
-    def _secrets(self) -> List[str]:
-        key = getattr(self.client, "api_key", None)
-        return [key] if isinstance(key, str) else []
+        return f", max_tokens={self.max_tokens}" + super()._repr_extra()
 
     # -- request --
 
@@ -141,15 +133,6 @@ class Anthropic(Provider):
         return kwargs
 
     # -- reply --
-
-    def _error(self, exc: BaseException, started: bool = False) -> Exception:
-        sdk = self._sdk
-        if is_transport_error(exc):
-            return transport_error(self.protocol, exc, self._secrets(), started)
-        if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
-            return http_status_error(self.protocol, exc, self._secrets(), started)
-        kind, message = error_fields(getattr(exc, "body", None))
-        return classify(self.protocol, status=None, kind=kind, message=message or str(exc), secrets=self._secrets())
 
     @staticmethod
     def _usage(start: Any, delta: Any) -> Dict[str, Any]:

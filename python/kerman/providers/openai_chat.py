@@ -11,35 +11,24 @@ from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
     Blocks,
-    Provider,
     ReplyBuilder,
+    SdkClientProvider,
     data_url,
-    http_status_error,
     image_parts,
     is_transport_error,
     mint_call_id,
     require,
     sdk_client,
     tool_result_text,
-    transport_error,
     usage_chunk,
     usage_dict,
 )
 from ._base import classify as _classify
-from ._base import error_fields as _error_fields
 
 __all__ = ["OpenAIChat"]
 
 
-def _safe_url(url: Any) -> str:
-    text = str(url)
-    scheme, sep, rest = text.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        rest = rest.split("@", 1)[1]
-    return scheme + sep + rest
-
-
-class OpenAIChat(Provider):
+class OpenAIChat(SdkClientProvider):
     """A Kerman model over OpenAI's Chat Completions API.
 
     ``OpenAIChat("gpt-4.1")`` builds an ``openai.AsyncOpenAI`` client from the environment
@@ -98,13 +87,6 @@ class OpenAIChat(Provider):
         # (field, in the SDK's schema?): fields outside it are read from the model's extras, as
         # a getattr that misses costs an exception per chunk.
         self._reasoning_reads = [(n, n in schema) for n in self.reasoning_fields]
-
-    def _repr_extra(self) -> str:
-        return f", base_url={_safe_url(getattr(self.client, 'base_url', '?'))!r}"
-
-    def _secrets(self) -> List[str]:
-        key = getattr(self.client, "api_key", None)
-        return [key] if isinstance(key, str) else []
 
     # -- request --
 
@@ -172,15 +154,6 @@ class OpenAIChat(Provider):
         return kwargs
 
     # -- reply --
-
-    def _error(self, exc: BaseException, started: bool = False) -> Exception:
-        sdk = self._sdk
-        if is_transport_error(exc):
-            return transport_error(self.protocol, exc, self._secrets(), started)
-        if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
-            return http_status_error(self.protocol, exc, self._secrets(), started)
-        kind, message = _error_fields(getattr(exc, "body", None))
-        return _classify(self.protocol, status=None, kind=kind, message=message or str(exc), secrets=self._secrets())
 
     async def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
         sdk = self._sdk

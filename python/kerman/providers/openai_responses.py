@@ -8,22 +8,18 @@ from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
     Blocks,
-    Provider,
     ReplyBuilder,
+    SdkClientProvider,
     classify,
     data_url,
-    error_fields,
-    http_status_error,
     image_parts,
     is_transport_error,
     require,
     sdk_client,
     tool_result_text,
-    transport_error,
     usage_chunk,
     usage_dict,
 )
-from .openai_chat import _safe_url
 
 __all__ = ["OpenAIResponses"]
 
@@ -36,7 +32,7 @@ def _item_dict(item: Any) -> Dict[str, Any]:
     return data
 
 
-class OpenAIResponses(Provider):
+class OpenAIResponses(SdkClientProvider):
     """A Kerman model over OpenAI's Responses API (stateless: every request carries the whole
     history as input items; ``previous_response_id`` is not used).
 
@@ -63,13 +59,6 @@ class OpenAIResponses(Provider):
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         self._owns_client = owned
         self.client = client
-
-    def _repr_extra(self) -> str:
-        return f", base_url={_safe_url(getattr(self.client, 'base_url', '?'))!r}"
-
-    def _secrets(self) -> List[str]:
-        key = getattr(self.client, "api_key", None)
-        return [key] if isinstance(key, str) else []
 
     # -- request --
 
@@ -145,15 +134,6 @@ class OpenAIResponses(Provider):
         return kwargs
 
     # -- reply --
-
-    def _error(self, exc: BaseException, started: bool = False) -> Exception:
-        sdk = self._sdk
-        if is_transport_error(exc):
-            return transport_error(self.protocol, exc, self._secrets(), started)
-        if isinstance(exc, (sdk.APIStatusError, sdk.APIConnectionError)):
-            return http_status_error(self.protocol, exc, self._secrets(), started)
-        kind, message = error_fields(getattr(exc, "body", None))
-        return classify(self.protocol, status=None, kind=kind, message=message or str(exc), secrets=self._secrets())
 
     @staticmethod
     def _usage(u: Any) -> Dict[str, Any]:
