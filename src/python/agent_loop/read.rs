@@ -107,16 +107,19 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Op
         return Ok(Requested::BadInstructions(instructions.get_type().name()?.to_string()));
     };
     let options = value.getattr(intern!(py, "options"))?;
-    let canonical = match options.cast_exact::<PyDict>() {
-        Ok(dict) if dict.is_empty() => "{}".to_owned(),
-        _ => match canonical::canonical(&options) {
+    // The common request has no options: no canonicalising, no serialising.
+    let empty = options.cast_exact::<PyDict>().is_ok_and(|dict| dict.is_empty());
+    let canonical = if empty {
+        "{}".to_owned()
+    } else {
+        match canonical::canonical(&options) {
             Ok(text) => text.extract::<String>()?,
             Err(e) => return Ok(Requested::NotJson(e.value(py).to_string())),
-        },
+        }
     };
     let options = if !header_due(&canonical, instructions.as_deref()) {
         Ok(String::new())
-    } else if canonical == "{}" && options.is_exact_instance_of::<PyDict>() {
+    } else if empty {
         Ok("{}".to_owned())
     } else {
         to_json_text(&options, "data.options")
