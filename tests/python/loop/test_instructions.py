@@ -1,6 +1,11 @@
 """Instructions (the system prompt): `AgentLoop(instructions=)`, `loop.instructions`,
 `request.instructions`, and what the log records of them (`agent/instructions`, the
-`instructions` key of `request/header`)."""
+`instructions` key of `request/header`).
+
+An extension of SPEC 4.7, which issue 14 asks for: `agent/instructions` joins the loop-owned
+types that `log.append` refuses, and `request/header` is also logged when the request's
+instructions differ from the last header's (it carries them as `instructions`). A loop without
+instructions logs exactly what SPEC 4.7 says."""
 
 from __future__ import annotations
 
