@@ -560,6 +560,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return int(demo_main(args) or 0)
 
 
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import ChatError, run
+
+    try:
+        return run(args)
+    except ChatError as error:
+        raise _Exit(2, f"kerman chat: {error}") from None
+
+
 # -- parser ------------------------------------------------------------------------------------
 
 
@@ -581,7 +590,7 @@ def _allow_damaged(sub: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kerman", description="Inspect Kerman session logs and run the demo.")
+        prog="kerman", description="Inspect Kerman session logs, chat with a model, run the demo.")
     parser.add_argument("--version", action="version",
                         version=f"kerman {__version__} (session log format {FORMAT_VERSION})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -590,6 +599,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", metavar="PATH", default=None,
                       help="folder to put the demo session in (default: a fresh temporary folder)")
     demo.set_defaults(handler=_cmd_demo)
+
+    from .chat import add_arguments as chat_arguments
+
+    chat = commands.add_parser("chat", help="chat with a model in the terminal, on a durable session "
+                                            "(typing while it works steers it)",
+                               description="Chat with a model in the terminal on a durable file session. "
+                                           "What you type while the agent works steers it; /help lists the commands.")
+    chat_arguments(chat)
+    chat.set_defaults(handler=_cmd_chat)
 
     log = commands.add_parser("log", help="inspect session logs (a FileStore folder or a PostgreSQL DSN), "
                                           "repair session files")
