@@ -67,6 +67,7 @@ from .types import (
     ToolResult,
     TurnStopping,
 )
+from .worker import Worker
 
 __all__ = [
     # the loop
@@ -96,6 +97,7 @@ __all__ = [
     "MemoryStore",
     "FileStore",
     "PostgresStore",
+    "Worker",
     "FORMAT_VERSION",
     # inbox and projections
     "Inbox",

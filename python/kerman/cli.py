@@ -317,13 +317,20 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
 
 
 def _list_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ._workers_cli import session_rows
+
     store = _postgres(args.store)
     rows = []
+    # Who owns what (kerman sessions): owner (a worker's name or owner id), state, staged input.
+    owners = {r["id"]: r for r in session_rows(store)}
     ids = sorted(store.list())
     if len(ids) > 20 and not args.json:
         _err(f"kerman: reading {len(ids)} sessions…")
     for session_id in ids:
         row: dict[str, Any] = {"id": session_id, "events": None, "size_bytes": None, "status": "ok"}
+        seen = owners.get(session_id)
+        if seen is not None:
+            row.update(state=seen["state"], owner=seen["owner_name"] or seen["owner"], staged=seen["staged"])
         try:
             row["events"] = len(_follow(store, session_id)[1])
         except SessionNotFoundError:  # deleted meanwhile
@@ -347,6 +354,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         events = _count(r["events"], "event") if r["events"] is not None else "? events"
         size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else ("—" if _is_dsn(args.store) else "?")
         status = "" if r["status"] == "ok" else f"  ({r['status']})"
+        if "state" in r:  # a PostgreSQL store: who owns it
+            status = f"  {r['state']}" + (f" by {r['owner']}" if r["owner"] else "") + \
+                     (f", {r['staged']} staged" if r["staged"] else "") + status
         _out(f"{_shown_id(r['id']):<{width}}  {events:>12}  {size:>8}{status}")
     return 0
 
@@ -560,6 +570,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return int(demo_main(args) or 0)
 
 
+def _workers_command(name: str, args: argparse.Namespace) -> int:
+    from . import _workers_cli
+
+    if name == "worker":
+        return _workers_cli.run_worker(args, _shown, _err)
+    return _workers_cli.run_sessions(args, _out, _err, _shown_id)
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatError, run
 
@@ -608,6 +626,19 @@ def _parser() -> argparse.ArgumentParser:
                                            "What you type while the agent works steers it; /help lists the commands.")
     chat_arguments(chat)
     chat.set_defaults(handler=_cmd_chat)
+
+    from ._workers_cli import add_sessions_arguments, add_worker_arguments
+
+    worker = commands.add_parser("worker", help="serve the sessions of a PostgreSQL store (kerman.Worker)",
+                                 description="Take sessions with waiting input and no live owner, run their "
+                                             "AgentLoops, release them when idle; SIGTERM drains.")
+    add_worker_arguments(worker)
+    worker.set_defaults(handler=lambda a: _workers_command("worker", a))
+    sessions = commands.add_parser("sessions", help="who owns which session of a PostgreSQL store; unpark",
+                                   description="The sessions of a PostgreSQL store: owner, since when, lease "
+                                               "expiry, staged input, parked (default command: list).")
+    add_sessions_arguments(sessions)
+    sessions.set_defaults(handler=lambda a: _workers_command("sessions", a))
 
     log = commands.add_parser("log", help="inspect session logs (a FileStore folder or a PostgreSQL DSN), "
                                           "repair session files")

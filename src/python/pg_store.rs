@@ -4,14 +4,31 @@
 //! a network round trip on the store's own thread, and other Python threads should run
 //! meanwhile. Appends never wait here: they queue, and `log.flush()` completes on the loop.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::errors::{log_err, new_err};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
-use crate::event_log::postgres::{PgOptions, PostgresStore};
-use crate::event_log::{StagedInput, Store};
+use super::runtime::aio::{Completion, Value};
+use crate::event_log::postgres::{Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore};
+use crate::event_log::{LogError, StagedInput, Store};
 use crate::inbox::Target;
+
+/// The takeable-session notifications of a store (`_takeable`), handed to one waiting future.
+#[derive(Default)]
+struct Takeable {
+    subscribed: bool,
+    /// A notification (or a re-LISTEN) arrived while nobody waited.
+    pending: bool,
+    waiter: Option<Completion>,
+}
+
+fn lock(t: &Mutex<Takeable>) -> MutexGuard<'_, Takeable> {
+    t.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Sessions in one PostgreSQL database; each store is one lease owner on one connection.
 #[pyclass(name = "PostgresStore", module = "kerman", frozen)]
@@ -20,6 +37,37 @@ pub struct PyPostgresStore {
     lease_ttl: f64,
     reconnect_timeout: f64,
     request_timeout: f64,
+    takeable: Arc<Mutex<Takeable>>,
+}
+
+/// Submits `request` and returns a future on the running loop resolved with what `value`
+/// makes of its response (on the loop thread).
+fn submit_future<'py>(
+    py: Python<'py>,
+    store: &PostgresStore,
+    request: Request,
+    value: impl FnOnce(Response) -> Result<Option<Value>, LogError> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (completion, future) = Completion::new(py)?;
+    store.core().submit(request, Box::new(move |result| completion.deliver_value(result.and_then(value))));
+    Ok(future)
+}
+
+fn info_dict<'py>(py: Python<'py>, row: SessionInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", row.id)?;
+    d.set_item("owner", row.owner)?;
+    d.set_item("owner_name", row.owner_name)?;
+    d.set_item("epoch", row.epoch)?;
+    d.set_item("owned_since", row.owned_since)?;
+    d.set_item("expires_at", row.expires_at)?;
+    d.set_item("status", row.status)?;
+    d.set_item("status_detail", row.status_detail)?;
+    d.set_item("events", row.last_seq + 1)?;
+    d.set_item("staged", row.staged)?;
+    d.set_item("runnable", row.runnable)?;
+    d.set_item("now", row.now)?;
+    Ok(d)
 }
 
 #[pymethods]
@@ -50,7 +98,7 @@ impl PyPostgresStore {
             pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
         })?;
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout })
+        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout, takeable: Arc::default() })
     }
 
     #[getter]
@@ -143,11 +191,147 @@ impl PyPostgresStore {
         py.detach(|| self.inner.delete(&id)).map_err(|e| log_err(py, e))
     }
 
+    /// This store's owner id: what `kerman_sessions.owner` holds for the sessions it owns.
+    #[getter]
+    fn owner(&self) -> &str {
+        self.inner.core().owner()
+    }
+
+    /// Every session as an operator sees it, by id (or only `id`: `SessionNotFoundError` if it
+    /// does not exist): a dict with `id`, `owner` (owner id or `None`), `owner_name` (a
+    /// worker's name), `epoch`, `owned_since` and `expires_at` (seconds since the epoch, server
+    /// clock, or `None`), `status` (`"active"` or `"parked"`), `status_detail` (why it was
+    /// parked), `events`, `staged` (messages enqueued and not yet taken), `runnable` (released
+    /// with unclaimed input in its log) and `now` (the server's clock).
+    #[pyo3(signature = (id=None))]
+    fn sessions<'py>(&self, py: Python<'py>, id: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyList>> {
+        let id = id.map(id_arg).transpose()?;
+        let rows = py.detach(|| self.inner.sessions(id.as_deref())).map_err(|e| log_err(py, e))?;
+        if let (Some(id), true) = (&id, rows.is_empty()) {
+            return Err(log_err(py, LogError::NotFound { id: id.clone() }));
+        }
+        let list = PyList::empty(py);
+        for row in rows {
+            list.append(info_dict(py, row)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Makes a parked session active again, so a worker takes it for the input it has (and
+    /// at once, if input is staged). False if it was not parked; `SessionNotFoundError` for an
+    /// unknown session.
+    fn unpark(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = id_arg(id)?;
+        py.detach(|| self.inner.unpark(&id)).map_err(|e| log_err(py, e))
+    }
+
+    /// `kerman.Worker`'s take: an awaitable of up to `limit` `(log, epoch)` pairs, each a
+    /// session this store now owns (opened as `open` does) that had input waiting and no live
+    /// owner, or a dead one. `name` is recorded as the sessions' `owner_name`.
+    fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        if limit < 1 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("limit must be >= 1, got {limit}")));
+        }
+        let (completion, future) = Completion::new(py)?;
+        self.inner.take(limit, name, move |result| {
+            completion.deliver_value(result.map(|taken| {
+                let make: Value = Box::new(move |py: Python<'_>| {
+                    let list = PyList::empty(py);
+                    for (log, epoch) in taken {
+                        let log = Py::new(py, wrap_owned_log(log))?;
+                        list.append(PyTuple::new(py, [log.into_any(), epoch.into_pyobject(py)?.into_any().unbind()])?)?;
+                    }
+                    Ok(list.into_any().unbind())
+                });
+                Some(make)
+            }))
+        });
+        Ok(future)
+    }
+
+    /// `kerman.Worker`'s park: marks session `id`, taken at `epoch`, parked (releasing it) with
+    /// `detail`; awaitable of whether it applied (false: the lease moved on).
+    fn _park<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>, epoch: i64, detail: &str, runnable: bool) -> PyResult<Bound<'py, PyAny>> {
+        let lease = Lease { session_id: id_arg(id)?, owner: self.inner.core().owner().to_string(), epoch };
+        let request = Request::Park { lease, detail: detail.to_string(), runnable };
+        submit_future(py, &self.inner, request, |response| match response {
+            Response::Bool(b) => Ok(Some(Box::new(move |py: Python<'_>| Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any().unbind())) as Value)),
+            other => Err(crate::event_log::postgres::unexpected(other)),
+        })
+    }
+
+    /// `kerman.Worker`'s hint that session `id` has unclaimed input in its log (it was let go
+    /// as input arrived): awaitable of `None`.
+    fn _mark_runnable<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let request = Request::MarkRunnable { id: id_arg(id)? };
+        submit_future(py, &self.inner, request, |_| Ok(None))
+    }
+
+    /// `kerman.Worker`'s wake-up: an awaitable that resolves once a session became takeable
+    /// (a NOTIFY on `kerman_takeable`) or the LISTEN connection (re)connected, since the
+    /// previous one resolved. The first call starts listening.
+    fn _takeable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (completion, future) = Completion::new(py)?;
+        let (subscribe, ready) = {
+            let mut st = lock(&self.takeable);
+            let subscribe = !std::mem::replace(&mut st.subscribed, true);
+            let ready = std::mem::take(&mut st.pending);
+            (subscribe, ready)
+        };
+        match ready {
+            true => completion.deliver(Ok(())),
+            // A future left waiting by an earlier call is dropped: it never resolves.
+            false => drop(lock(&self.takeable).waiter.replace(completion)),
+        }
+        if subscribe {
+            self.listen_takeable();
+        }
+        Ok(future)
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        let Ok(st) = self.takeable.try_lock() else { return Ok(()) };
+        match &st.waiter {
+            Some(waiter) => visit.call(waiter.future()),
+            None => Ok(()),
+        }
+    }
+
+    fn __clear__(&self) {
+        let waiter = lock(&self.takeable).waiter.take();
+        drop(waiter);
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<PostgresStore lease_ttl={} reconnect_timeout={} request_timeout={}>",
             self.lease_ttl, self.reconnect_timeout, self.request_timeout
         )
+    }
+}
+
+impl PyPostgresStore {
+    /// Subscribes to `kerman_takeable` on the store's LISTEN connection. The subscriber runs on
+    /// the runtime thread, which never touches Python: it hands the waiting future to the reply
+    /// thread (a `Ping`), which delivers it.
+    fn listen_takeable(&self) {
+        let state = Arc::downgrade(&self.takeable);
+        let core: WeakCore = self.inner.core().downgrade();
+        let subscriber: crate::event_log::postgres::Subscriber = Arc::new(move |_note| {
+            let Some(state) = state.upgrade() else { return };
+            let waiter = {
+                let mut st = lock(&state);
+                let waiter = st.waiter.take();
+                st.pending = waiter.is_none();
+                waiter
+            };
+            if let (Some(waiter), Some(core)) = (waiter, core.upgrade()) {
+                core.submit(Request::Ping, Box::new(move |_| waiter.deliver(Ok(()))));
+            }
+        });
+        let id = crate::event_log::postgres::next_listen_id();
+        let channel = crate::event_log::postgres::TAKEABLE.to_string();
+        self.inner.core().submit(Request::Listen { id, channel, subscriber }, Box::new(|_| ()));
     }
 }
 

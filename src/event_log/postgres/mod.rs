@@ -28,11 +28,11 @@ use serde_json::{Map, Value};
 
 pub use backend::PgBackend;
 pub use follow::Follower;
-pub use listen::{channel_name, Channel};
+pub use listen::{channel_name, next_id as next_listen_id, Channel, Subscriber};
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
-pub use sql::Row;
+pub use sql::{Row, SessionInfo, TAKEABLE};
 pub use store::PostgresStore;
-pub use worker::{Fault, Reply, Request, Response};
+pub use worker::{unexpected, Fault, Reply, Request, Response};
 
 use crate::event_log::{check_id, new_header, resolve_id, storable, Event, LogError, StagedInput};
 
@@ -146,7 +146,22 @@ pub struct PgCore {
     inner: Arc<worker::Handle>,
 }
 
+/// A [`PgCore`] that does not keep its threads running (for callbacks the runtime thread
+/// itself holds, such as LISTEN subscribers).
+#[derive(Clone)]
+pub struct WeakCore(std::sync::Weak<worker::Handle>);
+
+impl WeakCore {
+    pub fn upgrade(&self) -> Option<PgCore> {
+        self.0.upgrade().map(|inner| PgCore { inner })
+    }
+}
+
 impl PgCore {
+    pub fn downgrade(&self) -> WeakCore {
+        WeakCore(Arc::downgrade(&self.inner))
+    }
+
     /// Connects and applies any pending migrations before returning.
     pub fn connect(dsn: &str, options: PgOptions) -> Result<PgCore, LogError> {
         options.check()?;
@@ -287,7 +302,7 @@ pub(crate) fn parse_records_from(id: &str, records: &[String], first: u64) -> Re
     Ok(events)
 }
 
-fn corrupt(id: &str, seq: i64, detail: String) -> LogError {
+pub(crate) fn corrupt(id: &str, seq: i64, detail: String) -> LogError {
     LogError::Database { context: format!("session \"{id}\" seq {seq}"), detail: format!("corrupt record: {detail}") }
 }
 

@@ -61,6 +61,24 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         // (`sql::read_after` compares it). Existing rows are numbered too.
         "ALTER TABLE kerman_sessions ADD COLUMN incarnation bigserial NOT NULL;",
     ),
+    (
+        4,
+        // Workers (`kerman.Worker`): `status` is `parked` for a session whose turns kept
+        // failing (`status_detail` says why), taken again only for input staged after the park
+        // (`parked_n`: the last staged row's `n` then) or after `unpark`. `owned_since` and
+        // `owner_name` (a worker's label) are for operators. `runnable`: released with input
+        // in its log that no turn has claimed yet, so a worker should take it. The partial
+        // indexes serve the take query's two scans that are not driven by staged rows.
+        "ALTER TABLE kerman_sessions
+             ADD COLUMN status text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'parked')),
+             ADD COLUMN status_detail text,
+             ADD COLUMN parked_n bigint,
+             ADD COLUMN owned_since timestamptz,
+             ADD COLUMN owner_name text,
+             ADD COLUMN runnable boolean NOT NULL DEFAULT false;
+         CREATE INDEX kerman_sessions_leased ON kerman_sessions (expires_at) WHERE owner IS NOT NULL;
+         CREATE INDEX kerman_sessions_runnable ON kerman_sessions (id) WHERE runnable;",
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -21,8 +21,8 @@ pub struct Row {
 pub async fn create(c: &mut Client, id: &str, header: &str, owner: &str, ttl_ms: f64) -> Result<Lease, LogError> {
     let row = c
         .query_opt(
-            "INSERT INTO kerman_sessions (id, header, owner, epoch, expires_at)
-             VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond')
+            "INSERT INTO kerman_sessions (id, header, owner, epoch, expires_at, owned_since)
+             VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond', now())
              ON CONFLICT (id) DO NOTHING RETURNING epoch",
             &[&id, &header, &owner, &ttl_ms],
         )
@@ -41,7 +41,8 @@ pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Resu
     let row = c
         .query_opt(
             "UPDATE kerman_sessions
-             SET owner = $2, epoch = epoch + 1, expires_at = now() + $3::float8 * interval '1 millisecond'
+             SET owner = $2, epoch = epoch + 1, expires_at = now() + $3::float8 * interval '1 millisecond',
+                 owned_since = now(), owner_name = NULL
              WHERE id = $1 AND (owner IS NULL OR expires_at < now())
              RETURNING epoch, header",
             &[&id, &owner, &ttl_ms],
@@ -165,10 +166,21 @@ pub async fn read(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
+/// The channel workers listen on: notified with a session id when that session becomes
+/// takeable (input staged while nobody owns it, a release leaving input behind, an unpark).
+/// One channel for all sessions, unlike the per-session ones: only workers listen, and only
+/// unowned sessions notify it. Payloads are hints; the take query decides.
+pub const TAKEABLE: &str = "kerman_takeable";
+
 /// Gives the lease up (only if it is still ours), so the next `open` needs no expiry wait.
+/// Input still staged (or marked `runnable`) is announced on [`TAKEABLE`], so a worker takes
+/// the session at once rather than at its next sweep.
 pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
     c.execute(
-        "UPDATE kerman_sessions SET owner = NULL, expires_at = NULL WHERE id = $1 AND epoch = $2",
+        "UPDATE kerman_sessions SET owner = NULL, expires_at = NULL, owned_since = NULL, owner_name = NULL
+         WHERE id = $1 AND epoch = $2
+         RETURNING (SELECT pg_notify('kerman_takeable', $1)
+                    WHERE runnable OR EXISTS (SELECT 1 FROM kerman_inbox_staged WHERE session_id = $1))",
         &[&lease.session_id, &lease.epoch],
     )
     .await
@@ -277,12 +289,13 @@ pub enum Refused {
 pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
     let tx = c.transaction().await.map_err(db_err("enqueue message: begin"))?;
     let session = tx
-        .query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1 FOR SHARE", &[&id])
+        .query_opt("SELECT owner IS NULL OR expires_at < now() FROM kerman_sessions WHERE id = $1 FOR SHARE", &[&id])
         .await
         .map_err(db_err("enqueue message: lock the session"))?;
-    if session.is_none() {
-        return Ok(Err(Refused::NoSession));
-    }
+    let Some(session) = session else { return Ok(Err(Refused::NoSession)) };
+    // Nobody owns it: tell the workers (the row lock orders this against a release, which
+    // announces staged input itself).
+    let unowned: bool = session.get(0);
     // Ids are compared as values, in Rust: only the splices whose text may hold the id are
     // read (`strpos` of the id as this crate writes it as a JSON string, so ids that JSON
     // escapes are found and short ids are not matched inside other text), then parsed. Records
@@ -309,9 +322,10 @@ pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<R
                  VALUES ($1, $2, $3, $4, $5)
                  ON CONFLICT DO NOTHING RETURNING 1
              ),
-             woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins)
-             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke)",
-            &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup],
+             woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins),
+             free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins WHERE $6)
+             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)",
+            &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup, &unowned],
         )
         .await
         .map_err(db_err("enqueue message"))?;
@@ -353,4 +367,163 @@ pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<()
     .await
     .map_err(db_err("drop staged messages"))?;
     Ok(())
+}
+
+/// A session [`take`] acquired: its lease, header text and records.
+pub type Taken = (Lease, String, Vec<String>);
+
+/// Acquires up to `limit` sessions a worker should run, in one statement, skipping rows other
+/// workers are taking (`FOR UPDATE SKIP LOCKED`), then reads their records in a second one.
+/// Takeable: nobody holds a live lease, and it has input waiting (staged rows, or `runnable`),
+/// or its owner died holding it (the lease expired unreleased: crash closers are due); a parked
+/// session only for input staged after the park. Taking clears the park and `runnable`.
+pub async fn take(c: &mut Client, limit: i64, owner: &str, name: &str, ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
+    let rows = c
+        .query(
+            "WITH candidate AS (
+                 SELECT DISTINCT session_id AS id FROM kerman_inbox_staged
+                 UNION SELECT id FROM kerman_sessions WHERE runnable
+                 UNION SELECT id FROM kerman_sessions WHERE owner IS NOT NULL AND expires_at < now()
+             ), picked AS (
+                 SELECT s.id FROM kerman_sessions s
+                 WHERE s.id IN (SELECT id FROM candidate)
+                   AND (s.owner IS NULL OR s.expires_at < now())
+                   AND (s.status = 'active'
+                        OR EXISTS (SELECT 1 FROM kerman_inbox_staged i WHERE i.session_id = s.id AND i.n > s.parked_n))
+                 LIMIT $1
+                 FOR UPDATE OF s SKIP LOCKED
+             )
+             UPDATE kerman_sessions s
+             SET owner = $2, owner_name = $3, epoch = s.epoch + 1,
+                 expires_at = now() + $4::float8 * interval '1 millisecond', owned_since = now(),
+                 status = 'active', status_detail = NULL, parked_n = NULL, runnable = false
+             FROM picked WHERE s.id = picked.id
+             RETURNING s.id, s.epoch, s.header",
+            &[&limit, &owner, &name, &ttl_ms],
+        )
+        .await
+        .map_err(db_err("take sessions"))?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let records = c
+        .query("SELECT session_id, record FROM kerman_events WHERE session_id = ANY($1) ORDER BY session_id, seq", &[&ids])
+        .await
+        .map_err(db_err("read taken sessions"))?;
+    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+    for r in &records {
+        by_id.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            let records = by_id.remove(&id).unwrap_or_default();
+            (Lease { session_id: id, owner: owner.into(), epoch: r.get(1) }, r.get(2), records)
+        })
+        .collect())
+}
+
+/// Parks a session under `lease` (releasing it): `detail` says why. Input staged from now on
+/// makes it takeable again; `runnable` keeps input already in its log for the unpark. False
+/// if the lease moved on (another owner decides).
+pub async fn park(c: &mut Client, lease: &Lease, detail: &str, runnable: bool) -> Result<bool, LogError> {
+    let n = c
+        .execute(
+            "UPDATE kerman_sessions SET status = 'parked', status_detail = $3, runnable = $4,
+                 parked_n = (SELECT coalesce(max(n), 0) FROM kerman_inbox_staged WHERE session_id = $1),
+                 owner = NULL, expires_at = NULL, owned_since = NULL, owner_name = NULL
+             WHERE id = $1 AND epoch = $2",
+            &[&lease.session_id, &lease.epoch, &detail, &runnable],
+        )
+        .await
+        .map_err(db_err("park session"))?;
+    Ok(n == 1)
+}
+
+/// Makes a parked session active again (and announces it, so staged input runs at once).
+/// False if it was not parked; an unknown session is `NotFound`.
+pub async fn unpark(c: &mut Client, id: &str) -> Result<bool, LogError> {
+    let n = c
+        .execute(
+            "UPDATE kerman_sessions SET status = 'active', status_detail = NULL, parked_n = NULL
+             WHERE id = $1 AND status = 'parked' RETURNING pg_notify('kerman_takeable', id)",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("unpark session"))?;
+    if n == 1 {
+        return Ok(true);
+    }
+    match exists(c, id).await? {
+        true => Ok(false),
+        false => Err(LogError::NotFound { id: id.into() }),
+    }
+}
+
+/// Marks session `id` as having unclaimed input in its log (a worker let it go just as input
+/// arrived), and announces it if nobody owns it. A hint: the taker finds out what is pending.
+pub async fn mark_runnable(c: &mut Client, id: &str) -> Result<(), LogError> {
+    c.execute(
+        "UPDATE kerman_sessions SET runnable = true WHERE id = $1
+         RETURNING (SELECT pg_notify('kerman_takeable', $1) WHERE owner IS NULL OR expires_at < now())",
+        &[&id],
+    )
+    .await
+    .map_err(db_err("mark session runnable"))?;
+    Ok(())
+}
+
+/// What an operator sees of one session (`kerman sessions`). Times are seconds since the epoch,
+/// by the server's clock (`now` too, so expiry can be shown relative to it).
+#[derive(Clone, Debug)]
+pub struct SessionInfo {
+    pub id: String,
+    pub owner: Option<String>,
+    pub owner_name: Option<String>,
+    pub epoch: i64,
+    pub owned_since: Option<f64>,
+    pub expires_at: Option<f64>,
+    pub status: String,
+    pub status_detail: Option<String>,
+    pub last_seq: i64,
+    pub staged: i64,
+    pub runnable: bool,
+    pub now: f64,
+}
+
+/// Every session (or only `id`), by id, with its owner, lease and staged input count.
+pub async fn sessions(c: &mut Client, id: Option<&str>) -> Result<Vec<SessionInfo>, LogError> {
+    let rows = c
+        .query(
+            "SELECT s.id, s.owner, s.owner_name, s.epoch, extract(epoch FROM s.owned_since)::float8,
+                    extract(epoch FROM s.expires_at)::float8, s.status, s.status_detail, s.last_seq,
+                    coalesce(st.n, 0), s.runnable, extract(epoch FROM now())::float8
+             FROM kerman_sessions s
+             LEFT JOIN (SELECT session_id, count(*) AS n FROM kerman_inbox_staged GROUP BY session_id) st
+               ON st.session_id = s.id
+             WHERE $1::text IS NULL OR s.id = $1
+             ORDER BY s.id",
+            &[&id],
+        )
+        .await
+        .map_err(db_err("list sessions"))?;
+    Ok(rows
+        .iter()
+        .map(|r| SessionInfo {
+            id: r.get(0),
+            owner: r.get(1),
+            owner_name: r.get(2),
+            epoch: r.get(3),
+            owned_since: r.get(4),
+            expires_at: r.get(5),
+            status: r.get(6),
+            status_detail: r.get(7),
+            last_seq: r.get(8),
+            staged: r.get(9),
+            runnable: r.get(10),
+            now: r.get(11),
+        })
+        .collect())
 }

@@ -1,9 +1,15 @@
 //! `PostgresStore`: the `Store` contract over [`PgCore`] and [`PgBackend`].
 
+use serde_json::Value;
+
 use super::backend::PgBackend;
 use super::follow::Follower;
-use super::{PgCore, PgOptions, Request, Response};
+use super::sql::{SessionInfo, Taken};
+use super::{corrupt, parse_records_from, PgCore, PgOptions, Request, Response};
 use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, Store};
+
+/// A session a worker took: its log (crash closers appended) and the lease epoch.
+pub type TakenLog = (SessionLog, i64);
 
 /// Sessions in one PostgreSQL database. Each store is one lease owner with one connection.
 #[derive(Clone)]
@@ -32,6 +38,68 @@ impl PostgresStore {
     pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
         self.core.enqueue(id, staged)
     }
+
+    /// Takes up to `limit` sessions that have input waiting and no live owner (or whose owner
+    /// died), for a worker named `name`; `done` runs on the reply thread with their logs, each
+    /// opened as `open` would (crash closers appended). Never blocks. A session whose records
+    /// cannot be read is parked (its detail says why) instead of being handed over.
+    pub fn take(&self, limit: i64, name: &str, done: impl FnOnce(Result<Vec<TakenLog>, LogError>) + Send + 'static) {
+        let core = self.core.clone();
+        let request = Request::Take { limit, name: name.into() };
+        self.core.submit(
+            request,
+            Box::new(move |result| {
+                done(match result {
+                    Ok(Response::Taken(taken)) => Ok(taken.into_iter().filter_map(|t| open_taken(&core, t)).collect()),
+                    Ok(other) => unexpected(other),
+                    Err(e) => Err(e),
+                })
+            }),
+        );
+    }
+
+    /// Every session (or only `id`: empty if it does not exist) as an operator sees it.
+    pub fn sessions(&self, id: Option<&str>) -> Result<Vec<SessionInfo>, LogError> {
+        if let Some(id) = id {
+            check_id(id)?;
+        }
+        match self.core.call(Request::Sessions { id: id.map(String::from) })? {
+            Response::Sessions(rows) => Ok(rows),
+            other => unexpected(other),
+        }
+    }
+
+    /// Makes a parked session active again; false if it was not parked.
+    pub fn unpark(&self, id: &str) -> Result<bool, LogError> {
+        check_id(id)?;
+        match self.core.call(Request::Unpark { id: id.into() })? {
+            Response::Bool(b) => Ok(b),
+            other => unexpected(other),
+        }
+    }
+}
+
+/// The log of a taken session, or `None` (parked) if it cannot be read.
+fn open_taken(core: &PgCore, (lease, header, records): Taken) -> Option<TakenLog> {
+    let id = lease.session_id.clone();
+    let epoch = lease.epoch;
+    let opened = match serde_json::from_str(&header) {
+        Ok(Value::Object(map)) => parse_records_from(&id, &records, 0).map(|events| (map, events)),
+        _ => Err(corrupt(&id, -1, "the header is not a JSON object".into())),
+    };
+    let (header, events) = match opened {
+        Ok(opened) => opened,
+        Err(e) => {
+            let request = Request::Park { lease, detail: format!("unreadable: {e}"), runnable: false };
+            core.submit(request, Box::new(|_| ()));
+            return None;
+        }
+    };
+    let backend = PgBackend::new(core.clone(), lease, events.len() as u64);
+    let log = SessionLog::from_parts(id, header, events, Box::new(backend));
+    // A failed closer append poisons the log; the worker learns it at its first flush.
+    let _ = close_open_turn(&log);
+    Some((log, epoch))
 }
 
 fn unexpected<T>(response: Response) -> Result<T, LogError> {

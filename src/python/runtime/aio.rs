@@ -12,16 +12,24 @@ use super::doorbell::Doorbell;
 use super::exit::attach_unless_exiting;
 use crate::event_log::LogError;
 
-/// Completes `future` with `None`, or with the exception `exc`, unless it was cancelled or
-/// completed already.
-fn resolve(future: &Bound<'_, PyAny>, exc: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+/// Makes a completion's result on the loop thread, with the GIL (`None` when absent). Dropped
+/// unrun if the future was cancelled meanwhile: what it owns must clean up in its `Drop`.
+pub type Value = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+/// Completes `future` with `None` (or what `value` makes), or with the exception `exc`, unless
+/// it was cancelled or completed already.
+fn resolve(future: &Bound<'_, PyAny>, exc: Option<Bound<'_, PyAny>>, value: Option<Value>) -> PyResult<()> {
     let py = future.py();
     if future.call_method0(intern!(py, "done"))?.is_truthy()? {
         return Ok(());
     }
-    match exc {
-        None => future.call_method1(intern!(py, "set_result"), (py.None(),))?,
-        Some(exc) => future.call_method1(intern!(py, "set_exception"), (exc,))?,
+    match (exc, value) {
+        (Some(exc), _) => future.call_method1(intern!(py, "set_exception"), (exc,))?,
+        (None, None) => future.call_method1(intern!(py, "set_result"), (py.None(),))?,
+        (None, Some(make)) => match make(py) {
+            Ok(v) => future.call_method1(intern!(py, "set_result"), (v,))?,
+            Err(e) => future.call_method1(intern!(py, "set_exception"), (e.into_value(py),))?,
+        },
     };
     Ok(())
 }
@@ -31,6 +39,7 @@ fn resolve(future: &Bound<'_, PyAny>, exc: Option<Bound<'_, PyAny>>) -> PyResult
 struct Delivered {
     future: Py<PyAny>,
     error: Option<LogError>,
+    value: Option<Value>,
     /// For a `call_soon_threadsafe` drain, the loop and the drain it schedules: a doorbell's
     /// completions hold neither (a queue left undrained by a closed loop must not keep its
     /// drain, and so its pipe, alive).
@@ -105,7 +114,7 @@ impl Drain {
         for d in delivered {
             let exc = d.error.map(|e| log_err(py, e).into_value(py).into_any().into_bound(py));
             // A failing resolve (a closed loop) leaves nobody to tell; the others still run.
-            drop(resolve(d.future.bind(py), exc));
+            drop(resolve(d.future.bind(py), exc, d.value));
         }
         Ok(())
     }
@@ -208,15 +217,29 @@ impl Completion {
         Ok((completion, future))
     }
 
+    /// The future this completes (for a holder's `__traverse__`).
+    pub fn future(&self) -> &Py<PyAny> {
+        &self.future
+    }
+
     /// Delivers the outcome. May be called without the GIL, on any thread.
     pub fn deliver(self, result: Result<(), LogError>) {
+        self.deliver_value(result.map(|()| None))
+    }
+
+    /// Delivers the outcome, a value made on the loop thread (`None`: `None`). May be called
+    /// without the GIL, on any thread.
+    pub fn deliver_value(self, result: Result<Option<Value>, LogError>) {
         let Completion { future, loop_thread, queue, wake } = self;
-        let error = result.err();
+        let (error, value) = match result {
+            Ok(value) => (None, value),
+            Err(e) => (Some(e), None),
+        };
         if thread::current().id() == loop_thread {
             // Completed at once, on the loop's own thread: resolve directly.
             Python::attach(|py| {
                 let exc = error.map(|e| log_err(py, e).into_value(py).into_any().into_bound(py));
-                drop(resolve(future.bind(py), exc));
+                drop(resolve(future.bind(py), exc, value));
                 drop(future);
                 drop(wake);
             });
@@ -224,7 +247,7 @@ impl Completion {
         }
         let (event_loop, drain) = match wake {
             Wake::Bell(bell) => {
-                let delivered = Delivered { future, error, _scheduled: None };
+                let delivered = Delivered { future, error, value, _scheduled: None };
                 let first = {
                     let mut q = lock(&queue);
                     if q.closed {
@@ -243,7 +266,7 @@ impl Completion {
             }
             Wake::Threadsafe { event_loop, drain } => (event_loop, drain),
         };
-        let delivered = Delivered { future, error, _scheduled: Some((event_loop, drain)) };
+        let delivered = Delivered { future, error, value, _scheduled: Some((event_loop, drain)) };
         let delivered = {
             let mut q = lock(&queue);
             if q.items.is_empty() {

@@ -58,6 +58,18 @@ pub enum Request {
     Unstage { lease: Lease, ids: Vec<String> },
     /// The header and records of a session, without its lease.
     Peek { id: String },
+    /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`).
+    Take { limit: i64, name: String },
+    /// Parks the session under `lease`, releasing it (`Bool(false)`: the lease moved on).
+    Park { lease: Lease, detail: String, runnable: bool },
+    /// Makes a parked session active again (`Bool(false)`: it was not parked).
+    Unpark { id: String },
+    /// Flags a session as having unclaimed input in its log, for the workers.
+    MarkRunnable { id: String },
+    /// What an operator sees of every session, or of one.
+    Sessions { id: Option<String> },
+    /// Does nothing: its reply runs on the reply thread (a LISTEN subscriber's hand-off there).
+    Ping,
     /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
     InjectFault(Fault),
@@ -91,6 +103,8 @@ pub enum Response {
     Session(String, i64, Vec<String>),
     /// A followed session is gone, or was deleted and created again.
     Replaced,
+    Taken(Vec<sql::Taken>),
+    Sessions(Vec<sql::SessionInfo>),
 }
 
 /// Runs on the store's reply thread, never on the runtime thread: a reply may wait (for the
@@ -328,7 +342,7 @@ impl Worker {
             self.fault = Some(fault);
             return Ok(Response::Done);
         }
-        if let Request::Release { lease } = &request {
+        if let Request::Release { lease } | Request::Park { lease, .. } = &request {
             // Given up locally first, whatever the server says: a release that cannot reach it
             // (an outage) must still stop the renewals, or the lease would be renewed as soon
             // as the server is back and outlive the log. Unrenewed, it lapses after the TTL.
@@ -427,7 +441,7 @@ impl Worker {
                 sql::delete(c, id).await?;
                 Response::Done
             }
-            Request::InjectFault(_) => Response::Done,
+            Request::InjectFault(_) | Request::Ping => Response::Done,
             Request::Listen { id, channel, subscriber } => {
                 self.listener.get().subscribe(*id, channel.clone(), subscriber.clone());
                 Response::Done
@@ -452,6 +466,20 @@ impl Worker {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done
             }
+            Request::Take { limit, name } => {
+                let taken = sql::take(c, *limit, owner, name, ttl_ms).await?;
+                for (lease, _, _) in &taken {
+                    self.held.insert(lease.session_id.clone(), lease.epoch);
+                }
+                Response::Taken(taken)
+            }
+            Request::Park { lease, detail, runnable } => Response::Bool(sql::park(c, lease, detail, *runnable).await?),
+            Request::Unpark { id } => Response::Bool(sql::unpark(c, id).await?),
+            Request::MarkRunnable { id } => {
+                sql::mark_runnable(c, id).await?;
+                Response::Done
+            }
+            Request::Sessions { id } => Response::Sessions(sql::sessions(c, id.as_deref()).await?),
             Request::Peek { id } => {
                 let (header, incarnation, records) = sql::peek(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
                 Response::Session(header, incarnation, records)

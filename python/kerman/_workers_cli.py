@@ -1,0 +1,220 @@
+"""``kerman worker`` and ``kerman sessions``: run a ``kerman.Worker`` from the command line, and
+see (or unpark) the sessions of a PostgreSQL store. Registered by ``cli.py``; docs/cli.md."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+from .errors import SessionNotFoundError
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", metavar="DSN", help="the PostgreSQL store's DSN (postgresql://…)")
+    parser.add_argument("--app", required=True, metavar="MODULE:FACTORY",
+                        help="the factory building a session's AgentLoop: factory(log) -> AgentLoop, "
+                             "imported from MODULE (the current folder is on the path)")
+    parser.add_argument("--max-sessions", type=_positive, default=1000, metavar="N",
+                        help="sessions held at once (default 1000)")
+    parser.add_argument("--idle-timeout", type=_seconds, default=30.0, metavar="S",
+                        help="seconds an idle session is kept for more input before it is let go (default 30)")
+    parser.add_argument("--lease-ttl", type=_seconds, default=30.0, metavar="S",
+                        help="seconds a lease lasts unrenewed: how soon a dead worker's sessions are "
+                             "taken over (default 30)")
+    parser.add_argument("--grace", type=_seconds, default=30.0, metavar="S",
+                        help="on SIGTERM, seconds running turns may take to finish before they are "
+                             "cancelled (default 30)")
+    parser.add_argument("--max-failures", type=_positive, default=3, metavar="N",
+                        help="park a session after this many consecutive failed turns (default 3)")
+    parser.add_argument("--name", default=None, help="the worker's name in `kerman sessions` (default host:pid)")
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """``module:attr`` (``attr`` may be dotted) from the current folder or the path."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--app must be MODULE:FACTORY, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"--app {spec!r}: module {module_name!r} has no {attr!r}") from None
+    if not callable(target):
+        raise ValueError(f"--app {spec!r} is not callable (it must be factory(log) -> AgentLoop)")
+    return target
+
+
+def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Callable[[str], None]) -> int:
+    from ._core import PostgresStore
+    from .worker import Worker
+
+    try:
+        factory = load_factory(args.app)
+    except (ImportError, ValueError) as e:
+        err(f"kerman: {e}")
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = PostgresStore(args.store, lease_ttl=args.lease_ttl)
+    worker = Worker(store, factory, max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
+                    grace=args.grace, max_failures=args.max_failures, name=args.name)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        err(f"kerman worker {worker.name}: serving {shown(args.store)} (up to {args.max_sessions} sessions); "
+            "SIGTERM drains")
+        await worker.run()
+
+    asyncio.run(main())
+    err(f"kerman worker {worker.name}: stopped; {worker.stats['taken']} taken, {worker.stats['released']} "
+        f"released, {worker.stats['parked']} parked")
+    return 0
+
+
+# -- kerman sessions -------------------------------------------------------------------------------
+
+
+def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", metavar="DSN", help="the PostgreSQL store's DSN (postgresql://…)")
+    actions = parser.add_subparsers(dest="sessions_command", metavar="COMMAND")
+    listing = actions.add_parser("list", help="every session: owner, since when, lease expiry, staged input, status")
+    listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    listing.add_argument("--parked", action="store_true", help="only parked sessions")
+    show = actions.add_parser("show", help="one session's owner, lease, staged input and status")
+    show.add_argument("id", help="the session id")
+    show.add_argument("--json", action="store_true", help="print a JSON object")
+    unpark = actions.add_parser("unpark", help="make a parked session active again (a worker takes it for "
+                                               "its pending input)")
+    unpark.add_argument("id", help="the session id")
+
+
+def _ago(now: float, at: Any) -> str:
+    if at is None:
+        return "—"
+    seconds = now - at
+    return f"{seconds:.0f}s ago" if seconds < 120 else (f"{seconds / 60:.0f}m ago" if seconds < 7200
+                                                          else time.strftime("%Y-%m-%d %H:%M", time.localtime(at)))
+
+
+def _expiry(now: float, at: Any) -> str:
+    if at is None:
+        return "—"
+    left = at - now
+    return f"in {left:.1f}s" if left >= 0 else f"expired {-left:.1f}s ago"
+
+
+def _owner(row: Dict[str, Any]) -> str:
+    if row["owner"] is None:
+        return "—"
+    return row["owner_name"] or row["owner"]
+
+
+def _state(row: Dict[str, Any]) -> str:
+    if row["status"] == "parked":
+        return "parked"
+    if row["owner"] is None:
+        return "waiting" if row["staged"] or row["runnable"] else "free"
+    return "owned" if row["expires_at"] is None or row["expires_at"] >= row["now"] else "expired"
+
+
+def session_rows(store: Any) -> List[Dict[str, Any]]:
+    """``store.sessions()`` with the derived ``state``: free, waiting (input, no owner), owned,
+    expired (its owner stopped renewing: dead or stalled), parked."""
+    rows = store.sessions()
+    for row in rows:
+        row["state"] = _state(row)
+    return rows
+
+
+def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None],
+                 shown_id: Callable[[str], str]) -> int:
+    from ._core import PostgresStore
+
+    store = PostgresStore(args.store)
+    command = args.sessions_command or "list"
+    if command == "unpark":
+        if store.unpark(args.id):
+            out(f"unparked {shown_id(args.id)}")
+            return 0
+        err(f"kerman: session {shown_id(args.id)} is not parked")
+        return 1
+    if command == "show":
+        try:
+            (row,) = store.sessions(args.id)
+        except SessionNotFoundError:
+            err(f"kerman: no session {shown_id(args.id)}")
+            return 1
+        row["state"] = _state(row)
+        if args.json:
+            out(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+            return 0
+        now = row["now"]
+        lines = [("id", shown_id(row["id"])), ("state", row["state"]), ("owner", _owner(row)),
+                 ("owner id", row["owner"] or "—"), ("epoch", str(row["epoch"])),
+                 ("owned since", _ago(now, row["owned_since"])), ("lease expires", _expiry(now, row["expires_at"])),
+                 ("staged input", str(row["staged"])), ("runnable", "yes" if row["runnable"] else "no"),
+                 ("events", str(row["events"]))]
+        if row["status"] == "parked":
+            lines.append(("parked because", row["status_detail"] or "—"))
+        for key, value in lines:
+            out(f"{key + ':':<16}{value}")
+        return 0
+    rows = session_rows(store)
+    if getattr(args, "parked", False):
+        rows = [r for r in rows if r["status"] == "parked"]
+    if getattr(args, "json", False):
+        out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
+        return 0
+    if not rows:
+        err("kerman: no sessions")
+        return 0
+    width = max(len("SESSION"), *(len(shown_id(r["id"])) for r in rows))
+    owner_width = max(len("OWNER"), *(len(_owner(r)) for r in rows))
+    out(f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  "
+        f"{'STAGED':>6}  {'EVENTS':>7}")
+    for r in rows:
+        now = r["now"]
+        since = _ago(now, r["owned_since"]) if r["owner"] else "—"
+        line = (f"{shown_id(r['id']):<{width}}  {r['state']:<8}  {_owner(r):<{owner_width}}  {since:>9}  "
+                f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}")
+        if r["status"] == "parked" and r["status_detail"]:
+            line += f"  ({r['status_detail']})"
+        out(line)
+    counts: Dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    err("kerman: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return 0

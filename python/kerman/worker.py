@@ -1,0 +1,448 @@
+"""``kerman.Worker``: serves the sessions of a PostgreSQL store from one process.
+
+A worker takes sessions that have input waiting and no live owner (or whose owner died), runs
+each one's ``AgentLoop`` until it is idle, and lets it go after ``idle_timeout`` without input,
+so the next input can go to any worker. Sessions whose turns keep failing are parked. ``stop()``
+(SIGTERM under ``kerman worker``) drains: no more takes, running turns finish or are cancelled
+within ``grace``, every lease is released. docs/distributed.md, "Workers", has the model.
+
+The SQL (the take query with ``FOR UPDATE SKIP LOCKED``, park, the ``kerman_takeable``
+channel) is in the Rust core (``src/event_log/postgres/sql.rs``); this module is the asyncio
+runtime around it: one task per session on the caller's event loop. Every store call here is
+an awaitable completed by the store's reply thread, so the event loop never waits on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
+
+from . import _core
+from .errors import LoopError
+from .loop import AgentLoop
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger("kerman.worker")
+
+Factory = Callable[[_core.SessionLog], Union[AgentLoop, Awaitable[AgentLoop]]]
+
+# Turn endings that count as a failed turn for parking: the turn raised, or its process died
+# inside it (a session that kills its worker must not take every worker down in turn).
+FAILED_ENDINGS = ("error", "interrupted")
+
+
+def _ending(event: Any) -> str:
+    reason = event.data.get("reason") if isinstance(event.data, dict) else None
+    return reason.get("kind", "") if isinstance(reason, dict) else ""
+
+
+def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+            float("inf"), float("-inf")) or value < 0 or (value == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
+class _Session:
+    """One taken session: its log, lease epoch and loop, and what its task waits on."""
+
+    __slots__ = ("log", "epoch", "agent", "failures", "seen", "nudge", "fenced", "task")
+
+    def __init__(self, log: _core.SessionLog, epoch: int) -> None:
+        self.log = log
+        self.epoch = epoch
+        self.agent: Optional[AgentLoop] = None
+        self.failures = 0
+        self.seen = 0  # events already counted for failures
+        self.nudge: Optional[asyncio.Future[None]] = None
+        self.fenced = False
+        self.task: Optional[asyncio.Task[None]] = None
+
+    def poke(self) -> None:
+        """Wakes the session's task from its wait (a turn started, a stop, a fence)."""
+        nudge = self.nudge
+        if nudge is not None and not nudge.done():
+            nudge.set_result(None)
+
+
+class Worker:
+    """Runs the sessions of a ``PostgresStore`` that have input and no live owner.
+
+    ``store``: a ``PostgresStore`` (its ``lease_ttl`` is the worker's) or a DSN (then the worker
+    makes one with ``lease_ttl``, default 30 s). ``factory(log)`` builds the ``AgentLoop`` of a
+    taken session over ``log`` (model, tools, listeners); it may be async. ``max_sessions``
+    bounds the sessions held at once; ``idle_timeout`` (seconds) is how long an idle session
+    is kept for more input before its lease is released; ``grace`` (seconds) is how long
+    ``stop()`` lets running turns finish before cancelling them; a session whose last
+    ``max_failures`` turns failed (ended ``error``, or ``interrupted`` by a dead worker) is
+    parked. ``sweep_interval`` (seconds) is how often the worker looks for takeable sessions
+    without being told (expired leases send no notification). ``name`` is shown as the owner
+    in ``kerman sessions`` (default ``host:pid``).
+
+    Input a turn claimed but never entered is requeued (``AgentLoop.requeue_claimed``) when
+    that turn was interrupted by a crash (found at take) or cancelled by this worker's drain;
+    never for turns a plugin blocked or someone else cancelled.
+    """
+
+    def __init__(self, store: Any, factory: Factory, *, max_sessions: int = 1000, idle_timeout: float = 30.0,
+                 lease_ttl: Optional[float] = None, grace: float = 30.0, max_failures: int = 3,
+                 sweep_interval: float = 1.0, name: Optional[str] = None, take_batch: int = 64) -> None:
+        store_cls = _core.PostgresStore
+        if not callable(factory):
+            raise TypeError(f"factory must be callable (factory(log) -> AgentLoop), got {type(factory).__name__}")
+        for label, value in (("max_sessions", max_sessions), ("max_failures", max_failures),
+                             ("take_batch", take_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be an int >= 1, got {value!r}")
+        self._idle_timeout = _seconds("idle_timeout", idle_timeout, zero=True)
+        self._grace = _seconds("grace", grace, zero=True)
+        self._sweep_interval = _seconds("sweep_interval", sweep_interval)
+        if isinstance(store, str):
+            store = store_cls(store, lease_ttl=30.0 if lease_ttl is None else _seconds("lease_ttl", lease_ttl))
+        elif not isinstance(store, store_cls):
+            raise TypeError(f"store must be a kerman.PostgresStore or a DSN, got {type(store).__name__}")
+        elif lease_ttl is not None and _seconds("lease_ttl", lease_ttl) != store.lease_ttl:
+            raise ValueError(f"lease_ttl={lease_ttl!r} differs from the store's lease_ttl={store.lease_ttl!r}: "
+                             "the store renews the leases (PostgresStore(dsn, lease_ttl=...))")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        self._store = store
+        self._factory = factory
+        self._max_sessions = max_sessions
+        self._max_failures = max_failures
+        self._take_batch = take_batch
+        self._name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._sessions: Dict[str, _Session] = {}
+        self._event_loop: Optional[asyncio.AbstractEventLoop] = None
+        self._wanted: Optional[asyncio.Event] = None
+        self._stopping = False
+        self._deadline = 0.0
+        self._done = False
+        self.stats: Dict[str, int] = {"taken": 0, "released": 0, "parked": 0, "requeued": 0, "cancelled": 0}
+
+    # ---- properties -------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sessions(self) -> List[str]:
+        """Ids of the sessions this worker holds now."""
+        return list(self._sessions)
+
+    @property
+    def lease_ttl(self) -> float:
+        return float(self._store.lease_ttl)
+
+    def __repr__(self) -> str:
+        state = "stopping" if self._stopping else ("running" if self._event_loop is not None else "idle")
+        return (f"<Worker {self._name!r} {state} sessions={len(self._sessions)}/{self._max_sessions} "
+                f"idle_timeout={self._idle_timeout} lease_ttl={self.lease_ttl} grace={self._grace}>")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serves sessions until ``stop()``; then drains (see the class) and returns."""
+        if self._event_loop is not None or self._done:
+            raise LoopError("this Worker is running or has run; make a new one")
+        self._event_loop = asyncio.get_running_loop()
+        self._wanted = asyncio.Event()
+        self._wanted.set()  # a first take at once: input may be waiting already
+        helpers = [asyncio.ensure_future(self._listen()), asyncio.ensure_future(self._sweep())]
+        try:
+            while True:
+                await self._wanted.wait()
+                self._wanted.clear()
+                if self._stopping:
+                    break
+                await self._take()
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            self._stopping = True
+            if not self._deadline:
+                self._deadline = self._event_loop.time() + self._grace
+            await self._drain()
+            self._done = True
+
+    def stop(self) -> None:
+        """Stops taking sessions and drains (``run()`` then returns). Safe from a signal handler
+        or another thread; idempotent."""
+        loop = self._event_loop
+        if loop is None:
+            self._stopping = True
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._stop()
+        else:
+            loop.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
+        if self._stopping:
+            return
+        assert self._event_loop is not None and self._wanted is not None
+        logger.info("worker %s stopping: %d session(s) to release within %.1f s", self._name,
+                    len(self._sessions), self._grace)
+        self._stopping = True
+        self._deadline = self._event_loop.time() + self._grace
+        self._wanted.set()
+        for session in self._sessions.values():
+            session.poke()
+
+    async def _listen(self) -> None:
+        """Wakes the take loop on each ``kerman_takeable`` notification (or re-LISTEN)."""
+        assert self._wanted is not None
+        while True:
+            await self._store._takeable()
+            self._wanted.set()
+
+    async def _sweep(self) -> None:
+        """The safety net: expired leases notify nobody, and notifications can be lost."""
+        assert self._wanted is not None
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            self._wanted.set()
+
+    async def _take(self) -> None:
+        while not self._stopping:
+            room = self._max_sessions - len(self._sessions)
+            if room <= 0:
+                return
+            limit = min(room, self._take_batch)
+            try:
+                taken = await self._store._take(limit, self._name)
+            except Exception:
+                # The store reconnects by itself; the next sweep tries again.
+                logger.exception("worker %s: taking sessions failed", self._name)
+                return
+            for log, epoch in taken:
+                self._start(log, epoch)
+            if len(taken) < limit:
+                return
+
+    def _start(self, log: _core.SessionLog, epoch: int) -> None:
+        session = _Session(log, epoch)
+        self._sessions[log.id] = session
+        self.stats["taken"] += 1
+        session.task = asyncio.ensure_future(self._serve(session))
+
+    async def _drain(self) -> None:
+        tasks = [s.task for s in self._sessions.values() if s.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- one session ------------------------------------------------------------------------
+
+    async def _serve(self, session: _Session) -> None:
+        log = session.log
+        try:
+            try:
+                agent = self._factory(log)
+                if inspect.isawaitable(agent):
+                    agent = await agent
+                if not isinstance(agent, AgentLoop):
+                    raise TypeError(f"factory(log) must return an AgentLoop, got {type(agent).__name__}")
+                if agent.log is not log:
+                    raise ValueError("factory(log) must build the AgentLoop over the log it was given")
+            except Exception as exc:
+                logger.exception("worker %s: factory failed for session %r; parking it", self._name, log.id)
+                await self._park(session, f"factory failed: {exc!r}", runnable=True)
+                return
+            session.agent = agent
+            await self._run(session)
+        except Exception:
+            logger.exception("worker %s: session %r failed; releasing it", self._name, log.id)
+            if not log.closed:
+                await self._release(session)
+        finally:
+            self._sessions.pop(log.id, None)
+            if self._wanted is not None:
+                self._wanted.set()  # room for another session
+
+    async def _run(self, session: _Session) -> None:
+        agent = session.agent
+        assert agent is not None
+        session.failures = self._count_failures(session, 0)
+
+        def on_status(event: Any) -> None:
+            if event.status == "running":
+                session.poke()
+
+        def on_error(event: Any) -> None:
+            error = event.error if isinstance(event.error, dict) else {}
+            if error.get("code") == "FENCED":
+                session.fenced = True
+                session.poke()
+
+        agent.on("agent/status", on_status)
+        agent.on("agent/error", on_error)
+        self._requeue_interrupted(session)
+        while True:
+            if agent.status == "idle" and agent.inbox.has_pending and not self._stopping and not session.fenced:
+                if not agent.wake() and agent.status == "idle":
+                    # The log refused turn/start (reported as agent/error): let another try.
+                    logger.warning("worker %s: session %r has input but no turn starts; releasing it",
+                                   self._name, session.log.id)
+                    break
+            if agent.status == "running":
+                await self._until_idle(session)
+            session.failures = self._count_failures(session, session.failures)
+            if session.fenced:
+                await self._let_go_fenced(session)
+                return
+            if session.failures >= self._max_failures:
+                detail = f"{session.failures} consecutive failed turns"
+                await self._park(session, detail, runnable=agent.inbox.has_pending)
+                return
+            if self._stopping:
+                break
+            if agent.inbox.has_pending:
+                continue
+            # Idle: keep the session for more input, until the idle timeout.
+            if not await self._wait(session, self._idle_timeout) and agent.status == "idle" \
+                    and not agent.inbox.has_pending:
+                break
+        await self._release(session)
+
+    async def _wait(self, session: _Session, timeout: Optional[float]) -> bool:
+        """Waits for a poke (a turn starting, a stop, a fence) or ``timeout``; True if poked."""
+        assert self._event_loop is not None
+        nudge = self._event_loop.create_future()
+        session.nudge = nudge
+        try:
+            if self._stopping or session.fenced or (session.agent is not None and session.agent.status == "running"):
+                return True
+            await asyncio.wait((nudge,), timeout=timeout)
+            return nudge.done()
+        finally:
+            session.nudge = None
+
+    async def _until_idle(self, session: _Session) -> None:
+        """Waits for the running turns to end; once stopping, for at most the rest of the grace
+        period, then cancels them (pending input kept) and requeues what they claimed."""
+        agent = session.agent
+        assert agent is not None and self._event_loop is not None
+        idle = asyncio.ensure_future(agent.when_idle())
+        try:
+            while not idle.done():
+                if not self._stopping:
+                    session.nudge = self._event_loop.create_future()
+                    await asyncio.wait((idle, session.nudge), return_when=asyncio.FIRST_COMPLETED)
+                    session.nudge = None
+                    if session.fenced:
+                        break
+                    continue
+                remaining = self._deadline - self._event_loop.time()
+                if remaining > 0:
+                    await asyncio.wait((idle,), timeout=remaining)
+                if idle.done():
+                    break
+                turn = agent.turn
+                agent.cancel("disposed", keep_inbox=True)
+                self.stats["cancelled"] += 1
+                await idle
+                self._requeue(session, turn)
+        finally:
+            if not idle.done():
+                idle.cancel()
+
+    def _count_failures(self, session: _Session, failures: int) -> int:
+        """Consecutive failed turns, from the turn ends appended since the last count."""
+        log = session.log
+        end = len(log)
+        for event in log.events(session.seen, types="turn/end"):
+            failures = failures + 1 if _ending(event) in FAILED_ENDINGS else 0
+        session.seen = end
+        return failures
+
+    def _requeue_interrupted(self, session: _Session) -> None:
+        """The claimed-but-unentered policy at take: input the crashed turn claimed comes back."""
+        ends = list(session.log.events(types="turn/end"))
+        if ends and _ending(ends[-1]) == "interrupted":
+            self._requeue(session, ends[-1].data.get("turn"))
+
+    def _requeue(self, session: _Session, turn: Any) -> None:
+        agent = session.agent
+        if agent is None or not isinstance(turn, int) or turn < 1:
+            return
+        try:
+            requeued = agent.requeue_claimed(turn)
+        except LoopError:
+            return  # nothing claimed and unentered, or requeued already
+        self.stats["requeued"] += len(requeued)
+        logger.info("worker %s: session %r: requeued %d message(s) turn %d claimed but never entered",
+                    self._name, session.log.id, len(requeued), turn)
+
+    # ---- letting go -------------------------------------------------------------------------
+
+    async def _close_agent(self, session: _Session) -> bool:
+        """Closes the loop (its inbox stops taking staged input); True if input is pending."""
+        agent = session.agent
+        if agent is None:
+            return False
+        try:
+            await agent.aclose()
+        except Exception:
+            logger.exception("worker %s: closing the loop of session %r failed", self._name, session.log.id)
+        try:
+            return bool(agent.inbox.has_pending)
+        except Exception:
+            return False
+
+    async def _release(self, session: _Session) -> None:
+        """Flushes and releases the lease; input left pending in the log is flagged for the next
+        worker (a release with input still staged announces itself)."""
+        pending = await self._close_agent(session)
+        try:
+            await session.log.aclose()
+        except Exception:
+            logger.exception("worker %s: releasing session %r failed (its lease lapses after %.1f s)",
+                             self._name, session.log.id, self.lease_ttl)
+            return
+        self.stats["released"] += 1
+        if pending:
+            try:
+                await self._store._mark_runnable(session.log.id)
+            except Exception:
+                logger.exception("worker %s: flagging session %r failed", self._name, session.log.id)
+
+    async def _park(self, session: _Session, detail: str, runnable: bool) -> None:
+        pending = await self._close_agent(session) or runnable
+        log = session.log
+        try:
+            await log.flush()
+            parked = await self._store._park(log.id, session.epoch, detail, pending)
+        except Exception:
+            logger.exception("worker %s: parking session %r failed; releasing it", self._name, log.id)
+            parked = False
+        if parked:
+            self.stats["parked"] += 1
+            logger.warning("worker %s: parked session %r: %s", self._name, log.id, detail)
+        try:
+            await log.aclose()
+        except Exception:
+            logger.exception("worker %s: closing parked session %r failed", self._name, log.id)
+
+    async def _let_go_fenced(self, session: _Session) -> None:
+        """Another owner took the session over: nothing of ours may be written or released."""
+        logger.warning("worker %s: session %r was taken over by another owner", self._name, session.log.id)
+        await self._close_agent(session)
+        try:
+            await session.log.aclose()
+        except Exception:
+            pass  # the log is poisoned by the fence; its release is conditional on our epoch
