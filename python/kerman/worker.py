@@ -52,13 +52,16 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "seen", "nudge", "fenced", "task")
+    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task")
 
-    def __init__(self, log: _core.SessionLog, epoch: int) -> None:
+    def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
         self.epoch = epoch
         self.agent: Optional[AgentLoop] = None
         self.failures = 0
+        # Turns that ended while this worker held the session (the take's crash closers end
+        # one): parking waits for one, so a parked session given new input gets one more try.
+        self.ended = 1 if closers else 0
         self.seen = 0  # events already counted for failures
         self.nudge: Optional[asyncio.Future[None]] = None
         self.fenced = False
@@ -230,13 +233,13 @@ class Worker:
                 # The store reconnects by itself; the next sweep tries again.
                 logger.exception("worker %s: taking sessions failed", self._name)
                 return
-            for log, epoch in taken:
-                self._start(log, epoch)
+            for log, epoch, closers in taken:
+                self._start(log, epoch, closers)
             if len(taken) < limit:
                 return
 
-    def _start(self, log: _core.SessionLog, epoch: int) -> None:
-        session = _Session(log, epoch)
+    def _start(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
+        session = _Session(log, epoch, closers)
         self._sessions[log.id] = session
         self.stats["taken"] += 1
         session.task = asyncio.ensure_future(self._serve(session))
@@ -277,7 +280,7 @@ class Worker:
     async def _run(self, session: _Session) -> None:
         agent = session.agent
         assert agent is not None
-        session.failures = self._count_failures(session, 0)
+        session.failures = self._count_failures(session, 0, at_take=True)
 
         def on_status(event: Any) -> None:
             if event.status == "running":
@@ -305,7 +308,7 @@ class Worker:
             if session.fenced:
                 await self._let_go_fenced(session)
                 return
-            if session.failures >= self._max_failures:
+            if session.failures >= self._max_failures and session.ended:
                 detail = f"{session.failures} consecutive failed turns"
                 await self._park(session, detail, runnable=agent.inbox.has_pending)
                 return
@@ -361,12 +364,15 @@ class Worker:
             if not idle.done():
                 idle.cancel()
 
-    def _count_failures(self, session: _Session, failures: int) -> int:
-        """Consecutive failed turns, from the turn ends appended since the last count."""
+    def _count_failures(self, session: _Session, failures: int, at_take: bool = False) -> int:
+        """Consecutive failed turns, from the turn ends appended since the last count (at the
+        take: the whole log, as left by earlier owners)."""
         log = session.log
         end = len(log)
         for event in log.events(session.seen, types="turn/end"):
             failures = failures + 1 if _ending(event) in FAILED_ENDINGS else 0
+            if not at_take:
+                session.ended += 1
         session.seen = end
         return failures
 

@@ -225,9 +225,10 @@ impl PyPostgresStore {
         py.detach(|| self.inner.unpark(&id)).map_err(|e| log_err(py, e))
     }
 
-    /// `kerman.Worker`'s take: an awaitable of up to `limit` `(log, epoch)` pairs, each a
-    /// session this store now owns (opened as `open` does) that had input waiting and no live
-    /// owner, or a dead one. `name` is recorded as the sessions' `owner_name`.
+    /// `kerman.Worker`'s take: an awaitable of up to `limit` `(log, epoch, closers)` triples,
+    /// each a session this store now owns (opened as `open` does; `closers`: the crash closers
+    /// that appended) that had input waiting and no live owner, or a dead one. `name` is
+    /// recorded as the sessions' `owner_name`.
     fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str) -> PyResult<Bound<'py, PyAny>> {
         if limit < 1 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("limit must be >= 1, got {limit}")));
@@ -237,9 +238,11 @@ impl PyPostgresStore {
             completion.deliver_value(result.map(|taken| {
                 let make: Value = Box::new(move |py: Python<'_>| {
                     let list = PyList::empty(py);
-                    for (log, epoch) in taken {
+                    for (log, epoch, closers) in taken {
                         let log = Py::new(py, wrap_owned_log(log))?;
-                        list.append(PyTuple::new(py, [log.into_any(), epoch.into_pyobject(py)?.into_any().unbind()])?)?;
+                        let epoch = epoch.into_pyobject(py)?.into_any().unbind();
+                        let closers = closers.into_pyobject(py)?.into_any().unbind();
+                        list.append(PyTuple::new(py, [log.into_any(), epoch, closers])?)?;
                     }
                     Ok(list.into_any().unbind())
                 });

@@ -8,8 +8,9 @@ use super::sql::{SessionInfo, Taken};
 use super::{corrupt, parse_records_from, PgCore, PgOptions, Request, Response};
 use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, Store};
 
-/// A session a worker took: its log (crash closers appended) and the lease epoch.
-pub type TakenLog = (SessionLog, i64);
+/// A session a worker took: its log, the lease epoch, and how many crash closers its open
+/// appended (a turn its dead owner left open was closed as interrupted).
+pub type TakenLog = (SessionLog, i64, usize);
 
 /// Sessions in one PostgreSQL database. Each store is one lease owner with one connection.
 #[derive(Clone)]
@@ -98,8 +99,8 @@ fn open_taken(core: &PgCore, (lease, header, records): Taken) -> Option<TakenLog
     let backend = PgBackend::new(core.clone(), lease, events.len() as u64);
     let log = SessionLog::from_parts(id, header, events, Box::new(backend));
     // A failed closer append poisons the log; the worker learns it at its first flush.
-    let _ = close_open_turn(&log);
-    Some((log, epoch))
+    let closers = close_open_turn(&log).unwrap_or(0);
+    Some((log, epoch, closers))
 }
 
 fn unexpected<T>(response: Response) -> Result<T, LogError> {

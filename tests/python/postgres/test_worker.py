@@ -1,0 +1,368 @@
+"""`kerman.Worker` and `kerman worker` (issue 17, part 1) against a real server: workers are real
+`kerman worker DSN --app worker_app:<factory>` processes (tests/python/postgres/worker_app.py),
+each test in a fresh schema, so no other test's sessions are taken.
+
+The parent synchronises on the children's stdout lines (`took`, `model`, `pre`) and on database
+state, each wait bounded by a deadline; no sleep stands in for an event, and no assertion is on
+a duration (the takeover time is measured by benches/python/pg_workers.py). Every test ends with
+an audit of the tables and logs: each enqueued message inserted and entered exactly once, every
+turn balanced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, Iterable, List, Optional
+
+import pytest
+
+from conftest import fresh_schema_dsn, needs_postgres
+from kerman import PostgresStore
+
+pytestmark = needs_postgres
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEADLINE = 60.0
+
+
+class WorkerProc:
+    """A `kerman worker` child; a thread collects its stdout lines."""
+
+    def __init__(self, dsn: str, app: str = "echo", *args: str, env: Optional[Dict[str, str]] = None) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kerman", "worker", dsn, "--app", f"worker_app:{app}", *args],
+            cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.pid = self.proc.pid
+        self.lines: List[str] = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append("<eof>")
+            self.cond.notify_all()
+
+    def wait_line(self, pred: Callable[[str], bool], what: str) -> str:
+        end = time.monotonic() + DEADLINE
+        seen = 0
+        with self.cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if pred(line):
+                        return line
+                seen = len(self.lines)
+                if "<eof>" in self.lines:
+                    raise AssertionError(f"worker {self.pid} exited before {what}:\n{self.stderr_text()}")
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out waiting for {what}; lines: {self.lines}")
+                self.cond.wait(left)
+
+    def stderr_text(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()
+
+    def signal(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=DEADLINE)
+        self.reader.join(DEADLINE)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=DEADLINE)
+        self.reader.join(DEADLINE)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if not self.stderr.closed:
+            self.stderr.close()
+
+
+@pytest.fixture
+def workers():
+    started: List[WorkerProc] = []
+
+    def start(dsn: str, app: str = "echo", *args: str, env: Optional[Dict[str, str]] = None) -> WorkerProc:
+        w = WorkerProc(dsn, app, *args, env=env)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()
+
+
+def wait_until(check: Callable[[], bool], what: str) -> None:
+    """Polls database state until `check()` holds, failing after the deadline."""
+    end = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def events(store: PostgresStore, sid: str) -> list:
+    log = store.follow(sid)
+    try:
+        return list(log)
+    finally:
+        log.close()
+
+
+def turn_ends(store: PostgresStore, sid: str) -> List[str]:
+    return [e.data["reason"]["kind"] for e in events(store, sid) if e.type == "turn/end"]
+
+
+def row(store: PostgresStore, sid: str) -> dict:
+    """The session's `store.sessions()` row, with the `state` `kerman sessions` derives."""
+    from kerman._workers_cli import _state
+
+    (r,) = store.sessions(sid)
+    r["state"] = _state(r)
+    return r
+
+
+def audit(store: PostgresStore, expected: Dict[str, Iterable[str]]) -> None:
+    """Each message of `expected` (session -> message ids) was inserted by exactly one splice and
+    entered as exactly one user/message; nothing else was; every turn and step is balanced; no
+    message is left staged."""
+    for sid, ids in expected.items():
+        evs = events(store, sid)
+        inserted = [m["id"] for e in evs if e.type == "agent/inbox/spliced" for m in e.data["inserted"]]
+        entered = [e.data["id"] for e in evs if e.type == "user/message"]
+        want = sorted(ids)
+        # A requeue re-inserts a claimed message once: at most two insertions, exactly one entry.
+        assert sorted(set(inserted)) == want, (sid, inserted)
+        assert sorted(entered) == want, (sid, entered)
+        kinds = [e.type for e in evs]
+        assert kinds.count("turn/start") == kinds.count("turn/end"), (sid, kinds)
+        assert kinds.count("step/start") == kinds.count("step/end"), (sid, kinds)
+        assert row(store, sid)["staged"] == 0
+
+
+def sessions(store: PostgresStore, n: int, prefix: str) -> List[str]:
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    for sid in ids:
+        store.create(sid).close()
+    return ids
+
+
+# ---- taking ------------------------------------------------------------------------------------
+
+
+def test_input_enqueued_for_unowned_sessions_is_taken_by_exactly_one_of_two_workers(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    ids = sessions(store, 12, "race")
+    a = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
+    b = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
+    sent: Dict[str, List[str]] = {sid: [store.enqueue(sid, f"hello {sid}").id] for sid in ids}
+    for sid in ids:
+        wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the turn of {sid}")
+    took = [line.split()[1] for w in (a, b) for line in w.lines if line.startswith("took ")]
+    models = [line.split()[3] for w in (a, b) for line in w.lines if line.startswith("model ")]
+    # Each session was taken once, by one worker, and each message reached the model once.
+    assert sorted(took) == sorted(ids)
+    assert sorted(models) == sorted(m for ms in sent.values() for m in ms)
+    owners = {r["id"]: r["owner_name"] for r in store.sessions()}
+    for sid in ids:
+        taker = a if any(line == f"took {sid} {a.pid}" for line in a.lines) else b
+        assert owners[sid] is not None and owners[sid].endswith(f":{taker.pid}")
+    # Held while idle (idle_timeout 30): more input goes to the same owner, no second take.
+    more = store.enqueue(ids[0], "again")
+    sent[ids[0]].append(more.id)
+    wait_until(lambda: turn_ends(store, ids[0]) == ["completed", "completed"], "the second turn")
+    assert sorted(line.split()[1] for w in (a, b) for line in w.lines if line.startswith("took ")) == sorted(ids)
+    for w in (a, b):
+        assert w.signal(signal.SIGTERM) == 0, w.stderr_text()
+    audit(store, sent)
+    assert all(r["owner"] is None for r in store.sessions())
+
+
+def test_an_idle_session_is_released_after_idle_timeout_and_taken_again_for_new_input(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "idle")
+    w = workers(dsn, "echo", "--idle-timeout", "0.2")
+    first = store.enqueue(sid, "one")
+    w.wait_line(lambda line: line.startswith(f"model {sid}"), "the first model call")
+    wait_until(lambda: row(store, sid)["owner"] is None, "the idle release")
+    # Released only after its turn ended, and with nothing left behind.
+    assert turn_ends(store, sid) == ["completed"]
+    assert row(store, sid)["staged"] == 0 and not row(store, sid)["runnable"]
+    epoch = row(store, sid)["epoch"]
+    second = store.enqueue(sid, "two")
+    w.wait_line(lambda line: line.startswith(f"model {sid}") and second.id in line, "the second model call")
+    assert [line.split()[1] for line in w.lines if line.startswith("took ")] == [sid, sid]
+    assert row(store, sid)["epoch"] > epoch  # a new take, under a new lease
+    wait_until(lambda: row(store, sid)["owner"] is None, "the second idle release")
+    assert w.signal(signal.SIGTERM) == 0
+    audit(store, {sid: [first.id, second.id]})
+
+
+def test_input_staged_before_any_worker_starts_is_taken_at_start(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    ids = sessions(store, 3, "early")
+    sent = {sid: [store.enqueue(sid, "before").id] for sid in ids}
+    assert all(r["state"] == "waiting" for r in _rows(store))
+    w = workers(dsn, "built_async")
+    for sid in ids:
+        w.wait_line(lambda line, sid=sid: line.startswith(f"model {sid}"), f"the model call of {sid}")
+        wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the turn of {sid}")
+    assert w.signal(signal.SIGTERM) == 0
+    audit(store, sent)
+
+
+def _rows(store: PostgresStore) -> List[dict]:
+    from kerman._workers_cli import session_rows
+
+    return session_rows(store)
+
+
+# ---- takeover ----------------------------------------------------------------------------------
+
+
+def test_a_killed_workers_sessions_are_taken_over_with_crash_closers_and_claimed_input_requeued(workers):
+    """Worker A dies (SIGKILL) in two states: one session inside its model call (the message was
+    entered: the turn is closed as interrupted, not run again) and one inside a pre_step after
+    the claim (claimed, never entered: requeued by the taker, entered once). B takes both over
+    once the lease expires, with no new input."""
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    in_model, in_pre = sessions(store, 2, "kill")
+    a = workers(dsn, "hang", "--lease-ttl", "1", env={"WORKER_APP_DELAY": "3600"})
+    entered = store.enqueue(in_model, "entered before the kill")
+    a.wait_line(lambda line: line.startswith(f"model {in_model}"), "A's model call")
+    a.close()  # A is gone; start the pre_step case with a second A
+    a2 = workers(dsn, "hang", "--lease-ttl", "1", env={"WORKER_APP_HANG": "1"})
+    claimed = store.enqueue(in_pre, "claimed, never entered")
+    a2.wait_line(lambda line: line.startswith(f"pre {in_pre}"), "A2's pre_step")
+    held = {sid: row(store, sid) for sid in (in_model, in_pre)}
+    assert held[in_pre]["owner_name"].endswith(f":{a2.pid}") and held[in_pre]["state"] == "owned"
+    a2.proc.kill()
+    a2.proc.wait(timeout=DEADLINE)
+    b = workers(dsn, "echo", "--lease-ttl", "1")
+    for sid in (in_model, in_pre):
+        b.wait_line(lambda line, sid=sid: line.startswith(f"took {sid}"), f"B's take of {sid}")
+    b.wait_line(lambda line: line.startswith(f"model {in_pre}") and claimed.id in line, "the requeued message")
+    wait_until(lambda: turn_ends(store, in_pre) == ["interrupted", "completed"], "the requeued turn")
+    assert turn_ends(store, in_model) == ["interrupted"]
+    # The lease moved on (a new epoch fences the dead owner), and the model saw each message once.
+    for sid in (in_model, in_pre):
+        assert row(store, sid)["epoch"] > held[sid]["epoch"]
+    assert not any(line.startswith(f"model {in_model}") for line in b.lines)
+    assert b.signal(signal.SIGTERM) == 0
+    audit(store, {in_model: [entered.id], in_pre: [claimed.id]})
+
+
+# ---- drain -------------------------------------------------------------------------------------
+
+
+def test_sigterm_lets_a_short_turn_finish_then_releases_every_lease_and_exits_0(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    busy, idle = sessions(store, 2, "drain")
+    w = workers(dsn, "echo", "--grace", "30", "--idle-timeout", "300", env={"WORKER_APP_DELAY": "0.5"})
+    sent = {idle: [store.enqueue(idle, "done early").id]}
+    wait_until(lambda: turn_ends(store, idle) == ["completed"], "the idle session's turn")
+    sent[busy] = [store.enqueue(busy, "finishes within the grace").id]
+    w.wait_line(lambda line: line.startswith(f"model {busy}"), "the busy session's model call")
+    assert {r["id"]: r["state"] for r in _rows(store)} == {busy: "owned", idle: "owned"}
+    assert w.signal(signal.SIGTERM) == 0, w.stderr_text()
+    assert turn_ends(store, busy) == ["completed"]
+    assert all(r["owner"] is None and r["expires_at"] is None for r in store.sessions())
+    audit(store, sent)
+
+
+def test_sigterm_cancels_turns_past_the_grace_and_another_worker_runs_their_pending_input(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "cancel")
+    w = workers(dsn, "echo", "--grace", "0.2", env={"WORKER_APP_DELAY": "3600"})
+    first = store.enqueue(sid, "runs forever")
+    w.wait_line(lambda line: line.startswith(f"model {sid}"), "the model call")
+    second = store.enqueue(sid, "waits for the next turn")
+    wait_until(lambda: row(store, sid)["staged"] == 0, "the second message's claim")
+    assert w.signal(signal.SIGTERM) == 0, w.stderr_text()
+    assert turn_ends(store, sid) == ["aborted"]
+    r = row(store, sid)
+    assert r["owner"] is None and r["runnable"]  # pending input in the log, flagged for a worker
+    other = workers(dsn, "echo")
+    other.wait_line(lambda line: line.startswith(f"model {sid}") and second.id in line, "the pending turn")
+    wait_until(lambda: turn_ends(store, sid) == ["aborted", "completed"], "the second turn")
+    assert other.signal(signal.SIGTERM) == 0
+    audit(store, {sid: [first.id, second.id]})
+
+
+# ---- parking -----------------------------------------------------------------------------------
+
+
+def test_a_session_whose_turns_keep_failing_is_parked_and_new_input_or_unpark_releases_it(workers, capsys):
+    from kerman.cli import main
+
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    sid, healthy = sessions(store, 2, "park")
+    w = workers(dsn, "echo", "--max-failures", "2", "--idle-timeout", "30", env={"WORKER_APP_FAIL": "1"})
+    sent = {sid: [store.enqueue(sid, "fails once").id]}
+    wait_until(lambda: turn_ends(store, sid) == ["error"], "the first failed turn")
+    assert row(store, sid)["status"] == "active"  # one failure: still held
+    sent[sid].append(store.enqueue(sid, "fails twice").id)
+    wait_until(lambda: row(store, sid)["status"] == "parked", "the park")
+    r = row(store, sid)
+    assert r["owner"] is None and r["status_detail"] == "2 consecutive failed turns"
+    assert turn_ends(store, sid) == ["error", "error"]
+    assert main(["sessions", dsn, "show", sid]) == 0
+    out = capsys.readouterr().out
+    assert "state:          parked" in out and "parked because: 2 consecutive failed turns" in out
+    assert main(["sessions", dsn, "list", "--parked"]) == 0
+    assert capsys.readouterr().out.split("\n")[1].split()[:2] == [sid, "parked"]
+    # New input releases it for one more try: taken again, fails, parked again.
+    sent[sid].append(store.enqueue(sid, "fails a third time").id)
+    w.wait_line(lambda line: line.startswith(f"model {sid}") and sent[sid][-1] in line, "the try after the park")
+    wait_until(lambda: turn_ends(store, sid) == ["error"] * 3 and row(store, sid)["status"] == "parked",
+               "the second park")
+    # unpark: active again, and not taken while it has nothing to run.
+    assert main(["sessions", dsn, "unpark", sid]) == 0
+    assert capsys.readouterr().out.strip() == f"unparked {sid}"
+    assert row(store, sid)["status"] == "active" and row(store, sid)["status_detail"] is None
+    assert main(["sessions", dsn, "unpark", sid]) == 1
+    assert "is not parked" in capsys.readouterr().err
+    assert main(["sessions", dsn, "unpark", "nobody"]) == 1
+    # Another session is unaffected by the parking.
+    sent[healthy] = [store.enqueue(healthy, "fails once, and is held").id]
+    wait_until(lambda: turn_ends(store, healthy) == ["error"], "the healthy session's turn")
+    assert row(store, healthy)["status"] == "active"
+    assert [line.split()[1] for line in w.lines if line.startswith("took ")].count(sid) == 2
+    assert w.signal(signal.SIGTERM) == 0
+    audit(store, sent)
+
+
+def test_a_factory_that_fails_parks_the_session_with_its_error(workers):
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "broken")
+    w = workers(dsn, "broken")
+    store.enqueue(sid, "cannot run")
+    wait_until(lambda: row(store, sid)["status"] == "parked", "the park")
+    assert "factory failed: RuntimeError('the factory cannot build this session')" == row(store, sid)["status_detail"]
+    # Staged input is kept (still staged: nothing took it), and the sweep leaves it parked.
+    assert row(store, sid)["staged"] == 1
+    assert w.signal(signal.SIGTERM) == 0
+    assert [line.split()[1] for line in w.lines if line.startswith("took ")] == [sid]
