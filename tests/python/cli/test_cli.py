@@ -802,9 +802,11 @@ def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
     [item] = json.loads(out)
     assert item["placement"] == "steering" and item["message"]["id"] == "ctx-1"
     code, out, _ = run(capsys, "log", "list", dsn, "--json")
-    assert code == 0 and json.loads(out) == [{"id": sid, "events": len(events), "size_bytes": None, "status": "ok"}]
+    # Who owns it, as `kerman sessions` shows (owner: a worker's name, else the owner id).
+    assert code == 0 and json.loads(out) == [{"id": sid, "events": len(events), "size_bytes": None, "status": "ok",
+                                              "state": "owned", "owner": store.owner, "staged": 0}]
     code, out, _ = run(capsys, "log", "list", dsn)
-    assert code == 0 and out.split() == [sid, str(len(events)), "events", "—"]
+    assert code == 0 and out.split() == [sid, str(len(events)), "events", "—", "owned", "by", store.owner]
     # The follower took no lease: the owner's log is still the owner's.
     log.append("cli/after", {})
     log.close()

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional
@@ -34,38 +33,42 @@ class WorkerProc:
     """A `kerman worker` child; a thread collects its stdout lines."""
 
     def __init__(self, dsn: str, app: str = "echo", *args: str, env: Optional[Dict[str, str]] = None) -> None:
-        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kerman", "worker", dsn, "--app", f"worker_app:{app}", *args],
-            cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})},
         )
         self.pid = self.proc.pid
         self.lines: List[str] = []
+        self.err_lines: List[str] = []
         self.cond = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err_lines), daemon=True)]
+        for reader in self.readers:
+            reader.start()
+        # `kerman worker` says it is serving once its SIGTERM handler is installed.
+        self.wait_line(lambda line: ": serving " in line, "the worker to start", self.err_lines)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def _read(self, stream, lines: List[str]) -> None:
+        for line in stream:
             with self.cond:
-                self.lines.append(line.rstrip("\n"))
+                lines.append(line.rstrip("\n"))
                 self.cond.notify_all()
         with self.cond:
-            self.lines.append("<eof>")
+            lines.append("<eof>")
             self.cond.notify_all()
 
-    def wait_line(self, pred: Callable[[str], bool], what: str) -> str:
+    def wait_line(self, pred: Callable[[str], bool], what: str, lines: Optional[List[str]] = None) -> str:
+        lines = self.lines if lines is None else lines
         end = time.monotonic() + DEADLINE
         seen = 0
         with self.cond:
             while True:
-                for line in self.lines[seen:]:
+                for line in lines[seen:]:
                     if pred(line):
                         return line
-                seen = len(self.lines)
-                if "<eof>" in self.lines:
+                seen = len(lines)
+                if "<eof>" in lines:
                     raise AssertionError(f"worker {self.pid} exited before {what}:\n{self.stderr_text()}")
                 left = end - time.monotonic()
                 if left <= 0:
@@ -73,24 +76,25 @@ class WorkerProc:
                 self.cond.wait(left)
 
     def stderr_text(self) -> str:
-        self.stderr.seek(0)
-        return self.stderr.read()
+        with self.cond:
+            return "\n".join(self.err_lines)
 
     def signal(self, sig: int) -> int:
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout=DEADLINE)
-        self.reader.join(DEADLINE)
+        for reader in self.readers:
+            reader.join(DEADLINE)
         return code
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=DEADLINE)
-        self.reader.join(DEADLINE)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        if not self.stderr.closed:
-            self.stderr.close()
+        for reader in self.readers:
+            reader.join(DEADLINE)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture
