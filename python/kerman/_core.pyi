@@ -185,6 +185,20 @@ class PostgresStore:
         self, id: str, message: str | UserMessage, target: _Target = "next-turn", wakeup: bool = True
     ) -> UserMessage:
         """Queues a message for the session's owner without taking its lease (web handlers)."""
+    @property
+    def owner(self) -> str:
+        """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""
+    def sessions(self, id: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Every session (or one) as an operator sees it: owner, lease, staged input, status."""
+    def unpark(self, id: str) -> bool:
+        """Makes a parked session active again; False if it was not parked."""
+    # kerman.Worker's plumbing: awaitables completed by the store's reply thread.
+    def _take(
+        self, limit: int, name: str
+    ) -> Awaitable[tuple[builtins.list[tuple[SessionLog, int, int]], float | None]]: ...
+    def _park(self, id: str, epoch: int, detail: str, runnable: bool) -> Awaitable[bool]: ...
+    def _mark_runnable(self, id: str) -> Awaitable[None]: ...
+    def _takeable(self) -> Awaitable[None]: ...
 
 @final
 class FileStore:

@@ -85,7 +85,8 @@ class Worker:
     ``stop()`` lets running turns finish before cancelling them; a session whose last
     ``max_failures`` turns failed (ended ``error``, or ``interrupted`` by a dead worker) is
     parked. ``sweep_interval`` (seconds) is how often the worker looks for takeable sessions
-    without being told (expired leases send no notification). ``name`` is shown as the owner
+    without being told; it also looks right after the next lease held by another owner
+    expires (a dead owner's lease lapses without a notification). ``name`` is shown as the owner
     in ``kerman sessions`` (default ``host:pid``).
 
     Input a turn claimed but never entered is requeued (``AgentLoop.requeue_claimed``) when
@@ -127,6 +128,8 @@ class Worker:
         self._stopping = False
         self._deadline = 0.0
         self._done = False
+        self._expiry_at: Optional[float] = None
+        self._rearmed: Optional[asyncio.Future[None]] = None
         self.stats: Dict[str, int] = {"taken": 0, "released": 0, "parked": 0, "requeued": 0, "cancelled": 0}
 
     # ---- properties -------------------------------------------------------------------------
@@ -215,11 +218,27 @@ class Worker:
             self._wanted.set()
 
     async def _sweep(self) -> None:
-        """The safety net: expired leases notify nobody, and notifications can be lost."""
-        assert self._wanted is not None
+        """Looks again every ``sweep_interval``, and right after the next lease held by another
+        owner expires: a dead owner's lease lapses without a notification (and notifications
+        can be lost)."""
+        assert self._wanted is not None and self._event_loop is not None
         while True:
-            await asyncio.sleep(self._sweep_interval)
-            self._wanted.set()
+            delay = self._sweep_interval
+            if self._expiry_at is not None:
+                delay = max(0.0, min(delay, self._expiry_at - self._event_loop.time()))
+            rearmed = self._rearmed = self._event_loop.create_future()
+            await asyncio.wait((rearmed,), timeout=delay)
+            if not rearmed.done():
+                self._expiry_at = None
+                self._wanted.set()
+
+    def _rearm(self, expiry: Optional[float]) -> None:
+        """A take reported when another owner's lease next expires: the sweep waits for that."""
+        assert self._event_loop is not None
+        # A little after, so the lease has expired by the server's clock too.
+        self._expiry_at = None if expiry is None else self._event_loop.time() + expiry + 0.005
+        if self._rearmed is not None and not self._rearmed.done():
+            self._rearmed.set_result(None)
 
     async def _take(self) -> None:
         while not self._stopping:
@@ -228,11 +247,12 @@ class Worker:
                 return
             limit = min(room, self._take_batch)
             try:
-                taken = await self._store._take(limit, self._name)
+                taken, expiry = await self._store._take(limit, self._name)
             except Exception:
                 # The store reconnects by itself; the next sweep tries again.
                 logger.exception("worker %s: taking sessions failed", self._name)
                 return
+            self._rearm(expiry)
             for log, epoch, closers in taken:
                 self._start(log, epoch, closers)
             if len(taken) < limit:

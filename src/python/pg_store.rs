@@ -144,10 +144,11 @@ impl PyPostgresStore {
     /// Queues `message` for session `id` without taking its lease (for web handlers): the
     /// session's owner inserts it into its inbox's `target` list, and with `wakeup` its idle
     /// AgentLoop starts a turn. Returns the stored message; its id is the receipt to look for
-    /// (the owner's `agent/inbox/spliced` inserting it). With no owner running, the next `open`
-    /// picks it up. An id already enqueued or in the log raises `DuplicateMessageError` (also
-    /// for a retry racing the owner's claim of the first try); an unknown session
-    /// `SessionNotFoundError`; a message id with NUL or over 1024 UTF-8 bytes `ValueError`.
+    /// (the owner's `agent/inbox/spliced` inserting it). With no owner running, a
+    /// `kerman.Worker` is notified and takes the session (or the next `open` picks it up). An id
+    /// already enqueued or in the log raises `DuplicateMessageError` (also for a retry racing
+    /// the owner's claim of the first try); an unknown session `SessionNotFoundError`; a
+    /// message id with NUL or over 1024 UTF-8 bytes `ValueError`.
     #[pyo3(signature = (id, message, target="next-turn", wakeup=true))]
     fn enqueue<'py>(
         &self,
@@ -225,17 +226,18 @@ impl PyPostgresStore {
         py.detach(|| self.inner.unpark(&id)).map_err(|e| log_err(py, e))
     }
 
-    /// `kerman.Worker`'s take: an awaitable of up to `limit` `(log, epoch, closers)` triples,
-    /// each a session this store now owns (opened as `open` does; `closers`: the crash closers
-    /// that appended) that had input waiting and no live owner, or a dead one. `name` is
-    /// recorded as the sessions' `owner_name`.
+    /// `kerman.Worker`'s take: an awaitable of `(taken, next_expiry)`. `taken`: up to `limit`
+    /// `(log, epoch, closers)` triples, each a session this store now owns (opened as `open`
+    /// does; `closers`: the crash closers that appended) that had input waiting and no live
+    /// owner, or a dead one; `name` is recorded as their `owner_name`. `next_expiry`: seconds
+    /// until another owner's lease next expires, or `None`.
     fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str) -> PyResult<Bound<'py, PyAny>> {
         if limit < 1 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("limit must be >= 1, got {limit}")));
         }
         let (completion, future) = Completion::new(py)?;
         self.inner.take(limit, name, move |result| {
-            completion.deliver_value(result.map(|taken| {
+            completion.deliver_value(result.map(|(taken, expiry)| {
                 let make: Value = Box::new(move |py: Python<'_>| {
                     let list = PyList::empty(py);
                     for (log, epoch, closers) in taken {
@@ -244,7 +246,8 @@ impl PyPostgresStore {
                         let closers = closers.into_pyobject(py)?.into_any().unbind();
                         list.append(PyTuple::new(py, [log.into_any(), epoch, closers])?)?;
                     }
-                    Ok(list.into_any().unbind())
+                    let expiry = expiry.into_pyobject(py)?.into_any();
+                    Ok(PyTuple::new(py, [list.into_any(), expiry])?.into_any().unbind())
                 });
                 Some(make)
             }))

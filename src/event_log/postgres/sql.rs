@@ -372,6 +372,20 @@ pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<()
 /// A session [`take`] acquired: its lease, header text and records.
 pub type Taken = (Lease, String, Vec<String>);
 
+/// Seconds until the earliest lease held by another owner expires (server clock), if any: when
+/// a worker should look again, since a dead owner's lease lapses without a notification.
+pub async fn next_expiry(c: &mut Client, owner: &str) -> Result<Option<f64>, LogError> {
+    let row = c
+        .query_one(
+            "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM kerman_sessions
+             WHERE owner IS NOT NULL AND owner <> $1 AND expires_at >= now()",
+            &[&owner],
+        )
+        .await
+        .map_err(db_err("read the next lease expiry"))?;
+    Ok(row.get(0))
+}
+
 /// Acquires up to `limit` sessions a worker should run, in one statement, skipping rows other
 /// workers are taking (`FOR UPDATE SKIP LOCKED`), then reads their records in a second one.
 /// Takeable: nobody holds a live lease, and it has input waiting (staged rows, or `runnable`),

@@ -103,7 +103,8 @@ pub enum Response {
     Session(String, i64, Vec<String>),
     /// A followed session is gone, or was deleted and created again.
     Replaced,
-    Taken(Vec<sql::Taken>),
+    /// The sessions taken, and the seconds until another owner's lease next expires.
+    Taken(Vec<sql::Taken>, Option<f64>),
     Sessions(Vec<sql::SessionInfo>),
 }
 
@@ -471,7 +472,8 @@ impl Worker {
                 for (lease, _, _) in &taken {
                     self.held.insert(lease.session_id.clone(), lease.epoch);
                 }
-                Response::Taken(taken)
+                let expiry = sql::next_expiry(c, owner).await?;
+                Response::Taken(taken, expiry)
             }
             Request::Park { lease, detail, runnable } => Response::Bool(sql::park(c, lease, detail, *runnable).await?),
             Request::Unpark { id } => Response::Bool(sql::unpark(c, id).await?),

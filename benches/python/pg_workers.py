@@ -1,0 +1,422 @@
+"""The distributed benchmark of issue 17 ("Scale, measured"): `kerman worker` processes serving
+10,000 sessions of a PostgreSQL store while load generator processes enqueue at a fixed rate,
+then a burst; a worker killed with SIGKILL; an audit of the tables at the end; and the cost of
+LISTEN with thousands of channels on one connection.
+
+Usage: ``KERMAN_PG_DSN=postgresql://… python benches/python/pg_workers.py [--workers 4]
+[--sessions 10000] [--rate 500] [--seconds 20] [--burst 2000] [--json]`` (``make bench-workers``;
+about 3 minutes with the defaults). Everything runs in a fresh schema of that database (created
+here, dropped at the end), so no other session is touched. Figures are from this one run; the
+report says what each one measures. docs/distributed.md, "Workers, measured", records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from typing import Any, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def psql(dsn: str, sql: str) -> List[str]:
+    out = subprocess.run(["psql", dsn, "-XAtq", "-c", sql], check=True, capture_output=True, text=True, timeout=300)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def pct(values: List[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def ms(ns: float) -> float:
+    return ns / 1e6
+
+
+class Proc:
+    """A child whose stdout lines are collected by a thread (stderr to a file)."""
+
+    def __init__(self, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
+        self.err = open(os.devnull, "w") if os.environ.get("BENCH_QUIET") else None
+        self.proc = subprocess.Popen(args, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.pid = self.proc.pid
+        self.lines: List[str] = []
+        self.err_lines: List[str] = []
+        self.cond = threading.Condition()
+        for stream, lines in ((self.proc.stdout, self.lines), (self.proc.stderr, self.err_lines)):
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True).start()
+
+    def _read(self, stream: Any, lines: List[str]) -> None:
+        for line in stream:
+            with self.cond:
+                lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            lines.append("<eof>")
+            self.cond.notify_all()
+
+    def wait_err(self, needle: str, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not any(needle in line for line in self.err_lines):
+                if "<eof>" in self.err_lines or time.monotonic() > end:
+                    raise SystemExit(f"child {self.pid} did not say {needle!r}:\n" + "\n".join(self.err_lines))
+                self.cond.wait(0.5)
+
+    def wait_eof(self, timeout: float = 600.0) -> None:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while "<eof>" not in self.lines:
+                if time.monotonic() > end:
+                    raise SystemExit(f"child {self.pid} did not finish")
+                self.cond.wait(0.5)
+
+
+def io_bytes(pid: int) -> int:
+    """Bytes read + written by the process's syscalls (sockets dominate for a worker)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["rchar"]) + int(fields["wchar"])
+    except OSError:
+        return 0
+
+
+def db_stats(dsn: str) -> Tuple[int, int]:
+    """(transactions committed + rolled back, statements' tuples returned + fetched) in this database."""
+    (row,) = psql(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+    return int(row), 0
+
+
+# ---- the load generator (a child process) --------------------------------------------------------
+
+
+def loadgen(args: argparse.Namespace) -> None:
+    """Enqueues at `rate` per second for `seconds` (a `hot` share to a small set of sessions,
+    which stay owned; the rest spread over all), then `burst` messages as fast as it can.
+    Prints ``q <message-id> <session> <ns before> <ns after> <phase>`` per message."""
+    import kerman
+
+    store = kerman.PostgresStore(args.dsn)
+    rng = random.Random(args.seed)
+    hot = [f"b-{i}" for i in range(args.hot_sessions)]
+    everyone = args.sessions
+    out = sys.stdout
+
+    def send(sid: str, phase: str) -> None:
+        before = time.time_ns()
+        message = store.enqueue(sid, "x")
+        after = time.time_ns()
+        out.write(f"q {message.id} {sid} {before} {after} {phase}\n")
+
+    start = time.monotonic()
+    n = int(args.rate * args.seconds)
+    for i in range(n):
+        due = start + i / args.rate
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        sid = rng.choice(hot) if rng.random() < args.hot_share else f"b-{rng.randrange(everyone)}"
+        send(sid, "steady")
+    out.flush()
+    for _ in range(args.burst):
+        send(f"b-{rng.randrange(args.hot_sessions, everyone)}", "burst")
+    out.write("done\n")
+    out.flush()
+
+
+# ---- LISTEN with many channels -------------------------------------------------------------------
+
+
+def listen_cost(dsn: str, ids: List[str], counts: List[int], samples: int = 200) -> List[Dict[str, Any]]:
+    """One owner store holds `n` sessions, each with an inbox (one LISTEN channel each, on the
+    store's one LISTEN connection); another store enqueues to one of them at a time: enqueue
+    returning -> the message inserted by the owner's inbox, p50/p99, per `n`."""
+    import kerman
+
+    rows = []
+    for n in counts:
+        owner = kerman.PostgresStore(dsn, lease_ttl=60.0)
+        web = kerman.PostgresStore(dsn)
+        logs, inboxes = [], []
+        arrived = threading.Event()
+        stamp: List[int] = []
+        t0 = time.monotonic()
+        for sid in ids[:n]:
+            log = owner.open(sid)
+            inbox = kerman.Inbox(log, on_inserted=lambda m: (stamp.append(time.time_ns()), arrived.set()))
+            logs.append(log)
+            inboxes.append(inbox)
+        opened = time.monotonic() - t0
+        rng = random.Random(n)
+        latencies = []
+        for _ in range(samples):
+            arrived.clear()
+            stamp.clear()
+            sid = ids[rng.randrange(n)]
+            web.enqueue(sid, "ping")
+            sent = time.time_ns()
+            if not arrived.wait(10):
+                raise SystemExit(f"no insertion within 10 s with {n} channels")
+            latencies.append(stamp[0] - sent)
+        for inbox in inboxes:
+            inbox.close()
+        for log in logs:
+            log.close()
+        rows.append({"channels": n, "open_s": round(opened, 2), "p50_ms": round(ms(pct(latencies, 50)), 2),
+                     "p99_ms": round(ms(pct(latencies, 99)), 2)})
+    return rows
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--rate", type=float, default=500.0, help="enqueues per second, all generators together")
+    parser.add_argument("--generators", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--burst", type=int, default=2000, help="messages per generator after the steady phase")
+    parser.add_argument("--hot-sessions", type=int, default=200)
+    parser.add_argument("--hot-share", type=float, default=0.5)
+    parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument("--idle-timeout", type=float, default=10.0)
+    parser.add_argument("--model-delay", type=float, default=0.005)
+    parser.add_argument("--listen-counts", default="1,1000,10000")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dsn", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.loadgen:
+        loadgen(args)
+        return 0
+    base = os.environ.get("KERMAN_PG_DSN")
+    if not base:
+        print("pg_workers: KERMAN_PG_DSN is unset; skipped (make pg-server prints one)", file=sys.stderr)
+        return 0
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    psql(base, f"CREATE SCHEMA {schema}")
+    dsn = f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    try:
+        report = run(args, dsn)
+    finally:
+        psql(base, f"DROP SCHEMA {schema} CASCADE")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0 if report["audit"]["ok"] else 1
+
+
+def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
+    import kerman
+
+    report: Dict[str, Any] = {"config": {k: getattr(args, k) for k in (
+        "workers", "sessions", "rate", "generators", "seconds", "burst", "hot_sessions", "hot_share",
+        "lease_ttl", "idle_timeout", "model_delay")}}
+    ids = [f"b-{i}" for i in range(args.sessions)]
+    t0 = time.monotonic()
+    setup = kerman.PostgresStore(dsn)
+    for sid in ids:
+        setup.create(sid).close()
+    report["setup_s"] = round(time.monotonic() - t0, 1)
+    print(f"pg_workers: {args.sessions} sessions created in {report['setup_s']} s", file=sys.stderr)
+
+    worker_cmd = [sys.executable, "-m", "kerman", "worker", dsn, "--app", "pg_workers_app:factory",
+                  "--max-sessions", str(args.sessions), "--idle-timeout", str(args.idle_timeout),
+                  "--lease-ttl", str(args.lease_ttl), "--grace", "10"]
+    env = {"BENCH_MODEL_DELAY": str(args.model_delay)}
+    workers = [Proc(worker_cmd + ["--name", f"w{i}"], env) for i in range(args.workers)]
+    for w in workers:
+        w.wait_err(": serving ")
+    x0, _ = db_stats(dsn)
+    io0 = {w.pid: io_bytes(w.pid) for w in workers}
+    gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
+               "--rate", str(args.rate / args.generators), "--seconds", str(args.seconds), "--burst", str(args.burst),
+               "--hot-sessions", str(args.hot_sessions), "--hot-share", str(args.hot_share)]
+    started = time.time_ns()
+    gens = [Proc(gen_cmd + ["--seed", str(i)]) for i in range(args.generators)]
+    # Mid-run: the connections this database has.
+    time.sleep(args.seconds / 2)
+    (conns,) = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+    for g in gens:
+        g.wait_eof()
+    queued = {}
+    for g in gens:
+        for line in g.lines:
+            if line.startswith("q "):
+                _, mid, sid, before, after, phase = line.split()
+                queued[mid] = (sid, int(before), int(after), phase)
+    wait_for_models(workers, set(queued), 120)
+    x1, _ = db_stats(dsn)
+    io1 = {w.pid: io_bytes(w.pid) for w in workers}
+    models, takes = collect(workers)
+    report["latency"] = latencies(queued, models, takes)
+    steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
+    turns = len(models)
+    span = (max(t for t, _ in models.values()) - started) / 1e9
+    report["throughput"] = {
+        "turns": turns, "seconds": round(span, 2), "turns_per_s": round(turns / span, 1),
+        "steady_turns_per_s": round(len(steady) / ((max(steady) - min(steady)) / 1e9), 1) if len(steady) > 1 else None,
+        "transactions_per_turn": round((x1 - x0) / turns, 2),
+        "worker_io_bytes_per_turn": round(sum(io1[p] - io0[p] for p in io0) / turns),
+        "connections": int(conns),
+    }
+    print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
+
+    # kill -9 of one worker: its sessions run elsewhere once their leases expire.
+    victim = max(workers, key=lambda w: sum(1 for line in w.lines if line.startswith("t ")))
+    held = [r["id"] for r in setup.sessions() if r["owner_name"] == victim_name(workers, victim)]
+    victim.proc.kill()
+    killed = time.time_ns()
+    victim.proc.wait()
+    probe = {}
+    for sid in held[:200]:
+        probe[setup.enqueue(sid, "after the kill").id] = sid
+    survivors = [w for w in workers if w is not victim]
+    wait_for_models(survivors, set(probe), 60)
+    after, _ = collect(survivors)
+    took = [after[m][0] - killed for m in probe]
+    report["takeover"] = {"sessions_held_by_killed_worker": len(held), "probed": len(probe),
+                          "lease_ttl_s": args.lease_ttl, "p50_s": round(pct(took, 50) / 1e9, 3),
+                          "max_s": round(max(took) / 1e9, 3)}
+    queued.update({m: (sid, killed, killed, "takeover") for m, sid in probe.items()})
+    print("pg_workers: takeover measured", file=sys.stderr)
+
+    for w in survivors:
+        w.proc.send_signal(signal.SIGTERM)
+    codes = [w.proc.wait(60) for w in survivors]
+    report["drain_exit_codes"] = codes
+    report["audit"] = audit(dsn, queued)
+    counts = [int(c) for c in args.listen_counts.split(",") if int(c) <= args.sessions]
+    report["listen"] = listen_cost(dsn, ids, counts)
+    return report
+
+
+def victim_name(workers: List[Proc], victim: Proc) -> str:
+    return f"w{workers.index(victim)}"
+
+
+def wait_for_models(workers: List[Proc], ids: set, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        seen = set()
+        for w in workers:
+            with w.cond:
+                lines = list(w.lines)
+            for line in lines:
+                if line.startswith("m "):
+                    seen.update(line.split()[2:])
+        missing = ids - seen
+        if not missing:
+            return
+        if time.monotonic() > end:
+            print(f"pg_workers: {len(missing)} messages never reached a model", file=sys.stderr)
+            return
+        time.sleep(0.2)
+
+
+def collect(workers: List[Proc]) -> Tuple[Dict[str, Tuple[int, int]], Dict[Tuple[int, str], List[int]]]:
+    """message id -> (model call ns, worker pid); (pid, session) -> take times."""
+    models: Dict[str, Tuple[int, int]] = {}
+    takes: Dict[Tuple[int, str], List[int]] = defaultdict(list)
+    for w in workers:
+        with w.cond:
+            lines = list(w.lines)
+        for line in lines:
+            if line.startswith("m "):
+                parts = line.split()
+                for mid in parts[2:]:
+                    models.setdefault(mid, (int(parts[1]), w.pid))
+            elif line.startswith("t "):
+                _, sid, ns = line.split()
+                takes[(w.pid, sid)].append(int(ns))
+    return models, takes
+
+
+def latencies(queued: Dict[str, Tuple[str, int, int, str]], models: Dict[str, Tuple[int, int]],
+              takes: Dict[Tuple[int, str], List[int]]) -> Dict[str, Any]:
+    """enqueue returned -> model called, split by whether the session was owned when enqueued
+    (no take of it between the enqueue and the model call) or unowned (taken for it)."""
+    groups: Dict[str, List[int]] = defaultdict(list)
+    for mid, (sid, before, after, phase) in queued.items():
+        if mid not in models:
+            continue
+        at, pid = models[mid]
+        took = [t for t in takes.get((pid, sid), []) if t <= at]
+        owned = not took or max(took) < before
+        groups[f"{phase}/{'owned' if owned else 'unowned'}"].append(at - after)
+    return {k: {"n": len(v), "p50_ms": round(ms(pct(v, 50)), 2), "p99_ms": round(ms(pct(v, 99)), 2),
+                "max_ms": round(ms(max(v)), 1)} for k, v in sorted(groups.items())}
+
+
+def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
+    """From the tables alone: each enqueued message inserted by a splice and entered as exactly
+    one user/message; no other; every turn and step balanced; nothing left staged or owned."""
+    entered = Counter(psql(dsn, "SELECT record::json->'data'->>'id' FROM kerman_events WHERE type = 'user/message'"))
+    inserted = Counter(psql(dsn, "SELECT m->>'id' FROM kerman_events, "
+                                 "json_array_elements(record::json->'data'->'inserted') AS m "
+                                 "WHERE type = 'agent/inbox/spliced'"))
+    unbalanced = psql(dsn, "SELECT session_id FROM kerman_events GROUP BY session_id HAVING "
+                           "count(*) FILTER (WHERE type = 'turn/start') <> count(*) FILTER (WHERE type = 'turn/end') "
+                           "OR count(*) FILTER (WHERE type = 'step/start') <> count(*) FILTER (WHERE type = 'step/end')")
+    (staged,) = psql(dsn, "SELECT count(*) FROM kerman_inbox_staged")
+    (owned,) = psql(dsn, "SELECT count(*) FROM kerman_sessions WHERE owner IS NOT NULL AND expires_at > now()")
+    want = set(queued)
+    lost = [m for m in want if entered[m] == 0]
+    duplicated = [m for m in want if entered[m] > 1]
+    foreign = [m for m in entered if m not in want]
+    requeued = sum(1 for m in want if inserted[m] > 1)
+    ok = not lost and not duplicated and not foreign and not unbalanced and int(staged) == 0
+    return {"ok": ok, "messages": len(want), "entered_once": len(want) - len(lost) - len(duplicated),
+            "lost": len(lost), "duplicated": len(duplicated), "unknown_entered": len(foreign),
+            "reinserted_by_requeue": requeued, "unbalanced_sessions": len(unbalanced),
+            "left_staged": int(staged), "left_owned_by_live_lease": int(owned)}
+
+
+def print_report(r: Dict[str, Any]) -> None:
+    c = r["config"]
+    print(f"distributed benchmark: {c['workers']} workers, {c['sessions']} sessions, {c['generators']} generators "
+          f"at {c['rate']}/s for {c['seconds']} s then {c['burst']} each as fast as possible; model delay "
+          f"{c['model_delay'] * 1000:.0f} ms; lease_ttl {c['lease_ttl']} s; idle_timeout {c['idle_timeout']} s")
+    print(f"setup: {c['sessions']} sessions created in {r['setup_s']} s")
+    print("enqueue returned -> model called:")
+    for k, v in r["latency"].items():
+        print(f"  {k:<18} n={v['n']:>6}  p50 {v['p50_ms']:>7.2f} ms  p99 {v['p99_ms']:>8.2f} ms  max {v['max_ms']:>8.1f} ms")
+    t = r["throughput"]
+    print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
+          f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
+          f"{t['worker_io_bytes_per_turn']} worker I/O bytes/turn; {t['connections']} connections")
+    k = r["takeover"]
+    print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
+          f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")
+    print(f"drain exit codes: {r['drain_exit_codes']}")
+    a = r["audit"]
+    print(f"audit: {'OK' if a['ok'] else 'FAILED'}: {a['messages']} messages, {a['entered_once']} entered once, "
+          f"{a['lost']} lost, {a['duplicated']} duplicated, {a['unknown_entered']} unknown, "
+          f"{a['reinserted_by_requeue']} re-inserted by requeue, {a['unbalanced_sessions']} unbalanced sessions, "
+          f"{a['left_staged']} left staged")
+    print("LISTEN on one connection: enqueue returned -> inserted by the owner's inbox")
+    for row in r["listen"]:
+        print(f"  {row['channels']:>6} channels  p50 {row['p50_ms']:>6.2f} ms  p99 {row['p99_ms']:>6.2f} ms  "
+              f"(opening them took {row['open_s']} s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
