@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import urlparse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -85,18 +87,27 @@ class Proc:
                 self.cond.wait(0.5)
 
 
-def io_bytes(pid: int) -> int:
-    """Bytes read + written by the process's syscalls (sockets dominate for a worker)."""
-    try:
-        with open(f"/proc/{pid}/io") as f:
-            fields = dict(line.split(": ") for line in f.read().splitlines())
-        return int(fields["rchar"]) + int(fields["wchar"])
-    except OSError:
-        return 0
+def socket_bytes(pids: List[int], port: int) -> int:
+    """Bytes sent + received so far on the TCP connections of `pids` to the server's `port`
+    (tcp_info's counters, through `ss`): what the workers exchanged with PostgreSQL."""
+    out = subprocess.run(["ss", "-tinpH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    total, owner = 0, None
+    for line in out.splitlines():
+        if "users:(" in line:
+            found = re.search(r"pid=(\d+)", line)
+            owner = int(found.group(1)) if found else None
+        if owner in pids:
+            for key in ("bytes_sent", "bytes_received"):
+                found = re.search(key + r":(\d+)", line)
+                if found:
+                    total += int(found.group(1))
+    return total
 
 
 def db_stats(dsn: str) -> Tuple[int, int]:
-    """(transactions committed + rolled back, statements' tuples returned + fetched) in this database."""
+    """(transactions committed + rolled back in this database, 0). Each of the store's
+    statements outside an explicit transaction is one; an enqueue is one of four statements."""
     (row,) = psql(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
     return int(row), 0
 
@@ -245,8 +256,10 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     workers = [Proc(worker_cmd + ["--name", f"w{i}"], env) for i in range(args.workers)]
     for w in workers:
         w.wait_err(": serving ")
+    port = urlparse(dsn).port or 5432
+    pids = [w.pid for w in workers]
     x0, _ = db_stats(dsn)
-    io0 = {w.pid: io_bytes(w.pid) for w in workers}
+    io0 = socket_bytes(pids, port)
     gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
                "--rate", str(args.rate / args.generators), "--seconds", str(args.seconds), "--burst", str(args.burst),
                "--hot-sessions", str(args.hot_sessions), "--hot-share", str(args.hot_share)]
@@ -265,7 +278,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
                 queued[mid] = (sid, int(before), int(after), phase)
     wait_for_models(workers, set(queued), 120)
     x1, _ = db_stats(dsn)
-    io1 = {w.pid: io_bytes(w.pid) for w in workers}
+    io1 = socket_bytes(pids, port)
     models, takes = collect(workers)
     report["latency"] = latencies(queued, models, takes)
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
@@ -275,7 +288,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "turns": turns, "seconds": round(span, 2), "turns_per_s": round(turns / span, 1),
         "steady_turns_per_s": round(len(steady) / ((max(steady) - min(steady)) / 1e9), 1) if len(steady) > 1 else None,
         "transactions_per_turn": round((x1 - x0) / turns, 2),
-        "worker_io_bytes_per_turn": round(sum(io1[p] - io0[p] for p in io0) / turns),
+        "worker_bytes_per_turn": round((io1 - io0) / turns),
         "connections": int(conns),
     }
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
@@ -402,7 +415,7 @@ def print_report(r: Dict[str, Any]) -> None:
     t = r["throughput"]
     print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
           f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
-          f"{t['worker_io_bytes_per_turn']} worker I/O bytes/turn; {t['connections']} connections")
+          f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections")
     k = r["takeover"]
     print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
           f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")

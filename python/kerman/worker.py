@@ -129,6 +129,7 @@ class Worker:
         self._deadline = 0.0
         self._done = False
         self._expiry_at: Optional[float] = None
+        self._swept = True  # the next take is a sweep's: it reads the next expiry
         self._rearmed: Optional[asyncio.Future[None]] = None
         self.stats: Dict[str, int] = {"taken": 0, "released": 0, "parked": 0, "requeued": 0, "cancelled": 0}
 
@@ -172,7 +173,8 @@ class Worker:
                 self._wanted.clear()
                 if self._stopping:
                     break
-                await self._take()
+                swept, self._swept = self._swept, False
+                await self._take(swept)
         finally:
             for helper in helpers:
                 helper.cancel()
@@ -230,6 +232,7 @@ class Worker:
             await asyncio.wait((rearmed,), timeout=delay)
             if not rearmed.done():
                 self._expiry_at = None
+                self._swept = True
                 self._wanted.set()
 
     def _rearm(self, expiry: Optional[float]) -> None:
@@ -240,19 +243,24 @@ class Worker:
         if self._rearmed is not None and not self._rearmed.done():
             self._rearmed.set_result(None)
 
-    async def _take(self) -> None:
+    async def _take(self, swept: bool) -> None:
+        """Takes while takes come back full. Only a sweep (or the first take) asks for the next
+        expiry: every worker hears each notification, so those takes are kept to one statement."""
+        expiry = swept
         while not self._stopping:
             room = self._max_sessions - len(self._sessions)
             if room <= 0:
                 return
             limit = min(room, self._take_batch)
             try:
-                taken, expiry = await self._store._take(limit, self._name)
+                taken, next_expiry = await self._store._take(limit, self._name, expiry)
             except Exception:
                 # The store reconnects by itself; the next sweep tries again.
                 logger.exception("worker %s: taking sessions failed", self._name)
                 return
-            self._rearm(expiry)
+            if expiry:
+                self._rearm(next_expiry)
+                expiry = False
             for log, epoch, closers in taken:
                 self._start(log, epoch, closers)
             if len(taken) < limit:
@@ -293,9 +301,10 @@ class Worker:
             if not log.closed:
                 await self._release(session)
         finally:
+            full = len(self._sessions) >= self._max_sessions
             self._sessions.pop(log.id, None)
-            if self._wanted is not None:
-                self._wanted.set()  # room for another session
+            if full and self._wanted is not None:
+                self._wanted.set()  # room again: input may have waited for it
 
     async def _run(self, session: _Session) -> None:
         agent = session.agent

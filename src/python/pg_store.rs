@@ -230,13 +230,14 @@ impl PyPostgresStore {
     /// `(log, epoch, closers)` triples, each a session this store now owns (opened as `open`
     /// does; `closers`: the crash closers that appended) that had input waiting and no live
     /// owner, or a dead one; `name` is recorded as their `owner_name`. `next_expiry`: seconds
-    /// until another owner's lease next expires, or `None`.
-    fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    /// until another owner's lease next expires, or `None` (also without `expiry`: not read).
+    #[pyo3(signature = (limit, name, expiry=true))]
+    fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str, expiry: bool) -> PyResult<Bound<'py, PyAny>> {
         if limit < 1 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("limit must be >= 1, got {limit}")));
         }
         let (completion, future) = Completion::new(py)?;
-        self.inner.take(limit, name, move |result| {
+        self.inner.take(limit, name, expiry, move |result| {
             completion.deliver_value(result.map(|(taken, expiry)| {
                 let make: Value = Box::new(move |py: Python<'_>| {
                     let list = PyList::empty(py);

@@ -88,11 +88,19 @@ const APPEND: &str = "WITH s AS (
 /// costs a second one to prepare it every time).
 pub struct Prepared {
     append: Statement,
+    /// A worker's take and its read of the taken sessions: every worker runs the take on each
+    /// `kerman_takeable` notification.
+    take: Statement,
+    taken_records: Statement,
 }
 
 impl Prepared {
     pub async fn new(c: &Client) -> Result<Prepared, LogError> {
-        Ok(Prepared { append: c.prepare(APPEND).await.map_err(db_err("prepare append"))? })
+        Ok(Prepared {
+            append: c.prepare(APPEND).await.map_err(db_err("prepare append"))?,
+            take: c.prepare(TAKE).await.map_err(db_err("prepare take"))?,
+            taken_records: c.prepare(TAKEN_RECORDS).await.map_err(db_err("prepare take"))?,
+        })
     }
 }
 
@@ -391,10 +399,29 @@ pub async fn next_expiry(c: &mut Client, owner: &str) -> Result<Option<f64>, Log
 /// Takeable: nobody holds a live lease, and it has input waiting (staged rows, or `runnable`),
 /// or its owner died holding it (the lease expired unreleased: crash closers are due); a parked
 /// session only for input staged after the park. Taking clears the park and `runnable`.
-pub async fn take(c: &mut Client, limit: i64, owner: &str, name: &str, ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
-    let rows = c
-        .query(
-            "WITH candidate AS (
+pub async fn take(c: &mut Client, p: &Prepared, limit: i64, owner: &str, name: &str, ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
+    let rows = c.query(&p.take, &[&limit, &owner, &name, &ttl_ms]).await.map_err(db_err("take sessions"))?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let records = c.query(&p.taken_records, &[&ids]).await.map_err(db_err("read taken sessions"))?;
+    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+    for r in &records {
+        by_id.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            let records = by_id.remove(&id).unwrap_or_default();
+            (Lease { session_id: id, owner: owner.into(), epoch: r.get(1) }, r.get(2), records)
+        })
+        .collect())
+}
+
+/// The take statement of [`take`].
+const TAKE: &str = "WITH candidate AS (
                  SELECT DISTINCT session_id AS id FROM kerman_inbox_staged
                  UNION SELECT id FROM kerman_sessions WHERE runnable
                  UNION SELECT id FROM kerman_sessions WHERE owner IS NOT NULL AND expires_at < now()
@@ -412,32 +439,10 @@ pub async fn take(c: &mut Client, limit: i64, owner: &str, name: &str, ttl_ms: f
                  expires_at = now() + $4::float8 * interval '1 millisecond', owned_since = now(),
                  status = 'active', status_detail = NULL, parked_n = NULL, runnable = false
              FROM picked WHERE s.id = picked.id
-             RETURNING s.id, s.epoch, s.header",
-            &[&limit, &owner, &name, &ttl_ms],
-        )
-        .await
-        .map_err(db_err("take sessions"))?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let records = c
-        .query("SELECT session_id, record FROM kerman_events WHERE session_id = ANY($1) ORDER BY session_id, seq", &[&ids])
-        .await
-        .map_err(db_err("read taken sessions"))?;
-    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
-    for r in &records {
-        by_id.entry(r.get(0)).or_default().push(r.get(1));
-    }
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let id: String = r.get(0);
-            let records = by_id.remove(&id).unwrap_or_default();
-            (Lease { session_id: id, owner: owner.into(), epoch: r.get(1) }, r.get(2), records)
-        })
-        .collect())
-}
+             RETURNING s.id, s.epoch, s.header";
+
+/// The records of the sessions a take acquired, by session and seq.
+const TAKEN_RECORDS: &str = "SELECT session_id, record FROM kerman_events WHERE session_id = ANY($1) ORDER BY session_id, seq";
 
 /// Parks a session under `lease` (releasing it): `detail` says why. Input staged from now on
 /// makes it takeable again; `runnable` keeps input already in its log for the unpark. False

@@ -44,11 +44,17 @@ impl PostgresStore {
     /// died), for a worker named `name`; `done` runs on the reply thread with their logs, each
     /// opened as `open` would (crash closers appended). Never blocks. A session whose records
     /// cannot be read is parked (its detail says why) instead of being handed over.
-    /// With the logs comes the number of seconds until another owner's lease next expires
-    /// (when to look again, as a dead owner's lease lapses without a notification).
-    pub fn take(&self, limit: i64, name: &str, done: impl FnOnce(Result<(Vec<TakenLog>, Option<f64>), LogError>) + Send + 'static) {
+    /// With `expiry`, the logs come with the number of seconds until another owner's lease next
+    /// expires (when to look again, as a dead owner's lease lapses without a notification).
+    pub fn take(
+        &self,
+        limit: i64,
+        name: &str,
+        expiry: bool,
+        done: impl FnOnce(Result<(Vec<TakenLog>, Option<f64>), LogError>) + Send + 'static,
+    ) {
         let core = self.core.clone();
-        let request = Request::Take { limit, name: name.into() };
+        let request = Request::Take { limit, name: name.into(), expiry };
         self.core.submit(
             request,
             Box::new(move |result| {

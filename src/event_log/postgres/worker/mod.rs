@@ -59,7 +59,8 @@ pub enum Request {
     /// The header and records of a session, without its lease.
     Peek { id: String },
     /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`).
-    Take { limit: i64, name: String },
+    /// With `expiry`, also reads when another owner's lease next expires (`sql::next_expiry`).
+    Take { limit: i64, name: String, expiry: bool },
     /// Parks the session under `lease`, releasing it (`Bool(false)`: the lease moved on).
     Park { lease: Lease, detail: String, runnable: bool },
     /// Makes a parked session active again (`Bool(false)`: it was not parked).
@@ -467,12 +468,15 @@ impl Worker {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done
             }
-            Request::Take { limit, name } => {
-                let taken = sql::take(c, *limit, owner, name, ttl_ms).await?;
+            Request::Take { limit, name, expiry } => {
+                let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms).await?;
                 for (lease, _, _) in &taken {
                     self.held.insert(lease.session_id.clone(), lease.epoch);
                 }
-                let expiry = sql::next_expiry(c, owner).await?;
+                let expiry = match expiry {
+                    true => sql::next_expiry(c, owner).await?,
+                    false => None,
+                };
                 Response::Taken(taken, expiry)
             }
             Request::Park { lease, detail, runnable } => Response::Bool(sql::park(c, lease, detail, *runnable).await?),
