@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest lint fuzz demo bench bench-rust bench-instr clean
+.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -71,6 +71,13 @@ bench: install
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
 	$(MAKE) bench-rust
+	$(MAKE) bench-workers
+
+# The distributed benchmark (issue 17): 4 `kerman worker` processes, 10,000 sessions, load
+# generators at 500 enqueues/s then a burst, a kill -9, an audit, LISTEN with 10,000 channels;
+# about 3 minutes, in a fresh schema of the test server (started if KERMAN_PG_DSN is unset).
+bench-workers: install
+	@$(PG_ENV) $(PY) benches/python/pg_workers.py
 
 # Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,
 # e.g. `make bench-rust BENCH_ARGS=claim` runs only the benchmarks whose name contains "claim".

@@ -18,7 +18,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -165,10 +164,15 @@ def listen_cost(dsn: str, ids: List[str], counts: List[int], samples: int = 200)
         logs, inboxes = [], []
         arrived = threading.Event()
         stamp: List[int] = []
+
+        def inserted(_message: Any, arrived: threading.Event = arrived, stamp: List[int] = stamp) -> None:
+            stamp.append(time.time_ns())
+            arrived.set()
+
         t0 = time.monotonic()
         for sid in ids[:n]:
             log = owner.open(sid)
-            inbox = kerman.Inbox(log, on_inserted=lambda m: (stamp.append(time.time_ns()), arrived.set()))
+            inbox = kerman.Inbox(log, on_inserted=inserted)
             logs.append(log)
             inboxes.append(inbox)
         opened = time.monotonic() - t0

@@ -89,6 +89,9 @@ class Worker:
     expires (a dead owner's lease lapses without a notification). ``name`` is shown as the owner
     in ``kerman sessions`` (default ``host:pid``).
 
+    ``stats`` counts the sessions ``taken``, ``released`` and ``parked``, the messages
+    ``requeued`` and the turns ``cancelled`` by a drain.
+
     Input a turn claimed but never entered is requeued (``AgentLoop.requeue_claimed``) when
     that turn was interrupted by a crash (found at take) or cancelled by this worker's drain;
     never for turns a plugin blocked or someone else cancelled.

@@ -370,3 +370,50 @@ def test_a_factory_that_fails_parks_the_session_with_its_error(workers):
     assert row(store, sid)["staged"] == 1
     assert w.signal(signal.SIGTERM) == 0
     assert [line.split()[1] for line in w.lines if line.startswith("took ")] == [sid]
+
+
+# ---- the API -----------------------------------------------------------------------------------
+
+
+def test_worker_arguments_are_checked_and_named_in_errors():
+    import kerman
+
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn, lease_ttl=5.0)
+
+    def factory(log):
+        return kerman.AgentLoop(kerman.models.EchoModel(), log=log)
+
+    for kwargs, message in (({"max_sessions": 0}, "max_sessions must be an int >= 1, got 0"),
+                            ({"max_failures": True}, "max_failures must be an int >= 1, got True"),
+                            ({"idle_timeout": -1}, "idle_timeout must be a finite number of seconds >= 0, got -1"),
+                            ({"grace": float("nan")}, "grace must be a finite number of seconds >= 0, got nan"),
+                            ({"sweep_interval": 0}, "sweep_interval must be a finite number of seconds > 0, got 0"),
+                            ({"lease_ttl": 30.0}, "lease_ttl=30.0 differs from the store's lease_ttl=5.0"),
+                            ({"name": ""}, "name must be a non-empty str, got ''")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            kerman.Worker(store, factory, **kwargs)
+    with pytest.raises(TypeError, match="factory must be callable"):
+        kerman.Worker(store, "app:factory")
+    with pytest.raises(TypeError, match="store must be a kerman.PostgresStore or a DSN, got MemoryStore"):
+        kerman.Worker(kerman.MemoryStore(), factory)
+    worker = kerman.Worker(dsn, factory, lease_ttl=2.5, name="w-1", idle_timeout=0)
+    assert worker.lease_ttl == 2.5 and worker.name == "w-1" and worker.sessions == []
+    assert repr(worker) == "<Worker 'w-1' idle sessions=0/1000 idle_timeout=0.0 lease_ttl=2.5 grace=30.0>"
+
+
+def test_a_worker_runs_once_and_stop_before_run_returns_at_once():
+    import asyncio
+
+    import kerman
+
+    dsn = fresh_schema_dsn()
+    worker = kerman.Worker(dsn, lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log))
+
+    async def scenario() -> None:
+        worker.stop()  # before run(): run() drains at once
+        await asyncio.wait_for(worker.run(), DEADLINE)
+        with pytest.raises(kerman.LoopError, match="this Worker is running or has run"):
+            await worker.run()
+
+    asyncio.run(scenario())
