@@ -92,6 +92,12 @@ pub struct Prepared {
     /// `kerman_takeable` notification.
     take: Statement,
     taken_records: Statement,
+    /// An owner's read of staged input (on every notification) and the three statements of
+    /// `enqueue`: a web handler's store runs them all the time.
+    staged: Statement,
+    enqueue_lock: Statement,
+    enqueue_check: Statement,
+    enqueue_insert: Statement,
 }
 
 impl Prepared {
@@ -100,6 +106,10 @@ impl Prepared {
             append: c.prepare(APPEND).await.map_err(db_err("prepare append"))?,
             take: c.prepare(TAKE).await.map_err(db_err("prepare take"))?,
             taken_records: c.prepare(TAKEN_RECORDS).await.map_err(db_err("prepare take"))?,
+            staged: c.prepare(STAGED).await.map_err(db_err("prepare staged read"))?,
+            enqueue_lock: c.prepare(ENQUEUE_LOCK).await.map_err(db_err("prepare enqueue"))?,
+            enqueue_check: c.prepare(ENQUEUE_CHECK).await.map_err(db_err("prepare enqueue"))?,
+            enqueue_insert: c.prepare(ENQUEUE_INSERT).await.map_err(db_err("prepare enqueue"))?,
         })
     }
 }
@@ -294,12 +304,9 @@ pub enum Refused {
 /// transaction (and then found the staged row this one left, or this one's insert conflicted
 /// with it). Without the lock, a retry racing a claim read its snapshot before the claim
 /// committed while `ON CONFLICT` waited for it: accepted, then dropped by the owner.
-pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
+pub async fn enqueue(c: &mut Client, p: &Prepared, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
     let tx = c.transaction().await.map_err(db_err("enqueue message: begin"))?;
-    let session = tx
-        .query_opt("SELECT owner IS NULL OR expires_at < now() FROM kerman_sessions WHERE id = $1 FOR SHARE", &[&id])
-        .await
-        .map_err(db_err("enqueue message: lock the session"))?;
+    let session = tx.query_opt(&p.enqueue_lock, &[&id]).await.map_err(db_err("enqueue message: lock the session"))?;
     let Some(session) = session else { return Ok(Err(Refused::NoSession)) };
     // Nobody owns it: tell the workers (the row lock orders this against a release, which
     // announces staged input itself).
@@ -310,31 +317,12 @@ pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<R
     // are never cast to `jsonb`, which refuses the `\u0000` escape a NUL in a text is stored as.
     let mut literal = String::new();
     crate::json::push_str_literal(&mut literal, &staged.id);
-    let candidates = tx
-        .query(
-            "SELECT record FROM kerman_events
-             WHERE session_id = $1 AND type = 'agent/inbox/spliced'
-               AND (strpos(record, $2) > 0 OR strpos(record, '\\u') > 0)",
-            &[&id, &literal],
-        )
-        .await
-        .map_err(db_err("enqueue message: check the log"))?;
+    let candidates = tx.query(&p.enqueue_check, &[&id, &literal]).await.map_err(db_err("enqueue message: check the log"))?;
     if candidates.iter().any(|row| record_inserts(row.get(0), &staged.id)) {
         return Ok(Err(Refused::Duplicate));
     }
-    // A data-modifying CTE always runs; the notify CTE runs because the final SELECT reads it.
     let row = tx
-        .query_one(
-            "WITH ins AS (
-                 INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT DO NOTHING RETURNING 1
-             ),
-             woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins),
-             free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins WHERE $6)
-             SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)",
-            &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup, &unowned],
-        )
+        .query_one(&p.enqueue_insert, &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup, &unowned])
         .await
         .map_err(db_err("enqueue message"))?;
     let inserted: i64 = row.get(0);
@@ -344,6 +332,25 @@ pub async fn enqueue(c: &mut Client, staged: &StagedInput, id: &str) -> Result<R
     tx.commit().await.map_err(db_err("enqueue message: commit"))?;
     Ok(Ok(()))
 }
+
+/// `enqueue`'s lock of the session row, also reading whether anybody owns it.
+const ENQUEUE_LOCK: &str = "SELECT owner IS NULL OR expires_at < now() FROM kerman_sessions WHERE id = $1 FOR SHARE";
+
+/// `enqueue`'s log check: the splices whose text may hold the id.
+const ENQUEUE_CHECK: &str = "SELECT record FROM kerman_events
+     WHERE session_id = $1 AND type = 'agent/inbox/spliced'
+       AND (strpos(record, $2) > 0 OR strpos(record, '\\u') > 0)";
+
+/// `enqueue`'s insert. A data-modifying CTE always runs; the notify CTEs run because the final
+/// SELECT reads them: the owner's channel, and `kerman_takeable` when nobody owns the session.
+const ENQUEUE_INSERT: &str = "WITH ins AS (
+         INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING RETURNING 1
+     ),
+     woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins),
+     free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins WHERE $6)
+     SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)";
 
 /// Whether the stored splice record `record` inserts a message with id `message_id`.
 fn record_inserts(record: &str, message_id: &str) -> bool {
@@ -356,13 +363,12 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
 }
 
 /// The messages staged for session `id`, in enqueue order.
-pub async fn staged(c: &mut Client, id: &str) -> Result<Vec<StagedInput>, LogError> {
-    let rows = c
-        .query("SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n", &[&id])
-        .await
-        .map_err(db_err("read staged messages"))?;
+pub async fn staged(c: &mut Client, p: &Prepared, id: &str) -> Result<Vec<StagedInput>, LogError> {
+    let rows = c.query(&p.staged, &[&id]).await.map_err(db_err("read staged messages"))?;
     Ok(rows.iter().map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) }).collect())
 }
+
+const STAGED: &str = "SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n";
 
 /// Deletes staged rows the owner dropped (their ids were already in the log), only while
 /// `lease` is current.

@@ -458,12 +458,12 @@ impl Worker {
                 Some(records) => Response::Records(records),
                 None => Response::Replaced,
             },
-            Request::Enqueue { id, staged } => match sql::enqueue(c, staged, id).await? {
+            Request::Enqueue { id, staged } => match sql::enqueue(c, prepared, staged, id).await? {
                 Ok(()) => Response::Bool(true),
                 Err(sql::Refused::Duplicate) => Response::Bool(false),
                 Err(sql::Refused::NoSession) => return Err(LogError::NotFound { id: id.clone() }),
             },
-            Request::Staged { id } => Response::Staged(sql::staged(c, id).await?),
+            Request::Staged { id } => Response::Staged(sql::staged(c, prepared, id).await?),
             Request::Unstage { lease, ids } => {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done
