@@ -104,6 +104,21 @@ def socket_bytes(pids: List[int], port: int) -> int:
     return total
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def server_pids(dsn: str) -> List[int]:
+    return [int(p) for p in psql(dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND pid <> pg_backend_pid()")]
+
+
 def db_stats(dsn: str) -> Tuple[int, int]:
     """(transactions committed + rolled back in this database, 0). Each of the store's
     statements outside an explicit transaction is one; an enqueue is one of four statements."""
@@ -265,6 +280,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     pids = [w.pid for w in workers]
     x0, _ = db_stats(dsn)
     io0 = socket_bytes(pids, port)
+    cpu0 = {p: cpu_seconds(p) for p in pids}
     gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
                "--rate", str(args.rate / args.generators), "--seconds", str(args.seconds), "--burst", str(args.burst),
                "--hot-sessions", str(args.hot_sessions), "--hot-share", str(args.hot_share)]
@@ -273,6 +289,8 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     # Mid-run: the connections this database has.
     time.sleep(args.seconds / 2)
     (conns,) = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+    backends = server_pids(dsn)
+    server0 = {p: cpu_seconds(p) for p in backends}  # from mid-run: the generators' come and go
     for g in gens:
         g.wait_eof()
     queued = {}
@@ -284,6 +302,8 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     wait_for_models(workers, set(queued), 120)
     x1, _ = db_stats(dsn)
     io1 = socket_bytes(pids, port)
+    worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
+    server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
     models, takes = collect(workers)
     report["latency"] = latencies(queued, models, takes)
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
@@ -295,6 +315,9 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "transactions_per_turn": round((x1 - x0) / turns, 2),
         "worker_bytes_per_turn": round((io1 - io0) / turns),
         "connections": int(conns),
+        "worker_cpu_ms_per_turn": round(worker_cpu * 1000 / turns, 2),
+        "server_cpu_s_second_half": round(server_cpu, 1),
+        "load_average_1m": round(os.getloadavg()[0], 1),
     }
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
@@ -421,6 +444,8 @@ def print_report(r: Dict[str, Any]) -> None:
     print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
           f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
           f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections")
+    print(f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
+          f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}")
     k = r["takeover"]
     print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
           f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")
