@@ -72,7 +72,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
             raise ValueError(f"--app {spec!r}: module {module_name!r} has no {attr!r}") from None
     if not callable(target):
         raise ValueError(f"--app {spec!r} is not callable (it must be factory(log) -> AgentLoop)")
-    return target
+    factory: Callable[..., Any] = target
+    return factory
 
 
 def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Callable[[str], None]) -> int:
@@ -139,7 +140,7 @@ def _expiry(now: float, at: Any) -> str:
 def _owner(row: Dict[str, Any]) -> str:
     if row["owner"] is None:
         return "—"
-    return row["owner_name"] or row["owner"]
+    return str(row["owner_name"] or row["owner"])
 
 
 def _state(row: Dict[str, Any]) -> str:
@@ -153,7 +154,7 @@ def _state(row: Dict[str, Any]) -> str:
 def session_rows(store: Any) -> List[Dict[str, Any]]:
     """``store.sessions()`` with the derived ``state``: free, waiting (input, no owner), owned,
     expired (its owner stopped renewing: dead or stalled), parked."""
-    rows = store.sessions()
+    rows: List[Dict[str, Any]] = store.sessions()
     for row in rows:
         row["state"] = _state(row)
     return rows

@@ -372,6 +372,8 @@ class Worker:
         period, then cancels them (pending input kept) and requeues what they claimed."""
         agent = session.agent
         assert agent is not None and self._event_loop is not None
+        # Never cancelled while the turn runs (a fenced loop goes idle by itself): the wait is
+        # only ever left once the loop is idle.
         idle = asyncio.ensure_future(agent.when_idle())
         try:
             while not idle.done():
@@ -379,8 +381,6 @@ class Worker:
                     session.nudge = self._event_loop.create_future()
                     await asyncio.wait((idle, session.nudge), return_when=asyncio.FIRST_COMPLETED)
                     session.nudge = None
-                    if session.fenced:
-                        break
                     continue
                 remaining = self._deadline - self._event_loop.time()
                 if remaining > 0:
