@@ -262,7 +262,9 @@ impl PyPostgresStore {
         let lease = Lease { session_id: id_arg(id)?, owner: self.inner.core().owner().to_string(), epoch };
         let request = Request::Park { lease, detail: detail.to_string(), runnable };
         submit_future(py, &self.inner, request, |response| match response {
-            Response::Bool(b) => Ok(Some(Box::new(move |py: Python<'_>| Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any().unbind())) as Value)),
+            Response::Bool(b) => {
+                Ok(Some(Box::new(move |py: Python<'_>| Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any().unbind())) as Value))
+            }
             other => Err(crate::event_log::postgres::unexpected(other)),
         })
     }
