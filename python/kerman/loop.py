@@ -34,7 +34,7 @@ class TurnStillRunningWarning(RuntimeWarning):
 
 # The AgentLoop over each log in this process (weakly, both ways): a new AgentLoop over the same
 # log takes over from an idle one (a notebook cell that creates the loop running again).
-_LOOPS: "weakref.WeakKeyDictionary[SessionLog, weakref.ref[AgentLoop]]" = weakref.WeakKeyDictionary()
+_LOOPS: weakref.WeakKeyDictionary[SessionLog, weakref.ref[AgentLoop]] = weakref.WeakKeyDictionary()
 
 Target = Literal["next-turn", "next-step"]
 

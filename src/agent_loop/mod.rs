@@ -44,8 +44,8 @@ pub use ending::{Ending, FailureCode};
 pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, ConsumedWork, RequeueError};
-pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
+pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};
 
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::InboxError;

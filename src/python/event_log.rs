@@ -873,7 +873,7 @@ pub fn wrap_owned_log(log: SessionLog) -> PySessionLog {
 
 impl PySessionLog {
     /// Names the store the log came from, for its reprs.
-    pub fn from_store(mut self, store: impl Into<String>) -> Self {
+    pub fn in_store(mut self, store: impl Into<String>) -> Self {
         self.store = store.into();
         self
     }

@@ -26,8 +26,7 @@ impl OpenLogs {
     /// The live, open log registered under `key`, if any.
     pub fn live<'py>(&self, py: Python<'py>, key: &str) -> Option<Bound<'py, PySessionLog>> {
         // Copied out first: upgrading and dropping references happen with no lock held.
-        let found: Vec<Py<PyWeakrefReference>> =
-            self.lock().iter().filter(|(k, _)| k == key).map(|(_, r)| r.clone_ref(py)).collect();
+        let found: Vec<Py<PyWeakrefReference>> = self.lock().iter().filter(|(k, _)| k == key).map(|(_, r)| r.clone_ref(py)).collect();
         found.iter().find_map(|r| {
             let log = r.bind(py).upgrade()?.cast_into::<PySessionLog>().ok()?;
             (!log.get().inner.is_closed()).then_some(log)

@@ -41,7 +41,7 @@ impl PyMemoryStore {
         let id = create_arg(id)?;
         let log = self.inner.create(id.as_deref()).map_err(|e| log_err(py, e))?;
         let key = log.id().to_string();
-        let log = Bound::new(py, wrap_log(log).from_store("MemoryStore"))?;
+        let log = Bound::new(py, wrap_log(log).in_store("MemoryStore"))?;
         self.open.remember(py, key, &log)?;
         Ok(log)
     }
@@ -56,7 +56,7 @@ impl PyMemoryStore {
             return Ok(log);
         }
         let log = self.inner.open(&id).map_err(|e| locked_here(py, e))?;
-        let log = Bound::new(py, wrap_log(log).from_store("MemoryStore"))?;
+        let log = Bound::new(py, wrap_log(log).in_store("MemoryStore"))?;
         self.open.remember(py, id, &log)?;
         Ok(log)
     }
@@ -125,7 +125,7 @@ impl PyFileStore {
         let id = create_arg(id)?;
         let log = self.inner.create(id.as_deref()).map_err(|e| log_err(py, e))?;
         let key = self.key(log.id());
-        let log = Bound::new(py, wrap_owned_log(log).from_store(self.label(py)))?;
+        let log = Bound::new(py, wrap_owned_log(log).in_store(self.label(py)))?;
         FILE_LOGS.remember(py, key, &log)?;
         Ok(log)
     }
@@ -152,7 +152,7 @@ impl PyFileStore {
             let events = if n == 1 { "event" } else { "events" };
             warn(py, &format!("session {id:?} ended inside an open turn; appended {n} closing {events}"));
         }
-        let log = Bound::new(py, wrap_owned_log(log).from_store(self.label(py)))?;
+        let log = Bound::new(py, wrap_owned_log(log).in_store(self.label(py)))?;
         FILE_LOGS.remember(py, self.key(&id), &log)?;
         Ok(log)
     }
@@ -174,7 +174,7 @@ impl PyFileStore {
     fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
         let label = format!("{} (following)", self.label(py));
-        py.detach(|| self.inner.follow(&id)).map(|log| wrap_log(log).from_store(label)).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.follow(&id)).map(|log| wrap_log(log).in_store(label)).map_err(|e| log_err(py, e))
     }
 
     /// Deletes a session file nobody has open.

@@ -1953,7 +1953,10 @@ fn a_turn_start_that_cannot_be_appended_records_no_turn() {
 fn transcript_of(log: &SessionLog) -> (Vec<(u64, u64, bool, bool, String)>, Vec<(u64, Value)>) {
     let t = Transcript::of(log).unwrap();
     assert_eq!(t.stop, log.len());
-    let entries = t.entries.iter().map(|e| (e.turn, e.step, e.mid_turn(), e.interrupted, format!("{}: {}", e.message.source_kind(), e.message.text())));
+    let entries = t
+        .entries
+        .iter()
+        .map(|e| (e.turn, e.step, e.mid_turn(), e.interrupted, format!("{}: {}", e.message.source_kind(), e.message.text())));
     (entries.collect(), t.endings.iter().map(|e| (e.turn, e.reason.clone())).collect())
 }
 
