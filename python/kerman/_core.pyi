@@ -364,6 +364,7 @@ __all__ = [
     "EventIterator",
     "Unsubscribe",
     "SessionLog",
+    "Transcript",
     "LogTail",
     "MemoryStore",
     "FileStore",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Sequence
 
 __all__ = ["message", "event", "event_iterator", "session_log", "inbox", "transcript", "agent_loop"]
 
@@ -201,7 +201,7 @@ def inbox(x: Any) -> str:
 # ---- the transcript -------------------------------------------------------------------------
 
 
-def _ending(end: dict) -> Optional[str]:
+def _ending(end: Dict[str, Any]) -> str:
     reason = end.get("reason") or {}
     kind = reason.get("kind", "?") if isinstance(reason, dict) else "?"
     text = f"turn {end.get('turn')} ended: {kind}"
@@ -222,7 +222,7 @@ def transcript(t: Any) -> str:
     shown = entries[-MESSAGES_SHOWN:]
     first_seq = shown[0]["seq"] if shown and len(shown) < len(entries) else -1
     items = [(e["seq"], _message_div(e["message"], _entry_note(e))) for e in shown]
-    items += [(e["seq"], _ending(e) or "") for e in endings if e["seq"] > first_seq]
+    items += [(e["seq"], _ending(e)) for e in endings if e["seq"] > first_seq]
     items.sort(key=lambda item: item[0])
     head = f"Transcript {_label('session', t.session_id)} {_label('messages', len(entries))} {_label('turns', len(t.endings))}"
     note = f'<div class="k-note">the last {len(shown)} of {len(entries):,} messages</div>' if len(shown) < len(entries) else ""
@@ -230,7 +230,7 @@ def transcript(t: Any) -> str:
     return _box(head, body)
 
 
-def _entry_note(entry: dict) -> str:
+def _entry_note(entry: Dict[str, Any]) -> str:
     notes = []
     if entry["mid_turn"]:
         notes.append(f"entered at step {entry['step']} (steering)")
