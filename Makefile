@@ -16,6 +16,8 @@ test-deps:
 	@# The vendors' SDKs (the providers' tests speak to loopback servers through them), pydantic
 	@# and jsonschema (typed tools' model parameters and their schema cross-checks).
 	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6" "pexpect>=4.8"
+	@# nbclient, nbformat and ipykernel: examples/notebook.ipynb runs on a real kernel (tests/python/jupyter/).
+	$(PY) -m pip install -q --root-user-action=ignore "nbclient>=0.10" "nbformat>=5.9" "ipykernel>=6.29"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless

@@ -25,6 +25,7 @@ from ._core import (
     PostgresStore,
     SessionLog,
     ToolResultMessage,
+    Transcript,
     UserMessage,
     __version__,
     consumed_work,
@@ -51,7 +52,7 @@ from .errors import (
     TurnAborted,
     UnsupportedFormatError,
 )
-from .loop import AgentLoop
+from .loop import AgentLoop, TurnStillRunningWarning
 from .types import (
     Enter,
     LiveEvent,
@@ -84,6 +85,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "LiveEvent",
+    "TurnStillRunningWarning",
     "models",
     # messages
     "Message",
@@ -93,6 +95,7 @@ __all__ = [
     # log and stores
     "Event",
     "SessionLog",
+    "Transcript",
     "MemoryStore",
     "FileStore",
     "PostgresStore",

@@ -89,5 +89,25 @@ async def typed_tools() -> list[str]:
     return texts[:1]
 
 
+async def in_a_notebook(root: str) -> tuple[str, int]:
+    """Issue 15 part 2: reprs, the transcript, re-running cells."""
+    store = kerman.FileStore(root, durability="none")
+    log = store.open("nb", reuse=True) if store.exists("nb") else store.create("nb")
+    assert store.open("nb", reuse=True) is log
+    loop = kerman.AgentLoop(kerman.models.ScriptedModel(["hi"]), log=log)
+    loop.followup("hello")
+    await loop.when_idle()
+    transcript: kerman.Transcript = log.transcript()
+    first: kerman.Message = transcript[0]
+    rest: list[kerman.Message] = transcript[1:]
+    entries: list[dict[str, Any]] = transcript.entries()
+    html: str = transcript._repr_html_() + log._repr_html_() + loop._repr_html_() + first._repr_html_()
+    warning: type[RuntimeWarning] = kerman.TurnStillRunningWarning
+    assert warning and html and rest and entries and loop.step == 1 and not loop.closed
+    await loop.aclose()
+    log.close()
+    return first.text, len(transcript)
+
+
 if __name__ == "__main__":
     print(asyncio.run(main()))

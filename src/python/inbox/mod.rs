@@ -317,9 +317,15 @@ impl PyInbox {
         self.wrappers.taken(py, &batch)
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let lists = self.inner.snapshot();
-        format!("<Inbox next_turn={} next_step={}>", lists.next_turn().len(), lists.next_step().len())
+        let session = pyo3::types::PyString::new(py, self.log.get().inner.id()).repr()?;
+        let closed = if self.inner.is_closed() { " closed" } else { "" };
+        Ok(format!("<Inbox session={session} next_turn={} next_step={}{closed}>", lists.next_turn().len(), lists.next_step().len()))
+    }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "inbox")
     }
 }
 

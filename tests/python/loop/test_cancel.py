@@ -332,8 +332,10 @@ def test_cancelling_a_when_idle_waiter_leaves_the_turn_running():
         await model.entered.wait()
         task = loop._task
         waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
+        # ... and says so, with how to stop it (issue 15: an interrupted notebook cell)
+        with pytest.warns(kerman.TurnStillRunningWarning, match=r"turn 1 is still running in the background: loop.cancel\(\)"):
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
         assert loop.status == "running" and not task.done()  # the turn goes on
         again = asyncio.create_task(loop.when_idle())
         await asyncio.sleep(0)
