@@ -252,6 +252,15 @@ class AgentLoop:
         """Serial, when a turn is about to end: ``async def f(stop: TurnStopping) -> None``."""
         return self._decorator(self._turn_stopping, fn, prepend, "turn_stopping")
 
+    def on_insert(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Registers an insert transform on the loop's inbox: ``def f(message: UserMessage,
+        target: str) -> UserMessage | Refuse``, run (sync) on every new message before its
+        splice is committed: ``followup``/``steer``/``inject``/``send``, the inbox's own
+        mutations and tool contexts (docs/plugins.md)."""
+        if fn is None:
+            return lambda f: self.on_insert(f, prepend=prepend)
+        return self._inbox.on_insert(fn, prepend=prepend)
+
     def on(self, event: str, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Registers a live-event listener (sync or async; failures are logged)."""
         if event not in self._listeners:
@@ -266,6 +275,8 @@ class AgentLoop:
             while fn in listeners:
                 listeners.remove(fn)
                 found = True
+        while self._inbox.remove_transform(fn):
+            found = True
         return found
 
     def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
