@@ -26,6 +26,7 @@ __all__ = [
     "BeforeRequestListener",
     "RequestErrorListener",
     "InsertTransform",
+    "Target",
     "PreStep",
     "ModelRequest",
     "ModelReply",
@@ -114,7 +115,9 @@ class Enter:
     def __init__(self, messages: Sequence[Union[UserMessage, str]]) -> None:
         if isinstance(messages, (str, bytes)):
             raise TypeError("Enter needs a list of messages, not a str (wrap it: Enter([text]))")
-        self.messages = list(messages)
+        # A str is the user message the loop would make of it, so ``.messages`` is typed as
+        # messages for the listeners downstream (anything else is refused when the loop reads it).
+        self.messages: List[UserMessage] = [UserMessage(m) if isinstance(m, str) else m for m in messages]
 
     def __repr__(self) -> str:
         return f"Enter({self.messages!r})"
@@ -164,6 +167,9 @@ class Refuse:
     def __hash__(self) -> int:
         return hash(("refuse", self.reason))
 
+
+#: An inbox list: ``"next-turn"`` (prompts, one turn each) or ``"next-step"`` (steering, context).
+Target = Literal["next-turn", "next-step"]
 
 #: A ``pre_step`` decision.
 Decision = Union[Enter, Reject]
@@ -373,4 +379,4 @@ BeforeRequestListener = Callable[[ModelRequest, Next[ModelRequest]], Union[Model
 RequestErrorListener = Callable[[RequestFailure, Next[Optional[Retry]]], Union[Optional[Retry], Awaitable[Optional[Retry]]]]
 #: ``def f(message: UserMessage, target: str) -> UserMessage | Refuse``: sync, run before an
 #: insertion's splice is committed (``loop.on_insert``, ``inbox.on_insert``).
-InsertTransform = Callable[[UserMessage, Literal["next-turn", "next-step"]], Union[UserMessage, Refuse]]
+InsertTransform = Callable[[UserMessage, Target], Union[UserMessage, Refuse]]

@@ -10,7 +10,7 @@ run in a real ``Inbox`` over a memory log, and turns run in a real ``AgentLoop``
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Dict, Generic, Iterable, List, Literal, Optional, Sequence, TypeVar, Union, cast
+from typing import Any, Awaitable, Callable, Dict, Generic, Iterable, List, Optional, Sequence, TypeVar, Union, cast
 
 from .. import _core
 from .._core import AssistantMessage, Event, Inbox, MemoryStore, SessionLog, UserMessage
@@ -26,6 +26,7 @@ from ..types import (
     PreStepListener,
     Reject,
     Signal,
+    Target,
 )
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Target = Literal["next-turn", "next-step"]
 #: A plugin is a function that registers its listeners, tools and transforms on a loop.
 Plugin = Callable[[AgentLoop], object]
 Batch = Iterable[Union[UserMessage, str]]
@@ -157,7 +157,7 @@ class FakeNext(Generic[T]):
         if isinstance(result, BaseException):
             raise result
         if callable(result):
-            return cast(T, result())
+            return result()
         return result
 
     def __repr__(self) -> str:
