@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, Protocol, Sequence, \
-    TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
 from ._core import UserMessage
 from .errors import TurnAborted
