@@ -16,6 +16,11 @@ use crate::message::Message;
 
 /// Looks at each message before it is inserted (see the module docs).
 pub trait InsertHook: Send + Sync {
+    /// Whether there is anything to run: an idle hook costs an insertion this one call.
+    fn active(&self) -> bool {
+        true
+    }
+
     /// The message to insert instead of `message` (the same `Arc` to keep it as it is).
     fn admit(&self, target: Target, message: Arc<Message>) -> Result<Arc<Message>, Refusal>;
 

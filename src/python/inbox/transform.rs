@@ -206,8 +206,12 @@ impl Transforms {
 pub(super) struct Hook(pub(super) Arc<Transforms>);
 
 impl InsertHook for Hook {
+    fn active(&self) -> bool {
+        self.0.count.load(Ordering::Acquire) > 0
+    }
+
     fn admit(&self, target: Target, message: Arc<Message>) -> Result<Arc<Message>, Refusal> {
-        if self.0.count.load(Ordering::Acquire) == 0 {
+        if !self.active() {
             return Ok(message);
         }
         attach_unless_exiting(|py| self.0.run(py, target, message))

@@ -60,6 +60,20 @@ def test_a_rewrite_is_what_the_log_records_and_what_the_caller_gets(store: Any) 
         assert SECRET not in "".join(p.read_text() for p in Path(store.root).rglob("*") if p.is_file())
 
 
+def test_splice_and_replace_store_the_rewrites() -> None:
+    log = kerman.MemoryStore().create()
+    inbox = kerman.Inbox(log)
+    inbox.on_insert(redact)
+    given = [kerman.UserMessage(f"a {SECRET}", id="a"), kerman.UserMessage("b", id="b")]
+    inbox.splice("next-step", 0, 0, given)
+    assert [m.text for m in inbox.next_step] == ["a [redacted]", "b"]
+    assert inbox.next_step[1] is given[1]
+    assert inbox.replace("b", kerman.UserMessage(f"b {SECRET}", id="b2")) is True
+    assert [(m.id, m.text) for m in inbox.next_step] == [("a", "a [redacted]"), ("b2", "b [redacted]")]
+    assert inbox.get("b2") is inbox.next_step[1]
+    assert SECRET not in raw_log_text(log)
+
+
 def test_the_same_message_back_keeps_the_callers_object() -> None:
     inbox = kerman.Inbox(kerman.MemoryStore().create())
     inbox.on_insert(redact)
