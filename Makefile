@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest lint fuzz demo bench bench-rust bench-instr clean
+.PHONY: install test test-slow test-deps test-rust pg-server test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr clean
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -39,8 +39,17 @@ test-python: install test-deps
 stubtest:
 	$(PY) -m mypy.stubtest kerman._core --allowlist tests/stubtest-allowlist.txt
 
-# Everything: Rust unit + integration tests, then the Python suite against the built wheel.
-test: test-rust test-python
+# The example plugin package (examples/plugins/), as a third party ships one: installed like
+# any package (--no-deps: the kerman it needs is the wheel just installed), its own tests
+# (written with kerman.testing), and mypy --strict over it.
+test-plugins: install test-deps
+	$(PY) -m pip install -q --no-deps --force-reinstall --root-user-action=ignore ./examples/plugins
+	$(PY) -m pytest -q examples/plugins/tests
+	$(PY) -m mypy --strict --no-incremental examples/plugins/src examples/plugins/tests
+
+# Everything: Rust unit + integration tests, the Python suite against the built wheel, then the
+# example plugin package.
+test: test-rust test-python test-plugins
 
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
 # Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)

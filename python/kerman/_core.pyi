@@ -5,13 +5,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Gener
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, final, overload
+from typing import Any, Final, Literal, TypeVar, final, overload
 
 from typing_extensions import Self, disjoint_base
 
 _JsonValue = Any
 _Target = Literal["next-turn", "next-step"]
 _Durability = Literal["strict", "checkpoint", "batch", "none"]
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __version__: Final[str]
 FORMAT_VERSION: Final[int]
@@ -259,6 +260,13 @@ class Inbox:
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
+    @overload
+    def on_insert(self, transform: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def on_insert(self, transform: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
+    def remove_transform(self, transform: Callable[..., Any]) -> bool: ...
+    @property
+    def transforms(self) -> tuple[Callable[[UserMessage, _Target], Any], ...]: ...
     @property
     def log(self) -> SessionLog: ...
     @property

@@ -16,7 +16,7 @@ import enum
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
 
 from . import _dispatch, _executor, _html, _report
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
@@ -37,6 +37,9 @@ class TurnStillRunningWarning(RuntimeWarning):
 _LOOPS: weakref.WeakKeyDictionary[SessionLog, weakref.ref[AgentLoop]] = weakref.WeakKeyDictionary()
 
 Target = Literal["next-turn", "next-step"]
+# A registered function: the registration methods return it unchanged, so a decorated
+# listener keeps its own type under mypy --strict.
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class _FromLog(enum.Enum):
@@ -296,22 +299,55 @@ class AgentLoop:
         _dispatch.register(listeners, fn, prepend, where)
         return fn
 
+    @overload
+    def pre_step(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def pre_step(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def pre_step(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every step: ``async def f(step: PreStep, next) -> Enter | Reject``."""
         return self._decorator(self._pre_step, fn, prepend, "pre_step")
 
+    @overload
+    def before_request(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def before_request(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def before_request(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every model request: ``async def f(request, next) -> ModelRequest``."""
         return self._decorator(self._before_request, fn, prepend, "before_request")
 
+    @overload
+    def request_error(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def request_error(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def request_error(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall on a model failure: ``async def f(failure, next) -> Retry | None``."""
         return self._decorator(self._request_error, fn, prepend, "request_error")
 
+    @overload
+    def turn_stopping(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def turn_stopping(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def turn_stopping(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Serial, when a turn is about to end: ``async def f(stop: TurnStopping) -> None``."""
         return self._decorator(self._turn_stopping, fn, prepend, "turn_stopping")
 
+    @overload
+    def on_insert(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def on_insert(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
+    def on_insert(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Registers an insert transform on the loop's inbox: ``def f(message: UserMessage,
+        target: str) -> UserMessage | Refuse``, run (sync) on every new message before its
+        splice is committed: ``followup``/``steer``/``inject``/``send``, the inbox's own
+        mutations and tool contexts (docs/plugins.md)."""
+        if fn is None:
+            return lambda f: self.on_insert(f, prepend=prepend)
+        return self._inbox.on_insert(fn, prepend=prepend)
+
+    @overload
+    def on(self, event: str, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def on(self, event: str, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def on(self, event: str, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Registers a live-event listener (sync or async; failures are logged)."""
         if event not in self._listeners:
@@ -326,6 +362,8 @@ class AgentLoop:
             while fn in listeners:
                 listeners.remove(fn)
                 found = True
+        while self._inbox.remove_transform(fn):
+            found = True
         return found
 
     def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
