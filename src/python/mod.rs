@@ -4,8 +4,6 @@
 
 use pyo3::prelude::*;
 
-#[cfg(feature = "abi3")]
-pub(crate) mod abi3_shim;
 mod agent_loop;
 mod convert;
 mod errors;

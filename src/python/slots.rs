@@ -6,7 +6,6 @@
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-#[cfg(not(feature = "abi3"))]
 fn async_slot(obj: &Bound<'_, PyAny>, filled: fn(&ffi::PyAsyncMethods) -> bool) -> bool {
     // SAFETY: reads the type object of a live object; `tp_as_async` is null or points to
     // the type's slot table, which lives as long as the type (kept alive by `obj`).
@@ -17,33 +16,11 @@ fn async_slot(obj: &Bound<'_, PyAny>, filled: fn(&ffi::PyAsyncMethods) -> bool) 
 }
 
 /// Whether `type(obj)` defines `__await__`.
-#[cfg(not(feature = "abi3"))]
 pub fn has_await(obj: &Bound<'_, PyAny>) -> bool {
     async_slot(obj, |am| am.am_await.is_some())
 }
 
 /// Whether `type(obj)` defines `__anext__`.
-#[cfg(not(feature = "abi3"))]
 pub fn has_anext(obj: &Bound<'_, PyAny>) -> bool {
     async_slot(obj, |am| am.am_anext.is_some())
-}
-
-// The limited API has no `PyTypeObject` fields; `PyType_GetSlot` reads the same slots (static
-// types too, from 3.10).
-#[cfg(feature = "abi3")]
-fn slot_filled(obj: &Bound<'_, PyAny>, slot: std::os::raw::c_int) -> bool {
-    // SAFETY: the type of a live object, and a valid slot number.
-    unsafe { !ffi::PyType_GetSlot(ffi::Py_TYPE(obj.as_ptr()), slot).is_null() }
-}
-
-/// Whether `type(obj)` defines `__await__`.
-#[cfg(feature = "abi3")]
-pub fn has_await(obj: &Bound<'_, PyAny>) -> bool {
-    slot_filled(obj, ffi::Py_am_await)
-}
-
-/// Whether `type(obj)` defines `__anext__`.
-#[cfg(feature = "abi3")]
-pub fn has_anext(obj: &Bound<'_, PyAny>) -> bool {
-    slot_filled(obj, ffi::Py_am_anext)
 }

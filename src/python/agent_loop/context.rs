@@ -5,10 +5,7 @@
 //! the same, so every resumption of its body enters that copy and leaves it again.
 
 use pyo3::exceptions::{PyStopIteration, PySystemError};
-#[cfg(not(feature = "abi3"))]
 use pyo3::ffi;
-#[cfg(feature = "abi3")]
-use crate::python::abi3_shim as ffi;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 

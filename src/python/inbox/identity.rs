@@ -162,12 +162,7 @@ impl Wrappers {
         let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?.cast_into_unchecked::<PyList>() };
         // SAFETY: every caller passes `i < len` and an empty slot (addresses in `messages` are
         // distinct, so each slot is offered one object), and the reference is handed to it.
-        #[cfg(not(feature = "abi3"))]
         let put = |i: usize, obj: Py<PyAny>| unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr()) };
-        #[cfg(feature = "abi3")]
-        let put = |i: usize, obj: Py<PyAny>| unsafe {
-            ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, obj.into_ptr());
-        };
         let mut filled = 0;
         {
             let mut map = self.lock();
@@ -201,11 +196,7 @@ impl Wrappers {
             let mut empty = Vec::with_capacity(len - filled);
             for i in 0..len {
                 // SAFETY: `i < len`, the length of `list`; the item is only compared with null.
-                #[cfg(not(feature = "abi3"))]
-                let slot = unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) };
-                #[cfg(feature = "abi3")]
-                let slot = unsafe { ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t) };
-                if slot.is_null() {
+                if unsafe { ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t) }.is_null() {
                     put(i, py.None());
                     empty.push(i);
                 }

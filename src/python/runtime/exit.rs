@@ -24,7 +24,7 @@ pub fn attach_unless_exiting<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
     }
     // SAFETY: CPython allows `PyGILState_Check` on any thread at any time, attached or not
     // (pyo3 has no safe "is this thread attached?"); it only reads the calling thread's state.
-    if unsafe { super::gil::gil_check() } == 1 {
+    if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
         // Already attached (Python code mutating an inbox, say): there is no attach to guard,
         // and `at_exit`, which needs the GIL this thread holds, cannot be running. Skipping
         // the count saves two atomic operations per call, ~20 ns here.

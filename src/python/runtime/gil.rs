@@ -12,7 +12,7 @@ pub fn release_gil_while(wait: &mut dyn FnMut()) {
     // SAFETY: `PyGILState_Check` only reads this thread's state; when it holds the GIL we
     // release it for the duration of a pure-Rust wait and restore it before returning.
     unsafe {
-        if pyo3::ffi::Py_IsInitialized() != 0 && gil_check() == 1 {
+        if pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 {
             let _restore = Restore(pyo3::ffi::PyEval_SaveThread());
             wait();
             return;
@@ -20,8 +20,3 @@ pub fn release_gil_while(wait: &mut dyn FnMut()) {
     }
     wait();
 }
-
-#[cfg(not(feature = "abi3"))]
-pub(crate) use pyo3::ffi::PyGILState_Check as gil_check;
-#[cfg(feature = "abi3")]
-pub(crate) use crate::python::abi3_shim::PyGILState_Check as gil_check;
