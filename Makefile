@@ -69,7 +69,7 @@ wheels:
 # Each wheel installed into a fresh venv of its Python with no Rust on PATH, and the sdist built
 # and installed, each then running the public-API tests (tests/python/packaging/).
 test-wheels: wheels
-	KERMAN_WHEEL_DIR=$(WHEEL_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/python/packaging
+	KERMAN_WHEEL_DIR=$(WHEEL_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/python/packaging/test_wheel_install.py tests/python/packaging/test_sdist_install.py
 
 # Short libFuzzer runs (cargo-fuzz, installed on first use; skipped with a message if it cannot be).
 fuzz:

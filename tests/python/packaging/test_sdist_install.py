@@ -46,6 +46,7 @@ def test_sdist_holds_the_sources_and_no_build_output() -> None:
 
 
 @needs_sdist
+@pytest.mark.timeout(1800)  # a release build of the crate, then the tests
 def test_sdist_builds_installs_and_passes(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     # Rust is needed here; the tests afterwards run without it like the wheels' do.
