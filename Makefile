@@ -3,6 +3,7 @@ PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
 .PHONY: install test test-slow test-deps test-rust pg-server test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr clean
+.PHONY: wheels test-wheels
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -65,8 +66,21 @@ lint: install test-deps
 test-slow: install test-deps
 	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/store/test_crash.py
 	$(MAKE) fuzz
+	$(MAKE) test-wheels
 
 FUZZ_SECONDS ?= 60
+
+# Release artefacts: a manylinux wheel (glibc 2.17, linked with zig) for every CPython 3.10-3.14
+# on this machine, and the sdist, checked with auditwheel (scripts/build-wheels.sh installs its
+# tools into a venv under CARGO_TARGET_DIR).
+WHEEL_DIR ?= $(CURDIR)/dist/wheels
+wheels:
+	PY=$(PY) WHEEL_DIR=$(WHEEL_DIR) bash scripts/build-wheels.sh
+
+# Each wheel installed into a fresh venv of its Python with no Rust on PATH, and the sdist built
+# and installed, each then running the public-API tests (tests/python/packaging/).
+test-wheels: wheels
+	KERMAN_WHEEL_DIR=$(WHEEL_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/python/packaging/test_wheel_install.py tests/python/packaging/test_sdist_install.py
 
 # Short libFuzzer runs (cargo-fuzz, installed on first use; skipped with a message if it cannot be).
 fuzz:
