@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import threading
 import warnings
 import weakref
@@ -380,7 +381,8 @@ class AgentLoop:
             return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel)
         tool = Tool(name or fn.__name__, fn, description, parameters, parallel)
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
-            tool.description = (fn.__doc__ or "").strip()
+            # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
+            tool.description = inspect.cleandoc(fn.__doc__ or "")
         self._add_tool(tool)
         return fn
 
