@@ -14,8 +14,10 @@ install:
 
 test-deps:
 	@# The vendors' SDKs (the providers' tests speak to loopback servers through them), pydantic
-	@# and jsonschema (typed tools' model parameters and their schema cross-checks).
-	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6"
+	@# and jsonschema (typed tools' model parameters and their schema cross-checks); the web extra,
+	@# ag-ui-protocol (its models check kerman.ui's events), httpx and selenium (the web tests).
+	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6" \
+	  "ag-ui-protocol>=1.0" "starlette>=0.40" "uvicorn>=0.30" "sse-starlette>=2.1" "httpx>=0.27" "selenium>=4.20"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
