@@ -67,11 +67,13 @@ demo: install
 	kerman demo
 
 # The Python targets against the baseline, the native→Python operations per loop turn (a
-# deterministic probe), then the Rust micro-benchmarks.
+# deterministic probe), the web streams (100 SSE followers of one session), then the Rust
+# micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
+	$(PY) benches/python/web_sse.py
 	$(MAKE) bench-rust
 
 # Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,

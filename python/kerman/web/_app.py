@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 from urllib.parse import quote
 
-from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -258,18 +258,9 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
             headers["x-vercel-ai-ui-message-stream"] = "v1"
         return EventSourceResponse(_stream(session, protocol, after), ping=heartbeat, headers=headers)
 
-    async def _stream(session: Session, protocol: str, after: Optional[ui.ResumePoint]) -> AsyncIterator[ServerSentEvent]:
-        if protocol == "kerman":
-            start = 0 if after is None else after.seq + 1
-            async for event in session.log.tail(start=start):
-                yield ServerSentEvent(data=event.to_json(), id=str(event.seq))
-            return
-        tail = session.log.tail(start=0)
-        outputs = ui.agui(tail, thread_id=session.id, after=after) if protocol == "agui" else ui.vercel(tail, after=after)
-        async for out in outputs:  # type: ignore[union-attr]
-            yield ServerSentEvent(data=json.dumps(out.data, ensure_ascii=False, separators=(",", ":")), id=out.id)
-        if protocol == "vercel":
-            yield ServerSentEvent(data="[DONE]")
+    async def _stream(session: Session, protocol: str, after: Optional[ui.ResumePoint]) -> AsyncIterator[bytes]:
+        async for chunk in session.feed(protocol).frames(after):
+            yield chunk
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

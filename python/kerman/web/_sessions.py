@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from .. import AgentLoop, PostgresStore, SessionLockedError, SessionLog, UserMessage
 from ._errors import ApiError
+from ._feed import Feed
 
 __all__ = ["Session", "Sessions"]
 
@@ -37,6 +38,14 @@ class Session:
     loop: Optional[AgentLoop] = None
     followed: bool = False
     owner_note: str = field(default="")
+    feeds: dict = field(default_factory=dict)
+
+    def feed(self, protocol: str) -> Feed:
+        """The shared stream of ``protocol`` over this session's log."""
+        feed = self.feeds.get(protocol)
+        if feed is None:
+            feed = self.feeds[protocol] = Feed(self.log, protocol, self.id)
+        return feed
 
     def info(self) -> dict:
         from ..ui._base import item
@@ -154,5 +163,7 @@ class Sessions:
                     await session.loop.aclose()
                 if not session.log.closed:
                     session.log.close()
+                for feed in session.feeds.values():
+                    feed.close()
             except Exception:  # shutting down: one bad session must not keep the others open
                 log.exception("closing session %r", session.id)

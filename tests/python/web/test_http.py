@@ -358,3 +358,19 @@ def test_the_server_stops_on_sigterm(tmp_path):
                 stream.close()
             except httpx.HTTPError:
                 pass
+
+
+def test_the_web_benchmark_runs():
+    """benches/python/web_sse.py (make bench) runs and prints its table; no timing asserted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[3] / "benches" / "python" / "web_sse.py"
+    done = subprocess.run([sys.executable, str(bench), "--clients", "3", "--events", "10", "--pace-ms", "1"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["stream", "log.tail()", "agui", "kerman"], done.stdout
+    figures = json.loads(done.stdout.strip().splitlines()[-1])["web_sse"]
+    assert [f["samples"] for f in figures] == [30, 30, 30]
