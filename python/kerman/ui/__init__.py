@@ -26,10 +26,10 @@ def agui(events: Any, *, thread_id: str = "session", after: Any = None) -> Union
     """The AG-UI events of ``events`` (from seq 0): an iterator, or an async iterator when
     ``events`` is async (``log.tail()``). ``thread_id`` goes into ``RUN_STARTED`` and
     ``RUN_FINISHED`` (use the session id); ``after`` resumes after that event id or seq."""
-    return project(lambda: AgUiProjection(thread_id), events, after)
+    return project(lambda: AgUiProjection(thread_id), events, after)  # type: ignore[no-any-return]
 
 
 def vercel(events: Any, *, after: Any = None) -> Union[Iterator[UiEvent], AsyncIterator[UiEvent]]:
     """The Vercel AI SDK UI message stream parts of ``events`` (from seq 0): an iterator, or an
     async iterator when ``events`` is async. ``after`` resumes after that event id or seq."""
-    return project(VercelProjection, events, after)
+    return project(VercelProjection, events, after)  # type: ignore[no-any-return]

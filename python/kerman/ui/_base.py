@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Dict, Iterable, Iterator, Optional, Union
 
 from .._core import Event, InboxProjection, Message
 
-__all__ = ["UiEvent", "ResumePoint", "parse_resume", "Projection", "QueueMirror", "project"]
+__all__ = ["UiEvent", "ResumePoint", "parse_resume", "Projection", "QueueMirror", "project", "JsonDict"]
 
-EventLike = Union[Event, dict]
+#: A protocol event or a log event in its JSON form.
+JsonDict = Dict[str, Any]
+EventLike = Union[Event, JsonDict]
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class UiEvent:
     seq: int
     index: int
     last: bool
-    data: dict
+    data: JsonDict
 
     @property
     def id(self) -> str:
@@ -107,7 +109,7 @@ def public_reason(reason: Any) -> Any:
     return reason
 
 
-def placement(target: str, message: dict) -> str:
+def placement(target: str, message: JsonDict) -> str:
     """Where a pending message shows: next-turn input is queued; next-step input is steering
     when a user sent it and context otherwise (as ``InboxProjection.items()`` says)."""
     if target == "next-turn":
@@ -116,7 +118,7 @@ def placement(target: str, message: dict) -> str:
     return "steering" if isinstance(source, dict) and source.get("kind") == "user" else "context"
 
 
-def item(target: str, message: dict) -> dict:
+def item(target: str, message: JsonDict) -> JsonDict:
     """A queue entry as both protocols show it."""
     return {"id": message["id"], "placement": placement(target, message), "text": text_of(message.get("content")),
             "message": message}
@@ -133,13 +135,13 @@ class QueueMirror:
 
     def __init__(self) -> None:
         self._check = InboxProjection()
-        self.lists: dict[str, list[dict]] = {"next-turn": [], "next-step": []}
+        self.lists: dict[str, list[JsonDict]] = {"next-turn": [], "next-step": []}
         self.claimed: dict[str, str] = {}
 
-    def state(self) -> dict:
+    def state(self) -> JsonDict:
         return {"nextTurn": list(self.lists["next-turn"]), "nextStep": list(self.lists["next-step"])}
 
-    def apply(self, event: EventLike) -> tuple[str, int, list[dict], list[dict]]:
+    def apply(self, event: EventLike) -> tuple[str, int, list[JsonDict], list[JsonDict]]:
         """Applies one splice; returns (target, start, removed items, inserted items)."""
         self._check.apply(event)
         data = fields(event)[2]
@@ -168,13 +170,13 @@ class QueueMirror:
 
 
 class Projection:
-    """Base of the two projections: ``feed(event) -> list[dict]``."""
+    """Base of the two projections: ``feed(event) -> list[JsonDict]``."""
 
-    def feed(self, event: EventLike) -> list[dict]:  # pragma: no cover - abstract
+    def feed(self, event: EventLike) -> list[JsonDict]:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
-def _numbered(seq: int, outs: list[dict], after: Optional[ResumePoint]) -> Iterator[UiEvent]:
+def _numbered(seq: int, outs: list[JsonDict], after: Optional[ResumePoint]) -> Iterator[UiEvent]:
     last = len(outs) - 1
     for index, out in enumerate(outs):
         if after is None or not after.skips(seq, index):
@@ -207,6 +209,6 @@ def project(make: Callable[[], Projection], events: Any, after: Any) -> Any:
     raise TypeError(f"expected an iterable or async iterable of events (log.events(), log.tail()), got {type(events).__name__}")
 
 
-def message_dict(value: Any) -> dict:
+def message_dict(value: Any) -> JsonDict:
     """A message payload as a dict (the log stores them as dicts; a Message is accepted too)."""
     return value.to_dict() if isinstance(value, Message) else value

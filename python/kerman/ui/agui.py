@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from ._base import EventLike, Projection, QueueMirror, fields, message_dict, public_reason, text_of
+from .._core import Event
+from ._base import EventLike, JsonDict, Projection, QueueMirror, fields, message_dict, public_reason, text_of
 
 __all__ = ["AgUiProjection"]
 
@@ -39,14 +40,14 @@ class AgUiProjection(Projection):
         self._time = 0
         self._event: EventLike = {}
 
-    def _ev(self, type: str, **fields: Any) -> dict:
+    def _ev(self, type: str, **fields: Any) -> JsonDict:
         return {"type": type, "timestamp": self._time, **fields}
 
-    def feed(self, event: EventLike) -> list[dict]:
+    def feed(self, event: EventLike) -> list[JsonDict]:
         seq, type, data = fields(event)
         self._event = event
-        self._time = event.time if hasattr(event, "time") else event.get("time", 0)  # type: ignore[union-attr]
-        out: list[dict] = []
+        self._time = event.time if isinstance(event, Event) else int(event.get("time", 0))
+        out: list[JsonDict] = []
         handler = _HANDLERS.get(type)
         if handler is not None:
             handler(self, seq, data, out)
@@ -54,28 +55,28 @@ class AgUiProjection(Projection):
 
     # -- text and reasoning ------------------------------------------------------------------
 
-    def _close_text(self, out: list[dict]) -> None:
+    def _close_text(self, out: list[JsonDict]) -> None:
         if self._text is not None:
             out.append(self._ev("TEXT_MESSAGE_END", messageId=self._text))
             self._text = None
 
-    def _close_reasoning(self, out: list[dict]) -> None:
+    def _close_reasoning(self, out: list[JsonDict]) -> None:
         if self._reasoning is not None:
             out.append(self._ev("REASONING_MESSAGE_END", messageId=self._reasoning))
             out.append(self._ev("REASONING_END", messageId=self._reasoning))
             self._reasoning = None
 
-    def _close_open(self, out: list[dict]) -> None:
+    def _close_open(self, out: list[JsonDict]) -> None:
         self._close_text(out)
         self._close_reasoning(out)
 
-    def _text_message(self, out: list[dict], message_id: str, role: str, text: str) -> None:
+    def _text_message(self, out: list[JsonDict], message_id: str, role: str, text: str) -> None:
         out.append(self._ev("TEXT_MESSAGE_START", messageId=message_id, role=role))
         if text:
             out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=message_id, delta=text))
         out.append(self._ev("TEXT_MESSAGE_END", messageId=message_id))
 
-    def _reasoning_message(self, out: list[dict], message_id: str, text: str) -> None:
+    def _reasoning_message(self, out: list[JsonDict], message_id: str, text: str) -> None:
         out.append(self._ev("REASONING_START", messageId=message_id))
         out.append(self._ev("REASONING_MESSAGE_START", messageId=message_id, role="reasoning"))
         if text:
@@ -85,18 +86,18 @@ class AgUiProjection(Projection):
 
     # -- handlers ------------------------------------------------------------------------------
 
-    def _spliced(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _spliced(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         target, start, removed, inserted = self.queue.apply(self._event)
         if not self._snapshot_sent:
             self._snapshot_sent = True
             out.append(self._ev("STATE_SNAPSHOT", snapshot={"queue": self.queue.state()}))
             return
         path = f"/queue/{_LIST_KEYS[target]}"
-        ops: list[dict] = [{"op": "remove", "path": f"{path}/{start}"} for _ in removed]
+        ops: list[JsonDict] = [{"op": "remove", "path": f"{path}/{start}"} for _ in removed]
         ops += [{"op": "add", "path": f"{path}/{start + i}", "value": row} for i, row in enumerate(inserted)]
         out.append(self._ev("STATE_DELTA", delta=ops))
 
-    def _turn_start(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _turn_start(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         if self._run is not None:  # a log without the turn's end (fed from the middle): close it
             self._close_open(out)
         self._run = f"turn-{data['turn']}"
@@ -104,23 +105,23 @@ class AgUiProjection(Projection):
         self._announced.clear()
         out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run))
 
-    def _step_start(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _step_start(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._step = data.get("step")
         self._streamed = False
         out.append(self._ev("STEP_STARTED", stepName=f"step-{self._step}"))
 
-    def _step_end(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _step_end(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         out.append(self._ev("STEP_FINISHED", stepName=f"step-{data.get('step')}"))
 
-    def _user_message(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _user_message(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         message = message_dict(data)
         kind = self.queue.entered(message["id"], self._step)
         if kind != "prompt":
             out.append(self._ev("CUSTOM", name=f"kerman.{kind}", value={"messageId": message["id"], "message": message}))
         self._text_message(out, message["id"], "user", text_of(message.get("content")))
 
-    def _chunk(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _chunk(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._streamed = True
         chunk = data.get("chunk") or {}
         kind = chunk.get("type")
@@ -144,14 +145,14 @@ class AgUiProjection(Projection):
             # message; a finish ends the attempt (a retried request streams a message of its own)
             self._close_open(out)
 
-    def _assistant_message(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _assistant_message(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         message = message_dict(data.get("message") or {})
         self._parent = message.get("id")
         blocks = message.get("content") or []
         for block in blocks:
             if isinstance(block, dict) and block.get("type") == "tool-call":
-                self._calls[block.get("id")] = (block.get("name", ""), block.get("arguments", ""))
+                self._calls[str(block.get("id"))] = (block.get("name", ""), block.get("arguments", ""))
         if not self._streamed:  # a whole reply: its text and reasoning at once
             reasoning = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "reasoning")
             if reasoning:
@@ -161,7 +162,7 @@ class AgUiProjection(Projection):
                 self._text_message(out, message["id"], "assistant", text)
         self._streamed = False
 
-    def _announce(self, out: list[dict], call_id: str, name: str, arguments: str) -> None:
+    def _announce(self, out: list[JsonDict], call_id: str, name: str, arguments: str) -> None:
         self._announced.add(call_id)
         start = self._ev("TOOL_CALL_START", toolCallId=call_id, toolCallName=name)
         if self._parent is not None:
@@ -171,14 +172,14 @@ class AgUiProjection(Projection):
             out.append(self._ev("TOOL_CALL_ARGS", toolCallId=call_id, delta=arguments))
         out.append(self._ev("TOOL_CALL_END", toolCallId=call_id))
 
-    def _tool_call(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _tool_call(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         arguments = data.get("arguments")
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
         self._announce(out, data["callId"], data.get("name", ""), arguments)
 
-    def _tool_result(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _tool_result(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         message = message_dict(data.get("message") or {})
         block = next((b for b in message.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool-result"), {})
@@ -192,7 +193,7 @@ class AgUiProjection(Projection):
             result["metadata"] = {"kerman": {"isError": True, **({"error": data["error"]} if data.get("error") else {})}}
         out.append(result)
 
-    def _turn_end(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _turn_end(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         reason = data.get("reason") or {}
         kind = reason.get("kind")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from ._base import EventLike, Projection, QueueMirror, fields, message_dict, public_reason, text_of
+from ._base import EventLike, JsonDict, Projection, QueueMirror, fields, message_dict, public_reason, text_of
 
 __all__ = ["VercelProjection"]
 
@@ -34,9 +34,9 @@ class VercelProjection(Projection):
         self._calls: dict[str, tuple[str, Any]] = {}
         self._announced: set[str] = set()
 
-    def feed(self, event: EventLike) -> list[dict]:
+    def feed(self, event: EventLike) -> list[JsonDict]:
         seq, type, data = fields(event)
-        out: list[dict] = []
+        out: list[JsonDict] = []
         if type == "agent/inbox/spliced":
             self.queue.apply(event)
             out.append({"type": "data-queue", "id": "queue", "data": self.queue.state(), "transient": True})
@@ -46,7 +46,7 @@ class VercelProjection(Projection):
             handler(self, seq, data, out)
         return out
 
-    def _close_open(self, out: list[dict]) -> None:
+    def _close_open(self, out: list[JsonDict]) -> None:
         if self._text is not None:
             out.append({"type": "text-end", "id": self._text})
             self._text = None
@@ -54,29 +54,29 @@ class VercelProjection(Projection):
             out.append({"type": "reasoning-end", "id": self._reasoning})
             self._reasoning = None
 
-    def _turn_start(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _turn_start(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         self._turn = data["turn"]
         self._calls.clear()
         self._announced.clear()
         out.append({"type": "start", "messageId": f"turn-{self._turn}"})
 
-    def _step_start(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _step_start(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._step = data.get("step")
         self._streamed = False
         out.append({"type": "start-step"})
 
-    def _step_end(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _step_end(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         out.append({"type": "finish-step"})
 
-    def _user_message(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _user_message(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         message = message_dict(data)
         kind = self.queue.entered(message["id"], self._step)
         out.append({"type": f"data-{kind}", "id": message["id"],
                     "data": {"id": message["id"], "text": text_of(message.get("content")), "message": message}})
 
-    def _chunk(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _chunk(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._streamed = True
         chunk = data.get("chunk") or {}
         kind = chunk.get("type")
@@ -101,13 +101,13 @@ class VercelProjection(Projection):
         elif kind in ("tool-call", "finish"):  # as in the AG-UI projection
             self._close_open(out)
 
-    def _assistant_message(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _assistant_message(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         message = message_dict(data.get("message") or {})
         blocks = message.get("content") or []
         for block in blocks:
             if isinstance(block, dict) and block.get("type") == "tool-call":
-                self._calls[block.get("id")] = (block.get("name", ""), block.get("arguments", ""))
+                self._calls[str(block.get("id"))] = (block.get("name", ""), block.get("arguments", ""))
         if not self._streamed:
             reasoning = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "reasoning")
             if reasoning:
@@ -121,7 +121,7 @@ class VercelProjection(Projection):
                         {"type": "text-end", "id": tid}]
         self._streamed = False
 
-    def _announce(self, out: list[dict], call_id: str, name: str, arguments: Any) -> None:
+    def _announce(self, out: list[JsonDict], call_id: str, name: str, arguments: Any) -> None:
         self._announced.add(call_id)
         if isinstance(arguments, str):
             try:
@@ -134,11 +134,11 @@ class VercelProjection(Projection):
             parsed = arguments
         out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": parsed})
 
-    def _tool_call(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _tool_call(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         self._announce(out, data["callId"], data.get("name", ""), data.get("arguments", ""))
 
-    def _tool_result(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _tool_result(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         message = message_dict(data.get("message") or {})
         block = next((b for b in message.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool-result"), {})
@@ -152,7 +152,7 @@ class VercelProjection(Projection):
         else:
             out.append({"type": "tool-output-available", "toolCallId": call_id, "output": text})
 
-    def _turn_end(self, seq: int, data: Any, out: list[dict]) -> None:
+    def _turn_end(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         self._close_open(out)
         reason = data.get("reason") or {}
         kind = reason.get("kind")
@@ -170,7 +170,7 @@ class VercelProjection(Projection):
             out.append({"type": "error", "errorText": str(message or "the turn failed")})
             out.append({"type": "finish", "finishReason": "error", "messageMetadata": metadata})
         else:
-            out.append({"type": "finish", "finishReason": _FINISH.get(kind, "other"), "messageMetadata": metadata})
+            out.append({"type": "finish", "finishReason": _FINISH.get(str(kind), "other"), "messageMetadata": metadata})
 
 
 _HANDLERS = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 from urllib.parse import quote
 
+import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import DuplicateMessageError, InvalidMessageError, KermanError, SessionExistsError, SessionNotFoundError, ui
+from ..ui._base import JsonDict
 from ._errors import ApiError, error_response
 from ._sessions import Session, Sessions
 
@@ -109,7 +112,7 @@ class _Guard:
         await self.app(scope, bounded, send)
 
 
-async def _json_body(request: Request) -> dict:
+async def _json_body(request: Request) -> JsonDict:
     raw = await request.body()
     if not raw.strip():
         return {}
@@ -122,13 +125,13 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-def _fields(body: dict, allowed: Sequence[str]) -> None:
+def _fields(body: JsonDict, allowed: Sequence[str]) -> None:
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise ApiError(400, "invalid-body", f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}")
 
 
-def _text(body: dict) -> str:
+def _text(body: JsonDict) -> str:
     text = body.get("text")
     if not isinstance(text, str) or not text.strip():
         raise ApiError(400, "invalid-text", "'text' must be a non-empty string")
@@ -256,7 +259,24 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         if protocol == "vercel":
             headers["x-vercel-ai-ui-message-stream"] = "v1"
-        return EventSourceResponse(_stream(session, protocol, after), ping=heartbeat, headers=headers)
+        # on shutdown sse-starlette sets the shared event, the watcher ends every stream, and each
+        # response completes within the grace period instead of being cut
+        return EventSourceResponse(_stream(session, protocol, after), ping=heartbeat, headers=headers,
+                                   shutdown_event=_stopping(), shutdown_grace_period=2.0)
+
+    stopping: list[Any] = []  # the shared shutdown event, then its watcher task
+
+    def _stopping() -> anyio.Event:
+        if not stopping:
+            stopping.append(anyio.Event())
+
+            async def watch() -> None:
+                await stopping[0].wait()
+                sessions.stop_streams()
+
+            stopping.append(asyncio.get_running_loop().create_task(watch()))
+        event: anyio.Event = stopping[0]
+        return event
 
     async def _stream(session: Session, protocol: str, after: Optional[ui.ResumePoint]) -> AsyncIterator[bytes]:
         async for chunk in session.feed(protocol).frames(after):

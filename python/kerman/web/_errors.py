@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, Dict
+
 from starlette.responses import JSONResponse
+
+JsonDict = Dict[str, Any]
 
 __all__ = ["ApiError", "error_response"]
 
@@ -10,7 +14,7 @@ __all__ = ["ApiError", "error_response"]
 class ApiError(Exception):
     """An answer other than success: HTTP ``status``, a stable ``code`` and a clear ``message``."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: JsonDict | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -18,5 +22,5 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def error_response(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
+def error_response(status: int, code: str, message: str, headers: JsonDict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import AsyncIterator, Optional
 
-from sse_starlette.sse import ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from .. import SessionLog
 from ..ui import AgUiProjection, ResumePoint, VercelProjection
@@ -41,6 +41,7 @@ class Feed:
         self._frames: list[bytes] = []
         self._changed = asyncio.Event()
         self.done = False
+        self._stopped = False
         self._task = asyncio.get_running_loop().create_task(self._run(session_log, thread_id))
 
     async def _run(self, session_log: SessionLog, thread_id: str) -> None:
@@ -65,7 +66,7 @@ class Feed:
             self.done = True
             self._wake()
 
-    def _add(self, frames: list) -> None:
+    def _add(self, frames: list[tuple[tuple[int, int], bytes]]) -> None:
         for key, frame in frames:
             self._keys.append(key)
             self._frames.append(frame)
@@ -86,7 +87,7 @@ class Feed:
         """Everything after ``after`` (as bytes ready for the wire), then each frame as it comes;
         ends when the log does."""
         # a resume point past what the feed holds yet waits for it to be reached
-        while not self.done and after is not None and (not self._keys or self._keys[-1] < (after.seq, after.index or 0)):
+        while not (self.done or self._stopped) and after is not None and (not self._keys or self._keys[-1] < (after.seq, after.index or 0)):
             await self._changed.wait()
         i = self._start(after)
         while True:
@@ -94,10 +95,15 @@ class Feed:
                 end = len(self._frames)
                 yield b"".join(self._frames[i:end])
                 i = end
-            elif self.done:
+            elif self.done or self._stopped:
                 return
             else:
                 await self._changed.wait()
+
+    def stop(self) -> None:
+        """Ends every stream of this feed (the server is stopping); the feed itself goes on."""
+        self._stopped = True
+        self._wake()
 
     def close(self) -> None:
         self._task.cancel()

@@ -34,7 +34,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
             raise UsageError(f"--model {spec!r}: {module_name!r} has no {attribute!r}") from None
     if not callable(value):
         raise UsageError(f"--model {spec!r}: {attribute!r} is not callable")
-    return value
+    factory: Callable[..., Any] = value
+    return factory
 
 
 def _store(spec: str) -> Any:

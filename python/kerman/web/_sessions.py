@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .. import AgentLoop, PostgresStore, SessionLockedError, SessionLog, UserMessage
+from ..ui._base import JsonDict
 from ._errors import ApiError
 from ._feed import Feed
 
@@ -38,7 +39,7 @@ class Session:
     loop: Optional[AgentLoop] = None
     followed: bool = False
     owner_note: str = field(default="")
-    feeds: dict = field(default_factory=dict)
+    feeds: JsonDict = field(default_factory=dict)
 
     def feed(self, protocol: str) -> Feed:
         """The shared stream of ``protocol`` over this session's log."""
@@ -47,7 +48,7 @@ class Session:
             feed = self.feeds[protocol] = Feed(self.log, protocol, self.id)
         return feed
 
-    def info(self) -> dict:
+    def info(self) -> JsonDict:
         from ..ui._base import item
 
         if self.loop is not None:
@@ -143,17 +144,25 @@ class Sessions:
     async def send(self, session: Session, text: str, delivery: str, message_id: Optional[str]) -> UserMessage:
         message = UserMessage(text, id=message_id) if message_id else UserMessage(text)
         if session.loop is not None:
-            return getattr(session.loop, delivery)(message)
+            deliver: Callable[[UserMessage], UserMessage] = getattr(session.loop, delivery)
+            return deliver(message)
         if not self.distributed:
             raise ApiError(409, "not-owner", f'session "{session.id}": {session.owner_note}')
         target, wakeup = _TARGETS[delivery]
-        return await asyncio.to_thread(self.store.enqueue, session.id, message, target, wakeup)
+        staged: UserMessage = await asyncio.to_thread(self.store.enqueue, session.id, message, target, wakeup)
+        return staged
 
     def owned_loop(self, session: Session, what: str) -> AgentLoop:
         if session.loop is None:
             raise ApiError(409, "not-owner", f'cannot {what} in session "{session.id}": {session.owner_note} '
                                              "(queue edits and cancel need the session's owner)")
         return session.loop
+
+    def stop_streams(self) -> None:
+        """Ends every open stream (the server is stopping), so each response completes cleanly."""
+        for session in self._open.values():
+            for feed in session.feeds.values():
+                feed.stop()
 
     async def close(self) -> None:
         sessions, self._open = list(self._open.values()), {}
