@@ -19,6 +19,8 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6" "pexpect>=4.8"
 	@# nbclient, nbformat and ipykernel: examples/notebook.ipynb runs on a real kernel (tests/python/jupyter/).
 	$(PY) -m pip install -q --root-user-action=ignore "nbclient>=0.10" "nbformat>=5.9" "ipykernel>=6.29"
+	@# The web extra, ag-ui-protocol (its models check kerman.ui's events), httpx and selenium (the web tests).
+	$(PY) -m pip install -q --root-user-action=ignore "ag-ui-protocol>=1.0" "starlette>=0.40" "uvicorn>=0.30" "sse-starlette>=2.1" "httpx>=0.27" "selenium>=4.20"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
@@ -90,11 +92,13 @@ demo: install
 	kerman demo
 
 # The Python targets against the baseline, the native→Python operations per loop turn (a
-# deterministic probe), then the Rust micro-benchmarks.
+# deterministic probe), the web streams (100 SSE followers of one session), then the Rust
+# micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
+	$(PY) benches/python/web_sse.py
 	$(MAKE) bench-rust
 
 # Criterion micro-benchmarks of the core alone (about a minute); BENCH_ARGS go to criterion,
