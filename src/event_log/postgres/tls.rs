@@ -211,8 +211,8 @@ impl Target {
                 format!("the server's certificate is not signed by a CA from {from}")
             }
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => format!(
-                "sslmode={}: the server's certificate does not name the host connected to; connect by a name it holds, \
-                 or use sslmode=verify-ca to check the chain only",
+                "sslmode={}: the server's certificate does not name the host connected to; connect by a name it holds \
+                 (sslmode=verify-ca would check the chain only)",
                 self.mode.name()
             ),
             _ => format!("sslmode={}, roots from {from}", self.mode.name()),
