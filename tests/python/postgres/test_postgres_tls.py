@@ -77,7 +77,8 @@ FORMS: Dict[str, Callable[..., str]] = {"url": url_dsn, "key-value": kv_dsn}
 
 def tls_of(application_name: str) -> List[str]:
     """`ssl|version` of each backend with this application name."""
-    return psql("SELECT CASE WHEN s.ssl THEN 't' ELSE 'f' END || '|' || coalesce(s.version, '') FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+    return psql("SELECT CASE WHEN s.ssl THEN 't' ELSE 'f' END || '|' || coalesce(s.version, '') "
+                "FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
                 f"WHERE a.application_name = '{application_name}'")
 
 
