@@ -146,8 +146,8 @@ impl Target {
         let mut config: Config = rest.parse().map_err(|e: tokio_postgres::Error| parse_err(with_causes(&e)))?;
         let (mode, roots) = settle(&params).map_err(parse_err)?;
         config.ssl_mode(mode.driver());
-        let tls = client_config(mode, roots.as_ref(), &params)
-            .map_err(|detail| LogError::Database { context: "set up TLS".into(), detail })?;
+        let tls =
+            client_config(mode, roots.as_ref(), &params).map_err(|detail| LogError::Database { context: "set up TLS".into(), detail })?;
         Ok(Target { config, mode, roots, connector: MakeRustlsConnect::new(tls) })
     }
 
@@ -269,9 +269,7 @@ fn provider() -> Arc<CryptoProvider> {
 /// The rustls configuration for `mode`: which verifier, which roots, which client certificate.
 fn client_config(mode: SslMode, roots: Option<&Roots>, params: &SslParams) -> Result<ClientConfig, String> {
     let provider = provider();
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+    let builder = ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().map_err(|e| e.to_string())?;
     let verifier: Arc<dyn ServerCertVerifier> = match roots {
         None => Arc::new(NoVerification { provider }),
         Some(roots) => {
@@ -462,7 +460,8 @@ fn split_url(dsn: &str, body: &str, params: &mut SslParams) -> Result<String, St
         let taken = match segment.split_once('=') {
             Some((key, value)) => {
                 let key = decode(key).ok_or("invalid connection string: a query option name is not valid UTF-8")?;
-                let value = decode(value).ok_or_else(|| format!("invalid connection string: the value of option `{key}` is not valid UTF-8"))?;
+                let value =
+                    decode(value).ok_or_else(|| format!("invalid connection string: the value of option `{key}` is not valid UTF-8"))?;
                 params.take(&key, value)
             }
             None => false,

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use super::listen::{self, Subscriber};
-use super::tls::Target;
 use super::sql::Prepared;
+use super::tls::Target;
 use super::{db_err, schema, sql, Lease, PgOptions, Row};
 use crate::event_log::{LogError, StagedInput};
 
