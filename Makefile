@@ -2,7 +2,8 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust pg-server test-python stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
+.PHONY: install test test-slow test-deps test-rust pg-server test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
+.PHONY: wheels test-wheels
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -16,6 +17,10 @@ test-deps:
 	@# The vendors' SDKs (the providers' tests speak to loopback servers through them), pydantic
 	@# and jsonschema (typed tools' model parameters and their schema cross-checks).
 	$(PY) -m pip install -q --root-user-action=ignore "pytest>=8" "pytest-timeout>=2" "hypothesis>=6" "mypy>=1.10" "uvloop>=0.19" "pydantic>=2" "jsonschema>=4.18" "openai>=3.57" "anthropic>=2.15" "google-genai>=3.6" "pexpect>=4.8"
+	@# nbclient, nbformat and ipykernel: examples/notebook.ipynb runs on a real kernel (tests/python/jupyter/).
+	$(PY) -m pip install -q --root-user-action=ignore "nbclient>=0.10" "nbformat>=5.9" "ipykernel>=6.29"
+	@# The web extra, ag-ui-protocol (its models check kerman.ui's events), httpx and selenium (the web tests).
+	$(PY) -m pip install -q --root-user-action=ignore "ag-ui-protocol>=1.0" "starlette>=0.40" "uvicorn>=0.30" "sse-starlette>=2.1" "httpx>=0.27" "selenium>=4.20"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
@@ -37,8 +42,17 @@ test-python: install test-deps
 stubtest:
 	$(PY) -m mypy.stubtest kerman._core --allowlist tests/stubtest-allowlist.txt
 
-# Everything: Rust unit + integration tests, then the Python suite against the built wheel.
-test: test-rust test-python
+# The example plugin package (examples/plugins/), as a third party ships one: installed like
+# any package (--no-deps: the kerman it needs is the wheel just installed), its own tests
+# (written with kerman.testing), and mypy --strict over it.
+test-plugins: install test-deps
+	$(PY) -m pip install -q --no-deps --force-reinstall --root-user-action=ignore ./examples/plugins
+	$(PY) -m pytest -q examples/plugins/tests
+	$(PY) -m mypy --strict --no-incremental examples/plugins/src examples/plugins/tests
+
+# Everything: Rust unit + integration tests, the Python suite against the built wheel, then the
+# example plugin package.
+test: test-rust test-python test-plugins
 
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
 # Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)
@@ -54,8 +68,21 @@ lint: install test-deps
 test-slow: install test-deps
 	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/store/test_crash.py
 	$(MAKE) fuzz
+	$(MAKE) test-wheels
 
 FUZZ_SECONDS ?= 60
+
+# Release artefacts: a manylinux wheel (glibc 2.17, linked with zig) for every CPython 3.10-3.14
+# on this machine, and the sdist, checked with auditwheel (scripts/build-wheels.sh installs its
+# tools into a venv under CARGO_TARGET_DIR).
+WHEEL_DIR ?= $(CURDIR)/dist/wheels
+wheels:
+	PY=$(PY) WHEEL_DIR=$(WHEEL_DIR) bash scripts/build-wheels.sh
+
+# Each wheel installed into a fresh venv of its Python with no Rust on PATH, and the sdist built
+# and installed, each then running the public-API tests (tests/python/packaging/).
+test-wheels: wheels
+	KERMAN_WHEEL_DIR=$(WHEEL_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/python/packaging/test_wheel_install.py tests/python/packaging/test_sdist_install.py
 
 # Short libFuzzer runs (cargo-fuzz, installed on first use; skipped with a message if it cannot be).
 fuzz:
@@ -65,11 +92,13 @@ demo: install
 	kerman demo
 
 # The Python targets against the baseline, the native→Python operations per loop turn (a
-# deterministic probe), then the Rust micro-benchmarks.
+# deterministic probe), the web streams (100 SSE followers of one session), then the Rust
+# micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
+	$(PY) benches/python/web_sse.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

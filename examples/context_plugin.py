@@ -8,13 +8,14 @@ own source, placed after the prompt. ``Enter(messages)`` is what enters the step
 transcript (``user/message`` events) and the model see the rewritten batch; the claim splice in
 the log still records what was claimed.
 
+A packaged, tested version of this plugin is in ``examples/plugins/`` (docs/plugins.md).
+
 Run it: ``python examples/context_plugin.py``
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
 
 import kerman
 from kerman.models import EchoModel
@@ -25,9 +26,9 @@ WORKSPACE = {"kind": "plugin", "plugin": "workspace"}
 def install_context_folder(loop: kerman.AgentLoop) -> None:
 
     @loop.pre_step
-    async def fold_workspace_notes(step: kerman.PreStep, next: Callable[[], Awaitable[Any]]) -> Any:
+    async def fold_workspace_notes(step: kerman.PreStep, next: kerman.Next[kerman.Decision]) -> kerman.Decision:
         decision = await next()  # what the rest of the waterfall decides (by default: enter the batch)
-        if decision.kind != "enter":
+        if not isinstance(decision, kerman.Enter):
             return decision  # a rejection stands
         notes = [m for m in decision.messages if m.source == WORKSPACE]
         if not notes:

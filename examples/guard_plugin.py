@@ -5,6 +5,8 @@ waterfall for exactly one decision: ``Reject(reason)`` ends the turn ``blocked``
 recorded in ``turn/end``) and nothing reaches the model; ``await next()`` lets the batch through
 to the next listener and finally to the default, which enters it unchanged.
 
+A packaged, tested version of this plugin is in ``examples/plugins/`` (docs/plugins.md).
+
 Run it: ``python examples/guard_plugin.py``
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any, Awaitable, Callable
 
 import kerman
 from kerman.models import EchoModel
@@ -28,7 +29,7 @@ def install_guard(loop: kerman.AgentLoop) -> None:
     """Registers the guard first (``prepend=True``), so it sees the batch before other plugins."""
 
     @loop.pre_step(prepend=True)
-    async def guard(step: kerman.PreStep, next: Callable[[], Awaitable[Any]]) -> Any:
+    async def guard(step: kerman.PreStep, next: kerman.Next[kerman.Decision]) -> kerman.Decision:
         for message in step.messages:
             for pattern, what in DESTRUCTIVE:
                 if pattern.search(message.text):

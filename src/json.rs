@@ -185,6 +185,37 @@ pub fn may_hold_string(json: &str, s: &str) -> bool {
 
 /// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
 /// building a small payload).
+/// Whether JSON `text` nests arrays and objects more than `limit` deep (brackets inside strings
+/// are not counted). A check made before decoding, so that what is too deep does not depend on
+/// the decoder: Python 3.13's decodes depths that 3.12's refuses with `RecursionError`.
+pub fn nests_deeper_than(text: &str, limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 pub fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
@@ -193,6 +224,16 @@ pub fn push_u64(out: &mut String, n: u64) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn nesting_depth_is_counted_outside_strings() {
+        assert!(!nests_deeper_than("[[1]]", 2));
+        assert!(nests_deeper_than("[[[1]]]", 2));
+        assert!(!nests_deeper_than(r#"{"a": "[[[[[[", "b": [{"c": 1}]}"#, 3));
+        assert!(!nests_deeper_than(r#"["\"[[[[", []]"#, 2));
+        assert!(nests_deeper_than(r#"{"a": {"b": {"c": {}}}}"#, 3));
+        assert!(!nests_deeper_than("[1], [2], [3]", 1)); // depth, not count
+    }
 
     #[test]
     fn scratch_texts_are_reused_and_independent() {

@@ -599,12 +599,21 @@ async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any
     loop = AgentLoop(model, log, **kwargs)
     for spec in args.tools:
         loop.tool(_import(spec, "--tool"))
-    chat = Chat(loop, out, resumed)
+    chat = Chat(loop, out, resumed, echo=_isatty(stdin))
     if not args.no_retry:
         from .providers.retry import retry_policy
 
         loop.request_error(retry_policy())
         loop.request_error(chat.on_request_error, prepend=True)
+    idle = asyncio.Event()
+
+    def on_status(event: Any) -> None:
+        if event.status == "idle":
+            idle.set()
+        else:
+            idle.clear()
+
+    loop.on("agent/status", on_status)
     chat.banner(log, model, store)
     renderer = asyncio.get_running_loop().create_task(chat.render(len(log)))
     interrupts = _interrupts(chat)
@@ -617,8 +626,10 @@ async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any
                 if line is None:
                     break  # end of input: let the work finish, then leave
                 chat.handle(line)
-            if not chat.quit.is_set():
-                await _first(loop.when_idle(), chat.quit.wait())
+            # End of input: the work goes on until the loop is idle (or Ctrl-C, /quit). Not
+            # when_idle(): cancelling that wait would warn that a turn is left running.
+            while not chat.quit.is_set() and loop.status != "idle":
+                await _first(idle.wait(), chat.quit.wait())
     finally:
         interrupts()
         if loop.status != "idle":

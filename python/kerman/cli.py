@@ -587,6 +587,34 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         raise _Exit(2, f"kerman chat: {error}") from None
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .web._serve import main as serve_main  # imports Starlette and uvicorn only when serving
+
+    return serve_main(args)
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="serve sessions over HTTP: SSE streams (AG-UI, Vercel AI SDK, kerman) "
+                                              "and a web chat (needs kerman[web])",
+                                description="Serve a store's sessions over HTTP (docs/web.md).")
+    serve.add_argument("store", help=STORE_HELP)
+    serve.add_argument("--model", metavar="MODULE:FACTORY",
+                       help="what builds each session's model or AgentLoop (needed for a FileStore), "
+                            "e.g. kerman.models:EchoModel")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_natural, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--token", default=None, help="bearer token every request must carry (default: $KERMAN_TOKEN)")
+    serve.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                       help="allow browser calls from this origin (repeatable; none by default)")
+    serve.add_argument("--max-body", type=_natural, default=64 * 1024, metavar="BYTES",
+                       help="largest request body (default 65536)")
+    serve.add_argument("--heartbeat", type=float, default=15.0, metavar="SECONDS",
+                       help="seconds between heartbeats on an idle stream (default 15)")
+    serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                       help="uvicorn's log level (default warning)")
+    serve.set_defaults(handler=_cmd_serve)
+
+
 # -- parser ------------------------------------------------------------------------------------
 
 
@@ -617,6 +645,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", metavar="PATH", default=None,
                       help="folder to put the demo session in (default: a fresh temporary folder)")
     demo.set_defaults(handler=_cmd_demo)
+    _add_serve(commands)
 
     from .chat import add_arguments as chat_arguments
 

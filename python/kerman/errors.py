@@ -14,6 +14,7 @@ __all__ = [
     "InvalidMessageError",
     "InboxError",
     "DuplicateMessageError",
+    "InsertRefusedError",
     "ProjectionError",
     "LogError",
     "NotJsonError",
@@ -58,6 +59,21 @@ class DuplicateMessageError(InboxError, ValueError):
     def __init__(self, message: str, message_id: Optional[str] = None) -> None:
         super().__init__(message)
         self.message_id = message_id
+
+
+class InsertRefusedError(InboxError):
+    """An insert transform refused a message (it returned ``kerman.Refuse(reason)``): nothing
+    was inserted, and the inbox and the log are as they were. ``.transform`` is the
+    transform's name, ``.reason`` its reason, ``.message_id`` the refused message's id and
+    ``.target`` the list it was going to."""
+
+    def __init__(self, message: str, transform: Optional[str] = None, reason: Optional[str] = None,
+                 message_id: Optional[str] = None, target: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.transform = transform
+        self.reason = reason
+        self.message_id = message_id
+        self.target = target
 
 
 class ProjectionError(KermanError):

@@ -13,18 +13,34 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import threading
+import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
 
-from . import _dispatch, _executor, _report
-from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, UserMessage
-from .errors import LeaseLostError, LoopError
+from . import _dispatch, _executor, _html, _report
+from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
+from .errors import InboxError, LeaseLostError, LoopError
 from .types import LiveEvent, Signal, Tool
 
-__all__ = ["AgentLoop"]
+__all__ = ["AgentLoop", "TurnStillRunningWarning"]
+
+
+class TurnStillRunningWarning(RuntimeWarning):
+    """``await loop.when_idle()`` was cancelled (an interrupted notebook cell, a timeout) while a
+    turn was still running: the turn goes on in the background. ``loop.cancel()`` stops it;
+    ``await loop.when_idle()`` waits for it again."""
+
+
+# The AgentLoop over each log in this process (weakly, both ways): a new AgentLoop over the same
+# log takes over from an idle one (a notebook cell that creates the loop running again).
+_LOOPS: weakref.WeakKeyDictionary[SessionLog, weakref.ref[AgentLoop]] = weakref.WeakKeyDictionary()
 
 Target = Literal["next-turn", "next-step"]
+# A registered function: the registration methods return it unchanged, so a decorated
+# listener keeps its own type under mypy --strict.
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class _FromLog(enum.Enum):
@@ -108,6 +124,9 @@ class AgentLoop:
         self._model = model
         self._owns_log = log is None
         self._log: SessionLog = log if log is not None else MemoryStore().create()
+        self._successor: Optional[weakref.ref[AgentLoop]] = None
+        if log is not None:
+            self._take_over(log)
         self._max_parallel = max_parallel_tool_calls
         self._options: Dict[str, Any] = dict(options or {})
         self._listeners: Dict[str, List[Callable[..., Any]]] = {name: [] for name in LIVE_EVENTS}
@@ -159,6 +178,22 @@ class AgentLoop:
         self._event_loop: Optional[asyncio.AbstractEventLoop] = _current_loop()
         self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
         self._last_error: Optional[LiveEvent] = None
+        _LOOPS[self._log] = weakref.ref(self)
+
+    def _take_over(self, log: SessionLog) -> None:
+        """An idle AgentLoop of this process over ``log`` gives way to this one (its inbox is
+        closed; it refuses input from now on). One that is running a turn is not interrupted:
+        this one is refused."""
+        ref = _LOOPS.get(log)
+        earlier = ref() if ref is not None else None
+        if earlier is None or earlier._inbox.closed:
+            return
+        if earlier._status == "running":
+            raise LoopError(f"session {log.id!r} already has an AgentLoop running turn {earlier.turn} in this process "
+                            f"({earlier!r}); stop it with its cancel() (or await its aclose()) before creating another")
+        earlier._inbox.close()
+        earlier._successor = weakref.ref(self)
+        earlier._owns_log = False  # the log is this loop's now: the earlier one's aclose() leaves it open
 
     # ---- properties -------------------------------------------------------------------------
 
@@ -194,6 +229,21 @@ class AgentLoop:
         return self._core.turn
 
     @property
+    def step(self) -> int:
+        """The last step entered in the running (or last) turn (0 before its first)."""
+        return self._core.step
+
+    @property
+    def closed(self) -> bool:
+        """Whether the loop takes no more input: ``aclose()`` ran, or a newer ``AgentLoop`` over
+        its log took over."""
+        return self._inbox.closed
+
+    def transcript(self) -> Transcript:
+        """The session's conversation so far (``log.transcript()``)."""
+        return self._log.transcript()
+
+    @property
     def _signal(self) -> Signal:
         """The running (or last) turn's signal; a fresh one before the first turn."""
         signal = self._core.signal
@@ -225,7 +275,21 @@ class AgentLoop:
         return self._last_error
 
     def __repr__(self) -> str:
-        return f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)}>"
+        tools = ", ".join(repr(name) for name in self._tools)
+        listeners = sum(self._listener_counts().values())
+        closed = " closed" if self._inbox.closed else ""
+        return (f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)} step={self._core.step} "
+                f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{closed}>")
+
+    def _repr_html_(self) -> str:
+        return _html.agent_loop(self)
+
+    def _listener_counts(self) -> Dict[str, int]:
+        """How many listeners each seam and live event has (for the reprs)."""
+        counts = {"pre_step": len(self._pre_step), "before_request": len(self._before_request),
+                  "request_error": len(self._request_error), "turn_stopping": len(self._turn_stopping)}
+        counts.update((name, len(fns)) for name, fns in self._listeners.items())
+        return counts
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -236,22 +300,55 @@ class AgentLoop:
         _dispatch.register(listeners, fn, prepend, where)
         return fn
 
+    @overload
+    def pre_step(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def pre_step(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def pre_step(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every step: ``async def f(step: PreStep, next) -> Enter | Reject``."""
         return self._decorator(self._pre_step, fn, prepend, "pre_step")
 
+    @overload
+    def before_request(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def before_request(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def before_request(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall before every model request: ``async def f(request, next) -> ModelRequest``."""
         return self._decorator(self._before_request, fn, prepend, "before_request")
 
+    @overload
+    def request_error(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def request_error(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def request_error(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall on a model failure: ``async def f(failure, next) -> Retry | None``."""
         return self._decorator(self._request_error, fn, prepend, "request_error")
 
+    @overload
+    def turn_stopping(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def turn_stopping(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def turn_stopping(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Serial, when a turn is about to end: ``async def f(stop: TurnStopping) -> None``."""
         return self._decorator(self._turn_stopping, fn, prepend, "turn_stopping")
 
+    @overload
+    def on_insert(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def on_insert(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
+    def on_insert(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Registers an insert transform on the loop's inbox: ``def f(message: UserMessage,
+        target: str) -> UserMessage | Refuse``, run (sync) on every new message before its
+        splice is committed: ``followup``/``steer``/``inject``/``send``, the inbox's own
+        mutations and tool contexts (docs/plugins.md)."""
+        if fn is None:
+            return lambda f: self.on_insert(f, prepend=prepend)
+        return self._inbox.on_insert(fn, prepend=prepend)
+
+    @overload
+    def on(self, event: str, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def on(self, event: str, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
     def on(self, event: str, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Registers a live-event listener (sync or async; failures are logged)."""
         if event not in self._listeners:
@@ -266,6 +363,8 @@ class AgentLoop:
             while fn in listeners:
                 listeners.remove(fn)
                 found = True
+        while self._inbox.remove_transform(fn):
+            found = True
         return found
 
     def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
@@ -282,7 +381,8 @@ class AgentLoop:
             return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel)
         tool = Tool(name or fn.__name__, fn, description, parameters, parallel)
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
-            tool.description = (fn.__doc__ or "").strip()
+            # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
+            tool.description = inspect.cleandoc(fn.__doc__ or "")
         self._add_tool(tool)
         return fn
 
@@ -363,7 +463,13 @@ class AgentLoop:
                 # Refused before inserting: a caller told of a failure must not find it queued.
                 raise LoopError("the AgentLoop's event loop is closed; nothing was queued")
         after_abort = wakeup and self._status == "running" and core.aborted
-        stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
+        try:
+            stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
+        except InboxError as e:
+            if self._successor is not None:
+                raise LoopError(f"this AgentLoop over session {self._log.id!r} was replaced by a newer one "
+                                f"({self._successor()!r}); send input to that one") from e
+            raise
         if wakeup:
             if not on_thread:
                 self._call_on_loop(self._wake, after_abort)
@@ -489,11 +595,19 @@ class AgentLoop:
 
     async def when_idle(self) -> None:
         """Waits until no turn is running, following turns started at convergence. Never raises
-        for a failed turn."""
+        for a failed turn. Cancelling the wait (an interrupted notebook cell, a timeout) does not
+        cancel the turn: it goes on, and a ``TurnStillRunningWarning`` says so and how to stop it."""
         while self._task is not None:
             task = self._task
             if not task.done():
-                await _finished(task)
+                try:
+                    await _finished(task)
+                except asyncio.CancelledError:
+                    if self._status == "running":
+                        warnings.warn(f"waiting for session {self._log.id!r} was cancelled, but its turn {self.turn} is "
+                                      f"still running in the background: loop.cancel() stops it, "
+                                      f"await loop.when_idle() waits for it again", TurnStillRunningWarning, stacklevel=2)
+                    raise
             if self._task is task:
                 break
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
 from ._core import UserMessage
 from .errors import TurnAborted
@@ -18,6 +18,14 @@ __all__ = [
     "Enter",
     "Reject",
     "Retry",
+    "Refuse",
+    "Decision",
+    "Next",
+    "PreStepListener",
+    "BeforeRequestListener",
+    "RequestErrorListener",
+    "InsertTransform",
+    "Target",
     "PreStep",
     "ModelRequest",
     "ModelReply",
@@ -106,7 +114,9 @@ class Enter:
     def __init__(self, messages: Sequence[Union[UserMessage, str]]) -> None:
         if isinstance(messages, (str, bytes)):
             raise TypeError("Enter needs a list of messages, not a str (wrap it: Enter([text]))")
-        self.messages = list(messages)
+        # A str is the user message the loop would make of it, so ``.messages`` is typed as
+        # messages for the listeners downstream (anything else is refused when the loop reads it).
+        self.messages: List[UserMessage] = [UserMessage(m) if isinstance(m, str) else m for m in messages]
 
     def __repr__(self) -> str:
         return f"Enter({self.messages!r})"
@@ -132,6 +142,47 @@ class Retry:
 
     def __repr__(self) -> str:
         return "Retry()"
+
+
+class Refuse:
+    """Insert-transform result: refuse the message; the inserting call raises
+    :class:`kerman.InsertRefusedError` naming the transform and ``reason``, and nothing is
+    inserted."""
+
+    kind = "refuse"
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"Refuse needs a reason (a non-empty str), got {reason!r}")
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Refuse({self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Refuse) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash(("refuse", self.reason))
+
+
+#: An inbox list: ``"next-turn"`` (prompts, one turn each) or ``"next-step"`` (steering, context).
+Target = Literal["next-turn", "next-step"]
+
+#: A ``pre_step`` decision.
+Decision = Union[Enter, Reject]
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Next(Protocol[_T_co]):
+    """The ``next`` a waterfall listener gets: ``await next()`` runs the rest of the waterfall
+    (the next remaining listener, finally the default) and gives back its result. Annotate a
+    ``pre_step`` listener's as ``Next[Decision]``, a ``before_request`` one's as
+    ``Next[ModelRequest]``, a ``request_error`` one's as ``Next[Optional[Retry]]``."""
+
+    def __call__(self) -> Awaitable[_T_co]: ...
 
 
 @dataclass
@@ -317,3 +368,14 @@ class LiveEvent:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self._fields.items())
         return f"LiveEvent({self.type!r}, {fields})"
+
+
+#: ``async def f(step: PreStep, next: Next[Decision]) -> Decision`` (a plain function works too).
+PreStepListener = Callable[[PreStep, Next[Decision]], Union[Decision, Awaitable[Decision]]]
+#: ``async def f(request: ModelRequest, next: Next[ModelRequest]) -> ModelRequest``.
+BeforeRequestListener = Callable[[ModelRequest, Next[ModelRequest]], Union[ModelRequest, Awaitable[ModelRequest]]]
+#: ``async def f(failure: RequestFailure, next: Next[Optional[Retry]]) -> Optional[Retry]``.
+RequestErrorListener = Callable[[RequestFailure, Next[Optional[Retry]]], Union[Optional[Retry], Awaitable[Optional[Retry]]]]
+#: ``def f(message: UserMessage, target: str) -> UserMessage | Refuse``: sync, run before an
+#: insertion's splice is committed (``loop.on_insert``, ``inbox.on_insert``).
+InsertTransform = Callable[[UserMessage, Target], Union[UserMessage, Refuse]]

@@ -32,6 +32,7 @@ mod history;
 mod machine;
 mod recovery;
 mod tools;
+mod transcript;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -44,6 +45,7 @@ pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, ConsumedWork, RequeueError};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
+pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};
 
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::InboxError;

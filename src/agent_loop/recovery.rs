@@ -162,7 +162,8 @@ pub fn requeue_claimed(inbox: &Inbox, turn: u64) -> Result<Vec<Arc<Message>>, Re
             .map(Arc::new)
             .collect();
         if !messages.is_empty() {
-            inbox.splice(target, 0, 0, messages.clone()).map_err(RequeueError::Inbox)?;
+            // Not passed to the insertion hook again: the log holds them as they were admitted.
+            inbox.reinsert(target, 0, 0, messages.clone()).map_err(RequeueError::Inbox)?;
             out.extend(messages);
         }
     }

@@ -7,6 +7,7 @@
 //! The log's publish token is held from validation to application, so mutations from several
 //! threads serialise and an observer that mutates the inbox is refused as reentrant.
 
+mod hook;
 pub mod projection;
 mod splice;
 
@@ -18,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use serde_json::Value;
 
+pub use hook::{InsertHook, Refusal, Spliced};
 pub use splice::{inserted_ids, normalize, placement, Lists, Splice, SpliceError, Target};
 
 use crate::event_log::{Intake, LogError, SessionLog, StagedInput, Taken, SPLICED};
@@ -49,6 +51,8 @@ pub enum InboxError {
     Closed(String),
     /// The log's splices cannot be replayed.
     Projection(ProjectionError),
+    /// The inbox's insertion hook refused a message; nothing changed.
+    Refused(Refusal),
 }
 
 impl fmt::Display for InboxError {
@@ -63,6 +67,7 @@ impl fmt::Display for InboxError {
             ),
             InboxError::Closed(id) => write!(f, "this inbox of session \"{id}\" was closed; create a new Inbox (or AgentLoop) over the log"),
             InboxError::Projection(e) => e.fmt(f),
+            InboxError::Refused(r) => r.fmt(f),
         }
     }
 }
@@ -101,6 +106,8 @@ struct Shared {
     log: SessionLog,
     lists: Mutex<Lists>,
     listener: Option<Box<dyn InboxListener>>,
+    /// What every new message passes before an insertion is planned (see [`InsertHook`]).
+    hook: Option<Box<dyn InsertHook>>,
     /// What the log's backend hands staged input to; the backend holds it weakly.
     feed: Arc<Feed>,
     /// Set by [`Inbox::close`]: mutations are refused and the log may have another inbox.
@@ -200,6 +207,15 @@ impl Inbox {
     /// A log has at most one inbox: while another is open (not closed or dropped) this is
     /// [`InboxError::Attached`].
     pub fn new(log: SessionLog, listener: Option<Box<dyn InboxListener>>) -> Result<Inbox, InboxError> {
+        Inbox::with_hook(log, listener, None)
+    }
+
+    /// [`new`](Self::new), with an insertion hook every new message passes first.
+    pub fn with_hook(
+        log: SessionLog,
+        listener: Option<Box<dyn InboxListener>>,
+        hook: Option<Box<dyn InsertHook>>,
+    ) -> Result<Inbox, InboxError> {
         if !log.claim_inbox() {
             return Err(InboxError::Attached(log.id().to_string()));
         }
@@ -215,6 +231,7 @@ impl Inbox {
             log: log.clone(),
             lists: Mutex::new(lists),
             listener,
+            hook,
             feed: Arc::new(Feed(weak.clone())),
             closed: AtomicBool::new(false),
         });
@@ -245,12 +262,20 @@ impl Inbox {
                 out.dropped.push(row.id);
                 continue;
             }
-            match self.append(target, message) {
+            match self.append(target, Arc::clone(&message)) {
                 Ok(()) => {
                     wake |= row.wakeup;
                     out.taken.push(row.id);
                 }
                 Err(InboxError::Duplicate(_) | InboxError::NotUserMessage(_)) => out.dropped.push(row.id),
+                // Nobody waits for this insertion: the hook is told, the row dropped (taking
+                // it again would be refused again).
+                Err(InboxError::Refused(refusal)) => {
+                    if let Some(hook) = &self.shared.hook {
+                        hook.dropped(&message, refusal);
+                    }
+                    out.dropped.push(row.id);
+                }
                 // The log failed, or the inbox was closed: the rest stays staged.
                 Err(_) => break,
             }
@@ -402,6 +427,37 @@ impl Inbox {
         }
     }
 
+    /// The messages to insert, as the hook leaves them: each checked to be a user message,
+    /// then passed to the hook in order, before any lock is taken. A closed inbox refuses
+    /// first, so the hook is not asked about an insertion that cannot happen.
+    fn admit(&self, target: Target, inserted: Vec<Arc<Message>>) -> Result<Vec<Arc<Message>>, InboxError> {
+        for m in &inserted {
+            Self::check_user(m)?;
+        }
+        let Some(hook) = self.shared.hook.as_ref().filter(|hook| hook.active()) else { return Ok(inserted) };
+        if inserted.is_empty() {
+            return Ok(inserted);
+        }
+        if self.is_closed() {
+            return Err(InboxError::Closed(self.shared.log.id().to_string()));
+        }
+        let mut admitted = Vec::with_capacity(inserted.len());
+        for m in inserted {
+            let given = Arc::clone(&m);
+            let m = hook.admit(target, m).map_err(InboxError::Refused)?;
+            if !Arc::ptr_eq(&m, &given) {
+                Self::check_user(&m)?;
+                if m.id() != given.id() {
+                    let detail =
+                        format!("the insertion hook changed message \"{}\"'s id to \"{}\"; a rewrite keeps the id", given.id(), m.id());
+                    return Err(InboxError::Refused(Refusal::new(detail)));
+                }
+            }
+            admitted.push(m);
+        }
+        Ok(admitted)
+    }
+
     /// The general mutation, with Python slice semantics for `start` and `delete_count`.
     /// Returns the removed messages.
     pub fn splice(
@@ -411,9 +467,25 @@ impl Inbox {
         delete_count: i64,
         inserted: Vec<Arc<Message>>,
     ) -> Result<Vec<Arc<Message>>, InboxError> {
+        self.insert(target, start, delete_count, inserted).map(|s| s.removed)
+    }
+
+    /// [`splice`](Self::splice), returning what was inserted too (the hook's rewrites).
+    pub fn insert(&self, target: Target, start: i64, delete_count: i64, inserted: Vec<Arc<Message>>) -> Result<Spliced, InboxError> {
+        let inserted = self.admit(target, inserted)?;
+        self.splice_admitted(target, start, delete_count, inserted)
+    }
+
+    /// [`splice`](Self::splice) of messages the log already holds (a requeue): they passed
+    /// the hook when first inserted, and are not passed again.
+    pub fn reinsert(&self, target: Target, start: i64, delete_count: i64, inserted: Vec<Arc<Message>>) -> Result<Spliced, InboxError> {
         for m in &inserted {
             Self::check_user(m)?;
         }
+        self.splice_admitted(target, start, delete_count, inserted)
+    }
+
+    fn splice_admitted(&self, target: Target, start: i64, delete_count: i64, inserted: Vec<Arc<Message>>) -> Result<Spliced, InboxError> {
         let applied = self.mutate(
             |lists| {
                 let (start, removed) = normalize(lists.list(target).len(), start, delete_count);
@@ -425,9 +497,9 @@ impl Inbox {
         Ok(match applied {
             Some(applied) => {
                 self.announce(&applied);
-                applied.removed
+                Spliced { removed: applied.removed, inserted: applied.inserted }
             }
-            None => Vec::new(),
+            None => Spliced::default(),
         })
     }
 
@@ -446,18 +518,28 @@ impl Inbox {
 
     /// [`replace`](Self::replace), returning the message it replaced.
     pub fn replace_message(&self, id: &str, message: Arc<Message>) -> Result<Option<Arc<Message>>, InboxError> {
+        self.replace_admitted(id, message).map(|r| r.map(|(old, _)| old))
+    }
+
+    /// [`replace`](Self::replace), returning the replaced message and its replacement (as the
+    /// hook left it). A message that is not pending is not passed to the hook.
+    pub fn replace_admitted(&self, id: &str, message: Arc<Message>) -> Result<Option<(Arc<Message>, Arc<Message>)>, InboxError> {
         Self::check_user(&message)?;
+        // Looked up first, so the hook is not asked about a replacement that cannot happen;
+        // the splice locates it again under the lock (it may have gone meanwhile).
+        let Some((target, _)) = lock(&self.shared.lists).locate(id) else { return Ok(None) };
+        let inserted = self.admit(target, vec![message])?;
         let applied = self.mutate(
             |lists| {
                 let (target, start) = lists.locate(id)?;
                 Some((target, start, 1))
             },
-            vec![message],
+            inserted,
             true,
         )?;
         Ok(applied.and_then(|a| {
             self.announce(&a);
-            a.removed.into_iter().next()
+            Some((a.removed.into_iter().next()?, a.inserted.into_iter().next()?))
         }))
     }
 

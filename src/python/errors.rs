@@ -72,6 +72,12 @@ pub fn inbox_err(py: Python<'_>, e: InboxError) -> PyErr {
         InboxError::Projection(e) => projection_err(py, e),
         // `InboxError` itself, not a subclass: nothing to catch them apart by yet.
         InboxError::Attached(_) | InboxError::Closed(_) => new_err(py, "InboxError", (e.to_string(),)),
+        // The insertion transform's own exception (or the InsertRefusedError made for its
+        // refusal), raised to the caller as it was.
+        InboxError::Refused(r) => match r.cause.and_then(|cause| cause.downcast::<PyErr>().ok()) {
+            Some(err) => *err,
+            None => new_err(py, "InsertRefusedError", (r.detail,)),
+        },
     }
 }
 

@@ -136,6 +136,10 @@ impl PyEvent {
         let kind = PyString::new(py, self.inner.kind()).repr()?;
         Ok(format!("Event(seq={}, type={kind}, data={data})", self.inner.seq))
     }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "event")
+    }
 }
 
 /// A type filter: `None`, one type, or an iterable of types; each may be a pattern with `*`
@@ -184,6 +188,39 @@ impl PyEventIter {
             }
         }
         None
+    }
+
+    /// The next `n` events this iterator would give, without advancing it (for its reprs).
+    fn _peek(&self, n: usize) -> Vec<PyEvent> {
+        let events = self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e));
+        events.into_iter().take(n).map(PyEvent::new).collect()
+    }
+
+    /// How many events are left to give (filtered by its types).
+    fn _remaining(&self) -> usize {
+        match &self.types {
+            None => self.stop.saturating_sub(self.next) as usize,
+            Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e)).len(),
+        }
+    }
+
+    /// `(session id, next seq, stop)`, for its reprs.
+    #[getter]
+    fn _position(&self) -> (String, u64, u64) {
+        (self.log.id().to_string(), self.next, self.stop)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let id = PyString::new(py, self.log.id()).repr()?;
+        let types = match &self.types {
+            None => String::new(),
+            Some(t) => format!(" types={}", pyo3::types::PyList::new(py, t.entries())?.repr()?),
+        };
+        Ok(format!("<EventIterator session={id} next={} stop={}{types}>", self.next, self.stop))
+    }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "event_iterator")
     }
 }
 
@@ -334,6 +371,19 @@ impl PyLogTail {
 
     fn __clear__(&self) {
         drop(self.finish());
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let (id, seq, ended) = {
+            let st = lock(&self.state);
+            (st.log.as_ref().map(|l| l.get().inner.id().to_string()), st.ready.front().map_or(st.seq, |e| e.seq), st.ended)
+        };
+        let id = match id {
+            Some(id) => PyString::new(py, &id).repr()?.to_string(),
+            None => "None".to_string(),
+        };
+        let state = if ended { "ended" } else { "live" };
+        Ok(format!("<LogTail session={id} next={seq} {state}>"))
     }
 }
 
@@ -551,6 +601,8 @@ pub struct PySessionLog {
     /// File and PostgreSQL logs hold a lock or a lease: dropping one open warns, the way a
     /// dropped open file does, and closes it.
     holds_session: bool,
+    /// The store it came from, as its reprs name it (`FileStore('sessions')`).
+    store: String,
 }
 
 impl Drop for PySessionLog {
@@ -778,22 +830,53 @@ impl PySessionLog {
         Self::aclose(slf)
     }
 
-    fn __repr__(&self) -> String {
+    /// The conversation as it stands: the messages of `user/message`, `assistant/message` and
+    /// `tool/result` in log order, each turn's ending (a `Transcript`, a snapshot).
+    fn transcript(&self, py: Python<'_>) -> PyResult<super::transcript::PyTranscript> {
+        let inner = crate::agent_loop::Transcript::of(&self.inner).map_err(|e| super::errors::message_err(py, e))?;
+        Ok(super::transcript::PyTranscript::new(self.inner.id().to_string(), inner))
+    }
+
+    /// The store it came from, as its reprs name it.
+    #[getter]
+    fn _store(&self) -> &str {
+        &self.store
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let state = if self.inner.is_closed() { "closed" } else { "open" };
-        format!("<SessionLog id={:?} len={} {state}>", self.inner.id(), self.inner.len())
+        let id = PyString::new(py, self.inner.id()).repr()?;
+        let store = if self.store.is_empty() { String::new() } else { format!(" store={}", self.store) };
+        let last = match self.inner.len().checked_sub(1).and_then(|seq| self.inner.get(seq)) {
+            Some(event) => format!(" last={}", PyString::new(py, event.kind()).repr()?),
+            None => String::new(),
+        };
+        Ok(format!("<SessionLog id={id}{store} len={}{last} {state}>", self.inner.len()))
+    }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "session_log")
     }
 }
 
 /// Builds a Python `SessionLog` around a core log that holds nothing to release (a memory
 /// log, a read-only follower).
 pub fn wrap_log(log: SessionLog) -> PySessionLog {
-    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: false }
+    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: false, store: String::new() }
 }
 
 /// Builds a Python `SessionLog` around a log that holds its session (a file lock, a lease):
 /// dropping it open warns with `ResourceWarning`, then closes it.
 pub fn wrap_owned_log(log: SessionLog) -> PySessionLog {
-    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: true }
+    PySessionLog { inner: log, observers: Mutex::new(Vec::new()), holds_session: true, store: String::new() }
+}
+
+impl PySessionLog {
+    /// Names the store the log came from, for its reprs.
+    pub fn in_store(mut self, store: impl Into<String>) -> Self {
+        self.store = store.into();
+        self
+    }
 }
 
 pub fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {

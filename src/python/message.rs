@@ -284,10 +284,23 @@ impl PyMessage {
             let kinds: Vec<&str> = m.content().iter().filter_map(|b| b.get("type").and_then(Value::as_str)).collect();
             parts.push(format!("content=[{}]", kinds.join(", ")));
         }
+        let calls: Vec<String> = m
+            .content()
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool-call"))
+            .map(|b| py_repr(py, b.get("name").and_then(Value::as_str).unwrap_or("?")))
+            .collect();
+        if !calls.is_empty() && !text.is_empty() {
+            parts.push(format!("tool_calls=[{}]", calls.join(", ")));
+        }
         if m.kind() == MessageKind::User && m.source_kind() != "user" {
             parts.push(format!("source={}", map_to_py(py, m.source())?.repr()?));
         }
         Ok(format!("{cls}({})", parts.join(", ")))
+    }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "message")
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {

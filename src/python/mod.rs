@@ -10,13 +10,16 @@ mod errors;
 mod event_log;
 mod faults;
 mod gc;
+mod html;
 mod inbox;
 mod message;
 #[cfg(feature = "postgres")]
 mod pg_store;
+mod reopen;
 mod runtime;
 mod slots;
 mod store;
+mod transcript;
 mod waterfall;
 
 /// `gil_used = true`: the module has only been built and tested with the GIL (see "Threads and
@@ -41,5 +44,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     inbox::projection::register(m)?;
     waterfall::register(m)?;
     agent_loop::register(m)?;
+    transcript::register(m)?;
     Ok(())
 }

@@ -123,14 +123,14 @@ impl PyPostgresStore {
             None => None,
             Some(id) => Some(id_arg(id)?),
         };
-        py.detach(|| self.inner.create(id.as_deref())).map(wrap_owned_log).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.create(id.as_deref())).map(|l| wrap_owned_log(l).in_store("PostgresStore")).map_err(|e| log_err(py, e))
     }
 
     /// Takes the session's lease (a newer epoch fences any previous owner out) and reads it;
     /// a log ending inside an open turn gets crash closers.
     fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
-        py.detach(|| self.inner.open(&id)).map(wrap_owned_log).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.open(&id)).map(|l| wrap_owned_log(l).in_store("PostgresStore")).map_err(|e| log_err(py, e))
     }
 
     /// A read-only follower of session `id` (another process, or this store, owns it): its
@@ -138,7 +138,7 @@ impl PyPostgresStore {
     /// session live. Takes no lease. Appends raise `LogError`; `close()` stops following.
     fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
-        py.detach(|| self.inner.follow(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+        py.detach(|| self.inner.follow(&id)).map(|l| wrap_log(l).in_store("PostgresStore (following)")).map_err(|e| log_err(py, e))
     }
 
     /// Queues `message` for session `id` without taking its lease (for web handlers): the

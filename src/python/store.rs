@@ -10,6 +10,7 @@ use super::convert::map_to_py;
 use super::errors::{log_err, warn};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PyEvent, PySessionLog};
 use super::faults::PyFaultPlan;
+use super::reopen::{locked_here, OpenLogs};
 use crate::event_log::{Durability, FileStore, MemoryStore, RepairReport, Store};
 
 fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -23,26 +24,41 @@ fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
 #[pyclass(name = "MemoryStore", module = "kerman", frozen)]
 pub struct PyMemoryStore {
     inner: MemoryStore,
+    /// Its sessions open in this process, for `open(id, reuse=True)`.
+    open: OpenLogs,
 }
 
 #[pymethods]
 impl PyMemoryStore {
     #[new]
     fn new() -> Self {
-        PyMemoryStore { inner: MemoryStore::new() }
+        PyMemoryStore { inner: MemoryStore::new(), open: OpenLogs::new() }
     }
 
     /// A new, empty session (id minted as a UUIDv7 when `None`).
     #[pyo3(signature = (id=None))]
-    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+    fn create<'py>(&self, py: Python<'py>, id: Option<&Bound<'_, PyAny>>) -> PyResult<Bound<'py, PySessionLog>> {
         let id = create_arg(id)?;
-        self.inner.create(id.as_deref()).map(wrap_log).map_err(|e| log_err(py, e))
+        let log = self.inner.create(id.as_deref()).map_err(|e| log_err(py, e))?;
+        let key = log.id().to_string();
+        let log = Bound::new(py, wrap_log(log).in_store("MemoryStore"))?;
+        self.open.remember(py, key, &log)?;
+        Ok(log)
     }
 
-    /// Reopens a closed session; a log ending inside an open turn gets crash closers.
-    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+    /// Reopens a closed session; a log ending inside an open turn gets crash closers. A session
+    /// still open here raises `SessionLockedError`, or with `reuse=True` gives back that same
+    /// `SessionLog`.
+    #[pyo3(signature = (id, *, reuse=false))]
+    fn open<'py>(&self, py: Python<'py>, id: &Bound<'_, PyAny>, reuse: bool) -> PyResult<Bound<'py, PySessionLog>> {
         let id = id_arg(id)?;
-        self.inner.open(&id).map(wrap_log).map_err(|e| log_err(py, e))
+        if let Some(log) = reuse.then(|| self.open.live(py, &id)).flatten() {
+            return Ok(log);
+        }
+        let log = self.inner.open(&id).map_err(|e| locked_here(py, e))?;
+        let log = Bound::new(py, wrap_log(log).in_store("MemoryStore"))?;
+        self.open.remember(py, id, &log)?;
+        Ok(log)
     }
 
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
@@ -105,16 +121,28 @@ impl PyFileStore {
 
     /// A new, empty session file, created atomically (id minted as a UUIDv7 when `None`).
     #[pyo3(signature = (id=None))]
-    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+    fn create<'py>(&self, py: Python<'py>, id: Option<&Bound<'_, PyAny>>) -> PyResult<Bound<'py, PySessionLog>> {
         let id = create_arg(id)?;
-        self.inner.create(id.as_deref()).map(wrap_owned_log).map_err(|e| log_err(py, e))
+        let log = self.inner.create(id.as_deref()).map_err(|e| log_err(py, e))?;
+        let key = self.key(log.id());
+        let log = Bound::new(py, wrap_owned_log(log).in_store(self.label(py)))?;
+        FILE_LOGS.remember(py, key, &log)?;
+        Ok(log)
     }
 
     /// Opens a session for appending: verifies every record, truncates a torn tail, refuses
-    /// corruption, and closes a turn left open by a crash.
-    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+    /// corruption, and closes a turn left open by a crash. A session another process holds
+    /// raises `SessionLockedError`; so does one a `SessionLog` of this process holds, unless
+    /// `reuse=True`, which gives back that same `SessionLog` (from any `FileStore` over the same
+    /// folder: a notebook cell that opens the session running again).
+    #[pyo3(signature = (id, *, reuse=false))]
+    fn open<'py>(&self, py: Python<'py>, id: &Bound<'_, PyAny>, reuse: bool) -> PyResult<Bound<'py, PySessionLog>> {
         let id = id_arg(id)?;
-        let (log, recovery) = self.inner.open_with_report(&id).map_err(|e| log_err(py, e))?;
+        let key = self.key(&id);
+        if let Some(log) = reuse.then(|| FILE_LOGS.live(py, &key)).flatten() {
+            return Ok(log);
+        }
+        let (log, recovery) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
         if recovery.truncated_bytes > 0 {
             let line = recovery.truncated_at_line.map(|l| format!(" from line {l}")).unwrap_or_default();
             warn(py, &format!("session {id:?}: truncated a torn tail of {} bytes{line}", recovery.truncated_bytes));
@@ -124,7 +152,9 @@ impl PyFileStore {
             let events = if n == 1 { "event" } else { "events" };
             warn(py, &format!("session {id:?} ended inside an open turn; appended {n} closing {events}"));
         }
-        Ok(wrap_owned_log(log))
+        let log = Bound::new(py, wrap_owned_log(log).in_store(self.label(py)))?;
+        FILE_LOGS.remember(py, self.key(&id), &log)?;
+        Ok(log)
     }
 
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
@@ -143,7 +173,8 @@ impl PyFileStore {
     /// simply not visible yet.
     fn follow(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
         let id = id_arg(id)?;
-        py.detach(|| self.inner.follow(&id)).map(wrap_log).map_err(|e| log_err(py, e))
+        let label = format!("{} (following)", self.label(py));
+        py.detach(|| self.inner.follow(&id)).map(|log| wrap_log(log).in_store(label)).map_err(|e| log_err(py, e))
     }
 
     /// Deletes a session file nobody has open.
@@ -210,6 +241,24 @@ impl PyFileStore {
         let root =
             Python::attach(|py| PyString::new(py, &self.root.display().to_string()).repr().map(|r| r.to_string())).unwrap_or_default();
         format!("<FileStore root={root} durability='{}'>", self.durability)
+    }
+}
+
+/// The session files this process has open, from every `FileStore`.
+static FILE_LOGS: OpenLogs = OpenLogs::new();
+
+impl PyFileStore {
+    /// Session `id`'s registry key: its file's canonical path (the same for every `FileStore`
+    /// over the folder, however the root was spelled).
+    fn key(&self, id: &str) -> String {
+        let path = self.inner.path_of(id).unwrap_or_else(|_| self.root.join(id));
+        std::fs::canonicalize(&path).unwrap_or(path).display().to_string()
+    }
+
+    /// How the logs of this store name it in their reprs.
+    fn label(&self, py: Python<'_>) -> String {
+        let root = PyString::new(py, &self.root.display().to_string()).repr().map(|r| r.to_string()).unwrap_or_default();
+        format!("FileStore({root})")
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kerman::agent_loop::{
     close_open_turn, consumed_work, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply,
-    ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan,
+    ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -1945,4 +1945,78 @@ fn a_turn_start_that_cannot_be_appended_records_no_turn() {
     assert!(r.effects[1].starts_with("Fence(") && r.effects[1].ends_with(r#"{"message":"lease lost","code":"FENCED"}"#), "{:?}", r.effects);
     assert_eq!(r.effects[2], "NoTurn");
     assert_eq!(w.shared.state().turn, 0);
+}
+
+// ---- the transcript (log.transcript()) ----------------------------------------------------------
+
+/// `(turn, step, mid_turn, interrupted, "source kind: text")` per transcript entry.
+fn transcript_of(log: &SessionLog) -> (Vec<(u64, u64, bool, bool, String)>, Vec<(u64, Value)>) {
+    let t = Transcript::of(log).unwrap();
+    assert_eq!(t.stop, log.len());
+    let entries = t
+        .entries
+        .iter()
+        .map(|e| (e.turn, e.step, e.mid_turn(), e.interrupted, format!("{}: {}", e.message.source_kind(), e.message.text())));
+    (entries.collect(), t.endings.iter().map(|e| (e.turn, e.reason.clone())).collect())
+}
+
+#[test]
+fn the_transcript_is_the_history_with_steering_marked_and_every_ending() {
+    let w = World::new().tool("t", false);
+    w.followup("hello");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            reply(vec![call("c1", "t", "{}")]),
+            tools(|w, plan| {
+                let sink = w.sink();
+                assert_eq!(plan.next(&sink, false).unwrap(), Next::Start(0));
+                w.steer("use staging");
+                plan.finish(&sink, 0, Outcome::text("done")).unwrap();
+                assert_eq!(plan.next(&sink, false).unwrap(), Next::Done);
+            }),
+            enter(),
+            request(json!({})),
+            reply_text("ok"),
+        ],
+    );
+    w.followup("rm -rf /");
+    run(&w, vec![reject(Some("needs a human"))]);
+    let (entries, endings) = transcript_of(&w.log);
+    // The assistant message with only a tool call has no text; the rejected prompt is no message.
+    assert_eq!(
+        entries,
+        [
+            (1, 1, false, false, "user: hello".to_string()),
+            (1, 1, false, false, "model: ".to_string()),
+            (1, 1, false, false, "tool: done".to_string()),
+            (1, 2, true, false, "user: use staging".to_string()),
+            (1, 2, false, false, "model: ok".to_string()),
+        ]
+    );
+    assert_eq!(endings, [(1, completed()), (2, json!({"kind": "blocked", "reason": "needs a human"}))]);
+    // The same messages, in the same order, as the history the next request is built from.
+    let history: Vec<String> = w.shared.history.since(0).iter().map(|m| format!("{}: {}", m.source_kind(), m.text())).collect();
+    assert_eq!(entries.iter().map(|e| e.4.clone()).collect::<Vec<_>>(), history);
+}
+
+#[test]
+fn the_transcript_keeps_an_interrupted_reply_and_marks_it() {
+    let w = World::new();
+    w.followup("tell a story");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "Once upon"})),
+            cancelled("NextChunk").meanwhile(cancel()),
+        ],
+    );
+    let (entries, endings) = transcript_of(&w.log);
+    assert_eq!(entries, [(1, 1, false, false, "user: tell a story".to_string()), (1, 1, false, true, "model: Once upon".to_string())]);
+    assert_eq!(endings, [(1, json!({"kind": "aborted", "reason": {"kind": "user"}}))]);
 }

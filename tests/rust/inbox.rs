@@ -240,3 +240,41 @@ fn a_log_has_at_most_one_inbox() {
     drop(again);
     Inbox::new(log, None).unwrap();
 }
+
+/// An insertion hook that rewrites `secret` and refuses `refuse`, counting its calls.
+struct Redactor(Arc<Mutex<Vec<String>>>);
+
+impl kerman::inbox::InsertHook for Redactor {
+    fn admit(&self, target: Target, m: Arc<Message>) -> Result<Arc<Message>, kerman::inbox::Refusal> {
+        self.0.lock().unwrap().push(format!("{target}:{}", m.id()));
+        match m.id() {
+            "refuse" => Err(kerman::inbox::Refusal::new("refused by the test")),
+            "rename" => Ok(msg("renamed")),
+            "secret" => Ok(Arc::new(m.with_content(vec![json!({"type": "text", "text": "[redacted]"})]).unwrap())),
+            _ => Ok(m),
+        }
+    }
+}
+
+#[test]
+fn insert_hook_rewrites_refuses_and_is_skipped_by_reinsert() {
+    let log = MemoryStore::new().create(None).unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let inbox = Inbox::with_hook(log.clone(), None, Some(Box::new(Redactor(Arc::clone(&asked))))).unwrap();
+    let spliced = inbox.insert(Target::NextTurn, 0, 0, vec![msg("a"), msg("secret")]).unwrap();
+    assert_eq!(spliced.inserted[1].text(), "[redacted]");
+    assert!(!log.range(0, None)[0].data_json().contains("\"text\":\"secret\""));
+    let before = payloads(&log);
+    for refused in [vec![msg("b"), msg("refuse")], vec![msg("rename")]] {
+        let err = inbox.insert(Target::NextStep, 0, 0, refused).unwrap_err();
+        assert!(matches!(err, InboxError::Refused(_)), "{err:?}");
+    }
+    assert_eq!(inbox.replace("a", msg("refuse")).unwrap_err().to_string(), "refused by the test");
+    assert_eq!(payloads(&log), before);
+    assert_eq!(ids(&inbox.list(Target::NextTurn)), ["a", "secret"]);
+    assert!(inbox.list(Target::NextStep).is_empty());
+    let asked_before = asked.lock().unwrap().len();
+    inbox.reinsert(Target::NextStep, 0, 0, vec![msg("refuse")]).unwrap();
+    assert_eq!(asked.lock().unwrap().len(), asked_before, "a reinsert is not passed to the hook");
+    assert_eq!(ids(&inbox.list(Target::NextStep)), ["refuse"]);
+}

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Annotated, Any, Literal
 
 import kerman
+from kerman import testing
 from kerman.models import ScriptedModel
 
 
@@ -28,6 +29,7 @@ async def main() -> list[str]:
     typed = await typed_tools()
     briefed = await instructed()
     assert briefed == "Be briefer."
+    assert await plugins() == ["REDACTED KEY", "blocked"]
     return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed] + typed
 
 
@@ -53,6 +55,47 @@ async def instructed() -> str | None:
     loop.followup("go")
     await loop.when_idle()
     return loop.instructions
+
+
+async def guard(step: kerman.PreStep, next: kerman.Next[kerman.Decision]) -> kerman.Decision:
+    if any("rm -rf" in m.text for m in step.messages):
+        return kerman.Reject("destructive")
+    decision = await next()
+    if isinstance(decision, kerman.Enter):
+        return kerman.Enter([m.with_content(m.text.upper()) for m in decision.messages])
+    return decision
+
+
+def redact(message: kerman.UserMessage, target: kerman.Target) -> kerman.UserMessage | kerman.Refuse:
+    if target == "next-step" and "password" in message.text:
+        return kerman.Refuse("no passwords in context")
+    return message.with_content(message.text.replace("sk-1", "redacted"))
+
+
+def install(loop: kerman.AgentLoop) -> None:
+    listener: kerman.PreStepListener = guard
+    transform: kerman.InsertTransform = redact
+    loop.pre_step(listener, prepend=True)
+    loop.on_insert(transform)
+
+
+async def plugins() -> list[str]:
+    decision: kerman.Decision = await testing.run_pre_step(guard, ["x"], turn=1, step=1)
+    assert isinstance(decision, kerman.Enter)
+    fake: testing.FakeNext[kerman.Decision] = testing.FakeNext.entering(testing.make_pre_step(["y"]))
+    assert (await guard(testing.make_pre_step(["y"]), fake)).kind == "enter" and fake.calls == 1
+    stored: kerman.UserMessage = testing.run_insert(redact, "sk-1")
+    try:
+        testing.run_insert([redact], "password", target="next-step")
+    except kerman.InsertRefusedError as e:
+        assert e.reason == "no passwords in context"
+    loop = testing.scripted_loop(["ok"], plugins=[install])
+    first: testing.TurnResult = await testing.run_turn(loop, "sk-1 key")
+    first.assert_completed()
+    second = await testing.run_turn(loop, "rm -rf /")
+    second.assert_blocked("destructive")
+    await loop.aclose()
+    return [m.text for m in first.entered] + [second.kind] if stored.text == "redacted" else []
 
 
 @dataclasses.dataclass
@@ -87,6 +130,26 @@ async def typed_tools() -> list[str]:
     assert texts == ["q 10 Filters(tags=['a'], year=None) fast c1", "invalid tool arguments: query: expected a string, got 1",
                      "['any']"], texts
     return texts[:1]
+
+
+async def in_a_notebook(root: str) -> tuple[str, int]:
+    """Issue 15 part 2: reprs, the transcript, re-running cells."""
+    store = kerman.FileStore(root, durability="none")
+    log = store.open("nb", reuse=True) if store.exists("nb") else store.create("nb")
+    assert store.open("nb", reuse=True) is log
+    loop = kerman.AgentLoop(kerman.models.ScriptedModel(["hi"]), log=log)
+    loop.followup("hello")
+    await loop.when_idle()
+    transcript: kerman.Transcript = log.transcript()
+    first: kerman.Message = transcript[0]
+    rest: list[kerman.Message] = transcript[1:]
+    entries: list[dict[str, Any]] = transcript.entries()
+    html: str = transcript._repr_html_() + log._repr_html_() + loop._repr_html_() + first._repr_html_()
+    warning: type[RuntimeWarning] = kerman.TurnStillRunningWarning
+    assert warning and html and rest and entries and loop.step == 1 and not loop.closed
+    await loop.aclose()
+    log.close()
+    return first.text, len(transcript)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ use std::time::Duration;
 use md5::{Digest, Md5};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
+
+use super::tls::Target;
 
 /// What a subscriber hears.
 pub enum Note {
@@ -73,19 +75,19 @@ pub fn next_id() -> u64 {
 
 /// The store's listener, started by the first subscription (most stores never need one).
 pub struct Lazy {
-    dsn: String,
+    target: Target,
     listener: Option<Listener>,
 }
 
 impl Lazy {
-    pub fn new(dsn: String) -> Lazy {
-        Lazy { dsn, listener: None }
+    pub fn new(target: Target) -> Lazy {
+        Lazy { target, listener: None }
     }
 
     /// Must run on the runtime thread (it may spawn the task).
     pub fn get(&mut self) -> &Listener {
-        let dsn = &self.dsn;
-        self.listener.get_or_insert_with(|| Listener::start(dsn.clone()))
+        let target = &self.target;
+        self.listener.get_or_insert_with(|| Listener::start(target.clone()))
     }
 
     pub fn started(&self) -> Option<&Listener> {
@@ -103,9 +105,10 @@ const MAX_DELAY: Duration = Duration::from_secs(5);
 
 impl Listener {
     /// Spawns the task on the current (runtime) thread's runtime; it connects at once.
-    pub fn start(dsn: String) -> Listener {
+    pub fn start(mut target: Target) -> Listener {
+        target.config.application_name(format!("kerman-listen-{}", std::process::id()));
         let (tx, rx) = unbounded_channel();
-        tokio::spawn(run(dsn, rx, tx.clone()));
+        tokio::spawn(run(target, rx, tx.clone()));
         Listener { tx }
     }
 
@@ -152,13 +155,13 @@ impl Subscriptions {
     }
 }
 
-async fn run(dsn: String, mut rx: UnboundedReceiver<Input>, tx: UnboundedSender<Input>) {
+async fn run(target: Target, mut rx: UnboundedReceiver<Input>, tx: UnboundedSender<Input>) {
     let mut subs = Subscriptions::default();
     let mut delay = FIRST_DELAY;
     let mut generation = 0u64;
     loop {
         generation += 1;
-        let client = match connect(&dsn, generation, tx.clone()).await {
+        let client = match connect(&target, generation, tx.clone()).await {
             Ok(client) => client,
             Err(()) => {
                 // Keep applying commands while waiting, so unsubscribes are not lost.
@@ -224,12 +227,10 @@ fn apply_offline(subs: &mut Subscriptions, input: Input) {
     }
 }
 
-/// Connects, naming the connection `kerman-listen-<pid>` (so an operator, or a test, can find
-/// it in `pg_stat_activity`), and spawns the task that polls it for notifications.
-async fn connect(dsn: &str, generation: u64, tx: UnboundedSender<Input>) -> Result<Client, ()> {
-    let mut config: tokio_postgres::Config = dsn.parse().map_err(|_| ())?;
-    config.application_name(format!("kerman-listen-{}", std::process::id()));
-    let (client, mut connection) = config.connect(NoTls).await.map_err(|_| ())?;
+/// Connects (the target names the connection `kerman-listen-<pid>`, so an operator, or a test,
+/// can find it in `pg_stat_activity`) and spawns the task that polls it for notifications.
+async fn connect(target: &Target, generation: u64, tx: UnboundedSender<Input>) -> Result<Client, ()> {
+    let (client, mut connection) = target.connect().await.map_err(|_| ())?;
     tokio::spawn(async move {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {

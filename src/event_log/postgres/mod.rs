@@ -11,8 +11,8 @@
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
 //! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Other processes:
 //! read-only followers ([`Follower`], fed through the LISTEN connection of `listen.rs`) and
-//! `enqueue` (staged rows the owner's [`PgBackend`] claims); see docs/distributed.md. Not yet
-//! here (see docs/postgres.md): TLS.
+//! `enqueue` (staged rows the owner's [`PgBackend`] claims); see docs/distributed.md. Every
+//! connection is made by [`Target::connect`] (`tls.rs`: the DSN's sslmode and certificates).
 
 mod backend;
 mod follow;
@@ -20,6 +20,7 @@ mod listen;
 mod schema;
 mod sql;
 mod store;
+mod tls;
 mod worker;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub use listen::{channel_name, next_id as next_listen_id, Channel, Subscriber};
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
 pub use sql::{Row, SessionInfo, TAKEABLE};
 pub use store::PostgresStore;
+pub use tls::{split_dsn, SslMode, SslParams, Target};
 pub use worker::{unexpected, Fault, Reply, Request, Response};
 
 use crate::event_log::{check_id, new_header, resolve_id, storable, Event, LogError, StagedInput};

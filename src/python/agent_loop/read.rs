@@ -289,10 +289,17 @@ pub(super) fn arguments_decoder(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     py.import("json")?.getattr("JSONDecoder")?.call((), Some(&kwargs))
 }
 
+/// How deep tool arguments may nest: about what Python's own decoder manages under its default
+/// recursion limit before 3.13, now the same on every version.
+const MAX_ARGUMENT_DEPTH: usize = 1000;
+
 /// The arguments' JSON text as Python values. `Err(detail)` for anything that is not JSON the
 /// tool can receive, valid JSON nested deeper than the interpreter can decode included (an
 /// `INVALID_ARGUMENTS` result, never a failed turn).
 pub(super) fn decode_arguments<'py>(py: Python<'py>, text: &Bound<'py, PyString>) -> PyResult<Result<Bound<'py, PyAny>, String>> {
+    if crate::json::nests_deeper_than(&text.to_cow()?, MAX_ARGUMENT_DEPTH) {
+        return Ok(Err(format!("nested too deeply to decode (more than {MAX_ARGUMENT_DEPTH} levels of arrays and objects)")));
+    }
     let decoder = classes(py)?.json_decoder.bind(py);
     match decoder.call_method1(intern!(py, "decode"), (text,)) {
         Ok(value) => Ok(Ok(value)),

@@ -5,6 +5,7 @@
 mod callbacks;
 mod identity;
 pub(super) mod projection;
+mod transform;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use crate::inbox::{Inbox, InboxError, InboxListener, Target};
 use crate::message::Message;
 use callbacks::{callable, Callbacks, Listener};
 use identity::Wrappers;
+use transform::{Hook, Transforms};
 
 /// `"next-turn"` or `"next-step"`; anything else is a `ValueError` naming it.
 pub fn target_arg(obj: &Bound<'_, PyAny>) -> PyResult<Target> {
@@ -56,6 +58,23 @@ fn returned<'py>(given: &Bound<'py, PyAny>, stored: &Arc<Message>) -> PyResult<B
     wrap(given.py(), Arc::clone(stored))
 }
 
+/// The object of what an insertion stored: `obj` when it is what was given, else the object
+/// an insert transform returned (cached for it), or a new wrapper.
+fn stored_object<'py>(
+    wrappers: &Wrappers,
+    obj: Bound<'py, PyAny>,
+    given: &Arc<Message>,
+    stored: &Arc<Message>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if Arc::ptr_eq(given, stored) {
+        return Ok(obj);
+    }
+    match wrappers.lookup(obj.py(), stored) {
+        Some(obj) => Ok(obj),
+        None => wrap(obj.py(), Arc::clone(stored)),
+    }
+}
+
 /// Queued user input: `next_turn` prompts and `next_step` steering/context, a projection of
 /// the log's `agent/inbox/spliced` events. Every mutation logs one splice before the lists
 /// change. Thread-safe.
@@ -65,6 +84,7 @@ pub struct PyInbox {
     log: Py<PySessionLog>,
     wrappers: Arc<Wrappers>,
     callbacks: Option<Arc<Callbacks>>,
+    transforms: Arc<Transforms>,
 }
 
 impl PyInbox {
@@ -75,15 +95,26 @@ impl PyInbox {
         py: Python<'py>,
         message: &Bound<'py, PyAny>,
         stored: Arc<Message>,
-        insert: impl FnOnce(&Inbox, Arc<Message>) -> Result<(), crate::inbox::InboxError>,
+        insert: impl FnOnce(&Inbox, Arc<Message>) -> Result<crate::inbox::Spliced, crate::inbox::InboxError>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let obj = returned(message, &stored)?;
         let previous = self.wrappers.precache(&stored, &obj);
-        if let Err(e) = insert(&self.inner, Arc::clone(&stored)) {
-            self.wrappers.restore(&stored, previous);
-            return Err(inbox_err(py, e));
-        }
+        let spliced = match insert(&self.inner, Arc::clone(&stored)) {
+            Ok(spliced) => spliced,
+            Err(e) => {
+                self.wrappers.restore(&stored, previous);
+                return Err(inbox_err(py, e));
+            }
+        };
         drop(previous);
+        let obj = match spliced.inserted.first() {
+            Some(inserted) if !Arc::ptr_eq(inserted, &stored) => {
+                // An insert transform rewrote it: the given message is not pending.
+                self.wrappers.forget(&stored);
+                stored_object(&self.wrappers, obj, &stored, inserted)?
+            }
+            _ => obj,
+        };
         self.wrappers.prune_if_large(&self.inner);
         Ok(obj)
     }
@@ -131,18 +162,20 @@ impl PyInbox {
         let any = callbacks.held().next().is_some();
         let callbacks = any.then(|| Arc::new(callbacks));
         let listener = || callbacks.as_ref().map(|c| Box::new(Listener(Arc::clone(c))) as Box<dyn InboxListener>);
+        let transforms = Arc::new(Transforms::new(Arc::clone(&wrappers)));
+        let hook = || Some(Box::new(Hook(Arc::clone(&transforms))) as Box<dyn crate::inbox::InsertHook>);
         let core = log.get().inner.clone();
-        let inner = match Inbox::new(core.clone(), listener()) {
+        let inner = match Inbox::with_hook(core.clone(), listener(), hook()) {
             // The open inbox may be garbage the collector has not reached yet (a notebook
             // re-creating its AgentLoop, whose callbacks make a cycle): collect once, retry.
             Err(InboxError::Attached(_)) => {
                 py.import("gc")?.call_method0("collect")?;
-                Inbox::new(core, listener())
+                Inbox::with_hook(core, listener(), hook())
             }
             other => other,
         };
         let inner = inner.map_err(|e| inbox_err(py, e))?;
-        Ok(PyInbox { inner, log, wrappers, callbacks })
+        Ok(PyInbox { inner, log, wrappers, callbacks, transforms })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -150,6 +183,7 @@ impl PyInbox {
         if let Some(callbacks) = &self.callbacks {
             callbacks.visit(&visit)?;
         }
+        self.transforms.visit(&visit)?;
         self.wrappers.visit(&visit)
     }
 
@@ -159,7 +193,38 @@ impl PyInbox {
         if let Some(callbacks) = &self.callbacks {
             callbacks.clear();
         }
+        self.transforms.clear();
         self.wrappers.clear();
+    }
+
+    /// Registers an insert transform, `transform(message: UserMessage, target: str) -> UserMessage |
+    /// kerman.Refuse`, which every new message passes before its splice is planned (also
+    /// usable as a decorator: `@inbox.on_insert`). Returns `transform`.
+    #[pyo3(signature = (transform=None, *, prepend=false))]
+    fn on_insert<'py>(slf: &Bound<'py, Self>, transform: Option<&Bound<'py, PyAny>>, prepend: bool) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let Some(f) = transform.filter(|f| !f.is_none()) else {
+            let inbox = slf.clone().unbind();
+            let register = move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, pyo3::types::PyDict>>| -> PyResult<Py<PyAny>> {
+                let f = args.get_item(0)?;
+                inbox.bind(args.py()).get().transforms.add(&f, prepend)?;
+                Ok(f.unbind())
+            };
+            return Ok(pyo3::types::PyCFunction::new_closure(py, Some(c"on_insert"), None, register)?.into_any());
+        };
+        slf.get().transforms.add(f, prepend)?;
+        Ok(f.clone())
+    }
+
+    /// Removes an insert transform; false if it was not registered.
+    fn remove_transform(&self, transform: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.transforms.remove(transform)
+    }
+
+    /// The insert transforms, in the order they run.
+    #[getter]
+    fn transforms<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.transforms.snapshot(py))
     }
 
     /// Stops projecting the log: later mutations raise `InboxError`, and another `Inbox` (or
@@ -214,13 +279,13 @@ impl PyInbox {
     /// Inserts at the end of `target`; returns the stored message.
     fn append<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.insert_one(py, message, stored, |inbox, m| inbox.append(target, m))
+        self.insert_one(py, message, stored, |inbox, m| inbox.insert(target, i64::MAX, 0, vec![m]))
     }
 
     /// Inserts at the start of `target`; returns the stored message.
     fn prepend<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.insert_one(py, message, stored, |inbox, m| inbox.prepend(target, m))
+        self.insert_one(py, message, stored, |inbox, m| inbox.insert(target, 0, 0, vec![m]))
     }
 
     /// Removes `delete_count` messages at `start` of `target` and inserts `inserted` there,
@@ -252,8 +317,8 @@ impl PyInbox {
         let is_message = |o: &&Bound<'py, PyAny>| o.is_instance_of::<super::message::PyMessage>();
         let given: Vec<_> = messages.iter().zip(&objects).filter(|(_, o)| is_message(o)).collect();
         let previous: Vec<_> = given.iter().map(|(stored, obj)| self.wrappers.precache(stored, obj)).collect();
-        let removed = match self.inner.splice(target, start, delete_count, messages.clone()) {
-            Ok(removed) => removed,
+        let (removed, inserted) = match self.inner.insert(target, start, delete_count, messages.clone()) {
+            Ok(spliced) => (spliced.removed, spliced.inserted),
             Err(e) => {
                 // Undone in reverse, so a message given twice gets its first displaced entry back.
                 for ((stored, _), prev) in given.iter().zip(previous).rev() {
@@ -263,6 +328,10 @@ impl PyInbox {
             }
         };
         drop(previous);
+        // Messages an insert transform rewrote are not pending as given.
+        for (stored, _) in given.iter().filter(|(stored, _)| !inserted.iter().any(|i| Arc::ptr_eq(i, stored))) {
+            self.wrappers.forget(stored);
+        }
         let out = self.wrappers.taken(py, &removed)?;
         // A message both removed and inserted again by this splice keeps its object.
         for (stored, obj) in given.iter().filter(|(stored, _)| removed.iter().any(|r| Arc::ptr_eq(r, stored))) {
@@ -278,8 +347,13 @@ impl PyInbox {
         let message = user_message_arg(new_message)?;
         let given = new_message.is_instance_of::<super::message::PyMessage>();
         let previous = given.then(|| self.wrappers.precache(&message, new_message));
-        let replaced = match self.inner.replace_message(message_id, Arc::clone(&message)) {
-            Ok(Some(replaced)) => replaced,
+        let replaced = match self.inner.replace_admitted(message_id, Arc::clone(&message)) {
+            Ok(Some((replaced, inserted))) => {
+                if !Arc::ptr_eq(&inserted, &message) {
+                    self.wrappers.forget(&message); // rewritten by an insert transform
+                }
+                replaced
+            }
             outcome => {
                 if let Some(previous) = previous {
                     self.wrappers.restore(&message, previous);
@@ -317,9 +391,15 @@ impl PyInbox {
         self.wrappers.taken(py, &batch)
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let lists = self.inner.snapshot();
-        format!("<Inbox next_turn={} next_step={}>", lists.next_turn().len(), lists.next_step().len())
+        let session = pyo3::types::PyString::new(py, self.log.get().inner.id()).repr()?;
+        let closed = if self.inner.is_closed() { " closed" } else { "" };
+        Ok(format!("<Inbox session={session} next_turn={} next_step={}{closed}>", lists.next_turn().len(), lists.next_step().len()))
+    }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::html::render(slf.as_any(), "inbox")
     }
 }
 

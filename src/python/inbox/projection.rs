@@ -99,6 +99,10 @@ impl PyInboxProjection {
             format!("<InboxProjection next_turn={} next_step={}>", p.list(Target::NextTurn).len(), p.list(Target::NextStep).len())
         })
     }
+
+    fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {
+        super::super::html::render(slf.as_any(), "inbox")
+    }
 }
 
 /// The result of `consumed_work`: the last `turn/end` that accounts for consumed input, and

@@ -14,8 +14,9 @@ CORE = ROOT / "src" / "agent_loop"
 BINDING = ROOT / "src" / "python"
 
 # The kerman modules the binding may import, for classes only (payloads, decisions, Signal,
-# exceptions, the native module's own classes).
-VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core"}
+# exceptions, the native module's own classes), and kerman._html: presentation only (the HTML
+# views of `_repr_html_`, which hold no loop rule), imported by src/python/html.rs alone.
+VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html"}
 
 # Each component's folder and the files it holds.
 FOLDERS = {
@@ -56,6 +57,8 @@ def test_the_binding_imports_kerman_modules_only_for_values():
     for _, text in _rust(BINDING):
         imported.update(re.findall(r'import\("(kerman[\w.]*)"\)', text))
     assert imported and imported <= VALUE_MODULES, imported - VALUE_MODULES
+    html = [path for path, text in _rust(BINDING) if 'import("kerman._html")' in text]
+    assert [p.name for p in html] == ["html.rs"], html
 
 
 def test_the_loops_binding_reads_no_private_attribute():

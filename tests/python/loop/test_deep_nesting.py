@@ -40,8 +40,8 @@ def end_of(events: List[Any]) -> Dict[str, Any]:
 
 # ---- item 6: deeply nested arguments ------------------------------------------------------
 
-@pytest.mark.parametrize("arguments", [deep_array(DEPTH), deep_object(DEPTH), deep_array(5_000)],
-                         ids=["array-100k", "object-100k", "array-5k"])
+@pytest.mark.parametrize("arguments", [deep_array(DEPTH), deep_object(DEPTH), deep_array(5_000), deep_array(1_001)],
+                         ids=["array-100k", "object-100k", "array-5k", "array-1001"])
 @pytest.mark.parametrize("calls", [1, 2], ids=["lone", "pool"])
 def test_deep_arguments_are_invalid_arguments(arguments, calls):
     seen: List[Any] = []

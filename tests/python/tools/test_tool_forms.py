@@ -76,7 +76,7 @@ def test_the_args_ctx_form_is_called_as_always(fn: Any) -> None:
 def test_the_args_ctx_form_keeps_its_whole_docstring_and_given_parameters() -> None:
     parameters = {"type": "object", "properties": {"env": {"type": "string"}}, "required": ["env"]}
     assert spec_of(plain, parameters=parameters) == {
-        "name": "plain", "description": "Echoes its arguments.\n\n    Args:\n        anything: goes.", "parameters": parameters}
+        "name": "plain", "description": "Echoes its arguments.\n\nArgs:\n    anything: goes.", "parameters": parameters}
     assert Tool("p", plain, parameters=parameters).parameters == parameters
     assert Tool("p", plain, description="Given.").description == "Given."
 

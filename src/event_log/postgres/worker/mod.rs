@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::Client;
 
 use super::listen::{self, Subscriber};
 use super::sql::Prepared;
+use super::tls::Target;
 use super::{db_err, schema, sql, Lease, PgOptions, Row};
 use crate::event_log::{LogError, StagedInput};
 
@@ -167,11 +168,13 @@ pub fn unexpected(response: Response) -> LogError {
 
 /// Starts the thread, connects and migrates; returns once the store is usable (or why not).
 pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, LogError> {
-    let mut config: Config = dsn.parse().map_err(db_err("parse the DSN"))?;
+    // The LISTEN connection names itself (listen.rs); it shares the TLS setup, read once.
+    let listen_target = Target::from_dsn(&dsn)?;
+    let mut target = listen_target.clone();
     // Named per store so an operator (or a test) can find this store's backend in
     // pg_stat_activity; a DSN that names one keeps it.
-    if config.get_application_name().is_none() {
-        config.application_name(format!("kerman {owner}"));
+    if target.config.get_application_name().is_none() {
+        target.config.application_name(format!("kerman {owner}"));
     }
     let (tx, rx) = unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
@@ -187,8 +190,8 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         })
         .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
     let worker = Worker {
-        host: reconnect::host_of(&config),
-        config,
+        host: reconnect::host_of(&target.config),
+        target,
         owner: owner.clone(),
         ttl_ms: options.lease_ttl_ms as f64,
         reconnect_budget: Duration::from_millis(options.reconnect_ms),
@@ -197,7 +200,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
         gave_up: false,
         held: HashMap::new(),
         fault: None,
-        listener: listen::Lazy::new(dsn.clone()),
+        listener: listen::Lazy::new(listen_target),
     };
     std::thread::Builder::new()
         .name("kerman-postgres".into())
@@ -255,7 +258,8 @@ where
 }
 
 pub(super) struct Worker {
-    pub(super) config: Config,
+    /// The DSN's settings and TLS connector: every connection is made through it.
+    pub(super) target: Target,
     /// host:port, for errors.
     pub(super) host: String,
     pub(super) owner: String,
@@ -285,7 +289,7 @@ impl Worker {
         // the constructor at once.
         let migrated = async {
             let context = format!("connect to {}", self.host);
-            let (mut client, connection) = self.config.connect(NoTls).await.map_err(db_err(context))?;
+            let (mut client, connection) = self.target.connect().await.map_err(|detail| LogError::Database { context, detail })?;
             let task = drive(connection);
             let applied = schema::migrate(&mut client).await?;
             let prepared = Prepared::new(&client).await?;

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_postgres::config::Host;
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
 
-use super::super::db_err;
 use super::super::sql::{self, Prepared};
 use super::{within, Conn, Worker};
 use crate::event_log::LogError;
@@ -79,7 +78,7 @@ impl Worker {
             LogError::Database { detail, .. } => detail,
             other => other.to_string(),
         };
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| detail(db_err("")(e)))?;
+        let (client, connection) = self.target.connect().await?;
         let task = super::drive(connection);
         let prepared = Prepared::new(&client).await.map_err(detail)?;
         Ok(Conn::new(client, prepared, task))

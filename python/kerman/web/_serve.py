@@ -1,0 +1,99 @@
+"""``kerman serve``: the app on uvicorn, bound to loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+from typing import Any, Callable, Optional
+
+__all__ = ["main", "load_factory"]
+
+
+class UsageError(Exception):
+    """A bad command line: exit 2 with this message."""
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """``module:attribute`` (dots allowed in both) → the callable it names."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"--model {spec!r}: expected module:factory, e.g. kerman.models:EchoModel")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a factory in the current folder, as `python -m` would find it
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"--model {spec!r}: cannot import {module_name!r}: {error}") from None
+    for part in attribute.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise UsageError(f"--model {spec!r}: {module_name!r} has no {attribute!r}") from None
+    if not callable(value):
+        raise UsageError(f"--model {spec!r}: {attribute!r} is not callable")
+    factory: Callable[..., Any] = value
+    return factory
+
+
+def _store(spec: str) -> Any:
+    import kerman
+
+    if spec.startswith(("postgresql://", "postgres://")):
+        return kerman.PostgresStore(spec)
+    return kerman.FileStore(spec)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs until interrupted (SIGINT/SIGTERM); returns the exit status."""
+    try:
+        import uvicorn
+
+        from . import create_app
+    except ImportError as error:
+        sys.stderr.write(f"kerman: serve needs the web extra: pip install 'kerman[web]' ({error})\n")
+        return 2
+    token: Optional[str] = args.token or os.environ.get("KERMAN_TOKEN") or None
+    try:
+        factory = load_factory(args.model) if args.model else None
+        store = _store(args.store)
+        if factory is None and not args.store.startswith(("postgresql://", "postgres://")):
+            raise UsageError("--model module:factory is needed: this server owns the sessions of a FileStore "
+                             "(e.g. --model kerman.models:EchoModel)")
+        app = create_app(store, factory, token=token, cors_origins=args.cors_origin or (), max_body=args.max_body,
+                         heartbeat=args.heartbeat)
+        sock = _bind(args.host, args.port)
+    except UsageError as error:
+        sys.stderr.write(f"kerman: {error}\n")
+        return 2
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    if not _loopback(args.host) and not token:
+        sys.stderr.write(f"kerman: warning: listening on {args.host} without a token: anyone who can reach it can drive "
+                         "the sessions (set --token or KERMAN_TOKEN)\n")
+    sys.stderr.write(f"kerman: serving {args.store} on http://{shown}:{port}/\n")
+    sys.stderr.flush()
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5, access_log=False)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0

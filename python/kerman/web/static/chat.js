@@ -1,0 +1,274 @@
+// The Kerman web chat: one AG-UI stream per session (GET /sessions/{id}/events), rendered as
+// it arrives. The stream replays the session from its first event, so a reload rebuilds the
+// transcript and the queue from the log; EventSource reconnects by itself with Last-Event-ID,
+// and the server resumes exactly after it. No build step, no dependency.
+"use strict";
+
+const $ = (selector) => document.querySelector(selector);
+const state = { session: null, source: null, messages: new Map(), tools: new Map(), tags: new Map(), queue: null };
+
+function showError(text) {
+  const box = $("#error");
+  box.textContent = text;
+  box.hidden = !text;
+}
+
+async function api(method, path, body) {
+  const response = await fetch(path, {
+    method,
+    headers: body === undefined ? {} : { "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const message = (data.error && data.error.message) || `${method} ${path}: HTTP ${response.status}`;
+    showError(message);
+    throw new Error(message);
+  }
+  showError("");
+  return data;
+}
+
+const sessionPath = (...rest) => `/sessions/${encodeURIComponent(state.session)}${rest.join("")}`;
+
+// -- the transcript ----------------------------------------------------------------------------
+
+function bubble(id, role) {
+  const el = document.createElement("div");
+  el.className = `msg ${role}`;
+  el.dataset.messageId = id;
+  const tag = state.tags.get(id);
+  if (tag) {
+    el.dataset.placement = tag;
+    const label = document.createElement("span");
+    label.className = "tag";
+    label.textContent = tag;
+    el.append(label);
+  }
+  const text = document.createElement("span");
+  text.className = "text";
+  el.append(text);
+  $("#transcript").append(el);
+  state.messages.set(id, text);
+  return text;
+}
+
+function append(id, delta) {
+  const text = state.messages.get(id);
+  if (text) {
+    text.textContent += delta;
+    scroll();
+  }
+}
+
+function scroll() {
+  const t = $("#transcript");
+  t.scrollTop = t.scrollHeight;
+}
+
+function toolCard(event) {
+  const el = document.createElement("div");
+  el.className = "tool";
+  el.dataset.callId = event.toolCallId;
+  const head = document.createElement("span");
+  head.className = "call";
+  head.textContent = `tool ${event.toolCallName}(`;
+  const args = document.createElement("span");
+  args.className = "args";
+  const close = document.createTextNode(")");
+  el.append(head, args, close);
+  $("#transcript").append(el);
+  state.tools.set(event.toolCallId, el);
+  scroll();
+}
+
+function toolResult(event) {
+  const el = state.tools.get(event.toolCallId);
+  if (!el) return;
+  const result = document.createElement("span");
+  result.className = "result";
+  result.textContent = typeof event.content === "string" ? event.content : JSON.stringify(event.content);
+  const meta = event.metadata && event.metadata.kerman;
+  if (meta && meta.isError) el.classList.add("error");
+  el.append(result);
+  el.dataset.done = "true";
+  scroll();
+}
+
+function runEnd(text, isError) {
+  const el = document.createElement("div");
+  el.className = isError ? "run-end error" : "run-end";
+  el.textContent = text;
+  $("#transcript").append(el);
+  scroll();
+}
+
+function setStatus(status) {
+  const el = $("#status");
+  el.dataset.status = status;
+  el.textContent = status;
+}
+
+// -- the queue (AG-UI shared state: one snapshot, then JSON Patch deltas) ------------------------
+
+function patch(doc, ops) {
+  for (const op of ops) {
+    const keys = op.path.split("/").slice(1).map((k) => k.replace(/~1/g, "/").replace(/~0/g, "~"));
+    const last = keys.pop();
+    let parent = doc;
+    for (const key of keys) parent = parent[Array.isArray(parent) ? Number(key) : key];
+    if (op.op === "add") {
+      if (Array.isArray(parent)) parent.splice(last === "-" ? parent.length : Number(last), 0, op.value);
+      else parent[last] = op.value;
+    } else if (op.op === "remove") {
+      if (Array.isArray(parent)) parent.splice(Number(last), 1);
+      else delete parent[last];
+    } else if (op.op === "replace") {
+      parent[Array.isArray(parent) ? Number(last) : last] = op.value;
+    }
+  }
+  return doc;
+}
+
+function renderQueue() {
+  const list = $("#queue");
+  const editing = list.querySelector("input");
+  if (editing) return; // do not pull the field from under the user; rendered again after saving
+  list.replaceChildren();
+  const items = state.queue ? [...state.queue.queue.nextTurn, ...state.queue.queue.nextStep] : [];
+  $("#queue-empty").hidden = items.length > 0;
+  for (const item of items) {
+    const li = document.createElement("li");
+    li.dataset.id = item.id;
+    li.dataset.placement = item.placement;
+    const placement = document.createElement("span");
+    placement.className = "placement";
+    placement.textContent = item.placement;
+    const text = document.createElement("span");
+    text.className = "text";
+    text.textContent = item.text;
+    const edit = document.createElement("button");
+    edit.type = "button";
+    edit.className = "edit";
+    edit.textContent = "edit";
+    edit.onclick = () => startEdit(li, item);
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "remove";
+    remove.textContent = "remove";
+    remove.onclick = () => api("DELETE", sessionPath(`/queue/${encodeURIComponent(item.id)}`)).catch(() => {});
+    li.append(placement, text, " ", edit, " ", remove);
+    list.append(li);
+  }
+}
+
+function startEdit(li, item) {
+  const input = document.createElement("input");
+  input.value = item.text;
+  input.className = "edit-text";
+  const save = document.createElement("button");
+  save.type = "button";
+  save.className = "save";
+  save.textContent = "save";
+  const done = () => { li.replaceChildren(); renderQueue(); };
+  save.onclick = () => {
+    input.remove();
+    api("PATCH", sessionPath(`/queue/${encodeURIComponent(item.id)}`), { text: input.value }).catch(() => {}).finally(done);
+  };
+  input.onkeydown = (e) => { if (e.key === "Enter") save.onclick(); if (e.key === "Escape") { input.remove(); done(); } };
+  li.replaceChildren(input, save);
+  input.focus();
+}
+
+// -- the stream ------------------------------------------------------------------------------------
+
+const handlers = {
+  RUN_STARTED: () => setStatus("running"),
+  RUN_FINISHED: (e) => {
+    setStatus("idle");
+    const reason = e.result && e.result.reason;
+    if (reason && reason.kind !== "completed") runEnd(`turn ${reason.kind}${reason.reason ? ": " + JSON.stringify(reason.reason) : ""}`, false);
+  },
+  RUN_ERROR: (e) => { setStatus("idle"); runEnd(`turn failed: ${e.message}${e.code ? " [" + e.code + "]" : ""}`, true); },
+  TEXT_MESSAGE_START: (e) => bubble(e.messageId, e.role || "assistant"),
+  TEXT_MESSAGE_CONTENT: (e) => append(e.messageId, e.delta),
+  REASONING_MESSAGE_START: (e) => bubble(e.messageId, "reasoning"),
+  REASONING_MESSAGE_CONTENT: (e) => append(e.messageId, e.delta),
+  TOOL_CALL_START: toolCard,
+  TOOL_CALL_ARGS: (e) => { const el = state.tools.get(e.toolCallId); if (el) el.querySelector(".args").textContent += e.delta; },
+  TOOL_CALL_RESULT: toolResult,
+  STATE_SNAPSHOT: (e) => { state.queue = structuredClone(e.snapshot); renderQueue(); },
+  STATE_DELTA: (e) => { if (state.queue) { patch(state.queue, e.delta); renderQueue(); } },
+  CUSTOM: (e) => {
+    if (e.name === "kerman.steering" || e.name === "kerman.context") state.tags.set(e.value.messageId, e.name.slice(7));
+  },
+};
+
+function connect(sessionId) {
+  if (state.source) state.source.close();
+  state.session = sessionId;
+  state.messages.clear();
+  state.tools.clear();
+  state.tags.clear();
+  state.queue = null;
+  $("#transcript").replaceChildren();
+  renderQueue();
+  setStatus("idle");
+  const source = new EventSource(sessionPath("/events?protocol=agui"));
+  state.source = source;
+  const connection = $("#connection");
+  source.onopen = () => { connection.dataset.state = "open"; connection.textContent = "live"; };
+  source.onerror = () => { connection.dataset.state = "error"; connection.textContent = "reconnecting"; };
+  source.onmessage = (message) => {
+    const event = JSON.parse(message.data);
+    const handle = handlers[event.type];
+    if (handle) handle(event);
+  };
+}
+
+async function loadSessions(selected) {
+  const { sessions } = await api("GET", "/sessions");
+  const picker = $("#session");
+  picker.replaceChildren(...sessions.map((s) => new Option(s.id, s.id)));
+  if (selected) picker.value = selected;
+}
+
+async function newSession() {
+  const session = await api("POST", "/sessions", {});
+  location.hash = `s=${encodeURIComponent(session.id)}`;
+}
+
+async function fromHash() {
+  const match = /^#s=(.+)$/.exec(location.hash);
+  if (!match) {
+    const { sessions } = await api("GET", "/sessions");
+    if (sessions.length) location.hash = `s=${encodeURIComponent(sessions[sessions.length - 1].id)}`;
+    else await newSession();
+    return;
+  }
+  const id = decodeURIComponent(match[1]);
+  await loadSessions(id);
+  connect(id);
+}
+
+function send(event) {
+  event.preventDefault();
+  const prompt = $("#prompt");
+  const text = prompt.value;
+  if (!text.trim() || !state.session) return;
+  api("POST", sessionPath("/messages"), { text, delivery: $("#delivery").value }).then(() => { prompt.value = ""; }, () => {});
+}
+
+window.addEventListener("DOMContentLoaded", () => {
+  $("#composer").addEventListener("submit", send);
+  $("#prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("#composer").requestSubmit(); }
+  });
+  $("#cancel").addEventListener("click", () =>
+    api("POST", sessionPath("/cancel"), { keep_inbox: $("#keep-inbox").checked }).catch(() => {}));
+  $("#new-session").addEventListener("click", () => newSession().catch(() => {}));
+  $("#session").addEventListener("change", (e) => { location.hash = `s=${encodeURIComponent(e.target.value)}`; });
+  window.addEventListener("hashchange", () => fromHash().catch(() => {}));
+  fromHash().catch(() => {});
+});

@@ -1,0 +1,234 @@
+"""Records the session logs the projection goldens are made from (tests/python/ui/logs/).
+
+Each scenario runs a real AgentLoop with a scripted model over a FileStore and keeps the
+session file as it is. Run it only to add or change a scenario; then regenerate the goldens
+(``KERMAN_UPDATE_GOLDEN=1 pytest tests/python/ui``) and read the diff:
+
+    python tests/python/ui/record_logs.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import kerman
+from kerman.models import ScriptedModel
+
+HERE = Path(__file__).parent / "logs"
+
+
+def text_chunks(*parts: str) -> list[dict]:
+    return [{"type": "text-delta", "text": p} for p in parts] + [{"type": "finish", "reason": "stop"}]
+
+
+async def text(store: kerman.FileStore) -> None:
+    """Two prompts queued at once: streamed text, a queue of one, an empty delta, usage."""
+    loop = kerman.AgentLoop(ScriptedModel([
+        [{"type": "text-delta", "text": "Hel"}, {"type": "text-delta", "text": ""}, {"type": "text-delta", "text": "lo, "},
+         {"type": "text-delta", "text": "wörld"}, {"type": "usage", "input": 5, "output": 3}, {"type": "finish", "reason": "stop"}],
+        text_chunks("Second ", "answer"),
+    ]), log=store.create("text"))
+    loop.followup("hi")
+    loop.followup("and again")
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def tools(store: kerman.FileStore) -> None:
+    """A streamed tool call, two parallel calls (one unknown, one raising), whole replies."""
+    loop = kerman.AgentLoop(ScriptedModel([
+        [{"type": "text-delta", "text": "Let me look."},
+         {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": "kerman"}'}, {"type": "finish", "reason": "stop"}],
+        kerman.ModelReply([{"type": "reasoning", "text": "two more"},
+                           {"type": "tool-call", "id": "c2", "name": "broken", "arguments": "{}"},
+                           {"type": "tool-call", "id": "c3", "name": "missing", "arguments": "{}"}]),
+        kerman.ModelReply("All done."),
+    ]), log=store.create("tools"))
+
+    @loop.tool
+    async def lookup(q: str) -> str:
+        """Looks something up."""
+        return f"{q}: a durable agent loop"
+
+    @loop.tool
+    async def broken() -> str:
+        """Always fails."""
+        raise RuntimeError("the disk is on fire")
+
+    loop.followup("what is kerman?")
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def steering(store: kerman.FileStore) -> None:
+    """A steer and an injected context while a tool runs; both enter the next step."""
+    entered = asyncio.Event()
+    go = asyncio.Event()
+    loop = kerman.AgentLoop(ScriptedModel([
+        [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
+        text_chunks("Steered: ", "short plan."),
+    ]), log=store.create("steering"))
+
+    @loop.tool
+    async def wait() -> str:
+        """Waits for the go-ahead."""
+        entered.set()
+        await go.wait()
+        return "waited"
+
+    loop.followup("plan the release")
+    await entered.wait()
+    loop.steer("keep it short")
+    loop.inject(kerman.UserMessage("today is Friday", source={"kind": "plugin", "plugin": "clock"}))
+    go.set()
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def queue_edits(store: kerman.FileStore) -> None:
+    """Prompts queued behind a running turn, one replaced and one removed before they run."""
+    go = asyncio.Event()
+    thinking = asyncio.Event()
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        if not go.is_set():
+            thinking.set()
+            await go.wait()
+        return kerman.ModelReply("re: " + " + ".join(m.text for m in request.entered))
+
+    loop = kerman.AgentLoop(model, log=store.create("queue_edits"))
+    loop.followup("first")
+    second = loop.followup("second")
+    third = loop.followup("third")
+    loop.followup("fourth")
+    await thinking.wait()
+    loop.inbox.replace(second.id, second.with_content("second, edited"))
+    loop.inbox.remove(third.id)
+    go.set()
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def rejection(store: kerman.FileStore) -> None:
+    """A pre-step listener rejects the first prompt; the second is entered."""
+    loop = kerman.AgentLoop(ScriptedModel([text_chunks("ok")]), log=store.create("rejection"))
+
+    @loop.pre_step
+    async def guard(step: kerman.PreStep, next):  # noqa: ANN001, ANN202
+        if any("forbidden" in m.text for m in step.messages):
+            return kerman.Reject("no forbidden topics")
+        return await next()
+
+    loop.followup("a forbidden topic")
+    await loop.when_idle()
+    loop.followup("something fine")
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def cancellation(store: kerman.FileStore) -> None:
+    """Cancelled mid-stream keeping the inbox, then the kept prompt runs; cancelled again
+    without keeping it."""
+    streaming = asyncio.Event()
+
+    async def model(request: kerman.ModelRequest):  # noqa: ANN202
+        yield {"type": "text-delta", "text": "Working on "}
+        yield {"type": "text-delta", "text": "it"}
+        if request.turn != 2:
+            streaming.set()
+            await asyncio.Event().wait()
+        yield {"type": "finish", "reason": "stop"}
+
+    loop = kerman.AgentLoop(model, log=store.create("cancellation"))
+    loop.followup("long job")
+    loop.followup("kept")
+    await streaming.wait()
+    streaming.clear()
+    loop.cancel(keep_inbox=True)
+    await loop.when_idle()
+    loop.wake()
+    await loop.when_idle()
+    loop.followup("another long job")
+    loop.followup("dropped")
+    await streaming.wait()
+    loop.cancel()
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def errors(store: kerman.FileStore) -> None:
+    """A stream cut by an error and retried, then a model failure ending the turn."""
+    attempts = []
+
+    async def model(request: kerman.ModelRequest):  # noqa: ANN202
+        attempts.append(request.turn)
+        if len(attempts) == 1:
+            yield {"type": "text-delta", "text": "Par"}
+            yield {"type": "finish", "reason": "error", "error": {"message": "connection reset", "code": "NETWORK"}}
+            return
+        if request.turn == 1:
+            yield {"type": "text-delta", "text": "Partial, then whole."}
+            yield {"type": "finish", "reason": "stop"}
+            return
+        raise kerman.ModelError("rate limited", code="RATE_LIMITED", status=429)
+        yield  # an async generator
+
+    loop = kerman.AgentLoop(model, log=store.create("errors"))
+
+    @loop.request_error
+    async def retry_once(failure: kerman.RequestFailure, next):  # noqa: ANN001, ANN202
+        return kerman.Retry() if failure.failure.get("code") == "NETWORK" else await next()
+
+    loop.followup("try")
+    await loop.when_idle()
+    loop.followup("try again")
+    await loop.when_idle()
+    await loop.aclose()
+
+
+async def closers(store: kerman.FileStore, root: Path) -> None:
+    """The process stops during a tool call; opening the session appends the closers."""
+    inside = asyncio.Event()
+    loop = kerman.AgentLoop(ScriptedModel([
+        [{"type": "text-delta", "text": "Running it."}, {"type": "tool-call", "id": "t1", "name": "slow", "arguments": "{}"},
+         {"type": "finish", "reason": "stop"}],
+    ]), log=store.create("closers"))
+
+    @loop.tool
+    async def slow() -> str:
+        """Never returns before the crash."""
+        inside.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    loop.followup("run the slow tool")
+    loop.followup("queued behind it")
+    await inside.wait()
+    await loop.log.flush()
+    crashed = root / "crashed"
+    crashed.mkdir()
+    shutil.copy(root / "closers.jsonl", crashed / "closers.jsonl")  # the file as a crash leaves it
+    await loop.aclose(discard_pending=False)
+    reopened = kerman.FileStore(crashed, durability="none")
+    reopened.open("closers").close()  # appends the crash closers
+    shutil.copy(crashed / "closers.jsonl", HERE / "closers.jsonl")
+
+
+async def main() -> None:
+    HERE.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = kerman.FileStore(root, durability="none")
+        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors):
+            await scenario(store)
+            shutil.copy(root / f"{scenario.__name__}.jsonl", HERE / f"{scenario.__name__}.jsonl")
+        await closers(store, root)
+    print(f"recorded {len(list(HERE.glob('*.jsonl')))} logs in {HERE}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,261 @@
+"""kerman.ui: the AG-UI and Vercel projections over recorded logs (tests/python/ui/logs/).
+
+Goldens pin the exact output; the other tests check it the way a client would: every AG-UI
+event against the ag-ui-protocol models, every Vercel part against the documented shapes, the
+queue rebuilt from the state events equal to InboxProjection's fold, the transcript equal to the
+log's messages, and resuming after any event id giving exactly the rest.
+Regenerate the goldens after an intended change with KERMAN_UPDATE_GOLDEN=1 and read the diff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+
+import pytest
+from ui_helpers import HERE, LOGS, check_agui_event, check_vercel_part, json_patch, lines, recorded
+
+import kerman
+from kerman.ui import ResumePoint, agui, parse_resume, vercel
+
+PROTOCOLS = {"agui": lambda events, **kw: agui(events, thread_id="thread-1", **kw), "vercel": vercel}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("name", LOGS)
+def test_golden(name, protocol, tmp_path):
+    got = lines(list(PROTOCOLS[protocol](recorded(name, tmp_path))))
+    path = HERE / "golden" / f"{name}.{protocol}.jsonl"
+    if os.environ.get("KERMAN_UPDATE_GOLDEN"):
+        path.write_text("".join(line + "\n" for line in got), encoding="utf-8")
+    assert got == path.read_text(encoding="utf-8").splitlines()
+
+
+def test_every_scenario_is_recorded():
+    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers"}
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_agui_events_are_valid_ag_ui(name, tmp_path):
+    outputs = list(agui(recorded(name, tmp_path), thread_id="thread-1"))
+    assert outputs
+    for u in outputs:
+        check_agui_event(u.data)
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_vercel_parts_have_the_documented_shapes(name, tmp_path):
+    outputs = list(vercel(recorded(name, tmp_path)))
+    assert outputs
+    for u in outputs:
+        check_vercel_part(u.data)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("name", LOGS)
+def test_resuming_after_any_event_id_gives_exactly_the_rest(name, protocol, tmp_path):
+    events = recorded(name, tmp_path)
+    outputs = list(PROTOCOLS[protocol](events))
+    assert len({u.id for u in outputs}) == len(outputs)  # ids are unique
+    for i, u in enumerate(outputs):
+        assert list(PROTOCOLS[protocol](events, after=u.id)) == outputs[i + 1:], u.id
+    for event in events:  # a plain seq (the kerman protocol's ids) resumes after all its outputs
+        assert list(PROTOCOLS[protocol](events, after=event.seq)) == [u for u in outputs if u.seq > event.seq]
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("name", LOGS)
+def test_projection_is_deterministic_over_event_dicts(name, protocol, tmp_path):
+    events = recorded(name, tmp_path)
+    assert list(PROTOCOLS[protocol]([e.to_dict() for e in events])) == list(PROTOCOLS[protocol](events))
+
+
+def _queue_ids(state):
+    return [(row["placement"], row["id"]) for row in state["nextTurn"] + state["nextStep"]]
+
+
+def _folded(events, upto):
+    items = kerman.InboxProjection.fold(e for e in events if e.seq <= upto and e.type == kerman.SPLICED).items()
+    return sorted((p, m.id) for p, m in items)
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_agui_state_rebuilds_the_queue(name, tmp_path):
+    events = recorded(name, tmp_path)
+    state = None
+    checked = 0
+    for u in agui(events):
+        if u.data["type"] == "STATE_SNAPSHOT":
+            assert state is None, "one snapshot, then deltas"
+            state = copy.deepcopy(u.data["snapshot"])
+        elif u.data["type"] == "STATE_DELTA":
+            state = json_patch(state, u.data["delta"])
+        else:
+            continue
+        assert sorted(_queue_ids(state["queue"])) == _folded(events, u.seq)
+        checked += 1
+    assert checked == sum(e.type == kerman.SPLICED for e in events)
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_vercel_queue_parts_match_the_fold(name, tmp_path):
+    events = recorded(name, tmp_path)
+    queue = [u for u in vercel(events) if u.data["type"] == "data-queue"]
+    assert len(queue) == sum(e.type == kerman.SPLICED for e in events)
+    for u in queue:
+        assert u.data["transient"] is True and u.data["id"] == "queue"
+        assert sorted(_queue_ids(u.data["data"])) == _folded(events, u.seq)
+
+
+def _text_blocks(message):
+    return [b["text"] for b in message["content"] if b["type"] == "text"]
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_agui_transcript_equals_the_log(name, tmp_path):
+    """Text messages open and close in pairs inside runs, tool calls are started, ended and
+    answered once, and the streamed text of each assistant message is its text blocks."""
+    events = recorded(name, tmp_path)
+    texts: dict[str, list] = {}  # id -> [role, text, opening seq]
+    open_text = None
+    run = None
+    calls: dict[str, list[str]] = {}
+    for u in agui(events):
+        d = u.data
+        t = d["type"]
+        if t == "RUN_STARTED":
+            assert run is None
+            run = d["runId"]
+        elif t in ("RUN_FINISHED", "RUN_ERROR"):
+            assert run is not None and open_text is None
+            run = None
+        elif t == "TEXT_MESSAGE_START":
+            assert run is not None and open_text is None and d["messageId"] not in texts
+            open_text = d["messageId"]
+            texts[open_text] = [d["role"], "", u.seq]
+        elif t == "TEXT_MESSAGE_CONTENT":
+            assert d["messageId"] == open_text
+            texts[open_text][1] += d["delta"]
+        elif t == "TEXT_MESSAGE_END":
+            assert d["messageId"] == open_text
+            open_text = None
+        elif t.startswith("TOOL_CALL_"):
+            assert run is not None and open_text is None
+            calls.setdefault(d["toolCallId"], []).append(t)
+    assert run is None and open_text is None
+    assert all(seq == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+               or seq == ["TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"] for seq in calls.values()), calls
+    assert set(calls) == {e.data["callId"] for e in events if e.type == "tool/call"}
+    for e in events:
+        if e.type == "user/message":
+            assert texts[e.data["id"]][:2] == ["user", kerman.Message.from_dict(e.data).text]
+        elif e.type == "assistant/message":
+            message = e.data["message"]
+            sources = set(e.source_event_seqs or ())
+            streamed = [text for role, text, seq in texts.values() if role == "assistant" and seq in sources]
+            if sources:
+                assert streamed == _text_blocks(message), e.seq
+            else:
+                assert texts.get(message["id"], ["assistant", "\n".join(_text_blocks(message))])[1] == "\n".join(_text_blocks(message))
+
+
+def test_steering_and_context_are_marked(tmp_path):
+    outputs = [u.data for u in agui(recorded("steering", tmp_path))]
+    custom = [(d["name"], d["value"]["message"]["content"][0]["text"]) for d in outputs if d["type"] == "CUSTOM"]
+    assert custom == [("kerman.steering", "keep it short"), ("kerman.context", "today is Friday")]
+    parts = [(u.data["type"], u.data["data"]["text"]) for u in vercel(recorded("steering", tmp_path)) if u.data["type"] in
+             ("data-prompt", "data-steering", "data-context")]
+    assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"), ("data-context", "today is Friday")]
+
+
+def test_run_endings(tmp_path):
+    def ends(name):
+        return [(d["type"], d.get("outcome", {}).get("type"), d.get("code")) for d in (u.data for u in agui(recorded(name, tmp_path)))
+                if d["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+
+    assert ends("rejection") == [("RUN_FINISHED", "success", None)] * 2
+    assert ends("cancellation") == [("RUN_FINISHED", "cancelled", None), ("RUN_FINISHED", "success", None),
+                                    ("RUN_FINISHED", "cancelled", None)]
+    assert ends("errors") == [("RUN_FINISHED", "success", None), ("RUN_ERROR", None, "RATE_LIMITED")]
+    assert ends("closers") == [("RUN_ERROR", None, "INTERRUPTED")]
+    finishes = [u.data for u in vercel(recorded("errors", tmp_path)) if u.data["type"] in ("finish", "error", "abort")]
+    assert [(d["type"], d.get("finishReason"), d.get("errorText")) for d in finishes] == [
+        ("finish", "stop", None), ("error", None, "rate limited"), ("finish", "error", None)]
+    assert "traceback" not in str(finishes) and "traceback" not in str([u.data for u in agui(recorded("errors", tmp_path))])
+    aborts = [u.data for u in vercel(recorded("cancellation", tmp_path)) if u.data["type"] == "abort"]
+    assert aborts == [{"type": "abort", "reason": "user"}] * 2
+
+
+def test_tool_errors_reach_both_protocols(tmp_path):
+    results = {d["toolCallId"]: d for d in (u.data for u in agui(recorded("tools", tmp_path))) if d["type"] == "TOOL_CALL_RESULT"}
+    assert "metadata" not in results["c1"] and results["c1"]["content"] == "kerman: a durable agent loop"
+    assert results["c2"]["metadata"]["kerman"]["isError"] is True and "the disk is on fire" in results["c2"]["content"]
+    assert results["c3"]["metadata"]["kerman"]["error"]["code"] == "UNKNOWN_TOOL"
+    parts = {(d["type"], d["toolCallId"]) for d in (u.data for u in vercel(recorded("tools", tmp_path))) if "toolCallId" in d}
+    assert parts == {("tool-input-available", "c1"), ("tool-output-available", "c1"), ("tool-input-available", "c2"),
+                     ("tool-output-error", "c2"), ("tool-input-available", "c3"), ("tool-output-error", "c3")}
+
+
+def test_a_synthesised_result_is_announced_first(tmp_path):
+    """The closers' result of a tool that was running when the process stopped."""
+    data = [u.data for u in agui(recorded("closers", tmp_path))]
+    kinds = [d["type"] for d in data if d.get("toolCallId") == "t1"]
+    assert kinds == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+
+
+def test_live_tail_gives_what_a_replay_gives():
+    """The async path over log.tail() while a loop runs equals the sync replay afterwards."""
+
+    async def main():
+        release = asyncio.Event()
+
+        async def model(request):
+            yield {"type": "text-delta", "text": "one "}
+            await release.wait()
+            yield {"type": "text-delta", "text": "two"}
+
+        loop = kerman.AgentLoop(model)
+
+        async def consume(project):
+            return [u async for u in project(loop.log.tail())]
+
+        tasks = [asyncio.create_task(consume(p)) for p in (lambda e: agui(e, thread_id="t"), vercel)]
+        loop.followup("go")
+        loop.followup("queued")
+        await asyncio.sleep(0)
+        release.set()
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        live = await asyncio.gather(*tasks)
+        assert live[0] == list(agui(events, thread_id="t"))
+        assert live[1] == list(vercel(events))
+        resumed = [u async for u in agui(_aiter(events), thread_id="t", after=live[0][5].id)]
+        assert resumed == live[0][6:]
+
+    asyncio.run(main())
+
+
+async def _aiter(items):
+    for item in items:
+        yield item
+
+
+def test_resume_points():
+    assert parse_resume("12") == ResumePoint(12) and parse_resume("12:3") == ResumePoint(12, 3)
+    assert parse_resume(4) == ResumePoint(4) and parse_resume(None) is None
+    for bad in ("", "x", "-1", "1:", "1:2:3", "01", -1, True, 1.5):
+        with pytest.raises(ValueError, match="invalid resume point"):
+            parse_resume(bad)
+
+
+def test_bad_input_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="iterable"):
+        agui(42)
+    with pytest.raises(TypeError, match="kerman.Event or an event dict"):
+        list(vercel([{"no": "seq"}]))
+    bad = {"seq": 0, "type": kerman.SPLICED, "time": 0, "data": {"target": "next-turn", "start": 1, "inserted": []}}
+    with pytest.raises(kerman.ProjectionError) as caught:
+        list(agui([bad]))
+    assert caught.value.seq == 0
