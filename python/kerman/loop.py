@@ -382,7 +382,7 @@ class AgentLoop:
         tool = Tool(name or fn.__name__, fn, description, parameters, parallel)
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
             # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
-            tool.description = inspect.cleandoc(fn.__doc__ or "")
+            tool.description = inspect.cleandoc(fn.__doc__ or "").strip()
         self._add_tool(tool)
         return fn
 

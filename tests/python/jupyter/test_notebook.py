@@ -124,14 +124,16 @@ INTERRUPTED = """
 import asyncio
 
 async def slow_model(request):
-    # streams until cancelled, as a long answer from a real model would
+    # streams until cancelled, as a long answer from a real model would; it runs only once the
+    # cell below is suspended in its await, so "waiting" means the interrupt lands there
+    # (printed before the await, it could land while the kernel itself was busy, and be lost)
+    print("waiting", flush=True)
     for _ in range(1_000_000):
         await asyncio.sleep(0.01)
         yield {"type": "text-delta", "text": "."}
 
 slow = kerman.AgentLoop(slow_model, log=log)
 slow.followup("write a long essay")
-print("waiting", flush=True)
 await slow.when_idle()
 """
 
