@@ -149,17 +149,23 @@ def test_interrupting_a_cell_that_awaits_the_loop(kernel_env: Path) -> None:
             assert kc is not None and client.km is not None
             msg_id = kc.execute(INTERRUPTED)
             outputs: List[Dict[str, Any]] = []
+            interrupted = False
             while True:
                 msg = await kc.get_iopub_msg(timeout=SAFETY_NET)
                 if msg["parent_header"].get("msg_id") != msg_id:
                     continue
                 kind, content = msg["msg_type"], msg["content"]
-                if kind == "stream" and "waiting" in content["text"]:
-                    await client.km.interrupt_kernel()  # the cell is in (or about to be in) its await
+                # Once, on the model's own line: the warning the interrupt causes also says
+                # "waiting" (on stderr), and a second SIGINT landing after the cell has ended
+                # would abort the kernel's handler before its reply.
+                if kind == "stream" and content["name"] == "stdout" and "waiting" in content["text"] and not interrupted:
+                    interrupted = True
+                    await client.km.interrupt_kernel()
                 if kind in ("stream", "error"):
                     outputs.append({"output_type": kind, **content})
                 if kind == "status" and content["execution_state"] == "idle":
                     break
+            assert interrupted, "the cell never said it was waiting"
             reply = await kc.get_shell_msg(timeout=SAFETY_NET)
             assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "CancelledError"
             warning = printed(outputs, "stderr")
