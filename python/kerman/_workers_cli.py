@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
-import os
 import signal
-import sys
 import time
 from typing import Any, Callable, Dict, List
 
+from ._imports import load_object
 from .errors import SessionNotFoundError
 
 
@@ -59,17 +57,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_factory(spec: str) -> Callable[..., Any]:
     """``module:attr`` (``attr`` may be dotted) from the current folder or the path."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--app must be MODULE:FACTORY, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(f"--app {spec!r}: module {module_name!r} has no {attr!r}") from None
+    target = load_object(spec, "--app")
     if not callable(target):
         raise ValueError(f"--app {spec!r} is not callable (it must be factory(log) -> AgentLoop)")
     factory: Callable[..., Any] = target

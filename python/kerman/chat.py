@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import inspect
 import json
 import logging
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, TextIO, Tuple
 
 from . import AgentLoop, FileStore, Retry, SessionLog
+from ._imports import load_object
 from ._timeline import message_text
 from .errors import KermanError, SessionNotFoundError
 
@@ -113,28 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _import(spec: str, what: str) -> Any:
     """``module:attr`` (or ``path/to/file.py:attr``) → the attribute."""
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ChatError(f"{what} must look like MODULE:NAME, got {spec!r}")
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ChatError(f"{what} {spec!r}: no such file {str(path)!r}")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ChatError:
-        raise
-    except Exception as error:
-        raise ChatError(f"{what} {spec!r}: cannot import {module_name!r}: {type(error).__name__}: {error}") from error
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ChatError(f"{what} {spec!r}: {module_name!r} has no {attr!r}") from None
+        return load_object(spec, what)
+    except ValueError as error:
+        raise ChatError(str(error)) from None
 
 
 def _is_factory(spec: str) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import socket
 import sys
 from typing import Any, Callable, Optional
+
+from .._imports import load_object
 
 __all__ = ["main", "load_factory"]
 
@@ -18,22 +19,12 @@ class UsageError(Exception):
 
 def load_factory(spec: str) -> Callable[..., Any]:
     """``module:attribute`` (dots allowed in both) → the callable it names."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise UsageError(f"--model {spec!r}: expected module:factory, e.g. kerman.models:EchoModel")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a factory in the current folder, as `python -m` would find it
     try:
-        value: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"--model {spec!r}: cannot import {module_name!r}: {error}") from None
-    for part in attribute.split("."):
-        try:
-            value = getattr(value, part)
-        except AttributeError:
-            raise UsageError(f"--model {spec!r}: {module_name!r} has no {attribute!r}") from None
+        value = load_object(spec, "--model")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if not callable(value):
-        raise UsageError(f"--model {spec!r}: {attribute!r} is not callable")
+        raise UsageError(f"--model {spec!r} is not callable")
     factory: Callable[..., Any] = value
     return factory
 

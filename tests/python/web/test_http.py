@@ -342,7 +342,7 @@ def test_serve_usage_errors(tmp_path):
     bad = serve(str(tmp_path), "--model", "no_such_module_here:factory")
     assert bad.returncode == 2 and "cannot import 'no_such_module_here'" in bad.stderr
     shape = serve(str(tmp_path), "--model", "kerman.models")
-    assert shape.returncode == 2 and "expected module:factory" in shape.stderr
+    assert shape.returncode == 2 and "must look like MODULE:NAME (e.g. kerman.models:EchoModel)" in shape.stderr
     assert "Traceback" not in missing.stderr + bad.stderr + shape.stderr
 
 
