@@ -148,16 +148,26 @@ pub struct Shared {
 impl Shared {
     /// The state of a loop over `log`: the turn counter restored from its `turn/start`s.
     pub fn resume(log: &SessionLog) -> Shared {
-        let (turn, instructions) = log.with_events(|all| {
+        let (turn, step, instructions) = log.with_events(|all| {
             let turn =
                 all.iter().filter(|e| e.kind() == events::TURN_START).filter_map(|e| events::turn_of(&e.data())).next_back().unwrap_or(0);
+            // The last step entered in that turn (after its `turn/start`), as the loop that ran
+            // it reported.
+            let step = all
+                .iter()
+                .rev()
+                .take_while(|e| e.kind() != events::TURN_START)
+                .find(|e| e.kind() == events::STEP_START)
+                .and_then(|e| events::step_of(&e.data()))
+                .unwrap_or(0);
             let instructions = all.iter().rev().find(|e| e.kind() == events::INSTRUCTIONS).and_then(|e| events::instructions_of(&e.data()));
-            (turn, instructions)
+            (turn, step, instructions)
         });
         let shared = Shared::default();
         {
             let mut state = shared.state();
             state.turn = turn;
+            state.step = step;
             // A resumed loop goes on with the instructions the session last recorded.
             state.instructions = instructions.clone();
             state.logged_instructions = instructions;

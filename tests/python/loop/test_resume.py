@@ -151,6 +151,29 @@ def test_CR_01_crash_after_the_request_was_checkpointed(tmp_path):
         copy.close()
 
 
+def test_a_resumed_loop_reports_the_turn_and_step_it_left_off_at(tmp_path):
+    """``loop.step`` is "the last step entered in the running (or last) turn": after a resume,
+    that of the last recorded turn, as ``loop.turn`` is its number (a two-step turn here)."""
+    store = FileStore(tmp_path / "s", durability="none")
+    log = store.create()
+
+    async def first():
+        loop = AgentLoop(ScriptedModel([tool_calls(("c1", "t")), "done"]), log=log)
+        loop.tool(lambda: "ok", name="t")
+        loop.followup("go")
+        await loop.when_idle()
+        seen = (loop.turn, loop.step)
+        await loop.aclose()
+        return seen
+
+    seen = asyncio.run(first())
+    assert seen == (1, 2)
+    log.close()
+    with store.open(log.id) as log2:
+        loop = AgentLoop(ScriptedModel([]), log=log2)
+        assert (loop.turn, loop.step) == seen
+
+
 def test_CR_02_crash_during_a_tool_side_effect_then_resume(tmp_path):
     src, dst = tmp_path / "live", tmp_path / "crashed"
 
