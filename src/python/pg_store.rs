@@ -12,6 +12,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use super::errors::{log_err, new_err};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
+use super::reopen::{locked_here, OpenLogs};
 use super::runtime::aio::{Completion, Value};
 use crate::event_log::postgres::{Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore};
 use crate::event_log::{LogError, StagedInput, Store};
@@ -38,6 +39,17 @@ pub struct PyPostgresStore {
     reconnect_timeout: f64,
     request_timeout: f64,
     takeable: Arc<Mutex<Takeable>>,
+    /// `open(id, reuse=True)` looks its sessions up in [`PG_LOGS`] under this DSN.
+    dsn: String,
+}
+
+/// The sessions this process holds open through any `PostgresStore`, by DSN (as written) and
+/// id: a notebook cell that makes a new store and opens its session again gets the live log
+/// back with `reuse=True`, as from a new `FileStore` over the same folder.
+static PG_LOGS: OpenLogs = OpenLogs::new();
+
+fn key(dsn: &str, id: &str) -> String {
+    format!("{dsn}\n{id}")
 }
 
 /// Submits `request` and returns a future on the running loop resolved with what `value`
@@ -98,7 +110,7 @@ impl PyPostgresStore {
             pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
         })?;
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout, takeable: Arc::default() })
+        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout, takeable: Arc::default(), dsn: dsn.to_owned() })
     }
 
     #[getter]
@@ -118,19 +130,37 @@ impl PyPostgresStore {
 
     /// A new, empty session, owned by this store (id minted as a UUIDv7 when `None`).
     #[pyo3(signature = (id=None))]
-    fn create(&self, py: Python<'_>, id: Option<&Bound<'_, PyAny>>) -> PyResult<PySessionLog> {
+    fn create<'py>(&self, py: Python<'py>, id: Option<&Bound<'_, PyAny>>) -> PyResult<Bound<'py, PySessionLog>> {
         let id = match id.filter(|i| !i.is_none()) {
             None => None,
             Some(id) => Some(id_arg(id)?),
         };
-        py.detach(|| self.inner.create(id.as_deref())).map(|l| wrap_owned_log(l).in_store("PostgresStore")).map_err(|e| log_err(py, e))
+        let log = py.detach(|| self.inner.create(id.as_deref())).map_err(|e| log_err(py, e))?;
+        let key = key(&self.dsn, log.id());
+        let log = Bound::new(py, wrap_owned_log(log).in_store("PostgresStore"))?;
+        PG_LOGS.remember(py, key, &log)?;
+        Ok(log)
     }
 
     /// Takes the session's lease (a newer epoch fences any previous owner out) and reads it;
-    /// a log ending inside an open turn gets crash closers.
-    fn open(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<PySessionLog> {
+    /// a log ending inside an open turn gets crash closers. A session this process holds open
+    /// (through a store with the same DSN) raises `SessionLockedError`, or with `reuse=True`
+    /// gives back that same `SessionLog`; one held by another process is refused either way.
+    #[pyo3(signature = (id, *, reuse=false))]
+    fn open<'py>(&self, py: Python<'py>, id: &Bound<'_, PyAny>, reuse: bool) -> PyResult<Bound<'py, PySessionLog>> {
         let id = id_arg(id)?;
-        py.detach(|| self.inner.open(&id)).map(|l| wrap_owned_log(l).in_store("PostgresStore")).map_err(|e| log_err(py, e))
+        let held = PG_LOGS.live(py, &key(&self.dsn, &id));
+        if let Some(log) = held.as_ref().filter(|_| reuse) {
+            return Ok(log.clone());
+        }
+        let log = py.detach(|| self.inner.open(&id)).map_err(|e| match (&e, held.is_some()) {
+            // The lock is this store's own: say how to share the log it holds.
+            (LogError::Locked { .. }, true) => locked_here(py, LogError::LockedHere { id: id.clone() }),
+            _ => log_err(py, e),
+        })?;
+        let log = Bound::new(py, wrap_owned_log(log).in_store("PostgresStore"))?;
+        PG_LOGS.remember(py, key(&self.dsn, &id), &log)?;
+        Ok(log)
     }
 
     /// A read-only follower of session `id` (another process, or this store, owns it): its

@@ -69,6 +69,35 @@ def test_a_held_session_is_locked_and_a_missing_one_not_found():
     assert not a.exists(log.id)
 
 
+def test_reuse_hands_back_the_log_this_process_holds():
+    """``open(id, reuse=True)`` as on the file and memory stores (a notebook cell, store and
+    all, run again): the live log this process holds through a store with the same DSN, not
+    a second one; without ``reuse`` the error names it; another owner (a store over another
+    DSN spelling here, another process in real life) is still refused; a closed log is
+    opened afresh."""
+    a, b = PostgresStore(DSN), PostgresStore(DSN)
+    other = PostgresStore(DSN + ("&" if "?" in DSN else "?") + "application_name=other")
+    log = a.create(f"reuse-{uuid.uuid4()}")
+    try:
+        log.append("note/added", {"run": 1})
+        assert a.open(log.id, reuse=True) is log
+        assert b.open(log.id, reuse=True) is log
+        with pytest.raises(SessionLockedError, match=r"reuse=True"):
+            b.open(log.id)
+        with pytest.raises(SessionLockedError) as refused:
+            other.open(log.id, reuse=True)
+        assert "reuse=True" not in str(refused.value)
+    finally:
+        log.close()
+    again = a.open(log.id, reuse=True)
+    assert again is not log and a.open(log.id, reuse=True) is again
+    assert [e.data for e in again.events(types="note/added")] == [{"run": 1}]
+    again.close()
+    with pytest.raises(SessionNotFoundError):
+        a.open(f"missing-{uuid.uuid4()}", reuse=True)
+    a.delete(log.id)
+
+
 def test_a_log_whose_lease_was_taken_over_raises_lease_lost():
     # lease_ttl=0: the lease lapses at once, so the second store may take the session over
     # while the first log still believes it owns it.
