@@ -55,7 +55,9 @@ pidfile = $PIDFILE
 INI
     chown -R postgres "$ROOT"
     rm -f "$PIDFILE"
-    runuser -u postgres -- "$BIN" -d "$ROOT/pgbouncer.ini" >&2
+    # Not holding the setup lock (fd 9) nor our output: the daemon would keep them open for
+    # its whole life (a caller reading our output to its end would wait for it).
+    runuser -u postgres -- "$BIN" -d "$ROOT/pgbouncer.ini" >>"$ROOT/start.log" 2>&1 9>&-
     for _ in $(seq 200); do
         running && break
         sleep 0.05

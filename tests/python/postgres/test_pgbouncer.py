@@ -13,6 +13,7 @@ wake-ups hear their notifications."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import threading
@@ -35,6 +36,10 @@ DEADLINE = 60.0
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE))
+
+
+async def flushed(log) -> None:
+    await log.flush()
 
 
 @pytest.fixture(scope="module")
@@ -66,28 +71,40 @@ def use(store: PostgresStore, sessions: int) -> List[str]:
     ids = []
     for i in range(sessions):
         log = store.create(f"pgb-{uuid.uuid4()}")
-        for n in range(3):
-            log.append("x/e", n)
-        run(log.flush())
-        assert store.exists(log.id)
+        try:
+            for n in range(3):
+                log.append("x/e", n)
+            run(flushed(log))
+            assert store.exists(log.id)
+        except LogError:
+            with contextlib.suppress(LogError):
+                log.close()
+            raise
         log.close()
         store.enqueue(log.id, f"hello {i}", wakeup=False)
-        again = store.open(log.id)
-        assert [e.data for e in again.events(types="x/e")] == [0, 1, 2]
-        again.close()
+        with store.open(log.id) as again:
+            assert [e.data for e in again.events(types="x/e")] == [0, 1, 2]
         ids.append(log.id)
     return ids
 
 
 def test_named_prepared_statements_fail_behind_transaction_pooling(dsns):
+    # Stores at once, so PgBouncer hands their transactions to different server connections:
+    # a statement prepared on one is missing on the next.
     bounced, _ = dsns
     errors: List[str] = []
-    for _ in range(8):
+
+    def client() -> None:
         try:
-            store = PostgresStore(bounced, pool_size=1)
-            use(store, 2)
+            use(PostgresStore(bounced, pool_size=1), 6)
         except LogError as e:
             errors.append(str(e))
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
     assert errors, "every store worked with named statements behind transaction pooling"
     assert all("prepared statement" in e for e in errors), errors
 
@@ -153,10 +170,12 @@ def test_followers_and_enqueue_wake_ups_use_the_direct_listen_dsn(dsns):
         seen: List[str] = []
         done = asyncio.Event()
 
-        def on_event(e) -> None:
+        running = asyncio.get_running_loop()
+
+        def on_event(e) -> None:  # on the store's reply thread
             seen.append(e.type)
             if e.type == "turn/end":
-                done.set()
+                running.call_soon_threadsafe(done.set)
 
         follower.subscribe(on_event)
         # Both LISTENs are up (on the server directly) before the enqueue: only its NOTIFY can

@@ -42,7 +42,8 @@ class RowLocks:
 
     def __init__(self, ids: list[str]) -> None:
         self.app = f"holder-{uuid.uuid4().hex[:8]}"
-        self.proc = subprocess.Popen(["psql", with_app(self.app), "-XAtq"], stdin=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(["psql", with_app(self.app), "-XAtq"], stdin=subprocess.PIPE, text=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         quoted = ", ".join(f"'{i}'" for i in ids)
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"BEGIN; SELECT 1 FROM kerman_sessions WHERE id IN ({quoted}) FOR UPDATE; SELECT pg_sleep(600);\n")
@@ -55,6 +56,8 @@ class RowLocks:
     def release(self) -> None:
         psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{self.app}'")
         self.proc.wait(timeout=30)
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
 
 
 def free_sessions(n: int) -> list[str]:
