@@ -54,9 +54,8 @@ fn pool_size_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!("pool_size must be an int, got {} ({what})", shown())));
     }
     let size = value.extract::<usize>().unwrap_or(0);
-    check_pool_size(size).map_err(|_| {
-        pyo3::exceptions::PyValueError::new_err(format!("pool_size must be from 1 to {MAX_POOL_SIZE}, got {}", shown()))
-    })?;
+    check_pool_size(size)
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("pool_size must be from 1 to {MAX_POOL_SIZE}, got {}", shown())))?;
     Ok(size)
 }
 
@@ -137,7 +136,15 @@ impl PyPostgresStore {
         })?;
         let options = PgOptions { pool_size, prepared_statements, listen_dsn, ..options };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout, pool_size, prepared_statements, takeable: Arc::default() })
+        Ok(PyPostgresStore {
+            inner,
+            lease_ttl,
+            reconnect_timeout,
+            request_timeout,
+            pool_size,
+            prepared_statements,
+            takeable: Arc::default(),
+        })
     }
 
     /// How many connections the store may open for its requests (the LISTEN one aside).

@@ -101,7 +101,8 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
     )
     .await
     .map_err(db_err("create kerman_schema"))?;
-    let row = tx.query_typed_one("SELECT coalesce(max(version), 0) FROM kerman_schema", &[]).await.map_err(db_err("read schema version"))?;
+    let row =
+        tx.query_typed_one("SELECT coalesce(max(version), 0) FROM kerman_schema", &[]).await.map_err(db_err("read schema version"))?;
     let current: i32 = row.get(0);
     if current > latest() {
         return Err(LogError::Database {
@@ -112,7 +113,9 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
     let mut applied = Vec::new();
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.batch_execute(sql).await.map_err(db_err(format!("apply schema version {version}")))?;
-        tx.query_typed("INSERT INTO kerman_schema (version) VALUES ($1)", &[(version, Type::INT4)]).await.map_err(db_err("record schema version"))?;
+        tx.query_typed("INSERT INTO kerman_schema (version) VALUES ($1)", &[(version, Type::INT4)])
+            .await
+            .map_err(db_err("record schema version"))?;
         applied.push(*version);
     }
     tx.commit().await.map_err(db_err("commit migration"))?;

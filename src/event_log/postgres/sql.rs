@@ -121,7 +121,8 @@ impl Prepared {
             staged: Stmt::new(c, named, STAGED, &[T::TEXT], "prepare staged read").await?,
             enqueue_lock: Stmt::new(c, named, ENQUEUE_LOCK, &[T::TEXT], "prepare enqueue").await?,
             enqueue_check: Stmt::new(c, named, ENQUEUE_CHECK, &[T::TEXT, T::TEXT], "prepare enqueue").await?,
-            enqueue_insert: Stmt::new(c, named, ENQUEUE_INSERT, &[T::TEXT, T::TEXT, T::TEXT, T::TEXT, T::BOOL, T::BOOL], "prepare enqueue").await?,
+            enqueue_insert: Stmt::new(c, named, ENQUEUE_INSERT, &[T::TEXT, T::TEXT, T::TEXT, T::TEXT, T::BOOL, T::BOOL], "prepare enqueue")
+                .await?,
         })
     }
 }
@@ -143,39 +144,38 @@ impl Stmt {
         Ok(Stmt { sql, types: types.to_vec(), named })
     }
 
+    /// `params` paired with this statement's types, for an unnamed statement.
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        params.iter().zip(&self.types).map(|(p, t)| (*p, t.clone())).collect()
+    }
+
     /// Runs it on `c` (a client, or a transaction of one) with `params`, in the types given.
-    async fn query<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    async fn query<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<Vec<PgRow>> {
         match &self.named {
             Some(statement) => c.query(statement, params).await,
-            None => {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().zip(&self.types).map(|(p, t)| (*p, t.clone())).collect();
-                c.query_typed(self.sql, &typed).await
-            }
+            None => c.query_typed(self.sql, &self.typed(params)).await,
         }
     }
 
     /// The one row it returns (an error if there is none).
-    async fn query_one<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    async fn query_one<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<PgRow> {
         match &self.named {
             Some(statement) => c.query_one(statement, params).await,
-            None => {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().zip(&self.types).map(|(p, t)| (*p, t.clone())).collect();
-                c.query_typed_one(self.sql, &typed).await
-            }
+            None => c.query_typed_one(self.sql, &self.typed(params)).await,
         }
     }
 
     /// The row it returns, if any.
-    async fn query_opt<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+    async fn query_opt<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<Option<PgRow>> {
         match &self.named {
             Some(statement) => c.query_opt(statement, params).await,
-            None => {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().zip(&self.types).map(|(p, t)| (*p, t.clone())).collect();
-                c.query_typed_opt(self.sql, &typed).await
-            }
+            None => c.query_typed_opt(self.sql, &self.typed(params)).await,
         }
     }
 }
+
+type PgRow = tokio_postgres::Row;
+type PgResult<T> = Result<T, tokio_postgres::Error>;
 
 /// Appends `rows` (consecutive seqs) in one statement, only if `lease` is still the current
 /// epoch and the first seq follows the stored last one; renews the lease on success. `claims`
@@ -275,7 +275,8 @@ pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
 }
 
 pub async fn exists(c: &mut Client, id: &str) -> Result<bool, LogError> {
-    let row = c.query_typed_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[(&id, Type::TEXT)]).await.map_err(db_err("check session"))?;
+    let row =
+        c.query_typed_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[(&id, Type::TEXT)]).await.map_err(db_err("check session"))?;
     Ok(row.is_some())
 }
 

@@ -420,7 +420,6 @@ impl Worker {
         }
     }
 
-
     /// Extends the leases held. A failure is not reported: the next append of a session whose
     /// lease lapsed meanwhile is refused (or, if nobody took it, succeeds: the epoch decides).
     async fn renew(&mut self) {

@@ -5,7 +5,10 @@
 //! index, so a store used by one caller at a time stays on its first connection and the
 //! others are never opened). A session's requests therefore run one after another in
 //! submission order, whatever the pool size: a new one moves to another connection only once
-//! none of its earlier ones is left. Requests that name no session go to the least busy one.
+//! none of its earlier ones is left. Requests that name no session go to the least busy one,
+//! and so do the plain reads of blocking callers (`exists`, `read`, a follower's first read,
+//! `sessions`): nothing is submitted behind them, and they see every commit that completed
+//! before they were made, so many threads reading one session need not queue.
 
 use std::collections::HashMap;
 
@@ -74,13 +77,10 @@ pub(super) fn key(request: &Request) -> Option<&str> {
     match request {
         R::Create { id, .. }
         | R::Open { id }
-        | R::Read { id }
-        | R::Exists { id }
         | R::Delete { id }
         | R::ReadAfter { id, .. }
         | R::Enqueue { id, .. }
         | R::Staged { id }
-        | R::Peek { id }
         | R::Unpark { id }
         | R::MarkRunnable { id } => Some(id),
         R::Append { lease, .. }
@@ -88,8 +88,8 @@ pub(super) fn key(request: &Request) -> Option<&str> {
         | R::Release { lease }
         | R::Unstage { lease, .. }
         | R::Park { lease, .. } => Some(&lease.session_id),
-        R::Sessions { id } => id.as_deref(),
         R::Listen { .. } | R::Unlisten { .. } => Some(LISTENER),
+        R::Read { .. } | R::Exists { .. } | R::Peek { .. } | R::Sessions { .. } => None,
         R::List | R::Take { .. } | R::Ping | R::InjectFault(_) => None,
     }
 }
