@@ -45,6 +45,9 @@ pub struct PyPostgresStore {
     takeable: Arc<Mutex<Takeable>>,
 }
 
+// The signature spells the default out (so `__text_signature__` shows it, for the stubs).
+const _: () = assert!(DEFAULT_POOL_SIZE == 4, "update PostgresStore's pool_size default and _core.pyi");
+
 /// `pool_size` as given: an int (not a bool) in `1..=MAX_POOL_SIZE`, else an error naming it.
 fn pool_size_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
     use pyo3::types::{PyBool, PyInt};
@@ -110,7 +113,7 @@ impl PyPostgresStore {
     /// the cause; a store inherited through `fork()` raises `LogError` on every call in the child.
     #[new]
     #[pyo3(signature = (
-        dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0, pool_size=DEFAULT_POOL_SIZE,
+        dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0, pool_size=4,
         prepared_statements=true, listen_dsn=None,
     ))]
     #[allow(clippy::too_many_arguments)]
