@@ -379,6 +379,16 @@ impl Worker {
         (self.ttl_ms > 0.0).then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)))
     }
 
+    /// When this connection should look at a renewal due at `at`: then, if it is open; half a
+    /// period later if it is not, so a renewal opens a connection only when the open ones have
+    /// been busy that long (a store used by one caller at a time keeps one connection).
+    fn renewal_at(&self, at: Instant) -> Instant {
+        match (self.conn.is_some() || self.index == 0, self.renewal_period()) {
+            (false, Some(period)) => at + period / 2,
+            _ => at,
+        }
+    }
+
     /// Claims the renewal if it is due and this connection should run it (the next one is
     /// then a period away), so one connection runs it per tick: the one a request would be
     /// routed to, so a connection stuck in a slow request does not hold the leases up.
@@ -386,7 +396,7 @@ impl Worker {
     fn claim_renewal(&self) -> bool {
         let Some(period) = self.renewal_period() else { return false };
         let mut next = lock(&self.shared.next_renewal);
-        if !matches!(*next, Some(at) if Instant::now() >= at) {
+        if !matches!(*next, Some(at) if Instant::now() >= self.renewal_at(at)) {
             return false;
         }
         if !lock(&self.shared.routing).claim_renewal(self.index) {
@@ -402,7 +412,7 @@ impl Worker {
                 self.renew().await;
                 lock(&self.shared.routing).finished(self.index, None);
             }
-            let wake = *lock(&self.shared.next_renewal);
+            let wake = lock(&self.shared.next_renewal).map(|at| self.renewal_at(at));
             let job = match wake {
                 Some(at) => match tokio::time::timeout_at(at, self.rx.recv()).await {
                     Ok(job) => job,
