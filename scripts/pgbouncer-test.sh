@@ -3,8 +3,9 @@
 # (scripts/pg-test-server.sh, 127.0.0.1:54329), for tests/python/postgres/test_pgbouncer.py.
 #
 #   pgbouncer-test.sh start   installs Debian's pgbouncer if missing, starts it on 127.0.0.1:$PORT
-#                             (as the postgres user: pgbouncer refuses root) unless it already
-#                             runs, and prints "<pid> <started: 1|0>" on stdout
+#                             (never as root: pgbouncer refuses it) unless it already
+#                             runs, and prints "<pid> <started: 1|0>" on stdout (as root it
+#                             runs it as the postgres user, which the server's package made)
 #   pgbouncer-test.sh stop PID  stops that pgbouncer (the pid start printed), only if it is ours
 #
 # Every database name is forwarded to the server (`* =`), trust auth, `options` ignored at
@@ -53,11 +54,15 @@ server_reset_query =
 logfile = $ROOT/pgbouncer.log
 pidfile = $PIDFILE
 INI
-    chown -R postgres "$ROOT"
     rm -f "$PIDFILE"
     # Not holding the setup lock (fd 9) nor our output: the daemon would keep them open for
     # its whole life (a caller reading our output to its end would wait for it).
-    runuser -u postgres -- "$BIN" -d "$ROOT/pgbouncer.ini" >>"$ROOT/start.log" 2>&1 9>&-
+    if [ "$(id -u)" = 0 ]; then
+        chown -R postgres "$ROOT"
+        runuser -u postgres -- "$BIN" -d "$ROOT/pgbouncer.ini" >>"$ROOT/start.log" 2>&1 9>&-
+    else
+        "$BIN" -d "$ROOT/pgbouncer.ini" >>"$ROOT/start.log" 2>&1 9>&-
+    fi
     for _ in $(seq 200); do
         running && break
         sleep 0.05
