@@ -10,7 +10,8 @@ Prints, for sslmode=disable, require and verify-full:
 * request: the median of 2,000 sequential `exists()` calls (one round trip each);
 * append: appends per second, one event per transaction (append, await its flush, repeat);
 and then, plain only, 8 threads each making 300 `exists()` calls through one shared store and
-through a store each (the in-order connection of one store against eight connections), and
+through a store each (one store's pool, `pool_size` 4, against eight stores; scripts/pg-pool-bench.py
+varies the pool size), and
 the number of server connections each store holds (from `pg_stat_activity`).
 """
 

@@ -198,8 +198,22 @@ class PostgresStore:
     """Sessions in a PostgreSQL database; each store is one lease owner."""
 
     def __new__(
-        cls, dsn: str, *, lease_ttl: float = 30.0, reconnect_timeout: float = 10.0, request_timeout: float = 30.0
+        cls,
+        dsn: str,
+        *,
+        lease_ttl: float = 30.0,
+        reconnect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        pool_size: int = 4,
+        prepared_statements: bool = True,
+        listen_dsn: str | None = None,
     ) -> PostgresStore: ...
+    @property
+    def pool_size(self) -> int:
+        """How many connections the store may open for its requests (the LISTEN one aside)."""
+    @property
+    def prepared_statements(self) -> bool:
+        """False: every statement is sent unnamed (PgBouncer transaction pooling)."""
     @property
     def lease_ttl(self) -> float: ...
     @property

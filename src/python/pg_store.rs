@@ -14,7 +14,9 @@ use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
 use super::reopen::{locked_here, OpenLogs};
 use super::runtime::aio::{Completion, Value};
-use crate::event_log::postgres::{Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore};
+use crate::event_log::postgres::{
+    check_pool_size, Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore, DEFAULT_POOL_SIZE, MAX_POOL_SIZE,
+};
 use crate::event_log::{LogError, StagedInput, Store};
 use crate::inbox::Target;
 
@@ -31,13 +33,16 @@ fn lock(t: &Mutex<Takeable>) -> MutexGuard<'_, Takeable> {
     t.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Sessions in one PostgreSQL database; each store is one lease owner on one connection.
+/// Sessions in one PostgreSQL database; each store is one lease owner with a bounded pool of
+/// connections.
 #[pyclass(name = "PostgresStore", module = "kerman", frozen)]
 pub struct PyPostgresStore {
     inner: PostgresStore,
     lease_ttl: f64,
     reconnect_timeout: f64,
     request_timeout: f64,
+    pool_size: usize,
+    prepared_statements: bool,
     takeable: Arc<Mutex<Takeable>>,
     /// `open(id, reuse=True)` looks its sessions up in [`PG_LOGS`] under this DSN.
     dsn: String,
@@ -50,6 +55,23 @@ static PG_LOGS: OpenLogs = OpenLogs::new();
 
 fn key(dsn: &str, id: &str) -> String {
     format!("{dsn}\n{id}")
+}
+
+// The signature spells the default out (so `__text_signature__` shows it, for the stubs).
+const _: () = assert!(DEFAULT_POOL_SIZE == 4, "update PostgresStore's pool_size default and _core.pyi");
+
+/// `pool_size` as given: an int (not a bool) in `1..=MAX_POOL_SIZE`, else an error naming it.
+fn pool_size_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    use pyo3::types::{PyBool, PyInt};
+    let shown = || value.repr().map(|r| r.to_string()).unwrap_or_default();
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        let what = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!("pool_size must be an int, got {} ({what})", shown())));
+    }
+    let size = value.extract::<usize>().unwrap_or(0);
+    check_pool_size(size)
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("pool_size must be from 1 to {MAX_POOL_SIZE}, got {}", shown())))?;
+    Ok(size)
 }
 
 /// Submits `request` and returns a future on the running loop resolved with what `value`
@@ -92,13 +114,31 @@ impl PyPostgresStore {
     /// before the connection is given up and the request settled as after a lost connection
     /// (a hung backend or a silent partition would otherwise wait for TCP). The connection
     /// shows in `pg_stat_activity` as `application_name` `kerman <owner id>` unless the DSN
-    /// names one. Bounds (`ValueError` outside them): `lease_ttl` 0 (never renewed) or 0.1 to
+    /// names one. `pool_size`: how many connections the store may open for its requests (1 to
+    /// 64; the first at once, another only when that many requests are in flight together); a
+    /// session's requests still run in submission order. `prepared_statements=False` sends every
+    /// statement unnamed, for PgBouncer's transaction pooling; `listen_dsn` is a direct DSN for
+    /// the LISTEN connection (followers, enqueue wake-ups), which such a pooler cannot carry.
+    /// Bounds (`ValueError` outside them): `lease_ttl` 0 (never renewed) or 0.1 to
     /// 86400; `reconnect_timeout` 0 (one try) or 0.001 to 3600; `request_timeout` 0 (no limit)
     /// or 0.001 to 86400. A server that cannot be reached raises `LogError` naming host:port and
     /// the cause; a store inherited through `fork()` raises `LogError` on every call in the child.
     #[new]
-    #[pyo3(signature = (dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0))]
-    fn new(py: Python<'_>, dsn: &str, lease_ttl: f64, reconnect_timeout: f64, request_timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (
+        dsn, *, lease_ttl=30.0, reconnect_timeout=10.0, request_timeout=30.0, pool_size=4,
+        prepared_statements=true, listen_dsn=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dsn: &str,
+        lease_ttl: f64,
+        reconnect_timeout: f64,
+        request_timeout: f64,
+        #[pyo3(from_py_with = pool_size_arg)] pool_size: usize,
+        prepared_statements: bool,
+        listen_dsn: Option<String>,
+    ) -> PyResult<Self> {
         let options = PgOptions::from_seconds(lease_ttl, reconnect_timeout, request_timeout).map_err(|(bounds, why)| {
             let value = match bounds.name {
                 "lease_ttl" => lease_ttl,
@@ -109,8 +149,30 @@ impl PyPostgresStore {
             let shown = pyo3::types::PyFloat::new(py, value).repr().map(|r| r.to_string()).unwrap_or_default();
             pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
         })?;
+        let options = PgOptions { pool_size, prepared_statements, listen_dsn, ..options };
         let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
-        Ok(PyPostgresStore { inner, lease_ttl, reconnect_timeout, request_timeout, takeable: Arc::default(), dsn: dsn.to_owned() })
+        Ok(PyPostgresStore {
+            inner,
+            lease_ttl,
+            reconnect_timeout,
+            request_timeout,
+            pool_size,
+            prepared_statements,
+            takeable: Arc::default(),
+            dsn: dsn.to_owned(),
+        })
+    }
+
+    /// How many connections the store may open for its requests (the LISTEN one aside).
+    #[getter]
+    fn pool_size(&self) -> usize {
+        self.pool_size
+    }
+
+    /// False: every statement is sent unnamed (PgBouncer transaction pooling).
+    #[getter]
+    fn prepared_statements(&self) -> bool {
+        self.prepared_statements
     }
 
     #[getter]
@@ -343,8 +405,12 @@ impl PyPostgresStore {
 
     fn __repr__(&self) -> String {
         format!(
-            "<PostgresStore lease_ttl={} reconnect_timeout={} request_timeout={}>",
-            self.lease_ttl, self.reconnect_timeout, self.request_timeout
+            "<PostgresStore lease_ttl={} reconnect_timeout={} request_timeout={} pool_size={}{}>",
+            self.lease_ttl,
+            self.reconnect_timeout,
+            self.request_timeout,
+            self.pool_size,
+            if self.prepared_statements { "" } else { " prepared_statements=False" }
         )
     }
 }

@@ -1,12 +1,14 @@
 //! The PostgreSQL store's core (feature `postgres`): sessions and events in two tables, every
 //! append conditional on the lease epoch (the fencing token) and on seq continuity.
 //!
-//! All database work happens on one private thread running a current-thread tokio runtime;
-//! callers hand it requests over a channel and get each result through a callback run on a
-//! second, reply thread ([`PgCore::submit`], which never blocks: the path of `PgBackend`) or by
-//! waiting ([`PgCore::call`] and the typed helpers, for open/create/tests). The runtime thread
-//! never runs caller code, so never touches a Python object or waits for the GIL; requests run
-//! one at a time in submission order, so one session's appends reach the server in seq order.
+//! All database work happens on one private thread running a current-thread tokio runtime,
+//! which drives the store's pool of connections; callers hand it requests over channels and get
+//! each result through a callback run on a second, reply thread ([`PgCore::submit`], which never
+//! blocks: the path of `PgBackend`) or by waiting ([`PgCore::call`] and the typed helpers, for
+//! open/create/tests). The runtime thread never runs caller code, so never touches a Python
+//! object or waits for the GIL. A session's requests run one at a time in submission order (on
+//! one connection at a time, `worker/pool.rs`), so its appends reach the server in seq order;
+//! requests of different sessions run side by side, up to the pool size.
 //!
 //! [`PostgresStore`] implements the `Store` contract on top, with [`PgBackend`] (group commit)
 //! behind each `SessionLog`; the Python binding is `src/python/pg_store.rs`. Other processes:
@@ -68,7 +70,24 @@ pub struct PgOptions {
     /// partition without a reset) is otherwise only noticed by TCP, after minutes or hours;
     /// past this, the connection is dropped and the request settled as after a lost connection.
     pub request_ms: u64,
+    /// How many connections the store may open for its requests (the LISTEN one aside): the
+    /// first at once, the others when that many requests are in flight together.
+    pub pool_size: usize,
+    /// Whether the hot statements are named prepared statements (parsed and planned once per
+    /// connection). False sends every statement unnamed, as PgBouncer's transaction pooling
+    /// needs (before 1.21): a named statement does not follow the client to the next server
+    /// connection.
+    pub prepared_statements: bool,
+    /// A DSN of its own for the LISTEN connection (followers and enqueue wake-ups), for a store
+    /// whose DSN goes through a transaction-pooling proxy, which cannot carry LISTEN.
+    pub listen_dsn: Option<String>,
 }
+
+/// The largest `PgOptions::pool_size`: connections are a server resource (`max_connections`
+/// is 100 by default), and a pool this big already outruns the server's cores.
+pub const MAX_POOL_SIZE: usize = 64;
+/// `PgOptions::pool_size` unless given (measured in docs/postgres.md).
+pub const DEFAULT_POOL_SIZE: usize = 4;
 
 /// The bounds of one duration option, in seconds: 0 has its own meaning (`zero`); anything
 /// else must lie in `min..=max`, so that it neither rounds to 0 (1e-9 s would turn a lease or
@@ -124,6 +143,7 @@ impl PgOptions {
             lease_ttl_ms: ms(LEASE_TTL, lease_ttl)?,
             reconnect_ms: ms(RECONNECT_TIMEOUT, reconnect_timeout)?,
             request_ms: ms(REQUEST_TIMEOUT, request_timeout)?,
+            ..PgOptions::default()
         })
     }
 
@@ -131,13 +151,29 @@ impl PgOptions {
     pub fn check(&self) -> Result<(), LogError> {
         LEASE_TTL.check_ms(self.lease_ttl_ms)?;
         RECONNECT_TIMEOUT.check_ms(self.reconnect_ms)?;
-        REQUEST_TIMEOUT.check_ms(self.request_ms)
+        REQUEST_TIMEOUT.check_ms(self.request_ms)?;
+        check_pool_size(self.pool_size).map_err(LogError::Unstorable)
     }
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions { lease_ttl_ms: 30_000, reconnect_ms: 10_000, request_ms: 30_000 }
+        PgOptions {
+            lease_ttl_ms: 30_000,
+            reconnect_ms: 10_000,
+            request_ms: 30_000,
+            pool_size: DEFAULT_POOL_SIZE,
+            prepared_statements: true,
+            listen_dsn: None,
+        }
+    }
+}
+
+/// Refuses a pool size outside `1..=MAX_POOL_SIZE`, naming it.
+pub fn check_pool_size(size: usize) -> Result<(), String> {
+    match (1..=MAX_POOL_SIZE).contains(&size) {
+        true => Ok(()),
+        false => Err(format!("pool_size must be from 1 to {MAX_POOL_SIZE}, got {size}")),
     }
 }
 
@@ -179,6 +215,11 @@ impl PgCore {
 
     pub fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    /// How many connections this core may open for requests.
+    pub fn pool_size(&self) -> usize {
+        self.inner.pool_size()
     }
 
     /// `Some(error)` in a process that inherited this core through `fork()`, where it cannot
@@ -380,5 +421,9 @@ mod tests {
         assert!(REQUEST_TIMEOUT.millis(f64::NAN).unwrap_err().contains("finite number of seconds >= 0"));
         assert!(PgOptions { request_ms: u64::MAX, ..PgOptions::default() }.check().is_err());
         assert!(PgOptions::default().check().is_ok());
+        for bad in [0, MAX_POOL_SIZE + 1] {
+            let e = PgOptions { pool_size: bad, ..PgOptions::default() }.check().unwrap_err().to_string();
+            assert!(e.contains(&format!("pool_size must be from 1 to 64, got {bad}")), "{e}");
+        }
     }
 }

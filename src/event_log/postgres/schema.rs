@@ -4,6 +4,7 @@
 //! under an advisory lock, so two processes starting against a fresh database cannot both
 //! apply version 1 (`CREATE TABLE IF NOT EXISTS` alone races on the catalog).
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::db_err;
@@ -88,9 +89,10 @@ pub fn latest() -> i32 {
 
 /// Brings the database up to [`latest`]; returns the versions it applied (empty if none).
 /// A database migrated by a newer kerman is refused rather than written with old assumptions.
+/// Unnamed statements only (`query_typed`), so it also runs behind transaction pooling.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
     let tx = client.transaction().await.map_err(db_err("begin migration"))?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(db_err("lock migration"))?;
+    tx.query_typed("SELECT pg_advisory_xact_lock($1)", &[(&MIGRATION_LOCK, Type::INT8)]).await.map_err(db_err("lock migration"))?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS kerman_schema (
              version integer PRIMARY KEY,
@@ -99,7 +101,8 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
     )
     .await
     .map_err(db_err("create kerman_schema"))?;
-    let row = tx.query_one("SELECT coalesce(max(version), 0) FROM kerman_schema", &[]).await.map_err(db_err("read schema version"))?;
+    let row =
+        tx.query_typed_one("SELECT coalesce(max(version), 0) FROM kerman_schema", &[]).await.map_err(db_err("read schema version"))?;
     let current: i32 = row.get(0);
     if current > latest() {
         return Err(LogError::Database {
@@ -110,7 +113,9 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, LogError> {
     let mut applied = Vec::new();
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.batch_execute(sql).await.map_err(db_err(format!("apply schema version {version}")))?;
-        tx.execute("INSERT INTO kerman_schema (version) VALUES ($1)", &[version]).await.map_err(db_err("record schema version"))?;
+        tx.query_typed("INSERT INTO kerman_schema (version) VALUES ($1)", &[(version, Type::INT4)])
+            .await
+            .map_err(db_err("record schema version"))?;
         applied.push(*version);
     }
     tx.commit().await.map_err(db_err("commit migration"))?;

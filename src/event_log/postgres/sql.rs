@@ -1,9 +1,16 @@
 //! The store's statements. Each function is one unit of work on the runtime thread; those that
 //! write more than one row do it in one transaction.
+//!
+//! Every statement here is sent unnamed with its parameter types (`query_typed`: parse, bind
+//! and execute in one round trip, nothing left on the server connection), except the hot ones
+//! of [`Prepared`], which are named prepared statements unless the store was made with
+//! `prepared_statements=false` (for PgBouncer's transaction pooling, where a named statement
+//! parsed on one server connection is missing on the next).
 
 use std::collections::HashMap;
 
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, GenericClient, Statement};
 
 use super::{db_err, Lease};
 use crate::event_log::LogError;
@@ -20,11 +27,11 @@ pub struct Row {
 /// Creates a session owned by `owner` at epoch 1. An existing id is `Exists`.
 pub async fn create(c: &mut Client, id: &str, header: &str, owner: &str, ttl_ms: f64) -> Result<Lease, LogError> {
     let row = c
-        .query_opt(
+        .query_typed_opt(
             "INSERT INTO kerman_sessions (id, header, owner, epoch, expires_at, owned_since)
              VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond', now())
              ON CONFLICT (id) DO NOTHING RETURNING epoch",
-            &[&id, &header, &owner, &ttl_ms],
+            &[(&id, Type::TEXT), (&header, Type::TEXT), (&owner, Type::TEXT), (&ttl_ms, Type::FLOAT8)],
         )
         .await
         .map_err(db_err("create session"))?;
@@ -39,13 +46,13 @@ pub async fn create(c: &mut Client, id: &str, header: &str, owner: &str, ttl_ms:
 /// from now on. Returns the lease and the header text.
 pub async fn acquire(c: &mut Client, id: &str, owner: &str, ttl_ms: f64) -> Result<(Lease, String), LogError> {
     let row = c
-        .query_opt(
+        .query_typed_opt(
             "UPDATE kerman_sessions
              SET owner = $2, epoch = epoch + 1, expires_at = now() + $3::float8 * interval '1 millisecond',
                  owned_since = now(), owner_name = NULL
              WHERE id = $1 AND (owner IS NULL OR expires_at < now())
              RETURNING epoch, header",
-            &[&id, &owner, &ttl_ms],
+            &[(&id, Type::TEXT), (&owner, Type::TEXT), (&ttl_ms, Type::FLOAT8)],
         )
         .await
         .map_err(db_err("acquire lease"))?;
@@ -84,35 +91,91 @@ const APPEND: &str = "WITH s AS (
     )
     SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM claimed)";
 
-/// Statements prepared once per connection, so each use is one round trip (a `&str` query
-/// costs a second one to prepare it every time).
+/// The hot statements, prepared once per connection (named: the server keeps the parse and
+/// the plan) or, with `named` false, sent unnamed each time (one round trip either way).
 pub struct Prepared {
-    append: Statement,
+    append: Stmt,
     /// A worker's take and its read of the taken sessions: every worker runs the take on each
     /// `kerman_takeable` notification.
-    take: Statement,
-    taken_records: Statement,
+    take: Stmt,
+    taken_records: Stmt,
     /// An owner's read of staged input (on every notification) and the three statements of
     /// `enqueue`: a web handler's store runs them all the time.
-    staged: Statement,
-    enqueue_lock: Statement,
-    enqueue_check: Statement,
-    enqueue_insert: Statement,
+    staged: Stmt,
+    enqueue_lock: Stmt,
+    enqueue_check: Stmt,
+    enqueue_insert: Stmt,
 }
 
+const TEXT_ARRAY: Type = Type::TEXT_ARRAY;
+const INT8_ARRAY: Type = Type::INT8_ARRAY;
+
 impl Prepared {
-    pub async fn new(c: &Client) -> Result<Prepared, LogError> {
+    pub async fn new(c: &Client, named: bool) -> Result<Prepared, LogError> {
+        use Type as T;
+        let append_types = [T::TEXT, INT8_ARRAY, INT8_ARRAY, TEXT_ARRAY, TEXT_ARRAY, T::INT8, T::INT8, T::INT8, T::FLOAT8, TEXT_ARRAY];
         Ok(Prepared {
-            append: c.prepare(APPEND).await.map_err(db_err("prepare append"))?,
-            take: c.prepare(TAKE).await.map_err(db_err("prepare take"))?,
-            taken_records: c.prepare(TAKEN_RECORDS).await.map_err(db_err("prepare take"))?,
-            staged: c.prepare(STAGED).await.map_err(db_err("prepare staged read"))?,
-            enqueue_lock: c.prepare(ENQUEUE_LOCK).await.map_err(db_err("prepare enqueue"))?,
-            enqueue_check: c.prepare(ENQUEUE_CHECK).await.map_err(db_err("prepare enqueue"))?,
-            enqueue_insert: c.prepare(ENQUEUE_INSERT).await.map_err(db_err("prepare enqueue"))?,
+            append: Stmt::new(c, named, APPEND, &append_types, "prepare append").await?,
+            take: Stmt::new(c, named, TAKE, &[T::INT8, T::TEXT, T::TEXT, T::FLOAT8], "prepare take").await?,
+            taken_records: Stmt::new(c, named, TAKEN_RECORDS, &[TEXT_ARRAY], "prepare take").await?,
+            staged: Stmt::new(c, named, STAGED, &[T::TEXT], "prepare staged read").await?,
+            enqueue_lock: Stmt::new(c, named, ENQUEUE_LOCK, &[T::TEXT], "prepare enqueue").await?,
+            enqueue_check: Stmt::new(c, named, ENQUEUE_CHECK, &[T::TEXT, T::TEXT], "prepare enqueue").await?,
+            enqueue_insert: Stmt::new(c, named, ENQUEUE_INSERT, &[T::TEXT, T::TEXT, T::TEXT, T::TEXT, T::BOOL, T::BOOL], "prepare enqueue")
+                .await?,
         })
     }
 }
+
+/// One statement of [`Prepared`]: its text and parameter types, and the named statement when
+/// the connection prepared one.
+struct Stmt {
+    sql: &'static str,
+    types: Vec<Type>,
+    named: Option<Statement>,
+}
+
+impl Stmt {
+    async fn new(c: &Client, named: bool, sql: &'static str, types: &[Type], what: &str) -> Result<Stmt, LogError> {
+        let named = match named {
+            true => Some(c.prepare_typed(sql, types).await.map_err(db_err(what))?),
+            false => None,
+        };
+        Ok(Stmt { sql, types: types.to_vec(), named })
+    }
+
+    /// `params` paired with this statement's types, for an unnamed statement.
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        params.iter().zip(&self.types).map(|(p, t)| (*p, t.clone())).collect()
+    }
+
+    /// Runs it on `c` (a client, or a transaction of one) with `params`, in the types given.
+    async fn query<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<Vec<PgRow>> {
+        match &self.named {
+            Some(statement) => c.query(statement, params).await,
+            None => c.query_typed(self.sql, &self.typed(params)).await,
+        }
+    }
+
+    /// The one row it returns (an error if there is none).
+    async fn query_one<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<PgRow> {
+        match &self.named {
+            Some(statement) => c.query_one(statement, params).await,
+            None => c.query_typed_one(self.sql, &self.typed(params)).await,
+        }
+    }
+
+    /// The row it returns, if any.
+    async fn query_opt<C: GenericClient>(&self, c: &C, params: &[&(dyn ToSql + Sync)]) -> PgResult<Option<PgRow>> {
+        match &self.named {
+            Some(statement) => c.query_opt(statement, params).await,
+            None => c.query_typed_opt(self.sql, &self.typed(params)).await,
+        }
+    }
+}
+
+type PgRow = tokio_postgres::Row;
+type PgResult<T> = Result<T, tokio_postgres::Error>;
 
 /// Appends `rows` (consecutive seqs) in one statement, only if `lease` is still the current
 /// epoch and the first seq follows the stored last one; renews the lease on success. `claims`
@@ -126,8 +189,9 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
     let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
     let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
     let records: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
-    let row = c
-        .query_one(&p.append, &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms, &claims])
+    let row = p
+        .append
+        .query_one(&*c, &[&id, &seqs, &times, &kinds, &records, &lease.epoch, &(first.seq - 1), &last.seq, &ttl_ms, &claims])
         .await
         .map_err(db_err("append events"))?;
     let inserted: i64 = row.get(0);
@@ -149,8 +213,10 @@ pub async fn append(c: &mut Client, p: &Prepared, lease: &Lease, rows: &[Row], t
 
 /// A session's current epoch and last seq, or `None` if it does not exist.
 pub async fn session_state(c: &mut Client, id: &str) -> Result<Option<(i64, i64)>, LogError> {
-    let row =
-        c.query_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("read session state"))?;
+    let row = c
+        .query_typed_opt("SELECT epoch, last_seq FROM kerman_sessions WHERE id = $1", &[(&id, Type::TEXT)])
+        .await
+        .map_err(db_err("read session state"))?;
     Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
@@ -163,14 +229,14 @@ pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl
     // A row another transaction holds locked is skipped, and renewed next round (renewals
     // run every third of the TTL): waiting for it would stall every request queued behind the
     // renewal on this connection.
-    c.execute(
+    c.query_typed(
         "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
          FROM (SELECT f.id FROM kerman_sessions f
                JOIN unnest($1::text[], $2::bigint[]) AS h(id, epoch) ON f.id = h.id AND f.epoch = h.epoch
                WHERE f.owner = $4
                FOR UPDATE OF f SKIP LOCKED) AS free
          WHERE s.id = free.id",
-        &[&ids, &epochs, &ttl_ms, &owner],
+        &[(&ids, TEXT_ARRAY), (&epochs, INT8_ARRAY), (&ttl_ms, Type::FLOAT8), (&owner, Type::TEXT)],
     )
     .await
     .map_err(db_err("renew leases"))?;
@@ -179,8 +245,10 @@ pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl
 
 /// Every record of a session, in seq order.
 pub async fn read(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
-    let rows =
-        c.query("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[&id]).await.map_err(db_err("read events"))?;
+    let rows = c
+        .query_typed("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[(&id, Type::TEXT)])
+        .await
+        .map_err(db_err("read events"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -194,12 +262,12 @@ pub const TAKEABLE: &str = "kerman_takeable";
 /// Input still staged (or marked `runnable`) is announced on [`TAKEABLE`], so a worker takes
 /// the session at once rather than at its next sweep.
 pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
-    c.execute(
+    c.query_typed(
         "UPDATE kerman_sessions SET owner = NULL, expires_at = NULL, owned_since = NULL, owner_name = NULL
          WHERE id = $1 AND epoch = $2
          RETURNING (SELECT pg_notify('kerman_takeable', $1)
                     WHERE runnable OR EXISTS (SELECT 1 FROM kerman_inbox_staged WHERE session_id = $1))",
-        &[&lease.session_id, &lease.epoch],
+        &[(&lease.session_id, Type::TEXT), (&lease.epoch, Type::INT8)],
     )
     .await
     .map_err(db_err("release lease"))?;
@@ -207,13 +275,14 @@ pub async fn release(c: &mut Client, lease: &Lease) -> Result<(), LogError> {
 }
 
 pub async fn exists(c: &mut Client, id: &str) -> Result<bool, LogError> {
-    let row = c.query_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("check session"))?;
+    let row =
+        c.query_typed_opt("SELECT 1 FROM kerman_sessions WHERE id = $1", &[(&id, Type::TEXT)]).await.map_err(db_err("check session"))?;
     Ok(row.is_some())
 }
 
 /// Every created session, by id (the ids `exists` answers true for).
 pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
-    let rows = c.query("SELECT id FROM kerman_sessions ORDER BY id", &[]).await.map_err(db_err("list sessions"))?;
+    let rows = c.query_typed("SELECT id FROM kerman_sessions ORDER BY id", &[]).await.map_err(db_err("list sessions"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -222,13 +291,14 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
     // Notifies the append channel like a commit does: a follower reads, finds the session
     // gone, and ends.
     let n = c
-        .execute(
+        .query_typed(
             "DELETE FROM kerman_sessions WHERE id = $1 AND (owner IS NULL OR expires_at < now()) \
              RETURNING pg_notify('kerman_a_' || md5(id), '-1')",
-            &[&id],
+            &[(&id, Type::TEXT)],
         )
         .await
-        .map_err(db_err("delete session"))?;
+        .map_err(db_err("delete session"))?
+        .len();
     if n == 1 {
         return Ok(());
     }
@@ -240,14 +310,20 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
 
 /// A session's lease holder, epoch and header text, or `None` if it does not exist.
 pub async fn lease_of(c: &mut Client, id: &str) -> Result<Option<(Option<String>, i64, String)>, LogError> {
-    let row = c.query_opt("SELECT owner, epoch, header FROM kerman_sessions WHERE id = $1", &[&id]).await.map_err(db_err("read lease"))?;
+    let row = c
+        .query_typed_opt("SELECT owner, epoch, header FROM kerman_sessions WHERE id = $1", &[(&id, Type::TEXT)])
+        .await
+        .map_err(db_err("read lease"))?;
     Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }
 
 /// The stored (seq, record) pairs of `from..=to`, in seq order.
 pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<Vec<(i64, String)>, LogError> {
     let rows = c
-        .query("SELECT seq, record FROM kerman_events WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq", &[&id, &from, &to])
+        .query_typed(
+            "SELECT seq, record FROM kerman_events WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+            &[(&id, Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)],
+        )
         .await
         .map_err(db_err("read back appended events"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -258,11 +334,11 @@ pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<V
 /// `None` once the session is gone or is another incarnation (deleted and created again).
 pub async fn read_after(c: &mut Client, id: &str, after: i64, incarnation: i64) -> Result<Option<Vec<String>>, LogError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT s.incarnation, e.record FROM kerman_sessions s \
              LEFT JOIN kerman_events e ON e.session_id = s.id AND e.seq > $2 \
              WHERE s.id = $1 ORDER BY e.seq",
-            &[&id, &after],
+            &[(&id, Type::TEXT), (&after, Type::INT8)],
         )
         .await
         .map_err(db_err("read new events"))?;
@@ -275,10 +351,10 @@ pub async fn read_after(c: &mut Client, id: &str, after: i64, incarnation: i64) 
 /// The header and incarnation of a session, and its records, in one snapshot.
 pub async fn peek(c: &mut Client, id: &str) -> Result<Option<(String, i64, Vec<String>)>, LogError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT s.header, s.incarnation, e.record FROM kerman_sessions s \
              LEFT JOIN kerman_events e ON e.session_id = s.id WHERE s.id = $1 ORDER BY e.seq",
-            &[&id],
+            &[(&id, Type::TEXT)],
         )
         .await
         .map_err(db_err("read session"))?;
@@ -306,7 +382,7 @@ pub enum Refused {
 /// committed while `ON CONFLICT` waited for it: accepted, then dropped by the owner.
 pub async fn enqueue(c: &mut Client, p: &Prepared, staged: &StagedInput, id: &str) -> Result<Result<(), Refused>, LogError> {
     let tx = c.transaction().await.map_err(db_err("enqueue message: begin"))?;
-    let session = tx.query_opt(&p.enqueue_lock, &[&id]).await.map_err(db_err("enqueue message: lock the session"))?;
+    let session = p.enqueue_lock.query_opt(&tx, &[&id]).await.map_err(db_err("enqueue message: lock the session"))?;
     let Some(session) = session else { return Ok(Err(Refused::NoSession)) };
     // Nobody owns it: tell the workers (the row lock orders this against a release, which
     // announces staged input itself).
@@ -317,12 +393,13 @@ pub async fn enqueue(c: &mut Client, p: &Prepared, staged: &StagedInput, id: &st
     // are never cast to `jsonb`, which refuses the `\u0000` escape a NUL in a text is stored as.
     let mut literal = String::new();
     crate::json::push_str_literal(&mut literal, &staged.id);
-    let candidates = tx.query(&p.enqueue_check, &[&id, &literal]).await.map_err(db_err("enqueue message: check the log"))?;
+    let candidates = p.enqueue_check.query(&tx, &[&id, &literal]).await.map_err(db_err("enqueue message: check the log"))?;
     if candidates.iter().any(|row| record_inserts(row.get(0), &staged.id)) {
         return Ok(Err(Refused::Duplicate));
     }
-    let row = tx
-        .query_one(&p.enqueue_insert, &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup, &unowned])
+    let row = p
+        .enqueue_insert
+        .query_one(&tx, &[&id, &staged.id, &staged.message, &staged.target, &staged.wakeup, &unowned])
         .await
         .map_err(db_err("enqueue message"))?;
     let inserted: i64 = row.get(0);
@@ -364,7 +441,7 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
 
 /// The messages staged for session `id`, in enqueue order.
 pub async fn staged(c: &mut Client, p: &Prepared, id: &str) -> Result<Vec<StagedInput>, LogError> {
-    let rows = c.query(&p.staged, &[&id]).await.map_err(db_err("read staged messages"))?;
+    let rows = p.staged.query(&*c, &[&id]).await.map_err(db_err("read staged messages"))?;
     Ok(rows.iter().map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) }).collect())
 }
 
@@ -373,10 +450,10 @@ const STAGED: &str = "SELECT message_id, message, target, wakeup FROM kerman_inb
 /// Deletes staged rows the owner dropped (their ids were already in the log), only while
 /// `lease` is current.
 pub async fn unstage(c: &mut Client, lease: &Lease, ids: &[String]) -> Result<(), LogError> {
-    c.execute(
+    c.query_typed(
         "DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = ANY($2)
            AND EXISTS (SELECT 1 FROM kerman_sessions WHERE id = $1 AND epoch = $3)",
-        &[&lease.session_id, &ids, &lease.epoch],
+        &[(&lease.session_id, Type::TEXT), (&ids, TEXT_ARRAY), (&lease.epoch, Type::INT8)],
     )
     .await
     .map_err(db_err("drop staged messages"))?;
@@ -390,10 +467,10 @@ pub type Taken = (Lease, String, Vec<String>);
 /// a worker should look again, since a dead owner's lease lapses without a notification.
 pub async fn next_expiry(c: &mut Client, owner: &str) -> Result<Option<f64>, LogError> {
     let row = c
-        .query_one(
+        .query_typed_one(
             "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM kerman_sessions
              WHERE owner IS NOT NULL AND owner <> $1 AND expires_at >= now()",
-            &[&owner],
+            &[(&owner, Type::TEXT)],
         )
         .await
         .map_err(db_err("read the next lease expiry"))?;
@@ -406,12 +483,12 @@ pub async fn next_expiry(c: &mut Client, owner: &str) -> Result<Option<f64>, Log
 /// or its owner died holding it (the lease expired unreleased: crash closers are due); a parked
 /// session only for input staged after the park. Taking clears the park and `runnable`.
 pub async fn take(c: &mut Client, p: &Prepared, limit: i64, owner: &str, name: &str, ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
-    let rows = c.query(&p.take, &[&limit, &owner, &name, &ttl_ms]).await.map_err(db_err("take sessions"))?;
+    let rows = p.take.query(&*c, &[&limit, &owner, &name, &ttl_ms]).await.map_err(db_err("take sessions"))?;
     if rows.is_empty() {
         return Ok(Vec::new());
     }
     let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let records = c.query(&p.taken_records, &[&ids]).await.map_err(db_err("read taken sessions"))?;
+    let records = p.taken_records.query(&*c, &[&ids]).await.map_err(db_err("read taken sessions"))?;
     let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
     for r in &records {
         by_id.entry(r.get(0)).or_default().push(r.get(1));
@@ -455,15 +532,16 @@ const TAKEN_RECORDS: &str = "SELECT session_id, record FROM kerman_events WHERE 
 /// if the lease moved on (another owner decides).
 pub async fn park(c: &mut Client, lease: &Lease, detail: &str, runnable: bool) -> Result<bool, LogError> {
     let n = c
-        .execute(
+        .query_typed(
             "UPDATE kerman_sessions SET status = 'parked', status_detail = $3, runnable = $4,
                  parked_n = (SELECT coalesce(max(n), 0) FROM kerman_inbox_staged WHERE session_id = $1),
                  owner = NULL, expires_at = NULL, owned_since = NULL, owner_name = NULL
-             WHERE id = $1 AND epoch = $2",
-            &[&lease.session_id, &lease.epoch, &detail, &runnable],
+             WHERE id = $1 AND epoch = $2 RETURNING 1",
+            &[(&lease.session_id, Type::TEXT), (&lease.epoch, Type::INT8), (&detail, Type::TEXT), (&runnable, Type::BOOL)],
         )
         .await
-        .map_err(db_err("park session"))?;
+        .map_err(db_err("park session"))?
+        .len();
     Ok(n == 1)
 }
 
@@ -471,13 +549,14 @@ pub async fn park(c: &mut Client, lease: &Lease, detail: &str, runnable: bool) -
 /// False if it was not parked; an unknown session is `NotFound`.
 pub async fn unpark(c: &mut Client, id: &str) -> Result<bool, LogError> {
     let n = c
-        .execute(
+        .query_typed(
             "UPDATE kerman_sessions SET status = 'active', status_detail = NULL, parked_n = NULL
              WHERE id = $1 AND status = 'parked' RETURNING pg_notify('kerman_takeable', id)",
-            &[&id],
+            &[(&id, Type::TEXT)],
         )
         .await
-        .map_err(db_err("unpark session"))?;
+        .map_err(db_err("unpark session"))?
+        .len();
     if n == 1 {
         return Ok(true);
     }
@@ -490,10 +569,10 @@ pub async fn unpark(c: &mut Client, id: &str) -> Result<bool, LogError> {
 /// Marks session `id` as having unclaimed input in its log (a worker let it go just as input
 /// arrived), and announces it if nobody owns it. A hint: the taker finds out what is pending.
 pub async fn mark_runnable(c: &mut Client, id: &str) -> Result<(), LogError> {
-    c.execute(
+    c.query_typed(
         "UPDATE kerman_sessions SET runnable = true WHERE id = $1
          RETURNING (SELECT pg_notify('kerman_takeable', $1) WHERE owner IS NULL OR expires_at < now())",
-        &[&id],
+        &[(&id, Type::TEXT)],
     )
     .await
     .map_err(db_err("mark session runnable"))?;
@@ -521,7 +600,7 @@ pub struct SessionInfo {
 /// Every session (or only `id`), by id, with its owner, lease and staged input count.
 pub async fn sessions(c: &mut Client, id: Option<&str>) -> Result<Vec<SessionInfo>, LogError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT s.id, s.owner, s.owner_name, s.epoch, extract(epoch FROM s.owned_since)::float8,
                     extract(epoch FROM s.expires_at)::float8, s.status, s.status_detail, s.last_seq,
                     coalesce(st.n, 0), s.runnable, extract(epoch FROM now())::float8
@@ -530,7 +609,7 @@ pub async fn sessions(c: &mut Client, id: Option<&str>) -> Result<Vec<SessionInf
                ON st.session_id = s.id
              WHERE $1::text IS NULL OR s.id = $1
              ORDER BY s.id",
-            &[&id],
+            &[(&id, Type::TEXT)],
         )
         .await
         .map_err(db_err("list sessions"))?;

@@ -21,7 +21,7 @@ VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html"
 # Each component's folder and the files it holds.
 FOLDERS = {
     "src/inbox": ("mod.rs", "splice.rs", "projection.rs"),
-    "src/event_log/postgres/worker": ("mod.rs", "reconnect.rs", "recover.rs"),
+    "src/event_log/postgres/worker": ("mod.rs", "pool.rs", "reconnect.rs", "recover.rs"),
     "src/python/inbox": ("mod.rs", "identity.rs", "callbacks.rs", "projection.rs"),
     "src/python/runtime": ("mod.rs", "aio.rs", "doorbell.rs", "exit.rs", "gil.rs"),
     "src/python/agent_loop": ("mod.rs",),

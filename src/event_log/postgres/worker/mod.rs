@@ -1,5 +1,9 @@
-//! The runtime thread: one connection, one request at a time.
+//! The runtime thread: a pool of connections, each serving one request at a time.
 //!
+//! The store's `pool_size` connections are tasks on one current-thread runtime; `pool.rs` says
+//! which serves a request (a session's requests run in submission order, on one connection at
+//! a time). The first is opened by the constructor, the others when the first busy moment
+//! needs them. Leases are renewed in one statement per tick, by whichever connection is free.
 //! A dropped connection is re-established with jittered exponential backoff, bounded by the
 //! store's reconnect budget (then `LogError::Database` naming the host and the last error).
 //! The request it interrupted is retried when that is safe (reads, conditional writes), and an
@@ -7,12 +11,14 @@
 //! blindly. How: `reconnect.rs` (backoff, telling a dropped connection from a statement's own
 //! error) and `recover.rs` (settling the interrupted request), this module's children.
 
+mod pool;
 mod reconnect;
 mod recover;
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -115,10 +121,30 @@ pub enum Response {
 /// run one at a time in completion order, so they should hand off rather than work.
 pub type Reply = Box<dyn FnOnce(Result<Response, LogError>) + Send>;
 
-type Job = (Request, Reply);
+/// A request, its reply, and its routing key (`pool::key`), to release when it is served.
+type Job = (Request, Reply, Option<String>);
+
+/// What the pool's connections share. Its locks are held for a few instructions, never
+/// across an await, and nothing runs caller code under them.
+pub(super) struct Shared {
+    routing: Mutex<pool::Routing>,
+    /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
+    held: Mutex<HashMap<String, i64>>,
+    fault: Mutex<Option<Fault>>,
+    /// The LISTEN connection, opened on first use (followers, enqueue wake-ups).
+    listener: Mutex<listen::Lazy>,
+    /// When the leases are next due for renewal (`None`: a TTL of 0, never).
+    next_renewal: Mutex<Option<Instant>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 pub struct Handle {
-    tx: UnboundedSender<Job>,
+    /// One sender per connection of the pool.
+    lanes: Vec<UnboundedSender<Job>>,
+    shared: Arc<Shared>,
     pub owner: String,
     pub applied: Vec<i32>,
     /// The process that started the threads: a child inherits the handle through `fork()`
@@ -131,9 +157,22 @@ impl Handle {
         if self.forked() {
             return reply(Err(forked(self.pid)));
         }
-        if let Err(e) = self.tx.send((request, reply)) {
+        let key = pool::key(&request).map(String::from);
+        // Sent under the routing lock, so two requests of one session submitted by two threads
+        // reach their connection in the order they were routed.
+        let refused = {
+            let mut routing = lock(&self.shared.routing);
+            let lane = routing.pick(key.as_deref());
+            self.lanes[lane].send((request, reply, key)).err()
+        };
+        if let Some(e) = refused {
             (e.0 .1)(Err(stopped()));
         }
+    }
+
+    /// How many connections the pool may open.
+    pub fn pool_size(&self) -> usize {
+        self.lanes.len()
     }
 
     /// Whether this is a copy inherited through `fork()` (its threads stayed in the parent).
@@ -168,15 +207,18 @@ pub fn unexpected(response: Response) -> LogError {
 
 /// Starts the thread, connects and migrates; returns once the store is usable (or why not).
 pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, LogError> {
-    // The LISTEN connection names itself (listen.rs); it shares the TLS setup, read once.
-    let listen_target = Target::from_dsn(&dsn)?;
-    let mut target = listen_target.clone();
+    let mut target = Target::from_dsn(&dsn)?;
+    // The LISTEN connection names itself (listen.rs); it shares the TLS setup, read once,
+    // unless it has a DSN of its own (the store's goes through a transaction-pooling proxy).
+    let listen_target = match &options.listen_dsn {
+        Some(listen_dsn) => Target::from_dsn(listen_dsn)?,
+        None => target.clone(),
+    };
     // Named per store so an operator (or a test) can find this store's backend in
     // pg_stat_activity; a DSN that names one keeps it.
     if target.config.get_application_name().is_none() {
         target.config.application_name(format!("kerman {owner}"));
     }
-    let (tx, rx) = unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let (done_tx, done_rx) = std::sync::mpsc::channel::<(Reply, Result<Response, LogError>)>();
     std::thread::Builder::new()
@@ -189,19 +231,33 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
             }
         })
         .map_err(|e| LogError::io("spawn the postgres reply thread", e))?;
-    let worker = Worker {
-        host: reconnect::host_of(&target.config),
-        target,
-        owner: owner.clone(),
-        ttl_ms: options.lease_ttl_ms as f64,
-        reconnect_budget: Duration::from_millis(options.reconnect_ms),
-        request_timeout: (options.request_ms > 0).then(|| Duration::from_millis(options.request_ms)),
-        conn: None,
-        gave_up: false,
-        held: HashMap::new(),
-        fault: None,
-        listener: listen::Lazy::new(listen_target),
-    };
+    let size = options.pool_size.max(1);
+    let shared = Arc::new(Shared {
+        routing: Mutex::new(pool::Routing::new(size)),
+        held: Mutex::new(HashMap::new()),
+        fault: Mutex::new(None),
+        listener: Mutex::new(listen::Lazy::new(listen_target)),
+        next_renewal: Mutex::new(None),
+    });
+    let (mut lanes, mut workers) = (Vec::with_capacity(size), Vec::with_capacity(size));
+    for index in 0..size {
+        let (tx, rx) = unbounded_channel();
+        lanes.push(tx);
+        workers.push(Worker {
+            index,
+            host: reconnect::host_of(&target.config),
+            target: target.clone(),
+            owner: owner.clone(),
+            ttl_ms: options.lease_ttl_ms as f64,
+            reconnect_budget: Duration::from_millis(options.reconnect_ms),
+            request_timeout: (options.request_ms > 0).then(|| Duration::from_millis(options.request_ms)),
+            named: options.prepared_statements,
+            conn: None,
+            gave_up: false,
+            shared: Arc::clone(&shared),
+            rx,
+        });
+    }
     std::thread::Builder::new()
         .name("kerman-postgres".into())
         .spawn(move || {
@@ -209,11 +265,38 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
                 Ok(rt) => rt,
                 Err(e) => return drop(ready_tx.send(Err(LogError::io("start the postgres runtime", e)))),
             };
-            rt.block_on(worker.run(rx, ready_tx, done_tx));
+            rt.block_on(run(workers, ready_tx, done_tx));
         })
         .map_err(|e| LogError::io("spawn the postgres thread", e))?;
     let applied = ready_rx.recv().unwrap_or_else(|_| Err(stopped()))?;
-    Ok(Handle { tx, owner, applied, pid: std::process::id() })
+    Ok(Handle { lanes, shared, owner, applied, pid: std::process::id() })
+}
+
+/// The runtime thread's work: open the first connection (migrating), then serve on every
+/// connection of the pool until the store is dropped.
+async fn run(
+    mut workers: Vec<Worker>,
+    ready: SyncSender<Result<Vec<i32>, LogError>>,
+    done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
+) {
+    // The first connect is not retried: a wrong DSN or a server that is down should fail
+    // the constructor at once.
+    let migrated = workers[0].open_first().await;
+    let failed = migrated.is_err();
+    let _ = ready.send(migrated);
+    if failed {
+        return;
+    }
+    // A busy store still renews its idle sessions: the deadline is checked before every
+    // request too. A TTL of 0 is never renewed.
+    if let Some(p) = workers[0].renewal_period() {
+        *lock(&workers[0].shared.next_renewal) = Some(Instant::now() + p);
+    }
+    let tasks: Vec<_> = workers.into_iter().map(|w| tokio::spawn(w.run(done.clone()))).collect();
+    drop(done);
+    for task in tasks {
+        let _ = task.await;
+    }
 }
 
 thread_local! {
@@ -257,7 +340,10 @@ where
     })
 }
 
+/// One connection of the pool, and the requests routed to it.
 pub(super) struct Worker {
+    /// Its place in the pool (0 is opened by the constructor).
+    index: usize,
     /// The DSN's settings and TLS connector: every connection is made through it.
     pub(super) target: Target,
     /// host:port, for errors.
@@ -267,61 +353,77 @@ pub(super) struct Worker {
     pub(super) reconnect_budget: Duration,
     /// How long one try of a request may wait for its reply (`PgOptions::request_ms`).
     pub(super) request_timeout: Option<Duration>,
+    /// Named prepared statements for `Prepared` (`PgOptions::prepared_statements`).
+    pub(super) named: bool,
     pub(super) conn: Option<Conn>,
     /// The last reconnect ran out of budget: the next request tries once, without backoff,
     /// so a long outage fails each request fast instead of stalling every one for the budget.
     pub(super) gave_up: bool,
-    /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
-    pub(super) held: HashMap<String, i64>,
-    fault: Option<Fault>,
-    /// The LISTEN connection, opened on first use (followers, enqueue wake-ups).
-    listener: listen::Lazy,
+    pub(super) shared: Arc<Shared>,
+    rx: UnboundedReceiver<Job>,
 }
 
 impl Worker {
-    async fn run(
-        mut self,
-        mut rx: UnboundedReceiver<Job>,
-        ready: SyncSender<Result<Vec<i32>, LogError>>,
-        done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>,
-    ) {
-        // The first connect is not retried: a wrong DSN or a server that is down should fail
-        // the constructor at once.
-        let migrated = async {
-            let context = format!("connect to {}", self.host);
-            let (mut client, connection) = self.target.connect().await.map_err(|detail| LogError::Database { context, detail })?;
-            let task = drive(connection);
-            let applied = schema::migrate(&mut client).await?;
-            let prepared = Prepared::new(&client).await?;
-            self.conn = Some(Conn::new(client, prepared, task));
-            Ok(applied)
+    /// Connects, migrates and prepares: the constructor's connection.
+    async fn open_first(&mut self) -> Result<Vec<i32>, LogError> {
+        let context = format!("connect to {}", self.host);
+        let (mut client, connection) = self.target.connect().await.map_err(|detail| LogError::Database { context, detail })?;
+        let task = drive(connection);
+        let applied = schema::migrate(&mut client).await?;
+        let prepared = Prepared::new(&client, self.named).await?;
+        self.conn = Some(Conn::new(client, prepared, task));
+        Ok(applied)
+    }
+
+    fn renewal_period(&self) -> Option<Duration> {
+        (self.ttl_ms > 0.0).then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)))
+    }
+
+    /// When this connection should look at a renewal due at `at`: then, if it is open; half a
+    /// period later if it is not, so a renewal opens a connection only when the open ones have
+    /// been busy that long (a store used by one caller at a time keeps one connection).
+    fn renewal_at(&self, at: Instant) -> Instant {
+        match (self.conn.is_some() || self.index == 0, self.renewal_period()) {
+            (false, Some(period)) => at + period / 2,
+            _ => at,
         }
-        .await;
-        let failed = migrated.is_err();
-        let _ = ready.send(migrated);
-        if failed {
-            return;
+    }
+
+    /// Claims the renewal if it is due and this connection should run it (the next one is
+    /// then a period away), so one connection runs it per tick: the one a request would be
+    /// routed to, so a connection stuck in a slow request does not hold the leases up.
+    /// Counted busy until [`pool::Routing::finished`].
+    fn claim_renewal(&self) -> bool {
+        let Some(period) = self.renewal_period() else { return false };
+        let mut next = lock(&self.shared.next_renewal);
+        if !matches!(*next, Some(at) if Instant::now() >= self.renewal_at(at)) {
+            return false;
         }
-        // A busy store still renews its idle sessions: the deadline is checked before every
-        // request too. A TTL of 0 is never renewed.
-        let period = (self.ttl_ms > 0.0).then(|| Duration::from_secs_f64(self.ttl_ms / 3000.0).max(Duration::from_millis(10)));
-        let mut next_renewal = period.map(|p| Instant::now() + p);
+        if !lock(&self.shared.routing).claim_renewal(self.index) {
+            return false;
+        }
+        *next = Some(Instant::now() + period);
+        true
+    }
+
+    async fn run(mut self, done: std::sync::mpsc::Sender<(Reply, Result<Response, LogError>)>) {
         loop {
-            if let (Some(p), Some(at)) = (period, next_renewal) {
-                if Instant::now() >= at {
-                    self.renew().await;
-                    next_renewal = Some(Instant::now() + p);
-                }
+            if self.claim_renewal() {
+                self.renew().await;
+                lock(&self.shared.routing).finished(self.index, None);
             }
-            let job = match next_renewal {
-                Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
+            let wake = lock(&self.shared.next_renewal).map(|at| self.renewal_at(at));
+            let job = match wake {
+                Some(at) => match tokio::time::timeout_at(at, self.rx.recv()).await {
                     Ok(job) => job,
                     Err(_) => continue,
                 },
-                None => rx.recv().await,
+                None => self.rx.recv().await,
             };
-            let Some((request, reply)) = job else { break };
+            let Some((request, reply, key)) = job else { break };
             let result = self.serve(request).await;
+            // Released before the reply runs: a request the reply submits may go anywhere.
+            lock(&self.shared.routing).finished(self.index, key.as_deref());
             // The reply thread outlives this loop (it ends when `done` is dropped), so this
             // send fails only if it panicked outside a reply, and then there is nobody to tell.
             let _ = done.send((reply, result));
@@ -331,7 +433,7 @@ impl Worker {
     /// Extends the leases held. A failure is not reported: the next append of a session whose
     /// lease lapsed meanwhile is refused (or, if nobody took it, succeeds: the epoch decides).
     async fn renew(&mut self) {
-        if self.held.is_empty() || self.connection().await.is_err() {
+        if lock(&self.shared.held).is_empty() || self.connection().await.is_err() {
             return;
         }
         if !self.renew_held().await && self.lost().await {
@@ -345,16 +447,14 @@ impl Worker {
     /// retried; a write whose outcome is unknown is settled from what the database now holds.
     async fn serve(&mut self, request: Request) -> Result<Response, LogError> {
         if let Request::InjectFault(fault) = request {
-            self.fault = Some(fault);
+            *lock(&self.shared.fault) = Some(fault);
             return Ok(Response::Done);
         }
         if let Request::Release { lease } | Request::Park { lease, .. } = &request {
             // Given up locally first, whatever the server says: a release that cannot reach it
             // (an outage) must still stop the renewals, or the lease would be renewed as soon
             // as the server is back and outlive the log. Unrenewed, it lapses after the TTL.
-            if self.held.get(&lease.session_id) == Some(&lease.epoch) {
-                self.held.remove(&lease.session_id);
-            }
+            unhold(&self.shared, lease);
         }
         // How many times one request may see its connection drop before it fails.
         const MAX_LOSSES: u32 = 3;
@@ -398,24 +498,22 @@ impl Worker {
         Ok(match request {
             Request::Create { id, header } => {
                 let lease = sql::create(c, id, header, owner, ttl_ms).await?;
-                self.held.insert(id.clone(), lease.epoch);
+                lock(&self.shared.held).insert(id.clone(), lease.epoch);
                 Response::Lease(lease)
             }
             Request::Open { id } => {
                 let (lease, header) = sql::acquire(c, id, owner, ttl_ms).await?;
                 let records = sql::read(c, id).await?;
-                if self.fault == Some(Fault::LoseReplyAfterOpen) {
-                    self.fault = None;
+                if fault_is(&self.shared, Fault::LoseReplyAfterOpen) {
                     return Err(terminate_self(c).await);
                 }
                 // Only now: if the read fails, a retry must be able to adopt this lease, and if
                 // no retry succeeds the lease lapses unrenewed.
-                self.held.insert(id.clone(), lease.epoch);
+                lock(&self.shared.held).insert(id.clone(), lease.epoch);
                 Response::Opened(lease, header, records)
             }
             Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
-                if self.fault == Some(Fault::LoseConnectionBeforeAppend) {
-                    self.fault = None;
+                if fault_is(&self.shared, Fault::LoseConnectionBeforeAppend) {
                     return Err(terminate_self(c).await);
                 }
                 let claims = match request {
@@ -424,20 +522,17 @@ impl Worker {
                 };
                 let result = sql::append(c, prepared, lease, rows, ttl_ms, claims).await;
                 if let Err(LogError::LeaseLost { .. }) = result {
-                    self.held.remove(&lease.session_id);
+                    lock(&self.shared.held).remove(&lease.session_id);
                 }
                 result?;
-                if self.fault == Some(Fault::LoseReplyAfterAppend) {
-                    self.fault = None;
+                if fault_is(&self.shared, Fault::LoseReplyAfterAppend) {
                     return Err(terminate_self(c).await);
                 }
                 Response::Done
             }
             Request::Read { id } => Response::Records(sql::read(c, id).await?),
             Request::Release { lease } => {
-                if self.held.get(&lease.session_id) == Some(&lease.epoch) {
-                    self.held.remove(&lease.session_id);
-                }
+                unhold(&self.shared, lease);
                 sql::release(c, lease).await?;
                 Response::Done
             }
@@ -449,11 +544,11 @@ impl Worker {
             }
             Request::InjectFault(_) | Request::Ping => Response::Done,
             Request::Listen { id, channel, subscriber } => {
-                self.listener.get().subscribe(*id, channel.clone(), subscriber.clone());
+                lock(&self.shared.listener).get().subscribe(*id, channel.clone(), subscriber.clone());
                 Response::Done
             }
             Request::Unlisten { id } => {
-                if let Some(l) = self.listener.started() {
+                if let Some(l) = lock(&self.shared.listener).started() {
                     l.unsubscribe(*id);
                 }
                 Response::Done
@@ -474,8 +569,11 @@ impl Worker {
             }
             Request::Take { limit, name, expiry } => {
                 let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms).await?;
-                for (lease, _, _) in &taken {
-                    self.held.insert(lease.session_id.clone(), lease.epoch);
+                {
+                    let mut held = lock(&self.shared.held);
+                    for (lease, _, _) in &taken {
+                        held.insert(lease.session_id.clone(), lease.epoch);
+                    }
                 }
                 let expiry = match expiry {
                     true => sql::next_expiry(c, owner).await?,
@@ -496,6 +594,25 @@ impl Worker {
             }
         })
     }
+}
+
+/// Stops renewing `lease` if it is the one held.
+fn unhold(shared: &Shared, lease: &Lease) {
+    let mut held = lock(&shared.held);
+    if held.get(&lease.session_id) == Some(&lease.epoch) {
+        held.remove(&lease.session_id);
+    }
+}
+
+/// Whether the injected fault is `fault`, clearing it if so (it fires once, on whichever
+/// connection serves the next append or open).
+fn fault_is(shared: &Shared, fault: Fault) -> bool {
+    let mut f = lock(&shared.fault);
+    let hit = *f == Some(fault);
+    if hit {
+        *f = None;
+    }
+    hit
 }
 
 /// `work`'s output, or `None` if `limit` passed first (with no limit, always its output).

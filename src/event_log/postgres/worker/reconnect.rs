@@ -59,12 +59,14 @@ impl Worker {
     /// gives the connection up (the next request reconnects). Whether it worked is not
     /// reported: a lapsed lease shows at the next append (refused if somebody took it).
     pub(super) async fn renew_held(&mut self) -> bool {
-        let (limit, held, owner, ttl_ms) = (self.request_timeout, &self.held, self.owner.as_str(), self.ttl_ms);
+        // A copy: the renewal awaits, and other connections add and drop leases meanwhile.
+        let held = super::lock(&self.shared.held).clone();
+        let (limit, owner, ttl_ms) = (self.request_timeout, self.owner.as_str(), self.ttl_ms);
         let Some(conn) = self.conn.as_mut() else { return false };
         if held.is_empty() {
             return true;
         }
-        match within(limit, sql::renew(&mut conn.client, held, owner, ttl_ms)).await {
+        match within(limit, sql::renew(&mut conn.client, &held, owner, ttl_ms)).await {
             Some(done) => done.is_ok(),
             None => {
                 self.conn = None;
@@ -80,7 +82,7 @@ impl Worker {
         };
         let (client, connection) = self.target.connect().await?;
         let task = super::drive(connection);
-        let prepared = Prepared::new(&client).await.map_err(detail)?;
+        let prepared = Prepared::new(&client, self.named).await.map_err(detail)?;
         Ok(Conn::new(client, prepared, task))
     }
 

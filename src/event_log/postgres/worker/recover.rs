@@ -52,7 +52,7 @@ impl Worker {
     /// Takes over a lease an interrupted open/create of ours acquired: held by this owner,
     /// under an epoch none of our logs holds (and, for create, at epoch 1 with our header).
     async fn adopt(&mut self, id: &str, header: Option<&String>) -> Result<Option<(Lease, String)>, LogError> {
-        if self.held.contains_key(id) {
+        if super::lock(&self.shared.held).contains_key(id) {
             return Ok(None);
         }
         let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
@@ -61,7 +61,7 @@ impl Worker {
         if !ours {
             return Ok(None);
         }
-        self.held.insert(id.to_string(), epoch);
+        super::lock(&self.shared.held).insert(id.to_string(), epoch);
         Ok(Some((Lease { session_id: id.to_string(), owner: self.owner.clone(), epoch }, stored)))
     }
 
@@ -87,7 +87,7 @@ impl Worker {
             return Err(unknown(format!("the stored last seq is {last_seq}")));
         }
         if epoch != lease.epoch {
-            self.held.remove(id);
+            super::lock(&self.shared.held).remove(id);
             return Err(LogError::LeaseLost { id: id.into(), epoch: lease.epoch, current: epoch });
         }
         if *resent {
@@ -98,7 +98,7 @@ impl Worker {
         let Some(Conn { client: c, prepared, .. }) = self.conn.as_mut() else { return Err(stopped()) };
         let result = sql::append(c, prepared, lease, rows, self.ttl_ms, claims).await;
         if let Err(LogError::LeaseLost { .. }) = result {
-            self.held.remove(id);
+            super::lock(&self.shared.held).remove(id);
         }
         result.map(|()| Response::Done)
     }
