@@ -5,7 +5,7 @@ LISTEN with thousands of channels on one connection.
 
 Usage: ``KERMAN_PG_DSN=postgresql://… python benches/python/pg_workers.py [--workers 4]
 [--sessions 10000] [--rate 500] [--seconds 20] [--burst 2000] [--json]`` (``make bench-workers``;
-about 3 minutes with the defaults). Everything runs in a fresh schema of that database (created
+about 3 minutes with the defaults). Everything runs in a fresh database of that server (created
 here, dropped at the end), so no other session is touched. Figures are from this one run; the
 report says what each one measures. docs/distributed.md, "Workers, measured", records them.
 """
@@ -119,11 +119,21 @@ def server_pids(dsn: str) -> List[int]:
                                       "AND pid <> pg_backend_pid()")]
 
 
-def db_stats(dsn: str) -> Tuple[int, int]:
-    """(transactions committed + rolled back in this database, 0). Each of the store's
-    statements outside an explicit transaction is one; an enqueue is one of four statements."""
+def db_stats(dsn: str) -> Tuple[int, Dict[str, int]]:
+    """(transactions committed + rolled back in this database, table counters). Each of the
+    store's statements outside an explicit transaction is one transaction; an enqueue is one
+    transaction of four statements. The database is the run's own (nobody else's transactions
+    count). The table counters are the scans of the store's tables (index and sequential) and
+    the rows sequential scans read: what the statements cost the server, whatever the load."""
+    psql(dsn, "SELECT pg_stat_force_next_flush()")
     (row,) = psql(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
-    return int(row), 0
+    tables: Dict[str, int] = {}
+    for line in psql(dsn, "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0) FROM pg_stat_user_tables "
+                          "WHERE relname LIKE 'kerman%'"):
+        name, seq, seq_rows, idx = line.split("|")
+        tables[f"{name}.scans"] = int(seq) + int(idx)
+        tables[f"{name}.seq_rows"] = int(seq_rows)
+    return int(row), tables
 
 
 # ---- the load generator (a child process) --------------------------------------------------------
@@ -241,13 +251,15 @@ def main() -> int:
     if not base:
         print("pg_workers: KERMAN_PG_DSN is unset; skipped (make pg-server prints one)", file=sys.stderr)
         return 0
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    psql(base, f"CREATE SCHEMA {schema}")
-    dsn = f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    # A database of its own, so pg_stat_database counts this run's transactions only (other
+    # processes using the server's other databases do not show up in them).
+    name = f"kerman_bench_{uuid.uuid4().hex[:12]}"
+    psql(base, f"CREATE DATABASE {name}")
+    dsn = urlparse(base)._replace(path="/" + name).geturl()
     try:
         report = run(args, dsn)
     finally:
-        psql(base, f"DROP SCHEMA {schema} CASCADE")
+        psql(base, f"DROP DATABASE {name} WITH (FORCE)")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -278,7 +290,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         w.wait_err(": serving ")
     port = urlparse(dsn).port or 5432
     pids = [w.pid for w in workers]
-    x0, _ = db_stats(dsn)
+    x0, tables0 = db_stats(dsn)
     io0 = socket_bytes(pids, port)
     cpu0 = {p: cpu_seconds(p) for p in pids}
     gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
@@ -300,7 +312,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
                 _, mid, sid, before, after, phase = line.split()
                 queued[mid] = (sid, int(before), int(after), phase)
     wait_for_models(workers, set(queued), 120)
-    x1, _ = db_stats(dsn)
+    x1, tables1 = db_stats(dsn)
     io1 = socket_bytes(pids, port)
     worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
     server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
@@ -313,6 +325,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "turns": turns, "seconds": round(span, 2), "turns_per_s": round(turns / span, 1),
         "steady_turns_per_s": round(len(steady) / ((max(steady) - min(steady)) / 1e9), 1) if len(steady) > 1 else None,
         "transactions_per_turn": round((x1 - x0) / turns, 2),
+        "table_counters_per_turn": {k: round((tables1.get(k, 0) - v) / turns, 2) for k, v in sorted(tables0.items())},
         "worker_bytes_per_turn": round((io1 - io0) / turns),
         "connections": int(conns),
         "worker_cpu_ms_per_turn": round(worker_cpu * 1000 / turns, 2),
@@ -444,6 +457,7 @@ def print_report(r: Dict[str, Any]) -> None:
     print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
           f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
           f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections")
+    print("per turn, the store's tables: " + ", ".join(f"{k} {v}" for k, v in t["table_counters_per_turn"].items()))
     print(f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
           f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}")
     k = r["takeover"]
