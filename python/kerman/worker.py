@@ -133,6 +133,10 @@ class Worker:
         self._done = False
         self._expiry_at: Optional[float] = None
         self._swept = True  # the next take is a sweep's: it reads the next expiry
+        # What the next take looks at: every candidate (a sweep, a re-LISTEN, room again), or
+        # only the sessions notifications named since the last take (by primary key).
+        self._scan = True
+        self._named: Dict[str, None] = {}
         self._rearmed: Optional[asyncio.Future[None]] = None
         self.stats: Dict[str, int] = {"taken": 0, "released": 0, "parked": 0, "requeued": 0, "cancelled": 0}
 
@@ -177,7 +181,9 @@ class Worker:
                 if self._stopping:
                     break
                 swept, self._swept = self._swept, False
-                await self._take(swept)
+                scan, self._scan = self._scan or swept, False
+                named, self._named = self._named, {}
+                await self._take(swept, scan, named)
         finally:
             for helper in helpers:
                 helper.cancel()
@@ -216,10 +222,20 @@ class Worker:
             session.poke()
 
     async def _listen(self) -> None:
-        """Wakes the take loop on each ``kerman_takeable`` notification (or re-LISTEN)."""
+        """Wakes the take loop on each ``kerman_takeable`` notification (or re-LISTEN), with the
+        sessions they named (all of those that arrived together go into one take)."""
         assert self._wanted is not None
         while True:
-            await self._store._takeable()
+            ids = await self._store._takeable()
+            if ids is None:
+                self._scan = True
+            else:
+                # Ours already (a notification racing our own take or release): nothing to take.
+                for sid in ids:
+                    if sid not in self._sessions:
+                        self._named[sid] = None
+                if not self._named and not self._scan:
+                    continue
             self._wanted.set()
 
     async def _sweep(self) -> None:
@@ -236,6 +252,7 @@ class Worker:
             if not rearmed.done():
                 self._expiry_at = None
                 self._swept = True
+                self._scan = True
                 self._wanted.set()
 
     def _rearm(self, expiry: Optional[float]) -> None:
@@ -246,17 +263,24 @@ class Worker:
         if self._rearmed is not None and not self._rearmed.done():
             self._rearmed.set_result(None)
 
-    async def _take(self, swept: bool) -> None:
-        """Takes while takes come back full. Only a sweep (or the first take) asks for the next
-        expiry: every worker hears each notification, so those takes are kept to one statement."""
+    async def _take(self, swept: bool, scan: bool, named: Dict[str, None]) -> None:
+        """Takes the sessions notifications named (by primary key, a batch per statement), and
+        when scanning, any takeable ones while takes come back full. Only a sweep (or the first
+        take) asks for the next expiry: every worker hears each notification, so those takes
+        are kept to one statement."""
         expiry = swept
-        while not self._stopping:
+        ids = [sid for sid in named if sid not in self._sessions]
+        while not self._stopping and (ids or scan):
             room = self._max_sessions - len(self._sessions)
             if room <= 0:
+                self._scan = True  # the named ones wait for room (taken by the take then)
                 return
             limit = min(room, self._take_batch)
+            batch: Optional[List[str]] = None
+            if ids and not scan:
+                batch, ids = ids[:limit], ids[limit:]
             try:
-                taken, next_expiry = await self._store._take(limit, self._name, expiry)
+                taken, next_expiry = await self._store._take(limit, self._name, expiry, batch)
             except Exception:
                 # The store reconnects by itself; the next sweep tries again.
                 logger.exception("worker %s: taking sessions failed", self._name)
@@ -266,7 +290,7 @@ class Worker:
                 expiry = False
             for log, epoch, closers in taken:
                 self._start(log, epoch, closers)
-            if len(taken) < limit:
+            if batch is None and len(taken) < limit:
                 return
 
     def _start(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
@@ -305,8 +329,10 @@ class Worker:
                 await self._release(session)
         finally:
             full = len(self._sessions) >= self._max_sessions
-            self._sessions.pop(log.id, None)
+            if self._sessions.get(log.id) is session:
+                self._sessions.pop(log.id)
             if full and self._wanted is not None:
+                self._scan = True
                 self._wanted.set()  # room again: input may have waited for it
 
     async def _run(self, session: _Session) -> None:

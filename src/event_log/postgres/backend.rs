@@ -11,11 +11,12 @@
 //! barriers fail and later appends are refused, until the session is reopened.
 //!
 //! Staged input (`PostgresStore::enqueue` from other processes): once an inbox attaches
-//! ([`Backend::attach_intake`]) the backend reads the session's staged rows, then again on
-//! every NOTIFY of its enqueue channel (and after each re-LISTEN), and hands new ones to the
-//! inbox, which inserts each with an ordinary splice. The append transaction carrying such a
-//! splice also deletes the staged row (`AppendStaged`), so exactly one splice per staged
-//! message can commit: a crash before that commit leaves the row for the next owner.
+//! ([`Backend::attach_intake`]) the backend reads the session's staged rows (as soon as its
+//! LISTEN is in place), then again on every NOTIFY of its enqueue channel (and after each
+//! re-LISTEN), and hands new ones to the inbox, which inserts each with an ordinary splice.
+//! The append transaction carrying such a splice also deletes the staged row
+//! (`AppendStaged`), so exactly one splice per staged message can commit: a crash before that
+//! commit leaves the row for the next owner.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -325,7 +326,8 @@ impl Backend for PgBackend {
     }
 
     /// Starts listening on the session's enqueue channel (first inbox only) and reads what is
-    /// staged already: input enqueued while no owner ran is picked up here, after `open`.
+    /// staged already (once listening): input enqueued while no owner ran is picked up here,
+    /// after `open`.
     fn attach_intake(&self, intake: Weak<dyn Intake>) {
         {
             // Inboxes come and go over a long-lived log: forget the dropped ones.
@@ -353,6 +355,10 @@ impl Backend for PgBackend {
             });
             let channel = listen::channel_name(Channel::Enqueued, &self.shared.lease.session_id);
             self.shared.core.submit(Request::Listen { id, channel, subscriber }, Box::new(|_| ()));
+            // No read now: the subscriber hears `Note::Listening` once the LISTEN is in place
+            // and reads then, which also covers input staged until then (a read before it
+            // would be repeated by that one anyway: one round trip per take saved).
+            return;
         }
         fetch(&self.shared);
     }

@@ -59,9 +59,10 @@ pub enum Request {
     Unstage { lease: Lease, ids: Vec<String> },
     /// The header and records of a session, without its lease.
     Peek { id: String },
-    /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`).
-    /// With `expiry`, also reads when another owner's lease next expires (`sql::next_expiry`).
-    Take { limit: i64, name: String, expiry: bool },
+    /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`): only
+    /// those of `ids` if given (a notification named them), else any (a sweep). With
+    /// `expiry`, also reads when another owner's lease next expires (`sql::next_expiry`).
+    Take { limit: i64, name: String, expiry: bool, ids: Option<Vec<String>> },
     /// Parks the session under `lease`, releasing it (`Bool(false)`: the lease moved on).
     Park { lease: Lease, detail: String, runnable: bool },
     /// Makes a parked session active again (`Bool(false)`: it was not parked).
@@ -89,6 +90,9 @@ pub enum Fault {
     /// After the next open took the lease and read the session: the retry must adopt that
     /// lease rather than find the session locked (by itself).
     LoseReplyAfterOpen,
+    /// After the next take committed, before its reply is seen: the retry must hand over the
+    /// sessions it took (held by this store, unknown to its caller) rather than strand them.
+    LoseReplyAfterTake,
 }
 
 #[derive(Debug)]
@@ -472,8 +476,12 @@ impl Worker {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done
             }
-            Request::Take { limit, name, expiry } => {
-                let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms).await?;
+            Request::Take { limit, name, expiry, ids } => {
+                let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms, ids.as_deref()).await?;
+                if self.fault == Some(Fault::LoseReplyAfterTake) && !taken.is_empty() {
+                    self.fault = None;
+                    return Err(terminate_self(c).await);
+                }
                 for (lease, _, _) in &taken {
                     self.held.insert(lease.session_id.clone(), lease.epoch);
                 }
