@@ -51,7 +51,8 @@ class Proc:
 
     def __init__(self, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.err = open(os.devnull, "w") if os.environ.get("BENCH_QUIET") else None
-        self.proc = subprocess.Popen(args, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen(args, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
         self.lines: List[str] = []
@@ -77,10 +78,10 @@ class Proc:
                     raise SystemExit(f"child {self.pid} did not say {needle!r}:\n" + "\n".join(self.err_lines))
                 self.cond.wait(0.5)
 
-    def wait_eof(self, timeout: float = 600.0) -> None:
+    def wait_eof(self, timeout: float = 600.0, last: str = "<eof>") -> None:
         end = time.monotonic() + timeout
         with self.cond:
-            while "<eof>" not in self.lines:
+            while last not in self.lines and "<eof>" not in self.lines:
                 if time.monotonic() > end:
                     raise SystemExit(f"child {self.pid} did not finish")
                 self.cond.wait(0.5)
@@ -114,9 +115,17 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def server_pids(dsn: str) -> List[int]:
-    return [int(p) for p in psql(dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                                      "AND pid <> pg_backend_pid()")]
+def server_pids(dsn: str) -> Dict[int, str]:
+    """This database's backends, each by role: the generators' (`bench-gen`, named by their
+    DSN), the workers' LISTEN connections (`kerman-listen-<pid>`) and their store connections."""
+    rows = psql(dsn, "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid()")
+    roles = {}
+    for row in rows:
+        pid, name = row.split("|", 1)
+        roles[int(pid)] = ("generators" if name == "bench-gen" else
+                           "worker_listen" if name.startswith("kerman-listen") else "worker_store")
+    return roles
 
 
 def db_stats(dsn: str) -> Tuple[int, Dict[str, int]]:
@@ -136,6 +145,25 @@ def db_stats(dsn: str) -> Tuple[int, Dict[str, int]]:
     return int(row), tables
 
 
+def log_offset(path: Optional[str]) -> int:
+    return os.path.getsize(path) if path else 0
+
+
+def statement_counts(path: str, start: int, end: int) -> Counter:
+    """The statements the server logged (``log_statement = all``, set on the run's database
+    only) between two offsets of its log, by kind: the first words of each statement."""
+    counts: Counter = Counter()
+    with open(path, "rb") as f:
+        f.seek(start)
+        text = f.read(end - start).decode("utf-8", "replace")
+    for line in text.splitlines():
+        found = re.search(r"LOG:  (?:execute [^:]+|statement): (.*)", line)
+        if found:
+            kind = re.sub(r"kerman_([ae])_[0-9a-f]{32}", r"kerman_\1_…", " ".join(found.group(1).split()))
+            counts[kind[:60]] += 1
+    return counts
+
+
 # ---- the load generator (a child process) --------------------------------------------------------
 
 
@@ -145,7 +173,9 @@ def loadgen(args: argparse.Namespace) -> None:
     Prints ``q <message-id> <session> <ns before> <ns after> <phase>`` per message."""
     import kerman
 
-    store = kerman.PostgresStore(args.dsn)
+    # Named, so the benchmark tells its backends from the workers'.
+    sep = "&" if "?" in args.dsn else "?"
+    store = kerman.PostgresStore(f"{args.dsn}{sep}application_name=bench-gen")
     rng = random.Random(args.seed)
     hot = [f"b-{i}" for i in range(args.hot_sessions)]
     everyone = args.sessions
@@ -171,6 +201,8 @@ def loadgen(args: argparse.Namespace) -> None:
         send(f"b-{rng.randrange(args.hot_sessions, everyone)}", "burst")
     out.write("done\n")
     out.flush()
+    # Until the benchmark has read its backend's CPU time (it closes stdin).
+    sys.stdin.read()
 
 
 # ---- LISTEN with many channels -------------------------------------------------------------------
@@ -239,6 +271,9 @@ def main() -> int:
     parser.add_argument("--idle-timeout", type=float, default=10.0)
     parser.add_argument("--model-delay", type=float, default=0.005)
     parser.add_argument("--listen-counts", default="1,1000,10000")
+    parser.add_argument("--statement-log", metavar="PATH",
+                        help="the server's log file: log every statement of the run's database "
+                             "(log_statement = all, on that database only) and report them per turn, by kind")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -274,6 +309,9 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "workers", "sessions", "rate", "generators", "seconds", "burst", "hot_sessions", "hot_share",
         "lease_ttl", "idle_timeout", "model_delay")}}
     ids = [f"b-{i}" for i in range(args.sessions)]
+    if args.statement_log:
+        (database,) = psql(dsn, "SELECT current_database()")
+        psql(dsn, f"ALTER DATABASE {database} SET log_statement = 'all'")
     t0 = time.monotonic()
     setup = kerman.PostgresStore(dsn)
     for sid in ids:
@@ -291,6 +329,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     port = urlparse(dsn).port or 5432
     pids = [w.pid for w in workers]
     x0, tables0 = db_stats(dsn)
+    log0 = log_offset(args.statement_log)
     io0 = socket_bytes(pids, port)
     cpu0 = {p: cpu_seconds(p) for p in pids}
     gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
@@ -303,8 +342,9 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     (conns,) = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
     backends = server_pids(dsn)
     server0 = {p: cpu_seconds(p) for p in backends}  # from mid-run: the generators' come and go
+    turns0 = len(collect(workers)[0])
     for g in gens:
-        g.wait_eof()
+        g.wait_eof(last="done")
     queued = {}
     for g in gens:
         for line in g.lines:
@@ -313,9 +353,17 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
                 queued[mid] = (sid, int(before), int(after), phase)
     wait_for_models(workers, set(queued), 120)
     x1, tables1 = db_stats(dsn)
+    log1 = log_offset(args.statement_log)
     io1 = socket_bytes(pids, port)
     worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
     server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
+    by_role: Dict[str, float] = defaultdict(float)
+    for p, role in backends.items():
+        by_role[role] += cpu_seconds(p) - server0[p]
+    for g in gens:
+        assert g.proc.stdin is not None
+        g.proc.stdin.close()
+        g.proc.wait(60)
     models, takes = collect(workers)
     report["latency"] = latencies(queued, models, takes)
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
@@ -330,8 +378,16 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "connections": int(conns),
         "worker_cpu_ms_per_turn": round(worker_cpu * 1000 / turns, 2),
         "server_cpu_s_second_half": round(server_cpu, 1),
+        # The server's CPU per turn served from mid-run on, by the role of its backends (those of
+        # a generator that stopped before the end are counted until then).
+        "server_cpu_ms_per_turn_second_half": {
+            role: round(sec * 1000 / max(1, turns - turns0), 2) for role, sec in sorted(by_role.items())},
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
+    if args.statement_log:
+        counts = statement_counts(args.statement_log, log0, log1)
+        report["statements_per_turn"] = {k: round(n / turns, 3) for k, n in counts.most_common()}
+        report["throughput"]["statements_per_turn"] = round(sum(counts.values()) / turns, 2)
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
     # kill -9 of one worker: its sessions run elsewhere once their leases expire.
@@ -460,6 +516,12 @@ def print_report(r: Dict[str, Any]) -> None:
     print("per turn, the store's tables: " + ", ".join(f"{k} {v}" for k, v in t["table_counters_per_turn"].items()))
     print(f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
           f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}")
+    print("server CPU per turn from mid-run on, by backend: " + ", ".join(
+        f"{role} {v} ms" for role, v in t["server_cpu_ms_per_turn_second_half"].items()))
+    if "statements_per_turn" in r:
+        print(f"statements per turn (server log): {t['statements_per_turn']}")
+        for kind, n in r["statements_per_turn"].items():
+            print(f"  {n:>7.3f}  {kind}")
     k = r["takeover"]
     print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
           f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")

@@ -343,12 +343,18 @@ const ENQUEUE_CHECK: &str = "SELECT record FROM kerman_events
 
 /// `enqueue`'s insert. A data-modifying CTE always runs; the notify CTEs run because the final
 /// SELECT reads them: the owner's channel, and `kerman_takeable` when nobody owns the session.
+/// The owner's notification carries the staged row itself ([`staged_from_payload`]) when it
+/// fits in a payload (8000 bytes), so the owner need not read it back; else only its id.
 const ENQUEUE_INSERT: &str = "WITH ins AS (
          INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT DO NOTHING RETURNING 1
      ),
-     woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins),
+     note AS (SELECT json_build_object('id', $2::text, 'message', $3::text, 'target', $4::text,
+                                       'wakeup', $5::bool)::text AS row),
+     woke AS (SELECT pg_notify('kerman_e_' || md5($1),
+                               CASE WHEN octet_length(note.row) < 7900 THEN note.row ELSE $2 END)
+              FROM ins, note),
      free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins WHERE $6)
      SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)";
 
@@ -360,6 +366,23 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
         data: &'a serde_json::value::RawValue,
     }
     serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
+}
+
+/// The staged row an enqueue notification carries (see [`ENQUEUE_INSERT`]), or `None` if it
+/// carries only the message id (too large for a payload): then the owner reads the rows.
+pub fn staged_from_payload(payload: &str) -> Option<StagedInput> {
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        id: String,
+        message: String,
+        target: String,
+        wakeup: bool,
+    }
+    if !payload.starts_with('{') {
+        return None;
+    }
+    let p: Payload = serde_json::from_str(payload).ok()?;
+    Some(StagedInput { id: p.id, message: p.message, target: p.target, wakeup: p.wakeup })
 }
 
 /// The messages staged for session `id`, in enqueue order.

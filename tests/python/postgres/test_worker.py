@@ -169,12 +169,15 @@ def sessions(store: PostgresStore, n: int, prefix: str) -> List[str]:
 # ---- taking ------------------------------------------------------------------------------------
 
 
-def test_input_enqueued_for_unowned_sessions_is_taken_by_exactly_one_of_two_workers(workers):
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_input_enqueued_for_unowned_sessions_is_taken_by_exactly_one_of_two_workers(workers, event_loop):
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)
     ids = sessions(store, 12, "race")
-    a = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
-    b = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
+    a = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30", "--event-loop", event_loop)
+    b = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30", "--event-loop", event_loop)
     sent: Dict[str, List[str]] = {sid: [store.enqueue(sid, f"hello {sid}").id] for sid in ids}
     for sid in ids:
         wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the turn of {sid}")

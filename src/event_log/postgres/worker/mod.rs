@@ -73,6 +73,10 @@ pub enum Request {
     Sessions { id: Option<String> },
     /// Does nothing: its reply runs on the reply thread (a LISTEN subscriber's hand-off there).
     Ping,
+    /// A request made when the runtime thread gets to it rather than when it was submitted
+    /// (`None`: nothing to do): a session's next append batch, so rows appended meanwhile
+    /// join it (`backend.rs`). Runs on the runtime thread: it must not block or call Python.
+    Deferred(Box<dyn FnOnce() -> Option<Request> + Send>),
     /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
     InjectFault(Fault),
@@ -348,6 +352,13 @@ impl Worker {
     /// Runs one request, reconnecting when the connection drops under it. Reads are simply
     /// retried; a write whose outcome is unknown is settled from what the database now holds.
     async fn serve(&mut self, request: Request) -> Result<Response, LogError> {
+        let request = match request {
+            Request::Deferred(make) => match make() {
+                Some(request) => request,
+                None => return Ok(Response::Done),
+            },
+            other => other,
+        };
         if let Request::InjectFault(fault) = request {
             self.fault = Some(fault);
             return Ok(Response::Done);
@@ -451,7 +462,7 @@ impl Worker {
                 sql::delete(c, id).await?;
                 Response::Done
             }
-            Request::InjectFault(_) | Request::Ping => Response::Done,
+            Request::InjectFault(_) | Request::Ping | Request::Deferred(_) => Response::Done,
             Request::Listen { id, channel, subscriber } => {
                 self.listener.get().subscribe(*id, channel.clone(), subscriber.clone());
                 Response::Done
