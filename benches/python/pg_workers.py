@@ -149,19 +149,30 @@ def log_offset(path: Optional[str]) -> int:
     return os.path.getsize(path) if path else 0
 
 
-def statement_counts(path: str, start: int, end: int) -> Counter:
+def statement_counts(path: str, start: int, end: int) -> Tuple[Counter, Dict[str, List[float]]]:
     """The statements the server logged (``log_statement = all``, set on the run's database
-    only) between two offsets of its log, by kind: the first words of each statement."""
+    only) between two offsets of its log, by kind (the first words of each statement), and
+    the durations of those that took 10 ms or more (``log_min_duration_statement``)."""
     counts: Counter = Counter()
+    slow: Dict[str, List[float]] = defaultdict(list)
+
+    def kind(text: str) -> str:
+        return re.sub(r"kerman_([ae])_[0-9a-f]{32}", r"kerman_\1_…", " ".join(text.split()))[:60]
+
     with open(path, "rb") as f:
         f.seek(start)
         text = f.read(end - start).decode("utf-8", "replace")
+    last: Dict[str, str] = {}  # server pid -> its last statement (a duration line follows it)
     for line in text.splitlines():
-        found = re.search(r"LOG:  (?:execute [^:]+|statement): (.*)", line)
+        found = re.search(r"\[(\d+)\] LOG:  (?:execute [^:]+|statement): (.*)", line)
         if found:
-            kind = re.sub(r"kerman_([ae])_[0-9a-f]{32}", r"kerman_\1_…", " ".join(found.group(1).split()))
-            counts[kind[:60]] += 1
-    return counts
+            last[found.group(1)] = kind(found.group(2))
+            counts[last[found.group(1)]] += 1
+            continue
+        found = re.search(r"\[(\d+)\] LOG:  duration: ([0-9.]+) ms", line)
+        if found and found.group(1) in last:
+            slow[last[found.group(1)]].append(float(found.group(2)))
+    return counts, slow
 
 
 # ---- the load generator (a child process) --------------------------------------------------------
@@ -312,6 +323,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     if args.statement_log:
         (database,) = psql(dsn, "SELECT current_database()")
         psql(dsn, f"ALTER DATABASE {database} SET log_statement = 'all'")
+        psql(dsn, f"ALTER DATABASE {database} SET log_min_duration_statement = 10")
     t0 = time.monotonic()
     setup = kerman.PostgresStore(dsn)
     for sid in ids:
@@ -388,8 +400,10 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
     if args.statement_log:
-        counts = statement_counts(args.statement_log, log0, log1)
+        counts, slow = statement_counts(args.statement_log, log0, log1)
         report["statements_per_turn"] = {k: round(n / turns, 3) for k, n in counts.most_common()}
+        report["statements_over_10ms"] = {k: {"n": len(v), "max_ms": max(v), "p50_ms": pct(v, 50)}
+                                          for k, v in sorted(slow.items(), key=lambda kv: -len(kv[1]))}
         report["throughput"]["statements_per_turn"] = round(sum(counts.values()) / turns, 2)
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
@@ -528,6 +542,9 @@ def print_report(r: Dict[str, Any]) -> None:
         print(f"statements per turn (server log): {t['statements_per_turn']}")
         for kind, n in r["statements_per_turn"].items():
             print(f"  {n:>7.3f}  {kind}")
+        print("statements that took 10 ms or more:")
+        for kind, v in r["statements_over_10ms"].items():
+            print(f"  {v['n']:>6}  p50 {v['p50_ms']:>7.1f} ms  max {v['max_ms']:>7.1f} ms  {kind}")
     k = r["takeover"]
     print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
           f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")
