@@ -52,7 +52,7 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task")
+    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving")
 
     def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
@@ -66,6 +66,8 @@ class _Session:
         self.nudge: Optional[asyncio.Future[None]] = None
         self.fenced = False
         self.task: Optional[asyncio.Task[None]] = None
+        # Being let go: a notification naming it (its release left input) is for a new take.
+        self.leaving = False
 
     def poke(self) -> None:
         """Wakes the session's task from its wait (a turn started, a stop, a fence)."""
@@ -230,9 +232,9 @@ class Worker:
             if ids is None:
                 self._scan = True
             else:
-                # Ours already (a notification racing our own take or release): nothing to take.
+                # Held here already (a notification racing our own take): nothing to take.
                 for sid in ids:
-                    if sid not in self._sessions:
+                    if not self._holds(sid):
                         self._named[sid] = None
                 if not self._named and not self._scan:
                     continue
@@ -269,7 +271,7 @@ class Worker:
         take) asks for the next expiry: every worker hears each notification, so those takes
         are kept to one statement."""
         expiry = swept
-        ids = [sid for sid in named if sid not in self._sessions]
+        ids = [sid for sid in named if not self._holds(sid)]
         while not self._stopping and (ids or scan):
             room = self._max_sessions - len(self._sessions)
             if room <= 0:
@@ -292,6 +294,10 @@ class Worker:
                 self._start(log, epoch, closers)
             if batch is None and len(taken) < limit:
                 return
+
+    def _holds(self, sid: str) -> bool:
+        session = self._sessions.get(sid)
+        return session is not None and not session.leaving
 
     def _start(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         session = _Session(log, epoch, closers)
@@ -471,6 +477,7 @@ class Worker:
     async def _release(self, session: _Session) -> None:
         """Flushes and releases the lease; input left pending in the log is flagged for the next
         worker (a release with input still staged announces itself)."""
+        session.leaving = True
         pending = await self._close_agent(session)
         try:
             await session.log.aclose()
@@ -486,6 +493,7 @@ class Worker:
                 logger.exception("worker %s: flagging session %r failed", self._name, session.log.id)
 
     async def _park(self, session: _Session, detail: str, runnable: bool) -> None:
+        session.leaving = True
         pending = await self._close_agent(session) or runnable
         log = session.log
         try:
@@ -505,6 +513,7 @@ class Worker:
     async def _let_go_fenced(self, session: _Session) -> None:
         """Another owner took the session over: nothing of ours may be written or released."""
         logger.warning("worker %s: session %r was taken over by another owner", self._name, session.log.id)
+        session.leaving = True
         await self._close_agent(session)
         try:
             await session.log.aclose()
