@@ -5,7 +5,7 @@ LISTEN with thousands of channels on one connection.
 
 Usage: ``KERMAN_PG_DSN=postgresql://… python benches/python/pg_workers.py [--workers 4]
 [--sessions 10000] [--rate 500] [--seconds 20] [--burst 2000] [--json]`` (``make bench-workers``;
-about 3 minutes with the defaults). Everything runs in a fresh schema of that database (created
+about 3 minutes with the defaults). Everything runs in a fresh database of that server (created
 here, dropped at the end), so no other session is touched. Figures are from this one run; the
 report says what each one measures. docs/distributed.md, "Workers, measured", records them.
 """
@@ -51,7 +51,8 @@ class Proc:
 
     def __init__(self, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.err = open(os.devnull, "w") if os.environ.get("BENCH_QUIET") else None
-        self.proc = subprocess.Popen(args, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen(args, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
         self.lines: List[str] = []
@@ -77,10 +78,10 @@ class Proc:
                     raise SystemExit(f"child {self.pid} did not say {needle!r}:\n" + "\n".join(self.err_lines))
                 self.cond.wait(0.5)
 
-    def wait_eof(self, timeout: float = 600.0) -> None:
+    def wait_eof(self, timeout: float = 600.0, last: str = "<eof>") -> None:
         end = time.monotonic() + timeout
         with self.cond:
-            while "<eof>" not in self.lines:
+            while last not in self.lines and "<eof>" not in self.lines:
                 if time.monotonic() > end:
                     raise SystemExit(f"child {self.pid} did not finish")
                 self.cond.wait(0.5)
@@ -114,16 +115,64 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def server_pids(dsn: str) -> List[int]:
-    return [int(p) for p in psql(dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                                      "AND pid <> pg_backend_pid()")]
+def server_pids(dsn: str) -> Dict[int, str]:
+    """This database's backends, each by role: the generators' (`bench-gen`, named by their
+    DSN), the workers' LISTEN connections (`kerman-listen-<pid>`) and their store connections."""
+    rows = psql(dsn, "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid()")
+    roles = {}
+    for row in rows:
+        pid, name = row.split("|", 1)
+        roles[int(pid)] = ("generators" if name == "bench-gen" else
+                           "worker_listen" if name.startswith("kerman-listen") else "worker_store")
+    return roles
 
 
-def db_stats(dsn: str) -> Tuple[int, int]:
-    """(transactions committed + rolled back in this database, 0). Each of the store's
-    statements outside an explicit transaction is one; an enqueue is one of four statements."""
+def db_stats(dsn: str) -> Tuple[int, Dict[str, int]]:
+    """(transactions committed + rolled back in this database, table counters). Each of the
+    store's statements outside an explicit transaction is one transaction; an enqueue is one
+    transaction of four statements. The database is the run's own (nobody else's transactions
+    count). The table counters are the scans of the store's tables (index and sequential) and
+    the rows sequential scans read: what the statements cost the server, whatever the load."""
+    psql(dsn, "SELECT pg_stat_force_next_flush()")
     (row,) = psql(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
-    return int(row), 0
+    tables: Dict[str, int] = {}
+    for line in psql(dsn, "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0) FROM pg_stat_user_tables "
+                          "WHERE relname LIKE 'kerman%'"):
+        name, seq, seq_rows, idx = line.split("|")
+        tables[f"{name}.scans"] = int(seq) + int(idx)
+        tables[f"{name}.seq_rows"] = int(seq_rows)
+    return int(row), tables
+
+
+def log_offset(path: Optional[str]) -> int:
+    return os.path.getsize(path) if path else 0
+
+
+def statement_counts(path: str, start: int, end: int) -> Tuple[Counter, Dict[str, List[float]]]:
+    """The statements the server logged (``log_statement = all``, set on the run's database
+    only) between two offsets of its log, by kind (the first words of each statement), and
+    the durations of those that took 10 ms or more (``log_min_duration_statement``)."""
+    counts: Counter = Counter()
+    slow: Dict[str, List[float]] = defaultdict(list)
+
+    def kind(text: str) -> str:
+        return re.sub(r"kerman_([ae])_[0-9a-f]{32}", r"kerman_\1_…", " ".join(text.split()))[:60]
+
+    with open(path, "rb") as f:
+        f.seek(start)
+        text = f.read(end - start).decode("utf-8", "replace")
+    last: Dict[str, str] = {}  # server pid -> its last statement (a duration line follows it)
+    for line in text.splitlines():
+        found = re.search(r"\[(\d+)\] LOG:  (?:execute [^:]+|statement): (.*)", line)
+        if found:
+            last[found.group(1)] = kind(found.group(2))
+            counts[last[found.group(1)]] += 1
+            continue
+        found = re.search(r"\[(\d+)\] LOG:  duration: ([0-9.]+) ms", line)
+        if found and found.group(1) in last:
+            slow[last[found.group(1)]].append(float(found.group(2)))
+    return counts, slow
 
 
 # ---- the load generator (a child process) --------------------------------------------------------
@@ -135,7 +184,9 @@ def loadgen(args: argparse.Namespace) -> None:
     Prints ``q <message-id> <session> <ns before> <ns after> <phase>`` per message."""
     import kerman
 
-    store = kerman.PostgresStore(args.dsn)
+    # Named, so the benchmark tells its backends from the workers'.
+    sep = "&" if "?" in args.dsn else "?"
+    store = kerman.PostgresStore(f"{args.dsn}{sep}application_name=bench-gen")
     rng = random.Random(args.seed)
     hot = [f"b-{i}" for i in range(args.hot_sessions)]
     everyone = args.sessions
@@ -161,6 +212,8 @@ def loadgen(args: argparse.Namespace) -> None:
         send(f"b-{rng.randrange(args.hot_sessions, everyone)}", "burst")
     out.write("done\n")
     out.flush()
+    # Until the benchmark has read its backend's CPU time (it closes stdin).
+    sys.stdin.read()
 
 
 # ---- LISTEN with many channels -------------------------------------------------------------------
@@ -229,6 +282,9 @@ def main() -> int:
     parser.add_argument("--idle-timeout", type=float, default=10.0)
     parser.add_argument("--model-delay", type=float, default=0.005)
     parser.add_argument("--listen-counts", default="1,1000,10000")
+    parser.add_argument("--statement-log", metavar="PATH",
+                        help="the server's log file: log every statement of the run's database "
+                             "(log_statement = all, on that database only) and report them per turn, by kind")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -241,13 +297,15 @@ def main() -> int:
     if not base:
         print("pg_workers: KERMAN_PG_DSN is unset; skipped (make pg-server prints one)", file=sys.stderr)
         return 0
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    psql(base, f"CREATE SCHEMA {schema}")
-    dsn = f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    # A database of its own, so pg_stat_database counts this run's transactions only (other
+    # processes using the server's other databases do not show up in them).
+    name = f"kerman_bench_{uuid.uuid4().hex[:12]}"
+    psql(base, f"CREATE DATABASE {name}")
+    dsn = urlparse(base)._replace(path="/" + name).geturl()
     try:
         report = run(args, dsn)
     finally:
-        psql(base, f"DROP SCHEMA {schema} CASCADE")
+        psql(base, f"DROP DATABASE {name} WITH (FORCE)")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -262,6 +320,10 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "workers", "sessions", "rate", "generators", "seconds", "burst", "hot_sessions", "hot_share",
         "lease_ttl", "idle_timeout", "model_delay")}}
     ids = [f"b-{i}" for i in range(args.sessions)]
+    if args.statement_log:
+        (database,) = psql(dsn, "SELECT current_database()")
+        psql(dsn, f"ALTER DATABASE {database} SET log_statement = 'all'")
+        psql(dsn, f"ALTER DATABASE {database} SET log_min_duration_statement = 10")
     t0 = time.monotonic()
     setup = kerman.PostgresStore(dsn)
     for sid in ids:
@@ -278,7 +340,8 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         w.wait_err(": serving ")
     port = urlparse(dsn).port or 5432
     pids = [w.pid for w in workers]
-    x0, _ = db_stats(dsn)
+    x0, tables0 = db_stats(dsn)
+    log0 = log_offset(args.statement_log)
     io0 = socket_bytes(pids, port)
     cpu0 = {p: cpu_seconds(p) for p in pids}
     gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
@@ -291,8 +354,9 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     (conns,) = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
     backends = server_pids(dsn)
     server0 = {p: cpu_seconds(p) for p in backends}  # from mid-run: the generators' come and go
+    turns0 = len(collect(workers)[0])
     for g in gens:
-        g.wait_eof()
+        g.wait_eof(last="done")
     queued = {}
     for g in gens:
         for line in g.lines:
@@ -300,12 +364,23 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
                 _, mid, sid, before, after, phase = line.split()
                 queued[mid] = (sid, int(before), int(after), phase)
     wait_for_models(workers, set(queued), 120)
-    x1, _ = db_stats(dsn)
+    x1, tables1 = db_stats(dsn)
+    log1 = log_offset(args.statement_log)
     io1 = socket_bytes(pids, port)
     worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
     server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
+    by_role: Dict[str, float] = defaultdict(float)
+    for p, role in backends.items():
+        by_role[role] += cpu_seconds(p) - server0[p]
+    for g in gens:
+        assert g.proc.stdin is not None
+        g.proc.stdin.close()
+        g.proc.wait(60)
     models, takes = collect(workers)
     report["latency"] = latencies(queued, models, takes)
+    pauses = [float(line.split()[3]) for w in workers for line in list(w.lines) if line.startswith("g ")]
+    report["gc_pauses"] = {"n_over_5ms": len(pauses), "max_ms": max(pauses, default=0.0),
+                           "total_ms": round(sum(pauses), 1)}
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
     turns = len(models)
     span = (max(t for t, _ in models.values()) - started) / 1e9
@@ -313,12 +388,23 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "turns": turns, "seconds": round(span, 2), "turns_per_s": round(turns / span, 1),
         "steady_turns_per_s": round(len(steady) / ((max(steady) - min(steady)) / 1e9), 1) if len(steady) > 1 else None,
         "transactions_per_turn": round((x1 - x0) / turns, 2),
+        "table_counters_per_turn": {k: round((tables1.get(k, 0) - v) / turns, 2) for k, v in sorted(tables0.items())},
         "worker_bytes_per_turn": round((io1 - io0) / turns),
         "connections": int(conns),
         "worker_cpu_ms_per_turn": round(worker_cpu * 1000 / turns, 2),
         "server_cpu_s_second_half": round(server_cpu, 1),
+        # The server's CPU per turn served from mid-run on, by the role of its backends (those of
+        # a generator that stopped before the end are counted until then).
+        "server_cpu_ms_per_turn_second_half": {
+            role: round(sec * 1000 / max(1, turns - turns0), 2) for role, sec in sorted(by_role.items())},
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
+    if args.statement_log:
+        counts, slow = statement_counts(args.statement_log, log0, log1)
+        report["statements_per_turn"] = {k: round(n / turns, 3) for k, n in counts.most_common()}
+        report["statements_over_10ms"] = {k: {"n": len(v), "max_ms": max(v), "p50_ms": pct(v, 50)}
+                                          for k, v in sorted(slow.items(), key=lambda kv: -len(kv[1]))}
+        report["throughput"]["statements_per_turn"] = round(sum(counts.values()) / turns, 2)
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
     # kill -9 of one worker: its sessions run elsewhere once their leases expire.
@@ -440,12 +526,25 @@ def print_report(r: Dict[str, Any]) -> None:
     print("enqueue returned -> model called:")
     for k, v in r["latency"].items():
         print(f"  {k:<18} n={v['n']:>6}  p50 {v['p50_ms']:>7.2f} ms  p99 {v['p99_ms']:>8.2f} ms  max {v['max_ms']:>8.1f} ms")
+    g = r["gc_pauses"]
+    print(f"garbage collections of 5 ms or more in the workers: {g['n_over_5ms']}, longest {g['max_ms']} ms, "
+          f"{g['total_ms']} ms in all")
     t = r["throughput"]
     print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
           f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
           f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections")
+    print("per turn, the store's tables: " + ", ".join(f"{k} {v}" for k, v in t["table_counters_per_turn"].items()))
     print(f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
           f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}")
+    print("server CPU per turn from mid-run on, by backend: " + ", ".join(
+        f"{role} {v} ms" for role, v in t["server_cpu_ms_per_turn_second_half"].items()))
+    if "statements_per_turn" in r:
+        print(f"statements per turn (server log): {t['statements_per_turn']}")
+        for kind, n in r["statements_per_turn"].items():
+            print(f"  {n:>7.3f}  {kind}")
+        print("statements that took 10 ms or more:")
+        for kind, v in r["statements_over_10ms"].items():
+            print(f"  {v['n']:>6}  p50 {v['p50_ms']:>7.1f} ms  max {v['max_ms']:>7.1f} ms  {kind}")
     k = r["takeover"]
     print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
           f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")

@@ -9,7 +9,7 @@ import json
 import logging
 import signal
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Coroutine, Dict, List
 
 from ._imports import load_object
 from .errors import SessionNotFoundError
@@ -53,6 +53,25 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-failures", type=_positive, default=3, metavar="N",
                         help="park a session after this many consecutive failed turns (default 3)")
     parser.add_argument("--name", default=None, help="the worker's name in `kerman sessions` (default host:pid)")
+    parser.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                        help="the asyncio event loop: uvloop (needs the uvloop package), asyncio's own, "
+                             "or auto: uvloop if it is installed (default)")
+
+
+def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """What runs the worker's coroutine: ``asyncio.run``, or ``uvloop.run`` (the same on uvloop's
+    event loop, which costs the worker less CPU per turn: docs/distributed.md, "Workers,
+    measured"). uvloop is optional: ``auto`` uses it when it is installed."""
+    if choice == "asyncio":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("--event-loop uvloop: the uvloop package is not installed (pip install uvloop)") from None
+        return asyncio.run
+    run: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
+    return run
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -70,6 +89,7 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
 
     try:
         factory = load_factory(args.app)
+        run = event_loop_runner(args.event_loop)
     except (ImportError, ValueError) as e:
         err(f"kerman: {e}")
         return 2
@@ -87,7 +107,7 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
             "SIGTERM drains")
         await worker.run()
 
-    asyncio.run(main())
+    run(main())
     err(f"kerman worker {worker.name}: stopped; {worker.stats['taken']} taken, {worker.stats['released']} "
         f"released, {worker.stats['parked']} parked")
     return 0

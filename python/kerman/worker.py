@@ -52,7 +52,7 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task")
+    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving")
 
     def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
@@ -66,6 +66,8 @@ class _Session:
         self.nudge: Optional[asyncio.Future[None]] = None
         self.fenced = False
         self.task: Optional[asyncio.Task[None]] = None
+        # Being let go: a notification naming it (its release left input) is for a new take.
+        self.leaving = False
 
     def poke(self) -> None:
         """Wakes the session's task from its wait (a turn started, a stop, a fence)."""
@@ -133,6 +135,10 @@ class Worker:
         self._done = False
         self._expiry_at: Optional[float] = None
         self._swept = True  # the next take is a sweep's: it reads the next expiry
+        # What the next take looks at: every candidate (a sweep, a re-LISTEN, room again), or
+        # only the sessions notifications named since the last take (by primary key).
+        self._scan = True
+        self._named: Dict[str, None] = {}
         self._rearmed: Optional[asyncio.Future[None]] = None
         self.stats: Dict[str, int] = {"taken": 0, "released": 0, "parked": 0, "requeued": 0, "cancelled": 0}
 
@@ -177,7 +183,9 @@ class Worker:
                 if self._stopping:
                     break
                 swept, self._swept = self._swept, False
-                await self._take(swept)
+                scan, self._scan = self._scan or swept, False
+                named, self._named = self._named, {}
+                await self._take(swept, scan, named)
         finally:
             for helper in helpers:
                 helper.cancel()
@@ -216,10 +224,20 @@ class Worker:
             session.poke()
 
     async def _listen(self) -> None:
-        """Wakes the take loop on each ``kerman_takeable`` notification (or re-LISTEN)."""
+        """Wakes the take loop on each ``kerman_takeable`` notification (or re-LISTEN), with the
+        sessions they named (all of those that arrived together go into one take)."""
         assert self._wanted is not None
         while True:
-            await self._store._takeable()
+            ids = await self._store._takeable()
+            if ids is None:
+                self._scan = True
+            else:
+                # Held here already (a notification racing our own take): nothing to take.
+                for sid in ids:
+                    if not self._holds(sid):
+                        self._named[sid] = None
+                if not self._named and not self._scan:
+                    continue
             self._wanted.set()
 
     async def _sweep(self) -> None:
@@ -236,6 +254,7 @@ class Worker:
             if not rearmed.done():
                 self._expiry_at = None
                 self._swept = True
+                self._scan = True
                 self._wanted.set()
 
     def _rearm(self, expiry: Optional[float]) -> None:
@@ -246,17 +265,24 @@ class Worker:
         if self._rearmed is not None and not self._rearmed.done():
             self._rearmed.set_result(None)
 
-    async def _take(self, swept: bool) -> None:
-        """Takes while takes come back full. Only a sweep (or the first take) asks for the next
-        expiry: every worker hears each notification, so those takes are kept to one statement."""
+    async def _take(self, swept: bool, scan: bool, named: Dict[str, None]) -> None:
+        """Takes the sessions notifications named (by primary key, a batch per statement), and
+        when scanning, any takeable ones while takes come back full. Only a sweep (or the first
+        take) asks for the next expiry: every worker hears each notification, so those takes
+        are kept to one statement."""
         expiry = swept
-        while not self._stopping:
+        ids = [sid for sid in named if not self._holds(sid)]
+        while not self._stopping and (ids or scan):
             room = self._max_sessions - len(self._sessions)
             if room <= 0:
+                self._scan = True  # the named ones wait for room (taken by the take then)
                 return
             limit = min(room, self._take_batch)
+            batch: Optional[List[str]] = None
+            if ids and not scan:
+                batch, ids = ids[:limit], ids[limit:]
             try:
-                taken, next_expiry = await self._store._take(limit, self._name, expiry)
+                taken, next_expiry = await self._store._take(limit, self._name, expiry, batch)
             except Exception:
                 # The store reconnects by itself; the next sweep tries again.
                 logger.exception("worker %s: taking sessions failed", self._name)
@@ -266,8 +292,12 @@ class Worker:
                 expiry = False
             for log, epoch, closers in taken:
                 self._start(log, epoch, closers)
-            if len(taken) < limit:
+            if batch is None and len(taken) < limit:
                 return
+
+    def _holds(self, sid: str) -> bool:
+        session = self._sessions.get(sid)
+        return session is not None and not session.leaving
 
     def _start(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         session = _Session(log, epoch, closers)
@@ -305,8 +335,10 @@ class Worker:
                 await self._release(session)
         finally:
             full = len(self._sessions) >= self._max_sessions
-            self._sessions.pop(log.id, None)
+            if self._sessions.get(log.id) is session:
+                self._sessions.pop(log.id)
             if full and self._wanted is not None:
+                self._scan = True
                 self._wanted.set()  # room again: input may have waited for it
 
     async def _run(self, session: _Session) -> None:
@@ -445,6 +477,7 @@ class Worker:
     async def _release(self, session: _Session) -> None:
         """Flushes and releases the lease; input left pending in the log is flagged for the next
         worker (a release with input still staged announces itself)."""
+        session.leaving = True
         pending = await self._close_agent(session)
         try:
             await session.log.aclose()
@@ -460,6 +493,7 @@ class Worker:
                 logger.exception("worker %s: flagging session %r failed", self._name, session.log.id)
 
     async def _park(self, session: _Session, detail: str, runnable: bool) -> None:
+        session.leaving = True
         pending = await self._close_agent(session) or runnable
         log = session.log
         try:
@@ -479,6 +513,7 @@ class Worker:
     async def _let_go_fenced(self, session: _Session) -> None:
         """Another owner took the session over: nothing of ours may be written or released."""
         logger.warning("worker %s: session %r was taken over by another owner", self._name, session.log.id)
+        session.leaving = True
         await self._close_agent(session)
         try:
             await session.log.aclose()

@@ -26,7 +26,44 @@ struct Takeable {
     subscribed: bool,
     /// A notification (or a re-LISTEN) arrived while nobody waited.
     pending: bool,
+    /// The session ids notified since the last hand-over, in arrival order, once each.
+    ids: Vec<String>,
+    named: std::collections::HashSet<String>,
+    /// A re-LISTEN (notifications may have been missed), or more ids than are worth naming:
+    /// the worker should scan rather than take by id.
+    scan: bool,
     waiter: Option<Completion>,
+}
+
+/// Past this many ids waiting, a scan is cheaper than naming them.
+const MAX_NAMED: usize = 4096;
+
+impl Takeable {
+    fn note(&mut self, note: crate::event_log::postgres::Note) {
+        match note {
+            crate::event_log::postgres::Note::Notified(id) if !self.scan && self.ids.len() < MAX_NAMED => {
+                if self.named.insert(id.clone()) {
+                    self.ids.push(id);
+                }
+            }
+            _ => {
+                self.scan = true;
+                self.ids.clear();
+                self.named.clear();
+            }
+        }
+    }
+
+    /// What a waiting future resolves with: the ids named, or `None` (scan).
+    fn hand_over(&mut self) -> Value {
+        self.named.clear();
+        let ids = std::mem::take(&mut self.ids);
+        let scan = std::mem::take(&mut self.scan);
+        Box::new(move |py: Python<'_>| match scan {
+            true => Ok(py.None()),
+            false => Ok(PyList::new(py, ids)?.into_any().unbind()),
+        })
+    }
 }
 
 fn lock(t: &Mutex<Takeable>) -> MutexGuard<'_, Takeable> {
@@ -321,15 +358,16 @@ impl PyPostgresStore {
     /// `kerman.Worker`'s take: an awaitable of `(taken, next_expiry)`. `taken`: up to `limit`
     /// `(log, epoch, closers)` triples, each a session this store now owns (opened as `open`
     /// does; `closers`: the crash closers that appended) that had input waiting and no live
-    /// owner, or a dead one; `name` is recorded as their `owner_name`. `next_expiry`: seconds
-    /// until another owner's lease next expires, or `None` (also without `expiry`: not read).
-    #[pyo3(signature = (limit, name, expiry=true))]
-    fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str, expiry: bool) -> PyResult<Bound<'py, PyAny>> {
+    /// owner, or a dead one; `name` is recorded as their `owner_name`. With `ids` (a list of
+    /// session ids), only those are looked at. `next_expiry`: seconds until another owner's
+    /// lease next expires, or `None` (also without `expiry`: not read).
+    #[pyo3(signature = (limit, name, expiry=true, ids=None))]
+    fn _take<'py>(&self, py: Python<'py>, limit: i64, name: &str, expiry: bool, ids: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
         if limit < 1 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("limit must be >= 1, got {limit}")));
         }
         let (completion, future) = Completion::new(py)?;
-        self.inner.take(limit, name, expiry, move |result| {
+        self.inner.take(limit, name, expiry, ids, move |result| {
             completion.deliver_value(result.map(|(taken, expiry)| {
                 let make: Value = Box::new(move |py: Python<'_>| {
                     let list = PyList::empty(py);
@@ -370,19 +408,21 @@ impl PyPostgresStore {
 
     /// `kerman.Worker`'s wake-up: an awaitable that resolves once a session became takeable
     /// (a NOTIFY on `kerman_takeable`) or the LISTEN connection (re)connected, since the
-    /// previous one resolved. The first call starts listening.
+    /// previous one resolved: with the list of session ids notified meanwhile, or `None` when
+    /// notifications may have been missed (a (re-)LISTEN) or too many came (take by scanning).
+    /// The first call starts listening.
     fn _takeable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (completion, future) = Completion::new(py)?;
         let (subscribe, ready) = {
             let mut st = lock(&self.takeable);
             let subscribe = !std::mem::replace(&mut st.subscribed, true);
-            let ready = std::mem::take(&mut st.pending);
+            let ready = std::mem::take(&mut st.pending).then(|| st.hand_over());
             (subscribe, ready)
         };
         match ready {
-            true => completion.deliver(Ok(())),
+            Some(value) => completion.deliver_value(Ok(Some(value))),
             // A future left waiting by an earlier call is dropped: it never resolves.
-            false => drop(lock(&self.takeable).waiter.replace(completion)),
+            None => drop(lock(&self.takeable).waiter.replace(completion)),
         }
         if subscribe {
             self.listen_takeable();
@@ -422,16 +462,26 @@ impl PyPostgresStore {
     fn listen_takeable(&self) {
         let state = Arc::downgrade(&self.takeable);
         let core: WeakCore = self.inner.core().downgrade();
-        let subscriber: crate::event_log::postgres::Subscriber = Arc::new(move |_note| {
+        let subscriber: crate::event_log::postgres::Subscriber = Arc::new(move |note| {
             let Some(state) = state.upgrade() else { return };
             let waiter = {
                 let mut st = lock(&state);
+                st.note(note);
                 let waiter = st.waiter.take();
                 st.pending = waiter.is_none();
                 waiter
             };
             if let (Some(waiter), Some(core)) = (waiter, core.upgrade()) {
-                core.submit(Request::Ping, Box::new(move |_| waiter.deliver(Ok(()))));
+                // What arrived until the reply thread runs this goes with it.
+                let state = Arc::downgrade(&state);
+                core.submit(
+                    Request::Ping,
+                    Box::new(move |_| {
+                        let Some(state) = state.upgrade() else { return };
+                        let value = lock(&state).hand_over();
+                        waiter.deliver_value(Ok(Some(value)));
+                    }),
+                );
             }
         });
         let id = crate::event_log::postgres::next_listen_id();

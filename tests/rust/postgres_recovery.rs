@@ -336,3 +336,67 @@ fn a_log_dropped_inside_its_own_flush_callback_gives_its_lease_up() {
     let reopened = open_when_free(&b, &id, Duration::from_secs(10));
     assert_eq!(reopened.len(), 5);
 }
+
+/// A session with three events and one staged message, its lease released: takeable.
+fn takeable_session(c: &PgCore) -> (String, Vec<kerman::event_log::Event>) {
+    let (lease, _) = c.create(None).unwrap();
+    let events = sample_events(3);
+    c.append(&lease, &events).unwrap();
+    c.release(&lease).unwrap();
+    let staged = kerman::event_log::StagedInput {
+        id: kerman::message::new_id(),
+        message: json!({"role": "user", "content": "hi"}).to_string(),
+        target: "next-turn".into(),
+        wakeup: true,
+    };
+    assert!(c.enqueue(&lease.session_id, staged).unwrap());
+    (lease.session_id, events)
+}
+
+fn take(c: &PgCore, limit: i64, ids: Option<Vec<String>>) -> Vec<(kerman::event_log::postgres::Lease, String, Vec<String>)> {
+    match c.call(Request::Take { limit, name: "w1".into(), expiry: false, ids }).unwrap() {
+        Response::Taken(taken, _) => taken,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_take_whose_reply_was_lost_hands_over_the_sessions_it_took() {
+    let Some(dsn) = dsn() else { return };
+    let (dsn, _) = super::postgres_store::fresh_schema(&dsn);
+    let web = core(&dsn);
+    let (id, events) = takeable_session(&web);
+    let worker = core(&dsn);
+    worker.call(Request::InjectFault(Fault::LoseReplyAfterTake)).unwrap();
+    // Retried blindly, the take would find the session held (by this very store) and return
+    // nothing: the session would sit unrenewed, unknown to the worker, until its lease lapsed.
+    let taken = take(&worker, 10, None);
+    assert_eq!(taken.len(), 1, "the session the lost try took is handed over");
+    let (lease, _, taken_records) = &taken[0];
+    assert_eq!((lease.session_id.as_str(), lease.epoch), (id.as_str(), 2), "the lost try's lease, not a second bump");
+    assert_eq!(taken_records, &texts(&events));
+    assert!(take(&worker, 10, None).is_empty(), "handed over once");
+    // It is this store's now: held (another store cannot open it) and appendable.
+    assert!(matches!(web.open(&id), Err(LogError::Locked { .. })));
+    let more = sample_events(5);
+    worker.append(lease, &more[3..]).unwrap();
+    assert_eq!(records(&worker, &id).len(), 5);
+}
+
+#[test]
+fn a_take_by_id_looks_only_at_the_sessions_named() {
+    let Some(dsn) = dsn() else { return };
+    let (dsn, _) = super::postgres_store::fresh_schema(&dsn);
+    let web = core(&dsn);
+    let (a, events) = takeable_session(&web);
+    let (b, _) = takeable_session(&web);
+    let worker = core(&dsn);
+    assert!(take(&worker, 10, Some(vec!["nobody".into()])).is_empty());
+    let taken = take(&worker, 10, Some(vec![a.clone(), "nobody".into()]));
+    assert_eq!(taken.iter().map(|t| t.0.session_id.clone()).collect::<Vec<_>>(), vec![a.clone()]);
+    assert_eq!(taken[0].2, texts(&events), "the records come with the take");
+    // Held now, so named again it is not taken twice; the other one is still there for a sweep.
+    assert!(take(&worker, 10, Some(vec![a.clone()])).is_empty());
+    let swept = take(&worker, 10, None);
+    assert_eq!(swept.iter().map(|t| t.0.session_id.clone()).collect::<Vec<_>>(), vec![b]);
+}

@@ -30,7 +30,7 @@ fn admin(dsn: &str, sql: &str) {
 }
 
 /// A DSN whose connections see only a new, empty schema (so migrations start from nothing).
-fn fresh_schema(dsn: &str) -> (String, String) {
+pub fn fresh_schema(dsn: &str) -> (String, String) {
     let schema = format!("t_{}", kerman::message::new_id().replace('-', ""));
     admin(dsn, &format!("CREATE SCHEMA {schema}"));
     let sep = if dsn.contains('?') { '&' } else { '?' };

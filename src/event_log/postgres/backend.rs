@@ -11,11 +11,13 @@
 //! barriers fail and later appends are refused, until the session is reopened.
 //!
 //! Staged input (`PostgresStore::enqueue` from other processes): once an inbox attaches
-//! ([`Backend::attach_intake`]) the backend reads the session's staged rows, then again on
-//! every NOTIFY of its enqueue channel (and after each re-LISTEN), and hands new ones to the
-//! inbox, which inserts each with an ordinary splice. The append transaction carrying such a
-//! splice also deletes the staged row (`AppendStaged`), so exactly one splice per staged
-//! message can commit: a crash before that commit leaves the row for the next owner.
+//! ([`Backend::attach_intake`]) the backend reads the session's staged rows (as soon as its
+//! LISTEN is in place), then again on every NOTIFY of its enqueue channel (and after each
+//! re-LISTEN; a notification that carries its row needs no read), and hands new ones to the
+//! inbox, which inserts each with an ordinary splice.
+//! The append transaction carrying such a splice also deletes the staged row
+//! (`AppendStaged`), so exactly one splice per staged message can commit: a crash before that
+//! commit leaves the row for the next owner.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -47,6 +49,8 @@ struct State {
     staged: HashSet<String>,
     /// Staged ids whose splices are pending: deleted by the next transaction.
     claims: Vec<String>,
+    /// The transaction in flight: how many rows it took, and the staged ids it claims.
+    flight: (u64, Vec<String>),
     /// The staged-rows reads.
     fetches: OneInFlight,
     /// The enqueue-channel subscription, once an inbox attached.
@@ -76,7 +80,10 @@ impl Shared {
     }
 }
 
-/// Takes the pending rows as the next transaction if none is in flight. The caller submits it
+/// The next transaction, if none is in flight and rows are pending. Its rows are taken when
+/// the runtime thread gets to it, not now (`Request::Deferred`): a loop appends a step's
+/// events one by one (a model reply, then `step/end` and `turn/end`), and those appended until
+/// then go in this transaction instead of waiting for the next one. The caller submits it
 /// after dropping the state lock: a stopped runtime replies at once, on the calling thread,
 /// and that reply takes the lock.
 fn next_batch(shared: &Arc<Shared>, st: &mut State) -> Option<(Request, Reply)> {
@@ -84,16 +91,26 @@ fn next_batch(shared: &Arc<Shared>, st: &mut State) -> Option<(Request, Reply)> 
         return None;
     }
     st.in_flight = true;
-    let rows = std::mem::take(&mut st.pending);
-    let claims = std::mem::take(&mut st.claims);
-    let n = rows.len() as u64;
-    let next = Arc::clone(shared);
-    let lease = shared.lease.clone();
-    let request = match claims.is_empty() {
-        true => Request::Append { lease, rows },
-        false => Request::AppendStaged { lease, rows, claims: claims.clone() },
+    let batch = Arc::clone(shared);
+    let make = move || {
+        let mut st = lock(&batch);
+        let rows = std::mem::take(&mut st.pending);
+        let claims = std::mem::take(&mut st.claims);
+        st.flight = (rows.len() as u64, claims.clone());
+        let lease = batch.lease.clone();
+        // Never empty: only this takes the pending rows while the batch is in flight.
+        (!rows.is_empty()).then(|| match claims.is_empty() {
+            true => Request::Append { lease, rows },
+            false => Request::AppendStaged { lease, rows, claims },
+        })
     };
-    Some((request, Box::new(move |result| committed(&next, n, claims, result))))
+    let next = Arc::clone(shared);
+    let reply: Reply = Box::new(move |result| {
+        // What the batch took (nothing if it never ran: the runtime had stopped).
+        let (n, claims) = std::mem::take(&mut lock(&next).flight);
+        committed(&next, n, claims, result)
+    });
+    Some((Request::Deferred { id: shared.lease.session_id.clone(), make: Box::new(make) }, reply))
 }
 
 fn submit(shared: &Shared, batch: Option<(Request, Reply)>) {
@@ -169,6 +186,13 @@ fn fetch(shared: &Arc<Shared>) {
     shared.core.submit(request, Box::new(move |result| fetched(&next, result)));
 }
 
+/// A notification that carries its staged row: handed to the inbox without reading it back,
+/// on the reply thread (a `Ping` gets it there, in order with the reads queued before it).
+fn notified(shared: &Arc<Shared>, row: StagedInput) {
+    let next = Arc::clone(shared);
+    shared.core.submit(Request::Ping, Box::new(move |_| hand_over(&next, vec![row])));
+}
+
 /// On the reply thread: hands the rows not already handed over to the inbox.
 fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
     // A failed read is not reported: the next notification (or re-LISTEN) reads again.
@@ -176,10 +200,18 @@ fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
         Ok(Response::Staged(rows)) => rows,
         _ => Vec::new(),
     };
+    hand_over(shared, rows);
+    let again = lock(shared).fetches.finish();
+    if again {
+        fetch(shared);
+    }
+}
+
+/// Hands `rows` not already handed over to the inbox (ids in the log already are dropped by it).
+fn hand_over(shared: &Arc<Shared>, rows: Vec<StagedInput>) {
     let fresh: Vec<StagedInput> = {
         let mut st = lock(shared);
         if st.closed {
-            st.fetches.finish();
             return;
         }
         let fresh: Vec<StagedInput> = rows.into_iter().filter(|r| !st.staged.contains(&r.id)).collect();
@@ -201,10 +233,6 @@ fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
             let request = Request::Unstage { lease: shared.lease.clone(), ids: taken.dropped };
             shared.core.submit(request, Box::new(|_| ()));
         }
-    }
-    let again = lock(shared).fetches.finish();
-    if again {
-        fetch(shared);
     }
 }
 
@@ -229,6 +257,7 @@ impl PgBackend {
             release_when_idle: false,
             staged: HashSet::new(),
             claims: Vec::new(),
+            flight: (0, Vec::new()),
             fetches: OneInFlight::default(),
             subscription: None,
             closed: false,
@@ -325,7 +354,8 @@ impl Backend for PgBackend {
     }
 
     /// Starts listening on the session's enqueue channel (first inbox only) and reads what is
-    /// staged already: input enqueued while no owner ran is picked up here, after `open`.
+    /// staged already (once listening): input enqueued while no owner ran is picked up here,
+    /// after `open`.
     fn attach_intake(&self, intake: Weak<dyn Intake>) {
         {
             // Inboxes come and go over a long-lived log: forget the dropped ones.
@@ -346,13 +376,22 @@ impl Backend for PgBackend {
         };
         if let Some(id) = subscribe {
             let weak = Arc::downgrade(&self.shared);
-            let subscriber: listen::Subscriber = Arc::new(move |_note: Note| {
-                if let Some(shared) = weak.upgrade() {
-                    fetch(&shared);
+            let subscriber: listen::Subscriber = Arc::new(move |note: Note| {
+                let Some(shared) = weak.upgrade() else { return };
+                match note {
+                    Note::Notified(payload) => match super::sql::staged_from_payload(&payload) {
+                        Some(row) => notified(&shared, row),
+                        None => fetch(&shared),
+                    },
+                    Note::Listening => fetch(&shared),
                 }
             });
             let channel = listen::channel_name(Channel::Enqueued, &self.shared.lease.session_id);
             self.shared.core.submit(Request::Listen { id, channel, subscriber }, Box::new(|_| ()));
+            // No read now: the subscriber hears `Note::Listening` once the LISTEN is in place
+            // and reads then, which also covers input staged until then (a read before it
+            // would be repeated by that one anyway: one round trip per take saved).
+            return;
         }
         fetch(&self.shared);
     }

@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 
 pub use backend::PgBackend;
 pub use follow::Follower;
-pub use listen::{channel_name, next_id as next_listen_id, Channel, Subscriber};
+pub use listen::{channel_name, next_id as next_listen_id, Channel, Note, Subscriber};
 pub use schema::{latest as latest_schema_version, MIGRATIONS};
 pub use sql::{Row, SessionInfo, TAKEABLE};
 pub use store::PostgresStore;

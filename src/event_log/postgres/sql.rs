@@ -95,10 +95,10 @@ const APPEND: &str = "WITH s AS (
 /// the plan) or, with `named` false, sent unnamed each time (one round trip either way).
 pub struct Prepared {
     append: Stmt,
-    /// A worker's take and its read of the taken sessions: every worker runs the take on each
-    /// `kerman_takeable` notification.
+    /// A worker's takes (a sweep's, and of the sessions a notification named): every worker
+    /// runs one on each `kerman_takeable` notification.
     take: Stmt,
-    taken_records: Stmt,
+    take_ids: Stmt,
     /// An owner's read of staged input (on every notification) and the three statements of
     /// `enqueue`: a web handler's store runs them all the time.
     staged: Stmt,
@@ -117,7 +117,7 @@ impl Prepared {
         Ok(Prepared {
             append: Stmt::new(c, named, APPEND, &append_types, "prepare append").await?,
             take: Stmt::new(c, named, TAKE, &[T::INT8, T::TEXT, T::TEXT, T::FLOAT8], "prepare take").await?,
-            taken_records: Stmt::new(c, named, TAKEN_RECORDS, &[TEXT_ARRAY], "prepare take").await?,
+            take_ids: Stmt::new(c, named, TAKE_IDS, &[T::INT8, T::TEXT, T::TEXT, T::FLOAT8, TEXT_ARRAY], "prepare take").await?,
             staged: Stmt::new(c, named, STAGED, &[T::TEXT], "prepare staged read").await?,
             enqueue_lock: Stmt::new(c, named, ENQUEUE_LOCK, &[T::TEXT], "prepare enqueue").await?,
             enqueue_check: Stmt::new(c, named, ENQUEUE_CHECK, &[T::TEXT, T::TEXT], "prepare enqueue").await?,
@@ -420,12 +420,18 @@ const ENQUEUE_CHECK: &str = "SELECT record FROM kerman_events
 
 /// `enqueue`'s insert. A data-modifying CTE always runs; the notify CTEs run because the final
 /// SELECT reads them: the owner's channel, and `kerman_takeable` when nobody owns the session.
+/// The owner's notification carries the staged row itself ([`staged_from_payload`]) when it
+/// fits in a payload (8000 bytes), so the owner need not read it back; else only its id.
 const ENQUEUE_INSERT: &str = "WITH ins AS (
          INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT DO NOTHING RETURNING 1
      ),
-     woke AS (SELECT pg_notify('kerman_e_' || md5($1), $2) FROM ins),
+     note AS (SELECT json_build_object('id', $2::text, 'message', $3::text, 'target', $4::text,
+                                       'wakeup', $5::bool)::text AS row),
+     woke AS (SELECT pg_notify('kerman_e_' || md5($1),
+                               CASE WHEN octet_length(note.row) < 7900 THEN note.row ELSE $2 END)
+              FROM ins, note),
      free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins WHERE $6)
      SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)";
 
@@ -437,6 +443,23 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
         data: &'a serde_json::value::RawValue,
     }
     serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
+}
+
+/// The staged row an enqueue notification carries (see [`ENQUEUE_INSERT`]), or `None` if it
+/// carries only the message id (too large for a payload): then the owner reads the rows.
+pub fn staged_from_payload(payload: &str) -> Option<StagedInput> {
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        id: String,
+        message: String,
+        target: String,
+        wakeup: bool,
+    }
+    if !payload.starts_with('{') {
+        return None;
+    }
+    let p: Payload = serde_json::from_str(payload).ok()?;
+    Some(StagedInput { id: p.id, message: p.message, target: p.target, wakeup: p.wakeup })
 }
 
 /// The messages staged for session `id`, in enqueue order.
@@ -477,33 +500,62 @@ pub async fn next_expiry(c: &mut Client, owner: &str) -> Result<Option<f64>, Log
     Ok(row.get(0))
 }
 
-/// Acquires up to `limit` sessions a worker should run, in one statement, skipping rows other
-/// workers are taking (`FOR UPDATE SKIP LOCKED`), then reads their records in a second one.
+/// Acquires up to `limit` sessions a worker should run, in one statement that skips rows other
+/// workers are taking (`FOR UPDATE SKIP LOCKED`) and returns their records with them.
 /// Takeable: nobody holds a live lease, and it has input waiting (staged rows, or `runnable`),
 /// or its owner died holding it (the lease expired unreleased: crash closers are due); a parked
 /// session only for input staged after the park. Taking clears the park and `runnable`.
-pub async fn take(c: &mut Client, p: &Prepared, limit: i64, owner: &str, name: &str, ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
-    let rows = p.take.query(&*c, &[&limit, &owner, &name, &ttl_ms]).await.map_err(db_err("take sessions"))?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
+/// With `ids`, only those sessions are looked at (by primary key: the ids a `kerman_takeable`
+/// notification named); without, every candidate is (a sweep).
+pub async fn take(
+    c: &mut Client,
+    p: &Prepared,
+    limit: i64,
+    owner: &str,
+    name: &str,
+    ttl_ms: f64,
+    ids: Option<&[String]>,
+) -> Result<Vec<Taken>, LogError> {
+    let rows = match ids {
+        None => p.take.query(&*c, &[&limit, &owner, &name, &ttl_ms]).await,
+        Some([]) => return Ok(Vec::new()),
+        Some(ids) => p.take_ids.query(&*c, &[&limit, &owner, &name, &ttl_ms, &ids]).await,
     }
-    let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let records = p.taken_records.query(&*c, &[&ids]).await.map_err(db_err("read taken sessions"))?;
-    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
-    for r in &records {
-        by_id.entry(r.get(0)).or_default().push(r.get(1));
-    }
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let id: String = r.get(0);
-            let records = by_id.remove(&id).unwrap_or_default();
-            (Lease { session_id: id, owner: owner.into(), epoch: r.get(1) }, r.get(2), records)
-        })
-        .collect())
+    .map_err(db_err("take sessions"))?;
+    taken_rows(c, owner, rows).await
 }
 
-/// The take statement of [`take`].
+/// After a take whose reply was lost: the sessions that take acquired are held by `owner`
+/// under worker `name` with a live lease, but none of them is in `held` (this store's leases):
+/// adopted (lease extended) and returned with their records, as the lost reply would have.
+/// Sessions `open` or `create` acquired are never adopted here (`open` clears `owner_name`).
+pub async fn adopt_taken(c: &mut Client, owner: &str, name: &str, held: &[String], ttl_ms: f64) -> Result<Vec<Taken>, LogError> {
+    let rows = c
+        .query_typed(ADOPT_TAKEN, &[(&owner, Type::TEXT), (&name, Type::TEXT), (&held, TEXT_ARRAY), (&ttl_ms, Type::FLOAT8)])
+        .await
+        .map_err(db_err("adopt taken sessions"))?;
+    taken_rows(c, owner, rows).await
+}
+
+/// Leases and records from the rows of [`TAKE`], [`TAKE_IDS`] or [`ADOPT_TAKEN`]: id, epoch,
+/// header, last_seq, records. The records come from the statement's snapshot, taken before
+/// its row locks: if an append committed in between (its lease expired as it ran), they miss
+/// its rows, which `last_seq` (the locked row's) shows; such a session is read again.
+async fn taken_rows(c: &mut Client, owner: &str, rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, LogError> {
+    let mut taken = Vec::with_capacity(rows.len());
+    for r in rows {
+        let id: String = r.get(0);
+        let last_seq: i64 = r.get(3);
+        let mut records: Vec<String> = r.get(4);
+        if records.len() as i64 != last_seq + 1 {
+            records = read(c, &id).await?;
+        }
+        taken.push((Lease { session_id: id, owner: owner.into(), epoch: r.get(1) }, r.get(2), records));
+    }
+    Ok(taken)
+}
+
+/// The take of a sweep: every candidate. Its rows are [`taken_rows`]'.
 const TAKE: &str = "WITH candidate AS (
                  SELECT DISTINCT session_id AS id FROM kerman_inbox_staged
                  UNION SELECT id FROM kerman_sessions WHERE runnable
@@ -516,16 +568,51 @@ const TAKE: &str = "WITH candidate AS (
                         OR EXISTS (SELECT 1 FROM kerman_inbox_staged i WHERE i.session_id = s.id AND i.n > s.parked_n))
                  LIMIT $1
                  FOR UPDATE OF s SKIP LOCKED
+             ), taken AS (
+                 UPDATE kerman_sessions s
+                 SET owner = $2, owner_name = $3, epoch = s.epoch + 1,
+                     expires_at = now() + $4::float8 * interval '1 millisecond', owned_since = now(),
+                     status = 'active', status_detail = NULL, parked_n = NULL, runnable = false
+                 FROM picked WHERE s.id = picked.id
+                 RETURNING s.id, s.epoch, s.header, s.last_seq
              )
-             UPDATE kerman_sessions s
-             SET owner = $2, owner_name = $3, epoch = s.epoch + 1,
-                 expires_at = now() + $4::float8 * interval '1 millisecond', owned_since = now(),
-                 status = 'active', status_detail = NULL, parked_n = NULL, runnable = false
-             FROM picked WHERE s.id = picked.id
-             RETURNING s.id, s.epoch, s.header";
+             SELECT t.id, t.epoch, t.header, t.last_seq,
+                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+             FROM taken t";
 
-/// The records of the sessions a take acquired, by session and seq.
-const TAKEN_RECORDS: &str = "SELECT session_id, record FROM kerman_events WHERE session_id = ANY($1) ORDER BY session_id, seq";
+/// The take of the sessions a notification named ($5), by primary key: the same conditions
+/// as [`TAKE`]'s candidates and picks, without scanning for candidates.
+const TAKE_IDS: &str = "WITH picked AS (
+                 SELECT s.id FROM kerman_sessions s
+                 WHERE s.id = ANY($5::text[])
+                   AND (s.owner IS NULL OR s.expires_at < now())
+                   AND (s.runnable OR s.owner IS NOT NULL
+                        OR EXISTS (SELECT 1 FROM kerman_inbox_staged i WHERE i.session_id = s.id))
+                   AND (s.status = 'active'
+                        OR EXISTS (SELECT 1 FROM kerman_inbox_staged i WHERE i.session_id = s.id AND i.n > s.parked_n))
+                 LIMIT $1
+                 FOR UPDATE OF s SKIP LOCKED
+             ), taken AS (
+                 UPDATE kerman_sessions s
+                 SET owner = $2, owner_name = $3, epoch = s.epoch + 1,
+                     expires_at = now() + $4::float8 * interval '1 millisecond', owned_since = now(),
+                     status = 'active', status_detail = NULL, parked_n = NULL, runnable = false
+                 FROM picked WHERE s.id = picked.id
+                 RETURNING s.id, s.epoch, s.header, s.last_seq
+             )
+             SELECT t.id, t.epoch, t.header, t.last_seq,
+                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+             FROM taken t";
+
+/// [`adopt_taken`]'s statement: our live leases from a take ($2 the worker name) not in $3.
+const ADOPT_TAKEN: &str = "WITH taken AS (
+                 UPDATE kerman_sessions s SET expires_at = now() + $4::float8 * interval '1 millisecond'
+                 WHERE s.owner = $1 AND s.owner_name = $2 AND s.expires_at >= now() AND NOT (s.id = ANY($3::text[]))
+                 RETURNING s.id, s.epoch, s.header, s.last_seq
+             )
+             SELECT t.id, t.epoch, t.header, t.last_seq,
+                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+             FROM taken t";
 
 /// Parks a session under `lease` (releasing it): `detail` says why. Input staged from now on
 /// makes it takeable again; `runnable` keeps input already in its log for the unpark. False

@@ -46,15 +46,17 @@ impl PostgresStore {
     /// cannot be read is parked (its detail says why) instead of being handed over.
     /// With `expiry`, the logs come with the number of seconds until another owner's lease next
     /// expires (when to look again, as a dead owner's lease lapses without a notification).
+    /// With `ids`, only those sessions are looked at (the ones a notification named).
     pub fn take(
         &self,
         limit: i64,
         name: &str,
         expiry: bool,
+        ids: Option<Vec<String>>,
         done: impl FnOnce(Result<(Vec<TakenLog>, Option<f64>), LogError>) + Send + 'static,
     ) {
         let core = self.core.clone();
-        let request = Request::Take { limit, name: name.into(), expiry };
+        let request = Request::Take { limit, name: name.into(), expiry, ids };
         self.core.submit(
             request,
             Box::new(move |result| {

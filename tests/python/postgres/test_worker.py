@@ -169,12 +169,15 @@ def sessions(store: PostgresStore, n: int, prefix: str) -> List[str]:
 # ---- taking ------------------------------------------------------------------------------------
 
 
-def test_input_enqueued_for_unowned_sessions_is_taken_by_exactly_one_of_two_workers(workers):
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_input_enqueued_for_unowned_sessions_is_taken_by_exactly_one_of_two_workers(workers, event_loop):
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)
     ids = sessions(store, 12, "race")
-    a = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
-    b = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30")
+    a = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30", "--event-loop", event_loop)
+    b = workers(dsn, "echo", "--lease-ttl", "5", "--idle-timeout", "30", "--event-loop", event_loop)
     sent: Dict[str, List[str]] = {sid: [store.enqueue(sid, f"hello {sid}").id] for sid in ids}
     for sid in ids:
         wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the turn of {sid}")
@@ -417,3 +420,67 @@ def test_a_worker_runs_once_and_stop_before_run_returns_at_once():
             await worker.run()
 
     asyncio.run(scenario())
+
+
+def test_a_notification_takes_the_session_it_names_not_every_takeable_one():
+    """Each worker hears every `kerman_takeable` notification: it takes the session the payload
+    names, by primary key, rather than scanning for every takeable session (the sweep does
+    that). A session made takeable without a notification is left for the sweep."""
+    import asyncio
+
+    import kerman
+    from conftest import psql
+
+    dsn = fresh_schema_dsn()
+    schema = dsn.rsplit("%3D", 1)[1]
+    store = PostgresStore(dsn)
+    for sid in ("first", "named", "silent"):
+        store.create(sid).close()
+    worker = kerman.Worker(PostgresStore(dsn, lease_ttl=30.0),
+                           lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log),
+                           sweep_interval=3600.0, idle_timeout=60.0, name="w")
+
+    async def until(check: Callable[[], bool], what: str) -> None:
+        end = time.monotonic() + DEADLINE
+        while not check():
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> None:
+        serving = asyncio.ensure_future(worker.run())
+        # Taken once the worker's first take (a scan) has run: nothing is left for a scan now.
+        store.enqueue("first", "hello")
+        await until(lambda: turn_ends(store, "first") == ["completed"], "the first session's turn")
+        # "silent" gets input nobody announces: enqueued while another store holds it (only the
+        # owner's channel hears of it), then freed behind that store's back, so its release
+        # (conditional on its epoch) matches nothing and notifies nobody.
+        holder = PostgresStore(dsn, lease_ttl=30.0)
+        held = holder.open("silent")
+        store.enqueue("silent", "nobody announced me")
+        psql(f"UPDATE {schema}.kerman_sessions SET owner = NULL, expires_at = NULL, epoch = epoch + 1 "
+             "WHERE id = 'silent'")
+        held.close()
+        store.enqueue("named", "hello")
+        await until(lambda: turn_ends(store, "named") == ["completed"], "the named session's turn")
+        silent = row(store, "silent")
+        assert (silent["owner"], silent["staged"], silent["state"]) == (None, 1, "waiting"), silent
+        assert worker.stats["taken"] == 2 and sorted(worker.sessions) == ["first", "named"]
+        worker.stop()
+        await asyncio.wait_for(serving, DEADLINE)
+
+    asyncio.run(scenario())
+    # A scan finds it: the first take of another worker.
+    sweeper = kerman.Worker(PostgresStore(dsn, lease_ttl=30.0),
+                            lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log), name="sweeper")
+
+    async def sweep() -> None:
+        serving = asyncio.ensure_future(sweeper.run())
+        end = time.monotonic() + DEADLINE
+        while turn_ends(store, "silent") != ["completed"]:
+            assert time.monotonic() < end, "the sweep never took the silent session"
+            await asyncio.sleep(0.02)
+        sweeper.stop()
+        await asyncio.wait_for(serving, DEADLINE)
+
+    asyncio.run(sweep())
+    assert row(store, "silent")["staged"] == 0

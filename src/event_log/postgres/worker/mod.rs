@@ -65,9 +65,10 @@ pub enum Request {
     Unstage { lease: Lease, ids: Vec<String> },
     /// The header and records of a session, without its lease.
     Peek { id: String },
-    /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`).
-    /// With `expiry`, also reads when another owner's lease next expires (`sql::next_expiry`).
-    Take { limit: i64, name: String, expiry: bool },
+    /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`): only
+    /// those of `ids` if given (a notification named them), else any (a sweep). With
+    /// `expiry`, also reads when another owner's lease next expires (`sql::next_expiry`).
+    Take { limit: i64, name: String, expiry: bool, ids: Option<Vec<String>> },
     /// Parks the session under `lease`, releasing it (`Bool(false)`: the lease moved on).
     Park { lease: Lease, detail: String, runnable: bool },
     /// Makes a parked session active again (`Bool(false)`: it was not parked).
@@ -78,6 +79,11 @@ pub enum Request {
     Sessions { id: Option<String> },
     /// Does nothing: its reply runs on the reply thread (a LISTEN subscriber's hand-off there).
     Ping,
+    /// A request made when the runtime thread gets to it rather than when it was submitted
+    /// (`None`: nothing to do): a session's next append batch, so rows appended meanwhile
+    /// join it (`backend.rs`). Runs on the runtime thread: it must not block or call Python.
+    /// `id` is the session's, so the pool keeps it in that session's order.
+    Deferred { id: String, make: Box<dyn FnOnce() -> Option<Request> + Send + Sync> },
     /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
     InjectFault(Fault),
@@ -95,6 +101,9 @@ pub enum Fault {
     /// After the next open took the lease and read the session: the retry must adopt that
     /// lease rather than find the session locked (by itself).
     LoseReplyAfterOpen,
+    /// After the next take committed, before its reply is seen: the retry must hand over the
+    /// sessions it took (held by this store, unknown to its caller) rather than strand them.
+    LoseReplyAfterTake,
 }
 
 #[derive(Debug)]
@@ -446,6 +455,13 @@ impl Worker {
     /// Runs one request, reconnecting when the connection drops under it. Reads are simply
     /// retried; a write whose outcome is unknown is settled from what the database now holds.
     async fn serve(&mut self, request: Request) -> Result<Response, LogError> {
+        let request = match request {
+            Request::Deferred { make, .. } => match make() {
+                Some(request) => request,
+                None => return Ok(Response::Done),
+            },
+            other => other,
+        };
         if let Request::InjectFault(fault) = request {
             *lock(&self.shared.fault) = Some(fault);
             return Ok(Response::Done);
@@ -542,7 +558,7 @@ impl Worker {
                 sql::delete(c, id).await?;
                 Response::Done
             }
-            Request::InjectFault(_) | Request::Ping => Response::Done,
+            Request::InjectFault(_) | Request::Ping | Request::Deferred { .. } => Response::Done,
             Request::Listen { id, channel, subscriber } => {
                 lock(&self.shared.listener).get().subscribe(*id, channel.clone(), subscriber.clone());
                 Response::Done
@@ -567,8 +583,11 @@ impl Worker {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done
             }
-            Request::Take { limit, name, expiry } => {
-                let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms).await?;
+            Request::Take { limit, name, expiry, ids } => {
+                let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms, ids.as_deref()).await?;
+                if fault_is(&self.shared, Fault::LoseReplyAfterTake) && !taken.is_empty() {
+                    return Err(terminate_self(c).await);
+                }
                 {
                     let mut held = lock(&self.shared.held);
                     for (lease, _, _) in &taken {

@@ -82,7 +82,8 @@ pub(super) fn key(request: &Request) -> Option<&str> {
         | R::Enqueue { id, .. }
         | R::Staged { id }
         | R::Unpark { id }
-        | R::MarkRunnable { id } => Some(id),
+        | R::MarkRunnable { id }
+        | R::Deferred { id, .. } => Some(id),
         R::Append { lease, .. }
         | R::AppendStaged { lease, .. }
         | R::Release { lease }

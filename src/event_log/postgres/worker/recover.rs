@@ -39,6 +39,7 @@ impl Worker {
                 },
                 other => other,
             },
+            Request::Take { limit, name, expiry, ids } => self.settle_take(*limit, name, *expiry, ids.as_deref()).await,
             // The earlier try deleted it.
             Request::Delete { .. } => match self.attempt(request).await {
                 Err(LogError::NotFound { .. }) => Ok(Response::Done),
@@ -63,6 +64,33 @@ impl Worker {
         }
         super::lock(&self.shared.held).insert(id.to_string(), epoch);
         Ok(Some((Lease { session_id: id.to_string(), owner: self.owner.clone(), epoch }, stored)))
+    }
+
+    /// A take whose reply never came: it may have committed, and then the sessions it took are
+    /// held by this store (renewed by nobody, known to no caller) until their leases lapse.
+    /// They are adopted first (ours under this worker's name, not among the leases we hold),
+    /// then the take runs for the rest of `limit`. The leases become ours (renewed) only as the
+    /// answer is returned: if this try is cut off too, the next one adopts them all again.
+    async fn settle_take(&mut self, limit: i64, name: &str, expiry: bool, ids: Option<&[String]>) -> Result<Response, LogError> {
+        // The pool's other connections run no take meanwhile: a worker has one in flight.
+        let held: Vec<String> = super::lock(&self.shared.held).keys().cloned().collect();
+        let Some(Conn { client: c, prepared, .. }) = self.conn.as_mut() else { return Err(stopped()) };
+        let mut taken = sql::adopt_taken(c, &self.owner, name, &held, self.ttl_ms).await?;
+        let rest = limit - taken.len() as i64;
+        if rest > 0 {
+            taken.extend(sql::take(c, prepared, rest, &self.owner, name, self.ttl_ms, ids).await?);
+        }
+        let expiry = match expiry {
+            true => sql::next_expiry(c, &self.owner).await?,
+            false => None,
+        };
+        {
+            let mut held = super::lock(&self.shared.held);
+            for (lease, _, _) in &taken {
+                held.insert(lease.session_id.clone(), lease.epoch);
+            }
+        }
+        Ok(Response::Taken(taken, expiry))
     }
 
     /// An append whose reply never came: it committed or it did not. The session's `last_seq`
