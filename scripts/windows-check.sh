@@ -49,6 +49,34 @@ export WINEPREFIX="$CARGO_TARGET_DIR/wine" WINEDEBUG=-all
 export PYO3_CROSS_PYTHON_VERSION=3.12
 build_std=(-Zbuild-std=std,panic_abort --target "$TARGET")
 
+# Wine 8 (bookworm's) lacks bcryptprimitives.dll, whose ProcessPrng std's Windows random
+# source has called since Rust 1.78 (Windows 10 and later have it): without it no test binary
+# starts. A stand-in DLL over RtlGenRandom goes into the private prefix's system32 (a Wine gap,
+# nothing a Windows machine needs).
+shim="$WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll"
+if [ ! -s "$shim" ]; then
+    log "setting up the Wine prefix and its bcryptprimitives.dll stand-in"
+    mkdir -p "$WINEPREFIX"
+    wineboot -i >/dev/null 2>&1 || true
+    src="$(mktemp -d)"
+    cat >"$src/shim.c" <<'C'
+#include <windows.h>
+#include <ntsecapi.h>
+BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
+    while (len > 0) {
+        ULONG chunk = len > 0x10000000 ? 0x10000000 : (ULONG)len;
+        if (!RtlGenRandom(data, chunk)) return FALSE;
+        data += chunk;
+        len -= chunk;
+    }
+    return TRUE;
+}
+C
+    printf 'LIBRARY bcryptprimitives.dll\nEXPORTS\nProcessPrng\n' >"$src/shim.def"
+    x86_64-w64-mingw32-gcc -shared -O2 -o "$shim" "$src/shim.c" "$src/shim.def" -ladvapi32
+    rm -rf "$src"
+fi
+
 log "toolchain: $(rustc --version), $(cargo --version)"
 log "clippy --features python,postgres"
 cargo clippy "${build_std[@]}" --all-targets --features python,postgres -- -D warnings
