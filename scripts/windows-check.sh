@@ -99,13 +99,14 @@ step "the Rust core's tests under $(wine --version)" cargo test "${build_std[@]}
 
 if [ "${WINDOWS_WHEEL:-0}" = 1 ]; then
     log "a Windows wheel"
+    # (--features replaces pyproject.toml's list, so it is spelled out in full.)
     py="${PY:-python3}"
     tools="$CARGO_TARGET_DIR/wheel-tools"
     [ -x "$tools/bin/maturin" ] || { "$py" -m venv "$tools" && "$tools/bin/pip" install -q "maturin>=1.16,<2.0"; }
     out="$CARGO_TARGET_DIR/wheels"
     rm -rf "$out"
     step "maturin build" "$tools/bin/maturin" build --release --target "$TARGET" -i "python${PYO3_CROSS_PYTHON_VERSION}" \
-        -Z build-std=std,panic_abort --features pyo3/generate-import-lib -o "$out"
+        -Z build-std=std,panic_abort --features python,postgres,pyo3/generate-import-lib -o "$out"
     step "the wheel's tags and contents" "$tools/bin/python" scripts/check-windows-wheel.py "$out" "$PYO3_CROSS_PYTHON_VERSION"
 fi
 if [ "${#failed[@]}" -gt 0 ]; then
