@@ -13,14 +13,15 @@ fn io_at(what: &str, path: &Path, e: std::io::Error) -> LogError {
     LogError::io(format!("{what} {}", path.display()), e)
 }
 
-/// Makes a directory entry change (link, unlink) durable.
-/// (A no-op on Windows, which has no directory sync: see `sys_windows::sync_dir`.)
+/// Makes a directory entry change (link, unlink) durable (a no-op on Windows, which has no
+/// directory sync: see `sys_windows::sync_dir`).
 pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     sys::sync_dir(dir).map_err(|e| io_at("syncing directory", dir, e))
 }
 
-/// The session files (their [`Key`]s: device and inode) that owning logs of this process hold locked, so that a
-/// second opener here can be told that it is this process, not another, that holds one.
+/// The session files (their [`Key`]s: device and inode, or their Windows counterparts) that
+/// owning logs of this process hold locked, so that a second opener here can be told that it
+/// is this process, not another, that holds one.
 static HELD: Mutex<Option<HashSet<Key>>> = Mutex::new(None);
 
 fn held() -> std::sync::MutexGuard<'static, Option<HashSet<Key>>> {

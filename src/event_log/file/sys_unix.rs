@@ -15,7 +15,7 @@ const FILE_MODE: u32 = 0o600;
 /// A file's identity (device, inode), the same for every name and descriptor of it.
 pub(super) type Key = (u64, u64);
 
-pub(super) fn key_of(meta: &Metadata) -> Key {
+fn key_of(meta: &Metadata) -> Key {
     (meta.dev(), meta.ino())
 }
 
