@@ -4,6 +4,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
 .PHONY: install test test-slow test-deps test-rust pg-server test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
 .PHONY: wheels test-wheels
+.PHONY: check-windows
 
 # One release build of the extension, installed into the current Python.
 install:
@@ -21,6 +22,8 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "nbclient>=0.10" "nbformat>=5.9" "ipykernel>=6.29"
 	@# The web extra, ag-ui-protocol (its models check kerman.ui's events), httpx and selenium (the web tests).
 	$(PY) -m pip install -q --root-user-action=ignore "ag-ui-protocol>=1.0" "starlette>=0.40" "uvicorn>=0.30" "sse-starlette>=2.1" "httpx>=0.27" "selenium>=4.20"
+	@# PyYAML: the release workflow read as GitHub reads it (tests/python/packaging/test_release_workflow.py).
+	$(PY) -m pip install -q --root-user-action=ignore "pyyaml>=6"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
 # throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
@@ -64,11 +67,12 @@ lint: install test-deps
 	$(MAKE) stubtest
 
 # The slow profile: many more crash iterations (200 kills per durability mode), then every
-# fuzz target for FUZZ_SECONDS (docs/testing.md).
+# fuzz target for FUZZ_SECONDS, the wheels and the Windows check (docs/testing.md).
 test-slow: install test-deps
 	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/store/test_crash.py
 	$(MAKE) fuzz
 	$(MAKE) test-wheels
+	$(MAKE) check-windows
 
 FUZZ_SECONDS ?= 60
 
@@ -83,6 +87,12 @@ wheels:
 # and installed, each then running the public-API tests (tests/python/packaging/).
 test-wheels: wheels
 	KERMAN_WHEEL_DIR=$(WHEEL_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/python/packaging/test_wheel_install.py tests/python/packaging/test_sdist_install.py
+
+# The Windows port, checked here: clippy and the Rust core's tests cross-built for
+# x86_64-pc-windows-gnu (Debian's rustc-web, std built from source, MinGW-w64) and run under
+# Wine; WINDOWS_WHEEL=1 also builds and checks a Windows wheel (docs/testing.md, "Windows").
+check-windows:
+	PY=$(PY) bash scripts/windows-check.sh
 
 # Short libFuzzer runs (cargo-fuzz, installed on first use; skipped with a message if it cannot be).
 fuzz:

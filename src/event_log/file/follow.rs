@@ -13,14 +13,13 @@
 //! adopted with the file before adopting anything more, so two sessions are never spliced.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::format;
+use super::{format, sys};
 use crate::event_log::log::{intern, TypeNames};
 use crate::event_log::{Backend, Event, FlushCallback, LogError, SessionLog, WeakSessionLog};
 
@@ -143,17 +142,18 @@ impl Watch {
         if len < self.offset {
             return Step::Stop;
         }
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(named) if named.dev() == meta.dev() && named.ino() == meta.ino() => {}
+        match (sys::key_at(&self.path), sys::key_of_file(&self.file)) {
+            (Ok(named), Ok(ours)) if named == ours => {}
             _ => return Step::Stop,
         }
-        let key = Some((len, meta.mtime(), meta.mtime_nsec()));
+        let (secs, nanos) = sys::modified(&meta);
+        let key = Some((len, secs, nanos));
         if key == self.seen {
             return Step::Wait;
         }
         self.seen = key;
         let mut bytes = vec![0u8; (len - self.offset) as usize];
-        if self.file.read_exact_at(&mut bytes, self.offset).is_err() {
+        if sys::read_exact_at(&self.file, &mut bytes, self.offset).is_err() {
             // Cut back between the size and the read: the next look decides.
             self.seen = None;
             return Step::Wait;
@@ -174,7 +174,7 @@ impl Watch {
     fn unchanged(&self) -> bool {
         let same = |at: u64, expected: &[u8]| {
             let mut now = vec![0u8; expected.len()];
-            self.file.read_exact_at(&mut now, at).is_ok() && now == expected
+            sys::read_exact_at(&self.file, &mut now, at).is_ok() && now == expected
         };
         same(0, &self.header_line) && same(self.last_line.0, &self.last_line.1)
     }

@@ -16,6 +16,9 @@
 //!   its threads or locks (their state may have been mid-update at the fork).
 //!
 //! Every descriptor the store opens is close-on-exec (`std` opens with `O_CLOEXEC`).
+//!
+//! Windows has no fork (a child process inherits no handle the store opens), so there the
+//! generation never changes and the table stays empty.
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
@@ -36,6 +39,7 @@ static INSTALL: Once = Once::new();
 /// when this is the process that started it.
 pub(super) fn generation() -> u64 {
     INSTALL.call_once(|| {
+        #[cfg(unix)]
         // SAFETY: registers a handler that only performs async-signal-safe calls.
         unsafe {
             libc::pthread_atfork(None, None, Some(in_child));
@@ -68,8 +72,15 @@ impl Origin {
 pub(super) struct Registered(Option<usize>, Origin);
 
 impl Registered {
-    pub(super) fn new(fd: i32) -> Registered {
+    pub(super) fn new(file: &std::fs::File) -> Registered {
+        #[cfg(unix)]
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        #[cfg(not(unix))]
+        let (fd, _) = (-1, file);
         generation();
+        if fd < 0 {
+            return Registered(None, Origin::here());
+        }
         for (i, slot) in FDS.iter().enumerate() {
             if slot.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
                 return Registered(Some(i), Origin::here());
@@ -89,6 +100,7 @@ impl Drop for Registered {
 }
 
 /// The atfork child handler: async-signal-safe calls only (open, dup3, close).
+#[cfg(unix)]
 extern "C" fn in_child() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
     super::fsio::forget_held();
@@ -130,7 +142,7 @@ unsafe fn replace(null: i32, fd: i32) -> i32 {
 /// # Safety
 ///
 /// As for the Linux `replace`.
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(unix, not(target_os = "linux")))]
 unsafe fn replace(null: i32, fd: i32) -> i32 {
     // SAFETY: the caller's contract; neither call takes memory.
     unsafe {

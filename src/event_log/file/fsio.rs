@@ -1,36 +1,36 @@
 //! File-system steps of the store: locking, atomic creation, directory syncs, backups.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use super::super::LogError;
-
-/// Session files and their backups are private to their owner.
-pub(super) const FILE_MODE: u32 = 0o600;
+use super::sys::{self, create_private, Key};
 
 fn io_at(what: &str, path: &Path, e: std::io::Error) -> LogError {
     LogError::io(format!("{what} {}", path.display()), e)
 }
 
-/// Makes a directory entry change (link, unlink) durable.
+/// Makes a directory entry change (link, unlink) durable (a no-op on Windows, which has no
+/// directory sync: see `sys_windows::sync_dir`).
 pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_at("syncing directory", dir, e))
+    sys::sync_dir(dir).map_err(|e| io_at("syncing directory", dir, e))
 }
 
-/// The session files (device, inode) that owning logs of this process hold locked, so that a
-/// second opener here can be told that it is this process, not another, that holds one.
-static HELD: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+/// The session files (their [`Key`]s: device and inode, or their Windows counterparts) that
+/// owning logs of this process hold locked, so that a second opener here can be told that it
+/// is this process, not another, that holds one.
+static HELD: Mutex<Option<HashSet<Key>>> = Mutex::new(None);
 
-fn held() -> std::sync::MutexGuard<'static, Option<HashSet<(u64, u64)>>> {
+fn held() -> std::sync::MutexGuard<'static, Option<HashSet<Key>>> {
     HELD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// In a forked child (from the atfork handler): the parent's logs hold nothing here. Takes
 /// the lock only if free (another thread may have held it at the fork) and frees no memory.
+#[cfg(unix)]
 pub(super) fn forget_held() {
     if let Ok(mut held) = HELD.try_lock() {
         if let Some(set) = held.as_mut() {
@@ -42,13 +42,12 @@ pub(super) fn forget_held() {
 /// An owning log's entry in [`HELD`] and its descriptor's in the fork table
 /// (`forks.rs`); taken as soon as the lock is, and dropped after the file is unlocked but
 /// before it is closed.
-pub(super) struct Hold(Option<(u64, u64)>, #[allow(dead_code)] super::forks::Registered, super::forks::Origin);
+pub(super) struct Hold(Option<Key>, #[allow(dead_code)] super::forks::Registered, super::forks::Origin);
 
 impl Hold {
     pub(super) fn new(file: &File) -> Hold {
-        use std::os::fd::AsRawFd;
-        let registered = super::forks::Registered::new(file.as_raw_fd());
-        let key = file.metadata().ok().map(|m| (m.dev(), m.ino()));
+        let registered = super::forks::Registered::new(file);
+        let key = sys::key_of_file(file).ok();
         if let Some(key) = key {
             held().get_or_insert_with(HashSet::new).insert(key);
         }
@@ -85,26 +84,6 @@ pub(super) fn open_reader(path: &Path, id: &str) -> Result<File, LogError> {
     open_session(path, id, false)
 }
 
-/// What a directory entry is, for refusals ("a FIFO", "a symbolic link").
-fn kind_of(file_type: fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if file_type.is_symlink() {
-        "a symbolic link"
-    } else if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_fifo() {
-        "a FIFO"
-    } else if file_type.is_char_device() {
-        "a character device"
-    } else if file_type.is_block_device() {
-        "a block device"
-    } else if file_type.is_socket() {
-        "a socket"
-    } else {
-        "not a plain file"
-    }
-}
-
 fn not_regular(path: &Path, id: &str, kind: &str) -> LogError {
     LogError::io(
         format!("refusing session {id:?} at {}", path.display()),
@@ -115,55 +94,56 @@ fn not_regular(path: &Path, id: &str, kind: &str) -> LogError {
     )
 }
 
-/// Opens the session file at `path` without following a symbolic link and without blocking
-/// (a FIFO would wait for a writer), then refuses anything that is not a regular file (a
-/// device would read without bound). Descriptors are close-on-exec (as every `std` open is).
+/// Opens the session file at `path` without following a link (and, on Unix, without blocking:
+/// a FIFO would wait for a writer), then refuses anything that is not a regular file (a device
+/// would read without bound). On Windows an open for writing is the owner's lock, and fails
+/// with [`LogError::Locked`] (or `LockedHere`) while another owner holds the file.
 fn open_session(path: &Path, id: &str, write: bool) -> Result<File, LogError> {
-    let opened = OpenOptions::new().read(true).write(write).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY).open(path);
-    let file = match opened {
+    let file = match sys::open_session(path, write) {
         Ok(file) => file,
         Err(e) if e.kind() == ErrorKind::NotFound => return Err(LogError::NotFound { id: id.into() }),
+        Err(e) if write && sys::is_held_elsewhere(&e) => return Err(locked(sys::key_at(path).ok(), id)),
         Err(e) => {
-            // ELOOP (a link), EISDIR, ENXIO (a FIFO opened for writing with no reader), ...:
-            // say what the entry is when it is not a regular file.
+            // ELOOP (a link), EISDIR, ENXIO (a FIFO opened for writing with no reader), a
+            // directory refused on Windows, ...: say what the entry is when it is not a
+            // regular file.
             return Err(match fs::symlink_metadata(path) {
-                Ok(meta) if !meta.file_type().is_file() => not_regular(path, id, kind_of(meta.file_type())),
+                Ok(meta) if !sys::is_regular(&meta) => not_regular(path, id, sys::kind_of(&meta)),
                 _ => io_at("opening", path, e),
             });
         }
     };
     let meta = file.metadata().map_err(|e| io_at("inspecting", path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(not_regular(path, id, kind_of(meta.file_type())));
-    }
-    // Back to ordinary blocking I/O (O_NONBLOCK only mattered for the open itself).
-    // SAFETY: fcntl on a descriptor we own; no memory is passed.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        let fd = file.as_raw_fd();
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
+    if !sys::is_regular(&meta) {
+        return Err(not_regular(path, id, sys::kind_of(&meta)));
     }
     Ok(file)
 }
 
+/// The error for a session file (identified by `key`) that another owner holds: `LockedHere`
+/// when that owner is a log of this process.
+fn locked(key: Option<Key>, id: &str) -> LogError {
+    let here = key.is_some_and(|key| held().as_ref().is_some_and(|s| s.contains(&key)));
+    if here {
+        LogError::LockedHere { id: id.into() }
+    } else {
+        LogError::Locked { id: id.into() }
+    }
+}
+
 fn try_open_locked(path: &Path, id: &str) -> Result<Option<File>, LogError> {
     let file = open_session(path, id, true)?;
-    match file.try_lock() {
+    match sys::try_lock(&file) {
         Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let here = file.metadata().ok().is_some_and(|m| held().as_ref().is_some_and(|s| s.contains(&(m.dev(), m.ino()))));
-            return Err(if here { LogError::LockedHere { id: id.into() } } else { LogError::Locked { id: id.into() } });
-        }
+        Err(TryLockError::WouldBlock) => return Err(locked(sys::key_of_file(&file).ok(), id)),
         Err(TryLockError::Error(e)) => return Err(io_at("locking", path, e)),
     }
     // A delete may have unlinked the file between our open and our lock; the lock only
-    // counts for the file the name still points to.
-    let ours = file.metadata().map_err(|e| io_at("inspecting", path, e))?;
-    match fs::symlink_metadata(path) {
-        Ok(named) if named.dev() == ours.dev() && named.ino() == ours.ino() => Ok(Some(file)),
+    // counts for the file the name still points to. (On Windows the open is the lock, so this
+    // always holds, but costs little to confirm.)
+    let ours = sys::key_of_file(&file).map_err(|e| io_at("inspecting", path, e))?;
+    match sys::key_at(path) {
+        Ok(named) if named == ours => Ok(Some(file)),
         Ok(_) => Ok(None),
         Err(e) if e.kind() == ErrorKind::NotFound => Err(LogError::NotFound { id: id.into() }),
         Err(e) => Err(io_at("inspecting", path, e)),
@@ -179,13 +159,6 @@ pub(super) fn read_all(mut file: &File, path: &Path) -> Result<Vec<u8>, LogError
 /// Cuts `file` to `len` bytes and makes that durable.
 pub(super) fn truncate(file: &File, len: u64, path: &Path) -> Result<(), LogError> {
     file.set_len(len).and_then(|()| file.sync_data()).map_err(|e| io_at("truncating", path, e))
-}
-
-fn create_private(path: &Path) -> std::io::Result<File> {
-    let file = OpenOptions::new().read(true).write(true).create_new(true).mode(FILE_MODE).open(path)?;
-    // The umask may have narrowed the mode further; the contract is exactly 0600.
-    file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
-    Ok(file)
 }
 
 /// Removes the temporary name however creation ends (after a link, the file lives on under
@@ -215,7 +188,7 @@ pub(super) fn create_locked(dir: &Path, name: &str, stem: &str, contents: &[u8])
     };
     let guard = TempGuard(&tmp);
     file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
-    match file.try_lock() {
+    match sys::try_lock(&file) {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Err(io_at("locking", &tmp, ErrorKind::WouldBlock.into())),
         Err(TryLockError::Error(e)) => return Err(io_at("locking", &tmp, e)),
@@ -259,15 +232,31 @@ pub(super) fn write_backup(path: &Path, suffix: &str, bytes: &[u8]) -> Result<Pa
 }
 
 /// Replaces the file at `dir/name` with `contents`, all or nothing: written and synced under a
-/// hidden temporary name, renamed over the old name, and the directory synced. Readers that
-/// have the old file open keep reading the old file.
-pub(super) fn replace(dir: &Path, name: &str, stem: &str, contents: &[u8]) -> Result<(), LogError> {
+/// hidden temporary name, renamed over the old name, and the directory synced. `owner` is the
+/// old file's locked handle, released once the new file is in place; readers that have the
+/// old file open keep reading the old file.
+///
+/// On Windows the owner's handle is closed just before the rename: without POSIX rename
+/// semantics (FAT and exFAT, older Windows, Wine) a file cannot be renamed over while any
+/// handle has it open, ours included. A rival owner that opens the old file in that moment
+/// finds it corrupt (it is what is being repaired) and makes the rename fail, not succeed
+/// wrongly; so does a reader holding the old file open there.
+pub(super) fn replace(dir: &Path, name: &str, stem: &str, contents: &[u8], owner: File) -> Result<(), LogError> {
     let target = dir.join(name);
     let tmp = dir.join(format!(".{stem}.{}.tmp", random_hex()));
     let mut file = create_private(&tmp).map_err(|e| io_at("creating", &tmp, e))?;
     let guard = TempGuard(&tmp);
     file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
+    drop(file);
+    let owner = if cfg!(windows) {
+        drop(owner);
+        None
+    } else {
+        Some(owner)
+    };
     fs::rename(&tmp, &target).map_err(|e| io_at("renaming over", &target, e))?;
     std::mem::forget(guard);
-    sync_dir(dir)
+    let synced = sync_dir(dir);
+    drop(owner);
+    synced
 }

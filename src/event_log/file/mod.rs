@@ -13,12 +13,15 @@ mod fsio;
 mod names;
 mod repair;
 mod salvage;
+// The platform's file-system calls, behind one set of functions.
+#[cfg_attr(unix, path = "sys_unix.rs")]
+#[cfg_attr(windows, path = "sys_windows.rs")]
+mod sys;
 mod writer;
 
 use std::fmt;
 use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -160,12 +163,9 @@ impl FileStore {
     pub fn new(root: impl Into<PathBuf>, durability: Durability) -> Result<Self, LogError> {
         let root = root.into();
         // Private: the names in it are session ids. Only directories created here get 0700
-        // (the umask can only narrow it); an existing folder keeps the mode it was given.
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&root)
-            .map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
+        // (the umask can only narrow it; on Windows the inherited ACL); an existing folder
+        // keeps the mode it was given.
+        sys::create_dir(&root).map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
         Ok(FileStore { root, durability, fault: None })
     }
 

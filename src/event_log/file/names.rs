@@ -74,9 +74,25 @@ pub(super) fn decode(encoded: &str) -> Option<String> {
     Some(id)
 }
 
-/// The session file name of `id`, or `InvalidId` if it would be too long.
+/// Whether Windows takes `stem` (a name before its first dot) for a device, whatever follows
+/// the dot: `NUL.jsonl` is the null device there.
+fn is_windows_device(stem: &str) -> bool {
+    let upper = stem.to_ascii_uppercase();
+    match upper.as_bytes() {
+        [b'C', b'O', b'N'] | [b'P', b'R', b'N'] | [b'A', b'U', b'X'] | [b'N', b'U', b'L'] => true,
+        [b'C', b'O', b'M', d] | [b'L', b'P', b'T', d] => (b'1'..=b'9').contains(d),
+        _ => false,
+    }
+}
+
+/// The session file name of `id`, or `InvalidId` if it would be too long (or, on Windows, a
+/// device's name).
 pub(super) fn file_name(id: &str) -> Result<String, LogError> {
-    let name = encode(id) + SUFFIX;
+    let stem = encode(id);
+    if cfg!(windows) && is_windows_device(&stem) {
+        return Err(LogError::InvalidId(format!("{id:?} is a device name on Windows, so it cannot name a session file there")));
+    }
+    let name = stem + SUFFIX;
     if name.len() > MAX_FILE_NAME {
         return Err(LogError::InvalidId(format!(
             "{id:?} is too long: its file name would be {} bytes (at most {MAX_FILE_NAME})",
@@ -132,5 +148,19 @@ mod tests {
         assert!(matches!(file_name(&"x".repeat(max + 1)), Err(LogError::InvalidId(_))));
         // Escaping counts: 2-byte characters take 6 bytes each.
         assert!(matches!(file_name(&"é".repeat(max / 6 + 1)), Err(LogError::InvalidId(_))));
+    }
+
+    #[test]
+    fn windows_device_names_are_recognised_in_any_case() {
+        for stem in ["CON", "nul", "Aux", "prn", "COM1", "lpt9"] {
+            assert!(is_windows_device(stem), "{stem}");
+        }
+        for stem in ["CONS", "NU", "COM0", "COM10", "LPT", "~4EUL", "console"] {
+            assert!(!is_windows_device(stem), "{stem}");
+        }
+        // Refused only where the name would be a device.
+        assert_eq!(file_name("nul").is_err(), cfg!(windows));
+        assert_eq!(file_name("Com3").is_err(), cfg!(windows));
+        assert!(file_name("null").is_ok());
     }
 }

@@ -69,8 +69,7 @@ impl FileStore {
         let repaired =
             salvage::rebuild(&bytes, &salvage, crate::event_log::now_ms(), &name(&backup), quarantine.as_deref().map(name).as_deref());
         let file_name = names::file_name(id)?;
-        fsio::replace(&self.root, &file_name, &names::encode(id), &repaired)?;
-        drop(file);
+        fsio::replace(&self.root, &file_name, &names::encode(id), &repaired, file)?;
         Ok(RepairReport { backup: Some(backup), quarantine, ..report })
     }
 

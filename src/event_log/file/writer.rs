@@ -11,14 +11,13 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::super::{Backend, Event, FlushCallback, LogError};
-use super::{forks, format, fsio, Durability, Fault, FaultHook, FaultPoint, FaultSite};
+use super::{forks, format, fsio, sys, Durability, Fault, FaultHook, FaultPoint, FaultSite};
 
 /// The batch window of `Checkpoint` and `Batch`, measured from the first pending event.
 pub(super) const WINDOW: Duration = Duration::from_millis(50);
@@ -306,12 +305,12 @@ impl Writer {
                 // Part of the batch reaches the file before the error, so the cleanup has
                 // partial bytes to cut off.
                 let part = bytes.min(self.batch.len().saturating_sub(1));
-                let _ = self.file.write_all_at(&self.batch[..part], self.durable_len);
+                let _ = sys::write_all_at(&self.file, &self.batch[..part], self.durable_len);
                 return Err(format!("write failed: {error}"));
             }
             Some(Fault::Fail(e)) => return Err(format!("write failed: {e}")),
         }
-        self.file.write_all_at(&self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
+        sys::write_all_at(&self.file, &self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
         let written = self.durable_len + self.batch.len() as u64;
         if self.durability != Durability::None {
             if let Some(fault) = self.injected(FaultPoint::Sync, seqs) {
@@ -371,7 +370,7 @@ impl Writer {
                 result = Err(LogError::Write { detail: format!("final fsync failed: {e}") });
             }
         }
-        let _ = self.file.unlock();
+        sys::unlock(&self.file);
         drop(self.hold);
         drop(self.file);
         let leftover = {

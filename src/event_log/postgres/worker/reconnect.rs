@@ -103,12 +103,14 @@ impl Worker {
 pub(super) fn host_of(config: &Config) -> String {
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
         Some(Host::Unix(path)) => path.display().to_string(),
         None => "localhost".into(),
     };
     // The driver's default port when the DSN names none.
     let port = config.get_ports().first().copied().unwrap_or(5432);
     match config.get_hosts().first() {
+        #[cfg(unix)]
         Some(Host::Unix(_)) => format!("{host} (port {port})"),
         _ => format!("{host}:{port}"),
     }
