@@ -35,8 +35,42 @@ def _positive(text: str) -> int:
     return value
 
 
+def _pool_size(text: str) -> int:
+    # The store's own bounds (PostgresStore(pool_size=...)), checked here so the error is a
+    # usage error naming the flag.
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
+    return value
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The store's connection options (docs/postgres.md, "Connections and PgBouncer")."""
+    parser.add_argument("--pool-size", type=_pool_size, default=4, metavar="N",
+                        help="connections the store may open for its requests, besides the LISTEN one "
+                             "(default 4)")
+    parser.add_argument("--no-prepared-statements", dest="prepared_statements", action="store_false",
+                        help="send every statement unnamed: for a DSN that goes through PgBouncer's "
+                             "transaction pooling")
+    parser.add_argument("--listen-dsn", default=None, metavar="DSN",
+                        help="a direct (or session-pooled) DSN for the LISTEN connection, when DSN goes "
+                             "through transaction pooling")
+
+
+def open_store(args: argparse.Namespace, **options: Any) -> Any:
+    """The ``PostgresStore`` the flags of :func:`add_connection_arguments` describe."""
+    from ._core import PostgresStore
+
+    return PostgresStore(args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements,
+                         listen_dsn=args.listen_dsn, **options)
+
+
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", metavar="DSN", help="the PostgreSQL store's DSN (postgresql://…)")
+    add_connection_arguments(parser)
     parser.add_argument("--app", required=True, metavar="MODULE:FACTORY",
                         help="the factory building a session's AgentLoop: factory(log) -> AgentLoop, "
                              "imported from MODULE (the current folder is on the path)")
@@ -83,8 +117,17 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
+def _on_stop_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call ``stop`` on the event loop. Where the loop cannot watch signals
+    (Windows), Python's handler hands them to it instead (Ctrl-C; Windows sends no SIGTERM)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop)
+        except NotImplementedError:
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop))
+
+
 def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Callable[[str], None]) -> int:
-    from ._core import PostgresStore
     from .worker import Worker
 
     try:
@@ -95,14 +138,12 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
         return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    store = PostgresStore(args.store, lease_ttl=args.lease_ttl)
+    store = open_store(args, lease_ttl=args.lease_ttl)
     worker = Worker(store, factory, max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
                     grace=args.grace, max_failures=args.max_failures, name=args.name)
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        _on_stop_signals(asyncio.get_running_loop(), worker.stop)
         err(f"kerman worker {worker.name}: serving {shown(args.store)} (up to {args.max_sessions} sessions); "
             "SIGTERM drains")
         await worker.run()
@@ -118,6 +159,7 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
 
 def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", metavar="DSN", help="the PostgreSQL store's DSN (postgresql://…)")
+    add_connection_arguments(parser)
     actions = parser.add_subparsers(dest="sessions_command", metavar="COMMAND")
     listing = actions.add_parser("list", help="every session: owner, since when, lease expiry, staged input, status")
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
@@ -170,9 +212,7 @@ def session_rows(store: Any) -> List[Dict[str, Any]]:
 
 def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None],
                  shown_id: Callable[[str], str]) -> int:
-    from ._core import PostgresStore
-
-    store = PostgresStore(args.store)
+    store = open_store(args)
     command = args.sessions_command or "list"
     if command == "unpark":
         if store.unpark(args.id):

@@ -674,6 +674,12 @@ def test_bad_usage_is_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     assert code == 2 and out == "" and "usage:" in err
 
 
+@pytest.mark.parametrize("value", ["0", "65", "two"])
+def test_kerman_worker_refuses_a_bad_pool_size_naming_it(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code, out, err = run(capsys, "worker", "postgresql://nowhere/db", "--app", "m:f", "--pool-size", value)
+    assert code == 2 and out == "" and f"--pool-size: expected a whole number from 1 to 64, got {value!r}" in err
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--version")
     assert code == 0 and out == f"kerman {kerman.__version__} (session log format {kerman.FORMAT_VERSION})\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import threading
 import uuid
@@ -221,3 +222,25 @@ def test_a_worker_takes_and_runs_enqueued_input_through_transaction_pooling(dsns
     for i in ids:
         texts = [e.data["content"][0]["text"] for e in bounced_store(dsns, pool_size=1).follow(i).events(types="user/message")]
         assert texts == [f"for {i}"]
+
+
+def test_kerman_worker_runs_through_transaction_pooling_with_its_flags(dsns):
+    """``kerman worker`` with ``--no-prepared-statements --listen-dsn`` (and ``--pool-size``) is
+    what `kerman.Worker` over such a store is: it takes enqueued input, runs it, drains on
+    SIGTERM."""
+    from postgres.test_worker import WorkerProc
+
+    bounced, direct = dsns
+    web = bounced_store(dsns)
+    log = web.create()
+    log.close()
+    worker = WorkerProc(bounced, "echo", "--no-prepared-statements", "--listen-dsn", direct, "--pool-size", "2",
+                        "--idle-timeout", "30")
+    try:
+        sent = web.enqueue(log.id, "through the bouncer")
+        worker.wait_line(lambda line: line.startswith(f"model {log.id} ") and sent.id in line, "the model call")
+        assert worker.signal(signal.SIGTERM) == 0
+    finally:
+        worker.close()
+    texts = [e.data["content"][0]["text"] for e in PostgresStore(direct).follow(log.id).events(types="user/message")]
+    assert texts == ["through the bouncer"]
