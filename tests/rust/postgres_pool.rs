@@ -8,32 +8,12 @@ use std::time::{Duration, Instant};
 
 use kerman::event_log::postgres::{to_row, Fault, PgCore, PgOptions, Request, Response};
 use kerman::event_log::{LogError, StagedInput};
-use tokio_postgres::{Client, NoTls};
 
+use crate::postgres_recovery::Admin;
 use crate::postgres_store::{dsn, sample_events};
 
-/// A session of its own on the server, which may hold a transaction (and its row locks) open
-/// between calls.
-struct Admin {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-}
-
+/// What the pool's tests ask of the operator's session (`postgres_recovery.rs`'s `Admin`).
 impl Admin {
-    fn new(dsn: &str) -> Admin {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let client = rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(dsn, NoTls).await.unwrap();
-            tokio::spawn(conn);
-            client
-        });
-        Admin { rt, client }
-    }
-
-    fn exec(&self, sql: &str) {
-        self.rt.block_on(self.client.batch_execute(sql)).unwrap();
-    }
-
     /// Locks session `id`'s row until [`Admin::exec`]`("COMMIT")`.
     fn lock_row(&self, id: &str) {
         self.exec("BEGIN");
@@ -41,17 +21,10 @@ impl Admin {
         assert_eq!(rows.len(), 1);
     }
 
-    /// The pids of `core`'s backends (`extra` narrows them down).
-    fn pids(&self, core: &PgCore, extra: &str) -> Vec<i32> {
-        let sql = format!("SELECT pid FROM pg_stat_activity WHERE application_name = $1 {extra}");
-        let rows = self.rt.block_on(self.client.query(&sql, &[&format!("kerman {}", core.owner())])).unwrap();
-        rows.iter().map(|r| r.get(0)).collect()
-    }
-
     /// Polls until `n` of `core`'s backends wait on a lock.
     fn await_lock_waits(&self, core: &PgCore, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while self.pids(core, "AND wait_event_type = 'Lock'").len() != n {
+        while self.pids(core.owner(), "AND wait_event_type = 'Lock'").len() != n {
             assert!(Instant::now() < deadline, "the store's requests never blocked on the row lock");
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -119,7 +92,7 @@ fn one_sessions_requests_run_in_submission_order_across_the_pool() {
         other.open(&lease.session_id).unwrap();
     }
     let admin = Admin::new(&dsn);
-    assert!(admin.pids(&c, "").len() <= 4, "never more connections than the pool size");
+    assert!(admin.pids(c.owner(), "").len() <= 4, "never more connections than the pool size");
 }
 
 #[test]
@@ -143,7 +116,7 @@ fn a_request_waiting_on_a_row_lock_holds_up_neither_another_sessions_append_nor_
     assert!(blocked.try_recv().is_err(), "the enqueue was still waiting for the lock");
     admin.exec("COMMIT");
     assert!(matches!(blocked.recv().unwrap(), Ok(Response::Bool(true))));
-    assert_eq!(admin.pids(&c, "").len(), 2);
+    assert_eq!(admin.pids(c.owner(), "").len(), 2);
 }
 
 #[test]
@@ -176,7 +149,7 @@ fn a_pool_of_one_is_one_connection_and_unused_connections_are_never_opened() {
         let (lease, _) = c.create(None).unwrap();
         c.append(&lease, &sample_events(2)).unwrap();
         c.release(&lease).unwrap();
-        assert_eq!(admin.pids(c, "").len(), 1, "one caller at a time needs one connection");
+        assert_eq!(admin.pids(c.owner(), "").len(), 1, "one caller at a time needs one connection");
     }
     assert_eq!((one.pool_size(), four.pool_size()), (1, 4));
 }

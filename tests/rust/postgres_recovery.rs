@@ -14,13 +14,13 @@ use super::postgres_store::{dsn, sample_events, store};
 
 /// A second session on the server, for what an operator would do, on its own runtime. It may
 /// hold a transaction open between calls.
-struct Admin {
-    rt: tokio::runtime::Runtime,
-    client: Client,
+pub(crate) struct Admin {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) client: Client,
 }
 
 impl Admin {
-    fn new(dsn: &str) -> Admin {
+    pub(crate) fn new(dsn: &str) -> Admin {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let client = rt.block_on(async {
             let (client, conn) = tokio_postgres::connect(dsn, NoTls).await.unwrap();
@@ -30,12 +30,12 @@ impl Admin {
         Admin { rt, client }
     }
 
-    fn exec(&self, sql: &str) {
+    pub(crate) fn exec(&self, sql: &str) {
         self.rt.block_on(self.client.batch_execute(sql)).unwrap();
     }
 
-    /// The pids of the backends of the store whose owner id is `owner`.
-    fn pids(&self, owner: &str, extra: &str) -> Vec<i32> {
+    /// The pids of the backends of the store whose owner id is `owner` (`extra` narrows them down).
+    pub(crate) fn pids(&self, owner: &str, extra: &str) -> Vec<i32> {
         let sql = format!("SELECT pid FROM pg_stat_activity WHERE application_name = $1 {extra}");
         let rows = self.rt.block_on(self.client.query(&sql, &[&format!("kerman {owner}")])).unwrap();
         rows.iter().map(|r| r.get(0)).collect()
