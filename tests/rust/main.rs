@@ -12,5 +12,7 @@ mod postgres_pool;
 #[cfg(feature = "postgres")]
 mod postgres_recovery;
 #[cfg(feature = "postgres")]
+mod postgres_renewal;
+#[cfg(feature = "postgres")]
 mod postgres_store;
 mod projection;

@@ -7,8 +7,6 @@
 //! `prepared_statements=false` (for PgBouncer's transaction pooling, where a named statement
 //! parsed on one server connection is missing on the next).
 
-use std::collections::HashMap;
-
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Statement};
 
@@ -220,27 +218,30 @@ pub async fn session_state(c: &mut Client, id: &str) -> Result<Option<(i64, i64)
     Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
-/// Extends every lease in `held` (session id -> epoch) that is still ours, in one statement.
-pub async fn renew(c: &mut Client, held: &HashMap<String, i64>, owner: &str, ttl_ms: f64) -> Result<(), LogError> {
-    if held.is_empty() {
-        return Ok(());
+/// Extends the leases in `leases` (session id, epoch) that are still ours, in one statement;
+/// returns the ids it extended.
+pub async fn renew(c: &mut Client, leases: &[(String, i64)], owner: &str, ttl_ms: f64) -> Result<Vec<String>, LogError> {
+    if leases.is_empty() {
+        return Ok(Vec::new());
     }
-    let (ids, epochs): (Vec<&str>, Vec<i64>) = held.iter().map(|(id, epoch)| (id.as_str(), *epoch)).unzip();
+    let (ids, epochs): (Vec<&str>, Vec<i64>) = leases.iter().map(|(id, epoch)| (id.as_str(), *epoch)).unzip();
     // A row another transaction holds locked is skipped, and renewed next round (renewals
     // run every third of the TTL): waiting for it would stall every request queued behind the
     // renewal on this connection.
-    c.query_typed(
-        "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
-         FROM (SELECT f.id FROM kerman_sessions f
-               JOIN unnest($1::text[], $2::bigint[]) AS h(id, epoch) ON f.id = h.id AND f.epoch = h.epoch
-               WHERE f.owner = $4
-               FOR UPDATE OF f SKIP LOCKED) AS free
-         WHERE s.id = free.id",
-        &[(&ids, TEXT_ARRAY), (&epochs, INT8_ARRAY), (&ttl_ms, Type::FLOAT8), (&owner, Type::TEXT)],
-    )
-    .await
-    .map_err(db_err("renew leases"))?;
-    Ok(())
+    let rows = c
+        .query_typed(
+            "UPDATE kerman_sessions s SET expires_at = now() + $3::float8 * interval '1 millisecond'
+             FROM (SELECT f.id FROM kerman_sessions f
+                   JOIN unnest($1::text[], $2::bigint[]) AS h(id, epoch) ON f.id = h.id AND f.epoch = h.epoch
+                   WHERE f.owner = $4
+                   FOR UPDATE OF f SKIP LOCKED) AS free
+             WHERE s.id = free.id
+             RETURNING s.id",
+            &[(&ids, TEXT_ARRAY), (&epochs, INT8_ARRAY), (&ttl_ms, Type::FLOAT8), (&owner, Type::TEXT)],
+        )
+        .await
+        .map_err(db_err("renew leases"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// Every record of a session, in seq order.

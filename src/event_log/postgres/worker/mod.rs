@@ -11,12 +11,12 @@
 //! blindly. How: `reconnect.rs` (backoff, telling a dropped connection from a statement's own
 //! error) and `recover.rs` (settling the interrupted request), this module's children.
 
+mod leases;
 mod pool;
 mod reconnect;
 mod recover;
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -137,8 +137,8 @@ type Job = (Request, Reply, Option<String>);
 /// across an await, and nothing runs caller code under them.
 pub(super) struct Shared {
     routing: Mutex<pool::Routing>,
-    /// Leases this store holds (session id -> epoch), renewed every third of the TTL.
-    held: Mutex<HashMap<String, i64>>,
+    /// Leases this store holds, renewed every third of the TTL unless an append extended them.
+    held: Mutex<leases::Leases>,
     fault: Mutex<Option<Fault>>,
     /// The LISTEN connection, opened on first use (followers, enqueue wake-ups).
     listener: Mutex<listen::Lazy>,
@@ -243,7 +243,7 @@ pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, L
     let size = options.pool_size.max(1);
     let shared = Arc::new(Shared {
         routing: Mutex::new(pool::Routing::new(size)),
-        held: Mutex::new(HashMap::new()),
+        held: Mutex::new(leases::Leases::default()),
         fault: Mutex::new(None),
         listener: Mutex::new(listen::Lazy::new(listen_target)),
         next_renewal: Mutex::new(None),
@@ -445,7 +445,10 @@ impl Worker {
         if lock(&self.shared.held).is_empty() || self.connection().await.is_err() {
             return;
         }
-        if !self.renew_held().await && self.lost().await {
+        // A lease an append extended within half a period is left for the next round: it
+        // still has more than half the TTL then.
+        let fresh = self.renewal_period().unwrap_or_default() / 2;
+        if !self.renew_held(fresh).await && self.lost().await {
             // Reconnect now rather than at the next request: an idle owner must keep renewing
             // (a reconnect renews).
             let _ = self.connection().await;
@@ -513,11 +516,13 @@ impl Worker {
         let (owner, ttl_ms) = (self.owner.as_str(), self.ttl_ms);
         Ok(match request {
             Request::Create { id, header } => {
+                let sent = Instant::now();
                 let lease = sql::create(c, id, header, owner, ttl_ms).await?;
-                lock(&self.shared.held).insert(id.clone(), lease.epoch);
+                lock(&self.shared.held).hold(id, lease.epoch, sent);
                 Response::Lease(lease)
             }
             Request::Open { id } => {
+                let sent = Instant::now();
                 let (lease, header) = sql::acquire(c, id, owner, ttl_ms).await?;
                 let records = sql::read(c, id).await?;
                 if fault_is(&self.shared, Fault::LoseReplyAfterOpen) {
@@ -525,7 +530,7 @@ impl Worker {
                 }
                 // Only now: if the read fails, a retry must be able to adopt this lease, and if
                 // no retry succeeds the lease lapses unrenewed.
-                lock(&self.shared.held).insert(id.clone(), lease.epoch);
+                lock(&self.shared.held).hold(id, lease.epoch, sent);
                 Response::Opened(lease, header, records)
             }
             Request::Append { lease, rows } | Request::AppendStaged { lease, rows, .. } => {
@@ -536,9 +541,13 @@ impl Worker {
                     Request::AppendStaged { claims, .. } => claims.as_slice(),
                     _ => &[],
                 };
+                let sent = Instant::now();
                 let result = sql::append(c, prepared, lease, rows, ttl_ms, claims).await;
-                if let Err(LogError::LeaseLost { .. }) = result {
-                    lock(&self.shared.held).remove(&lease.session_id);
+                match result {
+                    Err(LogError::LeaseLost { .. }) => lock(&self.shared.held).remove(&lease.session_id),
+                    // The append extended the lease: no renewal needed for a while.
+                    Ok(()) => lock(&self.shared.held).extended(lease, sent),
+                    Err(_) => {}
                 }
                 result?;
                 if fault_is(&self.shared, Fault::LoseReplyAfterAppend) {
@@ -584,6 +593,7 @@ impl Worker {
                 Response::Done
             }
             Request::Take { limit, name, expiry, ids } => {
+                let sent = Instant::now();
                 let taken = sql::take(c, prepared, *limit, owner, name, ttl_ms, ids.as_deref()).await?;
                 if fault_is(&self.shared, Fault::LoseReplyAfterTake) && !taken.is_empty() {
                     return Err(terminate_self(c).await);
@@ -591,7 +601,7 @@ impl Worker {
                 {
                     let mut held = lock(&self.shared.held);
                     for (lease, _, _) in &taken {
-                        held.insert(lease.session_id.clone(), lease.epoch);
+                        held.hold(&lease.session_id, lease.epoch, sent);
                     }
                 }
                 let expiry = match expiry {
@@ -617,10 +627,7 @@ impl Worker {
 
 /// Stops renewing `lease` if it is the one held.
 fn unhold(shared: &Shared, lease: &Lease) {
-    let mut held = lock(&shared.held);
-    if held.get(&lease.session_id) == Some(&lease.epoch) {
-        held.remove(&lease.session_id);
-    }
+    lock(&shared.held).release(lease);
 }
 
 /// Whether the injected fault is `fault`, clearing it if so (it fires once, on whichever

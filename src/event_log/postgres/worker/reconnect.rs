@@ -1,6 +1,7 @@
 //! Reconnecting the runtime thread's connection: jittered exponential backoff within the
 //! store's reconnect budget, and telling a dropped connection from a statement's own error.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,7 +34,7 @@ impl Worker {
                     self.conn = Some(conn);
                     self.gave_up = false;
                     // Leases may have run down while the connection was away.
-                    self.renew_held().await;
+                    self.renew_held(Duration::ZERO).await;
                     return Ok(());
                 }
                 Ok(Err(e)) => e,
@@ -55,24 +56,32 @@ impl Worker {
         }
     }
 
-    /// Extends the leases held, within the request timeout; a renewal that gets no reply
-    /// gives the connection up (the next request reconnects). Whether it worked is not
-    /// reported: a lapsed lease shows at the next append (refused if somebody took it).
-    pub(super) async fn renew_held(&mut self) -> bool {
+    /// Extends the leases held that nothing extended within `fresh` (all of them if zero), a
+    /// piece at a time, each within the request timeout; a piece that gets no reply gives the
+    /// connection up (the next request reconnects). Whether it worked is not reported: a
+    /// lapsed lease shows at the next append (refused if somebody took it).
+    pub(super) async fn renew_held(&mut self, fresh: Duration) -> bool {
         // A copy: the renewal awaits, and other connections add and drop leases meanwhile.
-        let held = super::lock(&self.shared.held).clone();
+        let pieces = super::lock(&self.shared.held).due(Instant::now(), fresh);
         let (limit, owner, ttl_ms) = (self.request_timeout, self.owner.as_str(), self.ttl_ms);
-        let Some(conn) = self.conn.as_mut() else { return false };
-        if held.is_empty() {
-            return true;
-        }
-        match within(limit, sql::renew(&mut conn.client, &held, owner, ttl_ms)).await {
-            Some(done) => done.is_ok(),
-            None => {
-                self.conn = None;
-                false
+        for piece in pieces {
+            let Some(conn) = self.conn.as_mut() else { return false };
+            let sent = Instant::now();
+            match within(limit, sql::renew(&mut conn.client, &piece, owner, ttl_ms)).await {
+                Some(Ok(ids)) => {
+                    // Rows skipped because they were locked stay due.
+                    let ids: HashSet<String> = ids.into_iter().collect();
+                    let renewed: Vec<(String, i64)> = piece.into_iter().filter(|(id, _)| ids.contains(id)).collect();
+                    super::lock(&self.shared.held).renewed(&renewed, sent);
+                }
+                Some(Err(_)) => return false,
+                None => {
+                    self.conn = None;
+                    return false;
+                }
             }
         }
+        true
     }
 
     async fn reconnect(&self) -> Result<Conn, String> {

@@ -53,7 +53,7 @@ impl Worker {
     /// Takes over a lease an interrupted open/create of ours acquired: held by this owner,
     /// under an epoch none of our logs holds (and, for create, at epoch 1 with our header).
     async fn adopt(&mut self, id: &str, header: Option<&String>) -> Result<Option<(Lease, String)>, LogError> {
-        if super::lock(&self.shared.held).contains_key(id) {
+        if super::lock(&self.shared.held).contains(id) {
             return Ok(None);
         }
         let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
@@ -62,7 +62,8 @@ impl Worker {
         if !ours {
             return Ok(None);
         }
-        super::lock(&self.shared.held).insert(id.to_string(), epoch);
+        // Extended by the interrupted request, at a time not known: renewed next round.
+        super::lock(&self.shared.held).adopt(id, epoch);
         Ok(Some((Lease { session_id: id.to_string(), owner: self.owner.clone(), epoch }, stored)))
     }
 
@@ -73,7 +74,8 @@ impl Worker {
     /// answer is returned: if this try is cut off too, the next one adopts them all again.
     async fn settle_take(&mut self, limit: i64, name: &str, expiry: bool, ids: Option<&[String]>) -> Result<Response, LogError> {
         // The pool's other connections run no take meanwhile: a worker has one in flight.
-        let held: Vec<String> = super::lock(&self.shared.held).keys().cloned().collect();
+        let held = super::lock(&self.shared.held).ids();
+        let sent = tokio::time::Instant::now();
         let Some(Conn { client: c, prepared, .. }) = self.conn.as_mut() else { return Err(stopped()) };
         let mut taken = sql::adopt_taken(c, &self.owner, name, &held, self.ttl_ms).await?;
         let rest = limit - taken.len() as i64;
@@ -87,7 +89,7 @@ impl Worker {
         {
             let mut held = super::lock(&self.shared.held);
             for (lease, _, _) in &taken {
-                held.insert(lease.session_id.clone(), lease.epoch);
+                held.hold(&lease.session_id, lease.epoch, sent);
             }
         }
         Ok(Response::Taken(taken, expiry))
