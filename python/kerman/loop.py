@@ -175,6 +175,9 @@ class AgentLoop:
             self.instructions = instructions
         self._status = "idle"
         self._task: Optional[asyncio.Task[None]] = None
+        # Set by aclose(): no turn starts from then on (a wake scheduled by input inserted
+        # meanwhile would run on a log about to close); the input stays pending, durable.
+        self._closing = False
         self._event_loop: Optional[asyncio.AbstractEventLoop] = _current_loop()
         self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
         self._last_error: Optional[LiveEvent] = None
@@ -539,6 +542,8 @@ class AgentLoop:
         self._start_driver()
 
     def _start_driver(self) -> None:
+        if self._closing:
+            return
         # The turn's signal exists before "running" is announced: a listener of that may cancel.
         self._core.prepare(Signal())
         self._set_status("running")
@@ -616,6 +621,7 @@ class AgentLoop:
         loop created it, and closes the loop's inbox, so another ``AgentLoop`` or ``Inbox`` may
         be created over the log. Pending input stays durable for the next resume unless
         ``discard_pending``."""
+        self._closing = True
         if self._status == "running" or discard_pending:
             self.cancel("disposed", keep_inbox=not discard_pending)
         await self.when_idle()

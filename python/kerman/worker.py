@@ -337,6 +337,12 @@ class Worker:
             full = len(self._sessions) >= self._max_sessions
             if self._sessions.get(log.id) is session:
                 self._sessions.pop(log.id)
+            # The session, its task and its loop's listeners (closures over the session) refer
+            # to each other: unlinked, a released session is freed by reference counting at
+            # once instead of waiting, with its loop and log, for a full garbage collection
+            # (each of which pauses every session of the worker).
+            session.agent = None
+            session.task = None
             if full and self._wanted is not None:
                 self._scan = True
                 self._wanted.set()  # room again: input may have waited for it

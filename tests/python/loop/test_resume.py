@@ -360,6 +360,29 @@ def test_aclose_on_an_idle_loop_keeps_pending_input_and_closes_only_its_own_log(
     asyncio.run(main())
 
 
+def test_input_arriving_while_aclose_runs_starts_no_turn_and_stays_pending():
+    """A waking message that arrives once ``aclose()`` has begun (here: while it waits for the
+    cancelled turn; in a worker, staged input the store delivers meanwhile) must not start a
+    turn on a loop whose log is about to close: it stays pending, for the next owner."""
+
+    async def main():
+        log = MemoryStore().create()
+        model = HangModel()
+        loop = AgentLoop(model, log=log)
+        loop.followup("go")
+        await model.entered.wait()
+        closing = asyncio.ensure_future(loop.aclose())
+        await drain()  # aclose has cancelled the turn and waits for it to end
+        late = loop.followup("late")
+        await closing
+        assert turn_ends(log) == [aborted(DISPOSED)]
+        assert len(model.requests) == 1 and loop.status == "idle"
+        assert [m.id for m in loop.inbox.next_turn] == [late.id]
+        log.close()
+
+    asyncio.run(main())
+
+
 def test_resume_restores_inbox_and_turn_counter_and_runs_nothing_until_wake(tmp_path):
     store = FileStore(tmp_path / "s", durability="none")
     log = store.create()

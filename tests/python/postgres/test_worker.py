@@ -484,3 +484,47 @@ def test_a_notification_takes_the_session_it_names_not_every_takeable_one():
 
     asyncio.run(sweep())
     assert row(store, "silent")["staged"] == 0
+
+
+def test_a_released_session_leaves_no_cyclic_garbage():
+    """A worker releases thousands of sessions an hour: each must be freed by reference counting
+    as it is let go (its loop, its log and what they hold), not left for a full collection,
+    which pauses every session of the worker for a time that grows with what it holds."""
+    import asyncio
+    import gc
+
+    import kerman
+
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    ids = sessions(store, 5, "gc")
+    worker = kerman.Worker(PostgresStore(dsn), lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log),
+                           idle_timeout=0.2, name="w")
+
+    async def scenario() -> None:
+        serving = asyncio.ensure_future(worker.run())
+        gc.collect()
+        # No automatic collection meanwhile: whatever forms cycles is still there at the end,
+        # where the collection saves (rather than frees) it for the assertion.
+        gc.disable()
+        try:
+            for sid in ids:
+                sent[sid] = [store.enqueue(sid, "hello").id]
+            end = time.monotonic() + DEADLINE
+            while any(turn_ends(store, sid) != ["completed"] for sid in ids) or worker.sessions:
+                assert time.monotonic() < end, f"timed out waiting for the turns and releases: {worker.stats}"
+                await asyncio.sleep(0.02)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            kinds = sorted({type(o).__name__ for o in gc.garbage})
+            assert not gc.garbage, f"{len(gc.garbage)} objects in cycles after the releases: {kinds}"
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        worker.stop()
+        await asyncio.wait_for(serving, DEADLINE)
+
+    sent: Dict[str, List[str]] = {}
+    asyncio.run(scenario())
+    audit(store, sent)
