@@ -378,9 +378,11 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         g.proc.wait(60)
     models, takes = collect(workers)
     report["latency"] = latencies(queued, models, takes)
-    pauses = [float(line.split()[3]) for w in workers for line in list(w.lines) if line.startswith("g ")]
+    gc_lines = [line.split() for w in workers for line in list(w.lines) if line.startswith("g ")]
+    pauses = [float(g[3]) for g in gc_lines]
     report["gc_pauses"] = {"n_over_5ms": len(pauses), "max_ms": max(pauses, default=0.0),
-                           "total_ms": round(sum(pauses), 1)}
+                           "total_ms": round(sum(pauses), 1),
+                           "by_generation": dict(sorted(Counter(int(g[1]) for g in gc_lines).items()))}
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
     turns = len(models)
     span = (max(t for t, _ in models.values()) - started) / 1e9
@@ -528,7 +530,7 @@ def print_report(r: Dict[str, Any]) -> None:
         print(f"  {k:<18} n={v['n']:>6}  p50 {v['p50_ms']:>7.2f} ms  p99 {v['p99_ms']:>8.2f} ms  max {v['max_ms']:>8.1f} ms")
     g = r["gc_pauses"]
     print(f"garbage collections of 5 ms or more in the workers: {g['n_over_5ms']}, longest {g['max_ms']} ms, "
-          f"{g['total_ms']} ms in all")
+          f"{g['total_ms']} ms in all; by generation {g['by_generation']}")
     t = r["throughput"]
     print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
           f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
