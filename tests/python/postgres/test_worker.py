@@ -222,6 +222,22 @@ def test_an_idle_session_is_released_after_idle_timeout_and_taken_again_for_new_
     audit(store, {sid: [first.id, second.id]})
 
 
+def test_kerman_worker_freezes_what_exists_at_start_out_of_the_collectors_sight(workers):
+    """Modules and the app's imports (a vendor SDK is some 200,000 objects) live as long as the
+    process: frozen, every full collection (a pause of every session) skips them."""
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "frozen")
+    w = workers(dsn, "frozen")
+    sent = {sid: [store.enqueue(sid, "hello").id]}
+    line = w.wait_line(lambda line: line.startswith("frozen "), "the factory's report")
+    # More than kerman's own modules alone (thousands of objects), however the versions vary.
+    assert int(line.split()[1]) > 1000, line
+    wait_until(lambda: turn_ends(store, sid) == ["completed"], "the turn")
+    assert w.signal(signal.SIGTERM) == 0
+    audit(store, sent)
+
+
 def test_input_staged_before_any_worker_starts_is_taken_at_start(workers):
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)

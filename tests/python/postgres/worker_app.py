@@ -5,7 +5,8 @@ Every fact a test synchronises on is one flushed stdout line, never a sleep:
 
 - ``took <session> <pid>`` when the factory builds a session's loop (the worker took it);
 - ``model <session> <pid> <message-id>...`` when the model is called, with the ids it entered;
-- ``pre <session> <pid>`` when the ``hang`` factory's pre_step starts waiting.
+- ``pre <session> <pid>`` when the ``hang`` factory's pre_step starts waiting;
+- ``frozen <n>`` from the ``frozen`` factory: how many objects ``gc.freeze()`` holds.
 
 Environment: ``WORKER_APP_DELAY`` (seconds the model waits before replying, default 0),
 ``WORKER_APP_FAIL=1`` (the model raises: every turn fails), ``WORKER_APP_HANG=1`` (the ``hang``
@@ -67,3 +68,11 @@ async def built_async(log) -> AgentLoop:
 def broken(log) -> AgentLoop:
     say("took", log.id, os.getpid())
     raise RuntimeError("the factory cannot build this session")
+
+
+def frozen(log) -> AgentLoop:
+    """Says how many objects the worker froze out of the collector's sight at start."""
+    import gc
+
+    say("frozen", gc.get_freeze_count())
+    return echo(log)
