@@ -3,7 +3,7 @@
 //! The store's `pool_size` connections are tasks on one current-thread runtime; `pool.rs` says
 //! which serves a request (a session's requests run in submission order, on one connection at
 //! a time). The first is opened by the constructor, the others when the first busy moment
-//! needs them. Leases are renewed in one statement per tick, by whichever connection is free.
+//! needs them. Leases are renewed each tick by whichever connection is free (leases.rs).
 //! A dropped connection is re-established with jittered exponential backoff, bounded by the
 //! store's reconnect budget (then `LogError::Database` naming the host and the last error).
 //! The request it interrupted is retried when that is safe (reads, conditional writes), and an
