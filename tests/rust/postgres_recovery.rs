@@ -41,6 +41,12 @@ impl Admin {
         rows.iter().map(|r| r.get(0)).collect()
     }
 
+    /// How many of `ids` hold a live lease by the server's clock.
+    pub(crate) fn live_leases(&self, ids: &[String]) -> i64 {
+        let sql = "SELECT count(*) FROM kerman_sessions WHERE id = ANY($1) AND expires_at > now()";
+        self.rt.block_on(self.client.query_one(sql, &[&ids])).unwrap().get(0)
+    }
+
     fn pid(&self, owner: &str) -> i32 {
         let pids = self.pids(owner, "");
         assert_eq!(pids.len(), 1, "one connection per store");

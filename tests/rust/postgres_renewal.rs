@@ -15,12 +15,6 @@ impl Admin {
         let row = self.rt.block_on(self.client.query_one("SELECT xmin::text FROM kerman_sessions WHERE id = $1", &[&id])).unwrap();
         row.get(0)
     }
-
-    /// How many of `ids` hold a live lease by the server's clock.
-    fn live_leases(&self, ids: &[String]) -> i64 {
-        let sql = "SELECT count(*) FROM kerman_sessions WHERE id = ANY($1) AND expires_at > now()";
-        self.rt.block_on(self.client.query_one(sql, &[&ids])).unwrap().get(0)
-    }
 }
 
 fn core(dsn: &str, lease_ttl_ms: u64) -> PgCore {

@@ -219,8 +219,8 @@ pub async fn session_state(c: &mut Client, id: &str) -> Result<Option<(i64, i64)
 }
 
 /// Extends the leases in `leases` (session id, epoch) that are still ours, in one statement;
-/// returns the ids it extended.
-pub async fn renew(c: &mut Client, leases: &[(String, i64)], owner: &str, ttl_ms: f64) -> Result<Vec<String>, LogError> {
+/// returns the ones it extended.
+pub async fn renew(c: &mut Client, leases: &[(String, i64)], owner: &str, ttl_ms: f64) -> Result<Vec<(String, i64)>, LogError> {
     if leases.is_empty() {
         return Ok(Vec::new());
     }
@@ -236,12 +236,12 @@ pub async fn renew(c: &mut Client, leases: &[(String, i64)], owner: &str, ttl_ms
                    WHERE f.owner = $4
                    FOR UPDATE OF f SKIP LOCKED) AS free
              WHERE s.id = free.id
-             RETURNING s.id",
+             RETURNING s.id, s.epoch",
             &[(&ids, TEXT_ARRAY), (&epochs, INT8_ARRAY), (&ttl_ms, Type::FLOAT8), (&owner, Type::TEXT)],
         )
         .await
         .map_err(db_err("renew leases"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// Every record of a session, in seq order.

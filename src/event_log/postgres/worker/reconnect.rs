@@ -1,7 +1,6 @@
 //! Reconnecting the runtime thread's connection: jittered exponential backoff within the
 //! store's reconnect budget, and telling a dropped connection from a statement's own error.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -68,12 +67,8 @@ impl Worker {
             let Some(conn) = self.conn.as_mut() else { return false };
             let sent = Instant::now();
             match within(limit, sql::renew(&mut conn.client, &piece, owner, ttl_ms)).await {
-                Some(Ok(ids)) => {
-                    // Rows skipped because they were locked stay due.
-                    let ids: HashSet<String> = ids.into_iter().collect();
-                    let renewed: Vec<(String, i64)> = piece.into_iter().filter(|(id, _)| ids.contains(id)).collect();
-                    super::lock(&self.shared.held).renewed(&renewed, sent);
-                }
+                // Rows skipped because they were locked stay due.
+                Some(Ok(renewed)) => super::lock(&self.shared.held).renewed(&renewed, sent),
                 Some(Err(_)) => return false,
                 None => {
                     self.conn = None;
