@@ -363,7 +363,9 @@ def test_aclose_on_an_idle_loop_keeps_pending_input_and_closes_only_its_own_log(
 def test_input_arriving_while_aclose_runs_starts_no_turn_and_stays_pending():
     """A waking message that arrives once ``aclose()`` has begun (here: while it waits for the
     cancelled turn; in a worker, staged input the store delivers meanwhile) must not start a
-    turn on a loop whose log is about to close: it stays pending, for the next owner."""
+    turn on a loop whose log is about to close: it stays pending, for the next owner. As in the
+    reference's disposal (5.2, CAN-37: "no extra turn"; 5.3: a disposed cancel never latches),
+    and also when aclose() finds the loop idle, where the reference says nothing."""
 
     async def main():
         log = MemoryStore().create()

@@ -297,6 +297,37 @@ def test_a_killed_workers_sessions_are_taken_over_with_crash_closers_and_claimed
 # ---- drain -------------------------------------------------------------------------------------
 
 
+def test_a_worker_carries_on_when_the_server_ends_all_its_connections(workers):
+    """What a server restart does to a worker: every connection of it (the store's pool and its
+    LISTEN connection) is ended at once. Notifications sent while they are down are lost; the
+    worker reconnects, LISTENs again and reads what was staged meanwhile, for the sessions it
+    holds and for one nobody holds."""
+    from conftest import psql
+
+    dsn = fresh_schema_dsn()
+    schema = dsn.rsplit("%3D", 1)[1]
+    store = PostgresStore(dsn)
+    held = sessions(store, 3, "held")
+    (free,) = sessions(store, 1, "free")
+    w = workers(dsn, "echo", "--idle-timeout", "600")
+    sent = {sid: [store.enqueue(sid, "before").id] for sid in held}
+    for sid in held:
+        wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the first turn of {sid}")
+    [owner] = psql(f"SELECT DISTINCT owner FROM {schema}.kerman_sessions WHERE owner IS NOT NULL")
+    ended = psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 f"WHERE application_name IN ('kerman {owner}', 'kerman-listen-{w.pid}')")
+    assert len(ended) >= 2, ended  # at least the store's connection and the LISTEN one
+    for sid in held:
+        sent[sid].append(store.enqueue(sid, "after").id)
+    sent[free] = [store.enqueue(free, "after").id]
+    for sid in held:
+        wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed", "completed"], f"the second turn of {sid}")
+    wait_until(lambda: turn_ends(store, free) == ["completed"], "the turn of the session nobody held")
+    assert w.signal(signal.SIGTERM) == 0
+    audit(store, sent)
+    assert all(r["owner"] is None for r in store.sessions())
+
+
 def test_sigterm_lets_a_short_turn_finish_then_releases_every_lease_and_exits_0(workers):
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)
