@@ -58,6 +58,15 @@ async def _slow(request):
 
 def slow():
     return _slow
+
+def injecting():
+    call = {"type": "tool-call", "id": "c1", "name": "note", "arguments": "{}"}
+    return ScriptedModel([kerman.ModelReply([call]), "noted it"])
+
+async def note(*, ctx) -> str:
+    """Adds context for the next step."""
+    ctx.loop.inject("the build is green")
+    return "noted"
 ''' % HOSTILE
 
 
@@ -195,3 +204,13 @@ def test_resumed_session_with_queued_input_shows_it_and_a_prompt(tmp_path: Path,
     child.sendline("")
     child.expect_exact("queued prompt number 0 with a long tail of words")
     finish(child)
+
+
+def test_injected_context_is_labelled_context(tmp_path: Path, env: Dict[str, str]) -> None:
+    child = spawn(tmp_path, env, "--model", "chat_factory:injecting", "--tool", "chat_factory:note")
+    child.expect_exact("> ")
+    child.sendline("go")
+    child.expect_exact("» context: the build is green")
+    child.expect_exact("noted it")
+    screen = finish(child)
+    assert "steer" not in screen
