@@ -79,7 +79,7 @@ def default_store() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kerman chat``."""
     parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
-                        help="the provider's model name (gpt-4.1, claude-sonnet-4-5, gemini-2.5-flash, ...), or "
+                        help="the provider's model name (gpt-6.2-sol, claude-sonnet-5-5, gemini-3.8-flash, ...), or "
                              "MODULE:FACTORY, a function returning any Kerman model (an importable module, or "
                              "a .py file path); with --provider or --base-url, always a model name")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default=None,
