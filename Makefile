@@ -2,7 +2,7 @@
 PY ?= python3
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: install test test-slow test-deps test-rust pg-server test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
+.PHONY: install test test-slow test-deps test-rust pg-server pg-stop test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
 .PHONY: wheels test-wheels
 .PHONY: check-windows
 
@@ -25,9 +25,10 @@ test-deps:
 	@# PyYAML: the release workflow read as GitHub reads it (tests/python/packaging/test_release_workflow.py).
 	$(PY) -m pip install -q --root-user-action=ignore "pyyaml>=6"
 
-# The PostgreSQL store's tests need a server: scripts/pg-test-server.sh installs and starts a
-# throwaway one on 127.0.0.1 (about 10 s cold, milliseconds when already up) unless
-# KERMAN_PG_DSN names one. KERMAN_PG_REQUIRED=1 makes a missing server a failure, not a skip.
+# The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
+# 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when
+# PostgreSQL is missing it installs Debian's postgresql (and openssl) with apt-get, as root,
+# saying so first. KERMAN_PG_REQUIRED=1 makes a missing server a failure, not a skip.
 PG_ENV = dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
 	echo "KERMAN_PG_DSN=$$dsn"; export KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1;
 
@@ -38,8 +39,16 @@ test-rust:
 pg-server:
 	@bash scripts/pg-test-server.sh
 
+# Stops the test PostgreSQL server if scripts/pg-test-server.sh started it (a server started
+# otherwise, or the one KERMAN_PG_DSN names, is left alone).
+pg-stop:
+	@bash scripts/pg-test-server.sh stop
+
+# With the local test server, tests/python/postgres/test_pgbouncer.py runs a PgBouncer in front
+# of it: Debian's pgbouncer is installed first (apt-get, as root, said on stderr) when missing.
 test-python: install test-deps
-	@$(PG_ENV) $(PY) -m pytest -q
+	@$(PG_ENV) case "$$dsn" in postgresql://postgres@127.0.0.1:*) bash scripts/pgbouncer-test.sh install || exit 1;; esac; \
+	$(PY) -m pytest -q
 	$(MAKE) stubtest
 
 stubtest:
@@ -54,8 +63,10 @@ test-plugins: install test-deps
 	$(PY) -m mypy --strict --no-incremental examples/plugins/src examples/plugins/tests
 
 # Everything: Rust unit + integration tests, the Python suite against the built wheel, then the
-# example plugin package.
-test: test-rust test-python test-plugins
+# example plugin package. The test PostgreSQL server is stopped at the end (also on failure or
+# Ctrl-C) when this run started it; one that was already running, or KERMAN_PG_DSN's, is not.
+test:
+	@bash scripts/pg-test-server.sh scoped $(MAKE) --no-print-directory test-rust test-python test-plugins
 
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
 # Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)
@@ -112,7 +123,7 @@ bench: install
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 
-# The distributed benchmark (issue 17): 4 `kerman worker` processes, 10,000 sessions, load
+# The distributed benchmark: 4 `kerman worker` processes, 10,000 sessions, load
 # generators at 500 enqueues/s then a burst, a kill -9, an audit, LISTEN with 10,000 channels;
 # about 3 minutes, in a fresh schema of the test server (started if KERMAN_PG_DSN is unset).
 bench-workers: install

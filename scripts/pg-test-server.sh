@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL server for the tests: installs Debian's package if missing, starts a
-# private cluster on 127.0.0.1 with its data under /tmp, and prints its DSN on stdout (logs go to
-# stderr). Idempotent and cheap when the server is already up, so `make test` can call it every
-# run. The cluster is for tests only: fsync is off, authentication is `trust` on loopback.
+# A throwaway PostgreSQL server for the tests, on 127.0.0.1:$KERMAN_PG_PORT (54329) with its data
+# under $KERMAN_PG_ROOT (/tmp/kerman-pg-54329). The cluster is for tests only: fsync is off,
+# authentication is `trust` on loopback.
+#
+#   pg-test-server.sh [start]     installs what is missing (as root, with apt-get, saying so on
+#                                 stderr first: Debian's `postgresql`, and `openssl` for the TLS
+#                                 certificates), starts the cluster unless it is up, and prints
+#                                 its DSN on stdout (logs go to stderr). Idempotent and cheap when
+#                                 the server is already up, so `make test` calls it every run.
+#   pg-test-server.sh stop        stops the server this script started (the pid it recorded
+#                                 must still be the postmaster of its data folder); a server
+#                                 started otherwise is left alone, and so is anything else.
+#   pg-test-server.sh running     exit status 0 if the server answers.
+#   pg-test-server.sh scoped CMD  runs CMD and, if the server was not running before and
+#                                 KERMAN_PG_DSN is unset, stops it afterwards (also on Ctrl-C);
+#                                 exits with CMD's status. `make test` runs its targets so.
 #
 # It also serves TLS (ssl=on, for tests/python/postgres/test_postgres_tls.py): a self-signed CA,
 # a server certificate for localhost and 127.0.0.1, a client certificate for the role
@@ -18,6 +30,9 @@ DSN="postgresql://postgres@127.0.0.1:$PORT/postgres"
 
 log() { echo "pg-test-server: $*" >&2; }
 
+# The pid of the postmaster this script started, so `stop` never stops another server.
+STARTED="$ROOT/started-by-script.pid"
+
 pg_bin() {
     # Highest installed major version; Debian keeps the server binaries off PATH.
     ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
@@ -27,6 +42,60 @@ TLS="$ROOT/data/kerman-tls"
 tls_ready() { [ -s "$TLS/ready" ]; }
 
 BIN="$(pg_bin)"
+
+answers() { [ -n "$BIN" ] && "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; }
+
+as_postgres() {
+    # initdb and postgres refuse to run as root: run them as the package's `postgres` user.
+    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+stop_server() {
+    local pidfile="$ROOT/data/postmaster.pid" ours running_pid
+    ours="$(cat "$STARTED" 2>/dev/null || true)"
+    running_pid="$(head -n 1 "$pidfile" 2>/dev/null || true)"
+    if [ -z "$running_pid" ] || ! kill -0 "$running_pid" 2>/dev/null; then
+        rm -f "$STARTED"
+        return 0
+    fi
+    if [ -z "$ours" ] || [ "$ours" != "$running_pid" ]; then
+        log "the server of $ROOT/data (pid $running_pid) was not started by this script: left running"
+        return 0
+    fi
+    log "stopping the test PostgreSQL server (pid $running_pid, $ROOT/data)"
+    as_postgres "$BIN/pg_ctl" -D "$ROOT/data" -m fast -w -t 60 stop >&2
+    rm -f "$STARTED"
+}
+
+case "${1:-start}" in
+start) ;;
+stop)
+    stop_server
+    exit 0
+    ;;
+running)
+    answers
+    exit
+    ;;
+scoped)
+    shift
+    [ "$#" -gt 0 ] || { log "usage: $0 scoped COMMAND [ARG...]"; exit 2; }
+    if [ -n "${KERMAN_PG_DSN:-}" ] || answers; then
+        exec "$@"  # a server of the user's, or one already running: not ours to stop
+    fi
+    trap 'stop_server' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    status=0
+    "$@" || status=$?
+    exit "$status"
+    ;;
+*)
+    log "usage: $0 [start] | stop | running | scoped COMMAND [ARG...]"
+    exit 2
+    ;;
+esac
+
 if [ -n "$BIN" ] && tls_ready && "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then
     echo "$DSN"
     exit 0
@@ -40,19 +109,16 @@ flock 9
 
 if [ -z "$BIN" ] || [ ! -x "$BIN/initdb" ]; then
     [ "$(id -u)" = 0 ] || { log "PostgreSQL is not installed and we are not root"; exit 1; }
-    log "installing PostgreSQL from Debian's packages"
+    log "installing Debian's postgresql package (apt-get install -y postgresql); set KERMAN_PG_DSN to use a server of yours instead"
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -q postgresql >&2 || { apt-get update -q >&2 && apt-get install -y -q postgresql >&2; }
     BIN="$(pg_bin)"
 fi
 
-# initdb and postgres refuse to run as root: run them as the package's `postgres` user.
 if [ "$(id -u)" = 0 ]; then
     chown postgres: "$ROOT"
-    as_pg() { runuser -u postgres -- "$@"; }
-else
-    as_pg() { "$@"; }
 fi
+as_pg() { as_postgres "$@"; }
 
 if [ ! -s "$ROOT/data/PG_VERSION" ]; then
     rm -rf "$ROOT/data"
@@ -66,6 +132,7 @@ if ! "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then
     as_pg "$BIN/pg_ctl" -D "$ROOT/data" -l "$ROOT/server.log" -w -t 60 \
         -o "-h 127.0.0.1 -p $PORT -k $ROOT -c fsync=off -c full_page_writes=off" start >&2 9>&- \
         || { tail -n 30 "$ROOT/server.log" >&2; exit 1; }
+    head -n 1 "$ROOT/data/postmaster.pid" >"$STARTED"
 fi
 
 psql_pg() { "$BIN/psql" "host=127.0.0.1 port=$PORT user=postgres dbname=postgres sslmode=disable" -XAtq "$@"; }
@@ -75,6 +142,7 @@ psql_pg() { "$BIN/psql" "host=127.0.0.1 port=$PORT user=postgres dbname=postgres
 setup_tls() {
     if ! command -v openssl >/dev/null; then
         [ "$(id -u)" = 0 ] || { log "openssl is not installed and we are not root"; exit 1; }
+        log "installing Debian's openssl package (apt-get install -y openssl), for the TLS test certificates"
         apt-get install -y -q openssl >&2 || { apt-get update -q >&2 && apt-get install -y -q openssl >&2; }
     fi
     as_pg mkdir -p -m 700 "$TLS"

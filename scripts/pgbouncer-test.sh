@@ -7,6 +7,8 @@
 #                             runs, and prints "<pid> <started: 1|0>" on stdout (as root it
 #                             runs it as the postgres user, which the server's package made)
 #   pgbouncer-test.sh stop PID  stops that pgbouncer (the pid start printed), only if it is ours
+#   pgbouncer-test.sh install   installs Debian's pgbouncer if missing (as root, with apt-get,
+#                             saying so on stderr first); `make test` runs it before the suite
 #
 # Every database name is forwarded to the server (`* =`), trust auth, `options` ignored at
 # startup (the server would get no per-test search path through transaction pooling anyway:
@@ -22,12 +24,20 @@ log() { echo "pgbouncer-test: $*" >&2; }
 
 running() { [ -s "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
-case "${1:-}" in
-start)
+install_missing() {
     if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-        log "installing Debian's pgbouncer"
+        [ "$(id -u)" = 0 ] || { log "pgbouncer is not installed and we are not root"; exit 1; }
+        log "installing Debian's pgbouncer package (apt-get install -y pgbouncer), for tests/python/postgres/test_pgbouncer.py"
         apt-get install -y -q pgbouncer >&2 || { apt-get update -q >&2 && apt-get install -y -q pgbouncer >&2; }
     fi
+}
+
+case "${1:-}" in
+install)
+    install_missing
+    ;;
+start)
+    install_missing
     BIN="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
     mkdir -p "$ROOT"
     exec 9>"$ROOT.lock"
@@ -77,7 +87,7 @@ stop)
     fi
     ;;
 *)
-    echo "usage: $0 start | stop PID" >&2
+    echo "usage: $0 start | stop PID | install" >&2
     exit 2
     ;;
 esac

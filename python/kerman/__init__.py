@@ -1,12 +1,11 @@
 """Kerman: a durable agent loop built on one append-only session log.
 
 The log is the single source of truth; the inbox and every projection are folds of it.
-See https://github.com/ (README) and ``docs/`` for the model in full.
+See ``docs/`` (https://github.com/kerman-project/kerman/tree/main/docs) for the model in full.
 """
 
-from __future__ import annotations
-
-import atexit
+# Private names only: whatever this module imports shows in dir(kerman).
+import atexit as _atexit
 
 from . import _core, errors, models
 from ._core import (
@@ -155,4 +154,4 @@ __all__ = [
 
 # Before finalization: the core's writer and reply threads stop calling into Python, so a log
 # dropped while the interpreter shuts down can join its writer (src/python/runtime/exit.rs).
-atexit.register(_core._at_exit)
+_atexit.register(_core._at_exit)

@@ -20,26 +20,39 @@ TEXT_LIMIT = 60
 JSON_LIMIT = 80
 
 
-def _escape(text: str) -> str:
-    """Control characters (C0, DEL, C1) rendered as escapes; everything else kept."""
+# Unicode bidi controls (embeddings, overrides, isolates, marks): printed raw they reorder what
+# a terminal shows after them, so a log could make one text look like another.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape(text: str, lines: bool = False) -> str:
+    """Control characters (C0, DEL, C1), bidi controls, line separators and lone surrogates
+    rendered as escapes (``\\x1b``, ``\\u202e``); everything else kept. ``lines=True`` keeps
+    newlines and tabs (text shown as it was written, across lines)."""
     if text.isprintable():
         return text
     out = []
     for ch in text:
         code = ord(ch)
         if ch == "\n":
-            out.append("\\n")
+            out.append(ch if lines else "\\n")
         elif ch == "\t":
-            out.append("\\t")
+            out.append(ch if lines else "\\t")
         elif ch == "\r":
             out.append("\\r")
         elif code < 0x20 or 0x7F <= code < 0xA0:
             out.append(f"\\x{code:02x}")
-        elif ch in "\u2028\u2029" or (0xD800 <= code < 0xE000):
+        elif ch in "\u2028\u2029" or ch in BIDI_CONTROLS or (0xD800 <= code < 0xE000):
             out.append(f"\\u{code:04x}")
         else:
             out.append(ch)
     return "".join(out)
+
+
+def terminal_text(text: str) -> str:
+    """``text`` safe to print on a terminal as lines: what :func:`_escape` escapes but newlines
+    and tabs (``kerman chat`` prints every string through this)."""
+    return _escape(text, lines=True)
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -20,8 +20,8 @@ import inspect
 import json
 import logging
 import os
-import re
 import signal
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, TextI
 
 from . import AgentLoop, FileStore, Retry, SessionLog
 from ._imports import load_object
-from ._timeline import message_text
+from ._timeline import message_text, terminal_text
 from .errors import KermanError, SessionNotFoundError
 
 __all__ = ["PROVIDERS", "add_arguments", "load_model", "run"]
@@ -52,9 +52,6 @@ _KEY_VARS = {
 }
 LOCAL_KEY = "kerman-local"
 
-# Terminal control characters in model output are shown escaped, never obeyed (a model, or a
-# tool result it quotes, must not be able to move the cursor or retitle the terminal).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _HELP = """commands:
   TEXT              while the agent works: steer it (seen at the next step); else: a new turn
   /followup TEXT    queue TEXT as a prompt for its own turn, after the running one
@@ -82,7 +79,7 @@ def default_store() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kerman chat``."""
     parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
-                        help="the provider's model name (gpt-4.1, claude-sonnet-4-5, gemini-2.5-flash, ...), or "
+                        help="the provider's model name (gpt-6.2-sol, claude-sonnet-5-5, gemini-3.8-flash, ...), or "
                              "MODULE:FACTORY, a function returning any Kerman model (an importable module, or "
                              "a .py file path); with --provider or --base-url, always a model name")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default=None,
@@ -178,7 +175,11 @@ def _options(pairs: List[str]) -> Dict[str, Any]:
 
 
 def _clean(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    # Terminal control characters and bidi controls in anything printed (model output, ids,
+    # tool names, errors) are shown escaped, never obeyed: a model, a tool result it quotes or
+    # another program's queued input must not move the cursor, clear or retitle the terminal,
+    # or reorder what it shows.
+    return terminal_text(text)
 
 
 def _open(args: argparse.Namespace) -> Tuple[FileStore, SessionLog, bool]:
@@ -214,7 +215,7 @@ def _tag(message_id: str) -> str:
 
 
 def _one_line(text: str, limit: int = 100) -> str:
-    text = _clean(" ".join(text.split()))
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -238,21 +239,30 @@ class Chat:
 
     # -- output --
 
-    def write(self, text: str) -> None:
-        self.out.write(text)
+    def write(self, text: str, dim: bool = False, bold: bool = False) -> None:
+        """Every print of the chat goes through here: ``text`` is escaped (``_clean``), then
+        styled."""
+        if not text:
+            return
+        shown = _clean(text)
+        self.column = 0 if shown.endswith("\n") else self.column + len(shown)
+        if dim:
+            shown = self.style.dim(shown)
+        if bold:
+            shown = self.style.bold(shown)
+        self.out.write(shown)
         self.out.flush()
-        if text:
-            self.column = 0 if text.endswith("\n") else self.column + len(text)
 
-    def line(self, text: str) -> None:
+    def line(self, text: str, dim: bool = False) -> None:
         """A line of its own (ending any streamed text first)."""
         if self.column:
             self.write("\n")
-        self.write(text + "\n")
+        self.write(text, dim=dim)
+        self.write("\n")
 
     def prompt(self) -> None:
         if self.echo:
-            self.write(self.style.bold("> "))
+            self.write("> ", bold=True)
 
     # -- the renderer: the log, event by event --
 
@@ -272,34 +282,34 @@ class Chat:
             chunk = data.get("chunk") or {}
             if chunk.get("type") == "text-delta":
                 self.streamed = True
-                self.write(_clean(chunk.get("text", "")))
+                self.write(str(chunk.get("text", "")))
             elif chunk.get("type") == "reasoning-delta":
                 self.streamed = True
-                self.write(self.style.dim(_clean(chunk.get("text", ""))))
+                self.write(str(chunk.get("text", "")), dim=True)
         elif kind == "assistant/message":
             message = data.get("message") or {}
             if not self.streamed:
                 text = message_text(message)
                 if text:
-                    self.write(_clean(text))
+                    self.write(text)
             for block in message.get("content") or []:
                 if isinstance(block, Mapping) and block.get("type") == "tool-call":
-                    self.line(self.style.dim(f"  ⚙ {_one_line(str(block.get('name')))}({_one_line(str(block.get('arguments')), 60)})"))
+                    self.line(f"  ⚙ {_one_line(str(block.get('name')))}({_one_line(str(block.get('arguments')), 60)})", dim=True)
             if data.get("interrupted"):
-                self.line(self.style.dim("  (interrupted)"))
+                self.line("  (interrupted)", dim=True)
             self.streamed = False
         elif kind == "tool/result":
             text = message_text(data.get("message") or {})
             error = data.get("error")
             mark = "✗" if error else "↳"
-            self.line(self.style.dim(f"  {mark} {_one_line(text, 80)}"))
+            self.line(f"  {mark} {_one_line(text, 80)}", dim=True)
         elif kind == "user/message":
             if data.get("id") in self.typed:
                 self.typed.discard(data.get("id"))
             else:
                 source = (data.get("source") or {}).get("kind", "user")
                 label = ("prompt" if self.step <= 1 else "steer") if source == "user" else _one_line(str(source), 20)
-                self.line(self.style.dim(f"  » {label}: {_one_line(message_text(data))}"))
+                self.line(f"  » {label}: {_one_line(message_text(data))}", dim=True)
         elif kind == "step/start":
             self.step = data.get("step") or 0
         elif kind == "turn/end":
@@ -321,13 +331,13 @@ class Chat:
         else:
             note = _one_line(json.dumps(reason, default=str))
         if note:
-            self.line(self.style.dim(f"  [turn {data.get('turn')} {note}]"))
+            self.line(f"  [turn {data.get('turn')} {note}]", dim=True)
         elif self.column:
             self.write("\n")
         if not self.loop.inbox.has_pending:
             self.prompt()
         elif what != "completed":  # a completed turn's queue runs on; a stopped one waits
-            self.line(self.style.dim(f"  {self.queue_summary()} kept; Enter (or /run) runs it, /clear drops it"))
+            self.line(f"  {self.queue_summary()} kept; Enter (or /run) runs it, /clear drops it", dim=True)
             self.prompt()
 
     def queue_changed(self) -> None:
@@ -339,7 +349,7 @@ class Chat:
         grew = any(i not in self.queue_shown for i in ids)
         self.queue_shown = ids
         if grew:
-            self.line(self.style.dim("  " + self.queue_summary()))
+            self.line("  " + self.queue_summary(), dim=True)
 
     def queue_summary(self) -> str:
         inbox = self.loop.inbox
@@ -384,10 +394,10 @@ class Chat:
             self.drop(rest)
         elif name == "/clear":
             dropped = self.loop.inbox.clear()
-            self.line(self.style.dim(f"  removed {len(dropped)} queued message{'s' if len(dropped) != 1 else ''}"))
+            self.line(f"  removed {len(dropped)} queued message{'s' if len(dropped) != 1 else ''}", dim=True)
         elif name == "/cancel":
             if self.loop.status == "idle":
-                self.line(self.style.dim("  nothing is running"))
+                self.line("  nothing is running", dim=True)
             else:
                 self.cancel()
         elif name == "/followup":
@@ -399,7 +409,7 @@ class Chat:
                     self.typed.add(message.id)
         elif name == "/run":
             if not self.loop.wake():
-                self.line(self.style.dim("  nothing to run" if not self.loop.inbox.has_pending else "  already running"))
+                self.line("  nothing to run" if not self.loop.inbox.has_pending else "  already running", dim=True)
         else:
             self.line(f"unknown command {_one_line(name, 30)!r}; /help lists them")
         if self.loop.status == "idle" and not self.quit.is_set():
@@ -410,7 +420,7 @@ class Chat:
         decision = await next()
         if isinstance(decision, Retry):
             f = failure.failure
-            self.line(self.style.dim(f"  [retrying: {_one_line(str(f.get('message', '')), 120)}]"))
+            self.line(f"  [retrying: {_one_line(str(f.get('message', '')), 120)}]", dim=True)
         return decision
 
     def cancel(self) -> None:
@@ -429,28 +439,31 @@ class Chat:
             self.line("usage: /drop ID (as /queue shows it)")
             return
         inbox = self.loop.inbox
-        matches = [m for m in inbox.next_turn + inbox.next_step if m.id == wanted or m.id.endswith(wanted)]
+        # The id as typed, or as shown (escaped: an id holding control characters).
+        matches = [m for m in inbox.next_turn + inbox.next_step
+                   if m.id == wanted or m.id.endswith(wanted) or _clean(m.id).endswith(wanted)]
         if not matches:
             self.line(f"  no queued message #{_one_line(wanted, 40)} (it may have been delivered already); /queue lists them")
         elif len(matches) > 1:
             self.line(f"  #{_one_line(wanted, 40)} matches {len(matches)} messages; give more of the id")
         elif inbox.remove(matches[0].id):
-            self.line(self.style.dim(f"  removed #{_tag(matches[0].id)} {_one_line(matches[0].text or '', 60)}"))
+            self.line(f"  removed #{_tag(matches[0].id)} {_one_line(matches[0].text or '', 60)}", dim=True)
         else:  # taken by the loop between the listing and the removal
             self.line(f"  #{_tag(matches[0].id)} was delivered before it could be removed")
 
     def banner(self, log: SessionLog, model: Any, store: FileStore) -> None:
         if self.resumed:
             history = _recent(log)
-            self.line(self.style.dim(f"resumed session {log.id} ({len(log)} events)"))
+            self.line(f"resumed session {log.id} ({len(log)} events)", dim=True)
             for role, text in history:
-                self.line(self.style.dim(f"  {role}: {_one_line(text, 100)}"))
+                self.line(f"  {role}: {_one_line(text, 100)}", dim=True)
         else:
-            self.line(self.style.dim(f"session {log.id}"))
-        self.line(self.style.dim(f"model {_one_line(repr(model), 100)} · store {store.root} · /help for commands"))
+            self.line(f"session {log.id}", dim=True)
+        self.line(f"model {_one_line(repr(model), 100)} · store {store.root} · /help for commands", dim=True)
         pending = self.loop.inbox
         if pending.has_pending:
-            self.line(self.style.dim("  " + self.queue_summary() + "; press Enter (or /run) to run it"))
+            self.line("  " + self.queue_summary() + "; press Enter (or /run) to run it", dim=True)
+            self.line(self.queue_listing())
             self.queue_shown = tuple(m.id for m in pending.next_turn + pending.next_step)
 
 
@@ -475,8 +488,9 @@ def _recent(log: SessionLog, count: int = 4) -> List[Tuple[str, str]]:
 async def _lines(stream: TextIO) -> Any:
     """An ``asyncio.Queue`` of typed lines (``None`` at end of input).
 
-    A pipe or terminal is read by the event loop itself; anything else (a regular file) by a
-    daemon thread, which never keeps the process alive at exit.
+    A pipe, socket or terminal is read by the event loop itself; anything else (a regular
+    file, ``/dev/null``: descriptors epoll refuses) by a daemon thread, which never keeps the
+    process alive at exit.
     """
     queue: asyncio.Queue[Optional[str]] = asyncio.Queue()
     event_loop = asyncio.get_running_loop()
@@ -487,6 +501,9 @@ async def _lines(stream: TextIO) -> Any:
         import fcntl
 
         fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
+            raise OSError("not a pipe, socket or terminal")
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         # A duplicate descriptor: closing the transport must not close the caller's stdin.
         pipe = os.fdopen(os.dup(fd), "rb", buffering=0)
@@ -598,8 +615,14 @@ async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any
     chat.banner(log, model, store)
     renderer = asyncio.get_running_loop().create_task(chat.render(len(log)))
     interrupts = _interrupts(chat)
-    if not loop.inbox.has_pending:
-        chat.prompt()
+    chat.prompt()
+
+    async def until_idle() -> None:
+        # Not when_idle(): cancelling that wait would warn that a turn is left running.
+        while not chat.quit.is_set() and loop.status != "idle":
+            idle.clear()
+            await _first(idle.wait(), chat.quit.wait())
+
     try:
         async with _lines(stdin) as lines:
             while not chat.quit.is_set():
@@ -607,21 +630,24 @@ async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any
                 if line is None:
                     break  # end of input: let the work finish, then leave
                 chat.handle(line)
-            # End of input: the work goes on until the loop is idle (or Ctrl-C, /quit). Not
-            # when_idle(): cancelling that wait would warn that a turn is left running.
-            while not chat.quit.is_set() and loop.status != "idle":
-                await _first(idle.wait(), chat.quit.wait())
+                if not chat.echo:
+                    # Input that is not a terminal (a pipe, a file) was written before any
+                    # reply: each line waits for the reply to the one before, so a script's
+                    # lines are prompts of their own and its /quit comes after the last reply.
+                    await until_idle()
+            # End of input: the work goes on until the loop is idle (or Ctrl-C, /quit).
+            await until_idle()
     finally:
         interrupts()
         if loop.status != "idle":
-            chat.line(chat.style.dim("  (stopping the running turn; queued input stays for --session)"))
+            chat.line("  (stopping the running turn; queued input stays for --session)", dim=True)
         await loop.aclose()
         renderer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renderer
         chat.catch_up()
-    chat.line(chat.style.dim(f"session {log.id} saved · resume: kerman chat --session {log.id}"
-                             + (f" --store {args.store}" if args.store else "")))
+    chat.line(f"session {log.id} saved · resume: kerman chat --session {log.id}"
+              + (f" --store {args.store}" if args.store else ""), dim=True)
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -654,7 +680,7 @@ def _interrupts(chat: Chat) -> Callable[[], None]:
     def on_interrupt() -> None:
         if chat.loop.status == "running" and not chat.cancelling:
             chat.cancel()
-            chat.line(chat.style.dim("  [cancelling; Ctrl-C again to quit]"))
+            chat.line("  [cancelling; Ctrl-C again to quit]", dim=True)
         else:
             chat.quit.set()
 

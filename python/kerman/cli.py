@@ -66,11 +66,11 @@ def _count(n: Any, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-# Control characters (C0 but newline and tab, DEL, C1) never reach the terminal raw, whatever
-# carried them (an id, a path, an error text). Ids and texts are escaped where they are printed;
-# this is the last line of defence, in a form that is also valid inside JSON strings (JSON output
-# escapes C0 itself but leaves DEL and C1 raw).
-_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Control characters (C0 but newline and tab, DEL, C1) and Unicode bidi controls never reach
+# the terminal raw, whatever carried them (an id, a path, an error text). Ids and texts are
+# escaped where they are printed; this is the last line of defence, in a form that is also
+# valid inside JSON strings (JSON output escapes C0 itself but leaves DEL, C1 and bidi raw).
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 #: Passwords of the DSN being used, scrubbed from everything printed (set by ``main``).
 _SECRETS: list[str] = []

@@ -50,6 +50,8 @@ class _FromLog(enum.Enum):
 
 
 _FROM_LOG = _FromLog.TOKEN
+# The source of a str passed to inject(): context, not a human prompt ({"kind": "user"}).
+_CONTEXT_SOURCE = {"kind": "context"}
 
 LIVE_EVENTS = (
     "agent/status",
@@ -430,7 +432,11 @@ class AgentLoop:
         return self.send(message, NEXT_STEP, True)
 
     def inject(self, message: Union[str, UserMessage]) -> UserMessage:
-        """Queues context for the next step boundary without waking the loop."""
+        """Queues context for the next step boundary without waking the loop. A ``str`` becomes a
+        message with source ``{"kind": "context"}`` (not a human's: UIs show it as context, not
+        steering); a ``UserMessage`` keeps its own source."""
+        if isinstance(message, str):
+            message = UserMessage(message, source=_CONTEXT_SOURCE)
         return self.send(message, NEXT_STEP, False)
 
     def send(self, message: Union[str, UserMessage], target: Target, wakeup: bool = True) -> UserMessage:

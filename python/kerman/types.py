@@ -365,6 +365,11 @@ class LiveEvent:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("LiveEvent is frozen")
 
+    def __dir__(self) -> List[str]:
+        # The fields are served by __getattr__: list them, so dir() and completion (Jupyter,
+        # IPython) show them.
+        return sorted(set(object.__dir__(self)) | set(self._fields))
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self._fields.items())
         return f"LiveEvent({self.type!r}, {fields})"

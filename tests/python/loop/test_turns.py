@@ -1502,7 +1502,8 @@ async def test_sequence_5_12_G_batch_composition_at_a_turn_boundary():
     loop.followup("P")
     rec.mark("followup returned")
     await loop.when_idle()
-    X_, P_ = msg("<id1>", "X"), msg("<id2>", "P")
+    # inject(str) gives the message a context source, not a human's (what UIs label it by).
+    X_, P_ = msg("<id1>", "X", {"kind": "context"}), msg("<id2>", "P")
     assert rec.trace == [
         {"type": SPLICED, "seq": 0, "data": {"target": "next-step", "start": 0, "inserted": [X_]}},
         {"live": "agent/inbox/inserted", "message": X_},

@@ -259,3 +259,47 @@ def test_bad_input_is_refused(tmp_path):
     with pytest.raises(kerman.ProjectionError) as caught:
         list(agui([bad]))
     assert caught.value.seq == 0
+
+
+def test_injected_text_is_context_not_steering():
+    """``loop.inject("text")`` is context and ``loop.steer("text")`` steering, in the queue and as
+    the message enters, in both protocols."""
+
+    async def main():
+        entered = asyncio.Event()
+        go = asyncio.Event()
+        loop = kerman.AgentLoop(kerman.models.ScriptedModel([
+            [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
+            "done",
+        ]))
+
+        @loop.tool
+        async def wait() -> str:
+            """Waits for the go-ahead."""
+            entered.set()
+            await go.wait()
+            return "waited"
+
+        loop.followup("plan the release")
+        await entered.wait()
+        loop.steer("keep it short")
+        loop.inject("the build is green")
+        go.set()
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    outputs = [u.data for u in agui(events, thread_id="t")]
+    custom = [(d["name"], d["value"]["message"]["content"][0]["text"]) for d in outputs if d["type"] == "CUSTOM"]
+    assert custom == [("kerman.steering", "keep it short"), ("kerman.context", "the build is green")]
+    queued = [row for d in outputs if d["type"] == "STATE_SNAPSHOT" for row in d["snapshot"]["queue"]["nextStep"]]
+    queued += [op["value"] for d in outputs if d["type"] == "STATE_DELTA" for op in d["delta"]
+               if isinstance(op.get("value"), dict) and "placement" in op["value"]]
+    placements = {row["text"]: row["placement"] for row in queued}
+    assert placements == {"keep it short": "steering", "the build is green": "context"}, placements
+    parts = [(u.data["type"], u.data["data"]["text"]) for u in vercel(events)
+             if u.data["type"] in ("data-prompt", "data-steering", "data-context")]
+    assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"),
+                     ("data-context", "the build is green")]
