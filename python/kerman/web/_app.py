@@ -14,6 +14,11 @@ from urllib.parse import quote
 
 import anyio
 from sse_starlette.sse import EventSourceResponse
+
+try:
+    from sse_starlette.sse import SendTimeoutError as _SEND_TIMEOUT
+except ImportError:  # pragma: no cover - older sse-starlette raises a plain TimeoutError
+    _SEND_TIMEOUT = TimeoutError  # type: ignore[misc, assignment]
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -27,6 +32,7 @@ from .. import DuplicateMessageError, InvalidMessageError, KermanError, SessionE
 from ..ui._base import JsonDict
 from ._errors import ApiError, error_response, public
 from ._guard import Guard, cookie_name, cookie_value
+from ._limits import ABORT
 from ._sessions import Session, Sessions
 
 __all__ = ["create_app"]
@@ -44,6 +50,21 @@ _PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+class _Events(EventSourceResponse):
+    """An SSE response whose reader, when it takes nothing for ``send_timeout`` seconds, is
+    given up quietly (its connection closes; a browser's EventSource reconnects and resumes)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except _SEND_TIMEOUT:
+            log.info("gave up an SSE reader of %s that took nothing for %s s", scope.get("path"), self.send_timeout)
+            abort = scope.get(ABORT)
+            if abort is not None:  # under kerman serve: drop the connection and what it buffers
+                abort()
+                await asyncio.sleep(0)  # the server learns of the loss before the response ends
 
 
 def _checked_id(value: str, what: str) -> str:
@@ -212,8 +233,8 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
             headers["x-vercel-ai-ui-message-stream"] = "v1"
         # on shutdown sse-starlette sets the shared event, the watcher ends every stream, and each
         # response completes within the grace period instead of being cut
-        return EventSourceResponse(_stream(session, protocol, after), ping=heartbeat, headers=headers,
-                                   shutdown_event=_stopping(), shutdown_grace_period=2.0, send_timeout=send_timeout)
+        return _Events(_stream(session, protocol, after), ping=heartbeat, headers=headers,
+                       shutdown_event=_stopping(), shutdown_grace_period=2.0, send_timeout=send_timeout)
 
     stopping: list[Any] = []  # the shared shutdown event, then its watcher task
 

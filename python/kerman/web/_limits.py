@@ -13,7 +13,9 @@ import asyncio
 import json
 from typing import Any, Optional
 
-__all__ = ["guarded_protocol", "raise_descriptor_limit", "descriptor_limit"]
+__all__ = ["ABORT", "guarded_protocol", "raise_descriptor_limit", "descriptor_limit"]
+
+ABORT = "kerman.abort"  # the scope key of the connection's abort(), under this protocol
 
 _BUSY = json.dumps({"error": {"code": "too-many-connections",
                               "message": "the server holds as many connections as it may; try again shortly"}}).encode()
@@ -67,6 +69,8 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type:
             super().data_received(data)
             if self.cycle is not cycle:  # a request's headers are in
                 self._disarm()
+                # how the app drops a reader it gave up (its send waits; a close would wait too)
+                self.cycle.scope[ABORT] = self.transport.abort
 
         def on_response_complete(self) -> None:
             cycle = self.cycle
