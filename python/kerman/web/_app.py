@@ -1,4 +1,4 @@
-"""The ASGI app: routes, authentication, bounded bodies, JSON errors, SSE streams."""
+"""The ASGI app: routes, JSON errors, SSE streams (the checks before the routes are _guard.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ from urllib.parse import quote
 
 import anyio
 from sse_starlette.sse import EventSourceResponse
-
-try:
-    from sse_starlette.sse import SendTimeoutError as _SEND_TIMEOUT
-except ImportError:  # pragma: no cover - older sse-starlette raises a plain TimeoutError
-    _SEND_TIMEOUT = TimeoutError  # type: ignore[misc, assignment]
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -36,6 +31,11 @@ from ._limits import ABORT
 from ._sessions import Session, Sessions
 
 __all__ = ["create_app"]
+
+try:
+    from sse_starlette.sse import SendTimeoutError as _SEND_TIMEOUT
+except ImportError:  # pragma: no cover - older sse-starlette raises a plain TimeoutError
+    _SEND_TIMEOUT = TimeoutError  # type: ignore[misc, assignment]
 
 log = logging.getLogger("kerman.web")
 
