@@ -598,6 +598,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args)
 
 
+def _at_least_one(text: str) -> int:
+    value = _natural(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds: {text}")
+    return value
+
+
 def _add_serve(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve sessions over HTTP: SSE streams (AG-UI, Vercel AI SDK, kerman) "
                                               "and a web chat (needs kerman[web])",
@@ -618,17 +635,17 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--allow-host", action="append", metavar="NAME",
                        help="a host name this server answers to besides IP addresses and localhost (repeatable; "
                             "requests naming another host are refused)")
-    serve.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+    serve.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
                        help="close a connection whose request headers are not all in by then (default 10)")
-    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+    serve.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                        help="answer 408 to a request whose body is not all in by then (default 30)")
-    serve.add_argument("--max-connections", type=_natural, default=None, metavar="N",
+    serve.add_argument("--max-connections", type=_at_least_one, default=None, metavar="N",
                        help="open connections at most; more are refused (default 1000, fewer when descriptors are scarce)")
-    serve.add_argument("--max-streams", type=_natural, default=128, metavar="N",
+    serve.add_argument("--max-streams", type=_at_least_one, default=128, metavar="N",
                        help="event streams one client address may hold open (default 128)")
-    serve.add_argument("--idle-session", type=float, default=300.0, metavar="SECONDS",
+    serve.add_argument("--idle-session", type=_seconds, default=300.0, metavar="SECONDS",
                        help="close a session nobody used for this long; it reopens on the next request (default 300)")
-    serve.add_argument("--max-sessions", type=_natural, default=256, metavar="N",
+    serve.add_argument("--max-sessions", type=_at_least_one, default=256, metavar="N",
                        help="sessions held open at most; the least recently used idle one is closed first (default 256)")
     serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn's log level (default warning)")

@@ -107,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and not token:
         sys.stderr.write(f"kerman: warning: listening on {args.host} without a token: anyone who can reach it can drive "
                          "the sessions (set --token or KERMAN_TOKEN)\n")
+    if not _loopback(args.host) and not args.allow_host:
+        sys.stderr.write("kerman: note: requests are answered for IP addresses and localhost only; name the host names "
+                         "clients use with --allow-host\n")
     sys.stderr.write(f"kerman: serving {args.store} on http://{shown}:{port}/\n")
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5, access_log=False,

@@ -109,8 +109,8 @@ def idle(count: int) -> None:
             now = sockets(proc.pid)
             time.sleep(14.0)
             later = sockets(proc.pid)
-            probe = subprocess.run([sys.executable, "-c", f"import httpx; print(httpx.get('http://127.0.0.1:{port}/sessions', timeout=10).status_code)"],
-                                   capture_output=True, text=True)
+            code = f"import httpx; print(httpx.get('http://127.0.0.1:{port}/sessions', timeout=10).status_code)"
+            probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             print(f"idle: {count} half-sent requests ({refused} failed to connect): the server holds {now} sockets after 1 s, "
                   f"{later} after 15 s; a real client then gets {probe.stdout.strip() or probe.stderr.strip()[-80:]}")
             for sock in held:
