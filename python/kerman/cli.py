@@ -588,9 +588,31 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .web._serve import main as serve_main  # imports Starlette and uvicorn only when serving
-
+    try:
+        from .web._serve import main as serve_main  # imports Starlette and uvicorn only when serving
+    except ImportError as error:
+        missing = (error.name or "").split(".")[0]
+        if missing not in ("starlette", "sse_starlette", "uvicorn", "anyio"):
+            raise
+        raise _Exit(2, f"kerman: serve needs the web extra ({missing} is not installed): pip install 'kerman[web]'") from None
     return serve_main(args)
+
+
+def _at_least_one(text: str) -> int:
+    value = _natural(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds: {text}")
+    return value
 
 
 def _add_serve(commands: Any) -> None:
@@ -610,6 +632,21 @@ def _add_serve(commands: Any) -> None:
                        help="largest request body (default 65536)")
     serve.add_argument("--heartbeat", type=float, default=15.0, metavar="SECONDS",
                        help="seconds between heartbeats on an idle stream (default 15)")
+    serve.add_argument("--allow-host", action="append", metavar="NAME",
+                       help="a host name this server answers to besides IP addresses and localhost (repeatable; "
+                            "requests naming another host are refused)")
+    serve.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                       help="close a connection whose request headers are not all in by then (default 10)")
+    serve.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                       help="answer 408 to a request whose body is not all in by then (default 30)")
+    serve.add_argument("--max-connections", type=_at_least_one, default=None, metavar="N",
+                       help="open connections at most; more are refused (default 1000, fewer when descriptors are scarce)")
+    serve.add_argument("--max-streams", type=_at_least_one, default=128, metavar="N",
+                       help="event streams one client address may hold open (default 128)")
+    serve.add_argument("--idle-session", type=_seconds, default=300.0, metavar="SECONDS",
+                       help="close a session nobody used for this long; it reopens on the next request (default 300)")
+    serve.add_argument("--max-sessions", type=_at_least_one, default=256, metavar="N",
+                       help="sessions held open at most; the least recently used idle one is closed first (default 256)")
     serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn's log level (default warning)")
     serve.set_defaults(handler=_cmd_serve)

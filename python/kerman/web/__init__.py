@@ -11,7 +11,7 @@ try:
     from ._app import create_app
 except ImportError as error:  # pragma: no cover - depends on the installed extras
     if error.name in ("starlette", "sse_starlette") or (error.name or "").startswith(("starlette.", "sse_starlette.")):
-        raise ImportError(f"kerman.web needs the web extra (pip install 'kerman[web]'): {error}") from error
+        raise ImportError(f"kerman.web needs the web extra (pip install 'kerman[web]'): {error}", name=error.name) from error
     raise
 
 __all__ = ["create_app"]

@@ -1,13 +1,13 @@
-"""The ASGI app: routes, authentication, bounded bodies, JSON errors, SSE streams."""
+"""The ASGI app: routes, JSON errors, SSE streams (the checks before the routes are _guard.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 from urllib.parse import quote
@@ -22,19 +22,24 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import DuplicateMessageError, InvalidMessageError, KermanError, SessionExistsError, SessionNotFoundError, ui
 from ..ui._base import JsonDict
-from ._errors import ApiError, error_response
+from ._errors import ApiError, error_response, public
+from ._guard import Guard, cookie_name, cookie_value
+from ._limits import ABORT
 from ._sessions import Session, Sessions
 
 __all__ = ["create_app"]
 
+try:
+    from sse_starlette.sse import SendTimeoutError as _SEND_TIMEOUT
+except ImportError:  # pragma: no cover - older sse-starlette raises a plain TimeoutError
+    _SEND_TIMEOUT = TimeoutError  # type: ignore[misc, assignment]
+
 log = logging.getLogger("kerman.web")
 
 STATIC = Path(__file__).parent / "static"
-COOKIE = "kerman_token"
 PROTOCOLS = ("agui", "vercel", "kerman")
 DELIVERIES = ("followup", "steer", "inject")
 # Session and message ids the API accepts: what URLs and file names carry without escaping
@@ -47,69 +52,26 @@ _PAGE_HEADERS = {
 }
 
 
+class _Events(EventSourceResponse):
+    """An SSE response whose reader, when it takes nothing for ``send_timeout`` seconds, is
+    given up quietly (its connection closes; a browser's EventSource reconnects and resumes)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except _SEND_TIMEOUT:
+            log.info("gave up an SSE reader of %s that took nothing for %s s", scope.get("path"), self.send_timeout)
+            abort = scope.get(ABORT)
+            if abort is not None:  # under kerman serve: drop the connection and what it buffers
+                abort()
+                await asyncio.sleep(0)  # the server learns of the loss before the response ends
+
+
 def _checked_id(value: str, what: str) -> str:
     if not _ID.fullmatch(value) or ".." in value:
         raise ApiError(400, f"invalid-{what}-id", f"invalid {what} id {value!r}: use 1 to 128 letters, digits, '_', '-' or '.', "
                                                   "starting with a letter or digit")
     return value
-
-
-class _Guard:
-    """Pure ASGI middleware: the bearer token (header or the page's cookie) on every route when
-    one is set, and request bodies bounded by ``max_body`` bytes."""
-
-    def __init__(self, app: ASGIApp, token: Optional[str], max_body: int) -> None:
-        self.app = app
-        self.token = token.encode() if token else None
-        self.max_body = max_body
-
-    def _authorised(self, scope: Scope) -> bool:
-        if self.token is None:
-            return True
-        headers = dict(scope.get("headers") or ())
-        given = headers.get(b"authorization", b"")
-        if given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:].strip(), self.token):
-            return True
-        for part in headers.get(b"cookie", b"").split(b";"):
-            name, _, value = part.strip().partition(b"=")
-            if name == COOKIE.encode() and hmac.compare_digest(value, self.token):
-                return True
-        return scope["path"] == "/" and self._query_token(scope)
-
-    def _query_token(self, scope: Scope) -> bool:
-        from urllib.parse import parse_qs
-
-        values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [])
-        return bool(values) and self.token is not None and hmac.compare_digest(values[0].encode(), self.token)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if not self._authorised(scope):
-            response = error_response(401, "unauthorized", "this server needs its token: send 'Authorization: Bearer <token>', "
-                                                           "or open the chat page as /?token=<token>",
-                                      headers={"WWW-Authenticate": 'Bearer realm="kerman"'})
-            await response(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            response = error_response(413, "body-too-large", f"the request body is larger than {self.max_body} bytes")
-            await response(scope, receive, send)
-            return
-        seen = 0
-        limit = self.max_body
-
-        async def bounded() -> Any:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise ApiError(413, "body-too-large", f"the request body is larger than {limit} bytes")
-            return message
-
-        await self.app(scope, bounded, send)
 
 
 async def _json_body(request: Request) -> JsonDict:
@@ -120,6 +82,8 @@ async def _json_body(request: Request) -> JsonDict:
         body = json.loads(raw)
     except ValueError as error:
         raise ApiError(400, "invalid-json", f"the request body is not JSON: {error}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid-json", "the request body is not JSON this server reads: it is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid-body", f"the request body must be a JSON object, not {type(body).__name__}")
     return body
@@ -139,7 +103,9 @@ def _text(body: JsonDict) -> str:
 
 
 def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token: Optional[str] = None,
-               cors_origins: Sequence[str] = (), max_body: int = 64 * 1024, heartbeat: float = 15.0) -> Starlette:
+               cors_origins: Sequence[str] = (), max_body: int = 64 * 1024, heartbeat: float = 15.0,
+               allowed_hosts: Sequence[str] = (), body_timeout: float = 30.0, send_timeout: float = 60.0,
+               max_streams: int = 128, idle_session: float = 300.0, max_sessions: int = 256) -> Starlette:
     """The web app over ``store`` (docs/web.md).
 
     ``model`` is the model factory for sessions this process owns (a ``FileStore`` or a
@@ -147,15 +113,21 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     returns a model (an ``AgentLoop`` is built around it) or an ``AgentLoop`` over that log.
     ``token``: when set, every route needs ``Authorization: Bearer <token>`` (or the cookie the
     chat page gets from ``/?token=<token>``). ``cors_origins``: origins allowed to call the API
-    from a browser (none by default). ``max_body``: the largest request body, in bytes.
-    ``heartbeat``: seconds between SSE comment lines on an idle stream.
+    from a browser (none by default). ``allowed_hosts``: host names the app answers to besides IP
+    addresses and ``localhost``. ``max_body``: the largest request body, in bytes;
+    ``body_timeout``: seconds for it to arrive. ``heartbeat``: seconds between SSE comment lines
+    on an idle stream; ``send_timeout``: seconds a stream waits for a client to take a piece
+    before it gives the client up; ``max_streams``: open streams per client address.
+    ``idle_session``: seconds after which an unused, idle session is closed; ``max_sessions``:
+    sessions held open at most.
     """
-    sessions = Sessions(store, model)
+    sessions = Sessions(store, model, idle_after=idle_session, max_open=max_sessions, grace=body_timeout + 5.0)
+    roots = [str(store.root)] if hasattr(store, "root") else []
 
     async def page(request: Request) -> Response:
         if token and "token" in request.query_params:  # trade the token in the URL for a cookie
             response: Response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+            response.set_cookie(cookie_name(request.scope), cookie_value(token), httponly=True, samesite="strict", path="/")
             return response
         return FileResponse(STATIC / "index.html", headers={**_PAGE_HEADERS, "Cache-Control": "no-store"})
 
@@ -261,8 +233,8 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
             headers["x-vercel-ai-ui-message-stream"] = "v1"
         # on shutdown sse-starlette sets the shared event, the watcher ends every stream, and each
         # response completes within the grace period instead of being cut
-        return EventSourceResponse(_stream(session, protocol, after), ping=heartbeat, headers=headers,
-                                   shutdown_event=_stopping(), shutdown_grace_period=2.0)
+        return _Events(_stream(session, protocol, after), ping=heartbeat, headers=headers,
+                       shutdown_event=_stopping(), shutdown_grace_period=2.0, send_timeout=send_timeout)
 
     stopping: list[Any] = []  # the shared shutdown event, then its watcher task
 
@@ -279,8 +251,13 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         return event
 
     async def _stream(session: Session, protocol: str, after: Optional[ui.ResumePoint]) -> AsyncIterator[bytes]:
-        async for chunk in session.feed(protocol).frames(after):
-            yield chunk
+        session.streams += 1
+        try:
+            async for chunk in session.feed(protocol).frames(after):
+                yield chunk
+        finally:
+            session.streams -= 1
+            session.used = time.monotonic()  # idle from the moment its last reader left
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -295,11 +272,11 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
 
     async def kerman_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, SessionNotFoundError):
-            return error_response(404, "session-not-found", str(exc))
+            return error_response(404, "session-not-found", public(str(exc), roots))
         if isinstance(exc, InvalidMessageError):
-            return error_response(400, "invalid-message", str(exc))
+            return error_response(400, "invalid-message", public(str(exc), roots))
         log.warning("request %s %s failed: %s", request.method, request.url.path, exc)
-        return error_response(409, "kerman-error", f"{type(exc).__name__}: {exc}")
+        return error_response(409, "kerman-error", public(f"{type(exc).__name__}: {exc}", roots))
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("request %s %s failed", request.method, request.url.path, exc_info=exc)
@@ -307,6 +284,7 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sessions.start()
         try:
             yield
         finally:
@@ -328,7 +306,8 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     if cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "PATCH", "DELETE"],
                                      allow_headers=["Authorization", "Content-Type", "Last-Event-ID"]))
-    middleware.append(Middleware(_Guard, token=token, max_body=max_body))
+    middleware.append(Middleware(Guard, token=token, max_body=max_body, allowed_hosts=allowed_hosts, origins=cors_origins,
+                                 body_timeout=body_timeout, max_streams=max_streams))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={ApiError: api_error, HTTPException: http_error, KermanError: kerman_error,
                                         Exception: internal_error})

@@ -27,6 +27,8 @@ __all__ = ["Feed"]
 
 log = logging.getLogger("kerman.web")
 
+PIECE = 64 * 1024  # bytes a stream writes at once (one larger frame goes whole)
+
 
 def _frame(data: str, event_id: Optional[str]) -> bytes:
     return ServerSentEvent(data=data, id=event_id).encode()
@@ -90,10 +92,16 @@ class Feed:
         while not (self.done or self._stopped) and after is not None and (not self._keys or self._keys[-1] < (after.seq, after.index or 0)):
             await self._changed.wait()
         i = self._start(after)
+        frames = self._frames
         while True:
-            if i < len(self._frames):
-                end = len(self._frames)
-                yield b"".join(self._frames[i:end])
+            if i < len(frames):
+                # in pieces of about PIECE bytes: the server's send waits while the client does
+                # not read, so a stalled client holds one piece, not a copy of the backlog
+                end, size = i, 0
+                while end < len(frames) and (size == 0 or size + len(frames[end]) <= PIECE):
+                    size += len(frames[end])
+                    end += 1
+                yield frames[i] if end == i + 1 else b"".join(frames[i:end])
                 i = end
             elif self.done or self._stopped:
                 return

@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from .._imports import load_object
+from ._limits import guarded_protocol, raise_descriptor_limit
 
 __all__ = ["main", "load_factory"]
 
@@ -51,6 +52,24 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_token(token: str) -> None:
+    """Tokens are printable ASCII without spaces: what a header, a cookie digest and a pasted URL
+    all carry the same way (hex, base64 and base64url all fit)."""
+    bad = [c for c in token if not ("!" <= c <= "~")]
+    if bad:
+        raise UsageError(f"--token may hold printable ASCII characters other than space only, not {bad[0]!r}")
+
+
+def _connections(wanted: Optional[int], descriptors: Optional[int], sessions: int) -> int:
+    """The connection cap: ``wanted``, or 1000 when fewer descriptors leave room for it (each
+    connection takes one, each open session of a file store one, and the process some)."""
+    if wanted is not None:
+        return wanted
+    if descriptors is None:
+        return 1000
+    return max(16, min(1000, descriptors - sessions - 64))
+
+
 def _loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -62,7 +81,8 @@ def main(args: argparse.Namespace) -> int:
 
         from . import create_app
     except ImportError as error:
-        sys.stderr.write(f"kerman: serve needs the web extra: pip install 'kerman[web]' ({error})\n")
+        missing = (error.name or "").split(".")[0] or "a module"
+        sys.stderr.write(f"kerman: serve needs the web extra ({missing} is not installed): pip install 'kerman[web]'\n")
         return 2
     token: Optional[str] = args.token or os.environ.get("KERMAN_TOKEN") or None
     try:
@@ -71,8 +91,13 @@ def main(args: argparse.Namespace) -> int:
         if factory is None and not args.store.startswith(("postgresql://", "postgres://")):
             raise UsageError("--model module:factory is needed: this server owns the sessions of a FileStore "
                              "(e.g. --model kerman.models:EchoModel)")
+        if token is not None:
+            _check_token(token)
+        descriptors = raise_descriptor_limit()
+        connections = _connections(args.max_connections, descriptors, args.max_sessions)
         app = create_app(store, factory, token=token, cors_origins=args.cors_origin or (), max_body=args.max_body,
-                         heartbeat=args.heartbeat)
+                         heartbeat=args.heartbeat, allowed_hosts=args.allow_host or (), body_timeout=args.body_timeout,
+                         max_streams=args.max_streams, idle_session=args.idle_session, max_sessions=args.max_sessions)
         sock = _bind(args.host, args.port)
     except UsageError as error:
         sys.stderr.write(f"kerman: {error}\n")
@@ -82,9 +107,13 @@ def main(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and not token:
         sys.stderr.write(f"kerman: warning: listening on {args.host} without a token: anyone who can reach it can drive "
                          "the sessions (set --token or KERMAN_TOKEN)\n")
+    if not _loopback(args.host) and not args.allow_host:
+        sys.stderr.write("kerman: note: requests are answered for IP addresses and localhost only; name the host names "
+                         "clients use with --allow-host\n")
     sys.stderr.write(f"kerman: serving {args.store} on http://{shown}:{port}/\n")
     sys.stderr.flush()
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5, access_log=False)
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5, access_log=False,
+                            http=guarded_protocol(args.header_timeout, connections))
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0

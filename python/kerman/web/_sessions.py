@@ -3,7 +3,12 @@
 With a ``FileStore`` (or ``MemoryStore``) the server owns its sessions: the first request for
 one opens it and builds an ``AgentLoop`` from the model factory, and every request after that
 uses the same loop (its inbox for queue edits, its log for the streams). A session another
-process holds (``SessionLockedError``) is followed read-only instead.
+process holds (``SessionLockedError``) is followed read-only instead, and each later request
+tries again to own it, so it is owned once that process let go.
+
+Sessions are not held forever: one nobody used for ``idle_after`` seconds (no open stream, its
+loop idle) is closed by a sweeper and reopened by the next request for it; and no more than
+``max_open`` are held, the least recently used idle one being closed first.
 
 With a ``PostgresStore`` the workers own the sessions: the web process follows them
 (``store.follow``, one follower per session shared by its streams) and stages input
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -28,6 +34,9 @@ __all__ = ["Session", "Sessions"]
 log = logging.getLogger("kerman.web")
 
 _TARGETS = {"followup": ("next-turn", True), "steer": ("next-step", True), "inject": ("next-step", False)}
+# Injected context is not a prompt: a source of another kind than "user" makes every view (the
+# queue's placement, the projections' kerman.context / data-context) call it context.
+CONTEXT_SOURCE = {"kind": "context"}
 
 
 @dataclass
@@ -40,6 +49,13 @@ class Session:
     followed: bool = False
     owner_note: str = field(default="")
     feeds: JsonDict = field(default_factory=dict)
+    locked: bool = False  # followed because another process held it: try again to own it
+    used: float = field(default_factory=time.monotonic)
+    streams: int = 0  # open event streams
+
+    def idle(self) -> bool:
+        """Nothing would be lost by closing it now: no stream reads it, its loop runs no turn."""
+        return self.streams == 0 and (self.loop is None or self.loop.status == "idle")
 
     def feed(self, protocol: str) -> Feed:
         """The shared stream of ``protocol`` over this session's log."""
@@ -62,8 +78,15 @@ class Session:
 class Sessions:
     """The sessions of one store, opened on first use. All methods run on the server's event loop."""
 
-    def __init__(self, store: Any, factory: Optional[Callable[..., Any]]) -> None:
+    def __init__(self, store: Any, factory: Optional[Callable[..., Any]], *, idle_after: float = 300.0,
+                 max_open: int = 256, grace: float = 35.0) -> None:
         self.store = store
+        self.idle_after = idle_after
+        self.max_open = max_open
+        # a request may hold a session it got for as long as its body takes to arrive: the cap
+        # closes none used more recently than this
+        self.grace = min(grace, idle_after)
+        self._sweeper: Optional[asyncio.Task[None]] = None
         self.factory = factory
         self.distributed = isinstance(store, PostgresStore)
         if not self.distributed and factory is None:
@@ -79,6 +102,7 @@ class Sessions:
 
     async def create(self, session_id: Optional[str]) -> Session:
         async with self._lock:
+            await self._make_room()
             log_ = self.store.create(session_id)
             if self.distributed:  # the workers own it: let go at once
                 log_.close()
@@ -87,14 +111,19 @@ class Sessions:
 
     async def get(self, session_id: str) -> Session:
         session = self._open.get(session_id)
-        if session is not None and not session.log.closed:
+        if session is not None and not session.log.closed and not session.locked:
+            session.used = time.monotonic()
             return session
         async with self._lock:
             session = self._open.get(session_id)
             if session is not None and not session.log.closed:
+                if session.locked:
+                    session = self._own_again(session)
+                session.used = time.monotonic()
                 return session
             if not self.store.exists(session_id):
                 raise ApiError(404, "session-not-found", f'no session "{session_id}" in this store')
+            await self._make_room()
             if self.distributed:
                 return await self._follow(session_id)
             try:
@@ -102,8 +131,74 @@ class Sessions:
             except SessionLockedError:
                 session = await self._follow(session_id)
                 session.owner_note = "another process holds this session; this server only follows it"
+                session.locked = True
                 return session
             return self._own(log_)
+
+    def _own_again(self, followed: Session) -> Session:
+        """The session another process held, owned if that process let go (else still followed)."""
+        try:
+            log_ = self.store.open(followed.id)
+        except SessionLockedError:
+            return followed
+        owned = self._own(log_)
+        for feed in followed.feeds.values():  # its streams end; clients resume on the owned log
+            feed.stop()
+            feed.close()
+        followed.log.close()
+        log.info("session %r: the process that held it let go; this server owns it now", followed.id)
+        return owned
+
+    # -- closing idle sessions -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the sweeper that closes idle sessions (on the running event loop)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        every = max(0.05, min(self.idle_after / 4, 30.0))
+        while True:
+            await asyncio.sleep(every)
+            try:
+                async with self._lock:
+                    now = time.monotonic()
+                    for session in [s for s in self._open.values() if now - s.used >= self.idle_after and s.idle()]:
+                        await self._evict(session)
+            except Exception:  # the sweeper must outlive one session's failure to close
+                log.exception("closing idle sessions")
+
+    async def _make_room(self) -> None:
+        """Before opening another session (the lock held): close the least recently used idle ones
+        beyond ``max_open``; refuse when every one is busy."""
+        if len(self._open) < self.max_open:
+            return
+        now = time.monotonic()
+        for session in sorted(self._open.values(), key=lambda s: s.used):
+            if len(self._open) < self.max_open:
+                return
+            if now - session.used >= self.grace and session.idle():
+                await self._evict(session)
+        if len(self._open) >= self.max_open:
+            raise ApiError(503, "too-many-sessions", f"this server holds {self.max_open} sessions, all in use; "
+                                                     "try again when one is idle", headers={"Retry-After": "5"})
+
+    async def _evict(self, session: Session) -> None:
+        if self._open.get(session.id) is session:
+            del self._open[session.id]
+        await self._close(session)
+
+    @staticmethod
+    async def _close(session: Session) -> None:
+        try:
+            if session.loop is not None:
+                await session.loop.aclose()
+            if not session.log.closed:
+                session.log.close()
+            for feed in session.feeds.values():
+                feed.close()
+        except Exception:  # one bad session must not keep the others open
+            log.exception("closing session %r", session.id)
 
     async def _follow(self, session_id: str) -> Session:
         session = Session(session_id, self.store.follow(session_id), followed=True)
@@ -142,7 +237,8 @@ class Sessions:
     # -- input ---------------------------------------------------------------------------------
 
     async def send(self, session: Session, text: str, delivery: str, message_id: Optional[str]) -> UserMessage:
-        message = UserMessage(text, id=message_id) if message_id else UserMessage(text)
+        source = CONTEXT_SOURCE if delivery == "inject" else None
+        message = UserMessage(text, source=source, id=message_id) if message_id else UserMessage(text, source=source)
         if session.loop is not None:
             deliver: Callable[[UserMessage], UserMessage] = getattr(session.loop, delivery)
             return deliver(message)
@@ -165,14 +261,9 @@ class Sessions:
                 feed.stop()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         sessions, self._open = list(self._open.values()), {}
         for session in sessions:
-            try:
-                if session.loop is not None:
-                    await session.loop.aclose()
-                if not session.log.closed:
-                    session.log.close()
-                for feed in session.feeds.values():
-                    feed.close()
-            except Exception:  # shutting down: one bad session must not keep the others open
-                log.exception("closing session %r", session.id)
+            await self._close(session)

@@ -52,7 +52,8 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
         assert starts[0]["messageId"] == message_id
         for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}), ("DELETE", f"/queue/{message_id}", None),
                                    ("POST", "/cancel", {})):
-            response = client.request(method, f"/sessions/{session_id}{path}", content=None if body is None else json.dumps(body))
+            response = client.request(method, f"/sessions/{session_id}{path}", content=None if body is None else json.dumps(body),
+                                      headers={"Content-Type": "application/json"})
             assert response.status_code == 409, (method, path)
             assert response.json()["error"]["code"] == "not-owner"
             assert "PostgresStore" in response.json()["error"]["message"]
