@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::listen::{self, Channel, Note};
 use super::{to_row, Lease, PgCore, Reply, Request, Response, Row};
-use crate::event_log::{storable, Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
+use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
 use crate::inbox::inserted_ids;
 
 /// Why the backend stopped accepting appends; rebuilt into a fresh `LogError` per caller.
@@ -304,8 +304,6 @@ impl PgBackend {
 
 impl Backend for PgBackend {
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
-        // Refused here, before the log takes the seq: at commit it would fail the whole batch.
-        storable::check_pg_type(event.kind())?;
         if let Some(e) = self.shared.core.forked() {
             return Err(e);
         }
