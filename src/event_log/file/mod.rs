@@ -204,7 +204,15 @@ impl FileStore {
 
     /// The writer of session `id`'s locked file, holding `events` events in `len` bytes.
     fn backend(&self, id: &str, events: u64, (file, hold): (fs::File, fsio::Hold), len: u64) -> Result<FileBackend, LogError> {
-        FileBackend::start(WriterSetup { id: id.to_string(), len, events, durability: self.durability, fault: self.fault.clone(), hold, file })
+        FileBackend::start(WriterSetup {
+            id: id.to_string(),
+            len,
+            events,
+            durability: self.durability,
+            fault: self.fault.clone(),
+            hold,
+            file,
+        })
     }
 
     /// [`Store::open`], also telling what recovery did (for warnings).
