@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::event::{is_reserved_type, is_surface_type, Event, Surface};
 use super::publish::{PublishLock, PublishToken};
-use super::LogError;
+use super::{storable, LogError};
 use crate::json;
 
 /// Called once with the outcome of a flush barrier, possibly on another thread.
@@ -399,6 +399,8 @@ impl SessionLog {
 
     /// Appends any type, including the reserved ones (for the Inbox, the loop and the closers).
     pub(crate) fn append_owned(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<Event, LogError> {
+        // Every store, before the seq is taken (the PostgreSQL one could not commit it).
+        storable::check_type(kind)?;
         check_surface(kind, &surface)?;
         self.publishing()?.publish(kind, Arc::from(data), surface, None)
     }

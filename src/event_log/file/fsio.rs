@@ -172,9 +172,21 @@ impl Drop for TempGuard<'_> {
 }
 
 /// Creates `dir/name` holding `contents`, all or nothing: written and synced under a hidden
-/// temporary name, locked, then hard-linked into place (which fails if the name is taken) and
-/// the directory synced. Returns the locked file; `Ok(None)` if the name already exists.
-pub(super) fn create_locked(dir: &Path, name: &str, stem: &str, contents: &[u8]) -> Result<Option<File>, LogError> {
+/// temporary name, locked, handed to `start` (the session's writer), then hard-linked into
+/// place (which fails if the name is taken) and the directory synced. Returns what `start`
+/// made of the locked file; `Ok(None)` if the name already exists.
+///
+/// Everything that can fail runs before the link, except the directory sync: if that fails,
+/// the name is unlinked again (while `start`'s owner still holds the lock, so nobody can have
+/// opened the session meanwhile) before the error is returned, so a failed create leaves no
+/// session and the same create can be tried again.
+pub(super) fn create_locked<T>(
+    dir: &Path,
+    name: &str,
+    stem: &str,
+    contents: &[u8],
+    start: impl FnOnce(File) -> Result<T, LogError>,
+) -> Result<Option<T>, LogError> {
     let target = dir.join(name);
     let mut attempt = 0;
     let (tmp, mut file) = loop {
@@ -193,14 +205,33 @@ pub(super) fn create_locked(dir: &Path, name: &str, stem: &str, contents: &[u8])
         Err(TryLockError::WouldBlock) => return Err(io_at("locking", &tmp, ErrorKind::WouldBlock.into())),
         Err(TryLockError::Error(e)) => return Err(io_at("locking", &tmp, e)),
     }
+    // Declared after `guard`, so on every early return it goes first: its lock is released
+    // before the temporary name is removed.
+    let owner = start(file)?;
     match fs::hard_link(&tmp, &target) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(None),
         Err(e) => return Err(io_at("linking", &target, e)),
     }
     drop(guard);
-    sync_dir(dir)?;
-    Ok(Some(file))
+    if let Err(e) = sys::sync_dir(dir) {
+        return Err(unlink_after(dir, &target, e));
+    }
+    Ok(Some(owner))
+}
+
+/// Undoes a link whose directory sync failed with `error`: the error to report, saying that
+/// the session was not created (or, if the name cannot be removed, that it was).
+fn unlink_after(dir: &Path, target: &Path, error: std::io::Error) -> LogError {
+    let context = format!("syncing directory {} after creating {}", dir.display(), target.display());
+    match fs::remove_file(target) {
+        Ok(()) => {
+            // Best effort: the link may not have reached the disk either (its sync failed).
+            let _ = sys::sync_dir(dir);
+            LogError::io(format!("{context} (undone: the session was not created)"), error)
+        }
+        Err(undo) => LogError::io(format!("{context} (and removing it again failed: {undo}; the session exists)"), error),
+    }
 }
 
 /// 12 random lowercase hex digits (the random tail of a UUIDv7).

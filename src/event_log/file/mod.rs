@@ -198,16 +198,21 @@ impl FileStore {
         (file, hold): (fs::File, fsio::Hold),
         len: u64,
     ) -> Result<SessionLog, LogError> {
-        let backend = FileBackend::start(WriterSetup {
-            id: id.clone(),
+        let backend = self.backend(&id, events.len() as u64, (file, hold), len)?;
+        Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
+    }
+
+    /// The writer of session `id`'s locked file, holding `events` events in `len` bytes.
+    fn backend(&self, id: &str, events: u64, (file, hold): (fs::File, fsio::Hold), len: u64) -> Result<FileBackend, LogError> {
+        FileBackend::start(WriterSetup {
+            id: id.to_string(),
             len,
-            events: events.len() as u64,
+            events,
             durability: self.durability,
             fault: self.fault.clone(),
             hold,
             file,
-        })?;
-        Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
+        })
     }
 
     /// [`Store::open`], also telling what recovery did (for warnings).
@@ -283,11 +288,16 @@ impl Store for FileStore {
         }
         let header = new_header(&id);
         let line = format::header_line(&header);
-        let Some(file) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line)? else {
+        // The writer starts before the name exists (`create_locked`): nothing that can fail is
+        // left once the session is visible, but the directory sync, which is undone on failure.
+        let start = |file: fs::File| {
+            let hold = fsio::Hold::new(&file);
+            self.backend(&id, 0, (file, hold), line.len() as u64)
+        };
+        let Some(backend) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line, start)? else {
             return Err(LogError::Exists { id });
         };
-        let hold = fsio::Hold::new(&file);
-        self.start(id, header, Vec::new(), (file, hold), line.len() as u64)
+        Ok(SessionLog::from_parts(id, header, Vec::new(), Box::new(backend)))
     }
 
     fn open(&self, id: &str) -> Result<SessionLog, LogError> {

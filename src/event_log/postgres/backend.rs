@@ -15,6 +15,15 @@
 //! LISTEN is in place), then again on every NOTIFY of its enqueue channel (and after each
 //! re-LISTEN; a notification that carries its row needs no read), and hands new ones to the
 //! inbox, which inserts each with an ordinary splice.
+//! Order: one producer's rows must enter in the order its `enqueue` calls returned, which is
+//! their commit order, the order of their notifications and of their `n` (reads sort by it).
+//! So every read and every notified row goes through the pool as a request of the session
+//! (same connection, one after another, replies in submission order), submitted in the order
+//! the LISTEN task heard the notifications, and each is handed over in its reply. A read asked
+//! for while another is queued and not started is left to that one (it reads later, and sorts);
+//! a read is never skipped for one already running, whose snapshot may predate the rows asked
+//! for. After a failed read, notified rows are not handed over alone (an earlier row might be
+//! missing): they ask for a read instead, until one succeeds.
 //! The append transaction carrying such a splice also deletes the staged row
 //! (`AppendStaged`), so exactly one splice per staged message can commit: a crash before that
 //! commit leaves the row for the next owner.
@@ -23,8 +32,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::listen::{self, Channel, Note};
-use super::{to_row, Lease, OneInFlight, PgCore, Reply, Request, Response, Row};
-use crate::event_log::{storable, Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
+use super::{to_row, Lease, PgCore, Reply, Request, Response, Row};
+use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
 use crate::inbox::inserted_ids;
 
 /// Why the backend stopped accepting appends; rebuilt into a fresh `LogError` per caller.
@@ -51,8 +60,10 @@ struct State {
     claims: Vec<String>,
     /// The transaction in flight: how many rows it took, and the staged ids it claims.
     flight: (u64, Vec<String>),
-    /// The staged-rows reads.
-    fetches: OneInFlight,
+    /// A staged-rows read is submitted and has not started yet (it will cover a new request).
+    read_queued: bool,
+    /// The last staged-rows read failed: notified rows ask for a read until one succeeds.
+    reread: bool,
     /// The enqueue-channel subscription, once an inbox attached.
     subscription: Option<u64>,
     closed: bool,
@@ -170,41 +181,64 @@ fn release_if_idle(shared: &Shared, st: &mut State) -> Option<(Request, Reply)> 
     Some((Request::Release { lease: shared.lease.clone() }, Box::new(|_| ())))
 }
 
-/// Reads the staged rows, unless a read is in flight (then one more follows it).
+/// Reads the staged rows, in the session's order of requests, unless a read is queued that has
+/// not started (it reads after this was asked for).
 fn fetch(shared: &Arc<Shared>) {
     {
         let mut st = lock(shared);
-        if st.closed || st.poison.is_some() {
+        if st.closed || st.poison.is_some() || st.read_queued {
             return;
         }
-        if !st.fetches.start() {
-            return;
-        }
+        st.read_queued = true;
     }
+    let (started, id) = (Arc::clone(shared), shared.lease.session_id.clone());
+    let make = move || {
+        lock(&started).read_queued = false;
+        Some(Request::Staged { id })
+    };
     let next = Arc::clone(shared);
-    let request = Request::Staged { id: shared.lease.session_id.clone() };
-    shared.core.submit(request, Box::new(move |result| fetched(&next, result)));
+    submit_in_order(shared, Box::new(make), Box::new(move |result| fetched(&next, result)));
 }
 
 /// A notification that carries its staged row: handed to the inbox without reading it back,
-/// on the reply thread (a `Ping` gets it there, in order with the reads queued before it).
+/// on the reply thread, in the session's order of requests (after the reads queued before it).
 fn notified(shared: &Arc<Shared>, row: StagedInput) {
     let next = Arc::clone(shared);
-    shared.core.submit(Request::Ping, Box::new(move |_| hand_over(&next, vec![row])));
+    let reply: Reply = Box::new(move |_| {
+        // A read failed before this row: an earlier one may be missing, so read them all.
+        if lock(&next).reread {
+            return fetch(&next);
+        }
+        hand_over(&next, vec![row])
+    });
+    submit_in_order(shared, Box::new(|| None), reply);
+}
+
+/// Submits `make`'s request (or nothing, `None`) as a request of this session: the pool serves
+/// a session's requests on one connection in submission order, and their replies run in that
+/// order, so staged input is handed over in the order the notifications came.
+fn submit_in_order(shared: &Shared, make: Box<dyn FnOnce() -> Option<Request> + Send + Sync>, reply: Reply) {
+    let request = Request::Deferred { id: shared.lease.session_id.clone(), make };
+    shared.core.submit(request, reply);
 }
 
 /// On the reply thread: hands the rows not already handed over to the inbox.
 fn fetched(shared: &Arc<Shared>, result: Result<Response, LogError>) {
     // A failed read is not reported: the next notification (or re-LISTEN) reads again.
     let rows = match result {
-        Ok(Response::Staged(rows)) => rows,
-        _ => Vec::new(),
+        Ok(Response::Staged(rows)) => {
+            lock(shared).reread = false;
+            rows
+        }
+        _ => {
+            let mut st = lock(shared);
+            st.reread = true;
+            // In case it never started (the runtime had stopped): at worst one read more.
+            st.read_queued = false;
+            Vec::new()
+        }
     };
     hand_over(shared, rows);
-    let again = lock(shared).fetches.finish();
-    if again {
-        fetch(shared);
-    }
 }
 
 /// Hands `rows` not already handed over to the inbox (ids in the log already are dropped by it).
@@ -258,7 +292,8 @@ impl PgBackend {
             staged: HashSet::new(),
             claims: Vec::new(),
             flight: (0, Vec::new()),
-            fetches: OneInFlight::default(),
+            read_queued: false,
+            reread: false,
             subscription: None,
             closed: false,
         };
@@ -269,8 +304,6 @@ impl PgBackend {
 
 impl Backend for PgBackend {
     fn enqueue(&self, event: &Event) -> Result<(), LogError> {
-        // Refused here, before the log takes the seq: at commit it would fail the whole batch.
-        storable::check_pg_type(event.kind())?;
         if let Some(e) = self.shared.core.forked() {
             return Err(e);
         }

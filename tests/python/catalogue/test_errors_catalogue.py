@@ -285,6 +285,17 @@ def test_event_type_invalid(log, type_, exc, start):
     assert len(log) == 0
 
 
+def test_event_type_nul(log):
+    """One contract on every store (the `log` fixture runs on each): PostgreSQL text cannot
+    hold NUL, so no store keeps it in an event type; NUL in the data is kept."""
+    with pytest.raises(ValueError) as info:
+        log.append("x/a\x00b", {})
+    assert str(info.value) == ('cannot store this: event type "x/a\\0b" contains NUL (U+0000), which no store keeps '
+                               "(PostgreSQL text cannot hold it)")
+    assert len(log) == 0
+    assert log.append("x/ok", {"t": "a\x00b"}).data == {"t": "a\x00b"}
+
+
 def test_event_type_lone_surrogate(log):
     with pytest.raises(ValueError, match="Unicode|surrogate"):
         log.append("x/\ud800", {})

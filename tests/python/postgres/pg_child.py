@@ -11,6 +11,9 @@ per fact to stdout (flushed), so the parent synchronises on lines, never on slee
   event reaches the tail (for the latency bench).
 - ``enqueue <dsn> <id> <k> <prefix>``: enqueues ``k`` messages ``<prefix>-<i>``, printing
   ``q <message-id>`` after each.
+- ``producer <dsn> -``: a long-lived producer for the ordering property: reads lines
+  ``<session-id> <wakeup 0|1> <target>,<target>,...`` from stdin and enqueues one message per
+  target, back to back, then prints ``q <message-id>...`` (all of them, in enqueue order).
 - ``worker <dsn> <id> <label>``: contends for the session until stdin closes: opens it (retrying
   while another worker holds it), runs an ``AgentLoop`` (echo model) until it is idle with an
   empty inbox after a short hold, closes it, and again. Prints ``open <epoch-ish count>`` per
@@ -57,6 +60,14 @@ def enqueue(dsn: str, id: str, k: int, prefix: str) -> None:
         say("q", message.id)
 
 
+def producer(dsn: str) -> None:
+    store = PostgresStore(dsn)
+    for line in sys.stdin:
+        id, wakeup, targets = line.split()
+        ids = [store.enqueue(id, f"m{i}", target=t, wakeup=wakeup == "1").id for i, t in enumerate(targets.split(","))]
+        say("q", *ids)
+
+
 async def worker(dsn: str, id: str, label: str) -> None:
     store = PostgresStore(dsn, lease_ttl=5.0)
     stop = threading.Event()
@@ -100,6 +111,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(follow(dsn, id, int(argv[4]), mode == "stamps"))
     elif mode == "enqueue":
         enqueue(dsn, id, int(argv[4]), argv[5])
+    elif mode == "producer":
+        producer(dsn)
     elif mode == "worker":
         asyncio.run(worker(dsn, id, argv[4]))
     else:

@@ -366,3 +366,64 @@ def test_a_wake_on_a_poisoned_log_reports_the_failure_and_starts_nothing(tmp_pat
     asyncio.run(scenario())
     with pytest.raises(kerman.LogWriteError):
         log.close()
+
+
+# ---- creation under a descriptor limit -----------------------------------------------------------
+
+CREATE_CHILD = r"""
+import errno, json, os, resource, sys
+import kerman
+
+root, id = sys.argv[1], sys.argv[2]
+store = kerman.FileStore(root, durability="strict")
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError as exc:
+    assert exc.errno == errno.EMFILE, exc
+# Exactly one descriptor free: the header's temporary file takes it, so whatever needs another
+# one afterwards (the directory sync after the link) fails with EMFILE.
+os.close(held.pop())
+try:
+    store.create(id).close()
+    first = None
+except kerman.LogError as exc:
+    first = f"{type(exc).__name__}: {exc}"
+for fd in held:
+    os.close(fd)
+after = {"exists": store.exists(id), "listed": store.list(), "files": sorted(os.listdir(root))}
+try:
+    log = store.create(id)
+    log.append("plugin/x", {"n": 1})
+    log.close()
+    retry = "created"
+except kerman.LogError as exc:
+    retry = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"first": first, "after": after, "retry": retry}))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a descriptor limit (RLIMIT_NOFILE) and a directory sync are POSIX")
+def test_a_create_that_fails_after_the_link_leaves_no_session_and_a_retry_creates_it(tmp_path):
+    """Creation is atomic: when the last step (the directory sync, here out of descriptors)
+    fails, `create` raises and the session does not exist, so the same create again succeeds
+    rather than finding the session it said it did not create."""
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "sessions"
+    out = subprocess.run([sys.executable, "-c", CREATE_CHILD, str(root), "s-1"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["first"] is not None and "Too many open files" in seen["first"], seen
+    assert seen["first"].startswith("LogError: syncing directory"), seen
+    assert seen["after"] == {"exists": False, "listed": [], "files": []}, seen
+    assert seen["retry"] == "created", seen
+    log = kerman.FileStore(root).open("s-1")
+    assert [e.data for e in log.events(types="plugin/x")] == [{"n": 1}]
+    log.close()

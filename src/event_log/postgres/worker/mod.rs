@@ -81,8 +81,9 @@ pub enum Request {
     Ping,
     /// A request made when the runtime thread gets to it rather than when it was submitted
     /// (`None`: nothing to do): a session's next append batch, so rows appended meanwhile
-    /// join it (`backend.rs`). Runs on the runtime thread: it must not block or call Python.
-    /// `id` is the session's, so the pool keeps it in that session's order.
+    /// join it, and its staged-input reads and hand-overs (`backend.rs`). Runs on the runtime
+    /// thread: it must not block or call Python. `id` is the session's, so the pool keeps it
+    /// in that session's order (and its reply after those of the session's earlier requests).
     Deferred { id: String, make: Box<dyn FnOnce() -> Option<Request> + Send + Sync> },
     /// Tests only: make the next append or open lose its connection (see [`Fault`]).
     #[doc(hidden)]
