@@ -181,3 +181,29 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     until("the old staged message", || inbox.contains(m.id()));
     log.close().unwrap();
 }
+
+#[test]
+fn a_staged_message_replaced_while_its_insertion_commits_is_claimed_once() {
+    let Some(dsn) = dsn() else { return };
+    let owner = store(&dsn);
+    let log = owner.create(None).unwrap();
+    let a = Message::user_text("a");
+    assert!(store(&dsn).enqueue(log.id(), staged(&a)).unwrap());
+    // Another transaction holds the session row: the owner's append claiming `a` waits in flight.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("BEGIN; SELECT 1 FROM kerman_sessions WHERE id = '{}' FOR UPDATE", log.id())).await.unwrap();
+        client
+    });
+    let inbox = Inbox::new(log.clone(), None).unwrap();
+    until("a to be inserted", || inbox.contains(a.id()));
+    // Replaced (same id) while that insertion is in flight: its splice inserts `a` again.
+    assert!(inbox.replace(a.id(), std::sync::Arc::new(a.with_content(vec![json!({"type": "text", "text": "a2"})]).unwrap())).unwrap());
+    rt.block_on(client.batch_execute("COMMIT")).unwrap();
+    log.flush_blocking().expect("the replacement's splice commits: it claims nothing a second time");
+    assert_eq!(staged_count(&dsn, log.id()), "0");
+    assert_eq!(inbox.get(a.id()).unwrap().text(), "a2");
+    log.close().unwrap();
+}

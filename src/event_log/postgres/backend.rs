@@ -309,10 +309,12 @@ impl Backend for PgBackend {
         }
         st.pending.push(to_row(event));
         st.enqueued += 1;
-        // Only while staged input is being inserted: a splice of one of those ids claims it.
+        // Only while staged input is being inserted: a splice of one of those ids claims it,
+        // once (a later splice inserting the same id again, as a replacement does, while the
+        // first one's transaction is in flight must not claim the deleted row a second time).
         if !st.staged.is_empty() && event.kind() == SPLICED {
             for id in inserted_ids(event.data_json()) {
-                if st.staged.contains(&id) && !st.claims.contains(&id) {
+                if st.staged.contains(&id) && !st.claims.contains(&id) && !st.flight.1.contains(&id) {
                     st.claims.push(id);
                 }
             }
