@@ -74,11 +74,18 @@ impl Inbox {
     fn not_pending(&self, op: StagedOp, id: &str) -> Applied {
         let mentions = |data: &str| crate::json::may_hold_string(data, id);
         let logged = self.shared.log.with_events(|events| {
-            events.iter().filter(|e| e.kind() == SPLICED && mentions(e.data_json())).any(|e| super::inserted_ids(e.data_json()).iter().any(|i| i == id))
+            events
+                .iter()
+                .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
+                .any(|e| super::inserted_ids(e.data_json()).iter().any(|i| i == id))
         });
         let session = self.shared.log.id();
         match logged {
-            true => refused(op, "not-queued", format!("message \"{id}\" is no longer queued in session \"{session}\": it was claimed by a turn or removed")),
+            true => refused(
+                op,
+                "not-queued",
+                format!("message \"{id}\" is no longer queued in session \"{session}\": it was claimed by a turn or removed"),
+            ),
             false => refused(op, "message-not-found", format!("no message \"{id}\" was queued in session \"{session}\"")),
         }
     }
@@ -90,7 +97,11 @@ fn replacement(current: &Message, args: &Value) -> Result<Message, Applied> {
     let op = StagedOp::Replace;
     if let Some(text) = args.get("text").and_then(Value::as_str) {
         if current.content().iter().any(|block| block.get("type").and_then(Value::as_str) != Some("text")) {
-            return Err(refused(op, "not-text", format!("message \"{}\" holds more than text; only text messages can be edited", current.id())));
+            return Err(refused(
+                op,
+                "not-text",
+                format!("message \"{}\" holds more than text; only text messages can be edited", current.id()),
+            ));
         }
         return current.with_content(vec![json!({"type": "text", "text": text})]).map_err(|e| refused(op, "invalid", e.to_string()));
     }
@@ -99,7 +110,9 @@ fn replacement(current: &Message, args: &Value) -> Result<Message, Applied> {
     };
     match Message::from_value(value) {
         Ok(message) if message.kind() == MessageKind::User => Ok(message),
-        Ok(message) => Err(refused(op, "invalid", format!("message \"{}\" is not a user message; only user messages can be queued", message.id()))),
+        Ok(message) => {
+            Err(refused(op, "invalid", format!("message \"{}\" is not a user message; only user messages can be queued", message.id())))
+        }
         Err(e) => Err(refused(op, "invalid", e.to_string())),
     }
 }

@@ -292,8 +292,13 @@ impl PyPostgresStore {
             pyo3::exceptions::PyValueError::new_err(format!("target must be \"next-turn\" or \"next-step\", got {target:?}"))
         })?;
         let stored = user_message_arg(message)?;
-        let staged =
-            StagedInput { id: stored.id().to_string(), message: stored.json().to_string(), target: target.as_str().to_string(), wakeup, op: StagedOp::Insert };
+        let staged = StagedInput {
+            id: stored.id().to_string(),
+            message: stored.json().to_string(),
+            target: target.as_str().to_string(),
+            wakeup,
+            op: StagedOp::Insert,
+        };
         let fresh = py.detach(|| self.inner.enqueue(&id, staged)).map_err(|e| log_err(py, e))?;
         if !fresh {
             let text = format!("message \"{}\" is already enqueued for session \"{id}\" or in its log", stored.id());

@@ -123,8 +123,7 @@ fn operations_staged_while_no_inbox_is_attached_are_read_in_order_with_the_messa
             web.enqueue(&id, staged(&m1)).unwrap();
             tx.send(outcome(web.apply_op(&id, StagedOp::Remove, &json!({"message_id": m1.id()}), wait).unwrap())).unwrap();
             web.enqueue(&id, staged(&m2)).unwrap();
-            tx.send(outcome(web.apply_op(&id, StagedOp::Replace, &json!({"message_id": m2.id(), "text": "m2'"}), wait).unwrap()))
-                .unwrap();
+            tx.send(outcome(web.apply_op(&id, StagedOp::Replace, &json!({"message_id": m2.id(), "text": "m2'"}), wait).unwrap())).unwrap();
             web.enqueue(&id, staged(&m3)).unwrap();
         })
     };
@@ -159,7 +158,8 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     let Some(dsn) = dsn() else { return };
     let (dsn, schema) = fresh_schema(&dsn);
     // A database as kerman left it at version 4, with a message staged for an unowned session.
-    let mut setup = String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
+    let mut setup =
+        String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 4) {
         setup.push_str(sql);
         setup.push_str(&format!(";INSERT INTO kerman_schema (version) VALUES ({version});"));

@@ -99,7 +99,9 @@ impl PgCore {
                 if !wait(until) {
                     return Err(LogError::Database {
                         context: format!("session \"{id}\": {}", op.as_str()),
-                        detail: format!("the owner took operation {op_id} but did not answer within {timeout:?} and {AFTER_WITHDRAW:?} more"),
+                        detail: format!(
+                            "the owner took operation {op_id} but did not answer within {timeout:?} and {AFTER_WITHDRAW:?} more"
+                        ),
                     });
                 }
             }

@@ -496,10 +496,7 @@ const STAGED: &str = "SELECT message_id, message, target, wakeup, op FROM kerman
 /// the primary key is an earlier try of this very call (its reply lost): staged already.
 pub async fn stage_op(c: &mut Client, id: &str, op_id: &str, op: StagedOp, args: &str) -> Result<bool, LogError> {
     let row = c
-        .query_typed_one(
-            STAGE_OP,
-            &[(&id, Type::TEXT), (&op_id, Type::TEXT), (&args, Type::TEXT), (&op.as_str(), Type::TEXT)],
-        )
+        .query_typed_one(STAGE_OP, &[(&id, Type::TEXT), (&op_id, Type::TEXT), (&args, Type::TEXT), (&op.as_str(), Type::TEXT)])
         .await
         .map_err(db_err(format!("stage {} for session \"{id}\"", op.as_str())))?;
     Ok(row.get::<_, i64>(0) == 1)

@@ -7,9 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::super::convert::{to_py, to_value};
 use super::super::errors::report_contained;
 use super::super::gc::Held;
-use super::super::convert::{to_py, to_value};
 use super::super::message::wrap;
 use super::super::runtime::exit::attach_unless_exiting;
 use super::identity::Wrappers;

@@ -141,6 +141,8 @@ impl PyInbox {
 impl PyInbox {
     #[new]
     #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None))]
+    // The Python constructor's keyword arguments, one each.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         log: Py<PySessionLog>,

@@ -15,10 +15,10 @@ import time
 import uuid
 
 import pytest
+from test_browser import CHROMIUM, DRIVER, bubbles, queue, send, wait_for
 from web_helpers import Server
 
 from conftest import fresh_schema_dsn, needs_postgres
-from test_browser import CHROMIUM, DRIVER, bubbles, queue, send, wait_for
 
 pytestmark = needs_postgres
 pytest.importorskip("starlette")

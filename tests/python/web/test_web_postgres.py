@@ -85,7 +85,9 @@ def test_queue_edits_and_cancel_reach_the_owner():
             await started.wait()
             try:
                 def ui():
-                    post = lambda text: client.post(f"/sessions/{session_id}/messages", json={"text": text}).json()["id"]
+                    def post(text):
+                        return client.post(f"/sessions/{session_id}/messages", json={"text": text}).json()["id"]
+
                     keep, drop = post("keep me"), post("drop me")
                     edited = client.patch(f"/sessions/{session_id}/queue/{keep}", json={"text": "kept, edited"})
                     assert edited.status_code == 200, edited.text
