@@ -233,6 +233,14 @@ class PostgresStore:
         self, id: str, message: str | UserMessage, target: _Target = "next-turn", wakeup: bool = True
     ) -> UserMessage:
         """Queues a message for the session's owner without taking its lease (web handlers)."""
+    def cancel(
+        self, id: str, cause: str | dict[str, Any] | None = None, *, keep_inbox: bool = False, timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """Cancels the session's running turn through its owner, in order with staged input; the outcome."""
+    def replace(self, id: str, message_id: str, new_message: str | UserMessage, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Replaces a queued message through the session's owner, in order with staged input; the outcome."""
+    def remove(self, id: str, message_id: str, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Removes a queued message through the session's owner, in order with staged input; the outcome."""
     @property
     def owner(self) -> str:
         """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""
@@ -286,6 +294,7 @@ class Inbox:
         *,
         _gates: tuple[list[Any], list[Any], list[Any]] | None = None,
         _on_remote: Callable[[bool], object] | None = None,
+        _on_remote_cancel: Callable[[Any, bool], dict[str, Any]] | None = None,
     ) -> Inbox: ...
     def close(self) -> None: ...
     @property

@@ -154,6 +154,12 @@ class AgentLoop:
             if loop is not None:
                 loop._remote_input(wake)
 
+        def remote_cancel(cause: Any, keep_inbox: bool) -> Dict[str, Any]:
+            loop = this()
+            if loop is None:
+                return {"applied": False, "op": "cancel", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
+            return loop._remote_cancel(cause, keep_inbox)
+
         self._inbox = Inbox(
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
@@ -164,6 +170,8 @@ class AgentLoop:
                     self._listeners["agent/inbox/claimed"]),
             # PostgresStore.enqueue from another process: a waking message starts a turn.
             _on_remote=remote_input,
+            # PostgresStore.cancel from another process, in order with the staged input.
+            _on_remote_cancel=remote_cancel,
         )
         # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
         # its rules are native; registration mutates the lists and dict handed over here.
@@ -521,7 +529,34 @@ class AgentLoop:
         """Input another process enqueued was inserted (on the store's thread): wake as
         ``followup`` would. (getattr: this may run before ``__init__`` has finished.)"""
         if wake and getattr(self, "_event_loop", None) is not None:
-            self._call_on_loop(self._wake, False)
+            self._call_on_loop(self._wake_remote)
+
+    def _wake_remote(self) -> None:
+        # As followup: input arriving while the turn is being cancelled starts the next turn.
+        self._wake(self._status == "running" and self._core.aborted)
+
+    def _remote_cancel(self, cause: Any, keep_inbox: bool) -> Dict[str, Any]:
+        """Another process asked to cancel (``PostgresStore.cancel``), on the store's thread, in
+        order with the staged input around it: pending input is discarded here and now (input
+        staged after the cancel is inserted after this), the running turn is aborted on the
+        loop's event loop; a turn that started after this point is not touched."""
+        try:
+            reason = _cause(cause)
+        except (TypeError, ValueError) as e:
+            return {"applied": False, "op": "cancel", "reason": "invalid", "detail": str(e)}
+        if self._core.fenced is not None:
+            return {"applied": False, "op": "cancel", "reason": "fenced", "detail": "this owner was fenced out of the session"}
+        discarded = [] if keep_inbox else [m.id for m in self._inbox.clear()]
+        running = self._status == "running" and self._event_loop is not None
+        turn = self.turn
+        if running:
+            self._call_on_loop(self._abort_remote, reason, turn)
+        return {"applied": True, "op": "cancel", "cancelled": running, "turn": turn if running else None,
+                "keep_inbox": keep_inbox, "discarded": discarded}
+
+    def _abort_remote(self, reason: Dict[str, Any], turn: int) -> None:
+        if self._status == "running" and self.turn == turn:
+            self._cancel(reason, True)  # the inbox was cleared (or kept) when the cancel was applied
 
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread

@@ -50,14 +50,54 @@ pub trait Backend: Send + Sync {
     fn attach_intake(&self, _intake: Weak<dyn Intake>) {}
 }
 
-/// A message another process staged for this session's owner (`PostgresStore.enqueue`): its
-/// id, the message as JSON text, the target list name and whether it should wake the loop.
+/// Input another process staged for this session's owner, in one ordered stream: a message
+/// (`PostgresStore.enqueue`: `op` is [`StagedOp::Insert`]; its id, the message as JSON text,
+/// the target list name and whether it should wake the loop), or an operation on the inbox or
+/// the loop (`PostgresStore.cancel`, `.replace`, `.remove`: `id` is the operation's id,
+/// `message` its arguments as a JSON object; `target` and `wakeup` are unused).
 #[derive(Clone, Debug)]
 pub struct StagedInput {
     pub id: String,
     pub message: String,
     pub target: String,
     pub wakeup: bool,
+    pub op: StagedOp,
+}
+
+/// What a staged row asks the owner to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StagedOp {
+    /// Insert the message (`enqueue`).
+    #[default]
+    Insert,
+    /// Cancel the running turn (`{"cause": …, "keep_inbox": bool}`).
+    Cancel,
+    /// Replace a pending message (`{"message_id": …, "text": …}` or `{"message_id": …, "message": {…}}`).
+    Replace,
+    /// Remove a pending message (`{"message_id": …}`).
+    Remove,
+}
+
+impl StagedOp {
+    /// The name stored in `kerman_inbox_staged.op`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StagedOp::Insert => "insert",
+            StagedOp::Cancel => "cancel",
+            StagedOp::Replace => "replace",
+            StagedOp::Remove => "remove",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<StagedOp> {
+        Some(match name {
+            "insert" => StagedOp::Insert,
+            "cancel" => StagedOp::Cancel,
+            "replace" => StagedOp::Replace,
+            "remove" => StagedOp::Remove,
+            _ => return None,
+        })
+    }
 }
 
 /// What an [`Intake`] did with staged input.
@@ -67,6 +107,9 @@ pub struct Taken {
     pub taken: Vec<String>,
     /// Never to be inserted: the id is already in the log or pending, or the row is invalid.
     pub dropped: Vec<String>,
+    /// Operations applied or refused, each with its outcome (a JSON object's text), for the
+    /// requester: recorded once the effects they appended have committed.
+    pub settled: Vec<(String, String)>,
 }
 
 /// Takes staged input into a session's inbox. The inbox registers itself on its log; staged

@@ -18,7 +18,9 @@ pub use error::LogError;
 pub use event::{is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, INSTRUCTIONS, SPLICED, SURFACE_TYPES};
 pub use file::{DamagedSnapshot, Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
 pub use filter::{is_pattern, TypeFilter};
-pub use log::{now_ms, Backend, FlushCallback, Intake, Observer, Publishing, SessionLog, StagedInput, Taken, Waiter, WeakSessionLog};
+pub use log::{
+    now_ms, Backend, FlushCallback, Intake, Observer, Publishing, SessionLog, StagedInput, StagedOp, Taken, Waiter, WeakSessionLog,
+};
 pub use memory::MemoryStore;
 pub(crate) use store::{check_id, new_header, resolve_id};
 pub use store::{Store, FORMAT_VERSION};

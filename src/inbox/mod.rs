@@ -9,6 +9,7 @@
 
 mod hook;
 pub mod projection;
+mod remote;
 mod splice;
 
 use std::cell::RefCell;
@@ -22,7 +23,7 @@ use serde_json::Value;
 pub use hook::{InsertHook, Refusal, Spliced};
 pub use splice::{inserted_ids, normalize, placement, Lists, Splice, SpliceError, Target};
 
-use crate::event_log::{Intake, LogError, SessionLog, StagedInput, Taken, SPLICED};
+use crate::event_log::{Intake, LogError, SessionLog, StagedInput, StagedOp, Taken, SPLICED};
 use crate::message::{Message, MessageKind};
 
 /// Live notifications of an inbox: called after each mutation, on the mutating thread.
@@ -33,6 +34,13 @@ pub trait InboxListener: Send + Sync {
     /// Messages another process enqueued were inserted (after their `inserted` calls);
     /// `wake`: at least one asked to wake the loop. Runs on the store's reply thread.
     fn arrived(&self, _wake: bool) {}
+    /// Another process asked to cancel the running turn (`PostgresStore.cancel`), in order
+    /// with the staged input around it: the loop applies it (`cause`, `keep_inbox` as for
+    /// `loop.cancel`) and answers with the outcome, a JSON object; `None`: no loop here.
+    /// Runs on the store's reply thread.
+    fn cancel(&self, _cause: &Value, _keep_inbox: bool) -> Option<Value> {
+        None
+    }
 }
 
 /// Errors of live inbox mutations.
@@ -241,7 +249,8 @@ impl Inbox {
     }
 
     /// Inserts messages other processes staged for this session (`PostgresStore.enqueue`),
-    /// each with an ordinary append splice, in the given order. A message whose id is already
+    /// each with an ordinary append splice, and applies the operations staged among them
+    /// (`remote.rs`), in the given order. A message whose id is already
     /// in the log (inserted by an earlier splice) or pending is dropped, never inserted twice;
     /// a log failure stops, leaving the rest staged. Then tells the listener they arrived.
     pub fn take_staged(&self, staged: Vec<StagedInput>) -> Taken {
@@ -254,6 +263,14 @@ impl Inbox {
         });
         let mut wake = false;
         for row in staged {
+            if row.op != StagedOp::Insert {
+                match self.apply_staged_op(&row) {
+                    remote::Applied::Outcome(outcome) => out.settled.push((row.id, outcome.to_string())),
+                    // The log failed, or the inbox was closed: the rest stays staged.
+                    remote::Applied::Stop => break,
+                }
+                continue;
+            }
             let Some((target, message)) = staged_message(&row) else {
                 out.dropped.push(row.id);
                 continue;

@@ -17,7 +17,7 @@ use super::runtime::aio::{Completion, Value};
 use crate::event_log::postgres::{
     check_pool_size, Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore, DEFAULT_POOL_SIZE, MAX_POOL_SIZE,
 };
-use crate::event_log::{LogError, StagedInput, Store};
+use crate::event_log::{LogError, StagedInput, StagedOp, Store};
 use crate::inbox::Target;
 
 /// The takeable-session notifications of a store (`_takeable`), handed to one waiting future.
@@ -292,8 +292,13 @@ impl PyPostgresStore {
             pyo3::exceptions::PyValueError::new_err(format!("target must be \"next-turn\" or \"next-step\", got {target:?}"))
         })?;
         let stored = user_message_arg(message)?;
-        let staged =
-            StagedInput { id: stored.id().to_string(), message: stored.json().to_string(), target: target.as_str().to_string(), wakeup };
+        let staged = StagedInput {
+            id: stored.id().to_string(),
+            message: stored.json().to_string(),
+            target: target.as_str().to_string(),
+            wakeup,
+            op: StagedOp::Insert,
+        };
         let fresh = py.detach(|| self.inner.enqueue(&id, staged)).map_err(|e| log_err(py, e))?;
         if !fresh {
             let text = format!("message \"{}\" is already enqueued for session \"{id}\" or in its log", stored.id());
@@ -303,6 +308,73 @@ impl PyPostgresStore {
             return Ok(message.clone());
         }
         wrap(py, stored)
+    }
+
+    /// Cancels session `id`'s running turn from any process, as its owner's
+    /// `loop.cancel(cause, keep_inbox=...)` would: staged for the owner in order with the input
+    /// enqueued before it, applied by the owner's AgentLoop, and answered. Returns the outcome
+    /// dict (`{"applied": True, "cancelled": <a turn was running>, "discarded": [ids], ...}`, or
+    /// `{"applied": False, "reason": ..., "detail": ...}`); waits at most `timeout` seconds,
+    /// then withdraws it (`reason` `"timeout"`). Blocks: call it from a thread in async code
+    /// (`asyncio.to_thread`). An unknown session raises `SessionNotFoundError`.
+    #[pyo3(signature = (id, cause=None, *, keep_inbox=false, timeout=10.0))]
+    fn cancel<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        cause: Option<&Bound<'py, PyAny>>,
+        keep_inbox: bool,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let user = pyo3::types::PyString::new(py, "user");
+        let cause = cause.unwrap_or(user.as_any());
+        let cause = match cause.extract::<String>() {
+            Ok(kind) => serde_json::Value::String(kind),
+            Err(_) if cause.is_instance_of::<PyDict>() => {
+                super::convert::to_value(cause, "cause").map_err(|e| pyo3::exceptions::PyTypeError::new_err(e.describe()))?
+            }
+            Err(_) => {
+                let kind = cause.get_type().name()?;
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!("cause must be a str or a dict, got {kind}")));
+            }
+        };
+        let args = serde_json::json!({"cause": cause, "keep_inbox": keep_inbox});
+        self.apply_op(py, &id, StagedOp::Cancel, args, timeout)
+    }
+
+    /// Replaces queued message `message_id` of session `id` from any process, as the owner's
+    /// `inbox.replace(message_id, new_message)` would: a `str` replaces its text (same id and
+    /// everything else; refused with `"not-text"` if it holds more than text), a `UserMessage`
+    /// replaces it whole. Applied by the owner in order with the input enqueued before it;
+    /// returns the outcome dict (`{"applied": True, "message": {...}}`, or refused with
+    /// `reason` `"not-queued"` (claimed by a turn, or removed), `"message-not-found"`,
+    /// `"not-text"`, `"timeout"`, ...). Blocks, as `cancel` does.
+    #[pyo3(signature = (id, message_id, new_message, *, timeout=10.0))]
+    fn replace<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        message_id: &str,
+        new_message: &Bound<'py, PyAny>,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let args = match new_message.extract::<String>() {
+            Ok(text) => serde_json::json!({"message_id": message_id, "text": text}),
+            Err(_) => serde_json::json!({"message_id": message_id, "message": user_message_arg(new_message)?.to_value()}),
+        };
+        self.apply_op(py, &id, StagedOp::Replace, args, timeout)
+    }
+
+    /// Removes queued message `message_id` of session `id` from any process, as the owner's
+    /// `inbox.remove(message_id)` would; returns the outcome dict (`{"applied": True,
+    /// "removed": {...}}`, or refused as for `replace`). Blocks, as `cancel` does.
+    #[pyo3(signature = (id, message_id, *, timeout=10.0))]
+    fn remove<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>, message_id: &str, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let args = serde_json::json!({"message_id": message_id});
+        self.apply_op(py, &id, StagedOp::Remove, args, timeout)
     }
 
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
@@ -456,6 +528,16 @@ impl PyPostgresStore {
 }
 
 impl PyPostgresStore {
+    /// Stages operation `op` for session `id`'s owner and waits for its outcome (a dict).
+    fn apply_op<'py>(&self, py: Python<'py>, id: &str, op: StagedOp, args: serde_json::Value, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout must be a positive number of seconds, got {timeout}")));
+        }
+        let timeout = std::time::Duration::from_secs_f64(timeout);
+        let outcome = py.detach(|| self.inner.apply_op(id, op, &args, timeout)).map_err(|e| log_err(py, e))?;
+        super::convert::json_to_py(py, &outcome)
+    }
+
     /// Subscribes to `kerman_takeable` on the store's LISTEN connection. The subscriber runs on
     /// the runtime thread, which never touches Python: it hands the waiting future to the reply
     /// thread (a `Ping`), which delivers it.

@@ -8,6 +8,8 @@ mod inbox;
 #[cfg(feature = "postgres")]
 mod postgres_distributed;
 #[cfg(feature = "postgres")]
+mod postgres_ops;
+#[cfg(feature = "postgres")]
 mod postgres_pool;
 #[cfg(feature = "postgres")]
 mod postgres_recovery;

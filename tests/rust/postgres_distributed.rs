@@ -39,7 +39,7 @@ fn query_one(dsn: &str, sql: &str) -> String {
 }
 
 fn staged(message: &Message, target: Target, wakeup: bool) -> StagedInput {
-    StagedInput { id: message.id().into(), message: message.json().into(), target: target.as_str().into(), wakeup }
+    StagedInput { id: message.id().into(), message: message.json().into(), target: target.as_str().into(), wakeup, op: Default::default() }
 }
 
 /// Waits (bounded) until `log` holds more than `len` events.

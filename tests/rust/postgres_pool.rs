@@ -43,7 +43,13 @@ fn records(core: &PgCore, id: &str) -> Vec<String> {
 }
 
 fn staged(text: &str) -> StagedInput {
-    StagedInput { id: kerman::message::new_id(), message: format!("{{\"text\":\"{text}\"}}"), target: "next-turn".into(), wakeup: true }
+    StagedInput {
+        id: kerman::message::new_id(),
+        message: format!("{{\"text\":\"{text}\"}}"),
+        target: "next-turn".into(),
+        wakeup: true,
+        op: Default::default(),
+    }
 }
 
 /// Enqueues for `id` on another thread (it will wait on the row lock): its outcome arrives on

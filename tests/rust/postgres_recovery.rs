@@ -354,6 +354,7 @@ fn takeable_session(c: &PgCore) -> (String, Vec<kerman::event_log::Event>) {
         message: json!({"role": "user", "content": "hi"}).to_string(),
         target: "next-turn".into(),
         wakeup: true,
+        op: Default::default(),
     };
     assert!(c.enqueue(&lease.session_id, staged).unwrap());
     (lease.session_id, events)

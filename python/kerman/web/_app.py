@@ -183,10 +183,13 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     async def edit_queued(request: Request) -> JSONResponse:
         session = await session_of(request)
         message_id = _checked_id(request.path_params["message_id"], "message")
-        loop = sessions.owned_loop(session, "edit the queue")
         body = await _json_body(request)
         _fields(body, ("text",))
         text = _text(body)
+        if session.loop is None and sessions.remote_ops:
+            await sessions.remote(session, "replace", message_id, text)
+            return JSONResponse({"id": message_id, "text": text})
+        loop = sessions.owned_loop(session, "edit the queue")
         message = loop.inbox.get(message_id)
         if message is None:
             raise _gone(session, message_id)
@@ -199,6 +202,9 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     async def remove_queued(request: Request) -> JSONResponse:
         session = await session_of(request)
         message_id = _checked_id(request.path_params["message_id"], "message")
+        if session.loop is None and sessions.remote_ops:
+            await sessions.remote(session, "remove", message_id)
+            return JSONResponse({"id": message_id, "removed": True})
         loop = sessions.owned_loop(session, "remove from the queue")
         if not loop.inbox.remove(message_id):
             raise _gone(session, message_id)
@@ -206,12 +212,15 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
 
     async def cancel(request: Request) -> JSONResponse:
         session = await session_of(request)
-        loop = sessions.owned_loop(session, "cancel")
         body = await _json_body(request)
         _fields(body, ("keep_inbox",))
         keep = body.get("keep_inbox", False)
         if not isinstance(keep, bool):
             raise ApiError(400, "invalid-body", "'keep_inbox' must be true or false")
+        if session.loop is None and sessions.remote_ops:
+            outcome = await sessions.remote(session, "cancel", "user", keep_inbox=keep)
+            return JSONResponse({"cancelled": bool(outcome.get("cancelled")), "keep_inbox": keep})
+        loop = sessions.owned_loop(session, "cancel")
         running = loop.status == "running"
         loop.cancel("user", keep_inbox=keep)
         return JSONResponse({"cancelled": running, "keep_inbox": keep})

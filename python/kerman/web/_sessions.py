@@ -11,8 +11,9 @@ loop idle) is closed by a sweeper and reopened by the next request for it; and n
 ``max_open`` are held, the least recently used idle one being closed first.
 
 With a ``PostgresStore`` the workers own the sessions: the web process follows them
-(``store.follow``, one follower per session shared by its streams) and stages input
-(``store.enqueue``); queue edits and cancel need the owner and are refused with a clear message.
+(``store.follow``, one follower per session shared by its streams), stages input
+(``store.enqueue``) and hands queue edits and cancel to the owner (``store.replace``,
+``store.remove``, ``store.cancel``), answering when the owner applied them or refused.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ _TARGETS = {"followup": ("next-turn", True), "steer": ("next-step", True), "inje
 # Injected context is not a prompt: a source of another kind than "user" makes every view (the
 # queue's placement, the projections' kerman.context / data-context) call it context.
 CONTEXT_SOURCE = {"kind": "context"}
+# How long a queue edit or cancel waits for the owner's answer (then it is withdrawn).
+REMOTE_TIMEOUT = 10.0
+# The owner's refusals that are not 409s.
+_REFUSALS = {"message-not-found": 404, "timeout": 504}
 
 
 @dataclass
@@ -247,6 +252,24 @@ class Sessions:
         target, wakeup = _TARGETS[delivery]
         staged: UserMessage = await asyncio.to_thread(self.store.enqueue, session.id, message, target, wakeup)
         return staged
+
+    @property
+    def remote_ops(self) -> bool:
+        """Whether queue edits and cancel of sessions this process does not own go to their
+        owner through the store (a ``PostgresStore``)."""
+        return self.distributed
+
+    async def remote(self, session: Session, op: str, *args: Any, **kwargs: Any) -> JsonDict:
+        """Stages ``op`` (``cancel``, ``replace`` or ``remove``) for the session's owner and waits
+        for its answer (on a thread: the store's call blocks); a refusal is an ``ApiError``."""
+        outcome: JsonDict = await asyncio.to_thread(getattr(self.store, op), session.id, *args, timeout=REMOTE_TIMEOUT, **kwargs)
+        if outcome.get("applied"):
+            return outcome
+        reason = str(outcome.get("reason", "refused"))
+        detail = str(outcome.get("detail", ""))
+        status = _REFUSALS.get(reason, 409)
+        code = "owner-timeout" if reason == "timeout" else reason
+        raise ApiError(status, code, f'session "{session.id}": {detail}' if detail else f'session "{session.id}": {op} refused ({reason})')
 
     def owned_loop(self, session: Session, what: str) -> AgentLoop:
         if session.loop is None:

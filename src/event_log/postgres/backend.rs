@@ -259,7 +259,9 @@ fn hand_over(shared: &Arc<Shared>, rows: Vec<StagedInput>) {
         // Outside every lock: the inbox appends to the log, which enqueues here.
         let taken = intake.map(|i| i.take(fresh)).unwrap_or_default();
         let mut st = lock(shared);
-        for id in ids.iter().filter(|id| !taken.taken.contains(id)) {
+        // Operations stay marked until their answers are recorded, so no read hands them over again.
+        let answered = |id: &String| taken.settled.iter().any(|(op, _)| op == id);
+        for id in ids.iter().filter(|id| !taken.taken.contains(id) && !answered(id)) {
             st.staged.remove(id);
         }
         drop(st);
@@ -267,6 +269,33 @@ fn hand_over(shared: &Arc<Shared>, rows: Vec<StagedInput>) {
             let request = Request::Unstage { lease: shared.lease.clone(), ids: taken.dropped };
             shared.core.submit(request, Box::new(|_| ()));
         }
+        if !taken.settled.is_empty() {
+            settle(shared, taken.settled);
+        }
+    }
+}
+
+/// Records the answers to staged operations once what they appended has committed (a flush
+/// barrier), so a requester told "applied" finds the change in the log. A failed flush records
+/// nothing: the operations stay staged for the session's next owner.
+fn settle(shared: &Arc<Shared>, outcomes: Vec<(String, String)>) {
+    let next = Arc::clone(shared);
+    let done: FlushCallback = Box::new(move |flushed| {
+        let ids: Vec<String> = outcomes.iter().map(|(id, _)| id.clone()).collect();
+        if flushed.is_err() {
+            return forget_staged(&next, &ids);
+        }
+        let request = Request::Settle { lease: next.lease.clone(), outcomes };
+        let after = Arc::clone(&next);
+        next.core.submit(request, Box::new(move |_| forget_staged(&after, &ids)));
+    });
+    PgBackend { shared: Arc::clone(shared) }.flush(done);
+}
+
+fn forget_staged(shared: &Shared, ids: &[String]) {
+    let mut st = lock(shared);
+    for id in ids {
+        st.staged.remove(id);
     }
 }
 
@@ -313,10 +342,12 @@ impl Backend for PgBackend {
         }
         st.pending.push(to_row(event));
         st.enqueued += 1;
-        // Only while staged input is being inserted: a splice of one of those ids claims it.
+        // Only while staged input is being inserted: a splice of one of those ids claims it,
+        // once (a later splice inserting the same id again, as a replacement does, while the
+        // first one's transaction is in flight must not claim the deleted row a second time).
         if !st.staged.is_empty() && event.kind() == SPLICED {
             for id in inserted_ids(event.data_json()) {
-                if st.staged.contains(&id) && !st.claims.contains(&id) {
+                if st.staged.contains(&id) && !st.claims.contains(&id) && !st.flight.1.contains(&id) {
                     st.claims.push(id);
                 }
             }

@@ -31,11 +31,13 @@ pub enum Note {
 
 pub type Subscriber = Arc<dyn Fn(Note) + Send + Sync>;
 
-/// The two channels of a session: commits (for followers) and staged input (for the owner).
+/// The channels of a session: commits (for followers), staged input (for the owner), and the
+/// owner's answers to staged operations (for their requesters).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Channel {
     Appends,
     Enqueued,
+    Outcomes,
 }
 
 /// The channel name for `session_id`: a fixed prefix and the md5 of the id, which the server
@@ -45,6 +47,7 @@ pub fn channel_name(kind: Channel, session_id: &str) -> String {
     let prefix = match kind {
         Channel::Appends => "kerman_a_",
         Channel::Enqueued => "kerman_e_",
+        Channel::Outcomes => "kerman_o_",
     };
     let digest = Md5::digest(session_id.as_bytes());
     let mut name = String::with_capacity(prefix.len() + 32);

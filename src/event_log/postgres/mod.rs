@@ -19,6 +19,7 @@
 mod backend;
 mod follow;
 mod listen;
+mod ops;
 mod schema;
 mod sql;
 mod store;

@@ -80,6 +80,24 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          CREATE INDEX kerman_sessions_leased ON kerman_sessions (expires_at) WHERE owner IS NOT NULL;
          CREATE INDEX kerman_sessions_runnable ON kerman_sessions (id) WHERE runnable;",
     ),
+    (
+        5,
+        // Operations on a session's queue and loop from processes that do not own it
+        // (`PostgresStore.cancel`, `.replace`, `.remove`): staged in the same table as
+        // messages, so one ordered stream (`n`) carries both to the owner. For an operation
+        // `message_id` is the operation's id and `message` its arguments. The owner answers in
+        // `kerman_inbox_outcomes` (deleting the staged row in the same statement), which the
+        // requester reads and deletes; answers nobody read are dropped after a day.
+        "ALTER TABLE kerman_inbox_staged
+             ADD COLUMN op text NOT NULL DEFAULT 'insert' CHECK (op IN ('insert', 'cancel', 'replace', 'remove'));
+         CREATE TABLE kerman_inbox_outcomes (
+             session_id text NOT NULL REFERENCES kerman_sessions (id) ON DELETE CASCADE,
+             op_id text NOT NULL,
+             outcome text NOT NULL,
+             done_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (session_id, op_id)
+         );",
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient, Statement};
 
 use super::{db_err, Lease};
 use crate::event_log::LogError;
-use crate::event_log::StagedInput;
+use crate::event_log::{StagedInput, StagedOp};
 
 /// One event as stored: the envelope fields that are columns, and the whole record as text.
 pub struct Row {
@@ -455,21 +455,126 @@ pub fn staged_from_payload(payload: &str) -> Option<StagedInput> {
         message: String,
         target: String,
         wakeup: bool,
+        /// Absent from a message's payload; an operation's names it ([`STAGE_OP`]).
+        #[serde(default)]
+        op: Option<String>,
     }
     if !payload.starts_with('{') {
         return None;
     }
     let p: Payload = serde_json::from_str(payload).ok()?;
-    Some(StagedInput { id: p.id, message: p.message, target: p.target, wakeup: p.wakeup })
+    let op = match p.op {
+        None => StagedOp::Insert,
+        Some(name) => StagedOp::parse(&name)?,
+    };
+    Some(StagedInput { id: p.id, message: p.message, target: p.target, wakeup: p.wakeup, op })
 }
 
 /// The messages staged for session `id`, in enqueue order.
 pub async fn staged(c: &mut Client, p: &Prepared, id: &str) -> Result<Vec<StagedInput>, LogError> {
     let rows = p.staged.query(&*c, &[&id]).await.map_err(db_err("read staged messages"))?;
-    Ok(rows.iter().map(|r| StagedInput { id: r.get(0), message: r.get(1), target: r.get(2), wakeup: r.get(3) }).collect())
+    Ok(rows
+        .iter()
+        .map(|r| StagedInput {
+            id: r.get(0),
+            message: r.get(1),
+            target: r.get(2),
+            wakeup: r.get(3),
+            // The column's CHECK allows only the names `parse` knows.
+            op: StagedOp::parse(r.get(4)).unwrap_or_default(),
+        })
+        .collect())
 }
 
-const STAGED: &str = "SELECT message_id, message, target, wakeup FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n";
+const STAGED: &str = "SELECT message_id, message, target, wakeup, op FROM kerman_inbox_staged WHERE session_id = $1 ORDER BY n";
+
+/// Stages operation `op_id` (`op`, its arguments `args` as a JSON object's text) for the owner
+/// of session `id`, in the same ordered stream as `enqueue`'s messages, and notifies the
+/// owner's channel (with the row, as `enqueue` does) and, when nobody owns the session,
+/// `kerman_takeable` (a worker takes it to apply the operation). One statement, its own
+/// transaction. `false`: no such session. Op ids are minted per operation, so a conflict on
+/// the primary key is an earlier try of this very call (its reply lost): staged already.
+pub async fn stage_op(c: &mut Client, id: &str, op_id: &str, op: StagedOp, args: &str) -> Result<bool, LogError> {
+    let row = c
+        .query_typed_one(STAGE_OP, &[(&id, Type::TEXT), (&op_id, Type::TEXT), (&args, Type::TEXT), (&op.as_str(), Type::TEXT)])
+        .await
+        .map_err(db_err(format!("stage {} for session \"{id}\"", op.as_str())))?;
+    Ok(row.get::<_, i64>(0) == 1)
+}
+
+/// The session row is read `FOR SHARE`, as `enqueue` does, which orders this against a
+/// release (that announces staged rows itself).
+const STAGE_OP: &str = "WITH s AS (
+         SELECT owner IS NULL OR expires_at < now() AS unowned FROM kerman_sessions WHERE id = $1 FOR SHARE
+     ),
+     ins AS (
+         INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup, op)
+         SELECT $1, $2, $3, 'next-turn', false, $4 FROM s
+         ON CONFLICT DO NOTHING RETURNING 1
+     ),
+     note AS (SELECT json_build_object('id', $2::text, 'message', $3::text, 'target', 'next-turn',
+                                       'wakeup', false, 'op', $4::text)::text AS row),
+     woke AS (SELECT pg_notify('kerman_e_' || md5($1),
+                               CASE WHEN octet_length(note.row) < 7900 THEN note.row ELSE $2 END)
+              FROM ins, note),
+     free AS (SELECT pg_notify('kerman_takeable', $1) FROM ins, s WHERE s.unowned)
+     SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM woke), (SELECT count(*) FROM free)";
+
+/// The owner's answers to staged operations, each `(op id, outcome text)`: deletes their
+/// staged rows and records the outcomes, only while `lease` is current (a fenced-out owner's
+/// answers are not recorded, and the next owner applies the operations again), and notifies
+/// the requesters' channel with each op id. Answers older than a day that nobody read are
+/// dropped on the way.
+pub async fn settle(c: &mut Client, lease: &Lease, outcomes: &[(String, String)]) -> Result<(), LogError> {
+    let ids: Vec<&str> = outcomes.iter().map(|(id, _)| id.as_str()).collect();
+    let texts: Vec<&str> = outcomes.iter().map(|(_, text)| text.as_str()).collect();
+    c.query_typed(
+        "WITH d AS (
+             DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = ANY($2) AND op <> 'insert'
+               AND EXISTS (SELECT 1 FROM kerman_sessions WHERE id = $1 AND epoch = $4)
+             RETURNING message_id
+         ),
+         o AS (
+             INSERT INTO kerman_inbox_outcomes (session_id, op_id, outcome)
+             SELECT $1, u.id, u.outcome FROM unnest($2::text[], $3::text[]) AS u (id, outcome)
+             JOIN d ON d.message_id = u.id
+             ON CONFLICT DO NOTHING RETURNING op_id
+         ),
+         old AS (DELETE FROM kerman_inbox_outcomes WHERE session_id = $1 AND done_at < now() - interval '1 day')
+         SELECT pg_notify('kerman_o_' || md5($1), op_id) FROM o",
+        &[(&lease.session_id, Type::TEXT), (&ids, TEXT_ARRAY), (&texts, TEXT_ARRAY), (&lease.epoch, Type::INT8)],
+    )
+    .await
+    .map_err(db_err("record the outcomes of staged operations"))?;
+    Ok(())
+}
+
+/// The outcome of operation `op_id` on session `id` (`None`: not yet), or with `forget`, deletes
+/// it (once read: two statements, so a reply lost after the delete cannot lose the outcome).
+pub async fn outcome(c: &mut Client, id: &str, op_id: &str, forget: bool) -> Result<Option<String>, LogError> {
+    let sql = match forget {
+        false => "SELECT outcome FROM kerman_inbox_outcomes WHERE session_id = $1 AND op_id = $2",
+        true => "DELETE FROM kerman_inbox_outcomes WHERE session_id = $1 AND op_id = $2 RETURNING outcome",
+    };
+    let row = c
+        .query_typed_opt(sql, &[(&id, Type::TEXT), (&op_id, Type::TEXT)])
+        .await
+        .map_err(db_err("read the outcome of a staged operation"))?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Withdraws staged operation `op_id` if no owner answered it yet: true if its row was still
+/// staged (now deleted: it will never be applied).
+pub async fn withdraw(c: &mut Client, id: &str, op_id: &str) -> Result<bool, LogError> {
+    let rows = c
+        .query_typed(
+            "DELETE FROM kerman_inbox_staged WHERE session_id = $1 AND message_id = $2 AND op <> 'insert' RETURNING 1",
+            &[(&id, Type::TEXT), (&op_id, Type::TEXT)],
+        )
+        .await
+        .map_err(db_err("withdraw a staged operation"))?;
+    Ok(!rows.is_empty())
+}
 
 /// Deletes staged rows the owner dropped (their ids were already in the log), only while
 /// `lease` is current.

@@ -6,7 +6,7 @@ use super::backend::PgBackend;
 use super::follow::Follower;
 use super::sql::{SessionInfo, Taken};
 use super::{corrupt, parse_records_from, PgCore, PgOptions, Request, Response};
-use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, Store};
+use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, StagedOp, Store};
 
 /// A session a worker took: its log, the lease epoch, and how many crash closers its open
 /// appended (a turn its dead owner left open was closed as interrupted).
@@ -38,6 +38,12 @@ impl PostgresStore {
     /// Stages a user message for session `id`'s owner (see [`PgCore::enqueue`]).
     pub fn enqueue(&self, id: &str, staged: StagedInput) -> Result<bool, LogError> {
         self.core.enqueue(id, staged)
+    }
+
+    /// Stages an operation on session `id`'s queue or loop for its owner and waits for the
+    /// answer (see [`PgCore::apply_op`]).
+    pub fn apply_op(&self, id: &str, op: StagedOp, args: &serde_json::Value, timeout: std::time::Duration) -> Result<String, LogError> {
+        self.core.apply_op(id, op, args, timeout)
     }
 
     /// Takes up to `limit` sessions that have input waiting and no live owner (or whose owner

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::super::convert::{to_py, to_value};
 use super::super::errors::report_contained;
 use super::super::gc::Held;
 use super::super::message::wrap;
@@ -14,6 +15,7 @@ use super::super::runtime::exit::attach_unless_exiting;
 use super::identity::Wrappers;
 use crate::inbox::InboxListener;
 use crate::message::Message;
+use serde_json::Value;
 
 /// Calls the Python notification callbacks; their failures are logged, never raised. The
 /// callbacks are [`Held`] so the inbox that owns them can show them to the collector and drop
@@ -25,6 +27,10 @@ pub(super) struct Callbacks {
     /// Private to the AgentLoop: `on_remote(wake)` after messages another process enqueued
     /// (`PostgresStore.enqueue`) were inserted, on the store's reply thread.
     pub(super) on_remote: Option<Held>,
+    /// Private to the AgentLoop: `on_remote_cancel(cause, keep_inbox)` when another process
+    /// asked to cancel (`PostgresStore.cancel`), on the store's reply thread; returns the
+    /// outcome as a dict.
+    pub(super) on_remote_cancel: Option<Held>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
@@ -34,7 +40,7 @@ pub(super) struct Callbacks {
 
 impl Callbacks {
     pub(super) fn held(&self) -> impl Iterator<Item = &Held> {
-        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote].into_iter().flatten()
+        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel].into_iter().flatten()
     }
 
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -109,6 +115,27 @@ impl InboxListener for Listener {
                 report_contained(py, "inbox on_remote callback", err);
             }
         });
+    }
+
+    fn cancel(&self, cause: &Value, keep_inbox: bool) -> Option<Value> {
+        let callback = self.0.on_remote_cancel.as_ref()?;
+        let mut outcome = None;
+        attach_unless_exiting(|py| {
+            let Some(callback) = callback.get(py) else { return };
+            let result = to_py(py, cause)
+                .and_then(|cause| callback.call1(py, (cause, keep_inbox)))
+                .and_then(|answer| to_value(answer.bind(py), "outcome").map_err(|e| PyTypeError::new_err(e.describe())));
+            outcome = Some(match result {
+                Ok(answer) => answer,
+                // The requester is told; the loop's failure is reported as any callback's.
+                Err(err) => {
+                    let detail = err.to_string();
+                    report_contained(py, "inbox on_remote_cancel callback", err);
+                    serde_json::json!({"applied": false, "op": "cancel", "reason": "failed", "detail": detail})
+                }
+            });
+        });
+        outcome
     }
 }
 

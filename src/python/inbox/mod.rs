@@ -140,7 +140,9 @@ impl PyInbox {
 #[pymethods]
 impl PyInbox {
     #[new]
-    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None))]
+    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None))]
+    // The Python constructor's keyword arguments, one each.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         log: Py<PySessionLog>,
@@ -149,6 +151,7 @@ impl PyInbox {
         on_claimed: Option<Py<PyAny>>,
         _gates: Option<(Py<PyList>, Py<PyList>, Py<PyList>)>,
         _on_remote: Option<Py<PyAny>>,
+        _on_remote_cancel: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
@@ -156,6 +159,7 @@ impl PyInbox {
             on_discarded: callable(on_discarded, "on_discarded", py)?,
             on_claimed: callable(on_claimed, "on_claimed", py)?,
             on_remote: callable(_on_remote, "_on_remote", py)?,
+            on_remote_cancel: callable(_on_remote_cancel, "_on_remote_cancel", py)?,
             gates: _gates.map(|(a, b, c)| [Held::new(a), Held::new(b), Held::new(c)]),
             wrappers: Arc::clone(&wrappers),
         };

@@ -1,7 +1,7 @@
 """kerman serve over a PostgresStore: the web process follows sessions and stages input while a
 worker owns them (here an AgentLoop in the test process, with a store of its own). Queue edits
-and cancel need the owner, so the web process refuses them with a clear message (issue 17 is
-the worker runtime that will take them)."""
+and cancel go to the owner through the store (`store.replace`, `.remove`, `.cancel`) and are
+answered when it applied them, or with its refusal."""
 
 from __future__ import annotations
 
@@ -36,9 +36,21 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
                     try:
                         sent = client.post(f"/sessions/{session_id}/messages", json={"text": "hello from the web"})
                         assert sent.status_code == 201, sent.text
-                        return sent.json()["id"], stream.until(run_finished)
+                        events = stream.until(run_finished)
                     finally:
                         stream.close()
+                    message_id = sent.json()["id"]
+                    # The message was claimed by the turn: the owner refuses edits, with the reason.
+                    for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}),
+                                               ("DELETE", f"/queue/{message_id}", None)):
+                        response = client.request(method, f"/sessions/{session_id}{path}",
+                                                  content=None if body is None else json.dumps(body))
+                        assert response.status_code == 409, (method, path, response.text)
+                        assert response.json()["error"]["code"] == "not-queued"
+                        assert message_id in response.json()["error"]["message"]
+                    cancelled = client.post(f"/sessions/{session_id}/cancel", json={})
+                    assert cancelled.status_code == 200 and cancelled.json() == {"cancelled": False, "keep_inbox": False}
+                    return message_id, events
 
                 return await asyncio.wait_for(asyncio.to_thread(ui), 60)
             finally:
@@ -50,12 +62,56 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
         assert texts == ["hello from the web", "hello from the web"]  # the prompt, then EchoModel's reply
         starts = [d for _, d in events if d["type"] == "TEXT_MESSAGE_START" and d["role"] == "user"]
         assert starts[0]["messageId"] == message_id
-        for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}), ("DELETE", f"/queue/{message_id}", None),
-                                   ("POST", "/cancel", {})):
-            response = client.request(method, f"/sessions/{session_id}{path}", content=None if body is None else json.dumps(body),
-                                      headers={"Content-Type": "application/json"})
-            assert response.status_code == 409, (method, path)
-            assert response.json()["error"]["code"] == "not-owner"
-            assert "PostgresStore" in response.json()["error"]["message"]
         missing = client.get("/sessions/no-such-web-session/events")
         assert missing.status_code == 404
+
+
+def test_queue_edits_and_cancel_reach_the_owner():
+    session_id = f"web-{uuid.uuid4().hex[:10]}"
+    with Server(PG_DSN) as server, server.client() as client:
+        assert client.post("/sessions", json={"id": session_id}).status_code == 201
+
+        async def owner_and_ui():
+            log = kerman.PostgresStore(PG_DSN).open(session_id)
+            started, release = asyncio.Event(), asyncio.Event()
+
+            async def model(request):
+                started.set()
+                await release.wait()
+                return kerman.ModelReply("done")
+
+            loop = kerman.AgentLoop(model, log=log)
+            loop.followup("busy")
+            await started.wait()
+            try:
+                def ui():
+                    def post(text):
+                        return client.post(f"/sessions/{session_id}/messages", json={"text": text}).json()["id"]
+
+                    keep, drop = post("keep me"), post("drop me")
+                    edited = client.patch(f"/sessions/{session_id}/queue/{keep}", json={"text": "kept, edited"})
+                    assert edited.status_code == 200, edited.text
+                    assert edited.json() == {"id": keep, "text": "kept, edited"}
+                    removed = client.delete(f"/sessions/{session_id}/queue/{drop}")
+                    assert removed.status_code == 200 and removed.json() == {"id": drop, "removed": True}, removed.text
+                    again = client.delete(f"/sessions/{session_id}/queue/{drop}")
+                    assert again.status_code == 409 and again.json()["error"]["code"] == "not-queued"
+                    unknown = client.delete(f"/sessions/{session_id}/queue/never-queued")
+                    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "message-not-found"
+                    # Answered once applied: the owner's inbox already shows both changes.
+                    assert [(m.id, m.text) for m in loop.inbox.next_turn] == [(keep, "kept, edited")]
+                    cancelled = client.post(f"/sessions/{session_id}/cancel", json={"keep_inbox": True})
+                    assert cancelled.status_code == 200 and cancelled.json() == {"cancelled": True, "keep_inbox": True}
+                    return keep
+
+                keep = await asyncio.wait_for(asyncio.to_thread(ui), 60)
+                await asyncio.wait_for(loop.when_idle(), 60)
+                ends = [e.data["reason"]["kind"] for e in log.events() if e.type == "turn/end"]
+                assert ends == ["aborted"]
+                assert [m.id for m in loop.inbox.next_turn] == [keep]  # kept by keep_inbox
+            finally:
+                release.set()
+                await loop.aclose()
+                log.close()
+
+        asyncio.run(owner_and_ui())

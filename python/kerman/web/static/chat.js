@@ -157,7 +157,11 @@ function renderQueue() {
     remove.type = "button";
     remove.className = "remove";
     remove.textContent = "remove";
-    remove.onclick = () => api("DELETE", sessionPath(`/queue/${encodeURIComponent(item.id)}`)).catch(() => {});
+    // Over a PostgresStore the owning worker applies it: one click until it answered.
+    remove.onclick = () => {
+      remove.disabled = true;
+      api("DELETE", sessionPath(`/queue/${encodeURIComponent(item.id)}`)).catch(() => {}).finally(() => { remove.disabled = false; });
+    };
     li.append(placement, text, " ", edit, " ", remove);
     list.append(li);
   }
@@ -265,8 +269,12 @@ window.addEventListener("DOMContentLoaded", () => {
   $("#prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("#composer").requestSubmit(); }
   });
-  $("#cancel").addEventListener("click", () =>
-    api("POST", sessionPath("/cancel"), { keep_inbox: $("#keep-inbox").checked }).catch(() => {}));
+  $("#cancel").addEventListener("click", () => {
+    const button = $("#cancel");
+    button.disabled = true;  // until the session's owner answered
+    api("POST", sessionPath("/cancel"), { keep_inbox: $("#keep-inbox").checked }).catch(() => {})
+      .finally(() => { button.disabled = false; });
+  });
   $("#new-session").addEventListener("click", () => newSession().catch(() => {}));
   $("#session").addEventListener("change", (e) => { location.hash = `s=${encodeURIComponent(e.target.value)}`; });
   window.addEventListener("hashchange", () => fromHash().catch(() => {}));

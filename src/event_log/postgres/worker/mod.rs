@@ -29,7 +29,7 @@ use super::listen::{self, Subscriber};
 use super::sql::Prepared;
 use super::tls::Target;
 use super::{db_err, schema, sql, Lease, PgOptions, Row};
-use crate::event_log::{LogError, StagedInput};
+use crate::event_log::{LogError, StagedInput, StagedOp};
 
 /// What the runtime thread can be asked to do.
 pub enum Request {
@@ -63,6 +63,16 @@ pub enum Request {
     Staged { id: String },
     /// Deletes staged rows the owner dropped.
     Unstage { lease: Lease, ids: Vec<String> },
+    /// Stages an operation for the session's owner (`sql::stage_op`): `Bool(false)` if there
+    /// is no such session.
+    StageOp { id: String, op_id: String, op: StagedOp, args: String },
+    /// The owner's answers to staged operations (`sql::settle`).
+    Settle { lease: Lease, outcomes: Vec<(String, String)> },
+    /// Reads the answer to a staged operation (`Outcome(None)`: none yet), or with `forget`
+    /// deletes it.
+    Outcome { id: String, op_id: String, forget: bool },
+    /// Withdraws a staged operation nobody answered: `Bool(false)` if it is no longer staged.
+    Withdraw { id: String, op_id: String },
     /// The header and records of a session, without its lease.
     Peek { id: String },
     /// Acquires up to `limit` takeable sessions for a worker named `name` (`sql::take`): only
@@ -117,6 +127,8 @@ pub enum Response {
     Ids(Vec<String>),
     Done,
     Staged(Vec<StagedInput>),
+    /// The answer to a staged operation, if there is one yet.
+    Outcome(Option<String>),
     /// Header text, incarnation, record texts.
     Session(String, i64, Vec<String>),
     /// A followed session is gone, or was deleted and created again.
@@ -589,6 +601,13 @@ impl Worker {
                 Err(sql::Refused::NoSession) => return Err(LogError::NotFound { id: id.clone() }),
             },
             Request::Staged { id } => Response::Staged(sql::staged(c, prepared, id).await?),
+            Request::StageOp { id, op_id, op, args } => Response::Bool(sql::stage_op(c, id, op_id, *op, args).await?),
+            Request::Settle { lease, outcomes } => {
+                sql::settle(c, lease, outcomes).await?;
+                Response::Done
+            }
+            Request::Outcome { id, op_id, forget } => Response::Outcome(sql::outcome(c, id, op_id, *forget).await?),
+            Request::Withdraw { id, op_id } => Response::Bool(sql::withdraw(c, id, op_id).await?),
             Request::Unstage { lease, ids } => {
                 sql::unstage(c, lease, ids).await?;
                 Response::Done

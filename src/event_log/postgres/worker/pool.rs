@@ -81,6 +81,9 @@ pub(super) fn key(request: &Request) -> Option<&str> {
         | R::ReadAfter { id, .. }
         | R::Enqueue { id, .. }
         | R::Staged { id }
+        | R::StageOp { id, .. }
+        | R::Outcome { id, .. }
+        | R::Withdraw { id, .. }
         | R::Unpark { id }
         | R::MarkRunnable { id }
         | R::Deferred { id, .. } => Some(id),
@@ -88,6 +91,7 @@ pub(super) fn key(request: &Request) -> Option<&str> {
         | R::AppendStaged { lease, .. }
         | R::Release { lease }
         | R::Unstage { lease, .. }
+        | R::Settle { lease, .. }
         | R::Park { lease, .. } => Some(&lease.session_id),
         R::Listen { .. } | R::Unlisten { .. } => Some(LISTENER),
         R::Read { .. } | R::Exists { .. } | R::Peek { .. } | R::Sessions { .. } => None,

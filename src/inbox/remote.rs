@@ -1,0 +1,118 @@
+//! Operations other processes staged for this session's owner (`PostgresStore.cancel`,
+//! `.replace`, `.remove`), applied in order with the staged messages around them. Replace and
+//! remove are inbox mutations, applied here; a cancel needs the loop, which the listener
+//! reaches. Each gives an outcome (a JSON object) for its requester.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{Inbox, InboxError};
+use crate::event_log::{StagedInput, StagedOp, SPLICED};
+use crate::message::{Message, MessageKind};
+
+/// What applying an operation came to: an outcome for the requester, or a failure of the
+/// inbox or its log that leaves the operation staged (for this owner's next read or the next
+/// owner), as a failed insertion leaves its message.
+pub(super) enum Applied {
+    Outcome(Value),
+    Stop,
+}
+
+fn refused(op: StagedOp, reason: &str, detail: String) -> Applied {
+    Applied::Outcome(json!({"applied": false, "op": op.as_str(), "reason": reason, "detail": detail}))
+}
+
+impl Inbox {
+    pub(super) fn apply_staged_op(&self, row: &StagedInput) -> Applied {
+        let op = row.op;
+        let args: Value = match serde_json::from_str(&row.message) {
+            Ok(args @ Value::Object(_)) => args,
+            _ => return refused(op, "invalid", format!("operation {}: its arguments are not a JSON object", row.id)),
+        };
+        if op == StagedOp::Cancel {
+            let cause = args.get("cause").cloned().unwrap_or(Value::Null);
+            let keep_inbox = args.get("keep_inbox").and_then(Value::as_bool).unwrap_or(false);
+            return match &self.shared.listener {
+                Some(listener) => match listener.cancel(&cause, keep_inbox) {
+                    Some(outcome) => Applied::Outcome(outcome),
+                    None => refused(op, "no-loop", "the session's owner has no AgentLoop over its inbox to cancel".into()),
+                },
+                None => refused(op, "no-loop", "the session's owner has no AgentLoop over its inbox to cancel".into()),
+            };
+        }
+        let Some(id) = args.get("message_id").and_then(Value::as_str) else {
+            return refused(op, "invalid", format!("operation {}: no \"message_id\"", row.id));
+        };
+        let result = match op {
+            StagedOp::Remove => self.remove_message(id).map(|old| old.map(|m| json!({"removed": m.to_value()}))),
+            _ => {
+                let Some(current) = self.get(id) else { return self.not_pending(op, id) };
+                let new = match replacement(&current, &args) {
+                    Ok(new) => new,
+                    Err(applied) => return applied,
+                };
+                self.replace_admitted(id, Arc::new(new)).map(|r| r.map(|(_, new)| json!({"message": new.to_value()})))
+            }
+        };
+        match result {
+            Ok(Some(Value::Object(mut changed))) => {
+                changed.insert("applied".into(), Value::Bool(true));
+                changed.insert("op".into(), op.as_str().into());
+                changed.insert("message_id".into(), id.into());
+                Applied::Outcome(Value::Object(changed))
+            }
+            Ok(_) => self.not_pending(op, id),
+            Err(InboxError::Log(_) | InboxError::Closed(_)) => Applied::Stop,
+            Err(InboxError::Refused(refusal)) => refused(op, "refused", refusal.to_string()),
+            Err(e) => refused(op, "invalid", e.to_string()),
+        }
+    }
+
+    /// Why message `id` cannot be changed: it was queued and is no longer (claimed by a turn,
+    /// or removed), or it never was.
+    fn not_pending(&self, op: StagedOp, id: &str) -> Applied {
+        let mentions = |data: &str| crate::json::may_hold_string(data, id);
+        let logged = self.shared.log.with_events(|events| {
+            events
+                .iter()
+                .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
+                .any(|e| super::inserted_ids(e.data_json()).iter().any(|i| i == id))
+        });
+        let session = self.shared.log.id();
+        match logged {
+            true => refused(
+                op,
+                "not-queued",
+                format!("message \"{id}\" is no longer queued in session \"{session}\": it was claimed by a turn or removed"),
+            ),
+            false => refused(op, "message-not-found", format!("no message \"{id}\" was queued in session \"{session}\"")),
+        }
+    }
+}
+
+/// The message replacing `current`: `{"text": …}` keeps its id and everything but the content
+/// (a message holding anything but text cannot be edited so); `{"message": {…}}` replaces it whole.
+fn replacement(current: &Message, args: &Value) -> Result<Message, Applied> {
+    let op = StagedOp::Replace;
+    if let Some(text) = args.get("text").and_then(Value::as_str) {
+        if current.content().iter().any(|block| block.get("type").and_then(Value::as_str) != Some("text")) {
+            return Err(refused(
+                op,
+                "not-text",
+                format!("message \"{}\" holds more than text; only text messages can be edited", current.id()),
+            ));
+        }
+        return current.with_content(vec![json!({"type": "text", "text": text})]).map_err(|e| refused(op, "invalid", e.to_string()));
+    }
+    let Some(value) = args.get("message") else {
+        return Err(refused(op, "invalid", "a replacement needs \"text\" or \"message\"".into()));
+    };
+    match Message::from_value(value) {
+        Ok(message) if message.kind() == MessageKind::User => Ok(message),
+        Ok(message) => {
+            Err(refused(op, "invalid", format!("message \"{}\" is not a user message; only user messages can be queued", message.id())))
+        }
+        Err(e) => Err(refused(op, "invalid", e.to_string())),
+    }
+}
