@@ -4,6 +4,7 @@ and the error classification. No vendor SDK is imported here."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import importlib
 import json
@@ -11,10 +12,12 @@ import math
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import weakref
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import errors
 from .._core import AssistantMessage
+from .retry import retry_policy
 
 __all__ = ["Provider", "usage_chunk", "classify"]
 
@@ -41,12 +44,37 @@ def sdk_client(factory: Callable[..., Any], client: Any, base_url: Optional[str]
     if client is not None:
         if base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        check_api_key(getattr(client, "api_key", None))
         return client, False
+    check_api_key(api_key)
     options: Dict[str, Any] = {"max_retries": 0}
     for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout)):
         if value is not None:
             options[name] = value
-    return factory(**options), True
+    client = factory(**options)
+    check_api_key(getattr(client, "api_key", None), "from the environment")  # OPENAI_API_KEY...
+    return client, True
+
+
+def check_api_key(key: Any, where: str = "") -> None:
+    """Refuses an API key with surrounding whitespace or control characters (a key read with
+    ``open(...).read()`` ends with a newline): the HTTP client would refuse the header, which the
+    SDK reports as a connection error, retried in vain. The message never shows the key."""
+    if not isinstance(key, str) or not key:
+        return
+    problem = None
+    if key != key.strip():
+        edge = key[-1] if key[-1].isspace() else key[0]
+        problem = f"{'ends' if key[-1].isspace() else 'starts'} with {edge!r}"
+    else:
+        for i, ch in enumerate(key):
+            if ord(ch) < 0x20 or ord(ch) == 0x7F or ch.isspace():
+                problem = f"contains {ch!r} at position {i}"
+                break
+    if problem is not None:
+        origin = f" ({where})" if where else ""
+        raise ValueError(f"the API key{origin} {problem}: strip it (open(path).read().strip()); "
+                         f"the key is {len(key)} characters long and is not shown")
 
 
 def extra_package(extra: str) -> str:
@@ -79,22 +107,56 @@ def content_key(blocks: Iterable[Mapping[str, Any]]) -> Tuple[Any, ...]:
     return tuple(key)
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def fix_surrogates(text: str) -> str:
+    """``text`` with UTF-16 surrogate pairs (two JSON escapes, ``"\\ud83d\\ude00"``) joined into
+    their character and every unpaired half replaced by U+FFFD: a str with a lone surrogate
+    cannot be encoded as UTF-8, so it could not be logged."""
+    if text.isascii() or SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 class ReplyBuilder:
     """Builds a reply from a vendor's stream: each ``delta`` returns the chunk to yield (``None``
     for an empty delta, which would change nothing), and the builder keeps the vendor's blocks
-    unmerged, with their opaque annotations (``annotate``), for the next request."""
+    unmerged, with their opaque annotations (``annotate``), for the next request.
 
-    __slots__ = ("blocks", "_open", "annotated")
+    The open block's text is kept as a list of deltas, joined once when the block ends (or
+    ``blocks`` is read): appending each delta to a str would copy the whole text every time,
+    quadratic in the reply's length."""
+
+    __slots__ = ("_blocks", "_open", "_parts", "annotated")
 
     def __init__(self) -> None:
-        self.blocks: Blocks = []
+        self._blocks: Blocks = []
         self._open: Optional[Dict[str, Any]] = None
+        self._parts: List[str] = []
         self.annotated = False
+
+    @property
+    def blocks(self) -> Blocks:
+        self._seal()
+        return self._blocks
+
+    def _seal(self) -> None:
+        """Joins the open block's deltas into its ``text`` (it stays open)."""
+        parts = self._parts
+        if parts:
+            block = self._open
+            assert block is not None
+            if block["text"]:
+                parts.insert(0, block["text"])
+            block["text"] = fix_surrogates("".join(parts))
+            parts.clear()
 
     def start(self, kind: str) -> Dict[str, Any]:
         """Starts a new text or reasoning block (a vendor block boundary)."""
+        self._seal()
         block = {"type": kind, "text": ""}
-        self.blocks.append(block)
+        self._blocks.append(block)
         self._open = block
         return block
 
@@ -103,8 +165,8 @@ class ReplyBuilder:
             return None
         block = self._open
         if block is None or block["type"] != kind:
-            block = self.start(kind)
-        block["text"] += text
+            self.start(kind)
+        self._parts.append(text)
         return {"type": "text-delta" if kind == "text" else "reasoning-delta", "text": text}
 
     def annotate(self, vendor: str, block: Optional[Dict[str, Any]] = None, **fields: Any) -> None:
@@ -116,17 +178,106 @@ class ReplyBuilder:
         self.annotated = True
 
     def tool_call(self, id: str, name: str, arguments: str, **annotation: Any) -> Dict[str, Any]:
+        self._seal()
+        arguments = fix_surrogates(arguments)
         block: Dict[str, Any] = {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
         if annotation:
             block.update(annotation)
             self.annotated = True
-        self.blocks.append(block)
+        self._blocks.append(block)
         self._open = None
         return {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
 
     def close(self) -> None:
         """Ends the open block: the next delta starts a new one."""
+        self._seal()
         self._open = None
+
+
+DELTAS = ("text-delta", "reasoning-delta")
+
+
+async def guard_chunks(stream: AsyncIterator[Dict[str, Any]], provider: str, deadline: Optional[float]
+                       ) -> AsyncIterator[Dict[str, Any]]:
+    """What every streamed reply goes through on its way to the loop:
+
+    * a delta that ends with the first half of a surrogate pair (a proxy that re-chunks by
+      UTF-16 index splits ``"\\ud83d\\ude00"`` into two deltas) keeps that half back until the
+      next delta of its kind brings the other half; a half that stays unpaired becomes U+FFFD;
+    * with a ``deadline`` (seconds), the whole request, from sending it to the last chunk, must
+      fit in it: the SDK's ``timeout`` bounds each read only, so a server that sends keep-alives
+      would hold the turn forever. Only the provider's own steps count (the consumer's work
+      between chunks runs outside the bound) and a late one fails ``TIMEOUT``."""
+    held = ""
+    held_kind = ""
+    when = None if deadline is None else asyncio.get_running_loop().time() + deadline
+    try:
+        while True:
+            try:
+                if when is None:
+                    chunk = await stream.__anext__()
+                else:
+                    chunk = await within(stream.__anext__(), when)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise classify(provider, status=None, timeout=True,
+                               message=f"no complete reply within the deadline of {deadline:g} s") from None
+            kind = chunk.get("type")
+            if kind in DELTAS:
+                text = chunk.get("text") or ""
+                if held:
+                    if kind == held_kind:
+                        text = held + text
+                    else:
+                        yield {"type": held_kind, "text": "\ufffd"}
+                    held = ""
+                if not text.isascii() and SURROGATE.search(text) is not None:
+                    if "\ud800" <= text[-1] <= "\udbff":
+                        held, held_kind, text = text[-1], kind, text[:-1]
+                    text = fix_surrogates(text)
+                    if not text:
+                        continue
+                    chunk = {"type": kind, "text": text}
+                yield chunk
+            else:
+                if held:
+                    yield {"type": held_kind, "text": "\ufffd"}
+                    held = ""
+                yield chunk
+        if held:
+            yield {"type": held_kind, "text": "\ufffd"}
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def within(awaitable: Awaitable[Any], when: float) -> Any:
+    """``await awaitable`` on the caller's task, raising ``TimeoutError`` at the loop time
+    ``when`` (``asyncio.timeout_at`` from Python 3.11; this works on 3.10 too)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    handle = loop.call_at(when, fire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        uncancel = getattr(task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+        raise TimeoutError from None
+    finally:
+        handle.cancel()
 
 
 def mint_call_id() -> str:
@@ -207,7 +358,7 @@ def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None
     """The ``ModelError`` subclass for a provider failure. ``kind`` is the vendor's error type or
     code (``rate_limit_error``, ``insufficient_quota``, ``RESOURCE_EXHAUSTED``...)."""
     kind_l = (kind or "").lower()
-    text = scrub(message or "", secrets).strip()
+    text = shorten(scrub(message or "", secrets).strip())
     where = f"{provider}: " + (f"HTTP {status} " if status else "") + (f"{kind}: " if kind else "")
     full = (where + text).strip().rstrip(":")
     args: Dict[str, Any] = {"status": status, "retry_after_ms": retry_after, "request_id": request_id}
@@ -247,6 +398,90 @@ def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None
     else:
         cls, code = errors.ServerError, "SERVER_ERROR"
     return cls(full or f"{provider}: request failed", code, **args)
+
+
+MESSAGE_LIMIT = 500  # characters of a server's message kept in a failure
+
+
+def shorten(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """A server's message fit for a log line: whitespace runs as one space, cut to ``limit``
+    characters with an ellipsis (an HTML error page or a stack trace can be megabytes)."""
+    if len(text) > limit or "\n" in text or "  " in text:
+        text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text
+
+
+TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.IGNORECASE | re.DOTALL)
+TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
+
+
+def body_error(provider: str, status: Optional[int], content_type: str, body: str,
+               secrets: Sequence[str] = ()) -> errors.ModelError:
+    """The failure for a response that is not what was asked for (a ``200`` whose body is a
+    JSON error, as proxies and OpenAI-compatible servers answer a bad key, or an HTML page
+    from a gateway): a vendor-shaped JSON error is classified by its type and message; any
+    other body is a ``SERVER_ERROR`` quoting the page's title or its text."""
+    text = body.strip()
+    parsed: Any = None
+    if text[:1] in ("{", "["):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+    if isinstance(parsed, list) and parsed and isinstance(parsed[0], Mapping):
+        parsed = parsed[0]  # Gemini's REST errors come as a one-item list
+    if isinstance(parsed, Mapping) and ("error" in parsed or "message" in parsed):
+        kind, message = error_fields(parsed)
+        inner = parsed.get("error")
+        code = inner.get("code") if isinstance(inner, Mapping) else None
+        if isinstance(code, int) and 400 <= code < 600:
+            status = code  # Gemini's {"error": {"code": 401, "status": "UNAUTHENTICATED"}}
+        return classify(provider, status=status, kind=kind, message=message or text, secrets=secrets)
+    title = TITLE.search(text)
+    if title is not None and title.group(1).strip():
+        excerpt = title.group(1)
+    else:
+        excerpt = TAG.sub(" ", text) if "<" in text else text
+    what = content_type.split(";")[0].strip() or "no content type"
+    return classify(provider, status=None, kind=None, secrets=secrets,
+                    message=f"the server answered {what} instead of an event stream: {shorten(excerpt, 200) or '(empty)'}")
+
+
+def malformed_stream(provider: str, exc: BaseException, secrets: Sequence[str] = ()) -> errors.ModelError:
+    """An event the SDK could not parse (a proxy's garbled stream): the stream is unusable from
+    there on, as if it had dropped, so it is ``STREAM_INTERRUPTED`` (retried, as a dropped
+    stream is)."""
+    return classify(provider, status=None, message=f"malformed event in the stream: {exc}", interrupted=True,
+                    secrets=secrets)
+
+
+BODY_LIMIT = 65536  # bytes of an unexpected response body read to report it
+
+
+async def unexpected_body(provider: str, response: Any, secrets: Sequence[str]) -> Optional[errors.ModelError]:
+    """For an httpx response to a streaming request: the failure to raise when the server did
+    not answer with an event stream but with JSON or an HTML page (read up to ``BODY_LIMIT``
+    bytes), else ``None``. A ``text/plain`` body is left to the SSE reader: some servers label
+    their streams so."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    content_type = str(headers.get("content-type") or "").lower()
+    if not (content_type.startswith("application/json") or content_type.startswith("text/html")):
+        return None
+    data = bytearray()
+    try:
+        async for piece in response.aiter_bytes():
+            data += piece
+            if len(data) >= BODY_LIMIT:
+                break
+    except Exception:
+        pass  # report what arrived
+    status = getattr(response, "status_code", None)
+    return body_error(provider, status if isinstance(status, int) and status >= 400 else None, content_type,
+                      bytes(data[:BODY_LIMIT]).decode("utf-8", "replace"), secrets)
 
 
 def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool = False) -> errors.ModelError:
@@ -371,6 +606,33 @@ class _LogIndex:
         self.scanned = end
 
 
+# -- retries by default ----------------------------------------------------------------------------
+
+DEFAULT_RETRY: Any = type("DefaultRetry", (), {"__repr__": lambda self: "retry_policy()"})()
+
+# The loops a provider's retry policy was offered to: one default policy per loop, whichever of
+# its providers (the models of a Fallback, say) served it first.
+_RETRY_ATTACHED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def attach_retry(loop: Any, policy: Callable[..., Any]) -> None:
+    """Registers a provider's retry policy on ``loop`` (once per loop) as a ``request_error``
+    listener that steps aside when the loop has a retry policy of its own
+    (``loop.request_error(retry_policy(...))``, by hand, before or after): that one decides."""
+    if loop is None or loop in _RETRY_ATTACHED or not hasattr(loop, "request_error"):
+        return
+    _RETRY_ATTACHED.add(loop)
+
+    async def provider_retry(failure: Any, next: Callable[[], Awaitable[Any]]) -> Any:
+        listeners = getattr(failure.loop, "_request_error", ())
+        if any(fn is not provider_retry and getattr(fn, "kerman_retry_policy", False) for fn in listeners):
+            return await next()
+        return await policy(failure, next)
+
+    provider_retry.kerman_provider_retry = True  # type: ignore[attr-defined]
+    loop.request_error(provider_retry)
+
+
 # -- the base class --------------------------------------------------------------------------------
 
 
@@ -396,9 +658,19 @@ class Provider:
     opaque = True  # whether replies can carry opaque state (else assistant messages skip the lookup)
 
     def __init__(self, model: str, *, instructions: Optional[str] = None, stream: bool = True,
-                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None) -> None:
+                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty str, got {model!r}")
+        if retry is DEFAULT_RETRY:
+            retry = retry_policy()
+        elif retry is not None and not callable(retry):
+            raise TypeError(f"retry must be a request_error listener (retry_policy(...)) or None, got {retry!r}")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not math.isfinite(deadline) or deadline <= 0):
+            raise ValueError(f"deadline must be a finite number of seconds > 0 or None, got {deadline!r}")
+        self.retry = retry
+        self.deadline = None if deadline is None else float(deadline)
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError(f"instructions must be a str or None, got {type(instructions).__name__}")
         self.model = model
@@ -415,10 +687,21 @@ class Provider:
     # -- the model interface --
 
     def __call__(self, request: Any) -> Any:
+        if self.retry is not None:
+            attach_retry(getattr(request, "loop", None), self.retry)
         kwargs = self._build(request)
         if self.stream:
-            return self._stream(request, kwargs)
-        return self._complete(request, kwargs)
+            return guard_chunks(self._stream(request, kwargs), self.protocol, self.deadline)
+        if self.deadline is None:
+            return self._complete(request, kwargs)
+        return self._complete_within(request, kwargs, self.deadline)
+
+    async def _complete_within(self, request: Any, kwargs: Dict[str, Any], deadline: float) -> Any:
+        try:
+            return await within(self._complete(request, kwargs), asyncio.get_running_loop().time() + deadline)
+        except TimeoutError:
+            raise classify(self.protocol, status=None, timeout=True,
+                           message=f"no complete reply within the deadline of {deadline:g} s") from None
 
     def _build(self, request: Any) -> Dict[str, Any]:
         raise NotImplementedError
@@ -581,6 +864,21 @@ class SdkClientProvider(Provider):
 
     def _repr_extra(self) -> str:
         return f", base_url={safe_url(getattr(self.client, 'base_url', '?'))!r}"
+
+    def _failure(self, exc: BaseException, started: bool = False) -> Optional[Exception]:
+        """The Kerman failure for an exception out of the SDK, or ``None`` (not the SDK's: it is
+        raised as it is)."""
+        if isinstance(exc, self._sdk.APIError) or is_transport_error(exc):
+            return self._error(exc, started)
+        if isinstance(exc, json.JSONDecodeError):
+            return malformed_stream(self.protocol, exc, self._secrets())
+        return None
+
+    async def _check_stream(self, stream: Any) -> None:
+        """Raises the failure a non-stream answer to a streaming request means (see ``unexpected_body``)."""
+        bad = await unexpected_body(self.protocol, getattr(stream, "response", None), self._secrets())
+        if bad is not None:
+            raise bad
 
     def _error(self, exc: BaseException, started: bool = False) -> Exception:
         sdk = self._sdk

@@ -10,12 +10,12 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
+    DEFAULT_RETRY,
     Blocks,
     ReplyBuilder,
     SdkClientProvider,
     data_url,
     image_parts,
-    is_transport_error,
     mint_call_id,
     require,
     sdk_client,
@@ -63,8 +63,10 @@ class OpenAIChat(SdkClientProvider):
                  max_tokens: Optional[int] = None, max_tokens_field: str = "max_completion_tokens",
                  stream_usage: bool = True, parallel_tool_calls: Optional[bool] = None,
                  reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"), send_reasoning: bool = False,
-                 instructions_role: str = "system", cache_size: int = 10_000, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
+                 instructions_role: str = "system", cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None, **params: Any) -> None:
+        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
+                         retry=retry, deadline=deadline)
         self._sdk = require("openai", "openai", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         if max_tokens_field not in ("max_completion_tokens", "max_tokens"):
@@ -156,13 +158,13 @@ class OpenAIChat(SdkClientProvider):
     # -- reply --
 
     async def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
-        sdk = self._sdk
         try:
             stream = await self.client.chat.completions.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         builder = ReplyBuilder()
         calls: List[List[Any]] = []  # [id, name, [argument pieces]] in the order they started
         by_index: Dict[int, List[Any]] = {}
@@ -171,6 +173,7 @@ class OpenAIChat(SdkClientProvider):
         reads = self._reasoning_reads
         try:
             async with stream:
+                await self._check_stream(stream)
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage = chunk.usage
@@ -210,9 +213,10 @@ class OpenAIChat(SdkClientProvider):
                     if choice.finish_reason:
                         finish = choice.finish_reason
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e, started=True) from None
-            raise
+            failure = self._failure(e, started=True)
+            if failure is None:
+                raise
+            raise failure from None
         if finish is None:
             raise self._error_interrupted()
         builder.close()
@@ -238,13 +242,13 @@ class OpenAIChat(SdkClientProvider):
         return usage_chunk(getattr(u, "prompt_tokens", 0), getattr(u, "completion_tokens", 0), cached, written, reasoning)
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
-        sdk = self._sdk
         try:
             response = await self.client.chat.completions.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         if not response.choices:
             raise self._error_interrupted()
         choice = response.choices[0]
