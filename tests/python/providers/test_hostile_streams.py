@@ -167,3 +167,17 @@ def test_a_key_from_the_environment_is_checked_too(protocol, variable, monkeypat
     with pytest.raises(ValueError, match="from the environment") as caught:
         CLASSES[protocol]("fake-model", base_url="http://127.0.0.1:9")
     assert "0123456789" not in str(caught.value)
+
+
+def test_the_reply_builder_keeps_deltas_in_a_list_until_the_block_ends():
+    # Linear, whatever the reply's length: a delta is appended to a list (no copy of the text
+    # so far); the block's text is joined once, when the block ends or is read.
+    from kerman.providers import ReplyBuilder
+
+    builder = ReplyBuilder()
+    for piece in ("a", "b", "c"):
+        builder.delta("text", piece)
+    assert builder._parts == ["a", "b", "c"] and builder._blocks == [{"type": "text", "text": ""}]
+    builder.delta("reasoning", "r")
+    assert builder._blocks[0] == {"type": "text", "text": "abc"} and builder._parts == ["r"]
+    assert builder.blocks == [{"type": "text", "text": "abc"}, {"type": "reasoning", "text": "r"}]
