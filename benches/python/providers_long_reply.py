@@ -43,7 +43,7 @@ def serve(protocol: str, conn: Any) -> None:
 
 
 async def measure(protocol: str, url: str, conn: Any, kb: int, runs: int) -> Dict[str, Any]:
-    from kerman.providers._base import guard_chunks
+    from kerman.providers._stream import guard_chunks
 
     provider = make(protocol, url)
     client = provider.client

@@ -246,10 +246,13 @@ class Anthropic(SdkClientProvider):
         try:
             message = await self.client.messages.create(**kwargs)
         except Exception as e:
-            failure = self._failure(e)
+            failure = self._failure(e, stream=False)
             if failure is None:
                 raise
             raise failure from None
+        bad = self._reply_failure(message, "content")
+        if bad is not None:
+            raise bad
         blocks: Blocks = []
         for b in message.content:
             t = b.type

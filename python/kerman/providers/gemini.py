@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from typing import Any, AsyncIterator, Dict, List, Optional
 
@@ -330,7 +331,14 @@ class Gemini(Provider):
         except Exception as e:
             if self._is_sdk_error(e):
                 raise self._error(e) from None
+            if isinstance(e, json.JSONDecodeError):  # a page where the reply should be
+                raise classify(self.protocol, status=None, message=f"the reply is not valid JSON: {e}",
+                               secrets=self._secrets()) from None
             raise
+        if not response.candidates and response.prompt_feedback is None and response.usage_metadata is None:
+            # Nothing of a Gemini reply: the SDK read a JSON body it does not know (a proxy's error).
+            raise classify(self.protocol, status=None, message="the reply has no candidates, usage or prompt feedback",
+                           secrets=self._secrets())
         builder = ReplyBuilder()
         reason = None
         if response.candidates:
@@ -343,6 +351,4 @@ class Gemini(Provider):
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -32,8 +32,10 @@ class OpenAIChat(SdkClientProvider):
     """A Kerman model over OpenAI's Chat Completions API.
 
     ``OpenAIChat("gpt-4.1")`` builds an ``openai.AsyncOpenAI`` client from the environment
-    (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``, so that Kerman's
-    ``request_error`` seam decides about retries (see :func:`kerman.providers.retry_policy`).
+    (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``: Kerman retries instead,
+    with ``retry=`` (default :func:`kerman.providers.retry_policy`\ ``()``, registered on each
+    loop the provider serves; ``retry=None`` for none). ``deadline=`` (seconds) bounds each
+    request in all. Both work so for every provider (docs/providers.md).
     Pass ``client=`` to use your own (its retry setting is then yours), or ``base_url=`` /
     ``api_key=`` / ``timeout=`` for the one built here. Other keyword arguments (``temperature``,
     ``reasoning_effort``, ``extra_body``...) go to ``client.chat.completions.create`` on every
@@ -245,10 +247,13 @@ class OpenAIChat(SdkClientProvider):
         try:
             response = await self.client.chat.completions.create(**kwargs)
         except Exception as e:
-            failure = self._failure(e)
+            failure = self._failure(e, stream=False)
             if failure is None:
                 raise
             raise failure from None
+        bad = self._reply_failure(response, "choices")
+        if bad is not None:
+            raise bad
         if not response.choices:
             raise self._error_interrupted()
         choice = response.choices[0]

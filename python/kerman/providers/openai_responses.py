@@ -256,10 +256,13 @@ class OpenAIResponses(SdkClientProvider):
         try:
             response = await self.client.responses.create(**kwargs)
         except Exception as e:
-            failure = self._failure(e)
+            failure = self._failure(e, stream=False)
             if failure is None:
                 raise
             raise failure from None
+        bad = self._reply_failure(response, "output")
+        if bad is not None:
+            raise bad
         if getattr(response, "status", None) == "failed":
             raise self._failed(response)
         keep = any(item.type == "reasoning" or getattr(item, "phase", None) for item in response.output)

@@ -122,6 +122,28 @@ async def test_a_200_with_an_html_page_is_a_server_error_quoting_its_title(proto
         await done(loop, model)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@asynctest
+async def test_a_non_streamed_request_answered_by_a_json_error_or_a_page_is_classified_too(protocol):
+    body = json_error(protocol)
+    with FakeServer(protocol) as server:
+        server.add(Raw(headers={"content-type": "application/json"}, body=json.dumps(body)),
+                   Raw(headers={"content-type": "text/html"}, body=HTML))
+        model = make(protocol, server, retry=None, stream=False)
+        loop = await run(model, "go")
+        error = failure(loop.log)
+        if protocol == "gemini":  # the SDK drops a body it does not know: only its absence shows
+            assert error["code"] == "SERVER_ERROR" and "no candidates" in error["message"], error
+        else:
+            assert error["code"] == "AUTHENTICATION_FAILED" and body["error"]["message"] in error["message"], error
+        await run(model, "again", loop=loop)
+        error = failure(loop.log)
+        assert error["code"] == "SERVER_ERROR" and error["message"].startswith(protocol + ": "), error
+        if protocol != "gemini":
+            assert "502 Bad Gateway" in error["message"]
+        await done(loop, model)
+
+
 @asynctest
 async def test_a_stream_that_ends_without_its_stop_reason_is_interrupted_on_anthropic_as_on_openai():
     def event(name, **data):
