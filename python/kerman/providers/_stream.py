@@ -55,7 +55,7 @@ async def guard_chunks(stream: AsyncIterator[Dict[str, Any]], provider: str, dea
             except StopAsyncIteration:
                 break
             except DeadlinePassed:
-                raise deadline_error(provider, deadline) from None
+                raise deadline_error(provider, deadline or 0.0) from None
             kind = chunk.get("type")
             if kind in DELTAS:
                 text = chunk.get("text") or ""

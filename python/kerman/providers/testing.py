@@ -692,7 +692,7 @@ def _handler(server: FakeServer) -> type:
         def _json(self, status: int, body: Any, headers: Dict[str, str]) -> None:
             self._send(status, json.dumps(body).encode(), dict(headers))
 
-        def _events(self, status: int, events: List[Tuple[Optional[str], Any]], headers: Dict[str, str],
+        def _events(self, status: int, events: Iterable[Tuple[Optional[str], Any]], headers: Dict[str, str],
                     reply: Optional[Reply]) -> None:
             self.send_response(status)
             self.send_header("content-type", "text/event-stream")
@@ -718,7 +718,9 @@ def _handler(server: FakeServer) -> type:
                 except OSError:
                     self._disconnected()
                     return
-            if reply is not None and reply.hold_after is not None and reply.hold_after >= len(events):
+            # A Reply's events are a list (only a Raw body may be any iterable).
+            if reply is not None and reply.hold_after is not None and isinstance(events, list) \
+                    and reply.hold_after >= len(events):
                 self._hold()
                 return
             try:
