@@ -119,6 +119,7 @@ bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
+	$(PY) benches/python/providers_long_reply.py
 	$(PY) benches/python/web_sse.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers

@@ -589,6 +589,11 @@ def _log_to_file(path: Path) -> Iterator[None]:
         handler.close()
 
 
+async def _no_retry(failure: Any, next: Callable[[], Any]) -> None:
+    """``--no-retry``: decides "no retry" without asking the listeners after it."""
+    return None
+
+
 async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any], store: FileStore,
                     log: SessionLog, resumed: bool, stdin: TextIO, out: TextIO) -> None:
     kwargs: Dict[str, Any] = {"options": options}
@@ -603,6 +608,8 @@ async def _converse(args: argparse.Namespace, model: Any, options: Dict[str, Any
 
         loop.request_error(retry_policy())
         loop.request_error(chat.on_request_error, prepend=True)
+    else:
+        loop.request_error(_no_retry, prepend=True)  # before any policy, a provider's default included
     idle = asyncio.Event()
 
     def on_status(event: Any) -> None:

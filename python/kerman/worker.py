@@ -52,7 +52,8 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving")
+    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving",
+                 "building", "expired")
 
     def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
@@ -68,6 +69,8 @@ class _Session:
         self.task: Optional[asyncio.Task[None]] = None
         # Being let go: a notification naming it (its release left input) is for a new take.
         self.leaving = False
+        self.building = False  # an async factory is building its loop
+        self.expired = False  # ... and was cancelled at the end of the drain's grace period
 
     def poke(self) -> None:
         """Wakes the session's task from its wait (a turn started, a stop, a fence)."""
@@ -307,8 +310,23 @@ class Worker:
 
     async def _drain(self) -> None:
         tasks = [s.task for s in self._sessions.values() if s.task is not None]
-        if tasks:
+        if not tasks:
+            return
+        assert self._event_loop is not None
+        # A running turn is cancelled by its session's task at the deadline (_until_idle); an
+        # async factory still running then is cancelled here: it would hold the drain, and the
+        # lease it renews, for as long as it hangs.
+        timer = self._event_loop.call_at(self._deadline, self._expire_builds)
+        try:
             await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            timer.cancel()
+
+    def _expire_builds(self) -> None:
+        for session in self._sessions.values():
+            if session.building and session.task is not None and not session.task.done():
+                session.expired = True
+                session.task.cancel()
 
     # ---- one session ------------------------------------------------------------------------
 
@@ -318,7 +336,20 @@ class Worker:
             try:
                 agent = self._factory(log)
                 if inspect.isawaitable(agent):
-                    agent = await agent
+                    session.building = True
+                    try:
+                        agent = await agent
+                    except asyncio.CancelledError:
+                        if not session.expired:
+                            raise
+                        # The drain's grace period ran out while an async factory still ran
+                        # (see _drain): the session goes back, its lease released.
+                        logger.warning("worker %s: the factory of session %r did not finish within the grace "
+                                       "period; releasing the session", self._name, log.id)
+                        await self._release(session)
+                        return
+                    finally:
+                        session.building = False
                 if not isinstance(agent, AgentLoop):
                     raise TypeError(f"factory(log) must return an AgentLoop, got {type(agent).__name__}")
                 if agent.log is not log:

@@ -4,17 +4,34 @@ and the error classification. No vendor SDK is imported here."""
 
 from __future__ import annotations
 
-import email.utils
+import asyncio
 import importlib
 import json
 import math
-import re
-import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import weakref
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .. import errors
 from .._core import AssistantMessage
+from ._errors import (  # noqa: F401 (the providers and kerman.providers import them from here)
+    BAD_KEY,
+    CONTEXT_PATTERNS,
+    MESSAGE_LIMIT,
+    body_error,
+    check_api_key,
+    classify,
+    error_fields,
+    http_status_error,
+    is_transport_error,
+    malformed_stream,
+    retry_after_ms,
+    scrub,
+    shorten,
+    transport_error,
+    unexpected_body,
+)
+from ._stream import DeadlinePassed, deadline_error, fix_surrogates, guard_chunks, within
+from .retry import retry_policy
 
 __all__ = ["Provider", "usage_chunk", "classify"]
 
@@ -37,16 +54,20 @@ def sdk_client(factory: Callable[..., Any], client: Any, base_url: Optional[str]
                timeout: Optional[float]) -> Tuple[Any, bool]:
     """The client a provider talks through, and whether it built it: ``client`` as given (then
     ``base_url``/``api_key``/``timeout`` belong to it), or ``factory(...)`` with the SDK's own
-    retries off, so that the loop's ``request_error`` seam decides."""
+    retries off, so that the loop's ``request_error`` seam decides (the provider's ``retry=``)."""
     if client is not None:
         if base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass base_url/api_key/timeout to your client, or no client")
+        check_api_key(getattr(client, "api_key", None))
         return client, False
+    check_api_key(api_key)
     options: Dict[str, Any] = {"max_retries": 0}
     for name, value in (("base_url", base_url), ("api_key", api_key), ("timeout", timeout)):
         if value is not None:
             options[name] = value
-    return factory(**options), True
+    client = factory(**options)
+    check_api_key(getattr(client, "api_key", None), "from the environment")  # OPENAI_API_KEY...
+    return client, True
 
 
 def extra_package(extra: str) -> str:
@@ -82,19 +103,41 @@ def content_key(blocks: Iterable[Mapping[str, Any]]) -> Tuple[Any, ...]:
 class ReplyBuilder:
     """Builds a reply from a vendor's stream: each ``delta`` returns the chunk to yield (``None``
     for an empty delta, which would change nothing), and the builder keeps the vendor's blocks
-    unmerged, with their opaque annotations (``annotate``), for the next request."""
+    unmerged, with their opaque annotations (``annotate``), for the next request.
 
-    __slots__ = ("blocks", "_open", "annotated")
+    The open block's text is kept as a list of deltas, joined once when the block ends (or
+    ``blocks`` is read): appending each delta to a str would copy the whole text every time,
+    quadratic in the reply's length."""
+
+    __slots__ = ("_blocks", "_open", "_parts", "annotated")
 
     def __init__(self) -> None:
-        self.blocks: Blocks = []
+        self._blocks: Blocks = []
         self._open: Optional[Dict[str, Any]] = None
+        self._parts: List[str] = []
         self.annotated = False
+
+    @property
+    def blocks(self) -> Blocks:
+        self._seal()
+        return self._blocks
+
+    def _seal(self) -> None:
+        """Joins the open block's deltas into its ``text`` (it stays open)."""
+        parts = self._parts
+        if parts:
+            block = self._open
+            assert block is not None
+            if block["text"]:
+                parts.insert(0, block["text"])
+            block["text"] = fix_surrogates("".join(parts))
+            parts.clear()
 
     def start(self, kind: str) -> Dict[str, Any]:
         """Starts a new text or reasoning block (a vendor block boundary)."""
+        self._seal()
         block = {"type": kind, "text": ""}
-        self.blocks.append(block)
+        self._blocks.append(block)
         self._open = block
         return block
 
@@ -103,8 +146,8 @@ class ReplyBuilder:
             return None
         block = self._open
         if block is None or block["type"] != kind:
-            block = self.start(kind)
-        block["text"] += text
+            self.start(kind)
+        self._parts.append(text)
         return {"type": "text-delta" if kind == "text" else "reasoning-delta", "text": text}
 
     def annotate(self, vendor: str, block: Optional[Dict[str, Any]] = None, **fields: Any) -> None:
@@ -116,16 +159,19 @@ class ReplyBuilder:
         self.annotated = True
 
     def tool_call(self, id: str, name: str, arguments: str, **annotation: Any) -> Dict[str, Any]:
+        self._seal()
+        arguments = fix_surrogates(arguments)
         block: Dict[str, Any] = {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
         if annotation:
             block.update(annotation)
             self.annotated = True
-        self.blocks.append(block)
+        self._blocks.append(block)
         self._open = None
         return {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
 
     def close(self) -> None:
         """Ends the open block: the next delta starts a new one."""
+        self._seal()
         self._open = None
 
 
@@ -152,154 +198,6 @@ def usage_dict(chunk: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if chunk is None:
         return None
     return {k: v for k, v in chunk.items() if k != "type"}
-
-
-# -- errors --------------------------------------------------------------------------------------
-
-CONTEXT_PATTERNS = re.compile(
-    r"context[ _-]?(length|window)|maximum context|prompt is too long|too many (input )?tokens|"
-    r"exceeds? the maximum number of tokens|input token count.*exceed|context limit|"
-    r"reduce the length of the messages|request too large",
-    re.IGNORECASE,
-)
-
-BAD_KEY = re.compile(r"api[ _-]?key[^.]{0,40}(not valid|invalid)|API_KEY_INVALID|(invalid|incorrect) api[ _-]?key", re.IGNORECASE)
-
-
-def retry_after_ms(headers: Any, now: Optional[float] = None) -> Optional[int]:
-    """``retry-after-ms`` (milliseconds) or ``retry-after`` (seconds, or an HTTP date) as ms."""
-    if headers is None:
-        return None
-    try:
-        value = headers.get("retry-after-ms")
-        if value is not None:
-            ms = float(value)
-            if math.isfinite(ms) and ms >= 0:
-                return int(math.ceil(ms))
-    except (TypeError, ValueError):
-        pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        parsed = email.utils.parsedate_tz(str(value))
-        if parsed is None:
-            return None
-        seconds = email.utils.mktime_tz(parsed) - (time.time() if now is None else now)
-    if not math.isfinite(seconds):
-        return None
-    return max(0, int(math.ceil(seconds * 1000)))
-
-
-def scrub(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every secret (an API key) replaced by ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4 and secret in text:
-            text = text.replace(secret, "***")
-    return text
-
-
-def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None, message: str = "",
-             retry_after: Optional[int] = None, request_id: Optional[str] = None, timeout: bool = False,
-             connection: bool = False, interrupted: bool = False, secrets: Sequence[str] = ()) -> errors.ModelError:
-    """The ``ModelError`` subclass for a provider failure. ``kind`` is the vendor's error type or
-    code (``rate_limit_error``, ``insufficient_quota``, ``RESOURCE_EXHAUSTED``...)."""
-    kind_l = (kind or "").lower()
-    text = scrub(message or "", secrets).strip()
-    where = f"{provider}: " + (f"HTTP {status} " if status else "") + (f"{kind}: " if kind else "")
-    full = (where + text).strip().rstrip(":")
-    args: Dict[str, Any] = {"status": status, "retry_after_ms": retry_after, "request_id": request_id}
-    cls: type
-    code: str
-    if timeout or status == 408:
-        cls, code = errors.ModelTimeoutError, "TIMEOUT"
-    elif connection or interrupted:
-        cls, code = errors.ModelConnectionError, "STREAM_INTERRUPTED" if interrupted else "CONNECTION_ERROR"
-    elif "quota" in kind_l or kind_l in ("billing_error", "billing_not_active"):
-        cls, code = errors.RateLimitError, "QUOTA_EXCEEDED"
-    elif status == 429 or kind_l in ("rate_limit_error", "rate_limit_exceeded", "resource_exhausted", "too_many_requests"):
-        cls, code = errors.RateLimitError, "RATE_LIMITED"
-    elif status in (401, 403) or kind_l in ("authentication_error", "permission_error", "invalid_api_key",
-                                             "unauthenticated", "permission_denied"):
-        cls = errors.AuthenticationError
-        code = "PERMISSION_DENIED" if status == 403 or "permission" in kind_l else "AUTHENTICATION_FAILED"
-    elif status in (400, None) and BAD_KEY.search(text):  # Gemini answers a bad key with 400 INVALID_ARGUMENT
-        cls, code = errors.AuthenticationError, "AUTHENTICATION_FAILED"
-    elif status in (503, 529) or kind_l in ("overloaded_error", "unavailable", "overloaded", "server_is_overloaded",
-                                             "slow_down"):
-        cls, code = errors.OverloadedError, "OVERLOADED"
-    elif (status is not None and status >= 500) or kind_l in ("api_error", "server_error", "internal", "internal_error",
-                                                               "timeout_error"):
-        cls, code = errors.ServerError, "SERVER_ERROR"
-    elif status == 409:
-        cls, code = errors.ServerError, "CONFLICT"
-    elif status == 413 or kind_l in ("context_length_exceeded", "request_too_large", "string_above_max_length") \
-            or CONTEXT_PATTERNS.search(text):
-        cls, code = errors.ContextLengthError, "CONTEXT_LENGTH_EXCEEDED"
-    elif status == 404 or kind_l in ("not_found_error", "not_found", "model_not_found"):
-        cls, code = errors.InvalidRequestError, "NOT_FOUND"
-    elif status is not None and 400 <= status < 500:
-        cls, code = errors.InvalidRequestError, "BAD_REQUEST"
-    elif kind_l in ("invalid_request_error", "invalid_argument", "invalid_request", "failed_precondition"):
-        cls, code = errors.InvalidRequestError, "BAD_REQUEST"
-    else:
-        cls, code = errors.ServerError, "SERVER_ERROR"
-    return cls(full or f"{provider}: request failed", code, **args)
-
-
-def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool = False) -> errors.ModelError:
-    """An SDK's status/connection/timeout exception (openai- and anthropic-style SDKs share the
-    shape: ``status_code``, ``response.headers``, ``body``, ``request_id``). ``started``: the
-    stream had begun, so a dropped connection is ``STREAM_INTERRUPTED``."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    status = getattr(exc, "status_code", None)
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) if response is not None else None
-    body = getattr(exc, "body", None)
-    kind, message = error_fields(body)
-    if not message:
-        message = getattr(exc, "message", None) or str(exc)
-    return classify(provider, status=status if isinstance(status, int) and status >= 400 else None, kind=kind, message=message,
-                    retry_after=retry_after_ms(headers), request_id=getattr(exc, "request_id", None),
-                    timeout="APITimeoutError" in names,
-                    connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
-                    interrupted="APIConnectionError" in names and "APITimeoutError" not in names and started,
-                    secrets=secrets)
-
-
-def is_transport_error(exc: BaseException) -> bool:
-    """An httpx / httpx2 transport failure (a dropped connection, a read timeout) that an SDK let
-    through unwrapped (some do, mid-stream)."""
-    for c in type(exc).__mro__:
-        if c.__name__ in ("TransportError", "TimeoutException") and c.__module__.split(".")[0] in ("httpx", "httpx2", "httpcore"):
-            return True
-    return False
-
-
-def transport_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool) -> errors.ModelError:
-    timeout = any(c.__name__ == "TimeoutException" for c in type(exc).__mro__)
-    return classify(provider, status=None, message=str(exc) or type(exc).__name__, timeout=timeout,
-                    connection=not timeout and not started, interrupted=not timeout and started, secrets=secrets)
-
-
-def error_fields(body: Any) -> Tuple[Optional[str], str]:
-    """(kind, message) of a vendor error body: ``{"error": {"type"|"code"|"status", "message"}}``,
-    the ``error`` dict itself, or a string."""
-    if isinstance(body, Mapping):
-        inner = body.get("error", body)
-        if isinstance(inner, Mapping):
-            kind = inner.get("code") or inner.get("type") or inner.get("status")
-            if isinstance(kind, int):
-                kind = inner.get("status") or inner.get("type")
-            message = inner.get("message") or ""
-            return (str(kind) if kind else None), str(message)
-        if isinstance(inner, str):
-            return None, inner
-    if isinstance(body, str):
-        return None, body
-    return None, ""
 
 
 # -- the opaque-state store -----------------------------------------------------------------------
@@ -371,11 +269,42 @@ class _LogIndex:
         self.scanned = end
 
 
+# -- retries by default ----------------------------------------------------------------------------
+
+DEFAULT_RETRY: Any = type("DefaultRetry", (), {"__repr__": lambda self: "retry_policy()"})()
+
+# The loops a provider's retry policy was offered to: one default policy per loop, whichever of
+# its providers (the models of a Fallback, say) served it first.
+_RETRY_ATTACHED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def attach_retry(loop: Any, policy: Callable[..., Any]) -> None:
+    """Registers a provider's retry policy on ``loop`` (once per loop) as a ``request_error``
+    listener that steps aside when the loop has a retry policy of its own
+    (``loop.request_error(retry_policy(...))``, by hand, before or after): that one decides."""
+    if loop is None or loop in _RETRY_ATTACHED or not hasattr(loop, "request_error"):
+        return
+    _RETRY_ATTACHED.add(loop)
+
+    async def provider_retry(failure: Any, next: Callable[[], Awaitable[Any]]) -> Any:
+        listeners = getattr(failure.loop, "_request_error", ())
+        if any(fn is not provider_retry and getattr(fn, "kerman_retry_policy", False) for fn in listeners):
+            return await next()
+        return await policy(failure, next)
+
+    provider_retry.kerman_provider_retry = True  # type: ignore[attr-defined]
+    loop.request_error(provider_retry)
+
+
 # -- the base class --------------------------------------------------------------------------------
 
 
 class Provider:
     """Base of every provider: a Kerman model (``model(request)``) over one wire protocol.
+
+    ``retry``: a ``request_error`` listener registered on each loop the provider serves (default
+    ``retry_policy()``; ``None`` for none; see ``attach_retry``). ``deadline``: seconds a whole
+    request may take (``None``: no bound but the SDK's per-read ``timeout``).
 
     Subclasses implement ``_convert(message, blocks, request)`` (one history message to its wire form,
     cached per message), ``_build(request)`` (the SDK call's keyword arguments) and
@@ -396,9 +325,19 @@ class Provider:
     opaque = True  # whether replies can carry opaque state (else assistant messages skip the lookup)
 
     def __init__(self, model: str, *, instructions: Optional[str] = None, stream: bool = True,
-                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None) -> None:
+                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty str, got {model!r}")
+        if retry is DEFAULT_RETRY:
+            retry = retry_policy()
+        elif retry is not None and not callable(retry):
+            raise TypeError(f"retry must be a request_error listener (retry_policy(...)) or None, got {retry!r}")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not math.isfinite(deadline) or deadline <= 0):
+            raise ValueError(f"deadline must be a finite number of seconds > 0 or None, got {deadline!r}")
+        self.retry = retry
+        self.deadline = None if deadline is None else float(deadline)
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError(f"instructions must be a str or None, got {type(instructions).__name__}")
         self.model = model
@@ -415,10 +354,20 @@ class Provider:
     # -- the model interface --
 
     def __call__(self, request: Any) -> Any:
+        if self.retry is not None:
+            attach_retry(getattr(request, "loop", None), self.retry)
         kwargs = self._build(request)
         if self.stream:
-            return self._stream(request, kwargs)
-        return self._complete(request, kwargs)
+            return guard_chunks(self._stream(request, kwargs), self.protocol, self.deadline)
+        if self.deadline is None:
+            return self._complete(request, kwargs)
+        return self._complete_within(request, kwargs, self.deadline)
+
+    async def _complete_within(self, request: Any, kwargs: Dict[str, Any], deadline: float) -> Any:
+        try:
+            return await within(self._complete(request, kwargs), asyncio.get_running_loop().time() + deadline)
+        except DeadlinePassed:
+            raise deadline_error(self.protocol, deadline) from None
 
     def _build(self, request: Any) -> Dict[str, Any]:
         raise NotImplementedError
@@ -581,6 +530,39 @@ class SdkClientProvider(Provider):
 
     def _repr_extra(self) -> str:
         return f", base_url={safe_url(getattr(self.client, 'base_url', '?'))!r}"
+
+    def _failure(self, exc: BaseException, started: bool = False, stream: bool = True) -> Optional[Exception]:
+        """The Kerman failure for an exception out of the SDK, or ``None`` (not the SDK's: it is
+        raised as it is)."""
+        if isinstance(exc, self._sdk.APIError) or is_transport_error(exc):
+            return self._error(exc, started)
+        if isinstance(exc, json.JSONDecodeError):
+            if stream:
+                return malformed_stream(self.protocol, exc, self._secrets())
+            return classify(self.protocol, status=None, message=f"the reply is not valid JSON: {exc}", secrets=self._secrets())
+        return None
+
+    def _reply_failure(self, response: Any, field: str) -> Optional[Exception]:
+        """For a non-streamed reply: the failure when it is not the vendor's reply object but a
+        page (the SDK returns a non-JSON body as a str) or a JSON error body (then the reply's
+        ``field``, ``choices`` say, is missing)."""
+        if isinstance(response, (str, bytes)):
+            text = response.decode("utf-8", "replace") if isinstance(response, bytes) else response
+            kind = "text/html" if text.lstrip()[:1] == "<" else "text/plain"
+            return body_error(self.protocol, None, kind, text, self._secrets(), expected="a JSON reply")
+        if getattr(response, field, None) is not None:
+            return None
+        try:
+            data = response.model_dump(mode="json", exclude_none=True)
+        except Exception:
+            data = {}
+        return body_error(self.protocol, None, "application/json", json.dumps(data), self._secrets(), expected="a reply")
+
+    async def _check_stream(self, stream: Any) -> None:
+        """Raises the failure a non-stream answer to a streaming request means (see ``unexpected_body``)."""
+        bad = await unexpected_body(self.protocol, getattr(stream, "response", None), self._secrets())
+        if bad is not None:
+            raise bad
 
     def _error(self, exc: BaseException, started: bool = False) -> Exception:
         sdk = self._sdk

@@ -8,12 +8,12 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
+    DEFAULT_RETRY,
     Blocks,
     ReplyBuilder,
     SdkClientProvider,
     classify,
     image_parts,
-    is_transport_error,
     merge_turns,
     parse_arguments,
     require,
@@ -57,8 +57,10 @@ class Anthropic(SdkClientProvider):
 
     def __init__(self, model: str, *, client: Any = None, max_tokens: int = 4096, instructions: Optional[str] = None,
                  stream: bool = True, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 timeout: Optional[float] = None, cache_size: int = 10_000, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
+                 timeout: Optional[float] = None, cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None, **params: Any) -> None:
+        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
+                         retry=retry, deadline=deadline)
         self._sdk = require("anthropic", "anthropic", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncAnthropic, client, base_url, api_key, timeout)
         self._owns_client = owned
@@ -148,13 +150,13 @@ class Anthropic(SdkClientProvider):
         return usage_chunk(pick("input_tokens") + read + written, pick("output_tokens"), read, written, thinking)
 
     async def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
-        sdk = self._sdk
         try:
             stream = await self.client.messages.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         builder = ReplyBuilder()
         tools: Dict[int, List[Any]] = {}  # index -> [id, name, [json pieces]]
         blocks: Dict[int, Dict[str, Any]] = {}  # index -> the builder's block (text and thinking)
@@ -164,6 +166,7 @@ class Anthropic(SdkClientProvider):
         done = False
         try:
             async with stream:
+                await self._check_stream(stream)
                 async for event in stream:
                     kind = event.type
                     if kind == "content_block_delta":
@@ -223,11 +226,15 @@ class Anthropic(SdkClientProvider):
                     elif kind == "message_stop":
                         done = True
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e, started=True) from None
-            raise
+            failure = self._failure(e, started=True)
+            if failure is None:
+                raise
+            raise failure from None
         if not done:
             raise classify(self.protocol, status=None, message="the stream ended before message_stop", interrupted=True)
+        if stop is None:  # as a Chat Completions stream that ends without a finish reason
+            raise classify(self.protocol, status=None, message="the stream ended without a stop reason (no message_delta)",
+                           interrupted=True)
         data = self._remember(builder)
         if data is not None:
             yield data
@@ -236,13 +243,16 @@ class Anthropic(SdkClientProvider):
         yield {"type": "finish", "reason": "max-tokens" if stop in MAX_TOKENS_REASONS else "stop", "providerReason": stop}
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
-        sdk = self._sdk
         try:
             message = await self.client.messages.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e, stream=False)
+            if failure is None:
+                raise
+            raise failure from None
+        bad = self._reply_failure(message, "content")
+        if bad is not None:
+            raise bad
         blocks: Blocks = []
         for b in message.content:
             t = b.type

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
+    DEFAULT_RETRY,
     Blocks,
     Provider,
     ReplyBuilder,
     _Bounded,
+    body_error,
+    check_api_key,
     classify,
     image_parts,
     is_transport_error,
+    malformed_stream,
     merge_turns,
     mint_call_id,
     parse_arguments,
@@ -83,11 +88,14 @@ class Gemini(Provider):
 
     def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
                  api_key: Optional[str] = None, base_url: Optional[str] = None, timeout: Optional[float] = None,
-                 sign_unsigned_calls: bool = True, cache_size: int = 10_000, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
+                 sign_unsigned_calls: bool = True, cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None, **params: Any) -> None:
+        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
+                         retry=retry, deadline=deadline)
         self._genai = require("google.genai", "gemini", type(self).__name__)
         self._errors = require("google.genai.errors", "gemini", type(self).__name__)
         types = require("google.genai.types", "gemini", type(self).__name__)
+        check_api_key(api_key)
         self._api_key = api_key
         owned = client is None
         if client is None:
@@ -102,6 +110,8 @@ class Gemini(Provider):
             client = self._genai.Client(**options)
         elif base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass api_key/base_url/timeout to your client, or no client")
+        check_api_key(getattr(getattr(client, "_api_client", None), "api_key", None),
+                      "" if api_key is not None else "from the environment")
         self._owns_client = owned
         self.client = client
         self.sign_unsigned_calls = bool(sign_unsigned_calls)
@@ -220,10 +230,18 @@ class Gemini(Provider):
             request_id = headers.get("x-request-id") if headers is not None else None
             return classify(self.protocol, status=status, kind=exc.status, message=exc.message or str(exc),
                             retry_after=retry, request_id=request_id, secrets=self._secrets())
+        if isinstance(exc, self._errors.UnknownApiResponseError):
+            # The SDK could not parse a piece of the stream as JSON: an HTML page (a gateway's)
+            # or a garbled event. Its message quotes what it got.
+            raw = str(exc).partition("Raw response: ")[2]
+            if raw.lstrip()[:1] == "<":
+                return body_error(self.protocol, None, "text/html", raw, self._secrets())
+            return malformed_stream(self.protocol, exc, self._secrets())
         return transport_error(self.protocol, exc, self._secrets(), started)
 
     def _is_sdk_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._errors.APIError) or is_transport_error(exc)  # the SDK lets httpx errors through
+        # The SDK lets httpx errors through.
+        return isinstance(exc, (self._errors.APIError, self._errors.UnknownApiResponseError)) or is_transport_error(exc)
 
     @staticmethod
     def _usage(u: Any) -> Dict[str, Any]:
@@ -313,7 +331,14 @@ class Gemini(Provider):
         except Exception as e:
             if self._is_sdk_error(e):
                 raise self._error(e) from None
+            if isinstance(e, json.JSONDecodeError):  # a page where the reply should be
+                raise classify(self.protocol, status=None, message=f"the reply is not valid JSON: {e}",
+                               secrets=self._secrets()) from None
             raise
+        if not response.candidates and response.prompt_feedback is None and response.usage_metadata is None:
+            # Nothing of a Gemini reply: the SDK read a JSON body it does not know (a proxy's error).
+            raise classify(self.protocol, status=None, message="the reply has no candidates, usage or prompt feedback",
+                           secrets=self._secrets())
         builder = ReplyBuilder()
         reason = None
         if response.candidates:
@@ -326,6 +351,4 @@ class Gemini(Provider):
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

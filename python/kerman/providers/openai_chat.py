@@ -10,12 +10,12 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
+    DEFAULT_RETRY,
     Blocks,
     ReplyBuilder,
     SdkClientProvider,
     data_url,
     image_parts,
-    is_transport_error,
     mint_call_id,
     require,
     sdk_client,
@@ -32,8 +32,10 @@ class OpenAIChat(SdkClientProvider):
     """A Kerman model over OpenAI's Chat Completions API.
 
     ``OpenAIChat("gpt-4.1")`` builds an ``openai.AsyncOpenAI`` client from the environment
-    (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``, so that Kerman's
-    ``request_error`` seam decides about retries (see :func:`kerman.providers.retry_policy`).
+    (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``: Kerman retries instead,
+    with ``retry=`` (default :func:`kerman.providers.retry_policy`\ ``()``, registered on each
+    loop the provider serves; ``retry=None`` for none). ``deadline=`` (seconds) bounds each
+    request in all. Both work so for every provider (docs/providers.md).
     Pass ``client=`` to use your own (its retry setting is then yours), or ``base_url=`` /
     ``api_key=`` / ``timeout=`` for the one built here. Other keyword arguments (``temperature``,
     ``reasoning_effort``, ``extra_body``...) go to ``client.chat.completions.create`` on every
@@ -63,8 +65,10 @@ class OpenAIChat(SdkClientProvider):
                  max_tokens: Optional[int] = None, max_tokens_field: str = "max_completion_tokens",
                  stream_usage: bool = True, parallel_tool_calls: Optional[bool] = None,
                  reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"), send_reasoning: bool = False,
-                 instructions_role: str = "system", cache_size: int = 10_000, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
+                 instructions_role: str = "system", cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None, **params: Any) -> None:
+        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
+                         retry=retry, deadline=deadline)
         self._sdk = require("openai", "openai", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         if max_tokens_field not in ("max_completion_tokens", "max_tokens"):
@@ -156,13 +160,13 @@ class OpenAIChat(SdkClientProvider):
     # -- reply --
 
     async def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
-        sdk = self._sdk
         try:
             stream = await self.client.chat.completions.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         builder = ReplyBuilder()
         calls: List[List[Any]] = []  # [id, name, [argument pieces]] in the order they started
         by_index: Dict[int, List[Any]] = {}
@@ -171,6 +175,7 @@ class OpenAIChat(SdkClientProvider):
         reads = self._reasoning_reads
         try:
             async with stream:
+                await self._check_stream(stream)
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage = chunk.usage
@@ -210,9 +215,10 @@ class OpenAIChat(SdkClientProvider):
                     if choice.finish_reason:
                         finish = choice.finish_reason
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e, started=True) from None
-            raise
+            failure = self._failure(e, started=True)
+            if failure is None:
+                raise
+            raise failure from None
         if finish is None:
             raise self._error_interrupted()
         builder.close()
@@ -238,13 +244,16 @@ class OpenAIChat(SdkClientProvider):
         return usage_chunk(getattr(u, "prompt_tokens", 0), getattr(u, "completion_tokens", 0), cached, written, reasoning)
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
-        sdk = self._sdk
         try:
             response = await self.client.chat.completions.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e, stream=False)
+            if failure is None:
+                raise
+            raise failure from None
+        bad = self._reply_failure(response, "choices")
+        if bad is not None:
+            raise bad
         if not response.choices:
             raise self._error_interrupted()
         choice = response.choices[0]

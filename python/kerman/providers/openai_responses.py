@@ -7,13 +7,13 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 from .._core import AssistantMessage, ToolResultMessage
 from ..types import ModelReply
 from ._base import (
+    DEFAULT_RETRY,
     Blocks,
     ReplyBuilder,
     SdkClientProvider,
     classify,
     data_url,
     image_parts,
-    is_transport_error,
     require,
     sdk_client,
     tool_result_text,
@@ -53,8 +53,10 @@ class OpenAIResponses(SdkClientProvider):
 
     def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
                  base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = None,
-                 cache_size: int = 10_000, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params)
+                 cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
+                 deadline: Optional[float] = None, **params: Any) -> None:
+        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
+                         retry=retry, deadline=deadline)
         self._sdk = require("openai", "openai", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         self._owns_client = owned
@@ -159,13 +161,13 @@ class OpenAIResponses(SdkClientProvider):
         return classify(self.protocol, status=None, kind=code, message=message or "the response failed", secrets=self._secrets())
 
     async def _stream(self, request: Any, kwargs: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
-        sdk = self._sdk
         try:
             stream = await self.client.responses.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         builder = ReplyBuilder()
         items: Dict[int, Dict[str, Any]] = {}  # output_index -> the builder's block
         calls: Dict[int, List[Any]] = {}  # output_index -> [item id, call id, name, [pieces]]
@@ -174,6 +176,7 @@ class OpenAIResponses(SdkClientProvider):
         final: Any = None
         try:
             async with stream:
+                await self._check_stream(stream)
                 async for event in stream:
                     kind = event.type
                     if kind == "response.output_text.delta" or kind == "response.refusal.delta":
@@ -234,9 +237,10 @@ class OpenAIResponses(SdkClientProvider):
                         raise classify(self.protocol, status=None, kind=getattr(event, "code", None),
                                        message=getattr(event, "message", "") or "stream error", secrets=self._secrets())
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e, started=True) from None
-            raise
+            failure = self._failure(e, started=True)
+            if failure is None:
+                raise
+            raise failure from None
         if final is None:
             raise classify(self.protocol, status=None, message="the stream ended before response.completed", interrupted=True)
         if not reasoning_seen and not any((b.get("openai") or {}).get("phase") for b in builder.blocks):
@@ -249,13 +253,16 @@ class OpenAIResponses(SdkClientProvider):
         yield self._finish(final)
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
-        sdk = self._sdk
         try:
             response = await self.client.responses.create(**kwargs)
         except Exception as e:
-            if isinstance(e, sdk.APIError) or is_transport_error(e):
-                raise self._error(e) from None
-            raise
+            failure = self._failure(e, stream=False)
+            if failure is None:
+                raise
+            raise failure from None
+        bad = self._reply_failure(response, "output")
+        if bad is not None:
+            raise bad
         if getattr(response, "status", None) == "failed":
             raise self._failed(response)
         keep = any(item.type == "reasoning" or getattr(item, "phase", None) for item in response.output)

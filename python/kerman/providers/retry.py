@@ -87,6 +87,8 @@ def retry_policy(*, max_attempts: int = 4, base_delay: float = 0.5, max_delay: f
         return Retry()
 
     retry_policy_listener.__qualname__ = f"retry_policy(max_attempts={max_attempts})"
+    # Marks a policy: a provider's default policy steps aside for one the loop has (providers' ``retry=``).
+    retry_policy_listener.kerman_retry_policy = True  # type: ignore[attr-defined]
     return retry_policy_listener
 
 

@@ -39,7 +39,7 @@ import socket
 import threading
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = ["FakeServer", "Reply", "ToolCall", "HttpError", "Raw", "Request", "PROTOCOLS"]
@@ -96,12 +96,14 @@ class Reply:
 
 @dataclass
 class Raw:
-    """A response as it is: ``body`` bytes (or str), or a list of SSE events, each a ``(event,
-    data)`` pair or a preformatted str, sent chunk by chunk."""
+    """A response as it is: ``body`` bytes (or str), or a list (any iterable: a generator can
+    stream for as long as it likes) of SSE events, each a ``(event, data)`` pair, a str (the
+    data of an unnamed event) or bytes (sent as they are, e.g. a ``b": keep-alive\\n\\n"``
+    comment), sent chunk by chunk."""
 
     status: int = 200
     headers: Dict[str, str] = field(default_factory=dict)
-    body: Union[bytes, str, List[Any]] = b""
+    body: Union[bytes, str, Iterable[Any]] = b""
 
 
 @dataclass
@@ -599,6 +601,8 @@ def _at_text(protocol: str, events: List[Tuple[Optional[str], Any]], n: Optional
 
 
 def _sse(event: Optional[str], data: Any) -> bytes:
+    if isinstance(data, bytes):
+        return data  # sent as it is: a keep-alive comment, a hand-made frame
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
     return (head + f"data: {text}\n\n").encode()
@@ -649,8 +653,8 @@ def _handler(server: FakeServer) -> type:
                 self._json(item.status, _error_body(server.protocol, item, request_id), headers)
             elif isinstance(item, Raw):
                 headers.update(item.headers)
-                if isinstance(item.body, list):
-                    self._events(item.status, [e if isinstance(e, tuple) else (None, e) for e in item.body], headers, None)
+                if not isinstance(item.body, (bytes, str)):
+                    self._events(item.status, ((e if isinstance(e, tuple) else (None, e)) for e in item.body), headers, None)
                 else:
                     data = item.body.encode() if isinstance(item.body, str) else item.body
                     self._send(item.status, data, headers)
@@ -688,7 +692,7 @@ def _handler(server: FakeServer) -> type:
         def _json(self, status: int, body: Any, headers: Dict[str, str]) -> None:
             self._send(status, json.dumps(body).encode(), dict(headers))
 
-        def _events(self, status: int, events: List[Tuple[Optional[str], Any]], headers: Dict[str, str],
+        def _events(self, status: int, events: Iterable[Tuple[Optional[str], Any]], headers: Dict[str, str],
                     reply: Optional[Reply]) -> None:
             self.send_response(status)
             self.send_header("content-type", "text/event-stream")
@@ -714,7 +718,9 @@ def _handler(server: FakeServer) -> type:
                 except OSError:
                     self._disconnected()
                     return
-            if reply is not None and reply.hold_after is not None and reply.hold_after >= len(events):
+            # A Reply's events are a list (only a Raw body may be any iterable).
+            if reply is not None and reply.hold_after is not None and isinstance(events, list) \
+                    and reply.hold_after >= len(events):
                 self._hold()
                 return
             try:

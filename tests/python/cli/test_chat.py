@@ -251,6 +251,18 @@ def test_errors_reach_the_screen_without_the_key(tmp_path: Path, env: Dict[str, 
     assert len(server.requests) == 2  # the 429 was retried, the 401 was not
 
 
+def test_no_retry_fails_the_turn_at_the_first_error_although_providers_retry_by_default(
+        tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
+    server.add(HttpError(429, "slow down", headers={"retry-after": "0"}), Reply(text="never"))
+    child = spawn(tmp_path, env, *openai_args(server), "--no-retry")
+    child.expect("> ")
+    child.sendline("hello")
+    child.expect("\\[turn 1 error: openai-chat: HTTP 429 rate_limit_exceeded: slow down \\[RATE_LIMITED\\]\\]")
+    child.expect("> ")
+    finish(child)
+    assert len(server.requests) == 1
+
+
 def test_factory_model_and_terminal_escapes(tmp_path: Path, env: Dict[str, str]) -> None:
     child = spawn(tmp_path, env, "--model", "chat_factory:hostile")
     child.expect("> ")

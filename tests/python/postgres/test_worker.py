@@ -575,3 +575,44 @@ def test_a_released_session_leaves_no_cyclic_garbage():
     sent: Dict[str, List[str]] = {}
     asyncio.run(scenario())
     audit(store, sent)
+
+
+def test_a_factory_that_hangs_is_bounded_by_the_grace_period_of_the_drain():
+    """An async factory that never finishes (a hung connection in it, say) must not hold the
+    drain after SIGTERM, nor the session's lease, which the worker renews while it holds it:
+    at the end of the grace period the factory is cancelled and the lease released, with the
+    input still staged for another worker."""
+    import asyncio
+
+    import kerman
+
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "hang")
+    building = asyncio.Event()
+    cancelled: List[bool] = []
+
+    async def factory(log):
+        building.set()
+        try:
+            await asyncio.Event().wait()  # never set
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    worker = kerman.Worker(PostgresStore(dsn), factory, grace=0.3, name="w")
+
+    async def scenario() -> None:
+        serving = asyncio.ensure_future(worker.run())
+        store.enqueue(sid, "hello")
+        await asyncio.wait_for(building.wait(), DEADLINE)
+        assert row(store, sid)["owner"] is not None
+        worker.stop()
+        # Bounded well below DEADLINE: the grace is 0.3 s.
+        await asyncio.wait_for(serving, 20.0)
+
+    asyncio.run(scenario())
+    assert cancelled == [True]
+    r = row(store, sid)
+    assert r["owner"] is None and r["staged"] == 1, r
+    assert worker.stats["released"] == 1

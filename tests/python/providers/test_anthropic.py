@@ -138,7 +138,7 @@ async def test_a_rewritten_message_does_not_get_the_original_signature():
 async def test_an_overloaded_error_event_mid_stream():
     with FakeServer(P) as server:
         server.add(Reply(text=["a", "b"], error=HttpError(529, "Overloaded"), error_after=5))
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "go")
         error = failure(loop.log)
         assert (error["code"], error["exceptionType"]) == ("OVERLOADED", "OverloadedError") and "status" not in error

@@ -130,7 +130,7 @@ async def test_a_retry_info_delay_is_retry_after():
         import json
 
         server.add(Raw(status=429, headers={"content-type": "application/json"}, body=json.dumps(body)))
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "go")
         error = failure(loop.log)
         assert (error["code"], error["status"], error["retryAfterMs"]) == ("RATE_LIMITED", 429, 12000)
@@ -141,7 +141,7 @@ async def test_a_retry_info_delay_is_retry_after():
 async def test_an_error_chunk_mid_stream_is_classified():
     with FakeServer(P) as server:
         server.add(Reply(text=["a", "b"], error=HttpError(503, "The model is overloaded.", kind="UNAVAILABLE"), error_after=1))
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "go")
         assert failure(loop.log)["code"] == "OVERLOADED"
         await done(loop, model)

@@ -158,7 +158,7 @@ async def test_a_reasoning_field_named_reasoning_is_read_too():
 async def test_an_error_chunk_mid_stream_is_classified():
     with FakeServer(P) as server:
         server.add(Reply(text=["a", "b"], error=HttpError(500, "The server had an error", kind="server_error"), error_after=2))
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "go")
         error = failure(loop.log)
         assert error["code"] == "SERVER_ERROR" and "status" not in error

@@ -143,7 +143,7 @@ async def test_a_failed_response_in_the_stream_is_classified():
     with FakeServer(P) as server:
         server.add(Reply(text=["a", "b"], error=HttpError(429, "Rate limit reached", kind="rate_limit_exceeded"), error_after=4),
                    Reply(text=["a"], error=HttpError(500, "The model had an error", kind="server_error"), error_after=3))
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "one")
         assert failure(loop.log)["code"] == "RATE_LIMITED"
         await run(model, "two", loop=loop)
@@ -161,7 +161,7 @@ async def test_an_error_event_in_the_stream_is_classified():
     ])
     with FakeServer(P) as server:
         server.add(stream)
-        model = make(P, server)
+        model = make(P, server, retry=None)
         loop = await run(model, "go")
         error = failure(loop.log)
         assert error["code"] == "OVERLOADED" and "Try again later." in error["message"]

@@ -104,7 +104,7 @@ async def test_a_reply_cut_by_max_tokens_ends_the_turn_max_tokens(protocol, serv
 @asynctest
 async def test_a_stream_cut_mid_way_is_a_stream_interrupted_failure(protocol, server):
     server.add(Reply(text=["a", "b", "c"], cut_after_text=1))
-    model = make(protocol, server)
+    model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     error = failure(loop.log)
     assert error["code"] == "STREAM_INTERRUPTED" and error["exceptionType"] == "ModelConnectionError"
@@ -116,7 +116,7 @@ async def test_a_stream_cut_mid_way_is_a_stream_interrupted_failure(protocol, se
 @asynctest
 async def test_a_stream_that_ends_before_its_end_event_is_interrupted_too(protocol, server):
     server.add(Reply(text=["a", "b", "c"], end_after=1))
-    model = make(protocol, server)
+    model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     assert failure(loop.log)["code"] == "STREAM_INTERRUPTED"
     assert messages(loop.log) == []
@@ -128,7 +128,7 @@ async def test_a_stream_that_ends_before_its_end_event_is_interrupted_too(protoc
 @asynctest
 async def test_429_is_a_rate_limit_error_with_retry_after(protocol, server, headers, ms):
     server.add(HttpError(429, "Rate limit reached for requests", headers=headers))
-    model = make(protocol, server)
+    model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     error = failure(loop.log)
     assert (error["code"], error["status"], error["retryAfterMs"], error["exceptionType"]) == (
@@ -144,7 +144,7 @@ async def test_429_is_a_rate_limit_error_with_retry_after(protocol, server, head
 @asynctest
 async def test_server_errors_are_classified(protocol, server, status, code, cls):
     server.add(HttpError(status, "the server had an error"))
-    model = make(protocol, server)
+    model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     error = failure(loop.log)
     assert (error["code"], error["status"], error["exceptionType"]) == (code, status, cls)
@@ -198,7 +198,7 @@ async def test_a_bad_key_fails_without_showing_the_key(protocol):
 @asynctest
 async def test_a_client_timeout_is_a_model_timeout_error(protocol, server):
     server.add(Reply(text="never sent", hold_after=0))
-    model = make(protocol, server, timeout=0.5)  # the server sends headers, then nothing
+    model = make(protocol, server, retry=None, timeout=0.5)  # the server sends headers, then nothing
     loop = await run(model, "hi")
     assert failure(loop.log)["code"] == "TIMEOUT"
     assert loop.last_error.exception.__class__.__name__ == "ModelTimeoutError"
@@ -364,7 +364,7 @@ async def test_each_history_message_is_converted_once(protocol, server):
 async def test_the_sdk_does_not_retry_by_itself(protocol, server):
     # The client a provider builds has the SDK's retries off: the request_error seam decides.
     server.add(HttpError(500, "boom"), Reply(text="a retry would have got this"))
-    model = make(protocol, server)
+    model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     assert failure(loop.log)["code"] == "SERVER_ERROR"
     assert len(server.requests) == 1 and server.pending == 1
@@ -454,7 +454,7 @@ async def test_cancelling_before_the_response_starts_closes_the_connection(proto
 @asynctest
 async def test_errors_of_a_non_streaming_request_are_classified_the_same(protocol, server):
     server.add(HttpError(429, "Rate limit reached", headers={"retry-after": "4"}), CONTEXT[protocol])
-    model = make(protocol, server, stream=False)
+    model = make(protocol, server, retry=None, stream=False)
     loop = await run(model, "one")
     error = failure(loop.log)
     assert (error["code"], error["status"], error["retryAfterMs"]) == ("RATE_LIMITED", 429, 4000)

@@ -201,7 +201,7 @@ async def test_fallback_does_not_mix_two_models_in_one_reply():
     with FakeServer(P) as first, FakeServer(P) as second:
         first.add(Reply(text=["half", "way"], cut_after_text=1))
         second.add(Reply(text="never"))
-        model = Fallback([make(P, first), make(P, second)])
+        model = Fallback([make(P, first, retry=None), make(P, second, retry=None)])
         loop = await run(model, "hi")
         assert failure(loop.log)["code"] == "STREAM_INTERRUPTED" and second.requests == []
         await done(loop)
@@ -212,7 +212,7 @@ async def test_fallback_raises_the_last_failure_with_the_earlier_ones():
     with FakeServer(P) as first, FakeServer(P) as second:
         first.add(HttpError(500, "first down"))
         second.add(HttpError(429, "second busy", headers={"retry-after": "2"}))
-        model = Fallback([make(P, first), make(P, second)])
+        model = Fallback([make(P, first, retry=None), make(P, second, retry=None)])
         loop = await run(model, "hi")
         error = failure(loop.log)
         assert (error["code"], error["retryAfterMs"]) == ("RATE_LIMITED", 2000)
