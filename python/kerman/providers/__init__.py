@@ -1,6 +1,6 @@
 """Real model adapters: one class per wire protocol, each over the vendor's official SDK.
 
-``AgentLoop(OpenAIChat("gpt-4.1"))`` just works. The SDKs are optional extras
+``AgentLoop(OpenAIChat("gpt-6.2-sol"))`` just works. The SDKs are optional extras
 (``pip install 'kerman[openai]'``, ``kerman[anthropic]``, ``kerman[gemini]``), imported when a
 provider is constructed, never by ``import kerman`` or ``import kerman.providers``.
 docs/providers.md has the guide.

@@ -37,7 +37,7 @@ def _image(block: Dict[str, Any]) -> Dict[str, Any]:
 class Anthropic(SdkClientProvider):
     """A Kerman model over Anthropic's Messages API.
 
-    ``Anthropic("claude-sonnet-4-5")`` builds an ``anthropic.AsyncAnthropic`` client from the
+    ``Anthropic("claude-sonnet-5-5")`` builds an ``anthropic.AsyncAnthropic`` client from the
     environment (``ANTHROPIC_API_KEY``...) with ``max_retries=0`` (Kerman's ``request_error``
     seam decides about retries); pass ``client=`` to use your own, or ``base_url=`` /
     ``api_key=`` / ``timeout=``. ``max_tokens`` is required by the API (default 4096). Other

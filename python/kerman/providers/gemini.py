@@ -69,7 +69,7 @@ def _retry_delay_ms(details: Any) -> Optional[int]:
 class Gemini(Provider):
     """A Kerman model over the Gemini API.
 
-    ``Gemini("gemini-2.5-flash")`` builds a ``google.genai.Client`` from the environment
+    ``Gemini("gemini-3.8-flash")`` builds a ``google.genai.Client`` from the environment
     (``GEMINI_API_KEY`` or ``GOOGLE_API_KEY``) with ``HttpRetryOptions(attempts=1)``: no SDK
     retries, Kerman's ``request_error`` seam decides. Pass ``client=`` to use your own, or
     ``api_key=`` / ``base_url=`` / ``timeout=`` (seconds) for the one built here. Other keyword

@@ -31,7 +31,7 @@ __all__ = ["OpenAIChat"]
 class OpenAIChat(SdkClientProvider):
     """A Kerman model over OpenAI's Chat Completions API.
 
-    ``OpenAIChat("gpt-4.1")`` builds an ``openai.AsyncOpenAI`` client from the environment
+    ``OpenAIChat("gpt-6.2-sol")`` builds an ``openai.AsyncOpenAI`` client from the environment
     (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``: Kerman retries instead,
     with ``retry=`` (default :func:`kerman.providers.retry_policy`\ ``()``, registered on each
     loop the provider serves; ``retry=None`` for none). ``deadline=`` (seconds) bounds each

@@ -157,7 +157,7 @@ class Fallback:
     non-streamed reply keeps in its blocks), and a streaming one behind a non-streaming first
     one is read to the end before the reply is returned.
 
-    ``Fallback([OpenAIChat("gpt-4.1"), Anthropic("claude-sonnet-4-5")])``.
+    ``Fallback([OpenAIChat("gpt-6.2-sol"), Anthropic("claude-sonnet-5-5")])``.
     """
 
     def __init__(self, models: Sequence[Callable[[Any], Any]], *, on: Iterable[str] = FALLBACK_ON) -> None:

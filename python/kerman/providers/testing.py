@@ -4,7 +4,7 @@ providers) can be tested offline against the real SDKs.
 >>> from kerman.providers.testing import FakeServer, Reply, ToolCall
 >>> with FakeServer("openai-chat") as server:         # doctest: +SKIP
 ...     server.add(Reply(text=["Hel", "lo"]), Reply(tool_calls=[ToolCall("c1", "clock", "{}")]))
-...     model = OpenAIChat("gpt-4.1", base_url=server.url, api_key="test")
+...     model = OpenAIChat("gpt-6.2-sol", base_url=server.url, api_key="test")
 
 ``server.url`` is the base URL to give the SDK; ``server.requests`` records every request
 (method, path, headers, parsed JSON body). Each request takes the next scripted item:
