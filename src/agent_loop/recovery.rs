@@ -80,8 +80,7 @@ impl std::fmt::Display for RequeueError {
 }
 
 /// A message a turn claimed that never appeared after its claim (neither as a `user/message`
-/// nor in a later insertion): the turn ended before reading it (cancelled, rejected, failed,
-/// or its process died).
+/// nor in a later insertion).
 #[derive(Debug, Clone)]
 pub struct Unentered {
     pub turn: u64,
@@ -90,6 +89,9 @@ pub struct Unentered {
     /// The list it was claimed from.
     pub target: Target,
     pub message: Value,
+    /// A step started after the claim: the pre-step decision took the batch (and entered what
+    /// it chose), so the message was read, not lost.
+    pub decided: bool,
 }
 
 /// What a pass over the events found: every claim of a turn never entered or requeued, and
@@ -121,6 +123,11 @@ fn fold_claims(events: &[Event]) -> Claims {
                     open = None;
                 }
             }
+            events::STEP_START => {
+                for claim in claimed.iter_mut().filter(|c| Some(c.turn) == open) {
+                    claim.decided = true;
+                }
+            }
             SPLICED => {
                 let data = event.data();
                 let target = match data.get("target").and_then(Value::as_str) {
@@ -135,7 +142,7 @@ fn fold_claims(events: &[Event]) -> Claims {
                 let gone: Vec<Value> = items.splice(start..end, inserted.iter().cloned()).collect();
                 if let Some(turn) = open {
                     if removed > 0 && data.get("outcome").and_then(Value::as_str) != Some("canceled") {
-                        claimed.extend(gone.into_iter().map(|message| Unentered { turn, seq: event.seq, target, message }));
+                        claimed.extend(gone.into_iter().map(|message| Unentered { turn, seq: event.seq, target, message, decided: false }));
                     }
                 }
                 for m in &inserted {
@@ -162,12 +169,14 @@ fn fold_claims(events: &[Event]) -> Claims {
     Claims { unentered, started, ended }
 }
 
-/// Every message an ended turn claimed and never entered, and that was not inserted again
-/// since (`requeue_claimed` brings one back): in claim order. The transcript shows them, so a
-/// prompt cancelled before the loop read it is never hidden.
+/// Every message an ended turn claimed and never read: no step started after its claim (the
+/// turn was cancelled before the pre-step decision, the decision rejected the batch, the turn
+/// failed or its process died), and it was not inserted again since (`requeue_claimed` brings
+/// it back). In claim order. The transcript shows them, so a prompt cancelled before the loop
+/// read it is never hidden.
 pub fn unentered_claims(events: &[Event]) -> Vec<Unentered> {
     let claims = fold_claims(events);
-    claims.unentered.into_iter().filter(|c| claims.ended.contains(&c.turn)).collect()
+    claims.unentered.into_iter().filter(|c| !c.decided && claims.ended.contains(&c.turn)).collect()
 }
 
 /// The messages finished turn `turn` claimed that never appeared after the claim (neither as a

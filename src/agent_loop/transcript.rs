@@ -50,8 +50,8 @@ pub struct TurnEnding {
 pub struct Transcript {
     pub entries: Vec<Entry>,
     pub endings: Vec<TurnEnding>,
-    /// What ended turns claimed and never entered, not inserted again since
-    /// (`requeue_claimed` brings it back).
+    /// What ended turns claimed and never read (no step started after the claim), not
+    /// inserted again since (`requeue_claimed` brings it back).
     pub unread: Vec<Unentered>,
     /// Every event before this seq was read.
     pub stop: u64,

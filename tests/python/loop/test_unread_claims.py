@@ -97,3 +97,53 @@ def test_a_rejected_batch_is_listed_with_its_blocked_ending():
         assert unread["message"].text == "hello" and unread["ending"]["kind"] == "blocked"
 
     asyncio.run(main())
+
+
+def test_a_batch_the_pre_step_decision_rewrote_was_read():
+    async def main() -> None:
+        loop = AgentLoop(EchoModel())
+
+        @loop.pre_step
+        async def rewrite(step, next):
+            return kerman.Enter([kerman.UserMessage(" / ".join(m.text for m in step.messages).upper())])
+
+        loop.followup("hello")
+        await loop.when_idle()
+        assert [m.text for m in loop.transcript()] == ["HELLO", "HELLO"]
+        assert loop.transcript().unread() == []
+
+    asyncio.run(main())
+
+
+def test_steering_claimed_at_a_later_step_and_cancelled_before_it_was_read():
+    async def model(request):
+        if request.step == 1:
+            return kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "ask", "arguments": "{}"}])
+        return kerman.ModelReply("done")
+
+    async def main() -> None:
+        loop = AgentLoop(model)
+        claimed = asyncio.Event()
+
+        @loop.pre_step
+        async def gate(step, next):
+            if step.step == 2:
+                claimed.set()
+                await asyncio.Event().wait()  # until cancelled
+            return await next()
+
+        @loop.tool
+        async def ask(args, ctx):
+            loop.steer("use the blue one")
+            return "asked"
+
+        loop.followup("paint it")
+        await asyncio.wait_for(claimed.wait(), 10)
+        loop.cancel(keep_inbox=True)
+        await loop.when_idle()
+        [unread] = loop.transcript().unread()
+        assert unread["message"].text == "use the blue one" and unread["target"] == "next-step"
+        assert unread["ending"]["kind"] == "aborted"
+        assert [m.text for m in loop.requeue_claimed(1)] == ["use the blue one"]
+
+    asyncio.run(main())
