@@ -343,8 +343,8 @@ class Chat:
         more and not in the conversation: said here, with the command that sends it again."""
         for item in self.unread():
             if turn is None or item["turn"] == turn:
-                kind = (item["ending"] or {}).get("kind")
-                what = {"aborted": "cancelled", "blocked": "rejected"}.get(kind, f"turn {_one_line(str(kind), 20)}")
+                kind = str((item["ending"] or {}).get("kind"))
+                what = {"aborted": "cancelled", "blocked": "rejected"}.get(kind, f"turn {_one_line(kind, 20)}")
                 self.line(self.style.dim(f"  {what} before it was read: {_one_line(item['message'].text or '', 80)}"
                                          f" — /resend {item['turn']} sends it again"))
 

@@ -190,8 +190,7 @@ pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Val
     if !claims.ended.contains(&turn) {
         return Err(RequeueError::StillOpen(turn));
     }
-    let missing: Vec<(Target, Value)> =
-        claims.unentered.into_iter().filter(|c| c.turn == turn).map(|c| (c.target, c.message)).collect();
+    let missing: Vec<(Target, Value)> = claims.unentered.into_iter().filter(|c| c.turn == turn).map(|c| (c.target, c.message)).collect();
     if missing.is_empty() {
         return Err(RequeueError::NothingLeft(turn));
     }

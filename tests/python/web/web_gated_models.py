@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-import kerman
 from web_models import PATIENCE
 from web_models import factory as plain_factory
+
+import kerman
 
 GATED: set = set()  # ids held once (kept across loops: the server may build the loop again)
 
