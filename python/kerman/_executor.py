@@ -41,6 +41,8 @@ async def _call(run: Any, index: int, fatal: List[BaseException]) -> None:
     except asyncio.CancelledError:
         run.cancelled(index)
         return
+    except GeneratorExit:  # the task itself is being torn down (its event loop closed)
+        raise
     except BaseException as exc:
         if run.raised(index, exc):
             fatal.append(exc)  # raised by run() once every call has its result
