@@ -5,18 +5,24 @@ synthesises what never ran; this module only awaits: each call's body runs in an
 its own (so each gets a copy of the context variables), the running ones are cancelled when the
 turn's signal aborts, and all of them drain before the step ends. A plan of one call is awaited
 by the driver itself and never comes here.
+
+Whatever a body raises, its call gets its result. A ``KeyboardInterrupt`` (or another
+``BaseException`` that is neither an ``Exception``, a ``SystemExit`` nor a cancellation) is not
+let out of the call's task, where asyncio would raise it out of the event loop past every other
+call: the call's result is committed, the other calls are cancelled and answered, and only then
+does it propagate to the driver, which ends the turn with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Dict, Set
+from typing import Any, Dict, List, Set
 
 __all__ = ["run"]
 
 
-async def _call(run: Any, index: int) -> None:
+async def _call(run: Any, index: int, fatal: List[BaseException]) -> None:
     """One call: the checkpoint barrier, then the body; its outcome goes to the plan."""
     if run.checkpoints:
         try:
@@ -35,8 +41,11 @@ async def _call(run: Any, index: int) -> None:
     except asyncio.CancelledError:
         run.cancelled(index)
         return
-    except Exception as exc:
-        run.raised(index, exc)
+    except GeneratorExit:  # the task itself is being torn down (its event loop closed)
+        raise
+    except BaseException as exc:
+        if run.raised(index, exc):
+            fatal.append(exc)  # raised by run() once every call has its result
         return
     # Recorded here, in the call's task: a tool that calls loop.cancel() and then returns
     # finishes in a task asyncio marks cancelled, and its result must still be committed.
@@ -61,6 +70,7 @@ def _collect(run: Any, tasks: Dict[int, asyncio.Task[None]], done: Set[asyncio.T
 async def run(run: Any) -> None:
     """Runs a ``kerman._core.ToolRun`` to the end: every call gets exactly one result."""
     tasks: Dict[int, asyncio.Task[None]] = {}
+    fatal: List[BaseException] = []
 
     def cancel_running(_reason: Any = None) -> None:
         for task in tasks.values():
@@ -68,10 +78,10 @@ async def run(run: Any) -> None:
 
     run.signal.add_callback(cancel_running)
     try:
-        while True:
+        while not fatal:
             index = run.next()
             if index is not None:
-                tasks[index] = asyncio.ensure_future(_call(run, index))
+                tasks[index] = asyncio.ensure_future(_call(run, index, fatal))
                 continue
             if not tasks:
                 return
@@ -96,3 +106,10 @@ async def run(run: Any) -> None:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it as lost
         raise
+    # A body raised what propagates: the others are cancelled and answered, then it goes on.
+    cancel_running()
+    if tasks:
+        done, _ = await asyncio.shield(asyncio.wait(list(tasks.values())))
+        _collect(run, tasks, done)
+    run.abort_unstarted()
+    raise fatal[0]

@@ -93,9 +93,12 @@ def turn_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any],
 
 
 def tool_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
-    """A tool raised: its error result goes to the model and the turn goes on. ``failure`` is
-    the result's error with the result text as ``message``, the ``callId`` and the ``tool``."""
-    kind = type(exc).__name__ if exc is not None else failure.get("name")
-    text = (f"tool {failure.get('tool')!r} (call {failure.get('callId')!r}, turn {turn} step {step}) raised "
-            f"{kind}: {exc}; the model gets it as the call's error result")
-    report(loop, turn, step, failure, exc, text)
+    """A tool's bug: it raised ``exc``, or (``exc`` None) returned what is not a result. Its
+    error result goes to the model and the turn goes on. ``failure`` is the result's error with
+    the result text as ``message``, the ``callId`` and the ``tool``."""
+    where = f"tool {failure.get('tool')!r} (call {failure.get('callId')!r}, turn {turn} step {step})"
+    if exc is not None:
+        what = f"raised {type(exc).__name__}: {exc}"
+    else:  # the message names the tool already: "tool 't' returned int; expected str or ToolResult"
+        what = f"failed: {failure.get('message')}"
+    report(loop, turn, step, failure, exc, f"{where} {what}; the model gets it as the call's error result")

@@ -60,6 +60,8 @@ _HELP = """commands:
   /clear            remove all queued input
   /cancel           stop the running turn; queued input stays queued
   /run              start a turn for input queued before (e.g. from a resumed session)
+  /resend [TURN]    send again what a turn claimed but never read (a prompt cancelled before
+                    the agent read it); default: the last such turn
   /help             this list
   /quit             leave (also Ctrl-D); the session stays on disk for --session"""
 
@@ -334,11 +336,42 @@ class Chat:
             self.line(f"  [turn {data.get('turn')} {note}]", dim=True)
         elif self.column:
             self.write("\n")
+        if what != "completed":  # a completed turn read its input
+            self.show_unread(data.get("turn"))
         if not self.loop.inbox.has_pending:
             self.prompt()
         elif what != "completed":  # a completed turn's queue runs on; a stopped one waits
             self.line(f"  {self.queue_summary()} kept; Enter (or /run) runs it, /clear drops it", dim=True)
             self.prompt()
+
+    def unread(self) -> List[Dict[str, Any]]:
+        """What ended turns claimed and never read (``Transcript.unread()``)."""
+        return self.loop.log.transcript().unread()
+
+    def show_unread(self, turn: Any = None) -> None:
+        """Input claimed and never read (cancelled before the agent read it) is not queued any
+        more and not in the conversation: said here, with the command that sends it again."""
+        for item in self.unread():
+            if turn is None or item["turn"] == turn:
+                kind = str((item["ending"] or {}).get("kind"))
+                what = {"aborted": "cancelled", "blocked": "rejected"}.get(kind, f"turn {_one_line(kind, 20)}")
+                self.line(f"  {what} before it was read: {_one_line(item['message'].text or '', 80)}"
+                          f" — /resend {item['turn']} sends it again", dim=True)
+
+    def resend(self, wanted: str) -> None:
+        turns = sorted({item["turn"] for item in self.unread()})
+        if wanted and not wanted.isdigit():
+            self.line("usage: /resend [TURN]")
+            return
+        turn = int(wanted) if wanted else (turns[-1] if turns else None)
+        if turn is None or turn not in turns:
+            self.line("  nothing to resend: no turn left input unread"
+                      if turn is None else f"  turn {turn} left nothing unread", dim=True)
+            return
+        requeued = self.loop.requeue_claimed(turn)
+        self.line(f"  sent again: {', '.join(_one_line(m.text or '', 40) for m in requeued)}", dim=True)
+        if self.loop.status == "idle":
+            self.loop.wake()
 
     def queue_changed(self) -> None:
         ids = tuple(m.id for m in self.loop.inbox.next_turn + self.loop.inbox.next_step)
@@ -407,6 +440,8 @@ class Chat:
                 message = self.loop.followup(rest)
                 if self.loop.status == "idle":
                     self.typed.add(message.id)
+        elif name == "/resend":
+            self.resend(rest)
         elif name == "/run":
             if not self.loop.wake():
                 self.line("  nothing to run" if not self.loop.inbox.has_pending else "  already running", dim=True)
@@ -460,6 +495,8 @@ class Chat:
         else:
             self.line(f"session {log.id}", dim=True)
         self.line(f"model {_one_line(repr(model), 100)} · store {store.root} · /help for commands", dim=True)
+        if self.resumed:
+            self.show_unread()
         pending = self.loop.inbox
         if pending.has_pending:
             self.line("  " + self.queue_summary() + "; press Enter (or /run) to run it", dim=True)

@@ -43,7 +43,7 @@ pub use closers::close_open_turn;
 pub use ending::{Ending, FailureCode};
 pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
-pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, ConsumedWork, RequeueError};
+pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, unentered_claims, ConsumedWork, RequeueError, Unentered};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
 pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};
 

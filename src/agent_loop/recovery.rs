@@ -1,6 +1,6 @@
 //! Folds over a finished session that the loop's recovery needs: which turn accounts for the
 //! input it consumed (`consumed_work`, reference 4.4), and what a finished turn claimed but never
-//! entered (`requeue_claimed`, SPEC D9).
+//! entered (`requeue_claimed`, SPEC D9; the transcript shows them: `unentered_claims`).
 
 use std::sync::Arc;
 
@@ -79,28 +79,57 @@ impl std::fmt::Display for RequeueError {
     }
 }
 
-/// The messages finished turn `turn` claimed that never appeared after the claim (neither as a
-/// `user/message` nor in a later insertion), each with the list it was claimed from, in claim
-/// order.
-pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Value)>, RequeueError> {
-    #[derive(PartialEq)]
-    enum State {
-        Unknown,
-        Open,
-        Ended,
-    }
+/// A message a turn claimed that never appeared after its claim (neither as a `user/message`
+/// nor in a later insertion).
+#[derive(Debug, Clone)]
+pub struct Unentered {
+    pub turn: u64,
+    /// The seq of the claim's splice.
+    pub seq: u64,
+    /// The list it was claimed from.
+    pub target: Target,
+    pub message: Value,
+    /// A step started after the claim: the pre-step decision took the batch (and entered what
+    /// it chose), so the message was read, not lost.
+    pub decided: bool,
+}
+
+/// What a pass over the events found: every claim of a turn never entered or requeued, and
+/// which turns are open and ended.
+struct Claims {
+    unentered: Vec<Unentered>,
+    started: std::collections::HashSet<u64>,
+    ended: std::collections::HashSet<u64>,
+}
+
+fn fold_claims(events: &[Event]) -> Claims {
     let mut lists: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
     let slot = |target: Target| if target == Target::NextTurn { 0 } else { 1 };
-    let mut claimed: Vec<(Target, Value, u64)> = Vec::new();
+    let mut claimed: Vec<Unentered> = Vec::new();
     // Claims are pure deletions: the lists are rebuilt to know what each one removed.
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-    let mut state = State::Unknown;
+    let mut open: Option<u64> = None;
+    let (mut started, mut ended) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for event in events {
-        let data = event.data();
         match event.kind() {
-            events::TURN_START if turn_of(&data) == Some(turn) => state = State::Open,
-            events::TURN_END if turn_of(&data) == Some(turn) && state == State::Open => state = State::Ended,
+            events::TURN_START => {
+                open = turn_of(&event.data());
+                started.extend(open);
+            }
+            events::TURN_END => {
+                let turn = turn_of(&event.data());
+                if turn.is_some() && open == turn {
+                    ended.extend(turn);
+                    open = None;
+                }
+            }
+            events::STEP_START => {
+                for claim in claimed.iter_mut().filter(|c| Some(c.turn) == open) {
+                    claim.decided = true;
+                }
+            }
             SPLICED => {
+                let data = event.data();
                 let target = match data.get("target").and_then(Value::as_str) {
                     Some("next-step") => Target::NextStep,
                     _ => Target::NextTurn,
@@ -111,8 +140,10 @@ pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Val
                 let end = (start + removed).min(items.len());
                 let inserted = data.get("inserted").and_then(Value::as_array).cloned().unwrap_or_default();
                 let gone: Vec<Value> = items.splice(start..end, inserted.iter().cloned()).collect();
-                if state == State::Open && removed > 0 && data.get("outcome").and_then(Value::as_str) != Some("canceled") {
-                    claimed.extend(gone.into_iter().map(|m| (target, m, event.seq)));
+                if let Some(turn) = open {
+                    if removed > 0 && data.get("outcome").and_then(Value::as_str) != Some("canceled") {
+                        claimed.extend(gone.into_iter().map(|message| Unentered { turn, seq: event.seq, target, message, decided: false }));
+                    }
                 }
                 for m in &inserted {
                     if let Some(id) = m.get("id").and_then(Value::as_str) {
@@ -121,26 +152,45 @@ pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Val
                 }
             }
             events::USER_MESSAGE => {
-                if let Some(id) = data.get("id").and_then(Value::as_str) {
+                if let Some(id) = event.data().get("id").and_then(Value::as_str) {
                     seen.insert(id.to_owned(), event.seq);
                 }
             }
             _ => {}
         }
     }
-    match state {
-        State::Unknown => return Err(RequeueError::NotInLog(turn)),
-        State::Open => return Err(RequeueError::StillOpen(turn)),
-        State::Ended => {}
-    }
-    let missing: Vec<(Target, Value)> = claimed
+    let unentered = claimed
         .into_iter()
-        .filter(|(_, m, seq)| {
-            let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
-            seen.get(id).is_none_or(|at| at <= seq)
+        .filter(|c| {
+            let id = c.message.get("id").and_then(Value::as_str).unwrap_or_default();
+            seen.get(id).is_none_or(|at| *at <= c.seq)
         })
-        .map(|(t, m, _)| (t, m))
         .collect();
+    Claims { unentered, started, ended }
+}
+
+/// Every message an ended turn claimed and never read: no step started after its claim (the
+/// turn was cancelled before the pre-step decision, the decision rejected the batch, the turn
+/// failed or its process died), and it was not inserted again since (`requeue_claimed` brings
+/// it back). In claim order. The transcript shows them, so a prompt cancelled before the loop
+/// read it is never hidden.
+pub fn unentered_claims(events: &[Event]) -> Vec<Unentered> {
+    let claims = fold_claims(events);
+    claims.unentered.into_iter().filter(|c| !c.decided && claims.ended.contains(&c.turn)).collect()
+}
+
+/// The messages finished turn `turn` claimed that never appeared after the claim (neither as a
+/// `user/message` nor in a later insertion), each with the list it was claimed from, in claim
+/// order.
+pub fn claimed_unentered(events: &[Event], turn: u64) -> Result<Vec<(Target, Value)>, RequeueError> {
+    let claims = fold_claims(events);
+    if !claims.started.contains(&turn) {
+        return Err(RequeueError::NotInLog(turn));
+    }
+    if !claims.ended.contains(&turn) {
+        return Err(RequeueError::StillOpen(turn));
+    }
+    let missing: Vec<(Target, Value)> = claims.unentered.into_iter().filter(|c| c.turn == turn).map(|c| (c.target, c.message)).collect();
     if missing.is_empty() {
         return Err(RequeueError::NothingLeft(turn));
     }

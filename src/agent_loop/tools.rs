@@ -55,8 +55,9 @@ pub struct Outcome {
     pub contexts: Vec<Arc<Message>>,
     /// `meta` as JSON text.
     pub meta: Option<String>,
-    /// The body raised (its error is reported as `agent/error` once committed).
-    pub raised: bool,
+    /// A bug of the tool: its body raised, or returned what is not a result. Reported
+    /// (`agent/error`, the logger) once committed; the model gets the error result.
+    pub bug: bool,
 }
 
 impl Outcome {
@@ -68,7 +69,7 @@ impl Outcome {
             concludes: false,
             contexts: Vec::new(),
             meta: None,
-            raised: false,
+            bug: false,
         }
     }
 
@@ -94,9 +95,17 @@ impl Outcome {
     }
 
     /// A result the log refused (content blocks that are not a message's, say): an error result
-    /// in its place, so the call keeps a result.
+    /// in its place, so the call keeps a result. A bug of the tool, reported as one.
     pub fn invalid(tool: &str, error_name: &str, detail: &str) -> Outcome {
-        Outcome::error(format!("tool {} returned an invalid result: {detail}", py_repr(tool)), error_name, FailureCode::ToolError)
+        let text = format!("tool {} returned an invalid result: {detail}", py_repr(tool));
+        Outcome { bug: true, ..Outcome::error(text, error_name, FailureCode::ToolError) }
+    }
+
+    /// A body returned a value of type `type_name`, neither a str nor a result: an error result
+    /// in its place, reported as the tool's bug.
+    pub fn wrong_type(tool: &str, type_name: &str) -> Outcome {
+        let text = format!("tool {} returned {type_name}; expected str or ToolResult", py_repr(tool));
+        Outcome { bug: true, ..Outcome::error(text, "TypeError", FailureCode::ToolError) }
     }
 
     fn message(&self, call_id: &str) -> Result<Message, crate::message::MessageError> {
@@ -142,7 +151,8 @@ pub enum Next {
     Done,
 }
 
-/// A committed result whose body raised: the runner reports it (`agent/error`).
+/// A committed result that is a bug of its tool (the body raised, or returned what is not a
+/// result): the runner reports it (`agent/error`).
 #[derive(Debug, Clone)]
 pub struct Raised {
     pub index: usize,
@@ -212,7 +222,7 @@ impl ToolPlan {
         self.concludes
     }
 
-    /// The committed results whose bodies raised, since the last call (for reporting).
+    /// The committed results that are bugs of their tools, since the last call (for reporting).
     pub fn take_raised(&mut self) -> Vec<Raised> {
         std::mem::take(&mut self.raised)
     }
@@ -321,7 +331,7 @@ impl ToolPlan {
             ),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));
-        if outcome.raised {
+        if outcome.bug {
             if let Some(error) = &outcome.error {
                 self.raised.push(Raised { index, failure: tool_failure(call, error, &outcome.content) });
             }
@@ -333,7 +343,7 @@ impl ToolPlan {
     }
 }
 
-/// The `agent/error` failure of a tool that raised: its result text as the message, the
+/// The `agent/error` failure of a tool's bug: its result text as the message, the
 /// result's error, the call's id and tool.
 fn tool_failure(call: &Call, error: &Value, content: &Content) -> Value {
     let mut failure = serde_json::Map::new();

@@ -3,14 +3,17 @@
 //! it belongs to, and every turn's ending. It is the derived history ([`super::History`]) with
 //! the facts a reader of the conversation also wants: which user messages steered a running turn
 //! (entered at a later step), which replies were cut off (`interrupted`), and how each turn ended
-//! (a rejected batch never became a message; its turn ends `blocked`).
+//! (a rejected batch never became a message; its turn ends `blocked`), and the input a turn
+//! claimed but ended before reading (cancelled between its claim and its entry): claimed input
+//! never returns by itself (SPEC D9), but it is never hidden either.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::events::{self, ASSISTANT_MESSAGE, STEP_START, TOOL_RESULT, TURN_END, TURN_START, USER_MESSAGE};
-use crate::event_log::SessionLog;
+use super::recovery::{unentered_claims, Unentered};
+use crate::event_log::{SessionLog, SPLICED};
 use crate::message::{Message, MessageError, MessageKind};
 
 /// One message of the conversation and where the log put it.
@@ -47,11 +50,14 @@ pub struct TurnEnding {
 pub struct Transcript {
     pub entries: Vec<Entry>,
     pub endings: Vec<TurnEnding>,
+    /// What ended turns claimed and never read (no step started after the claim), not
+    /// inserted again since (`requeue_claimed` brings it back).
+    pub unread: Vec<Unentered>,
     /// Every event before this seq was read.
     pub stop: u64,
 }
 
-const READ: [&str; 6] = [TURN_START, STEP_START, USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT, TURN_END];
+const READ: [&str; 7] = [TURN_START, STEP_START, USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT, TURN_END, SPLICED];
 
 impl Transcript {
     /// Reads the conversation of `log` as it stands (every committed event). Assistant messages
@@ -62,8 +68,11 @@ impl Transcript {
         let mut out = Transcript { stop, ..Transcript::default() };
         let (mut turn, mut step) = (0, 0);
         for event in &read {
-            let data: Value = serde_json::from_str(event.data_json()).map_err(|e| MessageError::new("message", e.to_string()))?;
             let kind = event.kind();
+            if kind == SPLICED {
+                continue; // read by `unentered_claims` below
+            }
+            let data: Value = serde_json::from_str(event.data_json()).map_err(|e| MessageError::new("message", e.to_string()))?;
             if kind == TURN_START {
                 (turn, step) = (events::turn_of(&data).unwrap_or(turn + 1), 0);
                 continue;
@@ -92,6 +101,7 @@ impl Transcript {
             };
             out.entries.push(Entry { seq: event.seq, turn: t, step: s, message: Arc::new(message), interrupted });
         }
+        out.unread = unentered_claims(&read);
         Ok(out)
     }
 }

@@ -93,6 +93,27 @@ impl PyTranscript {
         Ok(list)
     }
 
+    /// What ended turns claimed but never read (a prompt cancelled between its claim and its
+    /// entry, a batch a `pre_step` rejected, a turn whose process died), and nothing inserted
+    /// again since: dicts `{seq, turn, target, message, ending}`, in claim order. `seq` is the
+    /// claim's splice, `target` the list it was claimed from, `ending` its turn's `turn/end`
+    /// reason. `loop.requeue_claimed(turn)` sends them again.
+    fn unread<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for claim in &self.inner.unread {
+            let Ok(message) = crate::message::Message::from_value(&claim.message) else { continue };
+            let d = PyDict::new(py);
+            d.set_item("seq", claim.seq)?;
+            d.set_item("turn", claim.turn)?;
+            d.set_item("target", claim.target.as_str())?;
+            d.set_item("message", wrap(py, std::sync::Arc::new(message))?)?;
+            let ending = self.inner.endings.iter().find(|e| e.turn == claim.turn).map(|e| &e.reason);
+            d.set_item("ending", to_py(py, ending.unwrap_or(&serde_json::Value::Null))?)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
     /// How each turn ended, in order: dicts `{seq, turn, reason}` (`reason` as in `turn/end`:
     /// `{"kind": "completed" | "max-tokens" | "blocked" | "error" | "aborted" | "interrupted", ...}`).
     #[getter]

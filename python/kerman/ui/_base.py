@@ -130,13 +130,16 @@ class QueueMirror:
     Each splice is validated by a ``kerman.InboxProjection`` first (a bad one raises
     ``ProjectionError`` with its seq, as replay does), then applied to the two lists here.
     It also remembers where each claimed message was claimed from, so the ``user/message``
-    that enters it can say whether it is a prompt, steering or context.
+    that enters it can say whether it is a prompt, steering or context, and which claimed
+    messages no step read before their turn ended (``unread``).
     """
 
     def __init__(self) -> None:
         self._check = InboxProjection()
         self.lists: dict[str, list[JsonDict]] = {"next-turn": [], "next-step": []}
         self.claimed: dict[str, str] = {}
+        self.undecided: dict[str, JsonDict] = {}  # claimed rows no pre-step decision took yet
+        self.unread: set[str] = set()  # ids shown as read by no turn, until inserted again
 
     def state(self) -> JsonDict:
         return {"nextTurn": list(self.lists["next-turn"]), "nextStep": list(self.lists["next-step"])}
@@ -155,9 +158,32 @@ class QueueMirror:
         if count and data.get("outcome") != "canceled":  # a claim: the messages go on into the turn
             for row in removed:
                 self.claimed[row["id"]] = row["placement"]
+                self.undecided[row["id"]] = row
         for row in inserted:
             self.claimed.pop(row["id"], None)
+            self.undecided.pop(row["id"], None)
         return target, start, removed, inserted
+
+    def step_started(self) -> None:
+        """A step started: the pre-step decision took what was claimed for it."""
+        self.undecided.clear()
+
+    def take_unread(self) -> list[JsonDict]:
+        """At a turn's end: what it claimed and no step read (cancelled before the decision,
+        rejected), in claim order. Claimed input never returns by itself; ``requeue_claimed``
+        inserts it again."""
+        rows = list(self.undecided.values())
+        self.undecided.clear()
+        for row in rows:
+            self.claimed.pop(row["id"], None)
+            self.unread.add(row["id"])
+        return rows
+
+    def requeued(self, inserted: list[JsonDict]) -> list[str]:
+        """The ids of ``inserted`` that were unread (sent again)."""
+        again = [row["id"] for row in inserted if row["id"] in self.unread]
+        self.unread.difference_update(again)
+        return again
 
     def entered(self, message_id: str, step: Optional[int]) -> str:
         """What an entered user message was: ``prompt``, ``steering`` or ``context``."""

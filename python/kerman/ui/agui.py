@@ -88,6 +88,8 @@ class AgUiProjection(Projection):
 
     def _spliced(self, seq: int, data: Any, out: list[JsonDict]) -> None:
         target, start, removed, inserted = self.queue.apply(self._event)
+        for message_id in self.queue.requeued(inserted):
+            out.append(self._ev("CUSTOM", name="kerman.requeued", value={"messageId": message_id}))
         if not self._snapshot_sent:
             self._snapshot_sent = True
             out.append(self._ev("STATE_SNAPSHOT", snapshot={"queue": self.queue.state()}))
@@ -106,6 +108,7 @@ class AgUiProjection(Projection):
         out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run))
 
     def _step_start(self, seq: int, data: Any, out: list[JsonDict]) -> None:
+        self.queue.step_started()
         self._step = data.get("step")
         self._streamed = False
         out.append(self._ev("STEP_STARTED", stepName=f"step-{self._step}"))
@@ -200,6 +203,10 @@ class AgUiProjection(Projection):
         run = self._run or f"turn-{data.get('turn')}"
         self._run = None
         self._step = None
+        for row in self.queue.take_unread():  # claimed, never read: shown, never hidden
+            out.append(self._ev("CUSTOM", name="kerman.unread", value={
+                "messageId": row["id"], "text": row["text"], "placement": row["placement"], "turn": data.get("turn"),
+                "reason": public_reason(reason)}))
         if kind == "error":
             error = reason.get("error") or {}
             failure = self._ev("RUN_ERROR", message=str(error.get("message") or "the turn failed"))

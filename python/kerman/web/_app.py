@@ -23,7 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import DuplicateMessageError, InvalidMessageError, KermanError, SessionExistsError, SessionNotFoundError, ui
+from .. import DuplicateMessageError, InvalidMessageError, KermanError, LoopError, SessionExistsError, SessionNotFoundError, ui
 from ..ui._base import JsonDict
 from ._errors import ApiError, error_response, public
 from ._guard import Guard, cookie_name, cookie_value
@@ -225,6 +225,23 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         loop.cancel("user", keep_inbox=keep)
         return JSONResponse({"cancelled": running, "keep_inbox": keep})
 
+    async def requeue(request: Request) -> JSONResponse:
+        """Sends again what turn ``turn`` claimed but never read (``AgentLoop.requeue_claimed``:
+        claimed input never comes back by itself), and starts a turn for it when idle."""
+        session = await session_of(request)
+        loop = sessions.owned_loop(session, "requeue")
+        body = await _json_body(request)
+        _fields(body, ("turn",))
+        turn = body.get("turn")
+        if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+            raise ApiError(400, "invalid-body", f"'turn' must be a turn number (an integer from 1), not {turn!r}")
+        try:
+            requeued = loop.requeue_claimed(turn)
+        except LoopError as error:
+            raise ApiError(409, "nothing-to-requeue", str(error)) from None
+        loop.wake()
+        return JSONResponse({"turn": turn, "requeued": [m.id for m in requeued]})
+
     async def events(request: Request) -> Response:
         session = await session_of(request)
         protocol = request.query_params.get("protocol", "agui")
@@ -309,6 +326,7 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         Route("/sessions/{session_id}/queue/{message_id}", edit_queued, methods=["PATCH"]),
         Route("/sessions/{session_id}/queue/{message_id}", remove_queued, methods=["DELETE"]),
         Route("/sessions/{session_id}/cancel", cancel, methods=["POST"]),
+        Route("/sessions/{session_id}/requeue", requeue, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = []

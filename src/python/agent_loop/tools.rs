@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyBaseException, PyException, PySystemError, PyValueError};
+use pyo3::exceptions::{PyBaseException, PyException, PySystemError, PySystemExit, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
@@ -90,8 +90,7 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
         return Ok(content(value).map(|content| Outcome { content, ..Outcome::text("") }).unwrap_or_else(|o| *o));
     }
     if !value.is_instance(c.tool_result.bind(py))? {
-        let text = format!("tool {} returned {}; expected str or ToolResult", crate::agent_loop::py_repr(name), type_name(value));
-        return Ok(Outcome::error(text, "TypeError", FailureCode::ToolError));
+        return Ok(Outcome::wrong_type(name, &type_name(value)));
     }
     let content = match content(&value.getattr(intern!(py, "content"))?) {
         Ok(content) => content,
@@ -128,7 +127,7 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
         concludes: value.getattr(intern!(py, "concludes_turn"))?.is_truthy()?,
         contexts,
         meta,
-        raised: false,
+        bug: false,
     })
 }
 
@@ -136,33 +135,55 @@ fn invalid(py: Python<'_>, name: &str, e: &PyErr) -> Outcome {
     Outcome::invalid(name, &type_name(e.value(py).as_any()), &e.value(py).to_string())
 }
 
-/// A body's exception as its outcome: its `CancelledError` is an aborted dispatch, any other
-/// exception an error result (reported once committed). `Err`: not an ordinary exception.
-fn raised(parts: &Parts, py: Python<'_>, tool: &Bound<'_, PyAny>, e: PyErr) -> PyResult<(Outcome, Option<PyErr>)> {
+/// What becomes of a body's exception once its call's result is committed.
+enum Kept {
+    /// Nothing (a cancellation, the model's bad arguments).
+    Nothing,
+    /// Reported as the tool's bug (`agent/error`, the logger); the turn goes on.
+    Report(PyErr),
+    /// It propagates: the step's other calls are answered, the turn fails with it and it
+    /// leaves the driver, as out of a model (`KeyboardInterrupt`: Ctrl-C still stops the
+    /// program).
+    Propagate(PyErr),
+}
+
+/// A body's exception as its outcome: its `CancelledError` is an aborted dispatch; any other
+/// exception, `SystemExit` included (argparse and click exit on bad input: the tool's own
+/// failure, not the program's), an error result reported once committed. Whatever else is not
+/// an `Exception` (`KeyboardInterrupt`, ...) also gets its error result, then propagates.
+fn raised(parts: &Parts, py: Python<'_>, tool: &Bound<'_, PyAny>, e: PyErr) -> PyResult<(Outcome, Kept)> {
     let c = classes(py)?;
     if e.is_instance(py, c.cancelled_error.bind(py)) {
-        return Ok((Outcome::aborted_during(), None));
+        return Ok((Outcome::aborted_during(), Kept::Nothing));
     }
-    if !e.is_instance_of::<PyException>(py) {
-        return Err(e);
-    }
+    let ordinary = e.is_instance_of::<PyException>(py);
     let exc = read::exception(py, &e);
     let name = type_name(&exc);
     let text = match exc.str() {
         Ok(s) if !s.to_string_lossy().is_empty() => s.to_string_lossy().into_owned(),
-        _ => name.clone(),
+        _ => String::new(),
+    };
+    // An exit code alone ("2") tells the model nothing: the class names what happened.
+    let text = match (ordinary, text.is_empty()) {
+        (_, true) => name.clone(),
+        (true, false) => text,
+        (false, false) => format!("{name}: {text}"),
     };
     // The model's mistake, as arguments that are not JSON are: no bug to report.
     if exc.is_instance(c.invalid_tool_arguments.bind(py))? {
-        return Ok((Outcome::bad_arguments(&text), None));
+        return Ok((Outcome::bad_arguments(&text), Kept::Nothing));
     }
     let mut outcome = Outcome::error(text, &name, FailureCode::ToolError);
     let function = tool.getattr(intern!(py, "fn")).ok().and_then(|f| callable_name(&f));
     if let Some(Value::Object(error)) = &mut outcome.error {
         error.extend(read::describe(parts, &exc, function.as_deref(), false)?);
     }
-    outcome.raised = true;
-    Ok((outcome, Some(e)))
+    if !ordinary && !e.is_instance_of::<PySystemExit>(py) {
+        // The turn's failure reports it; the result only answers the call.
+        return Ok((outcome, Kept::Propagate(e)));
+    }
+    outcome.bug = true;
+    Ok((outcome, Kept::Report(e)))
 }
 
 /// Reports the committed results whose bodies raised (`agent/error`, the logger).
@@ -220,12 +241,14 @@ pub(super) struct Lone {
     tool: Py<PyAny>,
     outcome: Option<Outcome>,
     exceptions: HashMap<usize, Py<PyBaseException>>,
+    /// What the body raised that propagates once its result is committed.
+    fatal: Option<Py<PyBaseException>>,
 }
 
 impl Lone {
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.tool)?;
-        for exc in self.exceptions.values() {
+        for exc in self.exceptions.values().chain(&self.fatal) {
             visit.call(exc)?;
         }
         Ok(())
@@ -289,7 +312,7 @@ impl Run {
                 let Some(tool) = tool(&parts, py, &name)? else {
                     return Err(PySystemError::new_err(format!("tool {name:?} was unregistered while its call started")));
                 };
-                self.lone = Some(Lone { plan, tool: tool.unbind(), outcome: None, exceptions });
+                self.lone = Some(Lone { plan, tool: tool.unbind(), outcome: None, exceptions, fatal: None });
                 if parts.log.get().inner.checkpoints() {
                     // The checkpoint barrier before the body.
                     let flush = parts.log.bind(py).call_method0(intern!(py, "flush"))?;
@@ -380,9 +403,13 @@ impl Run {
     fn lone_raised(&mut self, py: Python<'_>, e: PyErr) -> PyResult<Outcome> {
         let parts = Arc::clone(&self.parts);
         let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
-        let (outcome, exc) = raised(&parts, py, &tool, e)?;
-        if let Some(exc) = exc {
-            self.lone()?.exceptions.insert(0, exc.into_value(py));
+        let (outcome, kept) = raised(&parts, py, &tool, e)?;
+        match kept {
+            Kept::Nothing => {}
+            Kept::Report(exc) => {
+                self.lone()?.exceptions.insert(0, exc.into_value(py));
+            }
+            Kept::Propagate(exc) => self.lone()?.fatal = Some(exc.into_value(py)),
         }
         Ok(outcome)
     }
@@ -429,7 +456,7 @@ impl Run {
     }
 
     fn lone_commit<'py>(&mut self, py: Python<'py>, external: bool) -> PyResult<Step<'py>> {
-        let Lone { mut plan, outcome, exceptions, .. } =
+        let Lone { mut plan, outcome, exceptions, fatal, .. } =
             self.lone.take().ok_or_else(|| PySystemError::new_err("the driver lost its tool call"))?;
         let outcome = outcome.ok_or_else(|| PySystemError::new_err("the driver lost its tool outcome"))?;
         let parts = Arc::clone(&self.parts);
@@ -439,6 +466,10 @@ impl Run {
             plan.finish(&ctx.sink(), 0, outcome).map_err(|e| core_err(py, e))?;
         }
         let step = self.lone_next(py, plan, exceptions)?;
+        if let Some(fatal) = fatal {
+            // Answered; now the turn fails with it and it propagates.
+            return Ok(Step::Input(self.raised(py, PyErr::from_value(fatal.into_bound(py).into_any()))));
+        }
         if external {
             let cancelled = classes(py)?.cancelled_error.bind(py).call0()?;
             return Ok(Step::Input(self.raised(py, PyErr::from_value(cancelled))));
@@ -560,16 +591,18 @@ impl PyToolRun {
         self.finish_with(py, index, outcome)
     }
 
-    /// Call `index`'s body raised `exc`.
-    fn raised(&self, py: Python<'_>, index: usize, exc: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Call `index`'s body raised `exc`. True when `exc` must propagate once every call has
+    /// its result (a `KeyboardInterrupt`): the executor cancels the others, then raises it.
+    fn raised(&self, py: Python<'_>, index: usize, exc: &Bound<'_, PyAny>) -> PyResult<bool> {
         let (_, tool) = self.tool(py, index)?;
         let tool = tool.unwrap_or_else(|| py.None().into_bound(py));
         let parts = self.core.bind(py).get().parts()?;
-        let (outcome, exc) = raised(&parts, py, &tool, PyErr::from_value(exc.clone()))?;
-        if let Some(exc) = exc {
-            self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).insert(index, exc.into_value(py));
+        let (outcome, kept) = raised(&parts, py, &tool, PyErr::from_value(exc.clone()))?;
+        if let Kept::Report(exc) = &kept {
+            self.exceptions.lock().unwrap_or_else(PoisonError::into_inner).insert(index, exc.clone_ref(py).into_value(py));
         }
-        self.finish_with(py, index, outcome)
+        self.finish_with(py, index, outcome)?;
+        Ok(matches!(kept, Kept::Propagate(_)))
     }
 
     /// Call `index` was cancelled: aborted during dispatch, unless its body had finished.

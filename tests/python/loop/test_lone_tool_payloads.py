@@ -243,8 +243,9 @@ def test_a_base_exception_from_the_body_ends_the_turn_and_resets_the_flag():
 
     loop = asyncio.run(main())
     assert loop._in_user is False
-    # As on the Python path: no result is logged for a call whose body did not finish.
-    assert results(loop.log) == []
+    # Every call gets its result, whatever its body raised (the exception then ends the turn).
+    [result] = results(loop.log)
+    assert result.data["error"]["name"] == "Stop" and result.data["error"]["code"] == "TOOL_ERROR"
 
 
 def typed(value: Any) -> Any:

@@ -161,6 +161,51 @@ def test_tools_run_in_parallel_report_each_failure(caplog):
     assert len(kerman_errors(caplog)) == 2
 
 
+WRONG_RESULTS = {
+    "int": (lambda: 42, "tool 'bad' returned int; expected str or ToolResult"),
+    "dict": (lambda: {"answer": 42}, "tool 'bad' returned dict; expected str or ToolResult"),
+    "none": (lambda: None, "tool 'bad' returned NoneType; expected str or ToolResult"),
+    "nan-content": (lambda: kerman.ToolResult([{"type": "text", "text": "x", "n": float("nan")}]), None),
+}
+
+
+@pytest.mark.parametrize("calls", [1, 2], ids=["lone", "several"])
+@pytest.mark.parametrize("case", list(WRONG_RESULTS))
+def test_a_tool_returning_what_is_not_a_result_is_reported_as_a_tool_bug(case, calls, caplog):
+    value, text = WRONG_RESULTS[case]
+    replies = [kerman.ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "bad", "arguments": "{}"}
+                                  for i in range(calls)]), kerman.ModelReply("done")]
+
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        return replies.pop(0)
+
+    seen: List[Any] = []
+    loop = kerman.AgentLoop(model)
+
+    @loop.tool
+    async def bad(args: Any, ctx: Any) -> Any:
+        "Returns the wrong thing."
+        return value()
+
+    loop.on("agent/error", seen.append)
+    run_turn(loop)
+    assert [e.data["reason"]["kind"] for e in loop.log.events(types="turn/end")] == ["completed"]
+    results = list(loop.log.events(types="tool/result"))
+    assert [r.data["error"]["code"] for r in results] == ["TOOL_ERROR"] * calls
+    # Reported as a raising tool is: agent/error, last_error, the logger, once per call.
+    assert len(seen) == calls and loop.last_error is seen[-1]
+    for i, event in enumerate(seen):
+        assert event.exception is None and event.turn == 1 and event.step == 1
+        assert event.error["code"] == "TOOL_ERROR" and event.error["tool"] == "bad" and event.error["callId"] == f"c{i}"
+        message = results[i].data["message"]["content"][0]["content"][0]["text"]
+        assert event.error["message"] == message
+        if text is not None:
+            assert message == text and event.error["name"] == "TypeError"
+    records = kerman_errors(caplog)
+    assert len(records) == calls
+    assert all("tool 'bad' (call 'c" in r.getMessage() and "returned" in r.getMessage() for r in records)
+
+
 def test_a_failing_pre_step_listener_is_reported(caplog):
     loop = kerman.AgentLoop(lambda request: kerman.ModelReply("hi"))
 

@@ -104,6 +104,41 @@ function runEnd(text, isError) {
   scroll();
 }
 
+// Input a turn claimed but ended before reading (cancelled between its claim and its entry):
+// not queued any more and not in the conversation, so shown here with a resend button.
+const UNREAD = { aborted: "cancelled before it was read", blocked: "rejected before it was read" };
+
+function unreadCard(value) {
+  const el = document.createElement("div");
+  el.className = "unread";
+  el.dataset.unreadId = value.messageId;
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = value.text;
+  const kind = value.reason && value.reason.kind;
+  const note = document.createElement("span");
+  note.className = "note";
+  note.textContent = UNREAD[kind] || `not read: the turn ended ${kind}`;
+  const resend = document.createElement("button");
+  resend.type = "button";
+  resend.className = "resend";
+  resend.textContent = "resend";
+  resend.onclick = () => { resend.disabled = true; api("POST", sessionPath("/requeue"), { turn: value.turn }).catch(() => { resend.disabled = false; }); };
+  el.append(text, " ", note, " ", resend);
+  $("#transcript").append(el);
+  scroll();
+}
+
+function requeued(value) {
+  for (const el of document.querySelectorAll(".unread")) {
+    if (el.dataset.unreadId !== value.messageId) continue;
+    el.dataset.resent = "true";
+    el.querySelector(".note").textContent = "sent again";
+    const resend = el.querySelector(".resend");
+    if (resend) resend.remove();
+  }
+}
+
 function setStatus(status) {
   const el = $("#status");
   el.dataset.status = status;
@@ -206,6 +241,8 @@ const handlers = {
   STATE_DELTA: (e) => { if (state.queue) { patch(state.queue, e.delta); renderQueue(); } },
   CUSTOM: (e) => {
     if (e.name === "kerman.steering" || e.name === "kerman.context") state.tags.set(e.value.messageId, e.name.slice(7));
+    else if (e.name === "kerman.unread") unreadCard(e.value);
+    else if (e.name === "kerman.requeued") requeued(e.value);
   },
 };
 
