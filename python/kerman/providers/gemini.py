@@ -17,22 +17,17 @@ from ._base import (
     Provider,
     ReplyBuilder,
     _Bounded,
-    body_error,
-    check_api_key,
     classify,
     image_parts,
-    is_transport_error,
-    malformed_stream,
     merge_turns,
     mint_call_id,
     parse_arguments,
     require,
-    retry_after_ms,
     tool_result_text,
-    transport_error,
     usage_chunk,
     usage_dict,
 )
+from ._errors import body_error, check_api_key, is_transport_error, malformed_stream, retry_after_ms, transport_error
 
 __all__ = ["Gemini"]
 

@@ -44,7 +44,8 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
                     for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}),
                                                ("DELETE", f"/queue/{message_id}", None)):
                         response = client.request(method, f"/sessions/{session_id}{path}",
-                                                  content=None if body is None else json.dumps(body))
+                                                  content=None if body is None else json.dumps(body),
+                                                  headers={"Content-Type": "application/json"})
                         assert response.status_code == 409, (method, path, response.text)
                         assert response.json()["error"]["code"] == "not-queued"
                         assert message_id in response.json()["error"]["message"]
