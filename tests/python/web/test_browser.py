@@ -28,8 +28,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 
 
-@pytest.fixture(scope="module")
-def browser():
+def chromium(*flags: str, page_load_timeout: float = WAIT):
+    """A headless Chromium through Debian's chromedriver (no driver download), quit at the end:
+    skipped without them, failed instead when KERMAN_BROWSER_REQUIRED=1 (CI). A generator, for
+    each test module's browser fixture to ``yield from`` with its own flags."""
     if not (CHROMIUM and DRIVER):
         message = "Debian's chromium and chromium-driver are not installed (bash .ci/browser-deps.sh installs them)"
         if os.environ.get("KERMAN_BROWSER_REQUIRED") == "1":
@@ -37,14 +39,19 @@ def browser():
         pytest.skip(message)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900", *flags):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)  # no driver download
-    driver.set_page_load_timeout(WAIT)
+    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
+    driver.set_page_load_timeout(page_load_timeout)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from chromium()
 
 
 def wait_for(driver, condition, what):

@@ -17,14 +17,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_browser import CHROMIUM, DRIVER, WAIT, bubbles, send, wait_for
+from test_browser import WAIT, bubbles, chromium, send, wait_for
 from web_helpers import Server
 
 pytest.importorskip("starlette")
 webdriver = pytest.importorskip("selenium.webdriver")
-import os  # noqa: E402
 
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 RULES = "MAP attacker.test 127.0.0.2, MAP rebound.test 127.0.0.1"
@@ -32,22 +30,7 @@ RULES = "MAP attacker.test 127.0.0.2, MAP rebound.test 127.0.0.1"
 
 @pytest.fixture(scope="module")
 def browser():
-    if not (CHROMIUM and DRIVER):
-        message = "Debian's chromium and chromium-driver are not installed (bash .ci/browser-deps.sh installs them)"
-        if os.environ.get("KERMAN_BROWSER_REQUIRED") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900",
-                 f"--host-resolver-rules={RULES}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium(f"--host-resolver-rules={RULES}")
 
 
 ATTACK = """<!doctype html><html><head><title>attacking</title></head><body>

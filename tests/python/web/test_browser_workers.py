@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from test_browser import CHROMIUM, DRIVER, bubbles, queue, send, wait_for
+from test_browser import bubbles, chromium, queue, send, wait_for
 from web_helpers import Server
 
 from conftest import fresh_schema_dsn, needs_postgres
@@ -23,7 +23,6 @@ from conftest import fresh_schema_dsn, needs_postgres
 pytestmark = needs_postgres
 pytest.importorskip("starlette")
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 import kerman  # noqa: E402
@@ -34,21 +33,11 @@ DEADLINE = 30.0
 
 @pytest.fixture(scope="module")
 def browser():
-    if not (CHROMIUM and DRIVER):
-        message = "Debian's chromium and chromium-driver are not installed (bash .ci/browser-deps.sh installs them)"
-        if os.environ.get("KERMAN_BROWSER_REQUIRED") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-    driver.set_page_load_timeout(DEADLINE)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium(page_load_timeout=DEADLINE)
+
+
+def click(driver, selector):
+    wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, selector).click() or True, f"a click on {selector}")
 
 
 def start_worker(dsn: str, name: str) -> subprocess.Popen:
@@ -93,14 +82,16 @@ def test_cancel_edit_and_remove_from_the_page_reach_the_owning_worker(browser):
                 send(browser, "queued B")
                 wait_for(browser, lambda d: queue(d) == [["queued", "queued A"], ["queued", "queued B"]], "two queued messages")
 
-                browser.find_element(By.CSS_SELECTOR, "#queue li:first-child button.edit").click()
+                # The queue is re-rendered as events arrive: a button found just before a render is
+                # stale, so each click is retried until it lands on the current element.
+                click(browser, "#queue li:first-child button.edit")
                 field = wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#queue input.edit-text"), "the edit field")
                 field.clear()
                 field.send_keys("A, edited in the browser")
-                browser.find_element(By.CSS_SELECTOR, "#queue button.save").click()
+                click(browser, "#queue button.save")
                 wait_for(browser, lambda d: queue(d) == [["queued", "A, edited in the browser"], ["queued", "queued B"]],
                          "the edit to show")
-                browser.find_element(By.CSS_SELECTOR, "#queue li:nth-child(2) button.remove").click()
+                click(browser, "#queue li:nth-child(2) button.remove")
                 wait_for(browser, lambda d: queue(d) == [["queued", "A, edited in the browser"]], "the removal to show")
 
                 assert browser.find_element(By.ID, "keep-inbox").is_selected()
@@ -122,11 +113,11 @@ def test_cancel_edit_and_remove_from_the_page_reach_the_owning_worker(browser):
             send(browser, "queued C")
             wait_for(browser, lambda d: queue(d) == [["queued", "queued C"]], "one queued message")
             message_id = browser.find_element(By.CSS_SELECTOR, "#queue li").get_attribute("data-id")
-            browser.find_element(By.CSS_SELECTOR, "#queue li:first-child button.edit").click()
+            click(browser, "#queue li:first-child button.edit")
             field = wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#queue input.edit-text"), "the edit field")
             assert client.delete(f"/sessions/{sessions[-1]}/queue/{message_id}").status_code == 200
             field.send_keys(" (too late)")
-            browser.find_element(By.CSS_SELECTOR, "#queue button.save").click()
+            click(browser, "#queue button.save")
             wait_for(browser, lambda d: "no longer queued" in d.find_element(By.ID, "error").text, "the refusal")
             assert message_id in browser.find_element(By.ID, "error").text
             browser.find_element(By.ID, "keep-inbox").click()  # untick: discard the queue
