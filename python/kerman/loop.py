@@ -19,7 +19,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
 
-from . import _dispatch, _executor, _html, _report
+from . import _dispatch, _html, _report
+from .tools import _executor
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .errors import InboxError, LeaseLostError, LoopError
 from .types import LiveEvent, Signal, Tool

@@ -311,7 +311,7 @@ class Tool:
             raise ValueError(f"a tool name must be a non-empty str, got {name!r}")
         if not callable(fn):
             raise TypeError(f"tool {name!r}: fn must be callable")
-        from . import _schema
+        from .tools import _schema
 
         typed = _schema.typed_tool(name, fn)
         if parameters is not None:

@@ -19,7 +19,7 @@ import pytest
 
 import kerman
 from kerman import cli
-from kerman._timeline import format_event, summarize
+from kerman.cli._timeline import format_event, summarize
 
 # -- building session files --------------------------------------------------------------------
 
@@ -690,16 +690,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_demo_dispatches_with_the_parsed_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    fake = types.ModuleType("kerman.demo")
+    fake = types.ModuleType("kerman.cli.demo")
     fake.main = lambda args: seen.append(args) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kerman.demo", fake)
+    monkeypatch.setitem(sys.modules, "kerman.cli.demo", fake)
     assert cli.main(["demo", "--dir", str(tmp_path)]) == 7
     assert seen[0].dir == str(tmp_path)
     assert cli.main(["demo"]) == 7
     assert seen[1].dir is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kerman.demo") is None, reason="kerman.demo is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("kerman.cli.demo") is None, reason="kerman.demo is not installed")
 def test_demo_runs_in_the_given_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "demo"
     code = cli.main(["demo", "--dir", str(folder)])

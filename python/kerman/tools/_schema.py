@@ -36,8 +36,8 @@ import types
 import typing
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
-from .errors import InvalidToolArgumentsError
-from .types import ToolContext
+from ..errors import InvalidToolArgumentsError
+from ..types import ToolContext
 
 __all__ = ["Typed", "typed_tool", "check_parameters", "schema_problem", "parse_docstring", "Docstring"]
 

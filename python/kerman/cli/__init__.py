@@ -21,9 +21,9 @@ import shlex
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from . import FORMAT_VERSION, FileStore, InboxProjection, __version__
+from .. import FORMAT_VERSION, FileStore, InboxProjection, __version__
 from ._timeline import _escape, format_event, message_text, quote, source_tag, traceback_lines
-from .errors import (
+from ..errors import (
     CorruptLogError,
     KermanError,
     ProjectionError,
@@ -317,7 +317,7 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
 
 
 def _list_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from ._workers_cli import session_rows
+    from ._workers import session_rows
 
     store = _postgres(args.store)
     rows = []
@@ -571,11 +571,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _workers_command(name: str, args: argparse.Namespace) -> int:
-    from . import _workers_cli
+    from . import _workers
 
     if name == "worker":
-        return _workers_cli.run_worker(args, _shown, _err)
-    return _workers_cli.run_sessions(args, _out, _err, _shown_id)
+        return _workers.run_worker(args, _shown, _err)
+    return _workers.run_sessions(args, _out, _err, _shown_id)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -589,7 +589,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from .web._serve import main as serve_main  # imports Starlette and uvicorn only when serving
+        from ..web._serve import main as serve_main  # imports Starlette and uvicorn only when serving
     except ImportError as error:
         missing = (error.name or "").split(".")[0]
         if missing not in ("starlette", "sse_starlette", "uvicorn", "anyio"):
@@ -693,7 +693,7 @@ def _parser() -> argparse.ArgumentParser:
     chat_arguments(chat)
     chat.set_defaults(handler=_cmd_chat)
 
-    from ._workers_cli import add_sessions_arguments, add_worker_arguments
+    from ._workers import add_sessions_arguments, add_worker_arguments
 
     worker = commands.add_parser("worker", help="serve the sessions of a PostgreSQL store (kerman.Worker)",
                                  description="Take sessions with waiting input and no live owner, run their "

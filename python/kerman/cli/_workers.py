@@ -12,8 +12,8 @@ import signal
 import time
 from typing import Any, Callable, Coroutine, Dict, List
 
-from ._imports import load_object
-from .errors import SessionNotFoundError
+from .._imports import load_object
+from ..errors import SessionNotFoundError
 
 
 def _seconds(text: str) -> float:
@@ -63,7 +63,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_store(args: argparse.Namespace, **options: Any) -> Any:
     """The ``PostgresStore`` the flags of :func:`add_connection_arguments` describe."""
-    from ._core import PostgresStore
+    from .._core import PostgresStore
 
     return PostgresStore(args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements,
                          listen_dsn=args.listen_dsn, **options)
@@ -129,7 +129,7 @@ def _on_stop_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) 
 
 
 def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Callable[[str], None]) -> int:
-    from .worker import Worker
+    from ..worker import Worker
 
     try:
         factory = load_factory(args.app)
