@@ -29,8 +29,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, TextI
 
 from .. import AgentLoop, FileStore, Retry, SessionLog
 from .._imports import load_object
-from ._timeline import message_text, terminal_text
 from ..errors import KermanError, SessionNotFoundError
+from ._timeline import message_text, terminal_text
 
 __all__ = ["PROVIDERS", "add_arguments", "load_model", "run"]
 
