@@ -9,6 +9,8 @@ showcase. Errors are one line on stderr, never a traceback: exit 2 for usage and
 1 for everything else that went wrong.
 """
 
+from ._common import LARGE_FILE_BYTES as LARGE_FILE_BYTES
+from ._common import STORE_HELP as STORE_HELP
 from ._common import human_size
 from ._main import main
 

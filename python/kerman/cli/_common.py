@@ -10,7 +10,7 @@ import shlex
 import sys
 from typing import Any, Callable, Optional
 
-from .. import FileStore
+from .. import FileStore, PostgresStore
 from ..errors import (
     CorruptLogError,
     KermanError,
@@ -47,7 +47,7 @@ def human_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _count(n: Any, noun: str) -> str:
+def _count(n: object, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -76,7 +76,7 @@ def _err(line: str) -> None:
     sys.stderr.flush()
 
 
-def _shown_id(session_id: Any) -> str:
+def _shown_id(session_id: object) -> str:
     """A session id as text output shows it: control characters (newlines too) escaped."""
     return _escape(str(session_id))
 
@@ -169,7 +169,7 @@ def _store(path: str) -> FileStore:
     return FileStore(path, durability="none")
 
 
-def _follow(store: Any, session_id: str) -> tuple[dict[str, Any], list[Any]]:
+def _follow(store: PostgresStore, session_id: str) -> tuple[dict[str, Any], list[Any]]:
     """The header and events of a PostgreSQL session, read by a follower that then stops."""
     log = _session_call(store.follow, session_id)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .. import FORMAT_VERSION, __version__
 from ..errors import (
@@ -66,7 +66,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_serve(commands: Any) -> None:
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser("serve", help="serve sessions over HTTP: SSE streams (AG-UI, Vercel AI SDK, kerman) "
                                               "and a web chat (needs kerman[web])",
                                 description="Serve a store's sessions over HTTP (docs/web.md).")

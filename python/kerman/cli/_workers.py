@@ -10,8 +10,9 @@ import json
 import logging
 import signal
 import time
-from typing import Any, Callable, Coroutine, Dict, List
+from typing import Any, Callable, Coroutine, Dict, List, Optional
 
+from .._core import PostgresStore
 from .._imports import load_object
 from ..errors import SessionNotFoundError
 
@@ -178,7 +179,7 @@ def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     unpark.add_argument("id", help="the session id")
 
 
-def _ago(now: float, at: Any) -> str:
+def _ago(now: float, at: Optional[float]) -> str:
     if at is None:
         return "—"
     seconds = now - at
@@ -186,7 +187,7 @@ def _ago(now: float, at: Any) -> str:
                                                           else time.strftime("%Y-%m-%d %H:%M", time.localtime(at)))
 
 
-def _expiry(now: float, at: Any) -> str:
+def _expiry(now: float, at: Optional[float]) -> str:
     if at is None:
         return "—"
     left = at - now
@@ -207,7 +208,7 @@ def _state(row: Dict[str, Any]) -> str:
     return "owned" if row["expires_at"] is None or row["expires_at"] >= row["now"] else "expired"
 
 
-def session_rows(store: Any) -> List[Dict[str, Any]]:
+def session_rows(store: PostgresStore) -> List[Dict[str, Any]]:
     """``store.sessions()`` with the derived ``state``: free, waiting (input, no owner), owned,
     expired (its owner stopped renewing: dead or stalled), parked."""
     rows: List[Dict[str, Any]] = store.sessions()

@@ -23,11 +23,13 @@ from typing import Any, AsyncIterator, Dict, Optional
 
 from .. import (
     AgentLoop,
+    Decision,
     Enter,
     FileStore,
     InboxProjection,
     ModelReply,
     ModelRequest,
+    Next,
     PreStep,
     Reject,
     SessionLog,
@@ -104,7 +106,7 @@ def _plugins(loop: AgentLoop) -> None:
     """The two pre-step plugins: a guard, then a context folder (a waterfall, in this order)."""
 
     @loop.pre_step
-    async def guard(step: PreStep, next: Any) -> Any:
+    async def guard(step: PreStep, next: Next[Decision]) -> Decision:
         for message in step.messages:
             hit = [word for word in DESTRUCTIVE if word in message.text.lower()]
             if hit:
@@ -112,7 +114,7 @@ def _plugins(loop: AgentLoop) -> None:
         return await next()
 
     @loop.pre_step
-    async def fold_context(step: PreStep, next: Any) -> Any:
+    async def fold_context(step: PreStep, next: Next[Decision]) -> Decision:
         notes = [m for m in step.messages if m.source.get("kind") == "plugin"]
         if not notes:
             return await next()
@@ -231,7 +233,7 @@ async def _crashing_process(folder: str) -> None:
     loop = AgentLoop(DemoModel(), log)
 
     @loop.pre_step
-    async def approval(step: PreStep, next: Any) -> Any:
+    async def approval(step: PreStep, next: object) -> Any:
         await log.flush()  # the claim is on disk
         print("claimed " + ", ".join(repr(m.text) for m in step.messages), flush=True)
         await asyncio.Event().wait()  # waiting for a human approval that never comes

@@ -642,7 +642,7 @@ def test_large_files_get_a_progress_note_on_stderr_only(tmp_path: Path, capsys: 
     size = session_file(root, "s1").stat().st_size
     code, out, err = run(capsys, "log", "show", str(root), "s1", "--json")
     assert code == 0 and err == ""
-    monkeypatch.setattr(cli, "LARGE_FILE_BYTES", size)
+    monkeypatch.setattr(cli._common, "LARGE_FILE_BYTES", size)
     code, out, err = run(capsys, "log", "show", str(root), "s1", "--json")
     assert code == 0 and err == f"kerman: reading {cli.human_size(size)}…\n"
     assert all(json.loads(line)["type"] for line in out.splitlines())
