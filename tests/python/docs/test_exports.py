@@ -32,7 +32,7 @@ HOOKS = ["Enter", "Reject", "Retry", "Refuse", "Decision", "Next", "PreStepListe
          "RequestErrorListener", "InsertTransform", "Target", "PreStep", "ModelRequest", "ModelReply",
          "RequestFailure", "TurnStopping", "LiveEvent"]
 MODULES: Dict[str, List[str]] = {
-    "kerman.hooks": HOOKS,
+    "kerman.hooks": HOOKS + ["Model"],
     "kerman.signal": ["Signal"],
     "kerman.tools": ["Tool", "ToolContext", "ToolResult"],
     "kerman.types": ["Signal", "Enter", "Reject", "Retry", "Refuse", "Decision", "Next", "PreStepListener",
