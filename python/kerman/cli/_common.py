@@ -8,15 +8,17 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-from .. import FileStore, PostgresStore
+from .. import Event, FileStore, PostgresStore
 from ..errors import (
     CorruptLogError,
     KermanError,
     SessionNotFoundError,
 )
 from ._timeline import _escape
+
+_T = TypeVar("_T")
 
 #: Files at least this large get a progress note on stderr before they are read.
 LARGE_FILE_BYTES = 50 * 1000 * 1000
@@ -169,7 +171,7 @@ def _store(path: str) -> FileStore:
     return FileStore(path, durability="none")
 
 
-def _follow(store: PostgresStore, session_id: str) -> tuple[dict[str, Any], list[Any]]:
+def _follow(store: PostgresStore, session_id: str) -> tuple[dict[str, Any], list[Event]]:
     """The header and events of a PostgreSQL session, read by a follower that then stops."""
     log = _session_call(store.follow, session_id)
     try:
@@ -210,7 +212,7 @@ def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
     return text
 
 
-def _session_call(method: Callable[[str], Any], session_id: str) -> Any:
+def _session_call(method: Callable[[str], _T], session_id: str) -> _T:
     """``method(session_id)``, with an id the store refuses reported as bad usage."""
     try:
         return method(session_id)

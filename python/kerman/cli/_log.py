@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-from .. import InboxProjection
+from .. import Event, InboxProjection
 from ..errors import (
     CorruptLogError,
     KermanError,
@@ -41,7 +41,7 @@ from ._common import (
 from ._timeline import format_event, message_text, quote, source_tag, traceback_lines
 
 
-def _read(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+def _read(args: argparse.Namespace) -> tuple[dict[str, Any], list[Event], dict[str, Any]]:
     if _is_dsn(args.store):
         header, events = _follow(_postgres(args.store), args.id)
         return header, events, {}
@@ -96,7 +96,7 @@ def _local_time(ms: Any) -> str:
         return "?"
 
 
-def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Any], total: int,
+def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Event], total: int,
                   info: dict[str, Any]) -> None:
     if args.json:
         for event in events:

@@ -62,10 +62,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                              "through transaction pooling")
 
 
-def open_store(args: argparse.Namespace, **options: Any) -> Any:
+def open_store(args: argparse.Namespace, **options: Any) -> PostgresStore:
     """The ``PostgresStore`` the flags of :func:`add_connection_arguments` describe."""
-    from .._core import PostgresStore
-
     return PostgresStore(args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements,
                          listen_dsn=args.listen_dsn, **options)
 
