@@ -754,7 +754,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(machine_line())
     print(f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
           "Loop rows (P3, P4, P10): the core's turn machine decides, the native Driver awaits; "
-          "a lone tool call runs in the driver task, several go through kerman._executor.")
+          "a lone tool call runs in the driver task, several go through kerman.tools._executor.")
     return 0
 
 

@@ -489,7 +489,7 @@ class LoopCore:
 
 @final
 class ToolRun:
-    """A plan of several tool calls, run by ``kerman._executor.run``: the core decides what
+    """A plan of several tool calls, run by ``kerman.tools._executor.run``: the core decides what
     starts and commits results in model order."""
 
     def next(self) -> int | None: ...

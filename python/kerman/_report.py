@@ -14,7 +14,7 @@ import os
 import traceback
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .types import LiveEvent
+from .hooks import LiveEvent
 
 if TYPE_CHECKING:
     from .loop import AgentLoop

@@ -19,10 +19,12 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
 
-from . import _dispatch, _executor, _html, _report
+from . import _dispatch, _html, _report
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .errors import InboxError, LeaseLostError, LoopError
-from .types import LiveEvent, Signal, Tool
+from .hooks import LiveEvent, Model
+from .signal import Signal
+from .tools import Tool, _executor
 
 __all__ = ["AgentLoop", "TurnStillRunningWarning"]
 
@@ -115,7 +117,7 @@ class AgentLoop:
     inbox is replayed and the turn counter restored; nothing runs until a wake.
     """
 
-    def __init__(self, model: Callable[..., Any], log: Optional[SessionLog] = None, tools: Sequence[Tool] = (),
+    def __init__(self, model: Model, log: Optional[SessionLog] = None, tools: Sequence[Tool] = (),
                  max_parallel_tool_calls: int = 10, *, options: Optional[Dict[str, Any]] = None,
                  instructions: Union[str, None, _FromLog] = _FROM_LOG) -> None:
         if not callable(model):

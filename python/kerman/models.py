@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any, AsyncIterator, Deque, Dict, Iterable, List, Union
 
 from .errors import ModelError
-from .types import ModelReply, ModelRequest
+from .hooks import ModelReply, ModelRequest
 
 __all__ = ["ScriptedModel", "EchoModel"]
 

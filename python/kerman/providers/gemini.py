@@ -10,7 +10,7 @@ import os
 from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
-from ..types import ModelReply
+from ..hooks import ModelReply
 from ._base import (
     DEFAULT_RETRY,
     Blocks,

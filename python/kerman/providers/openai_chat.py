@@ -8,7 +8,7 @@ import importlib
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
 
 from .._core import AssistantMessage, ToolResultMessage
-from ..types import ModelReply
+from ..hooks import ModelReply
 from ._base import (
     DEFAULT_RETRY,
     Blocks,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
-from ..types import ModelReply
+from ..hooks import ModelReply
 from ._base import (
     DEFAULT_RETRY,
     Blocks,

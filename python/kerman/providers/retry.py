@@ -10,7 +10,7 @@ import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ModelError
-from ..types import ModelReply, Retry
+from ..hooks import ModelReply, Retry
 
 __all__ = ["retry_policy", "should_retry", "Fallback", "RETRY_ON", "FALLBACK_ON"]
 

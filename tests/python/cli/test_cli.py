@@ -19,7 +19,7 @@ import pytest
 
 import kerman
 from kerman import cli
-from kerman._timeline import format_event, summarize
+from kerman.cli._timeline import format_event, summarize
 
 # -- building session files --------------------------------------------------------------------
 
@@ -642,7 +642,7 @@ def test_large_files_get_a_progress_note_on_stderr_only(tmp_path: Path, capsys: 
     size = session_file(root, "s1").stat().st_size
     code, out, err = run(capsys, "log", "show", str(root), "s1", "--json")
     assert code == 0 and err == ""
-    monkeypatch.setattr(cli, "LARGE_FILE_BYTES", size)
+    monkeypatch.setattr(cli._common, "LARGE_FILE_BYTES", size)
     code, out, err = run(capsys, "log", "show", str(root), "s1", "--json")
     assert code == 0 and err == f"kerman: reading {cli.human_size(size)}…\n"
     assert all(json.loads(line)["type"] for line in out.splitlines())
@@ -690,16 +690,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_demo_dispatches_with_the_parsed_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    fake = types.ModuleType("kerman.demo")
+    fake = types.ModuleType("kerman.cli.demo")
     fake.main = lambda args: seen.append(args) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kerman.demo", fake)
+    monkeypatch.setitem(sys.modules, "kerman.cli.demo", fake)
     assert cli.main(["demo", "--dir", str(tmp_path)]) == 7
     assert seen[0].dir == str(tmp_path)
     assert cli.main(["demo"]) == 7
     assert seen[1].dir is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kerman.demo") is None, reason="kerman.demo is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("kerman.cli.demo") is None, reason="kerman.demo is not installed")
 def test_demo_runs_in_the_given_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "demo"
     code = cli.main(["demo", "--dir", str(folder)])

@@ -12,6 +12,7 @@ import pytest
 
 import kerman
 from kerman import cli
+from kerman.cli._common import _shown
 
 PASSWORD = "s3cret-pw"
 
@@ -157,6 +158,6 @@ def test_locked_and_invalid_errors_escape_ids(capsys, tmp_path, sid):
 
 @pytest.mark.parametrize("dsn", DSNS)
 def test_shown_dsn_keeps_the_host_and_drops_the_password(dsn):
-    shown = cli._shown(dsn)
+    shown = _shown(dsn)
     assert PASSWORD not in shown and "with space" not in shown
     assert ("127.0.0.1" in shown or "127.0.0.1" not in dsn) and "***" in shown

@@ -11,6 +11,7 @@ import pytest
 
 import kerman
 from kerman import cli
+from kerman.cli._log import _type_filter
 
 TYPES = ["assistant/message", "assistant/chunk", "turn/start", "turn/end", "plugin/[x]", "plugin/x", "tool/result"]
 
@@ -40,7 +41,7 @@ def test_events_and_the_cli_match_the_same_types(pattern, expected):
     log = appended(TYPES)
     assert [e.type for e in log.events(types=pattern)] == expected
     assert [e.type for e in log.events(types=[pattern, "no/such"])] == expected
-    keep = cli._type_filter([pattern])
+    keep = _type_filter([pattern])
     assert [t for t in TYPES if keep(t)] == expected
 
 

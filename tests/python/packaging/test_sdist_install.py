@@ -22,7 +22,7 @@ from packaging_helpers import (
 
 needs_sdist = pytest.mark.skipif(not WHEEL_DIR, reason="KERMAN_WHEEL_DIR is unset (make test-wheels builds and tests the sdist)")
 NEEDED = ["pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "src/lib.rs", "src/python/mod.rs",
-          "python/kerman/__init__.py", "python/kerman/_core.pyi", "python/kerman/py.typed", "python/kerman/cli.py"]
+          "python/kerman/__init__.py", "python/kerman/_core.pyi", "python/kerman/py.typed", "python/kerman/cli/__init__.py"]
 
 
 def the_sdist() -> Path:

@@ -134,7 +134,7 @@ def turn_ends(store: PostgresStore, sid: str) -> List[str]:
 
 def row(store: PostgresStore, sid: str) -> dict:
     """The session's `store.sessions()` row, with the `state` `kerman sessions` derives."""
-    from kerman._workers_cli import _state
+    from kerman.cli._workers import _state
 
     (r,) = store.sessions(sid)
     r["state"] = _state(r)
@@ -253,7 +253,7 @@ def test_input_staged_before_any_worker_starts_is_taken_at_start(workers):
 
 
 def _rows(store: PostgresStore) -> List[dict]:
-    from kerman._workers_cli import session_rows
+    from kerman.cli._workers import session_rows
 
     return session_rows(store)
 

@@ -10,7 +10,7 @@ import pytest
 
 import kerman
 from kerman import Tool
-from kerman._schema import schema_problem
+from kerman.tools._check import schema_problem
 
 try:
     import jsonschema

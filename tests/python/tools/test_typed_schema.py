@@ -14,7 +14,8 @@ from tools_helpers import parameters_of, spec_of
 
 import kerman
 from kerman import ToolContext
-from kerman._schema import parse_docstring, schema_problem
+from kerman.tools._check import schema_problem
+from kerman.tools._docstring import parse_docstring
 
 try:
     import jsonschema

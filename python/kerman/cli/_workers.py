@@ -10,10 +10,11 @@ import json
 import logging
 import signal
 import time
-from typing import Any, Callable, Coroutine, Dict, List
+from typing import Any, Callable, Coroutine, Dict, List, Optional
 
-from ._imports import load_object
-from .errors import SessionNotFoundError
+from .._core import PostgresStore
+from .._imports import load_object
+from ..errors import SessionNotFoundError
 
 
 def _seconds(text: str) -> float:
@@ -61,10 +62,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                              "through transaction pooling")
 
 
-def open_store(args: argparse.Namespace, **options: Any) -> Any:
+def open_store(args: argparse.Namespace, **options: Any) -> PostgresStore:
     """The ``PostgresStore`` the flags of :func:`add_connection_arguments` describe."""
-    from ._core import PostgresStore
-
     return PostgresStore(args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements,
                          listen_dsn=args.listen_dsn, **options)
 
@@ -129,7 +128,7 @@ def _on_stop_signals(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) 
 
 
 def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Callable[[str], None]) -> int:
-    from .worker import Worker
+    from ..worker import Worker
 
     try:
         factory = load_factory(args.app)
@@ -178,7 +177,7 @@ def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     unpark.add_argument("id", help="the session id")
 
 
-def _ago(now: float, at: Any) -> str:
+def _ago(now: float, at: Optional[float]) -> str:
     if at is None:
         return "—"
     seconds = now - at
@@ -186,7 +185,7 @@ def _ago(now: float, at: Any) -> str:
                                                           else time.strftime("%Y-%m-%d %H:%M", time.localtime(at)))
 
 
-def _expiry(now: float, at: Any) -> str:
+def _expiry(now: float, at: Optional[float]) -> str:
     if at is None:
         return "—"
     left = at - now
@@ -207,7 +206,7 @@ def _state(row: Dict[str, Any]) -> str:
     return "owned" if row["expires_at"] is None or row["expires_at"] >= row["now"] else "expired"
 
 
-def session_rows(store: Any) -> List[Dict[str, Any]]:
+def session_rows(store: PostgresStore) -> List[Dict[str, Any]]:
     """``store.sessions()`` with the derived ``state``: free, waiting (input, no owner), owned,
     expired (its owner stopped renewing: dead or stalled), parked."""
     rows: List[Dict[str, Any]] = store.sessions()

@@ -72,7 +72,7 @@ async def run(run: Any) -> None:
     tasks: Dict[int, asyncio.Task[None]] = {}
     fatal: List[BaseException] = []
 
-    def cancel_running(_reason: Any = None) -> None:
+    def cancel_running(_reason: object = None) -> None:
         for task in tasks.values():
             task.cancel()
 

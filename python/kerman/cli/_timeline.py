@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 __all__ = ["summarize", "format_event", "message_text", "quote", "compact_json", "short_id", "source_tag",
            "TYPE_WIDTH"]
@@ -59,7 +59,7 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
-def quote(text: Any, limit: Optional[int] = TEXT_LIMIT) -> str:
+def quote(text: object, limit: Optional[int] = TEXT_LIMIT) -> str:
     """``"text"`` truncated to ``limit`` characters (``None``: no limit), control characters escaped."""
     if not isinstance(text, str):
         text = str(text)
@@ -68,7 +68,7 @@ def quote(text: Any, limit: Optional[int] = TEXT_LIMIT) -> str:
     return '"' + _escape(text) + '"'
 
 
-def compact_json(value: Any, limit: Optional[int] = JSON_LIMIT) -> str:
+def compact_json(value: object, limit: Optional[int] = JSON_LIMIT) -> str:
     """Compact JSON (non-JSON values rendered with ``repr``), truncated, control characters escaped."""
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
@@ -79,7 +79,7 @@ def compact_json(value: Any, limit: Optional[int] = JSON_LIMIT) -> str:
     return _escape(text)
 
 
-def short_id(message_id: Any) -> str:
+def short_id(message_id: object) -> str:
     """A message id shortened for a timeline.
 
     Minted ids are UUIDv7, whose leading characters are a timestamp shared by every message of a
@@ -89,7 +89,7 @@ def short_id(message_id: Any) -> str:
     return text if len(text) <= 12 else "…" + text[-6:]
 
 
-def _blocks_text(content: Any) -> str:
+def _blocks_text(content: object) -> str:
     if isinstance(content, str):
         return content
     parts = []
@@ -107,7 +107,7 @@ def _blocks_text(content: Any) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def message_text(message: Any) -> str:
+def message_text(message: object) -> str:
     """The text blocks of a message (a ``Message`` or its dict) joined with newlines."""
     if isinstance(message, Mapping):
         return _blocks_text(message.get("content"))
@@ -115,7 +115,7 @@ def message_text(message: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
-def source_tag(source: Any) -> str:
+def source_tag(source: object) -> str:
     """`` [kind]`` (``[plugin:name]`` for plugins) unless the source is the user."""
     if not isinstance(source, Mapping):
         return ""
@@ -199,7 +199,7 @@ def _raised_in(error: Mapping[str, Any]) -> str:
     return f" {_escape(kind)}" + (f" in {_escape(str(function))}" if function is not None else "")
 
 
-def traceback_lines(event: Any) -> List[str]:
+def traceback_lines(event: object) -> List[str]:
     """The traceback text a ``turn/end`` failure or a ``tool/result`` error recorded, one
     escaped line each (none for other events). Never raises."""
     try:
@@ -221,7 +221,7 @@ def _user_message(data: Mapping[str, Any]) -> str:
     return quote(message_text(data)) + source_tag(data.get("source"))
 
 
-def _call(name: Any, arguments: Any) -> str:
+def _call(name: object, arguments: object) -> str:
     if not isinstance(arguments, str):
         arguments = compact_json(arguments, None)
     return f"{_escape(str(name))}({_escape(_truncate(arguments, 40))})"
@@ -294,7 +294,7 @@ def _request_header(data: Mapping[str, Any]) -> str:
     return compact_json(data)
 
 
-def _seqs(pair: Any) -> str:
+def _seqs(pair: Sequence[int]) -> str:
     first, last = pair
     return f"seq {first}" if first == last else f"seqs {first}–{last}"
 
@@ -330,7 +330,7 @@ _SUMMARIES: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
-def _parts(event: Any) -> tuple[Any, Any, Any, Any]:
+def _parts(event: object) -> tuple[Any, Any, Any, Any]:
     """``(seq, time, type, data)`` of an Event or an event dict."""
     if isinstance(event, Mapping):
         return event.get("seq"), event.get("time"), event.get("type"), event.get("data")
@@ -338,7 +338,7 @@ def _parts(event: Any) -> tuple[Any, Any, Any, Any]:
             getattr(event, "data", None))
 
 
-def summarize(event: Any) -> str:
+def summarize(event: object) -> str:
     """A one-line human summary of an event's payload. Never raises."""
     try:
         _, _, kind, data = _parts(event)
@@ -363,7 +363,7 @@ def _clock(time_ms: Any, t0: Any) -> str:
         return "?".rjust(12)
 
 
-def format_event(event: Any, *, t0: Optional[int] = None) -> str:
+def format_event(event: object, *, t0: Optional[int] = None) -> str:
     """One timeline line: seq (right-aligned), time, type (padded), summary.
 
     Time is local ``HH:MM:SS.mmm``, or seconds relative to ``t0`` (epoch ms) when given.
