@@ -236,7 +236,7 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     ));
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[5]);
+    assert_eq!(core.applied_migrations(), &[5, 6]);
     assert_eq!(query(&dsn, &format!("SELECT op FROM {schema}.kerman_inbox_staged")), "insert");
     drop(core);
     let log = store(&dsn).open("old").unwrap();
