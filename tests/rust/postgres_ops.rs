@@ -120,7 +120,9 @@ impl InboxListener for LoopStandIn {
         self.0.lock().unwrap().push(format!("requeue {turn}"));
         Some(match turn {
             1 => json!({"applied": true, "op": "requeue", "turn": turn, "requeued": ["m-1"]}),
-            _ => json!({"applied": false, "op": "requeue", "reason": "nothing-to-requeue", "detail": format!("turn {turn} left nothing unread")}),
+            _ => {
+                json!({"applied": false, "op": "requeue", "reason": "nothing-to-requeue", "detail": format!("turn {turn} left nothing unread")})
+            }
         })
     }
 }
@@ -165,7 +167,11 @@ fn a_requeue_reaching_an_inbox_without_a_loop_is_refused() {
     let _inbox = Inbox::new(log.clone(), None).unwrap();
     let web = store(&dsn);
     let out = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), Duration::from_secs(10)).unwrap());
-    assert_eq!((out["applied"].clone(), out["op"].clone(), out["reason"].clone()), (json!(false), json!("requeue"), json!("no-loop")), "{out}");
+    assert_eq!(
+        (out["applied"].clone(), out["op"].clone(), out["reason"].clone()),
+        (json!(false), json!("requeue"), json!("no-loop")),
+        "{out}"
+    );
     log.close().unwrap();
 }
 

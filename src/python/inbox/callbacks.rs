@@ -137,16 +137,12 @@ impl InboxListener for Listener {
 /// Calls the loop's callback for staged operation `op` and converts its answer (a dict) to the
 /// outcome; a callback that raises or answers something else is reported as any callback's
 /// failure and the requester told (`"failed"`). `None`: the interpreter is exiting.
-fn ask_loop(
-    callback: &Held,
-    op: &str,
-    call: impl FnOnce(Python<'_>, &Py<PyAny>) -> PyResult<Py<PyAny>>,
-) -> Option<Value> {
+fn ask_loop(callback: &Held, op: &str, call: impl FnOnce(Python<'_>, &Py<PyAny>) -> PyResult<Py<PyAny>>) -> Option<Value> {
     let mut outcome = None;
     attach_unless_exiting(|py| {
         let Some(callback) = callback.get(py) else { return };
-        let result = call(py, &callback)
-            .and_then(|answer| to_value(answer.bind(py), "outcome").map_err(|e| PyTypeError::new_err(e.describe())));
+        let result =
+            call(py, &callback).and_then(|answer| to_value(answer.bind(py), "outcome").map_err(|e| PyTypeError::new_err(e.describe())));
         outcome = Some(match result {
             Ok(answer) => answer,
             Err(err) => {
