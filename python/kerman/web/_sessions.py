@@ -275,7 +275,7 @@ class Sessions:
     def owned_loop(self, session: Session, what: str) -> AgentLoop:
         if session.loop is None:
             raise ApiError(409, "not-owner", f'cannot {what} in session "{session.id}": {session.owner_note} '
-                                             "(queue edits and cancel need the session's owner)")
+                                             "(queue edits, cancel and resend need the session's owner)")
         return session.loop
 
     def stop_streams(self) -> None:
