@@ -242,6 +242,8 @@ class PostgresStore:
         """Replaces a queued message through the session's owner, in order with staged input; the outcome."""
     def remove(self, id: str, message_id: str, *, timeout: float = 10.0) -> dict[str, Any]:
         """Removes a queued message through the session's owner, in order with staged input; the outcome."""
+    def requeue(self, id: str, turn: int, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Sends again what a turn claimed and never read, through the session's owner, in order with staged input; the outcome."""
     @property
     def owner(self) -> str:
         """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""
@@ -296,6 +298,7 @@ class Inbox:
         _gates: tuple[list[Any], list[Any], list[Any]] | None = None,
         _on_remote: Callable[[bool], object] | None = None,
         _on_remote_cancel: Callable[[Any, bool], dict[str, Any]] | None = None,
+        _on_remote_requeue: Callable[[int], dict[str, Any]] | None = None,
     ) -> Inbox: ...
     def close(self) -> None: ...
     @property

@@ -162,6 +162,12 @@ class AgentLoop:
                 return {"applied": False, "op": "cancel", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
             return loop._remote_cancel(cause, keep_inbox)
 
+        def remote_requeue(turn: int) -> Dict[str, Any]:
+            loop = this()
+            if loop is None:
+                return {"applied": False, "op": "requeue", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
+            return loop._remote_requeue(turn)
+
         self._inbox = Inbox(
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
@@ -174,6 +180,8 @@ class AgentLoop:
             _on_remote=remote_input,
             # PostgresStore.cancel from another process, in order with the staged input.
             _on_remote_cancel=remote_cancel,
+            # PostgresStore.requeue from another process (the web chat's resend), likewise.
+            _on_remote_requeue=remote_requeue,
         )
         # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
         # its rules are native; registration mutates the lists and dict handed over here.
@@ -555,6 +563,27 @@ class AgentLoop:
             self._call_on_loop(self._abort_remote, reason, turn)
         return {"applied": True, "op": "cancel", "cancelled": running, "turn": turn if running else None,
                 "keep_inbox": keep_inbox, "discarded": discarded}
+
+    def _remote_requeue(self, turn: int) -> Dict[str, Any]:
+        """Another process asked to send again what turn ``turn`` claimed and never read
+        (``PostgresStore.requeue``), on the store's thread, in order with the staged input
+        around it: requeued here and now, then the loop wakes (on its event loop) to run it.
+        (getattr: staged input may be applied before ``__init__`` has finished.)"""
+        core = getattr(self, "_core", None)
+        if core is None:
+            return {"applied": False, "op": "requeue", "reason": "no-loop", "detail": "the session's AgentLoop is not set up yet"}
+        if core.fenced is not None:
+            return {"applied": False, "op": "requeue", "reason": "fenced", "detail": "this owner was fenced out of the session"}
+        try:
+            requeued = self.requeue_claimed(turn)
+        except LoopError as e:
+            return {"applied": False, "op": "requeue", "reason": "nothing-to-requeue", "detail": str(e)}
+        if getattr(self, "_event_loop", None) is not None:
+            try:
+                self._call_on_loop(self._wake_remote)
+            except LoopError:
+                pass  # its event loop is gone: the input stays pending, durable, for the next owner
+        return {"applied": True, "op": "requeue", "turn": turn, "requeued": [m.id for m in requeued]}
 
     def _abort_remote(self, reason: Dict[str, Any], turn: int) -> None:
         if self._status == "running" and self.turn == turn:

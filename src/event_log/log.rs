@@ -53,7 +53,7 @@ pub trait Backend: Send + Sync {
 /// Input another process staged for this session's owner, in one ordered stream: a message
 /// (`PostgresStore.enqueue`: `op` is [`StagedOp::Insert`]; its id, the message as JSON text,
 /// the target list name and whether it should wake the loop), or an operation on the inbox or
-/// the loop (`PostgresStore.cancel`, `.replace`, `.remove`: `id` is the operation's id,
+/// the loop (`PostgresStore.cancel`, `.replace`, `.remove`, `.requeue`: `id` is the operation's id,
 /// `message` its arguments as a JSON object; `target` and `wakeup` are unused).
 #[derive(Clone, Debug)]
 pub struct StagedInput {
@@ -76,6 +76,8 @@ pub enum StagedOp {
     Replace,
     /// Remove a pending message (`{"message_id": …}`).
     Remove,
+    /// Send again what an ended turn claimed and never read (`{"turn": N}`).
+    Requeue,
 }
 
 impl StagedOp {
@@ -86,6 +88,7 @@ impl StagedOp {
             StagedOp::Cancel => "cancel",
             StagedOp::Replace => "replace",
             StagedOp::Remove => "remove",
+            StagedOp::Requeue => "requeue",
         }
     }
 
@@ -95,6 +98,7 @@ impl StagedOp {
             "cancel" => StagedOp::Cancel,
             "replace" => StagedOp::Replace,
             "remove" => StagedOp::Remove,
+            "requeue" => StagedOp::Requeue,
             _ => return None,
         })
     }

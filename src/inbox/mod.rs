@@ -41,6 +41,13 @@ pub trait InboxListener: Send + Sync {
     fn cancel(&self, _cause: &Value, _keep_inbox: bool) -> Option<Value> {
         None
     }
+    /// Another process asked to send again what ended turn `turn` claimed and never read
+    /// (`PostgresStore.requeue`), in order with the staged input around it: the loop applies it
+    /// (as `loop.requeue_claimed(turn)`, then wakes) and answers with the outcome, a JSON
+    /// object; `None`: no loop here. Runs on the store's reply thread.
+    fn requeue(&self, _turn: u64) -> Option<Value> {
+        None
+    }
 }
 
 /// Errors of live inbox mutations.

@@ -1,7 +1,8 @@
 //! Operations other processes staged for this session's owner (`PostgresStore.cancel`,
-//! `.replace`, `.remove`), applied in order with the staged messages around them. Replace and
-//! remove are inbox mutations, applied here; a cancel needs the loop, which the listener
-//! reaches. Each gives an outcome (a JSON object) for its requester.
+//! `.replace`, `.remove`, `.requeue`), applied in order with the staged messages around them.
+//! Replace and remove are inbox mutations, applied here; a cancel and a requeue need the loop
+//! (a requeue reads the turns it recorded and wakes it), which the listener reaches. Each gives
+//! an outcome (a JSON object) for its requester.
 
 use std::sync::Arc;
 
@@ -30,16 +31,23 @@ impl Inbox {
             Ok(args @ Value::Object(_)) => args,
             _ => return refused(op, "invalid", format!("operation {}: its arguments are not a JSON object", row.id)),
         };
-        if op == StagedOp::Cancel {
-            let cause = args.get("cause").cloned().unwrap_or(Value::Null);
-            let keep_inbox = args.get("keep_inbox").and_then(Value::as_bool).unwrap_or(false);
-            return match &self.shared.listener {
-                Some(listener) => match listener.cancel(&cause, keep_inbox) {
-                    Some(outcome) => Applied::Outcome(outcome),
-                    None => refused(op, "no-loop", "the session's owner has no AgentLoop over its inbox to cancel".into()),
-                },
-                None => refused(op, "no-loop", "the session's owner has no AgentLoop over its inbox to cancel".into()),
-            };
+        match op {
+            StagedOp::Cancel => {
+                let cause = args.get("cause").cloned().unwrap_or(Value::Null);
+                let keep_inbox = args.get("keep_inbox").and_then(Value::as_bool).unwrap_or(false);
+                return self.to_loop(op, |listener| listener.cancel(&cause, keep_inbox));
+            }
+            StagedOp::Requeue => {
+                let turn = match args.get("turn") {
+                    Some(Value::Number(n)) if n.as_u64().is_some_and(|t| t >= 1) => n.as_u64().unwrap_or_default(),
+                    other => {
+                        let got = other.map_or("nothing".to_string(), Value::to_string);
+                        return refused(op, "invalid", format!("operation {}: \"turn\" must be a turn number (from 1), got {got}", row.id));
+                    }
+                };
+                return self.to_loop(op, |listener| listener.requeue(turn));
+            }
+            _ => {}
         }
         let Some(id) = args.get("message_id").and_then(Value::as_str) else {
             return refused(op, "invalid", format!("operation {}: no \"message_id\"", row.id));
@@ -66,6 +74,14 @@ impl Inbox {
             Err(InboxError::Log(_) | InboxError::Closed(_)) => Applied::Stop,
             Err(InboxError::Refused(refusal)) => refused(op, "refused", refusal.to_string()),
             Err(e) => refused(op, "invalid", e.to_string()),
+        }
+    }
+
+    /// Hands `op` to the session's loop through the listener; refused when there is none.
+    fn to_loop(&self, op: StagedOp, apply: impl FnOnce(&dyn super::InboxListener) -> Option<Value>) -> Applied {
+        match self.shared.listener.as_deref().and_then(apply) {
+            Some(outcome) => Applied::Outcome(outcome),
+            None => refused(op, "no-loop", format!("the session's owner has no AgentLoop over its inbox to {}", op.as_str())),
         }
     }
 

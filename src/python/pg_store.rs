@@ -377,6 +377,27 @@ impl PyPostgresStore {
         self.apply_op(py, &id, StagedOp::Remove, args, timeout)
     }
 
+    /// Sends again, from any process, what ended turn `turn` of session `id` claimed and never
+    /// read (a prompt cancelled between its claim and its entry), as the owner's
+    /// `loop.requeue_claimed(turn)` would, after which the owner's loop wakes and runs it.
+    /// Applied by the owner in order with the input enqueued before it; returns the outcome
+    /// dict (`{"applied": True, "turn": turn, "requeued": [ids]}`, or refused with `reason`
+    /// `"nothing-to-requeue"` (the turn left nothing unread, is not in the log or still
+    /// runs), `"no-loop"`, `"fenced"`, `"timeout"`, ...). Blocks, as `cancel` does.
+    #[pyo3(signature = (id, turn, *, timeout=10.0))]
+    fn requeue<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>, turn: &Bound<'py, PyAny>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let number = match turn.is_instance_of::<pyo3::types::PyBool>() {
+            true => None,
+            false => turn.extract::<u64>().ok().filter(|t| *t >= 1),
+        };
+        let Some(turn) = number else {
+            let shown = turn.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("turn must be a turn number (an int from 1), got {shown}")));
+        };
+        self.apply_op(py, &id, StagedOp::Requeue, serde_json::json!({"turn": turn}), timeout)
+    }
+
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.detach(|| self.inner.list()).map_err(|e| log_err(py, e))

@@ -1,15 +1,15 @@
-//! Operations staged for a session's owner (`PgCore::apply_op`: cancel, replace, remove) at the
+//! Operations staged for a session's owner (`PgCore::apply_op`: cancel, replace, remove, requeue) at the
 //! core level: staged in one ordered stream with `enqueue`'s messages, delivered to the owner's
 //! inbox in that order (by NOTIFY or by the staged read), applied there and answered; withdrawn
 //! when nobody answers; and the schema migration that added them. Skips like
 //! postgres_store.rs without `KERMAN_PG_DSN`.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kerman::event_log::postgres::{PgCore, PgOptions, PostgresStore, MIGRATIONS};
 use kerman::event_log::{StagedInput, StagedOp, Store};
-use kerman::inbox::{Inbox, Target};
+use kerman::inbox::{Inbox, InboxListener, Target};
 use kerman::message::Message;
 use serde_json::{json, Value};
 
@@ -106,6 +106,75 @@ fn replace_and_remove_are_applied_by_the_owners_inbox_and_answered() {
     log.close().unwrap();
 }
 
+/// Stands in for the owner's loop: records, in order, the messages inserted and the requeues
+/// asked of it, and answers a requeue of turn 1 as applied and any other turn as refused.
+#[derive(Clone, Default)]
+struct LoopStandIn(Arc<Mutex<Vec<String>>>);
+
+impl InboxListener for LoopStandIn {
+    fn inserted(&self, message: &Arc<Message>) {
+        self.0.lock().unwrap().push(format!("inserted {}", message.text()));
+    }
+
+    fn requeue(&self, turn: u64) -> Option<Value> {
+        self.0.lock().unwrap().push(format!("requeue {turn}"));
+        Some(match turn {
+            1 => json!({"applied": true, "op": "requeue", "turn": turn, "requeued": ["m-1"]}),
+            _ => {
+                json!({"applied": false, "op": "requeue", "reason": "nothing-to-requeue", "detail": format!("turn {turn} left nothing unread")})
+            }
+        })
+    }
+}
+
+#[test]
+fn a_requeue_is_staged_in_order_applied_by_the_owners_loop_and_answered() {
+    let Some(dsn) = dsn() else { return };
+    let owner = store(&dsn);
+    let log = owner.create(None).unwrap();
+    let seen = LoopStandIn::default();
+    let inbox = Inbox::new(log.clone(), Some(Box::new(seen.clone()))).unwrap();
+    let web = store(&dsn);
+    let wait = Duration::from_secs(10);
+    let (a, b) = (Message::user_text("a"), Message::user_text("b"));
+    assert!(web.enqueue(log.id(), staged(&a)).unwrap());
+    let applied = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), wait).unwrap());
+    assert_eq!(applied, json!({"applied": true, "op": "requeue", "turn": 1, "requeued": ["m-1"]}));
+    assert!(web.enqueue(log.id(), staged(&b)).unwrap());
+    until("b to arrive", || inbox.contains(b.id()));
+    assert_eq!(*seen.0.lock().unwrap(), ["inserted a", "requeue 1", "inserted b"], "one ordered stream");
+
+    // The loop's refusal reaches the requester as it gave it.
+    let refused = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 7}), wait).unwrap());
+    assert_eq!((refused["applied"].clone(), refused["reason"].clone()), (json!(false), json!("nothing-to-requeue")), "{refused}");
+    // Not a turn number: refused before the loop is asked, naming the value.
+    for bad in [json!({"turn": 0}), json!({"turn": "1"}), json!({})] {
+        let invalid = outcome(web.apply_op(log.id(), StagedOp::Requeue, &bad, wait).unwrap());
+        assert_eq!(invalid["reason"], "invalid", "{invalid}");
+        assert!(invalid["detail"].as_str().unwrap().contains("turn"), "{invalid}");
+    }
+    assert_eq!(seen.0.lock().unwrap().iter().filter(|s| s.starts_with("requeue")).count(), 2);
+    assert_eq!(staged_count(&dsn, log.id()), "0");
+    inbox.close();
+    log.close().unwrap();
+}
+
+#[test]
+fn a_requeue_reaching_an_inbox_without_a_loop_is_refused() {
+    let Some(dsn) = dsn() else { return };
+    let owner = store(&dsn);
+    let log = owner.create(None).unwrap();
+    let _inbox = Inbox::new(log.clone(), None).unwrap();
+    let web = store(&dsn);
+    let out = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), Duration::from_secs(10)).unwrap());
+    assert_eq!(
+        (out["applied"].clone(), out["op"].clone(), out["reason"].clone()),
+        (json!(false), json!("requeue"), json!("no-loop")),
+        "{out}"
+    );
+    log.close().unwrap();
+}
+
 #[test]
 fn operations_staged_while_no_inbox_is_attached_are_read_in_order_with_the_messages() {
     let Some(dsn) = dsn() else { return };
@@ -173,13 +242,36 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     ));
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[5]);
+    assert_eq!(core.applied_migrations(), &[5, 6]);
     assert_eq!(query(&dsn, &format!("SELECT op FROM {schema}.kerman_inbox_staged")), "insert");
     drop(core);
     let log = store(&dsn).open("old").unwrap();
     let inbox = Inbox::new(log.clone(), None).unwrap();
     until("the old staged message", || inbox.contains(m.id()));
     log.close().unwrap();
+}
+
+#[test]
+fn schema_version_6_lets_a_version_5_database_stage_requeues() {
+    let Some(dsn) = dsn() else { return };
+    let (dsn, schema) = fresh_schema(&dsn);
+    let mut setup =
+        String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 5) {
+        setup.push_str(sql);
+        setup.push_str(&format!(";INSERT INTO kerman_schema (version) VALUES ({version});"));
+    }
+    query(&dsn, &format!("SET search_path TO {schema};{setup}"));
+    let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
+    assert_eq!(core.applied_migrations(), &[6]);
+    drop(core);
+    let s = store(&dsn);
+    let log = s.create(None).unwrap();
+    let id = log.id().to_string();
+    log.close().unwrap();
+    // Staged (the column accepts the name), then withdrawn: nobody owns the session.
+    let out = outcome(s.apply_op(&id, StagedOp::Requeue, &json!({"turn": 1}), Duration::from_millis(300)).unwrap());
+    assert_eq!(out["reason"], "timeout", "{out}");
 }
 
 #[test]

@@ -227,14 +227,18 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
 
     async def requeue(request: Request) -> JSONResponse:
         """Sends again what turn ``turn`` claimed but never read (``AgentLoop.requeue_claimed``:
-        claimed input never comes back by itself), and starts a turn for it when idle."""
+        claimed input never comes back by itself), and starts a turn for it when idle; over a
+        PostgresStore the owning process does (``store.requeue``)."""
         session = await session_of(request)
-        loop = sessions.owned_loop(session, "requeue")
         body = await _json_body(request)
         _fields(body, ("turn",))
         turn = body.get("turn")
         if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
             raise ApiError(400, "invalid-body", f"'turn' must be a turn number (an integer from 1), not {turn!r}")
+        if session.loop is None and sessions.remote_ops:
+            outcome = await sessions.remote(session, "requeue", turn)
+            return JSONResponse({"turn": turn, "requeued": list(outcome.get("requeued", []))})
+        loop = sessions.owned_loop(session, "requeue")
         try:
             requeued = loop.requeue_claimed(turn)
         except LoopError as error:

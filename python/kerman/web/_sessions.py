@@ -12,8 +12,9 @@ loop idle) is closed by a sweeper and reopened by the next request for it; and n
 
 With a ``PostgresStore`` the workers own the sessions: the web process follows them
 (``store.follow``, one follower per session shared by its streams), stages input
-(``store.enqueue``) and hands queue edits and cancel to the owner (``store.replace``,
-``store.remove``, ``store.cancel``), answering when the owner applied them or refused.
+(``store.enqueue``) and hands queue edits, cancel and resend to the owner (``store.replace``,
+``store.remove``, ``store.cancel``, ``store.requeue``), answering when the owner applied them
+or refused.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _TARGETS = {"followup": ("next-turn", True), "steer": ("next-step", True), "inje
 # Injected context is not a prompt: a source of another kind than "user" makes every view (the
 # queue's placement, the projections' kerman.context / data-context) call it context.
 CONTEXT_SOURCE = {"kind": "context"}
-# How long a queue edit or cancel waits for the owner's answer (then it is withdrawn).
+# How long a queue edit, cancel or resend waits for the owner's answer (then it is withdrawn).
 REMOTE_TIMEOUT = 10.0
 # The owner's refusals that are not 409s.
 _REFUSALS = {"message-not-found": 404, "timeout": 504}
@@ -255,12 +256,12 @@ class Sessions:
 
     @property
     def remote_ops(self) -> bool:
-        """Whether queue edits and cancel of sessions this process does not own go to their
+        """Whether queue edits, cancel and resend of sessions this process does not own go to their
         owner through the store (a ``PostgresStore``)."""
         return self.distributed
 
     async def remote(self, session: Session, op: str, *args: Any, **kwargs: Any) -> JsonDict:
-        """Stages ``op`` (``cancel``, ``replace`` or ``remove``) for the session's owner and waits
+        """Stages ``op`` (``cancel``, ``replace``, ``remove`` or ``requeue``) for the session's owner and waits
         for its answer (on a thread: the store's call blocks); a refusal is an ``ApiError``."""
         outcome: JsonDict = await asyncio.to_thread(getattr(self.store, op), session.id, *args, timeout=REMOTE_TIMEOUT, **kwargs)
         if outcome.get("applied"):
@@ -274,7 +275,7 @@ class Sessions:
     def owned_loop(self, session: Session, what: str) -> AgentLoop:
         if session.loop is None:
             raise ApiError(409, "not-owner", f'cannot {what} in session "{session.id}": {session.owner_note} '
-                                             "(queue edits and cancel need the session's owner)")
+                                             "(queue edits, cancel and resend need the session's owner)")
         return session.loop
 
     def stop_streams(self) -> None:

@@ -98,6 +98,14 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              PRIMARY KEY (session_id, op_id)
          );",
     ),
+    (
+        6,
+        // `PostgresStore.requeue`, a fifth operation: the column's CHECK names every operation
+        // the owner knows, so it is replaced by one that also allows `requeue`.
+        "ALTER TABLE kerman_inbox_staged
+             DROP CONSTRAINT kerman_inbox_staged_op_check,
+             ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue'));",
+    ),
 ];
 
 /// The newest schema version this build knows.

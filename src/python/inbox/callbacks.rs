@@ -31,6 +31,10 @@ pub(super) struct Callbacks {
     /// asked to cancel (`PostgresStore.cancel`), on the store's reply thread; returns the
     /// outcome as a dict.
     pub(super) on_remote_cancel: Option<Held>,
+    /// Private to the AgentLoop: `on_remote_requeue(turn)` when another process asked to send
+    /// again what a turn claimed and never read (`PostgresStore.requeue`), on the store's reply
+    /// thread; returns the outcome as a dict.
+    pub(super) on_remote_requeue: Option<Held>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
@@ -40,7 +44,9 @@ pub(super) struct Callbacks {
 
 impl Callbacks {
     pub(super) fn held(&self) -> impl Iterator<Item = &Held> {
-        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel].into_iter().flatten()
+        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel, &self.on_remote_requeue]
+            .into_iter()
+            .flatten()
     }
 
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -119,24 +125,34 @@ impl InboxListener for Listener {
 
     fn cancel(&self, cause: &Value, keep_inbox: bool) -> Option<Value> {
         let callback = self.0.on_remote_cancel.as_ref()?;
-        let mut outcome = None;
-        attach_unless_exiting(|py| {
-            let Some(callback) = callback.get(py) else { return };
-            let result = to_py(py, cause)
-                .and_then(|cause| callback.call1(py, (cause, keep_inbox)))
-                .and_then(|answer| to_value(answer.bind(py), "outcome").map_err(|e| PyTypeError::new_err(e.describe())));
-            outcome = Some(match result {
-                Ok(answer) => answer,
-                // The requester is told; the loop's failure is reported as any callback's.
-                Err(err) => {
-                    let detail = err.to_string();
-                    report_contained(py, "inbox on_remote_cancel callback", err);
-                    serde_json::json!({"applied": false, "op": "cancel", "reason": "failed", "detail": detail})
-                }
-            });
-        });
-        outcome
+        ask_loop(callback, "cancel", |py, callback| to_py(py, cause).and_then(|cause| callback.call1(py, (cause, keep_inbox))))
     }
+
+    fn requeue(&self, turn: u64) -> Option<Value> {
+        let callback = self.0.on_remote_requeue.as_ref()?;
+        ask_loop(callback, "requeue", |py, callback| callback.call1(py, (turn,)))
+    }
+}
+
+/// Calls the loop's callback for staged operation `op` and converts its answer (a dict) to the
+/// outcome; a callback that raises or answers something else is reported as any callback's
+/// failure and the requester told (`"failed"`). `None`: the interpreter is exiting.
+fn ask_loop(callback: &Held, op: &str, call: impl FnOnce(Python<'_>, &Py<PyAny>) -> PyResult<Py<PyAny>>) -> Option<Value> {
+    let mut outcome = None;
+    attach_unless_exiting(|py| {
+        let Some(callback) = callback.get(py) else { return };
+        let result =
+            call(py, &callback).and_then(|answer| to_value(answer.bind(py), "outcome").map_err(|e| PyTypeError::new_err(e.describe())));
+        outcome = Some(match result {
+            Ok(answer) => answer,
+            Err(err) => {
+                let detail = err.to_string();
+                report_contained(py, &format!("inbox on_remote_{op} callback"), err);
+                serde_json::json!({"applied": false, "op": op, "reason": "failed", "detail": detail})
+            }
+        });
+    });
+    outcome
 }
 
 pub(super) fn callable(obj: Option<Py<PyAny>>, name: &str, py: Python<'_>) -> PyResult<Option<Held>> {

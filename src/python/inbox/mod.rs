@@ -140,7 +140,7 @@ impl PyInbox {
 #[pymethods]
 impl PyInbox {
     #[new]
-    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None))]
+    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None, _on_remote_requeue=None))]
     // The Python constructor's keyword arguments, one each.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -152,6 +152,7 @@ impl PyInbox {
         _gates: Option<(Py<PyList>, Py<PyList>, Py<PyList>)>,
         _on_remote: Option<Py<PyAny>>,
         _on_remote_cancel: Option<Py<PyAny>>,
+        _on_remote_requeue: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
@@ -160,6 +161,7 @@ impl PyInbox {
             on_claimed: callable(on_claimed, "on_claimed", py)?,
             on_remote: callable(_on_remote, "_on_remote", py)?,
             on_remote_cancel: callable(_on_remote_cancel, "_on_remote_cancel", py)?,
+            on_remote_requeue: callable(_on_remote_requeue, "_on_remote_requeue", py)?,
             gates: _gates.map(|(a, b, c)| [Held::new(a), Held::new(b), Held::new(c)]),
             wrappers: Arc::clone(&wrappers),
         };

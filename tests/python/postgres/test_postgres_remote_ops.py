@@ -1,6 +1,7 @@
-"""`PostgresStore.cancel`, `.replace` and `.remove` (docs/distributed.md, "Operations from any
-process"): a process that does not own a session cancels its turn and edits its queue; the
-owner applies each operation in order with the input staged around it and answers.
+"""`PostgresStore.cancel`, `.replace`, `.remove` and `.requeue` (docs/distributed.md, "Operations
+from any process"): a process that does not own a session cancels its turn, edits its queue and
+sends again what a cancelled turn claimed but never read; the owner applies each operation in
+order with the input staged around it and answers.
 
 The owner is an `AgentLoop` over a log of its own `PostgresStore`; the requester is another
 store (its own connections), called from a thread as a web handler would. Waits are on events
@@ -18,7 +19,8 @@ import textwrap
 import pytest
 
 from conftest import fresh_schema_dsn, needs_postgres
-from kerman import AgentLoop, ModelReply, PostgresStore, SessionNotFoundError, UserMessage
+from kerman import AgentLoop, ModelReply, PostgresStore, SessionNotFoundError, UserMessage, Worker
+from kerman.models import EchoModel
 
 pytestmark = needs_postgres
 
@@ -174,6 +176,110 @@ def test_an_operation_for_a_session_nobody_owns_times_out_and_is_withdrawn():
     assert out["applied"] is False and out["reason"] == "timeout", out
     # Withdrawn: nothing is left staged for a later owner.
     assert web.sessions("s")[0]["staged"] == 0
+
+
+def claim_gated(model) -> tuple:
+    """An AgentLoop factory whose pre_step listener holds turn 1 after its claim and before the
+    model reads the input (as an approval plugin would); `claimed` is set when it holds."""
+    claimed = asyncio.Event()
+
+    def factory(log) -> AgentLoop:
+        loop = AgentLoop(model, log=log)
+
+        @loop.pre_step
+        async def approval(step, next):
+            if step.turn == 1:
+                claimed.set()
+                await asyncio.Event().wait()  # until cancelled
+            return await next()
+
+        return loop
+
+    return factory, claimed
+
+
+def user_texts(log) -> list[str]:
+    return [e.data["content"][0]["text"] for e in log.events() if e.type == "user/message"]
+
+
+def test_requeue_brings_back_a_prompt_cancelled_before_it_was_read_and_the_owner_runs_it():
+    dsn = fresh_schema_dsn()
+
+    async def main():
+        owner, web = PostgresStore(dsn), PostgresStore(dsn)
+        log = owner.create("s")
+        factory, claimed = claim_gated(EchoModel())
+        loop = factory(log)
+        sent = web.enqueue("s", "deploy to staging")
+        await asyncio.wait_for(claimed.wait(), DEADLINE)
+        out = await asyncio.to_thread(web.cancel, "s", keep_inbox=True)
+        assert out["applied"] is True and out["cancelled"] is True, out
+        await asyncio.wait_for(loop.when_idle(), DEADLINE)
+        [unread] = loop.transcript().unread()
+        assert unread["message"].id == sent.id and not pending(loop)
+
+        out = await asyncio.to_thread(web.requeue, "s", 1)
+        assert out == {"applied": True, "op": "requeue", "turn": 1, "requeued": [sent.id]}, out
+        # The owner wakes by itself and runs it: nobody here calls loop.wake().
+        await until(lambda: user_texts(log) == ["deploy to staging"] and loop.status == "idle", "the resent prompt's turn")
+        await asyncio.wait_for(loop.when_idle(), DEADLINE)
+        assert loop.transcript().unread() == []
+        assert [e.data["reason"]["kind"] for e in log.events() if e.type == "turn/end"] == ["aborted", "completed"]
+
+        # Refusals, each with its reason; the requester's argument is checked before staging.
+        again = await asyncio.to_thread(web.requeue, "s", 1)
+        assert again["applied"] is False and again["reason"] == "nothing-to-requeue", again
+        assert "turn 1" in again["detail"], again
+        never = await asyncio.to_thread(web.requeue, "s", 9)
+        assert never["reason"] == "nothing-to-requeue" and "9" in never["detail"], never
+        for bad in (0, -1, True, "1"):
+            with pytest.raises((TypeError, ValueError, OverflowError), match="turn"):
+                web.requeue("s", bad)
+        with pytest.raises(SessionNotFoundError):
+            await asyncio.to_thread(web.requeue, "no-such-session", 1)
+        await loop.aclose()
+        log.close()
+
+    run(main())
+
+
+def test_requeue_of_a_session_nobody_owns_makes_a_worker_take_it_and_run_the_prompt():
+    dsn = fresh_schema_dsn()
+
+    async def main():
+        web = PostgresStore(dsn)
+        model = EchoModel()
+        factory, claimed = claim_gated(model)
+        log = PostgresStore(dsn).create("s")
+        loop = factory(log)
+        sent = web.enqueue("s", "run me later")
+        await asyncio.wait_for(claimed.wait(), DEADLINE)
+        loop.cancel(keep_inbox=True)
+        await loop.aclose()
+        log.close()  # released: nobody owns the session, nothing is pending
+
+        # A worker that does not gate (turn 2 is the requeued prompt's): it takes the session for
+        # the staged requeue, applies it, and runs what came back.
+        worker = Worker(PostgresStore(dsn), lambda log: AgentLoop(model, log=log), idle_timeout=60.0)
+        serving = asyncio.ensure_future(worker.run())
+        try:
+            out = await asyncio.to_thread(web.requeue, "s", 1)
+            assert out["applied"] is True and out["requeued"] == [sent.id], out
+
+            def ran() -> bool:
+                follower = web.follow("s")
+                try:
+                    return user_texts(follower) == ["run me later"] and any(
+                        e.type == "turn/end" and e.data["reason"]["kind"] == "completed" for e in follower.events())
+                finally:
+                    follower.close()
+
+            await until(ran, "the worker to run the resent prompt")
+        finally:
+            worker.stop()
+            await asyncio.wait_for(serving, DEADLINE)
+
+    run(main())
 
 
 OWNER = textwrap.dedent("""

@@ -6,7 +6,6 @@ answered when it applied them, or with its refusal."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 
 import pytest
@@ -43,9 +42,7 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
                     # The message was claimed by the turn: the owner refuses edits, with the reason.
                     for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}),
                                                ("DELETE", f"/queue/{message_id}", None)):
-                        response = client.request(method, f"/sessions/{session_id}{path}",
-                                                  content=None if body is None else json.dumps(body),
-                                                  headers={"Content-Type": "application/json"})
+                        response = client.request(method, f"/sessions/{session_id}{path}", json=body)
                         assert response.status_code == 409, (method, path, response.text)
                         assert response.json()["error"]["code"] == "not-queued"
                         assert message_id in response.json()["error"]["message"]
@@ -112,6 +109,60 @@ def test_queue_edits_and_cancel_reach_the_owner():
                 assert [m.id for m in loop.inbox.next_turn] == [keep]  # kept by keep_inbox
             finally:
                 release.set()
+                await loop.aclose()
+                log.close()
+
+        asyncio.run(owner_and_ui())
+
+
+def test_resend_of_a_prompt_cancelled_before_it_was_read_reaches_the_owner():
+    """The web chat's resend (`POST /sessions/{id}/requeue`) of a session another process owns:
+    handed to the owner (`store.requeue`), which sends the prompt again and runs it."""
+    session_id = f"web-{uuid.uuid4().hex[:10]}"
+    with Server(PG_DSN) as server, server.client() as client:
+        assert client.post("/sessions", json={"id": session_id}).status_code == 201
+
+        async def owner_and_ui():
+            log = kerman.PostgresStore(PG_DSN).open(session_id)
+            loop = kerman.AgentLoop(EchoModel(), log=log)
+            claimed = asyncio.Event()
+            event_loop = asyncio.get_running_loop()
+
+            @loop.pre_step
+            async def approval(step, next):
+                if step.turn == 1:  # holds the first turn after its claim, before it is read
+                    claimed.set()
+                    await asyncio.Event().wait()
+                return await next()
+
+            try:
+                def ui():
+                    sent = client.post(f"/sessions/{session_id}/messages", json={"text": "deploy to staging"})
+                    assert sent.status_code == 201, sent.text
+                    asyncio.run_coroutine_threadsafe(asyncio.wait_for(claimed.wait(), 60), event_loop).result()
+                    cancelled = client.post(f"/sessions/{session_id}/cancel", json={"keep_inbox": True})
+                    assert cancelled.json() == {"cancelled": True, "keep_inbox": True}, cancelled.text
+                    asyncio.run_coroutine_threadsafe(asyncio.wait_for(loop.when_idle(), 60), event_loop).result()
+                    resent = client.post(f"/sessions/{session_id}/requeue", json={"turn": 1})
+                    assert resent.status_code == 200, resent.text
+                    assert resent.json() == {"turn": 1, "requeued": [sent.json()["id"]]}
+                    again = client.post(f"/sessions/{session_id}/requeue", json={"turn": 1})
+                    assert again.status_code == 409 and again.json()["error"]["code"] == "nothing-to-requeue", again.text
+                    assert "turn 1" in again.json()["error"]["message"]
+                    bad = client.post(f"/sessions/{session_id}/requeue", json={"turn": "1"})
+                    assert bad.status_code == 400, bad.text
+                    return sent.json()["id"]
+
+                message_id = await asyncio.wait_for(asyncio.to_thread(ui), 60)
+                # The owner ran it by itself (the web process cannot wake it).
+                deadline = event_loop.time() + 60
+                while not (loop.status == "idle" and sum(e.type == "turn/end" for e in log.events()) == 2):
+                    assert event_loop.time() < deadline, "timed out waiting for the resent prompt's turn"
+                    await asyncio.sleep(0.02)
+                entered = [e.data["id"] for e in log.events() if e.type == "user/message"]
+                assert entered == [message_id]
+                assert [e.data["reason"]["kind"] for e in log.events() if e.type == "turn/end"] == ["aborted", "completed"]
+            finally:
                 await loop.aclose()
                 log.close()
 
