@@ -18,52 +18,92 @@ EventLike = Union[Event, Mapping[str, Any]]
 _UNSET: Any = object()
 
 
+class _Envelope:
+    """An event's ``to_dict()`` form read like an ``Event`` (so a view checks the kind once)."""
+
+    __slots__ = ("seq", "time", "type", "_raw")
+
+    def __init__(self, event: Mapping[str, Any]) -> None:
+        self.seq: int = event["seq"]
+        self.time = int(event.get("time", 0))
+        self.type: str = event["type"]
+        self._raw = event
+
+    @property
+    def data(self) -> Any:
+        return self._raw.get("data")
+
+    @property
+    def source_event_seqs(self) -> Optional[List[int]]:
+        return self._raw.get("sourceEventSeqs")
+
+
 class EventView:
     """The typed view of one log event. ``seq``, ``time``, ``type`` and ``data`` (the payload,
     as stored) are the event's; the subclass for each type adds its payload's fields as
     properties, read from ``data`` when asked. ``event`` is what the view was made from."""
 
-    __slots__ = ("event", "_data")
+    __slots__ = ("event", "_source", "_data")
     #: The event type this view reads (``""`` for ``OtherEvent``, which reads any type).
     TYPE: ClassVar[str] = ""
 
     def __init__(self, event: EventLike) -> None:
         self.event = event
+        self._source: Union[Event, _Envelope] = event if event.__class__ is Event else _Envelope(event)  # type: ignore[arg-type]
         self._data: Any = _UNSET
 
     @property
     def seq(self) -> int:
-        event = self.event
-        return event.seq if isinstance(event, Event) else int(event["seq"])
+        return self._source.seq
 
     @property
     def time(self) -> int:
-        event = self.event
-        return event.time if isinstance(event, Event) else int(event.get("time", 0))
+        return self._source.time
 
     @property
     def type(self) -> str:
-        event = self.event
-        return event.type if isinstance(event, Event) else str(event["type"])
+        return self._source.type
 
     @property
     def data(self) -> Any:
         """The payload exactly as stored (unknown fields included)."""
-        if self._data is _UNSET:
-            event = self.event
-            self._data = event.data if isinstance(event, Event) else event.get("data")
-        return self._data
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        return data
 
     @property
     def source_event_seqs(self) -> Optional[List[int]]:
-        event = self.event
-        return event.source_event_seqs if isinstance(event, Event) else event.get("sourceEventSeqs")
+        return self._source.source_event_seqs
 
     def _field(self, key: str) -> Any:
-        return _dict(self.data).get(key)
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        return data.get(key) if data.__class__ is dict else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(seq={self.seq}, data={self.data!r})"
+
+
+class _Carrying(EventView):
+    """A view whose payload holds one message, read once."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, event: EventLike) -> None:
+        super().__init__(event)
+        self._message: Optional[MessageView] = None
+
+    def _read_message(self) -> MessageView:
+        return message(self._field("message"))
+
+    @property
+    def message(self) -> MessageView:
+        view = self._message
+        if view is None:
+            view = self._message = self._read_message()
+        return view
 
 
 class _Turn(EventView):
@@ -72,7 +112,8 @@ class _Turn(EventView):
     @property
     def turn(self) -> int:
         """The turn number (1 for a session's first turn)."""
-        return _int(self._field("turn")) or 0
+        value = self._field("turn")
+        return value if value.__class__ is int else 0
 
 
 class _Step(_Turn):
@@ -81,7 +122,8 @@ class _Step(_Turn):
     @property
     def step(self) -> int:
         """The step number within the turn (from 1)."""
-        return _int(self._field("step")) or 0
+        value = self._field("step")
+        return value if value.__class__ is int else 0
 
 
 class TurnStart(_Turn):
@@ -116,14 +158,14 @@ class StepEnd(_Step):
     TYPE = "step/end"
 
 
-class UserMessageEvent(EventView):
-    """``user/message``: a user message entered a step; the payload is the message itself."""
+class UserMessageEvent(_Carrying):
+    """``user/message``: a user message entered a step (``message``); the payload is the
+    message itself."""
 
     __slots__ = ()
     TYPE = "user/message"
 
-    @property
-    def message(self) -> MessageView:
+    def _read_message(self) -> MessageView:
         return message(self.data)
 
 
@@ -166,16 +208,12 @@ class AssistantChunk(_Step):
         return chunk(_dict(self._field("chunk")))
 
 
-class AssistantMessageEvent(_Step):
-    """``assistant/message {turn, step, message, interrupted?, usage?}``: the model's reply (for
-    a stream, assembled from the chunks it cites)."""
+class AssistantMessageEvent(_Carrying, _Step):
+    """``assistant/message {turn, step, message, interrupted?, usage?}``: the model's reply
+    (``message``; for a stream, assembled from the chunks it cites)."""
 
     __slots__ = ()
     TYPE = "assistant/message"
-
-    @property
-    def message(self) -> MessageView:
-        return message(self._field("message"))
 
     @property
     def interrupted(self) -> bool:
@@ -209,16 +247,12 @@ class ToolCall(_Step):
         return "" if value is None else value
 
 
-class ToolResultEvent(_Step):
-    """``tool/result {turn, step, message, error?, meta?}``: a call's result message, with the
-    failure when the tool failed."""
+class ToolResultEvent(_Carrying, _Step):
+    """``tool/result {turn, step, message, error?, meta?}``: a call's result ``message``, with
+    the failure when the tool failed."""
 
     __slots__ = ()
     TYPE = "tool/result"
-
-    @property
-    def message(self) -> MessageView:
-        return message(self._field("message"))
 
     @property
     def call_id(self) -> str:

@@ -20,16 +20,17 @@ __all__ = [
 _EMPTY: Dict[str, Any] = {}
 
 
+# Exact classes: JSON decodes to exactly these, and a bool is not a count.
 def _dict(value: Any) -> Dict[str, Any]:
-    return value if isinstance(value, dict) else _EMPTY
+    return value if value.__class__ is dict else _EMPTY
 
 
 def _str(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
+    return value if value.__class__ is str else None
 
 
 def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if value.__class__ is int else None
 
 
 def join_text(blocks: List[Any]) -> str:
@@ -44,7 +45,7 @@ class JsonObject:
     __slots__ = ("raw",)
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        self.raw: Dict[str, Any] = raw if isinstance(raw, dict) else dict(raw)
+        self.raw: Dict[str, Any] = raw if raw.__class__ is dict else dict(raw)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The raw value of ``key`` (for fields this view does not name)."""
@@ -178,7 +179,11 @@ class MessageView(JsonObject):
     ``assistant/message`` and ``tool/result`` carry one. ``kerman.Message.from_dict(view.raw)``
     gives the message value."""
 
-    __slots__ = ()
+    __slots__ = ("_blocks",)
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        super().__init__(raw)
+        self._blocks: Optional[List[Block]] = None
 
     @property
     def id(self) -> str:
@@ -194,8 +199,12 @@ class MessageView(JsonObject):
 
     @property
     def content(self) -> List[Block]:
-        value = self.raw.get("content")
-        return [block(b) for b in value if isinstance(b, dict)] if isinstance(value, list) else []
+        """The content blocks' views (read once)."""
+        blocks = self._blocks
+        if blocks is None:
+            value = self.raw.get("content")
+            blocks = self._blocks = [block(b) for b in value if isinstance(b, dict)] if isinstance(value, list) else []
+        return blocks
 
     @property
     def text(self) -> str:

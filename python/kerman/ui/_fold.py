@@ -19,17 +19,16 @@ The rules that are the fold's, not a protocol's:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from .. import events
+from .._core import Event
 from ._base import EventLike, JsonDict, QueueMirror
 
 __all__ = ["UiFold", "Part"]
 
 
-@dataclass(frozen=True)
-class QueueChanged:
+class QueueChanged(NamedTuple):
     """An inbox splice: ``removed`` rows at ``start`` of ``target`` replaced by ``inserted``;
     ``requeued``: the inserted ids that were claimed and never read before (sent again)."""
 
@@ -40,23 +39,19 @@ class QueueChanged:
     requeued: List[str]
 
 
-@dataclass(frozen=True)
-class TurnStarted:
+class TurnStarted(NamedTuple):
     turn: int
 
 
-@dataclass(frozen=True)
-class StepStarted:
+class StepStarted(NamedTuple):
     step: int
 
 
-@dataclass(frozen=True)
-class StepFinished:
+class StepFinished(NamedTuple):
     step: int
 
 
-@dataclass(frozen=True)
-class UserEntered:
+class UserEntered(NamedTuple):
     """A user message entered a step; ``kind`` is ``"prompt"``, ``"steering"`` or ``"context"``."""
 
     message: JsonDict
@@ -64,37 +59,32 @@ class UserEntered:
     text: str
 
 
-@dataclass(frozen=True)
-class PartStarted:
+class PartStarted(NamedTuple):
     """A streamed text or reasoning part opened; ``seq`` (its first chunk's) names it."""
 
     kind: str  # "text" | "reasoning"
     seq: int
 
 
-@dataclass(frozen=True)
-class PartDelta:
+class PartDelta(NamedTuple):
     kind: str
     seq: int
     text: str
 
 
-@dataclass(frozen=True)
-class PartEnded:
+class PartEnded(NamedTuple):
     kind: str
     seq: int
 
 
-@dataclass(frozen=True)
-class WholeReasoning:
+class WholeReasoning(NamedTuple):
     """The reasoning of a reply that was not streamed, at once."""
 
     seq: int
     text: str
 
 
-@dataclass(frozen=True)
-class WholeText:
+class WholeText(NamedTuple):
     """The text of a reply that was not streamed, at once; ``message_id`` is the message's."""
 
     seq: int
@@ -102,8 +92,7 @@ class WholeText:
     text: str
 
 
-@dataclass(frozen=True)
-class ToolCallAnnounced:
+class ToolCallAnnounced(NamedTuple):
     """A tool call; ``parent`` is the assistant message that asked for it (``None``: none seen)."""
 
     call_id: str
@@ -112,8 +101,7 @@ class ToolCallAnnounced:
     parent: Optional[str]
 
 
-@dataclass(frozen=True)
-class ToolAnswered:
+class ToolAnswered(NamedTuple):
     seq: int
     call_id: str
     message_id: str
@@ -122,8 +110,7 @@ class ToolAnswered:
     error: Optional[JsonDict]
 
 
-@dataclass(frozen=True)
-class Unread:
+class Unread(NamedTuple):
     """Input the turn claimed and no step read (cancelled before the decision, rejected)."""
 
     row: JsonDict
@@ -131,8 +118,7 @@ class Unread:
     reason: Any  # the end's reason, as logged
 
 
-@dataclass(frozen=True)
-class TurnEnded:
+class TurnEnded(NamedTuple):
     """``turn`` is the turn that was open (else the end's own); ``ending`` the typed reason."""
 
     turn: Any
@@ -157,14 +143,15 @@ class UiFold:
         self._calls: Dict[str, Tuple[str, Any]] = {}  # call id -> (name, arguments) of this turn's tool-call blocks
         self._announced: set[str] = set()
 
-    def feed(self, event: EventLike) -> Tuple[events.EventView, List[Part]]:
-        """The view of ``event`` and the parts it gives."""
-        view = events.view(event)
+    def feed(self, event: EventLike) -> List[Part]:
+        """The parts ``event`` gives (a type no UI shows gives none, and no view is built)."""
+        kind = event.type if event.__class__ is Event else events.view(event).type
+        entry = _HANDLERS.get(kind)
+        if entry is None:
+            return []
         out: List[Part] = []
-        handler = _HANDLERS.get(type(view))
-        if handler is not None:
-            handler(self, view, out)
-        return view, out
+        entry[1](self, entry[0](event), out)
+        return out
 
     def _close_text(self, out: List[Part]) -> None:
         if self._text is not None:
@@ -270,15 +257,16 @@ class UiFold:
         out.append(TurnEnded(turn, ending))
 
 
-_HANDLERS: Dict[type, Any] = {
-    events.InboxSpliced: UiFold._spliced,
-    events.TurnStart: UiFold._turn_start,
-    events.StepStart: UiFold._step_start,
-    events.StepEnd: UiFold._step_end,
-    events.UserMessageEvent: UiFold._user_message,
-    events.AssistantChunk: UiFold._chunk,
-    events.AssistantMessageEvent: UiFold._assistant_message,
-    events.ToolCall: UiFold._tool_call,
-    events.ToolResultEvent: UiFold._tool_result,
-    events.TurnEnd: UiFold._turn_end,
-}
+# type -> (view class, handler): the fold reads these types and no others.
+_HANDLERS: Dict[str, Tuple[Any, Any]] = {cls.TYPE: (cls, handler) for cls, handler in (
+    (events.InboxSpliced, UiFold._spliced),
+    (events.TurnStart, UiFold._turn_start),
+    (events.StepStart, UiFold._step_start),
+    (events.StepEnd, UiFold._step_end),
+    (events.UserMessageEvent, UiFold._user_message),
+    (events.AssistantChunk, UiFold._chunk),
+    (events.AssistantMessageEvent, UiFold._assistant_message),
+    (events.ToolCall, UiFold._tool_call),
+    (events.ToolResultEvent, UiFold._tool_result),
+    (events.TurnEnd, UiFold._turn_end),
+)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List
 
+from .._core import Event
 from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, public_reason
 
@@ -37,11 +38,12 @@ class AgUiProjection(Projection):
         return {"type": type, "timestamp": self._time, **fields}
 
     def feed(self, event: EventLike) -> List[JsonDict]:
-        view, parts = self.fold.feed(event)
-        self._time = view.time
+        parts = self.fold.feed(event)
         out: List[JsonDict] = []
-        for part in parts:
-            _MAP[type(part)](self, part, out)
+        if parts:
+            self._time = event.time if event.__class__ is Event else int(event.get("time", 0))  # type: ignore[union-attr]
+            for part in parts:
+                _MAP[type(part)](self, part, out)
         return out
 
     def _text_message(self, out: List[JsonDict], message_id: str, role: str, text: str) -> None:

@@ -32,7 +32,7 @@ class VercelProjection(Projection):
 
     def feed(self, event: EventLike) -> List[JsonDict]:
         out: List[JsonDict] = []
-        for part in self.fold.feed(event)[1]:
+        for part in self.fold.feed(event):
             _MAP[type(part)](self, part, out)
         return out
 
