@@ -4,15 +4,16 @@ One run per turn (``RUN_STARTED`` at ``turn/start``, ``RUN_FINISHED`` or ``RUN_E
 ``turn/end``), one AG-UI step per loop step, streamed text and reasoning as they were chunked,
 tool calls with their results, user messages as ``user`` text messages, and the queue as shared
 state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). What to show
-is the shared fold's (``_fold.py``); this module only maps its parts. The mapping is written
+is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
 down in docs/web.md.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List
+from typing import Any, List, Optional
 
+from .. import events
 from .._core import Event
 from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, public_reason
@@ -22,149 +23,130 @@ __all__ = ["AgUiProjection"]
 _LIST_KEYS = {"next-turn": "nextTurn", "next-step": "nextStep"}
 
 
-class AgUiProjection(Projection):
+class AgUiProjection(Projection, f.Sink):
     """Feeds on log events one at a time; ``feed(event)`` returns the AG-UI events (dicts in
     their wire form, camelCase) that the event gives. The state it keeps is derived from the
     events fed so far and nothing else."""
 
     def __init__(self, thread_id: str = "session") -> None:
         self.thread_id = thread_id
-        self.fold = f.UiFold()
+        self.fold = f.UiFold(self)
         self.queue = self.fold.queue
         self._snapshot_sent = False
         self._time = 0
+        self._out: List[JsonDict] = []
 
     def _ev(self, type: str, **fields: Any) -> JsonDict:
         return {"type": type, "timestamp": self._time, **fields}
 
     def feed(self, event: EventLike) -> List[JsonDict]:
-        parts = self.fold.feed(event)
-        out: List[JsonDict] = []
-        if parts:
-            self._time = event.time if event.__class__ is Event else int(event.get("time", 0))  # type: ignore[union-attr]
-            for part in parts:
-                _MAP[type(part)](self, part, out)
+        out = self._out = []
+        self._time = event.time if event.__class__ is Event else int(event.get("time", 0))  # type: ignore[union-attr]
+        self.fold.feed(event)
         return out
 
-    def _text_message(self, out: List[JsonDict], message_id: str, role: str, text: str) -> None:
-        out.append(self._ev("TEXT_MESSAGE_START", messageId=message_id, role=role))
+    def _text_message(self, message_id: str, role: str, text: str) -> None:
+        self._out.append(self._ev("TEXT_MESSAGE_START", messageId=message_id, role=role))
         if text:
-            out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=message_id, delta=text))
-        out.append(self._ev("TEXT_MESSAGE_END", messageId=message_id))
+            self._out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=message_id, delta=text))
+        self._out.append(self._ev("TEXT_MESSAGE_END", messageId=message_id))
 
-    def _queue(self, part: f.QueueChanged, out: List[JsonDict]) -> None:
-        for message_id in part.requeued:
-            out.append(self._ev("CUSTOM", name="kerman.requeued", value={"messageId": message_id}))
+    def queue_changed(self, target: str, start: int, removed: List[JsonDict], inserted: List[JsonDict], requeued: List[str]) -> None:
+        for message_id in requeued:
+            self._out.append(self._ev("CUSTOM", name="kerman.requeued", value={"messageId": message_id}))
         if not self._snapshot_sent:
             self._snapshot_sent = True
-            out.append(self._ev("STATE_SNAPSHOT", snapshot={"queue": self.queue.state()}))
+            self._out.append(self._ev("STATE_SNAPSHOT", snapshot={"queue": self.queue.state()}))
             return
-        path = f"/queue/{_LIST_KEYS[part.target]}"
-        ops: List[JsonDict] = [{"op": "remove", "path": f"{path}/{part.start}"} for _ in part.removed]
-        ops += [{"op": "add", "path": f"{path}/{part.start + i}", "value": row} for i, row in enumerate(part.inserted)]
-        out.append(self._ev("STATE_DELTA", delta=ops))
+        path = f"/queue/{_LIST_KEYS[target]}"
+        ops: List[JsonDict] = [{"op": "remove", "path": f"{path}/{start}"} for _ in removed]
+        ops += [{"op": "add", "path": f"{path}/{start + i}", "value": row} for i, row in enumerate(inserted)]
+        self._out.append(self._ev("STATE_DELTA", delta=ops))
 
-    def _turn_started(self, part: f.TurnStarted, out: List[JsonDict]) -> None:
-        out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=f"turn-{part.turn}"))
+    def turn_started(self, turn: int) -> None:
+        self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=f"turn-{turn}"))
 
-    def _step_started(self, part: f.StepStarted, out: List[JsonDict]) -> None:
-        out.append(self._ev("STEP_STARTED", stepName=f"step-{part.step}"))
+    def step_started(self, step: int) -> None:
+        self._out.append(self._ev("STEP_STARTED", stepName=f"step-{step}"))
 
-    def _step_finished(self, part: f.StepFinished, out: List[JsonDict]) -> None:
-        out.append(self._ev("STEP_FINISHED", stepName=f"step-{part.step}"))
+    def step_finished(self, step: int) -> None:
+        self._out.append(self._ev("STEP_FINISHED", stepName=f"step-{step}"))
 
-    def _user(self, part: f.UserEntered, out: List[JsonDict]) -> None:
-        message_id = part.message["id"]
-        if part.kind != "prompt":
-            out.append(self._ev("CUSTOM", name=f"kerman.{part.kind}", value={"messageId": message_id, "message": part.message}))
-        self._text_message(out, message_id, "user", part.text)
+    def user_entered(self, message: JsonDict, kind: str, text: str) -> None:
+        message_id = message["id"]
+        if kind != "prompt":
+            self._out.append(self._ev("CUSTOM", name=f"kerman.{kind}", value={"messageId": message_id, "message": message}))
+        self._text_message(message_id, "user", text)
 
-    def _started(self, part: f.PartStarted, out: List[JsonDict]) -> None:
-        if part.kind == "text":
-            out.append(self._ev("TEXT_MESSAGE_START", messageId=f"msg-{part.seq}", role="assistant"))
+    def part_started(self, kind: str, seq: int) -> None:
+        if kind == "text":
+            self._out.append(self._ev("TEXT_MESSAGE_START", messageId=f"msg-{seq}", role="assistant"))
         else:
-            out.append(self._ev("REASONING_START", messageId=f"reasoning-{part.seq}"))
-            out.append(self._ev("REASONING_MESSAGE_START", messageId=f"reasoning-{part.seq}", role="reasoning"))
+            self._out.append(self._ev("REASONING_START", messageId=f"reasoning-{seq}"))
+            self._out.append(self._ev("REASONING_MESSAGE_START", messageId=f"reasoning-{seq}", role="reasoning"))
 
-    def _delta(self, part: f.PartDelta, out: List[JsonDict]) -> None:
-        if part.kind == "text":
-            out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=f"msg-{part.seq}", delta=part.text))
+    def part_delta(self, kind: str, seq: int, text: str) -> None:
+        if kind == "text":
+            self._out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=f"msg-{seq}", delta=text))
         else:
-            out.append(self._ev("REASONING_MESSAGE_CONTENT", messageId=f"reasoning-{part.seq}", delta=part.text))
+            self._out.append(self._ev("REASONING_MESSAGE_CONTENT", messageId=f"reasoning-{seq}", delta=text))
 
-    def _ended(self, part: f.PartEnded, out: List[JsonDict]) -> None:
-        if part.kind == "text":
-            out.append(self._ev("TEXT_MESSAGE_END", messageId=f"msg-{part.seq}"))
+    def part_ended(self, kind: str, seq: int) -> None:
+        if kind == "text":
+            self._out.append(self._ev("TEXT_MESSAGE_END", messageId=f"msg-{seq}"))
         else:
-            out.append(self._ev("REASONING_MESSAGE_END", messageId=f"reasoning-{part.seq}"))
-            out.append(self._ev("REASONING_END", messageId=f"reasoning-{part.seq}"))
+            self._out.append(self._ev("REASONING_MESSAGE_END", messageId=f"reasoning-{seq}"))
+            self._out.append(self._ev("REASONING_END", messageId=f"reasoning-{seq}"))
 
-    def _whole_reasoning(self, part: f.WholeReasoning, out: List[JsonDict]) -> None:
-        message_id = f"reasoning-{part.seq}"
-        out.append(self._ev("REASONING_START", messageId=message_id))
-        out.append(self._ev("REASONING_MESSAGE_START", messageId=message_id, role="reasoning"))
-        out.append(self._ev("REASONING_MESSAGE_CONTENT", messageId=message_id, delta=part.text))
-        out.append(self._ev("REASONING_MESSAGE_END", messageId=message_id))
-        out.append(self._ev("REASONING_END", messageId=message_id))
+    def whole_reasoning(self, seq: int, text: str) -> None:
+        message_id = f"reasoning-{seq}"
+        self._out.append(self._ev("REASONING_START", messageId=message_id))
+        self._out.append(self._ev("REASONING_MESSAGE_START", messageId=message_id, role="reasoning"))
+        self._out.append(self._ev("REASONING_MESSAGE_CONTENT", messageId=message_id, delta=text))
+        self._out.append(self._ev("REASONING_MESSAGE_END", messageId=message_id))
+        self._out.append(self._ev("REASONING_END", messageId=message_id))
 
-    def _whole_text(self, part: f.WholeText, out: List[JsonDict]) -> None:
-        self._text_message(out, part.message_id, "assistant", part.text)
+    def whole_text(self, seq: int, message_id: str, text: str) -> None:
+        self._text_message(message_id, "assistant", text)
 
-    def _call(self, part: f.ToolCallAnnounced, out: List[JsonDict]) -> None:
-        arguments = part.arguments
+    def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
+        arguments = arguments
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-        start = self._ev("TOOL_CALL_START", toolCallId=part.call_id, toolCallName=part.name)
-        if part.parent is not None:
-            start["parentMessageId"] = part.parent
-        out.append(start)
+        start = self._ev("TOOL_CALL_START", toolCallId=call_id, toolCallName=name)
+        if parent is not None:
+            start["parentMessageId"] = parent
+        self._out.append(start)
         if arguments:
-            out.append(self._ev("TOOL_CALL_ARGS", toolCallId=part.call_id, delta=arguments))
-        out.append(self._ev("TOOL_CALL_END", toolCallId=part.call_id))
+            self._out.append(self._ev("TOOL_CALL_ARGS", toolCallId=call_id, delta=arguments))
+        self._out.append(self._ev("TOOL_CALL_END", toolCallId=call_id))
 
-    def _answered(self, part: f.ToolAnswered, out: List[JsonDict]) -> None:
-        result = self._ev("TOOL_CALL_RESULT", messageId=part.message_id, toolCallId=part.call_id, content=part.text,
+    def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool, error: Optional[JsonDict]) -> None:
+        result = self._ev("TOOL_CALL_RESULT", messageId=message_id, toolCallId=call_id, content=text,
                           role="tool")
-        if part.is_error:
-            result["metadata"] = {"kerman": {"isError": True, **({"error": part.error} if part.error else {})}}
-        out.append(result)
+        if is_error:
+            result["metadata"] = {"kerman": {"isError": True, **({"error": error} if error else {})}}
+        self._out.append(result)
 
-    def _unread(self, part: f.Unread, out: List[JsonDict]) -> None:
-        out.append(self._ev("CUSTOM", name="kerman.unread", value={
-            "messageId": part.row["id"], "text": part.row["text"], "placement": part.row["placement"],
-            "turn": part.turn, "reason": public_reason(part.reason)}))
+    def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.unread", value={
+                  "messageId": row["id"], "text": row["text"], "placement": row["placement"],
+                  "turn": turn, "reason": public_reason(reason)}))
 
-    def _turn_ended(self, part: f.TurnEnded, out: List[JsonDict]) -> None:
-        ending = part.ending
+    def turn_ended(self, turn: Any, ending: events.Ending) -> None:
+        ending = ending
         kind = ending.kind
         if kind == "error":
             error = ending.error
             failure = self._ev("RUN_ERROR", message=(error.message if error else "") or "the turn failed")
             if error is not None and error.code:
                 failure["code"] = error.code
-            out.append(failure)
+            self._out.append(failure)
         elif kind == "interrupted":
-            out.append(self._ev("RUN_ERROR", message="the turn was interrupted: the process running it stopped",
-                                code="INTERRUPTED"))
+            self._out.append(self._ev("RUN_ERROR", message="the turn was interrupted: the process running it stopped",
+                                      code="INTERRUPTED"))
         else:
             outcome = {"type": "cancelled"} if kind == "aborted" else {"type": "success"}
-            out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=f"turn-{part.turn}", outcome=outcome,
-                                result={"reason": public_reason(ending.raw)}))
+            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=f"turn-{turn}", outcome=outcome,
+                                      result={"reason": public_reason(ending.raw)}))
 
-
-_MAP: Dict[type, Callable[[AgUiProjection, Any, List[JsonDict]], None]] = {
-    f.QueueChanged: AgUiProjection._queue,
-    f.TurnStarted: AgUiProjection._turn_started,
-    f.StepStarted: AgUiProjection._step_started,
-    f.StepFinished: AgUiProjection._step_finished,
-    f.UserEntered: AgUiProjection._user,
-    f.PartStarted: AgUiProjection._started,
-    f.PartDelta: AgUiProjection._delta,
-    f.PartEnded: AgUiProjection._ended,
-    f.WholeReasoning: AgUiProjection._whole_reasoning,
-    f.WholeText: AgUiProjection._whole_text,
-    f.ToolCallAnnounced: AgUiProjection._call,
-    f.ToolAnswered: AgUiProjection._answered,
-    f.Unread: AgUiProjection._unread,
-    f.TurnEnded: AgUiProjection._turn_ended,
-}

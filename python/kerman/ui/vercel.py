@@ -6,14 +6,15 @@ parts as they were streamed, ``tool-input-available`` and ``tool-output-availabl
 ``tool-output-error`` for tool calls, and data parts: ``data-queue`` (the pending inbox, a
 transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
 ``data-context`` (each user message as it enters a step). What to show is the shared fold's
-(``_fold.py``); this module only maps its parts. The mapping is in docs/web.md.
+(``_fold.py``); this module is its sink and only maps the parts. The mapping is in docs/web.md.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List
+from typing import Any, List, Optional
 
+from .. import events
 from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, public_reason
 
@@ -22,108 +23,91 @@ __all__ = ["VercelProjection"]
 _FINISH = {"completed": "stop", "max-tokens": "length", "blocked": "other"}
 
 
-class VercelProjection(Projection):
+class VercelProjection(Projection, f.Sink):
     """Feeds on log events one at a time; ``feed(event)`` returns the stream parts (dicts in
     their wire form) that the event gives."""
 
     def __init__(self) -> None:
-        self.fold = f.UiFold()
+        self.fold = f.UiFold(self)
         self.queue = self.fold.queue
+        self._out: List[JsonDict] = []
 
     def feed(self, event: EventLike) -> List[JsonDict]:
-        out: List[JsonDict] = []
-        for part in self.fold.feed(event):
-            _MAP[type(part)](self, part, out)
+        out = self._out = []
+        self.fold.feed(event)
         return out
 
-    def _queue(self, part: f.QueueChanged, out: List[JsonDict]) -> None:
-        out.append({"type": "data-queue", "id": "queue", "data": self.queue.state(), "transient": True})
+    def queue_changed(self, target: str, start: int, removed: List[JsonDict], inserted: List[JsonDict], requeued: List[str]) -> None:
+        self._out.append({"type": "data-queue", "id": "queue", "data": self.queue.state(), "transient": True})
 
-    def _turn_started(self, part: f.TurnStarted, out: List[JsonDict]) -> None:
-        out.append({"type": "start", "messageId": f"turn-{part.turn}"})
+    def turn_started(self, turn: int) -> None:
+        self._out.append({"type": "start", "messageId": f"turn-{turn}"})
 
-    def _step_started(self, part: f.StepStarted, out: List[JsonDict]) -> None:
-        out.append({"type": "start-step"})
+    def step_started(self, step: int) -> None:
+        self._out.append({"type": "start-step"})
 
-    def _step_finished(self, part: f.StepFinished, out: List[JsonDict]) -> None:
-        out.append({"type": "finish-step"})
+    def step_finished(self, step: int) -> None:
+        self._out.append({"type": "finish-step"})
 
-    def _user(self, part: f.UserEntered, out: List[JsonDict]) -> None:
-        message_id = part.message["id"]
-        out.append({"type": f"data-{part.kind}", "id": message_id,
-                    "data": {"id": message_id, "text": part.text, "message": part.message}})
+    def user_entered(self, message: JsonDict, kind: str, text: str) -> None:
+        message_id = message["id"]
+        self._out.append({"type": f"data-{kind}", "id": message_id,
+                          "data": {"id": message_id, "text": text, "message": message}})
 
-    def _started(self, part: f.PartStarted, out: List[JsonDict]) -> None:
-        out.append({"type": f"{part.kind}-start", "id": f"{part.kind}-{part.seq}"})
+    def part_started(self, kind: str, seq: int) -> None:
+        self._out.append({"type": f"{kind}-start", "id": f"{kind}-{seq}"})
 
-    def _delta(self, part: f.PartDelta, out: List[JsonDict]) -> None:
-        out.append({"type": f"{part.kind}-delta", "id": f"{part.kind}-{part.seq}", "delta": part.text})
+    def part_delta(self, kind: str, seq: int, text: str) -> None:
+        self._out.append({"type": f"{kind}-delta", "id": f"{kind}-{seq}", "delta": text})
 
-    def _ended(self, part: f.PartEnded, out: List[JsonDict]) -> None:
-        out.append({"type": f"{part.kind}-end", "id": f"{part.kind}-{part.seq}"})
+    def part_ended(self, kind: str, seq: int) -> None:
+        self._out.append({"type": f"{kind}-end", "id": f"{kind}-{seq}"})
 
-    def _whole_reasoning(self, part: f.WholeReasoning, out: List[JsonDict]) -> None:
-        rid = f"reasoning-{part.seq}"
-        out += [{"type": "reasoning-start", "id": rid}, {"type": "reasoning-delta", "id": rid, "delta": part.text},
-                {"type": "reasoning-end", "id": rid}]
+    def whole_reasoning(self, seq: int, text: str) -> None:
+        rid = f"reasoning-{seq}"
+        self._out += [{"type": "reasoning-start", "id": rid}, {"type": "reasoning-delta", "id": rid, "delta": text},
+                      {"type": "reasoning-end", "id": rid}]
 
-    def _whole_text(self, part: f.WholeText, out: List[JsonDict]) -> None:
-        tid = f"text-{part.seq}"
-        out += [{"type": "text-start", "id": tid}, {"type": "text-delta", "id": tid, "delta": part.text},
-                {"type": "text-end", "id": tid}]
+    def whole_text(self, seq: int, message_id: str, text: str) -> None:
+        tid = f"text-{seq}"
+        self._out += [{"type": "text-start", "id": tid}, {"type": "text-delta", "id": tid, "delta": text},
+                      {"type": "text-end", "id": tid}]
 
-    def _call(self, part: f.ToolCallAnnounced, out: List[JsonDict]) -> None:
-        arguments = part.arguments
+    def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
+        arguments = arguments
         if isinstance(arguments, str):
             try:
                 parsed = json.loads(arguments) if arguments else {}
             except ValueError as error:
-                out.append({"type": "tool-input-error", "toolCallId": part.call_id, "toolName": part.name,
-                            "input": arguments, "errorText": f"the arguments are not JSON: {error}"})
+                self._out.append({"type": "tool-input-error", "toolCallId": call_id, "toolName": name,
+                                  "input": arguments, "errorText": f"the arguments are not JSON: {error}"})
                 return
         else:
             parsed = arguments
-        out.append({"type": "tool-input-available", "toolCallId": part.call_id, "toolName": part.name, "input": parsed})
+        self._out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": parsed})
 
-    def _answered(self, part: f.ToolAnswered, out: List[JsonDict]) -> None:
-        if part.is_error:
-            out.append({"type": "tool-output-error", "toolCallId": part.call_id, "errorText": part.text or "the tool failed"})
+    def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool, error: Optional[JsonDict]) -> None:
+        if is_error:
+            self._out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": text or "the tool failed"})
         else:
-            out.append({"type": "tool-output-available", "toolCallId": part.call_id, "output": part.text})
+            self._out.append({"type": "tool-output-available", "toolCallId": call_id, "output": text})
 
-    def _unread(self, part: f.Unread, out: List[JsonDict]) -> None:
+    def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         """Not a part of this protocol: the queue parts already show the input is gone."""
 
-    def _turn_ended(self, part: f.TurnEnded, out: List[JsonDict]) -> None:
-        ending = part.ending
+    def turn_ended(self, turn: Any, ending: events.Ending) -> None:
+        ending = ending
         kind = ending.kind
-        metadata = {"turn": part.turn, "reason": public_reason(ending.raw)}
+        metadata = {"turn": turn, "reason": public_reason(ending.raw)}
         if kind == "aborted":
             cause = ending.cause
             text = cause.kind if cause is not None else None
-            out.append({"type": "abort", **({"reason": text} if text else {})})
+            self._out.append({"type": "abort", **({"reason": text} if text else {})})
         elif kind in ("error", "interrupted"):
             error = ending.error
             message = (error.message if error else "") if kind == "error" else "the turn was interrupted: the process running it stopped"
-            out.append({"type": "error", "errorText": message or "the turn failed"})
-            out.append({"type": "finish", "finishReason": "error", "messageMetadata": metadata})
+            self._out.append({"type": "error", "errorText": message or "the turn failed"})
+            self._out.append({"type": "finish", "finishReason": "error", "messageMetadata": metadata})
         else:
-            out.append({"type": "finish", "finishReason": _FINISH.get(str(kind), "other"), "messageMetadata": metadata})
+            self._out.append({"type": "finish", "finishReason": _FINISH.get(str(kind), "other"), "messageMetadata": metadata})
 
-
-_MAP: Dict[type, Callable[[VercelProjection, Any, List[JsonDict]], None]] = {
-    f.QueueChanged: VercelProjection._queue,
-    f.TurnStarted: VercelProjection._turn_started,
-    f.StepStarted: VercelProjection._step_started,
-    f.StepFinished: VercelProjection._step_finished,
-    f.UserEntered: VercelProjection._user,
-    f.PartStarted: VercelProjection._started,
-    f.PartDelta: VercelProjection._delta,
-    f.PartEnded: VercelProjection._ended,
-    f.WholeReasoning: VercelProjection._whole_reasoning,
-    f.WholeText: VercelProjection._whole_text,
-    f.ToolCallAnnounced: VercelProjection._call,
-    f.ToolAnswered: VercelProjection._answered,
-    f.Unread: VercelProjection._unread,
-    f.TurnEnded: VercelProjection._turn_ended,
-}
