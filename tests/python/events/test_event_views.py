@@ -234,3 +234,17 @@ def test_live_tail_gives_views() -> None:
     seen, types = asyncio.run(main())
     assert seen == [events.TYPES.get(t, events.OtherEvent) for t in types]
     assert events.TurnStart in seen and events.AssistantMessageEvent in seen and seen[-1] is events.OtherEvent
+
+
+def test_unknown_chunks_and_blocks_keep_their_data() -> None:
+    cited = events.view({"type": "assistant/chunk", "seq": 1, "time": 2,
+                         "data": {"turn": 1, "step": 1, "chunk": {"type": "citation", "url": "u"}}})
+    assert isinstance(cited, events.AssistantChunk) and isinstance(cited.chunk, events.OtherChunk)
+    assert cited.chunk.type == "citation" and cited.chunk.raw == {"type": "citation", "url": "u"}
+    failed = events.chunk({"type": "finish", "reason": "error", "error": {"message": "reset", "code": "NETWORK", "hint": 1}})
+    assert isinstance(failed, events.FinishChunk) and failed.error is not None
+    assert (failed.error.message, failed.error.code, failed.error.get("hint")) == ("reset", "NETWORK", 1)
+    message = events.message({"id": "m", "role": "user", "source": {"kind": "user"},
+                              "content": [{"type": "image", "ref": "x"}, {"type": "text", "text": "a"}]})
+    assert [type(b) for b in message.content] == [events.OtherBlock, events.TextBlock]
+    assert message.text == "a" and message.content[0].get("ref") == "x" and message.tool_result is None
