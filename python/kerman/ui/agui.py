@@ -110,7 +110,6 @@ class AgUiProjection(Projection, f.Sink):
         self._text_message(message_id, "assistant", text)
 
     def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
-        arguments = arguments
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
         start = self._ev("TOOL_CALL_START", toolCallId=call_id, toolCallName=name)
@@ -122,19 +121,17 @@ class AgUiProjection(Projection, f.Sink):
         self._out.append(self._ev("TOOL_CALL_END", toolCallId=call_id))
 
     def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool, error: Optional[JsonDict]) -> None:
-        result = self._ev("TOOL_CALL_RESULT", messageId=message_id, toolCallId=call_id, content=text,
-                          role="tool")
+        result = self._ev("TOOL_CALL_RESULT", messageId=message_id, toolCallId=call_id, content=text, role="tool")
         if is_error:
             result["metadata"] = {"kerman": {"isError": True, **({"error": error} if error else {})}}
         self._out.append(result)
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         self._out.append(self._ev("CUSTOM", name="kerman.unread", value={
-                  "messageId": row["id"], "text": row["text"], "placement": row["placement"],
-                  "turn": turn, "reason": public_reason(reason)}))
+            "messageId": row["id"], "text": row["text"], "placement": row["placement"], "turn": turn,
+            "reason": public_reason(reason)}))
 
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
-        ending = ending
         kind = ending.kind
         if kind == "error":
             error = ending.error

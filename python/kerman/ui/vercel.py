@@ -74,7 +74,6 @@ class VercelProjection(Projection, f.Sink):
                       {"type": "text-end", "id": tid}]
 
     def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
-        arguments = arguments
         if isinstance(arguments, str):
             try:
                 parsed = json.loads(arguments) if arguments else {}
@@ -96,7 +95,6 @@ class VercelProjection(Projection, f.Sink):
         """Not a part of this protocol: the queue parts already show the input is gone."""
 
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
-        ending = ending
         kind = ending.kind
         metadata = {"turn": turn, "reason": public_reason(ending.raw)}
         if kind == "aborted":
