@@ -15,6 +15,8 @@ import html
 import json
 from typing import Any, Dict, Iterable, List, Sequence
 
+from . import events
+
 __all__ = ["message", "event", "event_iterator", "session_log", "inbox", "transcript", "agent_loop"]
 
 #: How much of one message's text is shown before it is cut.
@@ -134,9 +136,9 @@ def message(m: Any) -> str:
 # ---- events, logs, iterators ----------------------------------------------------------------
 
 
-def _event_rows(events: Sequence[Any]) -> str:
+def _event_rows(shown: Sequence[Any]) -> str:
     rows = "".join(f"<tr><td>{ev.seq}</td><td><code>{esc(ev.type)}</code></td><td>{json_text(ev.data)}</td></tr>"
-                   for ev in events)
+                   for ev in shown)
     return f"<table><tr><th>seq</th><th>type</th><th>data</th></tr>{rows}</table>"
 
 
@@ -201,16 +203,23 @@ def inbox(x: Any) -> str:
 # ---- the transcript -------------------------------------------------------------------------
 
 
+def _reason(end: Dict[str, Any]) -> events.Ending:
+    """The typed reason of a transcript's turn ending (``{seq, turn, reason}``)."""
+    reason = end.get("reason")
+    return events.Ending(reason if isinstance(reason, dict) else {})
+
+
 def _ending(end: Dict[str, Any]) -> str:
-    reason = end.get("reason") or {}
-    kind = reason.get("kind", "?") if isinstance(reason, dict) else "?"
+    ending = _reason(end)
+    kind = ending.kind or "?"
     text = f"turn {end.get('turn')} ended: {kind}"
-    if kind == "blocked" and reason.get("reason"):
-        text += f" ({reason['reason']})"
-    elif kind == "error" and isinstance(reason.get("error"), dict):
-        text += f" ({reason['error'].get('code', '')}: {reason['error'].get('message', '')})"
-    elif kind == "aborted" and isinstance(reason.get("reason"), dict):
-        text += f" ({reason['reason'].get('kind', '')})"
+    error, cause = ending.error, ending.cause
+    if kind == "blocked" and ending.blocked_reason:
+        text += f" ({ending.blocked_reason})"
+    elif kind == "error" and error is not None:
+        text += f" ({error.code or ''}: {error.message})"
+    elif kind == "aborted" and cause is not None:
+        text += f" ({cause.kind or ''})"
     return f'<div class="k-end">— {clip(text, 300)} —</div>'
 
 
@@ -218,7 +227,7 @@ def transcript(t: Any) -> str:
     """The conversation as a chat: messages in order, a line where a turn ended other than
     ``completed`` (blocked, error, aborted, interrupted), steering and cut-off replies marked."""
     entries = t.entries()
-    endings = [e for e in t.endings if not (isinstance(e.get("reason"), dict) and e["reason"].get("kind") == "completed")]
+    endings = [e for e in t.endings if _reason(e).kind != "completed"]
     shown = entries[-MESSAGES_SHOWN:]
     first_seq = shown[0]["seq"] if shown and len(shown) < len(entries) else -1
     items = [(e["seq"], _message_div(e["message"], _entry_note(e))) for e in shown]

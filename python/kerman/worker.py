@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
 
-from . import _core
+from . import _core, events
 from .errors import LoopError
 from .loop import AgentLoop
 
@@ -36,9 +36,9 @@ Factory = Callable[[_core.SessionLog], Union[AgentLoop, Awaitable[AgentLoop]]]
 FAILED_ENDINGS = ("error", "interrupted")
 
 
-def _ending(event: Any) -> str:
-    reason = event.data.get("reason") if isinstance(event.data, dict) else None
-    return reason.get("kind", "") if isinstance(reason, dict) else ""
+def _ending(event: _core.Event) -> str:
+    view = events.view(event)
+    return (view.reason.kind or "") if isinstance(view, events.TurnEnd) else ""
 
 
 def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
@@ -470,7 +470,7 @@ class Worker:
         take: the whole log, as left by earlier owners)."""
         log = session.log
         end = len(log)
-        for event in log.events(session.seen, types="turn/end"):
+        for event in log.events(session.seen, types=events.TURN_END):
             failures = failures + 1 if _ending(event) in FAILED_ENDINGS else 0
             if not at_take:
                 session.ended += 1
@@ -479,9 +479,9 @@ class Worker:
 
     def _requeue_interrupted(self, session: _Session) -> None:
         """The claimed-but-unentered policy at take: input the crashed turn claimed comes back."""
-        ends = list(session.log.events(types="turn/end"))
+        ends = list(session.log.events(types=events.TURN_END))
         if ends and _ending(ends[-1]) == "interrupted":
-            self._requeue(session, ends[-1].data.get("turn"))
+            self._requeue(session, events.TurnEnd(ends[-1]).turn)
 
     def _requeue(self, session: _Session, turn: Any) -> None:
         agent = session.agent

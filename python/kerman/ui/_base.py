@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Dict, Iterable, Iterator, Optional, Union
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Dict, Iterable, Iterator, Optional, Union, cast
 
-from .._core import Event, InboxProjection, Message
+from .. import events
+from .._core import Event, InboxProjection
 
 __all__ = ["UiEvent", "ResumePoint", "parse_resume", "Projection", "QueueMirror", "project", "JsonDict"]
 
@@ -91,15 +92,6 @@ def fields(event: EventLike) -> tuple[int, str, Any]:
         raise TypeError(f"expected a kerman.Event or an event dict with seq, type and data, got {event!r:.80}") from None
 
 
-def text_of(content: Any) -> str:
-    """The text blocks of a content list, joined as ``Message.text`` joins them."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    return "\n".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
-
-
 def public_reason(reason: Any) -> Any:
     """A ``turn/end`` reason as a client may see it: a failure's ``traceback`` (the server's
     stack) stays in the log."""
@@ -109,19 +101,18 @@ def public_reason(reason: Any) -> Any:
     return reason
 
 
-def placement(target: str, message: JsonDict) -> str:
+def placement(target: str, message: events.MessageView) -> str:
     """Where a pending message shows: next-turn input is queued; next-step input is steering
     when a user sent it and context otherwise (as ``InboxProjection.items()`` says)."""
     if target == "next-turn":
         return "queued"
-    source = message.get("source")
-    return "steering" if isinstance(source, dict) and source.get("kind") == "user" else "context"
+    return "steering" if message.source.kind == "user" else "context"
 
 
-def item(target: str, message: JsonDict) -> JsonDict:
+def item(target: str, message: Union[JsonDict, events.MessageView]) -> JsonDict:
     """A queue entry as both protocols show it."""
-    return {"id": message["id"], "placement": placement(target, message), "text": text_of(message.get("content")),
-            "message": message}
+    view = message if isinstance(message, events.MessageView) else events.message(message)
+    return {"id": view.id, "placement": placement(target, view), "text": view.text, "message": view.raw}
 
 
 class QueueMirror:
@@ -144,18 +135,18 @@ class QueueMirror:
     def state(self) -> JsonDict:
         return {"nextTurn": list(self.lists["next-turn"]), "nextStep": list(self.lists["next-step"])}
 
-    def apply(self, event: EventLike) -> tuple[str, int, list[JsonDict], list[JsonDict]]:
+    def apply(self, event: Union[EventLike, events.InboxSpliced]) -> tuple[str, int, list[JsonDict], list[JsonDict]]:
         """Applies one splice; returns (target, start, removed items, inserted items)."""
-        self._check.apply(event)
-        data = fields(event)[2]
-        target = data["target"]
-        start = data["start"]
-        count = data.get("removedCount", 0)
+        splice = event if isinstance(event, events.InboxSpliced) else events.InboxSpliced(event)
+        self._check.apply(cast(Union[Event, JsonDict], splice.event))
+        target = splice.target
+        start = splice.start
+        count = splice.removed_count
         rows = self.lists[target]
         removed = rows[start:start + count]
-        inserted = [item(target, m) for m in data.get("inserted", [])]
+        inserted = [item(target, m) for m in splice.inserted]
         rows[start:start + count] = inserted
-        if count and data.get("outcome") != "canceled":  # a claim: the messages go on into the turn
+        if splice.is_claim:  # a claim: the messages go on into the turn
             for row in removed:
                 self.claimed[row["id"]] = row["placement"]
                 self.undecided[row["id"]] = row
@@ -234,7 +225,3 @@ def project(make: Callable[[], Projection], events: Any, after: Any) -> Any:
         return _sync(make(), events, point)
     raise TypeError(f"expected an iterable or async iterable of events (log.events(), log.tail()), got {type(events).__name__}")
 
-
-def message_dict(value: Any) -> JsonDict:
-    """A message payload as a dict (the log stores them as dicts; a Message is accepted too)."""
-    return value.to_dict() if isinstance(value, Message) else value

@@ -24,6 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import DuplicateMessageError, InvalidMessageError, KermanError, LoopError, SessionExistsError, SessionNotFoundError, ui
+from ..events import InboxSpliced
 from ..ui._base import JsonDict
 from ._errors import ApiError, error_response, public
 from ._guard import Guard, cookie_name, cookie_value
@@ -175,7 +176,7 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
 
     def _gone(session: Session, message_id: str) -> ApiError:
         for event in session.log.splices():
-            if any(m.get("id") == message_id for m in event.data.get("inserted", ())):
+            if any(m.id == message_id for m in InboxSpliced(event).inserted):
                 return ApiError(409, "not-queued", f'message "{message_id}" is no longer queued in session "{session.id}": '
                                                    "it was claimed by a turn or removed")
         return ApiError(404, "message-not-found", f'no message "{message_id}" was queued in session "{session.id}"')

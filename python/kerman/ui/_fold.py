@@ -1,0 +1,226 @@
+"""The semantic fold both UI projections share: what a chat UI sees in a session log.
+
+``UiFold.feed(event)`` reads one log event through its typed view (``kerman.events``) and
+tells its ``Sink`` what a UI shows for it, one method call per part: a turn and its steps opening and closing, text and
+reasoning parts opening, growing and closing (streamed or whole), user messages entering (as a
+prompt, steering or context), tool calls announced and answered, the queue changing, and the
+input a turn claimed and never read. The AG-UI and Vercel projections are sinks that only map
+these parts to their wire events, so both protocols show one reading of the log. (Calls rather
+than part objects: a UI folds every event, and a call costs less than an object and a lookup.)
+
+The rules that are the fold's, not a protocol's:
+
+* a text part and a reasoning part are never open together: a delta of one closes the other;
+* a streamed tool call, a finish chunk, the assembled message, a tool call or result, a step's
+  end and a turn's end close whatever part is open (a retried request streams a new part);
+* a reply that was not streamed shows its reasoning, then its text, whole;
+* a tool result whose call was never announced (a closer's, or one aborted before dispatch)
+  announces the call first, with the name and arguments its assistant message gave.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import events
+from .._core import Event
+from ._base import EventLike, JsonDict, QueueMirror
+
+__all__ = ["UiFold", "Sink"]
+
+
+class Sink:
+    """What a UI is told, one call per part. Every method does nothing here; a projection
+    overrides the ones its protocol shows."""
+
+    def queue_changed(self, target: str, start: int, removed: List[JsonDict], inserted: List[JsonDict],
+                      requeued: List[str]) -> None:
+        """An inbox splice: ``removed`` rows at ``start`` of ``target`` replaced by ``inserted``;
+        ``requeued``: the inserted ids that were claimed and never read before (sent again)."""
+
+    def turn_started(self, turn: int) -> None:
+        """A turn began."""
+
+    def step_started(self, step: int) -> None:
+        """A step began."""
+
+    def step_finished(self, step: int) -> None:
+        """A step ended (after the parts it opened closed)."""
+
+    def user_entered(self, message: JsonDict, kind: str, text: str) -> None:
+        """A user message entered a step as a ``"prompt"``, ``"steering"`` or ``"context"``."""
+
+    def part_started(self, kind: str, seq: int) -> None:
+        """A streamed ``"text"`` or ``"reasoning"`` part opened; ``seq`` (its first chunk's)
+        names it until it ends."""
+
+    def part_delta(self, kind: str, seq: int, text: str) -> None:
+        """Text appended to the open part ``seq`` (never empty)."""
+
+    def part_ended(self, kind: str, seq: int) -> None:
+        """The part ``seq`` closed."""
+
+    def whole_reasoning(self, seq: int, text: str) -> None:
+        """The reasoning of a reply that was not streamed (``seq``: its message's), at once."""
+
+    def whole_text(self, seq: int, message_id: str, text: str) -> None:
+        """The text of a reply that was not streamed, at once."""
+
+    def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
+        """A tool call; ``arguments`` as the model wrote them (normally JSON text); ``parent`` the
+        assistant message that asked for it (``None``: none seen)."""
+
+    def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool,
+                      error: Optional[JsonDict]) -> None:
+        """A tool call's result (``error``: the failure the log gives, if any)."""
+
+    def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
+        """Input the ending turn claimed and no step read (cancelled before the decision,
+        rejected); ``turn`` and ``reason`` as the turn's end logged them."""
+
+    def turn_ended(self, turn: Any, ending: events.Ending) -> None:
+        """A turn ended; ``turn`` is the turn that was open (else the end's own)."""
+
+
+class UiFold:
+    """The state a UI derives from the log prefix fed so far, and nothing else."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.queue = QueueMirror()
+        self.turn: Optional[int] = None
+        self.step: Optional[int] = None
+        self._text: Optional[int] = None  # the open text part (its first chunk's seq)
+        self._reasoning: Optional[int] = None
+        self._streamed = False  # chunks since the last assistant/message (or step start)
+        self._parent: Optional[str] = None  # the last assistant message, for tool calls
+        self._calls: Dict[str, Tuple[str, Any]] = {}  # call id -> (name, arguments) of this turn's tool-call blocks
+        self._announced: set[str] = set()
+
+    def feed(self, event: EventLike) -> bool:
+        """Tells the sink the parts ``event`` gives; whether it is a type UIs show (for any
+        other type no view is built)."""
+        kind = event.type if event.__class__ is Event else events.view(event).type
+        entry = _HANDLERS.get(kind)
+        if entry is None:
+            return False
+        entry[1](self, entry[0](event))
+        return True
+
+    def _close_text(self) -> None:
+        if self._text is not None:
+            self.sink.part_ended("text", self._text)
+            self._text = None
+
+    def _close_reasoning(self) -> None:
+        if self._reasoning is not None:
+            self.sink.part_ended("reasoning", self._reasoning)
+            self._reasoning = None
+
+    def _close_open(self) -> None:
+        self._close_text()
+        self._close_reasoning()
+
+    def _spliced(self, view: events.InboxSpliced) -> None:
+        target, start, removed, inserted = self.queue.apply(view)
+        self.sink.queue_changed(target, start, removed, inserted, self.queue.requeued(inserted))
+
+    def _turn_start(self, view: events.TurnStart) -> None:
+        self._close_open()
+        self.turn = view.turn
+        self._calls.clear()
+        self._announced.clear()
+        self.sink.turn_started(view.turn)
+
+    def _step_start(self, view: events.StepStart) -> None:
+        self.queue.step_started()
+        self.step = view.step
+        self._streamed = False
+        self.sink.step_started(view.step)
+
+    def _step_end(self, view: events.StepEnd) -> None:
+        self._close_open()
+        self.sink.step_finished(view.step)
+
+    def _user_message(self, view: events.UserMessageEvent) -> None:
+        message = view.message
+        kind = self.queue.entered(message.id, self.step)
+        self.sink.user_entered(message.raw, kind, message.text)
+
+    def _chunk(self, view: events.AssistantChunk) -> None:
+        self._streamed = True
+        chunk = view.chunk
+        if isinstance(chunk, events.TextDelta):
+            self._close_reasoning()
+            if self._text is None:
+                self._text = view.seq
+                self.sink.part_started("text", view.seq)
+            if chunk.text:
+                self.sink.part_delta("text", self._text, chunk.text)
+        elif isinstance(chunk, events.ReasoningDelta):
+            self._close_text()
+            if self._reasoning is None:
+                self._reasoning = view.seq
+                self.sink.part_started("reasoning", view.seq)
+            if chunk.text:
+                self.sink.part_delta("reasoning", self._reasoning, chunk.text)
+        elif isinstance(chunk, (events.ToolCallChunk, events.FinishChunk)):
+            # a tool call is announced at its tool/call, and what the model says after it is a new
+            # part; a finish ends the attempt (a retried request streams a part of its own)
+            self._close_open()
+
+    def _assistant_message(self, view: events.AssistantMessageEvent) -> None:
+        self._close_open()
+        message = view.message
+        self._parent = message.id or None
+        for call in message.tool_calls:
+            self._calls[call.id] = (call.name, call.arguments)
+        if not self._streamed:  # a whole reply: its reasoning and text at once
+            if message.reasoning:
+                self.sink.whole_reasoning(view.seq, message.reasoning)
+            if message.text:
+                self.sink.whole_text(view.seq, message.id, message.text)
+        self._streamed = False
+
+    def _announce(self, call_id: str, name: str, arguments: Any) -> None:
+        self._announced.add(call_id)
+        self.sink.tool_called(call_id, name, arguments, self._parent)
+
+    def _tool_call(self, view: events.ToolCall) -> None:
+        self._close_open()
+        self._announce(view.call_id, view.name, view.arguments)
+
+    def _tool_result(self, view: events.ToolResultEvent) -> None:
+        self._close_open()
+        call_id = view.call_id
+        if call_id not in self._announced:  # a synthesised result (closers, aborted before dispatch)
+            name, arguments = self._calls.get(call_id, ("", ""))
+            self._announce(call_id, name, arguments)
+        error = view.error
+        self.sink.tool_answered(view.seq, call_id, view.message.id or f"result-{view.seq}", view.text, view.is_error,
+                                error.raw if error is not None else None)
+
+    def _turn_end(self, view: events.TurnEnd) -> None:
+        self._close_open()
+        turn = self.turn if self.turn is not None else view.turn
+        self.turn = None
+        self.step = None
+        ending = view.reason
+        for row in self.queue.take_unread():  # claimed, never read: shown, never hidden
+            self.sink.unread(row, view.turn, ending.raw)
+        self.sink.turn_ended(turn, ending)
+
+
+# type -> (view class, handler): the fold reads these types and no others.
+_HANDLERS: Dict[str, Tuple[Any, Any]] = {cls.TYPE: (cls, handler) for cls, handler in (
+    (events.InboxSpliced, UiFold._spliced),
+    (events.TurnStart, UiFold._turn_start),
+    (events.StepStart, UiFold._step_start),
+    (events.StepEnd, UiFold._step_end),
+    (events.UserMessageEvent, UiFold._user_message),
+    (events.AssistantChunk, UiFold._chunk),
+    (events.AssistantMessageEvent, UiFold._assistant_message),
+    (events.ToolCall, UiFold._tool_call),
+    (events.ToolResultEvent, UiFold._tool_result),
+    (events.TurnEnd, UiFold._turn_end),
+)}
