@@ -8,7 +8,7 @@ See ``docs/`` (https://github.com/kerman-project/kerman/tree/main/docs) for the 
 import atexit as _atexit
 
 from . import _core, errors, models
-from . import events as events  # a public submodule (pin it in __all__ with the others)
+from . import events as events  # the typed views of the log: kerman.events.view(event)
 from ._core import (
     FORMAT_VERSION,
     NEXT_STEP,
