@@ -12,6 +12,7 @@ mod context;
 mod delegate;
 mod driver;
 mod read;
+mod run;
 mod seams;
 mod tools;
 

@@ -20,7 +20,7 @@ use super::super::errors::not_json;
 use super::super::message::content_arg;
 use super::context::{copy_context, run_in, InContext};
 use super::delegate::{await_iter, send_into, Sent};
-use super::driver::{core_err, Pending, Run, Step};
+use super::run::{core_err, Pending, Run, Step};
 use super::{classes, read, Parts, PyLoopCore};
 use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPlan};
 use crate::message::Message;
