@@ -2,6 +2,7 @@
 //! (`Pending`) and does next (`Step`). The driver (`driver.rs`), the seams (`seams.rs`) and the
 //! tool runs (`tools.rs`) each add their part of `Run`'s methods.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyBaseException;
@@ -12,9 +13,8 @@ use pyo3::types::PyList;
 
 use super::super::errors::{inbox_err, log_err, message_err};
 use super::read;
-use super::tools::Lone;
 use super::{Parts, PyLoopCore};
-use crate::agent_loop::{CoreError, Ctx, Input, Machine, Raised, RaisedKind};
+use crate::agent_loop::{CoreError, Ctx, Input, Machine, Outcome, Raised, RaisedKind, ToolPlan};
 
 /// The user-code seams the driver awaits (`seams.rs`).
 #[derive(Clone, Copy, Debug)]
@@ -72,8 +72,8 @@ pub(super) struct Run {
     pub stream: Option<Py<PyAny>>,
     /// The lone tool call the driver runs itself.
     pub lone: Option<Lone>,
-    /// The executor's run of a plan of several calls.
-    pub tool_run: Option<Py<super::tools::PyToolRun>>,
+    /// The executor's run of a plan of several calls (a `ToolRun`, `tools.rs`).
+    pub tool_run: Option<Py<PyAny>>,
     /// The exception behind the last failure the machine was told of (for its report).
     pub last_exc: Option<Py<PyBaseException>>,
     /// The exception the run ends with, if the machine says it propagates.
@@ -154,6 +154,26 @@ impl Run {
             if let Pending::Absorb { result, .. } = pending {
                 visit.call(result)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// The lone call while it runs (kept in the run between its awaits).
+pub(super) struct Lone {
+    pub plan: ToolPlan,
+    pub tool: Py<PyAny>,
+    pub outcome: Option<Outcome>,
+    pub exceptions: HashMap<usize, Py<PyBaseException>>,
+    /// What the body raised that propagates once its result is committed.
+    pub fatal: Option<Py<PyBaseException>>,
+}
+
+impl Lone {
+    pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.tool)?;
+        for exc in self.exceptions.values().chain(&self.fatal) {
+            visit.call(exc)?;
         }
         Ok(())
     }
