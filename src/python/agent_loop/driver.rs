@@ -14,13 +14,13 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyBaseException, PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::{PyTuple, PyType};
 
-use super::delegate::{close_delegate, send_into, throw_into, type_name, Sent};
+use super::super::runtime::coroutine::{self, Coroutine, Resume};
+use super::delegate::{close_delegate, send_into, throw_into, Sent};
 use super::run::{core_err, Pending, Run, Step};
 use super::{classes, PyLoopCore};
 use crate::agent_loop::{Effect, Input, Machine};
@@ -180,6 +180,12 @@ impl Run {
                 self.started = true;
                 Step::Input(Input::Continue)
             }
+            (Some((iter, pending)), Resume::Close) => {
+                let exc = close_delegate(&iter.into_bound(py));
+                self.settled(py, pending, Err(exc))
+            }
+            // Closed before the first step: nothing ran, nothing to unwind.
+            (None, Resume::Close) => return (true, Err(PyGeneratorExit::new_err(()))),
             // Thrown before the first step (the Task was cancelled before it ran): the
             // exception lands at the top of the turn, which still ends and reports.
             (None, Resume::Throw(exc)) => {
@@ -207,11 +213,6 @@ impl Run {
             None => Err(PyStopIteration::new_err(())),
         }
     }
-}
-
-enum Resume<'py> {
-    Send(Bound<'py, PyAny>),
-    Throw(PyErr),
 }
 
 enum State {
@@ -295,8 +296,10 @@ impl PyDriver {
         drop(finished);
         Ok(())
     }
+}
 
-    fn resume<'py>(slf: &Bound<'py, Self>, input: Resume<'py>) -> PyResult<Py<PyAny>> {
+impl Coroutine for PyDriver {
+    fn resume(slf: &Bound<'_, Self>, input: Resume<'_>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let mut run = match Self::take(slf)? {
             Ok(run) => run,
@@ -305,6 +308,7 @@ impl PyDriver {
                 return Err(match input {
                     Resume::Send(_) => PyRuntimeError::new_err("cannot reuse already awaited coroutine"),
                     Resume::Throw(exc) => exc,
+                    Resume::Close => PyGeneratorExit::new_err(()),
                 })
             }
         };
@@ -312,35 +316,6 @@ impl PyDriver {
         Self::put(slf, run, done)?;
         out
     }
-}
-
-fn exception_arg(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<PyErr> {
-    let val = val.filter(|v| !v.is_none());
-    let exc = if typ.is_instance_of::<PyBaseException>() {
-        if val.is_some() {
-            return Err(PyTypeError::new_err("instance exception may not have a separate value"));
-        }
-        typ.clone()
-    } else if typ.cast::<PyType>().is_ok_and(|t| t.is_subclass_of::<PyBaseException>().unwrap_or(false)) {
-        match val {
-            None => typ.call0()?,
-            Some(v) if v.is_instance(typ)? => v.clone(),
-            Some(v) => match v.cast::<PyTuple>() {
-                Ok(args) => typ.call1(args)?,
-                Err(_) => typ.call1((v,))?,
-            },
-        }
-    } else {
-        return Err(PyTypeError::new_err(format!(
-            "exceptions must be classes or instances deriving from BaseException, not {}",
-            type_name(typ)
-        )));
-    };
-    let exc = match tb.filter(|t| !t.is_none()) {
-        Some(tb) => exc.call_method1(intern!(typ.py(), "with_traceback"), (tb,))?,
-        None => exc,
-    };
-    Ok(PyErr::from_value(exc))
 }
 
 #[pymethods]
@@ -354,13 +329,13 @@ impl PyDriver {
     }
 
     fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        Self::resume(slf, Resume::Send(slf.py().None().into_bound(slf.py())))
+        coroutine::next(slf)
     }
 
     /// Resumes the driver with ``value``; returns what it yields, raises ``StopIteration``
     /// when it finishes.
     fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        Self::resume(slf, Resume::Send(value.clone()))
+        coroutine::send(slf, value)
     }
 
     /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
@@ -371,32 +346,13 @@ impl PyDriver {
         val: Option<&Bound<'_, PyAny>>,
         tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let exc = exception_arg(typ, val, tb)?;
-        Self::resume(slf, Resume::Throw(exc))
+        coroutine::throw(slf, typ, val, tb)
     }
 
     /// Raises ``GeneratorExit`` where the driver is suspended (closing the awaited object
     /// first); the turn ends and the loop goes idle.
     fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let py = slf.py();
-        let mut run = match Self::take(slf)? {
-            Ok(run) => run,
-            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
-            Err(false) => return Ok(()),
-        };
-        let Some((iter, pending)) = run.inner.take() else {
-            // Never started: nothing ran, nothing to unwind.
-            return Self::put(slf, run, true);
-        };
-        let exc = close_delegate(&iter.into_bound(py));
-        let step = run.settled(py, pending, Err(exc));
-        let (done, out) = run.drive(py, step);
-        Self::put(slf, run, done)?;
-        match out {
-            Ok(_) => Err(PyRuntimeError::new_err("coroutine ignored GeneratorExit")),
-            Err(e) if e.is_instance_of::<PyGeneratorExit>(py) || e.is_instance_of::<PyStopIteration>(py) => Ok(()),
-            Err(e) => Err(e),
-        }
+        coroutine::close(slf)
     }
 
     /// For asyncio's Task repr.

@@ -4,13 +4,14 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
+use pyo3::exceptions::{PyGeneratorExit, PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::super::runtime::aio::Completion;
+use super::super::runtime::coroutine::{self, Coroutine, Resume};
 use super::event::{matches, PyEvent};
 use super::PySessionLog;
 use crate::event_log::{Event, SessionLog, TypeFilter, WeakSessionLog};
@@ -166,12 +167,6 @@ enum StepKind {
     Close,
 }
 
-/// How an awaitable is resumed.
-enum Resume<'py> {
-    Send(Bound<'py, PyAny>),
-    Throw(PyErr),
-}
-
 /// A `_grown` future and the iterator of its `__await__`, delegated to like `await future`.
 type Wait = (Py<PyAny>, Py<PyAny>);
 
@@ -203,6 +198,19 @@ impl TailStep {
         TailStep { kind, state: Mutex::new(state) }
     }
 
+    /// `close`: gives up the wait it is suspended in, if any; the tail is left where it was.
+    fn give_up_wait(&self, py: Python<'_>) {
+        let (waiting, tail) = {
+            let mut st = lock(&self.state);
+            st.done = true;
+            (st.waiting.take(), st.tail.take())
+        };
+        if let Some((future, _)) = &waiting {
+            give_up(py, future);
+        }
+        drop((waiting, tail));
+    }
+
     fn resume(&self, py: Python<'_>, resume: Resume<'_>) -> PyResult<Py<PyAny>> {
         let (tail, waiting) = {
             let mut st = lock(&self.state);
@@ -210,7 +218,10 @@ impl TailStep {
                 return Err(PyValueError::new_err("__anext__() already executing"));
             }
             if st.done {
-                return Err(PyRuntimeError::new_err("cannot reuse already awaited __anext__()/aclose()"));
+                return Err(match resume {
+                    Resume::Throw(exc) => exc,
+                    _ => PyRuntimeError::new_err("cannot reuse already awaited __anext__()/aclose()"),
+                });
             }
             st.running = true;
             (st.tail.as_ref().map(|t| t.clone_ref(py)), st.waiting.take())
@@ -246,6 +257,8 @@ impl TailStep {
                 Resume::Send(value) if value.is_none() => iter_b.call_method0(intern!(py, "__next__")),
                 Resume::Send(value) => iter_b.call_method1(intern!(py, "send"), (value,)),
                 Resume::Throw(exc) => iter_b.call_method1(intern!(py, "throw"), (exc.into_value(py),)),
+                // `close` gives the wait up without resuming it (`Coroutine::resume`).
+                Resume::Close => iter_b.call_method1(intern!(py, "throw"), (PyGeneratorExit::new_err(()).into_value(py),)),
             };
             match sent {
                 Ok(yielded) => return (Ok(yielded.unbind()), Some((future, iter))),
@@ -258,8 +271,12 @@ impl TailStep {
                     return (Err(e), None);
                 }
             }
-        } else if let Resume::Throw(exc) = resume {
-            return (Err(exc), None);
+        } else {
+            match resume {
+                Resume::Throw(exc) => return (Err(exc), None),
+                Resume::Close => return (Err(PyGeneratorExit::new_err(())), None),
+                Resume::Send(_) => {}
+            }
         }
         let Some(tail) = tail else { return (Err(PyStopAsyncIteration::new_err(())), None) };
         let tail = tail.get();
@@ -305,6 +322,19 @@ impl TailStep {
     }
 }
 
+impl Coroutine for TailStep {
+    fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        match how {
+            Resume::Close => {
+                slf.get().give_up_wait(py);
+                Err(PyGeneratorExit::new_err(()))
+            }
+            how => slf.get().resume(py, how),
+        }
+    }
+}
+
 #[pymethods]
 impl TailStep {
     fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -315,35 +345,27 @@ impl TailStep {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.resume(py, Resume::Send(py.None().into_bound(py)))
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        coroutine::next(slf)
     }
 
-    fn send(&self, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.resume(value.py(), Resume::Send(value.clone()))
+    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        coroutine::send(slf, value)
     }
 
-    #[pyo3(signature = (typ, val=None, _tb=None))]
-    fn throw(&self, typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, _tb: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
-        let exc = match val.filter(|v| !v.is_none()) {
-            Some(val) if typ.is_instance_of::<pyo3::types::PyType>() && !val.is_instance(typ)? => PyErr::from_value(typ.call1((val,))?),
-            Some(val) if typ.is_instance_of::<pyo3::types::PyType>() => PyErr::from_value(val.clone()),
-            _ => PyErr::from_value(typ.clone()),
-        };
-        self.resume(typ.py(), Resume::Throw(exc))
+    #[pyo3(signature = (typ, val=None, tb=None))]
+    fn throw(
+        slf: &Bound<'_, Self>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        coroutine::throw(slf, typ, val, tb)
     }
 
     /// Gives up the wait it is suspended in, if any; the tail is left where it was.
-    fn close(&self, py: Python<'_>) {
-        let (waiting, tail) = {
-            let mut st = lock(&self.state);
-            st.done = true;
-            (st.waiting.take(), st.tail.take())
-        };
-        if let Some((future, _)) = &waiting {
-            give_up(py, future);
-        }
-        drop((waiting, tail));
+    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
+        coroutine::close(slf)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
