@@ -25,7 +25,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::convert::{to_py, to_value};
+use super::convert::to_value;
 use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
@@ -432,19 +432,6 @@ impl PyLoopCore {
     /// The history's messages (user, assistant and tool results, in log order).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.history_list(py, None)
-    }
-
-    /// The loop's counters, for tests and `repr`s: requests made, canonical last options.
-    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (requests, last_options, abort) = {
-            let state = self.shared.state();
-            (state.requests, state.last_options.clone(), state.abort.clone())
-        };
-        let out = PyDict::new(py);
-        out.set_item("requests", requests)?;
-        out.set_item("last_options", last_options)?;
-        out.set_item("abort", abort.as_ref().map(|v| to_py(py, v)).transpose()?)?;
-        Ok(out)
     }
 
     fn __repr__(&self) -> String {
