@@ -13,12 +13,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::convert::{map_to_py, to_json_text, to_json_text_with_messages};
+use super::convert::{map_to_py, to_json_text};
 use super::errors::{log_err, not_json, report_contained};
 use super::gc::Held;
 use super::runtime::aio::Completion;
 use super::runtime::exit::attach_unless_exiting;
-use crate::event_log::{Event, LogError, SessionLog, Surface, SurfaceOp, TypeFilter, SPLICED};
+use crate::event_log::{Event, LogError, SessionLog, TypeFilter, SPLICED};
 pub use event::{types_arg, PyEvent};
 use iter::PyEventIter;
 use tail::{grown, PyLogTail, TailState};
@@ -129,22 +129,6 @@ impl PySessionLog {
         let text = to_json_text(data, "data").map_err(|e| not_json(py, &kind, e.describe()))?;
         let event = self.inner.append_public(&kind, text).map_err(|e| log_err(py, e))?;
         Ok(PyEvent::new(event))
-    }
-
-    /// For the AgentLoop only: appends a loop-owned event (`turn/*`, `user/message`, ...).
-    /// Surface types get `surfaceOp: "append"` and the given `source_event_seqs`. Top-level
-    /// values of `data` may be `Message` objects (written as their JSON).
-    #[pyo3(signature = (r#type, data, source_event_seqs=None))]
-    fn _append_owned(
-        &self,
-        py: Python<'_>,
-        r#type: &str,
-        data: &Bound<'_, PyAny>,
-        source_event_seqs: Option<Vec<u64>>,
-    ) -> PyResult<PyEvent> {
-        let text = to_json_text_with_messages(data, "data").map_err(|e| not_json(py, r#type, e.describe()))?;
-        let surface = crate::event_log::is_surface_type(r#type).then_some(Surface { op: SurfaceOp::Append, source_event_seqs });
-        self.inner.append_owned(r#type, text, surface).map(PyEvent::new).map_err(|e| log_err(py, e))
     }
 
     /// Whether the AgentLoop should await `flush()` before model requests and tool bodies
