@@ -139,17 +139,7 @@ pub fn to_json_text(obj: &Bound<'_, PyAny>, path: &str) -> Result<String, NotJso
     String::from_utf8(out).map_err(|_| NotJson { path: path.to_string(), reason: "string is not valid Unicode".into() })
 }
 
-/// [`to_json_text`] of a payload dict whose top-level values may also be `Message` objects,
-/// written as their stored JSON: the loop's own events carry messages it already holds, and
-/// converting them to dicts only to serialise those again is most of what such an append costs.
-pub fn to_json_text_with_messages(obj: &Bound<'_, PyAny>, path: &str) -> Result<String, NotJson> {
-    let Ok(dict) = obj.cast_exact::<PyDict>() else { return to_json_text(obj, path) };
-    let mut out = Vec::with_capacity(256);
-    write_dict(dict, &mut out, 0, true).map_err(|f| f.into_not_json(path))?;
-    String::from_utf8(out).map_err(|_| NotJson { path: path.to_string(), reason: "string is not valid Unicode".into() })
-}
-
-fn write_dict(dict: &Bound<'_, PyDict>, out: &mut Vec<u8>, depth: usize, messages: bool) -> Result<(), Failure> {
+fn write_dict(dict: &Bound<'_, PyDict>, out: &mut Vec<u8>, depth: usize) -> Result<(), Failure> {
     out.push(b'{');
     for (i, (key, item)) in dict.iter().enumerate() {
         let Ok(key) = key.cast_exact::<PyString>() else {
@@ -161,12 +151,6 @@ fn write_dict(dict: &Bound<'_, PyDict>, out: &mut Vec<u8>, depth: usize, message
         }
         write_scalar(key, out);
         out.push(b':');
-        if messages {
-            if let Ok(message) = item.cast::<super::message::PyMessage>() {
-                out.extend_from_slice(message.get().inner.json().as_bytes());
-                continue;
-            }
-        }
         write_value(&item, out, depth + 1).map_err(|f| f.at(Segment::Key(key.to_owned())))?;
     }
     out.push(b'}');
@@ -230,7 +214,7 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Resul
         if depth >= MAX_DEPTH {
             return Err(too_deep());
         }
-        return write_dict(dict, out, depth, false);
+        return write_dict(dict, out, depth);
     }
     let what = type_name(obj);
     let hint = match what.as_str() {

@@ -2,16 +2,30 @@
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::PyStopIteration;
+use pyo3::exceptions::{PyGeneratorExit, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::runtime::coroutine::{self, Coroutine, Resume};
 use crate::waterfall::{Cursor, Pull};
 
 /// An awaitable that is already complete (for sync listeners and the default).
 #[pyclass(name = "Ready", module = "kerman")]
 pub struct PyReady {
     value: Option<Py<PyAny>>,
+}
+
+impl Coroutine for PyReady {
+    /// Finishes with its value at the first step; a throw or a close drops the value.
+    fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let value = slf.try_borrow_mut()?.value.take();
+        match how {
+            Resume::Send(_) => Err(PyStopIteration::new_err((value.unwrap_or_else(|| py.None()),))),
+            Resume::Throw(exc) => Err(exc),
+            Resume::Close => Err(PyGeneratorExit::new_err(())),
+        }
+    }
 }
 
 #[pymethods]
@@ -24,23 +38,26 @@ impl PyReady {
         slf
     }
 
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let value = self.value.take().unwrap_or_else(|| py.None());
-        Err(PyStopIteration::new_err((value,)))
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        coroutine::next(slf)
     }
 
-    fn send(&mut self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.__next__(py)
+    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        coroutine::send(slf, value)
     }
 
-    #[pyo3(signature = (exc, *_rest))]
-    fn throw(&mut self, exc: &Bound<'_, PyAny>, _rest: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<Py<PyAny>> {
-        self.value = None;
-        Err(PyErr::from_value(exc.clone()))
+    #[pyo3(signature = (typ, val=None, tb=None))]
+    fn throw(
+        slf: &Bound<'_, Self>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        coroutine::throw(slf, typ, val, tb)
     }
 
-    fn close(&mut self) {
-        self.value = None;
+    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
+        coroutine::close(slf)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

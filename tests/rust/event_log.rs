@@ -167,3 +167,15 @@ fn closers_are_a_no_op_on_a_balanced_log() {
     assert_eq!(close_open_turn(&log).unwrap(), 0);
     assert_eq!(log.len(), 1);
 }
+
+#[test]
+fn loop_owned_events_with_nul_in_their_type_are_refused_before_taking_a_seq() {
+    // The loop's own path refuses what `append` refuses (the Python suite pins `append` in
+    // every store: tests/python/store/test_store_contract.py).
+    let log = MemoryStore::new().create(None).unwrap();
+    for kind in ["a\0b", "\0", "x/\0/y"] {
+        let err = log.append_loop_event(kind, &json!({"n": 3}), None).unwrap_err();
+        assert!(err.to_string().contains("contains NUL"), "{err}");
+    }
+    assert_eq!(log.len(), 0);
+}

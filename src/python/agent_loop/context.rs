@@ -9,6 +9,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 
+use super::super::runtime::coroutine::{self, Coroutine, Resume};
 use super::delegate::{close_delegate, fetch, send_into, throw_into, Sent};
 
 /// `contextvars.copy_context()`.
@@ -66,6 +67,31 @@ fn passed(sent: Sent<'_>) -> PyResult<Py<PyAny>> {
     }
 }
 
+impl Coroutine for InContext {
+    /// Every step enters the body's context; `close` closes the body's iterator there.
+    fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let (iter, context) = {
+            let mut this = slf.try_borrow_mut()?;
+            match &how {
+                Resume::Send(_) => {
+                    if let Some(first) = this.first.take() {
+                        return Ok(first);
+                    }
+                }
+                Resume::Throw(_) => this.first = None,
+                Resume::Close => {}
+            }
+            this.parts(py)?
+        };
+        match how {
+            Resume::Send(value) => passed(run_in(&context, || send_into(&iter, &value))?),
+            Resume::Throw(exc) => passed(run_in(&context, || throw_into(&iter, exc))?),
+            Resume::Close => Err(run_in(&context, || close_delegate(&iter))?),
+        }
+    }
+}
+
 #[pymethods]
 impl InContext {
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -73,47 +99,25 @@ impl InContext {
     }
 
     fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        Self::send(slf, &slf.py().None().into_bound(slf.py()))
+        coroutine::next(slf)
     }
 
     fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let (iter, context) = {
-            let mut this = slf.try_borrow_mut()?;
-            if let Some(first) = this.first.take() {
-                return Ok(first);
-            }
-            this.parts(py)?
-        };
-        let sent = run_in(&context, || send_into(&iter, value))?;
-        passed(sent)
+        coroutine::send(slf, value)
     }
 
-    #[pyo3(signature = (exc, _val=None, _tb=None))]
+    #[pyo3(signature = (typ, val=None, tb=None))]
     fn throw(
         slf: &Bound<'_, Self>,
-        exc: &Bound<'_, PyAny>,
-        _val: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let (iter, context) = {
-            let mut this = slf.try_borrow_mut()?;
-            this.first = None;
-            this.parts(py)?
-        };
-        let sent = run_in(&context, || throw_into(&iter, PyErr::from_value(exc.clone())))?;
-        passed(sent)
+        coroutine::throw(slf, typ, val, tb)
     }
 
     fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let py = slf.py();
-        let (iter, context) = slf.try_borrow()?.parts(py)?;
-        let raised = run_in(&context, || close_delegate(&iter))?;
-        if raised.is_instance_of::<pyo3::exceptions::PyGeneratorExit>(py) {
-            return Ok(());
-        }
-        Err(raised)
+        coroutine::close(slf)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

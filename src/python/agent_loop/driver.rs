@@ -14,131 +14,18 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyBaseException, PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyGeneratorExit, PyRuntimeError, PyStopIteration, PySystemError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::{PyList, PyTuple, PyType};
 
-use super::super::errors::{inbox_err, log_err, message_err};
-use super::delegate::{close_delegate, send_into, throw_into, type_name, Sent};
-use super::read;
-use super::tools::Lone;
-use super::{classes, Parts, PyLoopCore};
-use crate::agent_loop::{CoreError, Ctx, Effect, Input, Machine, Raised, RaisedKind};
-
-/// The user-code seams the driver awaits (`seams.rs`).
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Seam {
-    PreStep,
-    BeforeRequest,
-    Model,
-    Chunk,
-    RequestError,
-    Stopping,
-}
-
-/// What the driver is awaiting.
-pub(super) enum Pending {
-    /// User code at a seam.
-    User(Seam),
-    /// `asyncio.sleep(0)` absorbing a self-thrown cancellation; `result` is the seam's.
-    Absorb { seam: Seam, result: Py<PyAny> },
-    /// `log.flush()`, the checkpoint barrier before a model request.
-    Flush,
-    /// `aclose()` of a stream that failed or was aborted.
-    CloseStream,
-    /// The executor running a plan of several tool calls.
-    Tools,
-    /// The checkpoint barrier before a lone call's body.
-    ToolFlush,
-    /// A lone call's body, suspended (an `InContext`).
-    Tool,
-    /// `asyncio.sleep(0)` absorbing a cancellation thrown into that body.
-    ToolAbsorb,
-}
-
-/// How the driver goes on after an effect or an await.
-pub(super) enum Step<'py> {
-    /// Feed this to the machine.
-    Input(Input),
-    /// Await this.
-    Await(Bound<'py, PyAny>, Pending),
-    /// The run is over.
-    Finished,
-}
-
-/// A driver run: the machine and the Python objects of its current step.
-pub(super) struct Run {
-    pub agent: Py<PyAny>,
-    pub core: Py<PyLoopCore>,
-    pub parts: Arc<Parts>,
-    pub machine: Machine,
-    started: bool,
-    /// The awaited delegate, while suspended in it.
-    inner: Option<(Py<PyAny>, Pending)>,
-    /// The step's entered messages (the Python objects), its request and its stream.
-    pub entered: Option<Py<PyList>>,
-    pub request: Option<Py<PyAny>>,
-    pub stream: Option<Py<PyAny>>,
-    /// The lone tool call the driver runs itself.
-    pub lone: Option<Lone>,
-    /// The executor's run of a plan of several calls.
-    pub tool_run: Option<Py<super::tools::PyToolRun>>,
-    /// The exception behind the last failure the machine was told of (for its report).
-    pub last_exc: Option<Py<PyBaseException>>,
-    /// The exception the run ends with, if the machine says it propagates.
-    pub propagating: Option<Py<PyBaseException>>,
-    /// The task running this driver, once asked for: it never changes while the run lasts,
-    /// and `asyncio.current_task()` is a Python call and, on 3.11, a `getpid` system call.
-    pub task: std::sync::OnceLock<Py<PyAny>>,
-}
-
-/// The host's exception for a core error.
-pub(super) fn core_err(py: Python<'_>, e: CoreError) -> PyErr {
-    match e {
-        CoreError::Log(e) => log_err(py, e),
-        CoreError::Inbox(e) => inbox_err(py, e),
-        CoreError::Message(e) => message_err(py, e),
-    }
-}
+use super::super::runtime::coroutine::{self, Coroutine, Resume};
+use super::delegate::{close_delegate, send_into, throw_into, Sent};
+use super::run::{core_err, Pending, Run, Step};
+use super::{classes, PyLoopCore};
+use crate::agent_loop::{Effect, Input, Machine};
 
 impl Run {
-    pub fn core<'py>(&self, py: Python<'py>) -> &Bound<'py, PyLoopCore> {
-        self.core.bind(py)
-    }
-
-    /// Runs `f` with the machine's context (the log, the inbox, the shared state, the tools).
-    pub fn with_ctx<R>(&mut self, py: Python<'_>, f: impl FnOnce(&mut Machine, &Ctx<'_>) -> R) -> R {
-        let parts = Arc::clone(&self.parts);
-        let core = self.core.bind(py).get();
-        let tools = parts.tools.bind(py);
-        let lookup = |name: &str| -> Option<bool> {
-            let tool = tools.get_item(name).ok().flatten().filter(|t| !t.is_none())?;
-            let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
-            Some(!parallel)
-        };
-        f(&mut self.machine, &parts.ctx(core, &lookup))
-    }
-
-    /// How an exception reads to the machine; keeps it for the report (and for propagating).
-    pub fn raised(&mut self, py: Python<'_>, err: PyErr) -> Input {
-        let (raised, propagates) = match read::raised(&self.parts, py, &err) {
-            Ok(classified) => classified,
-            // Describing it failed: the failure says what it can.
-            Err(_) => (Raised::new(RaisedKind::Error, crate::agent_loop::FailureCode::Unknown.failure(err.to_string())), false),
-        };
-        // Kept as the exception object (its traceback attached), which the collector can see.
-        let exc = err.into_value(py);
-        if propagates {
-            self.propagating = Some(exc.clone_ref(py));
-        }
-        if raised.kind != RaisedKind::Cancelled {
-            self.last_exc = Some(exc);
-        }
-        Input::Raised(raised)
-    }
-
     /// Runs effects until one must be awaited or the run is over.
     fn advance<'py>(&mut self, py: Python<'py>, input: Input) -> Step<'py> {
         let mut input = input;
@@ -293,6 +180,12 @@ impl Run {
                 self.started = true;
                 Step::Input(Input::Continue)
             }
+            (Some((iter, pending)), Resume::Close) => {
+                let exc = close_delegate(&iter.into_bound(py));
+                self.settled(py, pending, Err(exc))
+            }
+            // Closed before the first step: nothing ran, nothing to unwind.
+            (None, Resume::Close) => return (true, Err(PyGeneratorExit::new_err(()))),
             // Thrown before the first step (the Task was cancelled before it ran): the
             // exception lands at the top of the turn, which still ends and reports.
             (None, Resume::Throw(exc)) => {
@@ -320,41 +213,6 @@ impl Run {
             None => Err(PyStopIteration::new_err(())),
         }
     }
-
-    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.agent)?;
-        visit.call(&self.core)?;
-        for obj in [&self.request, &self.stream].into_iter().flatten() {
-            visit.call(obj)?;
-        }
-        if let Some(entered) = &self.entered {
-            visit.call(entered)?;
-        }
-        if let Some(run) = &self.tool_run {
-            visit.call(run)?;
-        }
-        for exc in [&self.last_exc, &self.propagating].into_iter().flatten() {
-            visit.call(exc)?;
-        }
-        if let Some(task) = self.task.get() {
-            visit.call(task)?;
-        }
-        if let Some(lone) = &self.lone {
-            lone.visit(visit)?;
-        }
-        if let Some((iter, pending)) = &self.inner {
-            visit.call(iter)?;
-            if let Pending::Absorb { result, .. } = pending {
-                visit.call(result)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-enum Resume<'py> {
-    Send(Bound<'py, PyAny>),
-    Throw(PyErr),
 }
 
 enum State {
@@ -438,8 +296,10 @@ impl PyDriver {
         drop(finished);
         Ok(())
     }
+}
 
-    fn resume<'py>(slf: &Bound<'py, Self>, input: Resume<'py>) -> PyResult<Py<PyAny>> {
+impl Coroutine for PyDriver {
+    fn resume(slf: &Bound<'_, Self>, input: Resume<'_>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let mut run = match Self::take(slf)? {
             Ok(run) => run,
@@ -448,6 +308,7 @@ impl PyDriver {
                 return Err(match input {
                     Resume::Send(_) => PyRuntimeError::new_err("cannot reuse already awaited coroutine"),
                     Resume::Throw(exc) => exc,
+                    Resume::Close => PyGeneratorExit::new_err(()),
                 })
             }
         };
@@ -455,35 +316,6 @@ impl PyDriver {
         Self::put(slf, run, done)?;
         out
     }
-}
-
-fn exception_arg(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option<&Bound<'_, PyAny>>) -> PyResult<PyErr> {
-    let val = val.filter(|v| !v.is_none());
-    let exc = if typ.is_instance_of::<PyBaseException>() {
-        if val.is_some() {
-            return Err(PyTypeError::new_err("instance exception may not have a separate value"));
-        }
-        typ.clone()
-    } else if typ.cast::<PyType>().is_ok_and(|t| t.is_subclass_of::<PyBaseException>().unwrap_or(false)) {
-        match val {
-            None => typ.call0()?,
-            Some(v) if v.is_instance(typ)? => v.clone(),
-            Some(v) => match v.cast::<PyTuple>() {
-                Ok(args) => typ.call1(args)?,
-                Err(_) => typ.call1((v,))?,
-            },
-        }
-    } else {
-        return Err(PyTypeError::new_err(format!(
-            "exceptions must be classes or instances deriving from BaseException, not {}",
-            type_name(typ)
-        )));
-    };
-    let exc = match tb.filter(|t| !t.is_none()) {
-        Some(tb) => exc.call_method1(intern!(typ.py(), "with_traceback"), (tb,))?,
-        None => exc,
-    };
-    Ok(PyErr::from_value(exc))
 }
 
 #[pymethods]
@@ -497,13 +329,13 @@ impl PyDriver {
     }
 
     fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        Self::resume(slf, Resume::Send(slf.py().None().into_bound(slf.py())))
+        coroutine::next(slf)
     }
 
     /// Resumes the driver with ``value``; returns what it yields, raises ``StopIteration``
     /// when it finishes.
     fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        Self::resume(slf, Resume::Send(value.clone()))
+        coroutine::send(slf, value)
     }
 
     /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
@@ -514,32 +346,13 @@ impl PyDriver {
         val: Option<&Bound<'_, PyAny>>,
         tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let exc = exception_arg(typ, val, tb)?;
-        Self::resume(slf, Resume::Throw(exc))
+        coroutine::throw(slf, typ, val, tb)
     }
 
     /// Raises ``GeneratorExit`` where the driver is suspended (closing the awaited object
     /// first); the turn ends and the loop goes idle.
     fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let py = slf.py();
-        let mut run = match Self::take(slf)? {
-            Ok(run) => run,
-            Err(true) => return Err(PyValueError::new_err("coroutine already executing")),
-            Err(false) => return Ok(()),
-        };
-        let Some((iter, pending)) = run.inner.take() else {
-            // Never started: nothing ran, nothing to unwind.
-            return Self::put(slf, run, true);
-        };
-        let exc = close_delegate(&iter.into_bound(py));
-        let step = run.settled(py, pending, Err(exc));
-        let (done, out) = run.drive(py, step);
-        Self::put(slf, run, done)?;
-        match out {
-            Ok(_) => Err(PyRuntimeError::new_err("coroutine ignored GeneratorExit")),
-            Err(e) if e.is_instance_of::<PyGeneratorExit>(py) || e.is_instance_of::<PyStopIteration>(py) => Ok(()),
-            Err(e) => Err(e),
-        }
+        coroutine::close(slf)
     }
 
     /// For asyncio's Task repr.

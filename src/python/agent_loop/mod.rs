@@ -1,6 +1,8 @@
 //! The binding of `crate::agent_loop`: the `LoopCore` an `AgentLoop` holds (the loop's state,
 //! read through typed accessors), and the `Driver` that runs a turn machine as the loop's
-//! asyncio Task, turning its effects into awaits (`driver.rs`).
+//! asyncio Task, turning its effects into awaits (`driver.rs`). The driver, the seams
+//! (`seams.rs`) and the tool runs (`tools.rs`) each work on the run's state (`run.rs`) and none
+//! uses another.
 //!
 //! The native side imports Python only for values: the payload and decision classes, the
 //! `Signal` class, exception classes, and `asyncio`'s own functions. Everything the loop does in
@@ -12,6 +14,7 @@ mod context;
 mod delegate;
 mod driver;
 mod read;
+mod run;
 mod seams;
 mod tools;
 
@@ -24,7 +27,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::convert::{to_py, to_value};
+use super::convert::to_value;
 use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
@@ -431,19 +434,6 @@ impl PyLoopCore {
     /// The history's messages (user, assistant and tool results, in log order).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.history_list(py, None)
-    }
-
-    /// The loop's counters, for tests and `repr`s: requests made, canonical last options.
-    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (requests, last_options, abort) = {
-            let state = self.shared.state();
-            (state.requests, state.last_options.clone(), state.abort.clone())
-        };
-        let out = PyDict::new(py);
-        out.set_item("requests", requests)?;
-        out.set_item("last_options", last_options)?;
-        out.set_item("abort", abort.as_ref().map(|v| to_py(py, v)).transpose()?)?;
-        Ok(out)
     }
 
     fn __repr__(&self) -> String {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use super::super::convert::to_py;
 use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
-use super::driver::{Pending, Run, Seam, Step};
+use super::run::{Pending, Run, Seam, Step};
 use super::{classes, read};
 use crate::agent_loop::{Decision, Input, Raised, RaisedKind};
 use crate::message::Message;

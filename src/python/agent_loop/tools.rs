@@ -20,7 +20,7 @@ use super::super::errors::not_json;
 use super::super::message::content_arg;
 use super::context::{copy_context, run_in, InContext};
 use super::delegate::{await_iter, send_into, Sent};
-use super::driver::{core_err, Pending, Run, Step};
+use super::run::{core_err, Lone, Pending, Run, Step};
 use super::{classes, read, Parts, PyLoopCore};
 use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPlan};
 use crate::message::Message;
@@ -235,26 +235,6 @@ fn prepare_call<'py>(
 
 // ---- a lone call, run by the driver -----------------------------------------------------------
 
-/// The lone call while it runs (kept in the run between its awaits).
-pub(super) struct Lone {
-    plan: ToolPlan,
-    tool: Py<PyAny>,
-    outcome: Option<Outcome>,
-    exceptions: HashMap<usize, Py<PyBaseException>>,
-    /// What the body raised that propagates once its result is committed.
-    fatal: Option<Py<PyBaseException>>,
-}
-
-impl Lone {
-    pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.tool)?;
-        for exc in self.exceptions.values().chain(&self.fatal) {
-            visit.call(exc)?;
-        }
-        Ok(())
-    }
-}
-
 impl Run {
     /// Runs the step's tool plan: a lone call here (3.11+), several through the executor.
     pub(super) fn run_plan<'py>(&mut self, py: Python<'py>, plan: ToolPlan) -> PyResult<Step<'py>> {
@@ -272,7 +252,7 @@ impl Run {
             },
         )?;
         let awaitable = self.parts.run_tools.bind(py).call1((&run,))?;
-        self.tool_run = Some(run.unbind());
+        self.tool_run = Some(run.into_any().unbind());
         Ok(Step::Await(await_iter(awaitable)?, Pending::Tools))
     }
 
@@ -281,7 +261,10 @@ impl Run {
         if let Err(e) = outcome {
             return Step::Input(self.raised(py, e));
         }
-        let plan = run.and_then(|run| run.get().plan.lock().unwrap_or_else(PoisonError::into_inner).take());
+        let plan = run.and_then(|run| {
+            let run = run.bind(py).cast::<PyToolRun>().ok()?.get();
+            run.plan.lock().unwrap_or_else(PoisonError::into_inner).take()
+        });
         match plan {
             Some(plan) => Step::Input(Input::ToolsDone(plan)),
             None => Step::Input(self.raised(py, PySystemError::new_err("the executor lost its tool plan"))),

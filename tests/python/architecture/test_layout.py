@@ -23,8 +23,9 @@ FOLDERS = {
     "src/inbox": ("mod.rs", "splice.rs", "projection.rs"),
     "src/event_log/postgres/worker": ("mod.rs", "pool.rs", "reconnect.rs", "recover.rs"),
     "src/python/inbox": ("mod.rs", "identity.rs", "callbacks.rs", "projection.rs"),
-    "src/python/runtime": ("mod.rs", "aio.rs", "doorbell.rs", "exit.rs", "gil.rs"),
-    "src/python/agent_loop": ("mod.rs",),
+    "src/python/runtime": ("mod.rs", "aio.rs", "coroutine.rs", "doorbell.rs", "exit.rs", "gil.rs"),
+    "src/python/agent_loop": ("mod.rs", "run.rs", "driver.rs", "tools.rs"),
+    "src/python/event_log": ("mod.rs", "event.rs", "iter.rs", "tail.rs"),
 }
 
 # The files those folders replaced.
@@ -38,6 +39,7 @@ GONE = (
     "src/python/aio.rs",
     "src/python/doorbell.rs",
     "src/python/exit.rs",
+    "src/python/event_log.rs",
 )
 
 
@@ -94,3 +96,12 @@ def test_the_files_the_folders_replaced_are_gone():
 def test_the_gil_release_hook_lives_in_the_runtime():
     assert "fn release_gil_while" in (BINDING / "runtime" / "gil.rs").read_text()
     assert "fn release_gil_while" not in (BINDING / "mod.rs").read_text()
+
+
+def test_the_driver_and_the_tool_runs_do_not_use_each_other():
+    """Both build on the run's types (``run.rs``): the driver's and the tools' modules form a
+    tree, not a cycle."""
+    folder = BINDING / "agent_loop"
+    uses = {name: re.findall(r"super::(driver|tools)\b", (folder / f"{name}.rs").read_text())
+            for name in ("driver", "tools", "run")}
+    assert uses == {"driver": [], "tools": [], "run": []}

@@ -5,27 +5,28 @@ a pattern never silently matches nothing where the command line would match."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import List
 
 import pytest
 
 import kerman
+from conftest import event_record, header_record, session_path, write_raw_session
 from kerman import cli
 from kerman.cli._log import _type_filter
 
+SURFACE = {"assistant/message", "tool/result"}
 TYPES = ["assistant/message", "assistant/chunk", "turn/start", "turn/end", "plugin/[x]", "plugin/x", "tool/result"]
 
 
-def appended(types: List[str]) -> kerman.SessionLog:
-    """A file-free log holding one plugin event per type (loop-owned types are appended as the
-    loop would)."""
-    log = kerman.MemoryStore().create("s")
-    for t in types:
-        if t.startswith(("assistant/", "turn/", "tool/")):
-            log._append_owned(t, {"turn": 1})
-        else:
-            log.append(t, {})
-    return log
+def appended(root: Path, types: List[str]) -> kerman.SessionLog:
+    """A log holding one event per type, loop-owned types included (as the loop writes them),
+    read from a session file written by hand."""
+    records = [event_record(seq, t, {"turn": 1} if t.startswith(("assistant/", "turn/", "tool/")) else {},
+                            surface_op="append" if t in SURFACE else None)
+               for seq, t in enumerate(types)]
+    write_raw_session(session_path(root, "s"), header_record("s"), records)
+    return kerman.FileStore(root).follow("s")
 
 
 @pytest.mark.parametrize("pattern, expected", [
@@ -37,16 +38,16 @@ def appended(types: List[str]) -> kerman.SessionLog:
     ("*", TYPES),
     ("assistant", []),
 ])
-def test_events_and_the_cli_match_the_same_types(pattern, expected):
-    log = appended(TYPES)
+def test_events_and_the_cli_match_the_same_types(tmp_path, pattern, expected):
+    log = appended(tmp_path, TYPES)
     assert [e.type for e in log.events(types=pattern)] == expected
     assert [e.type for e in log.events(types=[pattern, "no/such"])] == expected
     keep = _type_filter([pattern])
     assert [t for t in TYPES if keep(t)] == expected
 
 
-def test_tail_takes_patterns():
-    log = appended(TYPES)
+def test_tail_takes_patterns(tmp_path):
+    log = appended(tmp_path, TYPES)
 
     async def main() -> List[str]:
         seen = []
@@ -59,8 +60,8 @@ def test_tail_takes_patterns():
     assert asyncio.run(main()) == ["turn/start", "turn/end"]
 
 
-def test_exact_and_pattern_entries_together():
-    log = appended(TYPES)
+def test_exact_and_pattern_entries_together(tmp_path):
+    log = appended(tmp_path, TYPES)
     assert [e.type for e in log.events(types=["tool/result", "assistant/*"])] == \
         ["assistant/message", "assistant/chunk", "tool/result"]
 

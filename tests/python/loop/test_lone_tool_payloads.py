@@ -1,7 +1,7 @@
 """A step's lone tool call is run by the Rust driver itself (src/python/driver/tool.rs), not by
 ``kerman._tools``. These tests pin what that path must keep from the Python one: the exact
-JSON text of ``tool/call`` and ``tool/result`` (compared with what ``_append_owned`` writes for
-the dicts ``_tools`` builds), and the outcomes it hands to ``_tools`` for wording (sync tools,
+JSON text of ``tool/call`` and ``tool/result`` (compared with what ``log.append`` writes for
+the same payloads), and the outcomes it hands to ``_tools`` for wording (sync tools,
 non-coroutine awaitables, ``ToolResult`` extras, invalid arguments and results). Cancellation
 is pinned by test_lone_tool_cancellation.py.
 """
@@ -78,17 +78,17 @@ def test_lone_call_events_are_byte_identical_to_what_the_python_path_writes(tmp_
     [result] = results(loop.log)
     asyncio.run(flushed(loop.log))
 
-    # What _tools._log_call and _tools._record hand to _append_owned, in a log of their own.
+    # The same payloads appended through the public API (as plugin types), in a log of their own.
     ref = tmp_path / "ref"
     ref_log = kerman.FileStore(ref, durability="none").create()
-    ref_log._append_owned("tool/call", {"turn": 1, "step": 1, "callId": call_id, "name": name, "arguments": arguments})
+    ref_log.append("ref/call", {"turn": 1, "step": 1, "callId": call_id, "name": name, "arguments": arguments})
     message = ToolResultMessage(call_id, text, is_error=False, id=result.data["message"]["id"])
-    ref_log._append_owned("tool/result", {"turn": 1, "step": 1, "message": message}, [0])
+    ref_log.append("ref/result", {"turn": 1, "step": 1, "message": message.to_dict()})
     asyncio.run(flushed(ref_log))
 
     got, want = data_texts(str(real)), data_texts(str(ref))
-    assert got["tool/call"] == want["tool/call"]
-    assert got["tool/result"] == want["tool/result"]
+    assert got["tool/call"] == want["ref/call"]
+    assert got["tool/result"] == want["ref/result"]
     assert loop.log[-1].data["reason"] == {"kind": "completed"}
     loop.log.close()
     ref_log.close()
