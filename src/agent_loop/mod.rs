@@ -33,13 +33,14 @@ mod machine;
 mod recovery;
 mod tools;
 mod transcript;
+pub mod waterfall;
 
 use std::sync::{Mutex, MutexGuard};
 
 use serde_json::Value;
 
 pub use assemble::Assembler;
-pub use closers::close_open_turn;
+pub use closers::{close_open_turn, crash_closers};
 pub use ending::{Ending, FailureCode};
 pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};

@@ -13,8 +13,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kerman::agent_loop::{
-    close_open_turn, consumed_work, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply,
-    ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
+    close_open_turn, consumed_work, crash_closers, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised,
+    RaisedKind, Reply, ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -38,7 +38,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let store = MemoryStore::new();
+        let store = MemoryStore::new().with_open_hook(crash_closers());
         let log = store.create(Some("s")).unwrap();
         World::over(Some(store), log)
     }
