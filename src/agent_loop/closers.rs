@@ -9,8 +9,9 @@
 
 use serde_json::json;
 
-use super::ending::{Ending, FailureCode};
+use super::ending::Ending;
 use super::events::{self, publish, LoopEvent};
+use super::failure::FailureCode;
 use crate::event_log::{Event, LogError, OpenHook, SessionLog};
 use crate::message::Message;
 

@@ -29,7 +29,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
-use crate::agent_loop::{requeue_claimed, Ctx, RequeueError, Shared};
+use crate::agent_loop::{requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
 
@@ -374,6 +374,7 @@ impl PyLoopCore {
     /// Aborts the running turn with `cause` (first cause wins); true if this call aborted it.
     fn abort(&self, cause: &Bound<'_, PyAny>) -> PyResult<bool> {
         let cause = to_value(cause, "cause").map_err(|e| PyValueError::new_err(e.describe()))?;
+        let cause = AbortCause::from_value(cause).map_err(PyValueError::new_err)?;
         Ok(self.shared.state().abort(cause))
     }
 
@@ -442,7 +443,7 @@ impl PyLoopCore {
         let out = PyDict::new(py);
         out.set_item("requests", requests)?;
         out.set_item("last_options", last_options)?;
-        out.set_item("abort", abort.as_ref().map(|v| to_py(py, v)).transpose()?)?;
+        out.set_item("abort", abort.as_ref().map(|cause| to_py(py, &cause.to_value())).transpose()?)?;
         Ok(out)
     }
 
