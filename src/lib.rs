@@ -2,26 +2,32 @@
 //!
 //! # Layout
 //!
-//! Each layer depends only on the ones before it:
+//! Layer order: json, ids, blocking → message → event_log → inbox → agent_loop → python
 //!
-//! * [`message`] — immutable message values (user, assistant, tool result) and their JSON; `ids`
-//!   mints their UUIDv7 ids; [`json`] holds compact and canonical JSON text.
+//! Each layer uses only the layers before it (modules separated by commas share a layer and do
+//! not use each other); `tests/python/architecture/test_layers.py` reads every `crate::` path
+//! under `src/` and fails on an arrow against this line.
+//!
+//! * [`json`] holds compact and canonical JSON text; `ids` mints UUIDv7 ids; [`blocking`] is
+//!   how core waits release the host's lock (the GIL) while they block.
+//! * [`message`] — immutable message values (user, assistant, tool result) and their JSON.
 //! * [`event_log`] — the session log: events, the append path, observers, and the stores (memory,
 //!   [`file`](event_log::file), PostgreSQL behind the `postgres` feature, whose connection thread
-//!   and its reconnects are `event_log/postgres/worker/`) with their recovery.
+//!   and its reconnects are `event_log/postgres/worker/`) with their recovery. Storage knows no
+//!   loop: a store runs an [`OpenHook`](event_log::OpenHook) on each log it opens, which whoever
+//!   builds the loop sets (the loop's crash closers, [`agent_loop::crash_closers`]).
 //! * [`inbox`] — the two lists of queued user input, a projection of the log's splices;
 //!   [`inbox::projection`] folds the same events for UIs and reconnects.
-//! * [`waterfall`] — the cursor of a waterfall dispatch (`next()` pulls the next listener).
 //! * [`agent_loop`] — the agent loop as a sans-IO turn machine (`resume(input) -> effect`): the
-//!   turn and step rules, the one writer of every loop event (crash closers included), failure
-//!   codes, the tool plan, the derived history and the recovery folds.
-//! * [`blocking`] — how core waits release the host's lock (the GIL) while they block.
+//!   turn and step rules, the one writer of every loop event (crash closers included), the typed
+//!   failures and abort causes, the tool plan, the derived history, the recovery folds
+//!   (`consumed_work`) and the waterfall cursor of its hook dispatch ([`agent_loop::waterfall`]).
 //! * `python/` — the binding (the `python` feature), the only code that touches pyo3: one file
 //!   or folder per core module (`python/inbox/`: the `Inbox` class, its cache of the queued
 //!   Python objects, its callbacks and the projection's binding); `python/runtime/`, what every
 //!   class runs on (asyncio completions and their doorbell, interpreter exit, the GIL released
 //!   around core waits); and `python/agent_loop/`, whose driver turns the machine's effects
-//!   into awaits.
+//!   into awaits. It builds the stores with the loop's open hook installed.
 //!
 //! The model in one screen:
 //!
@@ -47,12 +53,12 @@ mod ids;
 pub mod inbox;
 pub mod json;
 pub mod message;
-pub mod waterfall;
 
 #[cfg(feature = "python")]
 mod python;
 
+pub use agent_loop::{consumed_work, ConsumedWork};
 pub use event_log::{Event, FileStore, LogError, MemoryStore, SessionLog, Store};
-pub use inbox::projection::{consumed_work, ConsumedWork, InboxProjection};
+pub use inbox::projection::InboxProjection;
 pub use inbox::{Inbox, InboxError, ProjectionError, Target};
 pub use message::{Message, MessageError, MessageKind};

@@ -101,15 +101,8 @@ impl Assembler {
 
     /// The failure of a stream that finished with a reason other than `stop`/`max-tokens`:
     /// its `error` dict, with a message and code added when it has none.
-    pub fn failure(&self) -> Value {
-        let mut failure = self.error.clone().unwrap_or_default();
-        if !failure.contains_key("message") {
-            failure.insert("message".into(), Value::String(format!("model finished with reason {}", self.finish_repr())));
-        }
-        if !failure.contains_key("code") {
-            failure.insert("code".into(), Value::String(super::FailureCode::Unknown.as_str().into()));
-        }
-        Value::Object(failure)
+    pub fn failure(&self) -> super::Failure {
+        super::Failure::of_stream(self.error.clone().unwrap_or_default(), || format!("model finished with reason {}", self.finish_repr()))
     }
 
     pub fn usage(&self) -> Option<Value> {
@@ -168,6 +161,6 @@ mod tests {
     fn a_finish_with_another_reason_is_a_failure() {
         let mut a = Assembler::new();
         feed(&mut a, json!({"type": "finish", "reason": "content-filter"}));
-        assert_eq!(a.failure(), json!({"message": "model finished with reason 'content-filter'", "code": "UNKNOWN"}));
+        assert_eq!(a.failure().to_value(), json!({"message": "model finished with reason 'content-filter'", "code": "UNKNOWN"}));
     }
 }

@@ -9,9 +9,10 @@
 
 use serde_json::json;
 
-use super::ending::{Ending, FailureCode};
+use super::ending::Ending;
 use super::events::{self, publish, LoopEvent};
-use crate::event_log::{Event, LogError, SessionLog};
+use super::failure::FailureCode;
+use crate::event_log::{Event, LogError, OpenHook, SessionLog};
 use crate::message::Message;
 
 /// What the tail of a log says about its last turn.
@@ -55,6 +56,12 @@ fn find_open_turn(events: &[Event]) -> Option<OpenTurn> {
         }
     }
     Some(open)
+}
+
+/// The closers as a store's open hook: whoever builds the loop installs this on its stores
+/// (`with_open_hook`), so every log they open starts with its turns balanced.
+pub fn crash_closers() -> OpenHook {
+    std::sync::Arc::new(close_open_turn)
 }
 
 /// Appends the closers if `log` ends inside an open turn; returns how many were appended.

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::assemble::Assembler;
-use super::ending::{Ending, FailureCode};
+use super::ending::Ending;
 use super::events::{self, append, LoopEvent};
+use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
 use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 use crate::event_log::{LogError, SessionLog};
@@ -115,16 +116,23 @@ pub enum RaisedKind {
     LeaseLost,
 }
 
-/// An exception out of host code: its kind and failure dict (what `turn/end` would carry).
+/// An exception out of host code: its kind and failure (what `turn/end` would carry).
 #[derive(Debug, Clone)]
 pub struct Raised {
     pub kind: RaisedKind,
-    pub failure: Value,
+    /// `None` for a cancellation, and for a fault after the signal aborted (the turn ends
+    /// aborted, carrying its cause instead).
+    pub failure: Option<Failure>,
 }
 
 impl Raised {
-    pub fn new(kind: RaisedKind, failure: Value) -> Raised {
-        Raised { kind, failure }
+    pub fn new(kind: RaisedKind, failure: Failure) -> Raised {
+        Raised { kind, failure: Some(failure) }
+    }
+
+    /// An exception with no failure to carry (see [`failure`](Self::failure)).
+    pub fn bare(kind: RaisedKind) -> Raised {
+        Raised { kind, failure: None }
     }
 }
 
@@ -143,8 +151,8 @@ pub enum Input {
     /// The stream yielded something that is not a chunk dict: its `repr`.
     NotAChunk(String),
     StreamEnded,
-    /// The model failed (a `ModelError`): its failure dict.
-    ModelFailed(Value),
+    /// The model failed (a `ModelError`).
+    ModelFailed(Failure),
     /// What `request_error` decided: re-issue the request or not.
     Retry(bool),
     /// The tool plan, every call committed.
@@ -168,7 +176,7 @@ pub enum Effect {
     CloseStream,
     /// Run `request_error` over this failure (`exception`: the host's last exception is
     /// behind it); answer `Retry`.
-    RequestError { failure: Value, exception: bool },
+    RequestError { failure: Failure, exception: bool },
     /// Run the tool plan (`take_plan`); answer `ToolsDone`.
     RunTools,
     /// Run the `turn_stopping` hooks; answer `Continue`.
@@ -177,13 +185,14 @@ pub enum Effect {
     Describe(CoreError),
     /// Report a failed turn (`agent/error`, the logger); `exception`: with the exception the
     /// host last raised. Answer `Continue`.
-    Report { turn: u64, step: u64, failure: Value, exception: bool },
+    /// `failure` is `None` for a cancellation (the report carries `None`).
+    Report { turn: u64, step: u64, failure: Option<Failure>, exception: bool },
     /// The turn's signal aborted with this cause (already set in the shared state). Answer
     /// `Continue`.
-    Abort(Value),
-    /// Another owner took the session over: abort the signal (`{"kind": "fenced"}`), and unless
-    /// the loop is fenced already, mark it so and report `failure`. Answer `Continue`.
-    Fence { turn: u64, failure: Value },
+    Abort(AbortCause),
+    /// Another owner took the session over: abort the signal with `cause` (`fenced`), and
+    /// unless the loop is fenced already, mark it so and report `failure`. Answer `Continue`.
+    Fence { turn: u64, failure: Failure, cause: AbortCause },
     /// A fresh signal for the next turn; answer `Continue`.
     NewTurn,
     /// No turn was recorded (`begin` only).
@@ -199,7 +208,7 @@ enum Fault {
     Aborted,
     /// A failure with no host exception behind it, or one whose exception the host holds.
     Failure {
-        failure: Value,
+        failure: Failure,
         exception: bool,
     },
     Raised(Raised),
@@ -209,7 +218,7 @@ enum Fault {
 
 impl Fault {
     fn rule(code: FailureCode, message: impl Into<String>) -> Fault {
-        Fault::Failure { failure: code.failure(message), exception: false }
+        Fault::Failure { failure: Failure::new(code, message), exception: false }
     }
 }
 
@@ -223,7 +232,7 @@ enum Wait {
     Model,
     Chunk,
     CloseStream(Fault),
-    RequestError(Value, bool),
+    RequestError(Failure, bool),
     Tools,
     Stopping,
     /// A described core error goes on unwinding from `Unwind`.
@@ -666,7 +675,7 @@ impl Machine {
         self.reply_done(ctx, assembler.into_blocks(), usage, max_tokens, chunks)
     }
 
-    fn request_failed(&mut self, failure: Value, exception: bool) -> Effect {
+    fn request_failed(&mut self, failure: Failure, exception: bool) -> Effect {
         self.wait = Wait::RequestError(failure.clone(), exception);
         Effect::RequestError { failure, exception }
     }
@@ -801,11 +810,11 @@ impl Machine {
             Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => {
                 // Fenced out by a newer owner: the session is no longer ours, so not even a
                 // turn/end is appended (the new owner's open closed this turn).
-                return self.fence(ctx, failure, Then::Finish);
+                return self.fence(ctx, failure.as_ref(), Then::Finish);
             }
             Fault::Raised(Raised { kind: RaisedKind::Cancelled, .. }) if !ctx.aborted() => {
                 // Cancelled from outside (event-loop shutdown): the turn ends disposed.
-                let cause = serde_json::json!({"kind": "disposed"});
+                let cause = AbortCause::new(AbortKind::Disposed);
                 ctx.shared.state().abort = Some(cause.clone());
                 self.propagate = true;
                 self.wait = Wait::Then(Then::EndAborted);
@@ -816,8 +825,8 @@ impl Machine {
                 self.propagate |= kind == RaisedKind::Fatal;
                 (failure, true)
             }
-            Fault::Failure { failure, exception } => (failure, exception),
-            Fault::Aborted => (Value::Null, false),
+            Fault::Failure { failure, exception } => (Some(failure), exception),
+            Fault::Aborted => (None, false),
             Fault::Core(_) => unreachable!("described before it unwinds"),
         };
         // Copied out first: the state is never locked across an append (observers run Python).
@@ -826,24 +835,27 @@ impl Machine {
             self.ending = Some(Ending::Aborted(cause));
             return self.end_turn(ctx);
         }
+        // Only a fault after an abort comes without a failure, and the abort ended the turn.
+        let failure = failure.unwrap_or_else(|| Failure::new(FailureCode::Unknown, "the turn failed with no failure"));
         self.ending = Some(Ending::Error(failure.clone()));
         self.wait = Wait::Then(Then::TurnEnd);
         let step = ctx.shared.state().step;
-        Effect::Report { turn: self.turn, step, failure, exception }
+        Effect::Report { turn: self.turn, step, failure: Some(failure), exception }
     }
 
-    fn fence(&mut self, ctx: &Ctx<'_>, failure: Value, then: Then) -> Effect {
+    fn fence(&mut self, ctx: &Ctx<'_>, failure: Option<&Failure>, then: Then) -> Effect {
         self.stop_driver = true;
+        let cause = AbortCause::new(AbortKind::Fenced);
         {
             let mut state = ctx.shared.state();
             if state.abort.is_none() {
-                state.abort = Some(serde_json::json!({"kind": "fenced"}));
+                state.abort = Some(cause.clone());
             }
         }
         // The report says who: the lost lease's message, code FENCED.
-        let message = failure.get("message").and_then(Value::as_str).unwrap_or_default();
+        let message = failure.and_then(Failure::message).unwrap_or_default();
         self.wait = Wait::Then(then);
-        Effect::Fence { turn: self.turn, failure: FailureCode::Fenced.failure(message) }
+        Effect::Fence { turn: self.turn, failure: Failure::new(FailureCode::Fenced, message), cause }
     }
 
     /// The turn's `finally`: `turn/end`.
@@ -858,24 +870,32 @@ impl Machine {
 
     fn turn_end_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
         match fault {
-            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure, Then::Finish),
-            Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
-                self.stop_driver = true;
-                self.wait = Wait::Then(Then::Conclude);
-                let step = ctx.shared.state().step;
-                Effect::Report { turn: self.turn, step, failure, exception: true }
-            }
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure.as_ref(), Then::Finish),
+            Fault::Raised(Raised { failure, .. }) => self.report_unwound(ctx, failure),
+            Fault::Failure { failure, .. } => self.report_unwound(ctx, Some(failure)),
             Fault::Aborted | Fault::Core(_) => self.conclude(ctx),
         }
+    }
+
+    /// A fault while the turn ended: reported, then the run concludes.
+    fn report_unwound(&mut self, ctx: &Ctx<'_>, failure: Option<Failure>) -> Effect {
+        self.stop_driver = true;
+        self.wait = Wait::Then(Then::Conclude);
+        let step = ctx.shared.state().step;
+        Effect::Report { turn: self.turn, step, failure, exception: true }
     }
 
     fn begin_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
         let turn = self.turn;
         match fault {
-            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure, Then::NoTurn),
-            Fault::Raised(Raised { failure, .. }) | Fault::Failure { failure, .. } => {
+            Fault::Raised(Raised { kind: RaisedKind::LeaseLost, failure }) => self.fence(ctx, failure.as_ref(), Then::NoTurn),
+            Fault::Raised(Raised { failure, .. }) => {
                 self.wait = Wait::Then(Then::NoTurn);
                 Effect::Report { turn, step: 0, failure, exception: true }
+            }
+            Fault::Failure { failure, .. } => {
+                self.wait = Wait::Then(Then::NoTurn);
+                Effect::Report { turn, step: 0, failure: Some(failure), exception: true }
             }
             Fault::Aborted | Fault::Core(_) => {
                 self.wait = Wait::Done;
@@ -898,7 +918,8 @@ impl Machine {
                 Effect::Finished
             }
             Then::EndAborted => {
-                let cause = ctx.shared.state().abort.clone().unwrap_or(Value::Null);
+                // Set by the turn's `except` before it asked the host to abort.
+                let cause = ctx.shared.state().abort.clone().unwrap_or_else(|| AbortCause::new(AbortKind::Disposed));
                 self.ending = Some(Ending::Aborted(cause));
                 self.end_turn(ctx)
             }

@@ -28,19 +28,20 @@ mod assemble;
 mod closers;
 mod ending;
 pub mod events;
+mod failure;
 mod history;
 mod machine;
 mod recovery;
 mod tools;
 mod transcript;
+pub mod waterfall;
 
 use std::sync::{Mutex, MutexGuard};
 
-use serde_json::Value;
-
 pub use assemble::Assembler;
-pub use closers::close_open_turn;
-pub use ending::{Ending, FailureCode};
+pub use closers::{close_open_turn, crash_closers};
+pub use ending::Ending;
+pub use failure::{AbortCause, AbortKind, Code, Failure, FailureCode};
 pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, unentered_claims, ConsumedWork, RequeueError, Unentered};
@@ -100,14 +101,14 @@ pub struct LoopState {
     pub instructions: Option<String>,
     pub logged_instructions: Option<String>,
     /// The running turn's abort cause; the first cause wins.
-    pub abort: Option<Value>,
+    pub abort: Option<AbortCause>,
     /// A waking input arrived while the turn was being cancelled: run again once it ends.
     pub wake_latched: bool,
 }
 
 impl LoopState {
     /// Aborts the running turn with `cause`; false when it had aborted already.
-    pub fn abort(&mut self, cause: Value) -> bool {
+    pub fn abort(&mut self, cause: AbortCause) -> bool {
         if self.abort.is_some() {
             return false;
         }
@@ -118,7 +119,7 @@ impl LoopState {
     /// A waking input while a turn runs: latched when the turn is being cancelled (not
     /// disposed) and the input was redirected to next-turn because of that.
     pub fn latch_wake(&mut self, after_abort: bool) {
-        let cancelling = self.abort.as_ref().is_some_and(|c| c.get("kind").and_then(Value::as_str) != Some("disposed"));
+        let cancelling = self.abort.as_ref().is_some_and(|c| c.kind() != AbortKind::Disposed);
         if cancelling && after_abort {
             self.wake_latched = true;
         }

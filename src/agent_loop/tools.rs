@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::ending::FailureCode;
 use super::events::{self, append};
+use super::failure::{Failure, FailureCode};
 use super::history::History;
 use super::CoreError;
 use crate::event_log::{LogError, SessionLog};
@@ -157,7 +157,7 @@ pub enum Next {
 pub struct Raised {
     pub index: usize,
     /// The error the result carries, with `message`, `callId` and `tool` added.
-    pub failure: Value,
+    pub failure: Failure,
 }
 
 /// Where the plan writes: the log, the inbox (a result's contexts) and the loop's history.
@@ -345,21 +345,12 @@ impl ToolPlan {
 
 /// The `agent/error` failure of a tool's bug: its result text as the message, the
 /// result's error, the call's id and tool.
-fn tool_failure(call: &Call, error: &Value, content: &Content) -> Value {
-    let mut failure = serde_json::Map::new();
+fn tool_failure(call: &Call, error: &Value, content: &Content) -> Failure {
     let message = match content {
         Content::Text(text) => Value::String(text.clone()),
         Content::Blocks(_) => error.get("name").cloned().unwrap_or(Value::Null),
     };
-    failure.insert("message".into(), message);
-    if let Value::Object(error) = error {
-        for (key, value) in error {
-            failure.insert(key.clone(), value.clone());
-        }
-    }
-    failure.insert("callId".into(), Value::String(call.id.clone()));
-    failure.insert("tool".into(), Value::String(call.name.clone()));
-    Value::Object(failure)
+    Failure::of_tool(message, error, &call.id, &call.name)
 }
 
 /// The calls an assistant message requests, in order: `(id, name, arguments)`.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde_json::{Map, Value};
 
 use super::log::{Backend, FlushCallback, SessionLog};
-use super::store::{check_id, new_header, resolve_id, Store};
+use super::store::{check_id, new_header, resolve_id, run_open_hook, OpenHook, Store};
 use super::{Event, LogError};
 
 struct Entry {
@@ -21,6 +21,7 @@ type Sessions = Arc<Mutex<BTreeMap<String, Entry>>>;
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     sessions: Sessions,
+    on_open: Option<OpenHook>,
 }
 
 fn lock(s: &Sessions) -> MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -58,6 +59,12 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// Runs `hook` on every log `open` hands out from now on (see [`OpenHook`]).
+    pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
+        self.on_open = Some(hook);
+        self
+    }
+
     fn backend(&self, id: &str) -> Box<dyn Backend> {
         Box::new(MemoryBackend { id: id.to_string(), sessions: Arc::clone(&self.sessions) })
     }
@@ -86,7 +93,7 @@ impl Store for MemoryStore {
             (entry.header.clone(), events)
         };
         let log = SessionLog::from_parts(id.to_string(), header, events, self.backend(id));
-        crate::agent_loop::close_open_turn(&log)?;
+        run_open_hook(self.on_open.as_ref(), &log)?;
         Ok(log)
     }
 

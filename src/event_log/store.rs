@@ -1,9 +1,22 @@
 //! The `Store` trait: where sessions live, by id.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::log::{now_ms, SessionLog};
 use super::LogError;
+
+/// What a store runs on a log it opens, before handing it out: the loop installs its crash
+/// closers here (storage knows nothing of turns), and tests may install any check. Returns how
+/// many events it appended (a file store reports them in its `Recovery`). An error fails the
+/// open; a store with no hook hands logs out as they are stored.
+pub type OpenHook = Arc<dyn Fn(&SessionLog) -> Result<usize, LogError> + Send + Sync>;
+
+/// Runs `hook` (if any) on a freshly opened log.
+pub(crate) fn run_open_hook(hook: Option<&OpenHook>, log: &SessionLog) -> Result<usize, LogError> {
+    hook.map_or(Ok(0), |hook| hook(log))
+}
 
 /// The on-disk and in-memory format version this build writes and reads.
 pub const FORMAT_VERSION: u64 = 1;
@@ -12,7 +25,7 @@ pub const FORMAT_VERSION: u64 = 1;
 /// * `create` makes a new, empty session owned by the returned log (minting a UUIDv7 id when
 ///   `None`); an existing id is `Exists`.
 /// * `open` hands out the one owning log of an existing session: it verifies what is stored,
-///   repairs a torn tail, and appends deterministic closers if the log ends inside an open turn.
+///   repairs a torn tail, and runs the store's [`OpenHook`] (the loop's crash closers) if set.
 ///   A session another handle owns is `Locked` (`LockedHere` when the store can tell that it is
 ///   a log of this very process).
 /// * `list` names every created session, sorted, and agrees with `exists` (an empty session

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use serde_json::Value;
 
 pub use hook::{InsertHook, Refusal, Spliced};
-pub use splice::{inserted_ids, normalize, placement, Lists, Splice, SpliceError, Target};
+pub use splice::{normalize, placement, Lists, Splice, SpliceError, Target};
 
-use crate::event_log::{Intake, LogError, SessionLog, StagedInput, StagedOp, Taken, SPLICED};
+use crate::event_log::{inserted_ids, Intake, LogError, SessionLog, StagedInput, StagedOp, Taken, SPLICED};
 use crate::message::{Message, MessageKind};
 
 /// Live notifications of an inbox: called after each mutation, on the mutating thread.

@@ -4,8 +4,6 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub use crate::agent_loop::{consumed_work, ConsumedWork};
-
 use crate::event_log::{Event, SPLICED};
 use crate::inbox::{placement, Lists, ProjectionError, Splice, Target};
 use crate::message::Message;

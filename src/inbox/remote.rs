@@ -93,7 +93,7 @@ impl Inbox {
             events
                 .iter()
                 .filter(|e| e.kind() == SPLICED && mentions(e.data_json()))
-                .any(|e| super::inserted_ids(e.data_json()).iter().any(|i| i == id))
+                .any(|e| crate::event_log::inserted_ids(e.data_json()).iter().any(|i| i == id))
         });
         let session = self.shared.log.id();
         match logged {

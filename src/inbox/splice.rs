@@ -346,21 +346,6 @@ pub fn placement(target: Target, message: &Message) -> &'static str {
     }
 }
 
-/// The ids a logged splice payload inserts, read without building the messages (for the
-/// staged-input checks of the PostgreSQL store); empty if the payload does not parse.
-pub fn inserted_ids(data: &str) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Payload {
-        #[serde(default)]
-        inserted: Vec<Inserted>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inserted {
-        id: String,
-    }
-    serde_json::from_str::<Payload>(data).map(|p| p.inserted.into_iter().map(|m| m.id).collect()).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
 use super::reopen::{locked_here, OpenLogs};
 use super::runtime::aio::{Completion, Value};
+use crate::agent_loop::crash_closers;
 use crate::event_log::postgres::{
     check_pool_size, Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore, DEFAULT_POOL_SIZE, MAX_POOL_SIZE,
 };
@@ -187,7 +188,7 @@ impl PyPostgresStore {
             pyo3::exceptions::PyValueError::new_err(format!("{why}, got {shown}"))
         })?;
         let options = PgOptions { pool_size, prepared_statements, listen_dsn, ..options };
-        let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?;
+        let inner = py.detach(|| PostgresStore::connect(dsn, options)).map_err(|e| log_err(py, e))?.with_open_hook(crash_closers());
         Ok(PyPostgresStore {
             inner,
             lease_ttl,

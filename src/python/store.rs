@@ -11,6 +11,7 @@ use super::errors::{log_err, warn};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PyEvent, PySessionLog};
 use super::faults::PyFaultPlan;
 use super::reopen::{locked_here, OpenLogs};
+use crate::agent_loop::crash_closers;
 use crate::event_log::{Durability, FileStore, MemoryStore, RepairReport, Store};
 
 fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -32,7 +33,7 @@ pub struct PyMemoryStore {
 impl PyMemoryStore {
     #[new]
     fn new() -> Self {
-        PyMemoryStore { inner: MemoryStore::new(), open: OpenLogs::new() }
+        PyMemoryStore { inner: MemoryStore::new().with_open_hook(crash_closers()), open: OpenLogs::new() }
     }
 
     /// A new, empty session (id minted as a UUIDv7 when `None`).
@@ -100,7 +101,7 @@ impl PyFileStore {
     #[pyo3(signature = (root, durability="checkpoint", *, _faults=None))]
     fn new(py: Python<'_>, root: PathBuf, durability: &str, _faults: Option<PyRef<'_, PyFaultPlan>>) -> PyResult<Self> {
         let mode = durability_arg(durability)?;
-        let mut inner = FileStore::new(&root, mode).map_err(|e| log_err(py, e))?;
+        let mut inner = FileStore::new(&root, mode).map_err(|e| log_err(py, e))?.with_open_hook(crash_closers());
         if let Some(plan) = _faults {
             inner = inner.with_fault(plan.hook());
         }

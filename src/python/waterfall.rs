@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::runtime::coroutine::{self, Coroutine, Resume};
-use crate::waterfall::{Cursor, Pull};
+use crate::agent_loop::waterfall::{Cursor, Pull};
 
 /// An awaitable that is already complete (for sync listeners and the default).
 #[pyclass(name = "Ready", module = "kerman")]

@@ -13,8 +13,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kerman::agent_loop::{
-    close_open_turn, consumed_work, requeue_claimed, Ctx, Decision, Effect, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply,
-    ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
+    close_open_turn, consumed_work, crash_closers, requeue_claimed, AbortCause, AbortKind, Ctx, Decision, Effect, Failure, Input, Machine,
+    Next, Outcome, Raised, RaisedKind, Reply, ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -38,7 +38,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let store = MemoryStore::new();
+        let store = MemoryStore::new().with_open_hook(crash_closers());
         let log = store.create(Some("s")).unwrap();
         World::over(Some(store), log)
     }
@@ -90,7 +90,7 @@ impl World {
 
     /// `loop.cancel()` with the default cause.
     fn cancel(&self) {
-        assert!(self.shared.state().abort(json!({"kind": "user"})));
+        assert!(self.shared.state().abort(cause(json!({"kind": "user"}))));
     }
 
     fn aborted(&self) -> bool {
@@ -200,8 +200,19 @@ fn stream_end() -> Ans {
     answer("NextChunk", |_, _| Input::StreamEnded)
 }
 
+/// A failure as the host builds it, from its JSON.
+fn failure_of(value: Value) -> Failure {
+    serde_json::from_value(value).expect("a failure is an object")
+}
+
+/// An abort cause, from its JSON.
+fn cause(value: Value) -> AbortCause {
+    AbortCause::from_value(value).expect("a cause is an object with a kind")
+}
+
 fn model_fails(failure: Value) -> Ans {
-    answer("CallModel", move |_, _| Input::ModelFailed(failure))
+    let failure = failure_of(failure);
+    answer("CallModel", move |_, _| Input::ModelFailed(failure.clone()))
 }
 
 fn retry(again: bool) -> Ans {
@@ -210,7 +221,8 @@ fn retry(again: bool) -> Ans {
 
 /// The host code the effect awaited raised.
 fn raise(on: &'static str, kind: RaisedKind, failure: Value) -> Ans {
-    answer(on, move |_, _| Input::Raised(Raised::new(kind, failure)))
+    let failure = failure_of(failure);
+    answer(on, move |_, _| Input::Raised(Raised::new(kind, failure.clone())))
 }
 
 /// The awaited call got the `CancelledError` of the loop's own cancel.
@@ -283,7 +295,9 @@ fn run(w: &World, script: Vec<Ans>) -> Run {
                 | Effect::Abort(_)
                 | Effect::Fence { .. }
                 | Effect::NewTurn => Input::Continue,
-                Effect::Describe(e) => Input::Raised(Raised::new(RaisedKind::Error, json!({"message": e.to_string(), "code": "UNKNOWN"}))),
+                Effect::Describe(e) => {
+                    Input::Raised(Raised::new(RaisedKind::Error, failure_of(json!({"message": e.to_string(), "code": "UNKNOWN"}))))
+                }
                 Effect::RunTools => {
                     let mut plan = machine.take_plan().expect("RunTools comes with a plan");
                     run_in_order(w, &mut plan);
@@ -346,11 +360,16 @@ fn label(effect: &Effect, machine: &Machine) -> String {
     match effect {
         Effect::PreStep { batch } => format!("PreStep[{}]", texts(batch)),
         Effect::BeforeRequest => format!("BeforeRequest[{}]", texts(machine.entered())),
-        Effect::RequestError { failure, .. } => format!("RequestError {failure}"),
+        Effect::RequestError { failure, .. } => format!("RequestError {}", failure.to_value()),
         Effect::Describe(e) => format!("Describe({e})"),
-        Effect::Report { turn, step, failure, exception } => format!("Report({turn}, {step}, exception={exception}) {failure}"),
-        Effect::Abort(cause) => format!("Abort {cause}"),
-        Effect::Fence { turn, failure } => format!("Fence({turn}) {failure}"),
+        Effect::Report { turn, step, failure, exception } => {
+            format!("Report({turn}, {step}, exception={exception}) {}", failure.as_ref().map_or(Value::Null, Failure::to_value))
+        }
+        Effect::Abort(cause) => format!("Abort {}", cause.to_value()),
+        Effect::Fence { turn, failure, cause } => {
+            assert_eq!(cause.kind(), AbortKind::Fenced, "a fence aborts with cause fenced");
+            format!("Fence({turn}) {}", failure.to_value())
+        }
         other => name(other).to_owned(),
     }
 }
@@ -1214,8 +1233,8 @@ fn the_first_cause_wins() {
         vec![
             enter(),
             cancelled("BeforeRequest").meanwhile(|w| {
-                assert!(w.shared.state().abort(json!({"kind": "hook", "reason": "budget"})));
-                assert!(!w.shared.state().abort(json!({"kind": "user"})));
+                assert!(w.shared.state().abort(cause(json!({"kind": "hook", "reason": "budget"}))));
+                assert!(!w.shared.state().abort(cause(json!({"kind": "user"}))));
             }),
         ],
     );
@@ -1246,7 +1265,7 @@ fn a_lost_lease_fences_the_loop_and_appends_no_turn_end() {
     let r = run(&w, vec![raise("PreStep", RaisedKind::LeaseLost, json!({"message": "lease lost", "code": "UNKNOWN"}))]);
     assert_eq!(r.effects, ["PreStep[hello]", r#"Fence(1) {"message":"lease lost","code":"FENCED"}"#, "Finished"]);
     assert_eq!(snapshot_from(&w.log, 2), [turn_start(1), claimed("next-turn", 1)]);
-    assert_eq!(w.shared.state().abort, Some(json!({"kind": "fenced"})));
+    assert_eq!(w.shared.state().abort, Some(cause(json!({"kind": "fenced"}))));
     assert_eq!(w.inbox.count(Target::NextTurn), 1);
 }
 
@@ -1899,11 +1918,11 @@ fn an_empty_assistant_message_is_logged_but_left_out_of_the_history() {
 #[test]
 fn the_wake_latch_is_set_only_while_a_turn_is_being_cancelled_and_not_disposed() {
     let w = World::new();
-    let latch = |cause: Option<Value>, after_abort: bool| {
+    let latch = |given: Option<Value>, after_abort: bool| {
         let mut state = w.shared.state();
         state.reset_run();
-        if let Some(cause) = cause {
-            state.abort(cause);
+        if let Some(given) = given {
+            state.abort(cause(given));
         }
         state.latch_wake(after_abort);
         state.wake_latched

@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use kerman::event_log::{close_open_turn, LogError, MemoryStore, Store};
+use kerman::agent_loop::close_open_turn;
+use kerman::event_log::{LogError, MemoryStore, Store};
 use serde_json::json;
 
 #[test]

@@ -432,7 +432,7 @@ fn headers_from_other_versions_or_damaged_headers_are_refused() {
 #[test]
 fn a_log_ending_inside_a_turn_gets_closers_on_open() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store(dir.path());
+    let store = store(dir.path()).with_open_hook(kerman::agent_loop::crash_closers());
     let text = framed(r#"{"type":"session","version":1,"id":"crash","createdAt":1}"#)
         + &framed(r#"{"type":"turn/start","seq":0,"time":10,"data":{"turn":1}}"#)
         + &framed(r#"{"type":"step/start","seq":1,"time":11,"data":{"turn":1,"step":1}}"#);
@@ -449,6 +449,32 @@ fn a_log_ending_inside_a_turn_gets_closers_on_open() {
     let (log, recovery) = store.open_with_report("crash").unwrap();
     assert_eq!(recovery.closers, 0);
     assert_eq!(jsons(&log), written);
+}
+
+#[test]
+fn a_store_runs_only_the_open_hook_it_was_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = framed(r#"{"type":"session","version":1,"id":"crash","createdAt":1}"#)
+        + &framed(r#"{"type":"turn/start","seq":0,"time":10,"data":{"turn":1}}"#);
+    let bare = store(dir.path());
+    fs::write(bare.path_of("crash").unwrap(), &text).unwrap();
+    // Storage knows no turns: without a hook the open turn is handed out as stored.
+    let (log, recovery) = bare.open_with_report("crash").unwrap();
+    assert_eq!((recovery.closers, log.len()), (0, 1));
+    log.close().unwrap();
+
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hook_seen = Arc::clone(&seen);
+    let hooked = bare.clone().with_open_hook(Arc::new(move |log: &SessionLog| {
+        hook_seen.lock().unwrap().push(log.len());
+        Ok(3)
+    }));
+    let (log, recovery) = hooked.open_with_report("crash").unwrap();
+    assert_eq!((recovery.closers, seen.lock().unwrap().clone()), (3, vec![1]));
+    log.close().unwrap();
+
+    let failing = bare.with_open_hook(Arc::new(|_: &SessionLog| Err(LogError::ReadOnly { id: "hook".into() })));
+    assert!(matches!(failing.open("crash"), Err(LogError::ReadOnly { .. })));
 }
 
 /// A store whose writers fail at `point` while `armed` is set. Writes fail short (10 bytes

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use kerman::agent_loop::consumed_work;
 use kerman::event_log::Event;
-use kerman::inbox::projection::{consumed_work, InboxProjection};
+use kerman::inbox::projection::InboxProjection;
 use kerman::inbox::Target;
 
 fn events(lines: &[&str]) -> Vec<Event> {

@@ -28,9 +28,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{check_id, new_header, resolve_id};
+use super::{check_id, new_header, resolve_id, run_open_hook, OpenHook};
 use super::{Event, LogError, SessionLog, Store};
-use crate::agent_loop::close_open_turn;
 use writer::{FileBackend, WriterSetup};
 
 /// When appended events reach the disk.
@@ -125,7 +124,8 @@ pub struct Recovery {
     pub truncated_bytes: u64,
     /// The line where the torn tail began.
     pub truncated_at_line: Option<u64>,
-    /// Crash-closer events appended because the log ended inside an open turn.
+    /// Events the store's open hook appended (the loop's crash closers, when the log ended
+    /// inside an open turn).
     pub closers: usize,
 }
 
@@ -150,6 +150,7 @@ pub struct FileStore {
     root: PathBuf,
     durability: Durability,
     fault: Option<FaultHook>,
+    on_open: Option<OpenHook>,
 }
 
 impl fmt::Debug for FileStore {
@@ -166,13 +167,19 @@ impl FileStore {
         // (the umask can only narrow it; on Windows the inherited ACL); an existing folder
         // keeps the mode it was given.
         sys::create_dir(&root).map_err(|e| LogError::io(format!("creating store directory {}", root.display()), e))?;
-        Ok(FileStore { root, durability, fault: None })
+        Ok(FileStore { root, durability, fault: None, on_open: None })
     }
 
     /// Testing seam: consults `fault` before every write and sync of the logs this store opens
     /// from now on, to inject I/O errors. Not meant for production use.
     pub fn with_fault(mut self, fault: FaultHook) -> Self {
         self.fault = Some(fault);
+        self
+    }
+
+    /// Runs `hook` on every log `open` hands out from now on (see [`OpenHook`]).
+    pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
+        self.on_open = Some(hook);
         self
     }
 
@@ -233,7 +240,7 @@ impl FileStore {
             recovery.truncated_at_line = Some(invalid.line);
         }
         let log = self.start(id.to_string(), scan.header, scan.events, (file, hold), scan.good_len)?;
-        recovery.closers = close_open_turn(&log)?;
+        recovery.closers = run_open_hook(self.on_open.as_ref(), &log)?;
         Ok((log, recovery))
     }
 

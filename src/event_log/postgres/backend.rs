@@ -33,8 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use super::listen::{self, Channel, Note};
 use super::{to_row, Lease, PgCore, Reply, Request, Response, Row};
-use crate::event_log::{Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
-use crate::inbox::inserted_ids;
+use crate::event_log::{inserted_ids, Backend, Event, FlushCallback, Intake, LogError, StagedInput, SPLICED};
 
 /// Why the backend stopped accepting appends; rebuilt into a fresh `LogError` per caller.
 #[derive(Clone)]

@@ -443,7 +443,7 @@ fn record_inserts(record: &str, message_id: &str) -> bool {
         #[serde(borrow)]
         data: &'a serde_json::value::RawValue,
     }
-    serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::inbox::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
+    serde_json::from_str::<Record<'_>>(record).is_ok_and(|r| crate::event_log::inserted_ids(r.data.get()).iter().any(|id| id == message_id))
 }
 
 /// The staged row an enqueue notification carries (see [`ENQUEUE_INSERT`]), or `None` if it

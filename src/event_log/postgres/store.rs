@@ -6,21 +6,29 @@ use super::backend::PgBackend;
 use super::follow::Follower;
 use super::sql::{SessionInfo, Taken};
 use super::{corrupt, parse_records_from, PgCore, PgOptions, Request, Response};
-use crate::event_log::{check_id, close_open_turn, LogError, SessionLog, StagedInput, StagedOp, Store};
+use crate::event_log::{check_id, run_open_hook, LogError, OpenHook, SessionLog, StagedInput, StagedOp, Store};
 
 /// A session a worker took: its log, the lease epoch, and how many crash closers its open
-/// appended (a turn its dead owner left open was closed as interrupted).
+/// appended (with the loop's closers installed: a turn its dead owner left open was closed as
+/// interrupted).
 pub type TakenLog = (SessionLog, i64, usize);
 
 /// Sessions in one PostgreSQL database. Each store is one lease owner with one connection.
 #[derive(Clone)]
 pub struct PostgresStore {
     core: PgCore,
+    on_open: Option<OpenHook>,
 }
 
 impl PostgresStore {
     pub fn connect(dsn: &str, options: PgOptions) -> Result<Self, LogError> {
-        Ok(PostgresStore { core: PgCore::connect(dsn, options)? })
+        Ok(PostgresStore { core: PgCore::connect(dsn, options)?, on_open: None })
+    }
+
+    /// Runs `hook` on every log `open` and `take` hand out from now on (see [`OpenHook`]).
+    pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
+        self.on_open = Some(hook);
+        self
     }
 
     pub fn core(&self) -> &PgCore {
@@ -48,7 +56,7 @@ impl PostgresStore {
 
     /// Takes up to `limit` sessions that have input waiting and no live owner (or whose owner
     /// died), for a worker named `name`; `done` runs on the reply thread with their logs, each
-    /// opened as `open` would (crash closers appended). Never blocks. A session whose records
+    /// opened as `open` would (the open hook run). Never blocks. A session whose records
     /// cannot be read is parked (its detail says why) instead of being handed over.
     /// With `expiry`, the logs come with the number of seconds until another owner's lease next
     /// expires (when to look again, as a dead owner's lease lapses without a notification).
@@ -62,12 +70,15 @@ impl PostgresStore {
         done: impl FnOnce(Result<(Vec<TakenLog>, Option<f64>), LogError>) + Send + 'static,
     ) {
         let core = self.core.clone();
+        let on_open = self.on_open.clone();
         let request = Request::Take { limit, name: name.into(), expiry, ids };
         self.core.submit(
             request,
             Box::new(move |result| {
                 done(match result {
-                    Ok(Response::Taken(taken, expiry)) => Ok((taken.into_iter().filter_map(|t| open_taken(&core, t)).collect(), expiry)),
+                    Ok(Response::Taken(taken, expiry)) => {
+                        Ok((taken.into_iter().filter_map(|t| open_taken(&core, on_open.as_ref(), t)).collect(), expiry))
+                    }
                     Ok(other) => unexpected(other),
                     Err(e) => Err(e),
                 })
@@ -97,7 +108,7 @@ impl PostgresStore {
 }
 
 /// The log of a taken session, or `None` (parked) if it cannot be read.
-fn open_taken(core: &PgCore, (lease, header, records): Taken) -> Option<TakenLog> {
+fn open_taken(core: &PgCore, on_open: Option<&OpenHook>, (lease, header, records): Taken) -> Option<TakenLog> {
     let id = lease.session_id.clone();
     let epoch = lease.epoch;
     let opened = match serde_json::from_str(&header) {
@@ -115,7 +126,7 @@ fn open_taken(core: &PgCore, (lease, header, records): Taken) -> Option<TakenLog
     let backend = PgBackend::new(core.clone(), lease, events.len() as u64);
     let log = SessionLog::from_parts(id, header, events, Box::new(backend));
     // A failed closer append poisons the log; the worker learns it at its first flush.
-    let closers = close_open_turn(&log).unwrap_or(0);
+    let closers = run_open_hook(on_open, &log).unwrap_or(0);
     Some((log, epoch, closers))
 }
 
@@ -135,7 +146,7 @@ impl Store for PostgresStore {
         let opened = self.core.open(id)?;
         let backend = PgBackend::new(self.core.clone(), opened.lease, opened.events.len() as u64);
         let log = SessionLog::from_parts(id.to_string(), opened.header, opened.events, Box::new(backend));
-        close_open_turn(&log)?;
+        run_open_hook(self.on_open.as_ref(), &log)?;
         Ok(log)
     }
 

@@ -77,24 +77,24 @@ impl Run {
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
             Effect::Report { turn, step, failure, exception } => {
                 let exc = if exception { self.last_exc.take().map(|e| e.into_bound(py).into_any()) } else { None };
-                let failure = super::super::convert::to_py(py, &failure)?;
+                let failure = super::super::convert::to_py(py, &failure.map_or(serde_json::Value::Null, |f| f.to_value()))?;
                 parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
                 Step::Input(Input::Continue)
             }
             Effect::Abort(cause) => {
-                let cause = super::super::convert::to_py(py, &cause)?;
+                let cause = super::super::convert::to_py(py, &cause.to_value())?;
                 parts.abort.bind(py).call1((self.core(py).get().signal_obj(py), cause))?;
                 Step::Input(Input::Continue)
             }
-            Effect::Fence { turn, failure } => {
-                let cause = super::super::convert::to_py(py, &serde_json::json!({"kind": "fenced"}))?;
+            Effect::Fence { turn, failure, cause } => {
+                let cause = super::super::convert::to_py(py, &cause.to_value())?;
                 parts.abort.bind(py).call1((self.core(py).get().signal_obj(py), cause))?;
                 let core_obj = self.core.clone_ref(py);
                 let core = core_obj.bind(py).get();
                 if !core.is_fenced() {
                     let exc = self.last_exc.take().map(|e| e.into_bound(py).into_any());
                     core.set_fenced(exc.as_ref().map(|e| e.clone().unbind()).unwrap_or_else(|| py.None()));
-                    let failure = super::super::convert::to_py(py, &failure)?;
+                    let failure = super::super::convert::to_py(py, &failure.to_value())?;
                     let step = core.shared.state().step;
                     parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
                 }

@@ -32,7 +32,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
-use crate::agent_loop::{requeue_claimed, Ctx, RequeueError, Shared};
+use crate::agent_loop::{requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
 
@@ -377,6 +377,7 @@ impl PyLoopCore {
     /// Aborts the running turn with `cause` (first cause wins); true if this call aborted it.
     fn abort(&self, cause: &Bound<'_, PyAny>) -> PyResult<bool> {
         let cause = to_value(cause, "cause").map_err(|e| PyValueError::new_err(e.describe()))?;
+        let cause = AbortCause::from_value(cause).map_err(PyValueError::new_err)?;
         Ok(self.shared.state().abort(cause))
     }
 

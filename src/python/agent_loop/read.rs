@@ -14,7 +14,7 @@ use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
 use super::{canonical, classes, Parts};
 use crate::agent_loop::events::{ASSISTANT_CHUNK, ASSISTANT_MESSAGE, REQUEST_HEADER};
-use crate::agent_loop::{Decision, FailureCode, Raised, RaisedKind, Reply, ReplyContent, Requested};
+use crate::agent_loop::{Decision, Failure, FailureCode, Raised, RaisedKind, Reply, ReplyContent, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -223,26 +223,24 @@ pub(super) fn describe(parts: &Parts, exc: &Bound<'_, PyAny>, function: Option<&
 /// The failure dict of an exception (what `turn/end {kind: "error"}` carries): a
 /// `ModelError`'s message, code and details, or any other exception's message chain with code
 /// `UNKNOWN`; then its report fields.
-pub(super) fn failure_of(parts: &Parts, exc: &Bound<'_, PyAny>) -> PyResult<Value> {
+pub(super) fn failure_of(parts: &Parts, exc: &Bound<'_, PyAny>) -> PyResult<Failure> {
     let py = exc.py();
-    let mut failure = Map::new();
+    let mut failure;
     if exc.is_instance(classes(py)?.model_error.bind(py))? {
         let message = exc.getattr(intern!(py, "message"))?;
         let message = if message.is_truthy()? { json_or_str(&message) } else { Value::String(exc.get_type().name()?.to_string()) };
-        failure.insert("message".into(), message);
-        failure.insert("code".into(), json_or_str(&exc.getattr(intern!(py, "code"))?));
+        failure = Failure::raised(message, json_or_str(&exc.getattr(intern!(py, "code"))?));
         for (key, attr) in [("status", "status"), ("retryAfterMs", "retry_after_ms"), ("requestId", "request_id")] {
             let value = exc.getattr(attr)?;
             if !value.is_none() {
-                failure.insert(key.into(), json_or_str(&value));
+                failure.insert(key, json_or_str(&value));
             }
         }
     } else {
-        failure.insert("message".into(), Value::String(error_chain(exc)));
-        failure.insert("code".into(), Value::String(FailureCode::Unknown.as_str().into()));
+        failure = Failure::new(FailureCode::Unknown, error_chain(exc));
     }
     failure.extend(describe(parts, exc, None, true)?);
-    Ok(Value::Object(failure))
+    Ok(failure)
 }
 
 /// How an exception out of host code reads to the machine, and whether it propagates out of
@@ -251,12 +249,11 @@ pub(super) fn raised(parts: &Parts, py: Python<'_>, err: &PyErr) -> PyResult<(Ra
     let c = classes(py)?;
     let exc = &exception(py, err);
     if err.is_instance(py, c.cancelled_error.bind(py)) {
-        return Ok((Raised::new(RaisedKind::Cancelled, Value::Null), true));
+        return Ok((Raised::bare(RaisedKind::Cancelled), true));
     }
     if exc.is_instance(c.lease_lost.bind(py))? {
-        let mut failure = Map::new();
-        failure.insert("message".into(), Value::String(error_chain(exc)));
-        return Ok((Raised::new(RaisedKind::LeaseLost, Value::Object(failure)), false));
+        // The machine reports it with its own code (FENCED); only the message is read.
+        return Ok((Raised::new(RaisedKind::LeaseLost, Failure::new(FailureCode::Fenced, error_chain(exc))), false));
     }
     let fatal = !err.is_instance_of::<PyException>(py);
     let kind = if fatal { RaisedKind::Fatal } else { RaisedKind::Error };

@@ -115,7 +115,10 @@ impl Run {
         let (raised, propagates) = match read::raised(&self.parts, py, &err) {
             Ok(classified) => classified,
             // Describing it failed: the failure says what it can.
-            Err(_) => (Raised::new(RaisedKind::Error, crate::agent_loop::FailureCode::Unknown.failure(err.to_string())), false),
+            Err(_) => (
+                Raised::new(RaisedKind::Error, crate::agent_loop::Failure::new(crate::agent_loop::FailureCode::Unknown, err.to_string())),
+                false,
+            ),
         };
         // Kept as the exception object (its traceback attached), which the collector can see.
         let exc = err.into_value(py);

@@ -11,7 +11,6 @@ use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyCFunction, PyList};
-use serde_json::Value;
 
 use std::sync::Arc;
 
@@ -20,7 +19,7 @@ use super::super::slots::{has_anext, has_await};
 use super::delegate::await_iter;
 use super::run::{Pending, Run, Seam, Step};
 use super::{classes, read};
-use crate::agent_loop::{Decision, Input, Raised, RaisedKind};
+use crate::agent_loop::{Decision, Failure, Input, Raised, RaisedKind};
 use crate::message::Message;
 
 /// How user code at a seam failed.
@@ -153,7 +152,7 @@ impl Run {
         Ok(self.user_begin(py, awaitable, Seam::Chunk))
     }
 
-    pub(super) fn request_error<'py>(&mut self, py: Python<'py>, failure: Value, exception: bool) -> PyResult<Step<'py>> {
+    pub(super) fn request_error<'py>(&mut self, py: Python<'py>, failure: Failure, exception: bool) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let listeners = parts.request_error.bind(py);
         if listeners.is_empty() {
@@ -164,7 +163,7 @@ impl Run {
             _ => py.None().into_bound(py),
         };
         let (turn, step) = self.turn_step();
-        let failure = to_py(py, &failure)?;
+        let failure = to_py(py, &failure.to_value())?;
         let payload = classes(py)?.request_failure.bind(py).call1((self.agent.bind(py), turn, step, failure, exc, self.signal(py)))?;
         let default =
             PyCFunction::new_closure(py, Some(c"no_action"), None, |args, _kwargs| -> PyResult<Py<PyAny>> { Ok(args.py().None()) })?;
@@ -317,7 +316,7 @@ impl Run {
         let value = match result {
             Ok(value) => value,
             // The signal has aborted: any fault ends the turn aborted.
-            Err(Fail::Aborted) => return Ok(Step::Input(Input::Raised(Raised::new(RaisedKind::Error, Value::Null)))),
+            Err(Fail::Aborted) => return Ok(Step::Input(Input::Raised(Raised::bare(RaisedKind::Error)))),
             Err(Fail::Own(e)) => {
                 let failure = read::failure_of(&self.parts, &read::exception(py, &e))?;
                 self.last_exc = Some(e.into_value(py));

@@ -196,7 +196,7 @@ fn report_raised(
 ) -> PyResult<()> {
     for raised in plan.take_raised() {
         let exc = exceptions.remove(&raised.index).map(|e| e.into_bound(py).into_any());
-        let failure = to_py(py, &raised.failure)?;
+        let failure = to_py(py, &raised.failure.to_value())?;
         parts.report_tool.bind(py).call1((agent, plan.turn, plan.step, failure, exc))?;
     }
     Ok(())

@@ -11,8 +11,9 @@ use super::super::errors::{new_err, projection_err};
 use super::super::event_log::PyEvent;
 use super::super::message::wrap;
 use super::messages_to_tuple;
+use crate::agent_loop::consumed_work;
 use crate::event_log::{Event, SPLICED};
-use crate::inbox::projection::{consumed_work, InboxProjection};
+use crate::inbox::projection::InboxProjection;
 use crate::inbox::Target;
 
 /// An event from an `Event` or an envelope dict (`to_dict()` form).
