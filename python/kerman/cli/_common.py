@@ -220,3 +220,14 @@ def _session_call(method: Callable[[str], _T], session_id: str) -> _T:
         raise
     except ValueError as error:  # only the id can be invalid here
         raise _Exit(2, f"kerman: {error}") from None
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value

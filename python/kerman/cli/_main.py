@@ -11,7 +11,7 @@ from .. import FORMAT_VERSION, __version__
 from ..errors import (
     KermanError,
 )
-from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id
+from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id, positive
 from ._log import _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
 
 
@@ -49,13 +49,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args)
 
 
-def _at_least_one(text: str) -> int:
-    value = _natural(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
-    return value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -90,13 +83,13 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="close a connection whose request headers are not all in by then (default 10)")
     serve.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                        help="answer 408 to a request whose body is not all in by then (default 30)")
-    serve.add_argument("--max-connections", type=_at_least_one, default=None, metavar="N",
+    serve.add_argument("--max-connections", type=positive, default=None, metavar="N",
                        help="open connections at most; more are refused (default 1000, fewer when descriptors are scarce)")
-    serve.add_argument("--max-streams", type=_at_least_one, default=128, metavar="N",
+    serve.add_argument("--max-streams", type=positive, default=128, metavar="N",
                        help="event streams one client address may hold open (default 128)")
     serve.add_argument("--idle-session", type=_seconds, default=300.0, metavar="SECONDS",
                        help="close a session nobody used for this long; it reopens on the next request (default 300)")
-    serve.add_argument("--max-sessions", type=_at_least_one, default=256, metavar="N",
+    serve.add_argument("--max-sessions", type=positive, default=256, metavar="N",
                        help="sessions held open at most; the least recently used idle one is closed first (default 256)")
     serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn's log level (default warning)")

@@ -15,6 +15,7 @@ from typing import Any, Callable, Coroutine, Dict, List, Optional
 from .._core import PostgresStore
 from .._imports import load_object
 from ..errors import SessionNotFoundError
+from ._common import positive as _positive
 
 
 def _seconds(text: str) -> float:
@@ -24,16 +25,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value
 
 
