@@ -263,7 +263,12 @@ def test_bad_input_is_refused(tmp_path):
 
 def test_injected_text_is_context_not_steering():
     """``loop.inject("text")`` is context and ``loop.steer("text")`` steering, in the queue and as
-    the message enters, in both protocols."""
+    the message enters, in both protocols.
+
+    The reference places a ``next-step`` message as steering when its source kind is ``user`` and
+    as context otherwise, and leaves the source of ``inject(text)`` unsaid; Kerman gives a text
+    injected so the source ``{"kind": "context"}``, since with ``user`` steer and inject left
+    identical records and no view could tell them apart."""
 
     async def main():
         entered = asyncio.Event()
