@@ -9,10 +9,10 @@ import logging
 from typing import Any
 
 import pytest
+from test_event_views import _record_session
 
 import kerman
 from kerman import events
-from test_event_views import _record_session
 
 
 @pytest.fixture(scope="module")

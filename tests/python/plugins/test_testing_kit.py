@@ -218,4 +218,4 @@ def test_turn_result_reads_the_ending_and_the_messages() -> None:
     nothing = testing.TurnResult(result.loop, [e for e in result.events if e.type != "turn/end"], [])
     with pytest.raises(AssertionError, match=r"^no turn ended in this run; events: \['agent/inbox/spliced', "
                                              r"'turn/start', .*'assistant/message', 'step/end'\]$"):
-        nothing.ending
+        assert nothing.ending is None  # raises before
