@@ -79,6 +79,11 @@ class Source(JsonObject):
         """The call a tool result answers (source ``{kind: "tool", callId}``)."""
         return _str(self.raw.get("callId"))
 
+    @property
+    def plugin(self) -> Optional[str]:
+        """The plugin that queued the message (source ``{kind: "plugin", plugin}``)."""
+        return _str(self.raw.get("plugin"))
+
 
 class Block(JsonObject):
     """One content block; ``type`` says which (``text``, ``reasoning``, ``tool-call``,
