@@ -1,9 +1,10 @@
 """One-line human summaries of session log events, for timelines (``kerman log show``, the demo).
 
 :func:`summarize` describes one event's payload; :func:`format_event` builds a whole timeline line
-(seq, time, type, summary). Both accept an :class:`kerman.Event` or its wire dict, never raise on odd
-data (they fall back to compact JSON), and escape control characters so a log cannot drive the
-terminal.
+(seq, time, type, summary). Both accept an :class:`kerman.Event`, its wire dict or its
+``kerman.events`` view, read the payload through the view, never raise on odd data (a payload
+its view cannot read shows as compact JSON), and escape control characters so a log cannot drive
+the terminal.
 """
 
 from __future__ import annotations
