@@ -12,7 +12,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::super::runtime::aio::Completion;
 use super::super::runtime::coroutine::{self, Coroutine, Resume};
-use super::event::{matches, PyEvent};
+use super::event::{handed_out, matches};
 use super::PySessionLog;
 use crate::event_log::{Event, SessionLog, TypeFilter, WeakSessionLog};
 
@@ -83,6 +83,8 @@ enum Poll {
 #[pyclass(name = "LogTail", module = "kerman", frozen)]
 pub struct PyLogTail {
     pub(super) state: Mutex<TailState>,
+    /// Hand out each event's typed view (`tail(view=True)`).
+    pub(super) view: bool,
 }
 
 impl PyLogTail {
@@ -287,11 +289,11 @@ impl TailStep {
         loop {
             match tail.poll() {
                 Poll::Event(event) => {
-                    let event = match Bound::new(py, PyEvent::new(event)) {
-                        Ok(event) => event,
-                        Err(e) => return (Err(e), None),
+                    // `poll` let go of the tail's lock: building a view runs Python code.
+                    return match handed_out(py, event, tail.view) {
+                        Ok(out) => (Err(PyStopIteration::new_err((out,))), None),
+                        Err(e) => (Err(e), None),
                     };
-                    return (Err(PyStopIteration::new_err((event.unbind(),))), None);
                 }
                 Poll::End(log) => {
                     drop(log);
