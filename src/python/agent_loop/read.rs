@@ -14,7 +14,7 @@ use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
 use super::{canonical, classes, Parts};
 use crate::agent_loop::events::{ASSISTANT_CHUNK, ASSISTANT_MESSAGE, REQUEST_HEADER};
-use crate::agent_loop::{Decision, Failure, FailureCode, Raised, RaisedKind, Reply, ReplyContent, Requested};
+use crate::agent_loop::{Decision, Failure, FailureCode, Finish, Raised, RaisedKind, Reply, ReplyContent, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -150,7 +150,9 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     } else {
         Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, ASSISTANT_MESSAGE, e.describe()))?)
     };
-    let max_tokens = reply.getattr(intern!(py, "finish"))?.eq(intern!(py, "max-tokens"))?;
+    let finish = reply.getattr(intern!(py, "finish"))?;
+    let finish = finish.cast::<PyString>().ok().and_then(|text| text.to_str().ok().and_then(Finish::parse));
+    let max_tokens = finish == Some(Finish::MaxTokens);
     Ok(Some(Reply { content, usage, max_tokens }))
 }
 
