@@ -11,7 +11,7 @@ use pyo3::types::PyString;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::super::runtime::aio::Completion;
-use super::super::runtime::coroutine::{self, Coroutine, Resume};
+use super::super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
 use super::event::{handed_out, matches};
 use super::PySessionLog;
 use crate::event_log::{Event, SessionLog, TypeFilter, WeakSessionLog};
@@ -328,6 +328,7 @@ impl Coroutine for TailStep {
     fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         match how {
+            // Gives up the wait it is suspended in, if any; the tail is left where it was.
             Resume::Close => {
                 slf.get().give_up_wait(py);
                 Err(PyGeneratorExit::new_err(()))
@@ -337,39 +338,7 @@ impl Coroutine for TailStep {
     }
 }
 
-#[pymethods]
-impl TailStep {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        coroutine::next(slf)
-    }
-
-    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        coroutine::send(slf, value)
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        slf: &Bound<'_, Self>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        coroutine::throw(slf, typ, val, tb)
-    }
-
-    /// Gives up the wait it is suspended in, if any; the tail is left where it was.
-    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        coroutine::close(slf)
-    }
-
+coroutine_methods!(awaitable TailStep {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         let Ok(st) = self.state.try_lock() else { return Ok(()) };
         visit.call(&st.tail)?;
@@ -387,4 +356,4 @@ impl TailStep {
         };
         drop(cleared);
     }
-}
+});
