@@ -152,7 +152,14 @@ impl Parts {
     /// The machine's context over these parts and `core`'s shared state; `tools` says whether a
     /// tool is registered (and runs alone).
     pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
-        Ctx { log: &self.log.get().inner, inbox: &self.inbox.get().inner, shared: &core.shared, tools, max_parallel: self.max_parallel }
+        Ctx {
+            log: &self.log.get().inner,
+            inbox: &self.inbox.get().inner,
+            shared: &core.shared,
+            tools,
+            max_parallel: self.max_parallel,
+            gated: false,
+        }
     }
 
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
