@@ -276,6 +276,11 @@ fn calls_of(data: &Value) -> Vec<(String, String, String)> {
 /// The held step of `events`' last turn, if it is one.
 pub fn held_step(events: &[Event]) -> Option<HeldStep> {
     let start = events.iter().rposition(|e| e.kind() == events::TURN_START)?;
+    // By type alone first: most turns asked nothing, or ended.
+    let tail = &events[start + 1..];
+    if !tail.iter().any(|e| e.kind() == events::DECISION_REQUESTED) || tail.iter().any(|e| e.kind() == events::TURN_END) {
+        return None;
+    }
     let mut held = HeldStep { turn: events::turn_of(&events[start].data())?, ..HeldStep::default() };
     let mut step_open = false;
     let mut stopped = false;
@@ -382,6 +387,7 @@ pub fn decide(
         });
         return match earlier {
             Some(r) if key.is_some() && r.key.as_deref() == key => Ok(Decided { duplicate: true, ready: false }),
+            Some(r) if r.outcome == Resolved::Expired => Err(DecideError::Expired(decision_id.to_owned())),
             Some(r) => Err(DecideError::Resolved(decision_id.to_owned(), r.outcome)),
             None => Err(DecideError::Unknown(decision_id.to_owned())),
         };

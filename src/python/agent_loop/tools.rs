@@ -48,7 +48,7 @@ fn plain_json(text: &str) -> Option<Value> {
 }
 
 /// The call's arguments as Python values, or the `INVALID_ARGUMENTS` outcome.
-fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
+pub(super) fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
     let text = if text.is_empty() { "{}" } else { text };
     if let Some(value) = plain_json(text) {
         return Ok(Ok(to_py(py, &value)?));
