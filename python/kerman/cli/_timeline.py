@@ -313,7 +313,32 @@ def _repaired(d: Mapping[str, Any]) -> str:
     return f"{dropped} line{'' if dropped == 1 else 's'} set aside, {lost} lost; backup {_escape(str(d.get('backup')))}"
 
 
+def _decision_requested(data: Mapping[str, Any]) -> str:
+    """``decision/requested``: the call waiting for a person, and what is asked."""
+    text = f"{_escape(str(data.get('kind', 'approval')))}? " + _call(data.get("name"), data.get("arguments", ""))
+    text += f" #{_escape(str(data.get('callId')))} [{_escape(str(data.get('decisionId')))}]"
+    if isinstance(data.get("note"), str):
+        text += " " + quote(data["note"])
+    return text
+
+
+def _decision_resolved(data: Mapping[str, Any]) -> str:
+    """``decision/resolved``: the outcome, who decided, and what runs."""
+    text = f"{_escape(str(data.get('outcome')))} #{_escape(str(data.get('callId')))} [{_escape(str(data.get('decisionId')))}]"
+    if isinstance(data.get("by"), str):
+        text += f" by {_escape(data['by'])}"
+    if isinstance(data.get("arguments"), str):
+        text += " → " + _escape(_truncate(data["arguments"], TEXT_LIMIT))
+    if isinstance(data.get("reason"), str):
+        text += " " + quote(data["reason"])
+    if "value" in data:
+        text += " " + compact_json(data["value"])
+    return text
+
+
 _SUMMARIES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "decision/requested": _decision_requested,
+    "decision/resolved": _decision_resolved,
     "log/damaged": _damaged,
     "log/repaired": _repaired,
     "agent/inbox/spliced": _splice,

@@ -38,6 +38,7 @@ from ._types import (
     TurnStart,
     UserMessageEvent,
 )
+from ._decisions import DecisionRequested, DecisionResolved
 from ._values import (
     Block,
     Cause,
@@ -71,6 +72,7 @@ __all__ = [
     "EventView", "TurnStart", "TurnEnd", "StepStart", "StepEnd", "UserMessageEvent", "RequestHeader",
     "InstructionsChanged", "AssistantChunk", "AssistantMessageEvent", "ToolCall", "ToolResultEvent", "InboxSpliced",
     "LogDamaged", "LogRepaired", "OtherEvent",
+    "DECISION_REQUESTED", "DECISION_RESOLVED", "DecisionRequested", "DecisionResolved",
     "JsonObject", "MessageView", "Source", "Block", "TextBlock", "ReasoningBlock", "ToolCallBlock", "ToolResultBlock",
     "OtherBlock", "Chunk", "TextDelta", "ReasoningDelta", "ToolCallChunk", "UsageChunk", "FinishChunk", "OtherChunk",
     "Failure", "Cause", "Ending", "Usage", "message", "block", "chunk",
@@ -90,11 +92,14 @@ TOOL_RESULT = ToolResultEvent.TYPE
 INBOX_SPLICED = InboxSpliced.TYPE
 LOG_DAMAGED = LogDamaged.TYPE
 LOG_REPAIRED = LogRepaired.TYPE
+DECISION_REQUESTED = DecisionRequested.TYPE
+DECISION_RESOLVED = DecisionResolved.TYPE
 
 #: Every event type Kerman writes, and its view class.
 TYPES: Dict[str, type[EventView]] = {cls.TYPE: cls for cls in (
     TurnStart, TurnEnd, StepStart, StepEnd, UserMessageEvent, RequestHeader, InstructionsChanged, AssistantChunk,
-    AssistantMessageEvent, ToolCall, ToolResultEvent, InboxSpliced, LogDamaged, LogRepaired)}
+    AssistantMessageEvent, ToolCall, ToolResultEvent, InboxSpliced, LogDamaged, LogRepaired, DecisionRequested,
+    DecisionResolved)}
 
 
 def view(event: EventLike) -> EventView:
