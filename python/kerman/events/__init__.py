@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, Mapping
 
 from .._core import Event
+from ._decisions import DecisionRequested, DecisionResolved
 from ._types import (
     AssistantChunk,
     AssistantMessageEvent,
@@ -38,7 +39,6 @@ from ._types import (
     TurnStart,
     UserMessageEvent,
 )
-from ._decisions import DecisionRequested, DecisionResolved
 from ._values import (
     Block,
     Cause,
