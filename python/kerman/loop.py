@@ -235,6 +235,7 @@ class AgentLoop:
             raise LoopError(f"session {log.id!r} already has an AgentLoop running turn {earlier.turn} in this process "
                             f"({earlier!r}); stop it with its cancel() (or await its aclose()) before creating another")
         earlier._inbox.close()
+        earlier._disarm_expiry()  # the waiting turn, if any, is this loop's now
         earlier._successor = weakref.ref(self)
         earlier._owns_log = False  # the log is this loop's now: the earlier one's aclose() leaves it open
 
@@ -462,7 +463,8 @@ class AgentLoop:
         here = _current_loop()
         if self._event_loop is None:
             if here is None:
-                return  # no event loop: the step resumes at the next wake()
+                self._set_status("idle")  # no event loop: the step resumes at the next wake()
+                return
             self._bind(here)
         elif here is not self._event_loop:
             self._call_on_loop(self._resume_held)
@@ -486,7 +488,7 @@ class AgentLoop:
 
     def _expire_due(self) -> None:
         self._expiry = None
-        if self._status != "waiting" or self._log.closed:
+        if self._status != "waiting" or self._log.closed or self._inbox.closed:
             return
         self._core.expire()
         if self._core.waiting:

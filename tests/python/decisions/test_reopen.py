@@ -60,3 +60,51 @@ def test_a_pending_decision_survives_reopening_the_session(store: Any) -> None:
     asyncio.run(second(sid, decision_id))
     assert ran == [4]
     assert requests == [1, 2]  # one more request: the step after the result
+
+
+def test_decided_outside_async_code_the_step_resumes_at_the_next_wake(tmp_path: Any) -> None:
+    """A script that reopens a waiting session and decides before any event loop runs: the
+    decision is logged at once, and the step goes on at the next ``wake()``."""
+    import kerman
+
+    store = kerman.FileStore(tmp_path / "s", durability="none")
+    ran: List[int] = []
+
+    def build(log: Any, *replies: ModelReply) -> AgentLoop:
+        replies_left = list(replies)
+
+        async def model(request: Any) -> Any:
+            return replies_left.pop(0)
+
+        loop = AgentLoop(model, log=log)
+
+        @loop.tool(needs_approval=True)
+        async def pay(amount: int) -> str:
+            """Pays."""
+            ran.append(amount)
+            return "paid"
+
+        return loop
+
+    async def first() -> None:
+        with store.create("s") as log:
+            call = {"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}
+            loop = build(log, ModelReply([call]))
+            loop.followup("pay")
+            await loop.when_idle()
+            await loop.aclose()
+
+    asyncio.run(first())
+    with store.open("s") as log:
+        loop = build(log, ModelReply("done"))
+        [pending] = loop.decisions
+        assert loop.decide(pending.decision_id, kerman.Approve()) is True
+        assert loop.status == "idle" and loop.decisions == []
+        assert ran == []
+
+        async def resume() -> None:
+            assert loop.wake() is True
+            await loop.when_idle()
+
+        asyncio.run(resume())
+        assert ran == [5]
