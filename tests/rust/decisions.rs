@@ -461,3 +461,82 @@ fn a_gate_cancelled_by_an_abort_gives_every_call_its_aborted_result() {
     assert_eq!(h.results().len(), 2);
     assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "aborted");
 }
+
+/// A small deterministic generator (xorshift), so the property below needs no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn property_any_mix_of_asks_and_decisions_in_any_order_keeps_the_invariants() {
+    for seed in 1..=300u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let n = 1 + rng.below(6);
+        // Which calls ask; of the others, index 4 is denied by the gate and the rest run.
+        let asks: Vec<bool> = (0..n).map(|_| rng.below(2) == 0).collect();
+        let asks_for_gate = asks.clone();
+        let gate: GateFn = Box::new(move |index, _, _| match (asks_for_gate[index], index) {
+            (true, _) => Gate::Ask(Ask::default()),
+            (false, 4) => Gate::Deny(None),
+            _ => Gate::Run,
+        });
+        let calls: Vec<(String, String, String)> = (0..n).map(|i| (format!("c{i}"), "t".to_string(), format!(r#"{{"i":{i}}}"#))).collect();
+        let refs: Vec<(&str, &str, &str)> = calls.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+        // What each call should run with: its own arguments unless a gate or a person says else.
+        let mut expected: Vec<Option<String>> =
+            calls.iter().enumerate().map(|(i, (_, _, args))| (!asks[i] && i != 4).then(|| args.clone())).collect();
+        let h = Host::new(Some(gate)).reply(&refs);
+        let effect = h.turn("go");
+        let asked = asks.iter().filter(|a| **a).count();
+        if asked == 0 {
+            assert_eq!(effect, Effect::Finished, "seed {seed}");
+        } else {
+            assert_eq!(effect, Effect::AwaitDecisions, "seed {seed}");
+            assert!(h.ran.borrow().is_empty(), "seed {seed}: nothing of a waiting step runs");
+            let pending = decisions::pending(&h.log);
+            assert_eq!(pending.len(), asked, "seed {seed}");
+            let mut order: Vec<usize> = (0..asked).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            for (done, &k) in order.iter().enumerate() {
+                let request = &pending[k];
+                let key = format!("key-{k}");
+                let (decision, runs) = match rng.below(3) {
+                    0 => (Decide::Approve, Some(request.arguments.clone())),
+                    1 => (Decide::Deny(Some("no".into())), None),
+                    _ => (Decide::Edit(json!({"edited": k})), Some(format!(r#"{{"edited":{k}}}"#))),
+                };
+                expected[request.index] = runs;
+                let decided = h.decide(&request.decision_id, decision.clone(), Some(&key)).unwrap();
+                assert_eq!(decided.ready, done + 1 == asked, "seed {seed}");
+                // The same key again is applied once; another key is refused.
+                assert!(h.decide(&request.decision_id, decision, Some(&key)).unwrap().duplicate, "seed {seed}");
+                assert_eq!(h.decide(&request.decision_id, Decide::Approve, Some("other")).unwrap_err().reason(), "resolved");
+                if done + 1 < asked {
+                    assert_eq!(h.resume(), None, "seed {seed}: the step resumes only once every request is resolved");
+                }
+            }
+            assert_eq!(h.of("decision/resolved").len(), asked, "seed {seed}: each request resolved exactly once");
+            assert_eq!(h.resume(), Some(Effect::Finished), "seed {seed}");
+        }
+        // Exactly the decided (or gated) arguments ran, each call at most once, in call order.
+        let want: Vec<(String, String)> =
+            calls.iter().zip(&expected).filter_map(|((id, _, _), args)| args.clone().map(|a| (id.clone(), a))).collect();
+        assert_eq!(*h.ran.borrow(), want, "seed {seed}");
+        assert_eq!(*h.requests.borrow(), 2, "seed {seed}: the model is asked twice: the calls, then after the results");
+        assert_eq!(h.of("tool/result").len(), n, "seed {seed}: every call has exactly one result");
+        assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed", "seed {seed}");
+    }
+}
