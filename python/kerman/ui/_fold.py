@@ -15,7 +15,9 @@ The rules that are the fold's, not a protocol's:
   end and a turn's end close whatever part is open (a retried request streams a new part);
 * a reply that was not streamed shows its reasoning, then its text, whole;
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
-  announces the call first, with the name and arguments its assistant message gave.
+  announces the call first, with the name and arguments its assistant message gave;
+* a decision request and its resolution are told as they come (docs/decisions.md); the AG-UI
+  and Vercel projections do not map them yet.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ class Sink:
 
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         """A turn ended; ``turn`` is the turn that was open (else the end's own)."""
+
+    def decision_requested(self, request: events.DecisionRequested) -> None:
+        """A tool call waits for a person (docs/decisions.md); the turn waits with it."""
+
+    def decision_resolved(self, resolution: events.DecisionResolved) -> None:
+        """A pending request was resolved (approved, denied, edited, answered, expired or
+        cancelled)."""
 
 
 class UiFold:
@@ -200,6 +209,12 @@ class UiFold:
         self.sink.tool_answered(view.seq, call_id, view.message.id or f"result-{view.seq}", view.text, view.is_error,
                                 error.raw if error is not None else None)
 
+    def _decision_requested(self, view: events.DecisionRequested) -> None:
+        self.sink.decision_requested(view)
+
+    def _decision_resolved(self, view: events.DecisionResolved) -> None:
+        self.sink.decision_resolved(view)
+
     def _turn_end(self, view: events.TurnEnd) -> None:
         self._close_open()
         turn = self.turn if self.turn is not None else view.turn
@@ -223,4 +238,6 @@ _HANDLERS: Dict[str, Tuple[Any, Any]] = {cls.TYPE: (cls, handler) for cls, handl
     (events.ToolCall, UiFold._tool_call),
     (events.ToolResultEvent, UiFold._tool_result),
     (events.TurnEnd, UiFold._turn_end),
+    (events.DecisionRequested, UiFold._decision_requested),
+    (events.DecisionResolved, UiFold._decision_resolved),
 )}
