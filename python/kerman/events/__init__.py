@@ -100,6 +100,8 @@ TYPES: Dict[str, type[EventView]] = {cls.TYPE: cls for cls in (
 def view(event: EventLike) -> EventView:
     """The typed view of ``event`` (a ``kerman.Event`` or its ``to_dict()`` form): the class
     ``TYPES`` names for its type, ``OtherEvent`` for any other type."""
+    if event.__class__ is Event:  # the common case first: one class check, no ABC lookup
+        return TYPES.get(event.type, OtherEvent)(event)
     if isinstance(event, Event):
         kind = event.type
     elif isinstance(event, Mapping):

@@ -72,12 +72,14 @@ class Source(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        return _str(self.raw.get("kind"))
+        value = self.raw.get("kind")
+        return value if value.__class__ is str else None
 
     @property
     def call_id(self) -> Optional[str]:
         """The call a tool result answers (source ``{kind: "tool", callId}``)."""
-        return _str(self.raw.get("callId"))
+        value = self.raw.get("callId")
+        return value if value.__class__ is str else None
 
 
 class Block(JsonObject):
@@ -88,7 +90,8 @@ class Block(JsonObject):
 
     @property
     def type(self) -> Optional[str]:
-        return _str(self.raw.get("type"))
+        value = self.raw.get("type")
+        return value if value.__class__ is str else None
 
 
 class TextBlock(Block):
@@ -98,7 +101,8 @@ class TextBlock(Block):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ReasoningBlock(Block):
@@ -108,7 +112,8 @@ class ReasoningBlock(Block):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ToolCallBlock(Block):
@@ -124,7 +129,8 @@ class ToolCallBlock(Block):
 
     @property
     def name(self) -> str:
-        return _str(self.raw.get("name")) or ""
+        value = self.raw.get("name")
+        return value if value.__class__ is str else ""
 
     @property
     def arguments(self) -> Any:
@@ -139,7 +145,8 @@ class ToolResultBlock(Block):
 
     @property
     def tool_call_id(self) -> Optional[str]:
-        return _str(self.raw.get("toolCallId"))
+        value = self.raw.get("toolCallId")
+        return value if value.__class__ is str else None
 
     @property
     def content(self) -> List[Block]:
@@ -182,20 +189,24 @@ class MessageView(JsonObject):
     __slots__ = ("_blocks",)
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        super().__init__(raw)
+        # JsonObject's, inline: a view is built per event, and a super() call costs as much
+        self.raw = raw if raw.__class__ is dict else dict(raw)
         self._blocks: Optional[List[Block]] = None
 
     @property
     def id(self) -> str:
-        return _str(self.raw.get("id")) or ""
+        value = self.raw.get("id")
+        return value if value.__class__ is str else ""
 
     @property
     def role(self) -> Optional[str]:
-        return _str(self.raw.get("role"))
+        value = self.raw.get("role")
+        return value if value.__class__ is str else None
 
     @property
     def source(self) -> Source:
-        return Source(_dict(self.raw.get("source")))
+        value = self.raw.get("source")
+        return Source(value if value.__class__ is dict else _EMPTY)
 
     @property
     def content(self) -> List[Block]:
@@ -205,6 +216,14 @@ class MessageView(JsonObject):
             value = self.raw.get("content")
             blocks = self._blocks = [block(b) for b in value if isinstance(b, dict)] if isinstance(value, list) else []
         return blocks
+
+    def _blocks_of(self, kind: str) -> List[Dict[str, Any]]:
+        """The raw blocks of one type: the accessors below read these rather than building a
+        view of every block."""
+        value = self.raw.get("content")
+        if not isinstance(value, list):
+            return []
+        return [b for b in value if isinstance(b, dict) and b.get("type") == kind]
 
     @property
     def text(self) -> str:
@@ -217,17 +236,22 @@ class MessageView(JsonObject):
     @property
     def reasoning(self) -> str:
         """The reasoning blocks' text joined by newlines."""
-        return "\n".join(b.text for b in self.content if isinstance(b, ReasoningBlock))
+        return "\n".join(text if (text := b.get("text")).__class__ is str else "" for b in self._blocks_of("reasoning"))
 
     @property
     def tool_calls(self) -> List[ToolCallBlock]:
         """The tool-call blocks, in order."""
-        return [b for b in self.content if isinstance(b, ToolCallBlock)]
+        return [ToolCallBlock(b) for b in self._blocks_of("tool-call")]
 
     @property
     def tool_result(self) -> Optional[ToolResultBlock]:
         """The first tool-result block (a tool result message has exactly one)."""
-        return next((b for b in self.content if isinstance(b, ToolResultBlock)), None)
+        value = self.raw.get("content")
+        if isinstance(value, list):
+            for b in value:
+                if isinstance(b, dict) and b.get("type") == "tool-result":
+                    return ToolResultBlock(b)
+        return None
 
 
 def message(value: Any) -> MessageView:
@@ -250,54 +274,65 @@ class Failure(JsonObject):
 
     @property
     def message(self) -> str:
-        return _str(self.raw.get("message")) or ""
+        value = self.raw.get("message")
+        return value if value.__class__ is str else ""
 
     @property
     def code(self) -> Optional[str]:
         """``"UNKNOWN"``, ``"TOOL_ERROR"``, ``"INVALID_ARGUMENTS"``, a provider's code, ..."""
-        return _str(self.raw.get("code"))
+        value = self.raw.get("code")
+        return value if value.__class__ is str else None
 
     @property
     def name(self) -> Optional[str]:
         """A tool error's exception class (``ValueError``, ``CancelledError``, ...)."""
-        return _str(self.raw.get("name"))
+        value = self.raw.get("name")
+        return value if value.__class__ is str else None
 
     @property
     def exception_type(self) -> Optional[str]:
         """A failed turn's exception class, when an exception caused it."""
-        return _str(self.raw.get("exceptionType"))
+        value = self.raw.get("exceptionType")
+        return value if value.__class__ is str else None
 
     @property
     def function(self) -> Optional[str]:
         """The qualified name of the user function the exception came out of."""
-        return _str(self.raw.get("function"))
+        value = self.raw.get("function")
+        return value if value.__class__ is str else None
 
     @property
     def traceback(self) -> Optional[str]:
-        return _str(self.raw.get("traceback"))
+        value = self.raw.get("traceback")
+        return value if value.__class__ is str else None
 
     @property
     def status(self) -> Optional[int]:
         """A provider's HTTP status."""
-        return _int(self.raw.get("status"))
+        value = self.raw.get("status")
+        return value if value.__class__ is int else None
 
     @property
     def retry_after_ms(self) -> Optional[int]:
-        return _int(self.raw.get("retryAfterMs"))
+        value = self.raw.get("retryAfterMs")
+        return value if value.__class__ is int else None
 
     @property
     def request_id(self) -> Optional[str]:
-        return _str(self.raw.get("requestId"))
+        value = self.raw.get("requestId")
+        return value if value.__class__ is str else None
 
     @property
     def call_id(self) -> Optional[str]:
         """A tool bug's call id."""
-        return _str(self.raw.get("callId"))
+        value = self.raw.get("callId")
+        return value if value.__class__ is str else None
 
     @property
     def tool(self) -> Optional[str]:
         """A tool bug's tool name."""
-        return _str(self.raw.get("tool"))
+        value = self.raw.get("tool")
+        return value if value.__class__ is str else None
 
 
 class Cause(JsonObject):
@@ -308,11 +343,13 @@ class Cause(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        return _str(self.raw.get("kind"))
+        value = self.raw.get("kind")
+        return value if value.__class__ is str else None
 
     @property
     def reason(self) -> Optional[str]:
-        return _str(self.raw.get("reason"))
+        value = self.raw.get("reason")
+        return value if value.__class__ is str else None
 
 
 class Ending(JsonObject):
@@ -324,7 +361,8 @@ class Ending(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        return _str(self.raw.get("kind"))
+        value = self.raw.get("kind")
+        return value if value.__class__ is str else None
 
     @property
     def error(self) -> Optional[Failure]:
@@ -341,7 +379,8 @@ class Ending(JsonObject):
     @property
     def blocked_reason(self) -> Optional[str]:
         """The reason a ``pre_step`` listener gave to ``Reject`` (``blocked``)."""
-        return _str(self.raw.get("reason"))
+        value = self.raw.get("reason")
+        return value if value.__class__ is str else None
 
 
 class Usage(JsonObject):
@@ -351,7 +390,8 @@ class Usage(JsonObject):
     __slots__ = ()
 
     def _count(self, key: str) -> int:
-        return _int(self.raw.get(key)) or 0
+        value = self.raw.get(key)
+        return value if value.__class__ is int else 0
 
     @property
     def input(self) -> int:
@@ -386,7 +426,8 @@ class Chunk(JsonObject):
 
     @property
     def type(self) -> Optional[str]:
-        return _str(self.raw.get("type"))
+        value = self.raw.get("type")
+        return value if value.__class__ is str else None
 
 
 class TextDelta(Chunk):
@@ -396,7 +437,8 @@ class TextDelta(Chunk):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ReasoningDelta(Chunk):
@@ -406,7 +448,8 @@ class ReasoningDelta(Chunk):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ToolCallChunk(Chunk):
@@ -416,11 +459,13 @@ class ToolCallChunk(Chunk):
 
     @property
     def id(self) -> str:
-        return _str(self.raw.get("id")) or ""
+        value = self.raw.get("id")
+        return value if value.__class__ is str else ""
 
     @property
     def name(self) -> str:
-        return _str(self.raw.get("name")) or ""
+        value = self.raw.get("name")
+        return value if value.__class__ is str else ""
 
     @property
     def arguments(self) -> Any:
@@ -445,7 +490,8 @@ class FinishChunk(Chunk):
 
     @property
     def reason(self) -> Optional[str]:
-        return _str(self.raw.get("reason"))
+        value = self.raw.get("reason")
+        return value if value.__class__ is str else None
 
     @property
     def error(self) -> Optional[Failure]:
