@@ -104,7 +104,7 @@ def view(event: EventLike) -> EventView:
         return TYPES.get(event.type, OtherEvent)(event)
     if isinstance(event, Event):
         kind = event.type
-    elif isinstance(event, Mapping):
+    elif event.__class__ is dict or isinstance(event, Mapping):  # a dict skips the ABC's subclass check
         value = event.get("type")
         if not isinstance(value, str) or "seq" not in event:
             raise TypeError(f"expected a kerman.Event or an event dict with seq, type and data, got {event!r:.80}")
