@@ -35,6 +35,7 @@ class AgUiProjection(Projection, f.Sink):
         self._snapshot_sent = False
         self._time = 0
         self._out: List[JsonDict] = []
+        self._part = (-1, "")  # the open text part's seq and message id: each delta reuses the id
 
     def _ev(self, type: str, **fields: Any) -> JsonDict:
         # The per-chunk parts below (step bounds, streamed deltas) write their dict whole
@@ -91,7 +92,10 @@ class AgUiProjection(Projection, f.Sink):
 
     def part_delta(self, kind: str, seq: int, text: str) -> None:
         if kind == "text":
-            self._out.append({"type": "TEXT_MESSAGE_CONTENT", "timestamp": self._time, "messageId": f"msg-{seq}", "delta": text})
+            part = self._part
+            if part[0] != seq:
+                part = self._part = (seq, f"msg-{seq}")
+            self._out.append({"type": "TEXT_MESSAGE_CONTENT", "timestamp": self._time, "messageId": part[1], "delta": text})
         else:
             self._out.append({"type": "REASONING_MESSAGE_CONTENT", "timestamp": self._time, "messageId": f"reasoning-{seq}",
                               "delta": text})
