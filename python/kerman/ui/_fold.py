@@ -188,7 +188,8 @@ class UiFold:
     def _assistant_message(self, view: events.AssistantMessageEvent) -> None:
         self._close_open()
         message = view.message
-        self._parent = message.id or None
+        message_id = message.id
+        self._parent = message_id or None
         for call in message.tool_calls:
             self._calls[call.id] = (call.name, call.arguments)
         if not self._streamed:  # a whole reply: its reasoning and text at once
@@ -197,7 +198,7 @@ class UiFold:
                 self.sink.whole_reasoning(view.seq, reasoning)
             text = message.text
             if text:
-                self.sink.whole_text(view.seq, message.id, text)
+                self.sink.whole_text(view.seq, message_id, text)
         self._streamed = False
 
     def _announce(self, call_id: str, name: str, arguments: Any) -> None:
