@@ -16,6 +16,9 @@ from ._values import (
     OtherChunk,
     ToolResultBlock,
     Usage,
+    _dict,
+    _int,
+    _str,
     message,
 )
 
@@ -91,7 +94,8 @@ class EventView:
     def _field(self, key: str) -> Any:
         # The fields a UI reads of every event (turn, step, chunk, message, the splice's) repeat
         # these lines inline instead: a UI folds each event of a stream, and a call per field
-        # read was a measurable part of that (docs/performance.md, "Typed views").
+        # read is a measurable part of that (docs/performance.md, "The UI projections and the
+        # typed views").
         data = self._data
         if data is _UNSET:
             data = self._data = self._source.data
@@ -210,13 +214,11 @@ class RequestHeader(EventView):
 
     @property
     def options(self) -> Dict[str, Any]:
-        value = self._field("options")
-        return value if value.__class__ is dict else _EMPTY
+        return _dict(self._field("options"))
 
     @property
     def instructions(self) -> Optional[str]:
-        value = self._field("instructions")
-        return value if value.__class__ is str else None
+        return _str(self._field("instructions"))
 
 
 class InstructionsChanged(EventView):
@@ -228,8 +230,7 @@ class InstructionsChanged(EventView):
 
     @property
     def instructions(self) -> Optional[str]:
-        value = self._field("instructions")
-        return value if value.__class__ is str else None
+        return _str(self._field("instructions"))
 
 
 class AssistantChunk(_Step):
@@ -428,8 +429,7 @@ class LogDamaged(EventView):
 
     @property
     def backup(self) -> Optional[str]:
-        value = self._field("backup")
-        return value if value.__class__ is str else None
+        return _str(self._field("backup"))
 
 
 class LogRepaired(EventView):
@@ -441,13 +441,11 @@ class LogRepaired(EventView):
 
     @property
     def backup(self) -> Optional[str]:
-        value = self._field("backup")
-        return value if value.__class__ is str else None
+        return _str(self._field("backup"))
 
     @property
     def quarantine(self) -> Optional[str]:
-        value = self._field("quarantine")
-        return value if value.__class__ is str else None
+        return _str(self._field("quarantine"))
 
     @property
     def dropped(self) -> List[JsonObject]:
@@ -462,8 +460,7 @@ class LogRepaired(EventView):
 
     @property
     def torn_tail_bytes(self) -> int:
-        value = self._field("tornTailBytes")
-        return value if value.__class__ is int else 0
+        return _int(self._field("tornTailBytes")) or 0
 
 
 class OtherEvent(EventView):

@@ -90,8 +90,7 @@ class Block(JsonObject):
 
     @property
     def type(self) -> Optional[str]:
-        value = self.raw.get("type")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("type"))
 
 
 class TextBlock(Block):
@@ -101,8 +100,7 @@ class TextBlock(Block):
 
     @property
     def text(self) -> str:
-        value = self.raw.get("text")
-        return value if value.__class__ is str else ""
+        return _str(self.raw.get("text")) or ""
 
 
 class ReasoningBlock(Block):
@@ -112,8 +110,7 @@ class ReasoningBlock(Block):
 
     @property
     def text(self) -> str:
-        value = self.raw.get("text")
-        return value if value.__class__ is str else ""
+        return _str(self.raw.get("text")) or ""
 
 
 class ToolCallBlock(Block):
@@ -200,8 +197,7 @@ class MessageView(JsonObject):
 
     @property
     def role(self) -> Optional[str]:
-        value = self.raw.get("role")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("role"))
 
     @property
     def source(self) -> Source:
@@ -286,53 +282,44 @@ class Failure(JsonObject):
     @property
     def name(self) -> Optional[str]:
         """A tool error's exception class (``ValueError``, ``CancelledError``, ...)."""
-        value = self.raw.get("name")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("name"))
 
     @property
     def exception_type(self) -> Optional[str]:
         """A failed turn's exception class, when an exception caused it."""
-        value = self.raw.get("exceptionType")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("exceptionType"))
 
     @property
     def function(self) -> Optional[str]:
         """The qualified name of the user function the exception came out of."""
-        value = self.raw.get("function")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("function"))
 
     @property
     def traceback(self) -> Optional[str]:
-        value = self.raw.get("traceback")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("traceback"))
 
     @property
     def status(self) -> Optional[int]:
         """A provider's HTTP status."""
-        value = self.raw.get("status")
-        return value if value.__class__ is int else None
+        return _int(self.raw.get("status"))
 
     @property
     def retry_after_ms(self) -> Optional[int]:
-        value = self.raw.get("retryAfterMs")
-        return value if value.__class__ is int else None
+        return _int(self.raw.get("retryAfterMs"))
 
     @property
     def request_id(self) -> Optional[str]:
-        value = self.raw.get("requestId")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("requestId"))
 
     @property
     def call_id(self) -> Optional[str]:
         """A tool bug's call id."""
-        value = self.raw.get("callId")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("callId"))
 
     @property
     def tool(self) -> Optional[str]:
         """A tool bug's tool name."""
-        value = self.raw.get("tool")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("tool"))
 
 
 class Cause(JsonObject):
@@ -343,13 +330,11 @@ class Cause(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        value = self.raw.get("kind")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("kind"))
 
     @property
     def reason(self) -> Optional[str]:
-        value = self.raw.get("reason")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("reason"))
 
 
 class Ending(JsonObject):
@@ -379,8 +364,7 @@ class Ending(JsonObject):
     @property
     def blocked_reason(self) -> Optional[str]:
         """The reason a ``pre_step`` listener gave to ``Reject`` (``blocked``)."""
-        value = self.raw.get("reason")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("reason"))
 
 
 class Usage(JsonObject):
@@ -426,8 +410,7 @@ class Chunk(JsonObject):
 
     @property
     def type(self) -> Optional[str]:
-        value = self.raw.get("type")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("type"))
 
 
 class TextDelta(Chunk):
@@ -490,8 +473,7 @@ class FinishChunk(Chunk):
 
     @property
     def reason(self) -> Optional[str]:
-        value = self.raw.get("reason")
-        return value if value.__class__ is str else None
+        return _str(self.raw.get("reason"))
 
     @property
     def error(self) -> Optional[Failure]:

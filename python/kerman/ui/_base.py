@@ -201,7 +201,8 @@ _new = object.__new__
 def _ui_event(seq: int, index: int, last: bool, data: JsonDict) -> UiEvent:
     """``UiEvent(seq, index, last, data)``, filled as its generated ``__init__`` fills it but
     without four ``object.__setattr__`` calls: one is made per protocol event, and that
-    ``__init__`` cost more than folding the log event (docs/performance.md, "Typed views")."""
+    ``__init__`` cost more than folding the log event (docs/performance.md, "The UI
+    projections and the typed views")."""
     event = _new(UiEvent)
     fields = event.__dict__
     fields["seq"] = seq
