@@ -107,9 +107,11 @@ TYPES: Dict[str, type[EventView]] = {cls.TYPE: cls for cls in (
 def view(event: EventLike) -> EventView:
     """The typed view of ``event`` (a ``kerman.Event`` or its ``to_dict()`` form): the class
     ``TYPES`` names for its type, ``OtherEvent`` for any other type."""
+    if event.__class__ is Event:  # the common case first: one class check, no ABC lookup
+        return TYPES.get(event.type, OtherEvent)(event)
     if isinstance(event, Event):
         kind = event.type
-    elif isinstance(event, Mapping):
+    elif event.__class__ is dict or isinstance(event, Mapping):  # a dict skips the ABC's subclass check
         value = event.get("type")
         if not isinstance(value, str) or "seq" not in event:
             raise TypeError(f"expected a kerman.Event or an event dict with seq, type and data, got {event!r:.80}")
