@@ -786,6 +786,10 @@ class AgentLoop:
             self._disarm_expiry()
             if self._event_loop is not None and not self._event_loop.is_closed():
                 self._start_driver(abort=reason)
+            else:
+                # No event loop: the step resumes at the next wake(), aborted (the core reads
+                # the cancelled requests from the log).
+                self._set_status("idle")
         elif self._status == "running" and self._core.abort(reason):
             self._core.signal._abort(reason)
             task = self._task

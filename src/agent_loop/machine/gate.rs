@@ -15,6 +15,7 @@
 use super::{Ctx, Effect, Fault, Machine, Raised, RaisedKind, Wait};
 use crate::agent_loop::decisions::{self, Request, RequestKind, Resolved};
 use crate::agent_loop::events;
+use crate::agent_loop::failure::{AbortCause, AbortKind};
 use crate::agent_loop::tools::{Outcome, ToolPlan};
 use crate::agent_loop::CoreError;
 
@@ -197,10 +198,17 @@ impl Machine {
         machine.turn = held.turn;
         machine.step = held.step;
         machine.step_open = true;
+        // A step whose requests were cancelled resumes aborted, whoever resumes it: the process
+        // that cancelled (its own cause, set first, wins) or one that reads the log later.
+        let cancelled =
+            (0..held.calls.len()).any(|index| matches!(held.decision_for(index), Some((_, Some(r))) if r.outcome == Resolved::Cancelled));
         {
             let mut state = ctx.shared.state();
             state.turn = held.turn;
             state.step = held.step;
+            if cancelled {
+                state.abort(AbortCause::new(AbortKind::User));
+            }
         }
         let verdicts = held
             .calls

@@ -108,3 +108,57 @@ def test_decided_outside_async_code_the_step_resumes_at_the_next_wake(tmp_path: 
 
         asyncio.run(resume())
         assert ran == [5]
+
+
+def test_cancelled_outside_async_code_the_turn_ends_aborted_at_the_next_wake(tmp_path: Any) -> None:
+    """A script that reopens a waiting session and cancels it before any event loop runs: the
+    requests are logged ``cancelled`` at once, and at the next ``wake()`` the turn ends as a
+    cancel ends it (aborted, every call aborted before dispatch) without asking the model again."""
+    import kerman
+
+    store = kerman.FileStore(tmp_path / "s", durability="none")
+    ran: List[int] = []
+    requests: List[int] = []
+
+    def build(log: Any, *replies: ModelReply) -> AgentLoop:
+        replies_left = list(replies)
+
+        async def model(request: Any) -> Any:
+            requests.append(1)
+            return replies_left.pop(0)
+
+        loop = AgentLoop(model, log=log)
+
+        @loop.tool(needs_approval=True)
+        async def pay(amount: int) -> str:
+            """Pays."""
+            ran.append(amount)
+            return "paid"
+
+        return loop
+
+    async def first() -> None:
+        with store.create("s") as log:
+            call = {"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}
+            loop = build(log, ModelReply([call]))
+            loop.followup("pay")
+            await loop.when_idle()
+            await loop.aclose()
+
+    asyncio.run(first())
+    with store.open("s") as log:
+        loop = build(log, ModelReply("never asked"))
+        assert loop.status == "waiting"
+        loop.cancel()
+        assert loop.status == "idle"
+
+        async def resume() -> None:
+            assert loop.wake() is True
+            await loop.when_idle()
+
+        asyncio.run(resume())
+        assert ran == [] and requests == [1]
+        kinds = {e.type: e.data for e in log.events()}
+        assert kinds["decision/resolved"]["outcome"] == "cancelled"
+        assert kinds["turn/end"]["reason"] == {"kind": "aborted", "reason": {"kind": "user"}}, kinds["turn/end"]
+        assert loop.status == "idle" and loop.decisions == []
