@@ -16,8 +16,9 @@ The rules that are the fold's, not a protocol's:
 * a reply that was not streamed shows its reasoning, then its text, whole;
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
   announces the call first, with the name and arguments its assistant message gave;
-* a decision request and its resolution are told as they come (docs/decisions.md); the AG-UI
-  and Vercel projections do not map them yet.
+* a decision request and its resolution are told as they come (docs/decisions.md);
+  ``step_calls`` (the number of calls the step's assistant message asked for) lets a sink tell
+  the request of a step's last call, after which the step is known to wait.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class UiFold:
         self._parent: Optional[str] = None  # the last assistant message, for tool calls
         self._calls: Dict[str, Tuple[str, Any]] = {}  # call id -> (name, arguments) of this turn's tool-call blocks
         self._announced: set[str] = set()
+        self.step_calls = 0  # tool calls of the last assistant message
 
     def feed(self, event: EventLike) -> bool:
         """Tells the sink the parts ``event`` gives; whether it is a type UIs show (for any
@@ -182,7 +184,9 @@ class UiFold:
         self._close_open()
         message = view.message
         self._parent = message.id or None
-        for call in message.tool_calls:
+        calls = message.tool_calls
+        self.step_calls = len(calls)
+        for call in calls:
             self._calls[call.id] = (call.name, call.arguments)
         if not self._streamed:  # a whole reply: its reasoning and text at once
             if message.reasoning:
