@@ -365,3 +365,53 @@ def test_vercel_shows_approval_requests_and_denials(tmp_path):
                          (ids["d4"], "pending"), (ids["d4"], "denied")]
     denied = [d for d in parts if d["type"] == "data-decision" and d["data"]["status"] == "denied"][0]
     assert denied["data"]["resolution"]["reason"] == "too much" and denied["data"]["note"] == "move 7000?"
+
+
+def test_a_question_cancelled_while_waiting():
+    """A request with a schema is a ``tool_answer`` interrupt with its ``responseSchema`` and no
+    Vercel approval part; a cancel while waiting resumes with a ``cancelled`` entry, the run ends
+    cancelled, and the Vercel stream shows the aborted result (not a denial)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+    async def main():
+        loop = kerman.AgentLoop(kerman.models.ScriptedModel([kerman.ModelReply(
+            [{"type": "tool-call", "id": "q1", "name": "where", "arguments": "{}"}])]))
+
+        @loop.tool
+        async def where() -> str:
+            """Asks where."""
+            return "never"
+
+        @loop.before_tool
+        async def gate(call, next):
+            return kerman.Ask(note="which city?", schema=schema)
+
+        loop.followup("book a hotel")
+        await loop.when_idle()
+        assert loop.status == "waiting"
+        loop.cancel()
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    [request] = [e for e in events if e.type == "decision/requested"]
+    data = [u.data for u in agui(events, thread_id="t")]
+    for d in data:
+        check_agui_event(d)
+    ends = [d for d in data if d["type"] in ("RUN_STARTED", "RUN_FINISHED")]
+    assert [(d["type"], d["runId"]) for d in ends] == [("RUN_STARTED", "turn-1"), ("RUN_FINISHED", "turn-1"),
+                                                       ("RUN_STARTED", "turn-1.1"), ("RUN_FINISHED", "turn-1.1")]
+    [interrupt] = ends[1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "tool_answer" and interrupt["responseSchema"] == schema
+    assert interrupt["message"] == "which city?" and interrupt["id"] == request.data["decisionId"]
+    [entry] = ends[2]["input"]["resume"]
+    assert entry["status"] == "cancelled" and "payload" not in entry and entry["metadata"]["kerman"]["outcome"] == "cancelled"
+    assert ends[3]["outcome"] == {"type": "cancelled"}
+    parts = [u.data for u in vercel(events)]
+    for d in parts:
+        check_vercel_part(d)
+    kinds = [d["type"] for d in parts if d["type"].startswith("tool-")]
+    assert kinds == ["tool-input-available", "tool-output-error"]
+    assert [d["data"]["status"] for d in parts if d["type"] == "data-decision"] == ["pending", "cancelled"]
