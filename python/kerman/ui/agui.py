@@ -51,6 +51,7 @@ class AgUiProjection(Projection, f.Sink):
 
     def feed(self, event: EventLike) -> List[JsonDict]:
         out = self._out = []
+        kind: Any
         if event.__class__ is Event:
             self._time = event.time  # type: ignore[union-attr]
             kind = event.type  # type: ignore[union-attr]
