@@ -8,6 +8,7 @@ import asyncio
 import getpass
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -257,3 +258,59 @@ def test_a_resumed_session_asks_its_pending_question_and_takes_the_answer(tmp_pa
     [resolved] = logged(tmp_path, session, "decision/resolved")
     assert resolved.data["outcome"] == "answered" and resolved.data["value"] == 2
     assert tool_messages(server, 1)[0]["content"] == "2"
+
+
+def test_ctrl_c_while_asked_cancels_the_turn(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
+    server.add(Reply(tool_calls=[transfer_call()]))
+    child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer")
+    child.expect("> ")
+    child.sendline("move the money")
+    child.expect("approve\\? y/n/e> ")
+    child.sendintr()
+    child.expect("✗ cancelled")
+    child.expect("\\[turn 1 cancelled\\]")
+    child.expect("> ")
+    session = finish(child)
+    assert [r.data["outcome"] for r in logged(tmp_path, session, "decision/resolved")] == ["cancelled"]
+
+
+def test_quit_leaves_the_request_pending_and_a_resumed_chat_asks_it_again(tmp_path: Path, env: Dict[str, str],
+                                                                            server: FakeServer) -> None:
+    server.add(Reply(tool_calls=[transfer_call()]), Reply(text=["Moved."]))
+    child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer")
+    child.expect("> ")
+    child.sendline("move the money")
+    child.expect("approve\\? y/n/e> ")
+    child.sendline("/quit")
+    child.expect("the turn waits for decisions")
+    child.expect("saved · resume: kerman chat --session (\\S+)")
+    session = child.match.group(1)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert logged(tmp_path, session, "decision/resolved") == []
+
+    child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer", "--session", session)
+    child.expect('\\? run transfer\\(\\{"amount": 900\\}\\)\\?')
+    child.expect("approve\\? y/n/e> ")
+    child.sendline("y")
+    child.expect("↳ moved 900")
+    child.expect("Moved.")
+    child.expect("> ")
+    finish(child)
+    assert [r.data["outcome"] for r in logged(tmp_path, session, "decision/resolved")] == ["approved"]
+    assert len(server.requests) == 2  # the model was not asked again for the decided call
+
+
+def test_piped_input_answers_the_question_with_its_next_line(tmp_path: Path, env: Dict[str, str],
+                                                             server: FakeServer) -> None:
+    server.add(Reply(tool_calls=[transfer_call()]), Reply(text=["Moved less."]))
+    script = 'move the money\ne {"amount": 100}\n/quit\n'
+    argv = [sys.executable, "-m", "kerman", "chat", "--store", str(tmp_path / "store"), "--model", "fake-model",
+            "--base-url", server.url, "--api-key-env", "CHAT_KEY", "--tool", "bank_tools:guarded_transfer"]
+    done = subprocess.run(argv, input=script, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert "✎ edited by" in done.stdout and "↳ moved 100" in done.stdout and "Moved less." in done.stdout
+    session = done.stdout.split("resume: kerman chat --session ")[1].split()[0]
+    [resolved] = logged(tmp_path, session, "decision/resolved")
+    assert resolved.data["arguments"] == '{"amount":100}'
