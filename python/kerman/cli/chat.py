@@ -324,6 +324,7 @@ async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, A
 
     loop.on("agent/status", on_status)
     chat.banner(log, model, store)
+    chat.seen = len(log) - 1  # the banner covered what came before; catch_up starts after it
     renderer = asyncio.get_running_loop().create_task(chat.render(len(log)))
     interrupts = _interrupts(chat)
     if loop.status == "waiting":  # a resumed session whose turn waits for decisions

@@ -292,6 +292,7 @@ def test_quit_leaves_the_request_pending_and_a_resumed_chat_asks_it_again(tmp_pa
 
     child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer", "--session", session)
     child.expect('\\? run transfer\\(\\{"amount": 900\\}\\)\\?')
+    assert "⚙" not in child.before  # the banner sums the session up; its events are not shown again
     child.expect("approve\\? y/n/e> ")
     child.sendline("y")
     child.expect("↳ moved 900")
