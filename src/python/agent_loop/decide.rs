@@ -79,6 +79,18 @@ pub(super) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
     })
 }
 
+/// A person's decision as the JSON object `PostgresStore.decide` stages for the session's
+/// owner (`{"kind": "approve"}`, `{"kind": "deny", "reason": …}`, `{"kind": "edit",
+/// "arguments": …}`, `{"kind": "answer", "value": …}`); the owner's loop reads it back.
+pub(crate) fn decision_json(value: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    Ok(match decision(value)? {
+        Decide::Approve => serde_json::json!({"kind": "approve"}),
+        Decide::Deny(reason) => serde_json::json!({"kind": "deny", "reason": reason}),
+        Decide::Edit(arguments) => serde_json::json!({"kind": "edit", "arguments": arguments}),
+        Decide::Answer(value) => serde_json::json!({"kind": "answer", "value": value}),
+    })
+}
+
 /// `kerman.errors.DecisionError(message, reason)`, or the log's own error.
 pub(super) fn decide_err(py: Python<'_>, e: DecideError) -> PyErr {
     match e {
@@ -114,4 +126,12 @@ pub(super) fn request_list<'py>(py: Python<'py>, requests: &[Request]) -> PyResu
         list.append(request_dict(py, r)?)?;
     }
     Ok(list)
+}
+
+/// The requests of session `log` waiting for a person, oldest first, as dicts (the core's fold:
+/// what `loop.decisions` lists), for a process that follows the session without a loop of its
+/// own (`kerman serve` over a PostgresStore, whose workers own the sessions).
+#[pyfunction]
+pub(super) fn pending_decisions<'py>(py: Python<'py>, log: &Bound<'py, super::PySessionLog>) -> PyResult<Bound<'py, PyList>> {
+    request_list(py, &crate::agent_loop::decisions::pending(&log.get().inner))
 }
