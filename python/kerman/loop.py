@@ -66,6 +66,10 @@ LIVE_EVENTS = (
 )
 
 
+# How long a decision from another process waits for the AgentLoop it reached to be built.
+_CONSTRUCTION_WAIT = 5.0
+
+
 def _cause(cause: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
     if isinstance(cause, str):
         if cause not in ("user", "parent", "disposed"):
@@ -158,6 +162,9 @@ class AgentLoop:
         # drops is then freed at once, by reference counting, with whatever its session holds
         # (a 1 MB prompt, say), instead of waiting for a full garbage collection.
         this = weakref.ref(self)
+        # Set once this constructor is done: a decision staged by another process may reach the
+        # inbox (on the store's thread) while it still runs, and waits for it (_remote_decide).
+        self._constructed = threading.Event()
 
         def emit(event: str, **fields: Any) -> None:
             loop = this()
@@ -230,6 +237,7 @@ class AgentLoop:
         self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
         self._last_error: Optional[LiveEvent] = None
         _LOOPS[self._log] = weakref.ref(self)
+        self._constructed.set()
 
     def _take_over(self, log: SessionLog) -> None:
         """An idle AgentLoop of this process over ``log`` gives way to this one (its inbox is
@@ -707,14 +715,14 @@ class AgentLoop:
         """Another process decided a pending request (``PostgresStore.decide``), on the store's
         thread, in order with the staged input around it: applied by :meth:`decide` here and
         now (the step resumes on the loop's event loop once every request of it is decided).
-        (getattr: staged input may be applied before ``__init__`` has finished.)"""
+        A worker taking the session for this decision builds its loop while the staged rows are
+        read: the decision waits (a few seconds at most) for the constructor to finish."""
         decision_id = args.get("decision_id")
 
         def refused(reason: str, detail: str) -> Dict[str, Any]:
             return {"applied": False, "op": "decide", "decision_id": decision_id, "reason": reason, "detail": detail}
 
-        core = getattr(self, "_core", None)
-        if core is None:
+        if not self._constructed.wait(_CONSTRUCTION_WAIT):
             return refused("no-loop", "the session's AgentLoop is not set up yet")
         try:
             outcome = outcome_of(args.get("outcome"))
