@@ -59,7 +59,7 @@ pub(super) fn gate(value: &Bound<'_, PyAny>) -> PyResult<Gate> {
 }
 
 /// A person's decision (`Approve`, `Deny`, `Edit`, `Answer`), by its `kind`.
-pub(super) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
+pub(crate) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
     let py = value.py();
     let kind = value.getattr_opt(intern!(py, "kind"))?.map(|k| k.extract::<String>()).transpose().ok().flatten();
     let json = |attr: &Bound<'_, PyString>| -> PyResult<serde_json::Value> {
@@ -97,6 +97,20 @@ pub(super) fn decide_err(py: Python<'_>, e: DecideError) -> PyErr {
         DecideError::Log(e) => log_err(py, e),
         e => new_err(py, "DecisionError", (e.to_string(), e.reason())),
     }
+}
+
+/// What `store.decide` answers for a decision applied in this process (a `FileStore`'s),
+/// shaped as the owner's answer to `PostgresStore.decide`: applied (`duplicate` for a key
+/// applied before) or refused with `DecisionError`'s reason; a log failure raises.
+pub(crate) fn decide_answer<'py>(py: Python<'py>, decision_id: &str, result: Result<bool, DecideError>) -> PyResult<Bound<'py, PyAny>> {
+    let answer = match result {
+        Ok(duplicate) => serde_json::json!({"applied": true, "op": "decide", "decision_id": decision_id, "duplicate": duplicate}),
+        Err(DecideError::Log(e)) => return Err(log_err(py, e)),
+        Err(e) => {
+            serde_json::json!({"applied": false, "op": "decide", "decision_id": decision_id, "reason": e.reason(), "detail": e.to_string()})
+        }
+    };
+    to_py(py, &answer)
 }
 
 /// A pending request as the dict `PendingDecision` is built from.
