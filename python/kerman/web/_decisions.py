@@ -16,7 +16,10 @@ from ._errors import ApiError
 from ._sessions import REMOTE_TIMEOUT, Session, Sessions
 
 FIELDS = ("outcome", "reason", "arguments", "value", "by", "key")
-OUTCOMES = ("approve", "deny", "edit", "answer")
+# Each outcome and the field it takes besides ``by`` and ``key``.
+TAKES = {"approve": (), "deny": ("reason",), "edit": ("arguments",), "answer": ("value",)}
+OUTCOMES = tuple(TAKES)
+DETAILS = ("reason", "arguments", "value")
 
 # Why a decision was refused (``DecisionError.reason``, or the owner's answer): status and code.
 _REFUSED = {
@@ -48,13 +51,12 @@ async def decide(sessions: Sessions, session: Session, decision_id: str, body: J
     kind = body.get("outcome")
     if kind not in OUTCOMES:
         raise ApiError(422, "invalid-decision", f"'outcome' must be one of {', '.join(OUTCOMES)}, not {kind!r}")
-    extra = [f for f in ("reason", "arguments", "value") if f in body and f != {"deny": "reason", "edit": "arguments",
-                                                                                 "answer": "value"}.get(kind)]
+    extra = [f for f in DETAILS if f in body and f not in TAKES[kind]]
     if extra:
         raise ApiError(422, "invalid-decision", f"a decision to {kind} takes no {', '.join(map(repr, extra))}")
     by, key = _optional_text(body, "by"), _optional_text(body, "key")
     try:
-        outcome = outcome_of({"kind": kind, **{f: body[f] for f in ("reason", "arguments", "value") if f in body}})
+        outcome = outcome_of({"kind": kind, **{f: body[f] for f in DETAILS if f in body}})
     except ValueError as error:
         raise ApiError(422, "invalid-decision", str(error)) from None
     if session.loop is None:
