@@ -277,6 +277,9 @@ class PostgresStore:
         """Removes a queued message through the session's owner, in order with staged input; the outcome."""
     def requeue(self, id: str, turn: int, *, timeout: float = 10.0) -> dict[str, Any]:
         """Sends again what a turn claimed and never read, through the session's owner, in order with staged input; the outcome."""
+    def decide(self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None,
+               timeout: float = 10.0) -> dict[str, Any]:
+        """Decides a pending request through the session's owner, in order with staged input; the outcome."""
     @property
     def owner(self) -> str:
         """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""
@@ -308,6 +311,9 @@ class FileStore:
     def list(self) -> builtins.list[str]: ...
     def exists(self, id: str) -> bool: ...
     def delete(self, id: str) -> None: ...
+    def decide(self, id: str, decision_id: str, outcome: Any, *, by: str | None = None,
+               key: str | None = None) -> dict[str, Any]:
+        """Decides a pending request of a session no process has open (opened, decided, closed); the outcome."""
     def follow(self, id: str) -> SessionLog:
         """A read-only follower: the session's events, growing live as its owner appends."""
     def verify(self, id: str) -> dict[str, Any]: ...
@@ -332,6 +338,7 @@ class Inbox:
         _on_remote: Callable[[bool], object] | None = None,
         _on_remote_cancel: Callable[[Any, bool], dict[str, Any]] | None = None,
         _on_remote_requeue: Callable[[int], dict[str, Any]] | None = None,
+        _on_remote_decide: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Inbox: ...
     def close(self) -> None: ...
     @property
@@ -435,6 +442,8 @@ class Driver(Coroutine[Any, Any, None]):
     def __qualname__(self) -> str: ...
 
 def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWork: ...
+def pending_decisions(log: SessionLog) -> list[dict[str, Any]]:
+    """The requests of the session waiting for a person, oldest first (what ``loop.decisions`` lists)."""
 
 def _at_exit() -> None: ...
 
@@ -467,6 +476,7 @@ __all__ = [
     "Driver",
     "LoopCore",
     "ToolRun",
+    "pending_decisions",
 ]
 
 @final

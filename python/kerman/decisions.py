@@ -85,6 +85,39 @@ class Ask:
         return None
 
 
+def outcome_of(data: Any) -> Outcome:
+    """The decision a JSON object names: ``{"kind": "approve"}``, ``{"kind": "deny", "reason":
+    ...}``, ``{"kind": "edit", "arguments": {...}}`` or ``{"kind": "answer", "value": ...}`` (how
+    ``PostgresStore.decide`` stages it and ``kerman serve`` takes it). Raises ``ValueError``
+    naming what is wrong."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind == "approve":
+        return Approve()
+    if kind == "deny":
+        reason = data.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"a denial's reason is a string, got {reason!r}")
+        return Deny(reason)
+    if kind == "edit":
+        arguments = data.get("arguments")
+        if not isinstance(arguments, dict):
+            raise ValueError(f"an edit's arguments are a JSON object, got {arguments!r}")
+        return Edit(arguments)
+    if kind == "answer":
+        if "value" not in data:
+            raise ValueError("an answer needs a value")
+        return Answer(data["value"])
+    raise ValueError(f'a decision is "approve", "deny", "edit" or "answer", got {kind!r}')
+
+
+def pending(log: Any) -> list[PendingDecision]:
+    """The requests of session ``log`` waiting for a person, oldest first: what the owner's
+    ``loop.decisions`` lists, read by a process that only follows the session (``store.follow``)."""
+    from ._core import pending_decisions
+
+    return [PendingDecision(**d) for d in pending_decisions(log)]
+
+
 #: What a ``before_tool`` gate returns.
 Verdict = Union[Approve, Deny, Edit, Ask]
 #: What a person decides.

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeV
 
 from . import _dispatch, _html, _report
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
-from .decisions import Approve, Ask, PendingDecision, ToolCall
+from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model
 from .signal import Signal
@@ -64,6 +64,10 @@ LIVE_EVENTS = (
     "agent/inbox/discarded",
     "agent/error",
 )
+
+
+# How long a decision from another process waits for the AgentLoop it reached to be built.
+_CONSTRUCTION_WAIT = 5.0
 
 
 def _cause(cause: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -158,6 +162,9 @@ class AgentLoop:
         # drops is then freed at once, by reference counting, with whatever its session holds
         # (a 1 MB prompt, say), instead of waiting for a full garbage collection.
         this = weakref.ref(self)
+        # Set once this constructor is done: a decision staged by another process may reach the
+        # inbox (on the store's thread) while it still runs, and waits for it (_remote_decide).
+        self._constructed = threading.Event()
 
         def emit(event: str, **fields: Any) -> None:
             loop = this()
@@ -181,6 +188,12 @@ class AgentLoop:
                 return {"applied": False, "op": "requeue", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
             return loop._remote_requeue(turn)
 
+        def remote_decide(args: Dict[str, Any]) -> Dict[str, Any]:
+            loop = this()
+            if loop is None:
+                return {"applied": False, "op": "decide", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
+            return loop._remote_decide(args)
+
         self._inbox = Inbox(
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
@@ -195,6 +208,8 @@ class AgentLoop:
             _on_remote_cancel=remote_cancel,
             # PostgresStore.requeue from another process (the web chat's resend), likewise.
             _on_remote_requeue=remote_requeue,
+            # PostgresStore.decide from another process (a web handler), likewise.
+            _on_remote_decide=remote_decide,
         )
         # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
         # its rules are native; registration mutates the lists and dict handed over here.
@@ -222,6 +237,7 @@ class AgentLoop:
         self._loop_thread: Optional[int] = threading.get_ident() if self._event_loop else None
         self._last_error: Optional[LiveEvent] = None
         _LOOPS[self._log] = weakref.ref(self)
+        self._constructed.set()
 
     def _take_over(self, log: SessionLog) -> None:
         """An idle AgentLoop of this process over ``log`` gives way to this one (its inbox is
@@ -694,6 +710,30 @@ class AgentLoop:
             except LoopError:
                 pass  # its event loop is gone: the input stays pending, durable, for the next owner
         return {"applied": True, "op": "requeue", "turn": turn, "requeued": [m.id for m in requeued]}
+
+    def _remote_decide(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Another process decided a pending request (``PostgresStore.decide``), on the store's
+        thread, in order with the staged input around it: applied by :meth:`decide` here and
+        now (the step resumes on the loop's event loop once every request of it is decided).
+        A worker taking the session for this decision builds its loop while the staged rows are
+        read: the decision waits (a few seconds at most) for the constructor to finish."""
+        decision_id = args.get("decision_id")
+
+        def refused(reason: str, detail: str) -> Dict[str, Any]:
+            return {"applied": False, "op": "decide", "decision_id": decision_id, "reason": reason, "detail": detail}
+
+        if not self._constructed.wait(_CONSTRUCTION_WAIT):
+            return refused("no-loop", "the session's AgentLoop is not set up yet")
+        try:
+            outcome = outcome_of(args.get("outcome"))
+            applied = self.decide(str(decision_id), outcome, by=args.get("by"), key=args.get("key"))
+        except DecisionError as e:
+            return refused(e.reason, str(e))
+        except LeaseLostError:
+            return refused("fenced", "this owner was fenced out of the session")
+        except (TypeError, ValueError) as e:
+            return refused("invalid", str(e))
+        return {"applied": True, "op": "decide", "decision_id": decision_id, "duplicate": not applied}
 
     def _abort_remote(self, reason: Dict[str, Any], turn: int) -> None:
         if self._status == "running" and self.turn == turn:

@@ -53,7 +53,7 @@ pub trait Backend: Send + Sync {
 /// Input another process staged for this session's owner, in one ordered stream: a message
 /// (`PostgresStore.enqueue`: `op` is [`StagedOp::Insert`]; its id, the message as JSON text,
 /// the target list name and whether it should wake the loop), or an operation on the inbox or
-/// the loop (`PostgresStore.cancel`, `.replace`, `.remove`, `.requeue`: `id` is the operation's id,
+/// the loop (`PostgresStore.cancel`, `.replace`, `.remove`, `.requeue`, `.decide`: `id` is the operation's id,
 /// `message` its arguments as a JSON object; `target` and `wakeup` are unused).
 #[derive(Clone, Debug)]
 pub struct StagedInput {
@@ -78,6 +78,9 @@ pub enum StagedOp {
     Remove,
     /// Send again what an ended turn claimed and never read (`{"turn": N}`).
     Requeue,
+    /// Decide a pending decision request (`{"decision_id": …, "outcome": {"kind": …}, "by": …,
+    /// "key": …}`).
+    Decide,
 }
 
 impl StagedOp {
@@ -89,6 +92,7 @@ impl StagedOp {
             StagedOp::Replace => "replace",
             StagedOp::Remove => "remove",
             StagedOp::Requeue => "requeue",
+            StagedOp::Decide => "decide",
         }
     }
 
@@ -99,6 +103,7 @@ impl StagedOp {
             "replace" => StagedOp::Replace,
             "remove" => StagedOp::Remove,
             "requeue" => StagedOp::Requeue,
+            "decide" => StagedOp::Decide,
             _ => return None,
         })
     }

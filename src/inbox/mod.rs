@@ -48,6 +48,14 @@ pub trait InboxListener: Send + Sync {
     fn requeue(&self, _turn: u64) -> Option<Value> {
         None
     }
+    /// Another process decided a pending decision request (`PostgresStore.decide`; `args` is
+    /// `{"decision_id", "outcome": {"kind", …}, "by", "key"}`), in order with the staged input
+    /// around it: the loop applies it as its `loop.decide` would (then resumes the step when it
+    /// was the last pending request) and answers with the outcome; `None`: no loop here. Runs
+    /// on the store's reply thread.
+    fn decide(&self, _args: &Value) -> Option<Value> {
+        None
+    }
 }
 
 /// Errors of live inbox mutations.

@@ -1,8 +1,9 @@
 //! Operations other processes staged for this session's owner (`PostgresStore.cancel`,
-//! `.replace`, `.remove`, `.requeue`), applied in order with the staged messages around them.
-//! Replace and remove are inbox mutations, applied here; a cancel and a requeue need the loop
-//! (a requeue reads the turns it recorded and wakes it), which the listener reaches. Each gives
-//! an outcome (a JSON object) for its requester.
+//! `.replace`, `.remove`, `.requeue`, `.decide`), applied in order with the staged messages
+//! around them. Replace and remove are inbox mutations, applied here; a cancel, a requeue and a
+//! decision need the loop (a requeue reads the turns it recorded and wakes it; a decision is
+//! applied by the loop's own `decide` and resumes its step), which the listener reaches. Each
+//! gives an outcome (a JSON object) for its requester.
 
 use std::sync::Arc;
 
@@ -46,6 +47,15 @@ impl Inbox {
                     }
                 };
                 return self.to_loop(op, |listener| listener.requeue(turn));
+            }
+            StagedOp::Decide => {
+                if !args.get("decision_id").is_some_and(Value::is_string) {
+                    return refused(op, "invalid", format!("operation {}: no \"decision_id\"", row.id));
+                }
+                if !args.get("outcome").and_then(|o| o.get("kind")).is_some_and(Value::is_string) {
+                    return refused(op, "invalid", format!("operation {}: no \"outcome\" with a \"kind\"", row.id));
+                }
+                return self.to_loop(op, |listener| listener.decide(&args));
             }
             _ => {}
         }

@@ -399,6 +399,33 @@ impl PyPostgresStore {
         self.apply_op(py, &id, StagedOp::Requeue, serde_json::json!({"turn": turn}), timeout)
     }
 
+    /// Decides pending request `decision_id` of session `id` from any process, as the owner's
+    /// `loop.decide(decision_id, outcome, by=..., key=...)` would (`outcome`: `Approve()`,
+    /// `Deny(reason)`, `Edit(arguments)`, `Answer(value)`): staged durably for the owner in
+    /// order with the input enqueued before it, applied by its loop (one `decision/resolved`;
+    /// the step resumes once every request of it is decided), and answered. Returns the outcome
+    /// dict (`{"applied": True, "op": "decide", "decision_id": ..., "duplicate": <the same key
+    /// was applied before>}`, or refused with `reason` `"unknown"`, `"resolved"`, `"expired"`,
+    /// `"invalid"`, `"no-loop"`, `"fenced"`, `"timeout"`, ... and a `detail`). Blocks, as
+    /// `cancel` does.
+    #[pyo3(signature = (id, decision_id, outcome, *, by=None, key=None, timeout=10.0))]
+    #[allow(clippy::too_many_arguments)] // the Python signature's arguments, one each
+    fn decide<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        decision_id: &str,
+        outcome: &Bound<'py, PyAny>,
+        by: Option<String>,
+        key: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let outcome = super::agent_loop::decide::decision_json(outcome)?;
+        let args = serde_json::json!({"decision_id": decision_id, "outcome": outcome, "by": by, "key": key});
+        self.apply_op(py, &id, StagedOp::Decide, args, timeout)
+    }
+
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.detach(|| self.inner.list()).map_err(|e| log_err(py, e))

@@ -167,6 +167,36 @@ impl PyFileStore {
         self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
 
+    /// Decides pending request `decision_id` of session `id`, which no process has open: opens
+    /// it (taking its lock, crash closers included), appends the decision as the owner's
+    /// `loop.decide` would (one `decision/resolved`) and closes it; the step resumes when an
+    /// `AgentLoop` next opens the session (at once if a request is still pending there, else at
+    /// its `wake()`). A session another process holds, or a `SessionLog` of this one, raises
+    /// `SessionLockedError`: decide there, with `loop.decide`. Returns what
+    /// `PostgresStore.decide` returns (`{"applied": True, ..., "duplicate": ...}`, or refused
+    /// with `reason` `"unknown"`, `"resolved"`, `"expired"` or `"invalid"`).
+    #[pyo3(signature = (id, decision_id, outcome, *, by=None, key=None))]
+    fn decide<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+        decision_id: &str,
+        outcome: &Bound<'py, PyAny>,
+        by: Option<String>,
+        key: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = id_arg(id)?;
+        let decision = super::agent_loop::decide::decision(outcome)?;
+        let (log, _) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
+        let now = crate::event_log::now_ms();
+        let result = crate::agent_loop::decisions::decide(&log, decision_id, decision, by.as_deref(), key.as_deref(), now)
+            .map(|decided| decided.duplicate);
+        let closed = log.close();
+        let answer = super::agent_loop::decide::decide_answer(py, decision_id, result)?;
+        closed.map_err(|e| log_err(py, e))?;
+        Ok(answer)
+    }
+
     /// A read-only follower of session `id`: its events so far, then each record its owner (in
     /// this or another process) writes, as the file grows, so `tail()` and `subscribe()` follow
     /// the session live. Takes no lock and never writes. Appends raise `LogError`; `close()`

@@ -1,4 +1,4 @@
-//! Operations staged for a session's owner (`PgCore::apply_op`: cancel, replace, remove, requeue) at the
+//! Operations staged for a session's owner (`PgCore::apply_op`: cancel, replace, remove, requeue, decide) at the
 //! core level: staged in one ordered stream with `enqueue`'s messages, delivered to the owner's
 //! inbox in that order (by NOTIFY or by the staged read), applied there and answered; withdrawn
 //! when nobody answers; and the schema migration that added them. Skips like
@@ -242,7 +242,7 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     ));
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[5, 6]);
+    assert_eq!(core.applied_migrations(), &[5, 6, 7]);
     assert_eq!(query(&dsn, &format!("SELECT op FROM {schema}.kerman_inbox_staged")), "insert");
     drop(core);
     let log = store(&dsn).open("old").unwrap();
@@ -263,7 +263,7 @@ fn schema_version_6_lets_a_version_5_database_stage_requeues() {
     }
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[6]);
+    assert_eq!(core.applied_migrations(), &[6, 7]);
     drop(core);
     let s = store(&dsn);
     let log = s.create(None).unwrap();

@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from .. import DuplicateMessageError, InvalidMessageError, KermanError, LoopError, SessionExistsError, SessionNotFoundError, ui
 from ..events import InboxSpliced
 from ..ui._base import JsonDict
+from . import _decisions
 from ._errors import ApiError, error_response, public
 from ._guard import Guard, cookie_name, cookie_value
 from ._limits import ABORT
@@ -247,6 +248,20 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         loop.wake()
         return JSONResponse({"turn": turn, "requeued": [m.id for m in requeued]})
 
+    async def list_decisions(request: Request) -> JSONResponse:
+        """The requests the session's waiting turn puts to a person (docs/decisions.md)."""
+        session = await session_of(request)
+        return JSONResponse({"decisions": _decisions.listed(sessions, session)})
+
+    async def decide(request: Request) -> JSONResponse:
+        """Decides a pending request: by the loop here, or through the store by the session's
+        owner (``store.decide``); idempotent by ``key``."""
+        session = await session_of(request)
+        decision_id = _checked_id(request.path_params["decision_id"], "decision")
+        body = await _json_body(request)
+        _fields(body, _decisions.FIELDS)
+        return JSONResponse(await _decisions.decide(sessions, session, decision_id, body))
+
     async def events(request: Request) -> Response:
         session = await session_of(request)
         protocol = request.query_params.get("protocol", "agui")
@@ -332,6 +347,8 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
         Route("/sessions/{session_id}/queue/{message_id}", remove_queued, methods=["DELETE"]),
         Route("/sessions/{session_id}/cancel", cancel, methods=["POST"]),
         Route("/sessions/{session_id}/requeue", requeue, methods=["POST"]),
+        Route("/sessions/{session_id}/decisions", list_decisions, methods=["GET"]),
+        Route("/sessions/{session_id}/decisions/{decision_id}", decide, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = []

@@ -106,6 +106,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              DROP CONSTRAINT kerman_inbox_staged_op_check,
              ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue'));",
     ),
+    (
+        7,
+        // `PostgresStore.decide`, a sixth operation: the CHECK is replaced again.
+        "ALTER TABLE kerman_inbox_staged
+             DROP CONSTRAINT kerman_inbox_staged_op_check,
+             ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue', 'decide'));",
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -59,7 +59,7 @@ pub(super) fn gate(value: &Bound<'_, PyAny>) -> PyResult<Gate> {
 }
 
 /// A person's decision (`Approve`, `Deny`, `Edit`, `Answer`), by its `kind`.
-pub(super) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
+pub(crate) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
     let py = value.py();
     let kind = value.getattr_opt(intern!(py, "kind"))?.map(|k| k.extract::<String>()).transpose().ok().flatten();
     let json = |attr: &Bound<'_, PyString>| -> PyResult<serde_json::Value> {
@@ -79,12 +79,38 @@ pub(super) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
     })
 }
 
+/// A person's decision as the JSON object `PostgresStore.decide` stages for the session's
+/// owner (`{"kind": "approve"}`, `{"kind": "deny", "reason": …}`, `{"kind": "edit",
+/// "arguments": …}`, `{"kind": "answer", "value": …}`); the owner's loop reads it back.
+pub(crate) fn decision_json(value: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    Ok(match decision(value)? {
+        Decide::Approve => serde_json::json!({"kind": "approve"}),
+        Decide::Deny(reason) => serde_json::json!({"kind": "deny", "reason": reason}),
+        Decide::Edit(arguments) => serde_json::json!({"kind": "edit", "arguments": arguments}),
+        Decide::Answer(value) => serde_json::json!({"kind": "answer", "value": value}),
+    })
+}
+
 /// `kerman.errors.DecisionError(message, reason)`, or the log's own error.
 pub(super) fn decide_err(py: Python<'_>, e: DecideError) -> PyErr {
     match e {
         DecideError::Log(e) => log_err(py, e),
         e => new_err(py, "DecisionError", (e.to_string(), e.reason())),
     }
+}
+
+/// What `store.decide` answers for a decision applied in this process (a `FileStore`'s),
+/// shaped as the owner's answer to `PostgresStore.decide`: applied (`duplicate` for a key
+/// applied before) or refused with `DecisionError`'s reason; a log failure raises.
+pub(crate) fn decide_answer<'py>(py: Python<'py>, decision_id: &str, result: Result<bool, DecideError>) -> PyResult<Bound<'py, PyAny>> {
+    let answer = match result {
+        Ok(duplicate) => serde_json::json!({"applied": true, "op": "decide", "decision_id": decision_id, "duplicate": duplicate}),
+        Err(DecideError::Log(e)) => return Err(log_err(py, e)),
+        Err(e) => {
+            serde_json::json!({"applied": false, "op": "decide", "decision_id": decision_id, "reason": e.reason(), "detail": e.to_string()})
+        }
+    };
+    to_py(py, &answer)
 }
 
 /// A pending request as the dict `PendingDecision` is built from.
@@ -114,4 +140,12 @@ pub(super) fn request_list<'py>(py: Python<'py>, requests: &[Request]) -> PyResu
         list.append(request_dict(py, r)?)?;
     }
     Ok(list)
+}
+
+/// The requests of session `log` waiting for a person, oldest first, as dicts (the core's fold:
+/// what `loop.decisions` lists), for a process that follows the session without a loop of its
+/// own (`kerman serve` over a PostgresStore, whose workers own the sessions).
+#[pyfunction]
+pub(super) fn pending_decisions<'py>(py: Python<'py>, log: &Bound<'py, super::PySessionLog>) -> PyResult<Bound<'py, PyList>> {
+    request_list(py, &crate::agent_loop::decisions::pending(&log.get().inner))
 }

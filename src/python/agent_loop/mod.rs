@@ -10,7 +10,7 @@
 //! by the `AgentLoop` façade as plain callables.
 
 mod context;
-mod decide;
+pub(super) mod decide;
 mod delegate;
 mod driver;
 mod read;
@@ -575,5 +575,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoopCore>()?;
     m.add_class::<PyDriver>()?;
     m.add_class::<tools::PyToolRun>()?;
+    m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
     Ok(())
 }

@@ -35,6 +35,10 @@ pub(super) struct Callbacks {
     /// again what a turn claimed and never read (`PostgresStore.requeue`), on the store's reply
     /// thread; returns the outcome as a dict.
     pub(super) on_remote_requeue: Option<Held>,
+    /// Private to the AgentLoop: `on_remote_decide(args)` when another process decided a
+    /// pending request (`PostgresStore.decide`), on the store's reply thread; returns the
+    /// outcome as a dict.
+    pub(super) on_remote_decide: Option<Held>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
@@ -44,9 +48,12 @@ pub(super) struct Callbacks {
 
 impl Callbacks {
     pub(super) fn held(&self) -> impl Iterator<Item = &Held> {
-        [&self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel, &self.on_remote_requeue]
-            .into_iter()
-            .flatten()
+        [
+            &self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel, &self.on_remote_requeue,
+            &self.on_remote_decide,
+        ]
+        .into_iter()
+        .flatten()
     }
 
     pub(super) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -131,6 +138,11 @@ impl InboxListener for Listener {
     fn requeue(&self, turn: u64) -> Option<Value> {
         let callback = self.0.on_remote_requeue.as_ref()?;
         ask_loop(callback, "requeue", |py, callback| callback.call1(py, (turn,)))
+    }
+
+    fn decide(&self, args: &Value) -> Option<Value> {
+        let callback = self.0.on_remote_decide.as_ref()?;
+        ask_loop(callback, "decide", |py, callback| to_py(py, args).and_then(|args| callback.call1(py, (args,))))
     }
 }
 
