@@ -69,12 +69,14 @@ test:
 	@bash scripts/pg-test-server.sh scoped $(MAKE) --no-print-directory test-rust test-python test-plugins
 
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
-# Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)
-# and the stubs against the built module.
+# Cargo.toml: the default groups and the pedantic one, less a reasoned allow list), ruff
+# ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version), mypy --strict over
+# the package and its stubs ([tool.mypy]), and the stubs against the built module.
 lint: install test-deps
 	cargo fmt --check
 	cargo clippy --release --all-targets --features python,postgres -- -D warnings
 	$(PY) -m ruff check
+	$(PY) -m mypy
 	$(MAKE) stubtest
 
 # The slow profile: many more crash iterations (200 kills per durability mode), then every
