@@ -2,7 +2,7 @@
 //! kerman breaks a rule stated here (or panics itself).
 //!
 //! Compiled twice: by the fuzz crate and, through `#[path]`, by kerman's integration tests
-//! (which replay `fuzz/corpus` and `fuzz/regressions`), so it uses only kerman, serde_json and
+//! (which replay `fuzz/corpus` and `fuzz/regressions`), so it uses only kerman, `serde_json` and
 //! crc32c, which both builds have.
 
 use std::collections::HashSet;

@@ -1,7 +1,7 @@
 //! The PostgreSQL store's cross-process parts (issue 6, part B) at the core level: followers,
 //! staged input claimed by the owner's append transaction, and the channel names the server
 //! and the client must agree on. Two stores in one process are two owners/processes as far as
-//! the database is concerned. Skips like postgres_store.rs without `KERMAN_PG_DSN`.
+//! the database is concerned. Skips like `postgres_store.rs` without `KERMAN_PG_DSN`.
 
 use std::sync::mpsc;
 use std::time::Duration;

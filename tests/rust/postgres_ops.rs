@@ -2,7 +2,7 @@
 //! core level: staged in one ordered stream with `enqueue`'s messages, delivered to the owner's
 //! inbox in that order (by NOTIFY or by the staged read), applied there and answered; withdrawn
 //! when nobody answers; and the schema migration that added them. Skips like
-//! postgres_store.rs without `KERMAN_PG_DSN`.
+//! `postgres_store.rs` without `KERMAN_PG_DSN`.
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -156,7 +156,7 @@ impl Target {
     }
 
     /// Connects as the DSN says. `allow` tries without TLS first and, if the server refuses
-    /// that (as a `hostssl`-only pg_hba rule does), once more with TLS, as libpq does.
+    /// that (as a `hostssl`-only `pg_hba` rule does), once more with TLS, as libpq does.
     pub async fn connect(&self) -> Result<(Client, Connection), String> {
         let first = self.config.connect(self.connector.clone()).await;
         let first = match first {

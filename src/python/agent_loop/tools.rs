@@ -25,9 +25,9 @@ use super::{classes, read, Parts, PyLoopCore};
 use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPlan};
 use crate::message::Message;
 
-/// The arguments as the JSON decoder would decode them, when serde_json's reading is certainly
+/// The arguments as the JSON decoder would decode them, when `serde_json`'s reading is certainly
 /// the same: parsed, and no number that could differ (a float too large to have been an integer
-/// that fits, or `-0`, which Python reads as the int 0). Anything serde_json refuses is left to
+/// that fits, or `-0`, which Python reads as the int 0). Anything `serde_json` refuses is left to
 /// the decoder, which accepts it or words the error.
 fn plain_json(text: &str) -> Option<Value> {
     fn exact(value: &Value) -> bool {
