@@ -7,6 +7,8 @@
 //! report, an abort, a fence, a fresh signal) are answered `Continue` when the script has no item
 //! for them; a core error to describe becomes an ordinary exception; a tool plan with no item is
 //! run call by call in model order, each returning `"<name> ok"`.
+// The helpers take their JSON by value so that each expected event reads as data at its call site.
+#![allow(clippy::needless_pass_by_value)]
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};

@@ -68,7 +68,7 @@ impl Run {
                     _ => Step::Input(Input::Continue),
                 }
             }
-            Effect::RequestError { failure, exception } => return self.request_error(py, failure, exception),
+            Effect::RequestError { failure, exception } => return self.request_error(py, &failure, exception),
             Effect::RunTools => {
                 let plan = self.machine.take_plan().ok_or_else(|| PySystemError::new_err("the driver lost its tool plan"))?;
                 return self.run_plan(py, plan);
@@ -93,7 +93,7 @@ impl Run {
                 let core = core_obj.bind(py).get();
                 if !core.is_fenced() {
                     let exc = self.last_exc.take().map(|e| e.into_bound(py).into_any());
-                    core.set_fenced(exc.as_ref().map(|e| e.clone().unbind()).unwrap_or_else(|| py.None()));
+                    core.set_fenced(exc.as_ref().map_or_else(|| py.None(), |e| e.clone().unbind()));
                     let failure = super::super::convert::to_py(py, &failure.to_value())?;
                     let step = core.shared.state().step;
                     parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;

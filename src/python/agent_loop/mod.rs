@@ -201,7 +201,7 @@ impl PyLoopCore {
     }
 
     pub(crate) fn signal_obj(&self, py: Python<'_>) -> Py<PyAny> {
-        lock(&self.signal).as_ref().map(|s| s.clone_ref(py)).unwrap_or_else(|| py.None())
+        lock(&self.signal).as_ref().map_or_else(|| py.None(), |s| s.clone_ref(py))
     }
 
     pub(crate) fn set_signal(&self, signal: Py<PyAny>) {

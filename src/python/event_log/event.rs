@@ -111,6 +111,7 @@ impl PyEvent {
         }
     }
 
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "a hash: any 64 bits will do")]
     fn __hash__(&self) -> isize {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();

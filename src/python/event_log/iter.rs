@@ -41,7 +41,7 @@ impl PyEventIter {
     /// How many events are left to give (filtered by its types).
     fn _remaining(&self) -> usize {
         match &self.types {
-            None => self.stop.saturating_sub(self.next) as usize,
+            None => usize::try_from(self.stop.saturating_sub(self.next)).unwrap_or(usize::MAX),
             Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e)).len(),
         }
     }
