@@ -1,6 +1,17 @@
 # One task runner for the README, CI and developers.
 PY ?= python3
+# One target directory for every build (tests, the wheel, clippy), so none compiles the
+# dependencies again.
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
+
+# CLIPPY_BUILD=1 (.ci/run sets it) makes clippy-driver the compiler of the kerman crate in every
+# cargo and maturin build, with every warning an error (CLIPPY_ARGS is how `cargo clippy` passes
+# `-D warnings` to it): the builds that make the tests and the wheel are then the lint, and
+# `make lint` needs no separate check build of the crate and its dependencies (docs/testing.md).
+ifeq ($(CLIPPY_BUILD),1)
+export RUSTC_WORKSPACE_WRAPPER := $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+export CLIPPY_ARGS := -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+endif
 
 .PHONY: install test test-slow test-deps test-rust pg-server pg-stop test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
 .PHONY: wheels test-wheels
@@ -72,9 +83,18 @@ test:
 # Cargo.toml: the default groups and the pedantic one, less a reasoned allow list), ruff
 # ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version), mypy --strict over
 # the package and its stubs ([tool.mypy]), and the stubs against the built module.
+#
+# With CLIPPY_BUILD=1 the clippy pass is the release build of every target (`install` built and
+# linted the library with the python feature; this builds, and so lints, the tests and the
+# benchmarks, already built by `make test` in CI): the lints are the same, the dependencies are
+# not compiled again.
 lint: install test-deps
 	cargo fmt --check
+ifeq ($(CLIPPY_BUILD),1)
+	cargo test --release --quiet --all-targets --features postgres --no-run
+else
 	cargo clippy --release --all-targets --features python,postgres -- -D warnings
+endif
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(MAKE) stubtest
