@@ -1,4 +1,5 @@
-//! JSON helpers shared by the core: compact text, canonical text and key-order-free hashing.
+//! JSON helpers shared by the core: compact text, canonical text and key-order-free hashing,
+//! and the one number policy ([`number`]).
 //!
 //! Values are `serde_json::Value` with `preserve_order`, so objects keep the key order they were
 //! built or parsed with; that order is part of what is written to the log.
@@ -7,6 +8,9 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use serde_json::Value;
+
+pub mod number;
+pub use number::{parse_exact, push_number, Num, NumberError};
 
 thread_local! {
     static SPARE: Cell<String> = const { Cell::new(String::new()) };
@@ -88,8 +92,12 @@ pub fn compact(value: &Value) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-/// Canonical JSON text: compact, object keys sorted recursively. Two values that compare equal
-/// have the same canonical text.
+/// Canonical JSON text: compact, object keys sorted recursively, ASCII only (other characters
+/// as `\uXXXX` escapes, UTF-16 surrogate pairs beyond the BMP), numbers as [`push_number`]
+/// writes them. It is the text of Python's `json.dumps(value, sort_keys=True,
+/// separators=(",", ":"))`, so a host can compare it with that of a value it could not convert
+/// (the binding does, for request options). Two values that compare equal have the same
+/// canonical text.
 pub fn canonical(value: &Value) -> String {
     let mut out = String::new();
     write_canonical(value, &mut out);
@@ -98,6 +106,10 @@ pub fn canonical(value: &Value) -> String {
 
 fn write_canonical(value: &Value, out: &mut String) {
     match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => push_number(out, n),
+        Value::String(s) => push_ascii_literal(out, s),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -109,24 +121,50 @@ fn write_canonical(value: &Value, out: &mut String) {
             out.push(']');
         }
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&compact(&Value::String(key.clone())));
+                push_ascii_literal(out, key);
                 out.push(':');
-                write_canonical(&map[key], out);
+                write_canonical(item, out);
             }
             out.push('}');
         }
-        other => out.push_str(&compact(other)),
     }
 }
 
-/// Appends `s` to `out` as a JSON string literal, escaped exactly as serde_json escapes it
+/// A JSON string literal in ASCII, as Python's `json.dumps` writes it (`ensure_ascii`).
+fn push_ascii_literal(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            ' '..='~' => out.push(c),
+            _ => {
+                for unit in c.encode_utf16(&mut [0u16; 2]) {
+                    out.push_str("\\u");
+                    for shift in [12, 8, 4, 0] {
+                        out.push(HEX[usize::from((*unit >> shift) & 0xf)] as char);
+                    }
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+/// Appends `s` to `out` as a JSON string literal, escaped exactly as `serde_json` escapes it
 /// (`"`, `\\`, and control characters; everything else, non-ASCII included, as it is).
 pub fn push_str_literal(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
@@ -134,6 +172,7 @@ pub fn push_str_literal(out: &mut String, s: &str) {
     // Most strings here (ids, event types, prose) need no escaping. This test has no early
     // exit, so the compiler checks 32 bytes at a time; a per-byte loop cost ~7 instructions
     // a byte on every event.
+    #[allow(clippy::needless_bitwise_bool, reason = "`|` on purpose: no short circuit, so the test vectorises")]
     let dirty = s.bytes().fold(false, |dirty, b| dirty | (b < 0x20) | (b == b'"') | (b == b'\\'));
     if dirty {
         push_escaped(out, s);
@@ -183,8 +222,6 @@ pub fn may_hold_string(json: &str, s: &str) -> bool {
     json.contains(literal.as_str()) || json.contains("\\u")
 }
 
-/// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
-/// building a small payload).
 /// Whether JSON `text` nests arrays and objects more than `limit` deep (brackets inside strings
 /// are not counted). A check made before decoding, so that what is too deep does not depend on
 /// the decoder: Python 3.13's decodes depths that 3.12's refuses with `RecursionError`.
@@ -216,6 +253,8 @@ pub fn nests_deeper_than(text: &str, limit: usize) -> bool {
     false
 }
 
+/// Appends `n` in decimal (without `format!`, whose machinery costs more than the rest of
+/// building a small payload).
 pub fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
@@ -279,6 +318,19 @@ mod tests {
         // A short id inside other text is not the string "a" (the parse decides anyway).
         assert!(!may_hold_string(r#"{"text":"banana"}"#, "a"));
         assert!(may_hold_string(r#"{"text":"\u0041"}"#, "A"));
+    }
+
+    #[test]
+    #[allow(clippy::unreadable_literal, reason = "the extreme integers, digit for digit")]
+    fn canonical_text_is_python_json_dumps_sorted_and_compact() {
+        // Each text is Python's `json.dumps(value, sort_keys=True, separators=(",", ":"))`.
+        let value = json!({"é": "日本\u{1F600}\u{7f}\u{0}\"\\\n", "b": [1.5e-7, -0.0, 1e16, 100.0, -9223372036854775808i64, 18446744073709551615u64], "a": true});
+        assert_eq!(
+            canonical(&value),
+            r#"{"a":true,"b":[1.5e-07,-0.0,1e+16,100.0,-9223372036854775808,18446744073709551615],"\u00e9":"\u65e5\u672c\ud83d\ude00\u007f\u0000\"\\\n"}"#
+        );
+        // Keys sort by code point, as Python's `str` comparison sorts them.
+        assert_eq!(canonical(&json!({"\u{e000}": 1, "\u{1F600}": 2, "z": 3})), r#"{"z":3,"\ue000":1,"\ud83d\ude00":2}"#);
     }
 
     #[test]

@@ -34,6 +34,35 @@ impl MessageKind {
     }
 }
 
+/// A content block's `type`: the ones the core reads, and any other (kept as it is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockType {
+    Text,
+    Reasoning,
+    ToolCall,
+    ToolResult,
+    Other,
+}
+
+impl BlockType {
+    /// The type spelt `text`.
+    pub fn parse(text: &str) -> BlockType {
+        match text {
+            "text" => BlockType::Text,
+            "reasoning" => BlockType::Reasoning,
+            "tool-call" => BlockType::ToolCall,
+            "tool-result" => BlockType::ToolResult,
+            _ => BlockType::Other,
+        }
+    }
+
+    /// The type of `block` (`Other` for a block without a string `type`): the one reader of
+    /// the field.
+    pub fn of(block: &Value) -> BlockType {
+        block.get("type").and_then(Value::as_str).map_or(BlockType::Other, BlockType::parse)
+    }
+}
+
 /// A message that failed shape validation; `field` names the offending part (`content[0].text`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MessageError {
@@ -360,11 +389,8 @@ impl Message {
             }
             MessageKind::User | MessageKind::Assistant => self.content(),
         };
-        let texts: Vec<&str> = blocks
-            .iter()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect();
+        let texts: Vec<&str> =
+            blocks.iter().filter(|b| BlockType::of(b) == BlockType::Text).filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
         texts.join("\n")
     }
 
@@ -466,14 +492,14 @@ fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), Me
             Some(_) => return Err(MessageError::new(format!("{}.type", here()), "expected a non-empty string")),
             None => return Err(MessageError::new(format!("{}.type", here()), "missing")),
         };
-        match kind {
-            "text" | "reasoning" => require_str(map, "text", &here)?,
-            "tool-call" => {
+        match BlockType::parse(kind) {
+            BlockType::Text | BlockType::Reasoning => require_str(map, "text", &here)?,
+            BlockType::ToolCall => {
                 require_str(map, "id", &here)?;
                 require_str(map, "name", &here)?;
                 require_str(map, "arguments", &here)?;
             }
-            "tool-result" => {
+            BlockType::ToolResult => {
                 require_str(map, "toolCallId", &here)?;
                 match field(map, "content") {
                     Some(Value::Array(inner)) => validate_blocks(inner, &|| format!("{}.content", here()))?,
@@ -489,7 +515,7 @@ fn validate_blocks(blocks: &[Value], path: &dyn Fn() -> String) -> Result<(), Me
                 }
             }
             // Unknown block types (and `image`, which only references an attachment) are kept as-is.
-            _ => {}
+            BlockType::Other => {}
         }
     }
     Ok(())
@@ -535,6 +561,22 @@ mod tests {
         match v {
             Value::Array(items) => items,
             _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn block_types_are_read_from_a_string_type() {
+        for (block, kind) in [
+            (json!({"type": "text", "text": "x"}), BlockType::Text),
+            (json!({"type": "reasoning", "text": "x"}), BlockType::Reasoning),
+            (json!({"type": "tool-call"}), BlockType::ToolCall),
+            (json!({"type": "tool-result"}), BlockType::ToolResult),
+            (json!({"type": "image"}), BlockType::Other),
+            (json!({"type": 1}), BlockType::Other),
+            (json!({}), BlockType::Other),
+            (json!("text"), BlockType::Other),
+        ] {
+            assert_eq!(BlockType::of(&block), kind, "{block}");
         }
     }
 

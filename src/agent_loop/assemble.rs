@@ -7,6 +7,29 @@
 
 use serde_json::{Map, Value};
 
+use crate::message::BlockType;
+
+/// How a model's reply ended, of the reasons the loop goes on from (`finish`): any other
+/// reason is the reply's failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// `"stop"`: the reply is whole.
+    Stop,
+    /// `"max-tokens"`: cut at the token limit; its tool calls are dropped (SPEC 4.9).
+    MaxTokens,
+}
+
+impl Finish {
+    /// The one reader of a finish reason: `None` for any reason but these two.
+    pub fn parse(reason: &str) -> Option<Finish> {
+        match reason {
+            "stop" => Some(Finish::Stop),
+            "max-tokens" => Some(Finish::MaxTokens),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Assembler {
     blocks: Vec<Value>,
@@ -74,11 +97,12 @@ impl Assembler {
         Ok(())
     }
 
-    /// The finish reason (`"stop"` unless a `finish` chunk said otherwise; any JSON value).
-    pub fn finish(&self) -> Option<&str> {
+    /// The finish reason (`Stop` unless a `finish` chunk said otherwise, in any JSON value;
+    /// `None`: a reason the loop does not go on from).
+    pub fn finish(&self) -> Option<Finish> {
         match &self.finish {
-            None => Some("stop"),
-            Some(reason) => reason.as_str(),
+            None => Some(Finish::Stop),
+            Some(reason) => reason.as_str().and_then(Finish::parse),
         }
     }
 
@@ -116,7 +140,7 @@ impl Assembler {
 
     /// The text and reasoning blocks (what an interrupted stream had shown).
     pub fn visible(&self) -> Vec<Value> {
-        let visible = |b: &&Value| matches!(b.get("type").and_then(Value::as_str), Some("text" | "reasoning"));
+        let visible = |b: &&Value| matches!(BlockType::of(b), BlockType::Text | BlockType::Reasoning);
         self.blocks.iter().filter(visible).cloned().collect()
     }
 }
@@ -151,7 +175,7 @@ mod tests {
         feed(&mut a, &json!({"type": "text-delta", "text": "!"}));
         feed(&mut a, &json!({"type": "usage", "input": 3}));
         feed(&mut a, &json!({"type": "usage", "output": 4}));
-        assert_eq!(a.finish(), Some("stop"));
+        assert_eq!(a.finish(), Some(Finish::Stop));
         assert_eq!(a.usage(), Some(json!({"input": 3, "output": 4})));
         assert_eq!(a.visible(), vec![json!({"type": "text", "text": "hello"}), json!({"type": "text", "text": "!"})]);
         assert_eq!(a.into_blocks().len(), 3);
@@ -161,6 +185,7 @@ mod tests {
     fn a_finish_with_another_reason_is_a_failure() {
         let mut a = Assembler::new();
         feed(&mut a, &json!({"type": "finish", "reason": "content-filter"}));
+        assert_eq!(a.finish(), None);
         assert_eq!(a.failure().to_value(), json!({"message": "model finished with reason 'content-filter'", "code": "UNKNOWN"}));
     }
 }

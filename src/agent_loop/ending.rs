@@ -4,6 +4,38 @@ use serde_json::{Map, Value};
 
 use super::failure::{AbortCause, Failure};
 
+/// `turn/end.reason.kind`: how a turn ended, without what it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndKind {
+    Completed,
+    MaxTokens,
+    Blocked,
+    Error,
+    Aborted,
+    Interrupted,
+}
+
+const END_KINDS: [EndKind; 6] =
+    [EndKind::Completed, EndKind::MaxTokens, EndKind::Blocked, EndKind::Error, EndKind::Aborted, EndKind::Interrupted];
+
+impl EndKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndKind::Completed => "completed",
+            EndKind::MaxTokens => "max-tokens",
+            EndKind::Blocked => "blocked",
+            EndKind::Error => "error",
+            EndKind::Aborted => "aborted",
+            EndKind::Interrupted => "interrupted",
+        }
+    }
+
+    /// The kind spelt `text`, if it is one: the one reader of a logged `reason.kind`.
+    pub fn parse(text: &str) -> Option<EndKind> {
+        END_KINDS.into_iter().find(|kind| kind.as_str() == text)
+    }
+}
+
 /// `turn/end.reason`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ending {
@@ -20,14 +52,14 @@ pub enum Ending {
 }
 
 impl Ending {
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> EndKind {
         match self {
-            Ending::Completed => "completed",
-            Ending::MaxTokens => "max-tokens",
-            Ending::Blocked(_) => "blocked",
-            Ending::Error(_) => "error",
-            Ending::Aborted(_) => "aborted",
-            Ending::Interrupted => "interrupted",
+            Ending::Completed => EndKind::Completed,
+            Ending::MaxTokens => EndKind::MaxTokens,
+            Ending::Blocked(_) => EndKind::Blocked,
+            Ending::Error(_) => EndKind::Error,
+            Ending::Aborted(_) => EndKind::Aborted,
+            Ending::Interrupted => EndKind::Interrupted,
         }
     }
 
@@ -39,7 +71,7 @@ impl Ending {
 
     pub fn to_value(&self) -> Value {
         let mut reason = Map::new();
-        reason.insert("kind".into(), Value::String(self.kind().into()));
+        reason.insert("kind".into(), Value::String(self.kind().as_str().into()));
         match self {
             Ending::Blocked(Some(text)) => {
                 reason.insert("reason".into(), Value::String(text.clone()));
@@ -67,5 +99,19 @@ impl Ending {
             Ending::Completed => out.push_str(r#"{"kind":"completed"}"#),
             _ => out.push_str(&crate::json::compact(&self.to_value())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_end_kind_reads_back_as_itself() {
+        for kind in END_KINDS {
+            assert_eq!(EndKind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(EndKind::parse("Completed"), None);
+        assert_eq!(Ending::Interrupted.to_value()["kind"], EndKind::Interrupted.as_str());
     }
 }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::ending::Ending;
+use super::ending::{EndKind, Ending};
 use crate::event_log::{is_surface_type, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
 use crate::json::{push_str_literal, push_u64, Scratch};
-use crate::message::Message;
+use crate::message::{BlockType, Message};
 
 pub const TURN_START: &str = "turn/start";
 pub const TURN_END: &str = "turn/end";
@@ -233,9 +233,9 @@ pub fn step_of(data: &Value) -> Option<u64> {
     data.get("step").and_then(Value::as_u64)
 }
 
-/// `reason.kind` of a `turn/end` payload.
-pub fn end_kind(data: &Value) -> Option<&str> {
-    data.pointer("/reason/kind").and_then(Value::as_str)
+/// `reason.kind` of a `turn/end` payload (`None`: missing, or not a kind the loop writes).
+pub fn end_kind(data: &Value) -> Option<EndKind> {
+    data.pointer("/reason/kind").and_then(Value::as_str).and_then(EndKind::parse)
 }
 
 /// The tool calls an `assistant/message` payload requests: (id, name) in order.
@@ -245,7 +245,7 @@ pub fn requested_calls(data: &Value) -> Vec<(String, String)> {
     blocks
         .into_iter()
         .flatten()
-        .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"))
+        .filter(|block| BlockType::of(block) == BlockType::ToolCall)
         .map(|block| (field(block, "id"), field(block, "name")))
         .collect()
 }

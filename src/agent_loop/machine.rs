@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::assemble::Assembler;
+use super::assemble::{Assembler, Finish};
 use super::ending::Ending;
 use super::events::{self, append, LoopEvent};
 use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
@@ -23,7 +23,7 @@ use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
-use crate::message::Message;
+use crate::message::{BlockType, Message};
 
 /// What the machine works on besides its own state.
 pub struct Ctx<'a> {
@@ -667,8 +667,8 @@ impl Machine {
         let assembler = self.assembler.take().unwrap_or_default();
         let chunks = std::mem::take(&mut self.chunks);
         let max_tokens = match assembler.finish() {
-            Some("stop") => false,
-            Some("max-tokens") => true,
+            Some(Finish::Stop) => false,
+            Some(Finish::MaxTokens) => true,
             _ => return self.request_failed(assembler.failure(), false),
         };
         let usage = assembler.usage().map(|u| crate::json::compact(&u));
@@ -701,11 +701,7 @@ impl Machine {
     /// Logs the assistant message (its tool calls dropped on `max-tokens`, SPEC 4.9), then
     /// plans its tool calls.
     fn reply_done(&mut self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<&str>, max_tokens: bool, chunks: Vec<u64>) -> Effect {
-        let content = if max_tokens {
-            content.into_iter().filter(|b| b.get("type").and_then(Value::as_str) != Some("tool-call")).collect()
-        } else {
-            content
-        };
+        let content = if max_tokens { content.into_iter().filter(|b| BlockType::of(b) != BlockType::ToolCall).collect() } else { content };
         // Validated before anything is logged: results are matched to calls by id (by the
         // model's provider and by the crash closers), so two calls with one id could never
         // both be answered, and the log never holds a call without its result.

@@ -38,9 +38,9 @@ pub mod waterfall;
 
 use std::sync::{Mutex, MutexGuard};
 
-pub use assemble::Assembler;
+pub use assemble::{Assembler, Finish};
 pub use closers::{close_open_turn, crash_closers};
-pub use ending::Ending;
+pub use ending::{EndKind, Ending};
 pub use failure::{AbortCause, AbortKind, Code, Failure, FailureCode};
 pub use history::History;
 pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::ending::EndKind;
 use super::events::{self, end_kind, turn_of};
 use crate::event_log::{Event, SPLICED};
-use crate::inbox::{Inbox, InboxError, Target};
+use crate::inbox::{Inbox, InboxError, SpliceOutcome, Target};
 use crate::message::{Message, MessageKind};
 
 /// What `consumed_work` found: the last `turn/end` that accounts for consumed input, and whether
@@ -34,7 +35,7 @@ pub fn consumed_work<'a>(events: impl IntoIterator<Item = &'a Event>) -> Consume
                 if data.get("removedCount").is_none() {
                     continue;
                 }
-                if data.get("outcome").and_then(Value::as_str) == Some("canceled") {
+                if SpliceOutcome::of(&data) == SpliceOutcome::Canceled {
                     let replaced = data.get("inserted").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
                     out.dropped_unrun |= !replaced;
                 } else if let Some(turn) = open {
@@ -44,7 +45,7 @@ pub fn consumed_work<'a>(events: impl IntoIterator<Item = &'a Event>) -> Consume
             events::TURN_END => {
                 let data = event.data();
                 let Some(turn) = turn_of(&data) else { continue };
-                let completed = end_kind(&data) == Some("completed");
+                let completed = end_kind(&data) == Some(EndKind::Completed);
                 if stepped.contains(&turn) || (claimed.contains(&turn) && !completed) {
                     out.end = Some(event.clone());
                     out.dropped_unrun = false;
@@ -104,7 +105,7 @@ struct Claims {
 
 fn fold_claims(events: &[Event]) -> Claims {
     let mut lists: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
-    let slot = |target: Target| if target == Target::NextTurn { 0 } else { 1 };
+    let slot = |target: Target| usize::from(target != Target::NextTurn);
     let mut claimed: Vec<Unentered> = Vec::new();
     // Claims are pure deletions: the lists are rebuilt to know what each one removed.
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
@@ -130,18 +131,17 @@ fn fold_claims(events: &[Event]) -> Claims {
             }
             SPLICED => {
                 let data = event.data();
-                let target = match data.get("target").and_then(Value::as_str) {
-                    Some("next-step") => Target::NextStep,
-                    _ => Target::NextTurn,
-                };
+                let target = data.get("target").and_then(Value::as_str).and_then(Target::parse).unwrap_or(Target::NextTurn);
                 let items = &mut lists[slot(target)];
-                let start = (data.get("start").and_then(Value::as_u64).unwrap_or(0) as usize).min(items.len());
-                let removed = data.get("removedCount").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let end = (start + removed).min(items.len());
+                // A count beyond `usize` (a 32-bit target) clamps like any count past the end.
+                let count = |key: &str| data.get(key).and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+                let start = count("start").min(items.len());
+                let removed = count("removedCount");
+                let end = start.saturating_add(removed).min(items.len());
                 let inserted = data.get("inserted").and_then(Value::as_array).cloned().unwrap_or_default();
                 let gone: Vec<Value> = items.splice(start..end, inserted.iter().cloned()).collect();
                 if let Some(turn) = open {
-                    if removed > 0 && data.get("outcome").and_then(Value::as_str) != Some("canceled") {
+                    if removed > 0 && SpliceOutcome::of(&data) == SpliceOutcome::Claimed {
                         claimed.extend(gone.into_iter().map(|message| Unentered { turn, seq: event.seq, target, message, decided: false }));
                     }
                 }

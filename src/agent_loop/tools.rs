@@ -23,7 +23,7 @@ use super::history::History;
 use super::CoreError;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
-use crate::message::Message;
+use crate::message::{BlockType, Message};
 
 /// One requested call.
 #[derive(Debug, Clone)]
@@ -362,7 +362,7 @@ pub fn requested(message: &Message) -> Vec<(String, String, String)> {
     message
         .content()
         .iter()
-        .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"))
+        .filter(|block| BlockType::of(block) == BlockType::ToolCall)
         .map(|block| (text(block, "id"), text(block, "name"), text(block, "arguments")))
         .collect()
 }

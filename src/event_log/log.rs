@@ -567,7 +567,9 @@ impl SessionLog {
         self.shared.backend.checkpoints()
     }
 
-    /// Appends a loop-owned event (any type, surface metadata as the type requires).
+    /// Appends a loop-owned event (any type, surface metadata as the type requires), bypassing
+    /// the loop: only for the crate's own tests and benchmarks (feature `test-support`).
+    #[cfg(feature = "test-support")]
     pub fn append_loop_event(&self, kind: &str, data: &Value, surface: Option<Surface>) -> Result<Event, LogError> {
         self.append_owned(kind, json::compact(data), surface)
     }

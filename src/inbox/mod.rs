@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use serde_json::Value;
 
 pub use hook::{InsertHook, Refusal, Spliced};
-pub use splice::{normalize, placement, Lists, Splice, SpliceError, Target};
+pub use splice::{normalize, placement, Lists, Splice, SpliceError, SpliceOutcome, Target};
 
 use crate::event_log::{inserted_ids, Intake, LogError, SessionLog, StagedInput, StagedOp, Taken, SPLICED};
 use crate::message::{Message, MessageKind};

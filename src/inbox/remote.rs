@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{Inbox, InboxError};
 use crate::event_log::{StagedInput, StagedOp, SPLICED};
-use crate::message::{Message, MessageKind};
+use crate::message::{BlockType, Message, MessageKind};
 
 /// What applying an operation came to: an outcome for the requester, or a failure of the
 /// inbox or its log that leaves the operation staged (for this owner's next read or the next
@@ -112,7 +112,7 @@ impl Inbox {
 fn replacement(current: &Message, args: &Value) -> Result<Message, Applied> {
     let op = StagedOp::Replace;
     if let Some(text) = args.get("text").and_then(Value::as_str) {
-        if current.content().iter().any(|block| block.get("type").and_then(Value::as_str) != Some("text")) {
+        if current.content().iter().any(|block| BlockType::of(block) != BlockType::Text) {
             return Err(refused(
                 op,
                 "not-text",

@@ -43,6 +43,25 @@ impl fmt::Display for Target {
     }
 }
 
+/// What a splice's removal was, as its payload's `outcome` says: the one reader of that field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpliceOutcome {
+    /// No `outcome`: a turn's claim (or an insertion, which removes nothing).
+    Claimed,
+    /// `"canceled"`: an ordinary removal, not a claim.
+    Canceled,
+}
+
+impl SpliceOutcome {
+    /// The outcome of the `agent/inbox/spliced` payload `data`.
+    pub fn of(data: &Value) -> SpliceOutcome {
+        match data.get("outcome").and_then(Value::as_str) {
+            Some("canceled") => SpliceOutcome::Canceled,
+            _ => SpliceOutcome::Claimed,
+        }
+    }
+}
+
 /// Why a splice cannot apply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpliceError {
@@ -131,7 +150,7 @@ impl Splice {
             }
             inserted.push(Arc::new(m));
         }
-        let canceled = obj.get("outcome").and_then(Value::as_str) == Some("canceled");
+        let canceled = SpliceOutcome::of(data) == SpliceOutcome::Canceled;
         Ok(Splice { target, start, removed, inserted, canceled })
     }
 }
@@ -417,5 +436,17 @@ mod tests {
         let lists = Lists::default();
         let s = Splice { target: Target::NextTurn, start: 1, removed: 0, inserted: vec![], canceled: false };
         assert!(matches!(lists.validate(&s), Err(SpliceError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_splice_outcome_is_read_from_its_payload_once() {
+        let canceled = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true };
+        let claimed = Splice { canceled: false, ..canceled.clone() };
+        for (splice, outcome) in [(canceled, SpliceOutcome::Canceled), (claimed, SpliceOutcome::Claimed)] {
+            let data: Value = serde_json::from_str(&splice.to_json()).unwrap();
+            assert_eq!(SpliceOutcome::of(&data), outcome);
+            assert_eq!(Splice::from_value(&data).unwrap().canceled, outcome == SpliceOutcome::Canceled);
+        }
+        assert_eq!(SpliceOutcome::of(&serde_json::json!({"outcome": "Canceled"})), SpliceOutcome::Claimed);
     }
 }

@@ -1,11 +1,16 @@
-//! Python values <-> JSON, losslessly: only exact `None`, `bool`, `int` (64-bit), finite
-//! `float`, `str`, `list` and `dict` with `str` keys pass. Anything else (tuples, sets, NaN,
+//! Python values <-> JSON, losslessly: only exact `None`, `bool`, `int`, `float`, `str`, `list`
+//! and `dict` with `str` keys pass, numbers as the core's number policy says
+//! ([`crate::json::number`]: 64-bit integers, finite floats). Anything else (tuples, sets, NaN,
 //! objects, subclasses) is refused with the path of the offending part, because it would not
 //! come back as the same value.
+
+use std::fmt::Write as _;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use serde_json::{Map, Number, Value};
+
+use crate::json::number::{self, Num, NumberError};
 
 /// Why a Python value is not lossless JSON, and where (`content[0].text`).
 pub struct NotJson {
@@ -50,7 +55,9 @@ impl Failure {
         let mut path = root.to_string();
         for segment in self.segments.into_iter().rev() {
             match segment {
-                Segment::Index(i) => path.push_str(&format!("[{i}]")),
+                Segment::Index(i) => {
+                    let _ = write!(path, "[{i}]");
+                }
                 Segment::Key(k) if path.is_empty() => path.push_str(&k),
                 Segment::Key(k) => {
                     path.push('.');
@@ -63,7 +70,7 @@ impl Failure {
 }
 
 /// How deep lists and dicts may nest in event data and message content. The log's reader parses
-/// records with serde_json's recursion limit of 128, and the envelope around a payload adds at
+/// records with `serde_json`'s recursion limit of 128, and the envelope around a payload adds at
 /// most six levels (record, data, inserted, message, content, tool-result block), so anything
 /// accepted here reads back. It also turns cyclic data into a clear error instead of a stack
 /// overflow.
@@ -74,7 +81,23 @@ fn too_deep() -> Failure {
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+    obj.get_type().name().map_or_else(|_| "object".into(), |n| n.to_string())
+}
+
+/// An exact `int` as a JSON number, if the number policy has it as one (the common 64-bit
+/// signed case extracted first, as the cheapest).
+fn int_number(obj: &Bound<'_, PyAny>) -> Result<Number, Failure> {
+    let n = match obj.extract::<i64>() {
+        Ok(i) => i128::from(i),
+        // Beyond 128 bits is beyond the policy's range too.
+        Err(_) => obj.extract::<i128>().map_err(|_| Failure::new(NumberError::IntegerRange.to_string()))?,
+    };
+    number::integer(n).map_err(|e| Failure::new(e.to_string()))
+}
+
+/// An exact `float` as a JSON number, if the number policy has it as one.
+fn float_number(obj: &Bound<'_, PyAny>) -> Result<Number, Failure> {
+    number::float(obj.extract().unwrap_or(f64::NAN)).map_err(|e| Failure::new(e.to_string()))
 }
 
 /// Converts `obj` to a JSON value; `path` names it in errors.
@@ -94,17 +117,10 @@ fn value(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Failure> {
         return Ok(Value::Bool(obj.is_truthy().unwrap_or(false)));
     }
     if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(i) = obj.extract::<i64>() {
-            return Ok(Value::Number(i.into()));
-        }
-        if let Ok(u) = obj.extract::<u64>() {
-            return Ok(Value::Number(u.into()));
-        }
-        return Err(Failure::new("integer out of the 64-bit range is not lossless JSON (use a string)".into()));
+        return int_number(obj).map(Value::Number);
     }
     if obj.is_exact_instance_of::<PyFloat>() {
-        let f: f64 = obj.extract().unwrap_or(f64::NAN);
-        return Number::from_f64(f).map(Value::Number).ok_or_else(|| Failure::new(format!("{} is not lossless JSON", float_repr(f))));
+        return float_number(obj).map(Value::Number);
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
         if depth >= MAX_DEPTH {
@@ -157,7 +173,7 @@ fn write_dict(dict: &Bound<'_, PyDict>, out: &mut Vec<u8>, depth: usize) -> Resu
     Ok(())
 }
 
-/// A JSON scalar as serde_json writes it (escaping, integer and float formatting).
+/// A JSON scalar as `serde_json` writes it (escaping, integer and float formatting).
 fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     // Writing a string or a finite number to a `Vec` cannot fail.
     let _ = serde_json::to_writer(out, value);
@@ -178,22 +194,11 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Resul
         return Ok(());
     }
     if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(i) = obj.extract::<i64>() {
-            write_scalar(&i, out);
-            return Ok(());
-        }
-        if let Ok(u) = obj.extract::<u64>() {
-            write_scalar(&u, out);
-            return Ok(());
-        }
-        return Err(Failure::new("integer out of the 64-bit range is not lossless JSON (use a string)".into()));
+        write_scalar(&int_number(obj)?, out);
+        return Ok(());
     }
     if obj.is_exact_instance_of::<PyFloat>() {
-        let f: f64 = obj.extract().unwrap_or(f64::NAN);
-        if !f.is_finite() {
-            return Err(Failure::new(format!("{} is not lossless JSON", float_repr(f))));
-        }
-        write_scalar(&f, out);
+        write_scalar(&float_number(obj)?, out);
         return Ok(());
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
@@ -242,18 +247,8 @@ fn map(dict: &Bound<'_, PyDict>, depth: usize) -> Result<Map<String, Value>, Fai
     Ok(out)
 }
 
-fn float_repr(f: f64) -> &'static str {
-    if f.is_nan() {
-        "NaN"
-    } else if f > 0.0 {
-        "inf"
-    } else {
-        "-inf"
-    }
-}
-
 fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
+    obj.repr().map_or_else(|_| "?".into(), |r| r.to_string())
 }
 
 /// Converts a JSON value to fresh Python objects.
@@ -261,15 +256,11 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     Ok(match value {
         Value::Null => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                i.into_pyobject(py)?.into_any()
-            } else if let Some(u) = n.as_u64() {
-                u.into_pyobject(py)?.into_any()
-            } else {
-                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
-            }
-        }
+        Value::Number(n) => match Num::of(n) {
+            Num::Int(i) => i.into_pyobject(py)?.into_any(),
+            Num::UInt(u) => u.into_pyobject(py)?.into_any(),
+            Num::Float(f) => f.into_pyobject(py)?.into_any(),
+        },
         Value::String(s) => PyString::new(py, s).into_any(),
         Value::Array(items) => {
             let list = PyList::empty(py);

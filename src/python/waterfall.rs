@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyGeneratorExit, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::runtime::coroutine::{self, Coroutine, Resume};
+use super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
 use crate::agent_loop::waterfall::{Cursor, Pull};
 
 /// An awaitable that is already complete (for sync listeners and the default).
@@ -28,38 +28,7 @@ impl Coroutine for PyReady {
     }
 }
 
-#[pymethods]
-impl PyReady {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        coroutine::next(slf)
-    }
-
-    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        coroutine::send(slf, value)
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        slf: &Bound<'_, Self>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        coroutine::throw(slf, typ, val, tb)
-    }
-
-    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        coroutine::close(slf)
-    }
-
+coroutine_methods!(awaitable PyReady {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.value)
     }
@@ -67,7 +36,7 @@ impl PyReady {
     fn __clear__(&mut self) {
         self.value = None;
     }
-}
+});
 
 fn awaitable(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     let py = value.py();

@@ -1,12 +1,13 @@
 """Reading a session through kerman.events, as a user would: a streamed turn, a tool call and
-a failure, without one string key. Type-checked with mypy --strict and executed by
-tests/python/events/test_typing.py."""
+a failure, without one string key, from the views the log's readers hand out
+(``log.events(view=True)``, ``log.tail(view=True)``, ``log.subscribe(..., view=True)``).
+Type-checked with mypy --strict and executed by tests/python/events/test_events_typing.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, assert_type
 
 import kerman
 from kerman import events
@@ -31,21 +32,34 @@ async def weather(city: str) -> str:
     return f"{city}: sunny"
 
 
-async def run() -> kerman.SessionLog:
+async def run() -> tuple[kerman.SessionLog, list[str]]:
     loop = kerman.AgentLoop(streamed)
     loop.tool(weather)
+    ended: list[str] = []
+
+    def on_commit(event: events.EventView) -> None:
+        if isinstance(event, events.TurnEnd):
+            ended.append(f"committed turn {event.turn} {event.reason.kind}")
+
+    loop.log.subscribe(on_commit, view=True)
     loop.followup("Weather in Oslo?")
     await loop.when_idle()
     loop.followup("And tomorrow?")
     await loop.when_idle()
     await loop.aclose()
-    return loop.log
+    loop.log.close()
+    async for event in loop.log.tail(types=events.TOOL_RESULT, view=True):
+        assert_type(event, events.EventView)
+        if isinstance(event, events.ToolResultEvent):
+            ended.append(f"tailed result of {event.call_id}")
+    return loop.log, ended
 
 
 def read(log: kerman.SessionLog) -> list[str]:
     lines: list[str] = []
     text = ""
-    for event in events.views(log.events()):
+    for event in log.events(view=True):
+        assert_type(event, events.EventView)
         if isinstance(event, events.AssistantChunk):
             chunk = event.chunk
             if isinstance(chunk, events.TextDelta):
@@ -75,7 +89,8 @@ def read(log: kerman.SessionLog) -> list[str]:
 
 def main() -> None:
     logging.getLogger("kerman").addHandler(logging.NullHandler())  # the failed turn's report
-    for line in read(asyncio.run(run())):
+    log, seen = asyncio.run(run())
+    for line in read(log) + seen:
         print(line)
 
 

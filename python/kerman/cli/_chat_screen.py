@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Any, Callable, Dict, List, Mapping, TextIO, Tuple
+from typing import Any, Callable, Dict, List, TextIO, Tuple
 
-from .. import AgentLoop, FileStore, Retry, SessionLog
+from .. import AgentLoop, FileStore, Retry, SessionLog, events
 from ..hooks import Model, RequestFailure
 from ._timeline import message_text, terminal_text
 
@@ -108,75 +108,75 @@ class Chat:
     # -- the renderer: the log, event by event --
 
     async def render(self, start: int) -> None:
-        async for event in self.loop.log.tail(start=start):
+        async for event in self.loop.log.tail(start=start, view=True):
             self.seen = event.seq
-            self.show(event.type, event.data)
+            self.show(event)
 
     def catch_up(self) -> None:
         """Shows what the renderer has not reached yet (at exit, after the loop closed)."""
-        for event in self.loop.log.events(start=self.seen + 1):
+        for event in self.loop.log.events(start=self.seen + 1, view=True):
             self.seen = event.seq
-            self.show(event.type, event.data)
+            self.show(event)
 
-    def show(self, kind: str, data: Mapping[str, Any]) -> None:
-        if kind == "assistant/chunk":
-            chunk = data.get("chunk") or {}
-            if chunk.get("type") == "text-delta":
+    def show(self, event: events.EventView) -> None:
+        if isinstance(event, events.AssistantChunk):
+            chunk = event.chunk
+            if isinstance(chunk, events.TextDelta):
                 self.streamed = True
-                self.write(str(chunk.get("text", "")))
-            elif chunk.get("type") == "reasoning-delta":
+                self.write(chunk.text)
+            elif isinstance(chunk, events.ReasoningDelta):
                 self.streamed = True
-                self.write(str(chunk.get("text", "")), dim=True)
-        elif kind == "assistant/message":
-            message = data.get("message") or {}
+                self.write(chunk.text, dim=True)
+        elif isinstance(event, events.AssistantMessageEvent):
+            message = event.message
             if not self.streamed:
                 text = message_text(message)
                 if text:
                     self.write(text)
-            for block in message.get("content") or []:
-                if isinstance(block, Mapping) and block.get("type") == "tool-call":
-                    self.line(f"  ⚙ {_one_line(str(block.get('name')))}({_one_line(str(block.get('arguments')), 60)})", dim=True)
-            if data.get("interrupted"):
+            for call in message.tool_calls:
+                self.line(f"  ⚙ {_one_line(call.name)}({_one_line(str(call.arguments), 60)})", dim=True)
+            if event.interrupted:
                 self.line("  (interrupted)", dim=True)
             self.streamed = False
-        elif kind == "tool/result":
-            text = message_text(data.get("message") or {})
-            error = data.get("error")
-            mark = "✗" if error else "↳"
+        elif isinstance(event, events.ToolResultEvent):
+            text = message_text(event.message)
+            mark = "✗" if event.error is not None else "↳"
             self.line(f"  {mark} {_one_line(text, 80)}", dim=True)
-        elif kind == "user/message":
-            if data.get("id") in self.typed:
-                self.typed.discard(data.get("id"))
+        elif isinstance(event, events.UserMessageEvent):
+            message = event.message
+            if message.id in self.typed:
+                self.typed.discard(message.id)
             else:
-                source = (data.get("source") or {}).get("kind", "user")
-                label = ("prompt" if self.step <= 1 else "steer") if source == "user" else _one_line(str(source), 20)
-                self.line(f"  » {label}: {_one_line(message_text(data))}", dim=True)
-        elif kind == "step/start":
-            self.step = data.get("step") or 0
-        elif kind == "turn/end":
+                source = message.source.kind or "user"
+                label = ("prompt" if self.step <= 1 else "steer") if source == "user" else _one_line(source, 20)
+                self.line(f"  » {label}: {_one_line(message_text(message))}", dim=True)
+        elif isinstance(event, events.StepStart):
+            self.step = event.step
+        elif isinstance(event, events.TurnEnd):
             self.cancelling = False
-            self.turn_ended(data)
-        elif kind == "agent/inbox/spliced":
+            self.turn_ended(event)
+        elif isinstance(event, events.InboxSpliced):
             self.queue_changed()
 
-    def turn_ended(self, data: Mapping[str, Any]) -> None:
-        reason = data.get("reason") or {}
-        what = reason.get("kind")
+    def turn_ended(self, event: events.TurnEnd) -> None:
+        reason = event.reason
+        what = reason.kind
+        error = reason.error
         if what == "completed":
             note = ""
         elif what == "aborted":
             note = "cancelled"
         elif what == "error":
-            error = reason.get("error") or {}
-            note = f"error: {_one_line(str(error.get('message', '')), 200)} [{_one_line(str(error.get('code', 'UNKNOWN')), 40)}]"
+            message, code = (error.message, error.code or "UNKNOWN") if error is not None else ("", "UNKNOWN")
+            note = f"error: {_one_line(message, 200)} [{_one_line(code, 40)}]"
         else:
-            note = _one_line(json.dumps(reason, default=str))
+            note = _one_line(json.dumps(reason.raw, default=str))
         if note:
-            self.line(f"  [turn {data.get('turn')} {note}]", dim=True)
+            self.line(f"  [turn {event.turn} {note}]", dim=True)
         elif self.column:
             self.write("\n")
         if what != "completed":  # a completed turn read its input
-            self.show_unread(data.get("turn"))
+            self.show_unread(event.turn)
         if not self.loop.inbox.has_pending:
             self.prompt()
         elif what != "completed":  # a completed turn's queue runs on; a stopped one waits
@@ -346,12 +346,12 @@ class Chat:
 def _recent(log: SessionLog, count: int = 4) -> List[Tuple[str, str]]:
     """The last ``count`` user and assistant texts, for a resumed session's banner."""
     found: List[Tuple[str, str]] = []
-    for event in reversed(list(log.events(types=["user/message", "assistant/message"]))):
-        data = event.data
-        message = data.get("message") if event.type == "assistant/message" else data
-        text = message_text(message or {})
+    for event in reversed(list(log.events(types=[events.USER_MESSAGE, events.ASSISTANT_MESSAGE], view=True))):
+        if not isinstance(event, (events.UserMessageEvent, events.AssistantMessageEvent)):
+            continue
+        text = message_text(event.message)
         if text:
-            found.append(("you" if event.type == "user/message" else "agent", text))
+            found.append(("you" if isinstance(event, events.UserMessageEvent) else "agent", text))
         if len(found) >= count:
             break
     return list(reversed(found))

@@ -1,16 +1,19 @@
 """One-line human summaries of session log events, for timelines (``kerman log show``, the demo).
 
 :func:`summarize` describes one event's payload; :func:`format_event` builds a whole timeline line
-(seq, time, type, summary). Both accept an :class:`kerman.Event` or its wire dict, never raise on odd
-data (they fall back to compact JSON), and escape control characters so a log cannot drive the
-terminal.
+(seq, time, type, summary). Both accept an :class:`kerman.Event`, its wire dict or its
+``kerman.events`` view, read the payload through the view, never raise on odd data (a payload
+its view cannot read shows as compact JSON), and escape control characters so a log cannot drive
+the terminal.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
+
+from .. import events
 
 __all__ = ["summarize", "format_event", "message_text", "quote", "compact_json", "short_id", "source_tag",
            "TYPE_WIDTH"]
@@ -22,6 +25,8 @@ JSON_LIMIT = 80
 
 # Unicode bidi controls (embeddings, overrides, isolates, marks): printed raw they reorder what
 # a terminal shows after them, so a log could make one text look like another.
+_V = TypeVar("_V")
+
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
@@ -89,64 +94,72 @@ def short_id(message_id: object) -> str:
     return text if len(text) <= 12 else "…" + text[-6:]
 
 
-def _blocks_text(content: object) -> str:
-    if isinstance(content, str):
-        return content
+def _blocks_text(blocks: Iterable[events.Block]) -> str:
     parts = []
-    if isinstance(content, list):
-        for block in content:
-            if not isinstance(block, Mapping):
-                continue
-            kind = block.get("type")
-            if kind == "text" and isinstance(block.get("text"), str):
-                parts.append(block["text"])
-            elif kind == "tool-result":
-                parts.append(_blocks_text(block.get("content")))
-            elif kind == "image":
-                parts.append("[image]")
+    for block in blocks:
+        if isinstance(block, events.TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, events.ToolResultBlock):
+            inner = block.content
+            parts.append(_blocks_text(inner) if inner else block.text)
+        elif block.type == "image":
+            parts.append("[image]")
     return "\n".join(p for p in parts if p)
 
 
+def _view_text(message: events.MessageView) -> str:
+    blocks = message.content
+    return _blocks_text(blocks) if blocks else message.text
+
+
 def message_text(message: object) -> str:
-    """The text blocks of a message (a ``Message`` or its dict) joined with newlines."""
+    """The text of a message (a ``Message``, its dict or its view): its text blocks and its
+    tool result's, ``[image]`` for an image, joined with newlines."""
+    if isinstance(message, events.MessageView):
+        return _view_text(message)
     if isinstance(message, Mapping):
-        return _blocks_text(message.get("content"))
+        return _view_text(events.MessageView(message))
     text = getattr(message, "text", None)
     return text if isinstance(text, str) else ""
 
 
 def source_tag(source: object) -> str:
     """`` [kind]`` (``[plugin:name]`` for plugins) unless the source is the user."""
-    if not isinstance(source, Mapping):
+    if isinstance(source, Mapping):
+        source = events.Source(source)
+    if not isinstance(source, events.Source):
         return ""
-    kind = source.get("kind")
+    kind, plugin = source.kind, source.plugin
     if kind in (None, "user"):
         return ""
-    plugin = source.get("plugin")
-    tag = f"{kind}:{plugin}" if isinstance(plugin, str) and plugin else str(kind)
+    tag = f"{kind}:{plugin}" if plugin else str(kind)
     return f" [{_escape(tag)}]"
 
 
-def _turn_step(data: Mapping[str, Any]) -> str:
-    text = f"turn {data.get('turn')}"
-    if "step" in data:
-        text += f" step {data.get('step')}"
-    return text
+class _Odd(Exception):
+    """A payload its view cannot read (a field Kerman always writes is absent or of another
+    JSON type): the summary shows the payload as stored."""
 
 
-def _splice(data: Mapping[str, Any]) -> str:
-    target = _escape(str(data.get("target")))
-    removed = data.get("removedCount", 0) or 0
-    inserted = data.get("inserted") or []
-    if not isinstance(inserted, list):
-        raise TypeError("inserted is not a list")
-    start = data.get("start", 0)
-    outcome = data.get("outcome")
-    items = ", ".join(
-        f"{quote(message_text(m))} ({short_id(m.get('id'))})" if isinstance(m, Mapping) else compact_json(m)
-        for m in inserted
-    )
-    at = f" at {start}" if start else ""
+def _need(value: Optional[_V]) -> _V:
+    """``value`` unless it is the default a view reads for an absent or odd field (turns and
+    steps count from 1; ids, names and kinds are never empty)."""
+    if not value:
+        raise _Odd
+    return value
+
+
+def _turn_step(v: events.StepStart | events.StepEnd) -> str:
+    return f"turn {_need(v.turn)} step {_need(v.step)}"
+
+
+def _splice(v: events.InboxSpliced) -> str:
+    target = _escape(_need(v.target))
+    removed = v.removed_count
+    inserted = v.inserted
+    outcome = v.outcome
+    items = ", ".join(f"{quote(_view_text(m))} ({short_id(m.id)})" for m in inserted)
+    at = f" at {v.start}" if v.start else ""
     if removed and inserted:
         text = f"replace {target}{at} ×{removed} → {items}"
     elif removed:
@@ -154,144 +167,129 @@ def _splice(data: Mapping[str, Any]) -> str:
     else:
         text = f"+{target}{at} {items}" if inserted else f"{target} (no change)"
     if outcome is not None:
-        text += f" {_escape(str(outcome))}"
+        text += f" {_escape(outcome)}"
     return text
 
 
-def _turn_end(data: Mapping[str, Any]) -> str:
-    reason = data.get("reason")
-    head = f"turn {data.get('turn')}"
-    if not isinstance(reason, Mapping):
-        return f"{head} {compact_json(reason)}"
-    kind = reason.get("kind")
+def _turn_end(v: events.TurnEnd) -> str:
+    reason = v.reason
+    head = f"turn {_need(v.turn)}"
+    kind = _need(reason.kind)
     if kind == "completed":
         return f"{head} completed"
     if kind == "aborted":
-        cause = reason.get("reason")
-        if isinstance(cause, Mapping) and isinstance(cause.get("kind"), str):
-            detail = cause["kind"]
-            if cause.get("reason") is not None:
-                detail += f": {cause['reason']}"
+        cause = reason.cause
+        if cause is not None and cause.kind is not None:
+            detail = cause.kind
+            if cause.reason is not None:
+                detail += f": {cause.reason}"
         else:
-            detail = compact_json(cause, 40)
-        return f"{head} aborted ({_escape(_truncate(str(detail), TEXT_LIMIT))})"
+            raise _Odd
+        return f"{head} aborted ({_escape(_truncate(detail, TEXT_LIMIT))})"
     if kind == "blocked":
-        why = reason.get("reason")
-        return f"{head} blocked" + (f": {_escape(_truncate(str(why), TEXT_LIMIT))}" if why is not None else "")
+        why = reason.blocked_reason
+        return f"{head} blocked" + (f": {_escape(_truncate(why, TEXT_LIMIT))}" if why is not None else "")
     if kind == "error":
-        error = reason.get("error")
-        if isinstance(error, Mapping):
-            message = _escape(_truncate(str(error.get("message", "")), TEXT_LIMIT))
-            text = f"{head} error: {message} [{_escape(str(error.get('code', 'UNKNOWN')))}]"
+        error = reason.error
+        if error is not None:
+            message = _escape(_truncate(error.message, TEXT_LIMIT))
+            text = f"{head} error: {message} [{_escape(error.code or 'UNKNOWN')}]"
             return text + _raised_in(error)
-        return f"{head} error: {compact_json(error)}"
-    if isinstance(kind, str):
-        extra = {k: v for k, v in reason.items() if k != "kind"}
-        return f"{head} {_escape(kind)}" + (f" {compact_json(extra)}" if extra else "")
-    return f"{head} {compact_json(reason)}"
+        raise _Odd
+    extra = {k: val for k, val in reason.raw.items() if k != "kind"}
+    return f"{head} {_escape(kind)}" + (f" {compact_json(extra)}" if extra else "")
 
 
-def _raised_in(error: Mapping[str, Any]) -> str:
+def _raised_in(error: events.Failure) -> str:
     """`` NameError in model`` for a failure recorded from a user exception."""
-    kind, function = error.get("exceptionType"), error.get("function")
-    if not isinstance(kind, str):
+    kind, function = error.exception_type, error.function
+    if kind is None:
         return ""
-    return f" {_escape(kind)}" + (f" in {_escape(str(function))}" if function is not None else "")
+    return f" {_escape(kind)}" + (f" in {_escape(function)}" if function is not None else "")
 
 
 def traceback_lines(event: object) -> List[str]:
     """The traceback text a ``turn/end`` failure or a ``tool/result`` error recorded, one
     escaped line each (none for other events). Never raises."""
     try:
-        _, _, kind, data = _parts(event)
-        if kind == "turn/end":
-            reason = data.get("reason")
-            error = reason.get("error") if isinstance(reason, Mapping) else None
-        elif kind == "tool/result":
-            error = data.get("error")
+        v = _view(event)
+        if isinstance(v, events.TurnEnd):
+            error = v.reason.error
+        elif isinstance(v, events.ToolResultEvent):
+            error = v.error
         else:
             return []
-        text = error.get("traceback") if isinstance(error, Mapping) else None
-        return [_escape(line) for line in text.rstrip("\n").split("\n")] if isinstance(text, str) else []
+        text = error.traceback if error is not None else None
+        return [_escape(line) for line in text.rstrip("\n").split("\n")] if text is not None else []
     except Exception:
         return []
 
 
-def _user_message(data: Mapping[str, Any]) -> str:
-    return quote(message_text(data)) + source_tag(data.get("source"))
+def _user_message(v: events.UserMessageEvent) -> str:
+    return quote(_view_text(v.message)) + source_tag(v.message.source)
 
 
-def _call(name: object, arguments: object) -> str:
+def _call(name: str, arguments: object) -> str:
     if not isinstance(arguments, str):
         arguments = compact_json(arguments, None)
-    return f"{_escape(str(name))}({_escape(_truncate(arguments, 40))})"
+    return f"{_escape(name)}({_escape(_truncate(arguments, 40))})"
 
 
-def _assistant_message(data: Mapping[str, Any]) -> str:
-    message = data.get("message")
+def _assistant_message(v: events.AssistantMessageEvent) -> str:
+    message = v.message
+    if not message.raw:
+        raise _Odd
     parts = []
-    if isinstance(message, Mapping):
-        text = message_text(message)
-        if text:
-            parts.append(quote(text))
-        content = message.get("content")
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, Mapping) and block.get("type") == "tool-call":
-                parts.append("→ " + _call(block.get("name"), block.get("arguments", "")))
-    else:
-        parts.append(compact_json(message))
-    if data.get("interrupted"):
+    text = _view_text(message)
+    if text:
+        parts.append(quote(text))
+    for call in message.tool_calls:
+        parts.append("→ " + _call(call.name, call.arguments))
+    if v.interrupted:
         parts.append("(interrupted)")
     return " ".join(parts) if parts else "(empty)"
 
 
-def _chunk(data: Mapping[str, Any]) -> str:
-    chunk = data.get("chunk")
-    if not isinstance(chunk, Mapping):
-        return compact_json(chunk)
-    kind = _escape(str(chunk.get("type")))
-    if isinstance(chunk.get("text"), str):
-        return f"{kind} {quote(chunk['text'])}"
-    if chunk.get("type") == "tool-call":
-        return f"{kind} " + _call(chunk.get("name"), chunk.get("arguments", ""))
-    if chunk.get("type") == "finish":
-        text = f"{kind} {_escape(str(chunk.get('reason')))}"
-        error = chunk.get("error")
-        if isinstance(error, Mapping):
-            text += f": {_escape(_truncate(str(error.get('message', '')), TEXT_LIMIT))} [{_escape(str(error.get('code', 'UNKNOWN')))}]"
+def _chunk(v: events.AssistantChunk) -> str:
+    chunk = v.chunk
+    kind = _escape(_need(chunk.type))
+    text = chunk.get("text")  # any chunk type's text, a plugin's too
+    if isinstance(text, str):
+        return f"{kind} {quote(text)}"
+    if isinstance(chunk, events.ToolCallChunk):
+        return f"{kind} " + _call(chunk.name, chunk.arguments)
+    if isinstance(chunk, events.FinishChunk):
+        text = f"{kind} {_escape(str(chunk.reason))}"
+        error = chunk.error
+        if error is not None:
+            text += f": {_escape(_truncate(error.message, TEXT_LIMIT))} [{_escape(error.code or 'UNKNOWN')}]"
         return text
-    rest = {k: v for k, v in chunk.items() if k != "type"}
+    rest = {k: val for k, val in chunk.raw.items() if k != "type"}
     return f"{kind} {compact_json(rest)}" if rest else kind
 
 
-def _tool_call(data: Mapping[str, Any]) -> str:
-    return _call(data.get("name"), data.get("arguments", "")) + f" #{_escape(str(data.get('callId')))}"
+def _tool_call(v: events.ToolCall) -> str:
+    return _call(_need(v.name), v.arguments) + f" #{_escape(_need(v.call_id))}"
 
 
-def _tool_result(data: Mapping[str, Any]) -> str:
-    message = data.get("message")
-    call_id = None
-    if isinstance(message, Mapping):
-        source = message.get("source")
-        if isinstance(source, Mapping):
-            call_id = source.get("callId")
-    text = quote(message_text(message)) if isinstance(message, Mapping) else compact_json(message)
+def _tool_result(v: events.ToolResultEvent) -> str:
+    message = v.message
+    call_id = message.source.call_id
+    if not message.raw:
+        raise _Odd
+    text = quote(_view_text(message))
     if call_id is not None:
-        text = f"#{_escape(str(call_id))} {text}"
-    error = data.get("error")
-    if isinstance(error, Mapping):
-        text += f" error {_escape(str(error.get('code', 'UNKNOWN')))}" + _raised_in(error)
-    elif error is not None:
-        text += f" error {compact_json(error, 40)}"
+        text = f"#{_escape(call_id)} {text}"
+    error = v.error
+    if error is not None:
+        text += f" error {_escape(error.code or 'UNKNOWN')}" + _raised_in(error)
     return text
 
 
-def _request_header(data: Mapping[str, Any]) -> str:
+def _request_header(v: events.RequestHeader) -> str:
     """``request/header {options}`` (SPEC 4.7): the final request options."""
-    options = data.get("options")
-    if isinstance(options, Mapping):
-        return "options " + compact_json(options) if options else "(no options)"
-    return compact_json(data)
+    options = v.options
+    return "options " + compact_json(options) if options else "(no options)"
 
 
 def _seqs(pair: Sequence[int]) -> str:
@@ -299,58 +297,66 @@ def _seqs(pair: Sequence[int]) -> str:
     return f"seq {first}" if first == last else f"seqs {first}–{last}"
 
 
-def _damaged(d: Mapping[str, Any]) -> str:
+def _damaged(v: events.LogDamaged) -> str:
     """A placeholder repair wrote at a lost seq (docs/format.md, "Repairing corruption")."""
-    lines = d.get("lines")
+    lines = v.lines
     where = f"lines {lines[0]}–{lines[1]}" if lines and lines[0] != lines[1] else (
         f"line {lines[0]}" if lines else "no line")
-    return f"lost ({_seqs(d['seqs'])}; {where} of {_escape(str(d.get('backup')))})"
+    return f"lost ({_seqs(v.seqs)}; {where} of {_escape(str(v.backup))})"
 
 
-def _repaired(d: Mapping[str, Any]) -> str:
-    lost = ", ".join(_seqs(pair) for pair in d.get("lostSeqs") or ()) or "no seq"
-    dropped = len(d.get("dropped") or ())
-    return f"{dropped} line{'' if dropped == 1 else 's'} set aside, {lost} lost; backup {_escape(str(d.get('backup')))}"
+def _repaired(v: events.LogRepaired) -> str:
+    lost = ", ".join(_seqs(pair) for pair in v.lost_seqs) or "no seq"
+    dropped = len(v.dropped)
+    return f"{dropped} line{'' if dropped == 1 else 's'} set aside, {lost} lost; backup {_escape(str(v.backup))}"
 
 
-_SUMMARIES: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "log/damaged": _damaged,
-    "log/repaired": _repaired,
-    "agent/inbox/spliced": _splice,
-    "turn/start": lambda d: f"turn {d.get('turn')}",
-    "turn/end": _turn_end,
-    "step/start": _turn_step,
-    "step/end": _turn_step,
-    "user/message": _user_message,
-    "assistant/message": _assistant_message,
-    "assistant/chunk": _chunk,
-    "tool/call": _tool_call,
-    "tool/result": _tool_result,
-    "request/header": _request_header,
+_SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
+    events.LogDamaged: _damaged,
+    events.LogRepaired: _repaired,
+    events.InboxSpliced: _splice,
+    events.TurnStart: lambda v: f"turn {_need(v.turn)}",
+    events.TurnEnd: _turn_end,
+    events.StepStart: _turn_step,
+    events.StepEnd: _turn_step,
+    events.UserMessageEvent: _user_message,
+    events.AssistantMessageEvent: _assistant_message,
+    events.AssistantChunk: _chunk,
+    events.ToolCall: _tool_call,
+    events.ToolResultEvent: _tool_result,
+    events.RequestHeader: _request_header,
 }
 
 
 def _parts(event: object) -> tuple[Any, Any, Any, Any]:
-    """``(seq, time, type, data)`` of an Event or an event dict."""
+    """``(seq, time, type, data)`` of an Event or an event dict (the envelope, as stored)."""
     if isinstance(event, Mapping):
         return event.get("seq"), event.get("time"), event.get("type"), event.get("data")
     return (getattr(event, "seq", None), getattr(event, "time", None), getattr(event, "type", None),
             getattr(event, "data", None))
 
 
+def _view(event: object) -> events.EventView:
+    return event if isinstance(event, events.EventView) else events.view(event)  # type: ignore[arg-type]
+
+
 def summarize(event: object) -> str:
-    """A one-line human summary of an event's payload. Never raises."""
+    """A one-line human summary of an event's payload (an ``Event``, its dict or its view).
+    Never raises."""
     try:
-        _, _, kind, data = _parts(event)
-    except Exception:  # a hostile object: still a line
-        return "<unreadable event>"
-    handler = _SUMMARIES.get(kind) if isinstance(kind, str) else None
-    if handler is not None and isinstance(data, Mapping):
+        v = _view(event)
+    except Exception:  # not an event: show what it holds
         try:
-            return handler(data)
+            return compact_json(_parts(event)[3])
+        except Exception:  # a hostile object: still a line
+            return "<unreadable event>"
+    handler = _SUMMARIES.get(type(v))
+    if handler is not None and isinstance(v.data, dict):
+        try:
+            return handler(v)
         except Exception:  # odd data in a known type: show it raw
             pass
-    return compact_json(data)
+    return compact_json(v.data)
 
 
 def _clock(time_ms: Any, t0: Any) -> str:

@@ -36,13 +36,14 @@ from .. import (
     ToolContext,
     ToolResultMessage,
     UserMessage,
+    events,
 )
 from ._timeline import format_event, message_text
 
 SESSION = "demo"
 DESTRUCTIVE = ("rm -rf", "drop table", "git push --force")
 # Left out of the printed timeline to keep it short; `kerman log show` prints every event.
-HIDDEN = ("step/start", "step/end", "request/header")
+HIDDEN = (events.StepStart, events.StepEnd, events.RequestHeader)
 
 
 def _say(text: str) -> None:
@@ -63,8 +64,16 @@ def _show_inbox(log: SessionLog) -> None:
 
 
 def _last_reply(log: SessionLog) -> str:
-    replies = list(log.events(types="assistant/message"))
-    return message_text(replies[-1].data["message"]) if replies else ""
+    replies = [v for v in log.events(types=events.ASSISTANT_MESSAGE, view=True) if isinstance(v, events.AssistantMessageEvent)]
+    return message_text(replies[-1].message) if replies else ""
+
+
+def _ending(log: SessionLog) -> events.Ending:
+    """The ending of the turn the log's last event closed."""
+    last = events.view(log[-1])
+    if not isinstance(last, events.TurnEnd):
+        raise RuntimeError(f"the demo expected a turn/end, the log ends with {last!r}")
+    return last.reason
 
 
 class DemoModel:
@@ -164,15 +173,15 @@ async def _run(folder: Path) -> None:
     _say("a pre_step plugin rewrites the next batch: the context is folded into a message of its own")
     loop.followup("Summarise what changed")
     await loop.when_idle()
-    for event in list(log.events(types="user/message"))[-2:]:
-        source = event.data["source"]
-        _show("entered", repr(message_text(event.data)) + f"  from {source.get('plugin', source['kind'])}")
+    entered = [v.message for v in log.events(types=events.USER_MESSAGE, view=True) if isinstance(v, events.UserMessageEvent)]
+    for message in entered[-2:]:
+        _show("entered", repr(message_text(message)) + f"  from {message.source.plugin or message.source.kind}")
     _show("agent", _last_reply(log))
 
     _say("a guard pre_step plugin rejects a destructive prompt")
     loop.followup("Clean up: rm -rf ~/project")
     await loop.when_idle()
-    _show("turn/end", str(log[-1].data["reason"]))
+    _show("turn/end", str(_ending(log).raw))
 
     _say("loop.cancel(keep_inbox=True) mid-stream, with a prompt queued behind the turn")
     loop.followup("Write a long report on the release")
@@ -180,7 +189,7 @@ async def _run(folder: Path) -> None:
     loop.followup("Then email it to the team")
     loop.cancel(keep_inbox=True)
     await loop.when_idle()
-    _show("turn/end", str(log[-1].data["reason"]) + "  (the partial reply is logged, interrupted)")
+    _show("turn/end", str(_ending(log).raw) + "  (the partial reply is logged, interrupted)")
     _show_inbox(log)
 
     _say("crash: a second process resumes the session, and is killed mid-turn")
@@ -194,7 +203,7 @@ async def _run(folder: Path) -> None:
     log = store.open(SESSION)
     loop = AgentLoop(model, log)
     _plugins(loop)
-    _show("turn/end", f"turn {crashed_turn} {log[-1].data['reason']['kind']}  (appended by store.open)")
+    _show("turn/end", f"turn {crashed_turn} {_ending(log).kind}  (appended by store.open)")
     if len(loop.inbox):
         _show_inbox(log)
     else:
@@ -207,7 +216,7 @@ async def _run(folder: Path) -> None:
     loop.inject(UserMessage("CI: the release pipeline is green", source={"kind": "plugin", "plugin": "ci"}))
     await loop.aclose()  # keeps the injected context durable for the next session (D7)
 
-    shown = [e for e in log.events() if e.type not in HIDDEN]
+    shown = [v for v in log.events(view=True) if not isinstance(v, HIDDEN)]
     _say(f"Timeline: {len(shown)} of {len(log)} events (every event: kerman log show {folder} {SESSION})")
     t0 = log[0].time
     for event in shown:

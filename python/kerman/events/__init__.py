@@ -49,6 +49,7 @@ from ._values import (
     MessageView,
     OtherBlock,
     OtherChunk,
+    ProviderDataChunk,
     ReasoningBlock,
     ReasoningDelta,
     Source,
@@ -73,6 +74,7 @@ __all__ = [
     "LogDamaged", "LogRepaired", "OtherEvent",
     "JsonObject", "MessageView", "Source", "Block", "TextBlock", "ReasoningBlock", "ToolCallBlock", "ToolResultBlock",
     "OtherBlock", "Chunk", "TextDelta", "ReasoningDelta", "ToolCallChunk", "UsageChunk", "FinishChunk", "OtherChunk",
+    "ProviderDataChunk",
     "Failure", "Cause", "Ending", "Usage", "message", "block", "chunk",
 ]
 

@@ -79,6 +79,11 @@ class Source(JsonObject):
         """The call a tool result answers (source ``{kind: "tool", callId}``)."""
         return _str(self.raw.get("callId"))
 
+    @property
+    def plugin(self) -> Optional[str]:
+        """The plugin that queued the message (source ``{kind: "plugin", plugin}``)."""
+        return _str(self.raw.get("plugin"))
+
 
 class Block(JsonObject):
     """One content block; ``type`` says which (``text``, ``reasoning``, ``tool-call``,
@@ -467,3 +472,26 @@ def chunk(raw: Mapping[str, Any]) -> Chunk:
     """The view of one stream chunk."""
     return _CHUNKS.get(raw.get("type"), OtherChunk)(raw)
 
+
+
+class ProviderDataChunk(Chunk):
+    """``{"type": "provider-data", "provider", "content"}``: a provider's opaque state for the
+    reply (its own annotated blocks, docs/providers.md), yielded before ``usage``; only the
+    provider that wrote it reads ``content``."""
+
+    __slots__ = ()
+
+    @property
+    def provider(self) -> Optional[str]:
+        """The protocol of the provider that wrote it (``"anthropic"``, ...)."""
+        return _str(self.raw.get("provider"))
+
+    @property
+    def content(self) -> Optional[List[Any]]:
+        """The provider's blocks, as it wrote them (``None`` when not a list)."""
+        value = self.raw.get("content")
+        return value if isinstance(value, list) else None
+
+
+_CHUNKS["provider-data"] = ProviderDataChunk
+__all__.append("ProviderDataChunk")

@@ -13,6 +13,7 @@ import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .._core import AssistantMessage
+from ..events import ASSISTANT_MESSAGE, AssistantChunk, FinishChunk, ProviderDataChunk, UsageChunk, view
 from ._errors import (  # noqa: F401 (the providers and kerman.providers import them from here)
     BAD_KEY,
     CONTEXT_PATTERNS,
@@ -252,19 +253,20 @@ class _LogIndex:
         end = len(log)
         if end <= self.scanned:
             return
-        for event in log.events(start=self.scanned, stop=end, types="assistant/message"):
-            seqs = event.source_event_seqs
+        for reply in log.events(start=self.scanned, stop=end, types=ASSISTANT_MESSAGE, view=True):
+            seqs = reply.source_event_seqs
             if not seqs:
                 continue
             for seq in reversed(seqs):  # provider-data comes right before usage/finish
-                chunk = log[seq].data.get("chunk") or {}
-                kind = chunk.get("type")
-                if kind == PROVIDER_DATA:
-                    if chunk.get("provider") == protocol and isinstance(chunk.get("content"), list):
-                        message = event.data["message"]
-                        self.natives[message["id"]] = (chunk["content"], content_key(message["content"]))
+                cited = view(log[seq])
+                chunk = cited.chunk if isinstance(cited, AssistantChunk) else None
+                if isinstance(chunk, ProviderDataChunk):
+                    content = chunk.content
+                    if chunk.provider == protocol and content is not None:
+                        message = reply.message
+                        self.natives[message.id] = (content, content_key(b.raw for b in message.content))
                     break
-                if kind not in ("usage", "finish"):
+                if not isinstance(chunk, (UsageChunk, FinishChunk)):
                     break
         self.scanned = end
 

@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, Dict, Generic, Iterable, List, Opti
 from .. import _core
 from .._core import AssistantMessage, Event, Inbox, MemoryStore, SessionLog, UserMessage
 from ..errors import ModelError
+from ..events import TURN_END, AssistantMessageEvent, Ending, TurnEnd, UserMessageEvent, views
 from ..loop import AgentLoop
 from ..models import ScriptedModel, ScriptItem
 from ..types import (
@@ -212,28 +213,32 @@ class TurnResult:
     def of_type(self, *types: str) -> List[Event]:
         return [e for e in self.events if e.type in types]
 
+    def _ending(self) -> Ending:
+        ends = [v for v in views(self.events) if isinstance(v, TurnEnd)]
+        if not ends:
+            raise AssertionError(f"no turn ended in this run; events: {self.types}")
+        return ends[-1].reason
+
     @property
     def ending(self) -> Dict[str, Any]:
         """The last ``turn/end``'s reason (``{"kind": "completed"}``, ``{"kind": "blocked", ...}``...)."""
-        ends = self.of_type("turn/end")
-        if not ends:
-            raise AssertionError(f"no turn ended in this run; events: {self.types}")
-        reason: Dict[str, Any] = ends[-1].data["reason"]
-        return reason
+        return self._ending().raw
 
     @property
     def kind(self) -> str:
-        return str(self.ending["kind"])
+        return str(self._ending().kind)
 
     @property
     def entered(self) -> List[UserMessage]:
         """The user messages that entered steps (``user/message`` events), in order."""
-        return [cast(UserMessage, UserMessage.from_dict(e.data)) for e in self.of_type("user/message")]
+        return [cast(UserMessage, UserMessage.from_dict(v.message.raw))
+                for v in views(self.events) if isinstance(v, UserMessageEvent)]
 
     @property
     def replies(self) -> List[AssistantMessage]:
         """The assistant messages logged, in order."""
-        return [cast(AssistantMessage, AssistantMessage.from_dict(e.data["message"])) for e in self.of_type("assistant/message")]
+        return [cast(AssistantMessage, AssistantMessage.from_dict(v.message.raw))
+                for v in views(self.events) if isinstance(v, AssistantMessageEvent)]
 
     def assert_types(self, *types: str) -> None:
         """Asserts ``types`` occur in this order among the events (others may come between)."""
@@ -255,20 +260,19 @@ class TurnResult:
 
     def assert_blocked(self, reason: Optional[str] = None) -> None:
         """Asserts the turn was rejected by a pre-step listener (with this ``reason``, if given)."""
-        if self.kind != "blocked" or (reason is not None and self.ending.get("reason") != reason):
+        if self.kind != "blocked" or (reason is not None and self._ending().blocked_reason != reason):
             want = {"kind": "blocked"} if reason is None else {"kind": "blocked", "reason": reason}
             raise AssertionError(f"the turn ended {self.ending!r}, expected {want!r}")
 
     def assert_error(self, code: Optional[str] = None) -> Dict[str, Any]:
         """Asserts the turn failed (with this failure ``code``, if given); returns the failure."""
-        error = self.ending.get("error")
-        if self.kind != "error" or (code is not None and (error or {}).get("code") != code):
+        error = self._ending().error
+        if self.kind != "error" or error is None or (code is not None and error.code != code):
             raise AssertionError(f"the turn ended {self.ending!r}, expected an error" + (f" {code}" if code else ""))
-        assert isinstance(error, dict)
-        return error
+        return error.raw
 
     def __repr__(self) -> str:
-        return f"<TurnResult {len(self.events)} events, ended {self.ending if self.of_type('turn/end') else None!r}>"
+        return f"<TurnResult {len(self.events)} events, ended {self.ending if self.of_type(TURN_END) else None!r}>"
 
 
 async def run_turn(loop: AgentLoop, prompt: Union[UserMessage, str], *, replies: Iterable[ScriptItem] = (),

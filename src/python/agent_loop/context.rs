@@ -9,7 +9,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 
-use super::super::runtime::coroutine::{self, Coroutine, Resume};
+use super::super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
 use super::delegate::{close_delegate, fetch, send_into, throw_into, Sent};
 
 /// `contextvars.copy_context()`.
@@ -92,34 +92,7 @@ impl Coroutine for InContext {
     }
 }
 
-#[pymethods]
-impl InContext {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        coroutine::next(slf)
-    }
-
-    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        coroutine::send(slf, value)
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        slf: &Bound<'_, Self>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        coroutine::throw(slf, typ, val, tb)
-    }
-
-    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        coroutine::close(slf)
-    }
-
+coroutine_methods!(iterator InContext {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         for obj in [&self.iter, &self.context, &self.first].into_iter().flatten() {
             visit.call(obj)?;
@@ -132,4 +105,4 @@ impl InContext {
         self.context = None;
         self.first = None;
     }
-}
+});

@@ -19,7 +19,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 
-use super::super::runtime::coroutine::{self, Coroutine, Resume};
+use super::super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
 use super::delegate::{close_delegate, send_into, throw_into, Sent};
 use super::run::{core_err, Pending, Run, Step};
 use super::{classes, PyLoopCore};
@@ -299,6 +299,7 @@ impl PyDriver {
 }
 
 impl Coroutine for PyDriver {
+    /// Closed (or thrown into) while suspended, the turn ends and the loop goes idle.
     fn resume(slf: &Bound<'_, Self>, input: Resume<'_>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let mut run = match Self::take(slf)? {
@@ -318,43 +319,7 @@ impl Coroutine for PyDriver {
     }
 }
 
-#[pymethods]
-impl PyDriver {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        coroutine::next(slf)
-    }
-
-    /// Resumes the driver with ``value``; returns what it yields, raises ``StopIteration``
-    /// when it finishes.
-    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        coroutine::send(slf, value)
-    }
-
-    /// Raises ``exc`` where the driver is suspended (inside the awaited object, if any).
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        slf: &Bound<'_, Self>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        coroutine::throw(slf, typ, val, tb)
-    }
-
-    /// Raises ``GeneratorExit`` where the driver is suspended (closing the awaited object
-    /// first); the turn ends and the loop goes idle.
-    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        coroutine::close(slf)
-    }
-
+coroutine_methods!(awaitable PyDriver {
     /// For asyncio's Task repr.
     #[getter]
     fn __name__(&self) -> &'static str {
@@ -386,4 +351,4 @@ impl PyDriver {
             self.state = State::Done;
         }
     }
-}
+});

@@ -9,7 +9,6 @@
 //! Python (reporting, dispatching hooks, the executor of a tool plan) is handed to `LoopCore`
 //! by the `AgentLoop` façade as plain callables.
 
-mod canonical;
 mod context;
 mod delegate;
 mod driver;

@@ -12,9 +12,9 @@ use serde_json::{Map, Value};
 use super::super::convert::{to_json_text, to_value};
 use super::super::errors::not_json;
 use super::super::message::{content_arg, PyMessage};
-use super::{canonical, classes, Parts};
+use super::{classes, Parts};
 use crate::agent_loop::events::{ASSISTANT_CHUNK, ASSISTANT_MESSAGE, REQUEST_HEADER};
-use crate::agent_loop::{Decision, Failure, FailureCode, Raised, RaisedKind, Reply, ReplyContent, Requested};
+use crate::agent_loop::{Decision, Failure, FailureCode, Finish, Raised, RaisedKind, Reply, ReplyContent, Requested};
 use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
@@ -109,11 +109,18 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Op
     let options = value.getattr(intern!(py, "options"))?;
     // The common request has no options: no canonicalising, no serialising.
     let empty = options.cast_exact::<PyDict>().is_ok_and(pyo3::types::PyDictMethods::is_empty);
-    let canonical = if empty {
-        "{}".to_owned()
+    // Options the converter takes are compared by the core's canonical text; any others by
+    // `json.dumps(options, sort_keys=True, separators=(",", ":"), allow_nan=False)`, the same
+    // text for the same value, which refuses what is not JSON at all (NaN, a set) and takes
+    // what is JSON but not lossless (a tuple, a subclass), refused only when it is logged.
+    let (canonical, converted) = if empty {
+        ("{}".to_owned(), None)
+    } else if let Ok(converted) = to_value(&options, "data.options") {
+        (crate::json::canonical(&converted), Some(converted))
     } else {
-        match canonical::canonical(&options) {
-            Ok(text) => text.extract::<String>()?,
+        let c = classes(py)?;
+        match c.json_dumps.bind(py).call((&options,), Some(c.canonical.bind(py))) {
+            Ok(text) => (text.extract::<String>()?, None),
             Err(e) => return Ok(Requested::NotJson(e.value(py).to_string())),
         }
     };
@@ -121,6 +128,8 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Op
         Ok(String::new())
     } else if empty {
         Ok("{}".to_owned())
+    } else if let Some(converted) = converted {
+        Ok(crate::json::compact(&converted))
     } else {
         to_json_text(&options, "data.options")
             .map_err(|e| crate::event_log::LogError::NotJson { event_type: REQUEST_HEADER.into(), detail: e.describe() })
@@ -150,7 +159,9 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     } else {
         Some(to_json_text(&usage, "data.usage").map_err(|e| not_json(py, ASSISTANT_MESSAGE, e.describe()))?)
     };
-    let max_tokens = reply.getattr(intern!(py, "finish"))?.eq(intern!(py, "max-tokens"))?;
+    let finish = reply.getattr(intern!(py, "finish"))?;
+    let finish = finish.cast::<PyString>().ok().and_then(|text| text.to_str().ok().and_then(Finish::parse));
+    let max_tokens = finish == Some(Finish::MaxTokens);
     Ok(Some(Reply { content, usage, max_tokens }))
 }
 

@@ -25,32 +25,12 @@ use super::{classes, read, Parts, PyLoopCore};
 use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPlan};
 use crate::message::Message;
 
-/// The arguments as the JSON decoder would decode them, when `serde_json`'s reading is certainly
-/// the same: parsed, and no number that could differ (a float too large to have been an integer
-/// that fits, or `-0`, which Python reads as the int 0). Anything `serde_json` refuses is left to
-/// the decoder, which accepts it or words the error.
-fn plain_json(text: &str) -> Option<Value> {
-    fn exact(value: &Value) -> bool {
-        match value {
-            Value::Number(n) => match n.as_f64() {
-                _ if n.is_i64() || n.is_u64() => true,
-                // An integer literal beyond 64 bits arrives as a float (Python keeps an int).
-                Some(f) => f.abs() < 9.2e18 && !(f == 0.0 && f.is_sign_negative()),
-                None => false,
-            },
-            Value::Array(items) => items.iter().all(exact),
-            Value::Object(map) => map.values().all(exact),
-            _ => true,
-        }
-    }
-    let value: Value = serde_json::from_str(text).ok()?;
-    exact(&value).then_some(value)
-}
-
 /// The call's arguments as Python values, or the `INVALID_ARGUMENTS` outcome.
 fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
     let text = if text.is_empty() { "{}" } else { text };
-    if let Some(value) = plain_json(text) {
+    // serde_json's reading where it is certainly the decoder's (the number policy says where);
+    // the decoder accepts the rest or words the error.
+    if let Some(value) = crate::json::parse_exact(text) {
         return Ok(Ok(to_py(py, &value)?));
     }
     Ok(read::decode_arguments(py, &PyString::new(py, text))?.map_err(|detail| Outcome::bad_arguments(&detail)))

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -155,6 +156,29 @@ pub fn types_arg(types: Option<&Bound<'_, PyAny>>) -> PyResult<Option<TypeFilter
     Ok(Some(TypeFilter::new(out)))
 }
 
-pub(super) fn matches(types: &Option<TypeFilter>, event: &Event) -> bool {
-    types.as_ref().is_none_or(|t| t.matches(event.kind()))
+pub(super) fn matches(types: Option<&TypeFilter>, event: &Event) -> bool {
+    types.is_none_or(|t| t.matches(event.kind()))
+}
+
+/// `kerman.events.TYPES` and `OtherEvent`: the view class of each type Kerman writes, and of
+/// any other type.
+static VIEWS: PyOnceLock<(Py<PyDict>, Py<PyAny>)> = PyOnceLock::new();
+
+/// What a reader hands out for `event`: the `Event`, or with `view` its typed view, built as
+/// `kerman.events.view(event)` builds it (`TYPES.get(event.type, OtherEvent)(event)`; looked up
+/// here, not called, to spare a Python call per event). The caller holds no Rust lock: the
+/// view is built by Python code.
+pub(super) fn handed_out(py: Python<'_>, event: Event, view: bool) -> PyResult<Py<PyAny>> {
+    if !view {
+        return Ok(Bound::new(py, PyEvent::new(event))?.into_any().unbind());
+    }
+    let (types, other) = VIEWS.get_or_try_init(py, || {
+        let module = py.import("kerman.events")?;
+        Ok::<_, PyErr>((module.getattr("TYPES")?.cast_into::<PyDict>()?.unbind(), module.getattr("OtherEvent")?.unbind()))
+    })?;
+    let class = match types.bind(py).get_item(event.kind())? {
+        Some(class) => class,
+        None => other.bind(py).clone(),
+    };
+    class.call1((PyEvent::new(event),)).map(Bound::unbind)
 }

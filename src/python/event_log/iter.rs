@@ -3,16 +3,31 @@
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use super::event::{matches, PyEvent};
-use crate::event_log::{SessionLog, TypeFilter};
+use super::event::{handed_out, matches, PyEvent};
+use crate::event_log::{Event, SessionLog, TypeFilter};
 
-/// A snapshot iterator over committed events (its end is fixed when it is made).
+/// A snapshot iterator over committed events (its end is fixed when it is made), handing out
+/// each `Event` or, with `view`, its typed view.
 #[pyclass(name = "EventIterator", module = "kerman")]
 pub struct PyEventIter {
     pub(super) log: SessionLog,
     pub(super) next: u64,
     pub(super) stop: u64,
     pub(super) types: Option<TypeFilter>,
+    pub(super) view: bool,
+}
+
+impl PyEventIter {
+    fn advance(&mut self) -> Option<Event> {
+        while self.next < self.stop {
+            let event = self.log.get(self.next)?;
+            self.next += 1;
+            if matches(self.types.as_ref(), &event) {
+                return Some(event);
+            }
+        }
+        None
+    }
 }
 
 #[pymethods]
@@ -21,20 +36,18 @@ impl PyEventIter {
         slf
     }
 
-    fn __next__(&mut self) -> Option<PyEvent> {
-        while self.next < self.stop {
-            let event = self.log.get(self.next)?;
-            self.next += 1;
-            if matches(&self.types, &event) {
-                return Some(PyEvent::new(event));
-            }
-        }
-        None
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Py<PyAny>>> {
+        // The borrow ends before the view is built: building it runs Python code.
+        let (event, view) = {
+            let mut it = slf.borrow_mut();
+            (it.advance(), it.view)
+        };
+        event.map(|e| handed_out(slf.py(), e, view)).transpose()
     }
 
     /// The next `n` events this iterator would give, without advancing it (for its reprs).
     fn _peek(&self, n: usize) -> Vec<PyEvent> {
-        let events = self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e));
+        let events = self.log.range_where(self.next, Some(self.stop), |e| matches(self.types.as_ref(), e));
         events.into_iter().take(n).map(PyEvent::new).collect()
     }
 
@@ -42,7 +55,7 @@ impl PyEventIter {
     fn _remaining(&self) -> usize {
         match &self.types {
             None => usize::try_from(self.stop.saturating_sub(self.next)).unwrap_or(usize::MAX),
-            Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e)).len(),
+            Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(self.types.as_ref(), e)).len(),
         }
     }
 

@@ -19,6 +19,7 @@ use super::gc::Held;
 use super::runtime::aio::Completion;
 use super::runtime::exit::attach_unless_exiting;
 use crate::event_log::{Event, LogError, SessionLog, TypeFilter, SPLICED};
+use event::handed_out;
 pub use event::{types_arg, PyEvent};
 use iter::PyEventIter;
 use tail::{grown, PyLogTail, TailState};
@@ -117,7 +118,7 @@ impl PySessionLog {
     }
 
     fn __iter__(&self) -> PyEventIter {
-        self.events(0, None, None).unwrap_or(PyEventIter { log: self.inner.clone(), next: 0, stop: 0, types: None })
+        self.events(0, None, None, false).unwrap_or(PyEventIter { log: self.inner.clone(), next: 0, stop: 0, types: None, view: false })
     }
 
     /// Appends a plugin event and returns it. `data` must be lossless JSON; types owned by the
@@ -139,26 +140,30 @@ impl PySessionLog {
     }
 
     /// A snapshot iterator of committed events with `start <= seq < stop`, optionally only
-    /// of the given type(s).
-    #[pyo3(signature = (start=0, stop=None, types=None))]
-    fn events(&self, start: u64, stop: Option<u64>, types: Option<&Bound<'_, PyAny>>) -> PyResult<PyEventIter> {
+    /// of the given type(s); with `view=True` it gives each event's typed view
+    /// (`kerman.events.view`).
+    #[pyo3(signature = (start=0, stop=None, types=None, *, view=false))]
+    fn events(&self, start: u64, stop: Option<u64>, types: Option<&Bound<'_, PyAny>>, view: bool) -> PyResult<PyEventIter> {
         let len = self.inner.len();
-        Ok(PyEventIter { log: self.inner.clone(), next: start, stop: stop.unwrap_or(len).min(len), types: types_arg(types)? })
+        let stop = stop.unwrap_or(len).min(len);
+        Ok(PyEventIter { log: self.inner.clone(), next: start, stop, types: types_arg(types)?, view })
     }
 
     /// Only the `agent/inbox/spliced` events, from `start`.
     #[pyo3(signature = (start=0))]
     fn splices(&self, start: u64) -> PyEventIter {
         let len = self.inner.len();
-        PyEventIter { log: self.inner.clone(), next: start, stop: len, types: Some(TypeFilter::new([SPLICED.to_string()])) }
+        let types = Some(TypeFilter::new([SPLICED.to_string()]));
+        PyEventIter { log: self.inner.clone(), next: start, stop: len, types, view: false }
     }
 
-    /// An async iterator: committed events from `start`, then live ones; ends on close.
-    #[pyo3(signature = (start=0, types=None))]
-    fn tail(slf: &Bound<'_, Self>, start: u64, types: Option<&Bound<'_, PyAny>>) -> PyResult<PyLogTail> {
+    /// An async iterator: committed events from `start`, then live ones; ends on close. With
+    /// `view=True` it gives each event's typed view (`kerman.events.view`).
+    #[pyo3(signature = (start=0, types=None, *, view=false))]
+    fn tail(slf: &Bound<'_, Self>, start: u64, types: Option<&Bound<'_, PyAny>>, view: bool) -> PyResult<PyLogTail> {
         let state =
             TailState { log: Some(slf.clone().unbind()), seq: start, types: types_arg(types)?, ready: VecDeque::new(), ended: false };
-        Ok(PyLogTail { state: Mutex::new(state) })
+        Ok(PyLogTail { state: Mutex::new(state), view })
     }
 
     /// A future that completes once the log holds more than `seq` events or is closed.
@@ -174,8 +179,10 @@ impl PySessionLog {
 
     /// Registers `callback(event)`, called synchronously after each commit, in seq order.
     /// Its exceptions are logged on the `kerman` logger; it must not append to this log
-    /// (`ReentrantAppendError`, also contained). Returns a callable that unsubscribes.
-    fn subscribe(&self, callback: Py<PyAny>) -> PyResult<PyUnsubscribe> {
+    /// (`ReentrantAppendError`, also contained). With `view=True` it is given each event's typed
+    /// view (`kerman.events.view`). Returns a callable that unsubscribes.
+    #[pyo3(signature = (callback, *, view=false))]
+    fn subscribe(&self, callback: Py<PyAny>, view: bool) -> PyResult<PyUnsubscribe> {
         Python::attach(|py| {
             if !callback.bind(py).is_callable() {
                 return Err(PyTypeError::new_err("subscribe() needs a callable"));
@@ -187,7 +194,8 @@ impl PySessionLog {
         let id = self.inner.subscribe(Arc::new(move |event: &Event| {
             attach_unless_exiting(|py| {
                 let Some(callback) = observer.get(py) else { return };
-                if let Err(err) = callback.call1(py, (PyEvent::new(event.clone()),)) {
+                let called = handed_out(py, event.clone(), view).and_then(|e| callback.call1(py, (e,)));
+                if let Err(err) = called {
                     report_contained(py, "session log observer", &err);
                 }
             });

@@ -11,8 +11,8 @@ use pyo3::types::PyString;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::super::runtime::aio::Completion;
-use super::super::runtime::coroutine::{self, Coroutine, Resume};
-use super::event::{matches, PyEvent};
+use super::super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
+use super::event::{handed_out, matches};
 use super::PySessionLog;
 use crate::event_log::{Event, SessionLog, TypeFilter, WeakSessionLog};
 
@@ -83,6 +83,8 @@ enum Poll {
 #[pyclass(name = "LogTail", module = "kerman", frozen)]
 pub struct PyLogTail {
     pub(super) state: Mutex<TailState>,
+    /// Hand out each event's typed view (`tail(view=True)`).
+    pub(super) view: bool,
 }
 
 impl PyLogTail {
@@ -105,7 +107,7 @@ impl PyLogTail {
             let events = log.range(st.seq, None);
             st.seq += events.len() as u64;
             let TailState { ready, types, .. } = &mut *st;
-            ready.extend(events.into_iter().filter(|e| matches(types, e)));
+            ready.extend(events.into_iter().filter(|e| matches(types.as_ref(), e)));
             st.ended = closed;
             if st.ready.is_empty() && !closed {
                 return Poll::Wait(log, st.seq);
@@ -287,11 +289,11 @@ impl TailStep {
         loop {
             match tail.poll() {
                 Poll::Event(event) => {
-                    let event = match Bound::new(py, PyEvent::new(event)) {
-                        Ok(event) => event,
-                        Err(e) => return (Err(e), None),
+                    // `poll` let go of the tail's lock: building a view runs Python code.
+                    return match handed_out(py, event, tail.view) {
+                        Ok(out) => (Err(PyStopIteration::new_err((out,))), None),
+                        Err(e) => (Err(e), None),
                     };
-                    return (Err(PyStopIteration::new_err((event.unbind(),))), None);
                 }
                 Poll::End(log) => {
                     drop(log);
@@ -310,7 +312,7 @@ impl TailStep {
                     match iter.call_method0(intern!(py, "__next__")) {
                         Ok(yielded) => return (Ok(yielded.unbind()), Some((future.unbind(), iter.unbind()))),
                         // Already complete (it grew meanwhile): read again.
-                        Err(e) if e.is_instance_of::<PyStopIteration>(py) => continue,
+                        Err(e) if e.is_instance_of::<PyStopIteration>(py) => {}
                         Err(e) => {
                             give_up(py, &future.unbind());
                             return (Err(e), None);
@@ -326,6 +328,7 @@ impl Coroutine for TailStep {
     fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         match how {
+            // Gives up the wait it is suspended in, if any; the tail is left where it was.
             Resume::Close => {
                 slf.get().give_up_wait(py);
                 Err(PyGeneratorExit::new_err(()))
@@ -335,39 +338,7 @@ impl Coroutine for TailStep {
     }
 }
 
-#[pymethods]
-impl TailStep {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        coroutine::next(slf)
-    }
-
-    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        coroutine::send(slf, value)
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        slf: &Bound<'_, Self>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        coroutine::throw(slf, typ, val, tb)
-    }
-
-    /// Gives up the wait it is suspended in, if any; the tail is left where it was.
-    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
-        coroutine::close(slf)
-    }
-
+coroutine_methods!(awaitable TailStep {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         let Ok(st) = self.state.try_lock() else { return Ok(()) };
         visit.call(&st.tail)?;
@@ -385,4 +356,4 @@ impl TailStep {
         };
         drop(cleared);
     }
-}
+});

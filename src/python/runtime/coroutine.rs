@@ -2,7 +2,8 @@
 //! `Ready`, `LogTailStep`, the lone tool body's `_InContext`) is its own `__await__` iterator
 //! and answers `__next__`/`send`/`throw`/`close` through the functions here, so the protocol
 //! and its cancellation rule are written once. A type supplies one step ([`Coroutine::resume`]);
-//! its `#[pymethods]` only forward to [`next`], [`send`], [`throw`] and [`close`].
+//! its `#[pymethods]` block is written by [`coroutine_methods!`], whose methods only forward to
+//! [`next`], [`send`], [`throw`] and [`close`].
 //!
 //! # The cancellation rule
 //!
@@ -49,6 +50,64 @@ pub trait Coroutine: PyClass {
     /// `value`, `Err(exc)` when it raises. Follows the rule in this module's doc.
     fn resume(slf: &Bound<'_, Self>, how: Resume<'_>) -> PyResult<Py<PyAny>>;
 }
+
+/// The `#[pymethods]` block of a [`Coroutine`]: `__iter__` (and, for an `awaitable`,
+/// `__await__`) give the object itself; `__next__`, `send`, `throw` and `close` forward to this
+/// module's functions. The class's other methods follow in the braces (pyo3 takes one
+/// `#[pymethods]` block a class).
+macro_rules! coroutine_methods {
+    (awaitable $ty:ident { $($rest:tt)* }) => {
+        $crate::python::runtime::coroutine::coroutine_methods!(iterator $ty {
+            fn __await__(slf: ::pyo3::PyRef<'_, Self>) -> ::pyo3::PyRef<'_, Self> {
+                slf
+            }
+
+            $($rest)*
+        });
+    };
+    (iterator $ty:ident { $($rest:tt)* }) => {
+        #[::pyo3::pymethods]
+        impl $ty {
+            fn __iter__(slf: ::pyo3::PyRef<'_, Self>) -> ::pyo3::PyRef<'_, Self> {
+                slf
+            }
+
+            fn __next__(slf: &::pyo3::Bound<'_, Self>) -> ::pyo3::PyResult<::pyo3::Py<::pyo3::PyAny>> {
+                $crate::python::runtime::coroutine::next(slf)
+            }
+
+            /// Resumes with ``value``; returns what it yields, raises ``StopIteration`` when it
+            /// finishes.
+            fn send(
+                slf: &::pyo3::Bound<'_, Self>,
+                value: &::pyo3::Bound<'_, ::pyo3::PyAny>,
+            ) -> ::pyo3::PyResult<::pyo3::Py<::pyo3::PyAny>> {
+                $crate::python::runtime::coroutine::send(slf, value)
+            }
+
+            /// Raises ``exc`` where it is suspended (inside the awaited object, if any).
+            #[pyo3(signature = (typ, val=None, tb=None))]
+            fn throw(
+                slf: &::pyo3::Bound<'_, Self>,
+                typ: &::pyo3::Bound<'_, ::pyo3::PyAny>,
+                val: Option<&::pyo3::Bound<'_, ::pyo3::PyAny>>,
+                tb: Option<&::pyo3::Bound<'_, ::pyo3::PyAny>>,
+            ) -> ::pyo3::PyResult<::pyo3::Py<::pyo3::PyAny>> {
+                $crate::python::runtime::coroutine::throw(slf, typ, val, tb)
+            }
+
+            /// Raises ``GeneratorExit`` where it is suspended (closing the awaited object
+            /// first).
+            fn close(slf: &::pyo3::Bound<'_, Self>) -> ::pyo3::PyResult<()> {
+                $crate::python::runtime::coroutine::close(slf)
+            }
+
+            $($rest)*
+        }
+    };
+}
+
+pub(crate) use coroutine_methods;
 
 /// `__next__`.
 pub fn next<C: Coroutine>(slf: &Bound<'_, C>) -> PyResult<Py<PyAny>> {
@@ -98,7 +157,7 @@ pub fn thrown(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option
             },
         }
     } else {
-        let name = typ.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
+        let name = typ.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string());
         return Err(PyTypeError::new_err(format!("exceptions must be classes or instances deriving from BaseException, not {name}")));
     };
     let exc = match tb.filter(|t| !t.is_none()) {

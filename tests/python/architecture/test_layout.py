@@ -14,9 +14,10 @@ CORE = ROOT / "src" / "agent_loop"
 BINDING = ROOT / "src" / "python"
 
 # The kerman modules the binding may import, for classes only (payloads, decisions, Signal,
-# exceptions, the native module's own classes), and kerman._html: presentation only (the HTML
-# views of `_repr_html_`, which hold no loop rule), imported by src/python/html.rs alone.
-VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html"}
+# exceptions, the native module's own classes, the event views the log's readers hand out with
+# `view=True`), and kerman._html: presentation only (the HTML views of `_repr_html_`, which hold
+# no loop rule), imported by src/python/html.rs alone.
+VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html", "kerman.events"}
 
 # Each component's folder and the files it holds.
 FOLDERS = {

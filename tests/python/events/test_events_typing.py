@@ -18,7 +18,7 @@ def test_reading_through_views_type_checks_strictly() -> None:
 
 def test_reading_through_views_needs_no_string_key() -> None:
     source = PROGRAM.read_text()
-    body = source[source.index("def read("):source.index("def main(")]
+    body = source[source.index("async def run("):source.index("def main(")]
     assert '["' not in body and ".get(" not in body and ".data" not in body and ".raw" not in body
 
 
@@ -36,4 +36,7 @@ def test_the_program_reads_the_log() -> None:
         "step 2: 'Sunny in Oslo.' = 'Sunny in Oslo.'",
         "turn 1 completed",
         "turn 2 failed: rate limited [RATE_LIMITED, 429]",
+        "committed turn 1 completed",
+        "committed turn 2 error",
+        "tailed result of c1",
     ]

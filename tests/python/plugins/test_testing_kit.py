@@ -202,3 +202,20 @@ def test_the_pytest_plugin_in_a_real_pytest_run(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def test_turn_result_reads_the_ending_and_the_messages() -> None:
+    async def main() -> testing.TurnResult:
+        loop = testing.scripted_loop(["hi there"])
+        result = await testing.run_turn(loop, "hello")
+        await loop.aclose()
+        return result
+
+    result = asyncio.run(main())
+    assert result.ending == {"kind": "completed"} and result.kind == "completed"
+    assert [(type(m).__name__, m.text) for m in result.entered] == [("UserMessage", "hello")]
+    assert [(type(m).__name__, m.text) for m in result.replies] == [("AssistantMessage", "hi there")]
+    nothing = testing.TurnResult(result.loop, [e for e in result.events if e.type != "turn/end"], [])
+    with pytest.raises(AssertionError, match=r"^no turn ended in this run; events: \['agent/inbox/spliced', "
+                                             r"'turn/start', .*'assistant/message', 'step/end'\]$"):
+        assert nothing.ending is None  # raises before
