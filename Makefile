@@ -43,7 +43,13 @@ test-deps:
 PG_ENV = dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
 	echo "KERMAN_PG_DSN=$$dsn"; export KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1;
 
+# With CLIPPY_BUILD=1 every target (the benchmarks too) is built first, and so linted, before
+# any wheel build: the wheel's library and the tests' share one unhashed file name
+# (libkerman.so, the cdylib), so a test build after a wheel build compiles the library again.
 test-rust:
+ifeq ($(CLIPPY_BUILD),1)
+	cargo test --release --quiet --all-targets --features postgres --no-run
+endif
 	@$(PG_ENV) cargo test --release --quiet --features postgres
 
 # Starts (or finds) the test PostgreSQL server and prints its DSN.
@@ -84,15 +90,12 @@ test:
 # ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version), mypy --strict over
 # the package and its stubs ([tool.mypy]), and the stubs against the built module.
 #
-# With CLIPPY_BUILD=1 the clippy pass is the release build of every target (`install` built and
-# linted the library with the python feature; this builds, and so lints, the tests and the
-# benchmarks, already built by `make test` in CI): the lints are the same, the dependencies are
-# not compiled again.
+# With CLIPPY_BUILD=1 (CI, after `make test`) there is no clippy pass here: `test-rust` built,
+# and so linted, every target without pyo3, and `install` the library with it; the lints are
+# the same, and nothing is compiled again.
 lint: install test-deps
 	cargo fmt --check
-ifeq ($(CLIPPY_BUILD),1)
-	cargo test --release --quiet --all-targets --features postgres --no-run
-else
+ifneq ($(CLIPPY_BUILD),1)
 	cargo clippy --release --all-targets --features python,postgres -- -D warnings
 endif
 	$(PY) -m ruff check
