@@ -178,7 +178,7 @@ pub fn now_ms() -> i64 {
 /// Wall-clock epoch milliseconds (0 before the epoch).
 #[cfg(not(unix))]
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A commit in progress: holds the publish token so observers of this commit run before any
