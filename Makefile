@@ -138,14 +138,15 @@ demo: install
 	kerman demo
 
 # The Python targets against the baseline, the native→Python operations per loop turn (a
-# deterministic probe), the web streams (100 SSE followers of one session), then the Rust
-# micro-benchmarks.
+# deterministic probe), the web streams (100 SSE followers of one session), the UI projections'
+# cost per log event, then the Rust micro-benchmarks.
 bench: install
 	$(PY) benches/python/bench.py
 	$(PY) benches/python/crossings.py
 	$(PY) benches/python/providers_cost.py
 	$(PY) benches/python/providers_long_reply.py
 	$(PY) benches/python/web_sse.py
+	$(PY) benches/python/ui_fold.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

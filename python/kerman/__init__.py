@@ -30,8 +30,10 @@ from ._core import (
     __version__,
     consumed_work,
 )
+from .decisions import Answer, Approve, Ask, Deny, Edit, PendingDecision, ToolCall
 from .errors import (
     CorruptLogError,
+    DecisionError,
     DuplicateMessageError,
     InboxError,
     InsertRefusedError,
@@ -105,6 +107,15 @@ __all__ = [
     "LiveEvent",
     "TurnStillRunningWarning",
     "models",
+    # decisions
+    "ToolCall",
+    "Approve",
+    "Deny",
+    "Edit",
+    "Ask",
+    "Answer",
+    "PendingDecision",
+    "DecisionError",
     # messages
     "Message",
     "UserMessage",

@@ -264,6 +264,11 @@ def agent_loop(loop: Any) -> str:
     rows = (f"<tr><th>pending</th><td>{len(inbox_.next_turn)} next turn, {len(inbox_.next_step)} next step</td></tr>"
             f"<tr><th>tools</th><td>{tools}</td></tr>"
             f"<tr><th>listeners</th><td>{listeners}</td></tr>")
+    pending = loop.decisions if loop.status == "waiting" else []
+    if pending:
+        items = "".join(f"<li><code>{esc(d.name)}</code> {json_text(d.arguments)} <span class=\"k-note\">{esc(d.kind)}"
+                        f"{' — ' + esc(d.note) if d.note else ''} · {esc(d.decision_id)}</span></li>" for d in pending)
+        rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"

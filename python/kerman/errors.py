@@ -28,6 +28,7 @@ __all__ = [
     "LogWriteError",
     "LeaseLostError",
     "LoopError",
+    "DecisionError",
     "TurnAborted",
     "InvalidToolArgumentsError",
     "ModelError",
@@ -150,6 +151,16 @@ class LeaseLostError(LogError):
 
 class LoopError(KermanError):
     """Misuse of an AgentLoop (wrong thread, no event loop, unknown turn...)."""
+
+
+class DecisionError(LoopError):
+    """``loop.decide`` refused a decision; ``reason`` says why: ``"unknown"`` (no such request),
+    ``"resolved"`` (decided already, with another key), ``"expired"`` (its deadline passed) or
+    ``"invalid"`` (the decision does not answer the request: an answer to an approval, say)."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TurnAborted(KermanError):

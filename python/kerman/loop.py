@@ -15,13 +15,15 @@ import asyncio
 import enum
 import inspect
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
 
 from . import _dispatch, _html, _report
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
-from .errors import InboxError, LeaseLostError, LoopError
+from .decisions import Approve, Ask, PendingDecision, ToolCall
+from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model
 from .signal import Signal
 from .tools import Tool, _executor
@@ -103,6 +105,16 @@ def _abort_signal(signal: Signal, cause: Dict[str, Any]) -> None:
     signal._abort(cause)
 
 
+def _default_gate(call: ToolCall) -> Union[Approve, Ask]:
+    """The end of the ``before_tool`` waterfall: ask when the tool needs approval (``True``, or
+    a predicate true of this call), else run."""
+    tool = call.loop._tools.get(call.name)
+    needs = tool.needs_approval if tool is not None else False
+    if callable(needs):
+        needs = needs(call)
+    return Ask() if needs else Approve()
+
+
 def _current_loop() -> Optional[asyncio.AbstractEventLoop]:
     try:
         return asyncio.get_running_loop()
@@ -138,6 +150,7 @@ class AgentLoop:
         self._before_request: List[Callable[..., Any]] = []
         self._request_error: List[Callable[..., Any]] = []
         self._turn_stopping: List[Callable[..., Any]] = []
+        self._before_tool: List[Callable[..., Any]] = []
         self._tools: Dict[str, Tool] = {}
         for tool in tools:
             self._add_tool(tool)
@@ -189,11 +202,18 @@ class AgentLoop:
                               self._request_error, self._turn_stopping, self._options, max_parallel_tool_calls,
                               describe=_report.describe, report_turn=_report.turn_failed,
                               report_tool=_report.tool_failed, finished=_driver_finished, abort=_abort_signal,
-                              serial=_dispatch.serial, run_tools=_executor.run)
+                              serial=_dispatch.serial, run_tools=_executor.run, before_tool=self._before_tool,
+                              default_gate=_default_gate)
+        self._regate()
         # Without instructions=, a resumed session goes on with the ones it last recorded.
         if instructions is not _FROM_LOG:
             self.instructions = instructions
-        self._status = "idle"
+        # A turn left waiting for decisions (this process or another): what expired meanwhile
+        # is resolved now; the loop waits for the rest (or resumes at the next wake()).
+        if self._core.next_expiry is not None:
+            self._core.expire()
+        self._status = "waiting" if self._core.waiting else "idle"
+        self._expiry: Optional[asyncio.TimerHandle] = None
         self._task: Optional[asyncio.Task[None]] = None
         # Set by aclose(): no turn starts from then on (a wake scheduled by input inserted
         # meanwhile would run on a log about to close); the input stays pending, durable.
@@ -215,6 +235,7 @@ class AgentLoop:
             raise LoopError(f"session {log.id!r} already has an AgentLoop running turn {earlier.turn} in this process "
                             f"({earlier!r}); stop it with its cancel() (or await its aclose()) before creating another")
         earlier._inbox.close()
+        earlier._disarm_expiry()  # the waiting turn, if any, is this loop's now
         earlier._successor = weakref.ref(self)
         earlier._owns_log = False  # the log is this loop's now: the earlier one's aclose() leaves it open
 
@@ -243,7 +264,8 @@ class AgentLoop:
 
     @property
     def status(self) -> str:
-        """``"idle"`` or ``"running"``."""
+        """``"idle"``, ``"running"``, or ``"waiting"``: the turn's step waits for decisions
+        (``loop.decisions``); nothing runs until ``loop.decide`` (or ``cancel()``)."""
         return self._status
 
     @property
@@ -382,16 +404,101 @@ class AgentLoop:
         """Removes ``fn`` from every seam it is registered on; False if it was nowhere."""
         found = False
         for listeners in [*self._listeners.values(), self._pre_step, self._before_request,
-                          self._request_error, self._turn_stopping]:
+                          self._request_error, self._turn_stopping, self._before_tool]:
             while fn in listeners:
                 listeners.remove(fn)
                 found = True
+        self._regate()
         while self._inbox.remove_transform(fn):
             found = True
         return found
 
+    @overload
+    def before_tool(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def before_tool(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
+    def before_tool(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Waterfall before every tool call runs: ``async def gate(call: ToolCall, next) ->
+        Approve | Deny | Edit | Ask`` (``await next()`` gives the default: ``Ask()`` for a tool
+        that needs approval, else ``Approve()``). A gate that raises or returns anything else
+        keeps the call from running (``docs/decisions.md``)."""
+        if fn is None:
+            return lambda f: self.before_tool(f, prepend=prepend)
+        out = self._decorator(self._before_tool, fn, prepend, "before_tool")
+        self._regate()
+        return out
+
+    def _regate(self) -> None:
+        """Calls are gated while a gate is registered or a tool needs approval."""
+        self._core.gated = bool(self._before_tool) or any(t.needs_approval is not False for t in self._tools.values())
+
+    @property
+    def decisions(self) -> List[PendingDecision]:
+        """The requests waiting for a person's decision, oldest first (a fold of the log: a
+        loop that reopened the session lists what an earlier process left pending)."""
+        return [PendingDecision(**d) for d in self._core.decisions()]
+
+    def decide(self, decision_id: str, outcome: Any, *, by: Optional[str] = None, key: Optional[str] = None) -> bool:
+        """Applies a person's decision (``Approve()``, ``Deny(reason)``, ``Edit(arguments)``,
+        ``Answer(value)``) to pending request ``decision_id``: one ``decision/resolved`` is
+        appended, and once every request of the step is decided the step goes on (the call
+        runs, or gets its denial or answer as its result) without asking the model again.
+        The same ``key`` again is applied once (returns False); an unknown, resolved or expired
+        request raises :class:`kerman.DecisionError` naming why."""
+        self._check_fenced()
+        try:
+            duplicate, ready = self._core.decide(decision_id, outcome, by, key)
+        except DecisionError:
+            # An expired request was resolved as such: its step may go on all the same.
+            self._resume_held()
+            raise
+        if ready:
+            self._resume_held()
+        return not duplicate
+
+    def _resume_held(self) -> None:
+        """Takes up a step whose decisions are all in (on the bound event loop)."""
+        if self._status != "waiting" or self._core.waiting or not self._core.resumable:
+            return
+        here = _current_loop()
+        if self._event_loop is None:
+            if here is None:
+                self._set_status("idle")  # no event loop: the step resumes at the next wake()
+                return
+            self._bind(here)
+        elif here is not self._event_loop:
+            self._call_on_loop(self._resume_held)
+            return
+        self._disarm_expiry()
+        self._start_driver()
+
+    def _arm_expiry(self) -> None:
+        """While waiting: a timer resolves requests as their deadlines pass."""
+        self._disarm_expiry()
+        deadline = self._core.next_expiry
+        if deadline is None or self._event_loop is None or self._event_loop.is_closed():
+            return
+        delay = max(0.0, deadline / 1000 - time.time())
+        self._expiry = self._event_loop.call_later(delay, self._expire_due)
+
+    def _disarm_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def _expire_due(self) -> None:
+        self._expiry = None
+        if self._status != "waiting" or self._log.closed or self._inbox.closed:
+            return
+        self._core.expire()
+        if self._core.waiting:
+            self._arm_expiry()
+        else:
+            self._resume_held()
+
     def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
-             parameters: Optional[Dict[str, Any]] = None, parallel: bool = True) -> Any:
+             parameters: Optional[Dict[str, Any]] = None, parallel: bool = True,
+             needs_approval: Union[bool, Callable[[Any], bool]] = False) -> Any:
         """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
         ``loop.tool(Tool(...))``. Returns what it was given. A typed function
         (``async def search(query: str, limit: int = 10, *, ctx)``) gets its schema from its
@@ -401,8 +508,9 @@ class AgentLoop:
             self._add_tool(fn)
             return fn
         if fn is None:
-            return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel)
-        tool = Tool(name or fn.__name__, fn, description, parameters, parallel)
+            return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel,
+                                       needs_approval=needs_approval)
+        tool = Tool(name or fn.__name__, fn, description, parameters, parallel, needs_approval=needs_approval)
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
             # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
             tool.description = inspect.cleandoc(fn.__doc__ or "").strip()
@@ -415,6 +523,8 @@ class AgentLoop:
         if tool.name in self._tools:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
+        if tool.needs_approval is not False and hasattr(self, "_core"):
+            self._core.gated = True
 
     # ---- live events ------------------------------------------------------------------------
 
@@ -509,7 +619,7 @@ class AgentLoop:
     def wake(self) -> bool:
         """Starts a turn if the loop is idle and input is pending (e.g. after a resume)."""
         self._check_fenced()
-        if not self._inbox.has_pending:
+        if not self._inbox.has_pending and not (self._status == "idle" and self._core.resumable):
             return False
         here = _current_loop()
         if here is None or (self._event_loop is not None and not self._on_loop_thread()):
@@ -613,11 +723,14 @@ class AgentLoop:
             return
         self._start_driver()
 
-    def _start_driver(self) -> None:
+    def _start_driver(self, abort: Optional[Dict[str, Any]] = None) -> None:
         if self._closing:
             return
         # The turn's signal exists before "running" is announced: a listener of that may cancel.
         self._core.prepare(Signal())
+        if abort is not None:  # a held step cancelled while it waited: it resumes aborted
+            self._core.abort(abort)
+            self._core.signal._abort(abort)
         self._set_status("running")
         # begin appends turn/start and makes the first claim; None: no turn recorded.
         try:
@@ -635,6 +748,11 @@ class AgentLoop:
 
     def _finish_driver(self) -> None:
         latched = self._core.take_latch()
+        if self._core.waiting:
+            # The step stopped at its decisions; input queued meanwhile waits for the turn.
+            self._set_status("waiting")
+            self._arm_expiry()
+            return
         self._set_status("idle")
         if latched and self._core.fenced is None and self._inbox.has_pending and self._status == "idle":
             self._start_driver()
@@ -661,7 +779,18 @@ class AgentLoop:
                 # E.g. from a log observer, where appending is refused as reentrant: the turn
                 # is still aborted; the caller learns that pending input was not discarded.
                 failed = exc
-        if self._status == "running" and self._core.abort(reason):
+        if self._status == "waiting" and reason.get("kind") != "disposed":
+            # The pending requests are cancelled (logged); the step resumes aborted, so its
+            # calls get their aborted results and the turn ends as a cancel ends it.
+            self._core.cancel_decisions()
+            self._disarm_expiry()
+            if self._event_loop is not None and not self._event_loop.is_closed():
+                self._start_driver(abort=reason)
+            else:
+                # No event loop: the step resumes at the next wake(), aborted (the core reads
+                # the cancelled requests from the log).
+                self._set_status("idle")
+        elif self._status == "running" and self._core.abort(reason):
             self._core.signal._abort(reason)
             task = self._task
             # Throw into the listener, model or tool the driver awaits (once).
@@ -694,6 +823,7 @@ class AgentLoop:
         be created over the log. Pending input stays durable for the next resume unless
         ``discard_pending``."""
         self._closing = True
+        self._disarm_expiry()  # a turn waiting for decisions stays waiting, in the log
         if self._status == "running" or discard_pending:
             self.cancel("disposed", keep_inbox=not discard_pending)
         await self.when_idle()

@@ -66,7 +66,10 @@ pub fn crash_closers() -> OpenHook {
 
 /// Appends the closers if `log` ends inside an open turn; returns how many were appended.
 pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
-    let (open, time) = log.with_events(|events| (find_open_turn(events), events.last().map(|e| e.time)));
+    // A turn whose step stopped at its decisions stays open: a decision resumes it.
+    let (open, time) = log.with_events(|events| {
+        (find_open_turn(events).filter(|_| super::decisions::held_step(events).is_none()), events.last().map(|e| e.time))
+    });
     let Some(open) = open else { return Ok(0) };
     let publishing = log.publishing()?;
     let commit = |event: LoopEvent| -> Result<Event, LogError> { publish(&publishing, event, time) };

@@ -23,6 +23,8 @@ pub const ASSISTANT_CHUNK: &str = "assistant/chunk";
 pub const ASSISTANT_MESSAGE: &str = "assistant/message";
 pub const TOOL_CALL: &str = "tool/call";
 pub const TOOL_RESULT: &str = "tool/result";
+pub const DECISION_REQUESTED: &str = "decision/requested";
+pub const DECISION_RESOLVED: &str = "decision/resolved";
 pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
@@ -214,6 +216,77 @@ pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value
         Some(seq) => LoopEvent::citing(TOOL_RESULT, data, vec![seq]),
         None => LoopEvent::new(TOOL_RESULT, data),
     }
+}
+
+/// Pushes `,"key":value` for each present field (`value`: JSON text).
+fn push_fields(data: &mut Scratch, fields: &[(&str, Option<&str>)]) {
+    for (key, value) in fields {
+        if let Some(value) = value {
+            data.push_str(",\"");
+            data.push_str(key);
+            data.push_str("\":");
+            data.push_str(value);
+        }
+    }
+}
+
+fn literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    push_str_literal(&mut out, text);
+    out
+}
+
+/// `decision/requested {turn, step, decisionId, callId, index, name, arguments, digest, kind[,
+/// note][, schema][, expiresAt]}`: call `index` of the step waits for a person. `schema` is
+/// JSON text; `expiresAt` epoch milliseconds.
+pub fn decision_requested(request: &super::decisions::Request) -> LoopEvent {
+    let mut data = step_head(request.turn, request.step);
+    let index = request.index.to_string();
+    let expires = request.expires_at.map(|t| t.to_string());
+    let note = request.note.as_deref().map(literal);
+    push_fields(
+        &mut data,
+        &[
+            ("decisionId", Some(&literal(&request.decision_id))),
+            ("callId", Some(&literal(&request.call_id))),
+            ("index", Some(&index)),
+            ("name", Some(&literal(&request.name))),
+            ("arguments", Some(&literal(&request.arguments))),
+            ("digest", Some(&literal(&request.digest))),
+            ("kind", Some(&literal(request.kind.as_str()))),
+            ("note", note.as_deref()),
+            ("schema", request.schema.as_deref()),
+            ("expiresAt", expires.as_deref()),
+        ],
+    );
+    data.push('}');
+    LoopEvent::new(DECISION_REQUESTED, data)
+}
+
+/// `decision/resolved {turn, step, decisionId, callId, outcome[, by][, key][, digest][,
+/// arguments][, reason][, value]}`: `digest` (and, edited, `arguments`) of what will run;
+/// `value` is an answer's JSON.
+pub fn decision_resolved(resolution: &super::decisions::Resolution) -> LoopEvent {
+    let mut data = step_head(resolution.turn, resolution.step);
+    let opt = |v: &Option<String>| v.as_deref().map(literal);
+    let (by, key, digest, arguments, reason) =
+        (opt(&resolution.by), opt(&resolution.key), opt(&resolution.digest), opt(&resolution.arguments), opt(&resolution.reason));
+    push_fields(
+        &mut data,
+        &[
+            ("decisionId", Some(&literal(&resolution.decision_id))),
+            ("callId", Some(&literal(&resolution.call_id))),
+            ("outcome", Some(&literal(resolution.outcome.as_str()))),
+            ("by", by.as_deref()),
+            ("key", key.as_deref()),
+            ("digest", digest.as_deref()),
+            ("arguments", arguments.as_deref()),
+            ("reason", reason.as_deref()),
+            ("value", resolution.value.as_deref()),
+        ],
+    );
+    data.push('}');
+    LoopEvent::new(DECISION_RESOLVED, data)
 }
 
 // ---- readers ---------------------------------------------------------------------------------

@@ -40,9 +40,13 @@ pub enum FailureCode {
     ToolOutcomeUnknown,
     /// Another owner took the session over.
     Fenced,
+    /// A `before_tool` gate or a person denied the call, or its decision expired.
+    ToolDenied,
+    /// A `before_tool` gate failed, or the arguments about to run were not the decided ones.
+    GateError,
 }
 
-const CODES: [FailureCode; 12] = [
+const CODES: [FailureCode; 14] = [
     FailureCode::Unknown,
     FailureCode::InvalidDecision,
     FailureCode::InvalidRequest,
@@ -55,6 +59,8 @@ const CODES: [FailureCode; 12] = [
     FailureCode::ToolNotStarted,
     FailureCode::ToolOutcomeUnknown,
     FailureCode::Fenced,
+    FailureCode::ToolDenied,
+    FailureCode::GateError,
 ];
 
 impl FailureCode {
@@ -72,6 +78,8 @@ impl FailureCode {
             FailureCode::ToolNotStarted => "TOOL_NOT_STARTED",
             FailureCode::ToolOutcomeUnknown => "TOOL_OUTCOME_UNKNOWN",
             FailureCode::Fenced => "FENCED",
+            FailureCode::ToolDenied => "TOOL_DENIED",
+            FailureCode::GateError => "GATE_ERROR",
         }
     }
 

@@ -21,9 +21,12 @@ use super::events::{self, append, LoopEvent};
 use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
 use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
+
+mod gate;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
 use crate::message::{BlockType, Message};
+pub use gate::{Ask, Gate};
 
 /// What the machine works on besides its own state.
 pub struct Ctx<'a> {
@@ -33,6 +36,9 @@ pub struct Ctx<'a> {
     /// `Some(exclusive)` when a tool of that name is registered (`exclusive`: it runs alone).
     pub tools: &'a dyn Fn(&str) -> Option<bool>,
     pub max_parallel: usize,
+    /// A `before_tool` gate is registered (or a tool needs approval): every call is gated
+    /// before it runs (`Effect::BeforeTool`).
+    pub gated: bool,
 }
 
 impl Ctx<'_> {
@@ -157,6 +163,8 @@ pub enum Input {
     Retry(bool),
     /// The tool plan, every call committed.
     ToolsDone(ToolPlan),
+    /// What the `before_tool` gate decided for the call `BeforeTool` named.
+    Gated(Gate),
     Raised(Raised),
 }
 
@@ -179,6 +187,12 @@ pub enum Effect {
     RequestError { failure: Failure, exception: bool },
     /// Run the tool plan (`take_plan`); answer `ToolsDone`.
     RunTools,
+    /// Run the `before_tool` gate for call `index` of the step; answer `Gated` (a gate that
+    /// raised an ordinary exception: `Gated(Gate::Failed)`).
+    BeforeTool { index: usize, call_id: String, name: String, arguments: String },
+    /// The step waits for decisions (`decision/requested` appended): the run is over and the
+    /// turn stays open until they are resolved. No answer.
+    AwaitDecisions,
     /// Run the `turn_stopping` hooks; answer `Continue`.
     TurnStopping,
     /// Turn this core error into the host's exception; answer `Raised`.
@@ -234,6 +248,7 @@ enum Wait {
     CloseStream(Fault),
     RequestError(Failure, bool),
     Tools,
+    Gate,
     Stopping,
     /// A described core error goes on unwinding from `Unwind`.
     Describe(Unwind),
@@ -288,6 +303,8 @@ pub struct Machine {
     assembler: Option<Assembler>,
     chunks: Vec<u64>,
     plan: Option<ToolPlan>,
+    /// The step's calls being gated, before they run.
+    gating: Option<gate::Gating>,
     /// The exception the run ends with propagates (an outside cancellation, a fatal error).
     propagate: bool,
 }
@@ -298,7 +315,13 @@ impl Machine {
     /// `NoTurn` when no turn was recorded; `None` effect (the turn began) otherwise. A failed
     /// claim is kept for the body to raise, so the turn still ends.
     pub fn begin(ctx: &Ctx<'_>) -> (Machine, Option<Effect>) {
-        let mut machine = Machine {
+        let mut machine = Machine::blank();
+        let effect = machine.begin_turn(ctx);
+        (machine, effect)
+    }
+
+    fn blank() -> Machine {
+        Machine {
             wait: Wait::Start,
             turn: 0,
             claimed: Vec::new(),
@@ -313,10 +336,9 @@ impl Machine {
             assembler: None,
             chunks: Vec::new(),
             plan: None,
+            gating: None,
             propagate: false,
-        };
-        let effect = machine.begin_turn(ctx);
-        (machine, effect)
+        }
     }
 
     /// The turn this run is in.
@@ -398,6 +420,8 @@ impl Machine {
                 }
                 self.fail(ctx, Fault::Failure { failure, exception })
             }
+            (Wait::Gate, Input::Gated(gate)) => self.gated(ctx, gate),
+            (Wait::Gate, Input::Raised(raised)) => self.gate_raised(ctx, raised),
             (Wait::Tools, Input::ToolsDone(plan)) => {
                 let end = if plan.concludes() { StepEnd::Completed } else { StepEnd::Again };
                 self.step_done(ctx, end)
@@ -728,6 +752,14 @@ impl Machine {
         if calls.is_empty() {
             return self.step_done(ctx, StepEnd::Completed);
         }
+        if ctx.gated {
+            return self.gate_calls(ctx, calls, Vec::new());
+        }
+        self.run_plan(ctx, calls, Vec::new())
+    }
+
+    /// The step's calls become its tool plan, with what was decided for them.
+    fn run_plan(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, verdicts: Vec<gate::Verdict>) -> Effect {
         let calls = calls
             .into_iter()
             .map(|(id, name, arguments)| {
@@ -735,7 +767,11 @@ impl Machine {
                 Call { id, name, arguments, known: tool.is_some(), exclusive: tool.unwrap_or(false) }
             })
             .collect();
-        self.plan = Some(ToolPlan::new(self.turn, self.step, calls, ctx.max_parallel));
+        let mut plan = ToolPlan::new(self.turn, self.step, calls, ctx.max_parallel);
+        for (index, verdict) in verdicts.into_iter().enumerate() {
+            verdict.apply(&mut plan, index);
+        }
+        self.plan = Some(plan);
         self.wait = Wait::Tools;
         Effect::RunTools
     }

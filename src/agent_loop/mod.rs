@@ -26,6 +26,7 @@
 
 mod assemble;
 mod closers;
+pub mod decisions;
 mod ending;
 pub mod events;
 mod failure;
@@ -43,7 +44,7 @@ pub use closers::{close_open_turn, crash_closers};
 pub use ending::{EndKind, Ending};
 pub use failure::{AbortCause, AbortKind, Code, Failure, FailureCode};
 pub use history::History;
-pub use machine::{Ctx, Decision, Effect, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
+pub use machine::{Ask, Ctx, Decision, Effect, Gate, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, unentered_claims, ConsumedWork, RequeueError, Unentered};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
 pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};

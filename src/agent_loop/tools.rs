@@ -87,6 +87,37 @@ impl Outcome {
         Outcome::error("Error: tool call aborted during dispatch", "CancelledError", FailureCode::AbortedDuringDispatch)
     }
 
+    /// A gate or a person denied the call (`reason`, when given, tells the model why).
+    pub fn denied(name: &str, reason: Option<&str>) -> Outcome {
+        let text = match reason {
+            Some(reason) => format!("tool call {} was denied: {reason}", py_repr(name)),
+            None => format!("tool call {} was denied", py_repr(name)),
+        };
+        Outcome::error(text, "ToolDeniedError", FailureCode::ToolDenied)
+    }
+
+    /// The call's decision expired before anyone decided it.
+    pub fn expired(name: &str) -> Outcome {
+        let text = format!("tool call {} was not run: its approval expired before anyone decided it", py_repr(name));
+        Outcome::error(text, "DecisionExpiredError", FailureCode::ToolDenied)
+    }
+
+    /// The `before_tool` gate failed (raised, or returned what is not a verdict): the call
+    /// does not run.
+    pub fn gate_failed(name: &str, detail: &str) -> Outcome {
+        let text = format!("tool call {} was not run: its before_tool gate failed: {detail}", py_repr(name));
+        Outcome::error(text, "GateError", FailureCode::GateError)
+    }
+
+    /// The arguments about to run are not the decided ones.
+    pub fn mismatch() -> Outcome {
+        Outcome::error(
+            "tool call was not run: its arguments differ from the ones that were decided",
+            "DecisionMismatchError",
+            FailureCode::GateError,
+        )
+    }
+
     pub fn unknown_tool(name: &str) -> Outcome {
         Outcome::error(format!("unknown tool {}", py_repr(name)), "UnknownToolError", FailureCode::UnknownTool)
     }
@@ -185,6 +216,11 @@ pub struct ToolPlan {
     committed: usize,
     concludes: bool,
     raised: Vec<Raised>,
+    /// Outcomes decided before the call could run (a gate's or a person's denial, an answer):
+    /// the call is logged and gets it without running.
+    presets: Vec<Option<Outcome>>,
+    /// The digest a decision approved, checked against the arguments about to run.
+    digests: Vec<Option<String>>,
 }
 
 impl ToolPlan {
@@ -204,7 +240,28 @@ impl ToolPlan {
             committed: 0,
             concludes: false,
             raised: Vec::new(),
+            presets: vec![None; n],
+            digests: vec![None; n],
         }
+    }
+
+    /// Call `index` gets `outcome` without running.
+    pub fn preset(&mut self, index: usize, outcome: Outcome) {
+        self.presets[index] = Some(outcome);
+    }
+
+    /// Call `index` runs with `arguments` (an edit), which must have `digest` when it starts.
+    pub fn decided(&mut self, index: usize, arguments: Option<String>, digest: Option<String>) {
+        if let Some(arguments) = arguments {
+            self.calls[index].arguments = arguments;
+        }
+        self.digests[index] = digest;
+    }
+
+    /// A decided call whose arguments differ from the decided ones fails closed.
+    fn mismatch(&self, index: usize) -> Option<Outcome> {
+        let expected = self.digests[index].as_deref()?;
+        (super::decisions::digest(&self.calls[index].arguments) != expected).then(Outcome::mismatch)
     }
 
     pub fn calls(&self) -> &[Call] {
@@ -242,9 +299,10 @@ impl ToolPlan {
             }
             self.call_seqs[index] = self.log_call(sink, index)?;
             self.started += 1;
-            if !self.calls[index].known {
+            let decided = self.presets[index].take().or_else(|| self.mismatch(index));
+            if decided.is_some() || !self.calls[index].known {
                 self.finished[index] = true;
-                self.outcomes[index] = Some(Outcome::unknown_tool(&self.calls[index].name));
+                self.outcomes[index] = Some(decided.unwrap_or_else(|| Outcome::unknown_tool(&self.calls[index].name)));
                 self.commit_ready(sink)?;
                 continue;
             }

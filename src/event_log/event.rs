@@ -27,6 +27,7 @@ pub fn is_reserved_type(kind: &str) -> bool {
         || kind == "request/header"
         || kind == SPLICED
         || kind == INSTRUCTIONS
+        || kind.starts_with("decision/")
 }
 
 pub fn is_surface_type(kind: &str) -> bool {

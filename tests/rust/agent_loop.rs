@@ -71,7 +71,8 @@ impl World {
 
     fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
         let lookup = |name: &str| self.tools.get(name).copied();
-        let ctx = Ctx { log: &self.log, inbox: &self.inbox, shared: &self.shared, tools: &lookup, max_parallel: self.max_parallel };
+        let ctx =
+            Ctx { log: &self.log, inbox: &self.inbox, shared: &self.shared, tools: &lookup, max_parallel: self.max_parallel, gated: false };
         f(&ctx)
     }
 
@@ -344,6 +345,8 @@ fn name(effect: &Effect) -> &'static str {
         Effect::CloseStream => "CloseStream",
         Effect::RequestError { .. } => "RequestError",
         Effect::RunTools => "RunTools",
+        Effect::BeforeTool { .. } => "BeforeTool",
+        Effect::AwaitDecisions => "AwaitDecisions",
         Effect::TurnStopping => "TurnStopping",
         Effect::Describe(_) => "Describe",
         Effect::Report { .. } => "Report",

@@ -311,7 +311,32 @@ def _repaired(v: events.LogRepaired) -> str:
     return f"{dropped} line{'' if dropped == 1 else 's'} set aside, {lost} lost; backup {_escape(str(v.backup))}"
 
 
+def _decision_requested(v: events.DecisionRequested) -> str:
+    """``decision/requested``: the call waiting for a person, and what is asked."""
+    text = f"{_escape(v.kind or 'approval')}? " + _call(_need(v.name), v.arguments)
+    text += f" #{_escape(_need(v.call_id))} [{_escape(_need(v.decision_id))}]"
+    if v.note is not None:
+        text += " " + quote(v.note)
+    return text
+
+
+def _decision_resolved(v: events.DecisionResolved) -> str:
+    """``decision/resolved``: the outcome, who decided, and what runs."""
+    text = f"{_escape(_need(v.outcome))} #{_escape(_need(v.call_id))} [{_escape(_need(v.decision_id))}]"
+    if v.by is not None:
+        text += f" by {_escape(v.by)}"
+    if v.arguments is not None:
+        text += " → " + _escape(_truncate(v.arguments, TEXT_LIMIT))
+    if v.reason is not None:
+        text += " " + quote(v.reason)
+    if isinstance(v.data, Mapping) and "value" in v.data:
+        text += " " + compact_json(v.value)
+    return text
+
+
 _SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
+    events.DecisionRequested: _decision_requested,
+    events.DecisionResolved: _decision_resolved,
     events.LogDamaged: _damaged,
     events.LogRepaired: _repaired,
     events.InboxSpliced: _splice,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, Mapping
 
 from .._core import Event
+from ._decisions import DecisionRequested, DecisionResolved
 from ._types import (
     AssistantChunk,
     AssistantMessageEvent,
@@ -72,6 +73,7 @@ __all__ = [
     "EventView", "TurnStart", "TurnEnd", "StepStart", "StepEnd", "UserMessageEvent", "RequestHeader",
     "InstructionsChanged", "AssistantChunk", "AssistantMessageEvent", "ToolCall", "ToolResultEvent", "InboxSpliced",
     "LogDamaged", "LogRepaired", "OtherEvent",
+    "DECISION_REQUESTED", "DECISION_RESOLVED", "DecisionRequested", "DecisionResolved",
     "JsonObject", "MessageView", "Source", "Block", "TextBlock", "ReasoningBlock", "ToolCallBlock", "ToolResultBlock",
     "OtherBlock", "Chunk", "TextDelta", "ReasoningDelta", "ToolCallChunk", "UsageChunk", "FinishChunk", "OtherChunk",
     "ProviderDataChunk",
@@ -92,19 +94,24 @@ TOOL_RESULT = ToolResultEvent.TYPE
 INBOX_SPLICED = InboxSpliced.TYPE
 LOG_DAMAGED = LogDamaged.TYPE
 LOG_REPAIRED = LogRepaired.TYPE
+DECISION_REQUESTED = DecisionRequested.TYPE
+DECISION_RESOLVED = DecisionResolved.TYPE
 
 #: Every event type Kerman writes, and its view class.
 TYPES: Dict[str, type[EventView]] = {cls.TYPE: cls for cls in (
     TurnStart, TurnEnd, StepStart, StepEnd, UserMessageEvent, RequestHeader, InstructionsChanged, AssistantChunk,
-    AssistantMessageEvent, ToolCall, ToolResultEvent, InboxSpliced, LogDamaged, LogRepaired)}
+    AssistantMessageEvent, ToolCall, ToolResultEvent, InboxSpliced, LogDamaged, LogRepaired, DecisionRequested,
+    DecisionResolved)}
 
 
 def view(event: EventLike) -> EventView:
     """The typed view of ``event`` (a ``kerman.Event`` or its ``to_dict()`` form): the class
     ``TYPES`` names for its type, ``OtherEvent`` for any other type."""
+    if event.__class__ is Event:  # the common case first: one class check, no ABC lookup
+        return TYPES.get(event.type, OtherEvent)(event)
     if isinstance(event, Event):
         kind = event.type
-    elif isinstance(event, Mapping):
+    elif event.__class__ is dict or isinstance(event, Mapping):  # a dict skips the ABC's subclass check
         value = event.get("type")
         if not isinstance(value, str) or "seq" not in event:
             raise TypeError(f"expected a kerman.Event or an event dict with seq, type and data, got {event!r:.80}")

@@ -5,7 +5,22 @@ from __future__ import annotations
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Union
 
 from .._core import Event
-from ._values import Chunk, Ending, Failure, JsonObject, MessageView, Usage, _dict, _int, _str, chunk, message
+from ._values import (
+    _CHUNKS,
+    _EMPTY,
+    Chunk,
+    Ending,
+    Failure,
+    JsonObject,
+    MessageView,
+    OtherChunk,
+    ToolResultBlock,
+    Usage,
+    _dict,
+    _int,
+    _str,
+    message,
+)
 
 __all__ = [
     "EventView", "TurnStart", "TurnEnd", "StepStart", "StepEnd", "UserMessageEvent", "RequestHeader",
@@ -77,6 +92,10 @@ class EventView:
         return self._source.source_event_seqs
 
     def _field(self, key: str) -> Any:
+        # The fields a UI reads of every event (turn, step, chunk, message, the splice's) repeat
+        # these lines inline instead: a UI folds each event of a stream, and a call per field
+        # read is a measurable part of that (docs/performance.md, "The UI projections and the
+        # typed views").
         data = self._data
         if data is _UNSET:
             data = self._data = self._source.data
@@ -92,11 +111,18 @@ class _Carrying(EventView):
     __slots__ = ("_message",)
 
     def __init__(self, event: EventLike) -> None:
-        super().__init__(event)
+        # EventView's, inline: a view is built per event, and a super() call costs as much
+        self.event = event
+        self._source = event if event.__class__ is Event else _Envelope(event)  # type: ignore[arg-type]
+        self._data = _UNSET
         self._message: Optional[MessageView] = None
 
     def _read_message(self) -> MessageView:
-        return message(self._field("message"))
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("message") if data.__class__ is dict else None
+        return MessageView(value) if value.__class__ is dict else message(value)
 
     @property
     def message(self) -> MessageView:
@@ -112,7 +138,10 @@ class _Turn(EventView):
     @property
     def turn(self) -> int:
         """The turn number (1 for a session's first turn)."""
-        value = self._field("turn")
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("turn") if data.__class__ is dict else None
         return value if value.__class__ is int else 0
 
 
@@ -122,7 +151,10 @@ class _Step(_Turn):
     @property
     def step(self) -> int:
         """The step number within the turn (from 1)."""
-        value = self._field("step")
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("step") if data.__class__ is dict else None
         return value if value.__class__ is int else 0
 
 
@@ -141,7 +173,11 @@ class TurnEnd(_Turn):
 
     @property
     def reason(self) -> Ending:
-        return Ending(_dict(self._field("reason")))
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("reason") if data.__class__ is dict else None
+        return Ending(value if value.__class__ is dict else _EMPTY)
 
 
 class StepStart(_Step):
@@ -205,7 +241,13 @@ class AssistantChunk(_Step):
 
     @property
     def chunk(self) -> Chunk:
-        return chunk(_dict(self._field("chunk")))
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("chunk") if data.__class__ is dict else None
+        if value.__class__ is not dict:
+            value = _EMPTY
+        return _CHUNKS.get(value.get("type"), OtherChunk)(value)  # chunk(value), a call less
 
 
 class AssistantMessageEvent(_Carrying, _Step):
@@ -234,16 +276,27 @@ class ToolCall(_Step):
 
     @property
     def call_id(self) -> str:
-        return _str(self._field("callId")) or ""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("callId") if data.__class__ is dict else None
+        return value if value.__class__ is str else ""
 
     @property
     def name(self) -> str:
-        return _str(self._field("name")) or ""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("name") if data.__class__ is dict else None
+        return value if value.__class__ is str else ""
 
     @property
     def arguments(self) -> Any:
         """The arguments as the model wrote them: normally JSON text."""
-        value = self._field("arguments")
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("arguments") if data.__class__ is dict else None
         return "" if value is None else value
 
 
@@ -251,26 +304,38 @@ class ToolResultEvent(_Carrying, _Step):
     """``tool/result {turn, step, message, error?, meta?}``: a call's result ``message``, with
     the failure when the tool failed."""
 
-    __slots__ = ()
+    __slots__ = ("_result",)
     TYPE = "tool/result"
+
+    def __init__(self, event: EventLike) -> None:
+        self.event = event
+        self._source = event if event.__class__ is Event else _Envelope(event)  # type: ignore[arg-type]
+        self._data = _UNSET
+        self._message = None
+        self._result: Any = _UNSET
+
+    def _block(self) -> Optional[ToolResultBlock]:
+        block = self._result
+        if block is _UNSET:
+            block = self._result = self.message.tool_result
+        return block  # type: ignore[no-any-return]
 
     @property
     def call_id(self) -> str:
         """The call this result answers."""
-        view = self.message
-        block = view.tool_result
-        return (block.tool_call_id if block is not None else None) or view.source.call_id or ""
+        block = self._block()
+        return (block.tool_call_id if block is not None else None) or self.message.source.call_id or ""
 
     @property
     def text(self) -> str:
         """The result's text."""
-        block = self.message.tool_result
+        block = self._block()
         return block.text if block is not None else ""
 
     @property
     def is_error(self) -> bool:
         """The result is an error (flagged so, or with an ``error``)."""
-        block = self.message.tool_result
+        block = self._block()
         return bool(block is not None and block.is_error) or bool(self._field("error"))
 
     @property
@@ -294,29 +359,54 @@ class InboxSpliced(EventView):
     @property
     def target(self) -> str:
         """``"next-turn"`` or ``"next-step"``."""
-        return _str(self._field("target")) or ""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("target") if data.__class__ is dict else None
+        return value if value.__class__ is str else ""
 
     @property
     def start(self) -> int:
-        return _int(self._field("start")) or 0
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("start") if data.__class__ is dict else None
+        return value if value.__class__ is int else 0
 
     @property
     def removed_count(self) -> int:
-        return _int(self._field("removedCount")) or 0
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("removedCount") if data.__class__ is dict else None
+        return value if value.__class__ is int else 0
 
     @property
     def inserted(self) -> List[MessageView]:
-        value = self._field("inserted")
-        return [message(m) for m in value] if isinstance(value, list) else []
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("inserted") if data.__class__ is dict else None
+        return [MessageView(m) if m.__class__ is dict else message(m) for m in value] if isinstance(value, list) else []
 
     @property
     def outcome(self) -> Optional[str]:
-        return _str(self._field("outcome"))
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("outcome") if data.__class__ is dict else None
+        return value if value.__class__ is str else None
 
     @property
     def is_claim(self) -> bool:
         """It removes messages that go on into a turn (not a cancel)."""
-        return self.removed_count > 0 and self.outcome != "canceled"
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        if data.__class__ is not dict:
+            return False
+        count = data.get("removedCount")
+        return count.__class__ is int and count > 0 and data.get("outcome") != "canceled"
 
 
 class LogDamaged(EventView):

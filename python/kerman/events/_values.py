@@ -72,12 +72,14 @@ class Source(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        return _str(self.raw.get("kind"))
+        value = self.raw.get("kind")
+        return value if value.__class__ is str else None
 
     @property
     def call_id(self) -> Optional[str]:
         """The call a tool result answers (source ``{kind: "tool", callId}``)."""
-        return _str(self.raw.get("callId"))
+        value = self.raw.get("callId")
+        return value if value.__class__ is str else None
 
     @property
     def plugin(self) -> Optional[str]:
@@ -129,7 +131,8 @@ class ToolCallBlock(Block):
 
     @property
     def name(self) -> str:
-        return _str(self.raw.get("name")) or ""
+        value = self.raw.get("name")
+        return value if value.__class__ is str else ""
 
     @property
     def arguments(self) -> Any:
@@ -144,7 +147,8 @@ class ToolResultBlock(Block):
 
     @property
     def tool_call_id(self) -> Optional[str]:
-        return _str(self.raw.get("toolCallId"))
+        value = self.raw.get("toolCallId")
+        return value if value.__class__ is str else None
 
     @property
     def content(self) -> List[Block]:
@@ -187,12 +191,14 @@ class MessageView(JsonObject):
     __slots__ = ("_blocks",)
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        super().__init__(raw)
+        # JsonObject's, inline: a view is built per event, and a super() call costs as much
+        self.raw = raw if raw.__class__ is dict else dict(raw)
         self._blocks: Optional[List[Block]] = None
 
     @property
     def id(self) -> str:
-        return _str(self.raw.get("id")) or ""
+        value = self.raw.get("id")
+        return value if value.__class__ is str else ""
 
     @property
     def role(self) -> Optional[str]:
@@ -200,7 +206,8 @@ class MessageView(JsonObject):
 
     @property
     def source(self) -> Source:
-        return Source(_dict(self.raw.get("source")))
+        value = self.raw.get("source")
+        return Source(value if value.__class__ is dict else _EMPTY)
 
     @property
     def content(self) -> List[Block]:
@@ -210,6 +217,14 @@ class MessageView(JsonObject):
             value = self.raw.get("content")
             blocks = self._blocks = [block(b) for b in value if isinstance(b, dict)] if isinstance(value, list) else []
         return blocks
+
+    def _blocks_of(self, kind: str) -> List[Dict[str, Any]]:
+        """The raw blocks of one type: the accessors below read these rather than building a
+        view of every block."""
+        value = self.raw.get("content")
+        if not isinstance(value, list):
+            return []
+        return [b for b in value if isinstance(b, dict) and b.get("type") == kind]
 
     @property
     def text(self) -> str:
@@ -222,17 +237,22 @@ class MessageView(JsonObject):
     @property
     def reasoning(self) -> str:
         """The reasoning blocks' text joined by newlines."""
-        return "\n".join(b.text for b in self.content if isinstance(b, ReasoningBlock))
+        return "\n".join(text if (text := b.get("text")).__class__ is str else "" for b in self._blocks_of("reasoning"))
 
     @property
     def tool_calls(self) -> List[ToolCallBlock]:
         """The tool-call blocks, in order."""
-        return [b for b in self.content if isinstance(b, ToolCallBlock)]
+        return [ToolCallBlock(b) for b in self._blocks_of("tool-call")]
 
     @property
     def tool_result(self) -> Optional[ToolResultBlock]:
         """The first tool-result block (a tool result message has exactly one)."""
-        return next((b for b in self.content if isinstance(b, ToolResultBlock)), None)
+        value = self.raw.get("content")
+        if isinstance(value, list):
+            for b in value:
+                if isinstance(b, dict) and b.get("type") == "tool-result":
+                    return ToolResultBlock(b)
+        return None
 
 
 def message(value: Any) -> MessageView:
@@ -255,12 +275,14 @@ class Failure(JsonObject):
 
     @property
     def message(self) -> str:
-        return _str(self.raw.get("message")) or ""
+        value = self.raw.get("message")
+        return value if value.__class__ is str else ""
 
     @property
     def code(self) -> Optional[str]:
         """``"UNKNOWN"``, ``"TOOL_ERROR"``, ``"INVALID_ARGUMENTS"``, a provider's code, ..."""
-        return _str(self.raw.get("code"))
+        value = self.raw.get("code")
+        return value if value.__class__ is str else None
 
     @property
     def name(self) -> Optional[str]:
@@ -329,7 +351,8 @@ class Ending(JsonObject):
 
     @property
     def kind(self) -> Optional[str]:
-        return _str(self.raw.get("kind"))
+        value = self.raw.get("kind")
+        return value if value.__class__ is str else None
 
     @property
     def error(self) -> Optional[Failure]:
@@ -356,7 +379,8 @@ class Usage(JsonObject):
     __slots__ = ()
 
     def _count(self, key: str) -> int:
-        return _int(self.raw.get(key)) or 0
+        value = self.raw.get(key)
+        return value if value.__class__ is int else 0
 
     @property
     def input(self) -> int:
@@ -401,7 +425,8 @@ class TextDelta(Chunk):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ReasoningDelta(Chunk):
@@ -411,7 +436,8 @@ class ReasoningDelta(Chunk):
 
     @property
     def text(self) -> str:
-        return _str(self.raw.get("text")) or ""
+        value = self.raw.get("text")
+        return value if value.__class__ is str else ""
 
 
 class ToolCallChunk(Chunk):
@@ -421,11 +447,13 @@ class ToolCallChunk(Chunk):
 
     @property
     def id(self) -> str:
-        return _str(self.raw.get("id")) or ""
+        value = self.raw.get("id")
+        return value if value.__class__ is str else ""
 
     @property
     def name(self) -> str:
-        return _str(self.raw.get("name")) or ""
+        value = self.raw.get("name")
+        return value if value.__class__ is str else ""
 
     @property
     def arguments(self) -> Any:

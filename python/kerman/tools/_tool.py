@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from ._check import check_parameters
 from ._typed import typed_tool
@@ -21,12 +21,16 @@ class Tool:
     dict as it came. ``parameters``, when given, must be a JSON Schema with ``"type": "object"``
     (``ValueError`` otherwise); it replaces the inferred schema of a typed function.
     ``description=None`` is the docstring's first paragraph for a typed function, ``""`` for the
-    (args, ctx) form (``AgentLoop.tool`` gives that form the whole docstring)."""
+    (args, ctx) form (``AgentLoop.tool`` gives that form the whole docstring).
+    ``needs_approval=True`` (or a predicate ``f(call: ToolCall) -> bool``) makes each call (each
+    one the predicate is true of) wait for a person's decision before it runs
+    (``docs/decisions.md``)."""
 
-    __slots__ = ("name", "fn", "description", "parameters", "parallel", "_typed")
+    __slots__ = ("name", "fn", "description", "parameters", "parallel", "needs_approval", "_typed")
 
     def __init__(self, name: str, fn: Callable[..., Any], description: Optional[str] = None,
-                 parameters: Optional[Mapping[str, Any]] = None, parallel: bool = True) -> None:
+                 parameters: Optional[Mapping[str, Any]] = None, parallel: bool = True, *,
+                 needs_approval: Union[bool, Callable[[Any], bool]] = False) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tool name must be a non-empty str, got {name!r}")
         if not callable(fn):
@@ -34,8 +38,11 @@ class Tool:
         typed = typed_tool(name, fn)
         if parameters is not None:
             check_parameters(name, parameters, typed)
+        if not isinstance(needs_approval, bool) and not callable(needs_approval):
+            raise TypeError(f"tool {name!r}: needs_approval must be a bool or a callable, got {type(needs_approval).__name__}")
         self.name = name
         self.parallel = parallel
+        self.needs_approval = needs_approval
         self._typed = typed
         if typed is None:
             self.fn = fn

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Dict, Iterable, Iterator, Optional, Union, cast
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Dict, Iterable, Iterator, Optional, Union
 
 from .. import events
 from .._core import Event, InboxProjection
@@ -138,7 +138,7 @@ class QueueMirror:
     def apply(self, event: Union[EventLike, events.InboxSpliced]) -> tuple[str, int, list[JsonDict], list[JsonDict]]:
         """Applies one splice; returns (target, start, removed items, inserted items)."""
         splice = event if isinstance(event, events.InboxSpliced) else events.InboxSpliced(event)
-        self._check.apply(cast(Union[Event, JsonDict], splice.event))
+        self._check.apply(splice.event)  # type: ignore[arg-type]  # a Mapping the view accepted: the check takes its dict
         target = splice.target
         start = splice.start
         count = splice.removed_count
@@ -172,6 +172,8 @@ class QueueMirror:
 
     def requeued(self, inserted: list[JsonDict]) -> list[str]:
         """The ids of ``inserted`` that were unread (sent again)."""
+        if not self.unread:  # the common case: nothing was left unread
+            return []
         again = [row["id"] for row in inserted if row["id"] in self.unread]
         self.unread.difference_update(again)
         return again
@@ -193,25 +195,46 @@ class Projection:
         raise NotImplementedError
 
 
+_new = object.__new__
+
+
+def _ui_event(seq: int, index: int, last: bool, data: JsonDict) -> UiEvent:
+    """``UiEvent(seq, index, last, data)``, filled as its generated ``__init__`` fills it but
+    without four ``object.__setattr__`` calls: one is made per protocol event, and that
+    ``__init__`` cost more than folding the log event (docs/performance.md, "The UI
+    projections and the typed views")."""
+    event = _new(UiEvent)
+    fields = event.__dict__
+    fields["seq"] = seq
+    fields["index"] = index
+    fields["last"] = last
+    fields["data"] = data
+    return event
+
+
 def _numbered(seq: int, outs: list[JsonDict], after: Optional[ResumePoint]) -> Iterator[UiEvent]:
     last = len(outs) - 1
     for index, out in enumerate(outs):
         if after is None or not after.skips(seq, index):
-            yield UiEvent(seq, index, index == last, out)
+            yield _ui_event(seq, index, index == last, out)
+
+
+def _seq(event: EventLike) -> int:
+    return event.seq if event.__class__ is Event else fields(event)[0]
 
 
 def _sync(projection: Projection, events: Iterable[EventLike], after: Optional[ResumePoint]) -> Iterator[UiEvent]:
     for event in events:
         outs = projection.feed(event)
         if outs:
-            yield from _numbered(fields(event)[0], outs, after)
+            yield from _numbered(_seq(event), outs, after)
 
 
 async def _async(projection: Projection, events: AsyncIterable[EventLike], after: Optional[ResumePoint]) -> AsyncIterator[UiEvent]:
     async for event in events:
         outs = projection.feed(event)
         if outs:
-            for out in _numbered(fields(event)[0], outs, after):
+            for out in _numbered(_seq(event), outs, after):
                 yield out
 
 

@@ -15,7 +15,9 @@ The rules that are the fold's, not a protocol's:
   end and a turn's end close whatever part is open (a retried request streams a new part);
 * a reply that was not streamed shows its reasoning, then its text, whole;
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
-  announces the call first, with the name and arguments its assistant message gave.
+  announces the call first, with the name and arguments its assistant message gave;
+* a decision request and its resolution are told as they come (docs/decisions.md); the AG-UI
+  and Vercel projections do not map them yet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import events
 from .._core import Event
+from ..events import FinishChunk, ReasoningDelta, TextDelta, ToolCallChunk
 from ._base import EventLike, JsonDict, QueueMirror
 
 __all__ = ["UiFold", "Sink"]
@@ -81,6 +84,13 @@ class Sink:
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         """A turn ended; ``turn`` is the turn that was open (else the end's own)."""
 
+    def decision_requested(self, request: events.DecisionRequested) -> None:
+        """A tool call waits for a person (docs/decisions.md); the turn waits with it."""
+
+    def decision_resolved(self, resolution: events.DecisionResolved) -> None:
+        """A pending request was resolved (approved, denied, edited, answered, expired or
+        cancelled)."""
+
 
 class UiFold:
     """The state a UI derives from the log prefix fed so far, and nothing else."""
@@ -98,13 +108,20 @@ class UiFold:
         self._announced: set[str] = set()
 
     def feed(self, event: EventLike) -> bool:
-        """Tells the sink the parts ``event`` gives; whether it is a type UIs show (for any
-        other type no view is built)."""
-        kind = event.type if event.__class__ is Event else events.view(event).type
-        entry = _HANDLERS.get(kind)
-        if entry is None:
+        """Tells the sink the parts ``event`` gives; whether it is a type UIs show (for an
+        ``Event`` of any other type no view is built)."""
+        if event.__class__ is Event:
+            entry = _HANDLERS.get(event.type)
+            if entry is None:
+                return False
+            cls, handler = entry
+            handler(self, cls(event))
+            return True
+        view = events.view(event)
+        handler = _BY_CLASS.get(view.__class__)
+        if handler is None:
             return False
-        entry[1](self, entry[0](event))
+        handler(self, view)
         return True
 
     def _close_text(self) -> None:
@@ -118,8 +135,11 @@ class UiFold:
             self._reasoning = None
 
     def _close_open(self) -> None:
-        self._close_text()
-        self._close_reasoning()
+        # called at most events, where usually nothing is open: test before calling
+        if self._text is not None:
+            self._close_text()
+        if self._reasoning is not None:
+            self._close_reasoning()
 
     def _spliced(self, view: events.InboxSpliced) -> None:
         target, start, removed, inserted = self.queue.apply(view)
@@ -127,16 +147,16 @@ class UiFold:
 
     def _turn_start(self, view: events.TurnStart) -> None:
         self._close_open()
-        self.turn = view.turn
+        turn = self.turn = view.turn
         self._calls.clear()
         self._announced.clear()
-        self.sink.turn_started(view.turn)
+        self.sink.turn_started(turn)
 
     def _step_start(self, view: events.StepStart) -> None:
         self.queue.step_started()
-        self.step = view.step
+        step = self.step = view.step
         self._streamed = False
-        self.sink.step_started(view.step)
+        self.sink.step_started(step)
 
     def _step_end(self, view: events.StepEnd) -> None:
         self._close_open()
@@ -148,23 +168,28 @@ class UiFold:
         self.sink.user_entered(message.raw, kind, message.text)
 
     def _chunk(self, view: events.AssistantChunk) -> None:
+        # the one handler every streamed token goes through: each field is read once
         self._streamed = True
         chunk = view.chunk
-        if isinstance(chunk, events.TextDelta):
-            self._close_reasoning()
+        if isinstance(chunk, TextDelta):
+            if self._reasoning is not None:
+                self._close_reasoning()
             if self._text is None:
                 self._text = view.seq
-                self.sink.part_started("text", view.seq)
-            if chunk.text:
-                self.sink.part_delta("text", self._text, chunk.text)
-        elif isinstance(chunk, events.ReasoningDelta):
-            self._close_text()
+                self.sink.part_started("text", self._text)
+            text = chunk.text
+            if text:
+                self.sink.part_delta("text", self._text, text)
+        elif isinstance(chunk, ReasoningDelta):
+            if self._text is not None:
+                self._close_text()
             if self._reasoning is None:
                 self._reasoning = view.seq
-                self.sink.part_started("reasoning", view.seq)
-            if chunk.text:
-                self.sink.part_delta("reasoning", self._reasoning, chunk.text)
-        elif isinstance(chunk, (events.ToolCallChunk, events.FinishChunk)):
+                self.sink.part_started("reasoning", self._reasoning)
+            text = chunk.text
+            if text:
+                self.sink.part_delta("reasoning", self._reasoning, text)
+        elif isinstance(chunk, (ToolCallChunk, FinishChunk)):
             # a tool call is announced at its tool/call, and what the model says after it is a new
             # part; a finish ends the attempt (a retried request streams a part of its own)
             self._close_open()
@@ -172,14 +197,17 @@ class UiFold:
     def _assistant_message(self, view: events.AssistantMessageEvent) -> None:
         self._close_open()
         message = view.message
-        self._parent = message.id or None
+        message_id = message.id
+        self._parent = message_id or None
         for call in message.tool_calls:
             self._calls[call.id] = (call.name, call.arguments)
         if not self._streamed:  # a whole reply: its reasoning and text at once
-            if message.reasoning:
-                self.sink.whole_reasoning(view.seq, message.reasoning)
-            if message.text:
-                self.sink.whole_text(view.seq, message.id, message.text)
+            reasoning = message.reasoning
+            if reasoning:
+                self.sink.whole_reasoning(view.seq, reasoning)
+            text = message.text
+            if text:
+                self.sink.whole_text(view.seq, message_id, text)
         self._streamed = False
 
     def _announce(self, call_id: str, name: str, arguments: Any) -> None:
@@ -197,8 +225,15 @@ class UiFold:
             name, arguments = self._calls.get(call_id, ("", ""))
             self._announce(call_id, name, arguments)
         error = view.error
-        self.sink.tool_answered(view.seq, call_id, view.message.id or f"result-{view.seq}", view.text, view.is_error,
+        seq = view.seq
+        self.sink.tool_answered(seq, call_id, view.message.id or f"result-{seq}", view.text, view.is_error,
                                 error.raw if error is not None else None)
+
+    def _decision_requested(self, view: events.DecisionRequested) -> None:
+        self.sink.decision_requested(view)
+
+    def _decision_resolved(self, view: events.DecisionResolved) -> None:
+        self.sink.decision_resolved(view)
 
     def _turn_end(self, view: events.TurnEnd) -> None:
         self._close_open()
@@ -223,4 +258,8 @@ _HANDLERS: Dict[str, Tuple[Any, Any]] = {cls.TYPE: (cls, handler) for cls, handl
     (events.ToolCall, UiFold._tool_call),
     (events.ToolResultEvent, UiFold._tool_result),
     (events.TurnEnd, UiFold._turn_end),
+    (events.DecisionRequested, UiFold._decision_requested),
+    (events.DecisionResolved, UiFold._decision_resolved),
 )}
+# view class -> handler, for an event given as a dict (its view is built first)
+_BY_CLASS: Dict[type, Any] = {cls: handler for cls, handler in _HANDLERS.values()}

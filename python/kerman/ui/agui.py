@@ -35,8 +35,11 @@ class AgUiProjection(Projection, f.Sink):
         self._snapshot_sent = False
         self._time = 0
         self._out: List[JsonDict] = []
+        self._part = (-1, "")  # the open text part's seq and message id: each delta reuses the id
 
     def _ev(self, type: str, **fields: Any) -> JsonDict:
+        # The per-chunk parts below (step bounds, streamed deltas) write their dict whole
+        # instead: a keyword call and a merge cost more than the rest of a chunk's fold.
         return {"type": type, "timestamp": self._time, **fields}
 
     def feed(self, event: EventLike) -> List[JsonDict]:
@@ -67,10 +70,10 @@ class AgUiProjection(Projection, f.Sink):
         self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=f"turn-{turn}"))
 
     def step_started(self, step: int) -> None:
-        self._out.append(self._ev("STEP_STARTED", stepName=f"step-{step}"))
+        self._out.append({"type": "STEP_STARTED", "timestamp": self._time, "stepName": f"step-{step}"})
 
     def step_finished(self, step: int) -> None:
-        self._out.append(self._ev("STEP_FINISHED", stepName=f"step-{step}"))
+        self._out.append({"type": "STEP_FINISHED", "timestamp": self._time, "stepName": f"step-{step}"})
 
     def user_entered(self, message: JsonDict, kind: str, text: str) -> None:
         message_id = message["id"]
@@ -79,24 +82,32 @@ class AgUiProjection(Projection, f.Sink):
         self._text_message(message_id, "user", text)
 
     def part_started(self, kind: str, seq: int) -> None:
+        time = self._time
         if kind == "text":
-            self._out.append(self._ev("TEXT_MESSAGE_START", messageId=f"msg-{seq}", role="assistant"))
+            self._out.append({"type": "TEXT_MESSAGE_START", "timestamp": time, "messageId": f"msg-{seq}", "role": "assistant"})
         else:
-            self._out.append(self._ev("REASONING_START", messageId=f"reasoning-{seq}"))
-            self._out.append(self._ev("REASONING_MESSAGE_START", messageId=f"reasoning-{seq}", role="reasoning"))
+            message_id = f"reasoning-{seq}"
+            self._out.append({"type": "REASONING_START", "timestamp": time, "messageId": message_id})
+            self._out.append({"type": "REASONING_MESSAGE_START", "timestamp": time, "messageId": message_id, "role": "reasoning"})
 
     def part_delta(self, kind: str, seq: int, text: str) -> None:
         if kind == "text":
-            self._out.append(self._ev("TEXT_MESSAGE_CONTENT", messageId=f"msg-{seq}", delta=text))
+            part = self._part
+            if part[0] != seq:
+                part = self._part = (seq, f"msg-{seq}")
+            self._out.append({"type": "TEXT_MESSAGE_CONTENT", "timestamp": self._time, "messageId": part[1], "delta": text})
         else:
-            self._out.append(self._ev("REASONING_MESSAGE_CONTENT", messageId=f"reasoning-{seq}", delta=text))
+            self._out.append({"type": "REASONING_MESSAGE_CONTENT", "timestamp": self._time, "messageId": f"reasoning-{seq}",
+                              "delta": text})
 
     def part_ended(self, kind: str, seq: int) -> None:
+        time = self._time
         if kind == "text":
-            self._out.append(self._ev("TEXT_MESSAGE_END", messageId=f"msg-{seq}"))
+            self._out.append({"type": "TEXT_MESSAGE_END", "timestamp": time, "messageId": f"msg-{seq}"})
         else:
-            self._out.append(self._ev("REASONING_MESSAGE_END", messageId=f"reasoning-{seq}"))
-            self._out.append(self._ev("REASONING_END", messageId=f"reasoning-{seq}"))
+            message_id = f"reasoning-{seq}"
+            self._out.append({"type": "REASONING_MESSAGE_END", "timestamp": time, "messageId": message_id})
+            self._out.append({"type": "REASONING_END", "timestamp": time, "messageId": message_id})
 
     def whole_reasoning(self, seq: int, text: str) -> None:
         message_id = f"reasoning-{seq}"

@@ -21,6 +21,10 @@ from ._base import EventLike, JsonDict, Projection, public_reason
 __all__ = ["VercelProjection"]
 
 _FINISH = {"completed": "stop", "max-tokens": "length", "blocked": "other"}
+# a streamed part's start, delta and end types, by kind
+_START = {"text": "text-start", "reasoning": "reasoning-start"}
+_DELTA = {"text": "text-delta", "reasoning": "reasoning-delta"}
+_END = {"text": "text-end", "reasoning": "reasoning-end"}
 
 
 class VercelProjection(Projection, f.Sink):
@@ -31,6 +35,7 @@ class VercelProjection(Projection, f.Sink):
         self.fold = f.UiFold(self)
         self.queue = self.fold.queue
         self._out: List[JsonDict] = []
+        self._part = (-1, "")  # the open part's seq and id: a delta per streamed chunk reuses the id
 
     def feed(self, event: EventLike) -> List[JsonDict]:
         out = self._out = []
@@ -54,14 +59,21 @@ class VercelProjection(Projection, f.Sink):
         self._out.append({"type": f"data-{kind}", "id": message_id,
                           "data": {"id": message_id, "text": text, "message": message}})
 
+    def _part_id(self, kind: str, seq: int) -> str:
+        part = self._part
+        if part[0] != seq:
+            part = self._part = (seq, f"{kind}-{seq}")
+        return part[1]
+
     def part_started(self, kind: str, seq: int) -> None:
-        self._out.append({"type": f"{kind}-start", "id": f"{kind}-{seq}"})
+        self._out.append({"type": _START[kind], "id": self._part_id(kind, seq)})
 
     def part_delta(self, kind: str, seq: int, text: str) -> None:
-        self._out.append({"type": f"{kind}-delta", "id": f"{kind}-{seq}", "delta": text})
+        part = self._part
+        self._out.append({"type": _DELTA[kind], "id": part[1] if part[0] == seq else self._part_id(kind, seq), "delta": text})
 
     def part_ended(self, kind: str, seq: int) -> None:
-        self._out.append({"type": f"{kind}-end", "id": f"{kind}-{seq}"})
+        self._out.append({"type": _END[kind], "id": self._part_id(kind, seq)})
 
     def whole_reasoning(self, seq: int, text: str) -> None:
         rid = f"reasoning-{seq}"

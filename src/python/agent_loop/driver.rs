@@ -23,7 +23,7 @@ use super::super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
 use super::delegate::{close_delegate, send_into, throw_into, Sent};
 use super::run::{core_err, Pending, Run, Step};
 use super::{classes, PyLoopCore};
-use crate::agent_loop::{Effect, Input, Machine};
+use crate::agent_loop::{decisions, Effect, Input, Machine};
 
 impl Run {
     /// Runs effects until one must be awaited or the run is over.
@@ -74,6 +74,9 @@ impl Run {
                 return self.run_plan(py, plan);
             }
             Effect::TurnStopping => return self.turn_stopping(py),
+            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, arguments),
+            // The step waits for decisions: the run ends, the turn stays open.
+            Effect::AwaitDecisions => Step::Finished,
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
             Effect::Report { turn, step, failure, exception } => {
                 let exc = if exception { self.last_exc.take().map(|e| e.into_bound(py).into_any()) } else { None };
@@ -178,7 +181,11 @@ impl Run {
                     return (false, Err(PyTypeError::new_err("can't send non-None value to a just-started coroutine")));
                 }
                 self.started = true;
-                Step::Input(Input::Continue)
+                match self.first.take() {
+                    // A held step taken up again starts where it stopped.
+                    Some(effect) => self.perform(py, effect),
+                    None => Step::Input(Input::Continue),
+                }
             }
             (Some((iter, pending)), Resume::Close) => {
                 let exc = close_delegate(&iter.into_bound(py));
@@ -236,6 +243,9 @@ impl PyDriver {
     pub(super) fn begin(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>) -> PyResult<Option<PyDriver>> {
         let py = core.py();
         let parts = core.get().parts()?;
+        if decisions::held(&parts.log.get().inner).is_some() {
+            return Self::resume_held(core, agent, parts);
+        }
         let (machine, mut effect) = {
             // The first claim and `turn/start` plan no tools.
             Machine::begin(&parts.ctx(core.get(), &|_| None))
@@ -255,6 +265,7 @@ impl PyDriver {
             last_exc: None,
             propagating: None,
             task: std::sync::OnceLock::new(),
+            first: None,
         });
         // A turn that could not start reports why, synchronously (no await is involved).
         while let Some(e) = effect.take() {
@@ -266,6 +277,33 @@ impl PyDriver {
                 },
             }
         }
+        Ok(Some(PyDriver { state: State::Ready(run) }))
+    }
+
+    /// The last turn's step stopped at its decisions: a driver that takes it up again once
+    /// they are all resolved (`None` while any is pending).
+    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
+        let py = core.py();
+        let tools = parts.tools.bind(py);
+        let lookup = |name: &str| super::run::tool_lookup(tools, name);
+        let Some((machine, effect)) = Machine::resume_held(&parts.ctx(core.get(), &lookup)) else { return Ok(None) };
+        let run = Box::new(Run {
+            agent: agent.clone().unbind(),
+            core: core.clone().unbind(),
+            parts: Arc::clone(&parts),
+            machine,
+            started: false,
+            inner: None,
+            entered: None,
+            request: None,
+            stream: None,
+            lone: None,
+            tool_run: None,
+            last_exc: None,
+            propagating: None,
+            task: std::sync::OnceLock::new(),
+            first: Some(effect),
+        });
         Ok(Some(PyDriver { state: State::Ready(run) }))
     }
 

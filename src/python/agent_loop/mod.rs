@@ -10,6 +10,7 @@
 //! by the `AgentLoop` façade as plain callables.
 
 mod context;
+mod decide;
 mod delegate;
 mod driver;
 mod read;
@@ -31,7 +32,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
-use crate::agent_loop::{requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
+use crate::agent_loop::{decisions, requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
 
@@ -52,6 +53,12 @@ pub(crate) struct Classes {
     pub model_error: Py<PyAny>,
     pub invalid_tool_arguments: Py<PyAny>,
     pub lease_lost: Py<PyAny>,
+    /// `kerman.decisions`' `ToolCall` (the `before_tool` payload) and verdicts.
+    pub tool_call: Py<PyAny>,
+    pub approve: Py<PyAny>,
+    pub deny: Py<PyAny>,
+    pub edit: Py<PyAny>,
+    pub ask: Py<PyAny>,
     pub user_message: Py<PyAny>,
     pub next: Py<PyAny>,
     pub json_dumps: Py<PyAny>,
@@ -77,6 +84,7 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
         let errors = py.import("kerman.errors")?;
         let core = py.import("kerman._core")?;
         let asyncio = py.import("asyncio")?;
+        let decisions = py.import("kerman.decisions")?;
         let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
         Ok(Classes {
             signal: get(&types, "Signal")?,
@@ -94,6 +102,11 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             model_error: get(&errors, "ModelError")?,
             invalid_tool_arguments: get(&errors, "InvalidToolArgumentsError")?,
             lease_lost: get(&errors, "LeaseLostError")?,
+            tool_call: get(&decisions, "ToolCall")?,
+            approve: get(&decisions, "Approve")?,
+            deny: get(&decisions, "Deny")?,
+            edit: get(&decisions, "Edit")?,
+            ask: get(&decisions, "Ask")?,
             user_message: get(&core, "UserMessage")?,
             next: get(&core, "Next")?,
             json_dumps: get(&py.import("json")?, "dumps")?,
@@ -129,6 +142,7 @@ pub(crate) struct Parts {
     pub before_request: Py<PyList>,
     pub request_error: Py<PyList>,
     pub turn_stopping: Py<PyList>,
+    pub before_tool: Py<PyList>,
     pub options: Py<PyDict>,
     pub max_parallel: usize,
     /// `describe(exc, function, typed) -> dict`: an exception's report fields.
@@ -145,13 +159,23 @@ pub(crate) struct Parts {
     pub serial: Py<PyAny>,
     /// `run_tools(run)`: the executor of a plan of several calls.
     pub run_tools: Py<PyAny>,
+    /// `default_gate(call)`: the end of the `before_tool` waterfall (`Approve`, or `Ask` for a
+    /// tool that needs approval).
+    pub default_gate: Py<PyAny>,
 }
 
 impl Parts {
     /// The machine's context over these parts and `core`'s shared state; `tools` says whether a
     /// tool is registered (and runs alone).
     pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
-        Ctx { log: &self.log.get().inner, inbox: &self.inbox.get().inner, shared: &core.shared, tools, max_parallel: self.max_parallel }
+        Ctx {
+            log: &self.log.get().inner,
+            inbox: &self.inbox.get().inner,
+            shared: &core.shared,
+            tools,
+            max_parallel: self.max_parallel,
+            gated: core.gated.load(Ordering::Relaxed),
+        }
     }
 
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -159,11 +183,14 @@ impl Parts {
         visit.call(&self.inbox)?;
         visit.call(&self.model)?;
         visit.call(&self.tools)?;
-        for list in [&self.pre_step, &self.before_request, &self.request_error, &self.turn_stopping] {
+        for list in [&self.pre_step, &self.before_request, &self.request_error, &self.turn_stopping, &self.before_tool] {
             visit.call(list)?;
         }
         visit.call(&self.options)?;
-        for hook in [&self.describe, &self.report_turn, &self.report_tool, &self.finished, &self.abort, &self.serial, &self.run_tools] {
+        for hook in [
+            &self.describe, &self.report_turn, &self.report_tool, &self.finished, &self.abort, &self.serial, &self.run_tools,
+            &self.default_gate,
+        ] {
             visit.call(hook)?;
         }
         Ok(())
@@ -188,6 +215,8 @@ pub struct PyLoopCore {
     in_user: AtomicBool,
     /// ... and `cancel()` threw, so the driver absorbs that cancellation.
     thrown: AtomicBool,
+    /// A `before_tool` gate is registered or a tool needs approval: calls are gated.
+    gated: AtomicBool,
     /// Python objects of the history's messages, wrapped once each (aligned with the core's),
     /// in a list of its own that is never handed out: a request gets a slice of it, which
     /// Python copies in one step.
@@ -258,7 +287,7 @@ impl PyLoopCore {
 impl PyLoopCore {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (log, inbox, model, tools, pre_step, before_request, request_error, turn_stopping, options, max_parallel, *, describe, report_turn, report_tool, finished, abort, serial, run_tools))]
+    #[pyo3(signature = (log, inbox, model, tools, pre_step, before_request, request_error, turn_stopping, options, max_parallel, *, describe, report_turn, report_tool, finished, abort, serial, run_tools, before_tool, default_gate))]
     fn new(
         log: Bound<'_, PySessionLog>,
         inbox: Bound<'_, PyInbox>,
@@ -277,6 +306,8 @@ impl PyLoopCore {
         abort: Py<PyAny>,
         serial: Py<PyAny>,
         run_tools: Py<PyAny>,
+        before_tool: Py<PyList>,
+        default_gate: Py<PyAny>,
     ) -> PyResult<Self> {
         classes(log.py())?;
         let shared = Arc::new(Shared::resume(&log.get().inner));
@@ -298,6 +329,8 @@ impl PyLoopCore {
             abort,
             serial,
             run_tools,
+            before_tool,
+            default_gate,
         };
         Ok(PyLoopCore {
             shared,
@@ -306,6 +339,7 @@ impl PyLoopCore {
             fenced: Mutex::new(None),
             in_user: AtomicBool::new(false),
             thrown: AtomicBool::new(false),
+            gated: AtomicBool::new(false),
             history: Mutex::new(None),
         })
     }
@@ -418,6 +452,76 @@ impl PyLoopCore {
     /// was refused).
     fn begin(slf: &Bound<'_, Self>, r#loop: &Bound<'_, PyAny>) -> PyResult<Option<PyDriver>> {
         PyDriver::begin(slf, r#loop)
+    }
+
+    /// Whether every tool call is gated before it runs (the façade sets it when a
+    /// `before_tool` gate or a tool that needs approval is registered).
+    #[getter]
+    fn gated(&self) -> bool {
+        self.gated.load(Ordering::Relaxed)
+    }
+
+    #[setter]
+    fn set_gated(&self, on: bool) {
+        self.gated.store(on, Ordering::Relaxed);
+    }
+
+    /// The requests waiting for a decision, as dicts (oldest first).
+    fn decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let parts = self.parts()?;
+        decide::request_list(py, &decisions::pending(&parts.log.get().inner))
+    }
+
+    /// Whether the last turn waits for decisions.
+    #[getter]
+    fn waiting(&self) -> PyResult<bool> {
+        Ok(!decisions::pending(&self.parts()?.log.get().inner).is_empty())
+    }
+
+    /// Whether the last turn's step stopped at decisions that are all resolved now: the next
+    /// run resumes it.
+    #[getter]
+    fn resumable(&self) -> PyResult<bool> {
+        Ok(decisions::held(&self.parts()?.log.get().inner).is_some_and(|h| h.ready()))
+    }
+
+    /// The earliest deadline of a pending request (epoch ms).
+    #[getter]
+    fn next_expiry(&self) -> PyResult<Option<i64>> {
+        Ok(decisions::next_expiry(&self.parts()?.log.get().inner))
+    }
+
+    /// Applies `outcome` (`Approve`, `Deny`, `Edit`, `Answer`) to request `decision_id` at
+    /// `now` (epoch ms); `(duplicate, ready)`. Raises `DecisionError` naming why it is refused.
+    #[pyo3(signature = (decision_id, outcome, by=None, key=None, now=None))]
+    fn decide(
+        &self,
+        py: Python<'_>,
+        decision_id: &str,
+        outcome: &Bound<'_, PyAny>,
+        by: Option<String>,
+        key: Option<String>,
+        now: Option<i64>,
+    ) -> PyResult<(bool, bool)> {
+        let decision = decide::decision(outcome)?;
+        let parts = self.parts()?;
+        let now = now.unwrap_or_else(crate::event_log::now_ms);
+        let decided = decisions::decide(&parts.log.get().inner, decision_id, decision, by.as_deref(), key.as_deref(), now)
+            .map_err(|e| decide::decide_err(py, e))?;
+        Ok((decided.duplicate, decided.ready))
+    }
+
+    /// Resolves the pending requests due at `now` (epoch ms) as `expired`; how many.
+    #[pyo3(signature = (now=None))]
+    fn expire(&self, py: Python<'_>, now: Option<i64>) -> PyResult<usize> {
+        let parts = self.parts()?;
+        decisions::expire(&parts.log.get().inner, now.unwrap_or_else(crate::event_log::now_ms)).map_err(|e| super::errors::log_err(py, e))
+    }
+
+    /// Resolves every pending request as `cancelled`; how many.
+    fn cancel_decisions(&self, py: Python<'_>) -> PyResult<usize> {
+        let parts = self.parts()?;
+        decisions::cancel_pending(&parts.log.get().inner).map_err(|e| super::errors::log_err(py, e))
     }
 
     /// SPEC D9: re-inserts what finished turn `turn` claimed but never entered.

@@ -25,6 +25,7 @@ pub(super) enum Seam {
     Chunk,
     RequestError,
     Stopping,
+    BeforeTool,
 }
 
 /// What the driver is awaiting.
@@ -82,6 +83,17 @@ pub(super) struct Run {
     /// The task running this driver, once asked for: it never changes while the run lasts,
     /// and `asyncio.current_task()` is a Python call and, on 3.11, a `getpid` system call.
     pub task: std::sync::OnceLock<Py<PyAny>>,
+    /// The effect a resumed step starts with (a held step taken up again), performed at the
+    /// first `send` instead of starting a turn.
+    pub first: Option<crate::agent_loop::Effect>,
+}
+
+/// `Some(exclusive)` when a tool of that name is registered (`exclusive`: `parallel=False`).
+pub(super) fn tool_lookup(tools: &Bound<'_, pyo3::types::PyDict>, name: &str) -> Option<bool> {
+    let py = tools.py();
+    let tool = tools.get_item(name).ok().flatten().filter(|t| !t.is_none())?;
+    let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
+    Some(!parallel)
 }
 
 /// The host's exception for a core error.
@@ -103,11 +115,7 @@ impl Run {
         let parts = Arc::clone(&self.parts);
         let core = self.core.bind(py).get();
         let tools = parts.tools.bind(py);
-        let lookup = |name: &str| -> Option<bool> {
-            let tool = tools.get_item(name).ok().flatten().filter(|t| !t.is_none())?;
-            let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
-            Some(!parallel)
-        };
+        let lookup = |name: &str| tool_lookup(tools, name);
         f(&mut self.machine, &parts.ctx(core, &lookup))
     }
 

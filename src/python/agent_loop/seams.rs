@@ -171,6 +171,25 @@ impl Run {
         Ok(self.user_begin(py, awaitable, Seam::RequestError))
     }
 
+    /// The `before_tool` waterfall over call `index`; its default is the façade's
+    /// `default_gate(call)` (`Approve`, or `Ask` for a tool that needs approval).
+    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: String) -> PyResult<Step<'py>> {
+        let parts = Arc::clone(&self.parts);
+        let args = super::tools::arguments(py, &arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
+        let (turn, step) = self.turn_step();
+        let payload = classes(py)?.tool_call.bind(py).call1((self.agent.bind(py), call_id, name, args, turn, step, self.signal(py)))?;
+        let default = {
+            let payload = payload.clone().unbind();
+            let default_gate = parts.default_gate.clone_ref(py);
+            PyCFunction::new_closure(py, Some(c"default_gate"), None, move |args, _kwargs| -> PyResult<Py<PyAny>> {
+                let py = args.py();
+                Ok(default_gate.bind(py).call1((payload.bind(py),))?.unbind())
+            })?
+        };
+        let awaitable = waterfall(parts.before_tool.bind(py), &payload, default.as_any());
+        Ok(self.user_begin(py, awaitable, Seam::BeforeTool))
+    }
+
     pub(super) fn turn_stopping<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let listeners = parts.turn_stopping.bind(py);
@@ -358,6 +377,7 @@ impl Run {
                 None => Input::NotAChunk(read::repr(&value)),
             },
             Seam::RequestError => Input::Retry(read::is_retry(&value)?),
+            Seam::BeforeTool => Input::Gated(super::decide::gate(&value)?),
             Seam::Stopping => Input::Continue,
         }))
     }

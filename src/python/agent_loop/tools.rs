@@ -26,7 +26,7 @@ use crate::agent_loop::{Content, Ctx, FailureCode, Input, Next, Outcome, ToolPla
 use crate::message::Message;
 
 /// The call's arguments as Python values, or the `INVALID_ARGUMENTS` outcome.
-fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
+pub(super) fn arguments<'py>(py: Python<'py>, text: &str) -> PyResult<Result<Bound<'py, PyAny>, Outcome>> {
     let text = if text.is_empty() { "{}" } else { text };
     // serde_json's reading where it is certainly the decoder's (the number policy says where);
     // the decoder accepts the rest or words the error.

@@ -17,7 +17,7 @@ BINDING = ROOT / "src" / "python"
 # exceptions, the native module's own classes, the event views the log's readers hand out with
 # `view=True`), and kerman._html: presentation only (the HTML views of `_repr_html_`, which hold
 # no loop rule), imported by src/python/html.rs alone.
-VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html", "kerman.events"}
+VALUE_MODULES = {"kerman.types", "kerman.errors", "kerman._core", "kerman._html", "kerman.events", "kerman.decisions"}
 
 # Each component's folder and the files it holds.
 FOLDERS = {

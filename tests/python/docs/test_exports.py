@@ -17,6 +17,7 @@ KERMAN_ALL = [
     "BeforeRequestListener", "RequestErrorListener", "InsertTransform", "Target", "PreStep", "ModelRequest",
     "ModelReply", "RequestFailure", "TurnStopping", "Signal", "Tool", "ToolContext", "ToolResult", "LiveEvent",
     "TurnStillRunningWarning", "models",
+    "ToolCall", "Approve", "Deny", "Edit", "Ask", "Answer", "PendingDecision", "DecisionError",
     "Message", "UserMessage", "AssistantMessage", "ToolResultMessage",
     "Event", "SessionLog", "Transcript", "MemoryStore", "FileStore", "PostgresStore", "Worker", "FORMAT_VERSION",
     "Inbox", "NEXT_TURN", "NEXT_STEP", "SPLICED", "InboxProjection", "ConsumedWork", "consumed_work",

@@ -1,0 +1,112 @@
+"""The views of the decision events (docs/decisions.md): a call waiting for a person, and how
+it was resolved."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ._types import _Step
+from ._values import _int, _str
+
+__all__ = ["DecisionRequested", "DecisionResolved"]
+
+
+class DecisionRequested(_Step):
+    """``decision/requested {turn, step, decisionId, callId, index, name, arguments, digest,
+    kind, note?, schema?, expiresAt?}``: call ``index`` of the step waits for a person."""
+
+    __slots__ = ()
+    TYPE = "decision/requested"
+
+    @property
+    def decision_id(self) -> str:
+        return _str(self._field("decisionId")) or ""
+
+    @property
+    def call_id(self) -> str:
+        return _str(self._field("callId")) or ""
+
+    @property
+    def index(self) -> int:
+        """The call's position among the step's calls."""
+        return _int(self._field("index")) or 0
+
+    @property
+    def name(self) -> str:
+        return _str(self._field("name")) or ""
+
+    @property
+    def arguments(self) -> str:
+        """The call's exact arguments (JSON text)."""
+        return _str(self._field("arguments")) or ""
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` of ``arguments``."""
+        return _str(self._field("digest")) or ""
+
+    @property
+    def kind(self) -> str:
+        """``"approval"`` or ``"answer"``."""
+        return _str(self._field("kind")) or "approval"
+
+    @property
+    def note(self) -> Optional[str]:
+        return _str(self._field("note"))
+
+    @property
+    def schema(self) -> Any:
+        return self._field("schema")
+
+    @property
+    def expires_at(self) -> Optional[int]:
+        """Epoch milliseconds, or ``None``."""
+        return _int(self._field("expiresAt"))
+
+
+class DecisionResolved(_Step):
+    """``decision/resolved {turn, step, decisionId, callId, outcome, by?, key?, digest?,
+    arguments?, reason?, value?}``: how a request was resolved (``approved``, ``denied``,
+    ``edited``, ``answered``, ``expired``, ``cancelled``)."""
+
+    __slots__ = ()
+    TYPE = "decision/resolved"
+
+    @property
+    def decision_id(self) -> str:
+        return _str(self._field("decisionId")) or ""
+
+    @property
+    def call_id(self) -> str:
+        return _str(self._field("callId")) or ""
+
+    @property
+    def outcome(self) -> str:
+        return _str(self._field("outcome")) or ""
+
+    @property
+    def by(self) -> Optional[str]:
+        return _str(self._field("by"))
+
+    @property
+    def key(self) -> Optional[str]:
+        return _str(self._field("key"))
+
+    @property
+    def digest(self) -> Optional[str]:
+        """``sha256:<hex>`` of the arguments that will run (approved, edited)."""
+        return _str(self._field("digest"))
+
+    @property
+    def arguments(self) -> Optional[str]:
+        """The edited arguments (JSON text), for ``edited``."""
+        return _str(self._field("arguments"))
+
+    @property
+    def reason(self) -> Optional[str]:
+        return _str(self._field("reason"))
+
+    @property
+    def value(self) -> Any:
+        """An answer's value, for ``answered``."""
+        return self._field("value")

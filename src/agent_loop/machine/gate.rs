@@ -1,0 +1,241 @@
+//! The `before_tool` gate and the wait for decisions (`docs/decisions.md`).
+//!
+//! When a gate is registered, every call of a step is gated in call order before any of them
+//! runs (`Effect::BeforeTool`). A gate runs the call, runs it with edited arguments, denies it
+//! (the model gets the reason as the call's error result), or asks a person: the machine
+//! appends `decision/requested` and, once every call is gated, the step stops there (the run
+//! ends, the turn stays open) when any call asked. Nothing of such a step runs before its
+//! decisions are in, so a crash while waiting leaves no call in doubt.
+//!
+//! [`Machine::resume_held`] takes the step up again from the log once every request is
+//! resolved: decided calls get what was decided (the model is not asked again and their gate
+//! does not run again); the calls no one asked about are gated again, since a gate's run or
+//! edit verdict is not logged.
+
+use super::{Ctx, Effect, Fault, Machine, Raised, RaisedKind, Wait};
+use crate::agent_loop::decisions::{self, Request, RequestKind, Resolved};
+use crate::agent_loop::events;
+use crate::agent_loop::failure::{AbortCause, AbortKind};
+use crate::agent_loop::tools::{Outcome, ToolPlan};
+use crate::agent_loop::CoreError;
+
+/// What a `before_tool` gate decided for a call, as the host read it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// Run the call as the model gave it.
+    Run,
+    /// Do not run it; the reason goes to the model.
+    Deny(Option<String>),
+    /// Run it with these arguments (JSON text).
+    Edit(String),
+    /// Ask a person.
+    Ask(Ask),
+    /// Neither: the host's `repr` of what the gate returned (fails closed).
+    Invalid(String),
+    /// The gate raised: its message (fails closed).
+    Failed(String),
+}
+
+/// A gate's question: `schema` (JSON text) makes it ask for an answer rather than an approval.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Ask {
+    pub note: Option<String>,
+    pub schema: Option<String>,
+    /// Epoch milliseconds.
+    pub expires_at: Option<i64>,
+}
+
+/// What became of one call before the plan runs.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    Undecided,
+    /// Run, with edited arguments, and with the digest a decision approved.
+    Run {
+        arguments: Option<String>,
+        digest: Option<String>,
+    },
+    /// Do not run: this is the result.
+    Preset(Outcome),
+    /// A person was asked.
+    Asked,
+}
+
+impl Verdict {
+    pub(super) fn apply(self, plan: &mut ToolPlan, index: usize) {
+        match self {
+            Verdict::Run { arguments, digest } => plan.decided(index, arguments, digest),
+            Verdict::Preset(outcome) => plan.preset(index, outcome),
+            Verdict::Undecided | Verdict::Asked => {}
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Gating {
+    calls: Vec<(String, String, String)>,
+    verdicts: Vec<Verdict>,
+    /// The next call to gate.
+    next: usize,
+}
+
+/// The result an answer gives its call: a string as it is, any other JSON as its text.
+fn answered(value: Option<&str>) -> Outcome {
+    let value = value.unwrap_or("null");
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(serde_json::Value::String(text)) => Outcome::text(text),
+        _ => Outcome::text(value),
+    }
+}
+
+impl Machine {
+    /// Gates the calls that have no verdict yet, in call order.
+    pub(super) fn gate_calls(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, mut verdicts: Vec<Verdict>) -> Effect {
+        verdicts.resize_with(calls.len(), || Verdict::Undecided);
+        self.gating = Some(Gating { calls, verdicts, next: 0 });
+        self.next_gate(ctx)
+    }
+
+    fn next_gate(&mut self, ctx: &Ctx<'_>) -> Effect {
+        let Some(mut gating) = self.gating.take() else { unreachable!("gating without calls") };
+        if ctx.aborted() {
+            // Nothing runs after an abort: the plan gives every call its aborted result, and
+            // whatever was asked is cancelled.
+            if gating.verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
+                if let Err(e) = decisions::cancel_pending(ctx.log) {
+                    return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+                }
+            }
+            return self.run_plan(ctx, gating.calls, Vec::new());
+        }
+        while gating.next < gating.calls.len() {
+            let index = gating.next;
+            gating.next += 1;
+            if !matches!(gating.verdicts[index], Verdict::Undecided) {
+                continue;
+            }
+            if !ctx.gated {
+                gating.verdicts[index] = Verdict::Run { arguments: None, digest: None };
+                continue;
+            }
+            let (call_id, name, arguments) = gating.calls[index].clone();
+            self.gating = Some(gating);
+            self.wait = Wait::Gate;
+            return Effect::BeforeTool { index, call_id, name, arguments };
+        }
+        if gating.verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
+            // The step stops at its decisions; the turn stays open.
+            self.step_open = false;
+            self.stop_driver = true;
+            self.wait = Wait::Done;
+            return Effect::AwaitDecisions;
+        }
+        self.run_plan(ctx, gating.calls, gating.verdicts)
+    }
+
+    /// The gate of the call `BeforeTool` named decided `gate`.
+    pub(super) fn gated(&mut self, ctx: &Ctx<'_>, gate: Gate) -> Effect {
+        let Some(gating) = self.gating.as_ref() else { unreachable!("a gate's verdict without calls") };
+        let index = gating.next - 1;
+        let (call_id, name, arguments) = gating.calls[index].clone();
+        let verdict = match gate {
+            Gate::Run => Verdict::Run { arguments: None, digest: None },
+            Gate::Deny(reason) => Verdict::Preset(Outcome::denied(&name, reason.as_deref())),
+            Gate::Edit(arguments) => Verdict::Run { arguments: Some(arguments), digest: None },
+            Gate::Invalid(repr) => {
+                let detail = format!("it returned {repr}; expected Approve, Deny, Edit or Ask (or await next())");
+                Verdict::Preset(Outcome::gate_failed(&name, &detail))
+            }
+            Gate::Failed(message) => Verdict::Preset(Outcome::gate_failed(&name, &message)),
+            Gate::Ask(ask) => {
+                let request = Request {
+                    turn: self.turn,
+                    step: self.step,
+                    decision_id: crate::ids::new_id(),
+                    call_id,
+                    index,
+                    name,
+                    digest: decisions::digest(&arguments),
+                    arguments,
+                    kind: if ask.schema.is_some() { RequestKind::Answer } else { RequestKind::Approval },
+                    note: ask.note,
+                    schema: ask.schema,
+                    expires_at: ask.expires_at,
+                };
+                if let Err(e) = ctx.append(events::decision_requested(&request)) {
+                    return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+                }
+                Verdict::Asked
+            }
+        };
+        if let Some(gating) = self.gating.as_mut() {
+            gating.verdicts[index] = verdict;
+        }
+        self.next_gate(ctx)
+    }
+
+    /// The gate raised: an ordinary exception fails its call closed; anything else (a
+    /// cancellation from outside, `KeyboardInterrupt`, a lost lease) fails the turn.
+    pub(super) fn gate_raised(&mut self, ctx: &Ctx<'_>, raised: Raised) -> Effect {
+        if ctx.aborted() {
+            return self.next_gate(ctx);
+        }
+        if raised.kind == RaisedKind::Error {
+            let message = raised.failure.as_ref().and_then(|f| f.message()).unwrap_or("the gate raised").to_owned();
+            return self.gated(ctx, Gate::Failed(message));
+        }
+        self.gating = None;
+        self.fail(ctx, Fault::Raised(raised))
+    }
+
+    /// Takes up the held step of `ctx`'s log once every request of it is resolved: `None`
+    /// when there is none, or it still waits.
+    pub fn resume_held(ctx: &Ctx<'_>) -> Option<(Machine, Effect)> {
+        let held = decisions::held(ctx.log)?;
+        if !held.ready() {
+            return None;
+        }
+        let mut machine = Machine::blank();
+        machine.turn = held.turn;
+        machine.step = held.step;
+        machine.step_open = true;
+        // A step whose requests were cancelled resumes aborted, whoever resumes it: the process
+        // that cancelled (its own cause, set first, wins) or one that reads the log later.
+        let cancelled =
+            (0..held.calls.len()).any(|index| matches!(held.decision_for(index), Some((_, Some(r))) if r.outcome == Resolved::Cancelled));
+        {
+            let mut state = ctx.shared.state();
+            state.turn = held.turn;
+            state.step = held.step;
+            if cancelled {
+                state.abort(AbortCause::new(AbortKind::User));
+            }
+        }
+        let verdicts = held
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(index, (id, name, arguments))| match held.decision_for(index) {
+                None => Verdict::Undecided,
+                // Bound by position, id and digest: anything else fails closed.
+                Some((request, _)) if request.call_id != *id || request.digest != decisions::digest(arguments) => {
+                    Verdict::Preset(Outcome::mismatch())
+                }
+                Some((_, None)) => unreachable!("a ready step has every request resolved"),
+                Some((_, Some(resolution))) => match resolution.outcome {
+                    // A decision to run always carries its digest; one without never matches.
+                    Resolved::Approved => Verdict::Run { arguments: None, digest: Some(resolution.digest.clone().unwrap_or_default()) },
+                    Resolved::Edited => Verdict::Run {
+                        arguments: Some(resolution.arguments.clone().unwrap_or_default()),
+                        digest: Some(resolution.digest.clone().unwrap_or_default()),
+                    },
+                    Resolved::Denied => Verdict::Preset(Outcome::denied(name, resolution.reason.as_deref())),
+                    Resolved::Answered => Verdict::Preset(answered(resolution.value.as_deref())),
+                    Resolved::Expired => Verdict::Preset(Outcome::expired(name)),
+                    Resolved::Cancelled => Verdict::Preset(Outcome::aborted_before()),
+                },
+            })
+            .collect();
+        let effect = machine.gate_calls(ctx, held.calls, verdicts);
+        Some((machine, effect))
+    }
+}

@@ -1,0 +1,117 @@
+//! Decisions across the binding: reading a `before_tool` gate's verdict and a person's
+//! decision, and the pending requests as dicts. Every rule (what is pending, what may be
+//! decided, expiry) is the core's (`crate::agent_loop::decisions`).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use super::super::convert::{to_py, to_value};
+use super::super::errors::{log_err, new_err};
+use super::{classes, read};
+use crate::agent_loop::decisions::{Decide, DecideError, Request};
+use crate::agent_loop::{Ask, Gate};
+
+fn optional_text(value: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(match value.cast::<PyString>() {
+        Ok(text) => text.to_str()?.to_owned(),
+        Err(_) => value.str()?.to_string(),
+    }))
+}
+
+/// A gate's verdict; what is not one (or does not hold JSON) fails closed as `Invalid`.
+pub(super) fn gate(value: &Bound<'_, PyAny>) -> PyResult<Gate> {
+    let py = value.py();
+    let c = classes(py)?;
+    if value.is_instance(c.approve.bind(py))? {
+        return Ok(Gate::Run);
+    }
+    if value.is_instance(c.deny.bind(py))? {
+        return Ok(Gate::Deny(optional_text(&value.getattr(intern!(py, "reason"))?)?));
+    }
+    if value.is_instance(c.edit.bind(py))? {
+        return Ok(match to_value(&value.getattr(intern!(py, "arguments"))?, "arguments") {
+            Ok(arguments) if arguments.is_object() => Gate::Edit(crate::json::canonical(&arguments)),
+            Ok(_) => Gate::Invalid(format!("{} (edited arguments must be a JSON object)", read::repr(value))),
+            Err(e) => Gate::Invalid(format!("{} (edited arguments are not JSON: {})", read::repr(value), e.describe())),
+        });
+    }
+    if value.is_instance(c.ask.bind(py))? {
+        let schema = value.getattr(intern!(py, "schema"))?;
+        let schema = if schema.is_none() {
+            None
+        } else {
+            match to_value(&schema, "schema") {
+                Ok(schema) => Some(crate::json::compact(&schema)),
+                Err(e) => return Ok(Gate::Invalid(format!("{} (its schema is not JSON: {})", read::repr(value), e.describe()))),
+            }
+        };
+        return Ok(Gate::Ask(Ask {
+            note: optional_text(&value.getattr(intern!(py, "note"))?)?,
+            schema,
+            expires_at: value.getattr(intern!(py, "deadline_ms"))?.extract()?,
+        }));
+    }
+    Ok(Gate::Invalid(read::repr(value)))
+}
+
+/// A person's decision (`Approve`, `Deny`, `Edit`, `Answer`), by its `kind`.
+pub(super) fn decision(value: &Bound<'_, PyAny>) -> PyResult<Decide> {
+    let py = value.py();
+    let kind = value.getattr_opt(intern!(py, "kind"))?.map(|k| k.extract::<String>()).transpose().ok().flatten();
+    let json = |attr: &Bound<'_, PyString>| -> PyResult<serde_json::Value> {
+        to_value(&value.getattr(attr)?, attr.to_str()?).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.describe()))
+    };
+    Ok(match kind.as_deref() {
+        Some("approve") => Decide::Approve,
+        Some("deny") => Decide::Deny(optional_text(&value.getattr(intern!(py, "reason"))?)?),
+        Some("edit") => Decide::Edit(json(intern!(py, "arguments"))?),
+        Some("answer") => Decide::Answer(json(intern!(py, "value"))?),
+        _ => {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "a decision is kerman.Approve(), Deny(reason), Edit(arguments) or Answer(value), got {}",
+                read::repr(value)
+            )))
+        }
+    })
+}
+
+/// `kerman.errors.DecisionError(message, reason)`, or the log's own error.
+pub(super) fn decide_err(py: Python<'_>, e: DecideError) -> PyErr {
+    match e {
+        DecideError::Log(e) => log_err(py, e),
+        e => new_err(py, "DecisionError", (e.to_string(), e.reason())),
+    }
+}
+
+/// A pending request as the dict `PendingDecision` is built from.
+pub(super) fn request_dict<'py>(py: Python<'py>, r: &Request) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("decision_id", &r.decision_id)?;
+    d.set_item("call_id", &r.call_id)?;
+    d.set_item("name", &r.name)?;
+    d.set_item("arguments", &r.arguments)?;
+    d.set_item("digest", &r.digest)?;
+    d.set_item("kind", r.kind.as_str())?;
+    d.set_item("note", &r.note)?;
+    let schema = match &r.schema {
+        Some(text) => to_py(py, &serde_json::from_str(text).unwrap_or(serde_json::Value::Null))?,
+        None => py.None().into_bound(py),
+    };
+    d.set_item("schema", schema)?;
+    d.set_item("expires_at", r.expires_at)?;
+    d.set_item("turn", r.turn)?;
+    d.set_item("step", r.step)?;
+    Ok(d)
+}
+
+pub(super) fn request_list<'py>(py: Python<'py>, requests: &[Request]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for r in requests {
+        list.append(request_dict(py, r)?)?;
+    }
+    Ok(list)
+}

@@ -1,0 +1,542 @@
+//! Decisions in the turn machine alone: the `before_tool` gate, the wait, `decide`, expiry and
+//! cancellation, and resuming a held step from the log in a new loop (`docs/decisions.md`).
+//!
+//! The host here answers every effect at once: `pre_step` enters the batch, the model replies
+//! from a script, each tool call "runs" by recording its arguments in `ran` (so a test counts
+//! executions), and the gate is a closure of the call.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+
+use kerman::agent_loop::decisions::{self, Decide, DecideError, Resolved};
+use kerman::agent_loop::{
+    crash_closers, AbortCause, Ask, Ctx, Decision, Effect, Gate, Input, Machine, Next, Outcome, Reply, ReplyContent, Requested, Shared,
+};
+use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
+use kerman::inbox::{Inbox, Target};
+use kerman::message::Message;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+type GateFn = Box<dyn Fn(usize, &str, &str) -> Gate>;
+
+struct Host {
+    store: MemoryStore,
+    log: SessionLog,
+    inbox: Inbox,
+    shared: Shared,
+    replies: RefCell<VecDeque<Vec<(String, String, String)>>>,
+    /// Calls that ran: (id, arguments).
+    ran: RefCell<Vec<(String, String)>>,
+    gate: Option<GateFn>,
+    requests: RefCell<usize>,
+}
+
+impl Host {
+    fn new(gate: Option<GateFn>) -> Host {
+        let store = MemoryStore::new().with_open_hook(crash_closers());
+        let log = store.create(Some("s")).unwrap();
+        Host::over(store, log, gate)
+    }
+
+    fn over(store: MemoryStore, log: SessionLog, gate: Option<GateFn>) -> Host {
+        let inbox = Inbox::new(log.clone(), None).unwrap();
+        let shared = Shared::resume(&log);
+        Host { store, log, inbox, shared, replies: RefCell::default(), ran: RefCell::default(), gate, requests: RefCell::new(0) }
+    }
+
+    /// The session closed and opened again by a new loop (the crash closers run on open).
+    fn reopen(self, gate: Option<GateFn>) -> Host {
+        let Host { store, log, inbox, .. } = self;
+        drop(inbox);
+        log.close().unwrap();
+        drop(log);
+        let log = store.open("s").unwrap();
+        Host::over(store, log, gate)
+    }
+
+    fn reply(self, calls: &[(&str, &str, &str)]) -> Host {
+        let calls = calls.iter().map(|(i, n, a)| (i.to_string(), n.to_string(), a.to_string())).collect();
+        self.replies.borrow_mut().push_back(calls);
+        self
+    }
+
+    fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
+        let lookup = |name: &str| (name != "missing").then_some(false);
+        let ctx =
+            Ctx { log: &self.log, inbox: &self.inbox, shared: &self.shared, tools: &lookup, max_parallel: 4, gated: self.gate.is_some() };
+        f(&ctx)
+    }
+
+    /// Drives `machine` from `effect` until the run ends; the last effect.
+    fn drive(&self, mut machine: Machine, mut effect: Effect) -> Effect {
+        loop {
+            let input = match &effect {
+                Effect::PreStep { batch } => Input::Decided(Decision::Enter(batch.clone())),
+                Effect::BeforeRequest => {
+                    Input::Requested(Requested::Request { options: Ok("{}".into()), canonical: "{}".into(), instructions: None })
+                }
+                Effect::CallModel => {
+                    *self.requests.borrow_mut() += 1;
+                    let calls = self.replies.borrow_mut().pop_front();
+                    let content = match calls {
+                        Some(calls) => ReplyContent::Calls(calls),
+                        None => ReplyContent::Text("done".into()),
+                    };
+                    Input::Reply(Reply { content, usage: None, max_tokens: false })
+                }
+                Effect::BeforeTool { index, name, arguments, .. } => {
+                    Input::Gated((self.gate.as_ref().expect("gated without a gate"))(*index, name, arguments))
+                }
+                Effect::RunTools => {
+                    let mut plan = machine.take_plan().unwrap();
+                    let aborted = self.shared.state().abort.is_some();
+                    self.with_ctx(|ctx| loop {
+                        match plan.next(&ctx.sink(), aborted).unwrap() {
+                            Next::Start(i) => {
+                                let call = plan.call(i).clone();
+                                self.ran.borrow_mut().push((call.id.clone(), call.arguments.clone()));
+                                plan.finish(&ctx.sink(), i, Outcome::text(format!("ran {}", call.arguments))).unwrap();
+                            }
+                            Next::Wait => unreachable!("every call finishes at once"),
+                            Next::Done => break,
+                        }
+                    });
+                    Input::ToolsDone(plan)
+                }
+                Effect::AwaitDecisions | Effect::Finished | Effect::NoTurn => return effect,
+                Effect::Describe(e) => panic!("core error {e}"),
+                _ => Input::Continue,
+            };
+            effect = self.with_ctx(|ctx| machine.resume(ctx, input));
+        }
+    }
+
+    /// A turn for `prompt`, run until it ends or waits.
+    fn turn(&self, prompt: &str) -> Effect {
+        self.inbox.append(Target::NextTurn, Arc::new(Message::user_text(prompt))).unwrap();
+        let (machine, effect) = self.with_ctx(Machine::begin);
+        assert!(effect.is_none());
+        let first = self.with_ctx(|ctx| {
+            let mut machine = machine;
+            let effect = machine.resume(ctx, Input::Continue);
+            (machine, effect)
+        });
+        self.drive(first.0, first.1)
+    }
+
+    /// Resumes the held step (`None`: nothing to resume).
+    fn resume(&self) -> Option<Effect> {
+        let (machine, effect) = self.with_ctx(Machine::resume_held)?;
+        Some(self.drive(machine, effect))
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.log.range(0, None)
+    }
+
+    fn kinds(&self) -> Vec<String> {
+        self.events().iter().map(|e| e.kind().to_string()).collect()
+    }
+
+    fn of(&self, kind: &str) -> Vec<Value> {
+        self.events().iter().filter(|e| e.kind() == kind).map(Event::data).collect()
+    }
+
+    fn results(&self) -> Vec<(String, Option<String>)> {
+        self.of("tool/result")
+            .iter()
+            .map(|d| {
+                let text = d.pointer("/message/content/0/content/0/text").and_then(Value::as_str).unwrap_or_default().to_string();
+                (text, d.pointer("/error/code").and_then(Value::as_str).map(str::to_owned))
+            })
+            .collect()
+    }
+
+    fn pending_ids(&self) -> Vec<String> {
+        decisions::pending(&self.log).into_iter().map(|r| r.decision_id).collect()
+    }
+
+    fn decide(&self, id: &str, decision: Decide, key: Option<&str>) -> Result<decisions::Decided, DecideError> {
+        decisions::decide(&self.log, id, decision, Some("ann"), key, 1)
+    }
+}
+
+fn ask_for(names: &'static [&'static str]) -> GateFn {
+    Box::new(move |_, name, _| if names.contains(&name) { Gate::Ask(Ask::default()) } else { Gate::Run })
+}
+
+#[test]
+fn a_gate_that_runs_changes_nothing_but_its_effect() {
+    let h = Host::new(Some(Box::new(|_, _, _| Gate::Run))).reply(&[("c1", "t", r#"{"a":1}"#)]);
+    assert_eq!(h.turn("go"), Effect::Finished);
+    assert_eq!(*h.ran.borrow(), vec![("c1".to_string(), r#"{"a":1}"#.to_string())]);
+    assert!(!h.kinds().iter().any(|k| k.starts_with("decision/")));
+}
+
+#[test]
+fn deny_edit_and_a_failed_gate_never_run_what_they_stop() {
+    let gate: GateFn = Box::new(|index, _, _| match index {
+        0 => Gate::Deny(Some("not today".into())),
+        1 => Gate::Edit(r#"{"a":2}"#.into()),
+        2 => Gate::Invalid("None".into()),
+        _ => Gate::Failed("boom".into()),
+    });
+    let h = Host::new(Some(gate)).reply(&[("c1", "t", "{}"), ("c2", "t", r#"{"a":1}"#), ("c3", "t", "{}"), ("c4", "t", "{}")]);
+    assert_eq!(h.turn("go"), Effect::Finished);
+    assert_eq!(*h.ran.borrow(), vec![("c2".to_string(), r#"{"a":2}"#.to_string())]);
+    let results = h.results();
+    assert_eq!(results[0], ("tool call 't' was denied: not today".to_string(), Some("TOOL_DENIED".into())));
+    assert_eq!(results[1].1, None);
+    assert_eq!(results[2].1.as_deref(), Some("GATE_ERROR"));
+    assert!(results[2].0.contains("returned None"), "{:?}", results[2]);
+    assert!(results[3].0.contains("boom"));
+    // tool/call logs the arguments that ran.
+    assert_eq!(h.of("tool/call")[1]["arguments"], r#"{"a":2}"#);
+}
+
+#[test]
+fn an_ask_holds_the_whole_step_and_a_decision_resumes_it_without_the_model() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "read", "{}"), ("c2", "pay", r#"{"amount":5}"#)]);
+    assert_eq!(h.turn("go"), Effect::AwaitDecisions);
+    // Nothing of the step ran; the turn is open.
+    assert!(h.ran.borrow().is_empty());
+    assert_eq!(h.kinds().last().unwrap(), "decision/requested");
+    let request = &h.of("decision/requested")[0];
+    assert_eq!(request["callId"], "c2");
+    assert_eq!(request["index"], 1);
+    assert_eq!(request["kind"], "approval");
+    assert_eq!(request["digest"], decisions::digest(r#"{"amount":5}"#));
+    let requests_before = *h.requests.borrow();
+    let id = h.pending_ids().pop().unwrap();
+    let decided = h.decide(&id, Decide::Approve, Some("k1")).unwrap();
+    assert!(decided.ready && !decided.duplicate);
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(*h.ran.borrow(), vec![("c1".into(), "{}".into()), ("c2".into(), r#"{"amount":5}"#.into())]);
+    // One more request: the one after the tool results, none for the decided call.
+    assert_eq!(*h.requests.borrow(), requests_before + 1);
+    let resolved = &h.of("decision/resolved")[0];
+    assert_eq!(resolved["outcome"], "approved");
+    assert_eq!(resolved["by"], "ann");
+    assert_eq!(resolved["digest"], decisions::digest(r#"{"amount":5}"#));
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed");
+}
+
+#[test]
+fn several_requests_resolve_in_any_order_and_the_step_waits_for_all() {
+    for order in [[0usize, 1, 2], [2, 0, 1], [1, 2, 0]] {
+        let h = Host::new(Some(ask_for(&["a", "b", "c"]))).reply(&[("c1", "a", "{}"), ("c2", "b", "{}"), ("c3", "c", r#"{"x":1}"#)]);
+        assert_eq!(h.turn("go"), Effect::AwaitDecisions);
+        let ids = h.pending_ids();
+        assert_eq!(ids.len(), 3);
+        let decisions = [Decide::Deny(Some("no".into())), Decide::Approve, Decide::Edit(json!({"x": 2}))];
+        for (n, &i) in order.iter().enumerate() {
+            assert_eq!(h.resume(), None, "the step resumes only when every request is resolved");
+            let decided = h.decide(&ids[i], decisions[i].clone(), None).unwrap();
+            assert_eq!(decided.ready, n == 2);
+        }
+        assert_eq!(h.resume(), Some(Effect::Finished));
+        assert_eq!(*h.ran.borrow(), vec![("c2".into(), "{}".into()), ("c3".into(), r#"{"x":2}"#.into())]);
+        assert_eq!(h.results()[0].1.as_deref(), Some("TOOL_DENIED"));
+    }
+}
+
+#[test]
+fn a_request_resolves_at_most_once_and_a_repeated_key_applies_once() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}"), ("c2", "pay", "{}")]);
+    h.turn("go");
+    let ids = h.pending_ids();
+    h.decide(&ids[0], Decide::Approve, Some("click-1")).unwrap();
+    let again = h.decide(&ids[0], Decide::Approve, Some("click-1")).unwrap();
+    assert!(again.duplicate && !again.ready);
+    let other = h.decide(&ids[0], Decide::Deny(None), Some("click-2")).unwrap_err();
+    assert!(matches!(other, DecideError::Resolved(_, Resolved::Approved)), "{other}");
+    assert!(other.to_string().contains("resolved already (approved)"));
+    assert_eq!(h.of("decision/resolved").len(), 1);
+    let unknown = h.decide("nope", Decide::Approve, None).unwrap_err();
+    assert_eq!(unknown.reason(), "unknown");
+    assert!(unknown.to_string().contains("no decision \"nope\""));
+    // An answer to an approval does not fit.
+    let invalid = h.decide(&ids[1], Decide::Answer(json!(1)), None).unwrap_err();
+    assert_eq!(invalid.reason(), "invalid");
+    h.decide(&ids[1], Decide::Approve, None).unwrap();
+    h.resume();
+    // Resolved in a finished turn: still refused, still idempotent by key.
+    assert_eq!(h.decide(&ids[0], Decide::Approve, None).unwrap_err().reason(), "resolved");
+    assert!(h.decide(&ids[0], Decide::Approve, Some("click-1")).unwrap().duplicate);
+    assert_eq!(h.ran.borrow().len(), 2);
+}
+
+#[test]
+fn an_expired_request_is_refused_and_its_call_never_runs() {
+    let gate: GateFn = Box::new(|_, _, _| Gate::Ask(Ask { expires_at: Some(100), ..Ask::default() }));
+    let h = Host::new(Some(gate)).reply(&[("c1", "pay", "{}")]);
+    h.turn("go");
+    assert_eq!(decisions::next_expiry(&h.log), Some(100));
+    let id = h.pending_ids().pop().unwrap();
+    let err = decisions::decide(&h.log, &id, Decide::Approve, None, None, 100).unwrap_err();
+    assert_eq!(err.reason(), "expired");
+    // Deciding again names the same reason; expiring again appends nothing.
+    assert_eq!(decisions::decide(&h.log, &id, Decide::Approve, None, None, 5).unwrap_err().reason(), "expired");
+    assert_eq!(decisions::expire(&h.log, 1000).unwrap(), 0);
+    assert_eq!(h.of("decision/resolved")[0]["outcome"], "expired");
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert!(h.ran.borrow().is_empty());
+    assert_eq!(h.results()[0].1.as_deref(), Some("TOOL_DENIED"));
+}
+
+#[test]
+fn expire_resolves_only_what_is_due() {
+    let gate: GateFn = Box::new(|index, _, _| Gate::Ask(Ask { expires_at: Some(if index == 0 { 10 } else { 20 }), ..Ask::default() }));
+    let h = Host::new(Some(gate)).reply(&[("c1", "a", "{}"), ("c2", "b", "{}")]);
+    h.turn("go");
+    assert_eq!(decisions::expire(&h.log, 15).unwrap(), 1);
+    assert_eq!(h.pending_ids().len(), 1);
+    assert_eq!(decisions::next_expiry(&h.log), Some(20));
+    assert_eq!(decisions::expire(&h.log, 20).unwrap(), 1);
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert!(h.ran.borrow().is_empty());
+}
+
+#[test]
+fn cancel_while_waiting_resolves_cancelled_and_ends_the_turn_aborted() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}"), ("c2", "read", "{}")]);
+    h.turn("go");
+    assert_eq!(decisions::cancel_pending(&h.log).unwrap(), 1);
+    assert!(h.shared.state().abort(AbortCause::from_value(json!({"kind": "user"})).unwrap()));
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert!(h.ran.borrow().is_empty());
+    assert_eq!(h.of("decision/resolved")[0]["outcome"], "cancelled");
+    let codes: Vec<_> = h.results().into_iter().map(|r| r.1).collect();
+    assert_eq!(codes, vec![Some("ABORTED_BEFORE_DISPATCH".into()), Some("ABORTED_BEFORE_DISPATCH".into())]);
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "aborted");
+}
+
+#[test]
+fn a_held_turn_survives_reopening_and_runs_once_with_the_decided_arguments() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", r#"{"amount":5}"#)]);
+    h.turn("go");
+    let id = h.pending_ids().pop().unwrap();
+    // Closed and reopened: the crash closers leave the held turn open.
+    let h = h.reopen(Some(ask_for(&["pay"])));
+    assert!(!h.kinds().iter().any(|k| k == "turn/end"));
+    assert_eq!(h.pending_ids(), vec![id.clone()]);
+    assert_eq!(h.shared.state().turn, 1);
+    h.decide(&id, Decide::Edit(json!({"amount": 3})), Some("k")).unwrap();
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(*h.ran.borrow(), vec![("c1".into(), r#"{"amount":3}"#.into())]);
+    assert_eq!(*h.requests.borrow(), 1, "the model is asked once, after the result");
+    // The decided call's gate did not run again (ask_for would have asked again).
+    assert_eq!(h.of("decision/requested").len(), 1);
+    // A held turn whose decisions are in, reopened before it resumed, still resumes.
+}
+
+#[test]
+fn a_turn_resolved_but_not_resumed_is_left_open_on_reopen() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}")]);
+    h.turn("go");
+    let id = h.pending_ids().pop().unwrap();
+    h.decide(&id, Decide::Approve, None).unwrap();
+    let h = h.reopen(None);
+    assert!(!h.kinds().iter().any(|k| k == "turn/end"));
+    // No gate in the new loop: the decided call runs all the same.
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(h.ran.borrow().len(), 1);
+}
+
+#[test]
+fn a_crash_after_a_call_started_closes_the_turn_as_today() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}")]);
+    h.turn("go");
+    let id = h.pending_ids().pop().unwrap();
+    h.decide(&id, Decide::Approve, None).unwrap();
+    // The resumed step logged its tool/call, then the process died.
+    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::tool_call(1, 1, "c1", "pay", "{}")).unwrap();
+    let h = h.reopen(None);
+    let results = h.results();
+    assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "interrupted");
+    assert_eq!(h.resume(), None);
+}
+
+#[test]
+fn a_decision_is_bound_to_its_call_by_position_id_and_digest() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", r#"{"amount":5}"#)]);
+    h.turn("go");
+    let id = h.pending_ids().pop().unwrap();
+    h.decide(&id, Decide::Approve, None).unwrap();
+    // Forge a request of the same step for another position, with the first call's id: the
+    // digest and position do not match the call it names, so it fails closed.
+    let mut forged = decisions::held(&h.log).unwrap().requests[0].clone();
+    forged.decision_id = "forged".into();
+    forged.digest = decisions::digest(r#"{"amount":500}"#);
+    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::decision_requested(&forged)).unwrap();
+    h.decide("forged", Decide::Approve, None).unwrap();
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert!(h.ran.borrow().is_empty(), "{:?}", h.ran.borrow());
+    assert_eq!(h.results()[0].1.as_deref(), Some("GATE_ERROR"));
+}
+
+#[test]
+fn the_digest_is_checked_when_the_call_starts() {
+    let log = MemoryStore::new().create(None).unwrap();
+    let inbox = Inbox::new(log.clone(), None).unwrap();
+    let shared = Shared::default();
+    let sink = kerman::agent_loop::Sink { log: &log, inbox: &inbox, history: &shared.history };
+    let call = |id: &str| kerman::agent_loop::Call {
+        id: id.into(),
+        name: "t".into(),
+        arguments: r#"{"a":1}"#.into(),
+        known: true,
+        exclusive: false,
+    };
+    let mut plan = kerman::agent_loop::ToolPlan::new(1, 1, vec![call("c1"), call("c2")], 4);
+    plan.decided(0, None, Some(decisions::digest(r#"{"a":1}"#)));
+    plan.decided(1, None, Some(decisions::digest(r#"{"a":2}"#)));
+    assert_eq!(plan.next(&sink, false).unwrap(), Next::Start(0));
+    plan.finish(&sink, 0, Outcome::text("ok")).unwrap();
+    // The second's arguments are not the decided ones: it gets its error without running.
+    assert_eq!(plan.next(&sink, false).unwrap(), Next::Done);
+    let last = log.range(0, None).pop().unwrap().data();
+    assert_eq!(last["error"]["code"], "GATE_ERROR");
+}
+
+#[test]
+fn an_answer_is_the_calls_result() {
+    let gate: GateFn =
+        Box::new(|_, _, _| Gate::Ask(Ask { schema: Some(r#"{"type":"string"}"#.into()), note: Some("which?".into()), expires_at: None }));
+    let h = Host::new(Some(gate)).reply(&[("c1", "ask_user", "{}")]);
+    h.turn("go");
+    let request = &h.of("decision/requested")[0];
+    assert_eq!(request["kind"], "answer");
+    assert_eq!(request["schema"], json!({"type": "string"}));
+    assert_eq!(request["note"], "which?");
+    let id = h.pending_ids().pop().unwrap();
+    assert_eq!(h.decide(&id, Decide::Approve, None).unwrap_err().reason(), "invalid");
+    h.decide(&id, Decide::Answer(json!("blue")), None).unwrap();
+    h.resume();
+    assert!(h.ran.borrow().is_empty());
+    assert_eq!(h.results()[0], ("blue".to_string(), None));
+}
+
+#[test]
+fn a_gate_cancelled_by_an_abort_gives_every_call_its_aborted_result() {
+    let h = Host::new(Some(ask_for(&["a"]))).reply(&[("c1", "a", "{}"), ("c2", "b", "{}")]);
+    let shared = &h.shared;
+    // The abort lands while the second call is being gated.
+    let gate_calls = RefCell::new(0);
+    let _ = &gate_calls;
+    h.inbox.append(Target::NextTurn, Arc::new(Message::user_text("go"))).unwrap();
+    let (machine, _) = h.with_ctx(Machine::begin);
+    let mut machine = machine;
+    let mut effect = h.with_ctx(|ctx| machine.resume(ctx, Input::Continue));
+    loop {
+        let input = match &effect {
+            Effect::PreStep { batch } => Input::Decided(Decision::Enter(batch.clone())),
+            Effect::BeforeRequest => {
+                Input::Requested(Requested::Request { options: Ok("{}".into()), canonical: "{}".into(), instructions: None })
+            }
+            Effect::CallModel => Input::Reply(Reply {
+                content: ReplyContent::Calls(h.replies.borrow_mut().pop_front().unwrap()),
+                usage: None,
+                max_tokens: false,
+            }),
+            Effect::BeforeTool { index: 0, .. } => Input::Gated(Gate::Ask(Ask::default())),
+            Effect::BeforeTool { .. } => {
+                shared.state().abort(AbortCause::from_value(json!({"kind": "user"})).unwrap());
+                Input::Raised(kerman::agent_loop::Raised::bare(kerman::agent_loop::RaisedKind::Error))
+            }
+            Effect::RunTools => {
+                let mut plan = machine.take_plan().unwrap();
+                h.with_ctx(|ctx| assert_eq!(plan.next(&ctx.sink(), true).unwrap(), Next::Done));
+                Input::ToolsDone(plan)
+            }
+            Effect::Finished => break,
+            Effect::AwaitDecisions => panic!("an aborted step does not wait"),
+            _ => Input::Continue,
+        };
+        effect = h.with_ctx(|ctx| machine.resume(ctx, input));
+    }
+    assert_eq!(h.of("decision/resolved")[0]["outcome"], "cancelled");
+    assert_eq!(h.results().len(), 2);
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "aborted");
+}
+
+/// A small deterministic generator (xorshift), so the property below needs no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn property_any_mix_of_asks_and_decisions_in_any_order_keeps_the_invariants() {
+    for seed in 1..=300u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let n = 1 + rng.below(6);
+        // Which calls ask; of the others, index 4 is denied by the gate and the rest run.
+        let asks: Vec<bool> = (0..n).map(|_| rng.below(2) == 0).collect();
+        let asks_for_gate = asks.clone();
+        let gate: GateFn = Box::new(move |index, _, _| match (asks_for_gate[index], index) {
+            (true, _) => Gate::Ask(Ask::default()),
+            (false, 4) => Gate::Deny(None),
+            _ => Gate::Run,
+        });
+        let calls: Vec<(String, String, String)> = (0..n).map(|i| (format!("c{i}"), "t".to_string(), format!(r#"{{"i":{i}}}"#))).collect();
+        let refs: Vec<(&str, &str, &str)> = calls.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+        // What each call should run with: its own arguments unless a gate or a person says else.
+        let mut expected: Vec<Option<String>> =
+            calls.iter().enumerate().map(|(i, (_, _, args))| (!asks[i] && i != 4).then(|| args.clone())).collect();
+        let h = Host::new(Some(gate)).reply(&refs);
+        let effect = h.turn("go");
+        let asked = asks.iter().filter(|a| **a).count();
+        if asked == 0 {
+            assert_eq!(effect, Effect::Finished, "seed {seed}");
+        } else {
+            assert_eq!(effect, Effect::AwaitDecisions, "seed {seed}");
+            assert!(h.ran.borrow().is_empty(), "seed {seed}: nothing of a waiting step runs");
+            let pending = decisions::pending(&h.log);
+            assert_eq!(pending.len(), asked, "seed {seed}");
+            let mut order: Vec<usize> = (0..asked).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            for (done, &k) in order.iter().enumerate() {
+                let request = &pending[k];
+                let key = format!("key-{k}");
+                let (decision, runs) = match rng.below(3) {
+                    0 => (Decide::Approve, Some(request.arguments.clone())),
+                    1 => (Decide::Deny(Some("no".into())), None),
+                    _ => (Decide::Edit(json!({"edited": k})), Some(format!(r#"{{"edited":{k}}}"#))),
+                };
+                expected[request.index] = runs;
+                let decided = h.decide(&request.decision_id, decision.clone(), Some(&key)).unwrap();
+                assert_eq!(decided.ready, done + 1 == asked, "seed {seed}");
+                // The same key again is applied once; another key is refused.
+                assert!(h.decide(&request.decision_id, decision, Some(&key)).unwrap().duplicate, "seed {seed}");
+                assert_eq!(h.decide(&request.decision_id, Decide::Approve, Some("other")).unwrap_err().reason(), "resolved");
+                if done + 1 < asked {
+                    assert_eq!(h.resume(), None, "seed {seed}: the step resumes only once every request is resolved");
+                }
+            }
+            assert_eq!(h.of("decision/resolved").len(), asked, "seed {seed}: each request resolved exactly once");
+            assert_eq!(h.resume(), Some(Effect::Finished), "seed {seed}");
+        }
+        // Exactly the decided (or gated) arguments ran, each call at most once, in call order.
+        let want: Vec<(String, String)> =
+            calls.iter().zip(&expected).filter_map(|((id, _, _), args)| args.clone().map(|a| (id.clone(), a))).collect();
+        assert_eq!(*h.ran.borrow(), want, "seed {seed}");
+        assert_eq!(*h.requests.borrow(), 2, "seed {seed}: the model is asked twice: the calls, then after the results");
+        assert_eq!(h.of("tool/result").len(), n, "seed {seed}: every call has exactly one result");
+        assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed", "seed {seed}");
+    }
+}
