@@ -74,7 +74,7 @@ impl Run {
                 return self.run_plan(py, plan);
             }
             Effect::TurnStopping => return self.turn_stopping(py),
-            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, arguments),
+            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, &arguments),
             // The step waits for decisions: the run ends, the turn stays open.
             Effect::AwaitDecisions => Step::Finished,
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
@@ -244,7 +244,7 @@ impl PyDriver {
         let py = core.py();
         let parts = core.get().parts()?;
         if decisions::held(&parts.log.get().inner).is_some() {
-            return Self::resume_held(core, agent, parts);
+            return Self::resume_held(core, agent, &parts);
         }
         let (machine, mut effect) = {
             // The first claim and `turn/start` plan no tools.
@@ -282,7 +282,7 @@ impl PyDriver {
 
     /// The last turn's step stopped at its decisions: a driver that takes it up again once
     /// they are all resolved (`None` while any is pending).
-    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
+    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: &Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
         let py = core.py();
         let tools = parts.tools.bind(py);
         let lookup = |name: &str| super::run::tool_lookup(tools, name);
@@ -290,7 +290,7 @@ impl PyDriver {
         let run = Box::new(Run {
             agent: agent.clone().unbind(),
             core: core.clone().unbind(),
-            parts: Arc::clone(&parts),
+            parts: Arc::clone(parts),
             machine,
             started: false,
             inner: None,

@@ -494,6 +494,7 @@ impl PyLoopCore {
     /// Applies `outcome` (`Approve`, `Deny`, `Edit`, `Answer`) to request `decision_id` at
     /// `now` (epoch ms); `(duplicate, ready)`. Raises `DecisionError` naming why it is refused.
     #[pyo3(signature = (decision_id, outcome, by=None, key=None, now=None))]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts the optional strings as owned values")]
     fn decide(
         &self,
         py: Python<'_>,

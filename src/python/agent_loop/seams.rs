@@ -173,9 +173,9 @@ impl Run {
 
     /// The `before_tool` waterfall over call `index`; its default is the façade's
     /// `default_gate(call)` (`Approve`, or `Ask` for a tool that needs approval).
-    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: String) -> PyResult<Step<'py>> {
+    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: &str) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
-        let args = super::tools::arguments(py, &arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
+        let args = super::tools::arguments(py, arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
         let (turn, step) = self.turn_step();
         let payload = classes(py)?.tool_call.bind(py).call1((self.agent.bind(py), call_id, name, args, turn, step, self.signal(py)))?;
         let default = {
