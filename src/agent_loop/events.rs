@@ -237,9 +237,10 @@ fn literal(text: &str) -> String {
 }
 
 /// `decision/requested {turn, step, decisionId, callId, index, name, arguments, digest, kind[,
-/// note][, schema][, expiresAt]}`: call `index` of the step waits for a person. `schema` is
-/// JSON text; `expiresAt` epoch milliseconds.
-pub fn decision_requested(request: &super::decisions::Request) -> LoopEvent {
+/// note][, schema][, expiresAt][, last]}`: call `index` of the step waits for a person. `schema`
+/// is JSON text; `expiresAt` epoch milliseconds; `last: true` on the final request written before
+/// the step stops to wait (a reader such as a UI stream knows the step waits from it).
+pub fn decision_requested(request: &super::decisions::Request, last: bool) -> LoopEvent {
     let mut data = step_head(request.turn, request.step);
     let index = request.index.to_string();
     let expires = request.expires_at.map(|t| t.to_string());
@@ -257,6 +258,7 @@ pub fn decision_requested(request: &super::decisions::Request) -> LoopEvent {
             ("note", note.as_deref()),
             ("schema", request.schema.as_deref()),
             ("expiresAt", expires.as_deref()),
+            ("last", last.then_some("true")),
         ],
     );
     data.push('}');

@@ -196,6 +196,21 @@ fn deny_edit_and_a_failed_gate_never_run_what_they_stop() {
 }
 
 #[test]
+fn a_rounds_requests_are_written_together_after_every_gate_the_last_marked() {
+    // The asked calls are the first and third; the fourth needs no decision and is gated last,
+    // so only a marker on the written requests can tell a reader that the step now waits.
+    let h =
+        Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}"), ("c2", "read", "{}"), ("c3", "pay", "{}"), ("c4", "read", "{}")]);
+    assert_eq!(h.turn("go"), Effect::AwaitDecisions);
+    let kinds = h.kinds();
+    assert_eq!(kinds[kinds.len() - 2..], ["decision/requested", "decision/requested"]);
+    let requests = h.of("decision/requested");
+    assert_eq!(requests.iter().map(|r| r["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 2]);
+    assert_eq!(requests[0].get("last"), None);
+    assert_eq!(requests[1]["last"], true);
+}
+
+#[test]
 fn an_ask_holds_the_whole_step_and_a_decision_resumes_it_without_the_model() {
     let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "read", "{}"), ("c2", "pay", r#"{"amount":5}"#)]);
     assert_eq!(h.turn("go"), Effect::AwaitDecisions);
@@ -370,7 +385,7 @@ fn a_decision_is_bound_to_its_call_by_position_id_and_digest() {
     let mut forged = decisions::held(&h.log).unwrap().requests[0].clone();
     forged.decision_id = "forged".into();
     forged.digest = decisions::digest(r#"{"amount":500}"#);
-    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::decision_requested(&forged)).unwrap();
+    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::decision_requested(&forged, true)).unwrap();
     h.decide("forged", Decide::Approve, None).unwrap();
     assert_eq!(h.resume(), Some(Effect::Finished));
     assert!(h.ran.borrow().is_empty(), "{:?}", h.ran.borrow());
@@ -457,7 +472,10 @@ fn a_gate_cancelled_by_an_abort_gives_every_call_its_aborted_result() {
         };
         effect = h.with_ctx(|ctx| machine.resume(ctx, input));
     }
-    assert_eq!(h.of("decision/resolved")[0]["outcome"], "cancelled");
+    // The round's requests are written once every call is gated: one cut short by an abort
+    // logs no request, so nothing is left to cancel.
+    assert!(h.of("decision/requested").is_empty());
+    assert!(h.of("decision/resolved").is_empty());
     assert_eq!(h.results().len(), 2);
     assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "aborted");
 }

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, TextIO, Tuple
 
 from .. import AgentLoop, FileStore, Retry, SessionLog, events
 from ..hooks import Model, RequestFailure
+from ._chat_decide import Asker, resolution_line
 from ._timeline import message_text, terminal_text
 
 __all__ = ["Chat"]
@@ -21,6 +22,9 @@ _HELP = """commands:
   /drop ID          remove queued input (ID as /queue shows it, or the full message id)
   /clear            remove all queued input
   /cancel           stop the running turn; queued input stays queued
+  y, n [REASON], e [JSON]
+                    while a tool call waits for a decision: approve it, deny it, edit its
+                    arguments (/deny [REASON] declines a question; its answer is the line)
   /run              start a turn for input queued before (e.g. from a resumed session)
   /resend [TURN]    send again what a turn claimed but never read (a prompt cancelled before
                     the agent read it); default: the last such turn
@@ -77,6 +81,7 @@ class Chat:
         self.step = 0  # the step being shown: input entering at step 1 is a prompt, later a steer
         self.cancelling = False
         self.seen = -1  # the last seq shown
+        self.asker = Asker(self)  # the decisions of a waiting turn, asked at the prompt
 
     # -- output --
 
@@ -109,6 +114,8 @@ class Chat:
 
     async def render(self, start: int) -> None:
         async for event in self.loop.log.tail(start=start, view=True):
+            if event.seq <= self.seen:
+                continue  # shown already by catch_up (before a decision was asked)
             self.seen = event.seq
             self.show(event)
 
@@ -117,6 +124,12 @@ class Chat:
         for event in self.loop.log.events(start=self.seen + 1, view=True):
             self.seen = event.seq
             self.show(event)
+
+    def waiting(self) -> None:
+        """The turn waits for decisions: what led to them is shown first, then the first is asked."""
+        if self.loop.status == "waiting" and not self.asker.active:
+            self.catch_up()
+            self.asker.next()
 
     def show(self, event: events.EventView) -> None:
         if isinstance(event, events.AssistantChunk):
@@ -154,9 +167,12 @@ class Chat:
             self.step = event.step
         elif isinstance(event, events.TurnEnd):
             self.cancelling = False
+            self.asker.stop()
             self.turn_ended(event)
         elif isinstance(event, events.InboxSpliced):
             self.queue_changed()
+        elif isinstance(event, events.DecisionResolved):
+            self.line(resolution_line(event), dim=True)
 
     def turn_ended(self, event: events.TurnEnd) -> None:
         reason = event.reason
@@ -239,6 +255,9 @@ class Chat:
         if self.echo:
             self.column = 0  # the terminal's echo of the Enter key ended the line
         text = line.strip()
+        if self.asker.active:
+            self.asker.handle(text)
+            return
         if not text:
             if self.loop.status == "idle" and self.loop.inbox.has_pending:
                 self.loop.wake()
@@ -286,7 +305,11 @@ class Chat:
                 self.line("  nothing to run" if not self.loop.inbox.has_pending else "  already running", dim=True)
         else:
             self.line(f"unknown command {_one_line(name, 30)!r}; /help lists them")
-        if self.loop.status == "idle" and not self.quit.is_set():
+        if self.quit.is_set():
+            return
+        if self.asker.active:
+            self.asker.prompt()
+        elif self.loop.status == "idle":
             self.prompt()
 
     async def on_request_error(self, failure: RequestFailure, next: Callable[[], Any]) -> Any:
@@ -299,6 +322,7 @@ class Chat:
 
     def cancel(self) -> None:
         self.cancelling = True
+        self.asker.stop()
         self.loop.cancel("user", keep_inbox=True)
 
     def queue_listing(self) -> str:

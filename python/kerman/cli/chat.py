@@ -5,7 +5,9 @@ model sees it at the next step boundary (after the running tool calls, or at onc
 has ended). ``/followup TEXT`` queues a prompt for a turn of its own instead. The queue is
 printed whenever it changes; ``/queue`` lists it, ``/drop ID`` removes an entry, ``/cancel``
 stops the running turn (keeping the queue), ``/quit`` (or Ctrl-D) leaves. Everything is in the
-session file: ``kerman chat --session ID`` resumes it, ``kerman log show`` prints it.
+session file: ``kerman chat --session ID`` resumes it, ``kerman log show`` prints it. A tool
+call that waits for a decision (``--approve``, or a tool with ``needs_approval``) is asked at
+the prompt (``_chat_decide``).
 
 The output is read from the log itself (``log.tail()``), so what the terminal shows is what was
 recorded, in the order it was recorded.
@@ -31,6 +33,7 @@ from .. import AgentLoop, FileStore, SessionLog
 from .._imports import load_object
 from ..errors import KermanError, SessionNotFoundError
 from ..hooks import LiveEvent, Model
+from ._chat_decide import ask_every_call
 from ._chat_screen import Chat, _clean
 
 __all__ = ["PROVIDERS", "add_arguments", "load_model", "run"]
@@ -87,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instructions", metavar="TEXT", default=None, help="the system prompt")
     parser.add_argument("--tool", dest="tools", action="append", default=[], metavar="MODULE:FUNCTION",
                         help="register a tool (a typed function, or a kerman.Tool); repeatable")
+    parser.add_argument("--approve", action="store_true",
+                        help="ask before every tool call runs: approve, deny or edit its arguments at the prompt "
+                             "(a kerman.Tool with needs_approval asks without it)")
     parser.add_argument("-o", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
                         help="a request option, VALUE as JSON when it parses (-o temperature=0.2); repeatable")
     parser.add_argument("--no-stream", action="store_true", help="ask for whole replies instead of a stream")
@@ -295,6 +301,8 @@ async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, A
     loop = AgentLoop(model, log, **kwargs)
     for spec in args.tools:
         loop.tool(_import(spec, "--tool"))
+    if args.approve:
+        loop.before_tool(ask_every_call)
     chat = Chat(loop, out, resumed, echo=_isatty(stdin))
     if not args.no_retry:
         from ..providers.retry import retry_policy
@@ -303,23 +311,30 @@ async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, A
         loop.request_error(chat.on_request_error, prepend=True)
     else:
         loop.request_error(_no_retry, prepend=True)  # before any policy, a provider's default included
-    idle = asyncio.Event()
+    idle = asyncio.Event()  # set while nothing runs: idle, or waiting for decisions
 
     def on_status(event: LiveEvent) -> None:
-        if event.status == "idle":
-            idle.set()
-        else:
+        if event.status == "running":
             idle.clear()
+        else:
+            idle.set()
+        if event.status == "waiting":
+            # Asked once the listener returned: the loop finishes its run first.
+            asyncio.get_running_loop().call_soon(chat.waiting)
 
     loop.on("agent/status", on_status)
     chat.banner(log, model, store)
+    chat.seen = len(log) - 1  # the banner covered what came before; catch_up starts after it
     renderer = asyncio.get_running_loop().create_task(chat.render(len(log)))
     interrupts = _interrupts(chat)
-    chat.prompt()
+    if loop.status == "waiting":  # a resumed session whose turn waits for decisions
+        chat.waiting()
+    else:
+        chat.prompt()
 
     async def until_idle() -> None:
         # Not when_idle(): cancelling that wait would warn that a turn is left running.
-        while not chat.quit.is_set() and loop.status != "idle":
+        while not chat.quit.is_set() and loop.status == "running":
             idle.clear()
             await _first(idle.wait(), chat.quit.wait())
 
@@ -339,7 +354,9 @@ async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, A
             await until_idle()
     finally:
         interrupts()
-        if loop.status != "idle":
+        if loop.status == "waiting":
+            chat.line("  (the turn waits for decisions; kerman chat --session asks them again)", dim=True)
+        elif loop.status != "idle":
             chat.line("  (stopping the running turn; queued input stays for --session)", dim=True)
         await loop.aclose()
         renderer.cancel()
@@ -378,7 +395,7 @@ def _interrupts(chat: Chat) -> Callable[[], None]:
     event_loop = asyncio.get_running_loop()
 
     def on_interrupt() -> None:
-        if chat.loop.status == "running" and not chat.cancelling:
+        if chat.loop.status in ("running", "waiting") and not chat.cancelling:
             chat.cancel()
             chat.line("  [cancelling; Ctrl-C again to quit]", dim=True)
         else:

@@ -63,6 +63,11 @@ class DecisionRequested(_Step):
         """Epoch milliseconds, or ``None``."""
         return _int(self._field("expiresAt"))
 
+    @property
+    def last(self) -> bool:
+        """True on the final request written before the step stops to wait for its decisions."""
+        return self._field("last") is True
+
 
 class DecisionResolved(_Step):
     """``decision/resolved {turn, step, decisionId, callId, outcome, by?, key?, digest?,

@@ -1,6 +1,7 @@
-"""A kit for testing plugins: run ``pre_step`` listeners against a batch without a model,
-fake a ``next``, run insert transforms, and run whole scripted turns and assert on their
-events. Nothing here needs pytest; ``kerman.testing.pytest_plugin`` adds fixtures for it
+"""A kit for testing plugins: run ``pre_step`` listeners against a batch and ``before_tool``
+gates against a call without a model, fake a ``next``, run insert transforms, and run whole
+scripted turns (deciding the ones that wait for a person) and assert on their events.
+Nothing here needs pytest; ``kerman.testing.pytest_plugin`` adds fixtures for it
 (``pytest_plugins = ["kerman.testing.pytest_plugin"]``). See docs/plugins.md.
 
 Everything runs on the real machinery: the waterfall is the loop's own ``Next``, transforms
@@ -10,12 +11,14 @@ run in a real ``Inbox`` over a memory log, and turns run in a real ``AgentLoop``
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Dict, Generic, Iterable, List, Optional, Sequence, TypeVar, Union, cast
+import json
+from typing import Any, Awaitable, Callable, Dict, Generic, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 from .. import _core
 from .._core import AssistantMessage, Event, Inbox, MemoryStore, SessionLog, UserMessage
+from ..decisions import Approve, Outcome, PendingDecision
 from ..errors import ModelError
-from ..events import TURN_END, AssistantMessageEvent, Ending, TurnEnd, UserMessageEvent, views
+from ..events import DECISION_RESOLVED, TOOL_CALL, TOOL_RESULT, TURN_END, AssistantMessageEvent, Ending, TurnEnd, UserMessageEvent, views
 from ..loop import AgentLoop
 from ..models import ScriptedModel, ScriptItem
 from ..types import (
@@ -29,12 +32,17 @@ from ..types import (
     Signal,
     Target,
 )
+from ._gates import GateListener, gate_verdict, make_tool_call, run_gate
 
 __all__ = [
     "make_pre_step",
     "run_pre_step",
     "decide",
     "FakeNext",
+    "make_tool_call",
+    "run_gate",
+    "gate_verdict",
+    "GateListener",
     "run_insert",
     "scripted_loop",
     "run_turn",
@@ -43,6 +51,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: Result codes of calls whose tool did not run (``TurnResult.ran`` leaves them out).
+_NOT_RUN = ("TOOL_DENIED", "GATE_ERROR", "ABORTED_BEFORE_DISPATCH")
 #: A plugin is a function that registers its listeners, tools and transforms on a loop.
 Plugin = Callable[[AgentLoop], object]
 Batch = Iterable[Union[UserMessage, str]]
@@ -149,6 +159,11 @@ class FakeNext(Generic[T]):
     def entering(step: PreStep) -> FakeNext[Decision]:
         return FakeNext(lambda: Enter(step.messages))
 
+    @staticmethod
+    def approving() -> FakeNext[Approve]:
+        """A ``before_tool`` ``next`` whose default runs the call: ``Approve()``."""
+        return FakeNext(Approve())
+
     def __call__(self) -> Awaitable[T]:
         self.calls += 1
         return self._resolve()
@@ -204,6 +219,70 @@ class TurnResult:
         self.loop = loop
         self.events = events
         self.requests = requests
+        #: The requests the run left waiting for a person (empty unless the loop is waiting).
+        self.pending: List[PendingDecision] = loop.decisions if loop.status == "waiting" else []
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the run stopped at decisions: the turn waits for :meth:`decide`."""
+        return bool(self.pending)
+
+    @property
+    def outcomes(self) -> List[str]:
+        """The outcomes of the decisions this run applied (``decision/resolved``), in order:
+        ``"approved"``, ``"denied"``, ``"edited"``, ``"answered"``, ``"expired"``, ``"cancelled"``."""
+        return [str(e.data.get("outcome")) for e in self.of_type(DECISION_RESOLVED)]
+
+    @property
+    def ran(self) -> List[Tuple[str, Any]]:
+        """The tool calls whose tool ran, as ``(name, arguments)`` with the arguments parsed: a
+        denied, answered or failed-closed call is not here, an edited one has its edited
+        arguments."""
+        # A denied, answered or failed-closed call logs its tool/call too; its tool never ran.
+        skipped = {(e.data.get("turn"), e.data.get("callId")) for e in self.loop.log.events(types=[DECISION_RESOLVED])
+                   if e.data.get("outcome") == "answered"}
+        for e in self.of_type(TOOL_RESULT):
+            code = (e.data.get("error") or {}).get("code")
+            if code in _NOT_RUN:
+                skipped.add((e.data.get("turn"), ((e.data.get("message") or {}).get("source") or {}).get("callId")))
+        out = []
+        for e in self.of_type(TOOL_CALL):
+            if (e.data.get("turn"), e.data.get("callId")) in skipped:
+                continue
+            try:
+                arguments = json.loads(e.data.get("arguments") or "null")
+            except ValueError:
+                arguments = e.data.get("arguments")
+            out.append((str(e.data.get("name")), arguments))
+        return out
+
+    def assert_waiting(self, *names: str) -> List[PendingDecision]:
+        """Asserts the run stopped at decisions for calls of these tools (in call order, when
+        given); returns the pending requests."""
+        got = [p.name for p in self.pending]
+        if not got or (names and got != list(names)):
+            raise AssertionError(f"waiting for decisions on {got!r}, expected " + (f"{list(names)!r}" if names else "some")
+                                 + f" (loop status {self.loop.status!r}); events: {self.types}")
+        return self.pending
+
+    async def decide(self, *outcomes: Outcome, by: Optional[str] = None) -> TurnResult:
+        """Decides the requests the loop waits on, one outcome each (``Approve()``,
+        ``Deny(reason)``, ``Edit(arguments)``, ``Answer(value)``) in the order of
+        ``loop.decisions``, waits until the loop is idle (or waits again), and returns what
+        that continuation appended."""
+        loop = self.loop
+        pending = loop.decisions if loop.status == "waiting" else []
+        if not pending:
+            raise AssertionError(f"nothing waits for a decision (loop status {loop.status!r})")
+        if len(outcomes) != len(pending):
+            raise TypeError(f"{len(pending)} request(s) wait ({', '.join(p.name for p in pending)}); "
+                            f"decide() takes one outcome each, got {len(outcomes)}")
+
+        def act() -> None:
+            for request, outcome in zip(pending, outcomes, strict=True):
+                loop.decide(request.decision_id, outcome, by=by)
+
+        return await _run(loop, act)
 
     @property
     def types(self) -> List[str]:
@@ -278,7 +357,8 @@ class TurnResult:
 async def run_turn(loop: AgentLoop, prompt: Union[UserMessage, str], *, replies: Iterable[ScriptItem] = (),
                    target: Target = "next-turn") -> TurnResult:
     """Sends ``prompt`` (``followup``, or ``steer`` for ``target="next-step"``), waits until the
-    loop is idle, and returns what the run appended. ``replies`` are added to the script of a
+    loop is idle (or waits for decisions: then ``result.decide(...)`` goes on), and returns what
+    the run appended. ``replies`` are added to the script of a
     loop made by :func:`scripted_loop` first. An insert transform's refusal raises here, as
     from ``followup``."""
     model = loop._model
@@ -287,9 +367,15 @@ async def run_turn(loop: AgentLoop, prompt: Union[UserMessage, str], *, replies:
         if not isinstance(model, ScriptedModel):
             raise TypeError(f"replies= needs a loop over a ScriptedModel (kerman.testing.scripted_loop), not {model!r}")
         model.add(*extra)
+    return await _run(loop, lambda: loop.send(prompt, target, True))
+
+
+async def _run(loop: AgentLoop, act: Callable[[], object]) -> TurnResult:
+    """``act()``, then waits until the loop is idle (or waiting): what that run appended."""
+    model = loop._model
     seen = len(model.requests) if isinstance(model, ScriptedModel) else 0
     start = len(loop.log)
-    loop.send(prompt, target, True)
+    act()
     await loop.when_idle()
     requests = model.requests[seen:] if isinstance(model, ScriptedModel) else []
     return TurnResult(loop, list(loop.log.events(start)), requests)

@@ -16,8 +16,8 @@ The rules that are the fold's, not a protocol's:
 * a reply that was not streamed shows its reasoning, then its text, whole;
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
   announces the call first, with the name and arguments its assistant message gave;
-* a decision request and its resolution are told as they come (docs/decisions.md); the AG-UI
-  and Vercel projections do not map them yet.
+* a decision request and its resolution are told as they come (docs/decisions.md); the
+  request marked ``last`` is the final one before the step waits.
 """
 
 from __future__ import annotations

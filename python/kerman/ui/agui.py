@@ -3,7 +3,10 @@
 One run per turn (``RUN_STARTED`` at ``turn/start``, ``RUN_FINISHED`` or ``RUN_ERROR`` at
 ``turn/end``), one AG-UI step per loop step, streamed text and reasoning as they were chunked,
 tool calls with their results, user messages as ``user`` text messages, and the queue as shared
-state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). What to show
+state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). A turn that
+waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
+request); once every request of the step is resolved, the turn goes on in a new run whose
+``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). What to show
 is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
 down in docs/web.md.
 """
@@ -11,7 +14,8 @@ down in docs/web.md.
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional
 
 from .. import events
 from .._core import Event
@@ -36,6 +40,12 @@ class AgUiProjection(Projection, f.Sink):
         self._time = 0
         self._out: List[JsonDict] = []
         self._part = (-1, "")  # the open text part's seq and message id: each delta reuses the id
+        self._run_id = ""
+        self._runs = 0  # runs of the open turn after its first (each resume is one)
+        self._asked: Dict[str, JsonDict] = {}  # decision id -> its Interrupt, the step not known to wait yet
+        self._waiting: Dict[str, JsonDict] = {}  # decision id -> its Interrupt, the run ended on them
+        self._answers: List[JsonDict] = []  # resume entries of the resolved ones
+        self._shown: Dict[str, Any] = {}  # call id -> arguments announced with its request (this turn)
 
     def _ev(self, type: str, **fields: Any) -> JsonDict:
         # The per-chunk parts below (step bounds, streamed deltas) write their dict whole
@@ -67,7 +77,10 @@ class AgUiProjection(Projection, f.Sink):
         self._out.append(self._ev("STATE_DELTA", delta=ops))
 
     def turn_started(self, turn: int) -> None:
-        self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=f"turn-{turn}"))
+        self._run_id = f"turn-{turn}"
+        self._runs = 0
+        self._shown.clear()
+        self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run_id))
 
     def step_started(self, step: int) -> None:
         self._out.append({"type": "STEP_STARTED", "timestamp": self._time, "stepName": f"step-{step}"})
@@ -121,6 +134,11 @@ class AgUiProjection(Projection, f.Sink):
         self._text_message(message_id, "assistant", text)
 
     def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
+        if call_id in self._shown:
+            return  # announced with its decision request (edited arguments: in its resolution)
+        self._announce(call_id, name, arguments, parent)
+
+    def _announce(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
         start = self._ev("TOOL_CALL_START", toolCallId=call_id, toolCallName=name)
@@ -155,6 +173,71 @@ class AgUiProjection(Projection, f.Sink):
                                       code="INTERRUPTED"))
         else:
             outcome = {"type": "cancelled"} if kind == "aborted" else {"type": "success"}
-            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=f"turn-{turn}", outcome=outcome,
-                                      result={"reason": public_reason(ending.raw)}))
+            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=self._run_id or f"turn-{turn}",
+                                      outcome=outcome, result={"reason": public_reason(ending.raw)}))
+        self._run_id = ""
+
+    def decision_requested(self, request: events.DecisionRequested) -> None:
+        raw = _payload(request)
+        if request.call_id not in self._shown:  # the call the interrupt names is announced first
+            self._shown[request.call_id] = request.arguments
+            self._announce(request.call_id, request.name, request.arguments, self.fold._parent)
+        self._out.append(self._ev("CUSTOM", name="kerman.decision/requested", value=raw))
+        interrupt: JsonDict = {"id": request.decision_id,
+                               "reason": "tool_approval" if request.kind == "approval" else "tool_answer",
+                               "toolCallId": request.call_id}
+        if request.note is not None:
+            interrupt["message"] = request.note
+        if isinstance(request.schema, dict):
+            interrupt["responseSchema"] = request.schema
+        if request.expires_at is not None:
+            interrupt["expiresAt"] = _iso(request.expires_at)
+        interrupt["metadata"] = {"kerman": {k: raw[k] for k in ("name", "arguments", "digest", "kind", "turn", "step", "index")
+                                            if k in raw}}
+        self._asked[request.decision_id] = interrupt
+        if request.last:  # the final request of the round: the step waits now
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        """The step waits: its run ends with the interrupt outcome, listing every pending request."""
+        self._waiting.update(self._asked)
+        self._asked = {}
+        if self._run_id:
+            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=self._run_id,
+                                      outcome={"type": "interrupt", "interrupts": list(self._waiting.values())}))
+            self._run_id = ""
+
+    def decision_resolved(self, resolution: events.DecisionResolved) -> None:
+        raw = _payload(resolution)
+        self._out.append(self._ev("CUSTOM", name="kerman.decision/resolved", value=raw))
+        if self._waiting.pop(resolution.decision_id, None) is None:
+            return
+        outcome = resolution.outcome
+        entry: JsonDict = {"interruptId": resolution.decision_id}
+        if outcome in ("expired", "cancelled"):
+            entry["status"] = "cancelled"
+        else:
+            entry["status"] = "resolved"
+            entry["payload"] = {k: raw[k] for k in ("outcome", "arguments", "reason", "value") if k in raw}
+        envelope = {k: raw[k] for k in ("outcome", "by", "key", "digest") if k in raw}
+        entry["metadata"] = {"kerman": envelope}
+        self._answers.append(entry)
+        if not self._waiting and self.fold.turn is not None:  # every request answered: the turn goes on
+            self._runs += 1
+            self._run_id = f"turn-{self.fold.turn}.{self._runs}"
+            resume, self._answers = self._answers, []
+            self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run_id,
+                                      input={"threadId": self.thread_id, "runId": self._run_id, "messages": [],
+                                             "resume": resume}))
+
+
+def _payload(view: events.EventView) -> JsonDict:
+    data = view.data
+    return data if isinstance(data, dict) else {}
+
+
+def _iso(millis: int) -> str:
+    """Epoch milliseconds as ISO 8601 in UTC (what AG-UI's ``expiresAt`` expects)."""
+    moment = datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
 

@@ -5,8 +5,12 @@ One UI message per turn (``start`` at ``turn/start``; ``finish``, ``error`` + ``
 parts as they were streamed, ``tool-input-available`` and ``tool-output-available`` /
 ``tool-output-error`` for tool calls, and data parts: ``data-queue`` (the pending inbox, a
 transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
-``data-context`` (each user message as it enters a step). What to show is the shared fold's
-(``_fold.py``); this module is its sink and only maps the parts. The mapping is in docs/web.md.
+``data-context`` (each user message as it enters a step). A decision request shows its call
+(``tool-input-available``), a ``tool-approval-request`` (approvalId = the decision id; AI SDK 6)
+for an approval, and a ``data-decision`` part (id = the decision id) that its resolution
+replaces; a denied or expired call ends as ``tool-output-denied``. What to show is the shared
+fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is in
+docs/web.md.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, public_reason
 
 __all__ = ["VercelProjection"]
+
+def _payload(view: events.EventView) -> JsonDict:
+    data = view.data
+    return data if isinstance(data, dict) else {}
+
 
 _FINISH = {"completed": "stop", "max-tokens": "length", "blocked": "other"}
 # a streamed part's start, delta and end types, by kind
@@ -36,6 +45,9 @@ class VercelProjection(Projection, f.Sink):
         self.queue = self.fold.queue
         self._out: List[JsonDict] = []
         self._part = (-1, "")  # the open part's seq and id: a delta per streamed chunk reuses the id
+        self._shown: dict[str, Any] = {}  # call id -> arguments shown with its decision request (this turn)
+        self._denied: set[str] = set()  # calls shown as tool-output-denied (this turn)
+        self._requests: dict[str, JsonDict] = {}  # decision id -> its request, until resolved
 
     def feed(self, event: EventLike) -> List[JsonDict]:
         out = self._out = []
@@ -46,6 +58,8 @@ class VercelProjection(Projection, f.Sink):
         self._out.append({"type": "data-queue", "id": "queue", "data": self.queue.state(), "transient": True})
 
     def turn_started(self, turn: int) -> None:
+        self._shown.clear()
+        self._denied.clear()
         self._out.append({"type": "start", "messageId": f"turn-{turn}"})
 
     def step_started(self, step: int) -> None:
@@ -86,6 +100,11 @@ class VercelProjection(Projection, f.Sink):
                       {"type": "text-end", "id": tid}]
 
     def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
+        if call_id in self._shown and self._shown[call_id] == arguments:
+            return  # shown with its decision request, and it runs as it was shown
+        self._input(call_id, name, arguments)
+
+    def _input(self, call_id: str, name: str, arguments: Any) -> None:
         if isinstance(arguments, str):
             try:
                 parsed = json.loads(arguments) if arguments else {}
@@ -98,10 +117,31 @@ class VercelProjection(Projection, f.Sink):
         self._out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": parsed})
 
     def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool, error: Optional[JsonDict]) -> None:
+        if call_id in self._denied:
+            return  # its denial is its output
         if is_error:
             self._out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": text or "the tool failed"})
         else:
             self._out.append({"type": "tool-output-available", "toolCallId": call_id, "output": text})
+
+    def decision_requested(self, request: events.DecisionRequested) -> None:
+        call_id = request.call_id
+        if call_id not in self._shown:
+            self._shown[call_id] = request.arguments
+            self._input(call_id, request.name, request.arguments)
+        if request.kind == "approval":
+            self._out.append({"type": "tool-approval-request", "approvalId": request.decision_id, "toolCallId": call_id})
+        payload = self._requests[request.decision_id] = _payload(request)
+        self._out.append({"type": "data-decision", "id": request.decision_id, "data": {**payload, "status": "pending"}})
+
+    def decision_resolved(self, resolution: events.DecisionResolved) -> None:
+        outcome = resolution.outcome
+        request = self._requests.pop(resolution.decision_id, {})
+        self._out.append({"type": "data-decision", "id": resolution.decision_id,
+                          "data": {**request, "status": outcome, "resolution": _payload(resolution)}})
+        if outcome in ("denied", "expired") and resolution.call_id in self._shown:
+            self._denied.add(resolution.call_id)
+            self._out.append({"type": "tool-output-denied", "toolCallId": resolution.call_id})
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         """Not a part of this protocol: the queue parts already show the input is gone."""

@@ -76,6 +76,9 @@ pub(super) struct Gating {
     verdicts: Vec<Verdict>,
     /// The next call to gate.
     next: usize,
+    /// The requests of this round, written together when every call is gated, so that the
+    /// last one can say the step stops there (and nothing is logged for a round cut short).
+    asked: Vec<Request>,
 }
 
 /// The result an answer gives its call: a string as it is, any other JSON as its text.
@@ -91,7 +94,7 @@ impl Machine {
     /// Gates the calls that have no verdict yet, in call order.
     pub(super) fn gate_calls(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, mut verdicts: Vec<Verdict>) -> Effect {
         verdicts.resize_with(calls.len(), || Verdict::Undecided);
-        self.gating = Some(Gating { calls, verdicts, next: 0 });
+        self.gating = Some(Gating { calls, verdicts, next: 0, asked: Vec::new() });
         self.next_gate(ctx)
     }
 
@@ -99,12 +102,7 @@ impl Machine {
         let Some(mut gating) = self.gating.take() else { unreachable!("gating without calls") };
         if ctx.aborted() {
             // Nothing runs after an abort: the plan gives every call its aborted result, and
-            // whatever was asked is cancelled.
-            if gating.verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
-                if let Err(e) = decisions::cancel_pending(ctx.log) {
-                    return self.fail(ctx, Fault::Core(CoreError::Log(e)));
-                }
-            }
+            // what this round asked was never written.
             return self.run_plan(ctx, gating.calls, Vec::new());
         }
         while gating.next < gating.calls.len() {
@@ -121,6 +119,12 @@ impl Machine {
             self.gating = Some(gating);
             self.wait = Wait::Gate;
             return Effect::BeforeTool { index, call_id, name, arguments };
+        }
+        let count = gating.asked.len();
+        for (n, request) in gating.asked.drain(..).enumerate() {
+            if let Err(e) = ctx.append(events::decision_requested(&request, n + 1 == count)) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
         }
         if gating.verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
             // The step stops at its decisions; the turn stays open.
@@ -161,8 +165,8 @@ impl Machine {
                     schema: ask.schema,
                     expires_at: ask.expires_at,
                 };
-                if let Err(e) = ctx.append(events::decision_requested(&request)) {
-                    return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+                if let Some(gating) = self.gating.as_mut() {
+                    gating.asked.push(request);
                 }
                 Verdict::Asked
             }

@@ -16,7 +16,7 @@ ROOMS = {
     "tools": ("__init__.py", "_tool.py", "_context.py", "_convert.py", "_infer.py", "_docstring.py", "_typed.py",
               "_check.py", "_executor.py"),
     "cli": ("__init__.py", "_main.py", "_common.py", "_log.py", "_timeline.py", "_workers.py", "chat.py",
-            "_chat_screen.py", "demo.py"),
+            "_chat_screen.py", "_chat_decide.py", "demo.py"),
 }
 MODULES = ("signal.py", "hooks.py", "types.py")
 GONE = ("cli.py", "_schema.py", "_executor.py", "_timeline.py", "_workers_cli.py")

@@ -49,7 +49,7 @@ def test_views_timeline_and_fold() -> None:
     r, s = requested[0], resolved[0]
     assert (r.turn, r.step, r.call_id, r.index, r.name, r.arguments, r.kind, r.note) == \
         (1, 1, "c1", 0, "pay", '{"amount": 5}', "approval", "pay bob?")
-    assert r.digest.startswith("sha256:") and r.expires_at is None and r.schema is None
+    assert r.digest.startswith("sha256:") and r.expires_at is None and r.schema is None and r.last is True
     assert (s.decision_id, s.outcome, s.by, s.reason, s.digest) == (r.decision_id, "denied", "ann", "no", None)
     assert ev.TYPES[ev.DECISION_REQUESTED] is ev.DecisionRequested
     assert ev.TYPES[ev.DECISION_RESOLVED] is ev.DecisionResolved

@@ -190,6 +190,45 @@ async def errors(store: kerman.FileStore) -> None:
     await loop.aclose()
 
 
+async def decisions(store: kerman.FileStore) -> None:
+    """A step asks twice (one approval with a note and an expiry, one edited) while a third call
+    needs none; then a step whose approval is denied; the turn goes on to the end."""
+    loop = kerman.AgentLoop(ScriptedModel([
+        kerman.ModelReply([{"type": "tool-call", "id": "d1", "name": "transfer", "arguments": '{"amount": 900}'},
+                           {"type": "tool-call", "id": "d2", "name": "transfer", "arguments": '{"amount": 50}'},
+                           {"type": "tool-call", "id": "d3", "name": "lookup", "arguments": '{"q": "rates"}'}]),
+        kerman.ModelReply([{"type": "tool-call", "id": "d4", "name": "transfer", "arguments": '{"amount": 7000}'}]),
+        kerman.ModelReply("Two moved, one refused."),
+    ]), log=store.create("decisions"))
+
+    @loop.tool(needs_approval=True)
+    async def transfer(amount: int) -> str:
+        """Moves money."""
+        return f"moved {amount}"
+
+    @loop.tool
+    async def lookup(q: str) -> str:
+        """Looks something up."""
+        return f"{q}: 3.1%"
+
+    @loop.before_tool
+    async def gate(call, next):  # noqa: ANN001, ANN202
+        if call.name == "transfer" and call.arguments["amount"] > 500:
+            return kerman.Ask(note=f"move {call.arguments['amount']}?", expires_at=4102444800)
+        return await next()
+
+    loop.followup("move the money")
+    await loop.when_idle()
+    first, second = loop.decisions
+    loop.decide(first.decision_id, kerman.Approve(), by="ann", key="click-1")
+    loop.decide(second.decision_id, kerman.Edit({"amount": 40}), by="ann", key="click-2")
+    await loop.when_idle()
+    [third] = loop.decisions
+    loop.decide(third.decision_id, kerman.Deny("too much"), by="bob")
+    await loop.when_idle()
+    await loop.aclose()
+
+
 async def closers(store: kerman.FileStore, root: Path) -> None:
     """The process stops during a tool call; opening the session appends the closers."""
     inside = asyncio.Event()
@@ -223,7 +262,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors):
+        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions):
             await scenario(store)
             shutil.copy(root / f"{scenario.__name__}.jsonl", HERE / f"{scenario.__name__}.jsonl")
         await closers(store, root)

@@ -33,7 +33,8 @@ def test_golden(name, protocol, tmp_path):
 
 
 def test_every_scenario_is_recorded():
-    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers"}
+    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers",
+                         "decisions"}
 
 
 @pytest.mark.parametrize("name", LOGS)
@@ -308,3 +309,111 @@ def test_injected_text_is_context_not_steering():
              if u.data["type"] in ("data-prompt", "data-steering", "data-context")]
     assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"),
                      ("data-context", "the build is green")]
+
+
+def test_a_waiting_turn_ends_its_run_with_interrupts_and_resumes_with_the_decisions(tmp_path):
+    """AG-UI 1.0: the run of a step that waits ends with the interrupt outcome (one interrupt per
+    pending request, bound to its call); the run that goes on carries every answer in
+    ``input.resume``. Step 1's last call needs no decision, so its run ends at the next event;
+    step 2's only call asks, so its run ends at the request."""
+    events = recorded("decisions", tmp_path)
+    requested = [e for e in events if e.type == "decision/requested"]
+    runs = []
+    for u in agui(events, thread_id="thread-1"):
+        d = u.data
+        if d["type"] == "RUN_STARTED":
+            runs.append([u.seq, d["runId"], d.get("input", {}).get("resume")])
+        elif d["type"] == "RUN_FINISHED":
+            runs[-1] += [u.seq, d["outcome"]]
+    assert [(r[1], r[4]["type"]) for r in runs] == [("turn-1", "interrupt"), ("turn-1.1", "interrupt"), ("turn-1.2", "success")]
+    first, second, third = requested
+    # each run ends at the request marked last: the step's round of gating is over there
+    assert second.seq == first.seq + 1 and second.data.get("last") is True and "last" not in first.data
+    assert runs[0][3] == second.seq and runs[1][3] == third.seq
+    interrupts = runs[0][4]["interrupts"]
+    assert [(i["id"], i["toolCallId"], i["reason"]) for i in interrupts] == [
+        (first.data["decisionId"], "d1", "tool_approval"), (second.data["decisionId"], "d2", "tool_approval")]
+    assert interrupts[0]["message"] == "move 900?" and interrupts[0]["expiresAt"] == "2100-01-01T00:00:00.000Z"
+    assert "message" not in interrupts[1] and "expiresAt" not in interrupts[1]
+    assert interrupts[0]["metadata"]["kerman"]["arguments"] == '{"amount": 900}'
+    assert interrupts[0]["metadata"]["kerman"]["digest"] == first.data["digest"]
+    resume = runs[1][2]
+    assert [(r["interruptId"], r["status"], r["payload"]["outcome"]) for r in resume] == [
+        (first.data["decisionId"], "resolved", "approved"), (second.data["decisionId"], "resolved", "edited")]
+    assert resume[1]["payload"]["arguments"] == '{"amount":40}' and resume[0]["metadata"]["kerman"]["by"] == "ann"
+    assert runs[2][2] == [{"interruptId": third.data["decisionId"], "status": "resolved",
+                           "payload": {"outcome": "denied", "reason": "too much"},
+                           "metadata": {"kerman": {"outcome": "denied", "by": "bob"}}}]
+    assert runs[1][4]["interrupts"][0]["id"] == third.data["decisionId"]
+
+
+def test_vercel_shows_approval_requests_and_denials(tmp_path):
+    """AI SDK 6 parts: the call's input, ``tool-approval-request`` (approvalId = the decision id),
+    a ``data-decision`` part the resolution replaces; a denial is ``tool-output-denied`` and no
+    error output; an approved call's input is not sent twice, an edited one's is."""
+    events = recorded("decisions", tmp_path)
+    ids = {e.data["callId"]: e.data["decisionId"] for e in events if e.type == "decision/requested"}
+    parts = [u.data for u in vercel(events)]
+    approvals = [(d["toolCallId"], d["approvalId"]) for d in parts if d["type"] == "tool-approval-request"]
+    assert approvals == [("d1", ids["d1"]), ("d2", ids["d2"]), ("d4", ids["d4"])]
+    inputs = [(d["toolCallId"], d["input"]) for d in parts if d["type"] == "tool-input-available"]
+    assert inputs == [("d1", {"amount": 900}), ("d2", {"amount": 50}), ("d2", {"amount": 40}), ("d3", {"q": "rates"}),
+                      ("d4", {"amount": 7000})]
+    outputs = [(d["type"], d["toolCallId"]) for d in parts if d["type"].startswith("tool-output")]
+    assert outputs == [("tool-output-available", "d1"), ("tool-output-available", "d2"), ("tool-output-available", "d3"),
+                       ("tool-output-denied", "d4")]
+    decisions = [(d["id"], d["data"]["status"]) for d in parts if d["type"] == "data-decision"]
+    assert decisions == [(ids["d1"], "pending"), (ids["d2"], "pending"), (ids["d1"], "approved"), (ids["d2"], "edited"),
+                         (ids["d4"], "pending"), (ids["d4"], "denied")]
+    denied = [d for d in parts if d["type"] == "data-decision" and d["data"]["status"] == "denied"][0]
+    assert denied["data"]["resolution"]["reason"] == "too much" and denied["data"]["note"] == "move 7000?"
+
+
+def test_a_question_cancelled_while_waiting():
+    """A request with a schema is a ``tool_answer`` interrupt with its ``responseSchema`` and no
+    Vercel approval part; a cancel while waiting resumes with a ``cancelled`` entry, the run ends
+    cancelled, and the Vercel stream shows the aborted result (not a denial)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+    async def main():
+        loop = kerman.AgentLoop(kerman.models.ScriptedModel([kerman.ModelReply(
+            [{"type": "tool-call", "id": "q1", "name": "where", "arguments": "{}"}])]))
+
+        @loop.tool
+        async def where() -> str:
+            """Asks where."""
+            return "never"
+
+        @loop.before_tool
+        async def gate(call, next):
+            return kerman.Ask(note="which city?", schema=schema)
+
+        loop.followup("book a hotel")
+        await loop.when_idle()
+        assert loop.status == "waiting"
+        loop.cancel()
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    [request] = [e for e in events if e.type == "decision/requested"]
+    data = [u.data for u in agui(events, thread_id="t")]
+    for d in data:
+        check_agui_event(d)
+    ends = [d for d in data if d["type"] in ("RUN_STARTED", "RUN_FINISHED")]
+    assert [(d["type"], d["runId"]) for d in ends] == [("RUN_STARTED", "turn-1"), ("RUN_FINISHED", "turn-1"),
+                                                       ("RUN_STARTED", "turn-1.1"), ("RUN_FINISHED", "turn-1.1")]
+    [interrupt] = ends[1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "tool_answer" and interrupt["responseSchema"] == schema
+    assert interrupt["message"] == "which city?" and interrupt["id"] == request.data["decisionId"]
+    [entry] = ends[2]["input"]["resume"]
+    assert entry["status"] == "cancelled" and "payload" not in entry and entry["metadata"]["kerman"]["outcome"] == "cancelled"
+    assert ends[3]["outcome"] == {"type": "cancelled"}
+    parts = [u.data for u in vercel(events)]
+    for d in parts:
+        check_vercel_part(d)
+    kinds = [d["type"] for d in parts if d["type"].startswith("tool-")]
+    assert kinds == ["tool-input-available", "tool-output-error"]
+    assert [d["data"]["status"] for d in parts if d["type"] == "data-decision"] == ["pending", "cancelled"]

@@ -51,6 +51,8 @@ VERCEL_PARTS: dict[str, tuple[set[str], set[str]]] = {
     "tool-input-error": ({"toolCallId", "toolName", "input", "errorText"}, {"providerExecuted", "dynamic", "title"}),
     "tool-output-available": ({"toolCallId", "output"}, {"providerExecuted", "dynamic", "preliminary"}),
     "tool-output-error": ({"toolCallId", "errorText"}, {"providerExecuted", "dynamic"}),
+    "tool-approval-request": ({"approvalId", "toolCallId"}, set()),  # AI SDK 6
+    "tool-output-denied": ({"toolCallId"}, set()),  # AI SDK 6
 }
 FINISH_REASONS = {"stop", "length", "content-filter", "tool-calls", "error", "other"}
 
@@ -66,7 +68,7 @@ def check_vercel_part(part: dict) -> None:
     keys = set(part) - {"type"}
     assert required <= keys, f"{kind} lacks {required - keys}: {part}"
     assert keys <= required | optional, f"{kind} has unknown keys {keys - required - optional}: {part}"
-    for key in ("id", "delta", "errorText", "toolCallId", "toolName", "messageId", "reason"):
+    for key in ("id", "delta", "errorText", "toolCallId", "toolName", "messageId", "reason", "approvalId"):
         if key in part:
             assert isinstance(part[key], str), (key, part)
     if kind == "finish" and "finishReason" in part:
