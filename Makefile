@@ -1,6 +1,17 @@
 # One task runner for the README, CI and developers.
 PY ?= python3
+# One target directory for every build (tests, the wheel, clippy), so none compiles the
+# dependencies again.
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
+
+# CLIPPY_BUILD=1 (.ci/run sets it) makes clippy-driver the compiler of the kerman crate in every
+# cargo and maturin build, with every warning an error (CLIPPY_ARGS is how `cargo clippy` passes
+# `-D warnings` to it): the builds that make the tests and the wheel are then the lint, and
+# `make lint` needs no separate check build of the crate and its dependencies (docs/testing.md).
+ifeq ($(CLIPPY_BUILD),1)
+export RUSTC_WORKSPACE_WRAPPER := $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+export CLIPPY_ARGS := -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+endif
 
 .PHONY: install test test-slow test-deps test-rust pg-server pg-stop test-python test-plugins stubtest lint fuzz demo bench bench-rust bench-instr bench-workers clean
 .PHONY: wheels test-wheels
@@ -32,7 +43,13 @@ test-deps:
 PG_ENV = dsn="$${KERMAN_PG_DSN:-}"; [ -n "$$dsn" ] || dsn="$$(bash scripts/pg-test-server.sh)" || exit 1; \
 	echo "KERMAN_PG_DSN=$$dsn"; export KERMAN_PG_DSN="$$dsn" KERMAN_PG_REQUIRED=1;
 
+# With CLIPPY_BUILD=1 every target (the benchmarks too) is built first, and so linted, before
+# any wheel build: the wheel's library and the tests' share one unhashed file name
+# (libkerman.so, the cdylib), so a test build after a wheel build compiles the library again.
 test-rust:
+ifeq ($(CLIPPY_BUILD),1)
+	cargo test --release --quiet --all-targets --features postgres --no-run
+endif
 	@$(PG_ENV) cargo test --release --quiet --features postgres
 
 # Starts (or finds) the test PostgreSQL server and prints its DSN.
@@ -69,12 +86,20 @@ test:
 	@bash scripts/pg-test-server.sh scoped $(MAKE) --no-print-directory test-rust test-python test-plugins
 
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
-# Cargo.toml), ruff ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version)
-# and the stubs against the built module.
+# Cargo.toml: the default groups and the pedantic one, less a reasoned allow list), ruff
+# ([tool.ruff] in pyproject.toml; install it first, .ci/run pins the version), mypy --strict over
+# the package and its stubs ([tool.mypy]), and the stubs against the built module.
+#
+# With CLIPPY_BUILD=1 (CI, after `make test`) there is no clippy pass here: `test-rust` built,
+# and so linted, every target without pyo3, and `install` the library with it; the lints are
+# the same, and nothing is compiled again.
 lint: install test-deps
 	cargo fmt --check
+ifneq ($(CLIPPY_BUILD),1)
 	cargo clippy --release --all-targets --features python,postgres -- -D warnings
+endif
 	$(PY) -m ruff check
+	$(PY) -m mypy
 	$(MAKE) stubtest
 
 # The slow profile: many more crash iterations (200 kills per durability mode), then every

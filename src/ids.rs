@@ -6,6 +6,7 @@
 //! forked child: a `pthread_atfork` handler bumps a generation counter that the next id checks,
 //! so parent and child cannot hand out the same bits.
 
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -51,7 +52,6 @@ fn fill(pool: &mut [u8]) {
     // The OS generator failed (it practically never does): fall back to std's per-thread
     // hasher keys, which came from the OS earlier, over the clock and a counter, rather than
     // fail to make an id.
-    use std::hash::{BuildHasher, Hasher};
     let keys = std::collections::hash_map::RandomState::new();
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     for (i, chunk) in pool.chunks_mut(8).enumerate() {
@@ -65,9 +65,9 @@ fn fill(pool: &mut [u8]) {
 /// A new UUIDv7 in its text form.
 pub fn new_id() -> String {
     watch_forks();
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let generation = FORKS.load(Ordering::SeqCst);
-    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = STATE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let state = guard.get_or_insert_with(|| State { generation: u64::MAX, pool: Box::new([0; POOL]), used: POOL, last_ms: 0, last: 0 });
     let forked = state.generation != generation;
     if forked {
@@ -106,6 +106,7 @@ fn take(state: &mut State) -> u128 {
 
 /// The RFC 9562 UUIDv7 layout: 48-bit milliseconds, version 7, 12 bits of `random`, the
 /// variant, its other 62 bits.
+#[allow(clippy::cast_possible_truncation, reason = "each field takes its low bits of `random`, masked")]
 fn layout(ms: u64, random: u128) -> [u8; 16] {
     let rand_a = (random >> 62) as u16 & 0x0FFF;
     let rand_b = random as u64 & ((1 << 62) - 1);

@@ -164,7 +164,7 @@ fn push_ascii_literal(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// Appends `s` to `out` as a JSON string literal, escaped exactly as serde_json escapes it
+/// Appends `s` to `out` as a JSON string literal, escaped exactly as `serde_json` escapes it
 /// (`"`, `\\`, and control characters; everything else, non-ASCII included, as it is).
 pub fn push_str_literal(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
@@ -172,6 +172,7 @@ pub fn push_str_literal(out: &mut String, s: &str) {
     // Most strings here (ids, event types, prose) need no escaping. This test has no early
     // exit, so the compiler checks 32 bytes at a time; a per-byte loop cost ~7 instructions
     // a byte on every event.
+    #[allow(clippy::needless_bitwise_bool, reason = "`|` on purpose: no short circuit, so the test vectorises")]
     let dirty = s.bytes().fold(false, |dirty, b| dirty | (b < 0x20) | (b == b'"') | (b == b'\\'));
     if dirty {
         push_escaped(out, s);
@@ -320,6 +321,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unreadable_literal, reason = "the extreme integers, digit for digit")]
     fn canonical_text_is_python_json_dumps_sorted_and_compact() {
         // Each text is Python's `json.dumps(value, sort_keys=True, separators=(",", ":"))`.
         let value = json!({"é": "日本\u{1F600}\u{7f}\u{0}\"\\\n", "b": [1.5e-7, -0.0, 1e16, 100.0, -9223372036854775808i64, 18446744073709551615u64], "a": true});

@@ -42,7 +42,7 @@ pub fn benches(c: &mut Criterion) {
                 done += n;
             }
             timed
-        })
+        });
     });
 
     // The same pair on bare lists: what is left of the one above without the log commit.
@@ -54,7 +54,7 @@ pub fn benches(c: &mut Criterion) {
         b.iter(|| {
             lists.splice(black_box(&insert)).expect("insert");
             black_box(lists.splice(black_box(&remove)).expect("remove"))
-        })
+        });
     });
     group.finish();
 
@@ -75,7 +75,7 @@ pub fn benches(c: &mut Criterion) {
             },
             |inbox| inbox.claim(Target::NextStep, 1).expect("claim"),
             BatchSize::NumIterations(32),
-        )
+        );
     });
     group.finish();
 }

@@ -19,7 +19,7 @@ pub fn benches(c: &mut Criterion) {
     group.sampling_mode(SamplingMode::Flat).sample_size(30);
     group.throughput(Throughput::Elements(events.len() as u64));
     group.bench_function(format!("inbox_fold/{}_events", events.len()), |b| {
-        b.iter_with_large_drop(|| InboxProjection::fold(black_box(&events)).expect("replays"))
+        b.iter_with_large_drop(|| InboxProjection::fold(black_box(&events)).expect("replays"));
     });
     group.bench_function(format!("consumed_work/{}_events", events.len()), |b| b.iter(|| consumed_work(black_box(&events))));
     group.finish();

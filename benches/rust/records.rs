@@ -52,7 +52,7 @@ pub fn benches(c: &mut Criterion) {
             b.iter(|| {
                 let json = raw::unframe(black_box(line.as_bytes())).expect("checksum matches");
                 Event::from_json(json, &mut intern).expect("a valid record")
-            })
+            });
         });
     }
     // The checksum alone, on the largest record: how much of its read is CRC-32C.
@@ -76,7 +76,7 @@ pub fn benches(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(bytes.len() as u64));
     group.bench_function(format!("file_{}_events", check.events.len()), |b| {
         // The events are kept by `open`; dropping them is not part of the read.
-        b.iter_with_large_drop(|| raw::scan(black_box(&bytes), &id).expect("the header reads"))
+        b.iter_with_large_drop(|| raw::scan(black_box(&bytes), &id).expect("the header reads"));
     });
     group.finish();
 }

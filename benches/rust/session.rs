@@ -31,7 +31,7 @@ pub fn text(len: usize, seed: u64) -> String {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+        out.push_str(WORDS[usize::try_from(x % WORDS.len() as u64).expect("below the word count")]);
         out.push(if x.is_multiple_of(13) { '\n' } else { ' ' });
     }
     let mut end = len;
@@ -87,8 +87,8 @@ impl Builder {
         self.log.range(0, None)
     }
 
-    fn event(&self, kind: &str, data: Value, surface: Option<Surface>) -> u64 {
-        self.log.append_loop_event(kind, &data, surface).expect("a loop event appends").seq
+    fn event(&self, kind: &str, data: &Value, surface: Option<Surface>) -> u64 {
+        self.log.append_loop_event(kind, data, surface).expect("a loop event appends").seq
     }
 
     /// Streams `body` as six text deltas; returns their seqs (the message cites them).
@@ -97,7 +97,7 @@ impl Builder {
         cut.windows(2)
             .map(|w| {
                 let delta = json!({"type": "text-delta", "text": &body[w[0]..w[1]]});
-                self.event("assistant/chunk", json!({"turn": turn, "step": step, "chunk": delta}), None)
+                self.event("assistant/chunk", &json!({"turn": turn, "step": step, "chunk": delta}), None)
             })
             .collect()
     }
@@ -109,39 +109,39 @@ impl Builder {
         let prompt = user_message(1200, seed);
         let steer = user_message(300, seed + 1);
         self.inbox.append(Target::NextTurn, Arc::clone(&prompt)).expect("prompt queued");
-        self.event("turn/start", json!({"turn": turn}), None);
+        self.event("turn/start", &json!({"turn": turn}), None);
         self.inbox.claim(Target::NextTurn, turn).expect("prompt claimed");
 
-        self.event("step/start", json!({"turn": turn, "step": 1}), None);
-        self.event("user/message", prompt.to_value(), Some(Surface::append()));
+        self.event("step/start", &json!({"turn": turn, "step": 1}), None);
+        self.event("user/message", &prompt.to_value(), Some(Surface::append()));
         let answer = text(1500, seed + 2);
         let call_id = new_id();
         let args = r#"{"path":"src/event_log/file/format.rs","start":100,"end":180}"#;
         let call = json!({"type": "tool-call", "id": call_id, "name": "read_file", "arguments": args});
         let mut cited = self.chunks(turn, 1, &answer);
-        cited.push(self.event("assistant/chunk", json!({"turn": turn, "step": 1, "chunk": call}), None));
+        cited.push(self.event("assistant/chunk", &json!({"turn": turn, "step": 1, "chunk": call}), None));
         let reply = model_message(vec![json!({"type": "text", "text": answer}), call]);
         let data = json!({"turn": turn, "step": 1, "message": reply, "usage": {"inputTokens": 5210, "outputTokens": 412}});
-        self.event("assistant/message", data, Some(Surface::append_citing(cited)));
+        self.event("assistant/message", &data, Some(Surface::append_citing(cited)));
         let data = json!({"turn": turn, "step": 1, "callId": call_id, "name": "read_file", "arguments": args});
-        let call_seq = self.event("tool/call", data, None);
+        let call_seq = self.event("tool/call", &data, None);
         let output = vec![json!({"type": "text", "text": text(6000, seed + 3)})];
         let result = Message::tool_result(&call_id, output, false, None).expect("a valid tool result");
         let data = json!({"turn": turn, "step": 1, "message": result.to_value()});
-        self.event("tool/result", data, Some(Surface::append_citing(vec![call_seq])));
+        self.event("tool/result", &data, Some(Surface::append_citing(vec![call_seq])));
         self.inbox.append(Target::NextStep, Arc::clone(&steer)).expect("steering queued");
-        self.event("step/end", json!({"turn": turn, "step": 1}), None);
+        self.event("step/end", &json!({"turn": turn, "step": 1}), None);
 
         self.inbox.claim(Target::NextStep, turn).expect("steering claimed");
-        self.event("step/start", json!({"turn": turn, "step": 2}), None);
-        self.event("user/message", steer.to_value(), Some(Surface::append()));
+        self.event("step/start", &json!({"turn": turn, "step": 2}), None);
+        self.event("user/message", &steer.to_value(), Some(Surface::append()));
         let answer = text(1800, seed + 4);
         let cited = self.chunks(turn, 2, &answer);
         let reply = model_message(vec![json!({"type": "text", "text": answer})]);
         let data = json!({"turn": turn, "step": 2, "message": reply, "usage": {"inputTokens": 7730, "outputTokens": 505}});
-        self.event("assistant/message", data, Some(Surface::append_citing(cited)));
-        self.event("step/end", json!({"turn": turn, "step": 2}), None);
-        self.event("turn/end", json!({"turn": turn, "reason": {"kind": "completed"}}), None);
+        self.event("assistant/message", &data, Some(Surface::append_citing(cited)));
+        self.event("step/end", &json!({"turn": turn, "step": 2}), None);
+        self.event("turn/end", &json!({"turn": turn, "reason": {"kind": "completed"}}), None);
     }
 }
 

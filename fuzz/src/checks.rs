@@ -2,7 +2,7 @@
 //! kerman breaks a rule stated here (or panics itself).
 //!
 //! Compiled twice: by the fuzz crate and, through `#[path]`, by kerman's integration tests
-//! (which replay `fuzz/corpus` and `fuzz/regressions`), so it uses only kerman, serde_json and
+//! (which replay `fuzz/corpus` and `fuzz/regressions`), so it uses only kerman, `serde_json` and
 //! crc32c, which both builds have.
 
 use std::collections::HashSet;
@@ -74,7 +74,7 @@ fn check_unframe(line: &[u8]) {
 fn check_scan(bytes: &[u8]) {
     let Ok(s) = raw::scan(bytes, ID) else { return };
     let len = bytes.len() as u64;
-    let good = s.good_len as usize;
+    let good = usize::try_from(s.good_len).expect("an offset into the input");
     assert!(s.good_len <= len);
     for (i, e) in s.events.iter().enumerate() {
         assert_eq!(e.seq, i as u64, "events must be numbered from 0 without gaps");
@@ -111,7 +111,7 @@ fn check_scan(bytes: &[u8]) {
         let r = raw::scan(&repaired, ID).expect("the repaired header was refused");
         assert!(r.corruption.is_none() && r.good_len == repaired.len() as u64, "the repaired file is not clean");
         assert_eq!(r.events[..s.events.len()], s.events[..], "repair changed the records before the damage");
-        assert_eq!(r.events.last().map(|e| e.kind()), Some("log/repaired"));
+        assert_eq!(r.events.last().map(kerman::Event::kind), Some("log/repaired"));
         let placeholders = r.events.iter().filter(|e| e.kind() == "log/damaged").count() as u64;
         assert!(kept + placeholders + 1 >= r.events.len() as u64, "repair invented records");
     }

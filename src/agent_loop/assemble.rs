@@ -162,19 +162,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn feed(a: &mut Assembler, chunk: Value) {
+    fn feed(a: &mut Assembler, chunk: &Value) {
         a.feed(chunk.as_object().unwrap()).unwrap();
     }
 
     #[test]
     fn deltas_extend_the_open_block_until_another_type() {
         let mut a = Assembler::new();
-        feed(&mut a, json!({"type": "text-delta", "text": "he"}));
-        feed(&mut a, json!({"type": "text-delta", "text": "llo"}));
-        feed(&mut a, json!({"type": "tool-call", "id": "c1", "name": "f", "arguments": "{}"}));
-        feed(&mut a, json!({"type": "text-delta", "text": "!"}));
-        feed(&mut a, json!({"type": "usage", "input": 3}));
-        feed(&mut a, json!({"type": "usage", "output": 4}));
+        feed(&mut a, &json!({"type": "text-delta", "text": "he"}));
+        feed(&mut a, &json!({"type": "text-delta", "text": "llo"}));
+        feed(&mut a, &json!({"type": "tool-call", "id": "c1", "name": "f", "arguments": "{}"}));
+        feed(&mut a, &json!({"type": "text-delta", "text": "!"}));
+        feed(&mut a, &json!({"type": "usage", "input": 3}));
+        feed(&mut a, &json!({"type": "usage", "output": 4}));
         assert_eq!(a.finish(), Some(Finish::Stop));
         assert_eq!(a.usage(), Some(json!({"input": 3, "output": 4})));
         assert_eq!(a.visible(), vec![json!({"type": "text", "text": "hello"}), json!({"type": "text", "text": "!"})]);
@@ -184,7 +184,7 @@ mod tests {
     #[test]
     fn a_finish_with_another_reason_is_a_failure() {
         let mut a = Assembler::new();
-        feed(&mut a, json!({"type": "finish", "reason": "content-filter"}));
+        feed(&mut a, &json!({"type": "finish", "reason": "content-filter"}));
         assert_eq!(a.finish(), None);
         assert_eq!(a.failure().to_value(), json!({"message": "model finished with reason 'content-filter'", "code": "UNKNOWN"}));
     }

@@ -13,6 +13,8 @@
 //! (`index`), its id and the digest of its exact arguments; the decision is addressed by an id
 //! Kerman assigns, so a model-made call id that repeats another cannot redirect a decision.
 
+use std::fmt::Write as _;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -25,8 +27,8 @@ pub fn digest(arguments: &str) -> String {
     let hash = Sha256::digest(arguments.as_bytes());
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
-    for byte in hash.iter() {
-        out.push_str(&format!("{byte:02x}"));
+    for byte in &hash {
+        let _ = write!(out, "{byte:02x}");
     }
     out
 }

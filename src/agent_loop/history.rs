@@ -31,7 +31,7 @@ impl History {
 
     fn state(&self) -> MutexGuard<'_, State> {
         // Never held across a call out: a poisoned lock still holds valid data.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Folds the surface events before `stop` that are not folded yet, decoded from the log.

@@ -269,7 +269,7 @@ enum Unwind {
 }
 
 /// What follows an effect that needs no answer.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum Then {
     /// Append `turn/end`.
     TurnEnd,
@@ -588,7 +588,7 @@ impl Machine {
             Input::Reply(Reply { content: ReplyContent::Text(text), usage, max_tokens }) => {
                 // One text block: no tool calls to drop or plan, nothing to validate.
                 let message = Message::of_text(crate::message::MessageKind::Assistant, &text, None);
-                if let Err(fault) = self.append_assistant(ctx, message, false, usage, Vec::new(), false) {
+                if let Err(fault) = self.append_assistant(ctx, message, false, usage.as_deref(), Vec::new(), false) {
                     return self.fail(ctx, fault);
                 }
                 self.step_done(ctx, if max_tokens { StepEnd::MaxTokens } else { StepEnd::Completed })
@@ -600,7 +600,7 @@ impl Machine {
                 if let Some(id) = repeated_id(&calls) {
                     return self.fail(ctx, Fault::rule(FailureCode::InvalidReply, repeated_message(id)));
                 }
-                if let Err(fault) = self.append_assistant(ctx, message, false, usage, Vec::new(), false) {
+                if let Err(fault) = self.append_assistant(ctx, message, false, usage.as_deref(), Vec::new(), false) {
                     return self.fail(ctx, fault);
                 }
                 self.plan_calls(ctx, calls)
@@ -610,10 +610,10 @@ impl Machine {
                     .into_iter()
                     .map(|(id, name, arguments)| serde_json::json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}))
                     .collect();
-                self.reply_done(ctx, blocks, usage, true, Vec::new())
+                self.reply_done(ctx, blocks, usage.as_deref(), true, Vec::new())
             }
             Input::Reply(Reply { content: ReplyContent::Blocks(content), usage, max_tokens }) => {
-                self.reply_done(ctx, content, usage, max_tokens, Vec::new())
+                self.reply_done(ctx, content, usage.as_deref(), max_tokens, Vec::new())
             }
             Input::NotAReply(repr) => {
                 let message = format!("model returned {repr}; expected a ModelReply");
@@ -674,7 +674,7 @@ impl Machine {
                     let chunks = std::mem::take(&mut self.chunks);
                     let appended = Message::assistant(visible, None, None)
                         .map_err(|e| Fault::Core(CoreError::Message(e)))
-                        .and_then(|message| self.append_assistant(ctx, message, false, usage, chunks, true));
+                        .and_then(|message| self.append_assistant(ctx, message, false, usage.as_deref(), chunks, true));
                     if let Err(fault) = appended {
                         return self.fail(ctx, fault);
                     }
@@ -696,7 +696,7 @@ impl Machine {
             _ => return self.request_failed(assembler.failure(), false),
         };
         let usage = assembler.usage().map(|u| crate::json::compact(&u));
-        self.reply_done(ctx, assembler.into_blocks(), usage, max_tokens, chunks)
+        self.reply_done(ctx, assembler.into_blocks(), usage.as_deref(), max_tokens, chunks)
     }
 
     fn request_failed(&mut self, failure: Failure, exception: bool) -> Effect {
@@ -712,11 +712,11 @@ impl Machine {
         ctx: &Ctx<'_>,
         message: Message,
         empty: bool,
-        usage: Option<String>,
+        usage: Option<&str>,
         chunks: Vec<u64>,
         interrupted: bool,
     ) -> Result<(), Fault> {
-        let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage.as_deref(), chunks);
+        let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage, chunks);
         let joined = (!empty).then(|| Arc::new(message));
         ctx.append_message(event, joined).map_err(|e| Fault::Core(CoreError::Log(e)))?;
         Ok(())
@@ -724,7 +724,7 @@ impl Machine {
 
     /// Logs the assistant message (its tool calls dropped on `max-tokens`, SPEC 4.9), then
     /// plans its tool calls.
-    fn reply_done(&mut self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<String>, max_tokens: bool, chunks: Vec<u64>) -> Effect {
+    fn reply_done(&mut self, ctx: &Ctx<'_>, content: Vec<Value>, usage: Option<&str>, max_tokens: bool, chunks: Vec<u64>) -> Effect {
         let content = if max_tokens { content.into_iter().filter(|b| BlockType::of(b) != BlockType::ToolCall).collect() } else { content };
         // Validated before anything is logged: results are matched to calls by id (by the
         // model's provider and by the crash closers), so two calls with one id could never

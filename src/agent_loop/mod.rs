@@ -171,7 +171,7 @@ impl Shared {
             state.turn = turn;
             state.step = step;
             // A resumed loop goes on with the instructions the session last recorded.
-            state.instructions = instructions.clone();
+            state.instructions.clone_from(&instructions);
             state.logged_instructions = instructions;
         }
         shared
@@ -182,6 +182,6 @@ impl Shared {
     /// deadlock with it. Copy what you need out in its own statement (not in the scrutinee of
     /// an `if let` or `match`, whose temporaries live to the end of the block).
     pub fn state(&self) -> MutexGuard<'_, LoopState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -105,7 +105,7 @@ struct Claims {
 
 fn fold_claims(events: &[Event]) -> Claims {
     let mut lists: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
-    let slot = |target: Target| if target == Target::NextTurn { 0 } else { 1 };
+    let slot = |target: Target| usize::from(target != Target::NextTurn);
     let mut claimed: Vec<Unentered> = Vec::new();
     // Claims are pure deletions: the lists are rebuilt to know what each one removed.
     let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
@@ -133,9 +133,11 @@ fn fold_claims(events: &[Event]) -> Claims {
                 let data = event.data();
                 let target = data.get("target").and_then(Value::as_str).and_then(Target::parse).unwrap_or(Target::NextTurn);
                 let items = &mut lists[slot(target)];
-                let start = (data.get("start").and_then(Value::as_u64).unwrap_or(0) as usize).min(items.len());
-                let removed = data.get("removedCount").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let end = (start + removed).min(items.len());
+                // A count beyond `usize` (a 32-bit target) clamps like any count past the end.
+                let count = |key: &str| data.get(key).and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+                let start = count("start").min(items.len());
+                let removed = count("removedCount");
+                let end = start.saturating_add(removed).min(items.len());
                 let inserted = data.get("inserted").and_then(Value::as_array).cloned().unwrap_or_default();
                 let gone: Vec<Value> = items.splice(start..end, inserted.iter().cloned()).collect();
                 if let Some(turn) = open {

@@ -12,6 +12,7 @@
 //! driver for a lone call, its executor for several) asks [`ToolPlan::next`] what to do and
 //! hands each body's outcome to [`ToolPlan::finish`].
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -163,7 +164,9 @@ pub fn py_repr(text: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
             c => out.push(c),
         }
     }

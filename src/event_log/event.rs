@@ -1,5 +1,6 @@
 //! The event envelope: `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -120,7 +121,7 @@ impl Event {
             match surface.op {
                 SurfaceOp::Append => out.push_str(",\"surfaceOp\":\"append\""),
                 SurfaceOp::Replace { start, end } => {
-                    out.push_str(&format!(",\"surfaceOp\":{{\"op\":\"replace\",\"start\":{start},\"end\":{end}}}"))
+                    let _ = write!(out, ",\"surfaceOp\":{{\"op\":\"replace\",\"start\":{start},\"end\":{end}}}");
                 }
             }
         }

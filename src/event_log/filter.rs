@@ -101,7 +101,7 @@ mod tests {
         assert!(!f.matches("user/messages"));
         assert!(!f.matches("step/start"));
         let mut entries: Vec<_> = f.entries().collect();
-        entries.sort();
+        entries.sort_unstable();
         assert_eq!(entries, ["turn/*", "user/message"]);
     }
 }

@@ -171,7 +171,7 @@ pub fn now_ms() -> i64 {
     // checked subtraction and 128-bit arithmetic to every append for the same number.
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME is always supported.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 || ts.tv_sec < 0 {
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut ts) } != 0 || ts.tv_sec < 0 {
         return 0;
     }
     // `time_t` and `c_long` are 32 bits on some targets.
@@ -183,7 +183,7 @@ pub fn now_ms() -> i64 {
 /// Wall-clock epoch milliseconds (0 before the epoch).
 #[cfg(not(unix))]
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A commit in progress: holds the publish token so observers of this commit run before any
@@ -236,7 +236,7 @@ impl Publishing<'_> {
 }
 
 /// Surface metadata goes with the surface types and only with them.
-fn check_surface(kind: &str, surface: &Option<Surface>) -> Result<(), LogError> {
+fn check_surface(kind: &str, surface: Option<&Surface>) -> Result<(), LogError> {
     if is_surface_type(kind) != surface.is_some() {
         return Err(LogError::InvalidEvent(format!("surface metadata does not fit event type \"{kind}\"")));
     }
@@ -333,6 +333,7 @@ impl State {
 }
 
 /// How a commit names its type: a constant of the program, or any text.
+#[derive(Clone, Copy)]
 enum Kind<'a> {
     Static(&'static str),
     Any(&'a str),
@@ -405,7 +406,9 @@ impl SessionLog {
     }
 
     pub fn get(&self, seq: u64) -> Option<Event> {
-        lock(&self.shared.state).events.get(seq as usize).cloned()
+        // A seq beyond `usize` (a 32-bit target) is beyond the log, not an index that wraps.
+        let st = lock(&self.shared.state);
+        usize::try_from(seq).ok().and_then(|i| st.events.get(i)).cloned()
     }
 
     /// Committed events with `start <= seq < stop` (stop clamped to the length).
@@ -416,12 +419,13 @@ impl SessionLog {
     /// The events of [`range`](Self::range) that `keep` accepts; only those are copied out.
     pub fn range_where(&self, start: u64, stop: Option<u64>, keep: impl Fn(&Event) -> bool) -> Vec<Event> {
         let st = lock(&self.shared.state);
-        let len = st.events.len() as u64;
-        let stop = stop.unwrap_or(len).min(len);
+        let len = st.events.len();
+        let stop = stop.map_or(len, |stop| usize::try_from(stop).unwrap_or(usize::MAX).min(len));
+        let start = usize::try_from(start).unwrap_or(usize::MAX);
         if start >= stop {
             return Vec::new();
         }
-        st.events[start as usize..stop as usize].iter().filter(|e| keep(e)).cloned().collect()
+        st.events[start..stop].iter().filter(|e| keep(e)).cloned().collect()
     }
 
     /// Calls `f` with the committed events, under the state lock (keep it short; no appends).
@@ -453,14 +457,14 @@ impl SessionLog {
     pub(crate) fn append_owned(&self, kind: &str, data: String, surface: Option<Surface>) -> Result<Event, LogError> {
         // Every store, before the seq is taken (the PostgreSQL one could not commit it).
         storable::check_type(kind)?;
-        check_surface(kind, &surface)?;
+        check_surface(kind, surface.as_ref())?;
         self.publishing()?.publish(kind, Arc::from(data), surface, None)
     }
 
     /// [`append_owned`](Self::append_owned) for a caller that needs only the seq.
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn append_owned_seq(&self, kind: &'static str, data: Arc<str>, surface: Option<Surface>) -> Result<u64, LogError> {
-        check_surface(kind, &surface)?;
+        check_surface(kind, surface.as_ref())?;
         match self.commit_quiet(kind, move || (data, surface)) {
             Ok(committed) => committed,
             Err(event) => {
@@ -597,7 +601,7 @@ impl SessionLog {
 
     /// Sends input staged by other processes to `intake` (see [`Backend::attach_intake`]).
     pub fn attach_intake(&self, intake: Weak<dyn Intake>) {
-        self.shared.backend.attach_intake(intake)
+        self.shared.backend.attach_intake(intake);
     }
 
     /// A handle that does not keep the log alive.

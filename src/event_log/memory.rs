@@ -60,6 +60,7 @@ impl MemoryStore {
     }
 
     /// Runs `hook` on every log `open` hands out from now on (see [`OpenHook`]).
+    #[must_use]
     pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
         self.on_open = Some(hook);
         self

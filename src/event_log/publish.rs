@@ -37,7 +37,7 @@ thread_local! {
 /// thread-local. (A token is released before its thread ends, so a reused address never
 /// names a holder.)
 fn mark() -> usize {
-    MARK.with(|m| m as *const u8 as usize)
+    MARK.with(|m| std::ptr::from_ref::<u8>(m) as usize)
 }
 
 fn relock<'a, T>(r: Result<MutexGuard<'a, T>, PoisonError<MutexGuard<'a, T>>>) -> MutexGuard<'a, T> {

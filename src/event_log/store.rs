@@ -53,7 +53,7 @@ pub trait Store: Send + Sync {
 pub(crate) fn resolve_id(id: Option<&str>) -> Result<String, LogError> {
     match id {
         None => Ok(crate::message::new_id()),
-        Some(id) => check_id(id).map(|_| id.to_string()),
+        Some(id) => check_id(id).map(|()| id.to_string()),
     }
 }
 

@@ -186,8 +186,8 @@ const PAYLOAD_KEEP: usize = 4096;
 
 /// The logged text of `splice`.
 /// A splice that removes nothing and inserts nothing (or none planned).
-fn is_noop(planned: &Option<(Target, usize, usize)>, inserted: &[Arc<Message>]) -> bool {
-    planned.is_none_or(|(_, _, removed)| removed == 0 && inserted.is_empty())
+fn is_noop(planned: Option<&(Target, usize, usize)>, inserted: &[Arc<Message>]) -> bool {
+    planned.is_none_or(|&(_, _, removed)| removed == 0 && inserted.is_empty())
 }
 
 fn splice_error(e: SpliceError) -> InboxError {
@@ -251,7 +251,7 @@ impl Inbox {
             }
         };
         let shared = Arc::new_cyclic(|weak| Shared {
-            log: log.clone(),
+            log,
             lists: Mutex::new(lists),
             listener,
             hook,
@@ -259,7 +259,7 @@ impl Inbox {
             closed: AtomicBool::new(false),
         });
         let feed: Arc<dyn Intake> = shared.feed.clone();
-        log.attach_intake(Arc::downgrade(&feed));
+        shared.log.attach_intake(Arc::downgrade(&feed));
         Ok(Inbox { shared })
     }
 
@@ -401,7 +401,7 @@ impl Inbox {
         };
         let publishing = match self.shared.log.publishing() {
             Ok(publishing) => publishing,
-            Err(LogError::Reentrant) if is_noop(&plan(&lock(&self.shared.lists)), &inserted) => return Ok(None),
+            Err(LogError::Reentrant) if is_noop(plan(&lock(&self.shared.lists)).as_ref(), &inserted) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let (removed, splice, committed) = {
@@ -428,7 +428,7 @@ impl Inbox {
         canceled: bool,
     ) -> Result<Option<Splice>, InboxError> {
         let planned = plan(lists);
-        if is_noop(&planned, &inserted) {
+        if is_noop(planned.as_ref(), &inserted) {
             return Ok(None);
         }
         if self.is_closed() {

@@ -22,7 +22,7 @@ pub(super) enum Applied {
 }
 
 fn refused(op: StagedOp, reason: &str, detail: String) -> Applied {
-    Applied::Outcome(json!({"applied": false, "op": op.as_str(), "reason": reason, "detail": detail}))
+    Applied::Outcome(json!({"applied": false, "op": op.as_str(), "reason": reason, "detail": Value::String(detail)}))
 }
 
 impl Inbox {

@@ -158,11 +158,16 @@ impl Splice {
 /// A JSON number that is a safe, non-negative integer (JavaScript's `Number.isSafeInteger`).
 fn safe_index(v: &Value) -> Option<usize> {
     const MAX_SAFE: u64 = (1 << 53) - 1;
-    if let Some(u) = v.as_u64() {
-        return (u <= MAX_SAFE).then_some(u as usize);
-    }
-    let f = v.as_f64()?;
-    (f >= 0.0 && f.fract() == 0.0 && f <= MAX_SAFE as f64).then_some(f as usize)
+    let u = match v.as_u64() {
+        Some(u) => u,
+        None => {
+            let f = v.as_f64()?;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "f is a whole number in 0..2^53, checked first")]
+            (f >= 0.0 && f.fract() == 0.0 && f <= MAX_SAFE as f64).then_some(f as u64)?
+        }
+    };
+    // Beyond `usize` (a 32-bit target) is not an index, rather than one that wraps.
+    (u <= MAX_SAFE).then(|| usize::try_from(u).ok()).flatten()
 }
 
 /// Python slice semantics for live coordinates (SPEC 4.1): negative `start` counts from the
@@ -170,8 +175,9 @@ fn safe_index(v: &Value) -> Option<usize> {
 /// clamps to what is there.
 pub fn normalize(len: usize, start: i64, delete: i64) -> (usize, usize) {
     let len_i = len as i64;
-    let start = if start < 0 { (len_i + start).max(0) } else { start.min(len_i) } as usize;
-    let delete = (delete.max(0) as u64).min((len - start) as u64) as usize;
+    let start = if start < 0 { (len_i + start).max(0) } else { start.min(len_i) };
+    let start = usize::try_from(start).expect("clamped to 0..=len");
+    let delete = if delete <= 0 { 0 } else { usize::try_from(delete).unwrap_or(usize::MAX).min(len - start) };
     (start, delete)
 }
 
@@ -381,6 +387,24 @@ mod tests {
         assert_eq!(normalize(3, 1, -4), (1, 0));
         assert_eq!(normalize(3, 1, 99), (1, 2));
         assert_eq!(normalize(0, i64::MIN, i64::MAX), (0, 0));
+        assert_eq!(normalize(3, i64::MIN, i64::MAX), (0, 3));
+        assert_eq!(normalize(3, i64::MAX, i64::MAX), (3, 0));
+        assert_eq!(normalize(3, -1, i64::MIN), (2, 0));
+    }
+
+    #[test]
+    fn safe_index_takes_whole_numbers_up_to_2_pow_53_only() {
+        use serde_json::json;
+        assert_eq!(safe_index(&json!(0)), Some(0));
+        assert_eq!(safe_index(&json!(7.0)), Some(7));
+        assert_eq!(safe_index(&json!(9_007_199_254_740_991_u64)), usize::try_from(9_007_199_254_740_991_u64).ok());
+        assert_eq!(safe_index(&json!(9_007_199_254_740_992_u64)), None);
+        assert_eq!(safe_index(&json!(9_007_199_254_740_992.0)), None);
+        assert_eq!(safe_index(&json!(u64::MAX)), None);
+        assert_eq!(safe_index(&json!(-1)), None);
+        assert_eq!(safe_index(&json!(-1.0)), None);
+        assert_eq!(safe_index(&json!(1.5)), None);
+        assert_eq!(safe_index(&json!("1")), None);
     }
 
     #[test]

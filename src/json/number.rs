@@ -73,7 +73,7 @@ impl Num {
     }
 }
 
-/// 2⁶³: every integer literal serde_json reads as a float is at least this far from zero.
+/// 2⁶³: every integer literal `serde_json` reads as a float is at least this far from zero.
 const WIDE: f64 = 9_223_372_036_854_775_808.0;
 
 /// Whether a float parsed from text is the number a reader keeping integers exact would read:
@@ -139,18 +139,22 @@ fn push_float(out: &mut String, f: f64) {
     }
     // The decimal point falls after `point` digits (before the first when it is 0 or less).
     let point = exponent + 1;
-    if point <= 0 {
-        out.push_str("0.");
-        (0..-point).for_each(|_| out.push('0'));
-        out.push_str(&digits);
-    } else if (point as usize) < digits.len() {
-        out.push_str(&digits[..point as usize]);
-        out.push('.');
-        out.push_str(&digits[point as usize..]);
-    } else {
-        out.push_str(&digits);
-        (digits.len()..point as usize).for_each(|_| out.push('0'));
-        out.push_str(".0");
+    match usize::try_from(point) {
+        Ok(at) if at > 0 && at < digits.len() => {
+            out.push_str(&digits[..at]);
+            out.push('.');
+            out.push_str(&digits[at..]);
+        }
+        Ok(at) if at > 0 => {
+            out.push_str(&digits);
+            (digits.len()..at).for_each(|_| out.push('0'));
+            out.push_str(".0");
+        }
+        _ => {
+            out.push_str("0.");
+            (0..-point).for_each(|_| out.push('0'));
+            out.push_str(&digits);
+        }
     }
 }
 
@@ -203,6 +207,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unreadable_literal, reason = "each literal reads digit for digit against its expected text")]
     fn canonical_numbers_are_laid_out_as_python_repr_lays_them_out() {
         // Each right-hand side is Python's `repr` (and `json.dumps`) of the left.
         let cases: [(f64, &str); 22] = [

@@ -4,6 +4,8 @@
 //! objects, subclasses) is refused with the path of the offending part, because it would not
 //! come back as the same value.
 
+use std::fmt::Write as _;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use serde_json::{Map, Number, Value};
@@ -53,7 +55,9 @@ impl Failure {
         let mut path = root.to_string();
         for segment in self.segments.into_iter().rev() {
             match segment {
-                Segment::Index(i) => path.push_str(&format!("[{i}]")),
+                Segment::Index(i) => {
+                    let _ = write!(path, "[{i}]");
+                }
                 Segment::Key(k) if path.is_empty() => path.push_str(&k),
                 Segment::Key(k) => {
                     path.push('.');
@@ -66,7 +70,7 @@ impl Failure {
 }
 
 /// How deep lists and dicts may nest in event data and message content. The log's reader parses
-/// records with serde_json's recursion limit of 128, and the envelope around a payload adds at
+/// records with `serde_json`'s recursion limit of 128, and the envelope around a payload adds at
 /// most six levels (record, data, inserted, message, content, tool-result block), so anything
 /// accepted here reads back. It also turns cyclic data into a clear error instead of a stack
 /// overflow.
@@ -77,7 +81,7 @@ fn too_deep() -> Failure {
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+    obj.get_type().name().map_or_else(|_| "object".into(), |n| n.to_string())
 }
 
 /// An exact `int` as a JSON number, if the number policy has it as one (the common 64-bit
@@ -169,7 +173,7 @@ fn write_dict(dict: &Bound<'_, PyDict>, out: &mut Vec<u8>, depth: usize) -> Resu
     Ok(())
 }
 
-/// A JSON scalar as serde_json writes it (escaping, integer and float formatting).
+/// A JSON scalar as `serde_json` writes it (escaping, integer and float formatting).
 fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     // Writing a string or a finite number to a `Vec` cannot fail.
     let _ = serde_json::to_writer(out, value);
@@ -244,7 +248,7 @@ fn map(dict: &Bound<'_, PyDict>, depth: usize) -> Result<Map<String, Value>, Fai
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
+    obj.repr().map_or_else(|_| "?".into(), |r| r.to_string())
 }
 
 /// Converts a JSON value to fresh Python objects.

@@ -69,7 +69,7 @@ pub fn inbox_err(py: Python<'_>, e: InboxError) -> PyErr {
         }
         InboxError::NotUserMessage(_) => PyTypeError::new_err(e.to_string()),
         InboxError::Log(e) => log_err(py, e),
-        InboxError::Projection(e) => projection_err(py, e),
+        InboxError::Projection(e) => projection_err(py, &e),
         // `InboxError` itself, not a subclass: nothing to catch them apart by yet.
         InboxError::Attached(_) | InboxError::Closed(_) => new_err(py, "InboxError", (e.to_string(),)),
         // The insertion transform's own exception (or the InsertRefusedError made for its
@@ -81,12 +81,12 @@ pub fn inbox_err(py: Python<'_>, e: InboxError) -> PyErr {
     }
 }
 
-pub fn projection_err(py: Python<'_>, e: ProjectionError) -> PyErr {
+pub fn projection_err(py: Python<'_>, e: &ProjectionError) -> PyErr {
     new_err(py, "ProjectionError", (e.to_string(), e.seq))
 }
 
 /// Logs a contained failure of user code (an observer or listener) on the `kerman` logger.
-pub fn report_contained(py: Python<'_>, what: &str, err: PyErr) {
+pub fn report_contained(py: Python<'_>, what: &str, err: &PyErr) {
     let logged = (|| -> PyResult<()> {
         let logger = py.import("logging")?.call_method1("getLogger", ("kerman",))?;
         let kwargs = pyo3::types::PyDict::new(py);

@@ -177,7 +177,7 @@ impl PyFaultPlan {
 
     fn __repr__(&self) -> String {
         let seen = self.plan.seen();
-        let op = self.plan.op.map(point_name).unwrap_or("count");
+        let op = self.plan.op.map_or("count", point_name);
         format!("<_FaultPlan {op} writes={} syncs={} fired={}>", seen.writes, seen.syncs, seen.fired.is_some())
     }
 }

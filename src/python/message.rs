@@ -261,6 +261,7 @@ impl PyMessage {
         }
     }
 
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "a hash: any 64 bits will do")]
     fn __hash__(&self) -> isize {
         let mut h = DefaultHasher::new();
         self.inner.hash(&mut h);
@@ -358,6 +359,7 @@ impl PyAssistantMessage {
 
     /// The `tool-call` blocks of the content, as fresh dicts.
     #[getter]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 hands a subclass its receiver as a PyRef, by value")]
     fn tool_calls<'py>(self_: PyRef<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let calls: Vec<Value> = self_
             .as_super()
@@ -391,12 +393,14 @@ impl PyToolResultMessage {
 
     /// The id of the tool call this answers.
     #[getter]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 hands a subclass its receiver as a PyRef, by value")]
     fn call_id(self_: PyRef<'_, Self>) -> String {
         self_.as_super().inner.source().get("callId").and_then(Value::as_str).unwrap_or_default().to_string()
     }
 
     /// Whether the tool failed.
     #[getter]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 hands a subclass its receiver as a PyRef, by value")]
     fn is_error(self_: PyRef<'_, Self>) -> bool {
         self_.as_super().inner.content().first().and_then(|b| b.get("isError")).and_then(Value::as_bool).unwrap_or(false)
     }

@@ -125,7 +125,7 @@ fn submit_future<'py>(
     Ok(future)
 }
 
-fn info_dict<'py>(py: Python<'py>, row: SessionInfo) -> PyResult<Bound<'py, PyDict>> {
+fn info_dict(py: Python<'_>, row: SessionInfo) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("id", row.id)?;
     d.set_item("owner", row.owner)?;
@@ -341,7 +341,7 @@ impl PyPostgresStore {
             }
         };
         let args = serde_json::json!({"cause": cause, "keep_inbox": keep_inbox});
-        self.apply_op(py, &id, StagedOp::Cancel, args, timeout)
+        self.apply_op(py, &id, StagedOp::Cancel, &args, timeout)
     }
 
     /// Replaces queued message `message_id` of session `id` from any process, as the owner's
@@ -365,7 +365,7 @@ impl PyPostgresStore {
             Ok(text) => serde_json::json!({"message_id": message_id, "text": text}),
             Err(_) => serde_json::json!({"message_id": message_id, "message": user_message_arg(new_message)?.to_value()}),
         };
-        self.apply_op(py, &id, StagedOp::Replace, args, timeout)
+        self.apply_op(py, &id, StagedOp::Replace, &args, timeout)
     }
 
     /// Removes queued message `message_id` of session `id` from any process, as the owner's
@@ -375,7 +375,7 @@ impl PyPostgresStore {
     fn remove<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>, message_id: &str, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
         let id = id_arg(id)?;
         let args = serde_json::json!({"message_id": message_id});
-        self.apply_op(py, &id, StagedOp::Remove, args, timeout)
+        self.apply_op(py, &id, StagedOp::Remove, &args, timeout)
     }
 
     /// Sends again, from any process, what ended turn `turn` of session `id` claimed and never
@@ -396,7 +396,7 @@ impl PyPostgresStore {
             let shown = turn.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
             return Err(pyo3::exceptions::PyValueError::new_err(format!("turn must be a turn number (an int from 1), got {shown}")));
         };
-        self.apply_op(py, &id, StagedOp::Requeue, serde_json::json!({"turn": turn}), timeout)
+        self.apply_op(py, &id, StagedOp::Requeue, &serde_json::json!({"turn": turn}), timeout)
     }
 
     /// Decides pending request `decision_id` of session `id` from any process, as the owner's
@@ -502,7 +502,7 @@ impl PyPostgresStore {
                     Ok(PyTuple::new(py, [list.into_any(), expiry])?.into_any().unbind())
                 });
                 Some(make)
-            }))
+            }));
         });
         Ok(future)
     }
@@ -516,7 +516,7 @@ impl PyPostgresStore {
             Response::Bool(b) => {
                 Ok(Some(Box::new(move |py: Python<'_>| Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any().unbind())) as Value))
             }
-            other => Err(crate::event_log::postgres::unexpected(other)),
+            other => Err(crate::event_log::postgres::unexpected(&other)),
         })
     }
 
@@ -578,12 +578,19 @@ impl PyPostgresStore {
 
 impl PyPostgresStore {
     /// Stages operation `op` for session `id`'s owner and waits for its outcome (a dict).
-    fn apply_op<'py>(&self, py: Python<'py>, id: &str, op: StagedOp, args: serde_json::Value, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+    fn apply_op<'py>(
+        &self,
+        py: Python<'py>,
+        id: &str,
+        op: StagedOp,
+        args: &serde_json::Value,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
         if !(timeout.is_finite() && timeout > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout must be a positive number of seconds, got {timeout}")));
         }
         let timeout = std::time::Duration::from_secs_f64(timeout);
-        let outcome = py.detach(|| self.inner.apply_op(id, op, &args, timeout)).map_err(|e| log_err(py, e))?;
+        let outcome = py.detach(|| self.inner.apply_op(id, op, args, timeout)).map_err(|e| log_err(py, e))?;
         super::convert::json_to_py(py, &outcome)
     }
 

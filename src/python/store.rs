@@ -77,7 +77,7 @@ impl PyMemoryStore {
     }
 
     fn __repr__(&self) -> String {
-        format!("<MemoryStore sessions={}>", self.inner.list().map(|l| l.len()).unwrap_or(0))
+        format!("<MemoryStore sessions={}>", self.inner.list().map_or(0, |l| l.len()))
     }
 }
 

@@ -54,7 +54,8 @@ impl PyTranscript {
             let list = PyList::empty(py);
             let mut i = range.start;
             for _ in 0..range.slicelength {
-                list.append(self.message(py, i as usize)?)?;
+                let at = usize::try_from(i).map_err(|_| PyIndexError::new_err("transcript slice index out of range"))?;
+                list.append(self.message(py, at)?)?;
                 i += range.step;
             }
             return Ok(list.into_any());
@@ -64,8 +65,8 @@ impl PyTranscript {
         }
         let i: i64 = index.extract().unwrap_or(i64::MAX);
         let at = if i < 0 { i.checked_add(len as i64) } else { Some(i) };
-        match at.filter(|&at| at >= 0 && (at as usize) < len) {
-            Some(at) => self.message(py, at as usize),
+        match at.and_then(|at| usize::try_from(at).ok()).filter(|&at| at < len) {
+            Some(at) => self.message(py, at),
             None => Err(PyIndexError::new_err(format!("transcript index {i} out of range for {len} messages"))),
         }
     }

@@ -38,7 +38,7 @@ coroutine_methods!(awaitable PyReady {
     }
 });
 
-fn awaitable<'py>(value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+fn awaitable(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     let py = value.py();
     if super::slots::has_await(&value) {
         return Ok(value);

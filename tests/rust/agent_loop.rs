@@ -7,14 +7,17 @@
 //! report, an abort, a fence, a fresh signal) are answered `Continue` when the script has no item
 //! for them; a core error to describe becomes an ordinary exception; a tool plan with no item is
 //! run call by call in model order, each returning `"<name> ok"`.
+// The helpers take their JSON by value so that each expected event reads as data at its call site.
+#![allow(clippy::needless_pass_by_value)]
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kerman::agent_loop::{
-    close_open_turn, consumed_work, crash_closers, requeue_claimed, AbortCause, AbortKind, Ctx, Decision, Effect, Failure, Input, Machine,
-    Next, Outcome, Raised, RaisedKind, Reply, ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan, Transcript,
+    close_open_turn, consumed_work, crash_closers, requeue_claimed, unentered_claims, AbortCause, AbortKind, Ctx, Decision, Effect,
+    Failure, Input, Machine, Next, Outcome, Raised, RaisedKind, Reply, ReplyContent, Requested, RequeueError, Shared, Sink, ToolPlan,
+    Transcript,
 };
 use kerman::event_log::file::{Durability, FileStore};
 use kerman::event_log::{Event, MemoryStore, SessionLog, Store};
@@ -2041,4 +2044,19 @@ fn the_transcript_keeps_an_interrupted_reply_and_marks_it() {
     let (entries, endings) = transcript_of(&w.log);
     assert_eq!(entries, [(1, 1, false, false, "user: tell a story".to_string()), (1, 1, false, true, "model: Once upon".to_string())]);
     assert_eq!(endings, [(1, json!({"kind": "aborted", "reason": {"kind": "user"}}))]);
+}
+
+#[test]
+fn a_claim_past_the_end_of_its_list_takes_the_rest_of_it() {
+    // `start + removedCount` clamps to the list: with a count near 2^64 it once wrapped to an
+    // end before the start, and replaying the log panicked.
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let message = |id: &str| json!({"id": id, "role": "user", "content": [block(id)], "source": {"kind": "user"}});
+    let append = |kind: &str, data: Value| log.append_loop_event(kind, &data, None).unwrap();
+    append("agent/inbox/spliced", json!({"target": "next-turn", "start": 0, "removedCount": 0, "inserted": [message("a"), message("b")]}));
+    append("turn/start", json!({"turn": 1}));
+    append("agent/inbox/spliced", json!({"target": "next-turn", "start": 1, "removedCount": u64::MAX, "inserted": []}));
+    append("turn/end", json!({"turn": 1, "reason": {"kind": "cancelled"}}));
+    let unread = unentered_claims(&log.range(0, None));
+    assert_eq!(unread.iter().map(|c| c.message["id"].clone()).collect::<Vec<_>>(), [json!("b")]);
 }

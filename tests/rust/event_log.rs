@@ -19,6 +19,22 @@ fn append_assigns_contiguous_seqs_and_non_decreasing_times() {
 }
 
 #[test]
+fn seqs_beyond_the_log_read_nothing_however_large() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    for i in 0..3 {
+        log.append("goal/change", &json!({"i": i})).unwrap();
+    }
+    assert_eq!(log.get(2).map(|e| e.seq), Some(2));
+    // 2^32 would be seq 0 if a seq were cut to 32 bits.
+    for seq in [3, 1 << 32, u64::MAX] {
+        assert!(log.get(seq).is_none(), "seq {seq}");
+        assert!(log.range(seq, None).is_empty(), "from seq {seq}");
+    }
+    assert_eq!(log.range(1, Some(u64::MAX)).len(), 2);
+    assert_eq!(log.range(1 << 32, Some(1 << 33)).len(), 0);
+}
+
+#[test]
 fn reserved_types_are_refused() {
     let log = MemoryStore::new().create(None).unwrap();
     for kind in ["turn/start", "step/end", "user/message", "assistant/chunk", "tool/result", "request/header", "agent/inbox/spliced"] {
@@ -70,7 +86,7 @@ fn a_memory_session_dropped_without_close_reopens_with_its_events() {
     // The dropped log hands its events to the store (moved, not copied).
     drop(log);
     let again = store.open("s").unwrap();
-    assert_eq!(again.range(0, None).iter().map(|e| e.data()).collect::<Vec<_>>(), [json!({"k": 1}), json!({"k": 2})]);
+    assert_eq!(again.range(0, None).iter().map(kerman::Event::data).collect::<Vec<_>>(), [json!({"k": 1}), json!({"k": 2})]);
     again.append("a/b", &json!({"k": 3})).unwrap();
     again.close().unwrap();
     // A closed log stays readable: the store got a copy.
@@ -113,8 +129,8 @@ fn a_forgotten_wait_is_dropped_at_once_and_never_called() {
         .wait_beyond(
             0,
             Box::new(move || {
-                let _h = &h;
-                *f.lock().unwrap() += 1
+                let _ = &h;
+                *f.lock().unwrap() += 1;
             }),
         )
         .expect("registered");

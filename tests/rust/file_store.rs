@@ -30,7 +30,7 @@ fn fill(log: &SessionLog, n: usize) {
 }
 
 fn jsons(log: &SessionLog) -> Vec<String> {
-    log.range(0, None).iter().map(|e| e.to_json()).collect()
+    log.range(0, None).iter().map(kerman::Event::to_json).collect()
 }
 
 /// A closed session `id` holding `n` events; returns its path and bytes.
@@ -109,7 +109,7 @@ fn hostile_ids_stay_inside_the_root_and_round_trip() {
     for name in ["notes.txt", ".hidden.jsonl", "abc.jsonl.corrupt", "~41.jsonl", "a~2.jsonl"] {
         fs::write(store.root().join(name), framed("{}") + &framed("{}")).unwrap();
     }
-    let mut expected: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    let mut expected: Vec<String> = ids.iter().map(std::string::ToString::to_string).collect();
     expected.sort();
     assert_eq!(store.list().unwrap(), expected);
     // Nothing escaped: the parent holds only the root, the root only flat files.
@@ -351,7 +351,7 @@ fn repair_sets_aside_records_that_do_not_continue_the_log() {
     bytes.extend_from_slice(framed(r#"{"type":"x/next","seq":3,"time":1,"data":0}"#).as_bytes());
     fs::write(&path, &bytes).unwrap();
     let report = store.repair("o").unwrap();
-    assert_eq!(report.dropped.iter().map(|d| (d.line, d.claimed_seq)).collect::<Vec<_>>(), [(5, Some(0)), (6, Some(999999999))]);
+    assert_eq!(report.dropped.iter().map(|d| (d.line, d.claimed_seq)).collect::<Vec<_>>(), [(5, Some(0)), (6, Some(999_999_999))]);
     assert!(report.lost.is_empty());
     let log = store.open("o").unwrap();
     assert_eq!(log.range(0, None).iter().map(|e| e.kind().to_string()).collect::<Vec<_>>()[3..], ["x/next", "log/repaired"]);
@@ -602,7 +602,7 @@ fn concurrent_appenders_and_barriers_keep_every_event_in_order() {
         let written = jsons(&log);
         log.close().unwrap();
         let snapshot = store.read("c").unwrap();
-        assert_eq!(snapshot.events.iter().map(|e| e.to_json()).collect::<Vec<_>>(), written);
+        assert_eq!(snapshot.events.iter().map(kerman::Event::to_json).collect::<Vec<_>>(), written);
         assert_eq!(snapshot.events.len(), 200);
     }
 }

@@ -20,9 +20,11 @@ fn replay(target: &str, check: fn(&[u8])) {
     assert!(!inputs.is_empty(), "no corpus for {target}");
     for path in &inputs {
         let data = fs::read(path).expect("reading a corpus file");
-        if catch_unwind(AssertUnwindSafe(|| check(&data))).is_err() {
-            panic!("fuzz input {} fails its checks (see the panic above)", path.display());
-        }
+        assert!(
+            catch_unwind(AssertUnwindSafe(|| check(&data))).is_ok(),
+            "fuzz input {} fails its checks (see the panic above)",
+            path.display()
+        );
     }
 }
 

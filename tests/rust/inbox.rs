@@ -38,7 +38,7 @@ fn setup() -> (SessionLog, Inbox, Arc<Recorder>) {
 }
 
 fn payloads(log: &SessionLog) -> Vec<Value> {
-    log.range(0, None).iter().map(|e| e.data()).collect()
+    log.range(0, None).iter().map(kerman::Event::data).collect()
 }
 
 fn ids(list: &[Arc<Message>]) -> Vec<&str> {
@@ -147,7 +147,7 @@ fn inb_01_bad_persisted_splice_fails_replay_with_its_seq() {
             Ok(())
         }
         fn flush(&self, done: FlushCallback) {
-            done(Ok(()))
+            done(Ok(()));
         }
         fn close(&self, _: Vec<Event>) -> Result<(), LogError> {
             Ok(())

@@ -1,13 +1,13 @@
 //! The PostgreSQL store's cross-process parts (issue 6, part B) at the core level: followers,
 //! staged input claimed by the owner's append transaction, and the channel names the server
 //! and the client must agree on. Two stores in one process are two owners/processes as far as
-//! the database is concerned. Skips like postgres_store.rs without `KERMAN_PG_DSN`.
+//! the database is concerned. Skips like `postgres_store.rs` without `KERMAN_PG_DSN`.
 
 use std::sync::mpsc;
 use std::time::Duration;
 
 use kerman::event_log::postgres::{channel_name, Channel, PgOptions, PostgresStore, Request};
-use kerman::event_log::{LogError, StagedInput, Store};
+use kerman::event_log::{LogError, StagedInput, StagedOp, Store};
 use kerman::inbox::{Inbox, Target};
 use kerman::message::Message;
 use serde_json::json;
@@ -39,7 +39,7 @@ fn query_one(dsn: &str, sql: &str) -> String {
 }
 
 fn staged(message: &Message, target: Target, wakeup: bool) -> StagedInput {
-    StagedInput { id: message.id().into(), message: message.json().into(), target: target.as_str().into(), wakeup, op: Default::default() }
+    StagedInput { id: message.id().into(), message: message.json().into(), target: target.as_str().into(), wakeup, op: StagedOp::default() }
 }
 
 /// Waits (bounded) until `log` holds more than `len` events.

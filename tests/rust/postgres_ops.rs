@@ -2,8 +2,9 @@
 //! core level: staged in one ordered stream with `enqueue`'s messages, delivered to the owner's
 //! inbox in that order (by NOTIFY or by the staged read), applied there and answered; withdrawn
 //! when nobody answers; and the schema migration that added them. Skips like
-//! postgres_store.rs without `KERMAN_PG_DSN`.
+//! `postgres_store.rs` without `KERMAN_PG_DSN`.
 
+use std::fmt::Write as _;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,8 +56,8 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn outcome(text: String) -> Value {
-    serde_json::from_str(&text).unwrap()
+fn outcome(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
 }
 
 fn ids(inbox: &Inbox) -> Vec<String> {
@@ -75,21 +76,21 @@ fn replace_and_remove_are_applied_by_the_owners_inbox_and_answered() {
     assert!(web.enqueue(log.id(), staged(&b)).unwrap());
     // Staged after the two messages, so applied after they are in: no wait needed for them.
     let wait = Duration::from_secs(10);
-    let removed = outcome(web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": b.id()}), wait).unwrap());
+    let removed = outcome(&web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": b.id()}), wait).unwrap());
     assert_eq!(removed["applied"], true, "{removed}");
     assert_eq!(removed["removed"]["id"], b.id());
-    let replaced = outcome(web.apply_op(log.id(), StagedOp::Replace, &json!({"message_id": a.id(), "text": "a2"}), wait).unwrap());
+    let replaced = outcome(&web.apply_op(log.id(), StagedOp::Replace, &json!({"message_id": a.id(), "text": "a2"}), wait).unwrap());
     assert_eq!(replaced["applied"], true, "{replaced}");
     assert_eq!(replaced["message"]["id"], a.id());
     assert_eq!(ids(&inbox), vec![a.id().to_string()]);
     assert_eq!(inbox.get(a.id()).unwrap().text(), "a2");
 
-    let again = outcome(web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": b.id()}), wait).unwrap());
+    let again = outcome(&web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": b.id()}), wait).unwrap());
     assert_eq!((again["applied"].clone(), again["reason"].clone()), (json!(false), json!("not-queued")), "{again}");
-    let unknown = outcome(web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": "nope"}), wait).unwrap());
+    let unknown = outcome(&web.apply_op(log.id(), StagedOp::Remove, &json!({"message_id": "nope"}), wait).unwrap());
     assert_eq!(unknown["reason"], "message-not-found", "{unknown}");
     // No loop over this inbox: a cancel is refused, not dropped.
-    let cancel = outcome(web.apply_op(log.id(), StagedOp::Cancel, &json!({"cause": "user", "keep_inbox": true}), wait).unwrap());
+    let cancel = outcome(&web.apply_op(log.id(), StagedOp::Cancel, &json!({"cause": "user", "keep_inbox": true}), wait).unwrap());
     assert_eq!(cancel["reason"], "no-loop", "{cancel}");
     assert!(matches!(
         web.apply_op("no such session", StagedOp::Remove, &json!({"message_id": "x"}), wait),
@@ -138,18 +139,18 @@ fn a_requeue_is_staged_in_order_applied_by_the_owners_loop_and_answered() {
     let wait = Duration::from_secs(10);
     let (a, b) = (Message::user_text("a"), Message::user_text("b"));
     assert!(web.enqueue(log.id(), staged(&a)).unwrap());
-    let applied = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), wait).unwrap());
+    let applied = outcome(&web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), wait).unwrap());
     assert_eq!(applied, json!({"applied": true, "op": "requeue", "turn": 1, "requeued": ["m-1"]}));
     assert!(web.enqueue(log.id(), staged(&b)).unwrap());
     until("b to arrive", || inbox.contains(b.id()));
     assert_eq!(*seen.0.lock().unwrap(), ["inserted a", "requeue 1", "inserted b"], "one ordered stream");
 
     // The loop's refusal reaches the requester as it gave it.
-    let refused = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 7}), wait).unwrap());
+    let refused = outcome(&web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 7}), wait).unwrap());
     assert_eq!((refused["applied"].clone(), refused["reason"].clone()), (json!(false), json!("nothing-to-requeue")), "{refused}");
     // Not a turn number: refused before the loop is asked, naming the value.
     for bad in [json!({"turn": 0}), json!({"turn": "1"}), json!({})] {
-        let invalid = outcome(web.apply_op(log.id(), StagedOp::Requeue, &bad, wait).unwrap());
+        let invalid = outcome(&web.apply_op(log.id(), StagedOp::Requeue, &bad, wait).unwrap());
         assert_eq!(invalid["reason"], "invalid", "{invalid}");
         assert!(invalid["detail"].as_str().unwrap().contains("turn"), "{invalid}");
     }
@@ -166,7 +167,7 @@ fn a_requeue_reaching_an_inbox_without_a_loop_is_refused() {
     let log = owner.create(None).unwrap();
     let _inbox = Inbox::new(log.clone(), None).unwrap();
     let web = store(&dsn);
-    let out = outcome(web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), Duration::from_secs(10)).unwrap());
+    let out = outcome(&web.apply_op(log.id(), StagedOp::Requeue, &json!({"turn": 1}), Duration::from_secs(10)).unwrap());
     assert_eq!(
         (out["applied"].clone(), out["op"].clone(), out["reason"].clone()),
         (json!(false), json!("requeue"), json!("no-loop")),
@@ -190,9 +191,9 @@ fn operations_staged_while_no_inbox_is_attached_are_read_in_order_with_the_messa
             let wait = Duration::from_secs(20);
             // One producer: message, removal of it, message, replacement of it, message.
             web.enqueue(&id, staged(&m1)).unwrap();
-            tx.send(outcome(web.apply_op(&id, StagedOp::Remove, &json!({"message_id": m1.id()}), wait).unwrap())).unwrap();
+            tx.send(outcome(&web.apply_op(&id, StagedOp::Remove, &json!({"message_id": m1.id()}), wait).unwrap())).unwrap();
             web.enqueue(&id, staged(&m2)).unwrap();
-            tx.send(outcome(web.apply_op(&id, StagedOp::Replace, &json!({"message_id": m2.id(), "text": "m2'"}), wait).unwrap())).unwrap();
+            tx.send(outcome(&web.apply_op(&id, StagedOp::Replace, &json!({"message_id": m2.id(), "text": "m2'"}), wait).unwrap())).unwrap();
             web.enqueue(&id, staged(&m3)).unwrap();
         })
     };
@@ -217,7 +218,7 @@ fn an_operation_nobody_answers_is_withdrawn() {
     let log = s.create(None).unwrap();
     let id = log.id().to_string();
     log.close().unwrap();
-    let out = outcome(s.apply_op(&id, StagedOp::Remove, &json!({"message_id": "m"}), Duration::from_millis(300)).unwrap());
+    let out = outcome(&s.apply_op(&id, StagedOp::Remove, &json!({"message_id": "m"}), Duration::from_millis(300)).unwrap());
     assert_eq!((out["applied"].clone(), out["reason"].clone()), (json!(false), json!("timeout")), "{out}");
     assert_eq!(staged_count(&dsn, &id), "0", "withdrawn: no later owner applies it");
 }
@@ -231,15 +232,16 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
         String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 4) {
         setup.push_str(sql);
-        setup.push_str(&format!(";INSERT INTO kerman_schema (version) VALUES ({version});"));
+        let _ = write!(setup, ";INSERT INTO kerman_schema (version) VALUES ({version});");
     }
     let m = Message::user_text("staged at version 4");
     let text = m.json().replace('\'', "''");
-    setup.push_str(&format!(
+    let _ = write!(
+        setup,
         "INSERT INTO kerman_sessions (id, header) VALUES ('old', '{{\"kerman\":1,\"id\":\"old\",\"createdAt\":0}}');
          INSERT INTO kerman_inbox_staged (session_id, message_id, message, target, wakeup) VALUES ('old', '{}', '{text}', 'next-turn', true);",
         m.id()
-    ));
+    );
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
     assert_eq!(core.applied_migrations(), &[5, 6, 7]);
@@ -259,7 +261,7 @@ fn schema_version_6_lets_a_version_5_database_stage_requeues() {
         String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 5) {
         setup.push_str(sql);
-        setup.push_str(&format!(";INSERT INTO kerman_schema (version) VALUES ({version});"));
+        let _ = write!(setup, ";INSERT INTO kerman_schema (version) VALUES ({version});");
     }
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
@@ -270,7 +272,7 @@ fn schema_version_6_lets_a_version_5_database_stage_requeues() {
     let id = log.id().to_string();
     log.close().unwrap();
     // Staged (the column accepts the name), then withdrawn: nobody owns the session.
-    let out = outcome(s.apply_op(&id, StagedOp::Requeue, &json!({"turn": 1}), Duration::from_millis(300)).unwrap());
+    let out = outcome(&s.apply_op(&id, StagedOp::Requeue, &json!({"turn": 1}), Duration::from_millis(300)).unwrap());
     assert_eq!(out["reason"], "timeout", "{out}");
 }
 

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kerman::event_log::postgres::{to_row, Fault, PgCore, PgOptions, Request, Response};
-use kerman::event_log::{LogError, StagedInput};
+use kerman::event_log::{LogError, StagedInput, StagedOp};
 
 use crate::postgres_recovery::Admin;
 use crate::postgres_store::{dsn, sample_events};
@@ -48,7 +48,7 @@ fn staged(text: &str) -> StagedInput {
         message: format!("{{\"text\":\"{text}\"}}"),
         target: "next-turn".into(),
         wakeup: true,
-        op: Default::default(),
+        op: StagedOp::default(),
     }
 }
 
@@ -84,7 +84,7 @@ fn one_sessions_requests_run_in_submission_order_across_the_pool() {
     let outcomes: Vec<_> = rx.iter().collect();
     assert_eq!(outcomes.len(), leases.len() * (events.len() + 1));
     assert!(outcomes.iter().all(Result::is_ok), "{:?}", outcomes.iter().find(|r| r.is_err()));
-    let texts: Vec<String> = events.iter().map(|e| e.to_json()).collect();
+    let texts: Vec<String> = events.iter().map(kerman::Event::to_json).collect();
     let other = pool(&dsn, 1);
     for lease in &leases {
         assert_eq!(records(&c, &lease.session_id), texts);
@@ -134,7 +134,7 @@ fn an_append_whose_connection_drops_lands_once_while_another_connection_is_stuck
     c.append(&lease, &events[..3]).unwrap();
     c.call(Request::InjectFault(Fault::LoseConnectionBeforeAppend)).unwrap();
     c.append(&lease, &events[3..]).unwrap();
-    let texts: Vec<String> = events.iter().map(|e| e.to_json()).collect();
+    let texts: Vec<String> = events.iter().map(kerman::Event::to_json).collect();
     assert_eq!(records(&c, &lease.session_id), texts, "each batch exactly once, in order");
     admin.exec("COMMIT");
     assert!(matches!(blocked.recv().unwrap(), Ok(Response::Bool(true))));

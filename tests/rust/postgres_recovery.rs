@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use kerman::event_log::postgres::{Fault, PgCore, PgOptions, Request, Response};
-use kerman::event_log::{LogError, Store};
+use kerman::event_log::{LogError, StagedOp, Store};
 use serde_json::json;
 use tokio_postgres::{Client, NoTls};
 
@@ -83,7 +83,7 @@ fn records(core: &PgCore, id: &str) -> Vec<String> {
 }
 
 fn texts(events: &[kerman::event_log::Event]) -> Vec<String> {
-    events.iter().map(|e| e.to_json()).collect()
+    events.iter().map(kerman::Event::to_json).collect()
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn an_unknown_outcome_with_other_records_stored_is_an_error_not_a_success() {
         admin.exec(&format!(
             "INSERT INTO kerman_events SELECT '{id}', s, 0, 'x/y', '{{}}' FROM generate_series(2, 5) s;
              UPDATE kerman_sessions SET last_seq = 5 WHERE id = '{id}'"
-        ))
+        ));
     });
     // Which error depends on whether the store read the session back before or after the
     // other rows committed ("differ" or, for a re-send refused, "does not follow"): either
@@ -267,7 +267,7 @@ fn an_idle_owner_keeps_its_lease_across_a_reconnect() {
     let Some(dsn) = dsn() else { return };
     let admin = Admin::new(&dsn);
     let ttl = Duration::from_millis(600);
-    let owner = store(&dsn, ttl.as_millis() as u64);
+    let owner = store(&dsn, u64::try_from(ttl.as_millis()).unwrap());
     let log = owner.create(None).unwrap();
     admin.terminate(admin.pid(owner.core().owner()));
     // Only the renewal tick touches the database now: it must reconnect and renew, or the
@@ -354,7 +354,7 @@ fn takeable_session(c: &PgCore) -> (String, Vec<kerman::event_log::Event>) {
         message: json!({"role": "user", "content": "hi"}).to_string(),
         target: "next-turn".into(),
         wakeup: true,
-        op: Default::default(),
+        op: StagedOp::default(),
     };
     assert!(c.enqueue(&lease.session_id, staged).unwrap());
     (lease.session_id, events)

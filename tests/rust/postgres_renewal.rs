@@ -26,8 +26,8 @@ fn leases_beyond_one_renewal_piece_all_stay_live() {
     let Some(dsn) = dsn() else { return };
     let admin = Admin::new(&dsn);
     // Long enough a TTL that creating them all takes less than one.
-    let ttl = Duration::from_millis(3000);
-    let c = core(&dsn, ttl.as_millis() as u64);
+    let ttl = Duration::from_secs(3);
+    let c = core(&dsn, u64::try_from(ttl.as_millis()).unwrap());
     let ids: Vec<String> = (0..700).map(|_| c.create(None).unwrap().0.session_id).collect();
     // Only the renewals keep them now (this wait is the subject of the test: leases lapse
     // with time); every piece must run, not just the first.

@@ -26,7 +26,7 @@ fn admin(dsn: &str, sql: &str) {
         let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
         client.batch_execute(sql).await.unwrap();
-    })
+    });
 }
 
 /// A DSN whose connections see only a new, empty schema (so migrations start from nothing).
@@ -112,8 +112,8 @@ fn create_append_reopen_round_trip() {
     assert_eq!(opened.lease.epoch, 2, "open takes the lease with the next epoch");
     assert_eq!(opened.header, header);
     assert_eq!(opened.events, events);
-    let texts: Vec<String> = opened.events.iter().map(|e| e.to_json()).collect();
-    assert_eq!(texts, events.iter().map(|e| e.to_json()).collect::<Vec<_>>(), "records come back byte for byte");
+    let texts: Vec<String> = opened.events.iter().map(kerman::Event::to_json).collect();
+    assert_eq!(texts, events.iter().map(kerman::Event::to_json).collect::<Vec<_>>(), "records come back byte for byte");
     match store.call(Request::List).unwrap() {
         Response::Ids(ids) => assert!(ids.contains(&lease.session_id)),
         other => panic!("{other:?}"),
@@ -225,7 +225,7 @@ fn a_log_whose_lease_was_taken_over_fails_its_flush_and_later_appends() {
     assert!(matches!(log.append("goal/change", &json!(3)), Err(LogError::LeaseLost { .. })));
     taken.append("goal/change", &json!("new owner")).unwrap();
     taken.flush_blocking().unwrap();
-    let data: Vec<_> = new.core().read(log.id()).unwrap().iter().map(|e| e.data()).collect();
+    let data: Vec<_> = new.core().read(log.id()).unwrap().iter().map(kerman::Event::data).collect();
     assert_eq!(data, [json!(1), json!("new owner")]);
 }
 
@@ -235,7 +235,7 @@ fn an_idle_owner_keeps_its_lease_past_the_ttl() {
     // The owner appends nothing; only the store's background renewal (every ttl/3) keeps the
     // lease. Another store keeps trying to take it for three TTLs: it must never succeed.
     let ttl = std::time::Duration::from_millis(600);
-    let owner = store(&dsn, ttl.as_millis() as u64);
+    let owner = store(&dsn, u64::try_from(ttl.as_millis()).unwrap());
     let log = owner.create(None).unwrap();
     let other = store(&dsn, 30_000);
     let until = std::time::Instant::now() + 3 * ttl;

@@ -73,7 +73,7 @@ fn projection_folds_and_places_items() {
     let log = events(&[
         &format!(r#"agent/inbox/spliced {{"target":"next-turn","start":0,"inserted":[{A}]}}"#),
         &format!(r#"agent/inbox/spliced {{"target":"next-step","start":0,"inserted":[{step}]}}"#),
-        r#"goal/change {}"#,
+        r"goal/change {}",
     ]);
     let p = InboxProjection::fold(&log).unwrap();
     assert_eq!(p.list(Target::NextTurn).len(), 1);

@@ -152,7 +152,10 @@ impl Watch {
             return Step::Wait;
         }
         self.seen = key;
-        let mut bytes = vec![0u8; (len - self.offset) as usize];
+        // More than the address space holds (a 32-bit target only): stop rather than read a
+        // truncated count of bytes as if it were all that grew.
+        let Ok(grown) = usize::try_from(len - self.offset) else { return Step::Stop };
+        let mut bytes = vec![0u8; grown];
         if sys::read_exact_at(&self.file, &mut bytes, self.offset).is_err() {
             // Cut back between the size and the read: the next look decides.
             self.seen = None;
@@ -192,7 +195,7 @@ impl Watch {
                 Ok(event) if event.seq == self.next => {
                     self.next += 1;
                     events.push(event);
-                    self.last_line = (self.offset + pos as u64, bytes[pos..pos + i + 1].to_vec());
+                    self.last_line = (self.offset + pos as u64, bytes[pos..=(pos + i)].to_vec());
                     pos += i + 1;
                 }
                 _ => break,
@@ -210,7 +213,7 @@ impl Backend for Follower {
 
     /// Nothing is ever written here, so everything "appended" is as durable as it gets.
     fn flush(&self, done: FlushCallback) {
-        done(Ok(()))
+        done(Ok(()));
     }
 
     /// Stops following; the file is untouched.

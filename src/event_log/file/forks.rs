@@ -108,7 +108,7 @@ extern "C" fn in_child() {
     // NUL-terminated literal.
     unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        for slot in FDS.iter() {
+        for slot in &FDS {
             let fd = slot.swap(-1, Ordering::SeqCst);
             if fd < 0 {
                 continue;

@@ -155,7 +155,7 @@ pub struct FileStore {
 
 impl fmt::Debug for FileStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FileStore").field("root", &self.root).field("durability", &self.durability).finish()
+        f.debug_struct("FileStore").field("root", &self.root).field("durability", &self.durability).finish_non_exhaustive()
     }
 }
 
@@ -172,12 +172,14 @@ impl FileStore {
 
     /// Testing seam: consults `fault` before every write and sync of the logs this store opens
     /// from now on, to inject I/O errors. Not meant for production use.
+    #[must_use]
     pub fn with_fault(mut self, fault: FaultHook) -> Self {
         self.fault = Some(fault);
         self
     }
 
     /// Runs `hook` on every log `open` hands out from now on (see [`OpenHook`]).
+    #[must_use]
     pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
         self.on_open = Some(hook);
         self
@@ -270,7 +272,7 @@ impl FileStore {
             return Err(err);
         }
         // The good prefix is whole lines, the header first (the scan verified it).
-        let good = &bytes[..scan.good_len as usize];
+        let good = &bytes[..at(scan.good_len)];
         let header_end = good.iter().position(|&b| b == b'\n').map_or(good.len(), |i| i + 1);
         let last_start = good[..good.len().saturating_sub(1)].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         follow::start(follow::Setup {
@@ -390,4 +392,10 @@ pub mod raw {
         let kept = s.kept.len() as u64;
         Ok(Some((super::salvage::rebuild(bytes, &s, 0, "b", Some("q")), kept)))
     }
+}
+
+/// A byte offset a scan took from a buffer in memory, as an index into that buffer: it fits
+/// `usize` because the buffer's length does (the reports keep offsets as `u64`, as files do).
+pub(super) fn at(offset: u64) -> usize {
+    usize::try_from(offset).expect("an offset into a buffer in memory fits usize")
 }

@@ -60,7 +60,7 @@ impl FileStore {
         };
         let backup = fsio::write_backup(&path, "corrupt", &bytes)?;
         let set_aside: Vec<u8> =
-            salvage.dropped.iter().flat_map(|d| &bytes[d.bytes.start as usize..d.bytes.end as usize]).copied().collect();
+            salvage.dropped.iter().flat_map(|d| &bytes[super::at(d.bytes.start)..super::at(d.bytes.end)]).copied().collect();
         let quarantine = match set_aside.is_empty() {
             true => None,
             false => Some(fsio::write_backup(&path, "damaged", &set_aside)?),

@@ -130,7 +130,7 @@ pub(super) fn salvage(bytes: &[u8], path: &Path, id: &str) -> Result<Salvage, Lo
             Ok(event) => format!("seq {} is implausibly far ahead (expected {next})", event.seq),
             Err(detail) => detail,
         };
-        let claimed = claimed_seq(&bytes[range.start as usize..range.end as usize]);
+        let claimed = claimed_seq(&bytes[super::at(range.start)..super::at(range.end)]);
         out.dropped.push(Dropped { line, bytes: range, claimed_seq: claimed, detail });
         since_kept.push(line);
     }
@@ -168,7 +168,7 @@ pub(super) fn repaired_record(seq: u64, time: i64, s: &Salvage, backup: &str, qu
 /// The repaired file: the header, every kept record verbatim at its seq with a placeholder at
 /// each lost seq, then the `log/repaired` record.
 pub(super) fn rebuild(bytes: &[u8], s: &Salvage, now: i64, backup: &str, quarantine: Option<&str>) -> Vec<u8> {
-    let mut out = bytes[..s.header_len as usize].to_vec();
+    let mut out = bytes[..super::at(s.header_len)].to_vec();
     let created = s.header.get("createdAt").and_then(Value::as_i64).unwrap_or(0);
     let mut lost = s.lost.iter().peekable();
     let mut seq = 0u64;
@@ -180,7 +180,7 @@ pub(super) fn rebuild(bytes: &[u8], s: &Salvage, now: i64, backup: &str, quarant
             }
             seq = run.seqs.end;
         }
-        out.extend_from_slice(&bytes[range.start as usize..range.end as usize]);
+        out.extend_from_slice(&bytes[super::at(range.start)..super::at(range.end)]);
         last_time = last_time.max(event.time);
         seq = event.seq + 1;
     }

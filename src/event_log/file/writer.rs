@@ -9,6 +9,7 @@
 //! every pending and later barrier fails, and every later `enqueue` refuses the append, until
 //! the session is reopened (and so re-verified from disk).
 
+use std::fmt::Write as _;
 use std::fs::File;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -341,7 +342,7 @@ impl Writer {
                     None => self.file.set_len(self.durable_len).and_then(|()| self.file.sync_data()),
                 };
                 if let Err(e) = cut {
-                    detail.push_str(&format!("; cutting the file back to {} bytes also failed: {e}", self.durable_len));
+                    let _ = write!(detail, "; cutting the file back to {} bytes also failed: {e}", self.durable_len);
                 }
                 let mut st = lock(&self.shared);
                 st.poisoned = Some(detail.clone());

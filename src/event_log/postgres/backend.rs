@@ -118,7 +118,7 @@ fn next_batch(shared: &Arc<Shared>, st: &mut State) -> Option<(Request, Reply)> 
     let reply: Reply = Box::new(move |result| {
         // What the batch took (nothing if it never ran: the runtime had stopped).
         let (n, claims) = std::mem::take(&mut lock(&next).flight);
-        committed(&next, n, claims, result)
+        committed(&next, n, &claims, result);
     });
     Some((Request::Deferred { id: shared.lease.session_id.clone(), make: Box::new(make) }, reply))
 }
@@ -130,14 +130,14 @@ fn submit(shared: &Shared, batch: Option<(Request, Reply)>) {
 }
 
 /// Runs on the reply thread when a transaction ends: settles barriers, sends the next batch.
-fn committed(shared: &Arc<Shared>, n: u64, claims: Vec<String>, result: Result<Response, LogError>) {
+fn committed(shared: &Arc<Shared>, n: u64, claims: &[String], result: Result<Response, LogError>) {
     let (ready, outcome, batch) = {
         let mut st = lock(shared);
         st.in_flight = false;
         match result {
             Ok(_) => {
                 st.committed += n;
-                for id in &claims {
+                for id in claims {
                     st.staged.remove(id);
                 }
             }
@@ -208,7 +208,7 @@ fn notified(shared: &Arc<Shared>, row: StagedInput) {
         if lock(&next).reread {
             return fetch(&next);
         }
-        hand_over(&next, vec![row])
+        hand_over(&next, vec![row]);
     });
     submit_in_order(shared, Box::new(|| None), reply);
 }

@@ -61,7 +61,7 @@ fn read(shared: &Arc<Shared>, after: i64, result: Result<Response, LogError>) {
     match result {
         Ok(Response::Records(records)) => {
             let log = shared.log.get().and_then(WeakSessionLog::upgrade);
-            if let (Some(log), Ok(events)) = (log, parse_records_from(&shared.id, &records, (after + 1) as u64)) {
+            if let (Some(log), Ok(events)) = (log, parse_records_from(&shared.id, &records, u64::try_from(after + 1).unwrap_or(0))) {
                 let _ = log.adopt(events);
             }
         }
@@ -126,7 +126,7 @@ impl Backend for Follower {
 
     /// Nothing is ever written here, so everything "appended" is as durable as it gets.
     fn flush(&self, done: FlushCallback) {
-        done(Ok(()))
+        done(Ok(()));
     }
 
     /// Stops following; the session itself is untouched (there is no lease to release).

@@ -11,6 +11,7 @@
 //! queue work (submit a request), never block.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +53,8 @@ pub fn channel_name(kind: Channel, session_id: &str) -> String {
     let digest = Md5::digest(session_id.as_bytes());
     let mut name = String::with_capacity(prefix.len() + 32);
     name.push_str(prefix);
-    for b in digest.iter() {
-        name.push_str(&format!("{b:02x}"));
+    for b in &digest {
+        let _ = write!(name, "{b:02x}");
     }
     name
 }
@@ -164,21 +165,18 @@ async fn run(target: Target, mut rx: UnboundedReceiver<Input>, tx: UnboundedSend
     let mut generation = 0u64;
     loop {
         generation += 1;
-        let client = match connect(&target, generation, tx.clone()).await {
-            Ok(client) => client,
-            Err(()) => {
-                // Keep applying commands while waiting, so unsubscribes are not lost.
-                let until = Instant::now() + delay;
-                delay = (delay * 2).min(MAX_DELAY);
-                loop {
-                    match tokio::time::timeout_at(until, rx.recv()).await {
-                        Ok(Some(input)) => apply_offline(&mut subs, input),
-                        Ok(None) => return,
-                        Err(_) => break,
-                    }
+        let Ok(client) = connect(&target, generation, tx.clone()).await else {
+            // Keep applying commands while waiting, so unsubscribes are not lost.
+            let until = Instant::now() + delay;
+            delay = (delay * 2).min(MAX_DELAY);
+            loop {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(input)) => apply_offline(&mut subs, input),
+                    Ok(None) => return,
+                    Err(_) => break,
                 }
-                continue;
             }
+            continue;
         };
         let channels: Vec<String> = subs.by_channel.keys().cloned().collect();
         if listen(&client, &channels, "LISTEN").await.is_err() {
@@ -257,6 +255,9 @@ async fn listen(client: &Client, channels: &[String], verb: &str) -> Result<(), 
     if channels.is_empty() {
         return Ok(());
     }
-    let sql: String = channels.iter().map(|c| format!("{verb} {c};")).collect();
+    let mut sql = String::new();
+    for c in channels {
+        let _ = write!(sql, "{verb} {c};");
+    }
     client.batch_execute(&sql).await
 }

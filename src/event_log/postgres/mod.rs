@@ -119,6 +119,7 @@ impl Bounds {
         if seconds != 0.0 && !(self.min..=self.max).contains(&seconds) {
             return Err(self.must());
         }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "finite, >= 0 and at most `max` seconds, checked above")]
         Ok((seconds * 1000.0).round() as u64)
     }
 
@@ -205,7 +206,7 @@ impl PgCore {
     pub fn connect(dsn: &str, options: PgOptions) -> Result<PgCore, LogError> {
         options.check()?;
         let owner = crate::message::new_id();
-        let handle = worker::start(dsn.to_string(), owner, options)?;
+        let handle = worker::start(dsn, owner, options)?;
         Ok(PgCore { inner: Arc::new(handle) })
     }
 
@@ -231,7 +232,7 @@ impl PgCore {
 
     /// Queues `request`; `reply` runs on the runtime thread with its outcome. Must not block.
     pub fn submit(&self, request: Request, reply: Reply) {
-        self.inner.submit(request, reply)
+        self.inner.submit(request, reply);
     }
 
     /// Runs `request` and waits for its outcome.
@@ -249,7 +250,7 @@ impl PgCore {
         let text = serde_json::to_string(&header).map_err(|e| LogError::Write { detail: e.to_string() })?;
         match self.call(Request::Create { id, header: text })? {
             Response::Lease(lease) => Ok((lease, header)),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 
@@ -258,11 +259,10 @@ impl PgCore {
         check_id(id)?;
         let (lease, header, records) = match self.call(Request::Open { id: id.into() })? {
             Response::Opened(lease, header, records) => (lease, header, records),
-            other => return Err(worker::unexpected(other)),
+            other => return Err(worker::unexpected(&other)),
         };
-        let header = match serde_json::from_str(&header) {
-            Ok(Value::Object(map)) => map,
-            _ => return Err(corrupt(id, -1, "the header is not a JSON object".into())),
+        let Ok(Value::Object(header)) = serde_json::from_str(&header) else {
+            return Err(corrupt(id, -1, "the header is not a JSON object"));
         };
         let events = parse_records(id, &records)?;
         Ok(Opened { lease, header, events })
@@ -273,7 +273,7 @@ impl PgCore {
         let rows = events.iter().map(to_row).collect();
         match self.call(Request::Append { lease: lease.clone(), rows })? {
             Response::Done => Ok(()),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 
@@ -281,7 +281,7 @@ impl PgCore {
     pub fn read(&self, id: &str) -> Result<Vec<Event>, LogError> {
         match self.call(Request::Read { id: id.into() })? {
             Response::Records(records) => parse_records(id, &records),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 
@@ -294,7 +294,7 @@ impl PgCore {
         storable::check_pg_id("message id", &staged.id).map_err(LogError::Unstorable)?;
         match self.call(Request::Enqueue { id: id.into(), staged })? {
             Response::Bool(b) => Ok(b),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 
@@ -304,11 +304,10 @@ impl PgCore {
         check_id(id)?;
         let (header, incarnation, records) = match self.call(Request::Peek { id: id.into() })? {
             Response::Session(header, incarnation, records) => (header, incarnation, records),
-            other => return Err(worker::unexpected(other)),
+            other => return Err(worker::unexpected(&other)),
         };
-        let header = match serde_json::from_str(&header) {
-            Ok(Value::Object(map)) => map,
-            _ => return Err(corrupt(id, -1, "the header is not a JSON object".into())),
+        let Ok(Value::Object(header)) = serde_json::from_str(&header) else {
+            return Err(corrupt(id, -1, "the header is not a JSON object"));
         };
         Ok((header, incarnation, parse_records(id, &records)?))
     }
@@ -316,7 +315,7 @@ impl PgCore {
     pub fn release(&self, lease: &Lease) -> Result<(), LogError> {
         match self.call(Request::Release { lease: lease.clone() })? {
             Response::Done => Ok(()),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 }
@@ -336,17 +335,17 @@ pub(crate) fn parse_records_from(id: &str, records: &[String], first: u64) -> Re
     let mut events = Vec::with_capacity(records.len());
     for (i, text) in records.iter().enumerate() {
         let i = first + i as u64;
-        let event = Event::from_json(text, &mut intern).map_err(|detail| corrupt(id, i as i64, detail))?;
+        let event = Event::from_json(text, &mut intern).map_err(|detail| corrupt(id, i as i64, &detail))?;
         // The primary key makes gaps impossible unless rows were edited by hand.
         if event.seq != i {
-            return Err(corrupt(id, i as i64, format!("record at position {i} carries seq {}", event.seq)));
+            return Err(corrupt(id, i as i64, &format!("record at position {i} carries seq {}", event.seq)));
         }
         events.push(event);
     }
     Ok(events)
 }
 
-pub(crate) fn corrupt(id: &str, seq: i64, detail: String) -> LogError {
+pub(crate) fn corrupt(id: &str, seq: i64, detail: &str) -> LogError {
     LogError::Database { context: format!("session \"{id}\" seq {seq}"), detail: format!("corrupt record: {detail}") }
 }
 

@@ -76,7 +76,7 @@ impl PgCore {
         match staged {
             Response::Bool(true) => {}
             Response::Bool(false) => return Err(LogError::NotFound { id: id.into() }),
-            other => return Err(worker::unexpected(other)),
+            other => return Err(worker::unexpected(&other)),
         }
         loop {
             if let Some(outcome) = self.read_outcome(id, op_id)? {
@@ -89,7 +89,7 @@ impl PgCore {
             match self.call(Request::Withdraw { id: id.into(), op_id: op_id.into() })? {
                 Response::Bool(true) => return Ok(timed_out(op, timeout)),
                 Response::Bool(false) => {}
-                other => return Err(worker::unexpected(other)),
+                other => return Err(worker::unexpected(&other)),
             }
             let until = Instant::now() + AFTER_WITHDRAW;
             loop {
@@ -116,7 +116,7 @@ impl PgCore {
                 Ok(Some(text))
             }
             Response::Outcome(None) => Ok(None),
-            other => Err(worker::unexpected(other)),
+            other => Err(worker::unexpected(&other)),
         }
     }
 }

@@ -644,7 +644,7 @@ pub async fn adopt_taken(c: &mut Client, owner: &str, name: &str, held: &[String
 }
 
 /// Leases and records from the rows of [`TAKE`], [`TAKE_IDS`] or [`ADOPT_TAKEN`]: id, epoch,
-/// header, last_seq, records. The records come from the statement's snapshot, taken before
+/// header, `last_seq`, records. The records come from the statement's snapshot, taken before
 /// its row locks: if an append committed in between (its lease expired as it ran), they miss
 /// its rows, which `last_seq` (the locked row's) shows; such a session is read again.
 async fn taken_rows(c: &mut Client, owner: &str, rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, LogError> {

@@ -26,6 +26,7 @@ impl PostgresStore {
     }
 
     /// Runs `hook` on every log `open` and `take` hand out from now on (see [`OpenHook`]).
+    #[must_use]
     pub fn with_open_hook(mut self, hook: OpenHook) -> Self {
         self.on_open = Some(hook);
         self
@@ -79,9 +80,9 @@ impl PostgresStore {
                     Ok(Response::Taken(taken, expiry)) => {
                         Ok((taken.into_iter().filter_map(|t| open_taken(&core, on_open.as_ref(), t)).collect(), expiry))
                     }
-                    Ok(other) => unexpected(other),
+                    Ok(other) => unexpected(&other),
                     Err(e) => Err(e),
-                })
+                });
             }),
         );
     }
@@ -93,7 +94,7 @@ impl PostgresStore {
         }
         match self.core.call(Request::Sessions { id: id.map(String::from) })? {
             Response::Sessions(rows) => Ok(rows),
-            other => unexpected(other),
+            other => unexpected(&other),
         }
     }
 
@@ -102,7 +103,7 @@ impl PostgresStore {
         check_id(id)?;
         match self.core.call(Request::Unpark { id: id.into() })? {
             Response::Bool(b) => Ok(b),
-            other => unexpected(other),
+            other => unexpected(&other),
         }
     }
 }
@@ -113,7 +114,7 @@ fn open_taken(core: &PgCore, on_open: Option<&OpenHook>, (lease, header, records
     let epoch = lease.epoch;
     let opened = match serde_json::from_str(&header) {
         Ok(Value::Object(map)) => parse_records_from(&id, &records, 0).map(|events| (map, events)),
-        _ => Err(corrupt(&id, -1, "the header is not a JSON object".into())),
+        _ => Err(corrupt(&id, -1, "the header is not a JSON object")),
     };
     let (header, events) = match opened {
         Ok(opened) => opened,
@@ -130,7 +131,7 @@ fn open_taken(core: &PgCore, on_open: Option<&OpenHook>, (lease, header, records
     Some((log, epoch, closers))
 }
 
-fn unexpected<T>(response: Response) -> Result<T, LogError> {
+fn unexpected<T>(response: &Response) -> Result<T, LogError> {
     Err(super::worker::unexpected(response))
 }
 
@@ -153,7 +154,7 @@ impl Store for PostgresStore {
     fn list(&self) -> Result<Vec<String>, LogError> {
         match self.core.call(Request::List)? {
             Response::Ids(ids) => Ok(ids),
-            other => unexpected(other),
+            other => unexpected(&other),
         }
     }
 
@@ -161,7 +162,7 @@ impl Store for PostgresStore {
         check_id(id)?;
         match self.core.call(Request::Exists { id: id.into() })? {
             Response::Bool(b) => Ok(b),
-            other => unexpected(other),
+            other => unexpected(&other),
         }
     }
 
@@ -169,7 +170,7 @@ impl Store for PostgresStore {
         check_id(id)?;
         match self.core.call(Request::Delete { id: id.into() })? {
             Response::Done => Ok(()),
-            other => unexpected(other),
+            other => unexpected(&other),
         }
     }
 }

@@ -156,7 +156,7 @@ impl Target {
     }
 
     /// Connects as the DSN says. `allow` tries without TLS first and, if the server refuses
-    /// that (as a `hostssl`-only pg_hba rule does), once more with TLS, as libpq does.
+    /// that (as a `hostssl`-only `pg_hba` rule does), once more with TLS, as libpq does.
     pub async fn connect(&self) -> Result<(Client, Connection), String> {
         let first = self.config.connect(self.connector.clone()).await;
         let first = match first {
@@ -308,7 +308,7 @@ fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = store.add_parsable_certificates(found.certs);
             if added == 0 {
-                let why: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+                let why: Vec<String> = found.errors.iter().map(std::string::ToString::to_string).collect();
                 return Err(format!("sslrootcert=system: no trusted root certificates found on this system ({})", why.join("; ")));
             }
         }
@@ -479,7 +479,7 @@ fn split_url(dsn: &str, body: &str, params: &mut SslParams) -> Result<String, St
 }
 
 fn decode(s: &str) -> Option<String> {
-    percent_encoding::percent_decode_str(s).decode_utf8().ok().map(|c| c.into_owned())
+    percent_encoding::percent_decode_str(s).decode_utf8().ok().map(std::borrow::Cow::into_owned)
 }
 
 /// `key = value ...`, values bare (backslash escapes) or single-quoted.

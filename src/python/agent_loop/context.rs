@@ -21,7 +21,7 @@ pub(super) fn copy_context(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 }
 
 /// Runs `f` inside `context` (what `context.run(f)` does).
-pub(super) fn run_in<'py, T>(context: &Bound<'py, PyAny>, f: impl FnOnce() -> T) -> PyResult<T> {
+pub(super) fn run_in<T>(context: &Bound<'_, PyAny>, f: impl FnOnce() -> T) -> PyResult<T> {
     let py = context.py();
     // SAFETY: `context` is a live `contextvars.Context` (from `copy_context`) and the GIL is held.
     if unsafe { ffi::PyContext_Enter(context.as_ptr()) } != 0 {

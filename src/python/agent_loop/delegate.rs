@@ -25,7 +25,7 @@ pub(super) fn send_into<'py>(iter: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>
     // SAFETY: both pointers are live references held by the caller and the GIL is held.
     // `PyIter_Send` stores a new (owned) reference in `result` on NEXT and RETURN and leaves
     // an exception set on ERROR.
-    let status = unsafe { ffi::PyIter_Send(iter.as_ptr(), value.as_ptr(), &mut result) };
+    let status = unsafe { ffi::PyIter_Send(iter.as_ptr(), value.as_ptr(), &raw mut result) };
     // SAFETY: `result` is either NULL or an owned reference that nothing else will release.
     let owned = unsafe { Bound::from_owned_ptr_or_opt(py, result) };
     match (status, owned) {
@@ -79,7 +79,7 @@ pub(super) fn stop_value(py: Python<'_>, e: PyErr) -> Sent<'_> {
 }
 
 pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
+    obj.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
 /// Whether `obj` is exactly a native coroutine (`types.CoroutineType`).
@@ -88,7 +88,7 @@ pub(super) fn is_coroutine(obj: &Bound<'_, PyAny>, c: &super::Classes) -> bool {
 }
 
 /// The iterator `await obj` delegates to (`obj.__await__()`, or a native coroutine itself).
-pub(super) fn await_iter<'py>(obj: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn await_iter(obj: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     let py = obj.py();
     let c = super::classes(py)?;
     if is_coroutine(&obj, c) {

@@ -68,13 +68,13 @@ impl Run {
                     _ => Step::Input(Input::Continue),
                 }
             }
-            Effect::RequestError { failure, exception } => return self.request_error(py, failure, exception),
+            Effect::RequestError { failure, exception } => return self.request_error(py, &failure, exception),
             Effect::RunTools => {
                 let plan = self.machine.take_plan().ok_or_else(|| PySystemError::new_err("the driver lost its tool plan"))?;
                 return self.run_plan(py, plan);
             }
             Effect::TurnStopping => return self.turn_stopping(py),
-            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, arguments),
+            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, &arguments),
             // The step waits for decisions: the run ends, the turn stays open.
             Effect::AwaitDecisions => Step::Finished,
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),
@@ -96,7 +96,7 @@ impl Run {
                 let core = core_obj.bind(py).get();
                 if !core.is_fenced() {
                     let exc = self.last_exc.take().map(|e| e.into_bound(py).into_any());
-                    core.set_fenced(exc.as_ref().map(|e| e.clone().unbind()).unwrap_or_else(|| py.None()));
+                    core.set_fenced(exc.as_ref().map_or_else(|| py.None(), |e| e.clone().unbind()));
                     let failure = super::super::convert::to_py(py, &failure.to_value())?;
                     let step = core.shared.state().step;
                     parts.report_turn.bind(py).call1((self.agent.bind(py), turn, step, failure, exc))?;
@@ -244,7 +244,7 @@ impl PyDriver {
         let py = core.py();
         let parts = core.get().parts()?;
         if decisions::held(&parts.log.get().inner).is_some() {
-            return Self::resume_held(core, agent, parts);
+            return Self::resume_held(core, agent, &parts);
         }
         let (machine, mut effect) = {
             // The first claim and `turn/start` plan no tools.
@@ -282,7 +282,7 @@ impl PyDriver {
 
     /// The last turn's step stopped at its decisions: a driver that takes it up again once
     /// they are all resolved (`None` while any is pending).
-    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
+    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: &Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
         let py = core.py();
         let tools = parts.tools.bind(py);
         let lookup = |name: &str| super::run::tool_lookup(tools, name);
@@ -290,7 +290,7 @@ impl PyDriver {
         let run = Box::new(Run {
             agent: agent.clone().unbind(),
             core: core.clone().unbind(),
-            parts: Arc::clone(&parts),
+            parts: Arc::clone(parts),
             machine,
             started: false,
             inner: None,

@@ -229,7 +229,7 @@ impl PyLoopCore {
     }
 
     pub(crate) fn signal_obj(&self, py: Python<'_>) -> Py<PyAny> {
-        lock(&self.signal).as_ref().map(|s| s.clone_ref(py)).unwrap_or_else(|| py.None())
+        lock(&self.signal).as_ref().map_or_else(|| py.None(), |s| s.clone_ref(py))
     }
 
     pub(crate) fn set_signal(&self, signal: Py<PyAny>) {
@@ -494,6 +494,7 @@ impl PyLoopCore {
     /// Applies `outcome` (`Approve`, `Deny`, `Edit`, `Answer`) to request `decision_id` at
     /// `now` (epoch ms); `(duplicate, ready)`. Raises `DecisionError` naming why it is refused.
     #[pyo3(signature = (decision_id, outcome, by=None, key=None, now=None))]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts the optional strings as owned values")]
     fn decide(
         &self,
         py: Python<'_>,

@@ -19,7 +19,7 @@ use crate::message::Message;
 
 /// `repr(value)`, or a placeholder when even that fails.
 pub(super) fn repr(value: &Bound<'_, PyAny>) -> String {
-    value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable value>".to_owned())
+    value.repr().map_or_else(|_| "<unrepresentable value>".to_owned(), |r| r.to_string())
 }
 
 /// The `Arc<Message>` of a `UserMessage`, or a new one from a `str`.
@@ -108,7 +108,7 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Op
     };
     let options = value.getattr(intern!(py, "options"))?;
     // The common request has no options: no canonicalising, no serialising.
-    let empty = options.cast_exact::<PyDict>().is_ok_and(|dict| dict.is_empty());
+    let empty = options.cast_exact::<PyDict>().is_ok_and(pyo3::types::PyDictMethods::is_empty);
     // Options the converter takes are compared by the core's canonical text; any others by
     // `json.dumps(options, sort_keys=True, separators=(",", ":"), allow_nan=False)`, the same
     // text for the same value, which refuses what is not JSON at all (NaN, a set) and takes

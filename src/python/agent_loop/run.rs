@@ -74,6 +74,7 @@ pub(super) struct Run {
     /// The lone tool call the driver runs itself.
     pub lone: Option<Lone>,
     /// The executor's run of a plan of several calls (a `ToolRun`, `tools.rs`).
+    #[allow(clippy::struct_field_names, reason = "named after the Python class it holds, ToolRun")]
     pub tool_run: Option<Py<PyAny>>,
     /// The exception behind the last failure the machine was told of (for its report).
     pub last_exc: Option<Py<PyBaseException>>,

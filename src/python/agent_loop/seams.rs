@@ -131,7 +131,7 @@ impl Run {
     /// Calls the model once: an async iterator is streamed; an awaitable awaited; anything else
     /// is the reply given synchronously (or garbage).
     pub(super) fn call_model<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
-        let request = self.request.as_ref().map(|r| r.clone_ref(py)).unwrap_or_else(|| py.None());
+        let request = self.request.as_ref().map_or_else(|| py.None(), |r| r.clone_ref(py));
         let produced = match self.parts.model.bind(py).call1((request,)) {
             Ok(produced) => produced,
             Err(e) => return self.seam_result(py, Seam::Model, Err(Fail::Err(e))),
@@ -147,12 +147,12 @@ impl Run {
     }
 
     pub(super) fn next_chunk<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {
-        let stream = self.stream.as_ref().map(|s| s.clone_ref(py)).unwrap_or_else(|| py.None());
+        let stream = self.stream.as_ref().map_or_else(|| py.None(), |s| s.clone_ref(py));
         let awaitable = stream.bind(py).call_method0(intern!(py, "__anext__"));
         Ok(self.user_begin(py, awaitable, Seam::Chunk))
     }
 
-    pub(super) fn request_error<'py>(&mut self, py: Python<'py>, failure: Failure, exception: bool) -> PyResult<Step<'py>> {
+    pub(super) fn request_error<'py>(&mut self, py: Python<'py>, failure: &Failure, exception: bool) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let listeners = parts.request_error.bind(py);
         if listeners.is_empty() {
@@ -173,9 +173,9 @@ impl Run {
 
     /// The `before_tool` waterfall over call `index`; its default is the façade's
     /// `default_gate(call)` (`Approve`, or `Ask` for a tool that needs approval).
-    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: String) -> PyResult<Step<'py>> {
+    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: &str) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
-        let args = super::tools::arguments(py, &arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
+        let args = super::tools::arguments(py, arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
         let (turn, step) = self.turn_step();
         let payload = classes(py)?.tool_call.bind(py).call1((self.agent.bind(py), call_id, name, args, turn, step, self.signal(py)))?;
         let default = {

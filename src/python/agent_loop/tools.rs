@@ -67,7 +67,7 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
         content_arg(content).map(Content::Blocks).map_err(|e| Box::new(invalid(py, name, &e)))
     };
     if value.is_instance_of::<PyString>() {
-        return Ok(content(value).map(|content| Outcome { content, ..Outcome::text("") }).unwrap_or_else(|o| *o));
+        return Ok(content(value).map_or_else(|o| *o, |content| Outcome { content, ..Outcome::text("") }));
     }
     if !value.is_instance(c.tool_result.bind(py))? {
         return Ok(Outcome::wrong_type(name, &type_name(value)));

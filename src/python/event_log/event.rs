@@ -112,6 +112,7 @@ impl PyEvent {
         }
     }
 
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "a hash: any 64 bits will do")]
     fn __hash__(&self) -> isize {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -155,8 +156,8 @@ pub fn types_arg(types: Option<&Bound<'_, PyAny>>) -> PyResult<Option<TypeFilter
     Ok(Some(TypeFilter::new(out)))
 }
 
-pub(super) fn matches(types: &Option<TypeFilter>, event: &Event) -> bool {
-    types.as_ref().is_none_or(|t| t.matches(event.kind()))
+pub(super) fn matches(types: Option<&TypeFilter>, event: &Event) -> bool {
+    types.is_none_or(|t| t.matches(event.kind()))
 }
 
 /// `kerman.events.TYPES` and `OtherEvent`: the view class of each type Kerman writes, and of

@@ -22,7 +22,7 @@ impl PyEventIter {
         while self.next < self.stop {
             let event = self.log.get(self.next)?;
             self.next += 1;
-            if matches(&self.types, &event) {
+            if matches(self.types.as_ref(), &event) {
                 return Some(event);
             }
         }
@@ -47,15 +47,15 @@ impl PyEventIter {
 
     /// The next `n` events this iterator would give, without advancing it (for its reprs).
     fn _peek(&self, n: usize) -> Vec<PyEvent> {
-        let events = self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e));
+        let events = self.log.range_where(self.next, Some(self.stop), |e| matches(self.types.as_ref(), e));
         events.into_iter().take(n).map(PyEvent::new).collect()
     }
 
     /// How many events are left to give (filtered by its types).
     fn _remaining(&self) -> usize {
         match &self.types {
-            None => self.stop.saturating_sub(self.next) as usize,
-            Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(&self.types, e)).len(),
+            None => usize::try_from(self.stop.saturating_sub(self.next)).unwrap_or(usize::MAX),
+            Some(_) => self.log.range_where(self.next, Some(self.stop), |e| matches(self.types.as_ref(), e)).len(),
         }
     }
 

@@ -75,14 +75,14 @@ impl Drop for PySessionLog {
         // A failure here was most likely reported already (a poisoned log fails its flushes),
         // but it must not pass unseen.
         if let Err(e) = self.inner.close() {
-            attach_unless_exiting(|py| report_contained(py, "closing a collected SessionLog", log_err(py, e)));
+            attach_unless_exiting(|py| report_contained(py, "closing a collected SessionLog", &log_err(py, e)));
         }
     }
 }
 
 fn index(len: u64, i: i64) -> Option<u64> {
     let i = if i < 0 { i + len as i64 } else { i };
-    (i >= 0 && (i as u64) < len).then_some(i as u64)
+    u64::try_from(i).ok().filter(|&i| i < len)
 }
 
 #[pymethods]
@@ -106,7 +106,7 @@ impl PySessionLog {
     }
 
     fn __len__(&self) -> usize {
-        self.inner.len() as usize
+        usize::try_from(self.inner.len()).expect("the log holds its events in memory, so their count fits usize")
     }
 
     fn __getitem__(&self, seq: i64) -> PyResult<PyEvent> {
@@ -196,7 +196,7 @@ impl PySessionLog {
                 let Some(callback) = observer.get(py) else { return };
                 let called = handed_out(py, event.clone(), view).and_then(|e| callback.call1(py, (e,)));
                 if let Err(err) = called {
-                    report_contained(py, "session log observer", err);
+                    report_contained(py, "session log observer", &err);
                 }
             });
         }));
@@ -258,7 +258,7 @@ impl PySessionLog {
         Ok(false)
     }
 
-    fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+    fn __aenter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
         let py = slf.py();
         let future = py.import("asyncio")?.call_method0("get_running_loop")?.call_method0("create_future")?;
         future.call_method1("set_result", (slf,))?;

@@ -107,7 +107,7 @@ impl PyLogTail {
             let events = log.range(st.seq, None);
             st.seq += events.len() as u64;
             let TailState { ready, types, .. } = &mut *st;
-            ready.extend(events.into_iter().filter(|e| matches(types, e)));
+            ready.extend(events.into_iter().filter(|e| matches(types.as_ref(), e)));
             st.ended = closed;
             if st.ready.is_empty() && !closed {
                 return Poll::Wait(log, st.seq);
@@ -312,7 +312,7 @@ impl TailStep {
                     match iter.call_method0(intern!(py, "__next__")) {
                         Ok(yielded) => return (Ok(yielded.unbind()), Some((future.unbind(), iter.unbind()))),
                         // Already complete (it grew meanwhile): read again.
-                        Err(e) if e.is_instance_of::<PyStopIteration>(py) => continue,
+                        Err(e) if e.is_instance_of::<PyStopIteration>(py) => {}
                         Err(e) => {
                             give_up(py, &future.unbind());
                             return (Err(e), None);

@@ -82,7 +82,7 @@ impl Callbacks {
 
     /// Calls `callback` with the message's object (and `turn`) if it is set and its gate is
     /// open, with one attach for both.
-    fn call(&self, which: usize, callback: &Option<Held>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
+    fn call(&self, which: usize, callback: Option<&Held>, what: &str, message: &Arc<Message>, turn: Option<u64>) {
         let Some(callback) = callback else { return };
         attach_unless_exiting(|py| {
             if !self.open(py, which) {
@@ -98,7 +98,7 @@ impl Callbacks {
                 None => callback.call1(py, (m,)),
             });
             if let Err(err) = result {
-                report_contained(py, what, err);
+                report_contained(py, what, &err);
             }
         });
     }
@@ -109,15 +109,15 @@ pub(super) struct Listener(pub(super) Arc<Callbacks>);
 
 impl InboxListener for Listener {
     fn inserted(&self, message: &Arc<Message>) {
-        self.0.call(0, &self.0.on_inserted, "inbox on_inserted callback", message, None);
+        self.0.call(0, self.0.on_inserted.as_ref(), "inbox on_inserted callback", message, None);
     }
 
     fn discarded(&self, message: &Arc<Message>) {
-        self.0.call(1, &self.0.on_discarded, "inbox on_discarded callback", message, None);
+        self.0.call(1, self.0.on_discarded.as_ref(), "inbox on_discarded callback", message, None);
     }
 
     fn claimed(&self, message: &Arc<Message>, turn: u64) {
-        self.0.call(2, &self.0.on_claimed, "inbox on_claimed callback", message, Some(turn));
+        self.0.call(2, self.0.on_claimed.as_ref(), "inbox on_claimed callback", message, Some(turn));
     }
 
     fn arrived(&self, wake: bool) {
@@ -125,7 +125,7 @@ impl InboxListener for Listener {
         attach_unless_exiting(|py| {
             let Some(callback) = callback.get(py) else { return };
             if let Err(err) = callback.call1(py, (wake,)) {
-                report_contained(py, "inbox on_remote callback", err);
+                report_contained(py, "inbox on_remote callback", &err);
             }
         });
     }
@@ -159,7 +159,7 @@ fn ask_loop(callback: &Held, op: &str, call: impl FnOnce(Python<'_>, &Py<PyAny>)
             Ok(answer) => answer,
             Err(err) => {
                 let detail = err.to_string();
-                report_contained(py, &format!("inbox on_remote_{op} callback"), err);
+                report_contained(py, &format!("inbox on_remote_{op} callback"), &err);
                 serde_json::json!({"applied": false, "op": op, "reason": "failed", "detail": detail})
             }
         });

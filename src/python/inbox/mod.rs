@@ -94,24 +94,24 @@ impl PyInbox {
         &self,
         py: Python<'py>,
         message: &Bound<'py, PyAny>,
-        stored: Arc<Message>,
+        stored: &Arc<Message>,
         insert: impl FnOnce(&Inbox, Arc<Message>) -> Result<crate::inbox::Spliced, crate::inbox::InboxError>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let obj = returned(message, &stored)?;
-        let previous = self.wrappers.precache(&stored, &obj);
-        let spliced = match insert(&self.inner, Arc::clone(&stored)) {
+        let obj = returned(message, stored)?;
+        let previous = self.wrappers.precache(stored, &obj);
+        let spliced = match insert(&self.inner, Arc::clone(stored)) {
             Ok(spliced) => spliced,
             Err(e) => {
-                self.wrappers.restore(&stored, previous);
+                self.wrappers.restore(stored, previous);
                 return Err(inbox_err(py, e));
             }
         };
         drop(previous);
         let obj = match spliced.inserted.first() {
-            Some(inserted) if !Arc::ptr_eq(inserted, &stored) => {
+            Some(inserted) if !Arc::ptr_eq(inserted, stored) => {
                 // An insert transform rewrote it: the given message is not pending.
-                self.wrappers.forget(&stored);
-                stored_object(&self.wrappers, obj, &stored, inserted)?
+                self.wrappers.forget(stored);
+                stored_object(&self.wrappers, obj, stored, inserted)?
             }
             _ => obj,
         };
@@ -287,13 +287,13 @@ impl PyInbox {
     /// Inserts at the end of `target`; returns the stored message.
     fn append<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.insert_one(py, message, stored, |inbox, m| inbox.insert(target, i64::MAX, 0, vec![m]))
+        self.insert_one(py, message, &stored, |inbox, m| inbox.insert(target, i64::MAX, 0, vec![m]))
     }
 
     /// Inserts at the start of `target`; returns the stored message.
     fn prepend<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let (target, stored) = (target_arg(target)?, user_message_arg(message)?);
-        self.insert_one(py, message, stored, |inbox, m| inbox.insert(target, 0, 0, vec![m]))
+        self.insert_one(py, message, &stored, |inbox, m| inbox.insert(target, 0, 0, vec![m]))
     }
 
     /// Removes `delete_count` messages at `start` of `target` and inserts `inserted` there,

@@ -55,7 +55,7 @@ impl PyInboxProjection {
     /// raises `ProjectionError` with `.seq` and leaves the projection unchanged.
     fn apply(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
         let event = event_arg(event)?;
-        self.with(|p| p.apply(&event)).map_err(|e| projection_err(py, e))
+        self.with(|p| p.apply(&event)).map_err(|e| projection_err(py, &e))
     }
 
     /// Folds a whole stream of events (e.g. `log.splices()`).

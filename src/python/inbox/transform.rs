@@ -47,7 +47,7 @@ fn name_of(f: &Bound<'_, PyAny>) -> String {
             return name;
         }
     }
-    f.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<transform>".to_owned())
+    f.repr().map_or_else(|_| "<transform>".to_owned(), |r| r.to_string())
 }
 
 fn refusal(err: PyErr) -> Refusal {
@@ -197,7 +197,7 @@ impl Transforms {
                 name_of(f)
             )));
         }
-        let shown = returned.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable value>".to_owned());
+        let shown = returned.repr().map_or_else(|_| "<unrepresentable value>".to_owned(), |r| r.to_string());
         Err(PyTypeError::new_err(format!("insert transform {} returned {shown}; expected a UserMessage or kerman.Refuse", name_of(f))))
     }
 }
@@ -225,7 +225,7 @@ impl InsertHook for Hook {
                 None => new_err(py, "InsertRefusedError", (refusal.detail,)),
             };
             let what = format!("message \"{}\" enqueued by another process was dropped: its insert transform", message.id());
-            report_contained(py, &what, err);
+            report_contained(py, &what, &err);
         });
     }
 }

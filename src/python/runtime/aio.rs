@@ -123,7 +123,7 @@ impl Drain {
     /// `call_soon_threadsafe` drain, the loop and the drain itself).
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         let Ok(queue) = self.queue.try_lock() else { return Ok(()) };
-        for d in queue.items.iter() {
+        for d in &queue.items {
             visit.call(&d.future)?;
             if let Some((event_loop, drain)) = &d._scheduled {
                 visit.call(event_loop)?;
@@ -224,7 +224,7 @@ impl Completion {
 
     /// Delivers the outcome. May be called without the GIL, on any thread.
     pub fn deliver(self, result: Result<(), LogError>) {
-        self.deliver_value(result.map(|()| None))
+        self.deliver_value(result.map(|()| None));
     }
 
     /// Delivers the outcome, a value made on the loop thread (`None`: `None`). May be called

@@ -157,7 +157,7 @@ pub fn thrown(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>, tb: Option
             },
         }
     } else {
-        let name = typ.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
+        let name = typ.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string());
         return Err(PyTypeError::new_err(format!("exceptions must be classes or instances deriving from BaseException, not {name}")));
     };
     let exc = match tb.filter(|t| !t.is_none()) {

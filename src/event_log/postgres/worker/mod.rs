@@ -31,6 +31,9 @@ use super::tls::Target;
 use super::{db_err, schema, sql, Lease, PgOptions, Row};
 use crate::event_log::{LogError, StagedInput, StagedOp};
 
+/// How many times one request may see its connection drop before it fails.
+const MAX_LOSSES: u32 = 3;
+
 /// What the runtime thread can be asked to do.
 pub enum Request {
     /// Create session `id` with this header, taking its lease.
@@ -223,17 +226,17 @@ pub fn stopped() -> LogError {
     LogError::Database { context: "postgres store".into(), detail: "the connection thread has stopped".into() }
 }
 
-pub fn unexpected(response: Response) -> LogError {
+pub fn unexpected(response: &Response) -> LogError {
     LogError::Database { context: "postgres store".into(), detail: format!("unexpected response {response:?}") }
 }
 
 /// Starts the thread, connects and migrates; returns once the store is usable (or why not).
-pub fn start(dsn: String, owner: String, options: PgOptions) -> Result<Handle, LogError> {
-    let mut target = Target::from_dsn(&dsn)?;
+pub fn start(dsn: &str, owner: String, options: PgOptions) -> Result<Handle, LogError> {
+    let mut target = Target::from_dsn(dsn)?;
     // The LISTEN connection names itself (listen.rs); it shares the TLS setup, read once,
     // unless it has a DSN of its own (the store's goes through a transaction-pooling proxy).
-    let listen_target = match &options.listen_dsn {
-        Some(listen_dsn) => Target::from_dsn(listen_dsn)?,
+    let listen_target = match options.listen_dsn {
+        Some(listen_dsn) => Target::from_dsn(&listen_dsn)?,
         None => target.clone(),
     };
     // Named per store so an operator (or a test) can find this store's backend in
@@ -327,7 +330,7 @@ thread_local! {
 
 /// Whether the caller is a store's reply thread, where nothing may wait for another reply.
 pub fn on_reply_thread() -> bool {
-    ON_REPLY_THREAD.with(|on| on.get())
+    ON_REPLY_THREAD.with(std::cell::Cell::get)
 }
 
 /// One live connection and the statements prepared on it.
@@ -488,8 +491,6 @@ impl Worker {
             // as the server is back and outlive the log. Unrenewed, it lapses after the TTL.
             unhold(&self.shared, lease);
         }
-        // How many times one request may see its connection drop before it fails.
-        const MAX_LOSSES: u32 = 3;
         let mut losses = 0;
         let mut resent = false;
         loop {
