@@ -31,24 +31,25 @@ async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
     numbers = [int(n) for n in re.findall(r"-?\d+", last.text)]
     if len(numbers) == 2:
         arguments = json.dumps({"a": numbers[0], "b": numbers[1]})
-        return kerman.ModelReply([
-            {"type": "text", "text": "Let me add those."},
-            {"type": "tool-call", "id": f"call-{request.turn}", "name": "add", "arguments": arguments},
-        ])
+        return kerman.ModelReply(
+            [
+                {"type": "text", "text": "Let me add those."},
+                {"type": "tool-call", "id": f"call-{request.turn}", "name": "add", "arguments": arguments},
+            ]
+        )
     return kerman.ModelReply("Ask me to add two numbers.")
 
 
 async def main() -> None:
     loop = kerman.AgentLoop(model)
 
-    @loop.tool(parameters={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                           "required": ["a", "b"]})
+    @loop.tool(parameters={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
     async def add(args: dict, ctx: kerman.ToolContext) -> str:
         """Adds two integers."""
         return str(args["a"] + args["b"])
 
-    loop.followup("What is 19 + 23?")   # queues the prompt and starts a turn
-    await loop.when_idle()              # wait until the turn has ended
+    loop.followup("What is 19 + 23?")  # queues the prompt and starts a turn
+    await loop.when_idle()  # wait until the turn has ended
 
     # Everything that happened is in the log.
     for event in loop.log.events(types=("user/message", "assistant/message", "tool/call", "tool/result")):

@@ -52,15 +52,15 @@ async def main() -> None:
     loop = kerman.AgentLoop(model)  # a private memory log, closed by loop.aclose()
     consumer = asyncio.create_task(ui(loop.log))
 
-    loop.followup("Plan the release")    # starts turn 1 at once
+    loop.followup("Plan the release")  # starts turn 1 at once
     loop.followup("Draft the changelog")  # queued behind it
     loop.followup("Tag the commit")
     await thinking.wait()
-    loop.steer("Keep the plan short")     # enters turn 1 at its next step
+    loop.steer("Keep the plan short")  # enters turn 1 at its next step
     go_ahead.set()
 
-    await loop.when_idle()                # all three turns have run
-    await loop.aclose()                   # closes the log, which ends the consumer's tail
+    await loop.when_idle()  # all three turns have run
+    await loop.aclose()  # closes the log, which ends the consumer's tail
     await consumer
 
 

@@ -16,9 +16,25 @@ from pathlib import Path
 
 # Windows' own DLLs (and its API sets) that a Rust extension may import; anything else would
 # have to be shipped beside it.
-SYSTEM_DLLS = {"kernel32.dll", "ntdll.dll", "advapi32.dll", "bcryptprimitives.dll", "ws2_32.dll", "userenv.dll",
-               "msvcrt.dll", "ucrtbase.dll", "crypt32.dll", "secur32.dll", "ncrypt.dll", "bcrypt.dll", "shell32.dll",
-               "ole32.dll", "user32.dll", "synchronization.dll", "iphlpapi.dll"}
+SYSTEM_DLLS = {
+    "kernel32.dll",
+    "ntdll.dll",
+    "advapi32.dll",
+    "bcryptprimitives.dll",
+    "ws2_32.dll",
+    "userenv.dll",
+    "msvcrt.dll",
+    "ucrtbase.dll",
+    "crypt32.dll",
+    "secur32.dll",
+    "ncrypt.dll",
+    "bcrypt.dll",
+    "shell32.dll",
+    "ole32.dll",
+    "user32.dll",
+    "synchronization.dll",
+    "iphlpapi.dll",
+}
 
 
 def fail(message: str) -> None:
@@ -31,7 +47,7 @@ def pe_sections(data: bytes) -> tuple[int, list[tuple[int, int, int]], int, int]
     if data[:2] != b"MZ":
         fail("the .pyd is not a PE image")
     pe = struct.unpack_from("<I", data, 0x3C)[0]
-    if data[pe:pe + 4] != b"PE\0\0":
+    if data[pe : pe + 4] != b"PE\0\0":
         fail("no PE signature")
     machine, nsections = struct.unpack_from("<HH", data, pe + 4)
     optional_size = struct.unpack_from("<H", data, pe + 20)[0]
@@ -57,7 +73,7 @@ def offset_of(rva: int, sections: list[tuple[int, int, int]]) -> int:
 
 
 def c_string(data: bytes, at: int) -> str:
-    return data[at:data.index(b"\0", at)].decode("ascii")
+    return data[at : data.index(b"\0", at)].decode("ascii")
 
 
 def imports_and_exports(data: bytes) -> tuple[list[str], list[str]]:

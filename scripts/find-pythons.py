@@ -23,8 +23,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 MINORS = range(10, 15)
-_PROBE = ("import sys, sysconfig; print(sys.implementation.name, *sys.version_info[:2], "
-          "sysconfig.get_config_var('Py_GIL_DISABLED') or 0)")
+_PROBE = "import sys, sysconfig; print(sys.implementation.name, *sys.version_info[:2], sysconfig.get_config_var('Py_GIL_DISABLED') or 0)"
 
 
 def probe(executable: str) -> Optional[Tuple[int, int]]:
@@ -51,8 +50,11 @@ def candidates() -> List[str]:
     found: List[str] = []
     for minor in MINORS:
         # Release builds only (3.12.1, not 3.12-dev or 3.13.0t): newest patch first.
-        builds = [p for p in glob.glob(os.path.join(root, "versions", f"3.{minor}.*", "bin", "python3"))
-                  if re.fullmatch(rf"3\.{minor}\.\d+", os.path.basename(os.path.dirname(os.path.dirname(p))))]
+        builds = [
+            p
+            for p in glob.glob(os.path.join(root, "versions", f"3.{minor}.*", "bin", "python3"))
+            if re.fullmatch(rf"3\.{minor}\.\d+", os.path.basename(os.path.dirname(os.path.dirname(p))))
+        ]
         found.extend(sorted(builds, key=_patch_key, reverse=True))
         on_path = shutil.which(f"python3.{minor}")
         if on_path:

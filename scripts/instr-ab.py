@@ -57,8 +57,12 @@ CASES: Dict[str, Tuple[List[str], Tuple[int, int]]] = {
 
 def count(python: str, argv: List[str], n: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", python, *argv, str(n)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", python, *argv, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     found = re.search(r"Collected : (\d+)", out.stderr)
     if not found:
         raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")

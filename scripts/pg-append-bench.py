@@ -27,8 +27,7 @@ import kerman
 
 
 def xid(dsn: str) -> int:
-    out = subprocess.run(["psql", dsn, "-Atc", "SELECT pg_current_xact_id()"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(["psql", dsn, "-Atc", "SELECT pg_current_xact_id()"], check=True, capture_output=True, text=True).stdout
     return int(out.strip())
 
 

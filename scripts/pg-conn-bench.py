@@ -62,8 +62,7 @@ def per_mode(dsn: str) -> str:
     log = store.create()
     rate = asyncio.run(appends(log, 1000))
     log.close()
-    return (f"connect {statistics.median(connects) * 1000:.1f} ms, request {statistics.median(requests) * 1e6:.0f} µs, "
-            f"{rate:.0f} appends/s")
+    return f"connect {statistics.median(connects) * 1000:.1f} ms, request {statistics.median(requests) * 1e6:.0f} µs, {rate:.0f} appends/s"
 
 
 def threads(stores: List[kerman.PostgresStore], calls: int) -> float:
@@ -90,8 +89,12 @@ def main() -> None:
     modes = {
         "disable": with_params(base, sslmode="disable"),
         "require": with_params(base, sslmode="require"),
-        "verify-full": with_params(base.replace(host_port, "localhost:" + host_port.rsplit(":", 1)[1]),
-                                   sslmode="verify-full", sslrootcert=f"{tls}/ca.crt", hostaddr="127.0.0.1"),
+        "verify-full": with_params(
+            base.replace(host_port, "localhost:" + host_port.rsplit(":", 1)[1]),
+            sslmode="verify-full",
+            sslrootcert=f"{tls}/ca.crt",
+            hostaddr="127.0.0.1",
+        ),
     }
     for mode, d in modes.items():
         print(f"{mode:12} {per_mode(d)}", flush=True)
@@ -108,8 +111,10 @@ def main() -> None:
     followers = [store.follow(log.id) for log in logs[:10]]
     store.list()
     listen = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'kerman-listen-%'")[0]
-    print(f"connections of one store holding 50 sessions: {before}; with 10 followers: {count()} "
-          f"+ LISTEN connections of this process: {listen}")
+    print(
+        f"connections of one store holding 50 sessions: {before}; with 10 followers: {count()} "
+        f"+ LISTEN connections of this process: {listen}"
+    )
     for f in followers:
         f.close()
     for log in logs:

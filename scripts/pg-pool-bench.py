@@ -105,8 +105,12 @@ def main() -> None:
         print(f"connect, pool_size={size}: {statistics.median(connects) * 1000:.1f} ms", flush=True)
     shared = {size: exists_threads([kerman.PostgresStore(base, pool_size=size)] * 8, 300) for size in (1, 2, 4, 8)}
     each = exists_threads([kerman.PostgresStore(base, pool_size=1) for _ in range(8)], 300)
-    print("8 threads, exists(): one shared store " + ", ".join(f"pool {k}: {v:.0f}/s" for k, v in shared.items())
-          + f"; a store each: {each:.0f}/s", flush=True)
+    print(
+        "8 threads, exists(): one shared store "
+        + ", ".join(f"pool {k}: {v:.0f}/s" for k, v in shared.items())
+        + f"; a store each: {each:.0f}/s",
+        flush=True,
+    )
     for size in (1, 2, 4):
         rate = asyncio.run(many_sessions(kerman.PostgresStore(base, pool_size=size), 64, 40))
         print(f"appends/s across 64 sessions, pool_size={size}: {rate:.0f}", flush=True)

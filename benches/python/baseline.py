@@ -39,13 +39,13 @@ def uuid7() -> str:
 
 # ---- messages ----------------------------------------------------------------------------------
 
+
 class Message:
     """A message as a small slotted object; content and source are the caller's (not copied)."""
 
     __slots__ = ("id", "role", "content", "source")
 
-    def __init__(self, role: str, content: Union[str, List[Dict[str, Any]]], source: Dict[str, Any],
-                 id: Optional[str] = None) -> None:
+    def __init__(self, role: str, content: Union[str, List[Dict[str, Any]]], source: Dict[str, Any], id: Optional[str] = None) -> None:
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         elif not isinstance(content, list):
@@ -68,8 +68,7 @@ class Message:
     __hash__ = None  # type: ignore[assignment]
 
 
-def UserMessage(content: Union[str, List[Dict[str, Any]]], source: Optional[Dict[str, Any]] = None,
-                id: Optional[str] = None) -> Message:
+def UserMessage(content: Union[str, List[Dict[str, Any]]], source: Optional[Dict[str, Any]] = None, id: Optional[str] = None) -> Message:
     return Message("user", content, source or {"kind": "user"}, id)
 
 
@@ -89,6 +88,7 @@ def message_from_dict(d: Dict[str, Any]) -> Message:
 
 
 # ---- the session log ---------------------------------------------------------------------------
+
 
 class Event:
     """A committed event: the record's compact JSON, with ``data`` decoded on first access."""
@@ -111,8 +111,7 @@ class Event:
 class Log:
     """Append-only list of events with observers; a writer (file store) gets each record line."""
 
-    def __init__(self, id: str, header: Dict[str, Any], events: Optional[List[Event]] = None,
-                 writer: Optional[_Writer] = None) -> None:
+    def __init__(self, id: str, header: Dict[str, Any], events: Optional[List[Event]] = None, writer: Optional[_Writer] = None) -> None:
         self.id, self.header, self.closed = id, header, False
         self._events: List[Event] = events or []
         self._last_time = self._events[-1].time if self._events else 0
@@ -137,8 +136,7 @@ class Log:
         self._observers.append(callback)
         return lambda: self._observers.remove(callback)
 
-    def append(self, type: str, data: Any, source_event_seqs: Optional[List[int]] = None,
-               surface_op: Optional[str] = None) -> Event:
+    def append(self, type: str, data: Any, source_event_seqs: Optional[List[int]] = None, surface_op: Optional[str] = None) -> Event:
         if self.closed:
             raise RuntimeError(f"session {self.id!r} is closed")
         if self._publishing:
@@ -247,7 +245,7 @@ class _Writer:
             if batch:
                 data = memoryview(b"".join(batch))
                 while data:
-                    data = data[os.write(self._fd, data):]
+                    data = data[os.write(self._fd, data) :]
                 written += len(batch)
                 if self._durability != "none":
                     os.fdatasync(self._fd)
@@ -334,6 +332,7 @@ class FileStore:
 
 # ---- the inbox ---------------------------------------------------------------------------------
 
+
 class DuplicateMessageError(ValueError):
     pass
 
@@ -341,9 +340,13 @@ class DuplicateMessageError(ValueError):
 class Inbox:
     """Two lists of user messages; every change is logged as one splice before the lists change."""
 
-    def __init__(self, log: Log, on_inserted: Optional[Callable[[Message], Any]] = None,
-                 on_discarded: Optional[Callable[[Message], Any]] = None,
-                 on_claimed: Optional[Callable[[Message, int], Any]] = None) -> None:
+    def __init__(
+        self,
+        log: Log,
+        on_inserted: Optional[Callable[[Message], Any]] = None,
+        on_discarded: Optional[Callable[[Message], Any]] = None,
+        on_claimed: Optional[Callable[[Message, int], Any]] = None,
+    ) -> None:
         self.log = log
         self._lists: Dict[str, List[Message]] = {NEXT_TURN: [], NEXT_STEP: []}
         self._where: Dict[str, str] = {}  # pending id -> target
@@ -419,7 +422,7 @@ class Inbox:
         count = max(0, min(delete_count, n - start))
         if not count and not new:
             return []
-        leaving = {m.id for m in items[start:start + count]}
+        leaving = {m.id for m in items[start : start + count]}
         seen = set()
         for m in new:
             if m.id in seen or (m.id in self._where and m.id not in leaving):
@@ -446,8 +449,8 @@ class Inbox:
 
     def _apply(self, target: str, start: int, count: int, new: List[Message]) -> List[Message]:
         items = self._lists[target]
-        removed = items[start:start + count]
-        items[start:start + count] = new
+        removed = items[start : start + count]
+        items[start : start + count] = new
         for m in removed:
             del self._where[m.id]
         for m in new:
@@ -507,6 +510,7 @@ class Inbox:
 
 # ---- the agent loop ----------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class Enter:
     messages: List[Message]
@@ -540,8 +544,7 @@ class ModelRequest:
 class ModelReply:
     __slots__ = ("content", "usage", "finish")
 
-    def __init__(self, content: Union[str, List[Dict[str, Any]]], usage: Optional[Dict[str, Any]] = None,
-                 finish: str = "stop") -> None:
+    def __init__(self, content: Union[str, List[Dict[str, Any]]], usage: Optional[Dict[str, Any]] = None, finish: str = "stop") -> None:
         self.content = [{"type": "text", "text": content}] if isinstance(content, str) else content
         self.usage, self.finish = usage, finish
 
@@ -596,8 +599,13 @@ class AgentLoop:
     """Claims input before every step, awaits one pre-step decision, calls the model, runs the
     tools; logs turn/step/message events exactly as Kerman does. Memory log by default."""
 
-    def __init__(self, model: Callable[[ModelRequest], Any], log: Optional[Log] = None, tools: Sequence[Tool] = (),
-                 options: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        model: Callable[[ModelRequest], Any],
+        log: Optional[Log] = None,
+        tools: Sequence[Tool] = (),
+        options: Optional[Dict[str, Any]] = None,
+    ) -> None:
         self._model = model
         self.log = log if log is not None else MemoryStore().create()
         self.inbox = Inbox(self.log)
@@ -679,8 +687,9 @@ class AgentLoop:
                 # The default decision runs inside this await, before `payload` changes (B023).
                 decision = await waterfall(self._pre_step, payload, lambda: Enter(payload.messages))  # noqa: B023
                 if not isinstance(decision, (Enter, Reject)):
-                    raise TurnFailure({"message": f"pre-step listener returned {decision!r}; expected Enter or Reject",
-                                       "code": "INVALID_DECISION"})
+                    raise TurnFailure(
+                        {"message": f"pre-step listener returned {decision!r}; expected Enter or Reject", "code": "INVALID_DECISION"}
+                    )
                 if decision.kind == "reject":
                     ending = {"kind": "blocked"} if decision.reason is None else {"kind": "blocked", "reason": decision.reason}
                     stop = True
@@ -723,8 +732,7 @@ class AgentLoop:
     async def _run_step(self, turn: int, step: int, entered: List[Message]) -> bool:
         """Request, reply, tools; returns True when the step completes the turn."""
         history = self._messages()
-        request = ModelRequest(list(history), [t.spec() for t in self._tools.values()], dict(self._options),
-                               turn, step, entered)
+        request = ModelRequest(list(history), [t.spec() for t in self._tools.values()], dict(self._options), turn, step, entered)
         request = await waterfall(self._before_request, request, lambda: request)
         if request.options != self._last_options:
             self.log.append("request/header", {"options": request.options})
@@ -742,8 +750,12 @@ class AgentLoop:
         calls = [b for b in reply.content if b.get("type") == "tool-call"]
         if not calls:
             return True
-        seqs = [self.log.append("tool/call", {"turn": turn, "step": step, "callId": c["id"], "name": c["name"],
-                                              "arguments": c.get("arguments", "")}).seq for c in calls]
+        seqs = [
+            self.log.append(
+                "tool/call", {"turn": turn, "step": step, "callId": c["id"], "name": c["name"], "arguments": c.get("arguments", "")}
+            ).seq
+            for c in calls
+        ]
         if len(calls) == 1:
             results = [await self._call_tool(calls[0], turn, step)]
         else:

@@ -68,14 +68,23 @@ class Cfg:
 
 
 class Row:
-    def __init__(self, id: str, workload: str, kerman: str, baseline: str = "—", limit: str = "—",
-                 ratio: str = "—", target: str = "—", ok: Optional[bool] = None) -> None:
-        self.cells = [id, workload, kerman, baseline, limit, ratio, target,
-                      "—" if ok is None else ("pass" if ok else "short")]
+    def __init__(
+        self,
+        id: str,
+        workload: str,
+        kerman: str,
+        baseline: str = "—",
+        limit: str = "—",
+        ratio: str = "—",
+        target: str = "—",
+        ok: Optional[bool] = None,
+    ) -> None:
+        self.cells = [id, workload, kerman, baseline, limit, ratio, target, "—" if ok is None else ("pass" if ok else "short")]
 
 
-def interleave(reps: int, kerman_fn: Callable[[], Any], base_fn: Callable[[], Any],
-               limit_fn: Optional[Callable[[], Any]] = None) -> Tuple[List[Any], ...]:
+def interleave(
+    reps: int, kerman_fn: Callable[[], Any], base_fn: Callable[[], Any], limit_fn: Optional[Callable[[], Any]] = None
+) -> Tuple[List[Any], ...]:
     """Runs each side ``reps`` times, rotating which goes first; returns one result list per
     side (Kerman, baseline, and the machine limit when ``limit_fn`` is given)."""
     sides = [kerman_fn, base_fn] + ([limit_fn] if limit_fn else [])
@@ -117,6 +126,7 @@ def mix() -> List[Tuple[str, Any]]:
 
 
 # ---- machine limits ----------------------------------------------------------------------------
+
 
 def probe_fsync(root: str, seconds: float) -> Dict[str, Any]:
     """write(~700 B) + fdatasync on one growing file, each timed."""
@@ -173,6 +183,7 @@ def probe_handoff(n: int) -> float:
     """ns for an asyncio loop -> thread -> loop round trip (threading.Event, then
     call_soon_threadsafe), no I/O: what a Python writer thread adds to a flush (the
     baseline's design; Kerman's writer wakes the loop without the GIL, docs/performance.md)."""
+
     async def go() -> float:
         loop = asyncio.get_running_loop()
         wake = threading.Event()
@@ -199,6 +210,7 @@ def probe_handoff(n: int) -> float:
         wake.set()
         thread.join()
         return pct(samples, 50)
+
     return asyncio.run(go())
 
 
@@ -245,6 +257,7 @@ def probe_parse(cfg: Cfg, events: int) -> Dict[str, float]:
 
 # ---- P1, P2: the inbox from Python -------------------------------------------------------------
 
+
 def p1(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     n = cfg.size(100_000, 20_000)
     text = "Summarise the design note in 100 words, please."
@@ -259,12 +272,24 @@ def p1(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             inbox.remove(m.id)
         return (now_ns() - t0) / len(seq)
 
-    ks, bs = interleave(cfg.reps,
-                        lambda: run(kerman.MemoryStore(), kerman.Inbox, lambda t, i: kerman.UserMessage(t, id=i)),
-                        lambda: run(B.MemoryStore(), B.Inbox, lambda t, i: B.UserMessage(t, id=i)))
+    ks, bs = interleave(
+        cfg.reps,
+        lambda: run(kerman.MemoryStore(), kerman.Inbox, lambda t, i: kerman.UserMessage(t, id=i)),
+        lambda: run(B.MemoryStore(), B.Inbox, lambda t, i: B.UserMessage(t, id=i)),
+    )
     k, b = med(ks), med(bs)
-    return [Row("P1", "inbox append+remove pair, memory log", us(k), us(b), "—", f"{b / k:.1f}× faster",
-                "≥ 8× and ≤ 1.5 µs", b / k >= 8 and k <= 1500)]
+    return [
+        Row(
+            "P1",
+            "inbox append+remove pair, memory log",
+            us(k),
+            us(b),
+            "—",
+            f"{b / k:.1f}× faster",
+            "≥ 8× and ≤ 1.5 µs",
+            b / k >= 8 and k <= 1500,
+        )
+    ]
 
 
 def p2(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
@@ -283,18 +308,22 @@ def p2(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             assert len(batch) == 10
         return float(total / n)
 
-    ks, bs = interleave(cfg.reps,
-                        lambda: run(kerman.MemoryStore(), kerman.Inbox, lambda t, i: kerman.UserMessage(t, id=i)),
-                        lambda: run(B.MemoryStore(), B.Inbox, lambda t, i: B.UserMessage(t, id=i)))
+    ks, bs = interleave(
+        cfg.reps,
+        lambda: run(kerman.MemoryStore(), kerman.Inbox, lambda t, i: kerman.UserMessage(t, id=i)),
+        lambda: run(B.MemoryStore(), B.Inbox, lambda t, i: B.UserMessage(t, id=i)),
+    )
     k, b = med(ks), med(bs)
     return [Row("P2", "claim of a 10-message batch", us(k), us(b), "—", f"{b / k:.1f}× faster", "≥ 8×", b / k >= 8)]
 
 
 # ---- P3, P4: loop turns ------------------------------------------------------------------------
 
+
 def _passthrough() -> Callable[..., Any]:
     async def listener(step: Any, next: Any) -> Any:
         return await next()
+
     return listener
 
 
@@ -332,6 +361,7 @@ def _loop_pair(listeners: int, tool: bool) -> Tuple[Callable[[], Any], Callable[
             for _ in range(listeners):
                 loop.pre_step(_passthrough())
             return loop
+
         return make
 
     return factory(kerman, kerman.ModelReply, kerman.AgentLoop), factory(B, B.ModelReply, B.AgentLoop)
@@ -340,16 +370,16 @@ def _loop_pair(listeners: int, tool: bool) -> Tuple[Callable[[], Any], Callable[
 def _turn_rows(cfg: Cfg, id: str, label: str, listeners: int, tool: bool, target: float) -> Row:
     sessions = cfg.size(30, 10)
     mk, mb = _loop_pair(listeners, tool)
-    ks, bs = interleave(cfg.reps, lambda: asyncio.run(_turns(mk, sessions, 100)),
-                        lambda: asyncio.run(_turns(mb, sessions, 100)))
+    ks, bs = interleave(cfg.reps, lambda: asyncio.run(_turns(mk, sessions, 100)), lambda: asyncio.run(_turns(mb, sessions, 100)))
     k, b = med(ks), med(bs)
-    return Row(id, label, f"{k:,.0f} turns/s", f"{b:,.0f} turns/s", "—", f"{k / b:.2f}×", f"≥ {target:g}× baseline",
-               k / b >= target)
+    return Row(id, label, f"{k:,.0f} turns/s", f"{b:,.0f} turns/s", "—", f"{k / b:.2f}×", f"≥ {target:g}× baseline", k / b >= target)
 
 
 def p3(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
-    return [_turn_rows(cfg, "P3", f"loop turns/s, {n} pass-through pre-step listener{'s' if n != 1 else ''}", n, False, t)
-            for n, t in ((0, 10), (1, 4), (5, 3))]
+    return [
+        _turn_rows(cfg, "P3", f"loop turns/s, {n} pass-through pre-step listener{'s' if n != 1 else ''}", n, False, t)
+        for n, t in ((0, 10), (1, 4), (5, 3))
+    ]
 
 
 def p4(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
@@ -357,6 +387,7 @@ def p4(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
 
 
 # ---- P5, P6, P7: durable appends ---------------------------------------------------------------
+
 
 async def _flush_latencies(log: Any, seconds: float) -> List[int]:
     records = mix()
@@ -384,17 +415,30 @@ def p5(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
         finally:
             log.close()
 
-    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
-                            lambda: run(B.FileStore(root, durability="strict")),
-                            lambda: probe_fsync(root, seconds)["samples"])
+    ks, bs, ls = interleave(
+        cfg.reps,
+        lambda: run(kerman.FileStore(root, durability="strict")),
+        lambda: run(B.FileStore(root, durability="strict")),
+        lambda: probe_fsync(root, seconds)["samples"],
+    )
     k = [s for rep in ks for s in rep]
     b = [s for rep in bs for s in rep]
     lim = [s for rep in ls for s in rep]
     rows = []
     for p, target in ((50, 1.5), (99, 3.0)):
         kv, bv, lv = pct(k, p), pct(b, p), pct(lim, p)
-        rows.append(Row("P5", f"strict append + flush, one session: p{p}", us(kv), us(bv), f"fdatasync {us(lv)}",
-                        x(kv / lv), f"≤ {target:g}× fdatasync", kv / lv <= target))
+        rows.append(
+            Row(
+                "P5",
+                f"strict append + flush, one session: p{p}",
+                us(kv),
+                us(bv),
+                f"fdatasync {us(lv)}",
+                x(kv / lv),
+                f"≤ {target:g}× fdatasync",
+                kv / lv <= target,
+            )
+        )
     shutil.rmtree(root, ignore_errors=True)
     return rows
 
@@ -435,13 +479,26 @@ def p6(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
             for log in logs:
                 log.close()
 
-    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability="strict")),
-                            lambda: run(B.FileStore(root, durability="strict")),
-                            lambda: probe_concurrent_fsync(root, 64, seconds))
+    ks, bs, ls = interleave(
+        cfg.reps,
+        lambda: run(kerman.FileStore(root, durability="strict")),
+        lambda: run(B.FileStore(root, durability="strict")),
+        lambda: probe_concurrent_fsync(root, 64, seconds),
+    )
     k, b, lim = med(ks), med(bs), med(ls)
     shutil.rmtree(root, ignore_errors=True)
-    return [Row("P6", "strict durable events/s, 64 sessions", f"{k:,.0f}/s", f"{b:,.0f}/s",
-                f"{lim:,.0f} fsync/s", f"{k / lim:.1%}", "≥ 50% of ceiling", k / lim >= 0.5)]
+    return [
+        Row(
+            "P6",
+            "strict durable events/s, 64 sessions",
+            f"{k:,.0f}/s",
+            f"{b:,.0f}/s",
+            f"{lim:,.0f} fsync/s",
+            f"{k / lim:.1%}",
+            "≥ 50% of ceiling",
+            k / lim >= 0.5,
+        )
+    ]
 
 
 def p7(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
@@ -465,12 +522,25 @@ def p7(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     rows = []
     for mode in ("batch", "checkpoint"):
         # `interleave` calls both at once, before `mode` changes (B023).
-        ks, bs = interleave(cfg.reps, lambda: run(kerman.FileStore(root, durability=mode)),  # noqa: B023
-                            lambda: run(B.FileStore(root, durability="batch")))
+        ks, bs = interleave(
+            cfg.reps,
+            lambda: run(kerman.FileStore(root, durability=mode)),  # noqa: B023
+            lambda: run(B.FileStore(root, durability="batch")),
+        )
         k, b = med([pct(s, 50) for s in ks]), med([pct(s, 50) for s in bs])
         k99 = med([pct(s, 99) for s in ks])
-        rows.append(Row("P7", f"{mode} append on the caller, p50 (p99 {us(k99)})", us(k), us(b), "—",
-                        f"{b / k:.1f}× faster", "≤ 2 µs p50", k <= 2000))
+        rows.append(
+            Row(
+                "P7",
+                f"{mode} append on the caller, p50 (p99 {us(k99)})",
+                us(k),
+                us(b),
+                "—",
+                f"{b / k:.1f}× faster",
+                "≤ 2 µs p50",
+                k <= 2000,
+            )
+        )
     shutil.rmtree(root, ignore_errors=True)
     return rows
 
@@ -536,16 +606,17 @@ def p8_file(cfg: Cfg, events: int) -> Tuple[str, str, str, int]:
     if not (os.path.exists(path) and os.path.exists(bpath)):
         t0 = time.perf_counter()
         gen_log.write(path, sid, events, bpath)
-        print(f"  generated {events:,} events ({os.path.getsize(path) / 1e6:.0f} MB) in "
-              f"{time.perf_counter() - t0:.0f} s -> {path}", flush=True)
+        print(
+            f"  generated {events:,} events ({os.path.getsize(path) / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s -> {path}",
+            flush=True,
+        )
     return root, broot, sid, os.path.getsize(path)
 
 
 def p8(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
     events = gen_log.whole_blocks(cfg.size(1_000_000, 100_000))
     root, broot, sid, size = p8_file(cfg, events)
-    ks, bs = interleave(min(cfg.reps, 3), lambda: child("open-kerman", root, sid),
-                        lambda: child("open-baseline", broot, sid))
+    ks, bs = interleave(min(cfg.reps, 3), lambda: child("open-kerman", root, sid), lambda: child("open-baseline", broot, sid))
     for r in ks + bs:
         assert r["events"] == events and r["pending"] == 0 and r["turn"] == events // gen_log.whole_blocks(1), r
     mb = size / 1e6
@@ -554,11 +625,25 @@ def p8(cfg: Cfg, probes: Dict[str, Any]) -> List[Row]:
     kh, bh = med([r["held"] for r in ks]), med([r["held"] for r in bs])
     kp, bp = med([r["peak"] for r in ks]), med([r["peak"] for r in bs])
     return [
-        Row("P8", f"cold open {events:,} events, {mb:.0f} MB: verify+parse+fold", f"{k:.0f} MB/s ({mb / k:.2f} s)",
-            f"{b:.0f} MB/s ({mb / b:.2f} s)", f"reader {lim:.0f} MB/s", f"{k / lim:.1%}", "≥ 50% of parse MB/s",
-            k / lim >= 0.5),
-        Row("P8", "  RSS after open: held (peak)", f"{kh / 1e6:.0f} MB ({kp / 1e6:.0f})",
-            f"{bh / 1e6:.0f} MB ({bp / 1e6:.0f})", f"file {mb:.0f} MB", f"{kh / (mb * 1e6):.2f}× file", "report"),
+        Row(
+            "P8",
+            f"cold open {events:,} events, {mb:.0f} MB: verify+parse+fold",
+            f"{k:.0f} MB/s ({mb / k:.2f} s)",
+            f"{b:.0f} MB/s ({mb / b:.2f} s)",
+            f"reader {lim:.0f} MB/s",
+            f"{k / lim:.1%}",
+            "≥ 50% of parse MB/s",
+            k / lim >= 0.5,
+        ),
+        Row(
+            "P8",
+            "  RSS after open: held (peak)",
+            f"{kh / 1e6:.0f} MB ({kp / 1e6:.0f})",
+            f"{bh / 1e6:.0f} MB ({bp / 1e6:.0f})",
+            f"file {mb:.0f} MB",
+            f"{kh / (mb * 1e6):.2f}× file",
+            "report",
+        ),
     ]
 
 
@@ -566,12 +651,22 @@ def p9(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     n = cfg.size(300_000, 60_000)
     k, b = child("mem-kerman", "", str(n)), child("mem-baseline", "", str(n))
     kr, br = k["held"] / k["bytes"], b["held"] / b["bytes"]
-    return [Row("P9", f"memory per committed event ({n:,} events, avg {k['bytes'] / k['events']:.0f} B)",
-                f"{k['held'] / k['events']:.0f} B = {kr:.2f}×", f"{b['held'] / b['events']:.0f} B = {br:.2f}×",
-                "serialised size", f"{kr:.2f}×", "≤ 1.3× serialised", kr <= 1.3)]
+    return [
+        Row(
+            "P9",
+            f"memory per committed event ({n:,} events, avg {k['bytes'] / k['events']:.0f} B)",
+            f"{k['held'] / k['events']:.0f} B = {kr:.2f}×",
+            f"{b['held'] / b['events']:.0f} B = {br:.2f}×",
+            "serialised size",
+            f"{kr:.2f}×",
+            "≤ 1.3× serialised",
+            kr <= 1.3,
+        )
+    ]
 
 
 # ---- P10: overhead around a slow model ---------------------------------------------------------
+
 
 def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     turns = cfg.size(20, 6)
@@ -598,6 +693,7 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
                 await loop.when_idle()
                 whole.append(now_ns() - t0)
             return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside, strict=True)]) / 1e9
+
         return asyncio.run(go())
 
     async def bare() -> Tuple[float, float]:
@@ -624,8 +720,9 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             whole.append(now_ns() - t0)
         return med(whole) / 1e9, med([w - i for w, i in zip(whole, inside, strict=True)]) / 1e9
 
-    ks, bs, ls = interleave(cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop),
-                            lambda: run(B.ModelReply, B.AgentLoop), lambda: asyncio.run(bare()))
+    ks, bs, ls = interleave(
+        cfg.reps, lambda: run(kerman.ModelReply, kerman.AgentLoop), lambda: run(B.ModelReply, B.AgentLoop), lambda: asyncio.run(bare())
+    )
     # Per turn, the time outside the model call (the model times its own call, so its timer's
     # lateness is the model's), per 50 ms call. The verdict is net of the bare task around the
     # same call (an event-loop iteration or two, and, on a shared VM, caches gone cold while the
@@ -639,11 +736,22 @@ def p10(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
 
     k_text, k_net = cell(ks)
     b_text, _ = cell(bs)
-    return [Row("P10", "overhead around a 50 ms model call, net (outside the call, gross)", k_text, b_text,
-                f"bare task: outside {floor:.2%}", "—", "< 1% net of a bare task", k_net < 0.01)]
+    return [
+        Row(
+            "P10",
+            "overhead around a 50 ms model call, net (outside the call, gross)",
+            k_text,
+            b_text,
+            f"bare task: outside {floor:.2%}",
+            "—",
+            "< 1% net of a bare task",
+            k_net < 0.01,
+        )
+    ]
 
 
 # ---- extra: PostgreSQL LISTEN-driven tail latency ----------------------------------------------
+
 
 def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     """Append + flush here -> seen by a follower's tail() in another process (pg_tail.py)."""
@@ -651,24 +759,36 @@ def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
         print("  TAIL skipped: KERMAN_PG_DSN is unset (scripts/pg-test-server.sh starts a server)", flush=True)
         return []
     n = cfg.size(500, 200)
-    done = subprocess.run([sys.executable, os.path.join(HERE, "pg_tail.py"), str(n)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, os.path.join(HERE, "pg_tail.py"), str(n)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"pg_tail.py failed:\n{done.stderr}")
     r = json.loads(done.stdout.strip().splitlines()[-1])
-    return [Row("tail", f"PostgreSQL: commit -> follower tail in another process ({n} events)",
-                f"p50 {r['tail_p50_ms']:.2f} ms, p99 {r['tail_p99_ms']:.2f} ms", "—",
-                f"commit p50 {r['commit_p50_ms']:.2f} ms", "—", "report")]
+    return [
+        Row(
+            "tail",
+            f"PostgreSQL: commit -> follower tail in another process ({n} events)",
+            f"p50 {r['tail_p50_ms']:.2f} ms, p99 {r['tail_p99_ms']:.2f} ms",
+            "—",
+            f"commit p50 {r['commit_p50_ms']:.2f} ms",
+            "—",
+            "report",
+        )
+    ]
 
 
 # ---- extra: memory soak ------------------------------------------------------------------------
+
 
 def soak(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
     """Sessions created, run one turn each, closed and dropped in one process (soak.py): RSS at
     the end within 10% of RSS after the warm-up."""
     n, files = cfg.size(100_000, 20_000), cfg.size(1_500, 300)
-    done = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), str(n), str(files), cfg.fresh_dir("soak")],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "soak.py"), str(n), str(files), cfg.fresh_dir("soak")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"soak.py failed:\n{done.stderr}")
     phases = json.loads(done.stdout.strip().splitlines()[-1])
@@ -678,13 +798,23 @@ def soak(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
         p = phases[key]
         start, end = p["rss_after_warmup"], p["rss_end"]
         ratio = end / start
-        rows.append(Row("soak", f"RSS over {p['sessions']:,} {label}, one turn each, dropped",
-                        f"{end / 1e6:.1f} MB at the end", "—", f"{start / 1e6:.1f} MB after warm-up",
-                        f"{ratio:.3f}×", "≤ 1.10×", ratio <= 1.10))
+        rows.append(
+            Row(
+                "soak",
+                f"RSS over {p['sessions']:,} {label}, one turn each, dropped",
+                f"{end / 1e6:.1f} MB at the end",
+                "—",
+                f"{start / 1e6:.1f} MB after warm-up",
+                f"{ratio:.3f}×",
+                "≤ 1.10×",
+                ratio <= 1.10,
+            )
+        )
     return rows
 
 
 # ---- driver ------------------------------------------------------------------------------------
+
 
 def machine_line() -> str:
     cpu = platform.processor() or "?"
@@ -694,8 +824,10 @@ def machine_line() -> str:
     except (OSError, StopIteration):
         pass
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    return (f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, kerman {kerman.__version__}, "
-            f"{platform.system()} {platform.release()}, load {load}, {datetime.datetime.now().isoformat(timespec='minutes')}")
+    return (
+        f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, kerman {kerman.__version__}, "
+        f"{platform.system()} {platform.release()}, load {load}, {datetime.datetime.now().isoformat(timespec='minutes')}"
+    )
 
 
 def table(rows: List[Row]) -> str:
@@ -715,8 +847,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", help="comma-separated workload ids, e.g. P1,P3")
     ap.add_argument("--reps", type=int, help="repetitions per workload (default 5, quick 3)")
     ap.add_argument("--drop-cache", action="store_true", help="delete the cached P8 logs at the end")
-    ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "kerman-bench"),
-                    help="bench directory (fsync probes, sessions, cached P8 logs)")
+    ap.add_argument(
+        "--dir",
+        default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "kerman-bench"),
+        help="bench directory (fsync probes, sessions, cached P8 logs)",
+    )
     args = ap.parse_args(argv)
     cfg = Cfg(args)
     os.makedirs(cfg.work, exist_ok=True)
@@ -735,9 +870,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"probe: write() of one 740-byte record: {us(w)}", flush=True)
         if "P8" in cfg.only:
             p = probes["parse"] = probe_parse(cfg, cfg.size(60_000, 20_000))
-            print(f"probe: parse of a generated log ({p['events']:,} events, {p['mb']:.0f} MB): json.loads per line "
-                  f"{p['json']:.0f} MB/s; Kerman reader (FileStore.verify) {p['verify']:.0f} MB/s; "
-                  f"FileStore.open {p['open']:.0f} MB/s", flush=True)
+            print(
+                f"probe: parse of a generated log ({p['events']:,} events, {p['mb']:.0f} MB): json.loads per line "
+                f"{p['json']:.0f} MB/s; Kerman reader (FileStore.verify) {p['verify']:.0f} MB/s; "
+                f"FileStore.open {p['open']:.0f} MB/s",
+                flush=True,
+            )
         rows: List[Row] = []
         for name in WORKLOADS + EXTRAS:
             if name in cfg.only:
@@ -752,9 +890,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(table(rows))
     print()
     print(machine_line())
-    print(f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
-          "Loop rows (P3, P4, P10): the core's turn machine decides, the native Driver awaits; "
-          "a lone tool call runs in the driver task, several go through kerman.tools._executor.")
+    print(
+        f"reps {cfg.reps}{', quick' if cfg.quick else ''}; total {time.perf_counter() - started:.0f} s. "
+        "Loop rows (P3, P4, P10): the core's turn machine decides, the native Driver awaits; "
+        "a lone tool call runs in the driver task, several go through kerman.tools._executor."
+    )
     return 0
 
 

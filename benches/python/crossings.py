@@ -131,8 +131,10 @@ def main() -> int:
         print(json.dumps(out))
         return 0
     for shape, m in out.items():
-        print(f"{shape}: {m['total']:.1f} native→Python operations per turn: {m['user']:.1f} user calls, "
-              f"{m['other']:.1f} other calls, {m['attributes']:.1f} AgentLoop attribute operations")
+        print(
+            f"{shape}: {m['total']:.1f} native→Python operations per turn: {m['user']:.1f} user calls, "
+            f"{m['other']:.1f} other calls, {m['attributes']:.1f} AgentLoop attribute operations"
+        )
         top: List[Any] = m["top"]
         for n, name in top:
             print(f"    {n:5.1f}  {name}")

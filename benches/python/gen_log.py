@@ -93,10 +93,12 @@ class _Const:
 
 # ---- the content of one block ------------------------------------------------------------------
 
-WORDS = ("the of and to in is that for it as with was on be by this are or from at which an "
-         "session log inbox turn step model tool claim durable append writer thread fsync batch "
-         "prompt context result reply stream chunk message plugin guard rewrite steer inject "
-         "résumé naïve façade \"quoted\" path/to/file.py line\tindent {json: [1, 2]} 42 3.14").split(" ")
+WORDS = (
+    "the of and to in is that for it as with was on be by this are or from at which an "
+    "session log inbox turn step model tool claim durable append writer thread fsync batch "
+    "prompt context result reply stream chunk message plugin guard rewrite steer inject "
+    'résumé naïve façade "quoted" path/to/file.py line\tindent {json: [1, 2]} 42 3.14'
+).split(" ")
 
 
 def text(n: int, seed: int) -> str:
@@ -137,9 +139,10 @@ def block_template() -> List[Tuple[str, Dict[str, Any], Optional[List[int]], Opt
 
     def chunks(body: str, step: int) -> List[int]:
         n = len(body) // 6 + 1
-        return [add("assistant/chunk", {"turn": TURN, "step": step,
-                                        "chunk": {"type": "text-delta", "text": body[i:i + n]}})
-                for i in range(0, len(body), n)]
+        return [
+            add("assistant/chunk", {"turn": TURN, "step": step, "chunk": {"type": "text-delta", "text": body[i : i + n]}})
+            for i in range(0, len(body), n)
+        ]
 
     add("agent/inbox/spliced", {"target": "next-turn", "start": 0, "inserted": [prompt]})
     add("turn/start", {"turn": TURN})
@@ -148,22 +151,50 @@ def block_template() -> List[Tuple[str, Dict[str, Any], Optional[List[int]], Opt
     add("user/message", prompt, None, "append")
     seqs = chunks(answer1, 1)
     seqs.append(add("assistant/chunk", {"turn": TURN, "step": 1, "chunk": dict(call)}))
-    add("assistant/message", {"turn": TURN, "step": 1, "message": _msg(2, "assistant", [
-        {"type": "text", "text": answer1}, call], {"kind": "model"}),
-        "usage": {"inputTokens": 5210, "outputTokens": 412}}, seqs, "append")
+    add(
+        "assistant/message",
+        {
+            "turn": TURN,
+            "step": 1,
+            "message": _msg(2, "assistant", [{"type": "text", "text": answer1}, call], {"kind": "model"}),
+            "usage": {"inputTokens": 5210, "outputTokens": 412},
+        },
+        seqs,
+        "append",
+    )
     call_at = add("tool/call", {"turn": TURN, "step": 1, "callId": "~ID4~", "name": "read_file", "arguments": args})
-    add("tool/result", {"turn": TURN, "step": 1, "message": _msg(3, "user", [
-        {"type": "tool-result", "toolCallId": "~ID4~", "content": [{"type": "text", "text": text(6000, 5)}]}],
-        {"kind": "tool", "callId": "~ID4~"})}, [call_at], "append")
+    add(
+        "tool/result",
+        {
+            "turn": TURN,
+            "step": 1,
+            "message": _msg(
+                3,
+                "user",
+                [{"type": "tool-result", "toolCallId": "~ID4~", "content": [{"type": "text", "text": text(6000, 5)}]}],
+                {"kind": "tool", "callId": "~ID4~"},
+            ),
+        },
+        [call_at],
+        "append",
+    )
     add("agent/inbox/spliced", {"target": "next-step", "start": 0, "inserted": [steer]})
     add("step/end", {"turn": TURN, "step": 1})
     add("agent/inbox/spliced", {"target": "next-step", "start": 0, "removedCount": 1, "inserted": []})
     add("step/start", {"turn": TURN, "step": 2})
     add("user/message", steer, None, "append")
     seqs = chunks(answer2, 2)
-    add("assistant/message", {"turn": TURN, "step": 2, "message": _msg(5, "assistant", [
-        {"type": "text", "text": answer2}], {"kind": "model"}),
-        "usage": {"inputTokens": 7730, "outputTokens": 505}}, seqs, "append")
+    add(
+        "assistant/message",
+        {
+            "turn": TURN,
+            "step": 2,
+            "message": _msg(5, "assistant", [{"type": "text", "text": answer2}], {"kind": "model"}),
+            "usage": {"inputTokens": 7730, "outputTokens": 505},
+        },
+        seqs,
+        "append",
+    )
     add("step/end", {"turn": TURN, "step": 2})
     add("turn/end", {"turn": TURN, "reason": {"kind": "completed"}})
     return recs
@@ -208,7 +239,7 @@ def _templates() -> List[Tuple[List[Part], int]]:
             pos = 0
             for m in _SENTINEL.finditer(body):
                 if m.start() > pos:
-                    parts.append(_Const(body[pos:m.start()]))
+                    parts.append(_Const(body[pos : m.start()]))
                 parts.append(m.group())
                 pos = m.end()
             parts.append(_Const(body[pos:]))
@@ -236,7 +267,7 @@ def lines(events: int, session_id: str, created_at: int) -> Iterator[Tuple[bytes
     block = 0
     seq = 0
     while seq < events:
-        for parts, offset in templates[:min(per_block, events - seq)]:
+        for parts, offset in templates[: min(per_block, events - seq)]:
             s = 0xFFFFFFFF
             out = []
             for p in parts:
@@ -261,8 +292,7 @@ def whole_blocks(events: int) -> int:
     return max(per, events // per * per)
 
 
-def write(path: str, session_id: str, events: int, baseline_copy: Optional[str] = None,
-          created_at: int = 1767225600000) -> int:
+def write(path: str, session_id: str, events: int, baseline_copy: Optional[str] = None, created_at: int = 1767225600000) -> int:
     """Writes the session file (and optionally the zlib-framed copy); returns its size."""
     tmp = path + ".part"
     btmp = baseline_copy + ".part" if baseline_copy else None
@@ -312,8 +342,7 @@ def main(argv: List[str]) -> int:
         ap.error("use an id of [A-Za-z0-9_-] so the file name needs no encoding")
     os.makedirs(args.root, exist_ok=True)
     started = time.perf_counter()
-    size = write(os.path.join(args.root, args.session_id + ".jsonl"), args.session_id, args.events,
-                 args.baseline_copy)
+    size = write(os.path.join(args.root, args.session_id + ".jsonl"), args.session_id, args.events, args.baseline_copy)
     print(f"{args.events} events, {size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s")
     return 0
 

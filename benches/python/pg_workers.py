@@ -51,9 +51,15 @@ class Proc:
 
     def __init__(self, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.err = open(os.devnull, "w") if os.environ.get("BENCH_QUIET") else None
-        self.proc = subprocess.Popen(args, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            args,
+            cwd=HERE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         self.pid = self.proc.pid
         self.lines: List[str] = []
         self.err_lines: List[str] = []
@@ -90,8 +96,9 @@ class Proc:
 def socket_bytes(pids: List[int], port: int) -> int:
     """Bytes sent + received so far on the TCP connections of `pids` to the server's `port`
     (tcp_info's counters, through `ss`): what the workers exchanged with PostgreSQL."""
-    out = subprocess.run(["ss", "-tinpH", "state", "established", f"( dport = :{port} )"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ss", "-tinpH", "state", "established", f"( dport = :{port} )"], capture_output=True, text=True, check=True
+    ).stdout
     total, owner = 0, None
     for line in out.splitlines():
         if "users:(" in line:
@@ -118,13 +125,11 @@ def cpu_seconds(pid: int) -> float:
 def server_pids(dsn: str) -> Dict[int, str]:
     """This database's backends, each by role: the generators' (`bench-gen`, named by their
     DSN), the workers' LISTEN connections (`kerman-listen-<pid>`) and their store connections."""
-    rows = psql(dsn, "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database() "
-                     "AND pid <> pg_backend_pid()")
+    rows = psql(dsn, "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
     roles = {}
     for row in rows:
         pid, name = row.split("|", 1)
-        roles[int(pid)] = ("generators" if name == "bench-gen" else
-                           "worker_listen" if name.startswith("kerman-listen") else "worker_store")
+        roles[int(pid)] = "generators" if name == "bench-gen" else "worker_listen" if name.startswith("kerman-listen") else "worker_store"
     return roles
 
 
@@ -137,8 +142,9 @@ def db_stats(dsn: str) -> Tuple[int, Dict[str, int]]:
     psql(dsn, "SELECT pg_stat_force_next_flush()")
     (row,) = psql(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
     tables: Dict[str, int] = {}
-    for line in psql(dsn, "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0) FROM pg_stat_user_tables "
-                          "WHERE relname LIKE 'kerman%'"):
+    for line in psql(
+        dsn, "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname LIKE 'kerman%'"
+    ):
         name, seq, seq_rows, idx = line.split("|")
         tables[f"{name}.scans"] = int(seq) + int(idx)
         tables[f"{name}.seq_rows"] = int(seq_rows)
@@ -260,8 +266,14 @@ def listen_cost(dsn: str, ids: List[str], counts: List[int], samples: int = 200)
             inbox.close()
         for log in logs:
             log.close()
-        rows.append({"channels": n, "open_s": round(opened, 2), "p50_ms": round(ms(pct(latencies, 50)), 2),
-                     "p99_ms": round(ms(pct(latencies, 99)), 2)})
+        rows.append(
+            {
+                "channels": n,
+                "open_s": round(opened, 2),
+                "p50_ms": round(ms(pct(latencies, 50)), 2),
+                "p99_ms": round(ms(pct(latencies, 99)), 2),
+            }
+        )
     return rows
 
 
@@ -282,9 +294,12 @@ def main() -> int:
     parser.add_argument("--idle-timeout", type=float, default=10.0)
     parser.add_argument("--model-delay", type=float, default=0.005)
     parser.add_argument("--listen-counts", default="1,1000,10000")
-    parser.add_argument("--statement-log", metavar="PATH",
-                        help="the server's log file: log every statement of the run's database "
-                             "(log_statement = all, on that database only) and report them per turn, by kind")
+    parser.add_argument(
+        "--statement-log",
+        metavar="PATH",
+        help="the server's log file: log every statement of the run's database "
+        "(log_statement = all, on that database only) and report them per turn, by kind",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -316,9 +331,24 @@ def main() -> int:
 def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     import kerman
 
-    report: Dict[str, Any] = {"config": {k: getattr(args, k) for k in (
-        "workers", "sessions", "rate", "generators", "seconds", "burst", "hot_sessions", "hot_share",
-        "lease_ttl", "idle_timeout", "model_delay")}}
+    report: Dict[str, Any] = {
+        "config": {
+            k: getattr(args, k)
+            for k in (
+                "workers",
+                "sessions",
+                "rate",
+                "generators",
+                "seconds",
+                "burst",
+                "hot_sessions",
+                "hot_share",
+                "lease_ttl",
+                "idle_timeout",
+                "model_delay",
+            )
+        }
+    }
     ids = [f"b-{i}" for i in range(args.sessions)]
     if args.statement_log:
         (database,) = psql(dsn, "SELECT current_database()")
@@ -331,9 +361,23 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     report["setup_s"] = round(time.monotonic() - t0, 1)
     print(f"pg_workers: {args.sessions} sessions created in {report['setup_s']} s", file=sys.stderr)
 
-    worker_cmd = [sys.executable, "-m", "kerman", "worker", dsn, "--app", "pg_workers_app:factory",
-                  "--max-sessions", str(args.sessions), "--idle-timeout", str(args.idle_timeout),
-                  "--lease-ttl", str(args.lease_ttl), "--grace", "10"]
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "kerman",
+        "worker",
+        dsn,
+        "--app",
+        "pg_workers_app:factory",
+        "--max-sessions",
+        str(args.sessions),
+        "--idle-timeout",
+        str(args.idle_timeout),
+        "--lease-ttl",
+        str(args.lease_ttl),
+        "--grace",
+        "10",
+    ]
     env = {"BENCH_MODEL_DELAY": str(args.model_delay)}
     workers = [Proc(worker_cmd + ["--name", f"w{i}"], env) for i in range(args.workers)]
     for w in workers:
@@ -344,9 +388,25 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     log0 = log_offset(args.statement_log)
     io0 = socket_bytes(pids, port)
     cpu0 = {p: cpu_seconds(p) for p in pids}
-    gen_cmd = [sys.executable, os.path.abspath(__file__), "--loadgen", "--dsn", dsn, "--sessions", str(args.sessions),
-               "--rate", str(args.rate / args.generators), "--seconds", str(args.seconds), "--burst", str(args.burst),
-               "--hot-sessions", str(args.hot_sessions), "--hot-share", str(args.hot_share)]
+    gen_cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--loadgen",
+        "--dsn",
+        dsn,
+        "--sessions",
+        str(args.sessions),
+        "--rate",
+        str(args.rate / args.generators),
+        "--seconds",
+        str(args.seconds),
+        "--burst",
+        str(args.burst),
+        "--hot-sessions",
+        str(args.hot_sessions),
+        "--hot-share",
+        str(args.hot_share),
+    ]
     started = time.time_ns()
     gens = [Proc(gen_cmd + ["--seed", str(i)]) for i in range(args.generators)]
     # Mid-run: the connections this database has.
@@ -380,14 +440,19 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     report["latency"] = latencies(queued, models, takes)
     gc_lines = [line.split() for w in workers for line in list(w.lines) if line.startswith("g ")]
     pauses = [float(g[3]) for g in gc_lines]
-    report["gc_pauses"] = {"n_over_5ms": len(pauses), "max_ms": max(pauses, default=0.0),
-                           "total_ms": round(sum(pauses), 1),
-                           "by_generation": dict(sorted(Counter(int(g[1]) for g in gc_lines).items()))}
+    report["gc_pauses"] = {
+        "n_over_5ms": len(pauses),
+        "max_ms": max(pauses, default=0.0),
+        "total_ms": round(sum(pauses), 1),
+        "by_generation": dict(sorted(Counter(int(g[1]) for g in gc_lines).items())),
+    }
     steady = [models[m][0] for m, q in queued.items() if q[3] == "steady" and m in models]
     turns = len(models)
     span = (max(t for t, _ in models.values()) - started) / 1e9
     report["throughput"] = {
-        "turns": turns, "seconds": round(span, 2), "turns_per_s": round(turns / span, 1),
+        "turns": turns,
+        "seconds": round(span, 2),
+        "turns_per_s": round(turns / span, 1),
         "steady_turns_per_s": round(len(steady) / ((max(steady) - min(steady)) / 1e9), 1) if len(steady) > 1 else None,
         "transactions_per_turn": round((x1 - x0) / turns, 2),
         "table_counters_per_turn": {k: round((tables1.get(k, 0) - v) / turns, 2) for k, v in sorted(tables0.items())},
@@ -398,14 +463,16 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         # The server's CPU per turn served from mid-run on, by the role of its backends (those of
         # a generator that stopped before the end are counted until then).
         "server_cpu_ms_per_turn_second_half": {
-            role: round(sec * 1000 / max(1, turns - turns0), 2) for role, sec in sorted(by_role.items())},
+            role: round(sec * 1000 / max(1, turns - turns0), 2) for role, sec in sorted(by_role.items())
+        },
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
     if args.statement_log:
         counts, slow = statement_counts(args.statement_log, log0, log1)
         report["statements_per_turn"] = {k: round(n / turns, 3) for k, n in counts.most_common()}
-        report["statements_over_10ms"] = {k: {"n": len(v), "max_ms": max(v), "p50_ms": pct(v, 50)}
-                                          for k, v in sorted(slow.items(), key=lambda kv: -len(kv[1]))}
+        report["statements_over_10ms"] = {
+            k: {"n": len(v), "max_ms": max(v), "p50_ms": pct(v, 50)} for k, v in sorted(slow.items(), key=lambda kv: -len(kv[1]))
+        }
         report["throughput"]["statements_per_turn"] = round(sum(counts.values()) / turns, 2)
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
@@ -422,9 +489,13 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
     wait_for_models(survivors, set(probe), 60)
     after, _ = collect(survivors)
     took = [after[m][0] - killed for m in probe]
-    report["takeover"] = {"sessions_held_by_killed_worker": len(held), "probed": len(probe),
-                          "lease_ttl_s": args.lease_ttl, "p50_s": round(pct(took, 50) / 1e9, 3),
-                          "max_s": round(max(took) / 1e9, 3)}
+    report["takeover"] = {
+        "sessions_held_by_killed_worker": len(held),
+        "probed": len(probe),
+        "lease_ttl_s": args.lease_ttl,
+        "p50_s": round(pct(took, 50) / 1e9, 3),
+        "max_s": round(max(took) / 1e9, 3),
+    }
     queued.update({m: (sid, killed, killed, "takeover") for m, sid in probe.items()})
     print("pg_workers: takeover measured", file=sys.stderr)
 
@@ -479,8 +550,9 @@ def collect(workers: List[Proc]) -> Tuple[Dict[str, Tuple[int, int]], Dict[Tuple
     return models, takes
 
 
-def latencies(queued: Dict[str, Tuple[str, int, int, str]], models: Dict[str, Tuple[int, int]],
-              takes: Dict[Tuple[int, str], List[int]]) -> Dict[str, Any]:
+def latencies(
+    queued: Dict[str, Tuple[str, int, int, str]], models: Dict[str, Tuple[int, int]], takes: Dict[Tuple[int, str], List[int]]
+) -> Dict[str, Any]:
     """enqueue returned -> model called, split by whether the session was owned when enqueued
     (no take of it between the enqueue and the model call) or unowned (taken for it)."""
     groups: Dict[str, List[int]] = defaultdict(list)
@@ -491,20 +563,30 @@ def latencies(queued: Dict[str, Tuple[str, int, int, str]], models: Dict[str, Tu
         took = [t for t in takes.get((pid, sid), []) if t <= at]
         owned = not took or max(took) < before
         groups[f"{phase}/{'owned' if owned else 'unowned'}"].append(at - after)
-    return {k: {"n": len(v), "p50_ms": round(ms(pct(v, 50)), 2), "p99_ms": round(ms(pct(v, 99)), 2),
-                "max_ms": round(ms(max(v)), 1)} for k, v in sorted(groups.items())}
+    return {
+        k: {"n": len(v), "p50_ms": round(ms(pct(v, 50)), 2), "p99_ms": round(ms(pct(v, 99)), 2), "max_ms": round(ms(max(v)), 1)}
+        for k, v in sorted(groups.items())
+    }
 
 
 def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
     """From the tables alone: each enqueued message inserted by a splice and entered as exactly
     one user/message; no other; every turn and step balanced; nothing left staged or owned."""
     entered = Counter(psql(dsn, "SELECT record::json->'data'->>'id' FROM kerman_events WHERE type = 'user/message'"))
-    inserted = Counter(psql(dsn, "SELECT m->>'id' FROM kerman_events, "
-                                 "json_array_elements(record::json->'data'->'inserted') AS m "
-                                 "WHERE type = 'agent/inbox/spliced'"))
-    unbalanced = psql(dsn, "SELECT session_id FROM kerman_events GROUP BY session_id HAVING "
-                           "count(*) FILTER (WHERE type = 'turn/start') <> count(*) FILTER (WHERE type = 'turn/end') "
-                           "OR count(*) FILTER (WHERE type = 'step/start') <> count(*) FILTER (WHERE type = 'step/end')")
+    inserted = Counter(
+        psql(
+            dsn,
+            "SELECT m->>'id' FROM kerman_events, "
+            "json_array_elements(record::json->'data'->'inserted') AS m "
+            "WHERE type = 'agent/inbox/spliced'",
+        )
+    )
+    unbalanced = psql(
+        dsn,
+        "SELECT session_id FROM kerman_events GROUP BY session_id HAVING "
+        "count(*) FILTER (WHERE type = 'turn/start') <> count(*) FILTER (WHERE type = 'turn/end') "
+        "OR count(*) FILTER (WHERE type = 'step/start') <> count(*) FILTER (WHERE type = 'step/end')",
+    )
     (staged,) = psql(dsn, "SELECT count(*) FROM kerman_inbox_staged")
     (owned,) = psql(dsn, "SELECT count(*) FROM kerman_sessions WHERE owner IS NOT NULL AND expires_at > now()")
     want = set(queued)
@@ -513,33 +595,51 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
     foreign = [m for m in entered if m not in want]
     requeued = sum(1 for m in want if inserted[m] > 1)
     ok = not lost and not duplicated and not foreign and not unbalanced and int(staged) == 0
-    return {"ok": ok, "messages": len(want), "entered_once": len(want) - len(lost) - len(duplicated),
-            "lost": len(lost), "duplicated": len(duplicated), "unknown_entered": len(foreign),
-            "reinserted_by_requeue": requeued, "unbalanced_sessions": len(unbalanced),
-            "left_staged": int(staged), "left_owned_by_live_lease": int(owned)}
+    return {
+        "ok": ok,
+        "messages": len(want),
+        "entered_once": len(want) - len(lost) - len(duplicated),
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "unknown_entered": len(foreign),
+        "reinserted_by_requeue": requeued,
+        "unbalanced_sessions": len(unbalanced),
+        "left_staged": int(staged),
+        "left_owned_by_live_lease": int(owned),
+    }
 
 
 def print_report(r: Dict[str, Any]) -> None:
     c = r["config"]
-    print(f"distributed benchmark: {c['workers']} workers, {c['sessions']} sessions, {c['generators']} generators "
-          f"at {c['rate']}/s for {c['seconds']} s then {c['burst']} each as fast as possible; model delay "
-          f"{c['model_delay'] * 1000:.0f} ms; lease_ttl {c['lease_ttl']} s; idle_timeout {c['idle_timeout']} s")
+    print(
+        f"distributed benchmark: {c['workers']} workers, {c['sessions']} sessions, {c['generators']} generators "
+        f"at {c['rate']}/s for {c['seconds']} s then {c['burst']} each as fast as possible; model delay "
+        f"{c['model_delay'] * 1000:.0f} ms; lease_ttl {c['lease_ttl']} s; idle_timeout {c['idle_timeout']} s"
+    )
     print(f"setup: {c['sessions']} sessions created in {r['setup_s']} s")
     print("enqueue returned -> model called:")
     for k, v in r["latency"].items():
         print(f"  {k:<18} n={v['n']:>6}  p50 {v['p50_ms']:>7.2f} ms  p99 {v['p99_ms']:>8.2f} ms  max {v['max_ms']:>8.1f} ms")
     g = r["gc_pauses"]
-    print(f"garbage collections of 5 ms or more in the workers: {g['n_over_5ms']}, longest {g['max_ms']} ms, "
-          f"{g['total_ms']} ms in all; by generation {g['by_generation']}")
+    print(
+        f"garbage collections of 5 ms or more in the workers: {g['n_over_5ms']}, longest {g['max_ms']} ms, "
+        f"{g['total_ms']} ms in all; by generation {g['by_generation']}"
+    )
     t = r["throughput"]
-    print(f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
-          f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
-          f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections")
+    print(
+        f"throughput: {t['turns']} turns in {t['seconds']} s = {t['turns_per_s']} turns/s overall, "
+        f"steady phase {t['steady_turns_per_s']} turns/s; {t['transactions_per_turn']} transactions/turn; "
+        f"{t['worker_bytes_per_turn']} bytes/turn between workers and server; {t['connections']} connections"
+    )
     print("per turn, the store's tables: " + ", ".join(f"{k} {v}" for k, v in t["table_counters_per_turn"].items()))
-    print(f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
-          f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}")
-    print("server CPU per turn from mid-run on, by backend: " + ", ".join(
-        f"{role} {v} ms" for role, v in t["server_cpu_ms_per_turn_second_half"].items()))
+    print(
+        f"cpu: workers {t['worker_cpu_ms_per_turn']} ms/turn; server backends of this database "
+        f"{t['server_cpu_s_second_half']} s from mid-run on; machine load average {t['load_average_1m']}"
+    )
+    print(
+        "server CPU per turn from mid-run on, by backend: "
+        + ", ".join(f"{role} {v} ms" for role, v in t["server_cpu_ms_per_turn_second_half"].items())
+    )
     if "statements_per_turn" in r:
         print(f"statements per turn (server log): {t['statements_per_turn']}")
         for kind, n in r["statements_per_turn"].items():
@@ -548,18 +648,24 @@ def print_report(r: Dict[str, Any]) -> None:
         for kind, v in r["statements_over_10ms"].items():
             print(f"  {v['n']:>6}  p50 {v['p50_ms']:>7.1f} ms  max {v['max_ms']:>7.1f} ms  {kind}")
     k = r["takeover"]
-    print(f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
-          f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)")
+    print(
+        f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
+        f"p50 {k['p50_s']} s, max {k['max_s']} s (lease_ttl {k['lease_ttl_s']} s)"
+    )
     print(f"drain exit codes: {r['drain_exit_codes']}")
     a = r["audit"]
-    print(f"audit: {'OK' if a['ok'] else 'FAILED'}: {a['messages']} messages, {a['entered_once']} entered once, "
-          f"{a['lost']} lost, {a['duplicated']} duplicated, {a['unknown_entered']} unknown, "
-          f"{a['reinserted_by_requeue']} re-inserted by requeue, {a['unbalanced_sessions']} unbalanced sessions, "
-          f"{a['left_staged']} left staged")
+    print(
+        f"audit: {'OK' if a['ok'] else 'FAILED'}: {a['messages']} messages, {a['entered_once']} entered once, "
+        f"{a['lost']} lost, {a['duplicated']} duplicated, {a['unknown_entered']} unknown, "
+        f"{a['reinserted_by_requeue']} re-inserted by requeue, {a['unbalanced_sessions']} unbalanced sessions, "
+        f"{a['left_staged']} left staged"
+    )
     print("LISTEN on one connection: enqueue called -> inserted by the owner's inbox")
     for row in r["listen"]:
-        print(f"  {row['channels']:>6} channels  p50 {row['p50_ms']:>6.2f} ms  p99 {row['p99_ms']:>6.2f} ms  "
-              f"(opening them took {row['open_s']} s)")
+        print(
+            f"  {row['channels']:>6} channels  p50 {row['p50_ms']:>6.2f} ms  p99 {row['p99_ms']:>6.2f} ms  "
+            f"(opening them took {row['open_s']} s)"
+        )
 
 
 if __name__ == "__main__":

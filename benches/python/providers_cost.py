@@ -43,8 +43,11 @@ def serve(protocol: str, conn: Any) -> None:
     from kerman.providers.testing import FakeServer, Reply, ToolCall
 
     call = ToolCall("call_1", "lookup", '{"query": "weather in Paris"}', pieces=3)
-    reply = Reply(text=[f"word{i} " for i in range(20)], tool_calls=[call],
-                  usage={"input": 1200, "output": 60, "cacheRead": 1000, "cacheWrite": 0, "reasoning": 0})
+    reply = Reply(
+        text=[f"word{i} " for i in range(20)],
+        tool_calls=[call],
+        usage={"input": 1200, "output": 60, "cacheRead": 1000, "cacheWrite": 0, "reasoning": 0},
+    )
     with FakeServer(protocol, default=reply) as server:
         conn.send(server.url)
         conn.recv()  # until told to stop
@@ -58,9 +61,14 @@ def history(n: int, tag: str) -> List[Any]:
     i = 0
     while len(out) < n:
         call = f"call_{tag}_{i}"
-        out.append(kerman.AssistantMessage([{"type": "text", "text": f"Looking up item {i} of the plan for you now."},
-                                            {"type": "tool-call", "id": call, "name": "lookup",
-                                             "arguments": json.dumps({"query": f"item {i}"})}]))
+        out.append(
+            kerman.AssistantMessage(
+                [
+                    {"type": "text", "text": f"Looking up item {i} of the plan for you now."},
+                    {"type": "tool-call", "id": call, "name": "lookup", "arguments": json.dumps({"query": f"item {i}"})},
+                ]
+            )
+        )
         if len(out) < n:
             out.append(kerman.ToolResultMessage(call, f"Result {i}: sunny, 21 degrees, light wind from the west."))
         if len(out) < n:
@@ -72,8 +80,13 @@ def history(n: int, tag: str) -> List[Any]:
 def request(messages: List[Any]) -> Any:
     import kerman
 
-    tools = [{"name": "lookup", "description": "Looks something up.",
-              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}]
+    tools = [
+        {
+            "name": "lookup",
+            "description": "Looks something up.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        }
+    ]
     return kerman.ModelRequest(messages=messages, tools=tools, options={}, turn=1, step=1, signal=kerman.Signal())
 
 
@@ -185,9 +198,18 @@ async def measure(protocol: str, url: str, n: int, iterations: int) -> Dict[str,
         await cold.aclose()
     await provider.aclose()
     build, fold, sdk, first = (statistics.median(x) / 1000 for x in (builds, folds, sdks, firsts))
-    return {"protocol": protocol, "messages": n, "build_us": build, "fold_us": fold, "adapter_us": build + fold,
-            "sdk_us": sdk, "ratio": (build + fold) / sdk, "first_build_us": first, "requests": iterations,
-            "events": len(events)}
+    return {
+        "protocol": protocol,
+        "messages": n,
+        "build_us": build,
+        "fold_us": fold,
+        "adapter_us": build + fold,
+        "sdk_us": sdk,
+        "ratio": (build + fold) / sdk,
+        "first_build_us": first,
+        "requests": iterations,
+        "events": len(events),
+    }
 
 
 def run_protocol(protocol: str, quick: bool) -> List[Dict[str, Any]]:
@@ -227,14 +249,15 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print("providers_cost: the adapter's own CPU per request vs the SDK's for the same request "
-          f"(median, target <= {TARGET}x)")
+    print(f"providers_cost: the adapter's own CPU per request vs the SDK's for the same request (median, target <= {TARGET}x)")
     print("| protocol | messages | build µs | fold µs | adapter µs | SDK µs | ratio | target | first build µs |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         ok = "met" if r["ratio"] <= TARGET else "MISSED"
-        print(f"| {r['protocol']} | {r['messages']} | {r['build_us']:.1f} | {r['fold_us']:.1f} | {r['adapter_us']:.1f} | "
-              f"{r['sdk_us']:.0f} | {r['ratio']:.3f} | {ok} | {r['first_build_us']:.0f} |")
+        print(
+            f"| {r['protocol']} | {r['messages']} | {r['build_us']:.1f} | {r['fold_us']:.1f} | {r['adapter_us']:.1f} | "
+            f"{r['sdk_us']:.0f} | {r['ratio']:.3f} | {ok} | {r['first_build_us']:.0f} |"
+        )
     return 0
 
 

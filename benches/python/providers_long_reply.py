@@ -85,8 +85,14 @@ def run_protocol(protocol: str, quick: bool) -> Dict[str, Any]:
         if proc.is_alive():
             proc.terminate()
     small, large = rows
-    return {"protocol": protocol, "fold_ms_64kb": small["fold_ms"], "fold_ms_512kb": large["fold_ms"],
-            "ratio": large["fold_ms"] / small["fold_ms"], "events_512kb": large["events"], "text_512kb": large["text"]}
+    return {
+        "protocol": protocol,
+        "fold_ms_64kb": small["fold_ms"],
+        "fold_ms_512kb": large["fold_ms"],
+        "ratio": large["fold_ms"] / small["fold_ms"],
+        "events_512kb": large["events"],
+        "text_512kb": large["text"],
+    }
 
 
 def main() -> int:

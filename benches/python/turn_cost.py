@@ -51,6 +51,7 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
         # A new function each time: a listener is registered once per seam.
         async def listener(step: Any, next: Any) -> Any:
             return await next()
+
         return listener
 
     async def main() -> None:
@@ -72,9 +73,22 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
 def instructions(impl: str, listeners: int, tool: bool, turns: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
-             os.path.abspath(__file__), "--child", impl, str(listeners), str(int(tool)), str(turns)],
-            capture_output=True, text=True, check=True)
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/cg.out",
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                impl,
+                str(listeners),
+                str(int(tool)),
+                str(turns),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     found = re.search(r"Collected : (\d+)", out.stderr)
     if not found:
         raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
@@ -106,8 +120,7 @@ def main(argv: List[str]) -> None:
             print(f"  {name} {impl}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
             a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
             per[impl] = (b - a) / (large - small)
-        print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |",
-              flush=True)
+        print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,11 @@ def record(turns: int, chunks: int) -> List[kerman.Event]:
     """A session of ``turns`` turns: streamed reasoning, text and a tool call, then the reply."""
 
     async def model(request: kerman.ModelRequest) -> AsyncIterator[Dict[str, Any]]:
-        if request.messages and request.messages[-1].role == "user" and any(
-                b.get("type") == "tool-result" for b in request.messages[-1].to_dict()["content"]):
+        if (
+            request.messages
+            and request.messages[-1].role == "user"
+            and any(b.get("type") == "tool-result" for b in request.messages[-1].to_dict()["content"])
+        ):
             for word in ("Found ", "it."):
                 yield {"type": "text-delta", "text": word}
             yield {"type": "finish", "reason": "stop"}
@@ -85,6 +88,7 @@ def main() -> None:
             projection = make()
             for event in events:
                 projection.feed(event)
+
         return run
 
     rows = {

@@ -71,8 +71,11 @@ def main() -> None:
             pass
 
     readers: Dict[str, Callable[[], None]] = {
-        "log.events(view=True)": native, "view(e) for e in log.events()": genexp,
-        "events.views(log.events())": mapped, "log.events() (Events, no view)": plain}
+        "log.events(view=True)": native,
+        "view(e) for e in log.events()": genexp,
+        "events.views(log.events())": mapped,
+        "log.events() (Events, no view)": plain,
+    }
     figures: Dict[str, List[float]] = {name: [] for name in readers}
     for _ in range(args.rounds):
         for name, reader in readers.items():

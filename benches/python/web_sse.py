@@ -43,8 +43,10 @@ def stamps(text: str) -> list:
     return [int(w) for w in text.split()]
 
 
-_STAMPS = {"agui": re.compile(rb'"type":"TEXT_MESSAGE_CONTENT","timestamp":[0-9]+,"messageId":"msg-[0-9]+","delta":"([0-9 ]+)"'),
-           "kerman": re.compile(rb'"chunk":[{]"type":"text-delta","text":"([0-9 ]+)"[}]')}
+_STAMPS = {
+    "agui": re.compile(rb'"type":"TEXT_MESSAGE_CONTENT","timestamp":[0-9]+,"messageId":"msg-[0-9]+","delta":"([0-9 ]+)"'),
+    "kerman": re.compile(rb'"chunk":[{]"type":"text-delta","text":"([0-9 ]+)"[}]'),
+}
 _ENDS = {"agui": (b'"type":"RUN_FINISHED"', b'"type":"RUN_ERROR"'), "kerman": (b'"type":"turn/end"',)}
 
 
@@ -78,8 +80,12 @@ async def over_http(args: argparse.Namespace, protocol: str, root: str) -> dict:
     import httpx
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    server = subprocess.Popen([sys.executable, "-m", "kerman", "serve", root, "--model", "web_bench_model:factory", "--port", "0"],
-                              stderr=subprocess.PIPE, text=True, env=env)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "serve", root, "--model", "web_bench_model:factory", "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert server.stderr is not None
         line = server.stderr.readline()
@@ -92,8 +98,10 @@ async def over_http(args: argparse.Namespace, protocol: str, root: str) -> dict:
             connected: list = []
             port = int(url.rsplit(":", 1)[1])
             # each follower reads the warm-up turn and the measured one
-            tasks = [asyncio.create_task(follower(port, f"/sessions/{session}/events?protocol={protocol}", 2, latencies, connected,
-                                                  protocol)) for _ in range(args.clients)]
+            tasks = [
+                asyncio.create_task(follower(port, f"/sessions/{session}/events?protocol={protocol}", 2, latencies, connected, protocol))
+                for _ in range(args.clients)
+            ]
             while len(connected) < args.clients:
                 await asyncio.sleep(0.01)
             await client.post(f"/sessions/{session}/messages", json={"text": "stream 20 1"})
@@ -115,10 +123,19 @@ async def over_http(args: argparse.Namespace, protocol: str, root: str) -> dict:
     finally:
         server.terminate()
         server.wait(30)
-    return {"protocol": protocol, "clients": args.clients, "events": events, "chunks": args.events,
-            "p50_ms": pct(latencies, 0.5) / 1e6, "p99_ms": pct(latencies, 0.99) / 1e6,
-            "cpu_per_event_ms": (cpu1 - cpu0) * 1000 / events, "samples": len(latencies), "warmup_samples": len(warm),
-            "server_busy": (cpu1 - cpu0) / (wall1 - wall0), "clients_busy": (mine1 - mine0) / (wall1 - wall0)}
+    return {
+        "protocol": protocol,
+        "clients": args.clients,
+        "events": events,
+        "chunks": args.events,
+        "p50_ms": pct(latencies, 0.5) / 1e6,
+        "p99_ms": pct(latencies, 0.99) / 1e6,
+        "cpu_per_event_ms": (cpu1 - cpu0) * 1000 / events,
+        "samples": len(latencies),
+        "warmup_samples": len(warm),
+        "server_busy": (cpu1 - cpu0) / (wall1 - wall0),
+        "clients_busy": (mine1 - mine0) / (wall1 - wall0),
+    }
 
 
 async def bare_tail(clients: int, events: int, pace_ms: float) -> None:
@@ -151,8 +168,19 @@ async def bare_tail(clients: int, events: int, pace_ms: float) -> None:
         cpu1 = time.process_time()
         n = len(log) - start
         await loop.aclose()
-    print(json.dumps({"protocol": "log.tail()", "clients": clients, "events": n, "p50_ms": pct(latencies, 0.5) / 1e6,
-                      "p99_ms": pct(latencies, 0.99) / 1e6, "cpu_per_event_ms": (cpu1 - cpu0) * 1000 / n, "samples": len(latencies)}))
+    print(
+        json.dumps(
+            {
+                "protocol": "log.tail()",
+                "clients": clients,
+                "events": n,
+                "p50_ms": pct(latencies, 0.5) / 1e6,
+                "p99_ms": pct(latencies, 0.99) / 1e6,
+                "cpu_per_event_ms": (cpu1 - cpu0) * 1000 / n,
+                "samples": len(latencies),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -166,9 +194,13 @@ def main() -> None:
     if args.child:
         asyncio.run(bare_tail(args.clients, args.events, args.pace_ms))
         return
-    child = subprocess.run([sys.executable, __file__, "--child", "--clients", str(args.clients), "--events", str(args.events),
-                            "--pace-ms", str(args.pace_ms)], capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+    child = subprocess.run(
+        [sys.executable, __file__, "--child", "--clients", str(args.clients), "--events", str(args.events), "--pace-ms", str(args.pace_ms)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])},
+    )
     if child.returncode:
         sys.exit(f"the log.tail() baseline failed: {child.stderr}")
     base = json.loads(child.stdout.strip().splitlines()[-1])
@@ -181,9 +213,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         ratio = row["cpu_per_event_ms"] / base["cpu_per_event_ms"]
-        busy = (f"{row['server_busy']:.0%} | {row['clients_busy']:.0%}" if "server_busy" in row else "(one process) | ")
-        print(f"| {row['protocol']} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['cpu_per_event_ms']:.3f} ms "
-              f"| {ratio:.1f}x | {busy} |")
+        busy = f"{row['server_busy']:.0%} | {row['clients_busy']:.0%}" if "server_busy" in row else "(one process) | "
+        print(
+            f"| {row['protocol']} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['cpu_per_event_ms']:.3f} ms | {ratio:.1f}x | {busy} |"
+        )
     print(json.dumps({"web_sse": rows}))
 
 

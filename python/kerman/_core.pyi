@@ -154,15 +154,11 @@ class SessionLog:
         self, start: int = 0, stop: int | None = None, types: _Types = None, *, view: Literal[False] = False
     ) -> EventIterator[Event]: ...
     @overload
-    def events(
-        self, start: int = 0, stop: int | None = None, types: _Types = None, *, view: Literal[True]
-    ) -> EventIterator[EventView]:
+    def events(self, start: int = 0, stop: int | None = None, types: _Types = None, *, view: Literal[True]) -> EventIterator[EventView]:
         """The committed events with ``start <= seq < stop`` (of the given types); with
         ``view=True``, each one's typed view (``kerman.events.view``)."""
     @overload
-    def events(
-        self, start: int = 0, stop: int | None = None, types: _Types = None, *, view: bool
-    ) -> EventIterator[Event | EventView]: ...
+    def events(self, start: int = 0, stop: int | None = None, types: _Types = None, *, view: bool) -> EventIterator[Event | EventView]: ...
     def splices(self, start: int = 0) -> EventIterator[Event]: ...
     @overload
     def tail(self, start: int = 0, types: _Types = None, *, view: Literal[False] = False) -> LogTail[Event]: ...
@@ -263,9 +259,7 @@ class PostgresStore:
     def delete(self, id: str) -> None: ...
     def follow(self, id: str) -> SessionLog:
         """A read-only follower: the session's events, growing live as its owner commits."""
-    def enqueue(
-        self, id: str, message: str | UserMessage, target: _Target = "next-turn", wakeup: bool = True
-    ) -> UserMessage:
+    def enqueue(self, id: str, message: str | UserMessage, target: _Target = "next-turn", wakeup: bool = True) -> UserMessage:
         """Queues a message for the session's owner without taking its lease (web handlers)."""
     def cancel(
         self, id: str, cause: str | dict[str, Any] | None = None, *, keep_inbox: bool = False, timeout: float = 10.0
@@ -277,8 +271,9 @@ class PostgresStore:
         """Removes a queued message through the session's owner, in order with staged input; the outcome."""
     def requeue(self, id: str, turn: int, *, timeout: float = 10.0) -> dict[str, Any]:
         """Sends again what a turn claimed and never read, through the session's owner, in order with staged input; the outcome."""
-    def decide(self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None,
-               timeout: float = 10.0) -> dict[str, Any]:
+    def decide(
+        self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None, timeout: float = 10.0
+    ) -> dict[str, Any]:
         """Decides a pending request through the session's owner, in order with staged input; the outcome."""
     @property
     def owner(self) -> str:
@@ -311,17 +306,14 @@ class FileStore:
     def list(self) -> builtins.list[str]: ...
     def exists(self, id: str) -> bool: ...
     def delete(self, id: str) -> None: ...
-    def decide(self, id: str, decision_id: str, outcome: Any, *, by: str | None = None,
-               key: str | None = None) -> dict[str, Any]:
+    def decide(self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None) -> dict[str, Any]:
         """Decides a pending request of a session no process has open (opened, decided, closed); the outcome."""
     def follow(self, id: str) -> SessionLog:
         """A read-only follower: the session's events, growing live as its owner appends."""
     def verify(self, id: str) -> dict[str, Any]: ...
     def repair(self, id: str, *, dry_run: bool = False) -> dict[str, Any]:
         """Repairs a torn tail or a corrupt log, keeping every record that verifies."""
-    def _read(
-        self, id: str, allow_damaged: bool = False
-    ) -> tuple[dict[str, _JsonValue], builtins.list[Event], dict[str, Any]]: ...
+    def _read(self, id: str, allow_damaged: bool = False) -> tuple[dict[str, _JsonValue], builtins.list[Event], dict[str, Any]]: ...
 
 @final
 class Inbox:
@@ -408,9 +400,7 @@ class Ready:
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...
     def send(self, value: Any) -> Any: ...
-    def throw(
-        self, typ: BaseException | type[BaseException], val: Any = None, tb: TracebackType | None = None
-    ) -> Any: ...
+    def throw(self, typ: BaseException | type[BaseException], val: Any = None, tb: TracebackType | None = None) -> Any: ...
     def close(self) -> None: ...
 
 @final
@@ -432,9 +422,7 @@ class Driver(Coroutine[Any, Any, None]):
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...
     def send(self, value: Any) -> Any: ...
-    def throw(
-        self, typ: BaseException | type[BaseException], val: Any = None, tb: TracebackType | None = None
-    ) -> Any: ...
+    def throw(self, typ: BaseException | type[BaseException], val: Any = None, tb: TracebackType | None = None) -> Any: ...
     def close(self) -> None: ...
     @property
     def __name__(self) -> str: ...
@@ -446,7 +434,6 @@ def pending_decisions(log: SessionLog) -> list[dict[str, Any]]:
     """The requests of the session waiting for a person, oldest first (what ``loop.decisions`` lists)."""
 
 def _at_exit() -> None: ...
-
 
 __all__ = [
     "__version__",

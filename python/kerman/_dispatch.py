@@ -30,8 +30,7 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
         try:
             result = listener(event)
         except Exception as exc:
-            _log.error('agent event "%s" listener %s raised %s: %s', what, _name(listener), type(exc).__name__, exc,
-                       exc_info=exc)
+            _log.error('agent event "%s" listener %s raised %s: %s', what, _name(listener), type(exc).__name__, exc, exc_info=exc)
             continue
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
@@ -54,8 +53,9 @@ def register(listeners: List[Callable[..., Any]], fn: Callable[..., Any], prepen
     if not callable(fn):
         raise TypeError(f"a listener must be callable, got {type(fn).__name__}")
     if fn in listeners:
-        raise ValueError(f"{_name(fn)} is already registered on {where}; a listener is registered once "
-                         "(loop.remove_listener(fn) takes it off)")
+        raise ValueError(
+            f"{_name(fn)} is already registered on {where}; a listener is registered once (loop.remove_listener(fn) takes it off)"
+        )
     if prepend:
         listeners.insert(0, fn)
     else:

@@ -92,9 +92,11 @@ def _blocks(blocks: Iterable[Any]) -> str:
             parts.append(f'<div class="k-text k-dim">reasoning: {clip(str(block.get("text", "")), TEXT_LIMIT)}</div>')
         elif kind == "tool-call":
             args = block.get("arguments")
-            parts.append(f'<div class="k-tool">→ <b>{esc(block.get("name", "?"))}</b> '
-                         f'{json_text(args) if not isinstance(args, str) else f"<code>{clip(args, JSON_LIMIT)}</code>"} '
-                         f'<span class="k-dim">{esc(block.get("id", ""))}</span></div>')
+            parts.append(
+                f'<div class="k-tool">→ <b>{esc(block.get("name", "?"))}</b> '
+                f"{json_text(args) if not isinstance(args, str) else f'<code>{clip(args, JSON_LIMIT)}</code>'} "
+                f'<span class="k-dim">{esc(block.get("id", ""))}</span></div>'
+            )
         elif kind == "tool-result":
             inner = block.get("content")
             parts.append(_blocks(inner if isinstance(inner, list) else []))
@@ -124,8 +126,10 @@ def _message_div(m: Any, note: str = "") -> str:
         title += f' <span class="k-dim">({esc(source.get("kind"))}{": " + esc(source["plugin"]) if "plugin" in source else ""})</span>'
     if note:
         title += f' <span class="k-note">{esc(note)}</span>'
-    return (f'<div class="k-msg {css}{" k-error" if error else ""}" title="{esc(m.id)}">'
-            f'<div class="k-dim">{title}</div>{_blocks(m.content)}</div>')
+    return (
+        f'<div class="k-msg {css}{" k-error" if error else ""}" title="{esc(m.id)}">'
+        f'<div class="k-dim">{title}</div>{_blocks(m.content)}</div>'
+    )
 
 
 def message(m: Any) -> str:
@@ -137,8 +141,7 @@ def message(m: Any) -> str:
 
 
 def _event_rows(shown: Sequence[Any]) -> str:
-    rows = "".join(f"<tr><td>{ev.seq}</td><td><code>{esc(ev.type)}</code></td><td>{json_text(ev.data)}</td></tr>"
-                   for ev in shown)
+    rows = "".join(f"<tr><td>{ev.seq}</td><td><code>{esc(ev.type)}</code></td><td>{json_text(ev.data)}</td></tr>" for ev in shown)
     return f"<table><tr><th>seq</th><th>type</th><th>data</th></tr>{rows}</table>"
 
 
@@ -152,8 +155,7 @@ def session_log(log: Any) -> str:
     """A session log: its id, store, length, state and its last few events."""
     n = len(log)
     state = "closed" if log.closed else "open"
-    head = (f"SessionLog {_label('id', log.id)} {_label('store', log._store or '?')} "
-            f"{_label('events', n)} {_label('state', state)}")
+    head = f"SessionLog {_label('id', log.id)} {_label('store', log._store or '?')} {_label('events', n)} {_label('state', state)}"
     start = max(0, n - EVENTS_SHOWN)
     shown = list(log.events(start=start))
     note = f'<div class="k-note">the last {len(shown)} of {n:,} events</div>' if start else ""
@@ -182,8 +184,10 @@ def _pending(title: str, messages: Sequence[Any]) -> str:
     items = "".join(f"<li>{_message_div(m)}</li>" for m in shown)
     more = f'<div class="k-note">{len(messages) - len(shown):,} more not shown</div>' if len(messages) > len(shown) else ""
     empty = '<div class="k-note">empty</div>' if not messages else ""
-    return (f'<td style="min-width:20em"><div class="k-head">{esc(title)} ({len(messages)})</div>'
-            f'<ol style="margin:0;padding-left:1.5em">{items}</ol>{more}{empty}</td>')
+    return (
+        f'<td style="min-width:20em"><div class="k-head">{esc(title)} ({len(messages)})</div>'
+        f'<ol style="margin:0;padding-left:1.5em">{items}</ol>{more}{empty}</td>'
+    )
 
 
 def inbox(x: Any) -> str:
@@ -195,8 +199,10 @@ def inbox(x: Any) -> str:
         head += " " + _label("session", log.id)
     if getattr(x, "closed", False):
         head += " " + _label("state", "closed")
-    body = (f"<table><tr>{_pending('next step (steering, context)', x.next_step)}"
-            f"{_pending('next turn (queued prompts)', x.next_turn)}</tr></table>")
+    body = (
+        f"<table><tr>{_pending('next step (steering, context)', x.next_step)}"
+        f"{_pending('next turn (queued prompts)', x.next_turn)}</tr></table>"
+    )
     return _box(head, body)
 
 
@@ -254,20 +260,27 @@ def _entry_note(entry: Dict[str, Any]) -> str:
 def agent_loop(loop: Any) -> str:
     """An ``AgentLoop``: status, turn and step, pending input, tools and listeners."""
     inbox_ = loop.inbox
-    head = (f"AgentLoop {_label('session', loop.log.id)} {_label('status', loop.status)} "
-            f"{_label('turn', loop.turn)} {_label('step', loop.step)}")
+    head = (
+        f"AgentLoop {_label('session', loop.log.id)} {_label('status', loop.status)} "
+        f"{_label('turn', loop.turn)} {_label('step', loop.step)}"
+    )
     if loop.closed:
         head += " " + _label("state", "closed")
     tools = ", ".join(esc(name) for name in loop.tools) or '<span class="k-note">none</span>'
     seams = loop._listener_counts()
     listeners = ", ".join(f"{esc(name)} ×{n}" for name, n in seams.items() if n) or '<span class="k-note">none</span>'
-    rows = (f"<tr><th>pending</th><td>{len(inbox_.next_turn)} next turn, {len(inbox_.next_step)} next step</td></tr>"
-            f"<tr><th>tools</th><td>{tools}</td></tr>"
-            f"<tr><th>listeners</th><td>{listeners}</td></tr>")
+    rows = (
+        f"<tr><th>pending</th><td>{len(inbox_.next_turn)} next turn, {len(inbox_.next_step)} next step</td></tr>"
+        f"<tr><th>tools</th><td>{tools}</td></tr>"
+        f"<tr><th>listeners</th><td>{listeners}</td></tr>"
+    )
     pending = loop.decisions if loop.status == "waiting" else []
     if pending:
-        items = "".join(f"<li><code>{esc(d.name)}</code> {json_text(d.arguments)} <span class=\"k-note\">{esc(d.kind)}"
-                        f"{' — ' + esc(d.note) if d.note else ''} · {esc(d.decision_id)}</span></li>" for d in pending)
+        items = "".join(
+            f'<li><code>{esc(d.name)}</code> {json_text(d.arguments)} <span class="k-note">{esc(d.kind)}'
+            f"{' — ' + esc(d.note) if d.note else ''} · {esc(d.decision_id)}</span></li>"
+            for d in pending
+        )
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
     error = loop.last_error
     if error is not None:

@@ -71,20 +71,25 @@ def describe(exc: BaseException, fallback: Optional[str] = None, *, typed: bool 
     return record
 
 
-def report(loop: AgentLoop, turn: int, step: int, error: Dict[str, Any], exc: Optional[BaseException],
-           text: str) -> None:
+def report(loop: AgentLoop, turn: int, step: int, error: Dict[str, Any], exc: Optional[BaseException], text: str) -> None:
     """Logs ``text`` (with the traceback), keeps the ``agent/error`` event as the loop's
     ``last_error`` and emits it."""
-    live = LiveEvent("agent/error", loop, turn=turn, step=step, error=error, exception=exc,
-                     traceback=error.get("traceback") if exc is not None else None,
-                     function=error.get("function"))
+    live = LiveEvent(
+        "agent/error",
+        loop,
+        turn=turn,
+        step=step,
+        error=error,
+        exception=exc,
+        traceback=error.get("traceback") if exc is not None else None,
+        function=error.get("function"),
+    )
     loop._last_error = live
     _log.error(text, exc_info=exc)
     loop._emit_live(live)
 
 
-def turn_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any],
-                exc: Optional[BaseException]) -> None:
+def turn_failed(loop: AgentLoop, turn: int, step: int, failure: Dict[str, Any], exc: Optional[BaseException]) -> None:
     """A turn ends with ``failure`` (the dict its ``turn/end`` carries); ``step`` is the last
     step it entered."""
     where = f" (raised in {failure['function']})" if failure.get("function") else ""

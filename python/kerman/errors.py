@@ -68,8 +68,14 @@ class InsertRefusedError(InboxError):
     transform's name, ``.reason`` its reason, ``.message_id`` the refused message's id and
     ``.target`` the list it was going to."""
 
-    def __init__(self, message: str, transform: Optional[str] = None, reason: Optional[str] = None,
-                 message_id: Optional[str] = None, target: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        transform: Optional[str] = None,
+        reason: Optional[str] = None,
+        message_id: Optional[str] = None,
+        target: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.transform = transform
         self.reason = reason
@@ -105,8 +111,7 @@ class CorruptLogError(LogError):
     seq (docs/format.md, "Repairing corruption") and a ``.corrupt`` copy.
     """
 
-    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None,
-                 seq: Optional[int] = None) -> None:
+    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None, seq: Optional[int] = None) -> None:
         super().__init__(message)
         self.path = path
         self.line = line
@@ -116,8 +121,7 @@ class CorruptLogError(LogError):
 class UnsupportedFormatError(LogError):
     """A log written in a format version this build does not read."""
 
-    def __init__(self, message: str, path: Optional[str] = None, found: Optional[int] = None,
-                 supported: Optional[int] = None) -> None:
+    def __init__(self, message: str, path: Optional[str] = None, found: Optional[int] = None, supported: Optional[int] = None) -> None:
         super().__init__(message)
         self.path = path
         self.found = found
@@ -182,8 +186,14 @@ class InvalidToolArgumentsError(KermanError, ValueError):
 class ModelError(KermanError):
     """A model call failed. Models raise it; ``request_error`` listeners may retry."""
 
-    def __init__(self, message: str, code: str = "UNKNOWN", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "UNKNOWN",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -202,8 +212,14 @@ class RateLimitError(ModelError):
     """HTTP 429: too many requests (``RATE_LIMITED``) or an exhausted quota (``QUOTA_EXCEEDED``,
     which waiting does not fix). ``retry_after_ms`` is the server's ``retry-after``, if sent."""
 
-    def __init__(self, message: str, code: str = "RATE_LIMITED", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "RATE_LIMITED",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
@@ -211,24 +227,42 @@ class ServerError(ModelError):
     """The provider failed on its side: HTTP 5xx (``SERVER_ERROR``), 409 (``CONFLICT``), or an
     error event in the stream that names a server fault."""
 
-    def __init__(self, message: str, code: str = "SERVER_ERROR", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "SERVER_ERROR",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
 class OverloadedError(ServerError):
     """The provider is overloaded (HTTP 503 or 529, or an ``overloaded_error`` event): ``OVERLOADED``."""
 
-    def __init__(self, message: str, code: str = "OVERLOADED", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "OVERLOADED",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
 class ModelTimeoutError(ModelError):
     """The request timed out (the client's timeout, or HTTP 408): ``TIMEOUT``."""
 
-    def __init__(self, message: str, code: str = "TIMEOUT", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "TIMEOUT",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
@@ -236,16 +270,28 @@ class ModelConnectionError(ModelError):
     """No answer could be read: the connection failed (``CONNECTION_ERROR``), or the stream ended
     before the reply did (``STREAM_INTERRUPTED``)."""
 
-    def __init__(self, message: str, code: str = "CONNECTION_ERROR", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "CONNECTION_ERROR",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
 class ContextLengthError(ModelError):
     """The request does not fit the model's context window: ``CONTEXT_LENGTH_EXCEEDED``."""
 
-    def __init__(self, message: str, code: str = "CONTEXT_LENGTH_EXCEEDED", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "CONTEXT_LENGTH_EXCEEDED",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
@@ -253,8 +299,14 @@ class AuthenticationError(ModelError):
     """HTTP 401 (``AUTHENTICATION_FAILED``: a missing or wrong key) or 403 (``PERMISSION_DENIED``).
     The message never contains the key."""
 
-    def __init__(self, message: str, code: str = "AUTHENTICATION_FAILED", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "AUTHENTICATION_FAILED",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 
@@ -262,8 +314,14 @@ class InvalidRequestError(ModelError):
     """The provider refused the request as written: HTTP 400/422 (``BAD_REQUEST``), 404
     (``NOT_FOUND``, e.g. an unknown model). Sending it again does not help."""
 
-    def __init__(self, message: str, code: str = "BAD_REQUEST", status: Optional[int] = None,
-                 retry_after_ms: Optional[int] = None, request_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "BAD_REQUEST",
+        status: Optional[int] = None,
+        retry_after_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         super().__init__(message, code, status, retry_after_ms, request_id)
 
 

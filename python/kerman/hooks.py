@@ -151,8 +151,7 @@ class ModelReply:
 
     __slots__ = ("content", "usage", "finish")
 
-    def __init__(self, content: Union[str, List[Dict[str, Any]]], usage: Optional[Dict[str, Any]] = None,
-                 finish: str = "stop") -> None:
+    def __init__(self, content: Union[str, List[Dict[str, Any]]], usage: Optional[Dict[str, Any]] = None, finish: str = "stop") -> None:
         if finish not in ("stop", "max-tokens"):
             raise ValueError(f'finish must be "stop" or "max-tokens", got {finish!r}')
         if not isinstance(content, (str, list, tuple)):

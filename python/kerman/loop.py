@@ -133,13 +133,19 @@ class AgentLoop:
     inbox is replayed and the turn counter restored; nothing runs until a wake.
     """
 
-    def __init__(self, model: Model, log: Optional[SessionLog] = None, tools: Sequence[Tool] = (),
-                 max_parallel_tool_calls: int = 10, *, options: Optional[Dict[str, Any]] = None,
-                 instructions: Union[str, None, _FromLog] = _FROM_LOG) -> None:
+    def __init__(
+        self,
+        model: Model,
+        log: Optional[SessionLog] = None,
+        tools: Sequence[Tool] = (),
+        max_parallel_tool_calls: int = 10,
+        *,
+        options: Optional[Dict[str, Any]] = None,
+        instructions: Union[str, None, _FromLog] = _FROM_LOG,
+    ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
-        if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) \
-                or max_parallel_tool_calls < 1:
+        if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) or max_parallel_tool_calls < 1:
             raise ValueError(f"max_parallel_tool_calls must be an int >= 1, got {max_parallel_tool_calls!r}")
         self._model = model
         self._owns_log = log is None
@@ -200,8 +206,11 @@ class AgentLoop:
             on_discarded=lambda m: emit("agent/inbox/discarded", message=m),
             on_claimed=lambda m, turn: emit("agent/inbox/claimed", message=m, turn=turn),
             # Called only while someone listens: no Python call per message otherwise.
-            _gates=(self._listeners["agent/inbox/inserted"], self._listeners["agent/inbox/discarded"],
-                    self._listeners["agent/inbox/claimed"]),
+            _gates=(
+                self._listeners["agent/inbox/inserted"],
+                self._listeners["agent/inbox/discarded"],
+                self._listeners["agent/inbox/claimed"],
+            ),
             # PostgresStore.enqueue from another process: a waking message starts a turn.
             _on_remote=remote_input,
             # PostgresStore.cancel from another process, in order with the staged input.
@@ -213,12 +222,27 @@ class AgentLoop:
         )
         # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
         # its rules are native; registration mutates the lists and dict handed over here.
-        self._core = LoopCore(self._log, self._inbox, model, self._tools, self._pre_step, self._before_request,
-                              self._request_error, self._turn_stopping, self._options, max_parallel_tool_calls,
-                              describe=_report.describe, report_turn=_report.turn_failed,
-                              report_tool=_report.tool_failed, finished=_driver_finished, abort=_abort_signal,
-                              serial=_dispatch.serial, run_tools=_executor.run, before_tool=self._before_tool,
-                              default_gate=_default_gate)
+        self._core = LoopCore(
+            self._log,
+            self._inbox,
+            model,
+            self._tools,
+            self._pre_step,
+            self._before_request,
+            self._request_error,
+            self._turn_stopping,
+            self._options,
+            max_parallel_tool_calls,
+            describe=_report.describe,
+            report_turn=_report.turn_failed,
+            report_tool=_report.tool_failed,
+            finished=_driver_finished,
+            abort=_abort_signal,
+            serial=_dispatch.serial,
+            run_tools=_executor.run,
+            before_tool=self._before_tool,
+            default_gate=_default_gate,
+        )
         self._regate()
         # Without instructions=, a resumed session goes on with the ones it last recorded.
         if instructions is not _FROM_LOG:
@@ -248,8 +272,10 @@ class AgentLoop:
         if earlier is None or earlier._inbox.closed:
             return
         if earlier._status == "running":
-            raise LoopError(f"session {log.id!r} already has an AgentLoop running turn {earlier.turn} in this process "
-                            f"({earlier!r}); stop it with its cancel() (or await its aclose()) before creating another")
+            raise LoopError(
+                f"session {log.id!r} already has an AgentLoop running turn {earlier.turn} in this process "
+                f"({earlier!r}); stop it with its cancel() (or await its aclose()) before creating another"
+            )
         earlier._inbox.close()
         earlier._disarm_expiry()  # the waiting turn, if any, is this loop's now
         earlier._successor = weakref.ref(self)
@@ -339,23 +365,28 @@ class AgentLoop:
         tools = ", ".join(repr(name) for name in self._tools)
         listeners = sum(self._listener_counts().values())
         closed = " closed" if self._inbox.closed else ""
-        return (f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)} step={self._core.step} "
-                f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{closed}>")
+        return (
+            f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)} step={self._core.step} "
+            f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{closed}>"
+        )
 
     def _repr_html_(self) -> str:
         return _html.agent_loop(self)
 
     def _listener_counts(self) -> Dict[str, int]:
         """How many listeners each seam and live event has (for the reprs)."""
-        counts = {"pre_step": len(self._pre_step), "before_request": len(self._before_request),
-                  "request_error": len(self._request_error), "turn_stopping": len(self._turn_stopping)}
+        counts = {
+            "pre_step": len(self._pre_step),
+            "before_request": len(self._before_request),
+            "request_error": len(self._request_error),
+            "turn_stopping": len(self._turn_stopping),
+        }
         counts.update((name, len(fns)) for name, fns in self._listeners.items())
         return counts
 
     # ---- registration -----------------------------------------------------------------------
 
-    def _decorator(self, listeners: List[Callable[..., Any]], fn: Optional[Callable[..., Any]], prepend: bool,
-                   where: str) -> Any:
+    def _decorator(self, listeners: List[Callable[..., Any]], fn: Optional[Callable[..., Any]], prepend: bool, where: str) -> Any:
         if fn is None:
             return lambda f: self._decorator(listeners, f, prepend, where)
         _dispatch.register(listeners, fn, prepend, where)
@@ -419,8 +450,14 @@ class AgentLoop:
     def remove_listener(self, fn: Callable[..., Any]) -> bool:
         """Removes ``fn`` from every seam it is registered on; False if it was nowhere."""
         found = False
-        for listeners in [*self._listeners.values(), self._pre_step, self._before_request,
-                          self._request_error, self._turn_stopping, self._before_tool]:
+        for listeners in [
+            *self._listeners.values(),
+            self._pre_step,
+            self._before_request,
+            self._request_error,
+            self._turn_stopping,
+            self._before_tool,
+        ]:
             while fn in listeners:
                 listeners.remove(fn)
                 found = True
@@ -512,9 +549,16 @@ class AgentLoop:
         else:
             self._resume_held()
 
-    def tool(self, fn: Any = None, *, name: Optional[str] = None, description: Optional[str] = None,
-             parameters: Optional[Dict[str, Any]] = None, parallel: bool = True,
-             needs_approval: Union[bool, Callable[[Any], bool]] = False) -> Any:
+    def tool(
+        self,
+        fn: Any = None,
+        *,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+        parameters: Optional[Dict[str, Any]] = None,
+        parallel: bool = True,
+        needs_approval: Union[bool, Callable[[Any], bool]] = False,
+    ) -> Any:
         """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
         ``loop.tool(Tool(...))``. Returns what it was given. A typed function
         (``async def search(query: str, limit: int = 10, *, ctx)``) gets its schema from its
@@ -524,8 +568,9 @@ class AgentLoop:
             self._add_tool(fn)
             return fn
         if fn is None:
-            return lambda f: self.tool(f, name=name, description=description, parameters=parameters, parallel=parallel,
-                                       needs_approval=needs_approval)
+            return lambda f: self.tool(
+                f, name=name, description=description, parameters=parameters, parallel=parallel, needs_approval=needs_approval
+            )
         tool = Tool(name or fn.__name__, fn, description, parameters, parallel, needs_approval=needs_approval)
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
             # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
@@ -620,8 +665,10 @@ class AgentLoop:
             stored = self._inbox.append(NEXT_TURN if after_abort else target, message)
         except InboxError as e:
             if self._successor is not None:
-                raise LoopError(f"this AgentLoop over session {self._log.id!r} was replaced by a newer one "
-                                f"({self._successor()!r}); send input to that one") from e
+                raise LoopError(
+                    f"this AgentLoop over session {self._log.id!r} was replaced by a newer one "
+                    f"({self._successor()!r}); send input to that one"
+                ) from e
             raise
         if wakeup:
             if not on_thread:
@@ -658,8 +705,9 @@ class AgentLoop:
     def _check_fenced(self) -> None:
         fenced = self._core.fenced
         if fenced is not None:
-            raise LeaseLostError(f"this AgentLoop was fenced out of session {self._log.id!r} by a newer "
-                                 f"owner; reopen the session to continue ({fenced})")
+            raise LeaseLostError(
+                f"this AgentLoop was fenced out of session {self._log.id!r} by a newer owner; reopen the session to continue ({fenced})"
+            )
 
     def _remote_input(self, wake: bool) -> None:
         """Input another process enqueued was inserted (on the store's thread): wake as
@@ -687,8 +735,14 @@ class AgentLoop:
         turn = self.turn
         if running:
             self._call_on_loop(self._abort_remote, reason, turn)
-        return {"applied": True, "op": "cancel", "cancelled": running, "turn": turn if running else None,
-                "keep_inbox": keep_inbox, "discarded": discarded}
+        return {
+            "applied": True,
+            "op": "cancel",
+            "cancelled": running,
+            "turn": turn if running else None,
+            "keep_inbox": keep_inbox,
+            "discarded": discarded,
+        }
 
     def _remote_requeue(self, turn: int) -> Dict[str, Any]:
         """Another process asked to send again what turn ``turn`` claimed and never read
@@ -850,9 +904,13 @@ class AgentLoop:
                     await _finished(task)
                 except asyncio.CancelledError:
                     if self._status == "running":
-                        warnings.warn(f"waiting for session {self._log.id!r} was cancelled, but its turn {self.turn} is "
-                                      f"still running in the background: loop.cancel() stops it, "
-                                      f"await loop.when_idle() waits for it again", TurnStillRunningWarning, stacklevel=2)
+                        warnings.warn(
+                            f"waiting for session {self._log.id!r} was cancelled, but its turn {self.turn} is "
+                            f"still running in the background: loop.cancel() stops it, "
+                            f"await loop.when_idle() waits for it again",
+                            TurnStillRunningWarning,
+                            stacklevel=2,
+                        )
                     raise
             if self._task is task:
                 break

@@ -42,8 +42,14 @@ def _ending(event: _core.Event) -> str:
 
 
 def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
-            float("inf"), float("-inf")) or value < 0 or (value == 0 and not zero):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value != value
+        or value in (float("inf"), float("-inf"))
+        or value < 0
+        or (value == 0 and not zero)
+    ):
         bound = ">= 0" if zero else "> 0"
         raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)
@@ -52,8 +58,7 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving",
-                 "building", "expired")
+    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving", "building", "expired")
 
     def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
@@ -102,14 +107,24 @@ class Worker:
     never for turns a plugin blocked or someone else cancelled.
     """
 
-    def __init__(self, store: Any, factory: Factory, *, max_sessions: int = 1000, idle_timeout: float = 30.0,
-                 lease_ttl: Optional[float] = None, grace: float = 30.0, max_failures: int = 3,
-                 sweep_interval: float = 1.0, name: Optional[str] = None, take_batch: int = 64) -> None:
+    def __init__(
+        self,
+        store: Any,
+        factory: Factory,
+        *,
+        max_sessions: int = 1000,
+        idle_timeout: float = 30.0,
+        lease_ttl: Optional[float] = None,
+        grace: float = 30.0,
+        max_failures: int = 3,
+        sweep_interval: float = 1.0,
+        name: Optional[str] = None,
+        take_batch: int = 64,
+    ) -> None:
         store_cls = _core.PostgresStore
         if not callable(factory):
             raise TypeError(f"factory must be callable (factory(log) -> AgentLoop), got {type(factory).__name__}")
-        for label, value in (("max_sessions", max_sessions), ("max_failures", max_failures),
-                             ("take_batch", take_batch)):
+        for label, value in (("max_sessions", max_sessions), ("max_failures", max_failures), ("take_batch", take_batch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an int >= 1, got {value!r}")
         self._idle_timeout = _seconds("idle_timeout", idle_timeout, zero=True)
@@ -120,8 +135,10 @@ class Worker:
         elif not isinstance(store, store_cls):
             raise TypeError(f"store must be a kerman.PostgresStore or a DSN, got {type(store).__name__}")
         elif lease_ttl is not None and _seconds("lease_ttl", lease_ttl) != store.lease_ttl:
-            raise ValueError(f"lease_ttl={lease_ttl!r} differs from the store's lease_ttl={store.lease_ttl!r}: "
-                             "the store renews the leases (PostgresStore(dsn, lease_ttl=...))")
+            raise ValueError(
+                f"lease_ttl={lease_ttl!r} differs from the store's lease_ttl={store.lease_ttl!r}: "
+                "the store renews the leases (PostgresStore(dsn, lease_ttl=...))"
+            )
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         self._store = store
@@ -166,8 +183,10 @@ class Worker:
 
     def __repr__(self) -> str:
         state = "stopping" if self._stopping else ("running" if self._event_loop is not None else "idle")
-        return (f"<Worker {self._name!r} {state} sessions={len(self._sessions)}/{self._max_sessions} "
-                f"idle_timeout={self._idle_timeout} lease_ttl={self.lease_ttl} grace={self._grace}>")
+        return (
+            f"<Worker {self._name!r} {state} sessions={len(self._sessions)}/{self._max_sessions} "
+            f"idle_timeout={self._idle_timeout} lease_ttl={self.lease_ttl} grace={self._grace}>"
+        )
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -218,8 +237,7 @@ class Worker:
         if self._stopping:
             return
         assert self._event_loop is not None and self._wanted is not None
-        logger.info("worker %s stopping: %d session(s) to release within %.1f s", self._name,
-                    len(self._sessions), self._grace)
+        logger.info("worker %s stopping: %d session(s) to release within %.1f s", self._name, len(self._sessions), self._grace)
         self._stopping = True
         self._deadline = self._event_loop.time() + self._grace
         self._wanted.set()
@@ -344,8 +362,11 @@ class Worker:
                             raise
                         # The drain's grace period ran out while an async factory still ran
                         # (see _drain): the session goes back, its lease released.
-                        logger.warning("worker %s: the factory of session %r did not finish within the grace "
-                                       "period; releasing the session", self._name, log.id)
+                        logger.warning(
+                            "worker %s: the factory of session %r did not finish within the grace period; releasing the session",
+                            self._name,
+                            log.id,
+                        )
                         await self._release(session)
                         return
                     finally:
@@ -400,8 +421,7 @@ class Worker:
             if agent.status == "idle" and agent.inbox.has_pending and not self._stopping and not session.fenced:
                 if not agent.wake() and agent.status == "idle":
                     # The log refused turn/start (reported as agent/error): let another try.
-                    logger.warning("worker %s: session %r has input but no turn starts; releasing it",
-                                   self._name, session.log.id)
+                    logger.warning("worker %s: session %r has input but no turn starts; releasing it", self._name, session.log.id)
                     break
             if agent.status == "running":
                 await self._until_idle(session)
@@ -418,8 +438,7 @@ class Worker:
             if agent.inbox.has_pending:
                 continue
             # Idle: keep the session for more input, until the idle timeout.
-            if not await self._wait(session, self._idle_timeout) and agent.status == "idle" \
-                    and not agent.inbox.has_pending:
+            if not await self._wait(session, self._idle_timeout) and agent.status == "idle" and not agent.inbox.has_pending:
                 break
         await self._release(session)
 
@@ -492,8 +511,13 @@ class Worker:
         except LoopError:
             return  # nothing claimed and unentered, or requeued already
         self.stats["requeued"] += len(requeued)
-        logger.info("worker %s: session %r: requeued %d message(s) turn %d claimed but never entered",
-                    self._name, session.log.id, len(requeued), turn)
+        logger.info(
+            "worker %s: session %r: requeued %d message(s) turn %d claimed but never entered",
+            self._name,
+            session.log.id,
+            len(requeued),
+            turn,
+        )
 
     # ---- letting go -------------------------------------------------------------------------
 
@@ -519,8 +543,9 @@ class Worker:
         try:
             await session.log.aclose()
         except Exception:
-            logger.exception("worker %s: releasing session %r failed (its lease lapses after %.1f s)",
-                             self._name, session.log.id, self.lease_ttl)
+            logger.exception(
+                "worker %s: releasing session %r failed (its lease lapses after %.1f s)", self._name, session.log.id, self.lease_ttl
+            )
             return
         self.stats["released"] += 1
         if pending:

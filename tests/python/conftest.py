@@ -76,14 +76,14 @@ def frame(json_text: Union[str, bytes]) -> bytes:
     return b"%08x " % crc32c(body) + body + b"\n"
 
 
-def header_record(session_id: str, version: int = 1, created_at: int = 1_767_225_600_000,
-                  **extra: Any) -> dict:
+def header_record(session_id: str, version: int = 1, created_at: int = 1_767_225_600_000, **extra: Any) -> dict:
     """A header record dict with ``type`` first."""
     return {"type": "session", "version": version, "id": session_id, "createdAt": created_at, **extra}
 
 
-def event_record(seq: int, type: str, data: Any, time: int = 1_767_225_600_000,
-                 surface_op: Any = None, source_event_seqs: Optional[list] = None) -> dict:
+def event_record(
+    seq: int, type: str, data: Any, time: int = 1_767_225_600_000, surface_op: Any = None, source_event_seqs: Optional[list] = None
+) -> dict:
     """An event record dict in the wire key order (surface fields only when given)."""
     rec: dict = {"type": type, "seq": seq, "time": time, "data": data}
     if source_event_seqs is not None:
@@ -104,8 +104,7 @@ def _record_bytes(record: RawRecord) -> bytes:
     return frame(compact(record))
 
 
-def write_raw_session(path: Union[str, os.PathLike], header: RawRecord,
-                      records: Iterable[RawRecord] = ()) -> bytes:
+def write_raw_session(path: Union[str, os.PathLike], header: RawRecord, records: Iterable[RawRecord] = ()) -> bytes:
     """Writes a session file: the header record then each record, framed. Returns the bytes.
 
     Dicts are written as compact JSON with a valid checksum, ``str`` as given JSON text with a
@@ -249,8 +248,12 @@ _BASELINE_PATH = Path(__file__).resolve().parents[2] / "benches" / "python" / "b
 
 
 def pytest_addoption(parser: Any) -> None:
-    parser.addoption("--impl", choices=("kerman", "baseline", "both"), default="both",
-                     help="implementation(s) the api-fixture (parity) tests run against")
+    parser.addoption(
+        "--impl",
+        choices=("kerman", "baseline", "both"),
+        default="both",
+        help="implementation(s) the api-fixture (parity) tests run against",
+    )
 
 
 def pytest_configure(config: Any) -> None:

@@ -105,14 +105,22 @@ class Filters:
 
 
 async def typed_tools() -> list[str]:
-    calls = [{"type": "tool-call", "id": "c1", "name": "search", "arguments": '{"query": "q", "filters": {"tags": ["a"]}}'},
-             {"type": "tool-call", "id": "c2", "name": "search", "arguments": '{"query": 1}'},
-             {"type": "tool-call", "id": "c3", "name": "legacy", "arguments": '{"any": "thing"}'}]
+    calls = [
+        {"type": "tool-call", "id": "c1", "name": "search", "arguments": '{"query": "q", "filters": {"tags": ["a"]}}'},
+        {"type": "tool-call", "id": "c2", "name": "search", "arguments": '{"query": 1}'},
+        {"type": "tool-call", "id": "c3", "name": "legacy", "arguments": '{"any": "thing"}'},
+    ]
     loop = kerman.AgentLoop(ScriptedModel([kerman.ModelReply(calls), "done"]))
 
     @loop.tool
-    async def search(query: Annotated[str, "What to look for."], limit: int = 10, filters: Filters | None = None,
-                     mode: Literal["fast", "exact"] = "fast", *, ctx: kerman.ToolContext) -> str:
+    async def search(
+        query: Annotated[str, "What to look for."],
+        limit: int = 10,
+        filters: Filters | None = None,
+        mode: Literal["fast", "exact"] = "fast",
+        *,
+        ctx: kerman.ToolContext,
+    ) -> str:
         """Searches the index."""
         return f"{query} {limit} {filters} {mode} {ctx.call_id}"
 
@@ -127,8 +135,9 @@ async def typed_tools() -> list[str]:
         loop.followup("go")
         await loop.when_idle()
     texts = [e.data["message"]["content"][0]["content"][0]["text"] for e in loop.log.events(types="tool/result")]
-    assert texts == ["q 10 Filters(tags=['a'], year=None) fast c1", "invalid tool arguments: query: expected a string, got 1",
-                     "['any']"], texts
+    assert texts == ["q 10 Filters(tags=['a'], year=None) fast c1", "invalid tool arguments: query: expected a string, got 1", "['any']"], (
+        texts
+    )
     return texts[:1]
 
 

@@ -22,8 +22,9 @@ def test_a_large_transfer_asks_with_a_note() -> None:
 
 def test_deletes_are_denied_and_refunds_clamped() -> None:
     assert testing.gate_verdict(approvals.payments_gate, "delete_account", {}) == kerman.Deny("deleting needs a ticket, not a chat")
-    assert testing.gate_verdict(approvals.payments_gate, "refund", '{"amount": 800, "to": "ann"}') == \
-        kerman.Edit({"amount": 500, "to": "ann"})
+    assert testing.gate_verdict(approvals.payments_gate, "refund", '{"amount": 800, "to": "ann"}') == kerman.Edit(
+        {"amount": 500, "to": "ann"}
+    )
 
 
 def test_small_calls_go_on_down_the_waterfall() -> None:
@@ -40,8 +41,7 @@ async def transfer(amount: int) -> str:
 
 def test_a_turn_waits_for_the_person_and_runs_what_they_decided() -> None:
     async def main() -> None:
-        loop = testing.scripted_loop([calls(("c1", "transfer", '{"amount": 900}')), "Done."],
-                                     plugins=[approvals.install])
+        loop = testing.scripted_loop([calls(("c1", "transfer", '{"amount": 900}')), "Done."], plugins=[approvals.install])
         loop.tool(transfer)
         result = await testing.run_turn(loop, "pay the invoice")
         [request] = result.assert_waiting("transfer")
@@ -59,8 +59,7 @@ def test_a_turn_waits_for_the_person_and_runs_what_they_decided() -> None:
 
 def test_a_denied_transfer_never_runs() -> None:
     async def main() -> None:
-        loop = testing.scripted_loop([calls(("c1", "transfer", '{"amount": 900}')), "Understood."],
-                                     plugins=[approvals.install])
+        loop = testing.scripted_loop([calls(("c1", "transfer", '{"amount": 900}')), "Understood."], plugins=[approvals.install])
         loop.tool(transfer)
         result = await testing.run_turn(loop, "pay the invoice")
         after = await result.decide(kerman.Deny("not this month"))

@@ -105,8 +105,12 @@ class Asker:
         if request.schema is not None:
             chat.line(f"    answer schema: {json.dumps(request.schema)}")
         if request.kind == "answer":
-            chat.line("  type the answer" + ("" if (request.schema or {}).get("type") == "string" else " (JSON)")
-                      + " · /deny [REASON] · /cancel stops the turn", dim=True)
+            chat.line(
+                "  type the answer"
+                + ("" if (request.schema or {}).get("type") == "string" else " (JSON)")
+                + " · /deny [REASON] · /cancel stops the turn",
+                dim=True,
+            )
         else:
             chat.line("  y approve · n [REASON] deny · e [JSON] edit the arguments · /cancel stops the turn", dim=True)
 

@@ -210,8 +210,10 @@ class Chat:
             if turn is None or item["turn"] == turn:
                 kind = str((item["ending"] or {}).get("kind"))
                 what = {"aborted": "cancelled", "blocked": "rejected"}.get(kind, f"turn {_one_line(kind, 20)}")
-                self.line(f"  {what} before it was read: {_one_line(item['message'].text or '', 80)}"
-                          f" — /resend {item['turn']} sends it again", dim=True)
+                self.line(
+                    f"  {what} before it was read: {_one_line(item['message'].text or '', 80)} — /resend {item['turn']} sends it again",
+                    dim=True,
+                )
 
     def resend(self, wanted: str) -> None:
         turns = sorted({item["turn"] for item in self.unread()})
@@ -220,8 +222,7 @@ class Chat:
             return
         turn = int(wanted) if wanted else (turns[-1] if turns else None)
         if turn is None or turn not in turns:
-            self.line("  nothing to resend: no turn left input unread"
-                      if turn is None else f"  turn {turn} left nothing unread", dim=True)
+            self.line("  nothing to resend: no turn left input unread" if turn is None else f"  turn {turn} left nothing unread", dim=True)
             return
         requeued = self.loop.requeue_claimed(turn)
         self.line(f"  sent again: {', '.join(_one_line(m.text or '', 40) for m in requeued)}", dim=True)
@@ -338,8 +339,7 @@ class Chat:
             return
         inbox = self.loop.inbox
         # The id as typed, or as shown (escaped: an id holding control characters).
-        matches = [m for m in inbox.next_turn + inbox.next_step
-                   if m.id == wanted or m.id.endswith(wanted) or _clean(m.id).endswith(wanted)]
+        matches = [m for m in inbox.next_turn + inbox.next_step if m.id == wanted or m.id.endswith(wanted) or _clean(m.id).endswith(wanted)]
         if not matches:
             self.line(f"  no queued message #{_one_line(wanted, 40)} (it may have been delivered already); /queue lists them")
         elif len(matches) > 1:

@@ -163,8 +163,11 @@ def _postgres(dsn: str) -> Any:
 
 def _store(path: str) -> FileStore:
     if _is_dsn(path):
-        raise _Exit(2, f"kerman: {_shown(path)} is a PostgreSQL store; verify and repair work on FileStore "
-                       "folders (PostgreSQL checks every append in its own transaction)")
+        raise _Exit(
+            2,
+            f"kerman: {_shown(path)} is a PostgreSQL store; verify and repair work on FileStore "
+            "folders (PostgreSQL checks every append in its own transaction)",
+        )
     # FileStore creates a missing root; an inspection command must not.
     if not os.path.isdir(path):
         raise _Exit(2, f"kerman: no session store at {path}")
@@ -206,9 +209,11 @@ def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
         where = f"{error.path}, line {error.line} (seq {error.seq})"
         if getattr(args, "log_command", None) == "repair":
             return f"{text}\nkerman: cannot repair {where}"
-        text += (f"\nkerman: bad record in {where}; nothing was modified. To read the records that verify, "
-                 f"add --allow-damaged to show, tail or inbox; to repair the file (keeping every record that "
-                 f"verifies, and a full .corrupt copy), run: {_repair_hint(args)}")
+        text += (
+            f"\nkerman: bad record in {where}; nothing was modified. To read the records that verify, "
+            f"add --allow-damaged to show, tail or inbox; to repair the file (keeping every record that "
+            f"verifies, and a full .corrupt copy), run: {_repair_hint(args)}"
+        )
     return text
 
 

@@ -73,8 +73,10 @@ def _plan_lines(report: dict[str, Any]) -> list[str]:
 
 def _note_skipped(args: argparse.Namespace, report: dict[str, Any], shown: int) -> None:
     """With --allow-damaged: names on stderr what the output leaves out (stdout stays clean)."""
-    _err(f"kerman: {args.id}: the file is damaged; showing the {_count(shown, 'record')} that verify "
-         "(a lost seq is a gap); nothing was modified. Skipped:")
+    _err(
+        f"kerman: {args.id}: the file is damaged; showing the {_count(shown, 'record')} that verify "
+        "(a lost seq is a gap); nothing was modified. Skipped:"
+    )
     for line in _plan_lines(report):
         _err(f"kerman:   {line}")
     _err(f"kerman: to repair it, run: {_repair_hint(args)}")
@@ -96,14 +98,15 @@ def _local_time(ms: Any) -> str:
         return "?"
 
 
-def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Event], total: int,
-                  info: dict[str, Any]) -> None:
+def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Event], total: int, info: dict[str, Any]) -> None:
     if args.json:
         for event in events:
             _out(event.to_json())
     else:
-        line = (f'session "{_shown_id(header.get("id", args.id))}"  created {_local_time(header.get("createdAt"))}  '
-                f'format {header.get("version")}  {_count(total, "event")}')
+        line = (
+            f'session "{_shown_id(header.get("id", args.id))}"  created {_local_time(header.get("createdAt"))}  '
+            f"format {header.get('version')}  {_count(total, 'event')}"
+        )
         if len(events) != total:
             line += f" (showing {len(events)})"
         _out(line)
@@ -115,8 +118,7 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
                 _out(f"{'':7}| {line}")
     torn = info.get("torn_tail_bytes") or 0
     if torn:
-        _err(f"kerman: note: {torn} bytes of torn tail at the end of the file are not shown "
-             "(they will be truncated on next open)")
+        _err(f"kerman: note: {torn} bytes of torn tail at the end of the file are not shown (they will be truncated on next open)")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -161,8 +163,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
         size = human_size(r["size_bytes"]) if r["size_bytes"] is not None else ("—" if _is_dsn(args.store) else "?")
         status = "" if r["status"] == "ok" else f"  ({r['status']})"
         if "state" in r:  # a PostgreSQL store: who owns it
-            status = f"  {r['state']}" + (f" by {r['owner']}" if r["owner"] else "") + \
-                     (f", {r['staged']} staged" if r["staged"] else "") + status
+            status = (
+                f"  {r['state']}"
+                + (f" by {r['owner']}" if r["owner"] else "")
+                + (f", {r['staged']} staged" if r["staged"] else "")
+                + status
+            )
         _out(f"{_shown_id(r['id']):<{width}}  {events:>12}  {size:>8}{status}")
     return 0
 
@@ -205,13 +211,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_tail(args: argparse.Namespace) -> int:
     if args.follow:
         if args.allow_damaged:
-            raise _Exit(2, "kerman: --follow and --allow-damaged cannot be combined: a damaged file is not "
-                           f"followed; read it with --allow-damaged, or repair it first: {_repair_hint(args)}")
+            raise _Exit(
+                2,
+                "kerman: --follow and --allow-damaged cannot be combined: a damaged file is not "
+                f"followed; read it with --allow-damaged, or repair it first: {_repair_hint(args)}",
+            )
         return _follow_tail(args)
     header, events, info = _read(args)
     keep = _type_filter(args.types)
     selected = [e for e in events if keep(e.type)]
-    selected = selected[len(selected) - args.n:] if args.n else []
+    selected = selected[len(selected) - args.n :] if args.n else []
     _print_events(args, header, selected, len(events), info)
     return 0
 
@@ -227,7 +236,7 @@ def _follow_tail(args: argparse.Namespace) -> int:
     try:
         events = list(log.events())
         selected = [e for e in events if keep(e.type)]
-        selected = selected[len(selected) - args.n:] if args.n else []
+        selected = selected[len(selected) - args.n :] if args.n else []
         _print_events(args, log.header, selected, len(events), {})
         sys.stdout.flush()
         t0 = selected[0].time if selected and args.relative else None
@@ -259,12 +268,14 @@ def _cmd_inbox(args: argparse.Namespace) -> int:
     except ProjectionError as error:
         if not info.get("skipped"):
             raise
-        raise _Exit(1, f"kerman: {error}\nkerman: the inbox cannot be rebuilt without the records that are lost; "
-                       f"the ones that verify are shown by: kerman log show {shlex.quote(args.store)} "
-                       f"{shlex.quote(args.id)} --allow-damaged") from None
+        raise _Exit(
+            1,
+            f"kerman: {error}\nkerman: the inbox cannot be rebuilt without the records that are lost; "
+            f"the ones that verify are shown by: kerman log show {shlex.quote(args.store)} "
+            f"{shlex.quote(args.id)} --allow-damaged",
+        ) from None
     if args.json:
-        _out(json.dumps([{"placement": p, "message": m.to_dict()} for p, m in items],
-                        ensure_ascii=False, separators=(",", ":")))
+        _out(json.dumps([{"placement": p, "message": m.to_dict()} for p, m in items], ensure_ascii=False, separators=(",", ":")))
         return 0
     if not items:
         _out("inbox empty")
@@ -275,8 +286,7 @@ def _cmd_inbox(args: argparse.Namespace) -> int:
             continue
         _out(f"{placement} ({len(group)})")
         for message in group:
-            _out(f"  {quote(message.id, None)[1:-1]}  {quote(message_text(message), None)}"
-                 f"{source_tag(message.source)}")
+            _out(f"  {quote(message.id, None)[1:-1]}  {quote(message_text(message), None)}{source_tag(message.source)}")
     return 0
 
 
@@ -293,14 +303,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         info = _session_call(store.verify, args.id)
     except CorruptLogError as error:
         if args.json:
-            _out(json.dumps({"ok": False, "error": "corrupt", "path": error.path, "line": error.line,
-                             "seq": error.seq, "message": str(error)}, ensure_ascii=False, separators=(",", ":")))
+            _out(
+                json.dumps(
+                    {"ok": False, "error": "corrupt", "path": error.path, "line": error.line, "seq": error.seq, "message": str(error)},
+                    ensure_ascii=False,
+                    separators=(",", ":"),
+                )
+            )
         raise
     except UnsupportedFormatError as error:
         if args.json:
-            _out(json.dumps({"ok": False, "error": "unsupported-format", "path": error.path,
-                             "found": error.found, "supported": error.supported, "message": str(error)},
-                            ensure_ascii=False, separators=(",", ":")))
+            _out(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "error": "unsupported-format",
+                        "path": error.path,
+                        "found": error.found,
+                        "supported": error.supported,
+                        "message": str(error),
+                    },
+                    ensure_ascii=False,
+                    separators=(",", ":"),
+                )
+            )
         raise
     if args.json:
         _out(json.dumps({"ok": True, **info}, ensure_ascii=False, separators=(",", ":")))
@@ -312,8 +338,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _confirm(question: str, args: argparse.Namespace) -> bool:
     stdin = sys.stdin
     if stdin is None or not stdin.isatty():
-        raise _Exit(1, "kerman: not repairing: confirmation needs a terminal and stdin is not one; "
-                       f"to repair anyway, run: {_repair_hint(args)} --yes")
+        raise _Exit(
+            1,
+            f"kerman: not repairing: confirmation needs a terminal and stdin is not one; to repair anyway, run: {_repair_hint(args)} --yes",
+        )
     sys.stdout.write(f"{question} [y/N] ")
     sys.stdout.flush()
     answer = stdin.readline()
@@ -331,20 +359,23 @@ def _cmd_repair(args: argparse.Namespace) -> int:
             if error.line is not None and error.line <= 1:
                 raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that") from None
             plan = _session_call(lambda sid: store.repair(sid, dry_run=True), args.id)
-            _out(f"repair would keep the {_count(plan['kept_events'], 'record')} that verify, each at its seq, "
-                 "and set aside:")
+            _out(f"repair would keep the {_count(plan['kept_events'], 'record')} that verify, each at its seq, and set aside:")
             for line in _plan_lines(plan):
                 _out(f"  {line}")
-            _out("after copying the whole file to a .corrupt backup next to it (the lines set aside also go, "
-                 "verbatim, to a .damaged file); each lost seq gets a log/damaged placeholder and a "
-                 "log/repaired record naming all of this is appended")
+            _out(
+                "after copying the whole file to a .corrupt backup next to it (the lines set aside also go, "
+                "verbatim, to a .damaged file); each lost seq gets a log/damaged placeholder and a "
+                "log/repaired record naming all of this is appended"
+            )
         else:
             torn = info.get("torn_tail_bytes") or 0
             if not torn:
                 _out(f"nothing to repair: {_verify_line(info)}")
                 return 0
-            _out(f"{info['path']} ends in a torn tail of {torn} bytes; repair would truncate it, "
-                 f"keeping {_count(info['events'], 'event')} (opening the session would do the same)")
+            _out(
+                f"{info['path']} ends in a torn tail of {torn} bytes; repair would truncate it, "
+                f"keeping {_count(info['events'], 'event')} (opening the session would do the same)"
+            )
         if not _confirm("repair?", args):
             raise _Exit(1, "kerman: not repaired; nothing was changed")
     _progress(args, "repairing")
@@ -360,8 +391,7 @@ def _cmd_repair(args: argparse.Namespace) -> int:
         _out(f"repaired: kept {kept}, removed {human_size(removed)}{exact}")
         _out("backup: none (only a torn tail was removed)")
         return 0
-    _out(f"repaired: kept {kept} that verify, removed {human_size(removed)}{exact}; "
-         f"the log now holds {_count(result['events'], 'event')}:")
+    _out(f"repaired: kept {kept} that verify, removed {human_size(removed)}{exact}; the log now holds {_count(result['events'], 'event')}:")
     for line in _plan_lines(result):
         _out(f"  {line}")
     _out(f"backup: {backup}")

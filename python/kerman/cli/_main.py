@@ -60,39 +60,77 @@ def _seconds(text: str) -> float:
 
 
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = commands.add_parser("serve", help="serve sessions over HTTP: SSE streams (AG-UI, Vercel AI SDK, kerman) "
-                                              "and a web chat (needs kerman[web])",
-                                description="Serve a store's sessions over HTTP (docs/web.md).")
+    serve = commands.add_parser(
+        "serve",
+        help="serve sessions over HTTP: SSE streams (AG-UI, Vercel AI SDK, kerman) and a web chat (needs kerman[web])",
+        description="Serve a store's sessions over HTTP (docs/web.md).",
+    )
     serve.add_argument("store", help=STORE_HELP)
-    serve.add_argument("--model", metavar="MODULE:FACTORY",
-                       help="what builds each session's model or AgentLoop (needed for a FileStore), "
-                            "e.g. kerman.models:EchoModel")
+    serve.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="what builds each session's model or AgentLoop (needed for a FileStore), e.g. kerman.models:EchoModel",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_natural, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--token", default=None, help="bearer token every request must carry (default: $KERMAN_TOKEN)")
-    serve.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                       help="allow browser calls from this origin (repeatable; none by default)")
-    serve.add_argument("--max-body", type=_natural, default=64 * 1024, metavar="BYTES",
-                       help="largest request body (default 65536)")
-    serve.add_argument("--heartbeat", type=float, default=15.0, metavar="SECONDS",
-                       help="seconds between heartbeats on an idle stream (default 15)")
-    serve.add_argument("--allow-host", action="append", metavar="NAME",
-                       help="a host name this server answers to besides IP addresses and localhost (repeatable; "
-                            "requests naming another host are refused)")
-    serve.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
-                       help="close a connection whose request headers are not all in by then (default 10)")
-    serve.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="SECONDS",
-                       help="answer 408 to a request whose body is not all in by then (default 30)")
-    serve.add_argument("--max-connections", type=positive, default=None, metavar="N",
-                       help="open connections at most; more are refused (default 1000, fewer when descriptors are scarce)")
-    serve.add_argument("--max-streams", type=positive, default=128, metavar="N",
-                       help="event streams one client address may hold open (default 128)")
-    serve.add_argument("--idle-session", type=_seconds, default=300.0, metavar="SECONDS",
-                       help="close a session nobody used for this long; it reopens on the next request (default 300)")
-    serve.add_argument("--max-sessions", type=positive, default=256, metavar="N",
-                       help="sessions held open at most; the least recently used idle one is closed first (default 256)")
-    serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
-                       help="uvicorn's log level (default warning)")
+    serve.add_argument(
+        "--cors-origin", action="append", metavar="ORIGIN", help="allow browser calls from this origin (repeatable; none by default)"
+    )
+    serve.add_argument("--max-body", type=_natural, default=64 * 1024, metavar="BYTES", help="largest request body (default 65536)")
+    serve.add_argument(
+        "--heartbeat", type=float, default=15.0, metavar="SECONDS", help="seconds between heartbeats on an idle stream (default 15)"
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a host name this server answers to besides IP addresses and localhost (repeatable; requests naming another host are refused)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request headers are not all in by then (default 10)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="answer 408 to a request whose body is not all in by then (default 30)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="open connections at most; more are refused (default 1000, fewer when descriptors are scarce)",
+    )
+    serve.add_argument(
+        "--max-streams", type=positive, default=128, metavar="N", help="event streams one client address may hold open (default 128)"
+    )
+    serve.add_argument(
+        "--idle-session",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="close a session nobody used for this long; it reopens on the next request (default 300)",
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=positive,
+        default=256,
+        metavar="N",
+        help="sessions held open at most; the least recently used idle one is closed first (default 256)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default warning)",
+    )
     serve.set_defaults(handler=_cmd_serve)
 
 
@@ -110,52 +148,57 @@ def _natural(text: str) -> int:
 
 
 def _allow_damaged(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--allow-damaged", action="store_true",
-                     help="read a corrupt session file as far as its records verify, naming what is skipped "
-                          "on stderr (nothing is written)")
+    sub.add_argument(
+        "--allow-damaged",
+        action="store_true",
+        help="read a corrupt session file as far as its records verify, naming what is skipped on stderr (nothing is written)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kerman", description="Inspect Kerman session logs, chat with a model, run the demo.")
-    parser.add_argument("--version", action="version",
-                        version=f"kerman {__version__} (session log format {FORMAT_VERSION})")
+    parser = argparse.ArgumentParser(prog="kerman", description="Inspect Kerman session logs, chat with a model, run the demo.")
+    parser.add_argument("--version", action="version", version=f"kerman {__version__} (session log format {FORMAT_VERSION})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = commands.add_parser("demo", help="run the showcase: a scripted session in a fresh folder")
-    demo.add_argument("--dir", metavar="PATH", default=None,
-                      help="folder to put the demo session in (default: a fresh temporary folder)")
+    demo.add_argument("--dir", metavar="PATH", default=None, help="folder to put the demo session in (default: a fresh temporary folder)")
     demo.set_defaults(handler=_cmd_demo)
     _add_serve(commands)
 
     from .chat import add_arguments as chat_arguments
 
-    chat = commands.add_parser("chat", help="chat with a model in the terminal, on a durable session "
-                                            "(typing while it works steers it)",
-                               description="Chat with a model in the terminal on a durable file session. "
-                                           "What you type while the agent works steers it; /help lists the commands.")
+    chat = commands.add_parser(
+        "chat",
+        help="chat with a model in the terminal, on a durable session (typing while it works steers it)",
+        description="Chat with a model in the terminal on a durable file session. "
+        "What you type while the agent works steers it; /help lists the commands.",
+    )
     chat_arguments(chat)
     chat.set_defaults(handler=_cmd_chat)
 
     from ._workers import add_sessions_arguments, add_worker_arguments
 
-    worker = commands.add_parser("worker", help="serve the sessions of a PostgreSQL store (kerman.Worker)",
-                                 description="Take sessions with waiting input and no live owner, run their "
-                                             "AgentLoops, release them when idle; SIGTERM drains.")
+    worker = commands.add_parser(
+        "worker",
+        help="serve the sessions of a PostgreSQL store (kerman.Worker)",
+        description="Take sessions with waiting input and no live owner, run their AgentLoops, release them when idle; SIGTERM drains.",
+    )
     add_worker_arguments(worker)
     worker.set_defaults(handler=lambda a: _workers_command("worker", a))
-    sessions = commands.add_parser("sessions", help="who owns which session of a PostgreSQL store; unpark",
-                                   description="The sessions of a PostgreSQL store: owner, since when, lease "
-                                               "expiry, staged input, parked (default command: list).")
+    sessions = commands.add_parser(
+        "sessions",
+        help="who owns which session of a PostgreSQL store; unpark",
+        description="The sessions of a PostgreSQL store: owner, since when, lease expiry, staged input, parked (default command: list).",
+    )
     add_sessions_arguments(sessions)
     sessions.set_defaults(handler=lambda a: _workers_command("sessions", a))
 
-    log = commands.add_parser("log", help="inspect session logs (a FileStore folder or a PostgreSQL DSN), "
-                                          "repair session files")
+    log = commands.add_parser("log", help="inspect session logs (a FileStore folder or a PostgreSQL DSN), repair session files")
     log_commands = log.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
 
-    def session_command(name: str, help_text: str, handler: Callable[[argparse.Namespace], int],
-                        json_help: Optional[str], store_help: str = STORE_HELP) -> argparse.ArgumentParser:
+    def session_command(
+        name: str, help_text: str, handler: Callable[[argparse.Namespace], int], json_help: Optional[str], store_help: str = STORE_HELP
+    ) -> argparse.ArgumentParser:
         sub = log_commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("store", help=store_help)
         sub.add_argument("id", help="the session id")
@@ -164,37 +207,46 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    listing = log_commands.add_parser("list", help="list the sessions in a store",
-                                      description="list the sessions in a store")
+    listing = log_commands.add_parser("list", help="list the sessions in a store", description="list the sessions in a store")
     listing.add_argument("store", help=STORE_HELP)
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
     listing.set_defaults(handler=_cmd_list)
 
-    for name, help_text, handler in (("show", "print a session's timeline", _cmd_show),
-                                     ("tail", "print a session's last events", _cmd_tail)):
-        sub = session_command(name, help_text, handler,
-                              "one compact JSON event per line, exactly as stored")
-        sub.add_argument("--types", nargs="+", action="extend", metavar="TYPE",
-                         help="only these event types (glob patterns such as 'turn/*' allowed)")
-        sub.add_argument("--relative", action="store_true",
-                         help="times in seconds since the first event shown")
+    for name, help_text, handler in (
+        ("show", "print a session's timeline", _cmd_show),
+        ("tail", "print a session's last events", _cmd_tail),
+    ):
+        sub = session_command(name, help_text, handler, "one compact JSON event per line, exactly as stored")
+        sub.add_argument(
+            "--types", nargs="+", action="extend", metavar="TYPE", help="only these event types (glob patterns such as 'turn/*' allowed)"
+        )
+        sub.add_argument("--relative", action="store_true", help="times in seconds since the first event shown")
         _allow_damaged(sub)
         if name == "show":
-            sub.add_argument("--from", dest="start", type=_natural, default=0, metavar="SEQ",
-                             help="start at this seq")
+            sub.add_argument("--from", dest="start", type=_natural, default=0, metavar="SEQ", help="start at this seq")
         else:
-            sub.add_argument("-n", type=_natural, default=20, metavar="N",
-                             help="how many events (default 20)")
-            sub.add_argument("-f", "--follow", action="store_true",
-                             help="then print each new event as it is committed, until interrupted (Ctrl-C)")
+            sub.add_argument("-n", type=_natural, default=20, metavar="N", help="how many events (default 20)")
+            sub.add_argument(
+                "-f", "--follow", action="store_true", help="then print each new event as it is committed, until interrupted (Ctrl-C)"
+            )
 
-    _allow_damaged(session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox,
-                                   "print a JSON list of {placement, message}"))
-    session_command("verify", "check every record without modifying the file", _cmd_verify,
-                    "print the result as a JSON object", "the session store folder")
-    repair = session_command("repair", "cut off a torn tail, or repair a corrupt file keeping every record "
-                             "that verifies", _cmd_repair, None,
-                             "the session store folder")
+    _allow_damaged(
+        session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox, "print a JSON list of {placement, message}")
+    )
+    session_command(
+        "verify",
+        "check every record without modifying the file",
+        _cmd_verify,
+        "print the result as a JSON object",
+        "the session store folder",
+    )
+    repair = session_command(
+        "repair",
+        "cut off a torn tail, or repair a corrupt file keeping every record that verifies",
+        _cmd_repair,
+        None,
+        "the session store folder",
+    )
     repair.add_argument("--yes", action="store_true", help="repair without asking")
     return parser
 

@@ -15,8 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from .. import events
 
-__all__ = ["summarize", "format_event", "message_text", "quote", "compact_json", "short_id", "source_tag",
-           "TYPE_WIDTH"]
+__all__ = ["summarize", "format_event", "message_text", "quote", "compact_json", "short_id", "source_tag", "TYPE_WIDTH"]
 
 TYPE_WIDTH = 19  # len("agent/inbox/spliced"), the longest core type
 TEXT_LIMIT = 60
@@ -300,8 +299,7 @@ def _seqs(pair: Sequence[int]) -> str:
 def _damaged(v: events.LogDamaged) -> str:
     """A placeholder repair wrote at a lost seq (docs/format.md, "Repairing corruption")."""
     lines = v.lines
-    where = f"lines {lines[0]}–{lines[1]}" if lines and lines[0] != lines[1] else (
-        f"line {lines[0]}" if lines else "no line")
+    where = f"lines {lines[0]}–{lines[1]}" if lines and lines[0] != lines[1] else (f"line {lines[0]}" if lines else "no line")
     return f"lost ({_seqs(v.seqs)}; {where} of {_escape(str(v.backup))})"
 
 
@@ -357,8 +355,7 @@ def _parts(event: object) -> tuple[Any, Any, Any, Any]:
     """``(seq, time, type, data)`` of an Event or an event dict (the envelope, as stored)."""
     if isinstance(event, Mapping):
         return event.get("seq"), event.get("time"), event.get("type"), event.get("data")
-    return (getattr(event, "seq", None), getattr(event, "time", None), getattr(event, "type", None),
-            getattr(event, "data", None))
+    return (getattr(event, "seq", None), getattr(event, "time", None), getattr(event, "type", None), getattr(event, "data", None))
 
 
 def _view(event: object) -> events.EventView:

@@ -42,45 +42,76 @@ def _pool_size(text: str) -> int:
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """The store's connection options (docs/postgres.md, "Connections and PgBouncer")."""
-    parser.add_argument("--pool-size", type=_pool_size, default=4, metavar="N",
-                        help="connections the store may open for its requests, besides the LISTEN one "
-                             "(default 4)")
-    parser.add_argument("--no-prepared-statements", dest="prepared_statements", action="store_false",
-                        help="send every statement unnamed: for a DSN that goes through PgBouncer's "
-                             "transaction pooling")
-    parser.add_argument("--listen-dsn", default=None, metavar="DSN",
-                        help="a direct (or session-pooled) DSN for the LISTEN connection, when DSN goes "
-                             "through transaction pooling")
+    parser.add_argument(
+        "--pool-size",
+        type=_pool_size,
+        default=4,
+        metavar="N",
+        help="connections the store may open for its requests, besides the LISTEN one (default 4)",
+    )
+    parser.add_argument(
+        "--no-prepared-statements",
+        dest="prepared_statements",
+        action="store_false",
+        help="send every statement unnamed: for a DSN that goes through PgBouncer's transaction pooling",
+    )
+    parser.add_argument(
+        "--listen-dsn",
+        default=None,
+        metavar="DSN",
+        help="a direct (or session-pooled) DSN for the LISTEN connection, when DSN goes through transaction pooling",
+    )
 
 
 def open_store(args: argparse.Namespace, **options: Any) -> PostgresStore:
     """The ``PostgresStore`` the flags of :func:`add_connection_arguments` describe."""
-    return PostgresStore(args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements,
-                         listen_dsn=args.listen_dsn, **options)
+    return PostgresStore(
+        args.store, pool_size=args.pool_size, prepared_statements=args.prepared_statements, listen_dsn=args.listen_dsn, **options
+    )
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", metavar="DSN", help="the PostgreSQL store's DSN (postgresql://…)")
     add_connection_arguments(parser)
-    parser.add_argument("--app", required=True, metavar="MODULE:FACTORY",
-                        help="the factory building a session's AgentLoop: factory(log) -> AgentLoop, "
-                             "imported from MODULE (the current folder is on the path)")
-    parser.add_argument("--max-sessions", type=_positive, default=1000, metavar="N",
-                        help="sessions held at once (default 1000)")
-    parser.add_argument("--idle-timeout", type=_seconds, default=30.0, metavar="S",
-                        help="seconds an idle session is kept for more input before it is let go (default 30)")
-    parser.add_argument("--lease-ttl", type=_seconds, default=30.0, metavar="S",
-                        help="seconds a lease lasts unrenewed: how soon a dead worker's sessions are "
-                             "taken over (default 30)")
-    parser.add_argument("--grace", type=_seconds, default=30.0, metavar="S",
-                        help="on SIGTERM, seconds running turns may take to finish before they are "
-                             "cancelled (default 30)")
-    parser.add_argument("--max-failures", type=_positive, default=3, metavar="N",
-                        help="park a session after this many consecutive failed turns (default 3)")
+    parser.add_argument(
+        "--app",
+        required=True,
+        metavar="MODULE:FACTORY",
+        help="the factory building a session's AgentLoop: factory(log) -> AgentLoop, "
+        "imported from MODULE (the current folder is on the path)",
+    )
+    parser.add_argument("--max-sessions", type=_positive, default=1000, metavar="N", help="sessions held at once (default 1000)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="seconds an idle session is kept for more input before it is let go (default 30)",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="seconds a lease lasts unrenewed: how soon a dead worker's sessions are taken over (default 30)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, seconds running turns may take to finish before they are cancelled (default 30)",
+    )
+    parser.add_argument(
+        "--max-failures", type=_positive, default=3, metavar="N", help="park a session after this many consecutive failed turns (default 3)"
+    )
     parser.add_argument("--name", default=None, help="the worker's name in `kerman sessions` (default host:pid)")
-    parser.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                        help="the asyncio event loop: uvloop (needs the uvloop package), asyncio's own, "
-                             "or auto: uvloop if it is installed (default)")
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the asyncio event loop: uvloop (needs the uvloop package), asyncio's own, or auto: uvloop if it is installed (default)",
+    )
 
 
 def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -130,8 +161,15 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     store = open_store(args, lease_ttl=args.lease_ttl)
-    worker = Worker(store, factory, max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
-                    grace=args.grace, max_failures=args.max_failures, name=args.name)
+    worker = Worker(
+        store,
+        factory,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
+        grace=args.grace,
+        max_failures=args.max_failures,
+        name=args.name,
+    )
 
     # What exists now (modules, the app and its imports) lives as long as the process: out of
     # the collector's sight, each full collection, which pauses every session, has less to scan.
@@ -140,13 +178,14 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
 
     async def main() -> None:
         _on_stop_signals(asyncio.get_running_loop(), worker.stop)
-        err(f"kerman worker {worker.name}: serving {shown(args.store)} (up to {args.max_sessions} sessions); "
-            "SIGTERM drains")
+        err(f"kerman worker {worker.name}: serving {shown(args.store)} (up to {args.max_sessions} sessions); SIGTERM drains")
         await worker.run()
 
     run(main())
-    err(f"kerman worker {worker.name}: stopped; {worker.stats['taken']} taken, {worker.stats['released']} "
-        f"released, {worker.stats['parked']} parked")
+    err(
+        f"kerman worker {worker.name}: stopped; {worker.stats['taken']} taken, {worker.stats['released']} "
+        f"released, {worker.stats['parked']} parked"
+    )
     return 0
 
 
@@ -163,8 +202,7 @@ def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     show = actions.add_parser("show", help="one session's owner, lease, staged input and status")
     show.add_argument("id", help="the session id")
     show.add_argument("--json", action="store_true", help="print a JSON object")
-    unpark = actions.add_parser("unpark", help="make a parked session active again (a worker takes it for "
-                                               "its pending input)")
+    unpark = actions.add_parser("unpark", help="make a parked session active again (a worker takes it for its pending input)")
     unpark.add_argument("id", help="the session id")
 
 
@@ -172,8 +210,11 @@ def _ago(now: float, at: Optional[float]) -> str:
     if at is None:
         return "—"
     seconds = now - at
-    return f"{seconds:.0f}s ago" if seconds < 120 else (f"{seconds / 60:.0f}m ago" if seconds < 7200
-                                                          else time.strftime("%Y-%m-%d %H:%M", time.localtime(at)))
+    return (
+        f"{seconds:.0f}s ago"
+        if seconds < 120
+        else (f"{seconds / 60:.0f}m ago" if seconds < 7200 else time.strftime("%Y-%m-%d %H:%M", time.localtime(at)))
+    )
 
 
 def _expiry(now: float, at: Optional[float]) -> str:
@@ -206,8 +247,7 @@ def session_rows(store: PostgresStore) -> List[Dict[str, Any]]:
     return rows
 
 
-def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None],
-                 shown_id: Callable[[str], str]) -> int:
+def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None], shown_id: Callable[[str], str]) -> int:
     store = open_store(args)
     command = args.sessions_command or "list"
     if command == "unpark":
@@ -227,11 +267,18 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
             out(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
             return 0
         now = row["now"]
-        lines = [("id", shown_id(row["id"])), ("state", row["state"]), ("owner", _owner(row)),
-                 ("owner id", row["owner"] or "—"), ("epoch", str(row["epoch"])),
-                 ("owned since", _ago(now, row["owned_since"])), ("lease expires", _expiry(now, row["expires_at"])),
-                 ("staged input", str(row["staged"])), ("runnable", "yes" if row["runnable"] else "no"),
-                 ("events", str(row["events"]))]
+        lines = [
+            ("id", shown_id(row["id"])),
+            ("state", row["state"]),
+            ("owner", _owner(row)),
+            ("owner id", row["owner"] or "—"),
+            ("epoch", str(row["epoch"])),
+            ("owned since", _ago(now, row["owned_since"])),
+            ("lease expires", _expiry(now, row["expires_at"])),
+            ("staged input", str(row["staged"])),
+            ("runnable", "yes" if row["runnable"] else "no"),
+            ("events", str(row["events"])),
+        ]
         if row["status"] == "parked":
             lines.append(("parked because", row["status_detail"] or "—"))
         for key, value in lines:
@@ -248,13 +295,14 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
         return 0
     width = max(len("SESSION"), *(len(shown_id(r["id"])) for r in rows))
     owner_width = max(len("OWNER"), *(len(_owner(r)) for r in rows))
-    out(f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  "
-        f"{'STAGED':>6}  {'EVENTS':>7}")
+    out(f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  {'STAGED':>6}  {'EVENTS':>7}")
     for r in rows:
         now = r["now"]
         since = _ago(now, r["owned_since"]) if r["owner"] else "—"
-        line = (f"{shown_id(r['id']):<{width}}  {r['state']:<8}  {_owner(r):<{owner_width}}  {since:>9}  "
-                f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}")
+        line = (
+            f"{shown_id(r['id']):<{width}}  {r['state']:<8}  {_owner(r):<{owner_width}}  {since:>9}  "
+            f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}"
+        )
         if r["status"] == "parked" and r["status_detail"]:
             line += f"  ({r['status_detail']})"
         out(line)

@@ -71,33 +71,63 @@ def default_store() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kerman chat``."""
-    parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
-                        help="the provider's model name (gpt-6.2-sol, claude-sonnet-5-5, gemini-3.8-flash, ...), or "
-                             "MODULE:FACTORY, a function returning any Kerman model (an importable module, or "
-                             "a .py file path); with --provider or --base-url, always a model name")
-    parser.add_argument("--provider", choices=sorted(PROVIDERS), default=None,
-                        help="the wire protocol (default: openai); not used with MODULE:FACTORY")
-    parser.add_argument("--base-url", metavar="URL", default=None,
-                        help="the server's base URL, for OpenAI-compatible servers (vLLM, Ollama, LM Studio...) "
-                             "and proxies")
-    parser.add_argument("--api-key-env", metavar="VAR", default=None,
-                        help="read the API key from this environment variable (default: the SDK's own, "
-                             "e.g. OPENAI_API_KEY)")
-    parser.add_argument("--session", metavar="ID", default=None,
-                        help="resume this session (or start one with this id); default: a new session")
-    parser.add_argument("--store", metavar="PATH", default=None,
-                        help=f"the FileStore folder (default: $KERMAN_CHAT_DIR or {default_store()})")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="NAME|MODULE:FACTORY",
+        help="the provider's model name (gpt-6.2-sol, claude-sonnet-5-5, gemini-3.8-flash, ...), or "
+        "MODULE:FACTORY, a function returning any Kerman model (an importable module, or "
+        "a .py file path); with --provider or --base-url, always a model name",
+    )
+    parser.add_argument(
+        "--provider", choices=sorted(PROVIDERS), default=None, help="the wire protocol (default: openai); not used with MODULE:FACTORY"
+    )
+    parser.add_argument(
+        "--base-url",
+        metavar="URL",
+        default=None,
+        help="the server's base URL, for OpenAI-compatible servers (vLLM, Ollama, LM Studio...) and proxies",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        default=None,
+        help="read the API key from this environment variable (default: the SDK's own, e.g. OPENAI_API_KEY)",
+    )
+    parser.add_argument(
+        "--session", metavar="ID", default=None, help="resume this session (or start one with this id); default: a new session"
+    )
+    parser.add_argument(
+        "--store", metavar="PATH", default=None, help=f"the FileStore folder (default: $KERMAN_CHAT_DIR or {default_store()})"
+    )
     parser.add_argument("--instructions", metavar="TEXT", default=None, help="the system prompt")
-    parser.add_argument("--tool", dest="tools", action="append", default=[], metavar="MODULE:FUNCTION",
-                        help="register a tool (a typed function, or a kerman.Tool); repeatable")
-    parser.add_argument("--approve", action="store_true",
-                        help="ask before every tool call runs: approve, deny or edit its arguments at the prompt "
-                             "(a kerman.Tool with needs_approval asks without it)")
-    parser.add_argument("-o", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
-                        help="a request option, VALUE as JSON when it parses (-o temperature=0.2); repeatable")
+    parser.add_argument(
+        "--tool",
+        dest="tools",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNCTION",
+        help="register a tool (a typed function, or a kerman.Tool); repeatable",
+    )
+    parser.add_argument(
+        "--approve",
+        action="store_true",
+        help="ask before every tool call runs: approve, deny or edit its arguments at the prompt "
+        "(a kerman.Tool with needs_approval asks without it)",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a request option, VALUE as JSON when it parses (-o temperature=0.2); repeatable",
+    )
     parser.add_argument("--no-stream", action="store_true", help="ask for whole replies instead of a stream")
-    parser.add_argument("--no-retry", action="store_true",
-                        help="fail a turn at the first request error (default: kerman.providers.retry_policy())")
+    parser.add_argument(
+        "--no-retry", action="store_true", help="fail a turn at the first request error (default: kerman.providers.retry_policy())"
+    )
 
 
 # -- building the model and the tools ----------------------------------------------------------
@@ -293,8 +323,16 @@ async def _no_retry(failure: object, next: Callable[[], Any]) -> None:
     return None
 
 
-async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, Any], store: FileStore,
-                    log: SessionLog, resumed: bool, stdin: TextIO, out: TextIO) -> None:
+async def _converse(
+    args: argparse.Namespace,
+    model: Model,
+    options: Dict[str, Any],
+    store: FileStore,
+    log: SessionLog,
+    resumed: bool,
+    stdin: TextIO,
+    out: TextIO,
+) -> None:
     kwargs: Dict[str, Any] = {"options": options}
     if args.instructions is not None:
         kwargs["instructions"] = args.instructions
@@ -363,8 +401,9 @@ async def _converse(args: argparse.Namespace, model: Model, options: Dict[str, A
         with contextlib.suppress(asyncio.CancelledError):
             await renderer
         chat.catch_up()
-    chat.line(f"session {log.id} saved · resume: kerman chat --session {log.id}"
-              + (f" --store {args.store}" if args.store else ""), dim=True)
+    chat.line(
+        f"session {log.id} saved · resume: kerman chat --session {log.id}" + (f" --store {args.store}" if args.store else ""), dim=True
+    )
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -405,6 +444,7 @@ def _interrupts(chat: Chat) -> Callable[[], None]:
         event_loop.add_signal_handler(signal.SIGINT, on_interrupt)
     except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
         return lambda: None
+
     def restore() -> None:
         event_loop.remove_signal_handler(signal.SIGINT)
 

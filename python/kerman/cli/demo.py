@@ -92,11 +92,11 @@ class DemoModel:
 
     async def _reply(self, said: str, request: ModelRequest) -> ModelReply:
         if "which files" in said:
-            return ModelReply([{"type": "text", "text": "Let me look."},
-                               {"type": "tool-call", "id": "call-1", "name": "list_files", "arguments": "{}"}])
+            return ModelReply(
+                [{"type": "text", "text": "Let me look."}, {"type": "tool-call", "id": "call-1", "name": "list_files", "arguments": "{}"}]
+            )
         if "python" in said:  # a steer that arrived while list_files ran: answer from its result
-            listing = next(message_text(m.to_dict()) for m in reversed(request.messages)
-                           if isinstance(m, ToolResultMessage))
+            listing = next(message_text(m.to_dict()) for m in reversed(request.messages) if isinstance(m, ToolResultMessage))
             return ModelReply("Python files: " + ", ".join(f for f in listing.split() if f.endswith(".py")))
         if "summarise" in said:
             return ModelReply("Two files changed since the last turn: loop.py and README.md.")
@@ -128,8 +128,7 @@ def _plugins(loop: AgentLoop) -> None:
         if not notes:
             return await next()
         rest = [m for m in step.messages if m not in notes]
-        folded = UserMessage("Context: " + "; ".join(m.text for m in notes),
-                             source={"kind": "plugin", "plugin": "context"})
+        folded = UserMessage("Context: " + "; ".join(m.text for m in notes), source={"kind": "plugin", "plugin": "context"})
         return Enter(rest + [folded])
 
 
@@ -254,8 +253,9 @@ async def _crashing_process(folder: str) -> None:
 def _crash_in_another_process(folder: Path) -> str:
     """Starts :func:`_crashing_process`, waits until it has claimed, kills it; returns what it said."""
     package_root = str(Path(__file__).resolve().parent.parent)
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder), package_root],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(folder), package_root], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None
         line = child.stdout.readline().strip()

@@ -67,17 +67,69 @@ from ._values import (
 )
 
 __all__ = [
-    "view", "views", "aviews", "TYPES", "EventLike",
-    "TURN_START", "TURN_END", "STEP_START", "STEP_END", "USER_MESSAGE", "REQUEST_HEADER", "INSTRUCTIONS",
-    "ASSISTANT_CHUNK", "ASSISTANT_MESSAGE", "TOOL_CALL", "TOOL_RESULT", "INBOX_SPLICED", "LOG_DAMAGED", "LOG_REPAIRED",
-    "EventView", "TurnStart", "TurnEnd", "StepStart", "StepEnd", "UserMessageEvent", "RequestHeader",
-    "InstructionsChanged", "AssistantChunk", "AssistantMessageEvent", "ToolCall", "ToolResultEvent", "InboxSpliced",
-    "LogDamaged", "LogRepaired", "OtherEvent",
-    "DECISION_REQUESTED", "DECISION_RESOLVED", "DecisionRequested", "DecisionResolved",
-    "JsonObject", "MessageView", "Source", "Block", "TextBlock", "ReasoningBlock", "ToolCallBlock", "ToolResultBlock",
-    "OtherBlock", "Chunk", "TextDelta", "ReasoningDelta", "ToolCallChunk", "UsageChunk", "FinishChunk", "OtherChunk",
+    "view",
+    "views",
+    "aviews",
+    "TYPES",
+    "EventLike",
+    "TURN_START",
+    "TURN_END",
+    "STEP_START",
+    "STEP_END",
+    "USER_MESSAGE",
+    "REQUEST_HEADER",
+    "INSTRUCTIONS",
+    "ASSISTANT_CHUNK",
+    "ASSISTANT_MESSAGE",
+    "TOOL_CALL",
+    "TOOL_RESULT",
+    "INBOX_SPLICED",
+    "LOG_DAMAGED",
+    "LOG_REPAIRED",
+    "EventView",
+    "TurnStart",
+    "TurnEnd",
+    "StepStart",
+    "StepEnd",
+    "UserMessageEvent",
+    "RequestHeader",
+    "InstructionsChanged",
+    "AssistantChunk",
+    "AssistantMessageEvent",
+    "ToolCall",
+    "ToolResultEvent",
+    "InboxSpliced",
+    "LogDamaged",
+    "LogRepaired",
+    "OtherEvent",
+    "DECISION_REQUESTED",
+    "DECISION_RESOLVED",
+    "DecisionRequested",
+    "DecisionResolved",
+    "JsonObject",
+    "MessageView",
+    "Source",
+    "Block",
+    "TextBlock",
+    "ReasoningBlock",
+    "ToolCallBlock",
+    "ToolResultBlock",
+    "OtherBlock",
+    "Chunk",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallChunk",
+    "UsageChunk",
+    "FinishChunk",
+    "OtherChunk",
     "ProviderDataChunk",
-    "Failure", "Cause", "Ending", "Usage", "message", "block", "chunk",
+    "Failure",
+    "Cause",
+    "Ending",
+    "Usage",
+    "message",
+    "block",
+    "chunk",
 ]
 
 TURN_START = TurnStart.TYPE
@@ -98,10 +150,27 @@ DECISION_REQUESTED = DecisionRequested.TYPE
 DECISION_RESOLVED = DecisionResolved.TYPE
 
 #: Every event type Kerman writes, and its view class.
-TYPES: Dict[str, type[EventView]] = {cls.TYPE: cls for cls in (
-    TurnStart, TurnEnd, StepStart, StepEnd, UserMessageEvent, RequestHeader, InstructionsChanged, AssistantChunk,
-    AssistantMessageEvent, ToolCall, ToolResultEvent, InboxSpliced, LogDamaged, LogRepaired, DecisionRequested,
-    DecisionResolved)}
+TYPES: Dict[str, type[EventView]] = {
+    cls.TYPE: cls
+    for cls in (
+        TurnStart,
+        TurnEnd,
+        StepStart,
+        StepEnd,
+        UserMessageEvent,
+        RequestHeader,
+        InstructionsChanged,
+        AssistantChunk,
+        AssistantMessageEvent,
+        ToolCall,
+        ToolResultEvent,
+        InboxSpliced,
+        LogDamaged,
+        LogRepaired,
+        DecisionRequested,
+        DecisionResolved,
+    )
+}
 
 
 def view(event: EventLike) -> EventView:
@@ -131,4 +200,3 @@ async def aviews(events: AsyncIterable[EventLike]) -> AsyncIterator[EventView]:
     """The view of each event of an async iterable (``log.tail()``), as it comes."""
     async for event in events:
         yield view(event)
-

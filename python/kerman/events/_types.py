@@ -23,9 +23,22 @@ from ._values import (
 )
 
 __all__ = [
-    "EventView", "TurnStart", "TurnEnd", "StepStart", "StepEnd", "UserMessageEvent", "RequestHeader",
-    "InstructionsChanged", "AssistantChunk", "AssistantMessageEvent", "ToolCall", "ToolResultEvent",
-    "InboxSpliced", "LogDamaged", "LogRepaired", "OtherEvent",
+    "EventView",
+    "TurnStart",
+    "TurnEnd",
+    "StepStart",
+    "StepEnd",
+    "UserMessageEvent",
+    "RequestHeader",
+    "InstructionsChanged",
+    "AssistantChunk",
+    "AssistantMessageEvent",
+    "ToolCall",
+    "ToolResultEvent",
+    "InboxSpliced",
+    "LogDamaged",
+    "LogRepaired",
+    "OtherEvent",
 ]
 
 #: An event: a ``kerman.Event``, or its ``to_dict()`` form.

@@ -12,9 +12,29 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 __all__ = [
-    "JsonObject", "Source", "Block", "TextBlock", "ReasoningBlock", "ToolCallBlock", "ToolResultBlock", "OtherBlock",
-    "MessageView", "Failure", "Cause", "Ending", "Usage", "Chunk", "TextDelta", "ReasoningDelta", "ToolCallChunk",
-    "UsageChunk", "FinishChunk", "OtherChunk", "block", "chunk", "message",
+    "JsonObject",
+    "Source",
+    "Block",
+    "TextBlock",
+    "ReasoningBlock",
+    "ToolCallBlock",
+    "ToolResultBlock",
+    "OtherBlock",
+    "MessageView",
+    "Failure",
+    "Cause",
+    "Ending",
+    "Usage",
+    "Chunk",
+    "TextDelta",
+    "ReasoningDelta",
+    "ToolCallChunk",
+    "UsageChunk",
+    "FinishChunk",
+    "OtherChunk",
+    "block",
+    "chunk",
+    "message",
 ]
 
 _EMPTY: Dict[str, Any] = {}
@@ -174,8 +194,12 @@ class OtherBlock(Block):
     __slots__ = ()
 
 
-_BLOCKS: Dict[Any, type[Block]] = {"text": TextBlock, "reasoning": ReasoningBlock, "tool-call": ToolCallBlock,
-                                   "tool-result": ToolResultBlock}
+_BLOCKS: Dict[Any, type[Block]] = {
+    "text": TextBlock,
+    "reasoning": ReasoningBlock,
+    "tool-call": ToolCallBlock,
+    "tool-result": ToolResultBlock,
+}
 
 
 def block(raw: Mapping[str, Any]) -> Block:
@@ -492,14 +516,18 @@ class OtherChunk(Chunk):
     __slots__ = ()
 
 
-_CHUNKS: Dict[Any, type[Chunk]] = {"text-delta": TextDelta, "reasoning-delta": ReasoningDelta,
-                                   "tool-call": ToolCallChunk, "usage": UsageChunk, "finish": FinishChunk}
+_CHUNKS: Dict[Any, type[Chunk]] = {
+    "text-delta": TextDelta,
+    "reasoning-delta": ReasoningDelta,
+    "tool-call": ToolCallChunk,
+    "usage": UsageChunk,
+    "finish": FinishChunk,
+}
 
 
 def chunk(raw: Mapping[str, Any]) -> Chunk:
     """The view of one stream chunk."""
     return _CHUNKS.get(raw.get("type"), OtherChunk)(raw)
-
 
 
 class ProviderDataChunk(Chunk):

@@ -47,12 +47,15 @@ def require(module: str, extra: str, who: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"kerman.providers.{who} needs the {module.split('.')[0]!r} package: "
-                          f"pip install 'kerman[{extra}]' (or pip install {extra_package(extra)})") from e
+        raise ImportError(
+            f"kerman.providers.{who} needs the {module.split('.')[0]!r} package: "
+            f"pip install 'kerman[{extra}]' (or pip install {extra_package(extra)})"
+        ) from e
 
 
-def sdk_client(factory: Callable[..., Any], client: Any, base_url: Optional[str], api_key: Optional[str],
-               timeout: Optional[float]) -> Tuple[Any, bool]:
+def sdk_client(
+    factory: Callable[..., Any], client: Any, base_url: Optional[str], api_key: Optional[str], timeout: Optional[float]
+) -> Tuple[Any, bool]:
     """The client a provider talks through, and whether it built it: ``client`` as given (then
     ``base_url``/``api_key``/``timeout`` belong to it), or ``factory(...)`` with the SDK's own
     retries off, so that the loop's ``request_error`` seam decides (the provider's ``retry=``)."""
@@ -185,14 +188,25 @@ def mint_call_id() -> str:
 # -- usage ---------------------------------------------------------------------------------------
 
 
-def usage_chunk(input: Optional[int], output: Optional[int], cache_read: Optional[int] = None,
-                cache_write: Optional[int] = None, reasoning: Optional[int] = None) -> Dict[str, Any]:
+def usage_chunk(
+    input: Optional[int],
+    output: Optional[int],
+    cache_read: Optional[int] = None,
+    cache_write: Optional[int] = None,
+    reasoning: Optional[int] = None,
+) -> Dict[str, Any]:
     """The one usage shape every provider reports (docs/providers.md, "Usage"): ``input`` counts
     every prompt token, cached ones included; ``output`` every generated token, reasoning
     included; ``cacheRead``/``cacheWrite`` the prompt tokens read from / written to the
     provider's cache; ``reasoning`` the output tokens spent thinking. Unreported counts are 0."""
-    return {"type": "usage", "input": int(input or 0), "output": int(output or 0), "cacheRead": int(cache_read or 0),
-            "cacheWrite": int(cache_write or 0), "reasoning": int(reasoning or 0)}
+    return {
+        "type": "usage",
+        "input": int(input or 0),
+        "output": int(output or 0),
+        "cacheRead": int(cache_read or 0),
+        "cacheWrite": int(cache_write or 0),
+        "reasoning": int(reasoning or 0),
+    }
 
 
 def usage_dict(chunk: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -326,17 +340,26 @@ class Provider:
     vendor = "provider"  # the key of a block's opaque fields
     opaque = True  # whether replies can carry opaque state (else assistant messages skip the lookup)
 
-    def __init__(self, model: str, *, instructions: Optional[str] = None, stream: bool = True,
-                 cache_size: int = 10_000, params: Optional[Dict[str, Any]] = None, retry: Any = DEFAULT_RETRY,
-                 deadline: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        instructions: Optional[str] = None,
+        stream: bool = True,
+        cache_size: int = 10_000,
+        params: Optional[Dict[str, Any]] = None,
+        retry: Any = DEFAULT_RETRY,
+        deadline: Optional[float] = None,
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty str, got {model!r}")
         if retry is DEFAULT_RETRY:
             retry = retry_policy()
         elif retry is not None and not callable(retry):
             raise TypeError(f"retry must be a request_error listener (retry_policy(...)) or None, got {retry!r}")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                     or not math.isfinite(deadline) or deadline <= 0):
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) or deadline <= 0
+        ):
             raise ValueError(f"deadline must be a finite number of seconds > 0 or None, got {deadline!r}")
         self.retry = retry
         self.deadline = None if deadline is None else float(deadline)

@@ -31,9 +31,9 @@ def check_api_key(key: Any, where: str = "") -> None:
                 break
     if problem is not None:
         origin = f" ({where})" if where else ""
-        raise ValueError(f"the API key{origin} {problem}: strip it (open(path).read().strip()); "
-                         f"the key is {len(key)} characters long and is not shown")
-
+        raise ValueError(
+            f"the API key{origin} {problem}: strip it (open(path).read().strip()); the key is {len(key)} characters long and is not shown"
+        )
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -83,9 +83,19 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None, message: str = "",
-             retry_after: Optional[int] = None, request_id: Optional[str] = None, timeout: bool = False,
-             connection: bool = False, interrupted: bool = False, secrets: Sequence[str] = ()) -> errors.ModelError:
+def classify(
+    provider: str,
+    *,
+    status: Optional[int],
+    kind: Optional[str] = None,
+    message: str = "",
+    retry_after: Optional[int] = None,
+    request_id: Optional[str] = None,
+    timeout: bool = False,
+    connection: bool = False,
+    interrupted: bool = False,
+    secrets: Sequence[str] = (),
+) -> errors.ModelError:
     """The ``ModelError`` subclass for a provider failure. ``kind`` is the vendor's error type or
     code (``rate_limit_error``, ``insufficient_quota``, ``RESOURCE_EXHAUSTED``...)."""
     kind_l = (kind or "").lower()
@@ -103,22 +113,28 @@ def classify(provider: str, *, status: Optional[int], kind: Optional[str] = None
         cls, code = errors.RateLimitError, "QUOTA_EXCEEDED"
     elif status == 429 or kind_l in ("rate_limit_error", "rate_limit_exceeded", "resource_exhausted", "too_many_requests"):
         cls, code = errors.RateLimitError, "RATE_LIMITED"
-    elif status in (401, 403) or kind_l in ("authentication_error", "permission_error", "invalid_api_key",
-                                             "unauthenticated", "permission_denied"):
+    elif status in (401, 403) or kind_l in (
+        "authentication_error",
+        "permission_error",
+        "invalid_api_key",
+        "unauthenticated",
+        "permission_denied",
+    ):
         cls = errors.AuthenticationError
         code = "PERMISSION_DENIED" if status == 403 or "permission" in kind_l else "AUTHENTICATION_FAILED"
     elif status in (400, None) and BAD_KEY.search(text):  # Gemini answers a bad key with 400 INVALID_ARGUMENT
         cls, code = errors.AuthenticationError, "AUTHENTICATION_FAILED"
-    elif status in (503, 529) or kind_l in ("overloaded_error", "unavailable", "overloaded", "server_is_overloaded",
-                                             "slow_down"):
+    elif status in (503, 529) or kind_l in ("overloaded_error", "unavailable", "overloaded", "server_is_overloaded", "slow_down"):
         cls, code = errors.OverloadedError, "OVERLOADED"
-    elif (status is not None and status >= 500) or kind_l in ("api_error", "server_error", "internal", "internal_error",
-                                                               "timeout_error"):
+    elif (status is not None and status >= 500) or kind_l in ("api_error", "server_error", "internal", "internal_error", "timeout_error"):
         cls, code = errors.ServerError, "SERVER_ERROR"
     elif status == 409:
         cls, code = errors.ServerError, "CONFLICT"
-    elif status == 413 or kind_l in ("context_length_exceeded", "request_too_large", "string_above_max_length") \
-            or CONTEXT_PATTERNS.search(text):
+    elif (
+        status == 413
+        or kind_l in ("context_length_exceeded", "request_too_large", "string_above_max_length")
+        or CONTEXT_PATTERNS.search(text)
+    ):
         cls, code = errors.ContextLengthError, "CONTEXT_LENGTH_EXCEEDED"
     elif status == 404 or kind_l in ("not_found_error", "not_found", "model_not_found"):
         cls, code = errors.InvalidRequestError, "NOT_FOUND"
@@ -148,8 +164,9 @@ TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.IGNORECASE | re.DOT
 TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
 
 
-def body_error(provider: str, status: Optional[int], content_type: str, body: str,
-               secrets: Sequence[str] = (), expected: str = "an event stream") -> errors.ModelError:
+def body_error(
+    provider: str, status: Optional[int], content_type: str, body: str, secrets: Sequence[str] = (), expected: str = "an event stream"
+) -> errors.ModelError:
     """The failure for a response that is not what was asked for (a ``200`` whose body is a
     JSON error, as proxies and OpenAI-compatible servers answer a bad key, or an HTML page
     from a gateway): a vendor-shaped JSON error is classified by its type and message; any
@@ -176,16 +193,20 @@ def body_error(provider: str, status: Optional[int], content_type: str, body: st
     else:
         excerpt = TAG.sub(" ", text) if "<" in text else text
     what = content_type.split(";")[0].strip() or "no content type"
-    return classify(provider, status=None, kind=None, secrets=secrets,
-                    message=f"the server answered {what} instead of {expected}: {shorten(excerpt, 200) or '(empty)'}")
+    return classify(
+        provider,
+        status=None,
+        kind=None,
+        secrets=secrets,
+        message=f"the server answered {what} instead of {expected}: {shorten(excerpt, 200) or '(empty)'}",
+    )
 
 
 def malformed_stream(provider: str, exc: BaseException, secrets: Sequence[str] = ()) -> errors.ModelError:
     """An event the SDK could not parse (a proxy's garbled stream): the stream is unusable from
     there on, as if it had dropped, so it is ``STREAM_INTERRUPTED`` (retried, as a dropped
     stream is)."""
-    return classify(provider, status=None, message=f"malformed event in the stream: {exc}", interrupted=True,
-                    secrets=secrets)
+    return classify(provider, status=None, message=f"malformed event in the stream: {exc}", interrupted=True, secrets=secrets)
 
 
 BODY_LIMIT = 65536  # bytes of an unexpected response body read to report it
@@ -211,8 +232,13 @@ async def unexpected_body(provider: str, response: Any, secrets: Sequence[str]) 
     except Exception:
         pass  # report what arrived
     status = getattr(response, "status_code", None)
-    return body_error(provider, status if isinstance(status, int) and status >= 400 else None, content_type,
-                      bytes(data[:BODY_LIMIT]).decode("utf-8", "replace"), secrets)
+    return body_error(
+        provider,
+        status if isinstance(status, int) and status >= 400 else None,
+        content_type,
+        bytes(data[:BODY_LIMIT]).decode("utf-8", "replace"),
+        secrets,
+    )
 
 
 def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool = False) -> errors.ModelError:
@@ -227,12 +253,18 @@ def http_status_error(provider: str, exc: BaseException, secrets: Sequence[str],
     kind, message = error_fields(body)
     if not message:
         message = getattr(exc, "message", None) or str(exc)
-    return classify(provider, status=status if isinstance(status, int) and status >= 400 else None, kind=kind, message=message,
-                    retry_after=retry_after_ms(headers), request_id=getattr(exc, "request_id", None),
-                    timeout="APITimeoutError" in names,
-                    connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
-                    interrupted="APIConnectionError" in names and "APITimeoutError" not in names and started,
-                    secrets=secrets)
+    return classify(
+        provider,
+        status=status if isinstance(status, int) and status >= 400 else None,
+        kind=kind,
+        message=message,
+        retry_after=retry_after_ms(headers),
+        request_id=getattr(exc, "request_id", None),
+        timeout="APITimeoutError" in names,
+        connection="APIConnectionError" in names and "APITimeoutError" not in names and not started,
+        interrupted="APIConnectionError" in names and "APITimeoutError" not in names and started,
+        secrets=secrets,
+    )
 
 
 def is_transport_error(exc: BaseException) -> bool:
@@ -246,8 +278,15 @@ def is_transport_error(exc: BaseException) -> bool:
 
 def transport_error(provider: str, exc: BaseException, secrets: Sequence[str], started: bool) -> errors.ModelError:
     timeout = any(c.__name__ == "TimeoutException" for c in type(exc).__mro__)
-    return classify(provider, status=None, message=str(exc) or type(exc).__name__, timeout=timeout,
-                    connection=not timeout and not started, interrupted=not timeout and started, secrets=secrets)
+    return classify(
+        provider,
+        status=None,
+        message=str(exc) or type(exc).__name__,
+        timeout=timeout,
+        connection=not timeout and not started,
+        interrupted=not timeout and started,
+        secrets=secrets,
+    )
 
 
 def error_fields(body: Any) -> Tuple[Optional[str], str]:

@@ -12,8 +12,9 @@ from .. import errors
 
 def deadline_error(provider: str, deadline: float) -> errors.ModelError:
     """The failure of a request that outlived its ``deadline`` (seconds): a timeout, retried as one."""
-    return errors.ModelTimeoutError(f"{provider}: no complete reply within the deadline of {deadline:g} s", "TIMEOUT",
-                                    status=None, retry_after_ms=None, request_id=None)
+    return errors.ModelTimeoutError(
+        f"{provider}: no complete reply within the deadline of {deadline:g} s", "TIMEOUT", status=None, retry_after_ms=None, request_id=None
+    )
 
 
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -31,8 +32,7 @@ def fix_surrogates(text: str) -> str:
 DELTAS = ("text-delta", "reasoning-delta")
 
 
-async def guard_chunks(stream: AsyncIterator[Dict[str, Any]], provider: str, deadline: Optional[float]
-                       ) -> AsyncIterator[Dict[str, Any]]:
+async def guard_chunks(stream: AsyncIterator[Dict[str, Any]], provider: str, deadline: Optional[float]) -> AsyncIterator[Dict[str, Any]]:
     """What every streamed reply goes through on its way to the loop:
 
     * a delta that ends with the first half of a surrogate pair (a proxy that re-chunks by

@@ -55,12 +55,25 @@ class Anthropic(SdkClientProvider):
     protocol = "anthropic"
     vendor = "anthropic"
 
-    def __init__(self, model: str, *, client: Any = None, max_tokens: int = 4096, instructions: Optional[str] = None,
-                 stream: bool = True, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 timeout: Optional[float] = None, cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
-                 deadline: Optional[float] = None, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
-                         retry=retry, deadline=deadline)
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        max_tokens: int = 4096,
+        instructions: Optional[str] = None,
+        stream: bool = True,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: Optional[float] = None,
+        cache_size: int = 10_000,
+        retry: Any = DEFAULT_RETRY,
+        deadline: Optional[float] = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            model, instructions=instructions, stream=stream, cache_size=cache_size, params=params, retry=retry, deadline=deadline
+        )
         self._sdk = require("anthropic", "anthropic", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncAnthropic, client, base_url, api_key, timeout)
         self._owns_client = owned
@@ -79,11 +92,17 @@ class Anthropic(SdkClientProvider):
             content = inner.get("content")
             wire: Dict[str, Any] = {"type": "tool_result", "tool_use_id": m.call_id}
             if isinstance(content, list) and any(b.get("type") == "image" for b in content):
-                wire["content"] = [{"type": "text", "text": b["text"]} if b.get("type") == "text" else _image(b)
-                                   for b in content if b.get("type") == "image" or (b.get("type") == "text" and b.get("text"))]
+                wire["content"] = [
+                    {"type": "text", "text": b["text"]} if b.get("type") == "text" else _image(b)
+                    for b in content
+                    if b.get("type") == "image" or (b.get("type") == "text" and b.get("text"))
+                ]
             else:
-                wire["content"] = "\n".join(b.get("text") or "" for b in content or () if b.get("type") == "text") \
-                    if isinstance(content, list) else str(content or "")
+                wire["content"] = (
+                    "\n".join(b.get("text") or "" for b in content or () if b.get("type") == "text")
+                    if isinstance(content, list)
+                    else str(content or "")
+                )
             if m.is_error:
                 wire["is_error"] = True
             return {"role": "user", "content": [wire]}
@@ -96,8 +115,7 @@ class Anthropic(SdkClientProvider):
                     if b.get("text"):
                         out.append({"type": "text", "text": b["text"]})
                 elif t == "tool-call":
-                    out.append({"type": "tool_use", "id": b.get("id"), "name": b.get("name"),
-                                "input": parse_arguments(b.get("arguments"))})
+                    out.append({"type": "tool_use", "id": b.get("id"), "name": b.get("name"), "input": parse_arguments(b.get("arguments"))})
                 elif t == "reasoning":
                     opaque = b.get("anthropic") or {}
                     if opaque.get("redacted"):
@@ -128,9 +146,17 @@ class Anthropic(SdkClientProvider):
             kwargs.setdefault("system", instructions)
         tools = request.tools
         if tools:
-            kwargs.setdefault("tools", [{"name": t["name"], "description": t.get("description") or "",
-                                         "input_schema": t.get("parameters") or {"type": "object", "properties": {}}}
-                                        for t in tools])
+            kwargs.setdefault(
+                "tools",
+                [
+                    {
+                        "name": t["name"],
+                        "description": t.get("description") or "",
+                        "input_schema": t.get("parameters") or {"type": "object", "properties": {}},
+                    }
+                    for t in tools
+                ],
+            )
         kwargs["stream"] = self.stream
         return kwargs
 
@@ -233,8 +259,9 @@ class Anthropic(SdkClientProvider):
         if not done:
             raise classify(self.protocol, status=None, message="the stream ended before message_stop", interrupted=True)
         if stop is None:  # as a Chat Completions stream that ends without a finish reason
-            raise classify(self.protocol, status=None, message="the stream ended without a stop reason (no message_delta)",
-                           interrupted=True)
+            raise classify(
+                self.protocol, status=None, message="the stream ended without a stop reason (no message_delta)", interrupted=True
+            )
         data = self._remember(builder)
         if data is not None:
             yield data

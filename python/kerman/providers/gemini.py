@@ -81,12 +81,25 @@ class Gemini(Provider):
     protocol = "gemini"
     vendor = "gemini"
 
-    def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
-                 api_key: Optional[str] = None, base_url: Optional[str] = None, timeout: Optional[float] = None,
-                 sign_unsigned_calls: bool = True, cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
-                 deadline: Optional[float] = None, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
-                         retry=retry, deadline=deadline)
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        instructions: Optional[str] = None,
+        stream: bool = True,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        timeout: Optional[float] = None,
+        sign_unsigned_calls: bool = True,
+        cache_size: int = 10_000,
+        retry: Any = DEFAULT_RETRY,
+        deadline: Optional[float] = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            model, instructions=instructions, stream=stream, cache_size=cache_size, params=params, retry=retry, deadline=deadline
+        )
         self._genai = require("google.genai", "gemini", type(self).__name__)
         self._errors = require("google.genai.errors", "gemini", type(self).__name__)
         types = require("google.genai.types", "gemini", type(self).__name__)
@@ -105,8 +118,7 @@ class Gemini(Provider):
             client = self._genai.Client(**options)
         elif base_url is not None or api_key is not None or timeout is not None:
             raise TypeError("pass api_key/base_url/timeout to your client, or no client")
-        check_api_key(getattr(getattr(client, "_api_client", None), "api_key", None),
-                      "" if api_key is not None else "from the environment")
+        check_api_key(getattr(getattr(client, "_api_client", None), "api_key", None), "" if api_key is not None else "from the environment")
         self._owns_client = owned
         self.client = client
         self.sign_unsigned_calls = bool(sign_unsigned_calls)
@@ -122,8 +134,12 @@ class Gemini(Provider):
         return f", base_url={base!r}" if base else ""
 
     def _secrets(self) -> List[str]:
-        keys = [self._api_key, os.environ.get("GEMINI_API_KEY"), os.environ.get("GOOGLE_API_KEY"),
-                getattr(getattr(self.client, "_api_client", None), "api_key", None)]
+        keys = [
+            self._api_key,
+            os.environ.get("GEMINI_API_KEY"),
+            os.environ.get("GOOGLE_API_KEY"),
+            getattr(getattr(self.client, "_api_client", None), "api_key", None),
+        ]
         return [k for k in keys if isinstance(k, str) and k]
 
     # -- request --
@@ -144,8 +160,10 @@ class Gemini(Provider):
         if kind is ToolResultMessage:
             inner = m.content[0] if m.content else {}
             text = tool_result_text(inner)
-            response: Dict[str, Any] = {"name": self._name_of(m.call_id, request),
-                                        "response": {"error": text} if m.is_error else {"result": text}}
+            response: Dict[str, Any] = {
+                "name": self._name_of(m.call_id, request),
+                "response": {"error": text} if m.is_error else {"result": text},
+            }
             if not m.call_id.startswith("kerman_"):
                 response["id"] = m.call_id
             return {"role": "user", "parts": [{"function_response": response}]}
@@ -206,9 +224,21 @@ class Gemini(Provider):
             config.setdefault("system_instruction", instructions)
         tools = request.tools
         if tools:
-            config.setdefault("tools", [{"function_declarations": [
-                {"name": t["name"], "description": t.get("description") or "",
-                 "parameters_json_schema": t.get("parameters") or {"type": "object", "properties": {}}} for t in tools]}])
+            config.setdefault(
+                "tools",
+                [
+                    {
+                        "function_declarations": [
+                            {
+                                "name": t["name"],
+                                "description": t.get("description") or "",
+                                "parameters_json_schema": t.get("parameters") or {"type": "object", "properties": {}},
+                            }
+                            for t in tools
+                        ]
+                    }
+                ],
+            )
         config.setdefault("automatic_function_calling", {"disable": True})
         return {"model": model, "contents": contents, "config": config}
 
@@ -223,8 +253,15 @@ class Gemini(Provider):
             if retry is None:
                 retry = _retry_delay_ms(exc.details)
             request_id = headers.get("x-request-id") if headers is not None else None
-            return classify(self.protocol, status=status, kind=exc.status, message=exc.message or str(exc),
-                            retry_after=retry, request_id=request_id, secrets=self._secrets())
+            return classify(
+                self.protocol,
+                status=status,
+                kind=exc.status,
+                message=exc.message or str(exc),
+                retry_after=retry,
+                request_id=request_id,
+                secrets=self._secrets(),
+            )
         if isinstance(exc, self._errors.UnknownApiResponseError):
             # The SDK could not parse a piece of the stream as JSON: an HTML page (a gateway's)
             # or a garbled event. Its message quotes what it got.
@@ -241,8 +278,13 @@ class Gemini(Provider):
     @staticmethod
     def _usage(u: Any) -> Dict[str, Any]:
         thoughts = getattr(u, "thoughts_token_count", None) or 0
-        return usage_chunk(getattr(u, "prompt_token_count", 0), (getattr(u, "candidates_token_count", None) or 0) + thoughts,
-                           getattr(u, "cached_content_token_count", None), None, thoughts)
+        return usage_chunk(
+            getattr(u, "prompt_token_count", 0),
+            (getattr(u, "candidates_token_count", None) or 0) + thoughts,
+            getattr(u, "cached_content_token_count", None),
+            None,
+            thoughts,
+        )
 
     @staticmethod
     def _reason(reason: Any) -> Optional[str]:
@@ -327,13 +369,13 @@ class Gemini(Provider):
             if self._is_sdk_error(e):
                 raise self._error(e) from None
             if isinstance(e, json.JSONDecodeError):  # a page where the reply should be
-                raise classify(self.protocol, status=None, message=f"the reply is not valid JSON: {e}",
-                               secrets=self._secrets()) from None
+                raise classify(self.protocol, status=None, message=f"the reply is not valid JSON: {e}", secrets=self._secrets()) from None
             raise
         if not response.candidates and response.prompt_feedback is None and response.usage_metadata is None:
             # Nothing of a Gemini reply: the SDK read a JSON body it does not know (a proxy's error).
-            raise classify(self.protocol, status=None, message="the reply has no candidates, usage or prompt feedback",
-                           secrets=self._secrets())
+            raise classify(
+                self.protocol, status=None, message="the reply has no candidates, usage or prompt feedback", secrets=self._secrets()
+            )
         builder = ReplyBuilder()
         reason = None
         if response.candidates:

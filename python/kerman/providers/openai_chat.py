@@ -60,15 +60,31 @@ class OpenAIChat(SdkClientProvider):
     vendor = "openai"
     opaque = False  # reasoning_content is plain text: nothing to keep beyond the message
 
-    def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
-                 base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = None,
-                 max_tokens: Optional[int] = None, max_tokens_field: str = "max_completion_tokens",
-                 stream_usage: bool = True, parallel_tool_calls: Optional[bool] = None,
-                 reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"), send_reasoning: bool = False,
-                 instructions_role: str = "system", cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
-                 deadline: Optional[float] = None, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
-                         retry=retry, deadline=deadline)
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        instructions: Optional[str] = None,
+        stream: bool = True,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: Optional[float] = None,
+        max_tokens: Optional[int] = None,
+        max_tokens_field: str = "max_completion_tokens",
+        stream_usage: bool = True,
+        parallel_tool_calls: Optional[bool] = None,
+        reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"),
+        send_reasoning: bool = False,
+        instructions_role: str = "system",
+        cache_size: int = 10_000,
+        retry: Any = DEFAULT_RETRY,
+        deadline: Optional[float] = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            model, instructions=instructions, stream=stream, cache_size=cache_size, params=params, retry=retry, deadline=deadline
+        )
         self._sdk = require("openai", "openai", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         if max_tokens_field not in ("max_completion_tokens", "max_tokens"):
@@ -109,8 +125,13 @@ class OpenAIChat(SdkClientProvider):
                 if t == "text":
                     text.append(b.get("text") or "")
                 elif t == "tool-call":
-                    calls.append({"id": b.get("id"), "type": "function",
-                                  "function": {"name": b.get("name"), "arguments": b.get("arguments") or "{}"}})
+                    calls.append(
+                        {
+                            "id": b.get("id"),
+                            "type": "function",
+                            "function": {"name": b.get("name"), "arguments": b.get("arguments") or "{}"},
+                        }
+                    )
                 elif t == "reasoning":
                     reasoning.append(b.get("text") or "")
             if not text and not calls:
@@ -145,9 +166,20 @@ class OpenAIChat(SdkClientProvider):
         kwargs["messages"] = messages
         tools = request.tools
         if tools:
-            kwargs.setdefault("tools", [{"type": "function", "function": {
-                "name": t["name"], "description": t.get("description") or "", "parameters": t.get("parameters")
-                or {"type": "object", "properties": {}}}} for t in tools])
+            kwargs.setdefault(
+                "tools",
+                [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": t["name"],
+                            "description": t.get("description") or "",
+                            "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+                        },
+                    }
+                    for t in tools
+                ],
+            )
             if self.parallel_tool_calls is not None:
                 kwargs.setdefault("parallel_tool_calls", self.parallel_tool_calls)
         if self.max_tokens is not None:
@@ -229,8 +261,7 @@ class OpenAIChat(SdkClientProvider):
         yield {"type": "finish", "reason": "max-tokens" if finish == "length" else "stop", "providerReason": finish}
 
     def _error_interrupted(self) -> Exception:
-        return _classify(self.protocol, status=None, message="the stream ended before the reply finished",
-                         interrupted=True)
+        return _classify(self.protocol, status=None, message="the stream ended before the reply finished", interrupted=True)
 
     @staticmethod
     def _usage(u: Any) -> Dict[str, Any]:
@@ -268,7 +299,13 @@ class OpenAIChat(SdkClientProvider):
             blocks.append({"type": "text", "text": message.content})
         for call in message.tool_calls or ():
             fn = getattr(call, "function", None)
-            blocks.append({"type": "tool-call", "id": call.id or mint_call_id(), "name": getattr(fn, "name", "") or "",
-                           "arguments": getattr(fn, "arguments", "") or ""})
+            blocks.append(
+                {
+                    "type": "tool-call",
+                    "id": call.id or mint_call_id(),
+                    "name": getattr(fn, "name", "") or "",
+                    "arguments": getattr(fn, "arguments", "") or "",
+                }
+            )
         usage = usage_dict(self._usage(response.usage)) if response.usage is not None else None
         return ModelReply(blocks, usage=usage, finish="max-tokens" if choice.finish_reason == "length" else "stop")

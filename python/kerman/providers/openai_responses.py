@@ -51,12 +51,24 @@ class OpenAIResponses(SdkClientProvider):
     protocol = "openai-responses"
     vendor = "openai"
 
-    def __init__(self, model: str, *, client: Any = None, instructions: Optional[str] = None, stream: bool = True,
-                 base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = None,
-                 cache_size: int = 10_000, retry: Any = DEFAULT_RETRY,
-                 deadline: Optional[float] = None, **params: Any) -> None:
-        super().__init__(model, instructions=instructions, stream=stream, cache_size=cache_size, params=params,
-                         retry=retry, deadline=deadline)
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        instructions: Optional[str] = None,
+        stream: bool = True,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: Optional[float] = None,
+        cache_size: int = 10_000,
+        retry: Any = DEFAULT_RETRY,
+        deadline: Optional[float] = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(
+            model, instructions=instructions, stream=stream, cache_size=cache_size, params=params, retry=retry, deadline=deadline
+        )
         self._sdk = require("openai", "openai", type(self).__name__)
         client, owned = sdk_client(self._sdk.AsyncOpenAI, client, base_url, api_key, timeout)
         self._owns_client = owned
@@ -78,16 +90,25 @@ class OpenAIResponses(SdkClientProvider):
                 if t == "text":
                     text = b.get("text") or ""
                     if opaque.get("id"):
-                        item: Dict[str, Any] = {"type": "message", "role": "assistant", "id": opaque["id"], "status": "completed",
-                                                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+                        item: Dict[str, Any] = {
+                            "type": "message",
+                            "role": "assistant",
+                            "id": opaque["id"],
+                            "status": "completed",
+                            "content": [{"type": "output_text", "text": text, "annotations": []}],
+                        }
                         if opaque.get("phase"):
                             item["phase"] = opaque["phase"]
                         out.append(item)
                     elif text:
                         out.append({"role": "assistant", "content": text})
                 elif t == "tool-call":
-                    call: Dict[str, Any] = {"type": "function_call", "call_id": b.get("id"), "name": b.get("name"),
-                                            "arguments": b.get("arguments") or "{}"}
+                    call: Dict[str, Any] = {
+                        "type": "function_call",
+                        "call_id": b.get("id"),
+                        "name": b.get("name"),
+                        "arguments": b.get("arguments") or "{}",
+                    }
                     if opaque.get("id"):
                         call["id"] = opaque["id"]
                         call["status"] = "completed"
@@ -124,9 +145,19 @@ class OpenAIResponses(SdkClientProvider):
             kwargs.setdefault("instructions", instructions)
         tools = request.tools
         if tools:
-            kwargs.setdefault("tools", [{"type": "function", "name": t["name"], "description": t.get("description") or "",
-                                         "parameters": t.get("parameters") or {"type": "object", "properties": {}},
-                                         "strict": False} for t in tools])
+            kwargs.setdefault(
+                "tools",
+                [
+                    {
+                        "type": "function",
+                        "name": t["name"],
+                        "description": t.get("description") or "",
+                        "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+                        "strict": False,
+                    }
+                    for t in tools
+                ],
+            )
         if kwargs.get("store") is False:
             include = list(kwargs.get("include") or ())
             if "reasoning.encrypted_content" not in include:
@@ -141,18 +172,20 @@ class OpenAIResponses(SdkClientProvider):
     def _usage(u: Any) -> Dict[str, Any]:
         inp = getattr(u, "input_tokens_details", None)
         out = getattr(u, "output_tokens_details", None)
-        return usage_chunk(getattr(u, "input_tokens", 0), getattr(u, "output_tokens", 0),
-                           getattr(inp, "cached_tokens", None) if inp is not None else None,
-                           getattr(inp, "cache_write_tokens", None) if inp is not None else None,
-                           getattr(out, "reasoning_tokens", None) if out is not None else None)
+        return usage_chunk(
+            getattr(u, "input_tokens", 0),
+            getattr(u, "output_tokens", 0),
+            getattr(inp, "cached_tokens", None) if inp is not None else None,
+            getattr(inp, "cache_write_tokens", None) if inp is not None else None,
+            getattr(out, "reasoning_tokens", None) if out is not None else None,
+        )
 
     @staticmethod
     def _finish(response: Any) -> Dict[str, Any]:
         details = getattr(response, "incomplete_details", None)
         reason = getattr(details, "reason", None) if details is not None else None
         status = getattr(response, "status", None)
-        return {"type": "finish", "reason": "max-tokens" if reason == "max_output_tokens" else "stop",
-                "providerReason": reason or status}
+        return {"type": "finish", "reason": "max-tokens" if reason == "max_output_tokens" else "stop", "providerReason": reason or status}
 
     def _failed(self, response: Any) -> Exception:
         error = getattr(response, "error", None)
@@ -215,8 +248,9 @@ class OpenAIResponses(SdkClientProvider):
                         if it == "function_call":
                             slot = calls.pop(event.output_index, None)
                             arguments = item.arguments if item.arguments is not None else "".join(slot[3] if slot else ())
-                            yield builder.tool_call(item.call_id, item.name, arguments or "{}",
-                                                    **({"openai": {"id": item.id}} if item.id else {}))
+                            yield builder.tool_call(
+                                item.call_id, item.name, arguments or "{}", **({"openai": {"id": item.id}} if item.id else {})
+                            )
                         elif it == "reasoning":
                             block = items.get(event.output_index) or builder.start("reasoning")
                             builder.annotate("openai", block, item=_item_dict(item))
@@ -234,8 +268,13 @@ class OpenAIResponses(SdkClientProvider):
                     elif kind == "response.failed":
                         raise self._failed(event.response)
                     elif kind == "error":
-                        raise classify(self.protocol, status=None, kind=getattr(event, "code", None),
-                                       message=getattr(event, "message", "") or "stream error", secrets=self._secrets())
+                        raise classify(
+                            self.protocol,
+                            status=None,
+                            kind=getattr(event, "code", None),
+                            message=getattr(event, "message", "") or "stream error",
+                            secrets=self._secrets(),
+                        )
         except Exception as e:
             failure = self._failure(e, started=True)
             if failure is None:

@@ -15,8 +15,9 @@ from ..hooks import ModelReply, Retry
 __all__ = ["retry_policy", "should_retry", "Fallback", "RETRY_ON", "FALLBACK_ON"]
 
 #: Failure codes the default policy retries: waiting (or trying again) can fix them.
-RETRY_ON: FrozenSet[str] = frozenset({"RATE_LIMITED", "OVERLOADED", "SERVER_ERROR", "CONFLICT", "TIMEOUT",
-                                      "CONNECTION_ERROR", "STREAM_INTERRUPTED"})
+RETRY_ON: FrozenSet[str] = frozenset(
+    {"RATE_LIMITED", "OVERLOADED", "SERVER_ERROR", "CONFLICT", "TIMEOUT", "CONNECTION_ERROR", "STREAM_INTERRUPTED"}
+)
 
 #: Failure codes on which a :class:`Fallback` moves to its next model: the retryable ones, an
 #: exhausted quota and a context overflow (another model may have the budget or the window).
@@ -28,9 +29,16 @@ def should_retry(failure: Mapping[str, Any], retry_on: Iterable[str] = RETRY_ON)
     return failure.get("code") in set(retry_on)
 
 
-def retry_policy(*, max_attempts: int = 4, base_delay: float = 0.5, max_delay: float = 30.0,
-                 max_retry_after: float = 60.0, jitter: float = 0.5, retry_on: Iterable[str] = RETRY_ON,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Callable[..., Awaitable[Any]]:
+def retry_policy(
+    *,
+    max_attempts: int = 4,
+    base_delay: float = 0.5,
+    max_delay: float = 30.0,
+    max_retry_after: float = 60.0,
+    jitter: float = 0.5,
+    retry_on: Iterable[str] = RETRY_ON,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+) -> Callable[..., Awaitable[Any]]:
     """A ``request_error`` listener: ``loop.request_error(retry_policy())``.
 
     It first lets the listeners after it decide (``await next()``); when none asked for a
@@ -79,7 +87,7 @@ def retry_policy(*, max_attempts: int = 4, base_delay: float = 0.5, max_delay: f
                 counts.pop(key, None)
                 return None
         else:
-            delay = min(max_delay, base_delay * (2 ** retries))
+            delay = min(max_delay, base_delay * (2**retries))
             delay -= delay * jitter * random.random()
         counts[key] = (turn, step, retries + 1)
         if delay > 0:
@@ -110,8 +118,9 @@ async def _drain(stream: AsyncIterator[Dict[str, Any]]) -> ModelReply:
             else:
                 blocks.append({"type": block_type, "text": chunk.get("text") or "", "_open": True})
         elif kind == "tool-call":
-            blocks.append({"type": "tool-call", "id": chunk.get("id"), "name": chunk.get("name"),
-                           "arguments": chunk.get("arguments") or ""})
+            blocks.append(
+                {"type": "tool-call", "id": chunk.get("id"), "name": chunk.get("name"), "arguments": chunk.get("arguments") or ""}
+            )
         elif kind == "usage":
             usage = dict(usage or {}, **{k: v for k, v in chunk.items() if k != "type"})
         elif kind == "finish":

@@ -137,14 +137,13 @@ def _split(text: str, n: int) -> List[str]:
     if n <= 1 or len(text) <= 1:
         return [text]
     size = max(1, -(-len(text) // n))
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 class FakeServer:
     """A loopback server for one protocol. Use as a context manager, or ``close()`` it."""
 
-    def __init__(self, protocol: str, *, api_key: Optional[str] = None, model: str = "fake-model",
-                 default: Optional[Item] = None) -> None:
+    def __init__(self, protocol: str, *, api_key: Optional[str] = None, model: str = "fake-model", default: Optional[Item] = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
@@ -256,14 +255,32 @@ def _error_kind(protocol: str, error: HttpError) -> str:
         return error.kind
     s = error.status
     if protocol == "anthropic":
-        return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                529: "overloaded_error"}.get(s, "api_error")
+        return {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            403: "permission_error",
+            404: "not_found_error",
+            413: "request_too_large",
+            429: "rate_limit_error",
+            529: "overloaded_error",
+        }.get(s, "api_error")
     if protocol == "gemini":
-        return {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-                429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}.get(s, "INTERNAL")
-    return {400: "invalid_request_error", 401: "invalid_api_key", 403: "permission_denied", 404: "model_not_found",
-            429: "rate_limit_exceeded"}.get(s, "server_error")
+        return {
+            400: "INVALID_ARGUMENT",
+            401: "UNAUTHENTICATED",
+            403: "PERMISSION_DENIED",
+            404: "NOT_FOUND",
+            429: "RESOURCE_EXHAUSTED",
+            503: "UNAVAILABLE",
+            504: "DEADLINE_EXCEEDED",
+        }.get(s, "INTERNAL")
+    return {
+        400: "invalid_request_error",
+        401: "invalid_api_key",
+        403: "permission_denied",
+        404: "model_not_found",
+        429: "rate_limit_exceeded",
+    }.get(s, "server_error")
 
 
 def _error_body(protocol: str, error: HttpError, request_id: str) -> Dict[str, Any]:
@@ -294,8 +311,9 @@ def _chat_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optio
     for piece in _pieces(reply.text):
         events.append(chunk({"content": piece}))
     for i, call in enumerate(reply.tool_calls):
-        events.append(chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
-                                             "function": {"name": call.name, "arguments": ""}}]}))
+        events.append(
+            chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]})
+        )
         for piece in _split(call.arguments, call.pieces):
             events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
     events.append(chunk({}, _finish("openai-chat", reply)))
@@ -308,9 +326,13 @@ def _chat_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optio
 
 
 def _chat_usage(u: Dict[str, int]) -> Dict[str, Any]:
-    return {"prompt_tokens": u["input"], "completion_tokens": u["output"], "total_tokens": u["input"] + u["output"],
-            "prompt_tokens_details": {"cached_tokens": u["cacheRead"], "cache_write_tokens": u["cacheWrite"]},
-            "completion_tokens_details": {"reasoning_tokens": u["reasoning"]}}
+    return {
+        "prompt_tokens": u["input"],
+        "completion_tokens": u["output"],
+        "total_tokens": u["input"] + u["output"],
+        "prompt_tokens_details": {"cached_tokens": u["cacheRead"], "cache_write_tokens": u["cacheWrite"]},
+        "completion_tokens_details": {"reasoning_tokens": u["reasoning"]},
+    }
 
 
 def _chat_json(reply: Reply, request: Request, model: str) -> Dict[str, Any]:
@@ -318,11 +340,17 @@ def _chat_json(reply: Reply, request: Request, model: str) -> Dict[str, Any]:
     if reply.reasoning:
         message["reasoning_content"] = "".join(_pieces(reply.reasoning))
     if reply.tool_calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in reply.tool_calls]
-    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish("openai-chat", reply), "logprobs": None}],
-            "usage": _chat_usage(_usage_or_default(reply))}
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish("openai-chat", reply), "logprobs": None}],
+        "usage": _chat_usage(_usage_or_default(reply)),
+    }
 
 
 def _anthropic_blocks(reply: Reply) -> List[Dict[str, Any]]:
@@ -339,8 +367,12 @@ def _anthropic_blocks(reply: Reply) -> List[Dict[str, Any]]:
 
 
 def _anthropic_usage(u: Dict[str, int]) -> Dict[str, Any]:
-    return {"input_tokens": u["input"] - u["cacheRead"] - u["cacheWrite"], "cache_read_input_tokens": u["cacheRead"],
-            "cache_creation_input_tokens": u["cacheWrite"], "output_tokens": u["output"]}
+    return {
+        "input_tokens": u["input"] - u["cacheRead"] - u["cacheWrite"],
+        "cache_read_input_tokens": u["cacheRead"],
+        "cache_creation_input_tokens": u["cacheWrite"],
+        "output_tokens": u["output"],
+    }
 
 
 def _anthropic_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optional[str], Any]]:
@@ -348,9 +380,22 @@ def _anthropic_events(reply: Reply, request: Request, model: str) -> List[Tuple[
     start_usage = _anthropic_usage(u)
     start_usage["output_tokens"] = 1
     events: List[Tuple[Optional[str], Any]] = [
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": start_usage}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_fake",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+        ),
         ("ping", {"type": "ping"}),
     ]
     index = 0
@@ -373,52 +418,97 @@ def _anthropic_events(reply: Reply, request: Request, model: str) -> List[Tuple[
     if reply.text:
         block({"type": "text", "text": ""}, [{"type": "text_delta", "text": p} for p in _pieces(reply.text)])
     for c in reply.tool_calls:
-        block({"type": "tool_use", "id": c.id, "name": c.name, "input": {}},
-              [{"type": "input_json_delta", "partial_json": p} for p in _split(c.arguments, c.pieces)])
-    events.append(("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": _finish("anthropic", reply), "stop_sequence": None},
-                                     "usage": dict({"output_tokens": u["output"]}, **(
-                                         {"output_tokens_details": {"thinking_tokens": u["reasoning"]}} if u["reasoning"] else {}))}))
+        block(
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": {}},
+            [{"type": "input_json_delta", "partial_json": p} for p in _split(c.arguments, c.pieces)],
+        )
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _finish("anthropic", reply), "stop_sequence": None},
+                "usage": dict(
+                    {"output_tokens": u["output"]},
+                    **({"output_tokens_details": {"thinking_tokens": u["reasoning"]}} if u["reasoning"] else {}),
+                ),
+            },
+        )
+    )
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 
 
 def _anthropic_json(reply: Reply, request: Request, model: str) -> Dict[str, Any]:
-    return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": _anthropic_blocks(reply),
-            "stop_reason": _finish("anthropic", reply), "stop_sequence": None,
-            "usage": _anthropic_usage(_usage_or_default(reply))}
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _anthropic_blocks(reply),
+        "stop_reason": _finish("anthropic", reply),
+        "stop_sequence": None,
+        "usage": _anthropic_usage(_usage_or_default(reply)),
+    }
 
 
 def _responses_output(reply: Reply) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     if reply.reasoning or reply.signature:
-        item: Dict[str, Any] = {"type": "reasoning", "id": "rs_fake1", "status": "completed",
-                                "summary": [{"type": "summary_text", "text": "".join(_pieces(reply.reasoning))}]
-                                if reply.reasoning else []}
+        item: Dict[str, Any] = {
+            "type": "reasoning",
+            "id": "rs_fake1",
+            "status": "completed",
+            "summary": [{"type": "summary_text", "text": "".join(_pieces(reply.reasoning))}] if reply.reasoning else [],
+        }
         if reply.signature:
             item["encrypted_content"] = reply.signature
         out.append(item)
     if reply.text:
-        out.append({"type": "message", "id": "msg_fake1", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": "".join(_pieces(reply.text)), "annotations": []}]})
+        out.append(
+            {
+                "type": "message",
+                "id": "msg_fake1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "".join(_pieces(reply.text)), "annotations": []}],
+            }
+        )
     for i, c in enumerate(reply.tool_calls):
-        out.append({"type": "function_call", "id": f"fc_fake{i}", "call_id": c.id, "name": c.name,
-                    "arguments": c.arguments, "status": "completed"})
+        out.append(
+            {"type": "function_call", "id": f"fc_fake{i}", "call_id": c.id, "name": c.name, "arguments": c.arguments, "status": "completed"}
+        )
     return out
 
 
 def _responses_usage(u: Dict[str, int]) -> Dict[str, Any]:
-    return {"input_tokens": u["input"], "input_tokens_details": {"cached_tokens": u["cacheRead"], "cache_write_tokens": u["cacheWrite"]},
-            "output_tokens": u["output"], "output_tokens_details": {"reasoning_tokens": u["reasoning"]},
-            "total_tokens": u["input"] + u["output"]}
+    return {
+        "input_tokens": u["input"],
+        "input_tokens_details": {"cached_tokens": u["cacheRead"], "cache_write_tokens": u["cacheWrite"]},
+        "output_tokens": u["output"],
+        "output_tokens_details": {"reasoning_tokens": u["reasoning"]},
+        "total_tokens": u["input"] + u["output"],
+    }
 
 
-def _responses_object(reply: Reply, model: str, status: str, output: List[Dict[str, Any]],
-                      usage: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def _responses_object(
+    reply: Reply, model: str, status: str, output: List[Dict[str, Any]], usage: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {"id": "resp_fake", "object": "response", "created_at": 1700000000, "model": model, "status": status,
-            "output": output, "usage": usage, "error": None, "incomplete_details": incomplete,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+    return {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": 1700000000,
+        "model": model,
+        "status": status,
+        "output": output,
+        "usage": usage,
+        "error": None,
+        "incomplete_details": incomplete,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
 
 
 def _responses_events(reply: Reply, request: Request, model: str) -> List[Tuple[Optional[str], Any]]:
@@ -435,30 +525,50 @@ def _responses_events(reply: Reply, request: Request, model: str) -> List[Tuple[
         if kind == "reasoning":
             ev("response.output_item.added", output_index=n, item=dict(item, summary=[], encrypted_content=None, status="in_progress"))
             if reply.reasoning:
-                ev("response.reasoning_summary_part.added", item_id=item["id"], output_index=n, summary_index=0,
-                   part={"type": "summary_text", "text": ""})
+                ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=item["id"],
+                    output_index=n,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
                 for p in _pieces(reply.reasoning):
                     ev("response.reasoning_summary_text.delta", item_id=item["id"], output_index=n, summary_index=0, delta=p)
                 text = "".join(_pieces(reply.reasoning))
                 ev("response.reasoning_summary_text.done", item_id=item["id"], output_index=n, summary_index=0, text=text)
-                ev("response.reasoning_summary_part.done", item_id=item["id"], output_index=n, summary_index=0,
-                   part={"type": "summary_text", "text": text})
+                ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item["id"],
+                    output_index=n,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": text},
+                )
         elif kind == "message":
             ev("response.output_item.added", output_index=n, item=dict(item, content=[], status="in_progress"))
-            ev("response.content_part.added", item_id=item["id"], output_index=n, content_index=0,
-               part={"type": "output_text", "text": "", "annotations": []})
+            ev(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=n,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
             for p in _pieces(reply.text):
                 ev("response.output_text.delta", item_id=item["id"], output_index=n, content_index=0, delta=p, logprobs=[])
-            ev("response.output_text.done", item_id=item["id"], output_index=n, content_index=0,
-               text=item["content"][0]["text"], logprobs=[])
+            ev(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=n,
+                content_index=0,
+                text=item["content"][0]["text"],
+                logprobs=[],
+            )
             ev("response.content_part.done", item_id=item["id"], output_index=n, content_index=0, part=item["content"][0])
         else:
-            call = reply.tool_calls[int(item["id"][len("fc_fake"):])]
+            call = reply.tool_calls[int(item["id"][len("fc_fake") :])]
             ev("response.output_item.added", output_index=n, item=dict(item, arguments="", status="in_progress"))
             for p in _split(call.arguments, call.pieces):
                 ev("response.function_call_arguments.delta", item_id=item["id"], output_index=n, delta=p)
-            ev("response.function_call_arguments.done", item_id=item["id"], output_index=n, arguments=call.arguments,
-               name=call.name)
+            ev("response.function_call_arguments.done", item_id=item["id"], output_index=n, arguments=call.arguments, name=call.name)
         ev("response.output_item.done", output_index=n, item=item)
     usage = _responses_usage(_usage_or_default(reply))
     if reply.finish == "max-tokens":
@@ -474,8 +584,11 @@ def _responses_json(reply: Reply, request: Request, model: str) -> Dict[str, Any
 
 
 def _gemini_usage(u: Dict[str, int]) -> Dict[str, Any]:
-    usage = {"promptTokenCount": u["input"], "candidatesTokenCount": u["output"] - u["reasoning"],
-             "totalTokenCount": u["input"] + u["output"]}
+    usage = {
+        "promptTokenCount": u["input"],
+        "candidatesTokenCount": u["output"] - u["reasoning"],
+        "totalTokenCount": u["input"] + u["output"],
+    }
     if u["cacheRead"]:
         usage["cachedContentTokenCount"] = u["cacheRead"]
     if u["reasoning"]:
@@ -533,13 +646,22 @@ def _gemini_json(reply: Reply, request: Request, model: str) -> Dict[str, Any]:
     parts = [p for chunk in _gemini_parts(reply) for p in chunk]
     merged: List[Dict[str, Any]] = []
     for p in parts:  # adjacent text parts of one kind arrive as one part when not streamed
-        if merged and "text" in p and "text" in merged[-1] and p.get("thought") == merged[-1].get("thought") \
-                and "thoughtSignature" not in merged[-1]:
+        if (
+            merged
+            and "text" in p
+            and "text" in merged[-1]
+            and p.get("thought") == merged[-1].get("thought")
+            and "thoughtSignature" not in merged[-1]
+        ):
             merged[-1] = dict(merged[-1], text=merged[-1]["text"] + p["text"], **{k: v for k, v in p.items() if k != "text"})
         else:
             merged.append(dict(p))
-    return {"candidates": [{"content": {"role": "model", "parts": merged}, "finishReason": _finish("gemini", reply), "index": 0}],
-            "usageMetadata": _gemini_usage(_usage_or_default(reply)), "modelVersion": model, "responseId": "fake-response"}
+    return {
+        "candidates": [{"content": {"role": "model", "parts": merged}, "finishReason": _finish("gemini", reply), "index": 0}],
+        "usageMetadata": _gemini_usage(_usage_or_default(reply)),
+        "modelVersion": model,
+        "responseId": "fake-response",
+    }
 
 
 RENDER = {
@@ -553,8 +675,9 @@ PATHS = {
     "openai-chat": lambda p: p == "/v1/chat/completions",
     "openai-responses": lambda p: p == "/v1/responses",
     "anthropic": lambda p: p == "/v1/messages",
-    "gemini": lambda p: p.startswith(("/v1beta/models/", "/v1/models/"))
-    and (p.endswith(":generateContent") or p.endswith(":streamGenerateContent")),
+    "gemini": lambda p: (
+        p.startswith(("/v1beta/models/", "/v1/models/")) and (p.endswith(":generateContent") or p.endswith(":streamGenerateContent"))
+    ),
 }
 
 
@@ -563,10 +686,23 @@ def _stream_error_event(protocol: str, error: HttpError, request_id: str) -> Tup
     if protocol == "anthropic":
         return "error", {"type": "error", "error": {"type": kind, "message": error.message}, "request_id": request_id}
     if protocol == "openai-responses":
-        return "response.failed", {"type": "response.failed", "sequence_number": 999, "response": {
-            "id": "resp_fake", "object": "response", "created_at": 1700000000, "model": "fake", "status": "failed",
-            "output": [], "error": {"code": kind, "message": error.message}, "incomplete_details": None,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}}
+        return "response.failed", {
+            "type": "response.failed",
+            "sequence_number": 999,
+            "response": {
+                "id": "resp_fake",
+                "object": "response",
+                "created_at": 1700000000,
+                "model": "fake",
+                "status": "failed",
+                "output": [],
+                "error": {"code": kind, "message": error.message},
+                "incomplete_details": None,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+            },
+        }
     if protocol == "gemini":
         return None, {"error": {"code": error.status, "message": error.message, "status": kind}}
     return None, {"error": {"message": error.message, "type": "server_error", "param": None, "code": kind}}
@@ -583,8 +719,7 @@ def _is_text(protocol: str, event: Tuple[Optional[str], Any]) -> bool:
         return name == "response.output_text.delta"
     if protocol == "anthropic":
         return name == "content_block_delta" and data["delta"].get("type") == "text_delta"
-    return any("text" in p and not p.get("thought") and p["text"]
-               for c in data.get("candidates") or () for p in c["content"]["parts"])
+    return any("text" in p and not p.get("thought") and p["text"] for c in data.get("candidates") or () for p in c["content"]["parts"])
 
 
 def _at_text(protocol: str, events: List[Tuple[Optional[str], Any]], n: Optional[int]) -> Optional[int]:
@@ -629,8 +764,7 @@ def _handler(server: FakeServer) -> type:
             except ValueError:
                 body = None
             split = urlsplit(self.path)
-            request = Request(self.command, split.path, parse_qs(split.query),
-                              {k.lower(): v for k, v in self.headers.items()}, body, raw)
+            request = Request(self.command, split.path, parse_qs(split.query), {k.lower(): v for k, v in self.headers.items()}, body, raw)
             server.requests.append(request)
             server.received.set()
             request_id = f"req_fake_{len(server.requests)}"
@@ -643,8 +777,9 @@ def _handler(server: FakeServer) -> type:
                     error = HttpError(401, f"Incorrect API key provided: {sent}.")
                     if server.protocol == "gemini":
                         error = HttpError(400, f"API key not valid: {sent}. Please pass a valid API key.", kind="INVALID_ARGUMENT")
-                    self._json(error.status, _error_body(server.protocol, error, request_id),
-                               {_request_id_header(server.protocol): request_id})
+                    self._json(
+                        error.status, _error_body(server.protocol, error, request_id), {_request_id_header(server.protocol): request_id}
+                    )
                     return
             item = server._next(request)
             headers = {_request_id_header(server.protocol): request_id}
@@ -671,8 +806,11 @@ def _handler(server: FakeServer) -> type:
                     cut = _at_text(server.protocol, events, item.cut_after_text)
                     hold = _at_text(server.protocol, events, item.hold_after_text)
                     if cut is not None or hold is not None:
-                        item = replace(item, cut_after=cut if cut is not None else item.cut_after,
-                                       hold_after=hold if hold is not None else item.hold_after)
+                        item = replace(
+                            item,
+                            cut_after=cut if cut is not None else item.cut_after,
+                            hold_after=hold if hold is not None else item.hold_after,
+                        )
                     self._events(200, events, headers, item)
                 else:
                     self._json(200, whole(item, request, server.model), headers)
@@ -692,8 +830,9 @@ def _handler(server: FakeServer) -> type:
         def _json(self, status: int, body: Any, headers: Dict[str, str]) -> None:
             self._send(status, json.dumps(body).encode(), dict(headers))
 
-        def _events(self, status: int, events: Iterable[Tuple[Optional[str], Any]], headers: Dict[str, str],
-                    reply: Optional[Reply]) -> None:
+        def _events(
+            self, status: int, events: Iterable[Tuple[Optional[str], Any]], headers: Dict[str, str], reply: Optional[Reply]
+        ) -> None:
             self.send_response(status)
             self.send_header("content-type", "text/event-stream")
             self.send_header("cache-control", "no-cache")
@@ -719,8 +858,7 @@ def _handler(server: FakeServer) -> type:
                     self._disconnected()
                     return
             # A Reply's events are a list (only a Raw body may be any iterable).
-            if reply is not None and reply.hold_after is not None and isinstance(events, list) \
-                    and reply.hold_after >= len(events):
+            if reply is not None and reply.hold_after is not None and isinstance(events, list) and reply.hold_after >= len(events):
                 self._hold()
                 return
             try:

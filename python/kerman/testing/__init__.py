@@ -76,8 +76,9 @@ def _messages(batch: Batch) -> List[UserMessage]:
     return out
 
 
-def make_pre_step(batch: Batch, *, turn: int = 1, step: int = 1, loop: Optional[AgentLoop] = None,
-                  signal: Optional[Signal] = None) -> PreStep:
+def make_pre_step(
+    batch: Batch, *, turn: int = 1, step: int = 1, loop: Optional[AgentLoop] = None, signal: Optional[Signal] = None
+) -> PreStep:
     """The ``PreStep`` payload the loop would build for ``batch`` (``str`` items become user
     messages). Without ``loop``, ``step.loop`` is a fresh ``AgentLoop`` over a memory log whose
     model refuses to be called, so a listener may still ``step.loop.inject(...)`` or read
@@ -114,9 +115,15 @@ def _decision(value: Any) -> Decision:
     raise TypeError(f"pre-step listener returned {value!r}; expected Enter or Reject")
 
 
-async def run_pre_step(listeners: Union[AgentLoop, PreStepListener, Sequence[PreStepListener]], batch: Union[Batch, PreStep],
-                       *, turn: int = 1, step: int = 1, loop: Optional[AgentLoop] = None,
-                       signal: Optional[Signal] = None) -> Decision:
+async def run_pre_step(
+    listeners: Union[AgentLoop, PreStepListener, Sequence[PreStepListener]],
+    batch: Union[Batch, PreStep],
+    *,
+    turn: int = 1,
+    step: int = 1,
+    loop: Optional[AgentLoop] = None,
+    signal: Optional[Signal] = None,
+) -> Decision:
     """Runs a ``pre_step`` waterfall over ``batch`` and returns its decision, as the loop would
     read it (an ``Enter`` whose messages are all ``UserMessage``, or a ``Reject``).
 
@@ -130,8 +137,13 @@ async def run_pre_step(listeners: Union[AgentLoop, PreStepListener, Sequence[Pre
     if isinstance(batch, PreStep):
         payload = batch
     else:
-        payload = make_pre_step(batch, turn=turn, step=step, signal=signal,
-                                loop=loop if loop is not None else listeners if isinstance(listeners, AgentLoop) else None)
+        payload = make_pre_step(
+            batch,
+            turn=turn,
+            step=step,
+            signal=signal,
+            loop=loop if loop is not None else listeners if isinstance(listeners, AgentLoop) else None,
+        )
 
     def default() -> Enter:
         return Enter(payload.messages)
@@ -139,8 +151,9 @@ async def run_pre_step(listeners: Union[AgentLoop, PreStepListener, Sequence[Pre
     return _decision(await _core.Next(chain, payload, default)())
 
 
-def decide(listeners: Union[AgentLoop, PreStepListener, Sequence[PreStepListener]], batch: Union[Batch, PreStep],
-           **kwargs: Any) -> Decision:
+def decide(
+    listeners: Union[AgentLoop, PreStepListener, Sequence[PreStepListener]], batch: Union[Batch, PreStep], **kwargs: Any
+) -> Decision:
     """:func:`run_pre_step` from synchronous code (``asyncio.run``): for a plain test function."""
     return asyncio.run(run_pre_step(listeners, batch, **kwargs))
 
@@ -180,8 +193,9 @@ class FakeNext(Generic[T]):
         return f"<FakeNext calls={self.calls} result={self._result!r}>"
 
 
-def run_insert(transforms: Union[InsertTransform, Sequence[InsertTransform], AgentLoop], message: Union[UserMessage, str],
-               target: Target = "next-turn") -> UserMessage:
+def run_insert(
+    transforms: Union[InsertTransform, Sequence[InsertTransform], AgentLoop], message: Union[UserMessage, str], target: Target = "next-turn"
+) -> UserMessage:
     """Inserts ``message`` into a fresh ``Inbox`` (over a memory log) whose insert transforms
     are ``transforms`` (one, a list in order, or an ``AgentLoop``'s), and returns the message
     as stored. A refusal raises ``kerman.InsertRefusedError``, as the real inbox does."""
@@ -202,8 +216,9 @@ def run_insert(transforms: Union[InsertTransform, Sequence[InsertTransform], Age
         log.close()
 
 
-def scripted_loop(replies: Iterable[ScriptItem] = (), *, plugins: Iterable[Plugin] = (), log: Optional[SessionLog] = None,
-                  **kwargs: Any) -> AgentLoop:
+def scripted_loop(
+    replies: Iterable[ScriptItem] = (), *, plugins: Iterable[Plugin] = (), log: Optional[SessionLog] = None, **kwargs: Any
+) -> AgentLoop:
     """An ``AgentLoop`` over a ``kerman.models.ScriptedModel(replies)`` (``loop`` keyword
     arguments pass through), with each plugin installed (``plugin(loop)``) in order."""
     loop = AgentLoop(ScriptedModel(replies), log=log, **kwargs)
@@ -239,8 +254,11 @@ class TurnResult:
         denied, answered or failed-closed call is not here, an edited one has its edited
         arguments."""
         # A denied, answered or failed-closed call logs its tool/call too; its tool never ran.
-        skipped = {(e.data.get("turn"), e.data.get("callId")) for e in self.loop.log.events(types=[DECISION_RESOLVED])
-                   if e.data.get("outcome") == "answered"}
+        skipped = {
+            (e.data.get("turn"), e.data.get("callId"))
+            for e in self.loop.log.events(types=[DECISION_RESOLVED])
+            if e.data.get("outcome") == "answered"
+        }
         for e in self.of_type(TOOL_RESULT):
             code = (e.data.get("error") or {}).get("code")
             if code in _NOT_RUN:
@@ -261,8 +279,11 @@ class TurnResult:
         given); returns the pending requests."""
         got = [p.name for p in self.pending]
         if not got or (names and got != list(names)):
-            raise AssertionError(f"waiting for decisions on {got!r}, expected " + (f"{list(names)!r}" if names else "some")
-                                 + f" (loop status {self.loop.status!r}); events: {self.types}")
+            raise AssertionError(
+                f"waiting for decisions on {got!r}, expected "
+                + (f"{list(names)!r}" if names else "some")
+                + f" (loop status {self.loop.status!r}); events: {self.types}"
+            )
         return self.pending
 
     async def decide(self, *outcomes: Outcome, by: Optional[str] = None) -> TurnResult:
@@ -275,8 +296,10 @@ class TurnResult:
         if not pending:
             raise AssertionError(f"nothing waits for a decision (loop status {loop.status!r})")
         if len(outcomes) != len(pending):
-            raise TypeError(f"{len(pending)} request(s) wait ({', '.join(p.name for p in pending)}); "
-                            f"decide() takes one outcome each, got {len(outcomes)}")
+            raise TypeError(
+                f"{len(pending)} request(s) wait ({', '.join(p.name for p in pending)}); "
+                f"decide() takes one outcome each, got {len(outcomes)}"
+            )
 
         def act() -> None:
             for request, outcome in zip(pending, outcomes, strict=True):
@@ -310,22 +333,25 @@ class TurnResult:
     @property
     def entered(self) -> List[UserMessage]:
         """The user messages that entered steps (``user/message`` events), in order."""
-        return [cast(UserMessage, UserMessage.from_dict(v.message.raw))
-                for v in views(self.events) if isinstance(v, UserMessageEvent)]
+        return [cast(UserMessage, UserMessage.from_dict(v.message.raw)) for v in views(self.events) if isinstance(v, UserMessageEvent)]
 
     @property
     def replies(self) -> List[AssistantMessage]:
         """The assistant messages logged, in order."""
-        return [cast(AssistantMessage, AssistantMessage.from_dict(v.message.raw))
-                for v in views(self.events) if isinstance(v, AssistantMessageEvent)]
+        return [
+            cast(AssistantMessage, AssistantMessage.from_dict(v.message.raw))
+            for v in views(self.events)
+            if isinstance(v, AssistantMessageEvent)
+        ]
 
     def assert_types(self, *types: str) -> None:
         """Asserts ``types`` occur in this order among the events (others may come between)."""
         it = iter(self.types)
         missing = [t for t in types if not any(t == seen for seen in it)]
         if missing:
-            raise AssertionError(f"expected event types {list(types)} in order; {missing[0]!r} is missing after the "
-                                 f"ones before it. Events: {self.types}")
+            raise AssertionError(
+                f"expected event types {list(types)} in order; {missing[0]!r} is missing after the ones before it. Events: {self.types}"
+            )
 
     def assert_entered(self, *texts: str) -> None:
         """Asserts the texts of the entered user messages."""
@@ -354,8 +380,9 @@ class TurnResult:
         return f"<TurnResult {len(self.events)} events, ended {self.ending if self.of_type(TURN_END) else None!r}>"
 
 
-async def run_turn(loop: AgentLoop, prompt: Union[UserMessage, str], *, replies: Iterable[ScriptItem] = (),
-                   target: Target = "next-turn") -> TurnResult:
+async def run_turn(
+    loop: AgentLoop, prompt: Union[UserMessage, str], *, replies: Iterable[ScriptItem] = (), target: Target = "next-turn"
+) -> TurnResult:
     """Sends ``prompt`` (``followup``, or ``steer`` for ``target="next-step"``), waits until the
     loop is idle (or waits for decisions: then ``result.decide(...)`` goes on), and returns what
     the run appended. ``replies`` are added to the script of a

@@ -25,8 +25,16 @@ def _no_model(request: ModelRequest) -> Any:
     raise ModelError("kerman.testing: this loop has no model (it only runs before_tool gates)")
 
 
-def make_tool_call(name: str, arguments: Any = None, *, call_id: str = "call_1", turn: int = 1, step: int = 1,
-                   loop: Optional[AgentLoop] = None, signal: Optional[Signal] = None) -> ToolCall:
+def make_tool_call(
+    name: str,
+    arguments: Any = None,
+    *,
+    call_id: str = "call_1",
+    turn: int = 1,
+    step: int = 1,
+    loop: Optional[AgentLoop] = None,
+    signal: Optional[Signal] = None,
+) -> ToolCall:
     """The ``ToolCall`` the loop would give a gate for a call of tool ``name``. ``arguments``
     are the parsed arguments (a dict, as the loop parses them) or the model's JSON text (parsed
     here; ``None`` when it is not JSON, as in the loop); ``None`` means ``{}``. Without
@@ -39,8 +47,15 @@ def make_tool_call(name: str, arguments: Any = None, *, call_id: str = "call_1",
             arguments = json.loads(arguments)
         except ValueError:
             arguments = None
-    return ToolCall(loop=loop if loop is not None else AgentLoop(_no_model), call_id=call_id, name=name,
-                    arguments=arguments, turn=turn, step=step, signal=signal or Signal())
+    return ToolCall(
+        loop=loop if loop is not None else AgentLoop(_no_model),
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        turn=turn,
+        step=step,
+        signal=signal or Signal(),
+    )
 
 
 def _gates(gates: Union[AgentLoop, GateListener, Sequence[GateListener]]) -> List[GateListener]:
@@ -71,12 +86,15 @@ def _verdict(value: Any) -> Verdict:
                 return value
             problem = "edited arguments must be a JSON object"
     detail = f" ({problem})" if problem else ""
-    raise TypeError(f"before_tool gate returned {value!r}{detail}; expected Approve, Deny, Edit or Ask "
-                    "(the loop keeps the call from running: GATE_ERROR)")
+    raise TypeError(
+        f"before_tool gate returned {value!r}{detail}; expected Approve, Deny, Edit or Ask "
+        "(the loop keeps the call from running: GATE_ERROR)"
+    )
 
 
-async def run_gate(gates: Union[AgentLoop, GateListener, Sequence[GateListener]], call: Union[ToolCall, str],
-                   arguments: Any = None, **kwargs: Any) -> Verdict:
+async def run_gate(
+    gates: Union[AgentLoop, GateListener, Sequence[GateListener]], call: Union[ToolCall, str], arguments: Any = None, **kwargs: Any
+) -> Verdict:
     """Runs a ``before_tool`` waterfall over one call and returns its verdict (``Approve``,
     ``Deny``, ``Edit`` or ``Ask``), as the loop would read it.
 
@@ -101,7 +119,8 @@ async def run_gate(gates: Union[AgentLoop, GateListener, Sequence[GateListener]]
     return _verdict(await _core.Next(_gates(gates), payload, default)())
 
 
-def gate_verdict(gates: Union[AgentLoop, GateListener, Sequence[GateListener]], call: Union[ToolCall, str],
-                 arguments: Any = None, **kwargs: Any) -> Verdict:
+def gate_verdict(
+    gates: Union[AgentLoop, GateListener, Sequence[GateListener]], call: Union[ToolCall, str], arguments: Any = None, **kwargs: Any
+) -> Verdict:
     """:func:`run_gate` from synchronous code (``asyncio.run``): for a plain test function."""
     return asyncio.run(run_gate(gates, call, arguments, **kwargs))

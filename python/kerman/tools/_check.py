@@ -19,14 +19,38 @@ from ._typed import Typed
 __all__ = ["check_parameters", "schema_problem"]
 
 _TYPE_NAMES = ("array", "boolean", "integer", "null", "number", "object", "string")
-_SCHEMA_KEYS = ("additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
-                "propertyNames", "not", "if", "then", "else", "contentSchema")
+_SCHEMA_KEYS = (
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contentSchema",
+)
 _SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_STRING_KEYS = ("title", "description", "$comment", "format", "pattern", "contentMediaType", "contentEncoding", "$id",
-                "$schema", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef")
-_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-               "maxContains")
+_STRING_KEYS = (
+    "title",
+    "description",
+    "$comment",
+    "format",
+    "pattern",
+    "contentMediaType",
+    "contentEncoding",
+    "$id",
+    "$schema",
+    "$ref",
+    "$anchor",
+    "$dynamicRef",
+    "$dynamicAnchor",
+    "$recursiveRef",
+)
+_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains")
 _NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _BOOL_KEYS = ("uniqueItems", "readOnly", "writeOnly", "deprecated", "$recursiveAnchor")
 _JSON_KEYS = ("const", "default")
@@ -170,8 +194,11 @@ def schema_problem(parameters: object) -> Optional[str]:
         where = _path(e.path)
         return f"{where}: {e.message}" if where else e.message
     if root.get("type") != "object":
-        return f'a tool\'s arguments are an object: the schema needs "type": "object" at the top, got {_what(root.get("type"))}' \
-            if "type" in root else 'a tool\'s arguments are an object: the schema needs "type": "object" at the top'
+        return (
+            f'a tool\'s arguments are an object: the schema needs "type": "object" at the top, got {_what(root.get("type"))}'
+            if "type" in root
+            else 'a tool\'s arguments are an object: the schema needs "type": "object" at the top'
+        )
     properties = root.get("properties")
     if isinstance(properties, dict):
         for name in root.get("required", ()):
@@ -197,8 +224,10 @@ def check_parameters(name: str, parameters: Any, typed: Optional[Typed] = None) 
     if isinstance(properties, dict):
         for prop in properties:
             if prop not in typed.fields:
-                raise ValueError(f"tool {name!r}: parameters describes {prop!r}, which the function has no parameter for "
-                                 f"(it takes {', '.join(typed.fields) or 'no arguments'})")
+                raise ValueError(
+                    f"tool {name!r}: parameters describes {prop!r}, which the function has no parameter for "
+                    f"(it takes {', '.join(typed.fields) or 'no arguments'})"
+                )
         required = parameters.get("required", ())
         for field in typed.required:
             if field not in required:

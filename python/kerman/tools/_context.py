@@ -31,9 +31,14 @@ class ToolResult:
 
     __slots__ = ("content", "is_error", "concludes_turn", "additional_contexts", "meta")
 
-    def __init__(self, content: Union[str, List[Dict[str, Any]]], is_error: bool = False,
-                 concludes_turn: bool = False, additional_contexts: Sequence[Union[UserMessage, str]] = (),
-                 meta: Any = None) -> None:
+    def __init__(
+        self,
+        content: Union[str, List[Dict[str, Any]]],
+        is_error: bool = False,
+        concludes_turn: bool = False,
+        additional_contexts: Sequence[Union[UserMessage, str]] = (),
+        meta: Any = None,
+    ) -> None:
         if isinstance(additional_contexts, (str, bytes)):
             raise TypeError("additional_contexts must be a sequence of messages, not a str (wrap it in a list)")
         self.content = content

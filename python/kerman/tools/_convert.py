@@ -271,13 +271,11 @@ def _optional_typeddict_markers() -> Tuple[Any, ...]:
 def _is_pydantic_model(tp: object) -> bool:
     # Only a program that imported pydantic can have a model: never imported here otherwise.
     pydantic = sys.modules.get("pydantic")
-    return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel) \
-        and hasattr(tp, "model_json_schema")
+    return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel) and hasattr(tp, "model_json_schema")
 
 
 def _is_typeddict(tp: object) -> bool:
-    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__") \
-        and hasattr(tp, "__total__")
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__") and hasattr(tp, "__total__")
 
 
 def _own_doc(cls: type) -> Optional[str]:

@@ -20,11 +20,32 @@ class Docstring:
         self.params = params
 
 
-_SECTIONS = ("args", "arguments", "parameters", "params", "keyword args", "keyword arguments", "other parameters",
-             "attributes", "returns", "return", "yields", "yield", "raises", "raise", "examples", "example", "notes", "note",
-             "see also", "warnings", "warning", "todo", "references")
-_PARAM_SECTIONS = ("args", "arguments", "parameters", "params", "keyword args", "keyword arguments", "other parameters",
-                   "attributes")
+_SECTIONS = (
+    "args",
+    "arguments",
+    "parameters",
+    "params",
+    "keyword args",
+    "keyword arguments",
+    "other parameters",
+    "attributes",
+    "returns",
+    "return",
+    "yields",
+    "yield",
+    "raises",
+    "raise",
+    "examples",
+    "example",
+    "notes",
+    "note",
+    "see also",
+    "warnings",
+    "warning",
+    "todo",
+    "references",
+)
+_PARAM_SECTIONS = ("args", "arguments", "parameters", "params", "keyword args", "keyword arguments", "other parameters", "attributes")
 _GOOGLE_HEADER = re.compile(r"^([A-Za-z][A-Za-z ]*?)\s*:\s*$")
 _GOOGLE_ENTRY = re.compile(r"^\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:(.*)$")
 _NUMPY_RULE = re.compile(r"^\s*-{3,}\s*$")

@@ -66,8 +66,11 @@ class _Compiler:
         if isinstance(tp, str):
             tp = _evaluate(tp, self.namespace)
         if isinstance(tp, _Unresolved):
-            self.fail(at, f"cannot resolve the annotation {tp.text!r} ({type(tp.error).__name__}: {tp.error}); "
-                          "a typed tool's annotations are read at registration, so their names must be defined then")
+            self.fail(
+                at,
+                f"cannot resolve the annotation {tp.text!r} ({type(tp.error).__name__}: {tp.error}); "
+                "a typed tool's annotations are read at registration, so their names must be defined then",
+            )
         return tp
 
     def compile(self, tp: Any, at: str) -> _Type:
@@ -91,13 +94,19 @@ class _Compiler:
             return self.literal(args, at)
         if isinstance(tp, type) and issubclass(tp, enum.Enum):
             return self.enumeration(tp, at)
-        if tp in (list, collections.abc.Sequence, collections.abc.MutableSequence) or \
-                origin in (list, collections.abc.Sequence, collections.abc.MutableSequence):
+        if tp in (list, collections.abc.Sequence, collections.abc.MutableSequence) or origin in (
+            list,
+            collections.abc.Sequence,
+            collections.abc.MutableSequence,
+        ):
             return self.array(self.compile(args[0], f"{at} items") if args else _ANY)
         if tp is tuple or origin is tuple:
             return self.tuple_of(args, at)
-        if tp in (dict, collections.abc.Mapping, collections.abc.MutableMapping) or \
-                origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+        if tp in (dict, collections.abc.Mapping, collections.abc.MutableMapping) or origin in (
+            dict,
+            collections.abc.Mapping,
+            collections.abc.MutableMapping,
+        ):
             if args and self.resolve(args[0], at) not in (str, Any):
                 self.fail(at, f"{_name(tp)}: JSON object keys are strings, so the key type must be str")
             return self.mapping(self.compile(args[1], f"{at} values") if args else _ANY)
@@ -115,8 +124,11 @@ class _Compiler:
                 return self.typeddict(tp, at)
             finally:
                 self.building.pop()
-        self.fail(at, f"unsupported type {_name(tp)}; a typed tool's parameters may be str, int, float, bool, None, Any, "
-                      "Optional/Union, Literal, an Enum, list, tuple, dict[str, X], a dataclass, a TypedDict or a pydantic model")
+        self.fail(
+            at,
+            f"unsupported type {_name(tp)}; a typed tool's parameters may be str, int, float, bool, None, Any, "
+            "Optional/Union, Literal, an Enum, list, tuple, dict[str, X], a dataclass, a TypedDict or a pydantic model",
+        )
 
     # -- composite types --
 
@@ -302,8 +314,15 @@ class _Compiler:
                 continue
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             default = f.default if f.default is not dataclasses.MISSING else _NO_DEFAULT
-            fields.append(_Field(f.name, self.compile(hints.get(f.name, f.type), f"field {tp.__qualname__}.{f.name}"),
-                                 required, default, docs.params.get(f.name)))
+            fields.append(
+                _Field(
+                    f.name,
+                    self.compile(hints.get(f.name, f.type), f"field {tp.__qualname__}.{f.name}"),
+                    required,
+                    default,
+                    docs.params.get(f.name),
+                )
+            )
         convert = _object_conv(fields)
 
         def build(value: object) -> Any:
@@ -315,8 +334,16 @@ class _Compiler:
         hints = self.hints(tp, at)
         required_keys: FrozenSet[str] = getattr(tp, "__required_keys__", frozenset())
         docs = parse_docstring(_own_doc(tp) or "")
-        fields = [_Field(name, self.compile(hint, f"field {tp.__qualname__}.{name}"), self.key_required(hint, name in required_keys),
-                         _NO_DEFAULT, docs.params.get(name)) for name, hint in hints.items()]
+        fields = [
+            _Field(
+                name,
+                self.compile(hint, f"field {tp.__qualname__}.{name}"),
+                self.key_required(hint, name in required_keys),
+                _NO_DEFAULT,
+                docs.params.get(name),
+            )
+            for name, hint in hints.items()
+        ]
         convert = _object_conv(fields)
 
         def build(value: object) -> Any:

@@ -28,9 +28,16 @@ class Tool:
 
     __slots__ = ("name", "fn", "description", "parameters", "parallel", "needs_approval", "_typed")
 
-    def __init__(self, name: str, fn: Callable[..., Any], description: Optional[str] = None,
-                 parameters: Optional[Mapping[str, Any]] = None, parallel: bool = True, *,
-                 needs_approval: Union[bool, Callable[[Any], bool]] = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        description: Optional[str] = None,
+        parameters: Optional[Mapping[str, Any]] = None,
+        parallel: bool = True,
+        *,
+        needs_approval: Union[bool, Callable[[Any], bool]] = False,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tool name must be a non-empty str, got {name!r}")
         if not callable(fn):

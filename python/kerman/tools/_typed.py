@@ -37,8 +37,14 @@ class Typed:
 
     __slots__ = ("schema", "description", "adapter", "fields", "required")
 
-    def __init__(self, schema: Dict[str, Any], description: str, adapter: Callable[[Any, Any], Any],
-                 fields: Tuple[str, ...], required: Tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        schema: Dict[str, Any],
+        description: str,
+        adapter: Callable[[Any, Any], Any],
+        fields: Tuple[str, ...],
+        required: Tuple[str, ...],
+    ) -> None:
         self.schema = schema
         self.description = description
         self.adapter = adapter
@@ -75,8 +81,7 @@ def _is_whole_arguments(p: inspect.Parameter, annotation: object) -> bool:
 
 def _is_context_like(p: inspect.Parameter, annotation: object) -> bool:
     """Whether a second positional parameter can be the legacy form's context."""
-    return p.name == "ctx" or annotation is _EMPTY or annotation is Any or _is_context(annotation) \
-        or isinstance(annotation, _Unresolved)
+    return p.name == "ctx" or annotation is _EMPTY or annotation is Any or _is_context(annotation) or isinstance(annotation, _Unresolved)
 
 
 def _signature(fn: Any) -> Optional[inspect.Signature]:
@@ -122,8 +127,7 @@ def typed_tool(name: str, fn: Callable[..., Any]) -> Optional[Typed]:
     positional = [p for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
     named = [p for p in params if p.kind is not _P.VAR_POSITIONAL and p.kind is not _P.VAR_KEYWORD]
     where = f"tool {name!r}"
-    if not positional and any(p.kind is _P.VAR_POSITIONAL for p in params) and \
-            all(p.annotation is _EMPTY for p in named):
+    if not positional and any(p.kind is _P.VAR_POSITIONAL for p in params) and all(p.annotation is _EMPTY for p in named):
         return None  # lambda *_: ...
     if positional:
         first = positional[0]
@@ -142,7 +146,8 @@ def typed_tool(name: str, fn: Callable[..., Any]) -> Optional[Typed]:
                     f"dict of the (args, ctx) form, whose second parameter is the ToolContext, but {_param(second)} is "
                     f"not. For a typed tool, give {first.name!r} its own type (not Any or a dict of Any), or make the "
                     f"arguments keyword-only (def {getattr(fn, '__name__', 'f')}(*, {_param(first, False)}, "
-                    f"{_param(second, False)})); for the (args, ctx) form, annotate the second parameter ToolContext")
+                    f"{_param(second, False)})); for the (args, ctx) form, annotate the second parameter ToolContext"
+                )
     return _typed(name, fn, sig, namespace)
 
 
@@ -161,15 +166,21 @@ def _typed(name: str, fn: Callable[..., Any], sig: inspect.Signature, namespace:
     for p in sig.parameters.values():
         at = f"parameter {p.name!r}"
         if p.kind is _P.VAR_POSITIONAL or p.kind is _P.VAR_KEYWORD:
-            compiler.fail(at, f"a typed tool cannot take {'*' if p.kind is _P.VAR_POSITIONAL else '**'}{p.name}; "
-                              "name each argument (or use the (args, ctx) form)")
+            compiler.fail(
+                at,
+                f"a typed tool cannot take {'*' if p.kind is _P.VAR_POSITIONAL else '**'}{p.name}; "
+                "name each argument (or use the (args, ctx) form)",
+            )
         annotation = _annotation(p, namespace)
         if p.name == "ctx" or _is_context(annotation):
             if p.kind is _P.POSITIONAL_ONLY:
                 compiler.fail(at, "the context is passed by keyword, so it cannot be positional-only")
             if p.name == "ctx" and not (annotation is _EMPTY or annotation is Any or _is_context(annotation)):
-                compiler.fail(at, f"a parameter named ctx receives the ToolContext, but it is annotated {_name(annotation)}; "
-                                  "annotate it ToolContext, or rename it to make it an argument")
+                compiler.fail(
+                    at,
+                    f"a parameter named ctx receives the ToolContext, but it is annotated {_name(annotation)}; "
+                    "annotate it ToolContext, or rename it to make it an argument",
+                )
             if context is not None:
                 compiler.fail(at, f"two parameters receive the ToolContext ({context!r} and {p.name!r})")
             context = p.name
@@ -177,10 +188,8 @@ def _typed(name: str, fn: Callable[..., Any], sig: inspect.Signature, namespace:
         if p.kind is _P.POSITIONAL_ONLY:
             compiler.fail(at, "arguments are passed by keyword, so a typed tool's parameters cannot be positional-only")
         if annotation is _EMPTY:
-            compiler.fail(at, "it has no annotation; a typed tool's arguments are annotated with their types "
-                              "(Any accepts any JSON value)")
-        fields.append(_Field(p.name, compiler.compile(annotation, at), p.default is _EMPTY, p.default,
-                             docs.params.get(p.name)))
+            compiler.fail(at, "it has no annotation; a typed tool's arguments are annotated with their types (Any accepts any JSON value)")
+        fields.append(_Field(p.name, compiler.compile(annotation, at), p.default is _EMPTY, p.default, docs.params.get(p.name)))
     schema = _object_schema(fields)
     if compiler.defs:
         schema["$defs"] = compiler.defs
@@ -188,8 +197,9 @@ def _typed(name: str, fn: Callable[..., Any], sig: inspect.Signature, namespace:
     return Typed(schema, docs.summary, adapter, tuple(f.name for f in fields), tuple(f.name for f in fields if f.required))
 
 
-def _adapter(fn: Callable[..., Any], convert: Callable[[Any, Optional[List[_Invalid]]], Dict[str, Any]],
-             context: Optional[str]) -> Callable[[Any, Any], Any]:
+def _adapter(
+    fn: Callable[..., Any], convert: Callable[[Any, Optional[List[_Invalid]]], Dict[str, Any]], context: Optional[str]
+) -> Callable[[Any, Any], Any]:
     """``fn(args, ctx)`` for the loop: the arguments converted, or an error result naming what
     is wrong without calling the body; then the body called with keywords, its value (or
     awaitable) returned and its exception raised as they are."""

@@ -143,9 +143,9 @@ class QueueMirror:
         start = splice.start
         count = splice.removed_count
         rows = self.lists[target]
-        removed = rows[start:start + count]
+        removed = rows[start : start + count]
         inserted = [item(target, m) for m in splice.inserted]
-        rows[start:start + count] = inserted
+        rows[start : start + count] = inserted
         if splice.is_claim:  # a claim: the messages go on into the turn
             for row in removed:
                 self.claimed[row["id"]] = row["placement"]
@@ -247,4 +247,3 @@ def project(make: Callable[[], Projection], events: Any, after: Any) -> Any:
     if hasattr(events, "__iter__"):
         return _sync(make(), events, point)
     raise TypeError(f"expected an iterable or async iterable of events (log.events(), log.tail()), got {type(events).__name__}")
-

@@ -36,8 +36,7 @@ class Sink:
     """What a UI is told, one call per part. Every method does nothing here; a projection
     overrides the ones its protocol shows."""
 
-    def queue_changed(self, target: str, start: int, removed: List[JsonDict], inserted: List[JsonDict],
-                      requeued: List[str]) -> None:
+    def queue_changed(self, target: str, start: int, removed: List[JsonDict], inserted: List[JsonDict], requeued: List[str]) -> None:
         """An inbox splice: ``removed`` rows at ``start`` of ``target`` replaced by ``inserted``;
         ``requeued``: the inserted ids that were claimed and never read before (sent again)."""
 
@@ -73,8 +72,7 @@ class Sink:
         """A tool call; ``arguments`` as the model wrote them (normally JSON text); ``parent`` the
         assistant message that asked for it (``None``: none seen)."""
 
-    def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool,
-                      error: Optional[JsonDict]) -> None:
+    def tool_answered(self, seq: int, call_id: str, message_id: str, text: str, is_error: bool, error: Optional[JsonDict]) -> None:
         """A tool call's result (``error``: the failure the log gives, if any)."""
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
@@ -226,8 +224,9 @@ class UiFold:
             self._announce(call_id, name, arguments)
         error = view.error
         seq = view.seq
-        self.sink.tool_answered(seq, call_id, view.message.id or f"result-{seq}", view.text, view.is_error,
-                                error.raw if error is not None else None)
+        self.sink.tool_answered(
+            seq, call_id, view.message.id or f"result-{seq}", view.text, view.is_error, error.raw if error is not None else None
+        )
 
     def _decision_requested(self, view: events.DecisionRequested) -> None:
         self.sink.decision_requested(view)
@@ -247,19 +246,22 @@ class UiFold:
 
 
 # type -> (view class, handler): the fold reads these types and no others.
-_HANDLERS: Dict[str, Tuple[Any, Any]] = {cls.TYPE: (cls, handler) for cls, handler in (
-    (events.InboxSpliced, UiFold._spliced),
-    (events.TurnStart, UiFold._turn_start),
-    (events.StepStart, UiFold._step_start),
-    (events.StepEnd, UiFold._step_end),
-    (events.UserMessageEvent, UiFold._user_message),
-    (events.AssistantChunk, UiFold._chunk),
-    (events.AssistantMessageEvent, UiFold._assistant_message),
-    (events.ToolCall, UiFold._tool_call),
-    (events.ToolResultEvent, UiFold._tool_result),
-    (events.TurnEnd, UiFold._turn_end),
-    (events.DecisionRequested, UiFold._decision_requested),
-    (events.DecisionResolved, UiFold._decision_resolved),
-)}
+_HANDLERS: Dict[str, Tuple[Any, Any]] = {
+    cls.TYPE: (cls, handler)
+    for cls, handler in (
+        (events.InboxSpliced, UiFold._spliced),
+        (events.TurnStart, UiFold._turn_start),
+        (events.StepStart, UiFold._step_start),
+        (events.StepEnd, UiFold._step_end),
+        (events.UserMessageEvent, UiFold._user_message),
+        (events.AssistantChunk, UiFold._chunk),
+        (events.AssistantMessageEvent, UiFold._assistant_message),
+        (events.ToolCall, UiFold._tool_call),
+        (events.ToolResultEvent, UiFold._tool_result),
+        (events.TurnEnd, UiFold._turn_end),
+        (events.DecisionRequested, UiFold._decision_requested),
+        (events.DecisionResolved, UiFold._decision_resolved),
+    )
+}
 # view class -> handler, for an event given as a dict (its view is built first)
 _BY_CLASS: Dict[type, Any] = {cls: handler for cls, handler in _HANDLERS.values()}

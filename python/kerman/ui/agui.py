@@ -110,8 +110,7 @@ class AgUiProjection(Projection, f.Sink):
                 part = self._part = (seq, f"msg-{seq}")
             self._out.append({"type": "TEXT_MESSAGE_CONTENT", "timestamp": self._time, "messageId": part[1], "delta": text})
         else:
-            self._out.append({"type": "REASONING_MESSAGE_CONTENT", "timestamp": self._time, "messageId": f"reasoning-{seq}",
-                              "delta": text})
+            self._out.append({"type": "REASONING_MESSAGE_CONTENT", "timestamp": self._time, "messageId": f"reasoning-{seq}", "delta": text})
 
     def part_ended(self, kind: str, seq: int) -> None:
         time = self._time
@@ -156,9 +155,19 @@ class AgUiProjection(Projection, f.Sink):
         self._out.append(result)
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
-        self._out.append(self._ev("CUSTOM", name="kerman.unread", value={
-            "messageId": row["id"], "text": row["text"], "placement": row["placement"], "turn": turn,
-            "reason": public_reason(reason)}))
+        self._out.append(
+            self._ev(
+                "CUSTOM",
+                name="kerman.unread",
+                value={
+                    "messageId": row["id"],
+                    "text": row["text"],
+                    "placement": row["placement"],
+                    "turn": turn,
+                    "reason": public_reason(reason),
+                },
+            )
+        )
 
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         kind = ending.kind
@@ -169,12 +178,18 @@ class AgUiProjection(Projection, f.Sink):
                 failure["code"] = error.code
             self._out.append(failure)
         elif kind == "interrupted":
-            self._out.append(self._ev("RUN_ERROR", message="the turn was interrupted: the process running it stopped",
-                                      code="INTERRUPTED"))
+            self._out.append(self._ev("RUN_ERROR", message="the turn was interrupted: the process running it stopped", code="INTERRUPTED"))
         else:
             outcome = {"type": "cancelled"} if kind == "aborted" else {"type": "success"}
-            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=self._run_id or f"turn-{turn}",
-                                      outcome=outcome, result={"reason": public_reason(ending.raw)}))
+            self._out.append(
+                self._ev(
+                    "RUN_FINISHED",
+                    threadId=self.thread_id,
+                    runId=self._run_id or f"turn-{turn}",
+                    outcome=outcome,
+                    result={"reason": public_reason(ending.raw)},
+                )
+            )
         self._run_id = ""
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
@@ -183,17 +198,20 @@ class AgUiProjection(Projection, f.Sink):
             self._shown[request.call_id] = request.arguments
             self._announce(request.call_id, request.name, request.arguments, self.fold._parent)
         self._out.append(self._ev("CUSTOM", name="kerman.decision/requested", value=raw))
-        interrupt: JsonDict = {"id": request.decision_id,
-                               "reason": "tool_approval" if request.kind == "approval" else "tool_answer",
-                               "toolCallId": request.call_id}
+        interrupt: JsonDict = {
+            "id": request.decision_id,
+            "reason": "tool_approval" if request.kind == "approval" else "tool_answer",
+            "toolCallId": request.call_id,
+        }
         if request.note is not None:
             interrupt["message"] = request.note
         if isinstance(request.schema, dict):
             interrupt["responseSchema"] = request.schema
         if request.expires_at is not None:
             interrupt["expiresAt"] = _iso(request.expires_at)
-        interrupt["metadata"] = {"kerman": {k: raw[k] for k in ("name", "arguments", "digest", "kind", "turn", "step", "index")
-                                            if k in raw}}
+        interrupt["metadata"] = {
+            "kerman": {k: raw[k] for k in ("name", "arguments", "digest", "kind", "turn", "step", "index") if k in raw}
+        }
         self._asked[request.decision_id] = interrupt
         if request.last:  # the final request of the round: the step waits now
             self._interrupt()
@@ -203,8 +221,14 @@ class AgUiProjection(Projection, f.Sink):
         self._waiting.update(self._asked)
         self._asked = {}
         if self._run_id:
-            self._out.append(self._ev("RUN_FINISHED", threadId=self.thread_id, runId=self._run_id,
-                                      outcome={"type": "interrupt", "interrupts": list(self._waiting.values())}))
+            self._out.append(
+                self._ev(
+                    "RUN_FINISHED",
+                    threadId=self.thread_id,
+                    runId=self._run_id,
+                    outcome={"type": "interrupt", "interrupts": list(self._waiting.values())},
+                )
+            )
             self._run_id = ""
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
@@ -226,9 +250,14 @@ class AgUiProjection(Projection, f.Sink):
             self._runs += 1
             self._run_id = f"turn-{self.fold.turn}.{self._runs}"
             resume, self._answers = self._answers, []
-            self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run_id,
-                                      input={"threadId": self.thread_id, "runId": self._run_id, "messages": [],
-                                             "resume": resume}))
+            self._out.append(
+                self._ev(
+                    "RUN_STARTED",
+                    threadId=self.thread_id,
+                    runId=self._run_id,
+                    input={"threadId": self.thread_id, "runId": self._run_id, "messages": [], "resume": resume},
+                )
+            )
 
 
 def _payload(view: events.EventView) -> JsonDict:
@@ -240,4 +269,3 @@ def _iso(millis: int) -> str:
     """Epoch milliseconds as ISO 8601 in UTC (what AG-UI's ``expiresAt`` expects)."""
     moment = datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
-

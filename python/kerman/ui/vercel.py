@@ -24,6 +24,7 @@ from ._base import EventLike, JsonDict, Projection, public_reason
 
 __all__ = ["VercelProjection"]
 
+
 def _payload(view: events.EventView) -> JsonDict:
     data = view.data
     return data if isinstance(data, dict) else {}
@@ -70,8 +71,7 @@ class VercelProjection(Projection, f.Sink):
 
     def user_entered(self, message: JsonDict, kind: str, text: str) -> None:
         message_id = message["id"]
-        self._out.append({"type": f"data-{kind}", "id": message_id,
-                          "data": {"id": message_id, "text": text, "message": message}})
+        self._out.append({"type": f"data-{kind}", "id": message_id, "data": {"id": message_id, "text": text, "message": message}})
 
     def _part_id(self, kind: str, seq: int) -> str:
         part = self._part
@@ -91,13 +91,15 @@ class VercelProjection(Projection, f.Sink):
 
     def whole_reasoning(self, seq: int, text: str) -> None:
         rid = f"reasoning-{seq}"
-        self._out += [{"type": "reasoning-start", "id": rid}, {"type": "reasoning-delta", "id": rid, "delta": text},
-                      {"type": "reasoning-end", "id": rid}]
+        self._out += [
+            {"type": "reasoning-start", "id": rid},
+            {"type": "reasoning-delta", "id": rid, "delta": text},
+            {"type": "reasoning-end", "id": rid},
+        ]
 
     def whole_text(self, seq: int, message_id: str, text: str) -> None:
         tid = f"text-{seq}"
-        self._out += [{"type": "text-start", "id": tid}, {"type": "text-delta", "id": tid, "delta": text},
-                      {"type": "text-end", "id": tid}]
+        self._out += [{"type": "text-start", "id": tid}, {"type": "text-delta", "id": tid, "delta": text}, {"type": "text-end", "id": tid}]
 
     def tool_called(self, call_id: str, name: str, arguments: Any, parent: Optional[str]) -> None:
         if call_id in self._shown and self._shown[call_id] == arguments:
@@ -109,8 +111,15 @@ class VercelProjection(Projection, f.Sink):
             try:
                 parsed = json.loads(arguments) if arguments else {}
             except ValueError as error:
-                self._out.append({"type": "tool-input-error", "toolCallId": call_id, "toolName": name,
-                                  "input": arguments, "errorText": f"the arguments are not JSON: {error}"})
+                self._out.append(
+                    {
+                        "type": "tool-input-error",
+                        "toolCallId": call_id,
+                        "toolName": name,
+                        "input": arguments,
+                        "errorText": f"the arguments are not JSON: {error}",
+                    }
+                )
                 return
         else:
             parsed = arguments
@@ -137,8 +146,13 @@ class VercelProjection(Projection, f.Sink):
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         outcome = resolution.outcome
         request = self._requests.pop(resolution.decision_id, {})
-        self._out.append({"type": "data-decision", "id": resolution.decision_id,
-                          "data": {**request, "status": outcome, "resolution": _payload(resolution)}})
+        self._out.append(
+            {
+                "type": "data-decision",
+                "id": resolution.decision_id,
+                "data": {**request, "status": outcome, "resolution": _payload(resolution)},
+            }
+        )
         if outcome in ("denied", "expired") and resolution.call_id in self._shown:
             self._denied.add(resolution.call_id)
             self._out.append({"type": "tool-output-denied", "toolCallId": resolution.call_id})
@@ -160,4 +174,3 @@ class VercelProjection(Projection, f.Sink):
             self._out.append({"type": "finish", "finishReason": "error", "messageMetadata": metadata})
         else:
             self._out.append({"type": "finish", "finishReason": _FINISH.get(str(kind), "other"), "messageMetadata": metadata})
-

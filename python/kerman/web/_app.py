@@ -71,8 +71,11 @@ class _Events(EventSourceResponse):
 
 def _checked_id(value: str, what: str) -> str:
     if not _ID.fullmatch(value) or ".." in value:
-        raise ApiError(400, f"invalid-{what}-id", f"invalid {what} id {value!r}: use 1 to 128 letters, digits, '_', '-' or '.', "
-                                                  "starting with a letter or digit")
+        raise ApiError(
+            400,
+            f"invalid-{what}-id",
+            f"invalid {what} id {value!r}: use 1 to 128 letters, digits, '_', '-' or '.', starting with a letter or digit",
+        )
     return value
 
 
@@ -104,10 +107,21 @@ def _text(body: JsonDict) -> str:
     return text
 
 
-def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token: Optional[str] = None,
-               cors_origins: Sequence[str] = (), max_body: int = 64 * 1024, heartbeat: float = 15.0,
-               allowed_hosts: Sequence[str] = (), body_timeout: float = 30.0, send_timeout: float = 60.0,
-               max_streams: int = 128, idle_session: float = 300.0, max_sessions: int = 256) -> Starlette:
+def create_app(
+    store: Any,
+    model: Optional[Callable[..., Any]] = None,
+    *,
+    token: Optional[str] = None,
+    cors_origins: Sequence[str] = (),
+    max_body: int = 64 * 1024,
+    heartbeat: float = 15.0,
+    allowed_hosts: Sequence[str] = (),
+    body_timeout: float = 30.0,
+    send_timeout: float = 60.0,
+    max_streams: int = 128,
+    idle_session: float = 300.0,
+    max_sessions: int = 256,
+) -> Starlette:
     """The web app over ``store`` (docs/web.md).
 
     ``model`` is the model factory for sessions this process owns (a ``FileStore`` or a
@@ -178,8 +192,11 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     def _gone(session: Session, message_id: str) -> ApiError:
         for event in session.log.splices():
             if any(m.id == message_id for m in InboxSpliced(event).inserted):
-                return ApiError(409, "not-queued", f'message "{message_id}" is no longer queued in session "{session.id}": '
-                                                   "it was claimed by a turn or removed")
+                return ApiError(
+                    409,
+                    "not-queued",
+                    f'message "{message_id}" is no longer queued in session "{session.id}": it was claimed by a turn or removed',
+                )
         return ApiError(404, "message-not-found", f'no message "{message_id}" was queued in session "{session.id}"')
 
     async def edit_queued(request: Request) -> JSONResponse:
@@ -279,8 +296,14 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
             headers["x-vercel-ai-ui-message-stream"] = "v1"
         # on shutdown sse-starlette sets the shared event, the watcher ends every stream, and each
         # response completes within the grace period instead of being cut
-        return _Events(_stream(session, protocol, after), ping=heartbeat, headers=headers,
-                       shutdown_event=_stopping(), shutdown_grace_period=2.0, send_timeout=send_timeout)
+        return _Events(
+            _stream(session, protocol, after),
+            ping=heartbeat,
+            headers=headers,
+            shutdown_event=_stopping(),
+            shutdown_grace_period=2.0,
+            send_timeout=send_timeout,
+        )
 
     stopping: list[Any] = []  # the shared shutdown event, then its watcher task
 
@@ -312,8 +335,9 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        message = {404: f"no route {request.method} {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}.get(
+            exc.status_code, str(exc.detail)
+        )
         return error_response(exc.status_code, code, message, dict(exc.headers or {}))
 
     async def kerman_error(request: Request, exc: Exception) -> Response:
@@ -353,12 +377,30 @@ def create_app(store: Any, model: Optional[Callable[..., Any]] = None, *, token:
     ]
     middleware = []
     if cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "PATCH", "DELETE"],
-                                     allow_headers=["Authorization", "Content-Type", "Last-Event-ID"]))
-    middleware.append(Middleware(Guard, token=token, max_body=max_body, allowed_hosts=allowed_hosts, origins=cors_origins,
-                                 body_timeout=body_timeout, max_streams=max_streams))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers={ApiError: api_error, HTTPException: http_error, KermanError: kerman_error,
-                                        Exception: internal_error})
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST", "PATCH", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            )
+        )
+    middleware.append(
+        Middleware(
+            Guard,
+            token=token,
+            max_body=max_body,
+            allowed_hosts=allowed_hosts,
+            origins=cors_origins,
+            body_timeout=body_timeout,
+            max_streams=max_streams,
+        )
+    )
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={ApiError: api_error, HTTPException: http_error, KermanError: kerman_error, Exception: internal_error},
+    )
     app.state.sessions = sessions
     return app

@@ -62,8 +62,9 @@ async def decide(sessions: Sessions, session: Session, decision_id: str, body: J
     if session.loop is None:
         if not sessions.remote_ops:
             raise ApiError(409, "not-owner", f'cannot decide in session "{session.id}": {session.owner_note}')
-        answer: JsonDict = await asyncio.to_thread(sessions.store.decide, session.id, decision_id, outcome, by=by, key=key,
-                                                   timeout=REMOTE_TIMEOUT)
+        answer: JsonDict = await asyncio.to_thread(
+            sessions.store.decide, session.id, decision_id, outcome, by=by, key=key, timeout=REMOTE_TIMEOUT
+        )
         if not answer.get("applied"):
             raise _refused(session, str(answer.get("reason", "refused")), str(answer.get("detail", "")))
         duplicate = bool(answer.get("duplicate"))

@@ -57,9 +57,18 @@ class Feed:
                 outs = projection.feed(event)
                 if outs:
                     last = len(outs) - 1
-                    self._add([((event.seq, i), _frame(json.dumps(out, ensure_ascii=False, separators=(",", ":")),
-                                                        str(event.seq) if i == last else f"{event.seq}:{i}"))
-                               for i, out in enumerate(outs)])
+                    self._add(
+                        [
+                            (
+                                (event.seq, i),
+                                _frame(
+                                    json.dumps(out, ensure_ascii=False, separators=(",", ":")),
+                                    str(event.seq) if i == last else f"{event.seq}:{i}",
+                                ),
+                            )
+                            for i, out in enumerate(outs)
+                        ]
+                    )
         except Exception:  # a projection error (a bad splice): the stream ends rather than lies
             log.exception("the %s stream of session %r stopped", self.protocol, thread_id)
         finally:

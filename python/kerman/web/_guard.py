@@ -43,7 +43,7 @@ def _host_name(value: str) -> str:
     """``host[:port]`` → host, lower case, without the brackets of an IPv6 literal."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value[1:]
+        return value[1 : value.find("]")] if "]" in value else value[1:]
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
@@ -59,8 +59,17 @@ class Guard:
     """See the module docstring. ``allowed_hosts``: host names (besides IP literals and
     ``localhost``) this server answers to; ``origins``: other origins allowed to call it."""
 
-    def __init__(self, app: ASGIApp, *, token: Optional[str], max_body: int, allowed_hosts: Sequence[str] = (),
-                 origins: Sequence[str] = (), body_timeout: float = 30.0, max_streams: int = 128) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: Optional[str],
+        max_body: int,
+        allowed_hosts: Sequence[str] = (),
+        origins: Sequence[str] = (),
+        body_timeout: float = 30.0,
+        max_streams: int = 128,
+    ) -> None:
         self.app = app
         self.token = token
         self.cookie = cookie_value(token).encode() if token else b""
@@ -120,8 +129,10 @@ class Guard:
                 return None
             if method in SAFE_METHODS and not path.startswith("/sessions"):
                 return None
-            return f"requests from origin {origin.decode('latin-1')!r} are refused: only this server's own page " \
-                   "(or an origin named with --cors-origin) may call it"
+            return (
+                f"requests from origin {origin.decode('latin-1')!r} are refused: only this server's own page "
+                "(or an origin named with --cors-origin) may call it"
+            )
         if site in ("", "same-origin") or (site == "none" and method in SAFE_METHODS):
             return None
         if method in SAFE_METHODS and not path.startswith("/sessions"):
@@ -144,8 +155,9 @@ class Guard:
         streaming = method == "GET" and scope["path"].startswith("/sessions/") and scope["path"].endswith("/events")
         if streaming:
             if self.streams.get(client, 0) >= self.max_streams:
-                response = error_response(429, "too-many-streams", f"this client already has {self.max_streams} event "
-                                                                   "streams open; close one first")
+                response = error_response(
+                    429, "too-many-streams", f"this client already has {self.max_streams} event streams open; close one first"
+                )
                 await response(scope, receive, send)
                 return
             self.streams[client] = self.streams.get(client, 0) + 1
@@ -162,12 +174,16 @@ class Guard:
     def _refusal(self, scope: Scope, headers: dict[bytes, bytes], method: str) -> Any:
         if not self._host_ok(headers.get(b"host")):
             host = headers[b"host"].decode("latin-1")
-            return error_response(421, "unknown-host", f"this server does not answer for host {host!r}; "
-                                                       "name it with --allow-host if it is this server's")
+            return error_response(
+                421, "unknown-host", f"this server does not answer for host {host!r}; name it with --allow-host if it is this server's"
+            )
         if not self._authorised(scope, headers):
-            return error_response(401, "unauthorized", "this server needs its token: send 'Authorization: Bearer <token>', "
-                                                       "or open the chat page as /?token=<token>",
-                                  headers={"WWW-Authenticate": 'Bearer realm="kerman"'})
+            return error_response(
+                401,
+                "unauthorized",
+                "this server needs its token: send 'Authorization: Bearer <token>', or open the chat page as /?token=<token>",
+                headers={"WWW-Authenticate": 'Bearer realm="kerman"'},
+            )
         why = self._same_origin(method, scope["path"], headers)
         if why is not None:
             return error_response(403, "cross-site", why)
@@ -177,8 +193,7 @@ class Guard:
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind != b"application/json":
                 shown = headers.get(b"content-type", b"").decode("latin-1") or "none"
-                return error_response(415, "not-json", f"request bodies must be sent as 'Content-Type: application/json', "
-                                                       f"not {shown!r}")
+                return error_response(415, "not-json", f"request bodies must be sent as 'Content-Type: application/json', not {shown!r}")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return error_response(413, "body-too-large", f"the request body is larger than {self.max_body} bytes")
         return None
@@ -198,8 +213,12 @@ class Guard:
             with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as scope:
                 message = await receive()
             if scope.cancel_called:
-                raise ApiError(408, "body-timeout", f"the request body did not arrive within {self.body_timeout:g} seconds",
-                               headers={"Connection": "close"})
+                raise ApiError(
+                    408,
+                    "body-timeout",
+                    f"the request body did not arrive within {self.body_timeout:g} seconds",
+                    headers={"Connection": "close"},
+                )
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:

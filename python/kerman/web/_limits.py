@@ -18,10 +18,13 @@ __all__ = ["ABORT", "guarded_protocol", "raise_descriptor_limit", "descriptor_li
 
 ABORT = "kerman.abort"  # the scope key of the connection's abort(), under this protocol
 
-_BUSY = json.dumps({"error": {"code": "too-many-connections",
-                              "message": "the server holds as many connections as it may; try again shortly"}}).encode()
-_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"retry-after: 1\r\ncontent-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
+_BUSY = json.dumps(
+    {"error": {"code": "too-many-connections", "message": "the server holds as many connections as it may; try again shortly"}}
+).encode()
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"retry-after: 1\r\ncontent-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY
+)
 _TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
 
 
@@ -117,7 +120,7 @@ def raise_descriptor_limit() -> Optional[int]:
     except ImportError:  # pragma: no cover - not on POSIX
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    for target in ((hard,) if hard != resource.RLIM_INFINITY else (1 << 20, 1 << 16)):
+    for target in (hard,) if hard != resource.RLIM_INFINITY else (1 << 20, 1 << 16):
         if soft != resource.RLIM_INFINITY and target > soft:
             try:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -89,15 +89,26 @@ def main(args: argparse.Namespace) -> int:
         factory = load_factory(args.model) if args.model else None
         store = _store(args.store)
         if factory is None and not args.store.startswith(("postgresql://", "postgres://")):
-            raise UsageError("--model module:factory is needed: this server owns the sessions of a FileStore "
-                             "(e.g. --model kerman.models:EchoModel)")
+            raise UsageError(
+                "--model module:factory is needed: this server owns the sessions of a FileStore (e.g. --model kerman.models:EchoModel)"
+            )
         if token is not None:
             _check_token(token)
         descriptors = raise_descriptor_limit()
         connections = _connections(args.max_connections, descriptors, args.max_sessions)
-        app = create_app(store, factory, token=token, cors_origins=args.cors_origin or (), max_body=args.max_body,
-                         heartbeat=args.heartbeat, allowed_hosts=args.allow_host or (), body_timeout=args.body_timeout,
-                         max_streams=args.max_streams, idle_session=args.idle_session, max_sessions=args.max_sessions)
+        app = create_app(
+            store,
+            factory,
+            token=token,
+            cors_origins=args.cors_origin or (),
+            max_body=args.max_body,
+            heartbeat=args.heartbeat,
+            allowed_hosts=args.allow_host or (),
+            body_timeout=args.body_timeout,
+            max_streams=args.max_streams,
+            idle_session=args.idle_session,
+            max_sessions=args.max_sessions,
+        )
         sock = _bind(args.host, args.port)
     except UsageError as error:
         sys.stderr.write(f"kerman: {error}\n")
@@ -105,15 +116,24 @@ def main(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if not _loopback(args.host) and not token:
-        sys.stderr.write(f"kerman: warning: listening on {args.host} without a token: anyone who can reach it can drive "
-                         "the sessions (set --token or KERMAN_TOKEN)\n")
+        sys.stderr.write(
+            f"kerman: warning: listening on {args.host} without a token: anyone who can reach it can drive "
+            "the sessions (set --token or KERMAN_TOKEN)\n"
+        )
     if not _loopback(args.host) and not args.allow_host:
-        sys.stderr.write("kerman: note: requests are answered for IP addresses and localhost only; name the host names "
-                         "clients use with --allow-host\n")
+        sys.stderr.write(
+            "kerman: note: requests are answered for IP addresses and localhost only; name the host names clients use with --allow-host\n"
+        )
     sys.stderr.write(f"kerman: serving {args.store} on http://{shown}:{port}/\n")
     sys.stderr.flush()
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5, access_log=False,
-                            http=guarded_protocol(args.header_timeout, connections))
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        access_log=False,
+        http=guarded_protocol(args.header_timeout, connections),
+    )
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0

@@ -76,16 +76,23 @@ class Session:
         if self.loop is not None:
             inbox = self.loop.inbox
             queue = [item("next-turn", m.to_dict()) for m in inbox.next_turn] + [item("next-step", m.to_dict()) for m in inbox.next_step]
-            return {"id": self.id, "owned": True, "status": self.loop.status, "turn": self.loop.turn, "events": len(self.log),
-                    "queue": queue}
+            return {
+                "id": self.id,
+                "owned": True,
+                "status": self.loop.status,
+                "turn": self.loop.turn,
+                "events": len(self.log),
+                "queue": queue,
+            }
         return {"id": self.id, "owned": False, "events": len(self.log)}
 
 
 class Sessions:
     """The sessions of one store, opened on first use. All methods run on the server's event loop."""
 
-    def __init__(self, store: Any, factory: Optional[Callable[..., Any]], *, idle_after: float = 300.0,
-                 max_open: int = 256, grace: float = 35.0) -> None:
+    def __init__(
+        self, store: Any, factory: Optional[Callable[..., Any]], *, idle_after: float = 300.0, max_open: int = 256, grace: float = 35.0
+    ) -> None:
         self.store = store
         self.idle_after = idle_after
         self.max_open = max_open
@@ -96,8 +103,10 @@ class Sessions:
         self.factory = factory
         self.distributed = isinstance(store, PostgresStore)
         if not self.distributed and factory is None:
-            raise ValueError("a model factory is needed to own sessions (kerman serve --model module:factory); "
-                             "only a PostgresStore's web process runs without one")
+            raise ValueError(
+                "a model factory is needed to own sessions (kerman serve --model module:factory); "
+                "only a PostgresStore's web process runs without one"
+            )
         self._open: dict[str, Session] = {}
         self._lock = asyncio.Lock()
 
@@ -186,8 +195,12 @@ class Sessions:
             if now - session.used >= self.grace and session.idle():
                 await self._evict(session)
         if len(self._open) >= self.max_open:
-            raise ApiError(503, "too-many-sessions", f"this server holds {self.max_open} sessions, all in use; "
-                                                     "try again when one is idle", headers={"Retry-After": "5"})
+            raise ApiError(
+                503,
+                "too-many-sessions",
+                f"this server holds {self.max_open} sessions, all in use; try again when one is idle",
+                headers={"Retry-After": "5"},
+            )
 
     async def _evict(self, session: Session) -> None:
         if self._open.get(session.id) is session:
@@ -229,8 +242,10 @@ class Sessions:
         factory = self.factory
         assert factory is not None
         try:
-            wants_log = any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                            for p in inspect.signature(factory).parameters.values())
+            wants_log = any(
+                p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                for p in inspect.signature(factory).parameters.values()
+            )
         except (TypeError, ValueError):
             wants_log = False
         made = factory(log_) if wants_log else factory()
@@ -274,8 +289,11 @@ class Sessions:
 
     def owned_loop(self, session: Session, what: str) -> AgentLoop:
         if session.loop is None:
-            raise ApiError(409, "not-owner", f'cannot {what} in session "{session.id}": {session.owner_note} '
-                                             "(queue edits, cancel and resend need the session's owner)")
+            raise ApiError(
+                409,
+                "not-owner",
+                f'cannot {what} in session "{session.id}": {session.owner_note} (queue edits, cancel and resend need the session\'s owner)',
+            )
         return session.loop
 
     def stop_streams(self) -> None:

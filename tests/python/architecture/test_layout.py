@@ -74,8 +74,7 @@ def test_the_loops_binding_reads_no_private_attribute():
 def test_the_python_side_has_no_loop_modules_left():
     package = ROOT / "python" / "kerman"
     assert not (package / "_turn.py").exists() and not (package / "_tools.py").exists()
-    imports = [line for f in package.glob("*.py") for line in f.read_text().splitlines()
-               if line.startswith(("import ", "from "))]
+    imports = [line for f in package.glob("*.py") for line in f.read_text().splitlines() if line.startswith(("import ", "from "))]
     assert [line for line in imports if re.search(r"\b_(turn|tools)\b", line)] == []
 
 
@@ -103,6 +102,5 @@ def test_the_driver_and_the_tool_runs_do_not_use_each_other():
     """Both build on the run's types (``run.rs``): the driver's and the tools' modules form a
     tree, not a cycle."""
     folder = BINDING / "agent_loop"
-    uses = {name: re.findall(r"super::(driver|tools)\b", (folder / f"{name}.rs").read_text())
-            for name in ("driver", "tools", "run")}
+    uses = {name: re.findall(r"super::(driver|tools)\b", (folder / f"{name}.rs").read_text()) for name in ("driver", "tools", "run")}
     assert uses == {"driver": [], "tools": [], "run": []}

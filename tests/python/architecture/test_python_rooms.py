@@ -13,10 +13,29 @@ PACKAGE = ROOT / "python" / "kerman"
 NATIVE = {"kerman._core"}  # the extension module: no Python source
 
 ROOMS = {
-    "tools": ("__init__.py", "_tool.py", "_context.py", "_convert.py", "_infer.py", "_docstring.py", "_typed.py",
-              "_check.py", "_executor.py"),
-    "cli": ("__init__.py", "_main.py", "_common.py", "_log.py", "_timeline.py", "_workers.py", "chat.py",
-            "_chat_screen.py", "_chat_decide.py", "demo.py"),
+    "tools": (
+        "__init__.py",
+        "_tool.py",
+        "_context.py",
+        "_convert.py",
+        "_infer.py",
+        "_docstring.py",
+        "_typed.py",
+        "_check.py",
+        "_executor.py",
+    ),
+    "cli": (
+        "__init__.py",
+        "_main.py",
+        "_common.py",
+        "_log.py",
+        "_timeline.py",
+        "_workers.py",
+        "chat.py",
+        "_chat_screen.py",
+        "_chat_decide.py",
+        "demo.py",
+    ),
 }
 MODULES = ("signal.py", "hooks.py", "types.py")
 GONE = ("cli.py", "_schema.py", "_executor.py", "_timeline.py", "_workers_cli.py")
@@ -28,8 +47,7 @@ def _name(path: Path) -> str:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _imports(path: Path, known: Set[str]) -> Set[str]:

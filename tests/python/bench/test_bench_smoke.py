@@ -26,7 +26,9 @@ import baseline  # noqa: E402
 def test_quick_bench_prints_a_table(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(BENCHES / "bench.py"), "--quick", "--only", "P1,P2", "--reps", "1", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=280,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| P")]
@@ -58,22 +60,22 @@ def _ops(inbox: Any, make: Callable[..., Any]) -> List[Tuple[str, Any]]:
     call("append", "next-turn", "minted")
     call("prepend", "next-turn", b)
     call("append", "next-step", plugin)
-    call("append", "next-turn", a)                   # duplicate pending id
+    call("append", "next-turn", a)  # duplicate pending id
     call("splice", "next-turn", 1, 0, [c, d])
     call("splice", "next-turn", -1, 1, [])
-    call("splice", "next-turn", 10, 5, [e])           # start clamps to len
-    call("splice", "next-turn", -10, 0, [])           # no-op: no event
-    call("splice", "next-step", 0, -3, [])            # negative delete count: no-op
+    call("splice", "next-turn", 10, 5, [e])  # start clamps to len
+    call("splice", "next-turn", -10, 0, [])  # no-op: no event
+    call("splice", "next-step", 0, -3, [])  # negative delete count: no-op
     call("replace", "c", make("c rewritten", id="c"))
     call("replace", "d", make("d renamed", id="d2"))
-    call("replace", "e", make("dup", id="a"))         # the new id is pending elsewhere
+    call("replace", "e", make("dup", id="a"))  # the new id is pending elsewhere
     call("replace", "zzz", make("nothing", id="y"))
     call("remove", "b")
     call("remove", "b")
     call("claim", "next-turn", 1)
     call("append", "next-step", b)
     call("claim", "next-step", 1)
-    call("claim", "next-step", 1)                     # nothing pending there: no event
+    call("claim", "next-step", 1)  # nothing pending there: no event
     call("append", "next-step", c)
     call("clear")
     call("clear")

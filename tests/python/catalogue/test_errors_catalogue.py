@@ -82,7 +82,8 @@ def assert_child_raised(proc: subprocess.CompletedProcess, expected: str) -> Non
     """The child ended normally (no signal) after catching ``expected`` (printed as RAISED <name>)."""
     assert proc.returncode == 0, (
         f"child interpreter died with {'signal ' + str(-proc.returncode) if proc.returncode < 0 else 'exit ' + str(proc.returncode)}"
-        f"; stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-500:]!r}")
+        f"; stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-500:]!r}"
+    )
     assert f"RAISED {expected}" in proc.stdout, proc.stdout[-500:]
 
 
@@ -94,59 +95,95 @@ MALFORMED_MESSAGES: Dict[str, Tuple[Callable[[], Any], str, str]] = {
     # id: (construct, field, message start after "invalid message ")
     "empty-id": (lambda: UserMessage("x", id=""), "id", "id: must be a non-empty string"),
     "non-str-id": (lambda: UserMessage("x", id=5), "id", "id: expected a str, got int"),
-    "wrong-role": (lambda: Message.from_dict({"id": "a", "role": "system", "content": [], "source": {"kind": "user"}}),
-                   "role", 'role: expected "user" or "assistant", got "system"'),
+    "wrong-role": (
+        lambda: Message.from_dict({"id": "a", "role": "system", "content": [], "source": {"kind": "user"}}),
+        "role",
+        'role: expected "user" or "assistant", got "system"',
+    ),
     "from-dict-not-object": (lambda: Message.from_dict([1]), "message", "message: expected an object, got list"),
-    "from-dict-missing-id": (lambda: Message.from_dict({"role": "user", "content": [], "source": {"kind": "user"}}),
-                             "id", "id: missing"),
-    "content-dict": (lambda: UserMessage({"type": "text", "text": "x"}), "content",
-                     "content: expected a str or a list of blocks, got dict"),
+    "from-dict-missing-id": (lambda: Message.from_dict({"role": "user", "content": [], "source": {"kind": "user"}}), "id", "id: missing"),
+    "content-dict": (
+        lambda: UserMessage({"type": "text", "text": "x"}),
+        "content",
+        "content: expected a str or a list of blocks, got dict",
+    ),
     "content-int": (lambda: UserMessage(5), "content", "content: expected a str or a list of blocks, got int"),
-    "content-tuple": (lambda: UserMessage(({"type": "text", "text": "x"},)), "content",
-                      "content: tuple is not lossless JSON (use a list)"),
-    "from-dict-content-str": (lambda: Message.from_dict({"id": "a", "role": "user", "content": "x",
-                                                         "source": {"kind": "user"}}),
-                              "content", "content: expected a list, got string"),
+    "content-tuple": (lambda: UserMessage(({"type": "text", "text": "x"},)), "content", "content: tuple is not lossless JSON (use a list)"),
+    "from-dict-content-str": (
+        lambda: Message.from_dict({"id": "a", "role": "user", "content": "x", "source": {"kind": "user"}}),
+        "content",
+        "content: expected a list, got string",
+    ),
     "block-not-object": (lambda: UserMessage(["x"]), "content[0]", "content[0]: expected a content block object, got string"),
     "block-no-type": (lambda: UserMessage([{"text": "x"}]), "content[0].type", "content[0].type: missing"),
     "block-type-not-str": (lambda: UserMessage([{"type": 5}]), "content[0].type", "content[0].type: expected a non-empty string"),
-    "text-not-str": (lambda: UserMessage([{"type": "text", "text": 5}]), "content[0].text",
-                     "content[0].text: expected a string, got number"),
+    "text-not-str": (
+        lambda: UserMessage([{"type": "text", "text": 5}]),
+        "content[0].text",
+        "content[0].text: expected a string, got number",
+    ),
     "text-missing": (lambda: UserMessage([{"type": "text"}]), "content[0].text", "content[0].text: missing"),
-    "reasoning-not-str": (lambda: AssistantMessage([{"type": "reasoning", "text": 5}]), "content[0].text",
-                          "content[0].text: expected a string, got number"),
-    "tool-call-id-not-str": (lambda: AssistantMessage([{"type": "tool-call", "id": 5, "name": "t", "arguments": "{}"}]),
-                             "content[0].id", "content[0].id: expected a string, got number"),
+    "reasoning-not-str": (
+        lambda: AssistantMessage([{"type": "reasoning", "text": 5}]),
+        "content[0].text",
+        "content[0].text: expected a string, got number",
+    ),
+    "tool-call-id-not-str": (
+        lambda: AssistantMessage([{"type": "tool-call", "id": 5, "name": "t", "arguments": "{}"}]),
+        "content[0].id",
+        "content[0].id: expected a string, got number",
+    ),
     "nan": (lambda: UserMessage([{"type": "x", "n": float("nan")}]), "content[0].n", "content[0].n: NaN is not lossless JSON"),
     "inf": (lambda: UserMessage([{"type": "x", "n": float("inf")}]), "content[0].n", "content[0].n: inf is not lossless JSON"),
-    "minus-inf": (lambda: UserMessage([{"type": "x", "n": float("-inf")}]), "content[0].n",
-                  "content[0].n: -inf is not lossless JSON"),
+    "minus-inf": (lambda: UserMessage([{"type": "x", "n": float("-inf")}]), "content[0].n", "content[0].n: -inf is not lossless JSON"),
     "set": (lambda: UserMessage([{"type": "x", "n": {1}}]), "content[0].n", "content[0].n: set is not lossless JSON (use a list)"),
-    "tuple": (lambda: UserMessage([{"type": "x", "n": (1, 2)}]), "content[0].n",
-              "content[0].n: tuple is not lossless JSON (use a list)"),
+    "tuple": (lambda: UserMessage([{"type": "x", "n": (1, 2)}]), "content[0].n", "content[0].n: tuple is not lossless JSON (use a list)"),
     "object": (lambda: UserMessage([{"type": "x", "n": Opaque()}]), "content[0].n", "content[0].n: Opaque is not lossless JSON"),
     "bytes": (lambda: UserMessage([{"type": "x", "n": b"a"}]), "content[0].n", "content[0].n: bytes is not lossless JSON"),
-    "str-subclass": (lambda: UserMessage([{"type": "x", "n": type("S", (str,), {})("a")}]), "content[0].n",
-                     "content[0].n: S is not lossless JSON"),
+    "str-subclass": (
+        lambda: UserMessage([{"type": "x", "n": type("S", (str,), {})("a")}]),
+        "content[0].n",
+        "content[0].n: S is not lossless JSON",
+    ),
     "non-str-key": (lambda: UserMessage([{"type": "x", 1: 2}]), "content[0]", "content[0]: key 1 of type int is not a str"),
-    "huge-int": (lambda: UserMessage([{"type": "x", "n": 2**64}]), "content[0].n",
-                 "content[0].n: integer out of the 64-bit range is not lossless JSON"),
-    "huge-negative-int": (lambda: UserMessage([{"type": "x", "n": -(2**63) - 1}]), "content[0].n",
-                          "content[0].n: integer out of the 64-bit range is not lossless JSON"),
-    "surrogate-in-block": (lambda: UserMessage([{"type": "text", "text": "a\ud800"}]), "content[0].text",
-                           "content[0].text: string is not valid Unicode (lone surrogate)"),
+    "huge-int": (
+        lambda: UserMessage([{"type": "x", "n": 2**64}]),
+        "content[0].n",
+        "content[0].n: integer out of the 64-bit range is not lossless JSON",
+    ),
+    "huge-negative-int": (
+        lambda: UserMessage([{"type": "x", "n": -(2**63) - 1}]),
+        "content[0].n",
+        "content[0].n: integer out of the 64-bit range is not lossless JSON",
+    ),
+    "surrogate-in-block": (
+        lambda: UserMessage([{"type": "text", "text": "a\ud800"}]),
+        "content[0].text",
+        "content[0].text: string is not valid Unicode (lone surrogate)",
+    ),
     "surrogate-in-key": (lambda: UserMessage([{"type": "x", "\udc00": 1}]), "content[0]", "content[0]: key is not valid Unicode"),
-    "surrogate-in-source": (lambda: UserMessage("x", source={"kind": "plugin", "p": "\ud800"}), "source.p",
-                            "source.p: string is not valid Unicode (lone surrogate)"),
-    "surrogate-in-from-dict-id": (lambda: Message.from_dict({"id": "\ud800", "role": "user", "content": [],
-                                                             "source": {"kind": "user"}}),
-                                  "id", "id: string is not valid Unicode (lone surrogate)"),
+    "surrogate-in-source": (
+        lambda: UserMessage("x", source={"kind": "plugin", "p": "\ud800"}),
+        "source.p",
+        "source.p: string is not valid Unicode (lone surrogate)",
+    ),
+    "surrogate-in-from-dict-id": (
+        lambda: Message.from_dict({"id": "\ud800", "role": "user", "content": [], "source": {"kind": "user"}}),
+        "id",
+        "id: string is not valid Unicode (lone surrogate)",
+    ),
     "source-not-dict": (lambda: UserMessage("x", source="user"), "source", "source: expected a dict, got str"),
     "source-no-kind": (lambda: UserMessage("x", source={}), "source.kind", "source.kind: missing"),
-    "source-nan": (lambda: UserMessage("x", source={"kind": "plugin", "x": float("nan")}), "source.x",
-                   "source.x: NaN is not lossless JSON"),
-    "with-content-nan": (lambda: UserMessage("x").with_content([{"type": "x", "n": float("nan")}]), "content[0].n",
-                         "content[0].n: NaN is not lossless JSON"),
+    "source-nan": (
+        lambda: UserMessage("x", source={"kind": "plugin", "x": float("nan")}),
+        "source.x",
+        "source.x: NaN is not lossless JSON",
+    ),
+    "with-content-nan": (
+        lambda: UserMessage("x").with_content([{"type": "x", "n": float("nan")}]),
+        "content[0].n",
+        "content[0].n: NaN is not lossless JSON",
+    ),
 }
 
 
@@ -267,17 +304,21 @@ def test_event_data_not_json(log, case):
     assert len(log) == 1  # a failing append changes nothing
 
 
-@pytest.mark.parametrize("type_", ["turn/start", "turn/end", "step/start", "user/message", "assistant/message",
-                                   "tool/result", "request/header", "agent/inbox/spliced"])
+@pytest.mark.parametrize(
+    "type_",
+    ["turn/start", "turn/end", "step/start", "user/message", "assistant/message", "tool/result", "request/header", "agent/inbox/spliced"],
+)
 def test_event_type_owned_by_loop(log, type_):
     with pytest.raises(ValueError, match=f'^event type "{type_}" is owned by the Inbox and the AgentLoop'):
         log.append(type_, {})
     assert len(log) == 0
 
 
-@pytest.mark.parametrize("type_, exc, start", [("", ValueError, 'invalid event type "": expected a non-empty string'),
-                                               (5, TypeError, "event type must be a str, got int")],
-                         ids=["empty", "int"])
+@pytest.mark.parametrize(
+    "type_, exc, start",
+    [("", ValueError, 'invalid event type "": expected a non-empty string'), (5, TypeError, "event type must be a str, got int")],
+    ids=["empty", "int"],
+)
 def test_event_type_invalid(log, type_, exc, start):
     with pytest.raises(exc) as info:
         log.append(type_, {})
@@ -290,8 +331,9 @@ def test_event_type_nul(log):
     hold NUL, so no store keeps it in an event type; NUL in the data is kept."""
     with pytest.raises(ValueError) as info:
         log.append("x/a\x00b", {})
-    assert str(info.value) == ('cannot store this: event type "x/a\\0b" contains NUL (U+0000), which no store keeps '
-                               "(PostgreSQL text cannot hold it)")
+    assert str(info.value) == (
+        'cannot store this: event type "x/a\\0b" contains NUL (U+0000), which no store keeps (PostgreSQL text cannot hold it)'
+    )
     assert len(log) == 0
     assert log.append("x/ok", {"t": "a\x00b"}).data == {"t": "a\x00b"}
 
@@ -402,10 +444,15 @@ def test_session_id_cannot_escape_root(tmp_path, session_id):
         assert log.id == session_id and len(log) == 1
 
 
-@pytest.mark.parametrize("session_id, start", [("a\0b", 'invalid session id: "a\\0b" contains NUL'),
-                                                ("", "invalid session id: a session id must be a non-empty string"),
-                                                ("é" * 40, 'invalid session id: "' + "é" * 40 + '" is too long')],
-                         ids=["nul", "empty", "too-long"])
+@pytest.mark.parametrize(
+    "session_id, start",
+    [
+        ("a\0b", 'invalid session id: "a\\0b" contains NUL'),
+        ("", "invalid session id: a session id must be a non-empty string"),
+        ("é" * 40, 'invalid session id: "' + "é" * 40 + '" is too long'),
+    ],
+    ids=["nul", "empty", "too-long"],
+)
 @pytest.mark.parametrize("op", ["create", "open", "exists", "delete"])
 def test_session_id_invalid(tmp_path, session_id, start, op):
     root = tmp_path / "root"
@@ -442,11 +489,13 @@ def test_session_opened_twice_same_process(store):
     or share it (issue 15: ``reuse=True``; a PostgresStore for a session this process holds
     through a store with the same DSN). A PostgreSQL lease held elsewhere names no process:
     ``test_reuse_hands_back_the_log_this_process_holds`` in postgres/."""
-    here = ('^session "s" is locked by a session log still open in this process: close that log first '
-            r'\(log.close\(\), or open it as `with store.open\(id\) as log:` so it closes itself; '
-            r'a handle dropped but not yet garbage-collected is released by gc.collect\(\)\)')
+    here = (
+        '^session "s" is locked by a session log still open in this process: close that log first '
+        r"\(log.close\(\), or open it as `with store.open\(id\) as log:` so it closes itself; "
+        r"a handle dropped but not yet garbage-collected is released by gc.collect\(\)\)"
+    )
     # open (not delete) also names the way to share the open log (issue 15: a notebook re-run)
-    reuse = r'; or take that same log back with store.open\(id, reuse=True\) \(a notebook cell that opens it running again\)$'
+    reuse = r"; or take that same log back with store.open\(id, reuse=True\) \(a notebook cell that opens it running again\)$"
     log = store.create("s")
     try:
         with pytest.raises(SessionLockedError, match=here + reuse):
@@ -532,7 +581,8 @@ def test_session_file_without_read_permission(tmp_path):
     if prefix is None:
         pytest.skip("running as root and cannot drop CAP_DAC_OVERRIDE (no setpriv): root bypasses file modes")
     root = _make_unreadable_store(tmp_path)
-    proc = run_child(f"""
+    proc = run_child(
+        f"""
         import kerman
         store = kerman.FileStore({str(root)!r}, durability="none")
         for op in ("open", "verify"):
@@ -542,7 +592,9 @@ def test_session_file_without_read_permission(tmp_path):
             except kerman.LogError as e:
                 print("RAISED", type(e).__name__, op, e)
         print("GOOD", len(store.open("good")))
-    """, prefix=prefix)
+    """,
+        prefix=prefix,
+    )
     assert proc.returncode == 0, proc.stderr
     path = session_path(root, "locked-out")
     assert f"RAISED LogError open opening {path}: Permission denied (os error 13)" in proc.stdout, proc.stdout
@@ -555,16 +607,18 @@ def test_unreadable_session_file_does_not_break_listing(tmp_path):
     if prefix is None:
         pytest.skip("running as root and cannot drop CAP_DAC_OVERRIDE (no setpriv): root bypasses file modes")
     root = _make_unreadable_store(tmp_path)
-    proc = run_child(f"""
+    proc = run_child(
+        f"""
         import kerman
         try:
             print("LIST", sorted(kerman.FileStore({str(root)!r}).list()))
         except kerman.LogError as e:
             print("RAISED", type(e).__name__, e)
-    """, prefix=prefix)
+    """,
+        prefix=prefix,
+    )
     assert "LIST" in proc.stdout and "'good'" in proc.stdout, proc.stdout
-    cli = subprocess.run(prefix + [sys.executable, "-m", "kerman", "log", "list", str(root)],
-                         capture_output=True, text=True, timeout=100)
+    cli = subprocess.run(prefix + [sys.executable, "-m", "kerman", "log", "list", str(root)], capture_output=True, text=True, timeout=100)
     assert cli.returncode == 0 and "good" in cli.stdout, cli.stdout + cli.stderr
 
 
@@ -606,8 +660,7 @@ def _full_disk_prefix(mount_point: Path) -> Optional[List[str]]:
     unshare = shutil.which("unshare")
     if unshare is None or not IS_ROOT:
         return None
-    probe = subprocess.run([unshare, "--mount", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mount_point}"],
-                           capture_output=True)
+    probe = subprocess.run([unshare, "--mount", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mount_point}"], capture_output=True)
     if probe.returncode != 0:
         return None
     return [unshare, "--mount", "sh", "-c", f'mount -t tmpfs -o size=64k tmpfs {mount_point} && exec "$@"', "sh"]
@@ -619,8 +672,7 @@ def test_full_disk(tmp_path, durability):
     mount_point.mkdir()
     prefix = _full_disk_prefix(mount_point)
     if prefix is None:
-        pytest.skip("cannot mount a tiny tmpfs in a private mount namespace (needs root and unshare); "
-                    "a full disk is not simulated")
+        pytest.skip("cannot mount a tiny tmpfs in a private mount namespace (needs root and unshare); a full disk is not simulated")
     argv = prefix + [sys.executable, "-c", textwrap.dedent(FULL_DISK_CHILD), str(mount_point / "root"), durability]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-800:]
@@ -652,18 +704,30 @@ def _unchanged(inbox: Inbox, before: tuple, log_len: int) -> None:
 @pytest.mark.parametrize("op", ["append", "prepend", "splice", "claim"])
 def test_inbox_wrong_target(inbox, op, target):
     before, n = (inbox.next_turn, inbox.next_step), len(inbox.log)
-    call = {"append": lambda: inbox.append(target, "x"), "prepend": lambda: inbox.prepend(target, "x"),
-            "splice": lambda: inbox.splice(target, 0, 0, ["x"]), "claim": lambda: inbox.claim(target, 1)}[op]
+    call = {
+        "append": lambda: inbox.append(target, "x"),
+        "prepend": lambda: inbox.prepend(target, "x"),
+        "splice": lambda: inbox.splice(target, 0, 0, ["x"]),
+        "claim": lambda: inbox.claim(target, 1),
+    }[op]
     with pytest.raises(ValueError) as info:
         call()
     assert str(info.value) == f'target must be "next-turn" or "next-step", got {target!r}'
     _unchanged(inbox, before, n)
 
 
-@pytest.mark.parametrize("start, delete_count, name, got", [
-    (0.0, 0, "start", "float"), (True, 0, "start", "bool"), ("0", 0, "start", "str"), (None, 0, "start", "NoneType"),
-    (0, 1.0, "delete_count", "float"), (0, False, "delete_count", "bool")],
-    ids=["start-float", "start-bool", "start-str", "start-none", "delete-float", "delete-bool"])
+@pytest.mark.parametrize(
+    "start, delete_count, name, got",
+    [
+        (0.0, 0, "start", "float"),
+        (True, 0, "start", "bool"),
+        ("0", 0, "start", "str"),
+        (None, 0, "start", "NoneType"),
+        (0, 1.0, "delete_count", "float"),
+        (0, False, "delete_count", "bool"),
+    ],
+    ids=["start-float", "start-bool", "start-str", "start-none", "delete-float", "delete-bool"],
+)
 def test_inbox_bad_coordinates(inbox, start, delete_count, name, got):
     before, n = (inbox.next_turn, inbox.next_step), len(inbox.log)
     with pytest.raises(TypeError, match=f"^{name} must be an int, got {got}$"):
@@ -680,15 +744,19 @@ def test_inbox_huge_coordinates_clamp(inbox):
     assert inbox.log[-1].data == {"target": "next-turn", "start": 0, "removedCount": 2, "inserted": [], "outcome": "canceled"}
 
 
-@pytest.mark.parametrize("call, start", [
-    (lambda ib: ib.splice("next-turn", 0, 0, "xy"), "inserted must be a sequence of messages, not a str"),
-    (lambda ib: ib.splice("next-turn", 0, 0, [5]), "expected a str or a UserMessage, got int"),
-    (lambda ib: ib.splice("next-turn", 0, 0, [{"type": "text", "text": "x"}]), "expected a str or a UserMessage, got dict"),
-    (lambda ib: ib.append("next-turn", AssistantMessage("x")), "expected a str or a UserMessage, got AssistantMessage"),
-    (lambda ib: ib.append("next-step", ToolResultMessage("c", "x")), "expected a str or a UserMessage, got ToolResultMessage"),
-    (lambda ib: ib.append("next-turn", None), "expected a str or a UserMessage, got NoneType"),
-    (lambda ib: ib.replace("a", 5), "expected a str or a UserMessage, got int"),
-], ids=["inserted-str", "inserted-int", "inserted-dict", "assistant", "tool-result", "none", "replace-int"])
+@pytest.mark.parametrize(
+    "call, start",
+    [
+        (lambda ib: ib.splice("next-turn", 0, 0, "xy"), "inserted must be a sequence of messages, not a str"),
+        (lambda ib: ib.splice("next-turn", 0, 0, [5]), "expected a str or a UserMessage, got int"),
+        (lambda ib: ib.splice("next-turn", 0, 0, [{"type": "text", "text": "x"}]), "expected a str or a UserMessage, got dict"),
+        (lambda ib: ib.append("next-turn", AssistantMessage("x")), "expected a str or a UserMessage, got AssistantMessage"),
+        (lambda ib: ib.append("next-step", ToolResultMessage("c", "x")), "expected a str or a UserMessage, got ToolResultMessage"),
+        (lambda ib: ib.append("next-turn", None), "expected a str or a UserMessage, got NoneType"),
+        (lambda ib: ib.replace("a", 5), "expected a str or a UserMessage, got int"),
+    ],
+    ids=["inserted-str", "inserted-int", "inserted-dict", "assistant", "tool-result", "none", "replace-int"],
+)
 def test_inbox_not_a_user_message(inbox, call, start):
     before, n = (inbox.next_turn, inbox.next_step), len(inbox.log)
     with pytest.raises(TypeError, match="^" + start):
@@ -700,10 +768,16 @@ DUPLICATES: Dict[str, Tuple[Callable[[Inbox], Any], Callable[[Inbox], Any], str]
     # id: (preparation, the failing call, the duplicate id)
     "same-list": (lambda ib: None, lambda ib: ib.append("next-turn", UserMessage("b", id="a")), "a"),
     "across-lists": (lambda ib: None, lambda ib: ib.prepend("next-step", UserMessage("b", id="a")), "a"),
-    "within-one-batch": (lambda ib: None,
-                         lambda ib: ib.splice("next-step", 0, 0, [UserMessage("b", id="z"), UserMessage("c", id="z")]), "z"),
-    "replace-onto-other-pending": (lambda ib: ib.append("next-step", UserMessage("q", id="q")),
-                                   lambda ib: ib.replace("a", UserMessage("n", id="q")), "q"),
+    "within-one-batch": (
+        lambda ib: None,
+        lambda ib: ib.splice("next-step", 0, 0, [UserMessage("b", id="z"), UserMessage("c", id="z")]),
+        "z",
+    ),
+    "replace-onto-other-pending": (
+        lambda ib: ib.append("next-step", UserMessage("q", id="q")),
+        lambda ib: ib.replace("a", UserMessage("n", id="q")),
+        "q",
+    ),
 }
 
 
@@ -731,8 +805,9 @@ def test_inbox_lone_surrogate_str(inbox):
         inbox.append("next-turn", "\ud800")
 
 
-@pytest.mark.parametrize("turn, exc", [("1", TypeError), (1.0, TypeError), (-1, OverflowError), (2**70, OverflowError)],
-                         ids=["str", "float", "negative", "huge"])
+@pytest.mark.parametrize(
+    "turn, exc", [("1", TypeError), (1.0, TypeError), (-1, OverflowError), (2**70, OverflowError)], ids=["str", "float", "negative", "huge"]
+)
 def test_inbox_claim_bad_turn(inbox, turn, exc):
     before, n = (inbox.next_turn, inbox.next_step), len(inbox.log)
     with pytest.raises(exc):
@@ -752,15 +827,18 @@ SPLICE = "agent/inbox/spliced"
 _M = UserMessage("a", id="a").to_dict()
 BAD_SPLICES: Dict[str, Tuple[Any, str]] = {
     "data-not-object": ([1], "invalid inbox splice: payload is not an object"),
-    "bad-target": ({"target": "later", "start": 0, "inserted": [_M]},
-                   'invalid inbox splice: target must be "next-turn" or "next-step"'),
+    "bad-target": ({"target": "later", "start": 0, "inserted": [_M]}, 'invalid inbox splice: target must be "next-turn" or "next-step"'),
     "start-beyond-list": ({"target": "next-turn", "start": 3, "inserted": [_M]}, "invalid inbox splice"),
     "removed-beyond-list": ({"target": "next-turn", "start": 0, "removedCount": 2, "inserted": []}, "invalid inbox splice"),
-    "negative-start": ({"target": "next-turn", "start": -1, "inserted": [_M]},
-                       "invalid inbox splice: start must be a non-negative integer"),
+    "negative-start": (
+        {"target": "next-turn", "start": -1, "inserted": [_M]},
+        "invalid inbox splice: start must be a non-negative integer",
+    ),
     "bad-message": ({"target": "next-turn", "start": 0, "inserted": [{"id": ""}]}, "invalid inbox splice: inserted[0]: "),
-    "assistant-message": ({"target": "next-turn", "start": 0, "inserted": [AssistantMessage("x").to_dict()]},
-                          "invalid inbox splice: inserted[0] is not a user message"),
+    "assistant-message": (
+        {"target": "next-turn", "start": 0, "inserted": [AssistantMessage("x").to_dict()]},
+        "invalid inbox splice: inserted[0] is not a user message",
+    ),
     "duplicate-id": ({"target": "next-turn", "start": 0, "inserted": [_M, _M]}, 'message "a" is already pending'),
 }
 
@@ -783,8 +861,11 @@ def test_projection_not_an_event():
 def test_inbox_replay_bad_persisted_splice(tmp_path, case):
     root = tmp_path / "root"
     good = {"target": "next-turn", "start": 0, "inserted": [UserMessage("b", id="b").to_dict()]}
-    write_raw_session(session_path(root, "s"), header_record("s"),
-                      [event_record(0, SPLICE, good, surface_op=None), event_record(1, SPLICE, BAD_SPLICES[case][0])])
+    write_raw_session(
+        session_path(root, "s"),
+        header_record("s"),
+        [event_record(0, SPLICE, good, surface_op=None), event_record(1, SPLICE, BAD_SPLICES[case][0])],
+    )
     with FileStore(root).open("s") as log:
         with pytest.raises(ProjectionError) as info:
             Inbox(log)
@@ -847,6 +928,7 @@ def with_pre_step(result: Callable[[], Any]) -> Callable[[AgentLoop], None]:
         @loop.pre_step
         async def listener(step, next):
             return result()
+
     return setup
 
 
@@ -905,6 +987,7 @@ def test_pre_step_enter_duplicate_ids_logged_as_given():
 def test_pre_step_raises():
     def boom():
         raise RuntimeError("plugin broke")
+
     run = run_turn(EchoModel(), with_pre_step(boom))
     assert_failed(run, "UNKNOWN", "plugin broke", RuntimeError)
 
@@ -914,6 +997,7 @@ def with_before_request(result: Callable[[Any], Any]) -> Callable[[AgentLoop], N
         @loop.before_request
         async def listener(request, next):
             return result(request)
+
     return setup
 
 
@@ -929,20 +1013,22 @@ def test_before_request_options_not_json(bad):
     def mutate(request):
         request.options["temperature"] = bad
         return request
+
     run = run_turn(EchoModel(), with_before_request(mutate))
     assert run.end["kind"] == "error"
     assert "options" in run.end["error"]["message"] or "request/header" in run.end["error"]["message"]
 
 
-@pytest.mark.parametrize("value", [None, 5, "retry", {"kind": "nope"}, Enter([])],
-                         ids=["none", "int", "str", "dict-unknown-kind", "enter"])
+@pytest.mark.parametrize("value", [None, 5, "retry", {"kind": "nope"}, Enter([])], ids=["none", "int", "str", "dict-unknown-kind", "enter"])
 def test_request_error_garbage_means_no_retry(value):
     """Anything but ``Retry()`` / ``{"kind": "retry"}`` is "do not retry": the turn ends with the
     model's own failure and the listener's value is not reported (see errors.md, notes)."""
+
     def setup(loop: AgentLoop) -> None:
         @loop.request_error
         async def listener(failure, next):
             return value
+
     model = ScriptedModel([ModelError("flaky", code="E1"), "never reached"])
     run = run_turn(model, setup)
     assert_failed(run, "E1", "flaky", ModelError)
@@ -952,6 +1038,7 @@ def test_request_error_garbage_means_no_retry(value):
 def _returning(value: Any) -> Callable[..., Any]:
     async def model(request):
         return value
+
     return model
 
 
@@ -959,22 +1046,26 @@ def _streaming(*chunks: Any) -> Callable[..., Any]:
     async def model(request):
         for chunk in chunks:
             yield chunk
+
     return model
 
 
-@pytest.mark.parametrize("value", [None, 5, {"content": "x"}, [{"type": "text", "text": "x"}]],
-                         ids=["none", "int", "dict", "list"])
+@pytest.mark.parametrize("value", [None, 5, {"content": "x"}, [{"type": "text", "text": "x"}]], ids=["none", "int", "dict", "list"])
 def test_model_returns_garbage(value):
     run = run_turn(_returning(value))
     assert_failed(run, "INVALID_REPLY", f"model returned {value!r}; expected a ModelReply")
     assert run.of("assistant/message") == []
 
 
-@pytest.mark.parametrize("chunks, shown", [
-    (({"type": "text-delta", "text": "a"}, 5), "5"),
-    (("abc",), "'abc'"),
-    (({"text": "a"},), "{'text': 'a'}"),
-], ids=["non-dict-after-a-chunk", "str", "dict-without-type"])
+@pytest.mark.parametrize(
+    "chunks, shown",
+    [
+        (({"type": "text-delta", "text": "a"}, 5), "5"),
+        (("abc",), "'abc'"),
+        (({"text": "a"},), "{'text': 'a'}"),
+    ],
+    ids=["non-dict-after-a-chunk", "str", "dict-without-type"],
+)
 def test_model_stream_yields_garbage(chunks, shown):
     run = run_turn(_streaming(*chunks))
     assert_failed(run, "INVALID_REPLY", f"model stream yielded {shown}; expected a chunk dict")
@@ -988,13 +1079,23 @@ def test_model_plain_function_returns_garbage(value):
     assert run.end["kind"] == "error" and run.end["error"]["code"] == "INVALID_REPLY"
 
 
-@pytest.mark.parametrize("reply, exc, start", [
-    (ModelReply([5]), InvalidMessageError, "invalid message content[0]: expected a content block object, got number"),
-    (ModelReply([{"type": "text", "text": "x", "n": float("nan")}]), InvalidMessageError,
-     "invalid message content[0].n: NaN is not lossless JSON"),
-    (ModelReply("x", usage={"t": float("nan")}), NotJsonError,
-     'session event "assistant/message" carries non-JSON-serializable data: data.usage.t: NaN is not lossless JSON'),
-], ids=["bad-block", "nan-content", "nan-usage"])
+@pytest.mark.parametrize(
+    "reply, exc, start",
+    [
+        (ModelReply([5]), InvalidMessageError, "invalid message content[0]: expected a content block object, got number"),
+        (
+            ModelReply([{"type": "text", "text": "x", "n": float("nan")}]),
+            InvalidMessageError,
+            "invalid message content[0].n: NaN is not lossless JSON",
+        ),
+        (
+            ModelReply("x", usage={"t": float("nan")}),
+            NotJsonError,
+            'session event "assistant/message" carries non-JSON-serializable data: data.usage.t: NaN is not lossless JSON',
+        ),
+    ],
+    ids=["bad-block", "nan-content", "nan-usage"],
+)
 def test_model_reply_not_json(reply, exc, start):
     run = run_turn(_returning(reply))
     assert_failed(run, "UNKNOWN", start, exc)
@@ -1003,8 +1104,12 @@ def test_model_reply_not_json(reply, exc, start):
 
 def test_model_stream_chunk_not_json():
     run = run_turn(_streaming({"type": "usage", "t": float("nan")}))
-    assert_failed(run, "UNKNOWN", 'session event "assistant/chunk" carries non-JSON-serializable data: '
-                  "data.chunk.t: NaN is not lossless JSON", NotJsonError)
+    assert_failed(
+        run,
+        "UNKNOWN",
+        'session event "assistant/chunk" carries non-JSON-serializable data: data.chunk.t: NaN is not lossless JSON',
+        NotJsonError,
+    )
     assert run.of("assistant/chunk") == []
 
 
@@ -1016,6 +1121,7 @@ def test_model_reply_dict_content():
 def test_model_raises():
     async def model(request):
         raise ValueError("boom")
+
     run = run_turn(model)
     assert_failed(run, "UNKNOWN", "boom", ValueError)
 
@@ -1048,6 +1154,7 @@ def _tool_result(run: Run) -> Tuple[Optional[dict], str]:
 def test_tool_raises():
     async def tool(args, ctx):
         raise RuntimeError("disk on fire")
+
     run = _tool_run(tool)
     error, text = _tool_result(run)
     assert (plain(error), text) == ({"name": "RuntimeError", "code": "TOOL_ERROR"}, "disk on fire")
@@ -1061,14 +1168,13 @@ def test_tool_unknown():
     assert run.end == {"kind": "completed"}
 
 
-@pytest.mark.parametrize("value, typename", [(None, "NoneType"), (5, "int"), ({"content": "x"}, "dict")],
-                         ids=["none", "int", "dict"])
+@pytest.mark.parametrize("value, typename", [(None, "NoneType"), (5, "int"), ({"content": "x"}, "dict")], ids=["none", "int", "dict"])
 def test_tool_returns_garbage(value, typename):
     async def tool(args, ctx):
         return value
+
     run = _tool_run(tool)
-    assert _tool_result(run) == ({"name": "TypeError", "code": "TOOL_ERROR"},
-                                 f"tool 't' returned {typename}; expected str or ToolResult")
+    assert _tool_result(run) == ({"name": "TypeError", "code": "TOOL_ERROR"}, f"tool 't' returned {typename}; expected str or ToolResult")
     assert run.end == {"kind": "completed"}
 
 
@@ -1084,6 +1190,7 @@ INVALID_TOOL_RESULTS: Dict[str, Callable[[], Any]] = {
 def test_tool_returns_invalid_result(case):
     async def tool(args, ctx):
         return INVALID_TOOL_RESULTS[case]()
+
     run = _tool_run(tool)
     error, _ = _tool_result(run)
     assert error is not None and error["code"] == "TOOL_ERROR"
@@ -1097,6 +1204,7 @@ def test_tool_invalid_arguments_json(arguments):
     async def tool(args, ctx):
         seen.append(args)
         return "ran"
+
     run = _tool_run(tool, arguments)
     error, text = _tool_result(run)
     assert error == {"name": "ValueError", "code": "INVALID_ARGUMENTS"}
@@ -1109,6 +1217,7 @@ def test_tool_invalid_arguments_json(arguments):
 def test_tool_arguments_non_standard_json(arguments):
     async def tool(args, ctx):
         return "ran"
+
     error, _ = _tool_result(_tool_run(tool, arguments))
     assert error == {"name": "ValueError", "code": "INVALID_ARGUMENTS"}
 
@@ -1120,6 +1229,7 @@ def test_tool_arguments_not_an_object_are_passed_through():
     async def tool(args, ctx):
         seen.append(args)
         return "ran"
+
     _tool_run(tool, "[1, 2]")
     assert seen == [[1, 2]]
 
@@ -1132,6 +1242,7 @@ def test_tool_additional_contexts_str():
 def test_tool_additional_contexts_not_messages():
     async def tool(args, ctx):
         return ToolResult("x", additional_contexts=[5])
+
     run = _tool_run(tool)
     assert_failed(run, "UNKNOWN", "expected a str or a UserMessage, got int", TypeError)
 
@@ -1199,13 +1310,17 @@ def test_cli_newer_format(tmp_path):
     assert listing.returncode == 0 and "(unsupported-format)" in listing.stdout
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("log", "show", "{root}", "s", "--from", "abc"), "argument --from: not an integer"),
-    (("log", "show", "{root}", "s", "--from", "-5"), "argument --from: must be 0 or more"),
-    (("log", "tail", "{root}", "s", "-n", "-1"), "argument -n: must be 0 or more: -1"),
-    (("log", "bogus"), "invalid choice: 'bogus'"),
-    (("nope",), "invalid choice: 'nope'"),
-], ids=["from-not-int", "from-negative", "tail-negative", "unknown-log-command", "unknown-command"])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("log", "show", "{root}", "s", "--from", "abc"), "argument --from: not an integer"),
+        (("log", "show", "{root}", "s", "--from", "-5"), "argument --from: must be 0 or more"),
+        (("log", "tail", "{root}", "s", "-n", "-1"), "argument -n: must be 0 or more: -1"),
+        (("log", "bogus"), "invalid choice: 'bogus'"),
+        (("nope",), "invalid choice: 'nope'"),
+    ],
+    ids=["from-not-int", "from-negative", "tail-negative", "unknown-log-command", "unknown-command"],
+)
 def test_cli_usage_errors(cli_store, args, fragment):
     proc = cli(*[a.format(root=cli_store) for a in args])
     assert proc.returncode == 2 and fragment in proc.stderr and proc.stdout == ""

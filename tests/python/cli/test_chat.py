@@ -43,7 +43,7 @@ async def clock() -> str:
     return "12:00"
 '''
 
-FACTORY = '''
+FACTORY = """
 from kerman.models import EchoModel, ScriptedModel
 
 def echo():
@@ -57,7 +57,7 @@ def not_a_model():
 
 def broken():
     raise RuntimeError("no GPU here")
-'''
+"""
 
 
 @pytest.fixture
@@ -71,8 +71,16 @@ def env(tmp_path: Path) -> Dict[str, str]:
     (tmp_path / "chat_tools.py").write_text(TOOLS)
     (tmp_path / "chat_factory.py").write_text(FACTORY)
     out = dict(os.environ)
-    out.update({"NO_COLOR": "1", "TERM": "dumb", "CHAT_TEST_GO": str(tmp_path / "go"),
-                "CHAT_KEY": KEY, "PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": ""})
+    out.update(
+        {
+            "NO_COLOR": "1",
+            "TERM": "dumb",
+            "CHAT_TEST_GO": str(tmp_path / "go"),
+            "CHAT_KEY": KEY,
+            "PYTHONPATH": str(tmp_path),
+            "OPENAI_API_KEY": "",
+        }
+    )
     out.pop("KERMAN_CHAT_DIR", None)
     return out
 
@@ -118,8 +126,10 @@ def wire_messages(server: FakeServer, index: int) -> List[Dict[str, Any]]:
 
 
 def test_streams_runs_tools_and_steers_while_a_tool_runs(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
-    server.add(Reply(text=["Let me ", "start it."], tool_calls=[ToolCall("call_1", "wait_for_go", "{}")]),
-               Reply(text=["Done, ", "and I checked ", "the logs too."]))
+    server.add(
+        Reply(text=["Let me ", "start it."], tool_calls=[ToolCall("call_1", "wait_for_go", "{}")]),
+        Reply(text=["Done, ", "and I checked ", "the logs too."]),
+    )
     child = spawn(tmp_path, env, *openai_args(server, "--tool", "chat_tools:wait_for_go"))
     child.expect("> ")
     child.sendline("start the job")
@@ -138,8 +148,11 @@ def test_streams_runs_tools_and_steers_while_a_tool_runs(tmp_path: Path, env: Di
     # The second request carries exactly what Chat Completions expects, the steer last.
     assert wire_messages(server, 1) == [
         {"role": "user", "content": "start the job"},
-        {"role": "assistant", "content": "Let me start it.",
-         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "wait_for_go", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "Let me start it.",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "wait_for_go", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "job finished"},
         {"role": "user", "content": "also check the logs"},
     ]
@@ -174,8 +187,10 @@ def test_cancel_closes_the_stream_and_keeps_the_partial_text(tmp_path: Path, env
     assert replies[0]["message"]["content"] == [{"type": "text", "text": "Once upon"}]
     assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["aborted", "completed"]
     # The interrupted text is history for the next request.
-    assert wire_messages(server, 1)[:2] == [{"role": "user", "content": "tell me a long story"},
-                                            {"role": "assistant", "content": "Once upon"}]
+    assert wire_messages(server, 1)[:2] == [
+        {"role": "user", "content": "tell me a long story"},
+        {"role": "assistant", "content": "Once upon"},
+    ]
 
 
 def test_queue_drop_and_resume(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
@@ -252,7 +267,8 @@ def test_errors_reach_the_screen_without_the_key(tmp_path: Path, env: Dict[str, 
 
 
 def test_no_retry_fails_the_turn_at_the_first_error_although_providers_retry_by_default(
-        tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
+    tmp_path: Path, env: Dict[str, str], server: FakeServer
+) -> None:
     server.add(HttpError(429, "slow down", headers={"retry-after": "0"}), Reply(text="never"))
     child = spawn(tmp_path, env, *openai_args(server), "--no-retry")
     child.expect("> ")
@@ -276,9 +292,14 @@ def test_factory_model_and_terminal_escapes(tmp_path: Path, env: Dict[str, str])
 def test_a_second_chat_on_the_same_session_is_refused(tmp_path: Path, env: Dict[str, str]) -> None:
     child = spawn(tmp_path, env, "--model", "chat_factory:echo", "--session", "shared")
     child.expect("> ")
-    other = subprocess.run(kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), "--model", "chat_factory:echo",
-                                           "--session", "shared"], env=env, capture_output=True, text=True,
-                           timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    other = subprocess.run(
+        kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), "--model", "chat_factory:echo", "--session", "shared"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
     assert other.returncode == 1
     assert "shared" in other.stderr and "lock" in other.stderr.lower(), other.stderr
     assert "Traceback" not in other.stderr
@@ -289,9 +310,14 @@ def test_piped_input_runs_every_line_then_exits(tmp_path: Path, env: Dict[str, s
     script = tmp_path / "script.txt"
     script.write_text("first\n/queue\nsecond\n")
     with script.open() as stdin:  # a regular file: read by a thread, not the event loop
-        done = subprocess.run(kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), "--model",
-                                              "chat_factory:echo", "--session", "piped"],
-                              env=env, stdin=stdin, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(
+            kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), "--model", "chat_factory:echo", "--session", "piped"],
+            env=env,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
     assert done.returncode == 0, done.stderr
     assert "session piped saved" in done.stdout
     events = session_events(tmp_path, "piped")
@@ -300,18 +326,27 @@ def test_piped_input_runs_every_line_then_exits(tmp_path: Path, env: Dict[str, s
     assert "first" in replies[0] and sum(r.count("second") for r in replies) == 1
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--model", "nosuchmodule:factory"], "cannot import 'nosuchmodule'"),
-    (["--model", "chat_factory:missing"], "has no 'missing'"),
-    (["--model", "chat_factory:not_a_model"], "returned int, not a model"),
-    (["--model", "chat_factory:broken"], "raised RuntimeError: no GPU here"),
-    (["--model", "m", "--option", "temperature"], "--option must be KEY=VALUE, got 'temperature'"),
-    (["--model", "m", "--api-key-env", "CHAT_NO_SUCH_VAR"], "CHAT_NO_SUCH_VAR: that environment variable is not set"),
-    (["--model", "m", "--provider", "cohere"], "invalid choice: 'cohere'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--model", "nosuchmodule:factory"], "cannot import 'nosuchmodule'"),
+        (["--model", "chat_factory:missing"], "has no 'missing'"),
+        (["--model", "chat_factory:not_a_model"], "returned int, not a model"),
+        (["--model", "chat_factory:broken"], "raised RuntimeError: no GPU here"),
+        (["--model", "m", "--option", "temperature"], "--option must be KEY=VALUE, got 'temperature'"),
+        (["--model", "m", "--api-key-env", "CHAT_NO_SUCH_VAR"], "CHAT_NO_SUCH_VAR: that environment variable is not set"),
+        (["--model", "m", "--provider", "cohere"], "invalid choice: 'cohere'"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(tmp_path: Path, env: Dict[str, str], argv: List[str], needle: str) -> None:
-    done = subprocess.run(kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), *argv], env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        kerman_cmd() + ["chat", "--store", str(tmp_path / "store"), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert needle in done.stderr
     assert "Traceback" not in done.stderr
@@ -328,9 +363,10 @@ def test_help_lists_the_commands(tmp_path: Path, env: Dict[str, str]) -> None:
     finish(child)
 
 
-
-@pytest.mark.parametrize("protocol, provider", [("openai-chat", "openai"), ("openai-responses", "openai-responses"),
-                                                ("anthropic", "anthropic"), ("gemini", "gemini")])
+@pytest.mark.parametrize(
+    "protocol, provider",
+    [("openai-chat", "openai"), ("openai-responses", "openai-responses"), ("anthropic", "anthropic"), ("gemini", "gemini")],
+)
 def test_every_provider_streams_in_the_chat(tmp_path: Path, env: Dict[str, str], protocol: str, provider: str) -> None:
     with FakeServer(protocol, api_key=KEY) as server:
         server.add(Reply(text=["Hello ", "from ", provider, "."]))

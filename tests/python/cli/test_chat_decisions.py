@@ -54,8 +54,21 @@ def env(tmp_path: Path) -> Dict[str, str]:
 
 
 def spawn(tmp_path: Path, env: Dict[str, str], server: FakeServer, *args: str) -> Any:
-    argv = [sys.executable, "-m", "kerman", "chat", "--store", str(tmp_path / "store"), "--model", "fake-model",
-            "--base-url", server.url, "--api-key-env", "CHAT_KEY", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "kerman",
+        "chat",
+        "--store",
+        str(tmp_path / "store"),
+        "--model",
+        "fake-model",
+        "--base-url",
+        server.url,
+        "--api-key-env",
+        "CHAT_KEY",
+        *args,
+    ]
     child = pexpect.spawn(argv[0], argv[1:], env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(40, 200))
     child.logfile_read = sys.stdout
     return child
@@ -82,8 +95,9 @@ def logged(tmp_path: Path, session: str, *types: str) -> List[kerman.Event]:
 def results(tmp_path: Path, session: str) -> List[Any]:
     """``(call id, error code)`` of each logged tool result: a call whose tool did not run has
     the code saying why."""
-    return [(e.data["message"]["source"]["callId"], (e.data.get("error") or {}).get("code"))
-            for e in logged(tmp_path, session, "tool/result")]
+    return [
+        (e.data["message"]["source"]["callId"], (e.data.get("error") or {}).get("code")) for e in logged(tmp_path, session, "tool/result")
+    ]
 
 
 def tool_messages(server: FakeServer, index: int) -> List[Dict[str, Any]]:
@@ -117,8 +131,7 @@ def test_a_tool_that_needs_approval_is_asked_and_approved(tmp_path: Path, env: D
     assert tool_messages(server, 1)[0]["content"] == "moved 900"
 
 
-def test_approve_flag_asks_for_every_call_and_a_denial_carries_its_reason(tmp_path: Path, env: Dict[str, str],
-                                                                          server: FakeServer) -> None:
+def test_approve_flag_asks_for_every_call_and_a_denial_carries_its_reason(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
     server.add(Reply(tool_calls=[ToolCall("call_1", "lookup", '{"q": "rates"}')]), Reply(text=["Understood."]))
     child = spawn(tmp_path, env, server, "--tool", "bank_tools:lookup", "--approve")
     child.expect("> ")
@@ -137,8 +150,7 @@ def test_approve_flag_asks_for_every_call_and_a_denial_carries_its_reason(tmp_pa
     assert "not from this machine" in tool_messages(server, 1)[0]["content"]
 
 
-def test_edit_reasks_on_bad_json_then_runs_the_edited_arguments(tmp_path: Path, env: Dict[str, str],
-                                                                server: FakeServer) -> None:
+def test_edit_reasks_on_bad_json_then_runs_the_edited_arguments(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
     server.add(Reply(tool_calls=[transfer_call()]), Reply(text=["Moved less."]))
     child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer")
     child.expect("> ")
@@ -210,8 +222,7 @@ def test_cancel_while_asked_cancels_the_turn(tmp_path: Path, env: Dict[str, str]
     assert len(server.requests) == 1  # the model was not asked again
 
 
-def test_a_resumed_session_asks_its_pending_question_and_takes_the_answer(tmp_path: Path, env: Dict[str, str],
-                                                                          server: FakeServer) -> None:
+def test_a_resumed_session_asks_its_pending_question_and_takes_the_answer(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
     """A question (``Ask(schema=...)``) left pending by another process is asked when the chat
     resumes the session; the typed JSON is the answer, a bad one is asked again."""
     store = kerman.FileStore(tmp_path / "store")
@@ -274,8 +285,7 @@ def test_ctrl_c_while_asked_cancels_the_turn(tmp_path: Path, env: Dict[str, str]
     assert [r.data["outcome"] for r in logged(tmp_path, session, "decision/resolved")] == ["cancelled"]
 
 
-def test_quit_leaves_the_request_pending_and_a_resumed_chat_asks_it_again(tmp_path: Path, env: Dict[str, str],
-                                                                            server: FakeServer) -> None:
+def test_quit_leaves_the_request_pending_and_a_resumed_chat_asks_it_again(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
     server.add(Reply(tool_calls=[transfer_call()]), Reply(text=["Moved."]))
     child = spawn(tmp_path, env, server, "--tool", "bank_tools:guarded_transfer")
     child.expect("> ")
@@ -303,12 +313,25 @@ def test_quit_leaves_the_request_pending_and_a_resumed_chat_asks_it_again(tmp_pa
     assert len(server.requests) == 2  # the model was not asked again for the decided call
 
 
-def test_piped_input_answers_the_question_with_its_next_line(tmp_path: Path, env: Dict[str, str],
-                                                             server: FakeServer) -> None:
+def test_piped_input_answers_the_question_with_its_next_line(tmp_path: Path, env: Dict[str, str], server: FakeServer) -> None:
     server.add(Reply(tool_calls=[transfer_call()]), Reply(text=["Moved less."]))
     script = 'move the money\ne {"amount": 100}\n/quit\n'
-    argv = [sys.executable, "-m", "kerman", "chat", "--store", str(tmp_path / "store"), "--model", "fake-model",
-            "--base-url", server.url, "--api-key-env", "CHAT_KEY", "--tool", "bank_tools:guarded_transfer"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kerman",
+        "chat",
+        "--store",
+        str(tmp_path / "store"),
+        "--model",
+        "fake-model",
+        "--base-url",
+        server.url,
+        "--api-key-env",
+        "CHAT_KEY",
+        "--tool",
+        "bank_tools:guarded_transfer",
+    ]
     done = subprocess.run(argv, input=script, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert "✎ edited by" in done.stdout and "↳ moved 100" in done.stdout and "Moved less." in done.stdout

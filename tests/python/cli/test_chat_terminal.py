@@ -28,7 +28,8 @@ BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c
 HOSTILE = f"{CLEAR}{BIDI}\x07\x9b"
 RAW = ["\x1b", *BIDI, "\x07", "\x9b"]  # none of these may reach the screen raw (NO_COLOR: no styles)
 
-FACTORY = '''
+FACTORY = (
+    '''
 import asyncio, os
 from pathlib import Path
 import kerman
@@ -67,7 +68,9 @@ async def note(*, ctx) -> str:
     """Adds context for the next step."""
     ctx.loop.inject("the build is green")
     return "noted"
-''' % HOSTILE
+'''
+    % HOSTILE
+)
 
 
 @pytest.fixture
@@ -139,13 +142,19 @@ def test_hostile_ids_texts_tool_names_and_errors_are_escaped(tmp_path: Path, env
     # What was there is shown, escaped.
     assert "\\x1b[2J\\x1bc" in screen and "\\u202e" in screen and "\\x07" in screen and "\\x9b" in screen
     assert "look \\x1b[2J" in screen  # the model's text
-    assert "tool\\x1b[2J" in screen   # the tool's name
+    assert "tool\\x1b[2J" in screen  # the tool's name
     assert "provider said \\x1b[2J" in screen  # the error
 
 
 def test_stdin_from_dev_null_exits_at_once(tmp_path: Path, env: Dict[str, str]) -> None:
-    done = subprocess.run(chat_argv(tmp_path, "--model", "chat_factory:echo", "--session", "null"), env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT)
+    done = subprocess.run(
+        chat_argv(tmp_path, "--model", "chat_factory:echo", "--session", "null"),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and done.stderr == "", done.stderr
     assert "session null saved" in done.stdout
@@ -159,8 +168,14 @@ def test_piped_input_waits_for_each_reply(tmp_path: Path, env: Dict[str, str], q
     read_end, write_end = os.pipe()  # a pipe, as `... | kerman chat` gives
     with os.fdopen(write_end, "w") as pipe:
         pipe.write(lines)  # all of it is in the pipe before the first reply can come
-    proc = subprocess.Popen(chat_argv(tmp_path, "--model", "chat_factory:slow", "--session", "piped"), env=env,
-                            stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        chat_argv(tmp_path, "--model", "chat_factory:slow", "--session", "piped"),
+        env=env,
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(read_end)
     try:
         assert proc.stdout is not None

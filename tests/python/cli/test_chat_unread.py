@@ -49,9 +49,14 @@ def test_a_resumed_chat_shows_the_unread_prompt_and_resends_it(tmp_path: Path) -
     (tmp_path / "echo_factory.py").write_text("from kerman.models import EchoModel\n\ndef echo():\n    return EchoModel()\n")
     env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(tmp_path)}
     env.pop("KERMAN_CHAT_DIR", None)
-    child = pexpect.spawn(sys.executable, ["-m", "kerman", "chat", "--store", str(tmp_path / "store"), "--session", "door",
-                                           "--model", "echo_factory:echo"],
-                          env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(40, 200))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "kerman", "chat", "--store", str(tmp_path / "store"), "--session", "door", "--model", "echo_factory:echo"],
+        env=env,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        dimensions=(40, 200),
+    )
     child.logfile_read = sys.stdout
     child.expect("cancelled before it was read: deploy to staging — /resend 1 sends it again")
     child.expect("> ")

@@ -46,8 +46,7 @@ def write_session(root: Path, sid: str, events: list[dict[str, Any]], version: i
     """A session file written by hand: events are ``{"type", "data", "sourceEventSeqs"?}``."""
     lines = [record({"type": "session", "version": version, "id": sid, "createdAt": 0})]
     for seq, event in enumerate(events):
-        envelope: dict[str, Any] = {"type": event["type"], "seq": seq, "time": 1000 + 250 * seq,
-                                    "data": event["data"]}
+        envelope: dict[str, Any] = {"type": event["type"], "seq": seq, "time": 1000 + 250 * seq, "data": event["data"]}
         if "sourceEventSeqs" in event:
             envelope["sourceEventSeqs"] = event["sourceEventSeqs"]
         if event["type"] in SURFACE:
@@ -59,18 +58,24 @@ def write_session(root: Path, sid: str, events: list[dict[str, Any]], version: i
 
 
 def user(text: str, mid: str, source: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"id": mid, "role": "user", "content": [{"type": "text", "text": text}],
-            "source": source or {"kind": "user"}}
+    return {"id": mid, "role": "user", "content": [{"type": "text", "text": text}], "source": source or {"kind": "user"}}
 
 
-ASSISTANT = {"id": "a-1", "role": "assistant",
-             "content": [{"type": "text", "text": "Let me look"},
-                         {"type": "tool-call", "id": "c1", "name": "read", "arguments": '{"path":"a.txt"}'}],
-             "source": {"kind": "model"}}
-TOOL_RESULT = {"id": "t-1", "role": "user",
-               "content": [{"type": "tool-result", "toolCallId": "c1",
-                            "content": [{"type": "text", "text": "no such file"}], "isError": True}],
-               "source": {"kind": "tool", "callId": "c1"}}
+ASSISTANT = {
+    "id": "a-1",
+    "role": "assistant",
+    "content": [
+        {"type": "text", "text": "Let me look"},
+        {"type": "tool-call", "id": "c1", "name": "read", "arguments": '{"path":"a.txt"}'},
+    ],
+    "source": {"kind": "model"},
+}
+TOOL_RESULT = {
+    "id": "t-1",
+    "role": "user",
+    "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "no such file"}], "isError": True}],
+    "source": {"kind": "tool", "callId": "c1"},
+}
 
 
 def turn(n: int, reason: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,9 +91,11 @@ LOOP_EVENTS: list[dict[str, Any]] = [
     {"type": "assistant/chunk", "data": {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "Let me"}}},
     {"type": "assistant/message", "data": {"turn": 1, "step": 1, "message": ASSISTANT}, "sourceEventSeqs": [5]},
     {"type": "tool/call", "data": {"turn": 1, "step": 1, "callId": "c1", "name": "read", "arguments": '{"path":"a.txt"}'}},
-    {"type": "tool/result", "data": {"turn": 1, "step": 1, "message": TOOL_RESULT,
-                                     "error": {"name": "FileNotFoundError", "code": "TOOL_ERROR"}},
-     "sourceEventSeqs": [7]},
+    {
+        "type": "tool/result",
+        "data": {"turn": 1, "step": 1, "message": TOOL_RESULT, "error": {"name": "FileNotFoundError", "code": "TOOL_ERROR"}},
+        "sourceEventSeqs": [7],
+    },
     {"type": "step/end", "data": {"turn": 1, "step": 1}},
     {"type": "turn/end", "data": {"turn": 1, "reason": {"kind": "completed"}}},
     *turn(2, {"kind": "aborted", "reason": {"kind": "user"}}),
@@ -113,10 +120,14 @@ LOOP_SUMMARIES = [
     '#c1 "no such file" error TOOL_ERROR',
     "turn 1 step 1",
     "turn 1 completed",
-    "turn 2", "turn 2 aborted (user)",
-    "turn 3", "turn 3 blocked: policy says no",
-    "turn 4", "turn 4 error: rate limited [RATE_LIMIT]",
-    "turn 5", "turn 5 interrupted",
+    "turn 2",
+    "turn 2 aborted (user)",
+    "turn 3",
+    "turn 3 blocked: policy says no",
+    "turn 4",
+    "turn 4 error: rate limited [RATE_LIMIT]",
+    "turn 5",
+    "turn 5 interrupted",
     '"workspace: 3 files" [plugin:ws]',
     'options {"model":"m","temperature":0}',
     '{"goal":"ship it"}',
@@ -186,16 +197,18 @@ def test_summaries_of_every_core_event_type(tmp_path: Path) -> None:
     assert [summarize(e.to_dict()) for e in events] == LOOP_SUMMARIES
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"target": "next-step", "start": 0, "removedCount": 2, "inserted": [], "outcome": "canceled"},
-     "-next-step ×2 canceled"),
-    ({"target": "next-turn", "start": 1, "removedCount": 1, "inserted": [], "outcome": "canceled"},
-     "-next-turn at 1 ×1 canceled"),
-    ({"target": "next-turn", "start": 0, "removedCount": 1, "inserted": [user("new", "m-9")], "outcome": "canceled"},
-     'replace next-turn ×1 → "new" (m-9) canceled'),
-    ({"target": "next-step", "start": 0, "inserted": [user("a", "x1"), user("b", "x2")]},
-     '+next-step "a" (x1), "b" (x2)'),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"target": "next-step", "start": 0, "removedCount": 2, "inserted": [], "outcome": "canceled"}, "-next-step ×2 canceled"),
+        ({"target": "next-turn", "start": 1, "removedCount": 1, "inserted": [], "outcome": "canceled"}, "-next-turn at 1 ×1 canceled"),
+        (
+            {"target": "next-turn", "start": 0, "removedCount": 1, "inserted": [user("new", "m-9")], "outcome": "canceled"},
+            'replace next-turn ×1 → "new" (m-9) canceled',
+        ),
+        ({"target": "next-step", "start": 0, "inserted": [user("a", "x1"), user("b", "x2")]}, '+next-step "a" (x1), "b" (x2)'),
+    ],
+)
 def test_splice_summaries(data: dict[str, Any], expected: str) -> None:
     assert summarize({"type": "agent/inbox/spliced", "seq": 0, "time": 0, "data": data}) == expected
 
@@ -210,27 +223,61 @@ def test_other_summaries() -> None:
     def s(kind: str, data: Any) -> str:
         return summarize({"type": kind, "seq": 0, "time": 0, "data": data})
 
-    assert s("turn/end", {"turn": 6, "reason": {"kind": "aborted", "reason": {"kind": "hook", "reason": "budget"}}}) \
+    assert (
+        s("turn/end", {"turn": 6, "reason": {"kind": "aborted", "reason": {"kind": "hook", "reason": "budget"}}})
         == "turn 6 aborted (hook: budget)"
+    )
     assert s("turn/end", {"turn": 7, "reason": {"kind": "blocked"}}) == "turn 7 blocked"
     assert s("turn/end", {"turn": 8, "reason": {"kind": "max-tokens"}}) == "turn 8 max-tokens"
-    assert s("assistant/message", {"turn": 1, "step": 1, "interrupted": True,
-                                   "message": {"id": "a", "role": "assistant",
-                                               "content": [{"type": "text", "text": "half"}]}}) \
+    assert (
+        s(
+            "assistant/message",
+            {
+                "turn": 1,
+                "step": 1,
+                "interrupted": True,
+                "message": {"id": "a", "role": "assistant", "content": [{"type": "text", "text": "half"}]},
+            },
+        )
         == '"half" (interrupted)'
+    )
     assert s("assistant/chunk", {"turn": 1, "step": 1, "chunk": {"type": "finish", "reason": "stop"}}) == "finish stop"
     assert s("user/message", user("x" * 100, "m")) == '"' + "x" * 59 + '…"'
     long_plugin = s("plugin/thing", {"blob": "y" * 200})
     assert long_plugin.startswith('{"blob":"yyy') and len(long_plugin) == 80 and long_plugin.endswith("…")
 
 
-@pytest.mark.parametrize("data", [
-    None, 5, "text", [1, 2], {"turn": {"nested": []}, "reason": 3}, {"inserted": "not a list"},
-    {"message": ["odd"]}, {"chunk": None}, {"header": 7}, {"reason": {"kind": 9}},
-])
-@pytest.mark.parametrize("kind", ["agent/inbox/spliced", "turn/start", "turn/end", "step/start", "user/message",
-                                  "assistant/message", "assistant/chunk", "tool/call", "tool/result",
-                                  "request/header", "plugin/x"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        5,
+        "text",
+        [1, 2],
+        {"turn": {"nested": []}, "reason": 3},
+        {"inserted": "not a list"},
+        {"message": ["odd"]},
+        {"chunk": None},
+        {"header": 7},
+        {"reason": {"kind": 9}},
+    ],
+)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "agent/inbox/spliced",
+        "turn/start",
+        "turn/end",
+        "step/start",
+        "user/message",
+        "assistant/message",
+        "assistant/chunk",
+        "tool/call",
+        "tool/result",
+        "request/header",
+        "plugin/x",
+    ],
+)
 def test_summarize_never_raises_on_odd_data(kind: str, data: Any) -> None:
     text = summarize({"type": kind, "seq": 1, "time": "not a time", "data": data})
     assert isinstance(text, str) and text
@@ -298,10 +345,8 @@ def test_list_of_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (code, out) == (0, "") and "no sessions" in err
 
 
-@pytest.mark.parametrize("argv", [["list"], ["show", "s1"], ["tail", "s1"], ["inbox", "s1"], ["verify", "s1"],
-                                  ["repair", "s1", "--yes"]])
-def test_a_missing_store_is_exit_2_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  argv: list[str]) -> None:
+@pytest.mark.parametrize("argv", [["list"], ["show", "s1"], ["tail", "s1"], ["inbox", "s1"], ["verify", "s1"], ["repair", "s1", "--yes"]])
+def test_a_missing_store_is_exit_2_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     missing = tmp_path / "nowhere"
     code, out, err = run(capsys, "log", argv[0], str(missing), *argv[1:])
     assert code == 2 and out == ""
@@ -360,8 +405,7 @@ def test_tail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (code, out) == (0, "")
 
 
-def test_show_of_a_torn_tail_shows_the_valid_events_and_leaves_the_file(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_of_a_torn_tail_shows_the_valid_events_and_leaves_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = make_store(tmp_path)
     path = session_file(root, "s1")
     tear_tail(path)
@@ -406,10 +450,14 @@ def test_inbox_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_inbox_with_an_invalid_splice_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_session(tmp_path, "s", [
-        {"type": "agent/inbox/spliced", "data": {"target": "next-turn", "start": 0, "inserted": [user("a", "m")]}},
-        {"type": "agent/inbox/spliced", "data": {"target": "next-turn", "start": 0, "inserted": [user("b", "m")]}},
-    ])
+    write_session(
+        tmp_path,
+        "s",
+        [
+            {"type": "agent/inbox/spliced", "data": {"target": "next-turn", "start": 0, "inserted": [user("a", "m")]}},
+            {"type": "agent/inbox/spliced", "data": {"target": "next-turn", "start": 0, "inserted": [user("b", "m")]}},
+        ],
+    )
     code, out, err = run(capsys, "log", "inbox", str(tmp_path), "s")
     assert code == 1 and out == ""
     assert "seq 1" in err
@@ -422,12 +470,10 @@ def test_inbox_with_an_invalid_splice_is_an_error(tmp_path: Path, capsys: pytest
 def test_verify_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = make_store(tmp_path)
     size = session_file(root, "s1").stat().st_size
-    assert run(capsys, "log", "verify", str(root), "s1") == (
-        0, f"ok: 7 events, {cli.human_size(size)}, torn tail: none\n", "")
+    assert run(capsys, "log", "verify", str(root), "s1") == (0, f"ok: 7 events, {cli.human_size(size)}, torn tail: none\n", "")
     code, out, _ = run(capsys, "log", "verify", str(root), "s1", "--json")
     assert code == 0
-    assert json.loads(out) == {"ok": True, "path": str(session_file(root, "s1")), "events": 7,
-                               "size_bytes": size, "torn_tail_bytes": 0}
+    assert json.loads(out) == {"ok": True, "path": str(session_file(root, "s1")), "events": 7, "size_bytes": size, "torn_tail_bytes": 0}
 
 
 def test_verify_reports_a_torn_tail_without_touching_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -437,8 +483,7 @@ def test_verify_reports_a_torn_tail_without_touching_it(tmp_path: Path, capsys: 
     before = path.read_bytes()
     code, out, _ = run(capsys, "log", "verify", str(root), "s1")
     assert code == 0
-    assert out == (f"ok: 6 events, {cli.human_size(len(before))}, "
-                   f"torn tail: {torn} bytes (will be truncated on next open)\n")
+    assert out == (f"ok: 6 events, {cli.human_size(len(before))}, torn tail: {torn} bytes (will be truncated on next open)\n")
     assert path.read_bytes() == before
 
 
@@ -457,13 +502,11 @@ def test_verify_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     code, out, err = run(capsys, "log", "verify", str(root), "s1", "--json")
     assert code == 1
     report = json.loads(out)
-    assert (report["ok"], report["error"], report["path"], report["line"], report["seq"]) == (
-        False, "corrupt", str(path), 3, 1)
+    assert (report["ok"], report["error"], report["path"], report["line"], report["seq"]) == (False, "corrupt", str(path), 3, 1)
 
 
 @pytest.mark.parametrize("command", ["show", "tail", "inbox"])
-def test_reading_commands_refuse_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               command: str) -> None:
+def test_reading_commands_refuse_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
     root, _ = make_store(tmp_path)
     corrupt_middle(session_file(root, "s1"))
     code, out, err = run(capsys, "log", command, str(root), "s1")
@@ -483,8 +526,7 @@ def test_an_unsupported_format_is_an_error(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize("command", ["show", "tail", "inbox", "verify"])
-def test_reading_commands_read_a_session_that_is_open(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      command: str) -> None:
+def test_reading_commands_read_a_session_that_is_open(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
     """Readers take no lock (issue 11 item 3): they see what is committed so far."""
     root, _ = make_store(tmp_path)
     alone = run(capsys, "log", command, str(root), "s1", "--json")
@@ -523,9 +565,9 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_repair_without_yes_refuses_when_stdin_is_not_a_terminal(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repair_without_yes_refuses_when_stdin_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, _ = make_store(tmp_path)
     path = session_file(root, "s1")
     corrupt_middle(path)
@@ -539,8 +581,7 @@ def test_repair_without_yes_refuses_when_stdin_is_not_a_terminal(tmp_path: Path,
     assert not Path(str(path) + ".corrupt").exists()
 
 
-def test_repair_asks_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repair_asks_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     root, _ = make_store(tmp_path)
     path = session_file(root, "s1")
     corrupt_middle(path)
@@ -571,15 +612,18 @@ def test_repair_yes_on_a_corrupt_log(tmp_path: Path, capsys: pytest.CaptureFixtu
     removed = len(Path(f"{path}.damaged").read_bytes())
     lines = before.splitlines(keepends=True)
     assert removed == len(lines[2]) > 0  # only line 3 is set aside
-    assert out == (f"repaired: kept 6 events that verify, removed {cli.human_size(removed)}; the log now holds 8 events:\n"
-                   f"  line 3 ({cli.human_size(removed)}, claims seq 1): {_checksum_detail(lines[2])}\n"
-                   f"  seq 1 lost\n"
-                   f"backup: {path}.corrupt\nset aside: {path}.damaged\n")
+    assert out == (
+        f"repaired: kept 6 events that verify, removed {cli.human_size(removed)}; the log now holds 8 events:\n"
+        f"  line 3 ({cli.human_size(removed)}, claims seq 1): {_checksum_detail(lines[2])}\n"
+        f"  seq 1 lost\n"
+        f"backup: {path}.corrupt\nset aside: {path}.damaged\n"
+    )
     assert run(capsys, "log", "verify", str(root), "s1")[0] == 0
     _, out, _ = run(capsys, "log", "show", str(root), "s1", "--types", "log/*")
     assert [line.split(None, 3)[2:] for line in out.splitlines()[1:]] == [
         ["log/damaged", "lost (seq 1; line 3 of s1.jsonl.corrupt)"],
-        ["log/repaired", "1 line set aside, seq 1 lost; backup s1.jsonl.corrupt"]]
+        ["log/repaired", "1 line set aside, seq 1 lost; backup s1.jsonl.corrupt"],
+    ]
 
 
 def _checksum_detail(line: bytes) -> str:
@@ -587,26 +631,30 @@ def _checksum_detail(line: bytes) -> str:
 
 
 @pytest.mark.parametrize("command", ["show", "tail", "inbox"])
-def test_allow_damaged_reads_what_verifies_and_names_what_it_skips(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str],
-                                                                   command: str) -> None:
+def test_allow_damaged_reads_what_verifies_and_names_what_it_skips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
     root, _ = make_store(tmp_path)
     path = session_file(root, "s1")
     corrupt_middle(path)
     before = path.read_bytes()
     code, out, err = run(capsys, "log", command, str(root), "s1", "--json", "--allow-damaged")
     line = before.splitlines(keepends=True)[2]
-    assert err.startswith("kerman: s1: the file is damaged; showing the 6 records that verify (a lost seq is a gap); "
-                   "nothing was modified. Skipped:\n"
-                   f"kerman:   line 3 ({cli.human_size(len(line))}, claims seq 1): {_checksum_detail(line)}\n"
-                   "kerman:   seq 1 lost\n"
-                   f"kerman: to repair it, run: kerman log repair {root} s1\n")
+    assert err.startswith(
+        "kerman: s1: the file is damaged; showing the 6 records that verify (a lost seq is a gap); "
+        "nothing was modified. Skipped:\n"
+        f"kerman:   line 3 ({cli.human_size(len(line))}, claims seq 1): {_checksum_detail(line)}\n"
+        "kerman:   seq 1 lost\n"
+        f"kerman: to repair it, run: kerman log repair {root} s1\n"
+    )
     if command == "inbox":
         # seq 1 inserted "prompt 1": the later splices no longer fit, and it says so
         assert (code, out) == (1, "")
-        assert err.endswith("kerman: invalid persisted inbox splice at session seq 4: invalid inbox splice\n"
-                            "kerman: the inbox cannot be rebuilt without the records that are lost; the ones "
-                            f"that verify are shown by: kerman log show {root} s1 --allow-damaged\n")
+        assert err.endswith(
+            "kerman: invalid persisted inbox splice at session seq 4: invalid inbox splice\n"
+            "kerman: the inbox cannot be rebuilt without the records that are lost; the ones "
+            f"that verify are shown by: kerman log show {root} s1 --allow-damaged\n"
+        )
     else:
         assert code == 0 and err.count("\n") == 4
         assert [json.loads(x)["seq"] for x in out.splitlines()] == [0, 2, 3, 4, 5, 6]
@@ -636,8 +684,9 @@ def test_repair_of_a_healthy_log_changes_nothing(tmp_path: Path, capsys: pytest.
 # -- progress, pipes, usage --------------------------------------------------------------------
 
 
-def test_large_files_get_a_progress_note_on_stderr_only(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_files_get_a_progress_note_on_stderr_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, _ = make_store(tmp_path)
     size = session_file(root, "s1").stat().st_size
     code, out, err = run(capsys, "log", "show", str(root), "s1", "--json")
@@ -652,11 +701,17 @@ def test_large_files_get_a_progress_note_on_stderr_only(tmp_path: Path, capsys: 
 
 def test_human_size() -> None:
     assert [cli.human_size(n) for n in (0, 999, 1000, 1049, 123_456, 700_000_000, 5 * 10**12)] == [
-        "0 B", "999 B", "1.0 kB", "1.0 kB", "123 kB", "700 MB", "5.0 TB"]
+        "0 B",
+        "999 B",
+        "1.0 kB",
+        "1.0 kB",
+        "123 kB",
+        "700 MB",
+        "5.0 TB",
+    ]
 
 
-def test_a_closed_stdout_is_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_closed_stdout_is_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     class ClosedPipe(io.StringIO):
         def write(self, text: str) -> int:
             raise BrokenPipeError(32, "Broken pipe")
@@ -667,8 +722,10 @@ def test_a_closed_stdout_is_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("argv", [[], ["log"], ["log", "show", "store"], ["log", "tail", "a", "b", "-n", "-1"],
-                                  ["log", "show", "a", "b", "--from", "x"], ["nonsense"]])
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["log"], ["log", "show", "store"], ["log", "tail", "a", "b", "-n", "-1"], ["log", "show", "a", "b", "--from", "x"], ["nonsense"]],
+)
 def test_bad_usage_is_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and "usage:" in err
@@ -724,25 +781,27 @@ def _console_script() -> str:
 
 def test_python_dash_m_kerman(tmp_path: Path) -> None:
     write_session(tmp_path, "s", LOOP_EVENTS)
-    done = subprocess.run([sys.executable, "-m", "kerman", "log", "show", str(tmp_path), "s"],
-                          capture_output=True, text=True, encoding="utf-8", check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "kerman", "log", "show", str(tmp_path), "s"], capture_output=True, text=True, encoding="utf-8", check=False
+    )
     assert done.returncode == 0, done.stderr
     assert [line.split(None, 3)[3] for line in done.stdout.splitlines()[1:]] == LOOP_SUMMARIES
-    done = subprocess.run([sys.executable, "-m", "kerman", "log", "verify", str(tmp_path), "nope"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "kerman", "log", "verify", str(tmp_path), "nope"], capture_output=True, text=True, check=False
+    )
     assert (done.returncode, done.stdout, done.stderr) == (1, "", f'kerman: session "nope" not found in {tmp_path}\n')
 
 
 def test_console_script(tmp_path: Path) -> None:
     root, _ = make_store(tmp_path)
     corrupt_middle(session_file(root, "s1"))
-    done = subprocess.run([_console_script(), "log", "verify", str(root), "s1"],
-                          capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [_console_script(), "log", "verify", str(root), "s1"], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert "line 3" in done.stderr and "kerman log repair" in done.stderr
     assert_no_traceback(done.stderr)
-    done = subprocess.run([_console_script(), "log", "list", str(root), "--json"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([_console_script(), "log", "list", str(root), "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and json.loads(done.stdout)[0]["status"] == "corrupt"
 
 
@@ -751,8 +810,9 @@ def test_piping_into_a_closed_reader_is_quiet(tmp_path: Path) -> None:
     with kerman.FileStore(root, durability="none").create("big") as log:
         for i in range(20_000):  # about 2 MB of timeline: far more than a pipe buffers
             log.append("goal/change", {"goal": f"goal number {i} " + "x" * 40})
-    proc = subprocess.Popen([sys.executable, "-m", "kerman", "log", "show", str(root), "big"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "log", "show", str(root), "big"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()
     proc.stdout.close()
@@ -809,14 +869,14 @@ def test_postgres_store_by_dsn(capsys: pytest.CaptureFixture[str]) -> None:
     assert item["placement"] == "steering" and item["message"]["id"] == "ctx-1"
     code, out, _ = run(capsys, "log", "list", dsn, "--json")
     # Who owns it, as `kerman sessions` shows (owner: a worker's name, else the owner id).
-    assert code == 0 and json.loads(out) == [{"id": sid, "events": len(events), "size_bytes": None, "status": "ok",
-                                              "state": "owned", "owner": store.owner, "staged": 0}]
+    assert code == 0 and json.loads(out) == [
+        {"id": sid, "events": len(events), "size_bytes": None, "status": "ok", "state": "owned", "owner": store.owner, "staged": 0}
+    ]
     code, out, _ = run(capsys, "log", "list", dsn)
     assert code == 0 and out.split() == [sid, str(len(events)), "events", "—", "owned", "by", store.owner]
     # The follower took no lease: the owner's log is still the owner's.
     log.append("cli/after", {})
     log.close()
-
 
 
 def test_postgres_store_errors_name_the_store_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,11 +80,11 @@ def test_an_existing_folder_is_a_folder_even_if_it_looks_like_a_dsn(capsys, tmp_
 # -- escape-laden session ids -------------------------------------------------------------------
 
 HOSTILE_IDS = [
-    "a\x1b[2J\x1b[31mred",          # ESC sequences: clear screen, colour
-    "b\x9b31mcsi",                    # the 8-bit CSI (C1)
-    "c\rover",                        # carriage return: overwrites the line
-    "d\x07bell\x08back",              # BEL, backspace
-    "e\x1b]0;title\x07",              # OSC: sets the window title
+    "a\x1b[2J\x1b[31mred",  # ESC sequences: clear screen, colour
+    "b\x9b31mcsi",  # the 8-bit CSI (C1)
+    "c\rover",  # carriage return: overwrites the line
+    "d\x07bell\x08back",  # BEL, backspace
+    "e\x1b]0;title\x07",  # OSC: sets the window title
     "f\nnewline",
     "g\x7fdel",
 ]
@@ -110,9 +110,21 @@ def hostile_store(tmp_path):
 
 
 @pytest.mark.parametrize("sid", HOSTILE_IDS)
-@pytest.mark.parametrize("command", [["show"], ["show", "--json"], ["tail"], ["tail", "--json"], ["inbox"],
-                                     ["inbox", "--json"], ["verify"], ["verify", "--json"], ["repair", "--yes"]],
-                         ids=lambda c: "-".join(c))
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show"],
+        ["show", "--json"],
+        ["tail"],
+        ["tail", "--json"],
+        ["inbox"],
+        ["inbox", "--json"],
+        ["verify"],
+        ["verify", "--json"],
+        ["repair", "--yes"],
+    ],
+    ids=lambda c: "-".join(c),
+)
 def test_every_command_escapes_ids(capsys, hostile_store, sid, command):
     code, out, err = run(capsys, "log", command[0], str(hostile_store), sid, *command[1:])
     assert code == 0, err

@@ -34,6 +34,19 @@ def test_what_kerman_writes_is_most_of_the_golden() -> None:
 
 
 def test_the_golden_covers_every_core_type_and_a_plugin_type() -> None:
-    assert {c["type"] for c in GOLDEN} >= {"agent/inbox/spliced", "turn/start", "turn/end", "step/start", "step/end",
-                                           "user/message", "assistant/message", "assistant/chunk", "tool/call",
-                                           "tool/result", "request/header", "log/damaged", "log/repaired", "plugin/x"}
+    assert {c["type"] for c in GOLDEN} >= {
+        "agent/inbox/spliced",
+        "turn/start",
+        "turn/end",
+        "step/start",
+        "step/end",
+        "user/message",
+        "assistant/message",
+        "assistant/chunk",
+        "tool/call",
+        "tool/result",
+        "request/header",
+        "log/damaged",
+        "log/repaired",
+        "plugin/x",
+    }

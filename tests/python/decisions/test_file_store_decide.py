@@ -27,8 +27,9 @@ DECIDER = textwrap.dedent("""
 
 
 def decide_elsewhere(root: Path, decision_id: str, outcome: Dict[str, Any], key: str = "") -> Dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", DECIDER, str(root), "s", decision_id, json.dumps(outcome), key],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", DECIDER, str(root), "s", decision_id, json.dumps(outcome), key], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     answer: Dict[str, Any] = json.loads(done.stdout)
     return answer

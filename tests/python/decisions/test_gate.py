@@ -32,6 +32,7 @@ class Counting:
         async def body(args: Dict[str, Any], ctx: kerman.ToolContext) -> str:
             self.ran.append({"tool": name, **args})
             return f"{name} ok"
+
         return kerman.Tool(name, body, **kw)
 
 
@@ -69,14 +70,14 @@ def test_a_gate_that_awaits_next_runs_the_call_with_no_decision_logged() -> None
         assert [(c.call_id, c.name, c.arguments, c.turn, c.step) for c in seen] == [("c1", "t", {"a": 1}, 1, 1)]
         assert not [e for e in loop.log.events() if e.type.startswith("decision/")]
         assert loop.status == "idle"
+
     run(main())
 
 
 def test_deny_edit_raise_and_a_bad_return_never_run_what_they_stop() -> None:
     async def main() -> None:
         t = Counting()
-        model = ScriptedModel([calls(("c1", "t", {"n": 1}), ("c2", "t", {"n": 2}), ("c3", "t", {"n": 3}),
-                                     ("c4", "t", {"n": 4})), "done"])
+        model = ScriptedModel([calls(("c1", "t", {"n": 1}), ("c2", "t", {"n": 2}), ("c3", "t", {"n": 3}), ("c4", "t", {"n": 4})), "done"])
         loop = AgentLoop(model, tools=[t.tool("t")])
 
         @loop.before_tool
@@ -101,6 +102,7 @@ def test_deny_edit_raise_and_a_bad_return_never_run_what_they_stop() -> None:
         assert of_type(loop, "tool/call")[1]["arguments"] == '{"n":20}'
         # The turn goes on: the model was told and answered.
         assert of_type(loop, "turn/end")[0]["reason"]["kind"] == "completed"
+
     run(main())
 
 
@@ -139,6 +141,7 @@ def test_ask_waits_lists_the_request_and_approve_runs_the_exact_call_once() -> N
         assert e.value.reason == "resolved"
         assert len(of_type(loop, "decision/resolved")) == 1
         assert len(t.ran) == 2
+
     run(main())
 
 
@@ -161,6 +164,7 @@ def test_needs_approval_predicate_and_decorator_form() -> None:
         await loop.when_idle()
         assert ran == [5]
         assert results(loop)[1] == {"text": "tool call 'pay' was denied: over the limit", "code": "TOOL_DENIED"}
+
     run(main())
 
 
@@ -190,6 +194,7 @@ def test_several_requests_in_one_step_decided_in_any_order(order: Any) -> None:
         await loop.when_idle()
         assert t.ran == [{"tool": "b", "x": 2}, {"tool": "c"}]
         assert [r["code"] for r in results(loop)] == ["TOOL_DENIED", None, None]
+
     run(main())
 
 
@@ -218,6 +223,7 @@ def test_answer_is_the_calls_result_and_refusals_name_why() -> None:
         await loop.when_idle()
         assert t.ran == []
         assert results(loop) == [{"text": "blue", "code": None}]
+
     run(main())
 
 
@@ -245,6 +251,7 @@ def test_an_expired_request_is_refused_and_the_timer_resolves_the_rest() -> None
         assert t.ran == []
         assert [d["outcome"] for d in of_type(loop, "decision/resolved")] == ["expired", "expired"]
         assert [r["code"] for r in results(loop)] == ["TOOL_DENIED", "TOOL_DENIED"]
+
     run(main())
 
 
@@ -265,6 +272,7 @@ def test_cancel_while_waiting_resolves_cancelled_and_ends_the_turn(keep_inbox: b
         assert results(loop)[0]["code"] == "ABORTED_BEFORE_DISPATCH"
         assert loop.inbox.has_pending is keep_inbox
         assert loop.decisions == []
+
     run(main())
 
 

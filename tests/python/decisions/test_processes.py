@@ -46,8 +46,9 @@ def test_closed_while_waiting_then_decided_in_a_new_process(tmp_path: Path) -> N
     decide_in_another_process(root, counter, decision_id, '{"amount": 3}')
     assert runs(counter) == [{"amount": 3}]
     # Deciding again from yet another process: the same key is applied once, nothing runs.
-    again = subprocess.run([sys.executable, CHILD, "decide", str(root), "s", str(counter), decision_id, "approve"],
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, CHILD, "decide", str(root), "s", str(counter), decision_id, "approve"], capture_output=True, text=True, timeout=60
+    )
     assert runs(counter) == [{"amount": 3}]
     assert again.returncode == 0 or "DecisionError" in again.stderr
 
@@ -55,8 +56,9 @@ def test_closed_while_waiting_then_decided_in_a_new_process(tmp_path: Path) -> N
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_killed_while_waiting_then_decided_in_another_process(tmp_path: Path) -> None:
     root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
-    with subprocess.Popen([sys.executable, CHILD, "ask", str(root), "s", str(counter), "hang"],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, CHILD, "ask", str(root), "s", str(counter), "hang"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
         try:
             assert proc.stdout is not None
             decision_id = proc.stdout.readline().strip()

@@ -35,8 +35,12 @@ DECIDER = textwrap.dedent("""
 
 
 def decider(dsn: str, sid: str, decision_id: str, outcome: Dict[str, Any], key: str = "") -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", DECIDER, dsn, sid, decision_id, json.dumps(outcome), key],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", DECIDER, dsn, sid, decision_id, json.dumps(outcome), key],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def answer(proc: subprocess.Popen[str]) -> Dict[str, Any]:
@@ -82,6 +86,7 @@ async def until(predicate: Any, what: str) -> None:
     async def poll() -> None:
         while not predicate():
             await asyncio.sleep(0.02)
+
     try:
         await asyncio.wait_for(poll(), DEADLINE)
     except asyncio.TimeoutError:
@@ -141,6 +146,7 @@ def test_an_expired_request_is_refused_as_expired(tmp_path: Path) -> None:
         @loop.before_tool
         async def soon(call: Any, next: Any) -> Any:
             from kerman import Ask
+
             return Ask(expires_at=1.0)  # long past: expired as soon as anyone looks
 
         loop.followup("pay")

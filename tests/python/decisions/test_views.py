@@ -19,8 +19,7 @@ from kerman.ui._fold import Sink, UiFold
 
 
 async def waiting_then_denied() -> AgentLoop:
-    model = ScriptedModel([ModelReply([{"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}]),
-                           "ok"])
+    model = ScriptedModel([ModelReply([{"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}]), "ok"])
     loop = AgentLoop(model)
 
     @loop.tool(needs_approval=True)
@@ -47,8 +46,16 @@ def test_views_timeline_and_fold() -> None:
     resolved = [v for v in ev.views(loop.log.events()) if isinstance(v, ev.DecisionResolved)]
     assert len(requested) == len(resolved) == 1
     r, s = requested[0], resolved[0]
-    assert (r.turn, r.step, r.call_id, r.index, r.name, r.arguments, r.kind, r.note) == \
-        (1, 1, "c1", 0, "pay", '{"amount": 5}', "approval", "pay bob?")
+    assert (r.turn, r.step, r.call_id, r.index, r.name, r.arguments, r.kind, r.note) == (
+        1,
+        1,
+        "c1",
+        0,
+        "pay",
+        '{"amount": 5}',
+        "approval",
+        "pay bob?",
+    )
     assert r.digest.startswith("sha256:") and r.expires_at is None and r.schema is None and r.last is True
     assert (s.decision_id, s.outcome, s.by, s.reason, s.digest) == (r.decision_id, "denied", "ann", "no", None)
     assert ev.TYPES[ev.DECISION_REQUESTED] is ev.DecisionRequested

@@ -42,8 +42,8 @@ UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 
 @dataclass
 class Block:
-    path: str    # relative to the repository root
-    line: int    # the line of the opening fence (1-based)
+    path: str  # relative to the repository root
+    line: int  # the line of the opening fence (1-based)
     code: str
     words: frozenset = frozenset()
     output: Optional[str] = None  # the ```text block that follows, if any
@@ -82,8 +82,7 @@ def extract(text: str, path: str) -> List[Block]:
             words = frozenset(marker.group(1).split())
             unknown = sorted(words - WORDS)
             if unknown or not words:
-                raise ValueError(f"{path}:{i + 1}: unknown doctest marker {sorted(words) or '(empty)'}; "
-                                 f"known: {sorted(WORDS)}")
+                raise ValueError(f"{path}:{i + 1}: unknown doctest marker {sorted(words) or '(empty)'}; known: {sorted(WORDS)}")
             if "fragment" in words and len(words) > 1:
                 raise ValueError(f"{path}:{i + 1}: a fragment is only compiled; it cannot also be {sorted(words - {'fragment'})}")
             pending_words, pending_line = words, i + 1
@@ -107,15 +106,16 @@ def extract(text: str, path: str) -> List[Block]:
         j = i + 1
         while j < len(lines) and not re.match(rf"^\s*{re.escape(ticks[0])}{{{len(ticks)},}}\s*$", lines[j]):
             line = lines[j]
-            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             j += 1
         if j == len(lines):
             raise ValueError(f"{path}:{i + 1}: unclosed code fence")
         code = "\n".join(body) + "\n"
         if lang == "python":
             if len(info_words) > 1:
-                raise ValueError(f"{path}:{i + 1}: write markers as <!-- doctest: ... --> before the fence, "
-                                 f"not in the info string ({info!r})")
+                raise ValueError(
+                    f"{path}:{i + 1}: write markers as <!-- doctest: ... --> before the fence, not in the info string ({info!r})"
+                )
             block = Block(path, i + 1, code, pending_words or frozenset())
             blocks.append(block)
             last_python = block
@@ -176,9 +176,16 @@ def run_chain(chain: Chain, cwd: Path, env: Optional[Dict[str, str]] = None) -> 
     spec = cwd.parent / f"{cwd.name}-blocks.json"
     result_path = cwd.parent / f"{cwd.name}-result.json"
     spec.write_text(json.dumps([{"path": b.path, "line": b.line, "code": b.code} for b in chain.blocks]), encoding="utf-8")
-    done = subprocess.run([sys.executable, "-W", "error", str(RUNNER), str(spec), str(result_path)],
-                          cwd=cwd, capture_output=True, text=True, encoding="utf-8", timeout=SAFETY_NET,
-                          env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(RUNNER), str(spec), str(result_path)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=SAFETY_NET,
+        env=env,
+        check=False,
+    )
     assert result_path.exists(), f"{chain.where}: the runner died:\n{done.stdout}\n{done.stderr}"
     result = json.loads(result_path.read_text(encoding="utf-8"))
     if result["failed"] is not None:
@@ -190,8 +197,10 @@ def run_chain(chain: Chain, cwd: Path, env: Optional[Dict[str, str]] = None) -> 
         if block.output is None:
             assert warned == "", f"{block.where}: the block wrote to stderr and shows no output:\n{warned}"
         elif normalise(printed) != normalise(block.output):
-            pytest.fail(f"{block.where}: printed output differs from the ```text block after it\n"
-                        f"--- shown\n{block.output}--- printed\n{printed}", pytrace=False)
+            pytest.fail(
+                f"{block.where}: printed output differs from the ```text block after it\n--- shown\n{block.output}--- printed\n{printed}",
+                pytrace=False,
+            )
 
 
 BLOCKS = all_blocks()
@@ -205,8 +214,9 @@ def test_the_docs_have_python_blocks_and_most_of_them_run() -> None:
     assert len(BLOCKS) >= 15
     runnable = [b for b in BLOCKS if "fragment" not in b.words]
     assert len(runnable) >= len(BLOCKS) - 3, [b.where for b in BLOCKS if "fragment" in b.words]
-    assert BLOCKS[0].path == "README.md" and not BLOCKS[0].words and BLOCKS[0].output, \
+    assert BLOCKS[0].path == "README.md" and not BLOCKS[0].words and BLOCKS[0].output, (
         "the README quickstart runs on its own and shows what it prints"
+    )
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.where)
@@ -275,8 +285,7 @@ def test_a_block_that_raises_fails_naming_its_file_and_line(tmp_path: Path) -> N
 
 
 def test_printed_output_is_checked_with_ids_normalised(tmp_path: Path) -> None:
-    text = ("```python\nimport kerman\nprint(kerman.UserMessage('hi').id, 2)\n```\n\n"
-            "```text\n<id> 2\n```\n")
+    text = "```python\nimport kerman\nprint(kerman.UserMessage('hi').id, 2)\n```\n\n```text\n<id> 2\n```\n"
     [chain] = chains(extract(text, "x.md"))
     (tmp_path / "a").mkdir()
     run_chain(chain, tmp_path / "a")
@@ -287,9 +296,11 @@ def test_printed_output_is_checked_with_ids_normalised(tmp_path: Path) -> None:
 
 
 def test_top_level_await_runs_on_one_event_loop_across_a_chain(tmp_path: Path) -> None:
-    text = ("```python\nimport asyncio\nfirst = asyncio.get_running_loop()\nawait asyncio.sleep(0)\n```\n"
-            "<!-- doctest: continue -->\n```python\nawait asyncio.sleep(0)\nprint(asyncio.get_running_loop() is first)\n```\n"
-            "```text\nTrue\n```\n")
+    text = (
+        "```python\nimport asyncio\nfirst = asyncio.get_running_loop()\nawait asyncio.sleep(0)\n```\n"
+        "<!-- doctest: continue -->\n```python\nawait asyncio.sleep(0)\nprint(asyncio.get_running_loop() is first)\n```\n"
+        "```text\nTrue\n```\n"
+    )
     [chain] = chains(extract(text, "x.md"))
     (tmp_path / "cwd").mkdir()
     run_chain(chain, tmp_path / "cwd")

@@ -25,8 +25,7 @@ SAFETY_NET = 100  # seconds: only so a hung subprocess fails the test instead of
 
 
 def run(args: List[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, encoding="utf-8", check=False,
-                          timeout=SAFETY_NET, env=env)
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, encoding="utf-8", check=False, timeout=SAFETY_NET, env=env)
 
 
 def run_example(name: str, tmp_path: Path) -> str:
@@ -102,10 +101,12 @@ def test_ui_consumer_mirrors_the_queue_and_ends_when_the_log_closes(tmp_path: Pa
     boundaries = [line for line in lines if line.startswith("turn ")]
     assert boundaries == [f"turn {n} {what}" for n in (1, 2, 3) for what in ("started", "ended completed")]
     # The steer was shown as steering while turn 1 ran, and entered turn 1 at its second step.
-    turn1 = lines[lines.index("turn 1 started"):lines.index("turn 1 ended completed")]
+    turn1 = lines[lines.index("turn 1 started") : lines.index("turn 1 ended completed")]
     assert any("steering:'Keep the plan short'" in line for line in turn1)
     assert [line for line in turn1 if "reply" in line] == [
-        "  reply  \"answer to 'Plan the release'\"", "  reply  \"answer to 'Keep the plan short'\""]
+        "  reply  \"answer to 'Plan the release'\"",
+        "  reply  \"answer to 'Keep the plan short'\"",
+    ]
     # Every queue change was printed, and the queue ends empty.
     queues = [line for line in lines if line.startswith("  queue")]
     assert queues[0] == "  queue  [queued:'Plan the release']"
@@ -128,15 +129,15 @@ def console_script() -> str:
 KEY_MOMENTS = [
     "followup",
     "steer",
-    "list_files",             # the tool call
+    "list_files",  # the tool call
     "tool/result",
     "inject",
     "rewrites",
-    "[plugin:context]",       # the rewritten batch in the timeline
+    "[plugin:context]",  # the rewritten batch in the timeline
     "blocked: destructive command (rm -rf)",
     "cancel(keep_inbox=True)",
     "aborted (user)",
-    "(interrupted)",          # the partial streamed reply
+    "(interrupted)",  # the partial streamed reply
     "SIGKILL",
     "turn 6 interrupted",
     "requeue_claimed",
@@ -165,7 +166,7 @@ def check_demo_session(folder: Path, out: str) -> None:
         inbox = kerman.Inbox(log)
         assert [m.text for m in inbox.next_step] == ["CI: the release pipeline is green"]
         assert inbox.next_turn == ()
-    final = out[out.index("Final inbox"):]
+    final = out[out.index("Final inbox") :]
     assert "CI: the release pipeline is green" in final
 
 

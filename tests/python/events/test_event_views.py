@@ -21,12 +21,20 @@ async def _record_session() -> tuple[list[kerman.Event], kerman.SessionLog]:
     streaming = asyncio.Event()
     replies: list[Any] = [
         # turn 1: streamed reasoning, text and a tool call, usage
-        [{"type": "reasoning-delta", "text": "look it up"}, {"type": "text-delta", "text": "Let me "},
-         {"type": "text-delta", "text": "look."}, {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": "k"}'},
-         {"type": "usage", "input": 5, "output": 3, "vendorCount": 7}, {"type": "finish", "reason": "stop"}],
+        [
+            {"type": "reasoning-delta", "text": "look it up"},
+            {"type": "text-delta", "text": "Let me "},
+            {"type": "text-delta", "text": "look."},
+            {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": "k"}'},
+            {"type": "usage", "input": 5, "output": 3, "vendorCount": 7},
+            {"type": "finish", "reason": "stop"},
+        ],
         # turn 1, step 2: two calls, one raising, one to an unknown tool
-        [{"type": "tool-call", "id": "c2", "name": "broken", "arguments": "{}"},
-         {"type": "tool-call", "id": "c3", "name": "missing", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
+        [
+            {"type": "tool-call", "id": "c2", "name": "broken", "arguments": "{}"},
+            {"type": "tool-call", "id": "c3", "name": "missing", "arguments": "{}"},
+            {"type": "finish", "reason": "stop"},
+        ],
         [{"type": "text-delta", "text": "Done."}, {"type": "finish", "reason": "stop"}],
         # turn 2: a model failure
         kerman.ModelError("rate limited", code="RATE_LIMITED", status=429),
@@ -102,8 +110,7 @@ def test_every_type_the_loop_and_inbox_write_has_its_view(session: list[kerman.E
     seen = {e.type for e in session}
     assert seen - set(events.TYPES) == {"plugin/note"}
     # repair's, below; the decisions' in tests/python/decisions/test_views.py
-    assert set(events.TYPES) - seen == {events.LOG_DAMAGED, events.LOG_REPAIRED, events.DECISION_REQUESTED,
-                                        events.DECISION_RESOLVED}
+    assert set(events.TYPES) - seen == {events.LOG_DAMAGED, events.LOG_REPAIRED, events.DECISION_REQUESTED, events.DECISION_RESOLVED}
     for event in session:
         v = events.view(event)
         assert type(v) is events.TYPES.get(event.type, events.OtherEvent)
@@ -136,8 +143,14 @@ def test_failure_rejection_and_cancel(session: list[kerman.Event]) -> None:
 
 def test_streamed_chunks(session: list[kerman.Event]) -> None:
     chunks = [c.chunk for c in _of(session, events.AssistantChunk) if c.turn == 1 and c.step == 1]
-    assert [type(c) for c in chunks] == [events.ReasoningDelta, events.TextDelta, events.TextDelta, events.ToolCallChunk,
-                                         events.UsageChunk, events.FinishChunk]
+    assert [type(c) for c in chunks] == [
+        events.ReasoningDelta,
+        events.TextDelta,
+        events.TextDelta,
+        events.ToolCallChunk,
+        events.UsageChunk,
+        events.FinishChunk,
+    ]
     reasoning, hello, look, call, usage, finish = chunks
     assert isinstance(reasoning, events.ReasoningDelta) and reasoning.text == "look it up"
     assert isinstance(hello, events.TextDelta) and hello.text + look.raw["text"] == "Let me look."
@@ -162,7 +175,10 @@ def test_assistant_message_and_usage(session: list[kerman.Event]) -> None:
 def test_tool_calls_and_results(session: list[kerman.Event]) -> None:
     calls = _of(session, events.ToolCall)
     assert [(c.call_id, c.name, c.arguments, c.step) for c in calls] == [
-        ("c1", "lookup", '{"q": "k"}', 1), ("c2", "broken", "{}", 2), ("c3", "missing", "{}", 2)]
+        ("c1", "lookup", '{"q": "k"}', 1),
+        ("c2", "broken", "{}", 2),
+        ("c3", "missing", "{}", 2),
+    ]
     ok, raised, unknown = _of(session, events.ToolResultEvent)
     assert (ok.call_id, ok.text, ok.is_error, ok.error) == ("c1", "k: found", False, None)
     assert ok.message.source.call_id == "c1" and ok.source_event_seqs == [calls[0].seq]
@@ -195,8 +211,14 @@ def test_inbox_splices(session: list[kerman.Event]) -> None:
 def test_plugin_types_and_unknown_fields_are_kept(session: list[kerman.Event]) -> None:
     note = events.view(session[-1])
     assert isinstance(note, events.OtherEvent) and note.type == "plugin/note" and note.data == {"note": "kept", "n": 1}
-    odd = events.view({"type": "tool/call", "seq": 3, "time": 9, "data": {"callId": "x", "name": "n", "arguments": "{}",
-                                                                           "turn": 1, "step": 2, "future": [1]}})
+    odd = events.view(
+        {
+            "type": "tool/call",
+            "seq": 3,
+            "time": 9,
+            "data": {"callId": "x", "name": "n", "arguments": "{}", "turn": 1, "step": 2, "future": [1]},
+        }
+    )
     assert isinstance(odd, events.ToolCall) and (odd.call_id, odd.seq, odd.time) == ("x", 3, 9)
     assert odd.data["future"] == [1]
     # a payload of the wrong shape reads as defaults rather than raising
@@ -239,14 +261,16 @@ def test_live_tail_gives_views() -> None:
 
 
 def test_unknown_chunks_and_blocks_keep_their_data() -> None:
-    cited = events.view({"type": "assistant/chunk", "seq": 1, "time": 2,
-                         "data": {"turn": 1, "step": 1, "chunk": {"type": "citation", "url": "u"}}})
+    cited = events.view(
+        {"type": "assistant/chunk", "seq": 1, "time": 2, "data": {"turn": 1, "step": 1, "chunk": {"type": "citation", "url": "u"}}}
+    )
     assert isinstance(cited, events.AssistantChunk) and isinstance(cited.chunk, events.OtherChunk)
     assert cited.chunk.type == "citation" and cited.chunk.raw == {"type": "citation", "url": "u"}
     failed = events.chunk({"type": "finish", "reason": "error", "error": {"message": "reset", "code": "NETWORK", "hint": 1}})
     assert isinstance(failed, events.FinishChunk) and failed.error is not None
     assert (failed.error.message, failed.error.code, failed.error.get("hint")) == ("reset", "NETWORK", 1)
-    message = events.message({"id": "m", "role": "user", "source": {"kind": "user"},
-                              "content": [{"type": "image", "ref": "x"}, {"type": "text", "text": "a"}]})
+    message = events.message(
+        {"id": "m", "role": "user", "source": {"kind": "user"}, "content": [{"type": "image", "ref": "x"}, {"type": "text", "text": "a"}]}
+    )
     assert [type(b) for b in message.content] == [events.OtherBlock, events.TextBlock]
     assert message.text == "a" and message.content[0].get("ref") == "x" and message.tool_result is None

@@ -11,14 +11,13 @@ PROGRAM = Path(__file__).parent.parent.parent / "typing" / "events.py"
 
 
 def test_reading_through_views_type_checks_strictly() -> None:
-    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(PROGRAM)],
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(PROGRAM)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_reading_through_views_needs_no_string_key() -> None:
     source = PROGRAM.read_text()
-    body = source[source.index("async def run("):source.index("def main(")]
+    body = source[source.index("async def run(") : source.index("def main(")]
     assert '["' not in body and ".get(" not in body and ".data" not in body and ".raw" not in body
 
 

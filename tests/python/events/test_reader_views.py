@@ -34,8 +34,14 @@ def test_events_view_gives_the_view_of_every_event(log: kerman.SessionLog) -> No
     handed = list(log.events(view=True))
     assert [_same(v) for v in handed] == [_same(events.view(e)) for e in log.events()]
     assert all(isinstance(v.event, kerman.Event) for v in handed)
-    assert {type(v) for v in handed} >= {events.TurnStart, events.AssistantChunk, events.ToolCall,
-                                         events.ToolResultEvent, events.TurnEnd, events.OtherEvent}
+    assert {type(v) for v in handed} >= {
+        events.TurnStart,
+        events.AssistantChunk,
+        events.ToolCall,
+        events.ToolResultEvent,
+        events.TurnEnd,
+        events.OtherEvent,
+    }
 
 
 def test_events_view_keeps_bounds_and_type_filters(log: kerman.SessionLog) -> None:

@@ -32,8 +32,9 @@ def test_splice_fields_and_claims() -> None:
     assert isinstance(claim, events.InboxSpliced)
     assert (claim.target, claim.start, claim.removed_count, claim.outcome, claim.is_claim) == ("next-step", 0, 2, None, True)
     assert [(m.id, m.text, m.source.kind) for m in claim.inserted] == [("m1", "hi", "user")]
-    cancel = events.InboxSpliced(_event("agent/inbox/spliced", {"target": "next-turn", "start": 1, "removedCount": 1,
-                                                                "inserted": [], "outcome": "canceled"}))
+    cancel = events.InboxSpliced(
+        _event("agent/inbox/spliced", {"target": "next-turn", "start": 1, "removedCount": 1, "inserted": [], "outcome": "canceled"})
+    )
     assert (cancel.removed_count, cancel.is_claim) == (1, False)
     odd = events.InboxSpliced(_event("agent/inbox/spliced", {"target": 3, "start": "0", "removedCount": True, "inserted": {}}))
     assert (odd.target, odd.start, odd.removed_count, odd.inserted, odd.is_claim) == ("", 0, 0, [], False)
@@ -42,24 +43,49 @@ def test_splice_fields_and_claims() -> None:
 
 
 def test_message_accessors_skip_what_is_not_a_block() -> None:
-    view = events.message({"id": 9, "content": [
-        "loose text", {"type": "reasoning", "text": "first"}, {"type": "reasoning", "text": 2}, {"type": "text", "text": "a"},
-        {"type": "tool-call", "id": "c1", "name": "f", "arguments": "{}"}, 7, {"type": "tool-call", "id": "c2"},
-        {"type": "tool-result", "toolCallId": "c1", "content": "r1"}, {"type": "tool-result", "toolCallId": "c2"}]})
+    view = events.message(
+        {
+            "id": 9,
+            "content": [
+                "loose text",
+                {"type": "reasoning", "text": "first"},
+                {"type": "reasoning", "text": 2},
+                {"type": "text", "text": "a"},
+                {"type": "tool-call", "id": "c1", "name": "f", "arguments": "{}"},
+                7,
+                {"type": "tool-call", "id": "c2"},
+                {"type": "tool-result", "toolCallId": "c1", "content": "r1"},
+                {"type": "tool-result", "toolCallId": "c2"},
+            ],
+        }
+    )
     assert view.id == "" and view.text == "a"
     assert view.reasoning == "first\n"  # a block whose text is not a string reads as ""
     assert [(c.id, c.name, c.arguments) for c in view.tool_calls] == [("c1", "f", "{}"), ("c2", "", "")]
     result = view.tool_result
     assert isinstance(result, events.ToolResultBlock) and (result.tool_call_id, result.text) == ("c1", "r1")
-    assert [type(b).__name__ for b in view.content] == ["ReasoningBlock", "ReasoningBlock", "TextBlock", "ToolCallBlock",
-                                                        "ToolCallBlock", "ToolResultBlock", "ToolResultBlock"]
+    assert [type(b).__name__ for b in view.content] == [
+        "ReasoningBlock",
+        "ReasoningBlock",
+        "TextBlock",
+        "ToolCallBlock",
+        "ToolCallBlock",
+        "ToolResultBlock",
+        "ToolResultBlock",
+    ]
     assert events.message({"content": "whole"}).tool_calls == [] and events.message({}).tool_result is None
 
 
 def test_tool_result_reads_its_block_and_falls_back_to_the_source() -> None:
-    data = {"turn": 1, "step": 1, "message": {"id": "r", "source": {"kind": "tool", "callId": "from-source"},
-                                              "content": [{"type": "tool-result", "content": [{"type": "text", "text": "boom"}],
-                                                           "isError": True}]}}
+    data = {
+        "turn": 1,
+        "step": 1,
+        "message": {
+            "id": "r",
+            "source": {"kind": "tool", "callId": "from-source"},
+            "content": [{"type": "tool-result", "content": [{"type": "text", "text": "boom"}], "isError": True}],
+        },
+    }
     result = events.view(_event("tool/result", data))
     assert isinstance(result, events.ToolResultEvent)
     assert (result.call_id, result.text, result.is_error, result.error) == ("from-source", "boom", True, None)

@@ -375,9 +375,7 @@ def test_clear_with_one_list_empty_logs_one_splice(target):
     inbox.append(target, U("only"))
     n = len(log)
     assert ids(inbox.clear()) == ["only"]
-    assert payloads(log, n) == [
-        {"target": target, "start": 0, "removedCount": 1, "inserted": [], "outcome": "canceled"}
-    ]
+    assert payloads(log, n) == [{"target": target, "start": 0, "removedCount": 1, "inserted": [], "outcome": "canceled"}]
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,7 +518,7 @@ def test_INB_09_log_observer_sees_pre_splice_lists():
         lst = nt if data["target"] == TURN else ns
         start, count = data["start"], data.get("removedCount", 0)
         # the removed messages can be rebuilt from the coordinates over the pre-splice lists
-        seen.append((ev.seq, ids(nt), ids(ns), ids(lst[start:start + count])))
+        seen.append((ev.seq, ids(nt), ids(ns), ids(lst[start : start + count])))
 
     log.subscribe(observer)
     inbox.append(TURN, U("a"))
@@ -799,7 +797,11 @@ def test_canonical_replace(target):
     Y = U("Y")
     assert inbox.replace(f"{target}-1", Y) is True
     assert payloads(log)[-1] == {
-        "target": target, "start": 1, "removedCount": 1, "inserted": [md(Y)], "outcome": "canceled",
+        "target": target,
+        "start": 1,
+        "removedCount": 1,
+        "inserted": [md(Y)],
+        "outcome": "canceled",
     }
 
 
@@ -810,7 +812,11 @@ def test_canonical_remove(target):
         inbox.append(target, U(f"{target}-{i}"))
     assert inbox.remove(f"{target}-2") is True
     assert payloads(log)[-1] == {
-        "target": target, "start": 2, "removedCount": 1, "inserted": [], "outcome": "canceled",
+        "target": target,
+        "start": 2,
+        "removedCount": 1,
+        "inserted": [],
+        "outcome": "canceled",
     }
     assert rec.calls[-1] == ("discarded", U(f"{target}-2"))
 
@@ -836,7 +842,11 @@ def test_canonical_splice_negative_start():
     inbox.append(TURN, B_)
     assert inbox.splice(TURN, -1, 1, []) == [B_]
     assert payloads(log)[-1] == {
-        "target": TURN, "start": 1, "removedCount": 1, "inserted": [], "outcome": "canceled",
+        "target": TURN,
+        "start": 1,
+        "removedCount": 1,
+        "inserted": [],
+        "outcome": "canceled",
     }
     assert rec.calls[-1] == ("discarded", B_)
 
@@ -871,10 +881,35 @@ def _expected_norm(length: int, start: int, delete: int) -> tuple[int, int]:
 
 
 COORDS = [
-    (0, 0), (0, 1), (0, 3), (0, 99), (1, 1), (1, 2), (2, 5), (3, 0), (3, 1), (4, 0), (99, 99),
-    (-1, 0), (-1, 1), (-1, 5), (-2, 1), (-3, 3), (-4, 1), (-99, 2), (1, -1), (2, -99), (-1, -1),
-    (10**30, 1), (-(10**30), 1), (1, 10**30), (0, -(10**30)), (2**63, 2**63), (-(2**63) - 1, 2**64),
-    (2**63 - 1, 1), (-(2**63), 2),
+    (0, 0),
+    (0, 1),
+    (0, 3),
+    (0, 99),
+    (1, 1),
+    (1, 2),
+    (2, 5),
+    (3, 0),
+    (3, 1),
+    (4, 0),
+    (99, 99),
+    (-1, 0),
+    (-1, 1),
+    (-1, 5),
+    (-2, 1),
+    (-3, 3),
+    (-4, 1),
+    (-99, 2),
+    (1, -1),
+    (2, -99),
+    (-1, -1),
+    (10**30, 1),
+    (-(10**30), 1),
+    (1, 10**30),
+    (0, -(10**30)),
+    (2**63, 2**63),
+    (-(2**63) - 1, 2**64),
+    (2**63 - 1, 1),
+    (-(2**63), 2),
 ]
 
 
@@ -888,7 +923,7 @@ def test_splice_coordinates_follow_python_slice_semantics(start, delete):
     n = len(log)
     removed = inbox.splice(TURN, start, delete, [X])
     s, d = _expected_norm(3, start, delete)
-    assert removed == base[s:s + d]
+    assert removed == base[s : s + d]
     expected_data = {"target": TURN, "start": s}
     if d:
         expected_data["removedCount"] = d
@@ -897,11 +932,11 @@ def test_splice_coordinates_follow_python_slice_semantics(start, delete):
         expected_data["outcome"] = "canceled"
     assert payloads(log, n) == [expected_data]
     assert list(payloads(log, n)[0]) == list(expected_data)
-    assert list(inbox.next_turn) == base[:s] + [X] + base[s + d:]
-    assert rec.calls[3:] == [("discarded", m) for m in base[s:s + d]] + [("inserted", X)]
+    assert list(inbox.next_turn) == base[:s] + [X] + base[s + d :]
+    assert rec.calls[3:] == [("discarded", m) for m in base[s : s + d]] + [("inserted", X)]
     # the same list built with Python's own slice assignment
     model = list(base)
-    model[s:s + d] = [X]
+    model[s : s + d] = [X]
     assert list(inbox.next_turn) == model
 
 
@@ -914,15 +949,13 @@ def test_splice_deleting_without_inserting(start, delete):
     n = len(log)
     removed = inbox.splice(STEP, start, delete)
     s, d = _expected_norm(3, start, delete)
-    assert removed == base[s:s + d]
+    assert removed == base[s : s + d]
     if d == 0:
         assert len(log) == n, "a splice that removes and inserts nothing must not log"
         assert len(rec.calls) == 3
     else:
-        assert payloads(log, n) == [
-            {"target": STEP, "start": s, "removedCount": d, "inserted": [], "outcome": "canceled"}
-        ]
-    assert list(inbox.next_step) == base[:s] + base[s + d:]
+        assert payloads(log, n) == [{"target": STEP, "start": s, "removedCount": d, "inserted": [], "outcome": "canceled"}]
+    assert list(inbox.next_step) == base[:s] + base[s + d :]
 
 
 @pytest.mark.parametrize("bad", [True, False, 1.0, 0.0, float("nan"), float("inf"), "1", None, 1j])
@@ -957,8 +990,16 @@ def test_splice_coordinates_must_be_ints(which, bad):
         lambda ib: ib.replace("missing", U("new")),
         lambda ib: ib.claim(STEP, 1),
     ],
-    ids=["splice-empty", "splice-default", "splice-delete-from-empty", "splice-past-end",
-         "splice-negative", "remove-missing", "replace-missing", "claim-step-empty"],
+    ids=[
+        "splice-empty",
+        "splice-default",
+        "splice-delete-from-empty",
+        "splice-past-end",
+        "splice-negative",
+        "remove-missing",
+        "replace-missing",
+        "claim-step-empty",
+    ],
 )
 def test_no_op_logs_nothing_and_notifies_nothing(op):
     inbox, log, rec = new_inbox()
@@ -1223,12 +1264,12 @@ def test_concurrent_mutations_match_a_replay_of_the_log():
         def cb(message, *rest):
             with counts_lock:
                 counts[kind] += 1
+
         return cb
 
     observed = []
     log.subscribe(lambda ev: observed.append(ev.seq))
-    inbox = Inbox(log, on_inserted=counter("inserted"), on_discarded=counter("discarded"),
-                  on_claimed=counter("claimed"))
+    inbox = Inbox(log, on_inserted=counter("inserted"), on_discarded=counter("discarded"), on_claimed=counter("claimed"))
     threads_n, rounds = 8, 60
     barrier = threading.Barrier(threads_n)
     failures = []

@@ -15,6 +15,7 @@ from kerman.models import EchoModel
 
 # ---- item 4: a log has at most one inbox --------------------------------------------------
 
+
 def test_a_second_inbox_over_one_log_is_refused():
     log = MemoryStore().create()
     first = Inbox(log)

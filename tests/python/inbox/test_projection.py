@@ -123,10 +123,21 @@ def test_apply_ignores_other_event_types():
     s.turn_start(1)
     s.add("goal/change", {"goal": "x"})
     s.step(1)
-    s.add("assistant/message", {"turn": 1, "step": 1, "message": {
-        "id": "am", "role": "assistant", "content": [{"type": "text", "text": "hi"}],
-        "source": {"kind": "model", "provider": "p", "model": "m"}}}, surfaceOp="append",
-        sourceEventSeqs=[])
+    s.add(
+        "assistant/message",
+        {
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "id": "am",
+                "role": "assistant",
+                "content": [{"type": "text", "text": "hi"}],
+                "source": {"kind": "model", "provider": "p", "model": "m"},
+            },
+        },
+        surfaceOp="append",
+        sourceEventSeqs=[],
+    )
     s.turn_end(1, "completed")
     s.insert(STEP, "b")
     p = InboxProjection()
@@ -184,20 +195,22 @@ def test_fold_equals_the_inbox_after_a_random_sequence(seed):
         folded = InboxProjection.fold(log.splices())
         assert folded.next_turn == inbox.next_turn
         assert folded.next_step == inbox.next_step
-    assert lists(InboxProjection.fold(ev.to_dict() for ev in log.events())) == lists(
-        InboxProjection.fold(log.splices())
-    )
+    assert lists(InboxProjection.fold(ev.to_dict() for ev in log.events())) == lists(InboxProjection.fold(log.splices()))
 
 
 def test_items_placements():
     s = Stream()
     s.splice(TURN, 0, [user_dict("t-user"), user_dict("t-plugin", "plugin", plugin="guard")])
-    s.splice(STEP, 0, [
-        user_dict("s-user"),
-        user_dict("s-plugin", "plugin", plugin=""),
-        user_dict("s-instr", "agent-instructions", form="instructions", changes=[]),
-        user_dict("s-user2"),
-    ])
+    s.splice(
+        STEP,
+        0,
+        [
+            user_dict("s-user"),
+            user_dict("s-plugin", "plugin", plugin=""),
+            user_dict("s-instr", "agent-instructions", form="instructions", changes=[]),
+            user_dict("s-user2"),
+        ],
+    )
     p = InboxProjection.fold(s.events)
     items = p.items()
     assert [(placement, m.id) for placement, m in items] == [

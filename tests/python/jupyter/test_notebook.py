@@ -113,8 +113,7 @@ def test_run_all_twice_on_one_kernel(kernel_env: Path) -> None:
             check_outputs(nb)
             probe = "print(log is first[0], first[1].closed, loop.closed, loop.turn, [m.text for m in log.transcript()][4:6])"
             # The same log, the first loop gave way, and turn 2 entered the context left queued.
-            assert printed(await run_cell(client, probe)) == \
-                "True True False 2 ['Context: answer in one sentence.', 'What is 19 + 23?']\n"
+            assert printed(await run_cell(client, probe)) == "True True False 2 ['Context: answer in one sentence.', 'What is 19 + 23?']\n"
 
     asyncio.run(main())
     assert (kernel_env / "sessions" / "notebook-demo.jsonl").exists()
@@ -177,8 +176,9 @@ def test_interrupting_a_cell_that_awaits_the_loop(kernel_env: Path) -> None:
             errors = [o for o in refused if o["output_type"] == "error"]
             assert [e["ename"] for e in errors] == ["LoopError"]
             assert "already has an AgentLoop running turn 2" in errors[0]["evalue"] and "cancel()" in errors[0]["evalue"]
-            stopped = await run_cell(client, "slow.cancel()\nawait slow.when_idle()\n"
-                                             "print(slow.status, list(log.events(types='turn/end'))[-1].data['reason'])")
+            stopped = await run_cell(
+                client, "slow.cancel()\nawait slow.when_idle()\nprint(slow.status, list(log.events(types='turn/end'))[-1].data['reason'])"
+            )
             assert printed(stopped) == "idle {'kind': 'aborted', 'reason': {'kind': 'user'}}\n"
             # The notebook runs again from the top on the same kernel.
             await run_all(client, nb)

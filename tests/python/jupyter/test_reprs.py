@@ -79,13 +79,18 @@ def test_message_reprs_name_role_text_and_tool_calls():
     assert "plugin: guard" in "".join(parse(plugin._repr_html_()).text)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: UserMessage(HOSTILE, id=HOSTILE),
-    lambda: AssistantMessage([{"type": "text", "text": HOSTILE},
-                              {"type": "tool-call", "id": HOSTILE, "name": HOSTILE, "arguments": HOSTILE}]),
-    lambda: ToolResultMessage(HOSTILE, HOSTILE, id=HOSTILE),
-    lambda: UserMessage(HOSTILE, source={"kind": HOSTILE, "plugin": HOSTILE}),
-], ids=["user", "assistant", "tool-result", "source"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: UserMessage(HOSTILE, id=HOSTILE),
+        lambda: AssistantMessage(
+            [{"type": "text", "text": HOSTILE}, {"type": "tool-call", "id": HOSTILE, "name": HOSTILE, "arguments": HOSTILE}]
+        ),
+        lambda: ToolResultMessage(HOSTILE, HOSTILE, id=HOSTILE),
+        lambda: UserMessage(HOSTILE, source={"kind": HOSTILE, "plugin": HOSTILE}),
+    ],
+    ids=["user", "assistant", "tool-result", "source"],
+)
 def test_message_html_escapes_every_user_string(make):
     assert_inert(make()._repr_html_())
 
@@ -202,11 +207,9 @@ def test_agent_loop_reprs_show_status_turn_step_pending_tools_and_listeners():
     loop.on("agent/status", lambda e: None)
     loop.pre_step(lambda step, next: next())
     loop.inject("context")
-    assert repr(loop) == (f"<AgentLoop turn=1 status=idle pending=1 step=2 session={loop.log.id!r} "
-                          "tools=['add'] listeners=2>")
+    assert repr(loop) == (f"<AgentLoop turn=1 status=idle pending=1 step=2 session={loop.log.id!r} tools=['add'] listeners=2>")
     text = "".join(parse(loop._repr_html_()).text)
-    for part in ("status idle", "turn 1", "step 2", "0 next turn, 1 next step",
-                 "add", "pre_step ×1", "agent/status ×1"):
+    for part in ("status idle", "turn 1", "step 2", "0 next turn, 1 next step", "add", "pre_step ×1", "agent/status ×1"):
         assert part in text, part
 
 

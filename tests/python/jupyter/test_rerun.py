@@ -142,8 +142,11 @@ def test_a_new_loop_is_refused_while_the_earlier_one_runs_a_turn():
         first = AgentLoop(model, log=log)
         first.followup("slow")
         await entered.wait()
-        with pytest.raises(LoopError, match=r"session 'busy' already has an AgentLoop running turn 1 in this process "
-                                            r"\(<AgentLoop turn=1 status=running .*\); stop it with its cancel\(\)"):
+        with pytest.raises(
+            LoopError,
+            match=r"session 'busy' already has an AgentLoop running turn 1 in this process "
+            r"\(<AgentLoop turn=1 status=running .*\); stop it with its cancel\(\)",
+        ):
             AgentLoop(EchoModel(), log=log)
         assert not first.closed and first.status == "running"  # untouched
         first.cancel()

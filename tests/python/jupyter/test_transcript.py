@@ -32,8 +32,9 @@ def run(loop: AgentLoop, *prompts: str) -> None:
 
 
 def test_the_conversation_in_log_order_with_tool_results_as_a_sequence():
-    model = ScriptedModel([ModelReply([{"type": "text", "text": "Let me add."}, call("add", '{"a": 19, "b": 23}')]),
-                           "The sum is 42.", "Bye."])
+    model = ScriptedModel(
+        [ModelReply([{"type": "text", "text": "Let me add."}, call("add", '{"a": 19, "b": 23}')]), "The sum is 42.", "Bye."]
+    )
     loop = AgentLoop(model)
 
     @loop.tool
@@ -44,8 +45,12 @@ def test_the_conversation_in_log_order_with_tool_results_as_a_sequence():
     t = loop.log.transcript()
     assert isinstance(t, Transcript) and t.session_id == loop.log.id and t.stop == len(loop.log)
     assert [(m.role, m.text) for m in t] == [
-        ("user", "What is 19 + 23?"), ("assistant", "Let me add."), ("user", "42"),
-        ("assistant", "The sum is 42."), ("user", "Thanks"), ("assistant", "Bye."),
+        ("user", "What is 19 + 23?"),
+        ("assistant", "Let me add."),
+        ("user", "42"),
+        ("assistant", "The sum is 42."),
+        ("user", "Thanks"),
+        ("assistant", "Bye."),
     ]
     assert type(t[2]).__name__ == "ToolResultMessage" and t[2].call_id == "c1"
     assert len(t) == 6 and t[-1] == t[5] and t[1:3] == [t[1], t[2]] and t[::-2] == [t[5], t[3], t[1]]
@@ -86,8 +91,11 @@ def test_steering_is_marked_as_entered_mid_turn():
     run(loop, "walk")
     entries = loop.log.transcript().entries()
     assert [(e["message"].text, e["step"], e["mid_turn"]) for e in entries] == [
-        ("walk", 1, False), ("", 1, False), ("a fork in the road", 1, False),
-        ("go left instead", 2, True), ("went left", 2, False),
+        ("walk", 1, False),
+        ("", 1, False),
+        ("a fork in the road", 1, False),
+        ("go left instead", 2, True),
+        ("went left", 2, False),
     ]
     html = loop.log.transcript()._repr_html_()
     assert "entered at step 2 (steering)" in html

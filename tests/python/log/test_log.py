@@ -97,10 +97,27 @@ def test_log_id_and_header(store):
         log.close()
 
 
-@pytest.mark.parametrize("data", [
-    None, True, False, 0, -1, 2 ** 63 - 1, -(2 ** 63), 1.5, -0.25, 1e300, "", "é😀\n\"\\", [], {},
-    {"nested": [1, {"a": None, "b": [True, 2.5, "s"]}], "unicode": "日本"},
-], ids=lambda d: repr(d)[:30])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**63 - 1,
+        -(2**63),
+        1.5,
+        -0.25,
+        1e300,
+        "",
+        'é😀\n"\\',
+        [],
+        {},
+        {"nested": [1, {"a": None, "b": [True, 2.5, "s"]}], "unicode": "日本"},
+    ],
+    ids=lambda d: repr(d)[:30],
+)
 def test_json_data_round_trips(log, data):
     ev = log.append("x/data", data)
     assert ev.data == data
@@ -230,11 +247,15 @@ def test_surface_fields_use_camel_case_on_the_wire(store_root):
     """Surface events cannot be appended publicly; read them from a crafted file."""
     um = kerman.UserMessage("hi", id="u1").to_dict()
     am = kerman.AssistantMessage("yo", id="a1").to_dict()
-    write_raw_session(session_path(store_root, "s"), header_record("s"), [
-        event_record(0, "user/message", um, surface_op="append"),
-        event_record(1, "assistant/message", {"turn": 1, "step": 1, "message": am}, surface_op="append", source_event_seqs=[]),
-        event_record(2, "user/message", um, surface_op={"op": "replace", "start": 0, "end": 1}, source_event_seqs=[0]),
-    ])
+    write_raw_session(
+        session_path(store_root, "s"),
+        header_record("s"),
+        [
+            event_record(0, "user/message", um, surface_op="append"),
+            event_record(1, "assistant/message", {"turn": 1, "step": 1, "message": am}, surface_op="append", source_event_seqs=[]),
+            event_record(2, "user/message", um, surface_op={"op": "replace", "start": 0, "end": 1}, source_event_seqs=[0]),
+        ],
+    )
     log = kerman.FileStore(store_root).open("s")
     try:
         u, a, r = log.events()
@@ -257,8 +278,17 @@ def test_surface_fields_use_camel_case_on_the_wire(store_root):
 # Reserved and free event types (SPEC 4.7)
 
 RESERVED = [
-    "turn/start", "turn/end", "step/start", "step/end", "user/message", "assistant/message",
-    "assistant/chunk", "tool/call", "tool/result", "request/header", "agent/inbox/spliced",
+    "turn/start",
+    "turn/end",
+    "step/start",
+    "step/end",
+    "user/message",
+    "assistant/message",
+    "assistant/chunk",
+    "tool/call",
+    "tool/result",
+    "request/header",
+    "agent/inbox/spliced",
 ]
 
 
@@ -273,8 +303,19 @@ def test_reserved_types_cannot_be_appended(log, event_type):
     assert seen == []
 
 
-FREE = ["request/context", "goal/change", "todo/write", "session/title", "llm/retry", "my-plugin/thing",
-        "turns/start", "tools/call", "user/note", "agent/inbox/other", "plain"]
+FREE = [
+    "request/context",
+    "goal/change",
+    "todo/write",
+    "session/title",
+    "llm/retry",
+    "my-plugin/thing",
+    "turns/start",
+    "tools/call",
+    "user/note",
+    "agent/inbox/other",
+    "plain",
+]
 
 
 @pytest.mark.parametrize("event_type", FREE)
@@ -317,9 +358,21 @@ class Opaque:
 
 
 NOT_JSON = [
-    float("nan"), float("inf"), float("-inf"), {1: "a"}, {("t",): 1}, {"a": {1, 2}}, {1, 2},
-    frozenset([1]), (1, 2), {"a": (1,)}, Opaque(), {"a": [1, {"b": float("nan")}]}, b"bytes",
-    "\ud800", {"a": Opaque()},
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    {1: "a"},
+    {("t",): 1},
+    {"a": {1, 2}},
+    {1, 2},
+    frozenset([1]),
+    (1, 2),
+    {"a": (1,)},
+    Opaque(),
+    {"a": [1, {"b": float("nan")}]},
+    b"bytes",
+    "\ud800",
+    {"a": Opaque()},
 ]
 
 
@@ -425,8 +478,11 @@ def test_uncaught_reentrant_append_is_contained_and_logged(log, caplog):
     errors = kerman_errors(caplog)
     assert len(errors) == 1
     rec = errors[0]
-    assert (rec.exc_info and isinstance(rec.exc_info[1], ReentrantAppendError)) or "ReentrantAppendError" in rec.getMessage() \
+    assert (
+        (rec.exc_info and isinstance(rec.exc_info[1], ReentrantAppendError))
+        or "ReentrantAppendError" in rec.getMessage()
         or "reenter" in rec.getMessage()
+    )
     # the log keeps working
     assert log.append("x/after", 1).seq == 1
 

@@ -22,22 +22,28 @@ TYPES = ["assistant/message", "assistant/chunk", "turn/start", "turn/end", "plug
 def appended(root: Path, types: List[str]) -> kerman.SessionLog:
     """A log holding one event per type, loop-owned types included (as the loop writes them),
     read from a session file written by hand."""
-    records = [event_record(seq, t, {"turn": 1} if t.startswith(("assistant/", "turn/", "tool/")) else {},
-                            surface_op="append" if t in SURFACE else None)
-               for seq, t in enumerate(types)]
+    records = [
+        event_record(
+            seq, t, {"turn": 1} if t.startswith(("assistant/", "turn/", "tool/")) else {}, surface_op="append" if t in SURFACE else None
+        )
+        for seq, t in enumerate(types)
+    ]
     write_raw_session(session_path(root, "s"), header_record("s"), records)
     return kerman.FileStore(root).follow("s")
 
 
-@pytest.mark.parametrize("pattern, expected", [
-    ("assistant/*", ["assistant/message", "assistant/chunk"]),
-    ("turn/*", ["turn/start", "turn/end"]),
-    ("*/end", ["turn/end"]),
-    ("t?rn/end", ["turn/end"]),
-    ("plugin/[x]", ["plugin/[x]"]),
-    ("*", TYPES),
-    ("assistant", []),
-])
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        ("assistant/*", ["assistant/message", "assistant/chunk"]),
+        ("turn/*", ["turn/start", "turn/end"]),
+        ("*/end", ["turn/end"]),
+        ("t?rn/end", ["turn/end"]),
+        ("plugin/[x]", ["plugin/[x]"]),
+        ("*", TYPES),
+        ("assistant", []),
+    ],
+)
 def test_events_and_the_cli_match_the_same_types(tmp_path, pattern, expected):
     log = appended(tmp_path, TYPES)
     assert [e.type for e in log.events(types=pattern)] == expected
@@ -62,8 +68,7 @@ def test_tail_takes_patterns(tmp_path):
 
 def test_exact_and_pattern_entries_together(tmp_path):
     log = appended(tmp_path, TYPES)
-    assert [e.type for e in log.events(types=["tool/result", "assistant/*"])] == \
-        ["assistant/message", "assistant/chunk", "tool/result"]
+    assert [e.type for e in log.events(types=["tool/result", "assistant/*"])] == ["assistant/message", "assistant/chunk", "tool/result"]
 
 
 def test_the_cli_show_filters_with_patterns(tmp_path, capsys):

@@ -67,8 +67,7 @@ def canceled_splices(log) -> list:
 
 def tool_calls(*calls) -> ModelReply:
     """A reply with one tool-call block per ``(id, name)`` or ``(id, name, arguments)``."""
-    return ModelReply([{"type": "tool-call", "id": c[0], "name": c[1], "arguments": c[2] if len(c) > 2 else "{}"}
-                       for c in calls])
+    return ModelReply([{"type": "tool-call", "id": c[0], "name": c[1], "arguments": c[2] if len(c) > 2 else "{}"} for c in calls])
 
 
 def result_of(log, call_id: str):

@@ -488,11 +488,15 @@ def test_CAN_18_cancel_during_reasoning_only_stream_keeps_reasoning_and_usage():
     async def main():
         streamed, requests = asyncio.Event(), []
         usage = {"inputTokens": 3, "outputTokens": 2}
-        model = _streaming_hang([
-            {"type": "reasoning-delta", "text": "thinking "},
-            {"type": "reasoning-delta", "text": "hard"},
-            {"type": "usage", **usage},
-        ], streamed, requests)
+        model = _streaming_hang(
+            [
+                {"type": "reasoning-delta", "text": "thinking "},
+                {"type": "reasoning-delta", "text": "hard"},
+                {"type": "usage", **usage},
+            ],
+            streamed,
+            requests,
+        )
         loop = AgentLoop(model)
         loop.followup("go")
         await streamed.wait()
@@ -516,11 +520,15 @@ def test_CAN_19_cancel_after_a_tool_call_chunk_keeps_the_text_and_drops_the_call
 
     async def main():
         streamed, requests = asyncio.Event(), []
-        model = _streaming_hang([
-            {"type": "text-delta", "text": "keep "},
-            {"type": "text-delta", "text": "this"},
-            {"type": "tool-call", "id": "c1", "name": "probe", "arguments": "{}"},
-        ], streamed, requests)
+        model = _streaming_hang(
+            [
+                {"type": "text-delta", "text": "keep "},
+                {"type": "text-delta", "text": "this"},
+                {"type": "tool-call", "id": "c1", "name": "probe", "arguments": "{}"},
+            ],
+            streamed,
+            requests,
+        )
         loop = AgentLoop(model)
         ran: list = []
 
@@ -574,8 +582,7 @@ def test_CAN_20_cancel_inside_request_error():
 def test_CAN_22_cancel_before_any_visible_content_logs_no_assistant_message():
     async def main():
         streamed, requests = asyncio.Event(), []
-        model = _streaming_hang([{"type": "tool-call", "id": "c1", "name": "probe", "arguments": "{}"}],
-                                streamed, requests)
+        model = _streaming_hang([{"type": "tool-call", "id": "c1", "name": "probe", "arguments": "{}"}], streamed, requests)
         loop = AgentLoop(model)
         loop.followup("go")
         await streamed.wait()
@@ -762,24 +769,28 @@ def _seam_loop(seam: str, hook):
         return "worked"
 
     if seam == "pre_step":
+
         @loop.pre_step
         async def pre(step, next):
             if once():
                 await hook(step.signal)
             return await next()
     elif seam == "before_request":
+
         @loop.before_request
         async def before(request, next):
             if once():
                 await hook(request.signal)
             return await next()
     elif seam == "request_error":
+
         @loop.request_error
         async def recover(failure, next):
             if once():
                 await hook(failure.signal)
             return Retry()
     elif seam == "turn_stopping":
+
         @loop.turn_stopping
         async def stopping(stop):
             if once():
@@ -1256,13 +1267,16 @@ def test_first_cause_wins_parent_then_user():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("cause,stored", [
-    ("user", USER),
-    ("parent", PARENT),
-    ("disposed", DISPOSED),
-    ({"kind": "hook", "reason": "x"}, {"kind": "hook", "reason": "x"}),
-    ({"kind": "budget", "limit": 3}, {"kind": "budget", "limit": 3}),
-])
+@pytest.mark.parametrize(
+    "cause,stored",
+    [
+        ("user", USER),
+        ("parent", PARENT),
+        ("disposed", DISPOSED),
+        ({"kind": "hook", "reason": "x"}, {"kind": "hook", "reason": "x"}),
+        ({"kind": "budget", "limit": 3}, {"kind": "budget", "limit": 3}),
+    ],
+)
 def test_cancel_causes_are_stored_as_dicts(cause, stored):
     async def main():
         model = HangModel()
@@ -1364,6 +1378,7 @@ def test_cancel_from_a_log_observer_aborts_even_when_discarding_fails(caplog: An
     """SPEC 3.8/4.4 do not say what happens when ``cancel()``'s inbox clear cannot append (from
     a log observer, appends are reentrant): the turn is still aborted, then the clear's
     ``ReentrantAppendError`` is raised to the caller (here contained and logged by the log)."""
+
     async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
         return kerman.ModelReply("never")
 

@@ -40,8 +40,12 @@ def end_of(events: List[Any]) -> Dict[str, Any]:
 
 # ---- item 6: deeply nested arguments ------------------------------------------------------
 
-@pytest.mark.parametrize("arguments", [deep_array(DEPTH), deep_object(DEPTH), deep_array(5_000), deep_array(1_001)],
-                         ids=["array-100k", "object-100k", "array-5k", "array-1001"])
+
+@pytest.mark.parametrize(
+    "arguments",
+    [deep_array(DEPTH), deep_object(DEPTH), deep_array(5_000), deep_array(1_001)],
+    ids=["array-100k", "object-100k", "array-5k", "array-1001"],
+)
 @pytest.mark.parametrize("calls", [1, 2], ids=["lone", "pool"])
 def test_deep_arguments_are_invalid_arguments(arguments, calls):
     seen: List[Any] = []
@@ -49,6 +53,7 @@ def test_deep_arguments_are_invalid_arguments(arguments, calls):
     async def body(args, ctx):
         seen.append(args)
         return "ran"
+
     blocks = [{"type": "tool-call", "id": f"c{i}", "name": "t", "arguments": arguments} for i in range(calls)]
     events = run_calls(blocks, [Tool("t", body)])
     results = results_of(events)
@@ -72,8 +77,10 @@ def test_deep_values_elsewhere_in_a_turn_give_clear_errors():
     """The neighbours of deep arguments: a deep tool result is an error result (the turn goes
     on), deep request options and deep reply content fail the turn with a clear error; none is
     a RecursionError or a crash."""
+
     async def deep_result(args, ctx):
         return ToolResult([{"type": "text", "text": "x", "v": deep_value(DEPTH)}])
+
     events = run_calls([call("c1")], [Tool("t", deep_result)])
     [result] = results_of(events)
     assert result["error"]["code"] == "TOOL_ERROR"
@@ -92,6 +99,7 @@ def test_deep_values_elsewhere_in_a_turn_give_clear_errors():
         events = list(loop.log.events())
         await loop.aclose()
         return events
+
     reason = end_of(asyncio.run(main()))
     assert reason["error"]["code"] == "INVALID_REQUEST", reason
     assert reason["error"]["message"].startswith("request options are not lossless JSON"), reason
@@ -107,6 +115,7 @@ def call(id: str, name: str = "t", arguments: str = "{}") -> Dict[str, Any]:
 
 def run_calls_with(reply: Any, tools: List[Tool]) -> List[Any]:
     """One turn: the model gives ``reply``, then says "done"; returns the log's events."""
+
     async def main() -> List[Any]:
         loop = AgentLoop(ScriptedModel([reply, "done"]), tools=tools)
         loop.followup("hi")
@@ -114,4 +123,5 @@ def run_calls_with(reply: Any, tools: List[Tool]) -> List[Any]:
         events = list(loop.log.events())
         await loop.aclose()
         return events
+
     return asyncio.run(main())

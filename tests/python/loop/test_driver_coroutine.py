@@ -212,9 +212,10 @@ def test_the_step_runs_in_the_driver_without_python_frames_of_kermans_own() -> N
         await loop.when_idle()
         assert turn_ends(loop.log) == [COMPLETED, COMPLETED]
         assert [e.data["message"]["content"] for e in loop.log.events(types="assistant/message")] == [
-            [{"type": "text", "text": "hello"}], [{"type": "text", "text": "hi"}]]
-        assert sorted(stacks) == ["before_request 1", "before_request 2", "model 1", "model 2", "request_error",
-                                  "stream"]
+            [{"type": "text", "text": "hello"}],
+            [{"type": "text", "text": "hi"}],
+        ]
+        assert sorted(stacks) == ["before_request 1", "before_request 2", "model 1", "model 2", "request_error", "stream"]
         assert all(frames == [] for frames in stacks.values()), stacks
 
     asyncio.run(main())
@@ -265,9 +266,9 @@ def test_request_header_canonical_json_matches_json_dumps() -> None:
 
     values: List[Any] = [
         {},
-        {"model": "m", "temperature": 0.1, "max_tokens": 2 ** 40, "stream": True, "stop": None},
+        {"model": "m", "temperature": 0.1, "max_tokens": 2**40, "stream": True, "stop": None},
         {"b": 1, "a": 2, "B": 3, "é": 4, "😀": 5, "": 6},
-        {"s": "quote \" backslash \\ nl \n cr \r tab \t bs \b ff \f nul \x00 us \x1f del \x7f"},
+        {"s": 'quote " backslash \\ nl \n cr \r tab \t bs \b ff \f nul \x00 us \x1f del \x7f'},
         {"u": "é ß 中 😀 \u2028 ~ /"},
         {"f": [0.0, -0.0, 1e16, 1e-7, 123456789.125, 1.5e300, -2.5]},
         {"n": {"z": [{"y": [[], {}]}, -1, 0], "a": {"c": {"b": "x"}}}},

@@ -87,9 +87,12 @@ def test_changing_them_records_the_new_ones_before_the_next_request():
     loop = asyncio.run(main())
     assert model.seen == ["one", "two", None]
     assert recorded(loop.log) == [
-        ("agent/instructions", "one"), ("request/header", "one"),
-        ("agent/instructions", "two"), ("request/header", "two"),
-        ("agent/instructions", None), ("request/header", "<absent>"),
+        ("agent/instructions", "one"),
+        ("request/header", "one"),
+        ("agent/instructions", "two"),
+        ("request/header", "two"),
+        ("agent/instructions", None),
+        ("request/header", "<absent>"),
     ]
 
 
@@ -113,7 +116,9 @@ def test_a_before_request_listener_changes_one_request_and_the_header_says_so():
     assert model.seen == ["base (turn 1)", "base (turn 2)"]
     assert loop.instructions == "base"
     assert recorded(loop.log) == [
-        ("agent/instructions", "base"), ("request/header", "base (turn 1)"), ("request/header", "base (turn 2)"),
+        ("agent/instructions", "base"),
+        ("request/header", "base (turn 1)"),
+        ("request/header", "base (turn 2)"),
     ]
 
 

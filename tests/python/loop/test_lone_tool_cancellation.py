@@ -136,8 +136,9 @@ def test_lone_call_raising_cancelled_error_on_its_own_is_an_aborted_dispatch_and
     [result] = results(loop.log)
     assert result.data["error"] == ABORTED_DURING
     assert loop.log[-1].data["reason"] == {"kind": "completed"}
-    assert [e.data["message"]["content"] for e in loop.log.events() if e.type == "assistant/message"][-1] == \
-        [{"type": "text", "text": "after the tool"}]
+    assert [e.data["message"]["content"] for e in loop.log.events() if e.type == "assistant/message"][-1] == [
+        {"type": "text", "text": "after the tool"}
+    ]
 
 
 def cancel_driver_during_lone_call(body):
@@ -284,8 +285,7 @@ def test_context_variables_a_tool_sets_stay_in_that_call(calls):
             self.n += 1
             if self.n == 1:
                 var.set("set by the model")
-                return ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "work", "arguments": "{}"}
-                                   for i in range(calls)])
+                return ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "work", "arguments": "{}"} for i in range(calls)])
             return ModelReply("done")
 
     async def main():

@@ -65,16 +65,15 @@ def data_texts(folder: str) -> Dict[str, List[str]]:
 def test_lone_call_events_are_byte_identical_to_what_the_python_path_writes(tmp_path):
     call_id = 'c"1 \u00e9\\'
     name = "w\u00f6rk"
-    arguments = json.dumps({"s": 'a\x00\n"\u00e9\U0001F600', "n": [1, 2.5, None, True]})
-    text = 'line1\nline2\t\x01 \u00e9 \U0001F600 "q" \\ \u2028'
+    arguments = json.dumps({"s": 'a\x00\n"\u00e9\U0001f600', "n": [1, 2.5, None, True]})
+    text = 'line1\nline2\t\x01 \u00e9 \U0001f600 "q" \\ \u2028'
 
     async def work(args: Dict[str, Any], ctx: Any) -> str:
-        assert args == {"s": 'a\x00\n"\u00e9\U0001F600', "n": [1, 2.5, None, True]}
+        assert args == {"s": 'a\x00\n"\u00e9\U0001f600', "n": [1, 2.5, None, True]}
         return text
 
     real = tmp_path / "real"
-    loop = run([call(call_id, name, arguments), "done"], work, name=name,
-               log=kerman.FileStore(real, durability="none").create())
+    loop = run([call(call_id, name, arguments), "done"], work, name=name, log=kerman.FileStore(real, durability="none").create())
     [result] = results(loop.log)
     asyncio.run(flushed(loop.log))
 
@@ -169,10 +168,13 @@ def test_contexts_a_lone_tool_stages_enter_at_the_next_step():
     assert [e.type for e in loop.log.events()].count("assistant/message") == 2
 
 
-@pytest.mark.parametrize("arguments, text", [
-    ("not json", "invalid tool arguments: Expecting value: line 1 column 1 (char 0)"),
-    ('{"x": NaN}', "invalid tool arguments: NaN is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "arguments, text",
+    [
+        ("not json", "invalid tool arguments: Expecting value: line 1 column 1 (char 0)"),
+        ('{"x": NaN}', "invalid tool arguments: NaN is not valid JSON"),
+    ],
+)
 def test_invalid_arguments_give_the_python_wording(arguments, text):
     ran: List[str] = []
 
@@ -188,10 +190,13 @@ def test_invalid_arguments_give_the_python_wording(arguments, text):
     assert result.data["message"]["content"][0]["isError"] is True
 
 
-@pytest.mark.parametrize("value, text, name", [
-    (42, "tool 'work' returned int; expected str or ToolResult", "TypeError"),
-    (ToolResult("x", meta={1, 2}), None, "NotJsonError"),
-])
+@pytest.mark.parametrize(
+    "value, text, name",
+    [
+        (42, "tool 'work' returned int; expected str or ToolResult", "TypeError"),
+        (ToolResult("x", meta={1, 2}), None, "NotJsonError"),
+    ],
+)
 def test_unusable_results_are_error_results(value, text, name):
     async def work(args: Dict[str, Any], ctx: Any) -> Any:
         return value
@@ -258,19 +263,22 @@ def typed(value: Any) -> Any:
     return (type(value).__name__, repr(value))
 
 
-@pytest.mark.parametrize("arguments", [
-    '{"a": 1, "b": 2, "a": 3}',
-    '{"zero": -0, "negzero": -0.0, "exp": 1e2, "half": 1.5, "tiny": 5e-324, "round": 0.1}',
-    '{"big": 12345678901234567890123, "u64": 18446744073709551615, "i64": -9223372036854775808,'
-    ' "past": 18446744073709551616, "neg": -9223372036854775809}',
-    '{"inf": 1E400, "huge": 1e300}',
-    '{"pair": "\\ud83d\\ude00", "lone": "\\ud800", "esc": "\\n\\t\\"\\\\\\/", "raw": "\u00e9\U0001F600"}',
-    '{"nested": [true, false, null, [], {}, [[{"x": [1]}]]]}',
-    ' \t\n [1, "x"] \r\n',
-    '"just a string"',
-    "12",
-    "[" * 200 + "]" * 200,
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"a": 1, "b": 2, "a": 3}',
+        '{"zero": -0, "negzero": -0.0, "exp": 1e2, "half": 1.5, "tiny": 5e-324, "round": 0.1}',
+        '{"big": 12345678901234567890123, "u64": 18446744073709551615, "i64": -9223372036854775808,'
+        ' "past": 18446744073709551616, "neg": -9223372036854775809}',
+        '{"inf": 1E400, "huge": 1e300}',
+        '{"pair": "\\ud83d\\ude00", "lone": "\\ud800", "esc": "\\n\\t\\"\\\\\\/", "raw": "\u00e9\U0001f600"}',
+        '{"nested": [true, false, null, [], {}, [[{"x": [1]}]]]}',
+        ' \t\n [1, "x"] \r\n',
+        '"just a string"',
+        "12",
+        "[" * 200 + "]" * 200,
+    ],
+)
 def test_arguments_decode_exactly_as_python_json_does(arguments):
     seen: List[Any] = []
 

@@ -32,6 +32,7 @@ def end_of(events: List[Any]) -> Dict[str, Any]:
 
 # ---- item 5: duplicate tool-call ids ------------------------------------------------------
 
+
 def call(id: str, name: str = "t", arguments: str = "{}") -> Dict[str, Any]:
     return {"type": "tool-call", "id": id, "name": name, "arguments": arguments}
 
@@ -47,12 +48,12 @@ def test_a_reply_repeating_a_call_id_is_invalid(streamed, ids):
     async def body(args, ctx):
         ran.append(ctx.call_id)
         return "ran"
+
     reply: Any = [call(i) for i in ids] + [{"type": "finish", "reason": "stop"}] if streamed else ModelReply([call(i) for i in ids])
     events = run_calls_with(reply, [Tool("t", body)])
     reason = end_of(events)
     assert reason["kind"] == "error" and reason["error"]["code"] == "INVALID_REPLY", reason
-    assert reason["error"]["message"] == ('model reply has two tool calls with id "c1"; '
-                                          "tool-call ids must be unique within a reply")
+    assert reason["error"]["message"] == ('model reply has two tool calls with id "c1"; tool-call ids must be unique within a reply')
     # Nothing of the reply is a request: no assistant message, no call, no result.
     assert [e.type for e in events if e.type in ("assistant/message", "tool/call", "tool/result")] == []
     assert ran == []
@@ -66,6 +67,7 @@ def test_calls_with_distinct_ids_still_run():
 
 def run_calls_with(reply: Any, tools: List[Tool]) -> List[Any]:
     """One turn: the model gives ``reply``, then says "done"; returns the log's events."""
+
     async def main() -> List[Any]:
         loop = AgentLoop(ScriptedModel([reply, "done"]), tools=tools)
         loop.followup("hi")
@@ -73,6 +75,7 @@ def run_calls_with(reply: Any, tools: List[Tool]) -> List[Any]:
         events = list(loop.log.events())
         await loop.aclose()
         return events
+
     return asyncio.run(main())
 
 
@@ -84,11 +87,11 @@ def _crashed_with_repeated_ids(tmp_path: Any, cut_after: str) -> Any:
     log = store.create("s")
 
     async def main() -> None:
-        loop = AgentLoop(ScriptedModel([ModelReply([call("c1"), call("c2")]), "done"]), log=log,
-                         tools=[Tool("t", lambda args, ctx: "ran")])
+        loop = AgentLoop(ScriptedModel([ModelReply([call("c1"), call("c2")]), "done"]), log=log, tools=[Tool("t", lambda args, ctx: "ran")])
         loop.followup("hi")
         await loop.when_idle()
         await loop.aclose()
+
     asyncio.run(main())
     log.close()
     path = session_path(tmp_path, "s")

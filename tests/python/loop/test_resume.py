@@ -90,7 +90,10 @@ def test_RS_01_resume_of_a_persisted_session(tmp_path):
             [request] = model.requests
             assert request.turn == 2
             assert [(type(m).__name__, m.text) for m in request.messages] == [
-                ("UserMessage", "first prompt"), ("AssistantMessage", "first reply"), ("UserMessage", "second prompt")]
+                ("UserMessage", "first prompt"),
+                ("AssistantMessage", "first reply"),
+                ("UserMessage", "second prompt"),
+            ]
             assert [e.data["turn"] for e in log2.events() if e.type == "turn/start"] == [1, 2]
             assert [e.seq for e in log2.events()] == list(range(len(log2)))
             await loop.aclose()
@@ -144,8 +147,16 @@ def test_CR_01_crash_after_the_request_was_checkpointed(tmp_path):
     sid = asyncio.run(main())
     copy = FileStore(dst, durability="none").open(sid)
     try:
-        assert types_of(copy) == ["agent/inbox/spliced", "turn/start", "agent/inbox/spliced", "step/start",
-                                  "user/message", "request/header", "step/end", "turn/end"]
+        assert types_of(copy) == [
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+            "step/end",
+            "turn/end",
+        ]
         assert turn_ends(copy) == [{"kind": "interrupted"}]
     finally:
         copy.close()
@@ -229,19 +240,28 @@ def test_crash_closers_of_a_hand_written_session_then_resume(tmp_path):
     tools, one with a logged ``tool/call``. Opening closes it; the loop resumes at turn 2 and its
     first request sees both synthetic results."""
     root = tmp_path / "s"
-    am = {"id": "a-1", "role": "assistant", "source": {"kind": "model"},
-          "content": [{"type": "text", "text": "working"},
-                      {"type": "tool-call", "id": "c1", "name": "write", "arguments": "{}"},
-                      {"type": "tool-call", "id": "c2", "name": "read", "arguments": "{}"}]}
+    am = {
+        "id": "a-1",
+        "role": "assistant",
+        "source": {"kind": "model"},
+        "content": [
+            {"type": "text", "text": "working"},
+            {"type": "tool-call", "id": "c1", "name": "write", "arguments": "{}"},
+            {"type": "tool-call", "id": "c2", "name": "read", "arguments": "{}"},
+        ],
+    }
     user = {"id": "u-1", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}
-    write_raw_session(session_path(root, "crash"), header_record("crash"), [
-        event_record(0, "turn/start", {"turn": 1}),
-        event_record(1, "step/start", {"turn": 1, "step": 1}),
-        event_record(2, "user/message", user, surface_op="append"),
-        event_record(3, "assistant/message", {"turn": 1, "step": 1, "message": am}, surface_op="append",
-                     source_event_seqs=[]),
-        event_record(4, "tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "write", "arguments": "{}"}),
-    ])
+    write_raw_session(
+        session_path(root, "crash"),
+        header_record("crash"),
+        [
+            event_record(0, "turn/start", {"turn": 1}),
+            event_record(1, "step/start", {"turn": 1, "step": 1}),
+            event_record(2, "user/message", user, surface_op="append"),
+            event_record(3, "assistant/message", {"turn": 1, "step": 1, "message": am}, surface_op="append", source_event_seqs=[]),
+            event_record(4, "tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "write", "arguments": "{}"}),
+        ],
+    )
 
     async def main():
         log = FileStore(root, durability="none").open("crash")
@@ -487,8 +507,10 @@ def test_requeue_claimed_after_a_crash_between_claim_and_user_message(tmp_path):
             assert texts(loop.inbox.next_turn) == ["P", "Q"]
             new = [e.data for e in log.events(before)]
             assert [e.type for e in log.events(before)] == ["agent/inbox/spliced"] * 2
-            assert [(d["target"], d["start"], d.get("removedCount", 0), [m["id"] for m in d["inserted"]])
-                    for d in new] == [(NEXT_STEP, 0, 0, [requeued[0].id]), (NEXT_TURN, 0, 0, [requeued[1].id])]
+            assert [(d["target"], d["start"], d.get("removedCount", 0), [m["id"] for m in d["inserted"]]) for d in new] == [
+                (NEXT_STEP, 0, 0, [requeued[0].id]),
+                (NEXT_TURN, 0, 0, [requeued[1].id]),
+            ]
             assert live.inserted == requeued
             # it does not wake
             assert loop.status == "idle" and live.statuses == []

@@ -83,8 +83,7 @@ def test_system_exit_from_a_tool_is_its_error_result_and_the_turn_goes_on(calls,
     assert turn_ends(loop.log) == [{"kind": "completed"}]
     found = results(loop.log)
     assert [call for call, _ in found] == [call for call, _ in requested]
-    assert found[0][1] == {"name": "SystemExit", "code": "TOOL_ERROR", "function": "exits",
-                           "traceback": found[0][1]["traceback"]}
+    assert found[0][1] == {"name": "SystemExit", "code": "TOOL_ERROR", "function": "exits", "traceback": found[0][1]["traceback"]}
     assert "SystemExit: 2" in found[0][1]["traceback"]
     assert [error for _, error in found[1:]] == [None] * (calls - 1)
     # The next request answers every call; the model sees what happened.
@@ -115,6 +114,7 @@ except ImportError:  # pragma: no cover - pydantic is a test dependency
     pydantic = None
 
 if pydantic is not None:
+
     class Person(pydantic.BaseModel):
         name: str
 
@@ -129,14 +129,12 @@ def test_a_typed_tools_validator_raising_system_exit_is_an_error_result():
     async def greet(args: Person) -> str:
         return f"hello {args.name}"
 
-    model = scripted(tool_calls(("c1", "greet", '{"args": {"name": "x"}}'), ("c2", "greet", '{"args": {"name": "y"}}')),
-                     ModelReply("ok"))
+    model = scripted(tool_calls(("c1", "greet", '{"args": {"name": "x"}}'), ("c2", "greet", '{"args": {"name": "y"}}')), ModelReply("ok"))
     loop = AgentLoop(model)
     loop.tool(greet)
     run(loop)
     assert turn_ends(loop.log) == [{"kind": "completed"}]
-    assert [(call, error and error["name"]) for call, error in results(loop.log)] == [("c1", "SystemExit"),
-                                                                                        ("c2", "SystemExit")]
+    assert [(call, error and error["name"]) for call, error in results(loop.log)] == [("c1", "SystemExit"), ("c2", "SystemExit")]
     assert unanswered(model.seen[1]) == []
 
 
@@ -144,8 +142,7 @@ def test_a_typed_tools_validator_raising_system_exit_is_an_error_result():
 def test_keyboard_interrupt_answers_every_call_ends_the_turn_and_propagates(calls):
     # In a child process: a KeyboardInterrupt out of an asyncio task leaves CPython 3.11's
     # recursion counter off (any later compile() fails), which would break the rest of the run.
-    child = subprocess.run([sys.executable, str(HERE / "tool_exits_child.py"), str(calls)], capture_output=True,
-                           text=True, timeout=60)
+    child = subprocess.run([sys.executable, str(HERE / "tool_exits_child.py"), str(calls)], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
     out = json.loads(child.stdout.splitlines()[-1])
     assert out["propagated"] == "KeyboardInterrupt" and out["status"] == "idle"

@@ -46,6 +46,5 @@ def test_a_subclass_that_overrides_spec_is_called():
 
     tool = Described("grep", _noop, description="Lines matching.")
     [tools] = _requested_tools([tool])
-    assert tools == [{"name": "grep", "description": "Lines matching.", "parameters": {"type": "object", "properties": {}},
-                      "strict": True}]
+    assert tools == [{"name": "grep", "description": "Lines matching.", "parameters": {"type": "object", "properties": {}}, "strict": True}]
     assert Described.calls == 1

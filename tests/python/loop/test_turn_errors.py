@@ -60,10 +60,15 @@ def test_ERR_03_finish_error_keeps_every_failure_field():
     finish chunk's error are kept."""
 
     async def main():
-        failure = {"message": "overloaded", "code": "RATE_LIMITED", "status": 529, "retryAfterMs": 1500,
-                   "requestId": "req-7", "vendor": {"x": 1}}
-        model = ScriptedModel([[{"type": "text-delta", "text": "par"},
-                                {"type": "finish", "reason": "error", "error": failure}]])
+        failure = {
+            "message": "overloaded",
+            "code": "RATE_LIMITED",
+            "status": 529,
+            "retryAfterMs": 1500,
+            "requestId": "req-7",
+            "vendor": {"x": 1},
+        }
+        model = ScriptedModel([[{"type": "text-delta", "text": "par"}, {"type": "finish", "reason": "error", "error": failure}]])
         loop = AgentLoop(model)
         live = Live(loop)
         loop.followup("go")
@@ -316,11 +321,16 @@ class _RateLimited(ModelError):
     pass
 
 
-@pytest.mark.parametrize("exc,failure", [
-    (_Boom("boom"), {"message": "boom", "code": "UNKNOWN"}),
-    (_RateLimited("slow down", code="RATE_LIMITED", status=429, retry_after_ms=250),
-     {"message": "slow down", "code": "RATE_LIMITED", "status": 429, "retryAfterMs": 250}),
-])
+@pytest.mark.parametrize(
+    "exc,failure",
+    [
+        (_Boom("boom"), {"message": "boom", "code": "UNKNOWN"}),
+        (
+            _RateLimited("slow down", code="RATE_LIMITED", status=429, retry_after_ms=250),
+            {"message": "slow down", "code": "RATE_LIMITED", "status": 429, "retryAfterMs": 250},
+        ),
+    ],
+)
 def test_a_failing_model_keeps_its_exception_type_in_agent_error(exc, failure):
     async def main():
         async def model(request):
@@ -366,7 +376,9 @@ def test_agent_error_reports_the_turn_and_the_last_entered_step():
         await loop.when_idle()
         assert proposals == [(1, 1), (2, 1), (2, 2), (3, 1)]
         assert [(e.turn, e.step) for e in live.errors] == [(2, 1), (3, 0)]
-        assert [plain(e.error) for e in live.errors] == [{"message": "fail at 2.2", "code": "UNKNOWN"},
-                                                  {"message": "fail at 3.1", "code": "UNKNOWN"}]
+        assert [plain(e.error) for e in live.errors] == [
+            {"message": "fail at 2.2", "code": "UNKNOWN"},
+            {"message": "fail at 3.1", "code": "UNKNOWN"},
+        ]
 
     asyncio.run(main())

@@ -187,8 +187,7 @@ class Recorder:
         self.trace.append(entry)
 
     async def _pre_step(self, step: PreStep, next: Any) -> Any:
-        self.trace.append({"seam": "pre_step", "turn": step.turn, "step": step.step,
-                           "messages": self.redact(list(step.messages))})
+        self.trace.append({"seam": "pre_step", "turn": step.turn, "step": step.step, "messages": self.redact(list(step.messages))})
         return await next()
 
     async def _before_request(self, request: ModelRequest, next: Any) -> Any:
@@ -344,8 +343,9 @@ async def test_DEL_07_throwing_status_listener_is_contained(caplog):
     assert rec.statuses() == ["running", "idle"]
     assert loop.status == "idle"
     assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "completed"}}]
-    threw = [r for r in caplog.records if 'agent event "agent/status" listener' in r.getMessage()
-             and "raised RuntimeError" in r.getMessage()]
+    threw = [
+        r for r in caplog.records if 'agent event "agent/status" listener' in r.getMessage() and "raised RuntimeError" in r.getMessage()
+    ]
     assert len(threw) == 2
 
 
@@ -402,8 +402,7 @@ async def test_DEL_11_second_followup_one_tick_later_gets_its_own_turn():
     loop.followup(UserMessage("B", source={"kind": "plugin", "plugin": "test"}))
     await loop.when_idle()
     assert [e.data["turn"] for e in events(loop.log, "turn/start")] == [1, 2]
-    assert [e.data["source"] for e in events(loop.log, "user/message")] == [
-        {"kind": "user"}, {"kind": "plugin", "plugin": "test"}]
+    assert [e.data["source"] for e in events(loop.log, "user/message")] == [{"kind": "user"}, {"kind": "plugin", "plugin": "test"}]
     assert user_texts(loop.log) == ["A", "B"]
 
 
@@ -551,7 +550,9 @@ async def test_LOOP_03_raw_chunks_are_logged():
     3-character reply streamed as 3 deltas + usage + finish yields 5 ``assistant/chunk``
     events (the reference's 7 included the two block markers)."""
     chunks = [{"type": "text-delta", "text": c} for c in "abc"] + [
-        {"type": "usage", "inputTokens": 1, "outputTokens": 3}, {"type": "finish", "reason": "stop"}]
+        {"type": "usage", "inputTokens": 1, "outputTokens": 3},
+        {"type": "finish", "reason": "stop"},
+    ]
     loop = AgentLoop(ScriptedModel([chunks]))
     loop.followup("go")
     await loop.when_idle()
@@ -842,8 +843,7 @@ async def test_PRE_14_throwing_pre_step_fails_the_turn_and_keeps_the_rest_queued
     assert errors[0].exception is boom
     assert errors[0].turn == 1
     assert boundaries(loop.log) == [("turn/start", 1), ("turn/end", 1)]
-    assert turn_ends(loop.log) == [
-        {"turn": 1, "reason": {"kind": "error", "error": {"message": "prompt hook broke", "code": "UNKNOWN"}}}]
+    assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "error", "error": {"message": "prompt hook broke", "code": "UNKNOWN"}}}]
     assert rec.statuses() == ["running", "idle"]
     assert model.requests == []
     assert loop.inbox.next_turn == (second,)
@@ -1098,12 +1098,18 @@ async def test_CONT_10_additional_contexts_enter_after_all_results_in_call_order
     assert types_of(loop.log, "tool/result") == []
     release_slow.set()
     await loop.when_idle()
-    seq = [(e.type, e.data.get("callId") or (e.data["message"]["content"][0].get("toolCallId") if e.type == "tool/result" else None)
+    seq = [
+        (
+            e.type,
+            e.data.get("callId")
+            or (e.data["message"]["content"][0].get("toolCallId") if e.type == "tool/result" else None)
             or (e.data.get("target") if e.type == SPLICED else None)
-            or (UserMessage.from_dict(e.data).text if e.type == "user/message" else None))
-           for e in events(loop.log)]
+            or (UserMessage.from_dict(e.data).text if e.type == "user/message" else None),
+        )
+        for e in events(loop.log)
+    ]
     start = seq.index(("tool/call", "c1"))
-    assert seq[start:start + 11] == [
+    assert seq[start : start + 11] == [
         ("tool/call", "c1"),
         ("tool/call", "c2"),
         ("tool/result", "c1"),
@@ -1228,8 +1234,7 @@ async def test_PROP_04_one_signal_per_turn_shared_by_every_seam():
     await loop.when_idle()
     turn1 = [s for s in seen if s[1] == 1]
     turn2 = [s for s in seen if s[1] == 2]
-    assert [s[0] for s in turn1] == ["pre_step", "before_request", "model", "tool", "pre_step",
-                                     "before_request", "model", "turn_stopping"]
+    assert [s[0] for s in turn1] == ["pre_step", "before_request", "model", "tool", "pre_step", "before_request", "model", "turn_stopping"]
     assert [s[0] for s in turn2] == ["pre_step", "before_request", "model", "turn_stopping"]
     sig1, sig2 = turn1[0][2], turn2[0][2]
     assert isinstance(sig1, Signal) and isinstance(sig2, Signal)
@@ -1252,8 +1257,7 @@ A_ = msg("<id1>", "A")
 
 @asynctest
 async def test_sequence_5_12_A_idle_followup_text_answer():
-    chunks = [{"type": "text-delta", "text": "Hi"}, {"type": "usage", "outputTokens": 1},
-              {"type": "finish", "reason": "stop"}]
+    chunks = [{"type": "text-delta", "text": "Hi"}, {"type": "usage", "outputTokens": 1}, {"type": "finish", "reason": "stop"}]
     loop = AgentLoop(ScriptedModel([chunks]))
     rec = Recorder(loop, seams=True)
     loop.followup("A")
@@ -1275,9 +1279,13 @@ async def test_sequence_5_12_A_idle_followup_text_answer():
         {"type": "assistant/chunk", "seq": 6, "data": {"turn": 1, "step": 1, "chunk": chunks[0]}},
         {"type": "assistant/chunk", "seq": 7, "data": {"turn": 1, "step": 1, "chunk": chunks[1]}},
         {"type": "assistant/chunk", "seq": 8, "data": {"turn": 1, "step": 1, "chunk": chunks[2]}},
-        {"type": "assistant/message", "seq": 9,
-         "data": {"turn": 1, "step": 1, "message": amsg("<id2>", "Hi"), "usage": {"outputTokens": 1}},
-         "sourceEventSeqs": [6, 7, 8], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 9,
+            "data": {"turn": 1, "step": 1, "message": amsg("<id2>", "Hi"), "usage": {"outputTokens": 1}},
+            "sourceEventSeqs": [6, 7, 8],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 10, "data": {"turn": 1, "step": 1}},
         {"seam": "turn_stopping", "turn": 1},
         {"type": "turn/end", "seq": 11, "data": {"turn": 1, "reason": {"kind": "completed"}}},
@@ -1298,9 +1306,12 @@ async def test_sequence_5_12_B_tool_round_trip():
     rec.mark("followup returned")
     await loop.when_idle()
     tool_call = call("c1", "lookup", {"q": "x"})
-    result = {"id": "<id3>", "role": "user",
-              "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "found x"}]}],
-              "source": {"kind": "tool", "callId": "c1"}}
+    result = {
+        "id": "<id3>",
+        "role": "user",
+        "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "found x"}]}],
+        "source": {"kind": "tool", "callId": "c1"},
+    }
     assert rec.trace == [
         {"type": SPLICED, "seq": 0, "data": {"target": "next-turn", "start": 0, "inserted": [A_]}},
         {"live": "agent/inbox/inserted", "message": A_},
@@ -1314,18 +1325,26 @@ async def test_sequence_5_12_B_tool_round_trip():
         {"type": "user/message", "seq": 4, "data": A_, "surfaceOp": "append"},
         {"seam": "before_request", "turn": 1, "step": 1},
         {"type": "request/header", "seq": 5, "data": {"options": {}}},
-        {"type": "assistant/message", "seq": 6, "data": {"turn": 1, "step": 1, "message": amsg("<id2>", [tool_call])},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
-        {"type": "tool/call", "seq": 7,
-         "data": {"turn": 1, "step": 1, "callId": "c1", "name": "lookup", "arguments": '{"q": "x"}'}},
-        {"type": "tool/result", "seq": 8, "data": {"turn": 1, "step": 1, "message": result},
-         "sourceEventSeqs": [7], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 6,
+            "data": {"turn": 1, "step": 1, "message": amsg("<id2>", [tool_call])},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
+        {"type": "tool/call", "seq": 7, "data": {"turn": 1, "step": 1, "callId": "c1", "name": "lookup", "arguments": '{"q": "x"}'}},
+        {"type": "tool/result", "seq": 8, "data": {"turn": 1, "step": 1, "message": result}, "sourceEventSeqs": [7], "surfaceOp": "append"},
         {"type": "step/end", "seq": 9, "data": {"turn": 1, "step": 1}},
         {"seam": "pre_step", "turn": 1, "step": 2, "messages": []},
         {"type": "step/start", "seq": 10, "data": {"turn": 1, "step": 2}},
         {"seam": "before_request", "turn": 1, "step": 2},
-        {"type": "assistant/message", "seq": 11, "data": {"turn": 1, "step": 2, "message": amsg("<id4>", "done")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 11,
+            "data": {"turn": 1, "step": 2, "message": amsg("<id4>", "done")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 12, "data": {"turn": 1, "step": 2}},
         {"seam": "turn_stopping", "turn": 1},
         {"type": "turn/end", "seq": 13, "data": {"turn": 1, "reason": {"kind": "completed"}}},
@@ -1346,16 +1365,18 @@ async def test_sequence_5_12_C_steering_between_steps():
     loop.followup("A")
     await loop.when_idle()
     S_ = msg("<id3>", "S")
-    result = {"id": "<id4>", "role": "user",
-              "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "ok"}]}],
-              "source": {"kind": "tool", "callId": "c1"}}
+    result = {
+        "id": "<id4>",
+        "role": "user",
+        "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "ok"}]}],
+        "source": {"kind": "tool", "callId": "c1"},
+    }
     start = rec.index(lambda t: t.get("type") == "tool/call")
     assert rec.trace[start:] == [
         {"type": "tool/call", "seq": 7, "data": {"turn": 1, "step": 1, "callId": "c1", "name": "work", "arguments": "{}"}},
         {"type": SPLICED, "seq": 8, "data": {"target": "next-step", "start": 0, "inserted": [S_]}},
         {"live": "agent/inbox/inserted", "message": S_},
-        {"type": "tool/result", "seq": 9, "data": {"turn": 1, "step": 1, "message": result},
-         "sourceEventSeqs": [7], "surfaceOp": "append"},
+        {"type": "tool/result", "seq": 9, "data": {"turn": 1, "step": 1, "message": result}, "sourceEventSeqs": [7], "surfaceOp": "append"},
         {"type": "step/end", "seq": 10, "data": {"turn": 1, "step": 1}},
         {"type": SPLICED, "seq": 11, "data": {"target": "next-step", "start": 0, "removedCount": 1, "inserted": []}},
         {"live": "agent/inbox/claimed", "message": S_, "turn": 1},
@@ -1363,8 +1384,13 @@ async def test_sequence_5_12_C_steering_between_steps():
         {"type": "step/start", "seq": 12, "data": {"turn": 1, "step": 2}},
         {"type": "user/message", "seq": 13, "data": S_, "surfaceOp": "append"},
         {"seam": "before_request", "turn": 1, "step": 2},
-        {"type": "assistant/message", "seq": 14, "data": {"turn": 1, "step": 2, "message": amsg("<id5>", "done")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 14,
+            "data": {"turn": 1, "step": 2, "message": amsg("<id5>", "done")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 15, "data": {"turn": 1, "step": 2}},
         {"seam": "turn_stopping", "turn": 1},
         {"type": "turn/end", "seq": 16, "data": {"turn": 1, "reason": {"kind": "completed"}}},
@@ -1399,8 +1425,13 @@ async def test_sequence_5_12_D_burst_while_idle():
         {"type": "step/start", "seq": 5, "data": {"turn": 1, "step": 1}},
         {"type": "user/message", "seq": 6, "data": A_, "surfaceOp": "append"},
         {"type": "request/header", "seq": 7, "data": {"options": {}}},
-        {"type": "assistant/message", "seq": 8, "data": {"turn": 1, "step": 1, "message": amsg("<id4>", "A")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 8,
+            "data": {"turn": 1, "step": 1, "message": amsg("<id4>", "A")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 9, "data": {"turn": 1, "step": 1}},
         {"type": "turn/end", "seq": 10, "data": {"turn": 1, "reason": {"kind": "completed"}}},
         {"type": "turn/start", "seq": 11, "data": {"turn": 2}},
@@ -1408,8 +1439,13 @@ async def test_sequence_5_12_D_burst_while_idle():
         {"live": "agent/inbox/claimed", "message": B_, "turn": 2},
         {"type": "step/start", "seq": 13, "data": {"turn": 2, "step": 1}},
         {"type": "user/message", "seq": 14, "data": B_, "surfaceOp": "append"},
-        {"type": "assistant/message", "seq": 15, "data": {"turn": 2, "step": 1, "message": amsg("<id5>", "B")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 15,
+            "data": {"turn": 2, "step": 1, "message": amsg("<id5>", "B")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 16, "data": {"turn": 2, "step": 1}},
         {"type": "turn/end", "seq": 17, "data": {"turn": 2, "reason": {"kind": "completed"}}},
         {"type": "turn/start", "seq": 18, "data": {"turn": 3}},
@@ -1417,8 +1453,13 @@ async def test_sequence_5_12_D_burst_while_idle():
         {"live": "agent/inbox/claimed", "message": C_, "turn": 3},
         {"type": "step/start", "seq": 20, "data": {"turn": 3, "step": 1}},
         {"type": "user/message", "seq": 21, "data": C_, "surfaceOp": "append"},
-        {"type": "assistant/message", "seq": 22, "data": {"turn": 3, "step": 1, "message": amsg("<id6>", "C")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 22,
+            "data": {"turn": 3, "step": 1, "message": amsg("<id6>", "C")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 23, "data": {"turn": 3, "step": 1}},
         {"type": "turn/end", "seq": 24, "data": {"turn": 3, "reason": {"kind": "completed"}}},
         {"live": "agent/status", "status": "idle"},
@@ -1520,8 +1561,13 @@ async def test_sequence_5_12_G_batch_composition_at_a_turn_boundary():
         {"type": "user/message", "seq": 6, "data": X_, "surfaceOp": "append"},
         {"type": "user/message", "seq": 7, "data": P_, "surfaceOp": "append"},
         {"type": "request/header", "seq": 8, "data": {"options": {}}},
-        {"type": "assistant/message", "seq": 9, "data": {"turn": 1, "step": 1, "message": amsg("<id3>", "X\nP")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
+        {
+            "type": "assistant/message",
+            "seq": 9,
+            "data": {"turn": 1, "step": 1, "message": amsg("<id3>", "X\nP")},
+            "sourceEventSeqs": [],
+            "surfaceOp": "append",
+        },
         {"type": "step/end", "seq": 10, "data": {"turn": 1, "step": 1}},
         {"type": "turn/end", "seq": 11, "data": {"turn": 1, "reason": {"kind": "completed"}}},
         {"live": "agent/status", "status": "idle"},
@@ -1582,11 +1628,20 @@ async def test_decorators_return_the_function_and_prepend_inserts_first():
     loop.followup("go")
     await loop.when_idle()
     assert order == [
-        "status_b:running", "status_a:running",
-        "pre_b", "pre_a", "req_b", "req_a",          # step 1
-        "pre_b", "pre_a", "req_b", "req_a",          # step 2 (tool continuation)
-        "stop_b", "stop_a",
-        "status_b:idle", "status_a:idle",
+        "status_b:running",
+        "status_a:running",
+        "pre_b",
+        "pre_a",
+        "req_b",
+        "req_a",  # step 1
+        "pre_b",
+        "pre_a",
+        "req_b",
+        "req_a",  # step 2 (tool continuation)
+        "stop_b",
+        "stop_a",
+        "status_b:idle",
+        "status_a:idle",
     ]
 
 
@@ -1679,8 +1734,8 @@ async def test_waterfall_next_twice_pulls_the_next_remaining_listener_then_the_d
     @loop.pre_step
     async def l1(step, next):
         calls.append("l1")
-        first = await next()    # runs l2 (whose next() runs the default)
-        second = await next()   # the queue is empty: runs the default directly
+        first = await next()  # runs l2 (whose next() runs the default)
+        second = await next()  # the queue is empty: runs the default directly
         calls.append(f"l1 got {[m.text for m in first.messages]} then {[m.text for m in second.messages]}")
         return second
 
@@ -1726,7 +1781,7 @@ async def test_waterfall_listeners_share_one_payload_object():
     @loop.pre_step
     async def l1(step, next):
         payloads.append(step)
-        step.messages.append(extra)   # visible downstream and to the default
+        step.messages.append(extra)  # visible downstream and to the default
         return await next()
 
     @loop.pre_step
@@ -1828,8 +1883,7 @@ async def test_D6_non_decision_values_fail_with_their_repr():
         await loop.when_idle()
     reasons = [t["reason"] for t in turn_ends(loop.log)]
     assert reasons == [
-        {"kind": "error", "error": {"message": f"pre-step listener returned {v!r}; expected Enter or Reject",
-                                    "code": "INVALID_DECISION"}}
+        {"kind": "error", "error": {"message": f"pre-step listener returned {v!r}; expected Enter or Reject", "code": "INVALID_DECISION"}}
         for v in (42, "enter", {"kind": "maybe"})
     ]
     assert model.requests == []
@@ -1896,11 +1950,13 @@ async def test_plain_dict_enter_decision_is_accepted():
 @asynctest
 async def test_D3_max_tokens_is_sticky_only_as_the_end_reason():
     """D3 changes reference 10.8: a later step's tool calls still get their follow-up request."""
-    model = ScriptedModel([
-        ModelReply("cut off", finish="max-tokens"),
-        calls_reply(call("c1", "probe")),
-        "after the tool",
-    ])
+    model = ScriptedModel(
+        [
+            ModelReply("cut off", finish="max-tokens"),
+            calls_reply(call("c1", "probe")),
+            "after the tool",
+        ]
+    )
     loop = AgentLoop(model)
     steered: List[bool] = []
 
@@ -1969,8 +2025,9 @@ async def test_echo_model_replies_with_the_entered_texts():
 
 @asynctest
 async def test_scripted_model_reply_items_str_and_model_reply():
-    model = ScriptedModel(["plain text", ModelReply([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                                                    usage={"outputTokens": 7})])
+    model = ScriptedModel(
+        ["plain text", ModelReply([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], usage={"outputTokens": 7})]
+    )
     loop = AgentLoop(model)
     loop.followup("one")
     loop.followup("two")
@@ -2040,8 +2097,7 @@ async def test_scripted_model_exception_item_is_raised():
     assert len(types_of(loop.log, "step/start")) == 1  # the retry stays in the step (D1)
     loop.followup("two")
     await loop.when_idle()
-    assert turn_ends(loop.log)[1] == {
-        "turn": 2, "reason": {"kind": "error", "error": {"message": "model crashed", "code": "UNKNOWN"}}}
+    assert turn_ends(loop.log)[1] == {"turn": 2, "reason": {"kind": "error", "error": {"message": "model crashed", "code": "UNKNOWN"}}}
 
 
 @asynctest
@@ -2186,12 +2242,12 @@ async def test_tools_parallel_pool_is_bounded_and_results_are_logged_in_model_or
     loop.followup("go")
     await gates.started["a"].wait()
     await gates.started["b"].wait()
-    gates.release["b"].set()          # b finishes first: c may start, b's result must wait for a
+    gates.release["b"].set()  # b finishes first: c may start, b's result must wait for a
     await gates.started["c"].wait()
     gates.release["c"].set()
     await gates.started["d"].wait()
     gates.release["d"].set()
-    gates.release["a"].set()          # a finishes last
+    gates.release["a"].set()  # a finishes last
     await loop.when_idle()
     assert gates.finished == ["b", "c", "d", "a"]
     # with the bound of 2, c and d only started once a slot freed up
@@ -2208,8 +2264,9 @@ async def test_tools_parallel_pool_is_bounded_and_results_are_logged_in_model_or
 @asynctest
 async def test_tools_non_parallel_tool_runs_alone():
     gates = Gates("pxq")
-    model = ScriptedModel([calls_reply(call("c1", "par", {"k": "p"}), call("c2", "excl", {"k": "x"}),
-                                       call("c3", "par", {"k": "q"})), "final"])
+    model = ScriptedModel(
+        [calls_reply(call("c1", "par", {"k": "p"}), call("c2", "excl", {"k": "x"}), call("c3", "par", {"k": "q"})), "final"]
+    )
     loop = AgentLoop(model)
 
     @loop.tool
@@ -2286,7 +2343,8 @@ async def test_tools_raising_tool_gives_a_TOOL_ERROR_result_with_the_exception_t
     (tr,) = events(loop.log, "tool/result")
     assert plain(tr.data["error"]) == {"name": "ToolBroke", "code": "TOOL_ERROR"}
     assert tr.data["message"]["content"] == [
-        {"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "bad input: 42"}], "isError": True}]
+        {"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "bad input: 42"}], "isError": True}
+    ]
     assert len(model.requests) == 2
     assert turn_ends(loop.log) == [{"turn": 1, "reason": {"kind": "completed"}}]
 
@@ -2457,8 +2515,16 @@ async def test_normal_end_with_pending_next_step_input_starts_the_next_turn_with
 
     loop.followup("A")
     await loop.when_idle()
-    assert boundaries(loop.log) == [("turn/start", 1), ("step/start", 1, 1), ("step/end", 1, 1), ("turn/end", 1),
-                                    ("turn/start", 2), ("step/start", 2, 1), ("step/end", 2, 1), ("turn/end", 2)]
+    assert boundaries(loop.log) == [
+        ("turn/start", 1),
+        ("step/start", 1, 1),
+        ("step/end", 1, 1),
+        ("turn/end", 1),
+        ("turn/start", 2),
+        ("step/start", 2, 1),
+        ("step/end", 2, 1),
+        ("turn/end", 2),
+    ]
     assert user_texts(loop.log) == ["A", "late context"]
     assert rec.statuses() == ["running", "idle"]
     assert [t["reason"] for t in turn_ends(loop.log)] == [{"kind": "completed"}, {"kind": "completed"}]

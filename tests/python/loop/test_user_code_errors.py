@@ -141,10 +141,12 @@ def test_tools_run_in_parallel_report_each_failure(caplog):
     async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
         calls["n"] += 1
         if calls["n"] == 1:
-            return kerman.ModelReply([
-                {"type": "tool-call", "id": "a", "name": "boom", "arguments": "{}"},
-                {"type": "tool-call", "id": "b", "name": "boom", "arguments": "{}"},
-            ])
+            return kerman.ModelReply(
+                [
+                    {"type": "tool-call", "id": "a", "name": "boom", "arguments": "{}"},
+                    {"type": "tool-call", "id": "b", "name": "boom", "arguments": "{}"},
+                ]
+            )
         return kerman.ModelReply("done")
 
     loop = kerman.AgentLoop(model)
@@ -173,8 +175,10 @@ WRONG_RESULTS = {
 @pytest.mark.parametrize("case", list(WRONG_RESULTS))
 def test_a_tool_returning_what_is_not_a_result_is_reported_as_a_tool_bug(case, calls, caplog):
     value, text = WRONG_RESULTS[case]
-    replies = [kerman.ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "bad", "arguments": "{}"}
-                                  for i in range(calls)]), kerman.ModelReply("done")]
+    replies = [
+        kerman.ModelReply([{"type": "tool-call", "id": f"c{i}", "name": "bad", "arguments": "{}"} for i in range(calls)]),
+        kerman.ModelReply("done"),
+    ]
 
     async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
         return replies.pop(0)

@@ -46,8 +46,7 @@ def run(loop: AgentLoop, prompt: str) -> None:
 
 
 calls = ModelReply([{"type": "tool-call", "id": i, "name": n, "arguments": "{}"} for i, n in REQUESTED])
-loop = AgentLoop(model_of(calls), tools=[kerman.Tool("interrupted", interrupted), kerman.Tool("slow", slow)],
-                 max_parallel_tool_calls=2)
+loop = AgentLoop(model_of(calls), tools=[kerman.Tool("interrupted", interrupted), kerman.Tool("slow", slow)], max_parallel_tool_calls=2)
 propagated = None
 try:
     run(loop, "go")
@@ -58,13 +57,18 @@ resumed = AgentLoop(model_of(ModelReply("fine")), log=loop.log)
 run(resumed, "again")
 asked = [b["id"] for m in seen[-1] if m.role == "assistant" for b in m.content if b["type"] == "tool-call"]
 answered = {b["toolCallId"] for m in seen[-1] if m.role == "user" for b in m.content if b["type"] == "tool-result"}
-print(json.dumps({
-    "propagated": propagated,
-    "status": status,
-    "requested": [i for i, _ in REQUESTED],
-    "started": started,
-    "results": [(e.data["message"]["content"][0]["toolCallId"], e.data.get("error"))
-                for e in loop.log.events() if e.type == "tool/result"],
-    "ends": [e.data["reason"] for e in loop.log.events() if e.type == "turn/end"],
-    "unanswered": [c for c in asked if c not in answered],
-}))
+print(
+    json.dumps(
+        {
+            "propagated": propagated,
+            "status": status,
+            "requested": [i for i, _ in REQUESTED],
+            "started": started,
+            "results": [
+                (e.data["message"]["content"][0]["toolCallId"], e.data.get("error")) for e in loop.log.events() if e.type == "tool/result"
+            ],
+            "ends": [e.data["reason"] for e in loop.log.events() if e.type == "turn/end"],
+            "unanswered": [c for c in asked if c not in answered],
+        }
+    )
+)

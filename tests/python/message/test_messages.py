@@ -91,9 +91,7 @@ def test_tool_result_message_shape():
     assert m.call_id == "call-1"
     assert m.is_error is False
     assert m.source == {"kind": "tool", "callId": "call-1"}
-    assert m.content == [
-        {"type": "tool-result", "toolCallId": "call-1", "content": [{"type": "text", "text": "done"}]}
-    ]
+    assert m.content == [{"type": "tool-result", "toolCallId": "call-1", "content": [{"type": "text", "text": "done"}]}]
     assert type(m) is ToolResultMessage and isinstance(m, Message)
 
 
@@ -110,15 +108,22 @@ def test_tool_result_message_error_flag_and_block_content():
 def test_a_tool_results_text_is_the_text_of_what_the_tool_returned():
     # The text lives in the tool-result block's own content; `.text` reads it there.
     assert ToolResultMessage("c", "12:00").text == "12:00"
-    m = ToolResultMessage("c", [{"type": "text", "text": "a"}, {"type": "image", "ref": "i"},
-                                {"type": "text", "text": "b"}], is_error=True, id="t-1")
+    m = ToolResultMessage(
+        "c", [{"type": "text", "text": "a"}, {"type": "image", "ref": "i"}, {"type": "text", "text": "b"}], is_error=True, id="t-1"
+    )
     assert m.text == "a\nb"
     assert ToolResultMessage("c", []).text == ""
     assert Message.from_dict(m.to_dict()).text == "a\nb"
     assert repr(ToolResultMessage("c-1", "r", id="t-1")) == "ToolResultMessage(id='t-1', call_id='c-1', text='r')"
     # Reading the text changes nothing that is logged.
-    assert m.to_dict()["content"] == [{"type": "tool-result", "toolCallId": "c", "content": [
-        {"type": "text", "text": "a"}, {"type": "image", "ref": "i"}, {"type": "text", "text": "b"}], "isError": True}]
+    assert m.to_dict()["content"] == [
+        {
+            "type": "tool-result",
+            "toolCallId": "c",
+            "content": [{"type": "text", "text": "a"}, {"type": "image", "ref": "i"}, {"type": "text", "text": "b"}],
+            "isError": True,
+        }
+    ]
     # A user message carrying a tool-result-shaped block is not a tool result.
     assert UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "x"}]}]).text == ""
 
@@ -156,7 +161,8 @@ def test_a_tool_results_text_reaches_the_model_and_the_logged_record_is_unchange
     assert record.split(',"data":', 1)[1] == (
         '{"turn":1,"step":1,"message":{"id":"%s","role":"user","content":[{"type":"tool-result",'
         '"toolCallId":"c1","content":[{"type":"text","text":"12:00"}]}],"source":{"kind":"tool",'
-        '"callId":"c1"}}},"sourceEventSeqs":[%d],"surfaceOp":"append"}' % (message_id, json.loads(record)["seq"] - 1))
+        '"callId":"c1"}}},"sourceEventSeqs":[%d],"surfaceOp":"append"}' % (message_id, json.loads(record)["seq"] - 1)
+    )
 
 
 def test_user_message_cannot_claim_a_tool_source():
@@ -260,15 +266,17 @@ def test_from_dict_does_not_alias_its_argument():
 
 
 def test_text_joins_text_blocks_with_newline():
-    m = UserMessage([
-        {"type": "text", "text": "one"},
-        {"type": "reasoning", "text": "hidden"},
-        {"type": "image", "attachment": {"id": "img"}},
-        {"type": "text", "text": "two"},
-        {"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"},
-        {"type": "text", "text": ""},
-        {"type": "text", "text": "three"},
-    ])
+    m = UserMessage(
+        [
+            {"type": "text", "text": "one"},
+            {"type": "reasoning", "text": "hidden"},
+            {"type": "image", "attachment": {"id": "img"}},
+            {"type": "text", "text": "two"},
+            {"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"},
+            {"type": "text", "text": ""},
+            {"type": "text", "text": "three"},
+        ]
+    )
     assert m.text == "one\ntwo\n\nthree"
 
 
@@ -324,10 +332,8 @@ def test_equality_is_by_value():
 
 
 def test_equality_and_hash_ignore_dict_key_order():
-    a = UserMessage([{"type": "text", "text": "x", "meta": {"a": 1, "b": 2}}],
-                    source={"kind": "plugin", "plugin": "p", "z": 1}, id="i")
-    b = UserMessage([{"meta": {"b": 2, "a": 1}, "text": "x", "type": "text"}],
-                    source={"z": 1, "plugin": "p", "kind": "plugin"}, id="i")
+    a = UserMessage([{"type": "text", "text": "x", "meta": {"a": 1, "b": 2}}], source={"kind": "plugin", "plugin": "p", "z": 1}, id="i")
+    b = UserMessage([{"meta": {"b": 2, "a": 1}, "text": "x", "type": "text"}], source={"z": 1, "plugin": "p", "kind": "plugin"}, id="i")
     assert a == b
     assert hash(a) == hash(b)
     assert len({a, b}) == 1
@@ -368,14 +374,22 @@ def test_to_dict_shape():
     assert a.to_dict() == {"id": "a", "role": "assistant", "content": [{"type": "text", "text": "yo"}], "source": {"kind": "model"}}
 
 
-@pytest.mark.parametrize("make", [
-    lambda: UserMessage("hello", id="u-1"),
-    lambda: UserMessage([{"type": "text", "text": "x"}], source={"kind": "plugin", "plugin": "guard", "form": "notice", "summary": "s"}),
-    lambda: AssistantMessage([{"type": "reasoning", "text": "think"}, {"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}],
-                             source={"kind": "model", "provider": "p", "model": "m"}),
-    lambda: ToolResultMessage("c-9", "out", is_error=True),
-    lambda: ToolResultMessage("c-9", [{"type": "text", "text": "fine"}]),
-], ids=["user", "plugin-user", "assistant", "tool-error", "tool"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: UserMessage("hello", id="u-1"),
+        lambda: UserMessage(
+            [{"type": "text", "text": "x"}], source={"kind": "plugin", "plugin": "guard", "form": "notice", "summary": "s"}
+        ),
+        lambda: AssistantMessage(
+            [{"type": "reasoning", "text": "think"}, {"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}],
+            source={"kind": "model", "provider": "p", "model": "m"},
+        ),
+        lambda: ToolResultMessage("c-9", "out", is_error=True),
+        lambda: ToolResultMessage("c-9", [{"type": "text", "text": "fine"}]),
+    ],
+    ids=["user", "plugin-user", "assistant", "tool-error", "tool"],
+)
 def test_to_dict_from_dict_round_trip(make):
     m = make()
     back = Message.from_dict(m.to_dict())
@@ -401,13 +415,18 @@ def test_from_dict_keeps_id_instead_of_minting():
 
 def test_unknown_blocks_source_kinds_and_extra_fields_are_preserved_verbatim():
     content = [
-        {"type": "widget", "payload": {"deep": [1, 2.5, None, True, {"s": "é😀"}]}, "n": -(2 ** 63)},
+        {"type": "widget", "payload": {"deep": [1, 2.5, None, True, {"s": "é😀"}]}, "n": -(2**63)},
         {"type": "text", "text": "t", "cacheControl": {"ttl": 300}},
         {"type": "image", "attachment": {"id": "att-1", "mime": "image/png"}},
-        {"type": "tool-call", "id": "c", "name": "n", "arguments": "{\"a\": 1}", "providerMeta": {"x": 2 ** 64 - 1}},
+        {"type": "tool-call", "id": "c", "name": "n", "arguments": '{"a": 1}', "providerMeta": {"x": 2**64 - 1}},
     ]
-    source = {"kind": "agent-instructions", "form": "instructions", "baseline": None,
-              "changes": [{"op": "add", "text": "be brief"}], "plugin": ""}
+    source = {
+        "kind": "agent-instructions",
+        "form": "instructions",
+        "baseline": None,
+        "changes": [{"op": "add", "text": "be brief"}],
+        "plugin": "",
+    }
     m = UserMessage(content, source=source, id="v")
     assert m.content == content
     assert m.source == source
@@ -418,7 +437,7 @@ def test_unknown_blocks_source_kinds_and_extra_fields_are_preserved_verbatim():
     # types survive: bools stay bools, floats stay floats, ints stay ints
     p = back.content[0]["payload"]["deep"]
     assert type(p[1]) is float and p[3] is True and type(p[0]) is int
-    assert back.content[3]["providerMeta"]["x"] == 2 ** 64 - 1
+    assert back.content[3]["providerMeta"]["x"] == 2**64 - 1
 
 
 def test_key_order_is_preserved_verbatim():
@@ -437,14 +456,15 @@ ONE_BLOCK = [("user", UserMessage), ("assistant", AssistantMessage)]
 
 
 @pytest.mark.parametrize("role,cls", ONE_BLOCK)
-@pytest.mark.parametrize("text", ["", "hi", 'quote " backslash \\ \n\t\x01 \u2028 \U0001F600'])
+@pytest.mark.parametrize("text", ["", "hi", 'quote " backslash \\ \n\t\x01 \u2028 \U0001f600'])
 def test_one_text_block_messages_match_the_general_path(role, cls, text):
     log = kerman.MemoryStore().create()
     shorthand = cls(text, id="m-1")
     listed = cls([{"type": "text", "text": text}], id="m-1")
     # from_dict never takes the shortcut: the general path, for reference.
-    general = Message.from_dict({"id": "m-1", "role": role, "content": [{"type": "text", "text": text}],
-                                 "source": {"kind": "user" if role == "user" else "model"}})
+    general = Message.from_dict(
+        {"id": "m-1", "role": role, "content": [{"type": "text", "text": text}], "source": {"kind": "user" if role == "user" else "model"}}
+    )
     assert type(general) is cls
     for m in (shorthand, listed):
         assert m == general and hash(m) == hash(general)
@@ -552,12 +572,17 @@ CONSTRUCTOR_CASES = [
     ("block-type-missing", lambda: UserMessage([{"text": "x"}]), "content[0].type"),
     ("block-type-int", lambda: UserMessage([{"type": 3}]), "content[0].type"),
     ("tool-call-no-arguments", lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n"}]), "content[0].arguments"),
-    ("tool-call-dict-arguments",
-     lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}]), "content[0].arguments"),
+    (
+        "tool-call-dict-arguments",
+        lambda: AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}]),
+        "content[0].arguments",
+    ),
     ("tool-result-content-str", lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": "x"}]), "content[0].content"),
-    ("nested-tool-result-text",
-     lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": None}]}]),
-     "content[0].content[0].text"),
+    (
+        "nested-tool-result-text",
+        lambda: UserMessage([{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": None}]}]),
+        "content[0].content[0].text",
+    ),
     ("nan-text", lambda: UserMessage([{"type": "text", "text": NAN}]), "content[0].text"),
     ("nan-extra", lambda: UserMessage([{"type": "text", "text": "x", "score": NAN}]), "content[0].score"),
     ("inf-extra", lambda: UserMessage([{"type": "x", "v": INF}]), "content[0].v"),
@@ -631,13 +656,18 @@ def test_tool_result_dict_with_mismatched_call_id_is_rejected():
 # Pickle, copy, repr
 
 
-@pytest.mark.parametrize("m", [
-    UserMessage("hi", id="u"),
-    UserMessage([{"type": "custom", "x": [1, {"y": None}]}], source={"kind": "plugin", "plugin": "p"}),
-    AssistantMessage([{"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}],
-                     source={"kind": "model", "provider": "p", "model": "m"}),
-    ToolResultMessage("c", "r", is_error=True),
-], ids=["user", "plugin", "assistant", "tool"])
+@pytest.mark.parametrize(
+    "m",
+    [
+        UserMessage("hi", id="u"),
+        UserMessage([{"type": "custom", "x": [1, {"y": None}]}], source={"kind": "plugin", "plugin": "p"}),
+        AssistantMessage(
+            [{"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"}], source={"kind": "model", "provider": "p", "model": "m"}
+        ),
+        ToolResultMessage("c", "r", is_error=True),
+    ],
+    ids=["user", "plugin", "assistant", "tool"],
+)
 def test_pickle_round_trip(m):
     for proto in range(2, pickle.HIGHEST_PROTOCOL + 1):
         back = pickle.loads(pickle.dumps(m, protocol=proto))

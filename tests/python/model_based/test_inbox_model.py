@@ -86,7 +86,7 @@ class InboxMachine(RuleBasedStateMachine):
     def duplicates(self, target: str, start: int, removed: int, inserted: list[UserMessage]) -> set[str]:
         candidate = dict(self.model)
         lst = list(candidate[target])
-        lst[start:start + removed] = inserted
+        lst[start : start + removed] = inserted
         candidate[target] = lst
         seen: set[str] = set()
         dups: set[str] = set()
@@ -99,8 +99,8 @@ class InboxMachine(RuleBasedStateMachine):
     def expect_splice(self, target, start, removed, inserted, canceled=True):
         """Applies a normalised splice to the model; returns the removed messages."""
         lst = self.model[target]
-        out = lst[start:start + removed]
-        lst[start:start + removed] = inserted
+        out = lst[start : start + removed]
+        lst[start : start + removed] = inserted
         data = {"target": target, "start": start}
         if removed:
             data["removedCount"] = removed
@@ -172,9 +172,7 @@ class InboxMachine(RuleBasedStateMachine):
         target = which
         inserted = [self.message(s) for s in specs]
         s, d = normalise(len(self.model[target]), start, delete)
-        result, out = self.run_mutation(
-            target, s, d, inserted, lambda: self.inbox.splice(target, start, delete, inserted)
-        )
+        result, out = self.run_mutation(target, s, d, inserted, lambda: self.inbox.splice(target, start, delete, inserted))
         if out is not None:
             assert result == out
 

@@ -75,8 +75,22 @@ STEP = "next-step"
 
 # operations the test body may run; the in-turn subset leaves out the ones that await the loop
 TOP_OPS = [
-    "followup", "followup", "followup", "steer", "steer", "inject", "remove", "replace", "cancel", "cancel_keep",
-    "wake", "tick", "tick", "idle", "resume", "requeue",
+    "followup",
+    "followup",
+    "followup",
+    "steer",
+    "steer",
+    "inject",
+    "remove",
+    "replace",
+    "cancel",
+    "cancel_keep",
+    "wake",
+    "tick",
+    "tick",
+    "idle",
+    "resume",
+    "requeue",
 ]
 IN_TURN_OPS = ["followup", "steer", "inject", "remove", "replace", "cancel", "cancel_keep", "wake", "requeue"]
 DECISIONS = st.sampled_from(["pass", "pass", "pass", "reject", "enter", "enter", "enter_empty"])
@@ -273,10 +287,8 @@ class Run:
             elif ev.type == "agent/inbox/spliced":
                 d = ev.data
                 lst = lists[d["target"]]
-                removed = lst[d["start"]:d["start"] + d.get("removedCount", 0)]
-                lst[d["start"]:d["start"] + d.get("removedCount", 0)] = [
-                    kerman.Message.from_dict(m) for m in d["inserted"]
-                ]
+                removed = lst[d["start"] : d["start"] + d.get("removedCount", 0)]
+                lst[d["start"] : d["start"] + d.get("removedCount", 0)] = [kerman.Message.from_dict(m) for m in d["inserted"]]
                 if current == turn and d.get("outcome") != "canceled":
                     claims += [(ev.seq, d["target"], m) for m in removed]
             elif ev.type == "turn/end":
@@ -284,7 +296,7 @@ class Run:
         left = []
         for seq, target, m in claims:
             seen = False
-            for ev in events[seq + 1:]:
+            for ev in events[seq + 1 :]:
                 if ev.type == "user/message" and ev.data["id"] == m.id:
                     seen = True
                 if ev.type == "agent/inbox/spliced" and any(x["id"] == m.id for x in ev.data["inserted"]):
@@ -334,8 +346,8 @@ class Run:
                 d = ev.data
                 lst = lists[d["target"]]
                 s, r = d["start"], d.get("removedCount", 0)
-                removed = lst[s:s + r]
-                lst[s:s + r] = d["inserted"]
+                removed = lst[s : s + r]
+                lst[s : s + r] = d["inserted"]
                 if current == turn and d.get("outcome") != "canceled" and d["target"] == target:
                     out += [kerman.Message.from_dict(m) for m in removed]
         return out
@@ -397,9 +409,9 @@ class Run:
             elif ev.type == "agent/inbox/spliced":
                 lst = lists[d["target"]]
                 s, r = d["start"], d.get("removedCount", 0)
-                removed = lst[s:s + r]
+                removed = lst[s : s + r]
                 assert len(removed) == r
-                lst[s:s + r] = d["inserted"]
+                lst[s : s + r] = d["inserted"]
                 inserted.update(m["id"] for m in d["inserted"])
                 if d.get("outcome") == "canceled":
                     discarded.update(m["id"] for m in removed)

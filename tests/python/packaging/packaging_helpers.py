@@ -33,8 +33,7 @@ WHEEL_DIR = os.environ.get("KERMAN_WHEEL_DIR", "")
 WHEEL_NAME = re.compile(r"^kerman-[^-]+-cp3(?P<minor>\d+)-(?P<abi>[^-]+)-[^-]+\.whl$")
 
 # Variables that could point a build at a Rust toolchain (or at another Python's packages).
-_DROPPED = ("CARGO", "RUSTUP", "RUSTC", "RUSTFLAGS", "RUSTDOC", "PYO3_", "MATURIN", "VIRTUAL_ENV", "PYTHONPATH",
-            "PYTHONHOME", "PYTEST_")
+_DROPPED = ("CARGO", "RUSTUP", "RUSTC", "RUSTFLAGS", "RUSTDOC", "PYO3_", "MATURIN", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTEST_")
 _RUST_TOOLS = ("cargo", "rustc", "rustup")
 
 
@@ -58,8 +57,11 @@ def without_rust(venv: Optional[Path] = None) -> Dict[str, str]:
     """This process's environment with no Rust toolchain reachable: every PATH folder holding
     cargo, rustc or rustup dropped (~/.cargo/bin), no variable naming one; the venv's bin first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
-    folders = [d for d in os.environ.get("PATH", "").split(os.pathsep)
-               if d and not any(os.path.exists(os.path.join(d, tool)) for tool in _RUST_TOOLS)]
+    folders = [
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not any(os.path.exists(os.path.join(d, tool)) for tool in _RUST_TOOLS)
+    ]
     if venv is not None:
         folders.insert(0, str(venv / "bin"))
     env["PATH"] = os.pathsep.join(folders)

@@ -75,8 +75,9 @@ def test_project_urls() -> None:
 
 def test_changelog_has_this_version() -> None:
     text = (ROOT / "CHANGELOG.md").read_text()
-    assert re.search(rf"^## \[?{re.escape(kerman.__version__)}\]?( |$)", text, re.M), \
+    assert re.search(rf"^## \[?{re.escape(kerman.__version__)}\]?( |$)", text, re.M), (
         f"CHANGELOG.md has no '## {kerman.__version__}' section"
+    )
 
 
 def test_console_script_prints_the_version() -> None:

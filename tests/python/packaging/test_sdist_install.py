@@ -21,8 +21,18 @@ from packaging_helpers import (
 )
 
 needs_sdist = pytest.mark.skipif(not WHEEL_DIR, reason="KERMAN_WHEEL_DIR is unset (make test-wheels builds and tests the sdist)")
-NEEDED = ["pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "src/lib.rs", "src/python/mod.rs",
-          "python/kerman/__init__.py", "python/kerman/_core.pyi", "python/kerman/py.typed", "python/kerman/cli/__init__.py"]
+NEEDED = [
+    "pyproject.toml",
+    "Cargo.toml",
+    "Cargo.lock",
+    "README.md",
+    "src/lib.rs",
+    "src/python/mod.rs",
+    "python/kerman/__init__.py",
+    "python/kerman/_core.pyi",
+    "python/kerman/py.typed",
+    "python/kerman/cli/__init__.py",
+]
 
 
 def the_sdist() -> Path:
@@ -38,7 +48,7 @@ def test_sdist_holds_the_sources_and_no_build_output() -> None:
         names = tar.getnames()
     top = sdist.name[: -len(".tar.gz")]
     assert all(n == top or n.startswith(top + "/") for n in names), "entries outside one top folder"
-    inside = {n[len(top) + 1:] for n in names}
+    inside = {n[len(top) + 1 :] for n in names}
     missing = [n for n in NEEDED if n not in inside]
     assert not missing, f"{sdist.name} lacks {missing}"
     built = [n for n in inside if n.startswith(("target/", "dist/")) or n.endswith((".so", ".pyc")) or "__pycache__" in n]
@@ -55,8 +65,11 @@ def test_sdist_builds_installs_and_passes(tmp_path: Path) -> None:
     exe = make_venv(current_python(), venv, env)
     # The sdist's own build-system (maturin from the registry, in an isolated build env); the
     # cargo target directory of `make` is kept, so dependencies compiled before are reused.
-    run([str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-binary", "kerman", str(the_sdist())], env,
-        timeout=1800)
+    run(
+        [str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-binary", "kerman", str(the_sdist())],
+        env,
+        timeout=1800,
+    )
     clean = without_rust(venv)
     core = installed_core(exe, clean)
     assert venv in core.parents, f"kerman._core was imported from {core}, not from the venv"

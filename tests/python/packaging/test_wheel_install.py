@@ -98,7 +98,8 @@ def test_check_wheels_refuses_a_tag_older_than_auditwheel_allows(tmp_path: Path)
     parts = wheel.name.split("-")
     claimed = tmp_path / "-".join(parts[:4] + ["manylinux_2_5_x86_64.manylinux1_x86_64.whl"])
     shutil.copy(wheel, claimed)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check-wheels.py"), str(tmp_path), str(auditwheel)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check-wheels.py"), str(tmp_path), str(auditwheel)], capture_output=True, text=True
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"{claimed.name}: claims manylinux_2_5_x86_64.manylinux1_x86_64 but auditwheel needs manylinux_2_17_x86_64" in done.stderr

@@ -110,9 +110,14 @@ def scripted(api: Any, *replies: Any) -> Any:
     queue = list(replies)
 
     async def model(request: Any) -> Any:
-        model.requests.append({"turn": request.turn, "step": request.step,
-                               "messages": [m.to_dict() for m in request.messages],
-                               "entered": ids(request.entered)})
+        model.requests.append(
+            {
+                "turn": request.turn,
+                "step": request.step,
+                "messages": [m.to_dict() for m in request.messages],
+                "entered": ids(request.entered),
+            }
+        )
         reply = queue.pop(0)
         reply = reply(request) if callable(reply) else reply
         return reply if isinstance(reply, api.ModelReply) else api.ModelReply(reply)

@@ -36,11 +36,14 @@ def test_append_logs_one_insertion_per_call_and_grows_the_list(api):
     assert inbox.append(TURN, b) == b
     assert inbox.append(STEP, s) == s
     assert ids(inbox.next_turn) == ["a", "b"] and ids(inbox.next_step) == ["s"]
-    same(splices(log), [
-        {"target": TURN, "start": 0, "inserted": [msg("a", "text a")]},
-        {"target": TURN, "start": 1, "inserted": [msg("b", "text b")]},
-        {"target": STEP, "start": 0, "inserted": [msg("s", "text s", {"kind": "plugin", "plugin": "guard"})]},
-    ])
+    same(
+        splices(log),
+        [
+            {"target": TURN, "start": 0, "inserted": [msg("a", "text a")]},
+            {"target": TURN, "start": 1, "inserted": [msg("b", "text b")]},
+            {"target": STEP, "start": 0, "inserted": [msg("s", "text s", {"kind": "plugin", "plugin": "guard"})]},
+        ],
+    )
     assert len(inbox) == 3 and inbox.has_pending and "s" in inbox and "zz" not in inbox
     assert inbox.get("b") == b and inbox.get("zz") is None
 
@@ -97,31 +100,34 @@ def test_append_remove_pairs_reuse_one_id(api):
 
 def test_replace_in_either_list_and_with_the_same_id(api):
     calls = []
-    inbox, log = new(api, on_inserted=lambda m: calls.append(("inserted", m.id)),
-                      on_discarded=lambda m: calls.append(("discarded", m.id)))
+    inbox, log = new(api, on_inserted=lambda m: calls.append(("inserted", m.id)), on_discarded=lambda m: calls.append(("discarded", m.id)))
     inbox.append(TURN, U(api, "t0"))
     inbox.append(TURN, U(api, "t1"))
     inbox.append(STEP, U(api, "s"))
     assert inbox.replace("t1", U(api, "r")) is True
     assert inbox.replace("s", U(api, "s", "edited")) is True
     assert inbox.replace("missing", U(api, "q")) is False
-    same(splices(log, 3), [
-        {"target": TURN, "start": 1, "removedCount": 1, "inserted": [msg("r", "text r")], "outcome": "canceled"},
-        {"target": STEP, "start": 0, "removedCount": 1, "inserted": [msg("s", "edited")], "outcome": "canceled"},
-    ])
+    same(
+        splices(log, 3),
+        [
+            {"target": TURN, "start": 1, "removedCount": 1, "inserted": [msg("r", "text r")], "outcome": "canceled"},
+            {"target": STEP, "start": 0, "removedCount": 1, "inserted": [msg("s", "edited")], "outcome": "canceled"},
+        ],
+    )
     assert ids(inbox.next_turn) == ["t0", "r"] and [m.text for m in inbox.next_step] == ["edited"]
     assert calls[3:] == [("discarded", "t1"), ("inserted", "r"), ("discarded", "s"), ("inserted", "s")]
 
 
-@pytest.mark.parametrize("start, delete, expect_start, expect_removed", [
-    (-1, 1, 2, 1), (10, 5, 3, 0), (-10, 2, 0, 2), (1, -3, 1, 0), (1, 99, 1, 2)])
+@pytest.mark.parametrize(
+    "start, delete, expect_start, expect_removed", [(-1, 1, 2, 1), (10, 5, 3, 0), (-10, 2, 0, 2), (1, -3, 1, 0), (1, 99, 1, 2)]
+)
 def test_splice_coordinates_follow_python_slice_semantics(api, start, delete, expect_start, expect_removed):
     inbox, log = new(api)
     base = [U(api, k) for k in "abc"]
     for m in base:
         inbox.append(TURN, m)
     removed = inbox.splice(TURN, start, delete, [U(api, "x")])
-    assert removed == base[expect_start:expect_start + expect_removed]
+    assert removed == base[expect_start : expect_start + expect_removed]
     payload = {"target": TURN, "start": expect_start}
     if expect_removed:
         payload["removedCount"] = expect_removed
@@ -130,7 +136,7 @@ def test_splice_coordinates_follow_python_slice_semantics(api, start, delete, ex
         payload["outcome"] = "canceled"
     same(splices(log, 3), [payload])
     lst = list(base)
-    lst[expect_start:expect_start + expect_removed] = [U(api, "x")]
+    lst[expect_start : expect_start + expect_removed] = [U(api, "x")]
     assert list(inbox.next_turn) == lst
 
 
@@ -141,10 +147,13 @@ def test_clear_removes_next_step_then_next_turn(api):
     for k in ("s0", "s1"):
         inbox.append(STEP, U(api, k))
     assert ids(inbox.clear()) == ["s0", "s1", "t0", "t1", "t2"]
-    same(splices(log, 5), [
-        {"target": STEP, "start": 0, "removedCount": 2, "inserted": [], "outcome": "canceled"},
-        {"target": TURN, "start": 0, "removedCount": 3, "inserted": [], "outcome": "canceled"},
-    ])
+    same(
+        splices(log, 5),
+        [
+            {"target": STEP, "start": 0, "removedCount": 2, "inserted": [], "outcome": "canceled"},
+            {"target": TURN, "start": 0, "removedCount": 3, "inserted": [], "outcome": "canceled"},
+        ],
+    )
     assert inbox.next_turn == () and inbox.next_step == () and len(inbox) == 0
     assert inbox.clear() == [] and len(log) == 7
 
@@ -159,10 +168,13 @@ def test_claim_at_a_turn_boundary_takes_all_steps_then_the_head_prompt(api):
     batch = inbox.claim(TURN, 4)
     assert ids(batch) == ["s0", "s1", "t0"]
     assert [m.text for m in batch] == ["text s0", "text s1", "text t0"]
-    same(splices(log, 5), [
-        {"target": STEP, "start": 0, "removedCount": 2, "inserted": []},
-        {"target": TURN, "start": 0, "removedCount": 1, "inserted": []},
-    ])
+    same(
+        splices(log, 5),
+        [
+            {"target": STEP, "start": 0, "removedCount": 2, "inserted": []},
+            {"target": TURN, "start": 0, "removedCount": 1, "inserted": []},
+        ],
+    )
     assert inbox.next_step == () and ids(inbox.next_turn) == ["t1", "t2"]
     assert claimed == [("s0", 4), ("s1", 4), ("t0", 4)]
 
@@ -281,8 +293,7 @@ def test_log_observers_see_every_committed_event_in_order(api):
     inbox.append(STEP, U(api, "b"))
     inbox.claim(TURN, 1)
     # committed before the lists change: the observer sees the lists of before the splice
-    assert seen == [(0, SPLICED, [], [], 0), (1, SPLICED, ["a"], [], 1),
-                    (2, SPLICED, ["a"], ["b"], 2), (3, SPLICED, ["a"], [], 1)]
+    assert seen == [(0, SPLICED, [], [], 0), (1, SPLICED, ["a"], [], 1), (2, SPLICED, ["a"], ["b"], 2), (3, SPLICED, ["a"], [], 1)]
 
 
 def test_minted_redaction_names_repeats_alike():

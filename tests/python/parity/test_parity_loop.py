@@ -45,19 +45,26 @@ async def test_followup_runs_one_turn_with_exactly_these_events(api):
     await loop.when_idle()
     assert loop.status == "idle" and loop.turn == 1 and not loop.inbox.has_pending
     m = Minted()
-    same(records(loop.log, minted=m), [
-        {"type": SPLICED, "seq": 0, "data": {"target": TURN, "start": 0, "inserted": [msg("p1", "hello")]}},
-        {"type": "turn/start", "seq": 1, "data": {"turn": 1}},
-        {"type": SPLICED, "seq": 2, "data": CLAIM_TURN},
-        {"type": "step/start", "seq": 3, "data": {"turn": 1, "step": 1}},
-        {"type": "user/message", "seq": 4, "data": msg("p1", "hello"), "surfaceOp": "append"},
-        {"type": "request/header", "seq": 5, "data": {"options": {}}},
-        {"type": "assistant/message", "seq": 6,
-         "data": {"turn": 1, "step": 1, "message": amsg("<m1>", "hi there"), "usage": {"outputTokens": 2}},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
-        {"type": "step/end", "seq": 7, "data": {"turn": 1, "step": 1}},
-        {"type": "turn/end", "seq": 8, "data": {"turn": 1, "reason": {"kind": "completed"}}},
-    ])
+    same(
+        records(loop.log, minted=m),
+        [
+            {"type": SPLICED, "seq": 0, "data": {"target": TURN, "start": 0, "inserted": [msg("p1", "hello")]}},
+            {"type": "turn/start", "seq": 1, "data": {"turn": 1}},
+            {"type": SPLICED, "seq": 2, "data": CLAIM_TURN},
+            {"type": "step/start", "seq": 3, "data": {"turn": 1, "step": 1}},
+            {"type": "user/message", "seq": 4, "data": msg("p1", "hello"), "surfaceOp": "append"},
+            {"type": "request/header", "seq": 5, "data": {"options": {}}},
+            {
+                "type": "assistant/message",
+                "seq": 6,
+                "data": {"turn": 1, "step": 1, "message": amsg("<m1>", "hi there"), "usage": {"outputTokens": 2}},
+                "sourceEventSeqs": [],
+                "surfaceOp": "append",
+            },
+            {"type": "step/end", "seq": 7, "data": {"turn": 1, "step": 1}},
+            {"type": "turn/end", "seq": 8, "data": {"turn": 1, "reason": {"kind": "completed"}}},
+        ],
+    )
     same(m(model.requests), [{"turn": 1, "step": 1, "messages": [msg("p1", "hello")], "entered": ["p1"]}])
 
 
@@ -71,18 +78,37 @@ async def test_the_next_turn_sees_the_history_and_logs_no_second_header(api):
     await loop.when_idle()
     m = Minted()
     recs = records(loop.log, minted=m)
-    assert [r["type"] for r in recs[9:]] == [SPLICED, "turn/start", SPLICED, "step/start", "user/message",
-                                             "assistant/message", "step/end", "turn/end"]
+    assert [r["type"] for r in recs[9:]] == [
+        SPLICED,
+        "turn/start",
+        SPLICED,
+        "step/start",
+        "user/message",
+        "assistant/message",
+        "step/end",
+        "turn/end",
+    ]
     same(recs[-1]["data"], {"turn": 2, "reason": {"kind": "completed"}})
-    same(m(model.requests[1]), {"turn": 2, "step": 1,
-                                "messages": [msg("p1", "first"), amsg("<m1>", "one"), msg("p2", "second")],
-                                "entered": ["p2"]})
+    same(
+        m(model.requests[1]),
+        {"turn": 2, "step": 1, "messages": [msg("p1", "first"), amsg("<m1>", "one"), msg("p2", "second")], "entered": ["p2"]},
+    )
     assert loop.turn == 2
 
 
-BURST_TYPES = [SPLICED, "turn/start", SPLICED, SPLICED, SPLICED,
-               "step/start", "user/message", "request/header", "assistant/message", "step/end", "turn/end"] + [
-               "turn/start", SPLICED, "step/start", "user/message", "assistant/message", "step/end", "turn/end"] * 2
+BURST_TYPES = [
+    SPLICED,
+    "turn/start",
+    SPLICED,
+    SPLICED,
+    SPLICED,
+    "step/start",
+    "user/message",
+    "request/header",
+    "assistant/message",
+    "step/end",
+    "turn/end",
+] + ["turn/start", SPLICED, "step/start", "user/message", "assistant/message", "step/end", "turn/end"] * 2
 
 
 @pytest.mark.parametrize("listeners", [0, 1, 5])
@@ -97,6 +123,7 @@ async def test_a_burst_of_followups_runs_one_turn_each_through_pass_through_list
         async def listener(step: Any, next: Any) -> Any:
             seen.append((k, step.turn, step.step, ids(step.messages), step.loop is loop))
             return await next()
+
         return listener
 
     for k in range(listeners):
@@ -145,19 +172,32 @@ async def test_steering_from_the_model_continues_the_same_turn_with_a_second_ste
     loop.followup(api.UserMessage("A", id="a"))
     await loop.when_idle()
     m = Minted()
-    same(records(loop.log, 6, minted=m), [
-        {"type": SPLICED, "seq": 6, "data": {"target": STEP, "start": 0, "inserted": [msg("s1", "S")]}},
-        {"type": "assistant/message", "seq": 7, "data": {"turn": 1, "step": 1, "message": amsg("<m1>", "r1")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
-        {"type": "step/end", "seq": 8, "data": {"turn": 1, "step": 1}},
-        {"type": SPLICED, "seq": 9, "data": {"target": STEP, "start": 0, "removedCount": 1, "inserted": []}},
-        {"type": "step/start", "seq": 10, "data": {"turn": 1, "step": 2}},
-        {"type": "user/message", "seq": 11, "data": msg("s1", "S"), "surfaceOp": "append"},
-        {"type": "assistant/message", "seq": 12, "data": {"turn": 1, "step": 2, "message": amsg("<m2>", "r2")},
-         "sourceEventSeqs": [], "surfaceOp": "append"},
-        {"type": "step/end", "seq": 13, "data": {"turn": 1, "step": 2}},
-        {"type": "turn/end", "seq": 14, "data": {"turn": 1, "reason": {"kind": "completed"}}},
-    ])
+    same(
+        records(loop.log, 6, minted=m),
+        [
+            {"type": SPLICED, "seq": 6, "data": {"target": STEP, "start": 0, "inserted": [msg("s1", "S")]}},
+            {
+                "type": "assistant/message",
+                "seq": 7,
+                "data": {"turn": 1, "step": 1, "message": amsg("<m1>", "r1")},
+                "sourceEventSeqs": [],
+                "surfaceOp": "append",
+            },
+            {"type": "step/end", "seq": 8, "data": {"turn": 1, "step": 1}},
+            {"type": SPLICED, "seq": 9, "data": {"target": STEP, "start": 0, "removedCount": 1, "inserted": []}},
+            {"type": "step/start", "seq": 10, "data": {"turn": 1, "step": 2}},
+            {"type": "user/message", "seq": 11, "data": msg("s1", "S"), "surfaceOp": "append"},
+            {
+                "type": "assistant/message",
+                "seq": 12,
+                "data": {"turn": 1, "step": 2, "message": amsg("<m2>", "r2")},
+                "sourceEventSeqs": [],
+                "surfaceOp": "append",
+            },
+            {"type": "step/end", "seq": 13, "data": {"turn": 1, "step": 2}},
+            {"type": "turn/end", "seq": 14, "data": {"turn": 1, "reason": {"kind": "completed"}}},
+        ],
+    )
     same(m(model.requests[1]["messages"]), [msg("a", "A"), amsg("<m1>", "r1"), msg("s1", "S")])
 
 
@@ -172,9 +212,14 @@ async def test_steer_wakes_an_idle_loop_and_inject_does_not(api):
     await loop.when_idle()
     # one turn, one step entering both next-step messages
     assert [r["entered"] for r in model.requests] == [["x", "s"]]
-    same([e.data for e in loop.log.events(1, 4)], [
-        {"target": STEP, "start": 1, "inserted": [msg("s", "S")]}, {"turn": 1},
-        {"target": STEP, "start": 0, "removedCount": 2, "inserted": []}])
+    same(
+        [e.data for e in loop.log.events(1, 4)],
+        [
+            {"target": STEP, "start": 1, "inserted": [msg("s", "S")]},
+            {"turn": 1},
+            {"target": STEP, "start": 0, "removedCount": 2, "inserted": []},
+        ],
+    )
 
 
 @asynctest
@@ -185,14 +230,17 @@ async def test_injected_context_and_a_prompt_enter_together_at_the_turn_boundary
     loop.inject(api.UserMessage("X", id="x"))
     loop.followup(api.UserMessage("P", id="p"))
     await loop.when_idle()
-    same(records(loop.log)[2:8], [
-        {"type": "turn/start", "seq": 2, "data": {"turn": 1}},
-        {"type": SPLICED, "seq": 3, "data": {"target": STEP, "start": 0, "removedCount": 1, "inserted": []}},
-        {"type": SPLICED, "seq": 4, "data": CLAIM_TURN},
-        {"type": "step/start", "seq": 5, "data": {"turn": 1, "step": 1}},
-        {"type": "user/message", "seq": 6, "data": msg("x", "X"), "surfaceOp": "append"},
-        {"type": "user/message", "seq": 7, "data": msg("p", "P"), "surfaceOp": "append"},
-    ])
+    same(
+        records(loop.log)[2:8],
+        [
+            {"type": "turn/start", "seq": 2, "data": {"turn": 1}},
+            {"type": SPLICED, "seq": 3, "data": {"target": STEP, "start": 0, "removedCount": 1, "inserted": []}},
+            {"type": SPLICED, "seq": 4, "data": CLAIM_TURN},
+            {"type": "step/start", "seq": 5, "data": {"turn": 1, "step": 1}},
+            {"type": "user/message", "seq": 6, "data": msg("x", "X"), "surfaceOp": "append"},
+            {"type": "user/message", "seq": 7, "data": msg("p", "P"), "surfaceOp": "append"},
+        ],
+    )
     assert model.requests[0]["entered"] == ["x", "p"]
 
 
@@ -220,10 +268,13 @@ async def test_a_rejecting_listener_ends_the_turn_blocked_and_stops_the_driver(a
     loop.followup(api.UserMessage("B", id="b"))
     await loop.when_idle()
     blocked = {"kind": "blocked"} if reason is None else {"kind": "blocked", "reason": reason}
-    same(records(loop.log)[3:], [
-        {"type": SPLICED, "seq": 3, "data": {"target": TURN, "start": 0, "inserted": [msg("b", "B")]}},
-        {"type": "turn/end", "seq": 4, "data": {"turn": 1, "reason": blocked}},
-    ])
+    same(
+        records(loop.log)[3:],
+        [
+            {"type": SPLICED, "seq": 3, "data": {"target": TURN, "start": 0, "inserted": [msg("b", "B")]}},
+            {"type": "turn/end", "seq": 4, "data": {"turn": 1, "reason": blocked}},
+        ],
+    )
     assert model.requests == [] and later == []
     assert loop.status == "idle" and ids(loop.inbox.next_turn) == ["b"]
 
@@ -280,6 +331,7 @@ async def test_listeners_run_in_order_share_one_payload_and_may_short_circuit(ap
             if decide and step.turn == 2:
                 return api.Enter(step.messages)
             return await next()
+
         return fn
 
     loop.pre_step(listener("second", decide=True))
@@ -289,8 +341,13 @@ async def test_listeners_run_in_order_share_one_payload_and_may_short_circuit(ap
     await loop.when_idle()
     loop.followup(api.UserMessage("B", id="b"))
     await loop.when_idle()
-    assert trace == [("first", 1, ["a"]), ("second", 1, ["a", "added"]), ("third", 1, ["a", "added"]),
-                     ("first", 2, ["b"]), ("second", 2, ["b", "added"])]
+    assert trace == [
+        ("first", 1, ["a"]),
+        ("second", 1, ["a", "added"]),
+        ("third", 1, ["a", "added"]),
+        ("first", 2, ["b"]),
+        ("second", 2, ["b", "added"]),
+    ]
     assert [r["entered"] for r in model.requests] == [["a", "added"], ["b", "added"]]
 
 
@@ -360,10 +417,13 @@ async def test_a_loop_over_an_existing_log_resumes_its_turn_counter_inbox_and_hi
     await loop.when_idle()
     m = Minted()
     history = [msg("p1", "first"), amsg("<m1>", "one"), msg("c", "context"), msg("q", "queued")]
-    same(m(model.requests), [
-        {"turn": 2, "step": 1, "messages": history, "entered": ["c", "q"]},
-        {"turn": 3, "step": 1, "messages": [*history, amsg("<m2>", "two"), msg("p2", "second")], "entered": ["p2"]},
-    ])
+    same(
+        m(model.requests),
+        [
+            {"turn": 2, "step": 1, "messages": history, "entered": ["c", "q"]},
+            {"turn": 3, "step": 1, "messages": [*history, amsg("<m2>", "two"), msg("p2", "second")], "entered": ["p2"]},
+        ],
+    )
     # a new loop instance announces its request options once (SPEC 4.7)
     assert [e.data for e in log.events(types=["request/header"])] == [{"options": {}}, {"options": {}}]
     assert loop.turn == 3 and not loop.inbox.has_pending

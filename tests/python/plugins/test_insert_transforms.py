@@ -114,10 +114,12 @@ def test_a_refused_insertion_changes_nothing(store: Any, how: str) -> None:
         "other id": (ValueError, r'changed the id of message "m1" to "another-id"'),
         "assistant": (TypeError, r'returned a assistant message for "m1"'),
     }[how]
-    for insert in (lambda: inbox.append("next-turn", kerman.UserMessage("new", id="m1")),
-                   lambda: inbox.prepend("next-turn", kerman.UserMessage("new", id="m1")),
-                   lambda: inbox.splice("next-turn", 0, 1, [kerman.UserMessage("new", id="m1")]),
-                   lambda: inbox.replace(inbox.next_turn[0].id, kerman.UserMessage("new", id="m1"))):
+    for insert in (
+        lambda: inbox.append("next-turn", kerman.UserMessage("new", id="m1")),
+        lambda: inbox.prepend("next-turn", kerman.UserMessage("new", id="m1")),
+        lambda: inbox.splice("next-turn", 0, 1, [kerman.UserMessage("new", id="m1")]),
+        lambda: inbox.replace(inbox.next_turn[0].id, kerman.UserMessage("new", id="m1")),
+    ):
         with pytest.raises(expected[0], match=expected[1]):
             insert()
         assert state(inbox) == before
@@ -136,8 +138,12 @@ def test_the_refusal_error_names_the_transform_reason_message_and_target() -> No
         inbox.append("next-step", kerman.UserMessage("deploy now", id="d1"))
     err = caught.value
     assert isinstance(err, kerman.InboxError)
-    assert (err.transform, err.reason, err.message_id, err.target) == ("no_deploys", "deploys go through the release bot",
-                                                                        "d1", "next-step")
+    assert (err.transform, err.reason, err.message_id, err.target) == (
+        "no_deploys",
+        "deploys go through the release bot",
+        "d1",
+        "next-step",
+    )
     assert str(err) == 'insert transform no_deploys refused message "d1" (next-step): deploys go through the release bot'
 
 
@@ -167,6 +173,7 @@ def test_transforms_chain_in_registration_order_and_prepend_goes_first() -> None
         def transform(message: kerman.UserMessage, target: str) -> kerman.UserMessage:
             seen.append(f"{name}:{message.text}:{target}")
             return message.with_content(message.text + name)
+
         transform.__qualname__ = name
         return transform
 
@@ -239,8 +246,7 @@ def test_every_delivery_path_of_the_loop_passes_the_transforms() -> None:
             return kerman.ToolResult("ok", additional_contexts=[f"context with {SECRET}"])
 
         call = {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": "{}"}
-        loop = kerman.AgentLoop(ScriptedModel([kerman.ModelReply([call]), "done", "again"]),
-                                tools=[kerman.Tool("lookup", tool)])
+        loop = kerman.AgentLoop(ScriptedModel([kerman.ModelReply([call]), "done", "again"]), tools=[kerman.Tool("lookup", tool)])
         assert loop.on_insert(note) is note
         loop.inject(f"injected {SECRET}")
         loop.followup(f"prompt {SECRET}")
@@ -248,8 +254,12 @@ def test_every_delivery_path_of_the_loop_passes_the_transforms() -> None:
         loop.steer(f"steer {SECRET}")
         await loop.when_idle()
         assert SECRET not in raw_log_text(loop.log)
-        assert seen == [(f"injected {SECRET}", "next-step"), (f"prompt {SECRET}", "next-turn"),
-                        (f"context with {SECRET}", "next-step"), (f"steer {SECRET}", "next-step")]
+        assert seen == [
+            (f"injected {SECRET}", "next-step"),
+            (f"prompt {SECRET}", "next-turn"),
+            (f"context with {SECRET}", "next-step"),
+            (f"steer {SECRET}", "next-step"),
+        ]
         entered = [kerman.Message.from_dict(e.data).text for e in loop.log.events(types="user/message")]
         assert entered == ["injected [redacted]", "prompt [redacted]", "context with [redacted]", "steer [redacted]"]
         assert loop.remove_listener(note) and loop.inbox.transforms == ()

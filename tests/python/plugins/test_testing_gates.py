@@ -89,8 +89,10 @@ def test_fake_next_approving() -> None:
 def test_a_scripted_turn_waits_and_is_decided_in_order() -> None:
     async def main() -> List[Any]:
         ran: List[int] = []
-        loop = testing.scripted_loop([calls(("c1", "pay", '{"amount": 500}'), ("c2", "pay", '{"amount": 200}')),
-                                      "Done."], plugins=[lambda lp: lp.before_tool(ask_big)])
+        loop = testing.scripted_loop(
+            [calls(("c1", "pay", '{"amount": 500}'), ("c2", "pay", '{"amount": 200}')), "Done."],
+            plugins=[lambda lp: lp.before_tool(ask_big)],
+        )
 
         @loop.tool
         async def pay(amount: int) -> str:

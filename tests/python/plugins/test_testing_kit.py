@@ -83,8 +83,10 @@ def test_results_the_loop_would_refuse_raise_its_message() -> None:
     with pytest.raises(TypeError, match=r"pre-step listener returned 'enter please'; expected Enter or Reject"):
         testing.decide(bad, ["x"])
     for value in ({"kind": "enter", "messages": ["a"]}, {"kind": "reject", "reason": "r"}):
+
         async def returns(step: kerman.PreStep, next: kerman.Next[kerman.Decision], value: Any = value) -> Any:
             return value
+
         assert testing.decide(returns, ["x"]).kind == value["kind"]
     with pytest.raises(TypeError, match="not a str"):
         testing.make_pre_step("text")
@@ -179,7 +181,8 @@ def test_kerman_testing_imports_without_pytest() -> None:
 
 def test_the_pytest_plugin_in_a_real_pytest_run(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["kerman.testing.pytest_plugin"]\n')
-    (tmp_path / "test_plugin.py").write_text(textwrap.dedent('''
+    (tmp_path / "test_plugin.py").write_text(
+        textwrap.dedent("""
         import asyncio
         import kerman
         from kerman import testing
@@ -197,9 +200,15 @@ def test_the_pytest_plugin_in_a_real_pytest_run(tmp_path: Path) -> None:
 
         def test_each_test_gets_a_fresh_log(kerman_loop, kerman_log):
             assert len(kerman_log) == 0 and kerman_loop.turn == 0
-    '''))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
 
@@ -216,6 +225,9 @@ def test_turn_result_reads_the_ending_and_the_messages() -> None:
     assert [(type(m).__name__, m.text) for m in result.entered] == [("UserMessage", "hello")]
     assert [(type(m).__name__, m.text) for m in result.replies] == [("AssistantMessage", "hi there")]
     nothing = testing.TurnResult(result.loop, [e for e in result.events if e.type != "turn/end"], [])
-    with pytest.raises(AssertionError, match=r"^no turn ended in this run; events: \['agent/inbox/spliced', "
-                                             r"'turn/start', .*'assistant/message', 'step/end'\]$"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^no turn ended in this run; events: \['agent/inbox/spliced', "
+        r"'turn/start', .*'assistant/message', 'step/end'\]$",
+    ):
         assert nothing.ending is None  # raises before

@@ -92,10 +92,12 @@ async def mid_turn(mode: str, dsn: str, session_id: str, ttl: float) -> None:
     async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
         if mode == "model":
             await report_and_wait()
-        return kerman.ModelReply([
-            {"type": "text", "text": "calling wait"},
-            {"type": "tool-call", "id": "c1", "name": "wait", "arguments": "{}"},
-        ])
+        return kerman.ModelReply(
+            [
+                {"type": "text", "text": "calling wait"},
+                {"type": "tool-call", "id": "c1", "name": "wait", "arguments": "{}"},
+            ]
+        )
 
     loop = kerman.AgentLoop(model, log=log)
 

@@ -50,8 +50,9 @@ def private() -> Iterator[Dict[str, str]]:
         data = root / "pg" / "data"
         if (data / "postmaster.pid").exists():  # this test's cluster only, by its folder
             as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
-            subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                           capture_output=True, timeout=TIMEOUT)
+            subprocess.run(
+                [*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=TIMEOUT
+            )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -60,8 +61,9 @@ def script(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def up(env: Dict[str, str]) -> bool:
-    return subprocess.run([str(_bin() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", env["KERMAN_PG_PORT"]],
-                          timeout=TIMEOUT).returncode == 0
+    return (
+        subprocess.run([str(_bin() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", env["KERMAN_PG_PORT"]], timeout=TIMEOUT).returncode == 0
+    )
 
 
 def test_scoped_stops_the_server_it_started(private: Dict[str, str]) -> None:

@@ -234,8 +234,7 @@ def test_kerman_worker_runs_through_transaction_pooling_with_its_flags(dsns):
     web = bounced_store(dsns)
     log = web.create()
     log.close()
-    worker = WorkerProc(bounced, "echo", "--no-prepared-statements", "--listen-dsn", direct, "--pool-size", "2",
-                        "--idle-timeout", "30")
+    worker = WorkerProc(bounced, "echo", "--no-prepared-statements", "--listen-dsn", direct, "--pool-size", "2", "--idle-timeout", "30")
     try:
         sent = web.enqueue(log.id, "through the bouncer")
         worker.wait_line(lambda line: line.startswith(f"model {log.id} ") and sent.id in line, "the model call")

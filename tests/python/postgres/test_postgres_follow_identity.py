@@ -16,6 +16,7 @@ pytestmark = needs_postgres
 
 async def tail_from(log: Any, start: int) -> List[Any]:
     """What the follower's tail shows past ``start`` before it ends (bounded)."""
+
     async def collect() -> List[Any]:
         return [event async for event in log.tail(start=start)]
 

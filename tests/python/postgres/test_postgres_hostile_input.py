@@ -41,7 +41,7 @@ HOSTILE_IDS = [
     "id",
     "text",
     "é\u2028\u2029",
-    "}],\"x",
+    '}],"x',
     "'; DROP TABLE kerman_events; --",
 ]
 
@@ -114,8 +114,10 @@ def test_the_owner_drops_a_staged_row_whose_id_is_in_the_log_whatever_its_id(mid
         sid = log.id
     # Staged behind enqueue's back (as by a retry that raced a claim before this fix).
     message = json.dumps(UserMessage("twice", id=mid).to_dict(), separators=(",", ":"))
-    psql(f"INSERT INTO {schema_of(dsn)}.kerman_inbox_staged (session_id, message_id, message, target, wakeup) "
-         f"VALUES ({literal(sid)}, {literal(mid)}, {literal(message)}, 'next-turn', false)")
+    psql(
+        f"INSERT INTO {schema_of(dsn)}.kerman_inbox_staged (session_id, message_id, message, target, wakeup) "
+        f"VALUES ({literal(sid)}, {literal(mid)}, {literal(message)}, 'next-turn', false)"
+    )
     with store.open(sid) as log:
         inbox = Inbox(log)
         wait_until(lambda: staged_count(dsn) == 0, "the owner to drop the staged duplicate")
@@ -131,8 +133,7 @@ def named(dsn: str, name: str) -> str:
 
 
 def waiting_on_a_lock(app: str) -> bool:
-    return psql(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = {literal(app)} "
-                "AND wait_event_type = 'Lock'") != ["0"]
+    return psql(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = {literal(app)} AND wait_event_type = 'Lock'") != ["0"]
 
 
 class Psql:
@@ -141,8 +142,9 @@ class Psql:
     def __init__(self) -> None:
         from conftest import PG_DSN
 
-        self.proc = subprocess.Popen(["psql", PG_DSN, "-XAtq", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            ["psql", PG_DSN, "-XAtq", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
 
     def run(self, sql: str, marker: str) -> None:
         """Runs `sql`, then waits for psql to print `marker` (so `sql` has run)."""
@@ -173,16 +175,25 @@ def test_a_retry_sent_while_a_claim_is_uncommitted_is_refused_as_a_duplicate():
     first = web.enqueue(sid, UserMessage("first", id="m-race"))
     # The claim, held open: what an owner's append of the splice inserting the staged message
     # does (advance last_seq, delete the staged row, insert the splice) in a psql transaction.
-    splice = json.dumps({"type": "agent/inbox/spliced", "seq": seq, "time": 0,
-                         "data": {"target": "next-turn", "start": 0, "removedCount": 0,
-                                  "inserted": [first.to_dict()]}}, separators=(",", ":"))
+    splice = json.dumps(
+        {
+            "type": "agent/inbox/spliced",
+            "seq": seq,
+            "time": 0,
+            "data": {"target": "next-turn", "start": 0, "removedCount": 0, "inserted": [first.to_dict()]},
+        },
+        separators=(",", ":"),
+    )
     claim = Psql()
     outcome: List[Any] = []
     try:
-        claim.run(f"BEGIN; UPDATE {schema}.kerman_sessions SET last_seq = {seq} WHERE id = {literal(sid)}; "
-                  f"DELETE FROM {schema}.kerman_inbox_staged WHERE session_id = {literal(sid)}; "
-                  f"INSERT INTO {schema}.kerman_events (session_id, seq, time, type, record) "
-                  f"VALUES ({literal(sid)}, {seq}, 0, 'agent/inbox/spliced', {literal(splice)})", "claimed")
+        claim.run(
+            f"BEGIN; UPDATE {schema}.kerman_sessions SET last_seq = {seq} WHERE id = {literal(sid)}; "
+            f"DELETE FROM {schema}.kerman_inbox_staged WHERE session_id = {literal(sid)}; "
+            f"INSERT INTO {schema}.kerman_events (session_id, seq, time, type, record) "
+            f"VALUES ({literal(sid)}, {seq}, 0, 'agent/inbox/spliced', {literal(splice)})",
+            "claimed",
+        )
 
         def retry() -> None:
             try:
@@ -246,8 +257,7 @@ def test_an_event_type_with_nul_is_refused_at_append_and_the_batch_around_it_com
         flush(log)
         sid = log.id
     with store.open(sid) as log:
-        assert [(e.type, e.data) for e in log.events()] == [
-            ("ok/before", {"n": 1}), ("ok/after", {"text": "a\x00b", "nested": ["\x00"]})]
+        assert [(e.type, e.data) for e in log.events()] == [("ok/before", {"n": 1}), ("ok/after", {"text": "a\x00b", "nested": ["\x00"]})]
 
 
 def test_enqueue_after_a_message_with_nul_answers_duplicate_or_accepts_never_a_raw_error():
@@ -292,15 +302,18 @@ def test_ids_longer_than_the_store_keeps_are_refused_with_the_limit_named():
         store.enqueue(log.id, UserMessage("x", id="m" * 1024))
 
 
-@pytest.mark.parametrize("keyword,value,bounds", [
-    ("lease_ttl", 1e300, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
-    ("lease_ttl", 1e-9, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
-    ("lease_ttl", 0.05, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
-    ("request_timeout", 1e-9, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
-    ("request_timeout", 1e300, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
-    ("reconnect_timeout", 1e-9, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
-    ("reconnect_timeout", 4000.0, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
-])
+@pytest.mark.parametrize(
+    "keyword,value,bounds",
+    [
+        ("lease_ttl", 1e300, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+        ("lease_ttl", 1e-9, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+        ("lease_ttl", 0.05, "0 \\(no renewal\\) or from 0.1 to 86400 seconds"),
+        ("request_timeout", 1e-9, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
+        ("request_timeout", 1e300, "0 \\(no limit\\) or from 0.001 to 86400 seconds"),
+        ("reconnect_timeout", 1e-9, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
+        ("reconnect_timeout", 4000.0, "0 \\(one try\\) or from 0.001 to 3600 seconds"),
+    ],
+)
 def test_durations_outside_their_bounds_are_refused_naming_them(keyword, value, bounds):
     with pytest.raises(ValueError, match=f"{keyword} must be {bounds}, got {re.escape(repr(value))}$"):
         PostgresStore(fresh_schema_dsn(), **{keyword: value})
@@ -328,8 +341,10 @@ def test_a_refused_connection_names_the_host_port_and_os_error_but_not_the_passw
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        for dsn in (f"postgresql://kerman:hunter2secret@127.0.0.1:{port}/db",
-                    f"host=127.0.0.1 port={port} user=kerman password=hunter2secret dbname=db"):
+        for dsn in (
+            f"postgresql://kerman:hunter2secret@127.0.0.1:{port}/db",
+            f"host=127.0.0.1 port={port} user=kerman password=hunter2secret dbname=db",
+        ):
             with pytest.raises(LogError) as caught:
                 PostgresStore(dsn)
             text = str(caught.value)
@@ -337,13 +352,16 @@ def test_a_refused_connection_names_the_host_port_and_os_error_but_not_the_passw
             assert "hunter2" not in text
 
 
-@pytest.mark.parametrize("dsn,part", [
-    ("host=127.0.0.1 port=notaport password=hunter2secret", "port"),
-    ("host=127.0.0.1 sslmode=sometimes password=hunter2secret", "sslmode"),
-    ("host=127.0.0.1 frobnicate=1 password=hunter2secret", "frobnicate"),
-    ("postgresql://kerman:hunter2secret@127.0.0.1:notaport/db", "port"),
-    ("host=127.0.0.1 password='hunter2secret", "unterminated"),
-])
+@pytest.mark.parametrize(
+    "dsn,part",
+    [
+        ("host=127.0.0.1 port=notaport password=hunter2secret", "port"),
+        ("host=127.0.0.1 sslmode=sometimes password=hunter2secret", "sslmode"),
+        ("host=127.0.0.1 frobnicate=1 password=hunter2secret", "frobnicate"),
+        ("postgresql://kerman:hunter2secret@127.0.0.1:notaport/db", "port"),
+        ("host=127.0.0.1 password='hunter2secret", "unterminated"),
+    ],
+)
 def test_a_bad_dsn_names_the_part_that_is_wrong_but_not_the_password(dsn, part):
     with pytest.raises(LogError) as caught:
         PostgresStore(dsn)
@@ -408,8 +426,14 @@ def test_a_store_inherited_through_fork_raises_in_the_child_and_the_parent_carri
         try:
             os.close(read)
             outcomes = []
-            for call in (store.list, lambda: store.exists(log.id), lambda: store.create(),
-                         lambda: log.append("x", 2), lambda: flush(log), log.close):
+            for call in (
+                store.list,
+                lambda: store.exists(log.id),
+                lambda: store.create(),
+                lambda: log.append("x", 2),
+                lambda: flush(log),
+                log.close,
+            ):
                 try:
                     call()
                     outcomes.append("ok")

@@ -63,16 +63,18 @@ cases = st.builds(
     settle=st.integers(0, 2),
 )
 
-PROPERTY = settings(max_examples=25, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 class Producer:
     """The other process: one `pg_child.py producer` child for the whole module."""
 
     def __init__(self, dsn: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, CHILD, "producer", dsn, "-"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, CHILD, "producer", dsn, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def enqueue(self, id: str, wakeup: bool, targets: List[str]) -> List[str]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -109,9 +111,9 @@ class Env:
         """Every message of `case`: the first `case.settle` ones, until they entered `log` (the
         owner listens by then), then the rest at once (the first of them may be staged before
         the owner listens: its first read takes them, notifications bring the others)."""
-        first = await asyncio.to_thread(self.produce, owner, id, case, case.targets[:case.settle])
+        first = await asyncio.to_thread(self.produce, owner, id, case, case.targets[: case.settle])
         await until(lambda: set(first) <= set(inserted_ids(log)), "the first messages to enter")
-        return first + await asyncio.to_thread(self.produce, owner, id, case, case.targets[case.settle:])
+        return first + await asyncio.to_thread(self.produce, owner, id, case, case.targets[case.settle :])
 
 
 @pytest.fixture
@@ -167,8 +169,9 @@ def test_a_worker_enters_one_producers_input_in_enqueue_order(env: Env, case: Ca
         owner = PostgresStore(env.dsn, pool_size=case.pool)
         id = f"worker-{uuid.uuid4()}"
         env.local.create(id).close()  # nobody owns it: the first message makes it takeable
-        worker = kerman.Worker(owner, lambda log: AgentLoop(EchoModel(), log=log), idle_timeout=60.0,
-                               sweep_interval=60.0, name=f"w-{case.pool}")
+        worker = kerman.Worker(
+            owner, lambda log: AgentLoop(EchoModel(), log=log), idle_timeout=60.0, sweep_interval=60.0, name=f"w-{case.pool}"
+        )
         serving = asyncio.ensure_future(worker.run())
         follower = env.local.follow(id)
         sent = await env.send(owner, id, case, follower)
@@ -179,4 +182,3 @@ def test_a_worker_enters_one_producers_input_in_enqueue_order(env: Env, case: Ca
         entered_in_order(env.local.follow(id), sent)
 
     asyncio.run(asyncio.wait_for(scenario(), DEADLINE + 10))
-

@@ -42,8 +42,9 @@ class RowLocks:
 
     def __init__(self, ids: list[str]) -> None:
         self.app = f"holder-{uuid.uuid4().hex[:8]}"
-        self.proc = subprocess.Popen(["psql", with_app(self.app), "-XAtq"], stdin=subprocess.PIPE, text=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["psql", with_app(self.app), "-XAtq"], stdin=subprocess.PIPE, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         quoted = ", ".join(f"'{i}'" for i in ids)
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"BEGIN; SELECT 1 FROM kerman_sessions WHERE id IN ({quoted}) FOR UPDATE; SELECT pg_sleep(600);\n")

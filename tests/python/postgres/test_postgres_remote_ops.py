@@ -50,6 +50,7 @@ async def until(predicate, what: str) -> None:
     async def poll():
         while not predicate():
             await asyncio.sleep(0.01)
+
     try:
         await asyncio.wait_for(poll(), DEADLINE)
     except asyncio.TimeoutError:
@@ -270,7 +271,8 @@ def test_requeue_of_a_session_nobody_owns_makes_a_worker_take_it_and_run_the_pro
                 follower = web.follow("s")
                 try:
                     return user_texts(follower) == ["run me later"] and any(
-                        e.type == "turn/end" and e.data["reason"]["kind"] == "completed" for e in follower.events())
+                        e.type == "turn/end" and e.data["reason"]["kind"] == "completed" for e in follower.events()
+                    )
                 finally:
                     follower.close()
 

@@ -206,15 +206,17 @@ def test_a_request_blocked_past_its_retries_fails_with_an_unknown_outcome():
     run(flushed(log))
     # Another session locks the session's row (every append updates it; reads and reconnects
     # do not wait for it) until told to let go.
-    holder = subprocess.Popen(["psql", dsn.replace(f"&application_name={app}", "&application_name=holder"),
-                               "-Xq", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                              text=True)
+    holder = subprocess.Popen(
+        ["psql", dsn.replace(f"&application_name={app}", "&application_name=holder"), "-Xq", "-v", "ON_ERROR_STOP=1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     assert holder.stdin is not None
     holder.stdin.write(f"BEGIN; SELECT id FROM kerman_sessions WHERE id = '{log.id}' FOR UPDATE;\n")
     holder.stdin.flush()
     try:
-        while not psql("SELECT 1 FROM pg_stat_activity WHERE application_name = 'holder' "
-                       "AND state = 'idle in transaction'"):
+        while not psql("SELECT 1 FROM pg_stat_activity WHERE application_name = 'holder' AND state = 'idle in transaction'"):
             pass
         log.append("x/e", 2)
         # Sent, no reply, given up; settled (not landed), sent again, no reply: unknown.

@@ -41,8 +41,9 @@ async def flushed(log):
 
 
 def spawn(mode: str, session_id: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(CHILD), mode, DSN, session_id, str(TTL)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), mode, DSN, session_id, str(TTL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def reap(proc: subprocess.Popen) -> None:
@@ -155,6 +156,7 @@ def test_a_killed_owner_mid_turn_is_taken_over_with_crash_closers(awaiting):
     else:
         assert types == ["step/end", "turn/end"], types
     assert closers[-1]["data"]["reason"] == {"kind": "interrupted"}
+
     # The new owner carries on from there.
     async def another_turn():
         loop = AgentLoop(EchoModel(), log=log)

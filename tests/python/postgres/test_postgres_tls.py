@@ -77,9 +77,11 @@ FORMS: Dict[str, Callable[..., str]] = {"url": url_dsn, "key-value": kv_dsn}
 
 def tls_of(application_name: str) -> List[str]:
     """`ssl|version` of each backend with this application name."""
-    return psql("SELECT CASE WHEN s.ssl THEN 't' ELSE 'f' END || '|' || coalesce(s.version, '') "
-                "FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-                f"WHERE a.application_name = '{application_name}'")
+    return psql(
+        "SELECT CASE WHEN s.ssl THEN 't' ELSE 'f' END || '|' || coalesce(s.version, '') "
+        "FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+        f"WHERE a.application_name = '{application_name}'"
+    )
 
 
 def open_store(form: Callable[..., str], user: str = "postgres", **params: str) -> Tuple[PostgresStore, str]:
@@ -132,8 +134,10 @@ def test_verify_full_works_and_every_connection_of_the_store_is_encrypted(tls_di
     flush(log)
     wait_until(lambda: len(follower) == 2, "the follower to see the second event (LISTEN over TLS)")
     assert [e.data for e in follower] == [1, 2]
-    listen = psql("SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-                  f"WHERE a.usename = 'kerman_tls_only' AND a.application_name = 'kerman-listen-{os.getpid()}'")
+    listen = psql(
+        "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+        f"WHERE a.usename = 'kerman_tls_only' AND a.application_name = 'kerman-listen-{os.getpid()}'"
+    )
     assert listen == ["t"]
     follower.close()
     log.close()
@@ -258,13 +262,17 @@ def test_missing_or_unusable_certificate_files_are_named(tls_dir, tmp_path):
         assert "sslcert and sslkey do not make a usable pair" in text, text
 
 
-@pytest.mark.parametrize("params,expected", [
-    ({"sslmode": "verify-full"}, "sslmode=verify-full needs sslrootcert"),
-    ({"sslmode": "verify-ca"}, "sslmode=verify-ca needs sslrootcert"),
-    ({"sslmode": "sometimes"}, "invalid value for option `sslmode`"),
-    ({"sslcert": "/c.crt"}, "sslcert needs sslkey"),
-    ({"sslpassword": SECRET}, "sslpassword (an encrypted sslkey) is not supported"),
-], ids=["verify-full-no-roots", "verify-ca-no-roots", "bad-mode", "cert-no-key", "sslpassword"])
+@pytest.mark.parametrize(
+    "params,expected",
+    [
+        ({"sslmode": "verify-full"}, "sslmode=verify-full needs sslrootcert"),
+        ({"sslmode": "verify-ca"}, "sslmode=verify-ca needs sslrootcert"),
+        ({"sslmode": "sometimes"}, "invalid value for option `sslmode`"),
+        ({"sslcert": "/c.crt"}, "sslcert needs sslkey"),
+        ({"sslpassword": SECRET}, "sslpassword (an encrypted sslkey) is not supported"),
+    ],
+    ids=["verify-full-no-roots", "verify-ca-no-roots", "bad-mode", "cert-no-key", "sslpassword"],
+)
 def test_inconsistent_tls_settings_are_refused_before_connecting(params, expected):
     for form in FORMS.values():
         text = refused(form(**params))

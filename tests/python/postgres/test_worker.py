@@ -35,15 +35,21 @@ class WorkerProc:
     def __init__(self, dsn: str, app: str = "echo", *args: str, env: Optional[Dict[str, str]] = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kerman", "worker", dsn, "--app", f"worker_app:{app}", *args],
-            cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=HERE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, **(env or {})},
         )
         self.pid = self.proc.pid
         self.lines: List[str] = []
         self.err_lines: List[str] = []
         self.cond = threading.Condition()
-        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
-                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err_lines), daemon=True)]
+        self.readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err_lines), daemon=True),
+        ]
         for reader in self.readers:
             reader.start()
         # `kerman worker` says it is serving once its SIGTERM handler is installed.
@@ -314,8 +320,9 @@ def test_a_worker_carries_on_when_the_server_ends_all_its_connections(workers):
     for sid in held:
         wait_until(lambda sid=sid: turn_ends(store, sid) == ["completed"], f"the first turn of {sid}")
     [owner] = psql(f"SELECT DISTINCT owner FROM {schema}.kerman_sessions WHERE owner IS NOT NULL")
-    ended = psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                 f"WHERE application_name IN ('kerman {owner}', 'kerman-listen-{w.pid}')")
+    ended = psql(
+        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name IN ('kerman {owner}', 'kerman-listen-{w.pid}')"
+    )
     assert len(ended) >= 2, ended  # at least the store's connection and the LISTEN one
     for sid in held:
         sent[sid].append(store.enqueue(sid, "after").id)
@@ -390,8 +397,7 @@ def test_a_session_whose_turns_keep_failing_is_parked_and_new_input_or_unpark_re
     # New input releases it for one more try: taken again, fails, parked again.
     sent[sid].append(store.enqueue(sid, "fails a third time").id)
     w.wait_line(lambda line: line.startswith(f"model {sid}") and sent[sid][-1] in line, "the try after the park")
-    wait_until(lambda: turn_ends(store, sid) == ["error"] * 3 and row(store, sid)["status"] == "parked",
-               "the second park")
+    wait_until(lambda: turn_ends(store, sid) == ["error"] * 3 and row(store, sid)["status"] == "parked", "the second park")
     # unpark: active again, and not taken while it has nothing to run.
     assert main(["sessions", dsn, "unpark", sid]) == 0
     assert capsys.readouterr().out.strip() == f"unparked {sid}"
@@ -434,13 +440,15 @@ def test_worker_arguments_are_checked_and_named_in_errors():
     def factory(log):
         return kerman.AgentLoop(kerman.models.EchoModel(), log=log)
 
-    for kwargs, message in (({"max_sessions": 0}, "max_sessions must be an int >= 1, got 0"),
-                            ({"max_failures": True}, "max_failures must be an int >= 1, got True"),
-                            ({"idle_timeout": -1}, "idle_timeout must be a finite number of seconds >= 0, got -1"),
-                            ({"grace": float("nan")}, "grace must be a finite number of seconds >= 0, got nan"),
-                            ({"sweep_interval": 0}, "sweep_interval must be a finite number of seconds > 0, got 0"),
-                            ({"lease_ttl": 30.0}, "lease_ttl=30.0 differs from the store's lease_ttl=5.0"),
-                            ({"name": ""}, "name must be a non-empty str, got ''")):
+    for kwargs, message in (
+        ({"max_sessions": 0}, "max_sessions must be an int >= 1, got 0"),
+        ({"max_failures": True}, "max_failures must be an int >= 1, got True"),
+        ({"idle_timeout": -1}, "idle_timeout must be a finite number of seconds >= 0, got -1"),
+        ({"grace": float("nan")}, "grace must be a finite number of seconds >= 0, got nan"),
+        ({"sweep_interval": 0}, "sweep_interval must be a finite number of seconds > 0, got 0"),
+        ({"lease_ttl": 30.0}, "lease_ttl=30.0 differs from the store's lease_ttl=5.0"),
+        ({"name": ""}, "name must be a non-empty str, got ''"),
+    ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             kerman.Worker(store, factory, **kwargs)
     with pytest.raises(TypeError, match="factory must be callable"):
@@ -483,9 +491,13 @@ def test_a_notification_takes_the_session_it_names_not_every_takeable_one():
     store = PostgresStore(dsn)
     for sid in ("first", "named", "silent"):
         store.create(sid).close()
-    worker = kerman.Worker(PostgresStore(dsn, lease_ttl=30.0),
-                           lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log),
-                           sweep_interval=3600.0, idle_timeout=60.0, name="w")
+    worker = kerman.Worker(
+        PostgresStore(dsn, lease_ttl=30.0),
+        lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log),
+        sweep_interval=3600.0,
+        idle_timeout=60.0,
+        name="w",
+    )
 
     async def until(check: Callable[[], bool], what: str) -> None:
         end = time.monotonic() + DEADLINE
@@ -504,8 +516,7 @@ def test_a_notification_takes_the_session_it_names_not_every_takeable_one():
         holder = PostgresStore(dsn, lease_ttl=30.0)
         held = holder.open("silent")
         store.enqueue("silent", "nobody announced me")
-        psql(f"UPDATE {schema}.kerman_sessions SET owner = NULL, expires_at = NULL, epoch = epoch + 1 "
-             "WHERE id = 'silent'")
+        psql(f"UPDATE {schema}.kerman_sessions SET owner = NULL, expires_at = NULL, epoch = epoch + 1 WHERE id = 'silent'")
         held.close()
         store.enqueue("named", "hello")
         await until(lambda: turn_ends(store, "named") == ["completed"], "the named session's turn")
@@ -517,8 +528,9 @@ def test_a_notification_takes_the_session_it_names_not_every_takeable_one():
 
     asyncio.run(scenario())
     # A scan finds it: the first take of another worker.
-    sweeper = kerman.Worker(PostgresStore(dsn, lease_ttl=30.0),
-                            lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log), name="sweeper")
+    sweeper = kerman.Worker(
+        PostgresStore(dsn, lease_ttl=30.0), lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log), name="sweeper"
+    )
 
     async def sweep() -> None:
         serving = asyncio.ensure_future(sweeper.run())
@@ -545,8 +557,7 @@ def test_a_released_session_leaves_no_cyclic_garbage():
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)
     ids = sessions(store, 5, "gc")
-    worker = kerman.Worker(PostgresStore(dsn), lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log),
-                           idle_timeout=0.2, name="w")
+    worker = kerman.Worker(PostgresStore(dsn), lambda log: kerman.AgentLoop(kerman.models.EchoModel(), log=log), idle_timeout=0.2, name="w")
 
     async def scenario() -> None:
         serving = asyncio.ensure_future(worker.run())

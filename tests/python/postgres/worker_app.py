@@ -51,11 +51,13 @@ def hang(log) -> AgentLoop:
     say("took", log.id, os.getpid())
     loop = AgentLoop(_model(log.id), log=log)
     if os.environ.get("WORKER_APP_HANG") == "1":
+
         @loop.pre_step
         async def wait_forever(step, next):
             await log.flush()  # the claim is durable: only requeue_claimed brings it back
             say("pre", log.id, os.getpid())
             await asyncio.Event().wait()
+
     return loop
 
 

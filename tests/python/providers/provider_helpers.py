@@ -48,8 +48,7 @@ def make(protocol: str, server: FakeServer, *, key: str = KEY, **kwargs: Any) ->
     return provider
 
 
-async def run(model: Any, *prompts: Any, tools: Any = (), loop: Optional[kerman.AgentLoop] = None,
-              log: Any = None) -> kerman.AgentLoop:
+async def run(model: Any, *prompts: Any, tools: Any = (), loop: Optional[kerman.AgentLoop] = None, log: Any = None) -> kerman.AgentLoop:
     """Runs one turn per prompt (``tools``: functions registered with ``loop.tool``) and returns
     the loop, still open (``await done(loop)`` closes it)."""
     if loop is None:

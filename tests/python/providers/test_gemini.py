@@ -27,25 +27,42 @@ def camel(value):
 @asynctest
 async def test_a_two_step_tool_turn_sends_the_contents_gemini_expects():
     with FakeServer(P) as server:
-        server.add(Reply(text="Let me check.", tool_calls=[ToolCall("call_a", "clock", '{"tz": "UTC"}', signature=SIG),
-                                                           ToolCall("call_b", "clock", "{}")]),
-                   Reply(text="Noon."))
+        server.add(
+            Reply(
+                text="Let me check.",
+                tool_calls=[ToolCall("call_a", "clock", '{"tz": "UTC"}', signature=SIG), ToolCall("call_b", "clock", "{}")],
+            ),
+            Reply(text="Noon."),
+        )
         model = make(P, server, instructions="Be brief.", temperature=0.5)
         loop = await run(model, "What time is it?", tools=[clock])
         second = camel(server.requests[1].body)
         assert second["contents"] == [
             {"role": "user", "parts": [{"text": "What time is it?"}]},
-            {"role": "model", "parts": [
-                {"text": "Let me check."},
-                {"functionCall": {"id": "call_a", "name": "clock", "args": {"tz": "UTC"}}, "thoughtSignature": SIG},
-                {"functionCall": {"id": "call_b", "name": "clock", "args": {}}}]},
-            {"role": "user", "parts": [
-                {"functionResponse": {"id": "call_a", "name": "clock", "response": {"result": "12:00"}}},
-                {"functionResponse": {"id": "call_b", "name": "clock", "response": {"result": "12:00"}}}]},
+            {
+                "role": "model",
+                "parts": [
+                    {"text": "Let me check."},
+                    {"functionCall": {"id": "call_a", "name": "clock", "args": {"tz": "UTC"}}, "thoughtSignature": SIG},
+                    {"functionCall": {"id": "call_b", "name": "clock", "args": {}}},
+                ],
+            },
+            {
+                "role": "user",
+                "parts": [
+                    {"functionResponse": {"id": "call_a", "name": "clock", "response": {"result": "12:00"}}},
+                    {"functionResponse": {"id": "call_b", "name": "clock", "response": {"result": "12:00"}}},
+                ],
+            },
         ]
         assert second["systemInstruction"]["parts"] == [{"text": "Be brief."}]
-        assert second["tools"] == [{"functionDeclarations": [{"name": "clock", "description": "Returns the time.",
-                                                              "parametersJsonSchema": {"type": "object", "properties": {}}}]}]
+        assert second["tools"] == [
+            {
+                "functionDeclarations": [
+                    {"name": "clock", "description": "Returns the time.", "parametersJsonSchema": {"type": "object", "properties": {}}}
+                ]
+            }
+        ]
         assert second["generationConfig"] == {"temperature": 0.5}
         assert server.requests[1].path.endswith("/models/fake-model:streamGenerateContent")
         assert server.requests[1].query == {"alt": ["sse"]}
@@ -57,8 +74,9 @@ async def test_a_two_step_tool_turn_sends_the_contents_gemini_expects():
 async def test_thought_signatures_survive_a_restart(tmp_path):
     store = kerman.FileStore(tmp_path / "sessions")
     with FakeServer(P) as server:
-        server.add(Reply(tool_calls=[ToolCall("call_a", "clock", "{}", signature=SIG)]), Reply(text="Noon.", signature=SIG),
-                   Reply(text="Bye."))
+        server.add(
+            Reply(tool_calls=[ToolCall("call_a", "clock", "{}", signature=SIG)]), Reply(text="Noon.", signature=SIG), Reply(text="Bye.")
+        )
         model = make(P, server)
         log = store.create("s")
         loop = await run(model, "time?", tools=[clock], log=log)
@@ -68,8 +86,10 @@ async def test_thought_signatures_survive_a_restart(tmp_path):
         with store.open("s") as log:
             loop = await run(fresh, "thanks", log=log)
             contents = camel(server.requests[2].body)["contents"]
-            assert contents[1] == {"role": "model", "parts": [
-                {"functionCall": {"id": "call_a", "name": "clock", "args": {}}, "thoughtSignature": SIG}]}
+            assert contents[1] == {
+                "role": "model",
+                "parts": [{"functionCall": {"id": "call_a", "name": "clock", "args": {}}, "thoughtSignature": SIG}],
+            }
             assert contents[3] == {"role": "model", "parts": [{"text": "Noon.", "thoughtSignature": SIG}]}
             await done(loop, fresh)
 
@@ -77,9 +97,17 @@ async def test_thought_signatures_survive_a_restart(tmp_path):
 @asynctest
 async def test_calls_from_another_models_history_get_the_placeholder_signature():
     log = kerman.MemoryStore().create()
-    earlier = kerman.models.ScriptedModel([kerman.ModelReply([{"type": "tool-call", "id": "x1", "name": "clock", "arguments": "{}"},
-                                                              {"type": "tool-call", "id": "x2", "name": "clock", "arguments": "{}"}]),
-                                           "Noon."])
+    earlier = kerman.models.ScriptedModel(
+        [
+            kerman.ModelReply(
+                [
+                    {"type": "tool-call", "id": "x1", "name": "clock", "arguments": "{}"},
+                    {"type": "tool-call", "id": "x2", "name": "clock", "arguments": "{}"},
+                ]
+            ),
+            "Noon.",
+        ]
+    )
     loop = await run(earlier, "time?", tools=[clock], log=log)
     await loop.aclose()
     skip = base64.b64encode(b"skip_thought_signature_validator").decode()
@@ -110,22 +138,30 @@ async def test_a_call_without_an_id_gets_one_that_is_not_sent_back():
 @asynctest
 async def test_thought_parts_are_reasoning():
     with FakeServer(P) as server:
-        server.add(Reply(reasoning=["Thinking", " more."], text="Done.",
-                         usage={"input": 8, "output": 20, "cacheRead": 2, "reasoning": 12}))
+        server.add(Reply(reasoning=["Thinking", " more."], text="Done.", usage={"input": 8, "output": 20, "cacheRead": 2, "reasoning": 12}))
         model = make(P, server, thinking_config={"include_thoughts": True})
         loop = await run(model, "go")
-        assert messages(loop.log)[0]["message"]["content"] == [{"type": "reasoning", "text": "Thinking more."},
-                                                               {"type": "text", "text": "Done."}]
+        assert messages(loop.log)[0]["message"]["content"] == [
+            {"type": "reasoning", "text": "Thinking more."},
+            {"type": "text", "text": "Done."},
+        ]
         assert [c for c in chunks(loop.log) if c["type"] == "usage"] == [
-            {"type": "usage", "input": 8, "output": 20, "cacheRead": 2, "cacheWrite": 0, "reasoning": 12}]
+            {"type": "usage", "input": 8, "output": 20, "cacheRead": 2, "cacheWrite": 0, "reasoning": 12}
+        ]
         assert camel(server.requests[0].body)["generationConfig"]["thinkingConfig"] == {"includeThoughts": True}
         await done(loop, model)
 
 
 @asynctest
 async def test_a_retry_info_delay_is_retry_after():
-    body = {"error": {"code": 429, "message": "Resource has been exhausted (e.g. check quota).", "status": "RESOURCE_EXHAUSTED",
-                      "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "12s"}]}}
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Resource has been exhausted (e.g. check quota).",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "12s"}],
+        }
+    }
     with FakeServer(P) as server:
         import json
 

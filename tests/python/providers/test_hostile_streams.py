@@ -11,7 +11,7 @@ from provider_helpers import CLASSES, PROTOCOLS, asynctest, chunks, clock, done,
 
 from kerman.providers.testing import FakeServer, Raw, Reply, ToolCall
 
-GRIN = "\U0001F600"  # 😀, "\ud83d\ude00" in UTF-16
+GRIN = "\U0001f600"  # 😀, "\ud83d\ude00" in UTF-16
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -24,7 +24,9 @@ async def test_a_surrogate_pair_split_across_deltas_is_joined(protocol):
         model = make(protocol, server, retry=None)
         loop = await run(model, "go")
         assert messages(loop.log)[0]["message"]["content"] == [
-            {"type": "reasoning", "text": f"think {GRIN} done"}, {"type": "text", "text": f"Hi {GRIN} there"}]
+            {"type": "reasoning", "text": f"think {GRIN} done"},
+            {"type": "text", "text": f"Hi {GRIN} there"},
+        ]
         deltas = [c["text"] for c in chunks(loop.log) if c["type"] == "text-delta"]
         assert "".join(deltas) == f"Hi {GRIN} there"
         await done(loop, model)
@@ -59,9 +61,22 @@ async def test_a_surrogate_pair_split_across_tool_argument_deltas_is_joined(prot
 def malformed(protocol):
     """A stream whose second event is not JSON."""
     if protocol == "anthropic":
-        start = ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}})
+        start = (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 1, "output_tokens": 1},
+                },
+            },
+        )
         return Raw(headers={"content-type": "text/event-stream"}, body=[start, ("content_block_start", "{not json")])
     if protocol == "gemini":
         return Raw(headers={"content-type": "text/event-stream"}, body=["{not json"])
@@ -83,10 +98,8 @@ async def test_a_malformed_event_is_a_stream_interruption_on_every_protocol(prot
 
 def json_error(protocol):
     if protocol == "gemini":  # Gemini's own error shape
-        return {"error": {"code": 401, "message": "API key not valid. Please pass a valid API key.",
-                          "status": "UNAUTHENTICATED"}}
-    return {"error": {"message": "Incorrect API key provided: sk-bad.", "type": "invalid_request_error",
-                      "code": "invalid_api_key"}}
+        return {"error": {"code": 401, "message": "API key not valid. Please pass a valid API key.", "status": "UNAUTHENTICATED"}}
+    return {"error": {"message": "Incorrect API key provided: sk-bad.", "type": "invalid_request_error", "code": "invalid_api_key"}}
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -104,8 +117,10 @@ async def test_a_200_with_a_json_error_body_keeps_the_servers_message(protocol):
         await done(loop, model)
 
 
-HTML = ("<html><head><title>502 Bad Gateway</title><style>body { color: red }</style></head>"
-        "<body><h1>502 Bad Gateway</h1>" + "<p>nginx</p>" * 5000 + "</body></html>")
+HTML = (
+    "<html><head><title>502 Bad Gateway</title><style>body { color: red }</style></head>"
+    "<body><h1>502 Bad Gateway</h1>" + "<p>nginx</p>" * 5000 + "</body></html>"
+)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -127,8 +142,9 @@ async def test_a_200_with_an_html_page_is_a_server_error_quoting_its_title(proto
 async def test_a_non_streamed_request_answered_by_a_json_error_or_a_page_is_classified_too(protocol):
     body = json_error(protocol)
     with FakeServer(protocol) as server:
-        server.add(Raw(headers={"content-type": "application/json"}, body=json.dumps(body)),
-                   Raw(headers={"content-type": "text/html"}, body=HTML))
+        server.add(
+            Raw(headers={"content-type": "application/json"}, body=json.dumps(body)), Raw(headers={"content-type": "text/html"}, body=HTML)
+        )
         model = make(protocol, server, retry=None, stream=False)
         loop = await run(model, "go")
         error = failure(loop.log)
@@ -149,18 +165,33 @@ async def test_a_stream_that_ends_without_its_stop_reason_is_interrupted_on_anth
     def event(name, **data):
         return (name, dict(type=name, **data))
 
-    anthropic = Raw(headers={"content-type": "text/event-stream"}, body=[
-        event("message_start", message={"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
-                                        "stop_reason": None, "stop_sequence": None,
-                                        "usage": {"input_tokens": 5, "output_tokens": 1}}),
-        event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
-        event("content_block_delta", index=0, delta={"type": "text_delta", "text": "Half a rep"}),
-        event("content_block_stop", index=0),
-        event("message_stop"),
-    ])
+    anthropic = Raw(
+        headers={"content-type": "text/event-stream"},
+        body=[
+            event(
+                "message_start",
+                message={
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 5, "output_tokens": 1},
+                },
+            ),
+            event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+            event("content_block_delta", index=0, delta={"type": "text_delta", "text": "Half a rep"}),
+            event("content_block_stop", index=0),
+            event("message_stop"),
+        ],
+    )
     base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    openai = Raw(headers={"content-type": "text/event-stream"}, body=[
-        dict(base, choices=[{"index": 0, "delta": {"content": "Half a rep"}, "finish_reason": None}]), "[DONE]"])
+    openai = Raw(
+        headers={"content-type": "text/event-stream"},
+        body=[dict(base, choices=[{"index": 0, "delta": {"content": "Half a rep"}, "finish_reason": None}]), "[DONE]"],
+    )
     for protocol, stream in (("anthropic", anthropic), ("openai-chat", openai)):
         with FakeServer(protocol) as server:
             server.add(stream)
@@ -171,9 +202,14 @@ async def test_a_stream_that_ends_without_its_stop_reason_is_interrupted_on_anth
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("key,problem", [("sk-test-0123456789\n", "ends with '\\n'"),
-                                         ("  sk-test-0123456789", "starts with ' '"),
-                                         ("sk-test-01234\x0056789", "contains '\\x00' at position 13")])
+@pytest.mark.parametrize(
+    "key,problem",
+    [
+        ("sk-test-0123456789\n", "ends with '\\n'"),
+        ("  sk-test-0123456789", "starts with ' '"),
+        ("sk-test-01234\x0056789", "contains '\\x00' at position 13"),
+    ],
+)
 def test_an_api_key_with_whitespace_or_control_characters_is_refused_when_the_provider_is_built(protocol, key, problem):
     with pytest.raises(ValueError) as caught:
         CLASSES[protocol]("fake-model", api_key=key, base_url="http://127.0.0.1:9")

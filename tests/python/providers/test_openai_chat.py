@@ -28,9 +28,10 @@ def sse(*deltas, finish="stop", usage=None):
 @asynctest
 async def test_a_two_step_tool_turn_sends_the_messages_openai_expects():
     with FakeServer(P) as server:
-        server.add(Reply(text="Let me check.", tool_calls=[ToolCall("call_a", "clock", '{"tz":"UTC"}'),
-                                                           ToolCall("call_b", "clock", "{}")]),
-                   Reply(text="Noon."))
+        server.add(
+            Reply(text="Let me check.", tool_calls=[ToolCall("call_a", "clock", '{"tz":"UTC"}'), ToolCall("call_b", "clock", "{}")]),
+            Reply(text="Noon."),
+        )
         model = make(P, server, instructions="Be brief.")
         loop = await run(model, "What time is it?", tools=[clock])
         first, second = (r.body for r in server.requests)
@@ -38,14 +39,23 @@ async def test_a_two_step_tool_turn_sends_the_messages_openai_expects():
         assert second["messages"] == [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What time is it?"},
-            {"role": "assistant", "content": "Let me check.", "tool_calls": [
-                {"id": "call_a", "type": "function", "function": {"name": "clock", "arguments": '{"tz":"UTC"}'}},
-                {"id": "call_b", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": "Let me check.",
+                "tool_calls": [
+                    {"id": "call_a", "type": "function", "function": {"name": "clock", "arguments": '{"tz":"UTC"}'}},
+                    {"id": "call_b", "type": "function", "function": {"name": "clock", "arguments": "{}"}},
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_a", "content": "12:00"},
             {"role": "tool", "tool_call_id": "call_b", "content": "12:00"},
         ]
-        assert second["tools"] == [{"type": "function", "function": {
-            "name": "clock", "description": "Returns the time.", "parameters": {"type": "object", "properties": {}}}}]
+        assert second["tools"] == [
+            {
+                "type": "function",
+                "function": {"name": "clock", "description": "Returns the time.", "parameters": {"type": "object", "properties": {}}},
+            }
+        ]
         assert second["model"] == "fake-model" and second["stream"] is True
         assert second["stream_options"] == {"include_usage": True}
         assert "parallel_tool_calls" not in second and "max_completion_tokens" not in second
@@ -57,8 +67,16 @@ async def test_a_two_step_tool_turn_sends_the_messages_openai_expects():
 async def test_switches_for_compatible_servers():
     with FakeServer(P) as server:
         server.add(Reply(text="a", usage={"input": 3, "output": 1}), Reply(text="b"), Reply(text="c"))
-        plain = make(P, server, stream_usage=False, max_tokens=100, max_tokens_field="max_tokens",
-                     parallel_tool_calls=False, instructions="sys", instructions_role="developer")
+        plain = make(
+            P,
+            server,
+            stream_usage=False,
+            max_tokens=100,
+            max_tokens_field="max_tokens",
+            parallel_tool_calls=False,
+            instructions="sys",
+            instructions_role="developer",
+        )
         loop = await run(plain, "one", tools=[clock])
         body = server.requests[0].body
         assert "stream_options" not in body
@@ -79,12 +97,15 @@ async def test_switches_for_compatible_servers():
 async def test_reasoning_content_is_kept_and_sent_back_only_when_asked():
     for send, expected in ((False, None), (True, "Think hard.")):
         with FakeServer(P) as server:
-            server.add(Reply(reasoning=["Think", " hard."], text="Calling.", tool_calls=[ToolCall("c1", "clock", "{}")]),
-                       Reply(text="Noon."))
+            server.add(
+                Reply(reasoning=["Think", " hard."], text="Calling.", tool_calls=[ToolCall("c1", "clock", "{}")]), Reply(text="Noon.")
+            )
             model = make(P, server, send_reasoning=send)
             loop = await run(model, "time?", tools=[clock])
             assert [c for c in chunks(loop.log) if c["type"] == "reasoning-delta"] == [
-                {"type": "reasoning-delta", "text": "Think"}, {"type": "reasoning-delta", "text": " hard."}]
+                {"type": "reasoning-delta", "text": "Think"},
+                {"type": "reasoning-delta", "text": " hard."},
+            ]
             assert messages(loop.log)[0]["message"]["content"][0] == {"type": "reasoning", "text": "Think hard."}
             assistant = server.requests[1].body["messages"][1]
             assert assistant.get("reasoning_content") == expected
@@ -94,23 +115,34 @@ async def test_reasoning_content_is_kept_and_sent_back_only_when_asked():
 @asynctest
 async def test_a_hand_written_stream_with_parallel_calls_by_index():
     with FakeServer(P) as server:
-        server.add(sse({"role": "assistant", "content": ""},
-                       {"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-                       {"tool_calls": [{"index": 1, "id": "call_y", "type": "function",
-                                        "function": {"name": "clock", "arguments": '{"a'}}]},
-                       {"tool_calls": [{"index": 0, "function": {"arguments": '{"tz":'}}]},
-                       {"tool_calls": [{"index": 1, "function": {"arguments": '":1}'}}]},
-                       {"tool_calls": [{"index": 0, "function": {"arguments": '"UTC"}'}}]},
-                       finish="tool_calls",
-                       usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
-                   Reply(text="done"))
+        server.add(
+            sse(
+                {"role": "assistant", "content": ""},
+                {"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+                {"tool_calls": [{"index": 1, "id": "call_y", "type": "function", "function": {"name": "clock", "arguments": '{"a'}}]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": '{"tz":'}}]},
+                {"tool_calls": [{"index": 1, "function": {"arguments": '":1}'}}]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": '"UTC"}'}}]},
+                finish="tool_calls",
+                usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+            ),
+            Reply(text="done"),
+        )
         model = make(P, server)
         loop = await run(model, "go", tools=[clock])
         calls = [c for c in chunks(loop.log) if c["type"] == "tool-call"]
-        assert calls == [{"type": "tool-call", "id": "call_x", "name": "clock", "arguments": '{"tz":"UTC"}'},
-                         {"type": "tool-call", "id": "call_y", "name": "clock", "arguments": '{"a":1}'}]
+        assert calls == [
+            {"type": "tool-call", "id": "call_x", "name": "clock", "arguments": '{"tz":"UTC"}'},
+            {"type": "tool-call", "id": "call_y", "name": "clock", "arguments": '{"a":1}'},
+        ]
         assert [c for c in chunks(loop.log) if c["type"] == "usage"][0] == {
-            "type": "usage", "input": 9, "output": 4, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0}
+            "type": "usage",
+            "input": 9,
+            "output": 4,
+            "cacheRead": 0,
+            "cacheWrite": 0,
+            "reasoning": 0,
+        }
         assert turn_ends(loop.log) == [{"kind": "completed"}]
         await done(loop, model)
 
@@ -119,10 +151,14 @@ async def test_a_hand_written_stream_with_parallel_calls_by_index():
 async def test_calls_that_all_say_index_0_are_told_apart_by_their_ids():
     # Some servers send each complete call in one delta, every one with index 0.
     with FakeServer(P) as server:
-        server.add(sse({"tool_calls": [{"index": 0, "id": "a1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
-                       {"tool_calls": [{"index": 0, "id": "a2", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
-                       finish="tool_calls"),
-                   Reply(text="done"))
+        server.add(
+            sse(
+                {"tool_calls": [{"index": 0, "id": "a1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
+                {"tool_calls": [{"index": 0, "id": "a2", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
+                finish="tool_calls",
+            ),
+            Reply(text="done"),
+        )
         model = make(P, server)
         loop = await run(model, "go", tools=[clock])
         assert [c["id"] for c in chunks(loop.log) if c["type"] == "tool-call"] == ["a1", "a2"]
@@ -132,9 +168,10 @@ async def test_calls_that_all_say_index_0_are_told_apart_by_their_ids():
 @asynctest
 async def test_a_call_without_an_id_gets_one_and_keeps_it():
     with FakeServer(P) as server:
-        server.add(sse({"tool_calls": [{"index": 0, "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
-                       finish="tool_calls"),
-                   Reply(text="done"))
+        server.add(
+            sse({"tool_calls": [{"index": 0, "type": "function", "function": {"name": "clock", "arguments": "{}"}}]}, finish="tool_calls"),
+            Reply(text="done"),
+        )
         model = make(P, server)
         loop = await run(model, "go", tools=[clock])
         [call] = [c for c in chunks(loop.log) if c["type"] == "tool-call"]

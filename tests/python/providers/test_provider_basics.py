@@ -33,8 +33,15 @@ def test_importing_kerman_and_its_providers_imports_no_sdk():
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("cls, module, extra", [("OpenAIChat", "openai", "openai"), ("OpenAIResponses", "openai", "openai"),
-                                                ("Anthropic", "anthropic", "anthropic"), ("Gemini", "google.genai", "gemini")])
+@pytest.mark.parametrize(
+    "cls, module, extra",
+    [
+        ("OpenAIChat", "openai", "openai"),
+        ("OpenAIResponses", "openai", "openai"),
+        ("Anthropic", "anthropic", "anthropic"),
+        ("Gemini", "google.genai", "gemini"),
+    ],
+)
 def test_a_missing_sdk_names_the_extra_to_install(cls, module, extra):
     done = python(f"""
         import sys
@@ -92,8 +99,16 @@ def test_arguments_are_checked():
 
 
 def test_the_error_classes_are_model_errors():
-    classes = [errors.RateLimitError, errors.ServerError, errors.OverloadedError, errors.ModelTimeoutError,
-               errors.ModelConnectionError, errors.ContextLengthError, errors.AuthenticationError, errors.InvalidRequestError]
+    classes = [
+        errors.RateLimitError,
+        errors.ServerError,
+        errors.OverloadedError,
+        errors.ModelTimeoutError,
+        errors.ModelConnectionError,
+        errors.ContextLengthError,
+        errors.AuthenticationError,
+        errors.InvalidRequestError,
+    ]
     for cls in classes:
         assert issubclass(cls, kerman.ModelError) and cls.__name__ in errors.__all__
         e = cls("m", status=400, retry_after_ms=5, request_id="r")
@@ -116,22 +131,31 @@ def test_retry_after_headers():
     assert retry_after_ms({"retry-after": "soon"}) is None and retry_after_ms({}) is None and retry_after_ms(None) is None
 
 
-@pytest.mark.parametrize("status, kind, message, code, cls", [
-    (408, None, "", "TIMEOUT", "ModelTimeoutError"),
-    (409, None, "conflict", "CONFLICT", "ServerError"),
-    (413, "request_too_large", "too big", "CONTEXT_LENGTH_EXCEEDED", "ContextLengthError"),
-    (404, None, "model not found", "NOT_FOUND", "InvalidRequestError"),
-    (422, None, "unprocessable", "BAD_REQUEST", "InvalidRequestError"),
-    (400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", "AUTHENTICATION_FAILED", "AuthenticationError"),
-    (403, None, "forbidden", "PERMISSION_DENIED", "AuthenticationError"),
-    (502, None, "bad gateway", "SERVER_ERROR", "ServerError"),
-    (None, "overloaded_error", "Overloaded", "OVERLOADED", "OverloadedError"),
-    (None, "rate_limit_error", "slow down", "RATE_LIMITED", "RateLimitError"),
-    (None, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum", "CONTEXT_LENGTH_EXCEEDED",
-     "ContextLengthError"),
-    (None, "invalid_request_error", "messages.0: bad", "BAD_REQUEST", "InvalidRequestError"),
-    (None, "billing_error", "add credits", "QUOTA_EXCEEDED", "RateLimitError"),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "status, kind, message, code, cls",
+    [
+        (408, None, "", "TIMEOUT", "ModelTimeoutError"),
+        (409, None, "conflict", "CONFLICT", "ServerError"),
+        (413, "request_too_large", "too big", "CONTEXT_LENGTH_EXCEEDED", "ContextLengthError"),
+        (404, None, "model not found", "NOT_FOUND", "InvalidRequestError"),
+        (422, None, "unprocessable", "BAD_REQUEST", "InvalidRequestError"),
+        (400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", "AUTHENTICATION_FAILED", "AuthenticationError"),
+        (403, None, "forbidden", "PERMISSION_DENIED", "AuthenticationError"),
+        (502, None, "bad gateway", "SERVER_ERROR", "ServerError"),
+        (None, "overloaded_error", "Overloaded", "OVERLOADED", "OverloadedError"),
+        (None, "rate_limit_error", "slow down", "RATE_LIMITED", "RateLimitError"),
+        (
+            None,
+            "invalid_request_error",
+            "prompt is too long: 300000 tokens > 200000 maximum",
+            "CONTEXT_LENGTH_EXCEEDED",
+            "ContextLengthError",
+        ),
+        (None, "invalid_request_error", "messages.0: bad", "BAD_REQUEST", "InvalidRequestError"),
+        (None, "billing_error", "add credits", "QUOTA_EXCEEDED", "RateLimitError"),
+    ],
+    ids=lambda v: str(v),
+)
 def test_classification(status, kind, message, code, cls):
     from kerman.providers import classify
 

@@ -60,16 +60,33 @@ async def test_text_streams_as_text_delta_chunks(protocol, server):
 
 @asynctest
 async def test_parallel_tool_calls_split_across_chunks_become_one_chunk_each(protocol, server):
-    server.add(Reply(text="Checking.", tool_calls=[ToolCall("call_1", "clock", '{"tz": "UTC", "fmt": "24h"}', pieces=4),
-                                                   ToolCall("call_2", "clock", '{"tz": "CET"}', pieces=3)]),
-               Reply(text="It is 12:00."))
+    server.add(
+        Reply(
+            text="Checking.",
+            tool_calls=[
+                ToolCall("call_1", "clock", '{"tz": "UTC", "fmt": "24h"}', pieces=4),
+                ToolCall("call_2", "clock", '{"tz": "CET"}', pieces=3),
+            ],
+        ),
+        Reply(text="It is 12:00."),
+    )
     model = make(protocol, server)
     loop = await run(model, "time?", tools=[clock])
     calls = [c for c in chunks(loop.log) if c["type"] == "tool-call"]
-    assert calls == [{"type": "tool-call", "id": "call_1", "name": "clock", "arguments": json.dumps({"tz": "UTC", "fmt": "24h"})
-                      if protocol != "gemini" else '{"tz":"UTC","fmt":"24h"}'},
-                     {"type": "tool-call", "id": "call_2", "name": "clock", "arguments": json.dumps({"tz": "CET"})
-                      if protocol != "gemini" else '{"tz":"CET"}'}]
+    assert calls == [
+        {
+            "type": "tool-call",
+            "id": "call_1",
+            "name": "clock",
+            "arguments": json.dumps({"tz": "UTC", "fmt": "24h"}) if protocol != "gemini" else '{"tz":"UTC","fmt":"24h"}',
+        },
+        {
+            "type": "tool-call",
+            "id": "call_2",
+            "name": "clock",
+            "arguments": json.dumps({"tz": "CET"}) if protocol != "gemini" else '{"tz":"CET"}',
+        },
+    ]
     assert [e.data["callId"] for e in of_type(loop.log, "tool/call")] == ["call_1", "call_2"]
     assert [e.data["message"]["content"][0]["toolCallId"] for e in of_type(loop.log, "tool/result")] == ["call_1", "call_2"]
     assert messages(loop.log)[-1]["message"]["content"] == [{"type": "text", "text": "It is 12:00."}]
@@ -123,24 +140,28 @@ async def test_a_stream_that_ends_before_its_end_event_is_interrupted_too(protoc
     await done(loop, model)
 
 
-@pytest.mark.parametrize("headers, ms", [({"retry-after": "7"}, 7000), ({"retry-after-ms": "1500", "retry-after": "2"}, 1500)],
-                         ids=["retry-after", "retry-after-ms"])
+@pytest.mark.parametrize(
+    "headers, ms",
+    [({"retry-after": "7"}, 7000), ({"retry-after-ms": "1500", "retry-after": "2"}, 1500)],
+    ids=["retry-after", "retry-after-ms"],
+)
 @asynctest
 async def test_429_is_a_rate_limit_error_with_retry_after(protocol, server, headers, ms):
     server.add(HttpError(429, "Rate limit reached for requests", headers=headers))
     model = make(protocol, server, retry=None)
     loop = await run(model, "hi")
     error = failure(loop.log)
-    assert (error["code"], error["status"], error["retryAfterMs"], error["exceptionType"]) == (
-        "RATE_LIMITED", 429, ms, "RateLimitError")
+    assert (error["code"], error["status"], error["retryAfterMs"], error["exceptionType"]) == ("RATE_LIMITED", 429, ms, "RateLimitError")
     assert error["requestId"] == "req_fake_1"
     assert "Rate limit reached" in error["message"] and error["message"].startswith(protocol)
     assert isinstance(loop.last_error.exception, kerman.errors.RateLimitError)
     await done(loop, model)
 
 
-@pytest.mark.parametrize("status, code, cls", [(500, "SERVER_ERROR", "ServerError"), (503, "OVERLOADED", "OverloadedError"),
-                                               (529, "OVERLOADED", "OverloadedError")])
+@pytest.mark.parametrize(
+    "status, code, cls",
+    [(500, "SERVER_ERROR", "ServerError"), (503, "OVERLOADED", "OverloadedError"), (529, "OVERLOADED", "OverloadedError")],
+)
 @asynctest
 async def test_server_errors_are_classified(protocol, server, status, code, cls):
     server.add(HttpError(status, "the server had an error"))
@@ -152,8 +173,11 @@ async def test_server_errors_are_classified(protocol, server, status, code, cls)
 
 
 CONTEXT = {
-    "openai-chat": HttpError(400, "This model's maximum context length is 128000 tokens. However, your messages resulted "
-                                  "in 130000 tokens.", kind="context_length_exceeded"),
+    "openai-chat": HttpError(
+        400,
+        "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.",
+        kind="context_length_exceeded",
+    ),
     "openai-responses": HttpError(400, "Your input exceeds the context window of this model.", kind="context_length_exceeded"),
     "anthropic": HttpError(400, "prompt is too long: 210000 tokens > 200000 maximum"),
     "gemini": HttpError(400, "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."),
@@ -227,16 +251,23 @@ async def test_cancelling_mid_stream_closes_the_connection_and_keeps_the_partial
 
 @asynctest
 async def test_a_non_streaming_provider_replies_in_one_piece(protocol, server):
-    server.add(Reply(text="Checking.", tool_calls=[ToolCall("call_1", "clock", "{}")],
-                     usage={"input": 20, "output": 4, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0}),
-               Reply(text="Noon."))
+    server.add(
+        Reply(
+            text="Checking.",
+            tool_calls=[ToolCall("call_1", "clock", "{}")],
+            usage={"input": 20, "output": 4, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0},
+        ),
+        Reply(text="Noon."),
+    )
     model = make(protocol, server, stream=False)
     loop = await run(model, "time?", tools=[clock])
     assert chunks(loop.log) == []
     assert not any(r.stream for r in server.requests)
     first, second = messages(loop.log)
-    assert first["message"]["content"] == [{"type": "text", "text": "Checking."},
-                                           {"type": "tool-call", "id": "call_1", "name": "clock", "arguments": "{}"}]
+    assert first["message"]["content"] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool-call", "id": "call_1", "name": "clock", "arguments": "{}"},
+    ]
     assert first["usage"] == {"input": 20, "output": 4, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0}
     assert second["message"]["content"] == [{"type": "text", "text": "Noon."}]
     await done(loop, model)
@@ -315,16 +346,19 @@ IMAGES = {
 async def test_images_in_user_content(protocol, server):
     server.add(Reply(text="A square."))
     model = make(protocol, server)
-    loop = await run(model, kerman.UserMessage([{"type": "text", "text": "What is this?"},
-                                                {"type": "image", "mediaType": "image/png", "data": PNG}]))
+    loop = await run(
+        model, kerman.UserMessage([{"type": "text", "text": "What is this?"}, {"type": "image", "mediaType": "image/png", "data": PNG}])
+    )
     assert image_of(protocol, server.requests[0].body) == IMAGES[protocol]
     await done(loop, model)
 
 
-OPTIONS = {"openai-chat": ({"temperature": 0.25}, lambda b: b["temperature"]),
-           "openai-responses": ({"temperature": 0.25}, lambda b: b["temperature"]),
-           "anthropic": ({"stop_sequences": ["END"]}, lambda b: b["stop_sequences"]),
-           "gemini": ({"temperature": 0.25}, lambda b: b["generationConfig"]["temperature"])}
+OPTIONS = {
+    "openai-chat": ({"temperature": 0.25}, lambda b: b["temperature"]),
+    "openai-responses": ({"temperature": 0.25}, lambda b: b["temperature"]),
+    "anthropic": ({"stop_sequences": ["END"]}, lambda b: b["stop_sequences"]),
+    "gemini": ({"temperature": 0.25}, lambda b: b["generationConfig"]["temperature"]),
+}
 
 
 @asynctest
@@ -340,8 +374,11 @@ async def test_request_options_go_to_the_sdk_call(protocol, server):
 
 @asynctest
 async def test_each_history_message_is_converted_once(protocol, server):
-    server.add(Reply(text="Checking.", tool_calls=[ToolCall("call_1", "clock", "{}"), ToolCall("call_2", "clock", "{}")]),
-               Reply(text="Noon."), Reply(text="Bye."))
+    server.add(
+        Reply(text="Checking.", tool_calls=[ToolCall("call_1", "clock", "{}"), ToolCall("call_2", "clock", "{}")]),
+        Reply(text="Noon."),
+        Reply(text="Bye."),
+    )
     model = make(protocol, server)
     converted = []
     original = model._convert
@@ -398,7 +435,7 @@ async def test_a_history_trimmed_by_a_listener_is_sent_trimmed(protocol, server)
     @loop.before_request
     async def trim(request, next):
         if keep["last"] is not None:
-            request.messages = request.messages[-keep["last"]:]
+            request.messages = request.messages[-keep["last"] :]
         return await next()
 
     keep["last"] = 1

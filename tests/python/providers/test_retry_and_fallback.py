@@ -68,10 +68,17 @@ async def test_the_backoff_is_capped_and_jittered_below_its_step():
         await done(loop, model)
 
 
-@pytest.mark.parametrize("error", [HttpError(401, "bad key"), HttpError(400, "bad request"),
-                                   HttpError(400, "maximum context length exceeded", kind="context_length_exceeded"),
-                                   HttpError(429, "quota", kind="insufficient_quota"), HttpError(404, "no such model")],
-                         ids=["auth", "bad-request", "context", "quota", "not-found"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        HttpError(401, "bad key"),
+        HttpError(400, "bad request"),
+        HttpError(400, "maximum context length exceeded", kind="context_length_exceeded"),
+        HttpError(429, "quota", kind="insufficient_quota"),
+        HttpError(404, "no such model"),
+    ],
+    ids=["auth", "bad-request", "context", "quota", "not-found"],
+)
 @asynctest
 async def test_failures_that_waiting_cannot_fix_are_not_retried(error):
     with FakeServer(P) as server:
@@ -109,8 +116,7 @@ async def test_a_cut_stream_is_retried_and_the_failed_attempts_chunks_stay_logge
 @asynctest
 async def test_the_count_is_per_step():
     with FakeServer(P) as server:
-        server.add(HttpError(500, "a"), HttpError(500, "b"), Reply(text="one"), HttpError(500, "c"), HttpError(500, "d"),
-                   Reply(text="two"))
+        server.add(HttpError(500, "a"), HttpError(500, "b"), Reply(text="one"), HttpError(500, "c"), HttpError(500, "d"), Reply(text="two"))
         model = make(P, server)
         loop, sleeps = await with_policy(model, "first", "second", max_attempts=3, jitter=0)
         assert sleeps.waited == [0.5, 1.0, 0.5, 1.0]

@@ -21,8 +21,12 @@ NOW = {"retry-after": "0"}  # the server says: retry at once (the default policy
 @asynctest
 async def test_a_rate_limit_an_overload_and_a_server_error_are_retried_by_default(protocol):
     with FakeServer(protocol) as server:
-        server.add(HttpError(429, "Slow down", headers=NOW), HttpError(503, "Overloaded", headers=NOW),
-                   HttpError(500, "Oops", headers=NOW), Reply(text="Hello!"))
+        server.add(
+            HttpError(429, "Slow down", headers=NOW),
+            HttpError(503, "Overloaded", headers=NOW),
+            HttpError(500, "Oops", headers=NOW),
+            Reply(text="Hello!"),
+        )
         model = make(protocol, server)
         loop = await run(model, "Hi")
         assert turn_ends(loop.log)[-1]["kind"] == "completed"
@@ -99,21 +103,54 @@ def keep_alives(protocol, server):
     """A stream that starts and then only keeps the connection alive, until the client leaves
     (bounded: the test would fail long before the last one)."""
     if protocol == "anthropic":
-        first = ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}})
+        first = (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 1, "output_tokens": 1},
+                },
+            },
+        )
         beat = b'event: ping\ndata: {"type": "ping"}\n\n'
     elif protocol == "gemini":  # no comments in Gemini's streams: an empty part each time
         first = b'data: {"candidates": [{"content": {"parts": [{"text": "Thinking"}], "role": "model"}}]}\n\n'
         beat = b'data: {"candidates": [{"content": {"parts": [{"text": ""}], "role": "model"}}]}\n\n'
     elif protocol == "openai-responses":
-        first = ("response.created", {"type": "response.created", "sequence_number": 0, "response": {
-            "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "status": "in_progress", "output": [],
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}})
+        first = (
+            "response.created",
+            {
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {
+                    "id": "resp_1",
+                    "object": "response",
+                    "created_at": 1,
+                    "model": "m",
+                    "status": "in_progress",
+                    "output": [],
+                    "parallel_tool_calls": True,
+                    "tool_choice": "auto",
+                    "tools": [],
+                },
+            },
+        )
         beat = b": keep-alive\n\n"
     else:
-        first = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                 "choices": [{"index": 0, "delta": {"content": "Thinking"}, "finish_reason": None}]}
+        first = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "Thinking"}, "finish_reason": None}],
+        }
         beat = b": keep-alive\n\n"
 
     def body():
@@ -146,8 +183,7 @@ async def test_a_deadline_ends_a_request_the_server_keeps_alive_forever(protocol
 async def test_a_deadline_bounds_a_non_streamed_request_and_is_retried_as_a_timeout():
     with FakeServer("openai-chat") as server:
         server.add(Reply(text="late", hold_headers=True), Reply(text="on time"))
-        model = make("openai-chat", server, stream=False, deadline=0.5,
-                     retry=retry_policy(base_delay=0, jitter=0))
+        model = make("openai-chat", server, stream=False, deadline=0.5, retry=retry_policy(base_delay=0, jitter=0))
         loop = kerman.AgentLoop(model)
         loop.followup("Hi")
         await asyncio.wait_for(loop.when_idle(), TIMEOUT)

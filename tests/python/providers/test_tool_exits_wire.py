@@ -38,8 +38,11 @@ async def clock(args, ctx):
 @asynctest
 async def test_a_tool_that_exits_is_answered_in_the_next_request(protocol):
     with FakeServer(protocol) as server:
-        server.add(Reply(tool_calls=[ToolCall("call_1", "lookup", "{}"), ToolCall("call_2", "clock", "{}")]),
-                   Reply(text="Sorry."), Reply(text="Hello again."))
+        server.add(
+            Reply(tool_calls=[ToolCall("call_1", "lookup", "{}"), ToolCall("call_2", "clock", "{}")]),
+            Reply(text="Sorry."),
+            Reply(text="Hello again."),
+        )
         model = make(protocol, server)
         loop = await run(model, "go", "and again", tools=[lookup, clock])
         assert turn_ends(loop.log) == [{"kind": "completed"}, {"kind": "completed"}]
@@ -55,8 +58,7 @@ async def test_a_tool_that_exits_is_answered_in_the_next_request(protocol):
 def test_an_interrupted_tool_is_answered_when_the_session_goes_on(protocol):
     # A child process: KeyboardInterrupt out of an asyncio task leaves CPython 3.11's recursion
     # counter off, which would break the rest of this run.
-    child = subprocess.run([sys.executable, str(HERE / "tool_exits_wire_child.py"), protocol], capture_output=True,
-                           text=True, timeout=60)
+    child = subprocess.run([sys.executable, str(HERE / "tool_exits_wire_child.py"), protocol], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
     out = json.loads(child.stdout.splitlines()[-1])
     assert out["propagated"] == "KeyboardInterrupt"

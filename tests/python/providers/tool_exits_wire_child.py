@@ -42,8 +42,7 @@ def turn(log, prompt, first):
 
 
 with FakeServer(PROTOCOL) as server:
-    server.add(Reply(tool_calls=[ToolCall("call_1", "slow", "{}"), ToolCall("call_2", "interrupted", "{}")]),
-               Reply(text="Carrying on."))
+    server.add(Reply(tool_calls=[ToolCall("call_1", "slow", "{}"), ToolCall("call_2", "interrupted", "{}")]), Reply(text="Carrying on."))
     log = kerman.MemoryStore().create("s")
     propagated = None
     try:
@@ -51,9 +50,13 @@ with FakeServer(PROTOCOL) as server:
     except KeyboardInterrupt as e:
         propagated = type(e).__name__
     turn(log, "again", False)
-    print(json.dumps({
-        "propagated": propagated,
-        "requests": len(server.requests),
-        "unanswered": unanswered(PROTOCOL, server.requests[-1].body),
-        "ends": [e.data["reason"] for e in log.events() if e.type == "turn/end"],
-    }))
+    print(
+        json.dumps(
+            {
+                "propagated": propagated,
+                "requests": len(server.requests),
+                "unanswered": unanswered(PROTOCOL, server.requests[-1].body),
+                "ends": [e.data["reason"] for e in log.events() if e.type == "turn/end"],
+            }
+        )
+    )

@@ -63,9 +63,9 @@ def fates(events: List[kerman.Event]) -> Dict[str, List[str]]:
             continue
         items = lists[d["target"]]
         start, n = d["start"], d.get("removedCount", 0)
-        gone = items[start:start + n]
+        gone = items[start : start + n]
         inserted = [m["id"] for m in d["inserted"]]
-        items[start:start + n] = inserted
+        items[start : start + n] = inserted
         fate = "claimed" if d.get("outcome") != "canceled" else ("replaced" if inserted else "removed")
         for mid in gone:
             out.setdefault(mid, []).append(fate)
@@ -259,8 +259,7 @@ def test_many_loops_on_one_event_loop(tmp_path: Path, kind: str) -> None:
     n_loops, prompts = 50, 3
 
     async def main() -> List[kerman.AgentLoop]:
-        loops = [kerman.AgentLoop(echo_with_tools(), log=store.create(f"s{i}"),
-                                  tools=[kerman.Tool("noop", noop)]) for i in range(n_loops)]
+        loops = [kerman.AgentLoop(echo_with_tools(), log=store.create(f"s{i}"), tools=[kerman.Tool("noop", noop)]) for i in range(n_loops)]
         for i, loop in enumerate(loops):
             loop.inject(kerman.UserMessage("context", id=f"s{i}-ctx"))
             for k in range(prompts):
@@ -335,8 +334,7 @@ def test_cancel_from_another_thread() -> None:
         return "not reached"
 
     async def main() -> kerman.AgentLoop:
-        loop = kerman.AgentLoop(kerman.models.ScriptedModel([kerman.ModelReply([call])]),
-                                tools=[kerman.Tool("slow", slow)])
+        loop = kerman.AgentLoop(kerman.models.ScriptedModel([kerman.ModelReply([call])]), tools=[kerman.Tool("slow", slow)])
 
         def canceller() -> None:
             started.wait()
@@ -392,8 +390,7 @@ def test_wake_from_another_thread() -> None:
 
 @pytest.mark.parametrize("keep_inbox", [True, False], ids=["keep", "discard"])
 @pytest.mark.parametrize("kind", ["memory", "file-checkpoint"])
-def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str, keep_inbox: bool,
-                                             switch_often: Any) -> None:
+def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str, keep_inbox: bool, switch_often: Any) -> None:
     """Threads send, wake and cancel at once: each message is inserted once and then either
     claimed once or (cancel without ``keep_inbox``) discarded once; a claimed message that was
     never entered belongs to an aborted turn (SPEC D9: it does not come back by itself)."""
@@ -449,6 +446,7 @@ def test_cancel_and_wake_race_with_followups(tmp_path: Path, kind: str, keep_inb
 def test_delivery_from_a_thread_running_its_own_event_loop() -> None:
     """SPEC 4.3: from another thread, insert at once and schedule the wake on the bound loop,
     whether or not that thread runs an event loop of its own."""
+
     async def main() -> Tuple[kerman.AgentLoop, List[Any]]:
         loop = kerman.AgentLoop(kerman.models.EchoModel())
         results: List[Any] = []

@@ -29,8 +29,14 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=DEADLINE, stdin=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert "panic" not in done.stderr.lower(), done.stderr
     return done
 
@@ -127,8 +133,13 @@ HOLD_AFTER_FORK = """
 
 
 def test_a_forked_child_does_not_keep_a_dead_owners_lock(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_AFTER_FORK), str(tmp_path)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLD_AFTER_FORK), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child_pid = None
     try:
         owner_pid, child_pid = map(int, proc.stdout.readline().split())

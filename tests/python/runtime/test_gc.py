@@ -106,8 +106,12 @@ def test_an_inbox_whose_callbacks_refer_to_it_is_collected():
     log = kerman.MemoryStore().create("s")
     box: List[Any] = []
     # As above: the names are deleted below on purpose (F821).
-    inbox = kerman.Inbox(log, on_inserted=lambda m: box.append(inbox), on_discarded=lambda m: box.append(inbox),  # noqa: F821
-                         on_claimed=lambda m, turn: box.append(inbox))  # noqa: F821
+    inbox = kerman.Inbox(
+        log,
+        on_inserted=lambda m: box.append(inbox),  # noqa: F821
+        on_discarded=lambda m: box.append(inbox),  # noqa: F821
+        on_claimed=lambda m, turn: box.append(inbox),  # noqa: F821
+    )
     inbox.append("next-turn", "hello")
     assert box == [inbox]
     refs = [weakref.ref(inbox), weakref.ref(log)]

@@ -18,6 +18,7 @@ from kerman import FileStore, MemoryStore
 
 # ---- item 11: short-lived event loops and cancelled waits leak nothing --------------------
 
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -29,6 +30,7 @@ def loop_factories() -> List[Any]:
     factories: List[Any] = [asyncio.new_event_loop]
     try:
         import uvloop
+
         factories.append(uvloop.new_event_loop)
     except ImportError:
         pass

@@ -37,11 +37,13 @@ def reply_for(index: int) -> object:
     if kind == 0:
         return kerman.ModelReply(f"plain reply {index}")
     if kind == 1:
-        return kerman.ModelReply([
-            {"type": "text", "text": f"calling tools {index}"},
-            {"type": "tool-call", "id": f"c{index}a", "name": "work", "arguments": '{"n": %d}' % index},
-            {"type": "tool-call", "id": f"c{index}b", "name": "ctx", "arguments": "{}"},
-        ])
+        return kerman.ModelReply(
+            [
+                {"type": "text", "text": f"calling tools {index}"},
+                {"type": "tool-call", "id": f"c{index}a", "name": "work", "arguments": '{"n": %d}' % index},
+                {"type": "tool-call", "id": f"c{index}b", "name": "ctx", "arguments": "{}"},
+            ]
+        )
     if kind == 2:
         return [
             {"type": "reasoning-delta", "text": "thinking "},

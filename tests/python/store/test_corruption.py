@@ -50,14 +50,16 @@ SID = "real"
 
 async def _log_two_turns(store: FileStore) -> None:
     log = store.create(SID)
-    model = ScriptedModel([
-        ModelReply([{"type": "text", "text": "calling"},
-                    {"type": "tool-call", "id": "c1", "name": "look", "arguments": '{"q": "é"}'}],
-                   usage={"input": 3}),
-        [{"type": "reasoning-delta", "text": "hm"}, {"type": "text-delta", "text": "done 😀"},
-         {"type": "finish", "reason": "stop"}],
-        "second turn",
-    ])
+    model = ScriptedModel(
+        [
+            ModelReply(
+                [{"type": "text", "text": "calling"}, {"type": "tool-call", "id": "c1", "name": "look", "arguments": '{"q": "é"}'}],
+                usage={"input": 3},
+            ),
+            [{"type": "reasoning-delta", "text": "hm"}, {"type": "text-delta", "text": "done 😀"}, {"type": "finish", "reason": "stop"}],
+            "second turn",
+        ]
+    )
     loop = AgentLoop(model, log=log)
 
     @loop.tool
@@ -99,13 +101,18 @@ def session(tmp_path_factory) -> Session:
     root = tmp_path_factory.mktemp("made")
     asyncio.run(asyncio.wait_for(_log_two_turns(FileStore(root, durability="none")), 60))
     data = session_path(root, SID).read_bytes()
-    lines = [json.loads(data[s + 9:e - 1]) for s, e in _spans(data)]
+    lines = [json.loads(data[s + 9 : e - 1]) for s, e in _spans(data)]
     seq = len(lines) - 1
     call = next(r for r in lines[1:] if r["type"] == "tool/call")
     result = next(r for r in lines[1:] if r["type"] == "tool/result")
-    last = event_record(seq, "tool/result", {"turn": 2, "step": 1, "note": "crafted; ünïcode"},
-                        time=lines[-1]["time"], surface_op={"op": "replace", "start": 1, "end": 3},
-                        source_event_seqs=[call["seq"], result["seq"]])
+    last = event_record(
+        seq,
+        "tool/result",
+        {"turn": 2, "step": 1, "note": "crafted; ünïcode"},
+        time=lines[-1]["time"],
+        surface_op={"op": "replace", "start": 1, "end": 3},
+        source_event_seqs=[call["seq"], result["seq"]],
+    )
     data += frame(compact(last))
     s = Session(data, _spans(data), middle=result["seq"] + 2, last=seq + 2)
     assert s.last - s.middle > 2 and b'"sourceEventSeqs":' in s.line(s.middle)
@@ -160,11 +167,10 @@ def _place(damaged: bytes, root: Path) -> Path:
 def check_torn(damaged: bytes, line: int, root: Path, caplog) -> None:
     """`damaged` has a torn tail starting at `line` (everything from there is lost)."""
     path = _place(damaged, root)
-    good = sum(e - s for s, e in _spans(damaged)[:line - 1])
+    good = sum(e - s for s, e in _spans(damaged)[: line - 1])
     store = FileStore(root, durability="none")
     report = store.verify(SID)
-    assert report == {"path": str(path), "events": line - 2, "size_bytes": len(damaged),
-                      "torn_tail_bytes": len(damaged) - good}
+    assert report == {"path": str(path), "events": line - 2, "size_bytes": len(damaged), "torn_tail_bytes": len(damaged) - good}
     assert path.read_bytes() == damaged, "verify modified the file"
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kerman"):
@@ -194,14 +200,16 @@ def expected_repair(s: Session, dropped: list, lost: list) -> bytes:
             out += s.line(seq + 2)
             continue
         before = _time(s.line(lost[0] + 1)) if lost[0] > 0 else json.loads(s.line(1)[9:-1])["createdAt"]
-        data = {"seqs": [lost[0], lost[-1]], "lines": [dropped[0], dropped[-1]] if dropped else None,
-                "backup": f"{session_path('.', SID).name}.corrupt"}
+        data = {
+            "seqs": [lost[0], lost[-1]],
+            "lines": [dropped[0], dropped[-1]] if dropped else None,
+            "backup": f"{session_path('.', SID).name}.corrupt",
+        }
         out += frame(compact(event_record(seq, "log/damaged", data, time=before)))
     return out
 
 
-def check_corrupt(s: Session, damaged: bytes, line: int, valid_after: int, root: Path, dropped: list,
-                  lost: list) -> None:
+def check_corrupt(s: Session, damaged: bytes, line: int, valid_after: int, root: Path, dropped: list, lost: list) -> None:
     """`damaged` (a damaged copy of `s`) is refused with the first invalid record at `line` and
     a valid one on `valid_after`; only `repair` changes the file, setting aside exactly the
     lines `dropped` (numbered as in `damaged`) and losing exactly the seqs `lost`."""
@@ -216,28 +224,42 @@ def check_corrupt(s: Session, damaged: bytes, line: int, valid_after: int, root:
         assert str(err).endswith(f"a valid record follows on line {valid_after}"), str(err)
         assert path.read_bytes() == damaged, f"{attempt.__name__} modified the file"
     spans = _spans(damaged)
-    aside = [damaged[spans[n - 1][0]:spans[n - 1][1]] for n in dropped]
+    aside = [damaged[spans[n - 1][0] : spans[n - 1][1]] for n in dropped]
     want = expected_repair(s, dropped, lost)
     events = len(_spans(want)) - 1  # the marker comes after these
     plan = store.repair(SID, dry_run=True)
     assert path.read_bytes() == damaged and os.listdir(root) == [path.name], "a dry run wrote"
     assert [(d["line"], d["bytes"]) for d in plan["dropped"]] == [(n, len(b)) for n, b in zip(dropped, aside, strict=True)]
     assert {k: v for k, v in plan.items() if k != "dropped"} == {
-        "kept_events": events - len(lost), "events": events + 1, "removed_bytes": sum(map(len, aside)),
-        "lost_seqs": [[lost[0], lost[-1]]] if lost else [], "torn_tail_bytes": 0, "torn_tail_line": None,
-        "backup": None, "quarantine": None}
+        "kept_events": events - len(lost),
+        "events": events + 1,
+        "removed_bytes": sum(map(len, aside)),
+        "lost_seqs": [[lost[0], lost[-1]]] if lost else [],
+        "torn_tail_bytes": 0,
+        "torn_tail_line": None,
+        "backup": None,
+        "quarantine": None,
+    }
     report = store.repair(SID)
     assert report == {**plan, "backup": f"{path}.corrupt", "quarantine": f"{path}.damaged" if aside else None}
     assert Path(report["backup"]).read_bytes() == damaged
     assert (Path(report["quarantine"]).read_bytes() if aside else b"") == b"".join(aside)
     repaired = path.read_bytes()
     assert repaired.startswith(want), "the kept records or the placeholders differ"
-    [(ok, marker, _)] = read_raw_session(path)[events + 1:]
+    [(ok, marker, _)] = read_raw_session(path)[events + 1 :]
     assert ok, "the log/repaired record does not verify"
     assert marker["time"] >= _time(want.splitlines(keepends=True)[-1])
-    assert {k: v for k, v in marker.items() if k != "time"} == {"type": "log/repaired", "seq": events, "data": {
-        "backup": f"{path.name}.corrupt", "quarantine": f"{path.name}.damaged" if aside else None,
-        "dropped": report["dropped"], "lostSeqs": report["lost_seqs"], "tornTailBytes": 0}}
+    assert {k: v for k, v in marker.items() if k != "time"} == {
+        "type": "log/repaired",
+        "seq": events,
+        "data": {
+            "backup": f"{path.name}.corrupt",
+            "quarantine": f"{path.name}.damaged" if aside else None,
+            "dropped": report["dropped"],
+            "lostSeqs": report["lost_seqs"],
+            "tornTailBytes": 0,
+        },
+    }
     verified = store.verify(SID)
     assert (verified["events"], verified["torn_tail_bytes"]) == (events + 1, 0)
 
@@ -283,12 +305,19 @@ def test_every_cut_inside_a_middle_record_is_a_torn_tail(session, scratch, caplo
 def test_repair_of_a_torn_tail_cuts_it_without_a_backup(session, scratch, keep):
     """`repair` (unlike `open`) adds no closers and, with nothing corrupt, keeps no copy."""
     start, end = session.spans[session.middle - 1]
-    path = _place(session.data[:start + keep % (end - start)], scratch)
+    path = _place(session.data[: start + keep % (end - start)], scratch)
     report = FileStore(scratch, durability="none").repair(SID)
-    assert report == {"kept_events": session.middle - 2, "events": session.middle - 2,
-                      "removed_bytes": keep % (end - start), "dropped": [], "lost_seqs": [],
-                      "torn_tail_bytes": keep % (end - start), "torn_tail_line": session.middle,
-                      "backup": None, "quarantine": None}
+    assert report == {
+        "kept_events": session.middle - 2,
+        "events": session.middle - 2,
+        "removed_bytes": keep % (end - start),
+        "dropped": [],
+        "lost_seqs": [],
+        "torn_tail_bytes": keep % (end - start),
+        "torn_tail_line": session.middle,
+        "backup": None,
+        "quarantine": None,
+    }
     assert path.read_bytes() == session.data[:start]
     assert os.listdir(scratch) == [path.name]
 
@@ -354,11 +383,28 @@ def _tail_cases(s: Session):
 
 
 TAIL_IDS = [
-    "zeros-1", "zeros-8", "zeros-9", "zeros-512", "zeros-4096", "zero-line", "last-record-zeroed",
-    "last-record-zeroed-but-newline", "last-two-records-zeroed", "half-record-then-zero-block",
-    "garbage-1", "garbage-lines-1", "garbage-100", "garbage-lines-100", "garbage-4096",
-    "garbage-lines-4096", "bad-checksum-line", "partial-then-whole", "garbage-line-then-old-record",
-    "another-session-appended", "middle-record-zeroed", "middle-record-zeroed-with-newline",
+    "zeros-1",
+    "zeros-8",
+    "zeros-9",
+    "zeros-512",
+    "zeros-4096",
+    "zero-line",
+    "last-record-zeroed",
+    "last-record-zeroed-but-newline",
+    "last-two-records-zeroed",
+    "half-record-then-zero-block",
+    "garbage-1",
+    "garbage-lines-1",
+    "garbage-100",
+    "garbage-lines-100",
+    "garbage-4096",
+    "garbage-lines-4096",
+    "bad-checksum-line",
+    "partial-then-whole",
+    "garbage-line-then-old-record",
+    "another-session-appended",
+    "middle-record-zeroed",
+    "middle-record-zeroed-with-newline",
     "garbage-inside",
 ]
 
@@ -397,17 +443,18 @@ def _fields(record: bytes) -> dict:
     return out
 
 
-FIELDS = ["checksum", "separator", "type", "seq", "time", "data", "sourceEventSeqs", "surfaceOp",
-          "punctuation", "newline"]
+FIELDS = ["checksum", "separator", "type", "seq", "time", "data", "sourceEventSeqs", "surfaceOp", "punctuation", "newline"]
 
 
 def _flips(ranges: list, record: bytes):
     """Every bit of every byte in the ranges; for long ranges (data), every bit of a spread of
     bytes plus every non-ASCII byte and every byte one flip away from a newline."""
     for r in ranges:
-        offsets = set(r) if len(r) <= 64 else {
-            i for i in r if (i - r.start) % 13 == 0 or i == r.stop - 1 or record[i] >= 0x80
-            or bin(record[i] ^ 0x0A).count("1") == 1}
+        offsets = (
+            set(r)
+            if len(r) <= 64
+            else {i for i in r if (i - r.start) % 13 == 0 or i == r.stop - 1 or record[i] >= 0x80 or bin(record[i] ^ 0x0A).count("1") == 1}
+        )
         for i in sorted(offsets):
             for bit in range(8):
                 yield i, bit
@@ -429,7 +476,7 @@ def test_single_bit_flip(session, scratch, caplog, which, field):
         assert any(record[i] ^ (1 << bit) == 0x0A for i, bit in flips)
     for i, bit in flips:
         damaged = _flip(session.data, start + i, bit)
-        with case(f"bit {bit} of byte {i} ({record[i:i + 1]!r}) of line {line}"):
+        with case(f"bit {bit} of byte {i} ({record[i : i + 1]!r}) of line {line}"):
             if which == "last":
                 check_torn(damaged, line, scratch / "s", caplog)
                 continue
@@ -456,7 +503,7 @@ def test_every_header_bit_flip_is_refused_and_never_repaired(session, scratch, b
     _, end = session.spans[0]
     root = scratch / "s"
     for i in range(end):
-        for bit in (range(4) if bits == "low" else range(4, 8)):
+        for bit in range(4) if bits == "low" else range(4, 8):
             damaged = _flip(session.data, i, bit)
             path = _place(damaged, root)
             store = FileStore(root, durability="none")

@@ -65,14 +65,14 @@ def parse(line: bytes, acks: List[Tuple[int, int]], commits: List[int]) -> int:
     return 0
 
 
-def run_and_kill(root: Path, mode: str, session_id: str, kill_at: int, errfile: Path
-                 ) -> Tuple[List[Tuple[int, int]], int]:
+def run_and_kill(root: Path, mode: str, session_id: str, kill_at: int, errfile: Path) -> Tuple[List[Tuple[int, int]], int]:
     """Starts the child, reads acks until one reaches ``kill_at`` events, SIGKILLs it, and
     returns every ack it wrote (including those still in the pipe after the kill) and the
     highest committed event count it reported."""
     with open(errfile, "wb") as err:
-        proc = subprocess.Popen([sys.executable, str(CHILD), str(root), mode, session_id],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(root), mode, session_id], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err
+        )
     acks: List[Tuple[int, int]] = []
     commits: List[int] = [0]
     try:
@@ -81,8 +81,7 @@ def run_and_kill(root: Path, mode: str, session_id: str, kill_at: int, errfile: 
             line = proc.stdout.readline()
             if not line:
                 proc.wait()
-                raise ChildDied(f"child exited ({proc.returncode}) before ack {kill_at}: "
-                                + errfile.read_text(errors="replace")[-4000:])
+                raise ChildDied(f"child exited ({proc.returncode}) before ack {kill_at}: " + errfile.read_text(errors="replace")[-4000:])
             if parse(line, acks, commits) >= kill_at:
                 break
         proc.send_signal(signal.SIGKILL)
@@ -207,7 +206,7 @@ def claim_accounting(events: List[kerman.Event]) -> Dict[int, List[Tuple[str, st
             if d.get("removedCount") and "outcome" not in d and not d.get("inserted"):
                 assert turn is not None, f"claim at {ev.seq} outside a turn"
                 lst = proj.next_turn if d["target"] == "next-turn" else proj.next_step
-                for m in lst[d["start"]:d["start"] + d["removedCount"]]:
+                for m in lst[d["start"] : d["start"] + d["removedCount"]]:
                     claims.append((ev.seq, turn, d["target"], m.id))
         proj.apply(ev)
     entered: Dict[str, List[int]] = {}
@@ -226,15 +225,15 @@ def claim_accounting(events: List[kerman.Event]) -> Dict[int, List[Tuple[str, st
         if any(s > seq for s in entered.get(mid, ())):
             continue
         kind = ends.get(t)
-        assert kind in UNFINISHED, (
-            f"message {mid} claimed at seq {seq} by turn {t} (ended {kind!r}) was never entered")
+        assert kind in UNFINISHED, f"message {mid} claimed at seq {seq} by turn {t} (ended {kind!r}) was never entered"
         if not any(s > seq for s in reinserted.get(mid, ())):
             unentered.setdefault(t, []).append((target, mid))
     return unentered
 
 
-async def resume_and_run(log: kerman.SessionLog, unentered: Dict[int, List[Tuple[str, str]]],
-                         completed_turn: Optional[int], ends: Dict[int, str]) -> Optional[str]:
+async def resume_and_run(
+    log: kerman.SessionLog, unentered: Dict[int, List[Tuple[str, str]]], completed_turn: Optional[int], ends: Dict[int, str]
+) -> Optional[str]:
     """requeue_claimed on the last turn with something to requeue, then one more turn.
     Returns how that turn ended (None when nothing was requeued)."""
     loop = kerman.AgentLoop(kerman.models.EchoModel(), log=log)
@@ -245,8 +244,7 @@ async def resume_and_run(log: kerman.SessionLog, unentered: Dict[int, List[Tuple
     if unentered:
         turn = max(unentered)
         # next-step first, each list in claim order
-        expected = [mid for tg, mid in unentered[turn] if tg == "next-step"] + \
-                   [mid for tg, mid in unentered[turn] if tg == "next-turn"]
+        expected = [mid for tg, mid in unentered[turn] if tg == "next-step"] + [mid for tg, mid in unentered[turn] if tg == "next-turn"]
         back = loop.requeue_claimed(turn)
         assert [m.id for m in back] == expected
         pending = [m.id for m in loop.inbox.next_step] + [m.id for m in loop.inbox.next_turn]
@@ -286,14 +284,12 @@ async def check_and_resume(log: kerman.SessionLog, events: List[kerman.Event]) -
     assert work.dropped_unrun == dropped
 
     unentered = claim_accounting(events)
-    completed = [e.data["turn"] for e in events
-                 if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
+    completed = [e.data["turn"] for e in events if e.type == "turn/end" and e.data["reason"]["kind"] == "completed"]
     ends = {e.data["turn"]: e.data["reason"]["kind"] for e in events if e.type == "turn/end"}
     return await resume_and_run(log, unentered, completed[-1] if completed else None, ends)
 
 
-def check_session(store_root: Path, mode: str, sid: str, acks: List[Tuple[int, int]],
-                  committed: int) -> dict:
+def check_session(store_root: Path, mode: str, sid: str, acks: List[Tuple[int, int]], committed: int) -> dict:
     on_disk, torn = disk_state(session_path(store_root, sid))
     top = max(n for n, _ in acks)
     assert on_disk >= top, f"acknowledged {top} events, only {on_disk} valid on disk after the kill"
@@ -314,9 +310,17 @@ def check_session(store_root: Path, mode: str, sid: str, acks: List[Tuple[int, i
         assert len(again) == n
     finally:
         again.close()
-    return {"mode": mode, "ack": top, "on_disk": on_disk, "beyond_ack": on_disk - top,
-            "committed": committed, "lost": max(0, committed - on_disk),
-            "torn": torn, "closers": closers, "requeued": requeued}
+    return {
+        "mode": mode,
+        "ack": top,
+        "on_disk": on_disk,
+        "beyond_ack": on_disk - top,
+        "committed": committed,
+        "lost": max(0, committed - on_disk),
+        "torn": torn,
+        "closers": closers,
+        "requeued": requeued,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,8 +32,7 @@ import kerman
 from conftest import DURABILITIES, session_path
 from kerman._core import _FaultPlan
 
-CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"}
-         for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
+CALLS = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"} for i, name in ((1, "lookup"), (2, "slow"), (3, "last"))]
 
 
 class Run:
@@ -70,12 +69,13 @@ async def scenario(log: kerman.SessionLog, run: Run) -> kerman.AgentLoop:
     the model and the tool bodies that run alone note what the loop's own barrier
     acknowledged."""
     checkpoints = log._checkpoints
-    script = kerman.models.ScriptedModel([
-        kerman.ModelReply(CALLS),
-        [{"type": "text-delta", "text": "done "}, {"type": "text-delta", "text": "with 1"},
-         {"type": "finish", "reason": "stop"}],
-        "turn 2",
-    ])
+    script = kerman.models.ScriptedModel(
+        [
+            kerman.ModelReply(CALLS),
+            [{"type": "text-delta", "text": "done "}, {"type": "text-delta", "text": "with 1"}, {"type": "finish", "reason": "stop"}],
+            "turn 2",
+        ]
+    )
 
     def model(request: Any) -> Any:
         if checkpoints:
@@ -153,8 +153,7 @@ def count(root: Path, mode: str) -> Tuple[int, _FaultPlan]:
     return len(events), plan
 
 
-async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[int],
-                       cut_back: bool = False) -> None:
+async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[int], cut_back: bool = False) -> None:
     """One run with ``plan`` armed at event ``seq`` (``None``: the final fsync at close)."""
     run, loop, committed = await faulty_run(root, mode, plan)
     log = loop.log
@@ -215,13 +214,14 @@ async def check_failed(root: Path, mode: str, plan: _FaultPlan, seq: Optional[in
         events = list(reopened.events())
         assert [e.to_json() for e in events[:on_disk]] == committed[:on_disk]
         for ack in run.acks:
-            assert [e.to_json() for e in events[:len(ack)]] == ack
+            assert [e.to_json() for e in events[: len(ack)]] == ack
         await check_and_resume(reopened, events)
     finally:
         reopened.close()
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
@@ -275,12 +275,10 @@ def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
     assert asyncio.run(every_point()) == events * (5 if mode != "none" else 4) + (mode != "none")
 
 
-
 EVENTS = 5
 
 
-async def one_by_one(where: Path, mode: str, plan: _FaultPlan
-                     ) -> Tuple[kerman.SessionLog, List[Optional[BaseException]]]:
+async def one_by_one(where: Path, mode: str, plan: _FaultPlan) -> Tuple[kerman.SessionLog, List[Optional[BaseException]]]:
     """Appends EVENTS events, awaiting a barrier after each: the outcome of each append+flush."""
     log = kerman.FileStore(where, durability=mode, _faults=plan).create("n")
     outcomes: List[Optional[BaseException]] = []
@@ -320,7 +318,7 @@ def test_every_nth_write_and_sync_of_a_log(root: Path, mode: str) -> None:
                 log.close()
             kept = EVENTS
         else:
-            assert outcomes[:k - 1] == [None] * (k - 1)
+            assert outcomes[: k - 1] == [None] * (k - 1)
             failed = outcomes[k - 1]
             assert isinstance(failed, kerman.LogWriteError) and os.strerror(code) in str(failed)
             # Poisoned: every later append is refused.
@@ -336,9 +334,15 @@ def test_every_nth_write_and_sync_of_a_log(root: Path, mode: str) -> None:
 
 
 def test_fault_plan_arguments() -> None:
-    for bad in [dict(op="read", nth=1), dict(op="write"), dict(op="write", nth=1, seq=2),
-                dict(op="write", nth=0), dict(op="write", at_close=True),
-                dict(op="sync", nth=1, short=3), dict(nth=1)]:
+    for bad in [
+        dict(op="read", nth=1),
+        dict(op="write"),
+        dict(op="write", nth=1, seq=2),
+        dict(op="write", nth=0),
+        dict(op="write", at_close=True),
+        dict(op="sync", nth=1, short=3),
+        dict(nth=1),
+    ]:
         with pytest.raises(ValueError):
             _FaultPlan(**bad)
     plan = _FaultPlan()
@@ -416,8 +420,7 @@ def test_a_create_that_fails_after_the_link_leaves_no_session_and_a_retry_create
     import sys
 
     root = tmp_path / "sessions"
-    out = subprocess.run([sys.executable, "-c", CREATE_CHILD, str(root), "s-1"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", CREATE_CHILD, str(root), "s-1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["first"] is not None and "Too many open files" in seen["first"], seen

@@ -58,8 +58,9 @@ class Writer:
     """A process holding session `sid` of `root` open."""
 
     def __init__(self, root: Path, sid: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root), sid], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), sid], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.expect("ready")
 
     def expect(self, word: str) -> int:
@@ -199,8 +200,7 @@ def test_a_corrupt_file_is_refused_by_follow(store_root):
 
 
 def _kerman(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kerman", *argv], capture_output=True, text=True,
-                          timeout=DEADLINE, check=False)
+    return subprocess.run([sys.executable, "-m", "kerman", *argv], capture_output=True, text=True, timeout=DEADLINE, check=False)
 
 
 def test_cli_reads_a_running_session(running, store_root):
@@ -218,8 +218,12 @@ def test_cli_reads_a_running_session(running, store_root):
 
 def test_cli_tail_follow_prints_events_as_they_come_and_exits_0_on_ctrl_c(running, store_root):
     store, writer = running
-    proc = subprocess.Popen([sys.executable, "-m", "kerman", "log", "tail", str(store_root), "live", "-n", "1",
-                             "--follow", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "log", "tail", str(store_root), "live", "-n", "1", "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())["seq"] == 2  # the last event, then live ones
@@ -275,8 +279,12 @@ def test_cli_tail_follow_of_a_postgres_session():
         await log.flush()
 
     asyncio.run(append(0))
-    proc = subprocess.Popen([sys.executable, "-m", "kerman", "log", "tail", dsn, "pg-live", "--follow", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "log", "tail", dsn, "pg-live", "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())["data"] == {"i": 0}
@@ -326,14 +334,12 @@ def _until_end_or_spliced(follower, old: int) -> list:
 
 def test_a_follower_of_a_deleted_and_recreated_session_ends_without_splicing(store_root):
     store = FileStore(store_root, durability="none")
-    write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_600_000),
-                      _records(10, "old"))
+    write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_600_000), _records(10, "old"))
     follower = store.follow("s")
     try:
         header = follower.header
         store.delete("s")
-        write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_699_999),
-                          _records(15, "new"))
+        write_raw_session(session_path(store_root, "s"), header_record("s", created_at=1_767_225_699_999), _records(15, "new"))
         assert _until_end_or_spliced(follower, 10) == [(i, "old") for i in range(10)]
         assert follower.closed and follower.header == header
     finally:

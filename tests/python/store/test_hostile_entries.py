@@ -55,8 +55,14 @@ OPS = ["open", "verify", "follow", "delete", "repair"]
 
 
 def probe(root: Path, sid: str, op: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(root), sid, op], capture_output=True, text=True,
-                          timeout=DEADLINE, stdin=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(root), sid, op],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -149,9 +155,14 @@ def test_cli_refuses_without_blocking(tmp_path, victim, attack):
     root.mkdir()
     kind = ATTACKS[attack](session_path(root, "s"), victim)
     for argv in (["verify", "s"], ["show", "s"], ["tail", "s"], ["inbox", "s"], ["list"]):
-        done = subprocess.run([sys.executable, "-m", "kerman", "log", argv[0], str(root), *argv[1:]],
-                              capture_output=True, text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "kerman", "log", argv[0], str(root), *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         if argv[0] == "list":
             assert done.returncode == 0, done.stderr
             assert "(unreadable)" in done.stdout, done.stdout

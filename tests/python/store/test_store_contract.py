@@ -46,8 +46,9 @@ def test_nul_in_an_event_type_is_refused_by_every_store_naming_the_type(tmp_path
             with pytest.raises(ValueError) as info:
                 log.append(t, {"n": 2})
             shown = t.replace("\x00", "\\0")  # as the message quotes it: "a\0b"
-            assert str(info.value) == (f'cannot store this: event type "{shown}" contains NUL (U+0000), which no '
-                                       "store keeps (PostgreSQL text cannot hold it)")
+            assert str(info.value) == (
+                f'cannot store this: event type "{shown}" contains NUL (U+0000), which no store keeps (PostgreSQL text cannot hold it)'
+            )
         after = log.append("x/after", {"n": 4})
         assert after.seq == before.seq + 1  # the refusals took no seq, and poisoned nothing
         asyncio.run(_flush(log))
@@ -79,8 +80,7 @@ def test_nul_in_data_is_kept_exactly_by_every_store(tmp_path, kind):
 @pytest.mark.parametrize("kind", STORES)
 def test_nul_in_messages_is_kept_exactly(tmp_path, kind):
     store = make_store(kind, tmp_path)
-    message = kerman.UserMessage([{"type": "text", "text": "hi\x00there"}], id="m\x00",
-                                 source={"kind": "plugin", "plugin": "p\x00"})
+    message = kerman.UserMessage([{"type": "text", "text": "hi\x00there"}], id="m\x00", source={"kind": "plugin", "plugin": "p\x00"})
     with store.create("s") as log:
         kerman.Inbox(log).append("next-turn", message)
         asyncio.run(_flush(log))

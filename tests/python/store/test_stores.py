@@ -247,8 +247,8 @@ def test_PC_01_round_trip(file_store, store_root):
     header = log.header
     evs = [
         log.append("goal/change", {"goal": "ship"}),
-        log.append("x/unicode", {"s": "日本語 é 😀", "esc": "\"\\\n\t\u0001"}),
-        log.append("x/numbers", [0, -1, 2 ** 63 - 1, 1.5, 1e-7, True, None]),
+        log.append("x/unicode", {"s": "日本語 é 😀", "esc": '"\\\n\t\u0001'}),
+        log.append("x/numbers", [0, -1, 2**63 - 1, 1.5, 1e-7, True, None]),
         log.append("request/context", {"provider": "p", "model": "m"}),
         log.append("x/empty", {}),
         log.append("x/keys", {"k\n\u2028": "v", "": [], "nested": {"b": 1, "a": 2}}),
@@ -322,8 +322,25 @@ def test_file_mode_is_0600(file_store, store_root):
 
 
 WEIRD_IDS = [
-    "a/b", "../escape", "..", ".", "./x", "/abs/path", "x/../../y", "\x01\x02\x1f", "tab\tnew\nline\r",
-    "del\x7f", "日本/é", "😀", "~", "~7E", "a.jsonl", ".hidden", " spaced out ", "-", "A~2Fb",
+    "a/b",
+    "../escape",
+    "..",
+    ".",
+    "./x",
+    "/abs/path",
+    "x/../../y",
+    "\x01\x02\x1f",
+    "tab\tnew\nline\r",
+    "del\x7f",
+    "日本/é",
+    "😀",
+    "~",
+    "~7E",
+    "a.jsonl",
+    ".hidden",
+    " spaced out ",
+    "-",
+    "A~2Fb",
 ]
 
 
@@ -385,8 +402,7 @@ def _assistant(calls):
     content = [{"type": "text", "text": "working"}] + [
         {"type": "tool-call", "id": cid, "name": name, "arguments": args} for cid, name, args in calls
     ]
-    return {"id": "a-1", "role": "assistant", "content": content,
-            "source": {"kind": "model", "provider": "p", "model": "m"}}
+    return {"id": "a-1", "role": "assistant", "content": content, "source": {"kind": "model", "provider": "p", "model": "m"}}
 
 
 def _user(text="hi", mid="u-1"):
@@ -400,10 +416,8 @@ def _open_turn_records():
         event_record(0, "turn/start", {"turn": 1}, T0),
         event_record(1, "step/start", {"turn": 1, "step": 1}, T0 + 1),
         event_record(2, "user/message", _user(), T0 + 2, surface_op="append"),
-        event_record(3, "assistant/message", {"turn": 1, "step": 1, "message": am}, T0 + 3,
-                     surface_op="append", source_event_seqs=[]),
-        event_record(4, "tool/call", {"turn": 1, "step": 1, "callId": "c2", "name": "write",
-                                      "arguments": '{"path":"x"}'}, T0 + 7),
+        event_record(3, "assistant/message", {"turn": 1, "step": 1, "message": am}, T0 + 3, surface_op="append", source_event_seqs=[]),
+        event_record(4, "tool/call", {"turn": 1, "step": 1, "callId": "c2", "name": "write", "arguments": '{"path":"x"}'}, T0 + 7),
     ]
 
 
@@ -415,8 +429,15 @@ def test_PC_02_open_turn_gets_deterministic_closers(store_root):
     try:
         evs = list(log.events())
         assert [e.type for e in evs] == [
-            "turn/start", "step/start", "user/message", "assistant/message", "tool/call",
-            "tool/result", "tool/result", "step/end", "turn/end",
+            "turn/start",
+            "step/start",
+            "user/message",
+            "assistant/message",
+            "tool/call",
+            "tool/result",
+            "tool/result",
+            "step/end",
+            "turn/end",
         ]
         assert [e.seq for e in evs] == list(range(9))
         not_started, unknown, step_end, turn_end = evs[5:]
@@ -486,8 +507,15 @@ def test_CR_01_crash_after_request_header(store_root):
     log = FileStore(store_root).open("cr1")
     try:
         assert [e.type for e in log.events()] == [
-            "agent/inbox/spliced", "turn/start", "agent/inbox/spliced", "step/start", "user/message",
-            "request/header", "request/context", "step/end", "turn/end",
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+            "step/end",
+            "turn/end",
         ]
         assert log[-2].data == {"turn": 1, "step": 1}
         assert log[-1].data == {"turn": 1, "reason": {"kind": "interrupted"}}
@@ -562,8 +590,16 @@ def test_torn_tail_inside_an_open_turn_is_cut_then_closed(store_root):
     try:
         types = [e.type for e in log.events()]
         # both calls are now unstarted
-        assert types == ["turn/start", "step/start", "user/message", "assistant/message",
-                         "tool/result", "tool/result", "step/end", "turn/end"]
+        assert types == [
+            "turn/start",
+            "step/start",
+            "user/message",
+            "assistant/message",
+            "tool/result",
+            "tool/result",
+            "step/end",
+            "turn/end",
+        ]
         assert [e.data["error"]["code"] for e in log.events(4, 6)] == ["TOOL_NOT_STARTED"] * 2
         assert log[-1].time == T0 + 3
     finally:
@@ -596,7 +632,7 @@ def test_truncate_at_every_offset_of_the_last_record(tmp_path, caplog):
         root = tmp_path / f"cut{keep}"
         root.mkdir()
         target = session_path(root, "t")
-        target.write_bytes(data[:last_start + keep])
+        target.write_bytes(data[: last_start + keep])
         os.chmod(target, 0o600)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="kerman"):
@@ -732,7 +768,7 @@ def test_repeated_last_seq_is_a_torn_tail(store_root):
         assert [e.data for e in log.events()] == [0, 1]
     finally:
         log.close()
-    assert path.read_bytes() == data[:_line_spans(data)[-1][0]]
+    assert path.read_bytes() == data[: _line_spans(data)[-1][0]]
 
 
 def test_damaged_header_is_corruption_at_line_1(store_root):
@@ -766,8 +802,7 @@ def test_header_naming_another_session_is_corruption(store_root):
 
 
 def test_extra_header_keys_are_kept(store_root):
-    write_raw_session(session_path(store_root, "hx"), header_record("hx", cwd="/work", origin="subagent"),
-                      [event_record(0, "x/a", 0)])
+    write_raw_session(session_path(store_root, "hx"), header_record("hx", cwd="/work", origin="subagent"), [event_record(0, "x/a", 0)])
     log = FileStore(store_root).open("hx")
     try:
         assert log.header == {"version": 1, "id": "hx", "createdAt": T0, "cwd": "/work", "origin": "subagent"}
@@ -777,8 +812,7 @@ def test_extra_header_keys_are_kept(store_root):
 
 def test_time_stays_non_decreasing_after_reopen(store_root):
     future = 4_102_444_800_000  # 2100-01-01: later than the wall clock
-    write_raw_session(session_path(store_root, "ft"), header_record("ft"),
-                      [event_record(0, "x/a", 0, time=future)])
+    write_raw_session(session_path(store_root, "ft"), header_record("ft"), [event_record(0, "x/a", 0, time=future)])
     log = FileStore(store_root).open("ft")
     try:
         ev = log.append("x/a", 1)
@@ -871,8 +905,7 @@ def test_repair_keeps_a_corrupt_copy_and_then_opens(store_root):
     try:
         kept = [e.to_json() for e in log.events()]
         assert kept[:2] + kept[3:5] == [e.to_json() for e in evs[:2] + evs[3:]]
-        assert (log[2].type, log[2].data) == ("log/damaged", {"seqs": [2, 2], "lines": [4, 4],
-                                                             "backup": "r.jsonl.corrupt"})
+        assert (log[2].type, log[2].data) == ("log/damaged", {"seqs": [2, 2], "lines": [4, 4], "backup": "r.jsonl.corrupt"})
         assert log[5].type == "log/repaired" and log[5].data["lostSeqs"] == [[2, 2]]
         assert log.append("x/new", 1).seq == 6
     finally:
@@ -895,7 +928,7 @@ def test_J_02_committed_lines_are_never_rewritten(file_store, store_root):
     log.close()
     assert path.read_bytes() == second  # a reopen of a clean log writes nothing
     # after a torn tail only the tail is cut: the committed prefix survives byte for byte
-    path.write_bytes(second + b"0badc0de {\"type\":\"x/e\",\"se")
+    path.write_bytes(second + b'0badc0de {"type":"x/e","se')
     log = file_store.open("j2")
     log.append("x/e", "after-repair")
     log.close()
@@ -1000,7 +1033,11 @@ def test_lock_across_processes(store_root, tmp_path):
         log.append("x/parent", 0)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(store_root), "shared"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        text=True,
     )
     try:
         line = child.stdout.readline()
@@ -1033,7 +1070,11 @@ def test_lock_is_released_when_the_owner_process_dies(store_root, tmp_path):
         log.append("x/parent", 0)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(store_root), "k"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        text=True,
     )
     try:
         assert child.stdout.readline() == "ready\n"

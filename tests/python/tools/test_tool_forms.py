@@ -20,6 +20,7 @@ EMPTY = {"type": "object", "properties": {}}
 
 # ---- the (args, ctx) form ---------------------------------------------------------------------
 
+
 def plain(args, ctx):
     """Echoes its arguments.
 
@@ -58,8 +59,19 @@ class Callable_:
         return f"object {sorted(args.items())}"
 
 
-LEGACY = [plain, annotated, any_args, bare_dict, mapping, undefined_names, with_default, Callable_(),
-          lambda args, ctx: f"lambda {sorted(args.items())}", lambda *_: "star", functools.partial(lambda tag, args, ctx: tag, "partial")]
+LEGACY = [
+    plain,
+    annotated,
+    any_args,
+    bare_dict,
+    mapping,
+    undefined_names,
+    with_default,
+    Callable_(),
+    lambda args, ctx: f"lambda {sorted(args.items())}",
+    lambda *_: "star",
+    functools.partial(lambda tag, args, ctx: tag, "partial"),
+]
 
 
 @pytest.mark.parametrize("fn", LEGACY, ids=lambda f: getattr(f, "__name__", type(f).__name__))
@@ -76,7 +88,10 @@ def test_the_args_ctx_form_is_called_as_always(fn: Any) -> None:
 def test_the_args_ctx_form_keeps_its_whole_docstring_and_given_parameters() -> None:
     parameters = {"type": "object", "properties": {"env": {"type": "string"}}, "required": ["env"]}
     assert spec_of(plain, parameters=parameters) == {
-        "name": "plain", "description": "Echoes its arguments.\n\nArgs:\n    anything: goes.", "parameters": parameters}
+        "name": "plain",
+        "description": "Echoes its arguments.\n\nArgs:\n    anything: goes.",
+        "parameters": parameters,
+    }
     assert Tool("p", plain, parameters=parameters).parameters == parameters
     assert Tool("p", plain, description="Given.").description == "Given."
 
@@ -102,6 +117,7 @@ def test_a_mock_or_a_builtin_is_the_args_ctx_form() -> None:
 
 
 # ---- typed tools ----------------------------------------------------------------------------------
+
 
 def test_a_typed_tool_wraps_its_function() -> None:
     async def search(query: str, limit: int = 10, *, ctx: ToolContext) -> str:
@@ -153,24 +169,30 @@ def test_given_parameters_replace_the_inferred_schema_but_must_describe_the_func
     tool = Tool("fetch", fetch, parameters=given)
     assert tool.typed and tool.parameters == given
     assert run(tool, {"url": "u", "timeout": 1}, name="fetch").text() == "u"  # still checked by the signature
-    with pytest.raises(ValueError, match=r"^tool 'fetch': parameters describes 'uri', which the function has no parameter for "
-                                         r"\(it takes url, timeout\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^tool 'fetch': parameters describes 'uri', which the function has no parameter for "
+        r"\(it takes url, timeout\)$",
+    ):
         Tool("fetch", fetch, parameters={"type": "object", "properties": {"uri": {"type": "string"}}})
     with pytest.raises(ValueError, match=r"^tool 'fetch': parameter 'url' is required by the function but not by parameters$"):
         Tool("fetch", fetch, parameters={"type": "object", "properties": {"url": {"type": "string"}}})
 
 
 def test_import_kerman_and_typed_tools_do_not_import_pydantic() -> None:
-    code = ("import sys, dataclasses, kerman\n"
-            "@dataclasses.dataclass\nclass P:\n    x: int\n"
-            "def t(p: P, n: int = 1) -> str:\n    return ''\n"
-            "kerman.Tool('t', t)\n"
-            "print('pydantic' in sys.modules, 'jsonschema' in sys.modules)\n")
+    code = (
+        "import sys, dataclasses, kerman\n"
+        "@dataclasses.dataclass\nclass P:\n    x: int\n"
+        "def t(p: P, n: int = 1) -> str:\n    return ''\n"
+        "kerman.Tool('t', t)\n"
+        "print('pydantic' in sys.modules, 'jsonschema' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
 
 # ---- refused signatures -----------------------------------------------------------------------
+
 
 def dict_then_int(args: dict, limit: int) -> str:
     return ""
@@ -217,26 +239,43 @@ def undefined(query: "Undefined") -> str:  # noqa: F821
 
 
 REFUSED = [
-    (dict_then_int, "tool 't': the signature is ambiguous: its first parameter 'args: dict' reads as the arguments dict of the "
-                    "(args, ctx) form, whose second parameter is the ToolContext, but 'limit: int' is not. For a typed tool, "
-                    "give 'args' its own type (not Any or a dict of Any), or make the arguments keyword-only "
-                    "(def dict_then_int(*, args: dict, limit: int)); for the (args, ctx) form, annotate the second parameter "
-                    "ToolContext"),
+    (
+        dict_then_int,
+        "tool 't': the signature is ambiguous: its first parameter 'args: dict' reads as the arguments dict of the "
+        "(args, ctx) form, whose second parameter is the ToolContext, but 'limit: int' is not. For a typed tool, "
+        "give 'args' its own type (not Any or a dict of Any), or make the arguments keyword-only "
+        "(def dict_then_int(*, args: dict, limit: int)); for the (args, ctx) form, annotate the second parameter "
+        "ToolContext",
+    ),
     (unannotated_then_int, "tool 't': the signature is ambiguous: its first parameter 'args' reads as the arguments dict"),
-    (unannotated_field, "tool 't', parameter 'limit': it has no annotation; a typed tool's arguments are annotated with their "
-                        "types (Any accepts any JSON value)"),
-    (ctx_not_context, "tool 't', parameter 'ctx': a parameter named ctx receives the ToolContext, but it is annotated int; "
-                      "annotate it ToolContext, or rename it to make it an argument"),
+    (
+        unannotated_field,
+        "tool 't', parameter 'limit': it has no annotation; a typed tool's arguments are annotated with their "
+        "types (Any accepts any JSON value)",
+    ),
+    (
+        ctx_not_context,
+        "tool 't', parameter 'ctx': a parameter named ctx receives the ToolContext, but it is annotated int; "
+        "annotate it ToolContext, or rename it to make it an argument",
+    ),
     (two_contexts, "tool 't', parameter 'b': two parameters receive the ToolContext ('a' and 'b')"),
     (star_args, "tool 't', parameter 'more': a typed tool cannot take *more; name each argument (or use the (args, ctx) form)"),
     (star_kwargs, "tool 't', parameter 'more': a typed tool cannot take **more"),
-    (positional_only, "tool 't', parameter 'query': arguments are passed by keyword, so a typed tool's parameters cannot be "
-                      "positional-only"),
-    (unsupported, "tool 't', parameter 'data': unsupported type bytes; a typed tool's parameters may be str, int, float, bool, "
-                  "None, Any, Optional/Union, Literal, an Enum, list, tuple, dict[str, X], a dataclass, a TypedDict or a pydantic model"),
+    (
+        positional_only,
+        "tool 't', parameter 'query': arguments are passed by keyword, so a typed tool's parameters cannot be positional-only",
+    ),
+    (
+        unsupported,
+        "tool 't', parameter 'data': unsupported type bytes; a typed tool's parameters may be str, int, float, bool, "
+        "None, Any, Optional/Union, Literal, an Enum, list, tuple, dict[str, X], a dataclass, a TypedDict or a pydantic model",
+    ),
     (int_keys, "tool 't', parameter 'data': typing.Dict[int, str]: JSON object keys are strings, so the key type must be str"),
-    (undefined, "tool 't', parameter 'query': cannot resolve the annotation 'Undefined' (NameError: name 'Undefined' is not "
-                "defined); a typed tool's annotations are read at registration, so their names must be defined then"),
+    (
+        undefined,
+        "tool 't', parameter 'query': cannot resolve the annotation 'Undefined' (NameError: name 'Undefined' is not "
+        "defined); a typed tool's annotations are read at registration, so their names must be defined then",
+    ),
 ]
 
 
@@ -261,8 +300,11 @@ def test_a_recursive_type_is_refused() -> None:
     def t(tree: Tree) -> str:
         return ""
 
-    with pytest.raises(TypeError, match=r"^tool 't', field Tree.children items: Tree refers to itself; recursive types are "
-                                        r"not supported in a typed tool$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^tool 't', field Tree.children items: Tree refers to itself; recursive types are "
+        r"not supported in a typed tool$",
+    ):
         Tool("t", t)
 
 

@@ -57,21 +57,31 @@ VALID: List[Dict[str, Any]] = [
         "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}}}},
         "$comment": "every keyword in use",
     },
-    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
-     "properties": {"pair": {"type": "array", "items": [{"type": "integer"}], "additionalItems": False},
-                    "ref": {"$ref": "#/definitions/d"}},
-     "definitions": {"d": {"type": "string"}}, "dependencies": {"pair": ["ref"], "ref": {"required": ["pair"]}}},
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {
+            "pair": {"type": "array", "items": [{"type": "integer"}], "additionalItems": False},
+            "ref": {"$ref": "#/definitions/d"},
+        },
+        "definitions": {"d": {"type": "string"}},
+        "dependencies": {"pair": ["ref"], "ref": {"required": ["pair"]}},
+    },
 ]
 
 # What is not a JSON Schema at all (the jsonschema package refuses each too).
 INVALID = [
     ({"type": "object", "properties": []}, "properties: expected an object mapping names to schemas, got list"),
     ({"type": "object", "properties": {"env": "string"}}, 'properties.env: expected a schema (an object or a boolean), got "string"'),
-    ({"type": "object", "properties": {"env": {"type": "strnig"}}},
-     'properties.env.type: "strnig" is not a JSON Schema type (one of "array", "boolean", "integer", "null", "number", "object", '
-     '"string")'),
-    ({"type": "object", "properties": {"env": {"type": ["string", "string"]}}},
-     "properties.env.type: expected a type name or a non-empty list of distinct type names"),
+    (
+        {"type": "object", "properties": {"env": {"type": "strnig"}}},
+        'properties.env.type: "strnig" is not a JSON Schema type (one of "array", "boolean", "integer", "null", "number", "object", '
+        '"string")',
+    ),
+    (
+        {"type": "object", "properties": {"env": {"type": ["string", "string"]}}},
+        "properties.env.type: expected a type name or a non-empty list of distinct type names",
+    ),
     ({"type": "object", "properties": {"env": {"type": []}}}, "properties.env.type: expected a type name or a non-empty list"),
     ({"type": "object", "required": "env"}, 'required: expected a list of property names (strings), got "env"'),
     ({"type": "object", "required": [1]}, "required: expected a list of property names (strings), got list"),
@@ -88,8 +98,10 @@ INVALID = [
     ({"type": "object", "properties": {"a": {"description": 5}}}, "properties.a.description: expected a string, got 5"),
     ({"type": "object", "$defs": {"d": []}}, "$defs.d: expected a schema (an object or a boolean), got list"),
     ({"type": "object", "dependentRequired": {"a": "b"}}, 'dependentRequired.a: expected a list of property names (strings), got "b"'),
-    ({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}},
-     "properties.a.prefixItems: expected a non-empty list of schemas, got list"),
+    (
+        {"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}},
+        "properties.a.prefixItems: expected a non-empty list of schemas, got list",
+    ),
     ({"type": "object", "properties": {"a b": {"type": "nope"}}}, 'properties["a b"].type: "nope" is not a JSON Schema type'),
 ]
 
@@ -99,10 +111,14 @@ NOT_FOR_A_TOOL = [
     ({"type": "string"}, 'a tool\'s arguments are an object: the schema needs "type": "object" at the top, got "string"'),
     ({"type": ["object", "null"]}, 'a tool\'s arguments are an object: the schema needs "type": "object" at the top, got list'),
     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, 'required: names "b", which is not in properties'),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
-     'properties.a.$ref: "#/$defs/missing" does not point to a part of the schema'),
-    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
-     'properties.a.$ref: "other.json#/x" points outside the schema; a tool\'s schema must be self-contained (#/$defs/...)'),
+    (
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+        'properties.a.$ref: "#/$defs/missing" does not point to a part of the schema',
+    ),
+    (
+        {"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
+        'properties.a.$ref: "other.json#/x" points outside the schema; a tool\'s schema must be self-contained (#/$defs/...)',
+    ),
     ({"type": "object", "properties": {"a": {"default": math.nan}}}, "properties.a.default: not JSON (Out of range float values"),
     ({"type": "object", "properties": {"a": {"enum": [{1, 2}]}}}, "properties.a.enum: not JSON (Object of type set"),
 ]
@@ -128,8 +144,11 @@ def test_invalid_schemas_are_refused_at_registration_naming_the_problem(schema: 
 
 def test_parameters_that_are_not_a_dict_are_refused() -> None:
     for value, shown in (([], "list"), ("{}", "str"), (5, "int")):
-        with pytest.raises(ValueError, match=rf"^tool 't': invalid parameters schema: expected a JSON Schema object \(a dict\), "
-                                             rf"got {shown}$"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^tool 't': invalid parameters schema: expected a JSON Schema object \(a dict\), "
+            rf"got {shown}$",
+        ):
             Tool("t", body, parameters=value)
 
 

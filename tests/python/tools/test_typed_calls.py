@@ -46,8 +46,15 @@ class Recorder:
 
 
 def search_tool(seen: List[Dict[str, Any]]) -> Any:
-    async def search(query: str, limit: int = 10, filters: Optional[Filters] = None, unit: Unit = Unit.CELSIUS,
-                     mode: Literal["fast", "exact"] = "fast", *, ctx: ToolContext) -> str:
+    async def search(
+        query: str,
+        limit: int = 10,
+        filters: Optional[Filters] = None,
+        unit: Unit = Unit.CELSIUS,
+        mode: Literal["fast", "exact"] = "fast",
+        *,
+        ctx: ToolContext,
+    ) -> str:
         seen.append({"query": query, "limit": limit, "filters": filters, "unit": unit, "mode": mode, "call": ctx.call_id})
         return f"found {query}"
 
@@ -67,49 +74,75 @@ def refused(arguments: Any) -> str:
     assert [e.data["reason"]["kind"] for e in ran.loop.log.events(types="turn/end")] == ["completed"]
     text = ran.text()
     assert text.startswith("invalid tool arguments: ")
-    return text[len("invalid tool arguments: "):]
+    return text[len("invalid tool arguments: ") :]
 
 
 # ---- invalid arguments ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"query": "x", "limit": "ten"}, 'limit: expected an integer, got "ten"'),
-    ({"query": "x", "limit": "10"}, 'limit: expected an integer, got "10"'),  # no coercion from strings
-    ({"query": "x", "limit": True}, "limit: expected an integer, got true"),  # a bool is not an int
-    ({"query": "x", "limit": 2.5}, "limit: expected an integer, got 2.5"),
-    ({"query": "x", "limit": None}, "limit: expected an integer, got null"),  # a default is not Optional
-    ({"query": 3}, "query: expected a string, got 3"),
-    ({"query": ["a"]}, "query: expected a string, got an array"),
-    ({}, 'missing required field "query"'),
-    ({"query": "x", "qeury": "y"}, 'unexpected field "qeury" (did you mean "query"?)'),
-    ({"query": "x", "zzz": 1}, 'unexpected field "zzz"'),
-    ({"query": "x", "filters": {"tags": ["a", "b", 3]}}, "filters.tags[2]: expected a string, got 3"),
-    ({"query": "x", "filters": {}}, 'filters: missing required field "tags"'),
-    ({"query": "x", "filters": {"tags": [], "size": 1}}, 'filters: unexpected field "size"'),
-    ({"query": "x", "filters": {"tags": [], "near": {"x": 1, "y": "2"}}}, 'filters.near.y: expected a number, got "2"'),
-    ({"query": "x", "filters": "tags"}, 'filters: expected an object or null, got "tags"'),
-    ({"query": "x", "unit": "k"}, 'unit: expected one of "c", "f", got "k"'),
-    ({"query": "x", "unit": "C"}, 'unit: expected one of "c", "f", got "C"'),
-    ({"query": "x", "mode": "slow"}, 'mode: expected one of "fast", "exact", got "slow"'),
-    ({"query": "x", "mode": ["fast"]}, 'mode: expected one of "fast", "exact", got an array'),
-    ("[1, 2]", "expected an object, got an array"),
-    ('"query"', 'expected an object, got "query"'),
-], ids=["wrong-type", "int-as-string", "bool-for-int", "fraction-for-int", "null-for-default", "int-for-str",
-        "array-for-str", "missing", "unexpected-close", "unexpected", "nested-path", "nested-missing",
-        "nested-unexpected", "deeper-path", "not-an-object", "enum", "enum-case", "literal", "literal-unhashable",
-        "arguments-an-array", "arguments-a-string"])
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"query": "x", "limit": "ten"}, 'limit: expected an integer, got "ten"'),
+        ({"query": "x", "limit": "10"}, 'limit: expected an integer, got "10"'),  # no coercion from strings
+        ({"query": "x", "limit": True}, "limit: expected an integer, got true"),  # a bool is not an int
+        ({"query": "x", "limit": 2.5}, "limit: expected an integer, got 2.5"),
+        ({"query": "x", "limit": None}, "limit: expected an integer, got null"),  # a default is not Optional
+        ({"query": 3}, "query: expected a string, got 3"),
+        ({"query": ["a"]}, "query: expected a string, got an array"),
+        ({}, 'missing required field "query"'),
+        ({"query": "x", "qeury": "y"}, 'unexpected field "qeury" (did you mean "query"?)'),
+        ({"query": "x", "zzz": 1}, 'unexpected field "zzz"'),
+        ({"query": "x", "filters": {"tags": ["a", "b", 3]}}, "filters.tags[2]: expected a string, got 3"),
+        ({"query": "x", "filters": {}}, 'filters: missing required field "tags"'),
+        ({"query": "x", "filters": {"tags": [], "size": 1}}, 'filters: unexpected field "size"'),
+        ({"query": "x", "filters": {"tags": [], "near": {"x": 1, "y": "2"}}}, 'filters.near.y: expected a number, got "2"'),
+        ({"query": "x", "filters": "tags"}, 'filters: expected an object or null, got "tags"'),
+        ({"query": "x", "unit": "k"}, 'unit: expected one of "c", "f", got "k"'),
+        ({"query": "x", "unit": "C"}, 'unit: expected one of "c", "f", got "C"'),
+        ({"query": "x", "mode": "slow"}, 'mode: expected one of "fast", "exact", got "slow"'),
+        ({"query": "x", "mode": ["fast"]}, 'mode: expected one of "fast", "exact", got an array'),
+        ("[1, 2]", "expected an object, got an array"),
+        ('"query"', 'expected an object, got "query"'),
+    ],
+    ids=[
+        "wrong-type",
+        "int-as-string",
+        "bool-for-int",
+        "fraction-for-int",
+        "null-for-default",
+        "int-for-str",
+        "array-for-str",
+        "missing",
+        "unexpected-close",
+        "unexpected",
+        "nested-path",
+        "nested-missing",
+        "nested-unexpected",
+        "deeper-path",
+        "not-an-object",
+        "enum",
+        "enum-case",
+        "literal",
+        "literal-unhashable",
+        "arguments-an-array",
+        "arguments-a-string",
+    ],
+)
 def test_invalid_arguments_are_an_error_result_naming_the_field(arguments: Any, message: str) -> None:
     assert refused(arguments) == message
 
 
 def test_every_field_in_error_is_named_at_once() -> None:
-    assert refused({"limit": "ten", "unit": 1, "extra": 0}) == \
-        'missing required field "query"; limit: expected an integer, got "ten"; unit: expected one of "c", "f", got 1; ' \
+    assert (
+        refused({"limit": "ten", "unit": 1, "extra": 0})
+        == 'missing required field "query"; limit: expected an integer, got "ten"; unit: expected one of "c", "f", got 1; '
         'unexpected field "extra"'
+    )
 
 
 def test_a_long_value_is_cut_in_the_message() -> None:
-    assert refused({"query": "x", "limit": "y" * 100}) == 'limit: expected an integer, got "' + "y" * 56 + '...'
+    assert refused({"query": "x", "limit": "y" * 100}) == 'limit: expected an integer, got "' + "y" * 56 + "..."
 
 
 def test_the_model_gets_the_error_in_the_next_request() -> None:
@@ -134,10 +167,14 @@ def test_several_calls_in_one_step_are_each_checked() -> None:
 
 # ---- valid arguments, converted -----------------------------------------------------------------
 
+
 def test_valid_arguments_are_converted_and_defaults_apply() -> None:
     seen: List[Dict[str, Any]] = []
-    ran = run(search_tool(seen), {"query": "x"}, {"query": "y", "limit": 3, "unit": "f", "mode": "exact",
-                                                   "filters": {"tags": ["a"], "near": {"x": 1, "y": 2.5}}})
+    ran = run(
+        search_tool(seen),
+        {"query": "x"},
+        {"query": "y", "limit": 3, "unit": "f", "mode": "exact", "filters": {"tags": ["a"], "near": {"x": 1, "y": 2.5}}},
+    )
     assert [ran.text(0), ran.text(1)] == ["found x", "found y"]
     assert not ran.is_error(0) and not ran.is_error(1)
     first, second = sorted(seen, key=lambda c: c["call"])
@@ -151,31 +188,55 @@ def test_valid_arguments_are_converted_and_defaults_apply() -> None:
 def test_containers_are_built_as_annotated() -> None:
     got: List[Any] = []
 
-    def t(pair: Tuple[int, str], rest: Tuple[float, ...], grid: Dict[str, List[Point]], movie: Movie,
-          either: Union[int, Point], n: int, anything: Any = None) -> str:
+    def t(
+        pair: Tuple[int, str],
+        rest: Tuple[float, ...],
+        grid: Dict[str, List[Point]],
+        movie: Movie,
+        either: Union[int, Point],
+        n: int,
+        anything: Any = None,
+    ) -> str:
         got.extend([pair, rest, grid, movie, either, n, anything])
         return "ok"
 
-    ran = run(t, {"pair": [1, "a"], "rest": [1, 2.5], "grid": {"a b": [{"x": 0, "y": 1}]}, "movie": {"title": "M", "year": 1999},
-                  "either": {"x": 1, "y": 2}, "n": 10.0, "anything": {"k": [1]}})
+    ran = run(
+        t,
+        {
+            "pair": [1, "a"],
+            "rest": [1, 2.5],
+            "grid": {"a b": [{"x": 0, "y": 1}]},
+            "movie": {"title": "M", "year": 1999},
+            "either": {"x": 1, "y": 2},
+            "n": 10.0,
+            "anything": {"k": [1]},
+        },
+    )
     assert ran.text() == "ok"
     assert got == [(1, "a"), (1.0, 2.5), {"a b": [Point(0, 1)]}, {"title": "M", "year": 1999}, Point(1, 2), 10, {"k": [1]}]
     assert type(got[5]) is int  # 10.0 is an integer to JSON Schema
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"pair": [1]}, "pair: expected an array of 2 items, got 1"),
-    ({"pair": [1, 2]}, "pair[1]: expected a string, got 2"),
-    ({"grid": {"a b": [{"x": 0}]}}, 'grid["a b"][0]: missing required field "y"'),
-    ({"movie": {"title": "M", "year": "1999"}}, 'movie.year: expected an integer, got "1999"'),
-    ({"either": "x"}, 'either: expected an integer or an object, got "x"'),
-    ({"either": {"x": 1}}, 'either: missing required field "y"'),  # the one alternative that takes an object
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"pair": [1]}, "pair: expected an array of 2 items, got 1"),
+        ({"pair": [1, 2]}, "pair[1]: expected a string, got 2"),
+        ({"grid": {"a b": [{"x": 0}]}}, 'grid["a b"][0]: missing required field "y"'),
+        ({"movie": {"title": "M", "year": "1999"}}, 'movie.year: expected an integer, got "1999"'),
+        ({"either": "x"}, 'either: expected an integer or an object, got "x"'),
+        ({"either": {"x": 1}}, 'either: missing required field "y"'),  # the one alternative that takes an object
+    ],
+)
 def test_container_errors_name_the_path(arguments: Any, message: str) -> None:
     ran_with: List[Any] = []
 
-    def t(pair: Tuple[int, str] = (0, ""), grid: Optional[Dict[str, List[Point]]] = None, movie: Optional[Movie] = None,
-          either: Union[int, Point] = 0) -> str:
+    def t(
+        pair: Tuple[int, str] = (0, ""),
+        grid: Optional[Dict[str, List[Point]]] = None,
+        movie: Optional[Movie] = None,
+        either: Union[int, Point] = 0,
+    ) -> str:
         ran_with.append(1)
         return "ok"
 
@@ -184,6 +245,7 @@ def test_container_errors_name_the_path(arguments: Any, message: str) -> None:
 
 
 # ---- the body: sync, async, awaitables, results, exceptions -------------------------------------
+
 
 def test_sync_async_and_awaitable_returning_bodies_work() -> None:
     def sync(n: int) -> str:
@@ -218,9 +280,11 @@ def test_the_context_arrives_by_keyword() -> None:
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_an_exception_in_the_body_reports_as_any_tools(asynchronous: bool, caplog: Any) -> None:
     if asynchronous:
+
         async def lookup(key: str) -> str:
             raise KeyError(key)
     else:
+
         def lookup(key: str) -> str:
             raise KeyError(key)
 
@@ -229,7 +293,7 @@ def test_an_exception_in_the_body_reports_as_any_tools(asynchronous: bool, caplo
     assert ran.text() == "'k'" and ran.is_error()
     assert error["name"] == "KeyError" and error["code"] == "TOOL_ERROR"
     assert error["function"].endswith("lookup")  # the user's function, not the adapter
-    assert 'raise KeyError(key)' in error["traceback"] and "test_typed_calls.py" in error["traceback"]
+    assert "raise KeyError(key)" in error["traceback"] and "test_typed_calls.py" in error["traceback"]
     assert len(ran.errors) == 1 and isinstance(ran.errors[0].exception, KeyError)
     assert ran.errors[0].function == error["function"]
 
@@ -253,6 +317,7 @@ def test_a_dataclass_that_refuses_its_values_is_a_tool_error() -> None:
 
 # ---- pydantic -------------------------------------------------------------------------------------
 
+
 def test_a_pydantic_model_is_validated_and_constructed() -> None:
     pydantic = pytest.importorskip("pydantic")
 
@@ -273,8 +338,13 @@ def test_a_pydantic_model_is_validated_and_constructed() -> None:
     schema = parameters_of(t)
     person = Person.model_json_schema()
     definitions = person.pop("$defs")
-    assert schema == {"type": "object", "properties": {"person": person, "note": {"type": "string", "default": ""}},
-                      "required": ["person"], "additionalProperties": False, "$defs": definitions}
+    assert schema == {
+        "type": "object",
+        "properties": {"person": person, "note": {"type": "string", "default": ""}},
+        "required": ["person"],
+        "additionalProperties": False,
+        "$defs": definitions,
+    }
     assert schema["properties"]["person"]["properties"]["home"] == {"$ref": "#/$defs/Address"}
 
     ran = run(t, {"person": {"name": "Ada", "home": {"city": "London"}}})
@@ -295,6 +365,7 @@ def test_a_pydantic_model_is_validated_and_constructed() -> None:
 def test_a_legacy_tool_raising_invalid_arguments_gets_the_same_result(lone):
     """``InvalidToolArgumentsError`` from an ``(args, ctx)`` body reads as the model's mistake,
     as a typed tool's refusal does: the INVALID_ARGUMENTS code, and no report."""
+
     async def picky(args: Dict[str, Any], ctx: ToolContext) -> str:
         if "path" not in args:
             raise kerman.InvalidToolArgumentsError('missing required field "path"')

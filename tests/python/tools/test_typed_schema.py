@@ -87,6 +87,7 @@ UserId = NewType("UserId", int)
 
 # ---- scalars, defaults, context --------------------------------------------------------------
 
+
 def test_scalars_are_their_json_types_and_each_is_required() -> None:
     def t(s: str, i: int, f: float, b: bool, n: None) -> str:
         return ""
@@ -98,13 +99,16 @@ def test_a_default_makes_a_field_optional_and_is_the_schemas_default() -> None:
     def t(query: str, limit: int = 10, exact: bool = False, unit: Unit = Unit.CELSIUS, pair: Tuple[int, int] = (1, 2)) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "query": STRING,
-        "limit": {"type": "integer", "default": 10},
-        "exact": {"type": "boolean", "default": False},
-        "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
-        "pair": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [INTEGER, INTEGER], "default": [1, 2]},
-    }, ["query"])
+    assert parameters_of(t) == obj(
+        {
+            "query": STRING,
+            "limit": {"type": "integer", "default": 10},
+            "exact": {"type": "boolean", "default": False},
+            "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
+            "pair": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [INTEGER, INTEGER], "default": [1, 2]},
+        },
+        ["query"],
+    )
 
 
 def test_a_default_that_is_not_json_is_left_out_of_the_schema() -> None:
@@ -149,56 +153,85 @@ def test_any_is_the_empty_schema() -> None:
 
 # ---- unions, literals, enums ----------------------------------------------------------------
 
+
 def test_optional_and_unions_are_any_of() -> None:
     def t(a: Optional[str], b: int | None, c: Union[int, str], d: str | None = None) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "a": {"anyOf": [STRING, NULL]},
-        "b": {"anyOf": [INTEGER, NULL]},
-        "c": {"anyOf": [INTEGER, STRING]},
-        "d": {"anyOf": [STRING, NULL], "default": None},
-    }, ["a", "b", "c"])
+    assert parameters_of(t) == obj(
+        {
+            "a": {"anyOf": [STRING, NULL]},
+            "b": {"anyOf": [INTEGER, NULL]},
+            "c": {"anyOf": [INTEGER, STRING]},
+            "d": {"anyOf": [STRING, NULL], "default": None},
+        },
+        ["a", "b", "c"],
+    )
 
 
 def test_literals_and_enums_are_enums_typed_when_their_values_share_a_type() -> None:
-    def t(mode: Literal["fast", "slow"], n: Literal[1, 2, 3], mixed: Literal["a", 1, None], unit: Unit, level: Level,
-          m: Mixed, pick: Literal[Unit.CELSIUS]) -> str:
+    def t(
+        mode: Literal["fast", "slow"],
+        n: Literal[1, 2, 3],
+        mixed: Literal["a", 1, None],
+        unit: Unit,
+        level: Level,
+        m: Mixed,
+        pick: Literal[Unit.CELSIUS],
+    ) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "mode": {"type": "string", "enum": ["fast", "slow"]},
-        "n": {"type": "integer", "enum": [1, 2, 3]},
-        "mixed": {"enum": ["a", 1, None]},
-        "unit": {"type": "string", "enum": ["c", "f"]},
-        "level": {"type": "integer", "enum": [1, 2]},
-        "m": {"enum": [1, "two"]},
-        "pick": {"type": "string", "enum": ["c"]},
-    }, ["mode", "n", "mixed", "unit", "level", "m", "pick"])
+    assert parameters_of(t) == obj(
+        {
+            "mode": {"type": "string", "enum": ["fast", "slow"]},
+            "n": {"type": "integer", "enum": [1, 2, 3]},
+            "mixed": {"enum": ["a", 1, None]},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "level": {"type": "integer", "enum": [1, 2]},
+            "m": {"enum": [1, "two"]},
+            "pick": {"type": "string", "enum": ["c"]},
+        },
+        ["mode", "n", "mixed", "unit", "level", "m", "pick"],
+    )
 
 
 # ---- containers -------------------------------------------------------------------------------
 
+
 def test_lists_tuples_and_dicts() -> None:
-    def t(a: list[str], b: List[int], c: list, d: tuple[int, str], e: Tuple[float, ...], f: tuple,
-          g: dict[str, int], h: Dict[str, List[bool]], i: dict, j: Mapping[str, float], k: list[list[int]],
-          m: Sequence[str]) -> str:
+    def t(
+        a: list[str],
+        b: List[int],
+        c: list,
+        d: tuple[int, str],
+        e: Tuple[float, ...],
+        f: tuple,
+        g: dict[str, int],
+        h: Dict[str, List[bool]],
+        i: dict,
+        j: Mapping[str, float],
+        k: list[list[int]],
+        m: Sequence[str],
+    ) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "a": {"type": "array", "items": STRING},
-        "b": {"type": "array", "items": INTEGER},
-        "c": {"type": "array"},
-        "d": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [INTEGER, STRING]},
-        "e": {"type": "array", "items": NUMBER},
-        "f": {"type": "array"},
-        "g": {"type": "object", "additionalProperties": INTEGER},
-        "h": {"type": "object", "additionalProperties": {"type": "array", "items": BOOLEAN}},
-        "i": {"type": "object"},
-        "j": {"type": "object", "additionalProperties": NUMBER},
-        "k": {"type": "array", "items": {"type": "array", "items": INTEGER}},
-        "m": {"type": "array", "items": STRING},
-    }, list("abcdefghijkm"))
+    assert parameters_of(t) == obj(
+        {
+            "a": {"type": "array", "items": STRING},
+            "b": {"type": "array", "items": INTEGER},
+            "c": {"type": "array"},
+            "d": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [INTEGER, STRING]},
+            "e": {"type": "array", "items": NUMBER},
+            "f": {"type": "array"},
+            "g": {"type": "object", "additionalProperties": INTEGER},
+            "h": {"type": "object", "additionalProperties": {"type": "array", "items": BOOLEAN}},
+            "i": {"type": "object"},
+            "j": {"type": "object", "additionalProperties": NUMBER},
+            "k": {"type": "array", "items": {"type": "array", "items": INTEGER}},
+            "m": {"type": "array", "items": STRING},
+        },
+        list("abcdefghijkm"),
+    )
 
 
 def test_a_dataclass_is_a_closed_object_with_its_docstring_and_defaults() -> None:
@@ -206,25 +239,35 @@ def test_a_dataclass_is_a_closed_object_with_its_docstring_and_defaults() -> Non
         return ""
 
     point = obj({"x": NUMBER, "y": NUMBER}, ["x", "y"])
-    assert parameters_of(t) == obj({
-        "filters": obj({
-            "tags": {"type": "array", "items": STRING, "description": "Tags that must all match."},
-            "near": {"anyOf": [point, NULL], "description": "Where to look around.", "default": None},
-            "year": {"type": "integer", "default": 2024},
-            "seen": {"type": "array", "items": STRING},  # a default_factory: optional, no default shown
-        }, ["tags"], description="Narrows a search."),  # init=False fields are not arguments
-        "origin": {"anyOf": [point, NULL], "default": None},
-    }, ["filters"])
+    assert parameters_of(t) == obj(
+        {
+            "filters": obj(
+                {
+                    "tags": {"type": "array", "items": STRING, "description": "Tags that must all match."},
+                    "near": {"anyOf": [point, NULL], "description": "Where to look around.", "default": None},
+                    "year": {"type": "integer", "default": 2024},
+                    "seen": {"type": "array", "items": STRING},  # a default_factory: optional, no default shown
+                },
+                ["tags"],
+                description="Narrows a search.",
+            ),  # init=False fields are not arguments
+            "origin": {"anyOf": [point, NULL], "default": None},
+        },
+        ["filters"],
+    )
 
 
 def test_typeddicts_keep_their_required_keys() -> None:
     def t(movie: Movie, partial: Partial) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "movie": obj({"title": STRING, "year": INTEGER}, ["title", "year"]),
-        "partial": obj({"title": STRING, "year": INTEGER}),
-    }, ["movie", "partial"])
+    assert parameters_of(t) == obj(
+        {
+            "movie": obj({"title": STRING, "year": INTEGER}, ["title", "year"]),
+            "partial": obj({"title": STRING, "year": INTEGER}),
+        },
+        ["movie", "partial"],
+    )
 
 
 if sys.version_info >= (3, 11):
@@ -246,14 +289,18 @@ def test_annotated_gives_a_description_and_newtype_its_base() -> None:
     def t(query: Annotated[str, "What to look for."], user: UserId, n: Annotated[int, 42, "Count."] = 3) -> str:
         return ""
 
-    assert parameters_of(t) == obj({
-        "query": {"type": "string", "description": "What to look for."},
-        "user": INTEGER,
-        "n": {"type": "integer", "description": "Count.", "default": 3},
-    }, ["query", "user"])
+    assert parameters_of(t) == obj(
+        {
+            "query": {"type": "string", "description": "What to look for."},
+            "user": INTEGER,
+            "n": {"type": "integer", "description": "Count.", "default": 3},
+        },
+        ["query", "user"],
+    )
 
 
 # ---- docstrings --------------------------------------------------------------------------------
+
 
 def google(query: str, limit: int = 10) -> str:
     """Searches the index for documents.
@@ -306,10 +353,13 @@ def test_docstring_styles_give_descriptions(fn: Any) -> None:
     assert spec_of(fn) == {
         "name": fn.__name__,
         "description": "Searches the index for documents.",
-        "parameters": obj({
-            "query": {"type": "string", "description": "The words to look for, all of them."},
-            "limit": {"type": "integer", "description": "At most this many results.", "default": 10},
-        }, ["query"]),
+        "parameters": obj(
+            {
+                "query": {"type": "string", "description": "The words to look for, all of them."},
+                "limit": {"type": "integer", "description": "At most this many results.", "default": 10},
+            },
+            ["query"],
+        ),
     }
 
 
@@ -322,8 +372,11 @@ def test_the_description_is_the_first_paragraph_joined_and_annotated_wins() -> N
         """
         return ""
 
-    assert spec_of(t) == {"name": "t", "description": "Looks things up quickly.",
-                          "parameters": obj({"query": {"type": "string", "description": "From Annotated."}}, ["query"])}
+    assert spec_of(t) == {
+        "name": "t",
+        "description": "Looks things up quickly.",
+        "parameters": obj({"query": {"type": "string", "description": "From Annotated."}}, ["query"]),
+    }
 
 
 def test_a_given_description_wins_and_no_docstring_is_empty() -> None:
@@ -352,10 +405,18 @@ def test_parse_docstring_edge_cases() -> None:
 
 # ---- every inferred schema is a valid tool schema ---------------------------------------------
 
+
 @pytest.mark.parametrize("fn", [google, numpy, sphinx], ids=lambda f: f.__name__)
 def test_inferred_schemas_pass_the_parameters_check(fn: Any) -> None:
-    def rich(a: Filters, b: Movie, c: Literal["x", 1], d: Unit, e: tuple[int, str], f: dict[str, list[Point]],
-             g: Optional[Union[int, str]] = None) -> str:
+    def rich(
+        a: Filters,
+        b: Movie,
+        c: Literal["x", 1],
+        d: Unit,
+        e: tuple[int, str],
+        f: dict[str, list[Point]],
+        g: Optional[Union[int, str]] = None,
+    ) -> str:
         return ""
 
     for schema in (parameters_of(fn), parameters_of(rich)):

@@ -27,11 +27,22 @@ def text_chunks(*parts: str) -> list[dict]:
 
 async def text(store: kerman.FileStore) -> None:
     """Two prompts queued at once: streamed text, a queue of one, an empty delta, usage."""
-    loop = kerman.AgentLoop(ScriptedModel([
-        [{"type": "text-delta", "text": "Hel"}, {"type": "text-delta", "text": ""}, {"type": "text-delta", "text": "lo, "},
-         {"type": "text-delta", "text": "wörld"}, {"type": "usage", "input": 5, "output": 3}, {"type": "finish", "reason": "stop"}],
-        text_chunks("Second ", "answer"),
-    ]), log=store.create("text"))
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                [
+                    {"type": "text-delta", "text": "Hel"},
+                    {"type": "text-delta", "text": ""},
+                    {"type": "text-delta", "text": "lo, "},
+                    {"type": "text-delta", "text": "wörld"},
+                    {"type": "usage", "input": 5, "output": 3},
+                    {"type": "finish", "reason": "stop"},
+                ],
+                text_chunks("Second ", "answer"),
+            ]
+        ),
+        log=store.create("text"),
+    )
     loop.followup("hi")
     loop.followup("and again")
     await loop.when_idle()
@@ -40,14 +51,26 @@ async def text(store: kerman.FileStore) -> None:
 
 async def tools(store: kerman.FileStore) -> None:
     """A streamed tool call, two parallel calls (one unknown, one raising), whole replies."""
-    loop = kerman.AgentLoop(ScriptedModel([
-        [{"type": "text-delta", "text": "Let me look."},
-         {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": "kerman"}'}, {"type": "finish", "reason": "stop"}],
-        kerman.ModelReply([{"type": "reasoning", "text": "two more"},
-                           {"type": "tool-call", "id": "c2", "name": "broken", "arguments": "{}"},
-                           {"type": "tool-call", "id": "c3", "name": "missing", "arguments": "{}"}]),
-        kerman.ModelReply("All done."),
-    ]), log=store.create("tools"))
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                [
+                    {"type": "text-delta", "text": "Let me look."},
+                    {"type": "tool-call", "id": "c1", "name": "lookup", "arguments": '{"q": "kerman"}'},
+                    {"type": "finish", "reason": "stop"},
+                ],
+                kerman.ModelReply(
+                    [
+                        {"type": "reasoning", "text": "two more"},
+                        {"type": "tool-call", "id": "c2", "name": "broken", "arguments": "{}"},
+                        {"type": "tool-call", "id": "c3", "name": "missing", "arguments": "{}"},
+                    ]
+                ),
+                kerman.ModelReply("All done."),
+            ]
+        ),
+        log=store.create("tools"),
+    )
 
     @loop.tool
     async def lookup(q: str) -> str:
@@ -68,10 +91,15 @@ async def steering(store: kerman.FileStore) -> None:
     """A steer and an injected context while a tool runs; both enter the next step."""
     entered = asyncio.Event()
     go = asyncio.Event()
-    loop = kerman.AgentLoop(ScriptedModel([
-        [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
-        text_chunks("Steered: ", "short plan."),
-    ]), log=store.create("steering"))
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
+                text_chunks("Steered: ", "short plan."),
+            ]
+        ),
+        log=store.create("steering"),
+    )
 
     @loop.tool
     async def wait() -> str:
@@ -193,13 +221,22 @@ async def errors(store: kerman.FileStore) -> None:
 async def decisions(store: kerman.FileStore) -> None:
     """A step asks twice (one approval with a note and an expiry, one edited) while a third call
     needs none; then a step whose approval is denied; the turn goes on to the end."""
-    loop = kerman.AgentLoop(ScriptedModel([
-        kerman.ModelReply([{"type": "tool-call", "id": "d1", "name": "transfer", "arguments": '{"amount": 900}'},
-                           {"type": "tool-call", "id": "d2", "name": "transfer", "arguments": '{"amount": 50}'},
-                           {"type": "tool-call", "id": "d3", "name": "lookup", "arguments": '{"q": "rates"}'}]),
-        kerman.ModelReply([{"type": "tool-call", "id": "d4", "name": "transfer", "arguments": '{"amount": 7000}'}]),
-        kerman.ModelReply("Two moved, one refused."),
-    ]), log=store.create("decisions"))
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                kerman.ModelReply(
+                    [
+                        {"type": "tool-call", "id": "d1", "name": "transfer", "arguments": '{"amount": 900}'},
+                        {"type": "tool-call", "id": "d2", "name": "transfer", "arguments": '{"amount": 50}'},
+                        {"type": "tool-call", "id": "d3", "name": "lookup", "arguments": '{"q": "rates"}'},
+                    ]
+                ),
+                kerman.ModelReply([{"type": "tool-call", "id": "d4", "name": "transfer", "arguments": '{"amount": 7000}'}]),
+                kerman.ModelReply("Two moved, one refused."),
+            ]
+        ),
+        log=store.create("decisions"),
+    )
 
     @loop.tool(needs_approval=True)
     async def transfer(amount: int) -> str:
@@ -232,10 +269,18 @@ async def decisions(store: kerman.FileStore) -> None:
 async def closers(store: kerman.FileStore, root: Path) -> None:
     """The process stops during a tool call; opening the session appends the closers."""
     inside = asyncio.Event()
-    loop = kerman.AgentLoop(ScriptedModel([
-        [{"type": "text-delta", "text": "Running it."}, {"type": "tool-call", "id": "t1", "name": "slow", "arguments": "{}"},
-         {"type": "finish", "reason": "stop"}],
-    ]), log=store.create("closers"))
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                [
+                    {"type": "text-delta", "text": "Running it."},
+                    {"type": "tool-call", "id": "t1", "name": "slow", "arguments": "{}"},
+                    {"type": "finish", "reason": "stop"},
+                ],
+            ]
+        ),
+        log=store.create("closers"),
+    )
 
     @loop.tool
     async def slow() -> str:

@@ -33,8 +33,7 @@ def test_golden(name, protocol, tmp_path):
 
 
 def test_every_scenario_is_recorded():
-    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers",
-                         "decisions"}
+    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers", "decisions"}
 
 
 @pytest.mark.parametrize("name", LOGS)
@@ -60,7 +59,7 @@ def test_resuming_after_any_event_id_gives_exactly_the_rest(name, protocol, tmp_
     outputs = list(PROTOCOLS[protocol](events))
     assert len({u.id for u in outputs}) == len(outputs)  # ids are unique
     for i, u in enumerate(outputs):
-        assert list(PROTOCOLS[protocol](events, after=u.id)) == outputs[i + 1:], u.id
+        assert list(PROTOCOLS[protocol](events, after=u.id)) == outputs[i + 1 :], u.id
     for event in events:  # a plain seq (the kerman protocol's ids) resumes after all its outputs
         assert list(PROTOCOLS[protocol](events, after=event.seq)) == [u for u in outputs if u.seq > event.seq]
 
@@ -145,8 +144,11 @@ def test_agui_transcript_equals_the_log(name, tmp_path):
             assert run is not None and open_text is None
             calls.setdefault(d["toolCallId"], []).append(t)
     assert run is None and open_text is None
-    assert all(seq == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
-               or seq == ["TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"] for seq in calls.values()), calls
+    assert all(
+        seq == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+        or seq == ["TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+        for seq in calls.values()
+    ), calls
     assert set(calls) == {e.data["callId"] for e in events if e.type == "tool/call"}
     for e in events:
         if e.type == "user/message":
@@ -165,24 +167,36 @@ def test_steering_and_context_are_marked(tmp_path):
     outputs = [u.data for u in agui(recorded("steering", tmp_path))]
     custom = [(d["name"], d["value"]["message"]["content"][0]["text"]) for d in outputs if d["type"] == "CUSTOM"]
     assert custom == [("kerman.steering", "keep it short"), ("kerman.context", "today is Friday")]
-    parts = [(u.data["type"], u.data["data"]["text"]) for u in vercel(recorded("steering", tmp_path)) if u.data["type"] in
-             ("data-prompt", "data-steering", "data-context")]
+    parts = [
+        (u.data["type"], u.data["data"]["text"])
+        for u in vercel(recorded("steering", tmp_path))
+        if u.data["type"] in ("data-prompt", "data-steering", "data-context")
+    ]
     assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"), ("data-context", "today is Friday")]
 
 
 def test_run_endings(tmp_path):
     def ends(name):
-        return [(d["type"], d.get("outcome", {}).get("type"), d.get("code")) for d in (u.data for u in agui(recorded(name, tmp_path)))
-                if d["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+        return [
+            (d["type"], d.get("outcome", {}).get("type"), d.get("code"))
+            for d in (u.data for u in agui(recorded(name, tmp_path)))
+            if d["type"] in ("RUN_FINISHED", "RUN_ERROR")
+        ]
 
     assert ends("rejection") == [("RUN_FINISHED", "success", None)] * 2
-    assert ends("cancellation") == [("RUN_FINISHED", "cancelled", None), ("RUN_FINISHED", "success", None),
-                                    ("RUN_FINISHED", "cancelled", None)]
+    assert ends("cancellation") == [
+        ("RUN_FINISHED", "cancelled", None),
+        ("RUN_FINISHED", "success", None),
+        ("RUN_FINISHED", "cancelled", None),
+    ]
     assert ends("errors") == [("RUN_FINISHED", "success", None), ("RUN_ERROR", None, "RATE_LIMITED")]
     assert ends("closers") == [("RUN_ERROR", None, "INTERRUPTED")]
     finishes = [u.data for u in vercel(recorded("errors", tmp_path)) if u.data["type"] in ("finish", "error", "abort")]
     assert [(d["type"], d.get("finishReason"), d.get("errorText")) for d in finishes] == [
-        ("finish", "stop", None), ("error", None, "rate limited"), ("finish", "error", None)]
+        ("finish", "stop", None),
+        ("error", None, "rate limited"),
+        ("finish", "error", None),
+    ]
     assert "traceback" not in str(finishes) and "traceback" not in str([u.data for u in agui(recorded("errors", tmp_path))])
     aborts = [u.data for u in vercel(recorded("cancellation", tmp_path)) if u.data["type"] == "abort"]
     assert aborts == [{"type": "abort", "reason": "user"}] * 2
@@ -194,8 +208,14 @@ def test_tool_errors_reach_both_protocols(tmp_path):
     assert results["c2"]["metadata"]["kerman"]["isError"] is True and "the disk is on fire" in results["c2"]["content"]
     assert results["c3"]["metadata"]["kerman"]["error"]["code"] == "UNKNOWN_TOOL"
     parts = {(d["type"], d["toolCallId"]) for d in (u.data for u in vercel(recorded("tools", tmp_path))) if "toolCallId" in d}
-    assert parts == {("tool-input-available", "c1"), ("tool-output-available", "c1"), ("tool-input-available", "c2"),
-                     ("tool-output-error", "c2"), ("tool-input-available", "c3"), ("tool-output-error", "c3")}
+    assert parts == {
+        ("tool-input-available", "c1"),
+        ("tool-output-available", "c1"),
+        ("tool-input-available", "c2"),
+        ("tool-output-error", "c2"),
+        ("tool-input-available", "c3"),
+        ("tool-output-error", "c3"),
+    }
 
 
 def test_a_synthesised_result_is_announced_first(tmp_path):
@@ -274,10 +294,14 @@ def test_injected_text_is_context_not_steering():
     async def main():
         entered = asyncio.Event()
         go = asyncio.Event()
-        loop = kerman.AgentLoop(kerman.models.ScriptedModel([
-            [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
-            "done",
-        ]))
+        loop = kerman.AgentLoop(
+            kerman.models.ScriptedModel(
+                [
+                    [{"type": "tool-call", "id": "w1", "name": "wait", "arguments": "{}"}, {"type": "finish", "reason": "stop"}],
+                    "done",
+                ]
+            )
+        )
 
         @loop.tool
         async def wait() -> str:
@@ -301,14 +325,21 @@ def test_injected_text_is_context_not_steering():
     custom = [(d["name"], d["value"]["message"]["content"][0]["text"]) for d in outputs if d["type"] == "CUSTOM"]
     assert custom == [("kerman.steering", "keep it short"), ("kerman.context", "the build is green")]
     queued = [row for d in outputs if d["type"] == "STATE_SNAPSHOT" for row in d["snapshot"]["queue"]["nextStep"]]
-    queued += [op["value"] for d in outputs if d["type"] == "STATE_DELTA" for op in d["delta"]
-               if isinstance(op.get("value"), dict) and "placement" in op["value"]]
+    queued += [
+        op["value"]
+        for d in outputs
+        if d["type"] == "STATE_DELTA"
+        for op in d["delta"]
+        if isinstance(op.get("value"), dict) and "placement" in op["value"]
+    ]
     placements = {row["text"]: row["placement"] for row in queued}
     assert placements == {"keep it short": "steering", "the build is green": "context"}, placements
-    parts = [(u.data["type"], u.data["data"]["text"]) for u in vercel(events)
-             if u.data["type"] in ("data-prompt", "data-steering", "data-context")]
-    assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"),
-                     ("data-context", "the build is green")]
+    parts = [
+        (u.data["type"], u.data["data"]["text"])
+        for u in vercel(events)
+        if u.data["type"] in ("data-prompt", "data-steering", "data-context")
+    ]
+    assert parts == [("data-prompt", "plan the release"), ("data-steering", "keep it short"), ("data-context", "the build is green")]
 
 
 def test_a_waiting_turn_ends_its_run_with_interrupts_and_resumes_with_the_decisions(tmp_path):
@@ -332,18 +363,27 @@ def test_a_waiting_turn_ends_its_run_with_interrupts_and_resumes_with_the_decisi
     assert runs[0][3] == second.seq and runs[1][3] == third.seq
     interrupts = runs[0][4]["interrupts"]
     assert [(i["id"], i["toolCallId"], i["reason"]) for i in interrupts] == [
-        (first.data["decisionId"], "d1", "tool_approval"), (second.data["decisionId"], "d2", "tool_approval")]
+        (first.data["decisionId"], "d1", "tool_approval"),
+        (second.data["decisionId"], "d2", "tool_approval"),
+    ]
     assert interrupts[0]["message"] == "move 900?" and interrupts[0]["expiresAt"] == "2100-01-01T00:00:00.000Z"
     assert "message" not in interrupts[1] and "expiresAt" not in interrupts[1]
     assert interrupts[0]["metadata"]["kerman"]["arguments"] == '{"amount": 900}'
     assert interrupts[0]["metadata"]["kerman"]["digest"] == first.data["digest"]
     resume = runs[1][2]
     assert [(r["interruptId"], r["status"], r["payload"]["outcome"]) for r in resume] == [
-        (first.data["decisionId"], "resolved", "approved"), (second.data["decisionId"], "resolved", "edited")]
+        (first.data["decisionId"], "resolved", "approved"),
+        (second.data["decisionId"], "resolved", "edited"),
+    ]
     assert resume[1]["payload"]["arguments"] == '{"amount":40}' and resume[0]["metadata"]["kerman"]["by"] == "ann"
-    assert runs[2][2] == [{"interruptId": third.data["decisionId"], "status": "resolved",
-                           "payload": {"outcome": "denied", "reason": "too much"},
-                           "metadata": {"kerman": {"outcome": "denied", "by": "bob"}}}]
+    assert runs[2][2] == [
+        {
+            "interruptId": third.data["decisionId"],
+            "status": "resolved",
+            "payload": {"outcome": "denied", "reason": "too much"},
+            "metadata": {"kerman": {"outcome": "denied", "by": "bob"}},
+        }
+    ]
     assert runs[1][4]["interrupts"][0]["id"] == third.data["decisionId"]
 
 
@@ -357,14 +397,29 @@ def test_vercel_shows_approval_requests_and_denials(tmp_path):
     approvals = [(d["toolCallId"], d["approvalId"]) for d in parts if d["type"] == "tool-approval-request"]
     assert approvals == [("d1", ids["d1"]), ("d2", ids["d2"]), ("d4", ids["d4"])]
     inputs = [(d["toolCallId"], d["input"]) for d in parts if d["type"] == "tool-input-available"]
-    assert inputs == [("d1", {"amount": 900}), ("d2", {"amount": 50}), ("d2", {"amount": 40}), ("d3", {"q": "rates"}),
-                      ("d4", {"amount": 7000})]
+    assert inputs == [
+        ("d1", {"amount": 900}),
+        ("d2", {"amount": 50}),
+        ("d2", {"amount": 40}),
+        ("d3", {"q": "rates"}),
+        ("d4", {"amount": 7000}),
+    ]
     outputs = [(d["type"], d["toolCallId"]) for d in parts if d["type"].startswith("tool-output")]
-    assert outputs == [("tool-output-available", "d1"), ("tool-output-available", "d2"), ("tool-output-available", "d3"),
-                       ("tool-output-denied", "d4")]
+    assert outputs == [
+        ("tool-output-available", "d1"),
+        ("tool-output-available", "d2"),
+        ("tool-output-available", "d3"),
+        ("tool-output-denied", "d4"),
+    ]
     decisions = [(d["id"], d["data"]["status"]) for d in parts if d["type"] == "data-decision"]
-    assert decisions == [(ids["d1"], "pending"), (ids["d2"], "pending"), (ids["d1"], "approved"), (ids["d2"], "edited"),
-                         (ids["d4"], "pending"), (ids["d4"], "denied")]
+    assert decisions == [
+        (ids["d1"], "pending"),
+        (ids["d2"], "pending"),
+        (ids["d1"], "approved"),
+        (ids["d2"], "edited"),
+        (ids["d4"], "pending"),
+        (ids["d4"], "denied"),
+    ]
     denied = [d for d in parts if d["type"] == "data-decision" and d["data"]["status"] == "denied"][0]
     assert denied["data"]["resolution"]["reason"] == "too much" and denied["data"]["note"] == "move 7000?"
 
@@ -376,8 +431,9 @@ def test_a_question_cancelled_while_waiting():
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
 
     async def main():
-        loop = kerman.AgentLoop(kerman.models.ScriptedModel([kerman.ModelReply(
-            [{"type": "tool-call", "id": "q1", "name": "where", "arguments": "{}"}])]))
+        loop = kerman.AgentLoop(
+            kerman.models.ScriptedModel([kerman.ModelReply([{"type": "tool-call", "id": "q1", "name": "where", "arguments": "{}"}])])
+        )
 
         @loop.tool
         async def where() -> str:
@@ -403,8 +459,12 @@ def test_a_question_cancelled_while_waiting():
     for d in data:
         check_agui_event(d)
     ends = [d for d in data if d["type"] in ("RUN_STARTED", "RUN_FINISHED")]
-    assert [(d["type"], d["runId"]) for d in ends] == [("RUN_STARTED", "turn-1"), ("RUN_FINISHED", "turn-1"),
-                                                       ("RUN_STARTED", "turn-1.1"), ("RUN_FINISHED", "turn-1.1")]
+    assert [(d["type"], d["runId"]) for d in ends] == [
+        ("RUN_STARTED", "turn-1"),
+        ("RUN_FINISHED", "turn-1"),
+        ("RUN_STARTED", "turn-1.1"),
+        ("RUN_FINISHED", "turn-1.1"),
+    ]
     [interrupt] = ends[1]["outcome"]["interrupts"]
     assert interrupt["reason"] == "tool_answer" and interrupt["responseSchema"] == schema
     assert interrupt["message"] == "which city?" and interrupt["id"] == request.data["decisionId"]

@@ -48,8 +48,13 @@ def usual_limit() -> None:
 
 
 def serve(root: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "kerman", "serve", root, "--model", "kerman.models:EchoModel", "--port", "0"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=usual_limit)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "serve", root, "--model", "kerman.models:EchoModel", "--port", "0"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=usual_limit,
+    )
     assert proc.stderr is not None
     line = proc.stderr.readline()
     return proc, int(line.rsplit(":", 1)[1].strip().rstrip("/"))
@@ -83,8 +88,10 @@ def stalled(megabytes: int, clients: int) -> None:
             while time.monotonic() < end:
                 peak = max(peak, rss_mb(proc.pid))
                 time.sleep(0.2)
-            print(f"stalled: session {megabytes} MB, {clients} readers: server RSS {before:.0f} MB before, "
-                  f"{peak:.0f} MB with them (+{peak - before:.0f} MB, {(peak - before) / clients:.1f} MB each)")
+            print(
+                f"stalled: session {megabytes} MB, {clients} readers: server RSS {before:.0f} MB before, "
+                f"{peak:.0f} MB with them (+{peak - before:.0f} MB, {(peak - before) / clients:.1f} MB each)"
+            )
             for sock in readers:
                 sock.close()
         finally:
@@ -111,8 +118,10 @@ def idle(count: int) -> None:
             later = sockets(proc.pid)
             code = f"import httpx; print(httpx.get('http://127.0.0.1:{port}/sessions', timeout=10).status_code)"
             probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            print(f"idle: {count} half-sent requests ({refused} failed to connect): the server holds {now} sockets after 1 s, "
-                  f"{later} after 15 s; a real client then gets {probe.stdout.strip() or probe.stderr.strip()[-80:]}")
+            print(
+                f"idle: {count} half-sent requests ({refused} failed to connect): the server holds {now} sockets after 1 s, "
+                f"{later} after 15 s; a real client then gets {probe.stdout.strip() or probe.stderr.strip()[-80:]}"
+            )
             for sock in held:
                 sock.close()
         finally:

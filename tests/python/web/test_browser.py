@@ -68,12 +68,15 @@ def bubbles(driver):
     """(role, placement, text) of every message bubble, in order."""
     return driver.execute_script(
         "return [...document.querySelectorAll('#transcript .msg')].map(e => "
-        "[e.classList[1], e.dataset.placement || null, e.querySelector('.text').textContent])")
+        "[e.classList[1], e.dataset.placement || null, e.querySelector('.text').textContent])"
+    )
 
 
 def queue(driver):
-    return driver.execute_script("return [...document.querySelectorAll('#queue li')].map(e => [e.dataset.placement, "
-                                 "e.querySelector('.text') ? e.querySelector('.text').textContent : null])")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#queue li')].map(e => [e.dataset.placement, "
+        "e.querySelector('.text') ? e.querySelector('.text').textContent : null])"
+    )
 
 
 def send(driver, text, delivery="followup"):
@@ -93,8 +96,11 @@ def log_transcript(server, session_id):
             while True:
                 item = stream.next()
                 events.append(json.loads(item[1]))
-                if len(events) >= int(client.get(f"/sessions/{session_id}").json()["events"]) and kerman_turn_end(events[-1]) \
-                        and client.get(f"/sessions/{session_id}").json()["status"] == "idle":
+                if (
+                    len(events) >= int(client.get(f"/sessions/{session_id}").json()["events"])
+                    and kerman_turn_end(events[-1])
+                    and client.get(f"/sessions/{session_id}").json()["status"] == "idle"
+                ):
                     break
         finally:
             stream.close()
@@ -156,8 +162,11 @@ def test_the_chat_page_in_chromium(browser, tmp_path):
         send(browser, "slow")
         wait_for(browser, lambda d: bubbles(d)[-1] == ["assistant", None, "Starting"], "the slow turn")
         browser.find_element(By.ID, "cancel").click()
-        wait_for(browser, lambda d: "turn aborted" in d.find_element(By.CSS_SELECTOR, "#transcript .run-end:last-child").text,
-                 "the cancelled turn")
+        wait_for(
+            browser,
+            lambda d: "turn aborted" in d.find_element(By.CSS_SELECTOR, "#transcript .run-end:last-child").text,
+            "the cancelled turn",
+        )
 
         # reload: the transcript is rebuilt from the log, each message once
         shown = bubbles(browser)

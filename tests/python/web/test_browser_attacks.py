@@ -120,8 +120,10 @@ def test_pages_of_another_site_and_another_port_cannot_write(browser, tmp_path):
 
 def test_with_a_token_a_page_on_another_port_gets_nothing_from_the_cookie(browser, tmp_path):
     token = uuid.uuid4().hex
-    with Server(str(tmp_path), "--model", "web_models:factory", "--token", token) as server, \
-            server.client(headers={"Authorization": f"Bearer {token}"}) as client:
+    with (
+        Server(str(tmp_path), "--model", "web_models:factory", "--token", token) as server,
+        server.client(headers={"Authorization": f"Bearer {token}"}) as client,
+    ):
         browser.get(f"{server.url}/?token={token}")  # the user opened the chat: the browser holds the cookie
         wait_for(browser, lambda d: d.find_element(By.ID, "connection").get_attribute("data-state") == "open", "the chat page")
         attack(browser, server, client, "127.0.0.1", "127.0.0.1")

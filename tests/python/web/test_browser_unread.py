@@ -19,7 +19,8 @@ def unread(driver):
     """(text, note, resent, has a resend button) of every unread card."""
     return driver.execute_script(
         "return [...document.querySelectorAll('#transcript .unread')].map(e => [e.querySelector('.text').textContent, "
-        "e.querySelector('.note').textContent, e.dataset.resent === 'true', !!e.querySelector('button.resend')])")
+        "e.querySelector('.note').textContent, e.dataset.resent === 'true', !!e.querySelector('button.resend')])"
+    )
 
 
 def test_a_prompt_cancelled_before_it_was_read_shows_with_a_resend_button(browser, tmp_path):  # noqa: F811
@@ -49,8 +50,11 @@ def test_a_prompt_cancelled_before_it_was_read_shows_with_a_resend_button(browse
         wait_for(browser, lambda d: unread(d) == [["wait at the door", "sent again", True, False]], "the card marked")
 
         browser.refresh()
-        wait_for(browser, lambda d: bubbles(d) == done and unread(d) == [["wait at the door", "sent again", True, False]],
-                 "the same after a reload")
+        wait_for(
+            browser,
+            lambda d: bubbles(d) == done and unread(d) == [["wait at the door", "sent again", True, False]],
+            "the same after a reload",
+        )
         with server.client() as client:
             assert client.post(f"/sessions/{session_id}/requeue", json={"turn": 1}).status_code == 409
             assert client.post(f"/sessions/{session_id}/requeue", json={"turn": "1"}).status_code == 400

@@ -42,9 +42,30 @@ def click(driver, selector):
 
 def start_worker(dsn: str, name: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "kerman", "worker", dsn, "--app", "web_models:factory", "--name", name,
-                             "--max-sessions", "1", "--idle-timeout", "600", "--grace", "5"],
-                            cwd=HERE, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kerman",
+            "worker",
+            dsn,
+            "--app",
+            "web_models:factory",
+            "--name",
+            name,
+            "--max-sessions",
+            "1",
+            "--idle-timeout",
+            "600",
+            "--grace",
+            "5",
+        ],
+        cwd=HERE,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def owner_of(store: kerman.PostgresStore, session_id: str, workers: set) -> str:
@@ -89,15 +110,19 @@ def test_cancel_edit_and_remove_from_the_page_reach_the_owning_worker(browser):
                 field.clear()
                 field.send_keys("A, edited in the browser")
                 click(browser, "#queue button.save")
-                wait_for(browser, lambda d: queue(d) == [["queued", "A, edited in the browser"], ["queued", "queued B"]],
-                         "the edit to show")
+                wait_for(
+                    browser, lambda d: queue(d) == [["queued", "A, edited in the browser"], ["queued", "queued B"]], "the edit to show"
+                )
                 click(browser, "#queue li:nth-child(2) button.remove")
                 wait_for(browser, lambda d: queue(d) == [["queued", "A, edited in the browser"]], "the removal to show")
 
                 assert browser.find_element(By.ID, "keep-inbox").is_selected()
                 browser.find_element(By.ID, "cancel").click()
-                wait_for(browser, lambda d: any("turn aborted" in e.text for e in d.find_elements(By.CSS_SELECTOR, "#transcript .run-end")),
-                         "the cancelled turn")
+                wait_for(
+                    browser,
+                    lambda d: any("turn aborted" in e.text for e in d.find_elements(By.CSS_SELECTOR, "#transcript .run-end")),
+                    "the cancelled turn",
+                )
                 # A worker runs the input a cancel kept: the edited message is the next turn; the
                 # removed one never runs.
                 wait_for(browser, lambda d: bubbles(d)[-1] == ["assistant", None, "echo: A, edited in the browser"], "the kept turn")
@@ -122,8 +147,11 @@ def test_cancel_edit_and_remove_from_the_page_reach_the_owning_worker(browser):
             assert message_id in browser.find_element(By.ID, "error").text
             browser.find_element(By.ID, "keep-inbox").click()  # untick: discard the queue
             browser.find_element(By.ID, "cancel").click()
-            wait_for(browser, lambda d: bubbles(d)[-1] == ["assistant", None, "Starting"]
-                     and d.find_element(By.ID, "status").text == "idle", "the second cancelled turn")
+            wait_for(
+                browser,
+                lambda d: bubbles(d)[-1] == ["assistant", None, "Starting"] and d.find_element(By.ID, "status").text == "idle",
+                "the second cancelled turn",
+            )
             assert queue(browser) == []
 
             # Still owned by the same workers: the web process applied nothing itself.

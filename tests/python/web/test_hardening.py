@@ -80,8 +80,12 @@ def test_writes_from_another_site_are_refused_and_change_nothing(server, headers
         victim = new_session(client)
         port = port_of(server)
         headers = {k: v.replace("PORT", str(port)) for k, v in headers.items()}
-        for method, path, body in (("POST", "/sessions", {"id": "pwned"}), ("POST", f"/sessions/{victim}/messages", {"text": "pwned"}),
-                                   ("POST", f"/sessions/{victim}/cancel", {}), ("DELETE", f"/sessions/{victim}/queue/m1", None)):
+        for method, path, body in (
+            ("POST", "/sessions", {"id": "pwned"}),
+            ("POST", f"/sessions/{victim}/messages", {"text": "pwned"}),
+            ("POST", f"/sessions/{victim}/cancel", {}),
+            ("DELETE", f"/sessions/{victim}/queue/m1", None),
+        ):
             response = client.request(method, path, content=None if body is None else json.dumps(body), headers={**JSON, **headers})
             assert response.status_code == 403, (method, path, response.text)
             assert response.json()["error"]["code"] == "cross-site"
@@ -165,9 +169,13 @@ def test_a_base64_token_works_in_the_header_the_url_and_the_cookie(tmp_path):
 
 
 def test_a_token_with_spaces_or_controls_is_refused_at_start(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "kerman", "serve", str(tmp_path), "--model", "web_models:factory", "--port", "0",
-                           "--token", "has space"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    done = subprocess.run(
+        [sys.executable, "-m", "kerman", "serve", str(tmp_path), "--model", "web_models:factory", "--port", "0", "--token", "has space"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+    )
     assert done.returncode == 2 and "--token" in done.stderr and "' '" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -255,10 +263,13 @@ def open_session_files(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
 def test_open_sessions_are_bounded(tmp_path):
-    with Server(str(tmp_path), "--model", "web_models:factory", "--max-sessions", "4", "--idle-session", "0.2") as server, \
-            server.client() as client:
+    with (
+        Server(str(tmp_path), "--model", "web_models:factory", "--max-sessions", "4", "--idle-session", "0.2") as server,
+        server.client() as client,
+    ):
         made = []
         for i in range(24):
+
             def create(i: int = i) -> bool:
                 response = client.post("/sessions", json={"id": f"many-{i}"})
                 assert response.status_code in (201, 503), response.text
@@ -308,8 +319,9 @@ def test_a_half_sent_body_gets_408(tmp_path):
     with Server(str(tmp_path), "--model", "web_models:factory", "--body-timeout", "0.3") as server:
         sock = connect(server)
         try:
-            sock.sendall(b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{\"id\": ")
+            sock.sendall(
+                b'POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"id": '
+            )
             answer = read_all(sock)
         finally:
             sock.close()
@@ -318,8 +330,10 @@ def test_a_half_sent_body_gets_408(tmp_path):
 
 
 def test_connections_beyond_the_cap_are_refused(tmp_path):
-    with Server(str(tmp_path), "--model", "web_models:factory", "--max-connections", "3") as server, \
-            server.client(limits=__import__("httpx").Limits(max_connections=5)) as client:
+    with (
+        Server(str(tmp_path), "--model", "web_models:factory", "--max-connections", "3") as server,
+        server.client(limits=__import__("httpx").Limits(max_connections=5)) as client,
+    ):
         session_id = new_session(client)
         streams = [Stream(client, f"/sessions/{session_id}/events") for _ in range(3)]  # three held, each answered
         try:
@@ -345,8 +359,9 @@ def test_streams_per_client_are_capped(tmp_path):
         finally:
             streams[0].close()
         try:
-            again = wait_until(lambda: (s := Stream(client, f"/sessions/{session_id}/events")).response.status_code == 200 and s,
-                               "a stream slot")
+            again = wait_until(
+                lambda: (s := Stream(client, f"/sessions/{session_id}/events")).response.status_code == 200 and s, "a stream slot"
+            )
             again.close()
         finally:
             streams[1].close()
@@ -362,8 +377,14 @@ def test_the_descriptor_limit_is_raised_at_start(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "kerman", "serve", str(tmp_path), "--model", "web_models:factory", "--port", "0"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=lower, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerman", "serve", str(tmp_path), "--model", "web_models:factory", "--port", "0"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lower,
+        env=env,
+    )
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()
@@ -383,8 +404,10 @@ def test_the_descriptor_limit_is_raised_at_start(tmp_path):
 
 @pytest.mark.parametrize("missing", ["starlette", "uvicorn", "sse_starlette"])
 def test_serve_without_the_web_extra_says_so_in_one_line(tmp_path, missing):
-    code = (f"import sys; sys.modules[{missing!r}] = None; from kerman.cli import main; "
-            f"raise SystemExit(main(['serve', {str(tmp_path)!r}, '--model', 'kerman.models:EchoModel', '--port', '0']))")
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None; from kerman.cli import main; "
+        f"raise SystemExit(main(['serve', {str(tmp_path)!r}, '--model', 'kerman.models:EchoModel', '--port', '0']))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()

@@ -102,7 +102,7 @@ def test_a_stream_resumes_with_the_after_parameter_too(client):
     middle = full[len(full) // 2][0]
     stream = Stream(client, f"/sessions/{session_id}/events?after={middle}")
     try:
-        assert stream.until(run_finished) == full[len(full) // 2 + 1:]
+        assert stream.until(run_finished) == full[len(full) // 2 + 1 :]
     finally:
         stream.close()
 
@@ -117,8 +117,18 @@ def test_vercel_stream_header(client):
         parts = [d for _, d in stream.until(vercel_finished)]
     finally:
         stream.close()
-    assert [p["type"] for p in parts] == ["data-queue", "start", "data-queue", "start-step", "data-prompt", "text-start",
-                                          "text-delta", "text-end", "finish-step", "finish"]
+    assert [p["type"] for p in parts] == [
+        "data-queue",
+        "start",
+        "data-queue",
+        "start-step",
+        "data-prompt",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "finish-step",
+        "finish",
+    ]
 
 
 def test_heartbeat_on_an_idle_stream(server):
@@ -141,7 +151,9 @@ def test_queue_edits_from_two_clients(server):
             b = send(two, session_id, "queued B")
             assert one.patch(f"/sessions/{session_id}/queue/{a}", json={"text": "A, edited by one"}).status_code == 200
             assert two.patch(f"/sessions/{session_id}/queue/{a}", json={"text": "A, edited by two"}).json() == {
-                "id": a, "text": "A, edited by two"}
+                "id": a,
+                "text": "A, edited by two",
+            }
             assert two.delete(f"/sessions/{session_id}/queue/{b}").json() == {"id": b, "removed": True}
             late = one.patch(f"/sessions/{session_id}/queue/{b}", json={"text": "too late"})
             assert late.status_code == 409 and late.json()["error"]["code"] == "not-queued"
@@ -239,8 +251,9 @@ BAD = [
 @pytest.mark.parametrize(("method", "path", "body", "status", "code"), BAD, ids=[f"{b[0]} {b[1][:40]} {b[4]}" for b in BAD])
 def test_bad_requests_get_a_clear_json_error(client, method, path, body, status, code):
     session_id = new_session(client)
-    response = client.request(method, path.replace("{s}", session_id), content=body,
-                              headers={"Content-Type": "application/json"} if body is not None else {})
+    response = client.request(
+        method, path.replace("{s}", session_id), content=body, headers={"Content-Type": "application/json"} if body is not None else {}
+    )
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["code"] == code and len(error["message"]) > 10
@@ -289,9 +302,19 @@ def test_cors_when_configured(tmp_path):
         assert "access-control-allow-origin" not in other.headers
 
 
-ROUTES = [("GET", "/"), ("GET", "/static/chat.js"), ("GET", "/sessions"), ("POST", "/sessions"), ("GET", "/sessions/x"),
-          ("GET", "/sessions/x/events"), ("POST", "/sessions/x/messages"), ("PATCH", "/sessions/x/queue/m"),
-          ("DELETE", "/sessions/x/queue/m"), ("POST", "/sessions/x/cancel"), ("GET", "/nowhere")]
+ROUTES = [
+    ("GET", "/"),
+    ("GET", "/static/chat.js"),
+    ("GET", "/sessions"),
+    ("POST", "/sessions"),
+    ("GET", "/sessions/x"),
+    ("GET", "/sessions/x/events"),
+    ("POST", "/sessions/x/messages"),
+    ("PATCH", "/sessions/x/queue/m"),
+    ("DELETE", "/sessions/x/queue/m"),
+    ("POST", "/sessions/x/cancel"),
+    ("GET", "/nowhere"),
+]
 
 
 @pytest.mark.parametrize("source", ["flag", "env"])
@@ -369,8 +392,9 @@ def test_the_web_benchmark_runs():
     from pathlib import Path
 
     bench = Path(__file__).resolve().parents[3] / "benches" / "python" / "web_sse.py"
-    done = subprocess.run([sys.executable, str(bench), "--clients", "3", "--events", "10", "--pace-ms", "1"],
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(bench), "--clients", "3", "--events", "10", "--pace-ms", "1"], capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr
     rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["stream", "log.tail()", "agui", "kerman"], done.stdout

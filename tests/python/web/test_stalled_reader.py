@@ -89,7 +89,7 @@ def dechunk(raw: bytes) -> bytes:
         if size == 0 or len(rest) < size + 2:
             break
         body.append(rest[:size])
-        rest = rest[size + 2:]
+        rest = rest[size + 2 :]
     return b"".join(body)
 
 

@@ -57,9 +57,12 @@ def error(response: Any, status: int, code: str) -> str:
 
 def test_list_and_decide_over_http_when_the_server_owns_the_session(tmp_path: Path) -> None:
     counter = tmp_path / "runs.jsonl"
-    with Server(str(tmp_path / "sessions"), "--model", "decision_models:factory", "--token", "s3cret",
-                env={"KERMAN_TEST_RUNS": str(counter)}) as server, \
-            server.client(headers={"Authorization": "Bearer s3cret"}) as client:
+    with (
+        Server(
+            str(tmp_path / "sessions"), "--model", "decision_models:factory", "--token", "s3cret", env={"KERMAN_TEST_RUNS": str(counter)}
+        ) as server,
+        server.client(headers={"Authorization": "Bearer s3cret"}) as client,
+    ):
         session_id = f"s-{uuid.uuid4().hex[:12]}"
         assert client.post("/sessions", json={"id": session_id}).status_code == 201
         assert pending(client, session_id) == []
@@ -81,8 +84,9 @@ def test_list_and_decide_over_http_when_the_server_owns_the_session(tmp_path: Pa
         error(client.post(path, json={"outcome": "answer", "value": 1}), 422, "invalid-decision")  # an approval, not a question
         error(client.post(path, json={"outcome": "approve", "colour": "red"}), 400, "invalid-body")
         error(client.post(path, json={"outcome": "approve", "key": 7}), 400, "invalid-body")
-        assert "no decision" in error(client.post(f"/sessions/{session_id}/decisions/nope", json={"outcome": "approve"}),
-                                      404, "decision-not-found")
+        assert "no decision" in error(
+            client.post(f"/sessions/{session_id}/decisions/nope", json={"outcome": "approve"}), 404, "decision-not-found"
+        )
         assert runs(counter) == []
 
         decided = client.post(path, json={"outcome": "edit", "arguments": {"amount": 4}, "by": "alice", "key": "k1"})
@@ -108,6 +112,7 @@ def test_decide_over_http_while_a_worker_owns_the_session(tmp_path: Path) -> Non
 
         async def worker_and_ui() -> None:
             import os
+
             os.environ["KERMAN_TEST_RUNS"] = str(counter)  # the worker's tool runs in this process
             worker = kerman.Worker(kerman.PostgresStore(PG_DSN), factory, idle_timeout=60.0)
             serving = asyncio.ensure_future(worker.run())
@@ -137,8 +142,7 @@ def test_decide_over_http_while_a_worker_owns_the_session(tmp_path: Path) -> Non
                 key = "a" if winner["outcome"] == "approve" else "b"
                 again = client.post(path, json=bodies[0] if key == "a" else bodies[1])
                 assert again.status_code == 200 and again.json()["duplicate"] is True, again.text
-                error(client.post(f"/sessions/{session_id}/decisions/nope", json={"outcome": "approve"}), 404,
-                      "decision-not-found")
+                error(client.post(f"/sessions/{session_id}/decisions/nope", json={"outcome": "approve"}), 404, "decision-not-found")
 
             try:
                 await asyncio.wait_for(asyncio.to_thread(ui), DEADLINE * 2)

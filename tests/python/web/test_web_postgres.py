@@ -30,6 +30,7 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
             log = kerman.PostgresStore(PG_DSN).open(session_id)  # the worker takes the session the web created
             loop = kerman.AgentLoop(EchoModel(), log=log)
             try:
+
                 def ui():
                     stream = Stream(client, f"/sessions/{session_id}/events")
                     try:
@@ -40,8 +41,7 @@ def test_follow_and_enqueue_while_a_worker_owns_the_session():
                         stream.close()
                     message_id = sent.json()["id"]
                     # The message was claimed by the turn: the owner refuses edits, with the reason.
-                    for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}),
-                                               ("DELETE", f"/queue/{message_id}", None)):
+                    for method, path, body in (("PATCH", f"/queue/{message_id}", {"text": "x"}), ("DELETE", f"/queue/{message_id}", None)):
                         response = client.request(method, f"/sessions/{session_id}{path}", json=body)
                         assert response.status_code == 409, (method, path, response.text)
                         assert response.json()["error"]["code"] == "not-queued"
@@ -82,6 +82,7 @@ def test_queue_edits_and_cancel_reach_the_owner():
             loop.followup("busy")
             await started.wait()
             try:
+
                 def ui():
                     def post(text):
                         return client.post(f"/sessions/{session_id}/messages", json={"text": text}).json()["id"]
@@ -136,6 +137,7 @@ def test_resend_of_a_prompt_cancelled_before_it_was_read_reaches_the_owner():
                 return await next()
 
             try:
+
                 def ui():
                     sent = client.post(f"/sessions/{session_id}/messages", json={"text": "deploy to staging"})
                     assert sent.status_code == 201, sent.text

@@ -25,8 +25,13 @@ class Server:
     def __init__(self, store: str, *args: str, env: Optional[dict] = None) -> None:
         full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **(env or {})}
         full_env.pop("KERMAN_TOKEN", None) if "KERMAN_TOKEN" not in (env or {}) else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "kerman", "serve", store, "--port", "0", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kerman", "serve", store, "--port", "0", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+        )
         self.stderr: list[str] = []
         lines: queue.Queue = queue.Queue()
 

@@ -38,8 +38,9 @@ def redact_keys(message: kerman.UserMessage, target: kerman.Target) -> kerman.Us
         return message
     if target == "next-step" and message.source.get("kind") != "user":
         return kerman.Refuse("context must not carry an API key")
-    content = [{**block, "text": API_KEY.sub(REDACTED, block["text"])} if block.get("type") == "text" else block
-               for block in message.content]
+    content = [
+        {**block, "text": API_KEY.sub(REDACTED, block["text"])} if block.get("type") == "text" else block for block in message.content
+    ]
     return message.with_content(content)
 
 
