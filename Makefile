@@ -88,8 +88,8 @@ test:
 # Formatting (rustfmt.toml), clippy with every warning an error (the [lints] table in
 # Cargo.toml: the default groups and the pedantic one, less a reasoned allow list), ruff
 # ([tool.ruff] in pyproject.toml, lints and the format check; install it first, .ci/run pins the
-# version), mypy --strict over
-# the package and its stubs ([tool.mypy]), and the stubs against the built module.
+# version), mypy --strict over the package and its stubs ([tool.mypy]), and the stubs against
+# the built module.
 #
 # With CLIPPY_BUILD=1 (CI, after `make test`) there is no clippy pass here: `test-rust` built,
 # and so linted, every target without pyo3, and `install` the library with it; the lints are
