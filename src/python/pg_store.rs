@@ -416,14 +416,14 @@ impl PyPostgresStore {
         id: &Bound<'py, PyAny>,
         decision_id: &str,
         outcome: &Bound<'py, PyAny>,
-        by: Option<String>,
-        key: Option<String>,
+        by: Option<&str>,
+        key: Option<&str>,
         timeout: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = id_arg(id)?;
         let outcome = super::agent_loop::decide::decision_json(outcome)?;
         let args = serde_json::json!({"decision_id": decision_id, "outcome": outcome, "by": by, "key": key});
-        self.apply_op(py, &id, StagedOp::Decide, args, timeout)
+        self.apply_op(py, &id, StagedOp::Decide, &args, timeout)
     }
 
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).

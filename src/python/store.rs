@@ -182,15 +182,14 @@ impl PyFileStore {
         id: &Bound<'py, PyAny>,
         decision_id: &str,
         outcome: &Bound<'py, PyAny>,
-        by: Option<String>,
-        key: Option<String>,
+        by: Option<&str>,
+        key: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = id_arg(id)?;
         let decision = super::agent_loop::decide::decision(outcome)?;
         let (log, _) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
         let now = crate::event_log::now_ms();
-        let result = crate::agent_loop::decisions::decide(&log, decision_id, decision, by.as_deref(), key.as_deref(), now)
-            .map(|decided| decided.duplicate);
+        let result = crate::agent_loop::decisions::decide(&log, decision_id, decision, by, key, now).map(|decided| decided.duplicate);
         let closed = log.close();
         let answer = super::agent_loop::decide::decide_answer(py, decision_id, result)?;
         closed.map_err(|e| log_err(py, e))?;
