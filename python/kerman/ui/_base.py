@@ -92,6 +92,13 @@ def fields(event: EventLike) -> tuple[int, str, Any]:
         raise TypeError(f"expected a kerman.Event or an event dict with seq, type and data, got {event!r:.80}") from None
 
 
+def payload(view: events.EventView) -> JsonDict:
+    """A view's payload as stored, or an empty dict when it is not an object (what the
+    protocols' pass-through events, such as a decision's, carry)."""
+    data = view.data
+    return data if isinstance(data, dict) else {}
+
+
 def public_reason(reason: Any) -> Any:
     """A ``turn/end`` reason as a client may see it: a failure's ``traceback`` (the server's
     stack) stays in the log."""

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from .. import events
 from .._core import Event
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, public_reason
+from ._base import EventLike, JsonDict, Projection, payload, public_reason
 
 __all__ = ["AgUiProjection"]
 
@@ -193,7 +193,7 @@ class AgUiProjection(Projection, f.Sink):
         self._run_id = ""
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
-        raw = _payload(request)
+        raw = payload(request)
         if request.call_id not in self._shown:  # the call the interrupt names is announced first
             self._shown[request.call_id] = request.arguments
             self._announce(request.call_id, request.name, request.arguments, self.fold._parent)
@@ -232,7 +232,7 @@ class AgUiProjection(Projection, f.Sink):
             self._run_id = ""
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
-        raw = _payload(resolution)
+        raw = payload(resolution)
         self._out.append(self._ev("CUSTOM", name="kerman.decision/resolved", value=raw))
         if self._waiting.pop(resolution.decision_id, None) is None:
             return
@@ -258,11 +258,6 @@ class AgUiProjection(Projection, f.Sink):
                     input={"threadId": self.thread_id, "runId": self._run_id, "messages": [], "resume": resume},
                 )
             )
-
-
-def _payload(view: events.EventView) -> JsonDict:
-    data = view.data
-    return data if isinstance(data, dict) else {}
 
 
 def _iso(millis: int) -> str:

@@ -20,14 +20,9 @@ from typing import Any, List, Optional
 
 from .. import events
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, public_reason
+from ._base import EventLike, JsonDict, Projection, payload, public_reason
 
 __all__ = ["VercelProjection"]
-
-
-def _payload(view: events.EventView) -> JsonDict:
-    data = view.data
-    return data if isinstance(data, dict) else {}
 
 
 _FINISH = {"completed": "stop", "max-tokens": "length", "blocked": "other"}
@@ -140,8 +135,8 @@ class VercelProjection(Projection, f.Sink):
             self._input(call_id, request.name, request.arguments)
         if request.kind == "approval":
             self._out.append({"type": "tool-approval-request", "approvalId": request.decision_id, "toolCallId": call_id})
-        payload = self._requests[request.decision_id] = _payload(request)
-        self._out.append({"type": "data-decision", "id": request.decision_id, "data": {**payload, "status": "pending"}})
+        raw = self._requests[request.decision_id] = payload(request)
+        self._out.append({"type": "data-decision", "id": request.decision_id, "data": {**raw, "status": "pending"}})
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         outcome = resolution.outcome
@@ -150,7 +145,7 @@ class VercelProjection(Projection, f.Sink):
             {
                 "type": "data-decision",
                 "id": resolution.decision_id,
-                "data": {**request, "status": outcome, "resolution": _payload(resolution)},
+                "data": {**request, "status": outcome, "resolution": payload(resolution)},
             }
         )
         if outcome in ("denied", "expired") and resolution.call_id in self._shown:

@@ -62,18 +62,33 @@ def test_a_pending_decision_survives_reopening_the_session(store: Any) -> None:
     assert requests == [1, 2]  # one more request: the step after the result
 
 
-def test_decided_outside_async_code_the_step_resumes_at_the_next_wake(tmp_path: Any) -> None:
-    """A script that reopens a waiting session and decides before any event loop runs: the
-    decision is logged at once, and the step goes on at the next ``wake()``."""
-    import kerman
+class _PaySession:
+    """A file-store session whose first turn asks to run ``pay(amount=5)`` and was closed while
+    waiting; ``reopen()`` builds a loop over it. ``ran`` holds each amount paid, ``requests``
+    counts the model requests of every loop."""
 
-    store = kerman.FileStore(tmp_path / "s", durability="none")
-    ran: List[int] = []
+    def __init__(self, tmp_path: Any) -> None:
+        import kerman
 
-    def build(log: Any, *replies: ModelReply) -> AgentLoop:
+        self.store = kerman.FileStore(tmp_path / "s", durability="none")
+        self.ran: List[int] = []
+        self.requests: List[int] = []
+
+        async def first() -> None:
+            with self.store.create("s") as log:
+                call = {"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}
+                loop = self.build(log, ModelReply([call]))
+                loop.followup("pay")
+                await loop.when_idle()
+                await loop.aclose()
+
+        asyncio.run(first())
+
+    def build(self, log: Any, *replies: ModelReply) -> AgentLoop:
         replies_left = list(replies)
 
         async def model(request: Any) -> Any:
+            self.requests.append(1)
             return replies_left.pop(0)
 
         loop = AgentLoop(model, log=log)
@@ -81,73 +96,40 @@ def test_decided_outside_async_code_the_step_resumes_at_the_next_wake(tmp_path: 
         @loop.tool(needs_approval=True)
         async def pay(amount: int) -> str:
             """Pays."""
-            ran.append(amount)
+            self.ran.append(amount)
             return "paid"
 
         return loop
 
-    async def first() -> None:
-        with store.create("s") as log:
-            call = {"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}
-            loop = build(log, ModelReply([call]))
-            loop.followup("pay")
-            await loop.when_idle()
-            await loop.aclose()
 
-    asyncio.run(first())
-    with store.open("s") as log:
-        loop = build(log, ModelReply("done"))
+def test_decided_outside_async_code_the_step_resumes_at_the_next_wake(tmp_path: Any) -> None:
+    """A script that reopens a waiting session and decides before any event loop runs: the
+    decision is logged at once, and the step goes on at the next ``wake()``."""
+    import kerman
+
+    session = _PaySession(tmp_path)
+    with session.store.open("s") as log:
+        loop = session.build(log, ModelReply("done"))
         [pending] = loop.decisions
         assert loop.decide(pending.decision_id, kerman.Approve()) is True
         assert loop.status == "idle" and loop.decisions == []
-        assert ran == []
+        assert session.ran == []
 
         async def resume() -> None:
             assert loop.wake() is True
             await loop.when_idle()
 
         asyncio.run(resume())
-        assert ran == [5]
+        assert session.ran == [5]
 
 
 def test_cancelled_outside_async_code_the_turn_ends_aborted_at_the_next_wake(tmp_path: Any) -> None:
     """A script that reopens a waiting session and cancels it before any event loop runs: the
     requests are logged ``cancelled`` at once, and at the next ``wake()`` the turn ends as a
     cancel ends it (aborted, every call aborted before dispatch) without asking the model again."""
-    import kerman
-
-    store = kerman.FileStore(tmp_path / "s", durability="none")
-    ran: List[int] = []
-    requests: List[int] = []
-
-    def build(log: Any, *replies: ModelReply) -> AgentLoop:
-        replies_left = list(replies)
-
-        async def model(request: Any) -> Any:
-            requests.append(1)
-            return replies_left.pop(0)
-
-        loop = AgentLoop(model, log=log)
-
-        @loop.tool(needs_approval=True)
-        async def pay(amount: int) -> str:
-            """Pays."""
-            ran.append(amount)
-            return "paid"
-
-        return loop
-
-    async def first() -> None:
-        with store.create("s") as log:
-            call = {"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"amount": 5}'}
-            loop = build(log, ModelReply([call]))
-            loop.followup("pay")
-            await loop.when_idle()
-            await loop.aclose()
-
-    asyncio.run(first())
-    with store.open("s") as log:
-        loop = build(log, ModelReply("never asked"))
+    session = _PaySession(tmp_path)
+    with session.store.open("s") as log:
+        loop = session.build(log, ModelReply("never asked"))
         assert loop.status == "waiting"
         loop.cancel()
         assert loop.status == "idle"
@@ -157,7 +139,7 @@ def test_cancelled_outside_async_code_the_turn_ends_aborted_at_the_next_wake(tmp
             await loop.when_idle()
 
         asyncio.run(resume())
-        assert ran == [] and requests == [1]
+        assert session.ran == [] and session.requests == [1]
         kinds = {e.type: e.data for e in log.events()}
         assert kinds["decision/resolved"]["outcome"] == "cancelled"
         assert kinds["turn/end"]["reason"] == {"kind": "aborted", "reason": {"kind": "user"}}, kinds["turn/end"]
