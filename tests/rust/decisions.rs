@@ -210,6 +210,9 @@ fn a_rounds_requests_are_written_together_after_every_gate_the_last_marked() {
     assert_eq!(requests[1]["last"], true);
 }
 
+/// Deliberately not issue 27's "other calls of the step that need no decision run": results are
+/// committed in call order, so a call run ahead of a pending one would have no logged result,
+/// and a crash then would leave it in doubt. The whole step waits instead.
 #[test]
 fn an_ask_holds_the_whole_step_and_a_decision_resumes_it_without_the_model() {
     let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "read", "{}"), ("c2", "pay", r#"{"amount":5}"#)]);

@@ -107,6 +107,12 @@ def test_deny_edit_raise_and_a_bad_return_never_run_what_they_stop() -> None:
 
 
 def test_ask_waits_lists_the_request_and_approve_runs_the_exact_call_once() -> None:
+    """A deliberate deviation from issue 27's item 2 ("other calls of the same step that need no
+    decision run"): the whole step waits, ``read`` included. Results are committed in call order,
+    so a call that ran before an earlier one is decided would have no result in the log, and a
+    crash then would leave it in doubt; holding the step keeps a crash while waiting harmless.
+    docs/decisions.md states the rule."""
+
     async def main() -> None:
         t = Counting()
         requests = []
