@@ -57,9 +57,7 @@ def start_worker(dsn: str, runs: Path) -> subprocess.Popen:
 
 def pending_cards(driver):
     """(tool name, kind) of each decision the page offers, in order."""
-    return driver.execute_script(
-        "return [...document.querySelectorAll('#decisions .decision')].map(e => [e.dataset.name, e.dataset.kind])"
-    )
+    return driver.execute_script("return [...document.querySelectorAll('#decisions .decision')].map(e => [e.dataset.name, e.dataset.kind])")
 
 
 def card(driver, call_id):
@@ -162,6 +160,15 @@ def test_approve_edit_deny_and_answer_from_the_page_while_a_worker_owns_the_sess
             # Answer c4's question: the step then runs.
             answer = card(browser, "c4-1").find_element(By.CSS_SELECTOR, "textarea.answer")
             answer.send_keys("blue")
+            as_json = card(browser, "c4-1").find_element(By.CSS_SELECTOR, "input.answer-json")
+            assert not as_json.is_selected()  # the schema asks for a string: sent as text
+            as_json.click()  # as JSON, `blue` is no JSON value: refused before anything is sent
+            card(browser, "c4-1").find_element(By.CSS_SELECTOR, "button.send-answer").click()
+            message = wait_for(
+                browser, lambda d: card(d, "c4-1").find_element(By.CSS_SELECTOR, ".decision-error").text, "the invalid answer message"
+            )
+            assert "The answer is not valid JSON" in message, message
+            as_json.click()
             card(browser, "c4-1").find_element(By.CSS_SELECTOR, "button.send-answer").click()
             wait_for(browser, lambda d: shown_outcome(d, "c4-1") == 'answered by alice: "blue"', "the answer")
             wait_for(browser, lambda d: bubbles(d)[-1][2].startswith("results: "), "the model's reply after the results")
@@ -189,7 +196,9 @@ def test_approve_edit_deny_and_answer_from_the_page_while_a_worker_owns_the_sess
         calls = {e.data["callId"]: json.loads(e.data["arguments"]) for e in events if e.type == "tool/call"}
         assert calls["c1-1"] == {"amount": 10} and calls["c2-1"] == {"amount": 25}
         assert runs(counter) == [{"amount": 10}, {"amount": 25}]  # what the tool's body did: c3 never ran
-        answered = [e.data["message"]["content"] for e in events if e.type == "tool/result" and e.data["message"]["source"]["callId"] == "c4-1"]
+        answered = [
+            e.data["message"]["content"] for e in events if e.type == "tool/result" and e.data["message"]["source"]["callId"] == "c4-1"
+        ]
         assert [[block["content"] for block in content] for content in answered] == [[[{"type": "text", "text": "blue"}]]]
         assert store.sessions(session_id)[0]["owner_name"] == "worker-a"  # the web process applied nothing itself
     finally:

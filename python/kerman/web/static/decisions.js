@@ -101,10 +101,11 @@ function element(tag, className, text) {
   return el;
 }
 
-function button(className, text, label) {
+function button(className, text, label, describedBy) {
   const el = element("button", className, text);
   el.type = "button";
   if (label) el.setAttribute("aria-label", label);
+  if (describedBy) el.setAttribute("aria-describedby", describedBy);  // which call: its arguments
   return el;
 }
 
@@ -188,7 +189,7 @@ function decisionCard(request) {
   const reason = element("input", "reason");
   reason.type = "text";
   reason.placeholder = "optional";
-  const deny = button("deny", request.kind === "answer" ? "Decline" : "Deny", `${request.kind === "answer" ? "Decline" : "Deny"} ${request.name}`);
+  const deny = button("deny", request.kind === "answer" ? "Decline" : "Deny", `${request.kind === "answer" ? "Decline" : "Deny"} ${request.name}`, title.id);
   deny.onclick = () => send(reason.value.trim() ? { outcome: "deny", reason: reason.value.trim() } : { outcome: "deny" });
   reason.onkeydown = (e) => { if (e.key === "Enter") { e.preventDefault(); deny.click(); } };
   denyRow.append(labelled("reason", reason), reason, deny);
@@ -206,7 +207,7 @@ function decisionCard(request) {
     asJson.type = "checkbox";
     const type = request.schema && request.schema.type;
     asJson.checked = !(request.schema === null || type === "string" || (Array.isArray(type) && type.includes("string")));
-    const submit = button("send-answer", "Send answer", `Answer ${request.name}`);
+    const submit = button("send-answer", "Send answer", `Answer ${request.name}`, title.id);
     submit.onclick = () => {
       let value = answer.value;
       if (asJson.checked) {
@@ -222,9 +223,9 @@ function decisionCard(request) {
     row.append(submit, " ", labelled("as JSON", asJson), asJson);
     card.append(labelled("Your answer (Ctrl+Enter sends)", answer), answer, row, denyRow);
   } else {
-    const approve = button("approve", "Approve", `Approve ${request.name}`);
+    const approve = button("approve", "Approve", `Approve ${request.name}`, title.id);
     approve.onclick = () => send({ outcome: "approve" });
-    const edit = button("edit", "Edit arguments", `Edit the arguments of ${request.name}`);
+    const edit = button("edit", "Edit arguments", `Edit the arguments of ${request.name}`, title.id);
     edit.setAttribute("aria-expanded", "false");
     const editor = element("div", "editor");
     editor.hidden = true;
