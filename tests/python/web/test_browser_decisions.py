@@ -6,8 +6,8 @@ refuses to send), denies a third with a reason and answers the question the four
 says the approved and edited calls ran with the decided arguments, the denied one did not run and
 the answer became the call's result; the page shows who decided what. A reload in the middle
 shows the same pending requests; a second tab sees a decision made in the first, and its own
-late submit is refused with the server's reason. Every wait is on a DOM condition or on the
-database, bounded."""
+late submit is refused with the server's reason. Over a file store, the editor from the
+keyboard. Every wait is on a DOM condition or on the database, bounded."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from web_helpers import Server
 
 from conftest import fresh_schema_dsn, needs_postgres
 
-pytestmark = needs_postgres
 pytest.importorskip("starlette")
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -74,6 +73,7 @@ def runs(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@needs_postgres
 def test_approve_edit_deny_and_answer_from_the_page_while_a_worker_owns_the_session(browser, tmp_path):
     dsn = fresh_schema_dsn()
     store = kerman.PostgresStore(dsn)  # migrates the fresh schema before the children start
@@ -209,3 +209,34 @@ def test_approve_edit_deny_and_answer_from_the_page_while_a_worker_owns_the_sess
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+
+
+def test_edit_from_the_keyboard_when_the_server_owns_the_session(browser, tmp_path):
+    """Over a file store (`kerman serve` owns the session; served model decision_models.py): the
+    editor opens, sends and closes from the keyboard, and the edited call runs once."""
+    counter = tmp_path / "runs.jsonl"
+    with Server(str(tmp_path / "sessions"), "--model", "decision_models:factory", env={"KERMAN_TEST_RUNS": str(counter)}) as server:
+        session_id = f"chat-{uuid.uuid4().hex[:8]}"
+        with server.client() as client:
+            assert client.post("/sessions", json={"id": session_id}).status_code == 201
+        browser.get(f"{server.url}/#s={session_id}")
+        wait_for(browser, lambda d: d.find_element(By.ID, "connection").get_attribute("data-state") == "open", "the stream")
+        browser.find_element(By.ID, "decider").clear()  # no name: logged as "web"
+        send(browser, "pay 5")
+        wait_for(browser, lambda d: pending_cards(d) == [["pay", "approval"]], "the pending decision")
+
+        edit = card(browser, "call-1").find_element(By.CSS_SELECTOR, "button.edit")
+        edit.send_keys(Keys.ENTER)
+        editor = wait_for(
+            browser, lambda d: d.switch_to.active_element.get_attribute("class") == "arguments" and d.switch_to.active_element, "focus"
+        )
+        assert edit.get_attribute("aria-expanded") == "true"
+        editor.send_keys(Keys.ESCAPE)  # closes, back on the button
+        assert browser.switch_to.active_element == edit and edit.get_attribute("aria-expanded") == "false"
+        edit.send_keys(Keys.ENTER)
+        editor.clear()
+        editor.send_keys('{"amount": 3}', Keys.CONTROL, Keys.ENTER)
+        wait_for(browser, lambda d: shown_outcome(d, "call-1") == 'edited by web: {"amount":3}', "the edit")
+        wait_for(browser, lambda d: bubbles(d)[-1][2] == "done", "the turn to go on")
+        assert runs(counter) == [{"amount": 3}]
+        assert not browser.find_element(By.ID, "error").is_displayed()
