@@ -86,7 +86,6 @@ function toolCard(event) {
   el.append(head, args, close);
   $("#transcript").append(el);
   state.tools.set(event.toolCallId, el);
-  markTool(event.toolCallId);
   scroll();
 }
 
@@ -252,7 +251,7 @@ const handlers = {
     if (e.name === "kerman.steering" || e.name === "kerman.context") state.tags.set(e.value.messageId, e.name.slice(7));
     else if (e.name === "kerman.unread") unreadCard(e.value);
     else if (e.name === "kerman.requeued") requeued(e.value);
-    else if (e.name === "kerman.decision/requested") decisionRequested(e.value);
+    else if (e.name === "kerman.decision/requested") decisionRequested(e.value, true);
     else if (e.name === "kerman.decision/resolved") decisionResolved(e.value);
   },
 };
@@ -326,8 +325,10 @@ window.addEventListener("DOMContentLoaded", () => {
   });
   $("#new-session").addEventListener("click", () => newSession().catch(() => {}));
   const decider = $("#decider");
-  decider.value = localStorage.getItem("kerman.decider") || "";
-  decider.addEventListener("input", () => localStorage.setItem("kerman.decider", decider.value));
+  try {  // storage may be off (a private window's settings): the name then lasts as long as the page
+    decider.value = localStorage.getItem("kerman.decider") || "";
+    decider.addEventListener("input", () => localStorage.setItem("kerman.decider", decider.value));
+  } catch (_) { /* nothing to remember it in */ }
   $("#session").addEventListener("change", (e) => { location.hash = `s=${encodeURIComponent(e.target.value)}`; });
   window.addEventListener("hashchange", () => fromHash().catch(() => {}));
   fromHash().catch(() => {});

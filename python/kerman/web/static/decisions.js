@@ -25,19 +25,26 @@ function normalRequest(r) {
 function decisionEntry(id) {
   let entry = state.decisions.get(id);
   if (!entry) {
-    entry = { request: null, resolution: null, card: null };
+    entry = { request: null, resolution: null, card: null, tool: null };
     state.decisions.set(id, entry);
   }
   return entry;
 }
 
-function decisionRequested(raw) {
+// From the stream, the request comes right after the announcement of its call, so the call's
+// card is the latest one with its id (a model may use an id again in a later turn); from GET it
+// is shown in the panel only, and bound to its call's card when the stream gets there.
+function decisionRequested(raw, fromStream) {
   const request = normalRequest(raw);
   const entry = decisionEntry(request.decisionId);
-  if (entry.request) return;
-  entry.request = request;
-  if (!entry.resolution) entry.card = decisionCard(request);
-  markTool(request.callId);
+  if (!entry.request) {
+    entry.request = request;
+    if (!entry.resolution) entry.card = decisionCard(request);
+  }
+  if (fromStream && !entry.tool) {
+    entry.tool = state.tools.get(request.callId) || null;
+    markTool(entry);
+  }
   decisionStatus();
 }
 
@@ -48,7 +55,7 @@ function decisionResolved(resolution) {
     entry.card.remove();
     entry.card = null;
   }
-  if (entry.request) markTool(entry.request.callId);
+  markTool(entry);
   decisionStatus();
 }
 
@@ -73,11 +80,9 @@ function resolutionText(r) {
 }
 
 // The transcript's tool card of a call that waits (or waited) for a person says so.
-function markTool(callId) {
-  const tool = state.tools.get(callId);
+function markTool(entry) {
+  const tool = entry.tool;
   if (!tool) return;
-  const entry = [...state.decisions.values()].reverse().find((e) => e.request && e.request.callId === callId);
-  if (!entry) return;
   let line = tool.querySelector(".decision-state");
   if (!line) {
     line = document.createElement("span");
@@ -264,11 +269,13 @@ function decisionCard(request) {
 }
 
 // The pending requests as the server lists them: after a reload, or when the stream reopens.
+// Not through api(): a background read neither shows nor clears the error line.
 function readDecisions(sessionId) {
-  api("GET", `/sessions/${encodeURIComponent(sessionId)}/decisions`)
+  fetch(`/sessions/${encodeURIComponent(sessionId)}/decisions`, { credentials: "same-origin" })
+    .then((response) => (response.ok ? response.json() : { decisions: [] }))
     .then(({ decisions }) => {
       if (state.session !== sessionId) return;
-      for (const request of decisions) decisionRequested(request);
+      for (const request of decisions) decisionRequested(request, false);
       if (decisions.length && !state.waiting) {
         state.waiting = true;
         decisionStatus();
