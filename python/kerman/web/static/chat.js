@@ -5,7 +5,10 @@
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
-const state = { session: null, source: null, messages: new Map(), tools: new Map(), tags: new Map(), queue: null };
+const state = {
+  session: null, source: null, messages: new Map(), tools: new Map(), tags: new Map(), queue: null,
+  decisions: new Map(), waiting: false,  // decisions.js: each request and its resolution; the turn waits for them
+};
 
 function showError(text) {
   const box = $("#error");
@@ -24,7 +27,10 @@ async function api(method, path, body) {
   if (!response.ok) {
     const message = (data.error && data.error.message) || `${method} ${path}: HTTP ${response.status}`;
     showError(message);
-    throw new Error(message);
+    const error = new Error(message);
+    error.status = response.status;
+    error.code = data.error && data.error.code;
+    throw error;
   }
   showError("");
   return data;
@@ -139,10 +145,10 @@ function requeued(value) {
   }
 }
 
-function setStatus(status) {
+function setStatus(status, text) {
   const el = $("#status");
   el.dataset.status = status;
-  el.textContent = status;
+  el.textContent = text || status;
 }
 
 // -- the queue (AG-UI shared state: one snapshot, then JSON Patch deltas) ------------------------
@@ -223,13 +229,15 @@ function startEdit(li, item) {
 // -- the stream ------------------------------------------------------------------------------------
 
 const handlers = {
-  RUN_STARTED: () => setStatus("running"),
+  RUN_STARTED: () => { state.waiting = false; setStatus("running"); },
   RUN_FINISHED: (e) => {
+    state.waiting = e.outcome && e.outcome.type === "interrupt";
+    if (state.waiting) { decisionStatus(); return; }  // the turn goes on once the person decided
     setStatus("idle");
     const reason = e.result && e.result.reason;
     if (reason && reason.kind !== "completed") runEnd(`turn ${reason.kind}${reason.reason ? ": " + JSON.stringify(reason.reason) : ""}`, false);
   },
-  RUN_ERROR: (e) => { setStatus("idle"); runEnd(`turn failed: ${e.message}${e.code ? " [" + e.code + "]" : ""}`, true); },
+  RUN_ERROR: (e) => { state.waiting = false; setStatus("idle"); runEnd(`turn failed: ${e.message}${e.code ? " [" + e.code + "]" : ""}`, true); },
   TEXT_MESSAGE_START: (e) => bubble(e.messageId, e.role || "assistant"),
   TEXT_MESSAGE_CONTENT: (e) => append(e.messageId, e.delta),
   REASONING_MESSAGE_START: (e) => bubble(e.messageId, "reasoning"),
@@ -243,6 +251,8 @@ const handlers = {
     if (e.name === "kerman.steering" || e.name === "kerman.context") state.tags.set(e.value.messageId, e.name.slice(7));
     else if (e.name === "kerman.unread") unreadCard(e.value);
     else if (e.name === "kerman.requeued") requeued(e.value);
+    else if (e.name === "kerman.decision/requested") decisionRequested(e.value, true);
+    else if (e.name === "kerman.decision/resolved") decisionResolved(e.value);
   },
 };
 
@@ -253,13 +263,14 @@ function connect(sessionId) {
   state.tools.clear();
   state.tags.clear();
   state.queue = null;
+  clearDecisions();
   $("#transcript").replaceChildren();
   renderQueue();
   setStatus("idle");
   const source = new EventSource(sessionPath("/events?protocol=agui"));
   state.source = source;
   const connection = $("#connection");
-  source.onopen = () => { connection.dataset.state = "open"; connection.textContent = "live"; };
+  source.onopen = () => { connection.dataset.state = "open"; connection.textContent = "live"; readDecisions(sessionId); };
   source.onerror = () => { connection.dataset.state = "error"; connection.textContent = "reconnecting"; };
   source.onmessage = (message) => {
     const event = JSON.parse(message.data);
@@ -313,6 +324,11 @@ window.addEventListener("DOMContentLoaded", () => {
       .finally(() => { button.disabled = false; });
   });
   $("#new-session").addEventListener("click", () => newSession().catch(() => {}));
+  const decider = $("#decider");
+  try {  // storage may be off (a private window's settings): the name then lasts as long as the page
+    decider.value = localStorage.getItem("kerman.decider") || "";
+    decider.addEventListener("input", () => localStorage.setItem("kerman.decider", decider.value));
+  } catch (_) { /* nothing to remember it in */ }
   $("#session").addEventListener("change", (e) => { location.hash = `s=${encodeURIComponent(e.target.value)}`; });
   window.addEventListener("hashchange", () => fromHash().catch(() => {}));
   fromHash().catch(() => {});
