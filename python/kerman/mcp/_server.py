@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
@@ -157,6 +159,7 @@ class MCPServer:
         self._tools: Optional[List[MCPTool]] = None  # None: not listed yet, or stale
         self._loops: List[AgentLoop] = []
         self._changed: Optional[asyncio.Event] = None  # set on each tools/list_changed
+        self._bound: Optional[asyncio.AbstractEventLoop] = None  # the event loop of the above
         self.starts = 0  # how many times the server was started (a restart adds one)
 
     # ---- construction -------------------------------------------------------------------
@@ -230,6 +233,10 @@ class MCPServer:
 
             http = create_mcp_http_client(headers=target.headers or None, auth=target.auth)
             target = _OwnedHttp(http, streamable_http_client(target.url, http_client=http))
+        else:
+            from mcp.client.stdio import stdio_client
+
+            target = stdio_client(target, errlog=_server_stderr())
         return mcp.Client(
             target,
             cache=None,  # the list is read again on list_changed; no stale answer may be served
@@ -242,13 +249,18 @@ class MCPServer:
         """The running client, started if needed."""
         if self.connected:
             return self._client
-        if self._lock is None:
+        here = asyncio.get_running_loop()
+        if self._lock is None or self._bound is not here:
+            # A server used again under another event loop (a second asyncio.run, a notebook
+            # cell): its primitives and any connection belong to the first one.
+            self._bound = here
             self._lock = asyncio.Lock()
+            self._changed = asyncio.Event()
+            self._client = None
+            self._runner = None
         async with self._lock:
             if self.connected:
                 return self._client
-            if self._changed is None:
-                self._changed = asyncio.Event()
             self._client = None
             ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._stop = asyncio.Event()
@@ -578,6 +590,20 @@ def _members(e: BaseException) -> Optional[Sequence[BaseException]]:
     """The exceptions of an exception group (anyio raises them; Python 3.10 has no builtin)."""
     members = getattr(e, "exceptions", None)
     return members if isinstance(members, (tuple, list)) else None
+
+
+def _server_stderr() -> Any:
+    """Where a stdio server's stderr goes: this process's stderr when it is a file (in a
+    notebook, or under ``contextlib.redirect_stderr``, ``sys.stderr`` is not: then the
+    original one)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return subprocess.DEVNULL
 
 
 def _describe(e: BaseException) -> str:
