@@ -3,8 +3,8 @@
     python3 benches/python/mcp_call.py [--calls 200] [--reps 5]
 
 The server is the tests' (``tests/python/mcp/mcp_server.py``) over stdio; the tool is ``add``.
-Three figures, each per call and the best of ``--reps`` repetitions (a loaded host only adds
-time):
+Three figures, each per call and the best of ``--reps`` repetitions, interleaved (a loaded
+host only adds time, and its load changes during a run):
 
 * ``direct``: ``await client.call_tool("add", ...)`` on an ``mcp.Client``;
 * ``loop+mcp``: one turn of an ``AgentLoop`` whose scripted model calls the server's ``add``
@@ -25,7 +25,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Coroutine, List
+from typing import Any, Callable, Coroutine, Dict, Tuple
 
 import kerman
 from kerman.mcp import MCPServer
@@ -35,30 +35,18 @@ SERVER = str(Path(__file__).resolve().parents[2] / "tests" / "python" / "mcp" / 
 CALL = kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}])
 
 
-async def best(reps: int, calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> float:
-    """The best of ``reps`` repetitions of ``calls`` calls of ``once``, in seconds per call."""
-    await once()  # warm up (starts the server, lists the tools)
-    figures: List[float] = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(calls):
-            await once()
-        figures.append((time.perf_counter() - start) / calls)
-    return min(figures)
+async def timed(calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> Tuple[float, float]:
+    """``calls`` calls of ``once``: (wall seconds, this process's CPU seconds) per call."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        await once()
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
-async def direct(calls: int, reps: int) -> float:
-    from mcp import Client, StdioServerParameters
-
-    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
-        await client.list_tools()
-        return await best(reps, calls, lambda: client.call_tool("add", {"a": 1, "b": 2}))
-
-
-async def through_loop(calls: int, reps: int, mcp: bool) -> float:
+def loop_over(mcp: bool) -> kerman.AgentLoop:
     model = ScriptedModel()
     if mcp:
-        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER])])
+        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"])])
     else:
         loop = kerman.AgentLoop(model)
 
@@ -67,15 +55,42 @@ async def through_loop(calls: int, reps: int, mcp: bool) -> float:
             """Adds two integers."""
             return str(a + b)
 
+    return loop
+
+
+def turn_of(loop: kerman.AgentLoop) -> Callable[[], Coroutine[Any, Any, None]]:
     async def turn() -> None:
-        model.add(CALL, "done")
+        loop._model.add(CALL, "done")  # type: ignore[attr-defined]
         loop.followup("go")
         await loop.when_idle()
 
-    try:
-        return await best(reps, calls, turn)
-    finally:
-        await loop.aclose()
+    return turn
+
+
+async def measure(calls: int, reps: int) -> Dict[str, float]:
+    """The three figures, their repetitions interleaved so a host whose load changes during
+    the run weighs on each alike; the best repetition of each."""
+    from mcp import Client, StdioServerParameters
+
+    with_mcp, local = loop_over(True), loop_over(False)
+    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
+        runs = {
+            "direct": lambda: client.call_tool("add", {"a": 1, "b": 2}),
+            "loop+mcp": turn_of(with_mcp),
+            "loop+local": turn_of(local),
+        }
+        best = {name: float("inf") for name in runs}
+        best.update({name + " cpu": float("inf") for name in runs})
+        for once in runs.values():
+            await once()  # warm up: the server started, the tools listed
+        for _ in range(reps):
+            for name, once in runs.items():
+                wall, cpu = await timed(calls, once)
+                best[name] = min(best[name], wall)
+                best[name + " cpu"] = min(best[name + " cpu"], cpu)
+    await with_mcp.aclose()
+    await local.aclose()
+    return best
 
 
 async def main() -> None:
@@ -83,19 +98,20 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    d = await direct(args.calls, args.reps)
-    with_mcp = await through_loop(args.calls, args.reps, True)
-    local = await through_loop(args.calls, args.reps, False)
-    through = with_mcp - local
-    rows = [("direct", d), ("loop+mcp", with_mcp), ("loop+local", local), ("through kerman", through)]
-    print(f"MCP tool call over stdio, per call (best of {args.reps} x {args.calls})")
-    for name, value in rows:
-        print(f"  {name:<16}{value * 1e6:10.1f} us")
-    ratio = through / d if d else float("nan")
-    print(f"  through kerman / direct: {ratio:.2f}x (target <= 1.10x)")
-    print(
-        json.dumps({"bench": "mcp_call", "direct_us": d * 1e6, "loop_mcp_us": with_mcp * 1e6, "loop_local_us": local * 1e6, "ratio": ratio})
-    )
+    best = await measure(args.calls, args.reps)
+    print(f"MCP tool call over stdio, per call (best of {args.reps} x {args.calls}, interleaved)")
+    print(f"  {'':<16}{'wall':>10}{'client cpu':>14}")
+    figures: Dict[str, Any] = {"bench": "mcp_call"}
+    for kind in ("", " cpu"):
+        best["through kerman" + kind] = best["loop+mcp" + kind] - best["loop+local" + kind]
+    for name in ("direct", "loop+mcp", "loop+local", "through kerman"):
+        print(f"  {name:<16}{best[name] * 1e6:8.1f} us{best[name + ' cpu'] * 1e6:10.1f} us")
+    for kind, label in (("", "wall"), (" cpu", "client cpu")):
+        ratio = best["through kerman" + kind] / best["direct" + kind]
+        figures[label.replace(" ", "_") + "_ratio"] = round(ratio, 3)
+        print(f"  through kerman / direct ({label}): {ratio:.2f}x (target <= 1.10x)")
+    figures.update({name.replace(" ", "_").replace("+", "_") + "_us": round(value * 1e6, 1) for name, value in best.items()})
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
