@@ -1,16 +1,28 @@
-"""Helpers of the kerman.mcp tests: turns through a real ``AgentLoop`` whose scripted model
-calls MCP tools, and readers of what the loop logged."""
+"""Helpers of the kerman.mcp tests: the test server (``mcp_server.py``) over stdio, and over
+streamable HTTP on a loopback port (``http_url``: a subprocess started and stopped here, by its
+pid); turns through a real ``AgentLoop`` whose scripted model calls MCP tools, and readers of
+what the loop logged. (Not a conftest.py: the suite's top conftest is imported by name.)"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
 
 import kerman
-from conftest import SERVER
-from kerman.mcp import MCPServer
 from kerman.models import ScriptedModel
+
+pytest.importorskip("mcp")
+
+from kerman.mcp import MCPServer  # noqa: E402 - once the mcp package is known to be there
+
+SERVER = str(Path(__file__).resolve().parent / "mcp_server.py")
 
 
 def stdio(**options: Any) -> MCPServer:
@@ -49,3 +61,22 @@ async def turn(loop: kerman.AgentLoop, prompt: str = "go") -> None:
 
 def scripted(*replies: Any) -> ScriptedModel:
     return ScriptedModel(list(replies))
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, SERVER, "http"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = proc.stdout.readline().strip()  # printed once uvicorn listens
+        assert port.isdigit(), f"the HTTP test server did not start (printed {port!r})"
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

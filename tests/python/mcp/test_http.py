@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mcp_helpers import block, call, results, scripted, text, tool_names, turn
+from mcp_helpers import block, call, http_url, results, scripted, text, tool_names, turn  # noqa: F401 (a fixture)
 
 import kerman
 from kerman.mcp import MCPServer
 
 
-def test_tools_over_http_with_a_bearer_token(http_url: str) -> None:
+def test_tools_over_http_with_a_bearer_token(http_url: str) -> None:  # noqa: F811 - the fixture
     async def main() -> None:
         server = MCPServer.http(http_url, headers={"Authorization": "Bearer s3cret"}, prefix="h_")
         model = scripted(
@@ -38,7 +38,7 @@ def test_tools_over_http_with_a_bearer_token(http_url: str) -> None:
     asyncio.run(main())
 
 
-def test_list_changes_over_http(http_url: str) -> None:
+def test_list_changes_over_http(http_url: str) -> None:  # noqa: F811 - the fixture
     async def main() -> None:
         server = MCPServer.http(http_url)
         model = scripted(call("grow", {}), call("extra", {}, "c2"), "done")
