@@ -47,7 +47,9 @@ async def answer(server: MCPServer, params: Any) -> Any:
     for m in params.messages:
         blocks = _blocks(m.content)
         messages.append(AssistantMessage(blocks) if m.role == "assistant" else UserMessage(blocks, source={"kind": "mcp-sampling"}))
-    options: Dict[str, Any] = {"max_tokens": params.max_tokens}
+    # The request's maxTokens is not passed on: each vendor names that option differently, and
+    # the model the user named keeps its own limit. temperature is the same name everywhere.
+    options: Dict[str, Any] = {}
     if params.temperature is not None:
         options["temperature"] = params.temperature
     request = ModelRequest(messages, [], options, 0, 0, Signal(), instructions=params.system_prompt)

@@ -103,3 +103,23 @@ def test_elicitation_answered_by_on_elicit_or_declined() -> None:
         await loop.aclose()
 
     asyncio.run(main())
+
+
+def test_sampling_answered_by_a_provider_over_its_vendors_wire() -> None:
+    from kerman.providers import OpenAIChat
+    from kerman.providers.testing import FakeServer, Reply
+
+    async def main() -> None:
+        with FakeServer("openai-chat") as vendor:
+            vendor.add(Reply(text=["forty", "-two"]))
+            sampler = OpenAIChat("gpt-6.2-sol", base_url=vendor.url, api_key="test")
+            server = stdio(sampling_model=sampler)
+            loop = kerman.AgentLoop(scripted(call("ask_model", {"question": "6*7?"}), "done"), tools=[server])
+            await turn(loop)
+            assert text(results(loop)[0]) == "model said: forty-two"
+            [request] = vendor.requests
+            assert request.body["messages"][-1]["content"] in ("6*7?", [{"type": "text", "text": "6*7?"}])
+            await loop.aclose()
+            await sampler.aclose()
+
+    asyncio.run(main())
