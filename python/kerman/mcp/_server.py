@@ -217,6 +217,11 @@ class MCPServer:
         prefix = f" prefix={self.prefix!r}" if self.prefix else ""
         return f"<MCPServer {self.name!r} {transport} {state} {listed}{prefix}>"
 
+    def _repr_html_(self) -> str:
+        from .._html import mcp_server
+
+        return mcp_server(self)
+
     @property
     def connected(self) -> bool:
         """Whether the server is running (started, and not stopped or broken)."""

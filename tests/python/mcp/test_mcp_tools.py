@@ -146,3 +146,17 @@ def test_a_server_that_cannot_start_gives_a_clear_error() -> None:
 def test_repr() -> None:
     server = stdio(prefix="m_")
     assert repr(server) == "<MCPServer 'mcp_server.py' stdio stopped unlisted prefix='m_'>"
+
+
+def test_notebook_repr_shows_the_tools_once_listed() -> None:
+    async def main() -> None:
+        server = stdio(prefix="m_", filter=["add", "wipe"], timeout=5)
+        before = server._repr_html_()
+        assert "not listed yet" in before and "stopped" in before
+        await server.list_tools()
+        after = server._repr_html_()
+        assert "<code>m_add</code>" in after and "read" in after and "<code>m_wipe</code>" in after and "write" in after
+        assert "running" in after and "5.0 s" in after
+        await server.aclose()
+
+    asyncio.run(main())
