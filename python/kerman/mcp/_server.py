@@ -186,7 +186,10 @@ class MCPServer:
         params = mcp.StdioServerParameters(
             command=command, args=[str(a) for a in args], env=dict(env) if env is not None else None, cwd=cwd
         )
-        default = os.path.basename(args[-1]) if args else os.path.basename(command)
+        # The script or package the command runs (python server.py, npx -y @org/server-x
+        # /data, uvx mcp-server-fetch), else the command itself.
+        named = [str(a) for a in args if not str(a).startswith("-")]
+        default = os.path.basename(named[0].rstrip("/")) if named else os.path.basename(command)
         return cls(params, name=name or default, **options)
 
     @classmethod

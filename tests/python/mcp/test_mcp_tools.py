@@ -160,3 +160,10 @@ def test_notebook_repr_shows_the_tools_once_listed() -> None:
         await server.aclose()
 
     asyncio.run(main())
+
+
+def test_a_stdio_server_is_named_after_what_it_runs() -> None:
+    assert MCPServer.stdio("npx", ["-y", "@org/server-files", "/data"]).name == "server-files"
+    assert MCPServer.stdio("uvx", ["mcp-server-fetch"]).name == "mcp-server-fetch"
+    assert MCPServer.stdio("/usr/bin/files-server").name == "files-server"
+    assert MCPServer.stdio("files-server", name="files").name == "files"
