@@ -5,6 +5,7 @@ close with the loop."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from mcp_helpers import call, results, scripted, stdio, text, tool_names, turn
@@ -167,3 +168,18 @@ def test_a_stdio_server_is_named_after_what_it_runs() -> None:
     assert MCPServer.stdio("uvx", ["mcp-server-fetch"]).name == "mcp-server-fetch"
     assert MCPServer.stdio("/usr/bin/files-server").name == "files-server"
     assert MCPServer.stdio("files-server", name="files").name == "files"
+
+
+def test_add_tools_takes_tools_and_refuses_anything_else() -> None:
+    async def echo(args: Any, ctx: Any) -> str:
+        return "x"
+
+    loop = kerman.AgentLoop(scripted())
+    loop.add_tools(kerman.Tool("a", echo), kerman.Tool("b", echo))
+    assert sorted(loop.tools) == ["a", "b"]
+    with pytest.raises(TypeError, match="got str"):
+        loop.add_tools("c")  # type: ignore[arg-type]
+    server = stdio()
+    loop.add_tools(server)
+    with pytest.raises(ValueError, match="already registered"):
+        loop.add_tools(server)
