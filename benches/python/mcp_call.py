@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine, Dict, Tuple
 
 import kerman
-from kerman.mcp import MCPServer
 from kerman.models import ScriptedModel
 
 SERVER = str(Path(__file__).resolve().parents[2] / "tests" / "python" / "mcp" / "mcp_server.py")
@@ -44,6 +43,8 @@ async def timed(calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> Tup
 
 
 def loop_over(mcp: bool) -> kerman.AgentLoop:
+    from kerman.mcp import MCPServer
+
     model = ScriptedModel()
     if mcp:
         loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"])])
@@ -115,4 +116,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        print('mcp_call: skipped, the mcp package is not installed (pip install "kerman[mcp]")')
+        sys.exit(0)
     asyncio.run(main())
