@@ -290,7 +290,7 @@ def agent_loop(loop: Any) -> str:
 
 def mcp_server(server: Any) -> str:
     """A ``kerman.mcp.MCPServer``: transport, state, and the tools it offers once listed."""
-    transport = "http" if server._target.__class__.__name__ == "_HttpTarget" else "stdio"
+    transport = "http" if server._target.__class__.__name__ == "HttpTarget" else "stdio"
     head = (
         f"MCPServer {_label('name', server.name)} {_label('transport', transport)} "
         f"{_label('state', 'running' if server.connected else 'stopped')} {_label('starts', server.starts)}"

@@ -7,6 +7,7 @@ headers=...)`` speaks streamable HTTP; either goes in ``AgentLoop(tools=[...])``
 """
 
 from ._adapter import MCPTool
-from ._server import Elicitation, MCPServer, MCPServerError, Progress
+from ._server import MCPServer
+from ._types import Elicitation, MCPServerError, Progress
 
 __all__ = ["MCPServer", "MCPServerError", "MCPTool", "Progress", "Elicitation"]

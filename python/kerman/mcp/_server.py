@@ -14,88 +14,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from .._core import AssistantMessage, UserMessage
 from ..tools import Tool, ToolContext, ToolResult
 from ._adapter import MCPTool, effect_of, is_destructive
 from ._content import blocks_of, resource_blocks, result_meta
+from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
+from ._types import Elicitation, ElicitFn, Filter, MCPServerError, Progress, ProgressFn, check_filter, positive, require_mcp
 
 if TYPE_CHECKING:
     from ..loop import AgentLoop
 
-__all__ = ["MCPServer", "MCPServerError", "Progress", "Elicitation"]
+__all__ = ["MCPServer"]
 
 logger = logging.getLogger("kerman.mcp")
 
 # JSON-RPC error codes the mcp package raises for a broken connection and a timed-out request.
 _CONNECTION_CLOSED = -32000
 _REQUEST_TIMEOUT = -32001
-
-
-class MCPServerError(Exception):
-    """An MCP server could not be started or answered a request with an error (the message
-    names the server)."""
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One progress notification of a running MCP tool call (``on_progress=``)."""
-
-    server: str
-    tool: str
-    call_id: str
-    progress: float
-    total: Optional[float]
-    message: Optional[str]
-
-
-@dataclass(frozen=True)
-class Elicitation:
-    """A server's request for input during a call (``on_elicit=``): ``message`` for the
-    person, ``schema`` the JSON Schema of the answer (form mode), ``url`` the page to open
-    (URL mode)."""
-
-    server: str
-    message: str
-    schema: Optional[Dict[str, Any]]
-    url: Optional[str]
-
-
-Filter = Union[Callable[[str], bool], Collection[str], None]
-ProgressFn = Callable[[Progress], Any]
-ElicitFn = Callable[[Elicitation], Awaitable[Optional[Dict[str, Any]]]]
-
-
-def _require_mcp() -> Any:
-    try:
-        import mcp
-    except ImportError as e:  # pragma: no cover - the extra is installed in the tests
-        raise ImportError('kerman.mcp needs the mcp package: pip install "kerman[mcp]"') from e
-    return mcp
-
-
-def _check_filter(filter: Filter) -> Callable[[str], bool]:
-    if filter is None:
-        return lambda _name: True
-    if callable(filter):
-        return filter
-    if isinstance(filter, str):
-        raise TypeError(f"filter must be a callable or a collection of tool names, not a str ({filter!r}); wrap it in a list")
-    names = frozenset(filter)
-    return lambda name: name in names
-
-
-def _positive(name: str, value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
-    return float(value)
 
 
 class MCPServer:
@@ -133,7 +71,7 @@ class MCPServer:
         on_elicit: Optional[ElicitFn] = None,
         on_progress: Optional[ProgressFn] = None,
     ) -> None:
-        _require_mcp()
+        require_mcp()
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if sampling_model is not None and not callable(sampling_model):
@@ -145,9 +83,9 @@ class MCPServer:
         self._target = target
         self.name = name
         self.prefix = prefix
-        self._filter = _check_filter(filter)
-        self.timeout = _positive("timeout", timeout)
-        self.connect_timeout = _positive("connect_timeout", connect_timeout)
+        self._filter = check_filter(filter)
+        self.timeout = positive("timeout", timeout)
+        self.connect_timeout = positive("connect_timeout", connect_timeout)
         self.approve_destructive = bool(approve_destructive)
         self.sampling_model = sampling_model
         self.on_elicit = on_elicit
@@ -178,7 +116,7 @@ class MCPServer:
         """A server run as a subprocess (``command`` with ``args``), spoken to over its stdin
         and stdout. ``env`` is added to a minimal default environment; ``cwd`` is its working
         folder. ``options`` are those of :class:`MCPServer`."""
-        mcp = _require_mcp()
+        mcp = require_mcp()
         if not isinstance(command, str) or not command:
             raise ValueError(f"command must be a non-empty str, got {command!r}")
         if isinstance(args, str):
@@ -206,16 +144,16 @@ class MCPServer:
         bearer token: ``{"Authorization": "Bearer ..."}``); ``auth`` is an ``httpx2.Auth``, such
         as the ``mcp`` package's ``OAuthClientProvider`` for OAuth. ``options`` are those of
         :class:`MCPServer`."""
-        _require_mcp()
+        require_mcp()
         parts = urlsplit(url) if isinstance(url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"url must be an http(s) URL, got {url!r}")
-        target = _HttpTarget(url, dict(headers or {}), auth)
+        target = HttpTarget(url, dict(headers or {}), auth)
         return cls(target, name=name or parts.netloc, **options)
 
     def __repr__(self) -> str:
         state = "running" if self.connected else "stopped"
-        transport = "http" if isinstance(self._target, _HttpTarget) else "stdio"
+        transport = "http" if isinstance(self._target, HttpTarget) else "stdio"
         listed = "unlisted" if self._tools is None else f"{len(self._tools)} tools"
         prefix = f" prefix={self.prefix!r}" if self.prefix else ""
         return f"<MCPServer {self.name!r} {transport} {state} {listed}{prefix}>"
@@ -233,18 +171,18 @@ class MCPServer:
     # ---- the connection -----------------------------------------------------------------
 
     def _make_client(self) -> Any:
-        mcp = _require_mcp()
+        mcp = require_mcp()
         target = self._target
-        if isinstance(target, _HttpTarget):
+        if isinstance(target, HttpTarget):
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
 
             http = create_mcp_http_client(headers=target.headers or None, auth=target.auth)
-            target = _OwnedHttp(http, streamable_http_client(target.url, http_client=http))
+            target = OwnedHttp(http, streamable_http_client(target.url, http_client=http))
         else:
             from mcp.client.stdio import stdio_client
 
-            target = stdio_client(target, errlog=_server_stderr())
+            target = stdio_client(target, errlog=server_stderr())
         return mcp.Client(
             target,
             cache=None,  # the list is read again on list_changed; no stale answer may be served
@@ -280,7 +218,7 @@ class MCPServer:
                 if isinstance(e, asyncio.TimeoutError):
                     raise MCPServerError(f"MCP server {self.name!r} did not start within {self.connect_timeout}s") from None
                 if isinstance(e, Exception) and not isinstance(e, MCPServerError):
-                    raise MCPServerError(f"MCP server {self.name!r} could not be started: {_describe(e)}") from e
+                    raise MCPServerError(f"MCP server {self.name!r} could not be started: {describe(e)}") from e
                 raise
             self.starts += 1
             self._tools = None
@@ -302,7 +240,7 @@ class MCPServer:
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else MCPServerError(f"MCP server {self.name!r} stopped while starting"))
             elif not stop.is_set() and not isinstance(e, asyncio.CancelledError):
-                logger.warning("MCP server %r stopped: %s", self.name, _describe(e))
+                logger.warning("MCP server %r stopped: %s", self.name, describe(e))
         finally:
             if self._client is client:
                 self._client = None
@@ -317,7 +255,7 @@ class MCPServer:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an older protocol, or a server without subscriptions
-            logger.debug("MCP server %r: no list-change subscription (%s)", self.name, _describe(e))
+            logger.debug("MCP server %r: no list-change subscription (%s)", self.name, describe(e))
 
     async def _on_message(self, message: Any) -> None:
         if getattr(message, "method", None) == "notifications/tools/list_changed":
@@ -421,11 +359,11 @@ class MCPServer:
             return failed(f"{where}: the server refused the call: {e.error.message}")
         except (OSError, EOFError) as e:
             self._drop(client)
-            return failed(f"{where}: the connection failed during the call ({_describe(e)}); it will be started again for the next call")
+            return failed(f"{where}: the connection failed during the call ({describe(e)}); it will be started again for the next call")
         except Exception as e:
-            if _is_broken(e):
+            if is_broken(e):
                 self._drop(client)
-                return failed(f"{where}: the connection broke during the call ({_describe(e)}); it will be started again for the next call")
+                return failed(f"{where}: the connection broke during the call ({describe(e)}); it will be started again for the next call")
             raise
         return ToolResult(
             blocks_of(result.content, result.structured_content),
@@ -503,7 +441,7 @@ class MCPServer:
             answer = await self.on_elicit(request)
         except Exception as e:
             logger.exception("MCP server %r: on_elicit raised", self.name)
-            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client's on_elicit failed: {_describe(e)}")
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client's on_elicit failed: {describe(e)}")
         if answer is None:
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="accept", content=dict(answer))
@@ -553,38 +491,6 @@ def _replace(loop: AgentLoop, registered: Dict[str, MCPTool], tools: List[MCPToo
         registered[tool.name] = tool
 
 
-class _HttpTarget:
-    __slots__ = ("url", "headers", "auth")
-
-    def __init__(self, url: str, headers: Dict[str, str], auth: Any) -> None:
-        self.url = url
-        self.headers = headers
-        self.auth = auth
-
-
-class _OwnedHttp:
-    """A streamable HTTP transport whose HTTP client is closed with it (the ``mcp`` package
-    leaves a client it was given open)."""
-
-    def __init__(self, http: Any, transport: Any) -> None:
-        self._http = http
-        self._transport = transport
-
-    async def __aenter__(self) -> Any:
-        await self._http.__aenter__()
-        try:
-            return await self._transport.__aenter__()
-        except BaseException:
-            await self._http.__aexit__(None, None, None)
-            raise
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        try:
-            return await self._transport.__aexit__(*exc)
-        finally:
-            await self._http.__aexit__(None, None, None)
-
-
 async def _checked(server: MCPServer, awaitable: Awaitable[Any]) -> Any:
     from mcp import MCPError
 
@@ -592,41 +498,3 @@ async def _checked(server: MCPServer, awaitable: Awaitable[Any]) -> Any:
         return await awaitable
     except MCPError as e:
         raise MCPServerError(f"MCP server {server.name!r}: {e.error.message}") from e
-
-
-def _members(e: BaseException) -> Optional[Sequence[BaseException]]:
-    """The exceptions of an exception group (anyio raises them; Python 3.10 has no builtin)."""
-    members = getattr(e, "exceptions", None)
-    return members if isinstance(members, (tuple, list)) else None
-
-
-def _server_stderr() -> Any:
-    """Where a stdio server's stderr goes: this process's stderr when it is a file (in a
-    notebook, or under ``contextlib.redirect_stderr``, ``sys.stderr`` is not: then the
-    original one)."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.fileno()
-                return stream
-        except (AttributeError, OSError, ValueError):
-            continue
-    return subprocess.DEVNULL
-
-
-def _describe(e: BaseException) -> str:
-    members = _members(e)
-    if members:
-        return "; ".join(_describe(x) for x in members)
-    text = str(e)
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _is_broken(e: BaseException) -> bool:
-    import anyio
-
-    kinds = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
-    members = _members(e)
-    if members:
-        return any(_is_broken(x) for x in members)
-    return isinstance(e, kinds)
