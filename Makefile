@@ -37,6 +37,8 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "pyyaml>=6"
 	@# openai-agents: kerman.integrations.openai_agents (tests/python/integrations/).
 	$(PY) -m pip install -q --root-user-action=ignore "openai-agents>=0.24"
+	@# The mcp extra: kerman.mcp's tests run real MCP servers written with its server side (tests/python/mcp/).
+	$(PY) -m pip install -q --root-user-action=ignore "mcp>=2.3"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when
@@ -151,6 +153,7 @@ bench: install
 	$(PY) benches/python/providers_long_reply.py
 	$(PY) benches/python/web_sse.py
 	$(PY) benches/python/ui_fold.py
+	$(PY) benches/python/mcp_call.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

@@ -286,3 +286,25 @@ def agent_loop(loop: Any) -> str:
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"
     return _box(head, f"<table>{rows}</table>")
+
+
+def mcp_server(server: Any) -> str:
+    """A ``kerman.mcp.MCPServer``: transport, state, and the tools it offers once listed."""
+    transport = "http" if server._target.__class__.__name__ == "HttpTarget" else "stdio"
+    head = (
+        f"MCPServer {_label('name', server.name)} {_label('transport', transport)} "
+        f"{_label('state', 'running' if server.connected else 'stopped')} {_label('starts', server.starts)}"
+    )
+    listed = server._tools
+    if listed is None:
+        tools = '<span class="k-note">not listed yet (listed at the first model request)</span>'
+    else:
+        tools = ", ".join(f'<code>{esc(t.name)}</code> <span class="k-dim">{esc(t.effect)}</span>' for t in listed) or (
+            '<span class="k-note">none</span>'
+        )
+    rows = f"<tr><th>tools</th><td>{tools}</td></tr>"
+    if server.prefix:
+        rows += f"<tr><th>prefix</th><td><code>{esc(server.prefix)}</code></td></tr>"
+    if server.timeout is not None:
+        rows += f"<tr><th>timeout</th><td>{esc(server.timeout)} s</td></tr>"
+    return _box(head, f"<table>{rows}</table>")

@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, TypeVar, Union, overload
 
 from . import _dispatch, _html, _report
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
@@ -29,6 +29,14 @@ from .signal import Signal
 from .tools import Tool, _executor
 
 __all__ = ["AgentLoop", "TurnStillRunningWarning"]
+
+
+class ToolSource(Protocol):
+    """What ``AgentLoop(tools=[...])`` and ``add_tools`` accept besides a ``Tool``: an object
+    that registers its tools on a loop (``kerman.mcp.MCPServer``) and is closed with it."""
+
+    def _kerman_attach(self, loop: AgentLoop) -> None: ...
+    async def _kerman_detach(self, loop: AgentLoop) -> None: ...
 
 
 class TurnStillRunningWarning(RuntimeWarning):
@@ -137,7 +145,7 @@ class AgentLoop:
         self,
         model: Model,
         log: Optional[SessionLog] = None,
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Union[Tool, ToolSource]] = (),
         max_parallel_tool_calls: int = 10,
         *,
         options: Optional[Dict[str, Any]] = None,
@@ -162,8 +170,11 @@ class AgentLoop:
         self._turn_stopping: List[Callable[..., Any]] = []
         self._before_tool: List[Callable[..., Any]] = []
         self._tools: Dict[str, Tool] = {}
+        # Tool sources (kerman.mcp.MCPServer): their tools join _tools when a request needs
+        # them; aclose() closes the sources.
+        self._sources: List[ToolSource] = []
         for tool in tools:
-            self._add_tool(tool)
+            self._add_any(tool)
         # The inbox's callbacks reach the loop through a weak reference: a loop the program
         # drops is then freed at once, by reference counting, with whatever its session holds
         # (a 1 MB prompt, say), instead of waiting for a full garbage collection.
@@ -578,9 +589,24 @@ class AgentLoop:
         self._add_tool(tool)
         return fn
 
+    def add_tools(self, *tools: Union[Tool, ToolSource]) -> None:
+        """Registers tools: ``Tool`` objects, and tool sources such as a
+        ``kerman.mcp.MCPServer`` (whose tools are listed when a model request first needs
+        them, and whose connection ``aclose()`` closes)."""
+        for tool in tools:
+            self._add_any(tool)
+
+    def _add_any(self, tool: Union[Tool, ToolSource]) -> None:
+        attach = getattr(tool, "_kerman_attach", None)
+        if attach is None or isinstance(tool, Tool):
+            self._add_tool(tool)  # type: ignore[arg-type]
+            return
+        attach(self)
+        self._sources.append(tool)
+
     def _add_tool(self, tool: Tool) -> None:
         if not isinstance(tool, Tool):
-            raise TypeError(f"expected a kerman.Tool, got {type(tool).__name__}")
+            raise TypeError(f"expected a kerman.Tool or a tool source (kerman.mcp.MCPServer), got {type(tool).__name__}")
         if tool.name in self._tools:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
@@ -934,6 +960,9 @@ class AgentLoop:
             # A log has at most one inbox: this loop's gives way to the next (a notebook
             # re-creating its loop over the same log).
             self._inbox.close()
+            # Tool sources (MCP servers) stop once no turn can call them.
+            for source in self._sources:
+                await source._kerman_detach(self)
 
     async def __aenter__(self) -> AgentLoop:
         return self

@@ -1,0 +1,124 @@
+"""An MCP tool call through Kerman against the same call made directly with the ``mcp`` client.
+
+    python3 benches/python/mcp_call.py [--calls 200] [--reps 5]
+
+The server is the tests' (``tests/python/mcp/mcp_server.py``) over stdio; the tool is ``add``.
+Three figures, each per call and the best of ``--reps`` repetitions, interleaved (a loaded
+host only adds time, and its load changes during a run):
+
+* ``direct``: ``await client.call_tool("add", ...)`` on an ``mcp.Client``;
+* ``loop+mcp``: one turn of an ``AgentLoop`` whose scripted model calls the server's ``add``
+  once and then answers;
+* ``loop+local``: the same turn with a local ``add`` tool: the loop's own cost (the model's two
+  requests, the log appends) without MCP.
+
+``through kerman`` is ``loop+mcp - loop+local``: what a call costs through Kerman beyond the
+turn it sits in. The target is ``through kerman <= 1.1 x direct``. Prints a table and one JSON
+line. Needs ``kerman[mcp]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Coroutine, Dict, Tuple
+
+import kerman
+from kerman.models import ScriptedModel
+
+SERVER = str(Path(__file__).resolve().parents[2] / "tests" / "python" / "mcp" / "mcp_server.py")
+CALL = kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}])
+
+
+async def timed(calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> Tuple[float, float]:
+    """``calls`` calls of ``once``: (wall seconds, this process's CPU seconds) per call."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        await once()
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
+
+
+def loop_over(mcp: bool) -> kerman.AgentLoop:
+    from kerman.mcp import MCPServer
+
+    model = ScriptedModel()
+    if mcp:
+        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"])])
+    else:
+        loop = kerman.AgentLoop(model)
+
+        @loop.tool
+        async def add(a: int, b: int) -> str:
+            """Adds two integers."""
+            return str(a + b)
+
+    return loop
+
+
+def turn_of(loop: kerman.AgentLoop) -> Callable[[], Coroutine[Any, Any, None]]:
+    async def turn() -> None:
+        loop._model.add(CALL, "done")  # type: ignore[attr-defined]
+        loop.followup("go")
+        await loop.when_idle()
+
+    return turn
+
+
+async def measure(calls: int, reps: int) -> Dict[str, float]:
+    """The three figures, their repetitions interleaved so a host whose load changes during
+    the run weighs on each alike; the best repetition of each."""
+    from mcp import Client, StdioServerParameters
+
+    with_mcp, local = loop_over(True), loop_over(False)
+    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
+        runs = {
+            "direct": lambda: client.call_tool("add", {"a": 1, "b": 2}),
+            "loop+mcp": turn_of(with_mcp),
+            "loop+local": turn_of(local),
+        }
+        best = {name: float("inf") for name in runs}
+        best.update({name + " cpu": float("inf") for name in runs})
+        for once in runs.values():
+            await once()  # warm up: the server started, the tools listed
+        for _ in range(reps):
+            for name, once in runs.items():
+                wall, cpu = await timed(calls, once)
+                best[name] = min(best[name], wall)
+                best[name + " cpu"] = min(best[name + " cpu"], cpu)
+    await with_mcp.aclose()
+    await local.aclose()
+    return best
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    best = await measure(args.calls, args.reps)
+    print(f"MCP tool call over stdio, per call (best of {args.reps} x {args.calls}, interleaved)")
+    print(f"  {'':<16}{'wall':>10}{'client cpu':>14}")
+    figures: Dict[str, Any] = {"bench": "mcp_call"}
+    for kind in ("", " cpu"):
+        best["through kerman" + kind] = best["loop+mcp" + kind] - best["loop+local" + kind]
+    for name in ("direct", "loop+mcp", "loop+local", "through kerman"):
+        print(f"  {name:<16}{best[name] * 1e6:8.1f} us{best[name + ' cpu'] * 1e6:10.1f} us")
+    for kind, label in (("", "wall"), (" cpu", "client cpu")):
+        ratio = best["through kerman" + kind] / best["direct" + kind]
+        figures[label.replace(" ", "_") + "_ratio"] = round(ratio, 3)
+        print(f"  through kerman / direct ({label}): {ratio:.2f}x (target <= 1.10x)")
+    figures.update({name.replace(" ", "_").replace("+", "_") + "_us": round(value * 1e6, 1) for name, value in best.items()})
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        print('mcp_call: skipped, the mcp package is not installed (pip install "kerman[mcp]")')
+        sys.exit(0)
+    asyncio.run(main())

@@ -1,0 +1,500 @@
+"""``MCPServer``: an MCP server's tools, resources and prompts, through the ``mcp`` package's
+client.
+
+The connection lives in an asyncio task of its own (the runner): the ``mcp`` client is an anyio
+context manager whose task group must be entered and left by one task, while it is used from
+the loop's driver (the first request needs the tool list), from tool calls and from
+``aclose``. The runner enters the client, publishes it, and waits to be told to stop; a
+connection that breaks (a server process that died) ends the runner, and the next use starts a
+new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Mapping, Optional, Sequence, Union
+from urllib.parse import urlsplit
+
+from .._core import AssistantMessage, UserMessage
+from ..tools import Tool, ToolContext, ToolResult
+from ._adapter import MCPTool, effect_of, is_destructive
+from ._content import blocks_of, resource_blocks, result_meta
+from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
+from ._types import Elicitation, ElicitFn, Filter, MCPServerError, Progress, ProgressFn, check_filter, positive, require_mcp
+
+if TYPE_CHECKING:
+    from ..loop import AgentLoop
+
+__all__ = ["MCPServer"]
+
+logger = logging.getLogger("kerman.mcp")
+
+# JSON-RPC error codes the mcp package raises for a broken connection and a timed-out request.
+_CONNECTION_CLOSED = -32000
+_REQUEST_TIMEOUT = -32001
+
+
+class MCPServer:
+    """An MCP server whose tools a loop offers its model: ``AgentLoop(tools=[server])`` or
+    ``loop.add_tools(server)``. Build one with :meth:`stdio` or :meth:`http`.
+
+    The server is started when a loop first needs its tool list (the first model request) and
+    closed with the loop (``aclose``). A connection that breaks during a call (the server's
+    process died) gives that call an error result naming what happened; the next use starts the
+    server again. The tool list is read again after the server says it changed.
+
+    ``prefix`` is put before every tool name the model sees; ``filter`` (a collection of the
+    server's tool names, or a predicate on them) chooses which tools are offered. ``timeout``
+    bounds each call (seconds; the call gets an error result and the server a cancellation),
+    ``connect_timeout`` the start. ``approve_destructive=True`` makes every call of a tool the
+    server does not declare read-only or non-destructive wait for a person's decision
+    (``docs/decisions.md``). ``sampling_model`` is a Kerman model (a provider, or any
+    ``async def model(request)``) that answers the server's sampling requests; without it they
+    are refused. ``on_elicit`` answers the server's requests for input (``async def
+    f(Elicitation) -> dict | None``; ``None`` declines); without it they are declined.
+    ``on_progress`` gets each :class:`Progress` notification of a running call.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        *,
+        name: str,
+        prefix: str = "",
+        filter: Filter = None,
+        timeout: Optional[float] = None,
+        connect_timeout: float = 30.0,
+        approve_destructive: bool = False,
+        sampling_model: Any = None,
+        on_elicit: Optional[ElicitFn] = None,
+        on_progress: Optional[ProgressFn] = None,
+    ) -> None:
+        require_mcp()
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        if sampling_model is not None and not callable(sampling_model):
+            raise TypeError(f"sampling_model must be a model (callable), got {type(sampling_model).__name__}")
+        if on_elicit is not None and not callable(on_elicit):
+            raise TypeError(f"on_elicit must be callable, got {type(on_elicit).__name__}")
+        if on_progress is not None and not callable(on_progress):
+            raise TypeError(f"on_progress must be callable, got {type(on_progress).__name__}")
+        self._target = target
+        self.name = name
+        self.prefix = prefix
+        self._filter = check_filter(filter)
+        self.timeout = positive("timeout", timeout)
+        self.connect_timeout = positive("connect_timeout", connect_timeout)
+        self.approve_destructive = bool(approve_destructive)
+        self.sampling_model = sampling_model
+        self.on_elicit = on_elicit
+        self.on_progress = on_progress
+        self._client: Any = None
+        self._runner: Optional[asyncio.Task[None]] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._lock: Optional[asyncio.Lock] = None
+        self._tools: Optional[List[MCPTool]] = None  # None: not listed yet, or stale
+        self._loops: List[AgentLoop] = []
+        self._changed: Optional[asyncio.Event] = None  # set on each tools/list_changed
+        self._bound: Optional[asyncio.AbstractEventLoop] = None  # the event loop of the above
+        self.starts = 0  # how many times the server was started (a restart adds one)
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[Union[str, os.PathLike[str]]] = None,
+        name: Optional[str] = None,
+        **options: Any,
+    ) -> MCPServer:
+        """A server run as a subprocess (``command`` with ``args``), spoken to over its stdin
+        and stdout. ``env`` is added to a minimal default environment; ``cwd`` is its working
+        folder. ``options`` are those of :class:`MCPServer`."""
+        mcp = require_mcp()
+        if not isinstance(command, str) or not command:
+            raise ValueError(f"command must be a non-empty str, got {command!r}")
+        if isinstance(args, str):
+            raise TypeError(f"args must be a sequence of str, not a str ({args!r}); wrap it in a list")
+        params = mcp.StdioServerParameters(
+            command=command, args=[str(a) for a in args], env=dict(env) if env is not None else None, cwd=cwd
+        )
+        # The script or package the command runs (python server.py, npx -y @org/server-x
+        # /data, uvx mcp-server-fetch), else the command itself.
+        named = [str(a) for a in args if not str(a).startswith("-")]
+        default = os.path.basename(named[0].rstrip("/")) if named else os.path.basename(command)
+        return cls(params, name=name or default, **options)
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        auth: Any = None,
+        name: Optional[str] = None,
+        **options: Any,
+    ) -> MCPServer:
+        """A server at ``url`` over streamable HTTP. ``headers`` go with every request (a
+        bearer token: ``{"Authorization": "Bearer ..."}``); ``auth`` is an ``httpx2.Auth``, such
+        as the ``mcp`` package's ``OAuthClientProvider`` for OAuth. ``options`` are those of
+        :class:`MCPServer`."""
+        require_mcp()
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url must be an http(s) URL, got {url!r}")
+        target = HttpTarget(url, dict(headers or {}), auth)
+        return cls(target, name=name or parts.netloc, **options)
+
+    def __repr__(self) -> str:
+        state = "running" if self.connected else "stopped"
+        transport = "http" if isinstance(self._target, HttpTarget) else "stdio"
+        listed = "unlisted" if self._tools is None else f"{len(self._tools)} tools"
+        prefix = f" prefix={self.prefix!r}" if self.prefix else ""
+        return f"<MCPServer {self.name!r} {transport} {state} {listed}{prefix}>"
+
+    def _repr_html_(self) -> str:
+        from .._html import mcp_server
+
+        return mcp_server(self)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the server is running (started, and not stopped or broken)."""
+        return self._client is not None and self._runner is not None and not self._runner.done()
+
+    # ---- the connection -----------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        mcp = require_mcp()
+        target = self._target
+        if isinstance(target, HttpTarget):
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            http = create_mcp_http_client(headers=target.headers or None, auth=target.auth)
+            target = OwnedHttp(http, streamable_http_client(target.url, http_client=http))
+        else:
+            from mcp.client.stdio import stdio_client
+
+            target = stdio_client(target, errlog=server_stderr())
+        return mcp.Client(
+            target,
+            cache=None,  # the list is read again on list_changed; no stale answer may be served
+            message_handler=self._on_message,
+            sampling_callback=self._on_sampling if self.sampling_model is not None else None,
+            elicitation_callback=self._on_elicitation,
+        )
+
+    async def _connect(self) -> Any:
+        """The running client, started if needed."""
+        if self.connected:
+            return self._client
+        here = asyncio.get_running_loop()
+        if self._lock is None or self._bound is not here:
+            # A server used again under another event loop (a second asyncio.run, a notebook
+            # cell): its primitives and any connection belong to the first one.
+            self._bound = here
+            self._lock = asyncio.Lock()
+            self._changed = asyncio.Event()
+            self._client = None
+            self._runner = None
+        async with self._lock:
+            if self.connected:
+                return self._client
+            self._client = None
+            ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._stop = asyncio.Event()
+            self._runner = asyncio.ensure_future(self._run(ready, self._stop))
+            try:
+                client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout)
+            except BaseException as e:
+                self._stop.set()
+                if isinstance(e, asyncio.TimeoutError):
+                    raise MCPServerError(f"MCP server {self.name!r} did not start within {self.connect_timeout}s") from None
+                if isinstance(e, Exception) and not isinstance(e, MCPServerError):
+                    raise MCPServerError(f"MCP server {self.name!r} could not be started: {describe(e)}") from e
+                raise
+            self.starts += 1
+            self._tools = None
+            return client
+
+    async def _run(self, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
+        client = None
+        try:
+            async with self._make_client() as client:
+                listener = asyncio.ensure_future(self._listen(client))
+                self._client = client
+                ready.set_result(client)
+                try:
+                    await stop.wait()
+                finally:
+                    listener.cancel()
+                    await asyncio.gather(listener, return_exceptions=True)
+        except BaseException as e:  # noqa: BLE001 - the runner's end is reported, never raised
+            if not ready.done():
+                ready.set_exception(e if isinstance(e, Exception) else MCPServerError(f"MCP server {self.name!r} stopped while starting"))
+            elif not stop.is_set() and not isinstance(e, asyncio.CancelledError):
+                logger.warning("MCP server %r stopped: %s", self.name, describe(e))
+        finally:
+            if self._client is client:
+                self._client = None
+
+    async def _listen(self, client: Any) -> None:
+        """On 2026-07-28 connections list changes come on a ``subscriptions/listen`` stream;
+        earlier ones send ``notifications/tools/list_changed`` (``_on_message``)."""
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    self._list_changed()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an older protocol, or a server without subscriptions
+            logger.debug("MCP server %r: no list-change subscription (%s)", self.name, describe(e))
+
+    async def _on_message(self, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            self._list_changed()
+
+    def _list_changed(self) -> None:
+        self._tools = None
+        if self._changed is not None:
+            self._changed.set()
+
+    def _drop(self, client: Any) -> None:
+        """The connection ``client`` broke: its runner stops; the next use starts again."""
+        if self._client is client:
+            self._client = None
+        if self._stop is not None:
+            self._stop.set()
+
+    async def aclose(self) -> None:
+        """Stops the server (its process, or its HTTP session). It starts again if used."""
+        runner, stop = self._runner, self._stop
+        self._client = None
+        self._tools = None
+        if stop is not None:
+            stop.set()
+        if runner is not None and not runner.done():
+            await asyncio.gather(runner, return_exceptions=True)
+
+    # ---- tools --------------------------------------------------------------------------
+
+    async def list_tools(self) -> List[Tool]:
+        """The tools this server offers a loop (prefixed and filtered), starting it if needed."""
+        return list(await self._listed())
+
+    async def _listed(self) -> List[MCPTool]:
+        client = await self._connect()
+        if self._tools is not None:
+            return self._tools
+        if self._changed is not None:
+            self._changed.clear()
+        listed = []
+        cursor = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        tools = [self._adapt(t) for t in listed if self._filter(t.name)]
+        if self._client is client:
+            self._tools = tools
+        return tools
+
+    def _adapt(self, spec: Any) -> MCPTool:
+        annotations = spec.annotations
+        needs = self.approve_destructive and is_destructive(annotations)
+        return MCPTool(
+            self,
+            spec.name,
+            self.prefix + spec.name,
+            spec.description or "",
+            spec.input_schema,
+            effect_of(annotations),
+            annotations.model_dump(by_alias=True, exclude_none=True) if annotations is not None else {},
+            needs_approval=needs,
+        )
+
+    async def _call(self, tool: MCPTool, args: Dict[str, Any], ctx: ToolContext) -> ToolResult:
+        from mcp import MCPError
+
+        try:
+            client = await self._connect()
+        except MCPServerError as e:
+            return ToolResult(str(e), is_error=True, meta=result_meta(self.name, tool.remote_name, None, ()))
+        progress: List[Dict[str, Any]] = []
+
+        async def on_progress(value: float, total: Optional[float], message: Optional[str]) -> None:
+            progress.append({"progress": value, "total": total, "message": message})
+            logger.info("MCP %s/%s (call %s): progress %s/%s %s", self.name, tool.remote_name, ctx.call_id, value, total, message or "")
+            if self.on_progress is not None:
+                update = Progress(self.name, tool.remote_name, ctx.call_id, value, total, message)
+                try:
+                    out = self.on_progress(update)
+                    if asyncio.iscoroutine(out):
+                        await out
+                except Exception:
+                    logger.exception("MCP server %r: on_progress raised", self.name)
+
+        def failed(text: str) -> ToolResult:
+            return ToolResult(text, is_error=True, meta=result_meta(self.name, tool.remote_name, None, progress))
+
+        where = f"MCP server {self.name!r}, tool {tool.remote_name!r}"
+        try:
+            result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
+        except MCPError as e:
+            if e.code == _CONNECTION_CLOSED:
+                self._drop(client)
+                stopped = f"the server stopped during the call ({e.error.message})"
+                return failed(f"{where}: {stopped}; it will be started again for the next call")
+            if e.code == _REQUEST_TIMEOUT:
+                return failed(f"{where}: no result within the server's timeout of {self.timeout}s; the call was cancelled")
+            return failed(f"{where}: the server refused the call: {e.error.message}")
+        except (OSError, EOFError) as e:
+            self._drop(client)
+            return failed(f"{where}: the connection failed during the call ({describe(e)}); it will be started again for the next call")
+        except Exception as e:
+            if is_broken(e):
+                self._drop(client)
+                return failed(f"{where}: the connection broke during the call ({describe(e)}); it will be started again for the next call")
+            raise
+        return ToolResult(
+            blocks_of(result.content, result.structured_content),
+            is_error=bool(result.is_error),
+            meta=result_meta(self.name, tool.remote_name, result, progress),
+        )
+
+    # ---- resources and prompts ----------------------------------------------------------
+
+    async def list_resources(self) -> List[Any]:
+        """The server's resources (``mcp.types.Resource``: ``uri``, ``name``, ``mimeType`` ...)."""
+        client = await self._connect()
+        out: List[Any] = []
+        cursor = None
+        while True:
+            page = await _checked(self, client.list_resources(cursor=cursor))
+            out.extend(page.resources)
+            cursor = page.next_cursor
+            if not cursor:
+                return out
+
+    async def read_resource(self, uri: str) -> List[Dict[str, Any]]:
+        """The content of resource ``uri`` as Kerman blocks (text, and images)."""
+        client = await self._connect()
+        return resource_blocks(await _checked(self, client.read_resource(uri)))
+
+    async def resource(self, uri: str) -> UserMessage:
+        """Resource ``uri`` as a ``UserMessage`` (``loop.followup(await server.resource(uri))``)."""
+        return UserMessage(await self.read_resource(uri), source={"kind": "context", "mcp": {"server": self.name, "resource": uri}})
+
+    async def list_prompts(self) -> List[Any]:
+        """The server's prompts (``mcp.types.Prompt``: ``name``, ``description``, ``arguments``)."""
+        client = await self._connect()
+        out: List[Any] = []
+        cursor = None
+        while True:
+            page = await _checked(self, client.list_prompts(cursor=cursor))
+            out.extend(page.prompts)
+            cursor = page.next_cursor
+            if not cursor:
+                return out
+
+    async def prompt(self, name: str, arguments: Optional[Mapping[str, str]] = None) -> List[Union[UserMessage, AssistantMessage]]:
+        """Prompt ``name`` filled with ``arguments``, as messages: a user message per user
+        turn of the prompt (send it with ``loop.followup``), an ``AssistantMessage`` per
+        assistant turn."""
+        client = await self._connect()
+        result = await _checked(self, client.get_prompt(name, dict(arguments or {})))
+        from ._content import block_of
+
+        source = {"kind": "user", "mcp": {"server": self.name, "prompt": name}}
+        messages: List[Union[UserMessage, AssistantMessage]] = []
+        for m in result.messages:
+            block = block_of(m.content)
+            if m.role == "assistant":
+                messages.append(AssistantMessage([block]))
+            else:
+                messages.append(UserMessage([block], source=source))
+        return messages
+
+    # ---- requests from the server -------------------------------------------------------
+
+    async def _on_sampling(self, context: Any, params: Any) -> Any:
+        from ._sampling import answer
+
+        return await answer(self, params)
+
+    async def _on_elicitation(self, context: Any, params: Any) -> Any:
+        import mcp.types as types
+
+        if self.on_elicit is None:
+            return types.ElicitResult(action="decline")
+        request = Elicitation(self.name, params.message, getattr(params, "requested_schema", None), getattr(params, "url", None))
+        try:
+            answer = await self.on_elicit(request)
+        except Exception as e:
+            logger.exception("MCP server %r: on_elicit raised", self.name)
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client's on_elicit failed: {describe(e)}")
+        if answer is None:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content=dict(answer))
+
+    # ---- the loops this server serves ---------------------------------------------------
+
+    def _kerman_attach(self, loop: AgentLoop) -> None:
+        """Called by ``AgentLoop(tools=[...])`` and ``loop.add_tools``: the loop's first model
+        request (and each one after a list change) lists this server's tools."""
+        if loop in self._loops:
+            raise ValueError(f"{self!r} is already registered on this loop")
+        self._loops.append(loop)
+        registered: Dict[str, MCPTool] = {}
+
+        async def sync_tools(request: Any, next: Any) -> Any:
+            tools = await self._listed()
+            if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
+                _replace(loop, registered, tools)
+                request.tools = [t.spec() for t in loop._tools.values()]
+            return await next()
+
+        sync_tools.__qualname__ = f"MCPServer({self.name!r}).sync_tools"
+        loop.before_request(sync_tools, prepend=True)
+
+    async def _kerman_detach(self, loop: AgentLoop) -> None:
+        """Called by ``loop.aclose()``: the server stops once no loop uses it."""
+        if loop in self._loops:
+            self._loops.remove(loop)
+        if not self._loops:
+            await self.aclose()
+
+
+def _replace(loop: AgentLoop, registered: Dict[str, MCPTool], tools: List[MCPTool]) -> None:
+    """Puts ``tools`` in the loop's tool table in place of the ones registered before."""
+    table = loop._tools
+    for name, old in list(registered.items()):
+        if table.get(name) is old:
+            del table[name]
+    registered.clear()
+    for tool in tools:
+        if tool.name in table:
+            raise ValueError(
+                f"MCP server {tool.server.name!r} offers a tool named {tool.name!r}, and the loop already has one "
+                f"of that name: give the server a prefix= (MCPServer.stdio(..., prefix='x_'))"
+            )
+        loop._add_tool(tool)
+        registered[tool.name] = tool
+
+
+async def _checked(server: MCPServer, awaitable: Awaitable[Any]) -> Any:
+    from mcp import MCPError
+
+    try:
+        return await awaitable
+    except MCPError as e:
+        raise MCPServerError(f"MCP server {server.name!r}: {e.error.message}") from e
