@@ -31,6 +31,7 @@ ROOMS = {
         "_log.py",
         "_timeline.py",
         "_workers.py",
+        "_usage.py",
         "chat.py",
         "_chat_screen.py",
         "_chat_decide.py",
