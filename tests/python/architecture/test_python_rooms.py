@@ -32,6 +32,7 @@ ROOMS = {
         "_timeline.py",
         "_workers.py",
         "_usage.py",
+        "_otel.py",
         "chat.py",
         "_chat_screen.py",
         "_chat_decide.py",
