@@ -31,11 +31,12 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Sequence
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
 import kerman
 from kerman import cli, otel
 from kerman.usage import ledger
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_log  # noqa: E402
@@ -143,15 +144,15 @@ def main(argv: List[str]) -> int:
         lambda: asyncio.run(turns(args.sessions, args.turns, False)),
         lambda: asyncio.run(turns(args.sessions, args.turns, True)),
     )
-    p, l = statistics.median(plain), statistics.median(live)
-    overhead = (1 / l - 1 / p) / (1 / p)
+    p, q = statistics.median(plain), statistics.median(live)
+    overhead = (1 / q - 1 / p) / (1 / p)
     usage = usage_over_file(args.events, args.reps)
     print(f"{'P4 turns/s, no instrumentation':48} {p:>12,.0f}")
-    print(f"{'P4 turns/s, otel.instrument + BatchSpanProcessor':48} {l:>12,.0f}")
-    print(f"{'live exporter cost per turn':48} {(1 / l - 1 / p) * 1e6:>10,.1f} µs ({overhead:+.1%} of P4's time per turn; target ≤ 10%)")
+    print(f"{'P4 turns/s, otel.instrument + BatchSpanProcessor':48} {q:>12,.0f}")
+    print(f"{'live exporter cost per turn':48} {(1 / q - 1 / p) * 1e6:>10,.1f} µs ({overhead:+.1%} of P4's time per turn; target ≤ 10%)")
     print(f"{'kerman log usage, ' + format(usage['events'], ',') + ' events':48} {usage['cli_s']:>10.2f} s")
     print(f"{'ledger() over the events read':48} {usage['fold_s']:>10.2f} s ({usage['fold_s'] / usage['events'] * 1e6:.1f} µs/event)")
-    print(json.dumps({"p4_plain": p, "p4_instrumented": l, "overhead": overhead, **usage}))
+    print(json.dumps({"p4_plain": p, "p4_instrumented": q, "overhead": overhead, **usage}))
     return 0
 
 

@@ -35,7 +35,7 @@ def _hex_ids(node: Any) -> None:
 def to_otlp_json(spans: Sequence[Any]) -> Dict[str, Any]:
     """``spans`` (the SDK's finished spans) as an OTLP/JSON ``ExportTraceServiceRequest``."""
     encode_spans = _require()
-    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
     data: Dict[str, Any] = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
     _hex_ids(data)
@@ -52,4 +52,4 @@ def send(spans: List[Any], endpoint: str) -> bool:
     try:
         return exporter.export(spans) is SpanExportResult.SUCCESS
     finally:
-        exporter.shutdown()
+        exporter.shutdown()  # type: ignore[no-untyped-call]

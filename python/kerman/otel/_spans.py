@@ -123,7 +123,8 @@ class SpanBuilder:
 
     # -- the fold --
 
-    def add(self, view: ev.EventView) -> None:
+    def add(self, event: ev.EventView) -> None:
+        view: Any = event  # dispatched on the exact class, which mypy does not narrow
         seen = len(self.fold.requests)
         self.fold.add(view)
         for request in self.fold.requests[seen:]:

@@ -180,7 +180,8 @@ class Fold:
 
     # -- the fold --
 
-    def add(self, view: ev.EventView) -> None:
+    def add(self, event: ev.EventView) -> None:
+        view: Any = event  # dispatched on the exact class below (faster than isinstance), which mypy does not narrow
         cls = view.__class__
         if cls is ev.AssistantChunk:
             if not self._chunks:
