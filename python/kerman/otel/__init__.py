@@ -72,11 +72,13 @@ class Instrumentation:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
-        # Subscribe first, then queue what the log holds already: the worker skips seqs it saw.
+        # Subscribe first, then read what the log held by then: the worker builds that backlog
+        # first, then the queued events from its end on (an event committed between the two
+        # steps is in both; the seq check drops the second copy).
         self._unsubscribe = log.subscribe(self._put)
-        start = len(log)
-        for event in log.events(stop=start):
-            self._put(event)
+        self._backlog = list(log.events())
+        with self._idle:
+            self._pending += len(self._backlog)
         self._thread = threading.Thread(target=self._run, name=f"kerman.otel {log.id}", daemon=True)
         self._thread.start()
 
@@ -85,11 +87,17 @@ class Instrumentation:
             self._pending += 1
         self._queue.put(event)
 
-    def _run(self) -> None:
+    def _events(self) -> Any:
+        backlog, self._backlog = self._backlog, []
+        yield from backlog
         while True:
             event = self._queue.get()
             if event is _STOP:
                 return
+            yield event
+
+    def _run(self) -> None:
+        for event in self._events():
             try:
                 if event.seq > self.exported:
                     self.exported = event.seq
