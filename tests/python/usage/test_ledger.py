@@ -246,3 +246,31 @@ def test_a_session_log_and_a_loop_give_the_same_ledger_as_their_events():
         await loop.aclose()
 
     asyncio.run(main())
+
+
+def test_a_turn_cancelled_mid_stream_by_a_real_loop_keeps_the_usage_reported_before():
+    import asyncio
+
+    async def main() -> None:
+        streaming = asyncio.Event()
+        never = asyncio.Event()
+
+        async def model(request: Any) -> Any:
+            yield {"type": "usage", "input": 500, "output": 0, "cacheRead": 300}
+            yield {"type": "text-delta", "text": "Hel"}
+            streaming.set()
+            await never.wait()
+
+        loop = kerman.AgentLoop(model)
+        loop.followup("hi")
+        await streaming.wait()  # set when the loop asked for the chunk after "Hel": both are logged
+        loop.cancel()
+        await loop.when_idle()
+        book = ledger(loop.log, pricer=None)
+        [request] = book.requests
+        assert (request.outcome, request.partial, request.usage) == ("interrupted", True, {"input": 500, "output": 0, "cacheRead": 300})
+        assert (book.session.input, book.session.cache_read, book.session.requests, book.session.failed) == (200, 300, 1, 0)
+        assert book.session.cost is None  # nothing to price with; never 0
+        await loop.aclose()
+
+    asyncio.run(main())
