@@ -39,6 +39,10 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "openai-agents>=0.24"
 	@# The mcp extra: kerman.mcp's tests run real MCP servers written with its server side (tests/python/mcp/).
 	$(PY) -m pip install -q --root-user-action=ignore "mcp>=2.3"
+	@# genai-prices (kerman.usage's default pricer), the OpenTelemetry SDK (kerman.otel's spans) and
+	@# its OTLP exporter (kerman log otel).
+	$(PY) -m pip install -q --root-user-action=ignore "genai-prices>=0.2.3" "opentelemetry-api>=1.30" "opentelemetry-sdk>=1.30" \
+	  "opentelemetry-exporter-otlp-proto-http>=1.30"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when
@@ -154,6 +158,7 @@ bench: install
 	$(PY) benches/python/web_sse.py
 	$(PY) benches/python/ui_fold.py
 	$(PY) benches/python/mcp_call.py
+	$(PY) benches/python/usage_otel.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

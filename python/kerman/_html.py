@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 
 from . import events
 
-__all__ = ["message", "event", "event_iterator", "session_log", "inbox", "transcript", "agent_loop"]
+__all__ = ["message", "event", "event_iterator", "session_log", "inbox", "transcript", "agent_loop", "usage_ledger"]
 
 #: How much of one message's text is shown before it is cut.
 TEXT_LIMIT = 2000
@@ -28,6 +28,8 @@ EVENTS_SHOWN = 5
 #: Messages a transcript shows (the last ones), and pending messages per inbox list.
 MESSAGES_SHOWN = 50
 PENDING_SHOWN = 20
+#: Turns the usage ledger's view shows (the last ones).
+TURNS_SHOWN = 20
 
 _STYLE = (
     "<style>"
@@ -163,6 +165,28 @@ def session_log(log: Any) -> str:
     return _box(head, body)
 
 
+def usage_ledger(book: Any) -> str:
+    """A usage ledger: the session's totals, then one row per turn (the last few)."""
+    head = f"Ledger {_label('turns', len(book.turns))} {_label('requests', book.session.requests)}"
+    turns = list(book.turns.items())
+    shown = turns[-TURNS_SHOWN:]
+    note = f'<div class="k-note">the last {len(shown)} of {len(turns):,} turns</div>' if len(shown) < len(turns) else ""
+
+    def row(name: Any, t: Any) -> str:
+        cost = "unknown" if t.cost is None else f"${t.cost:.4f}"
+        return (
+            f"<tr><td>{esc(name)}</td><td>{t.requests}</td><td>{t.failed}</td><td>{t.input:,}</td><td>{t.cache_read:,}</td>"
+            f"<td>{t.cache_write:,}</td><td>{t.output:,}</td><td>{t.reasoning:,}</td><td>{t.tool_calls}</td><td>{esc(cost)}</td></tr>"
+        )
+
+    rows = "".join(row(turn, t) for turn, t in shown) + row("session", book.session)
+    table = (
+        "<table><tr><th>turn</th><th>requests</th><th>failed</th><th>input</th><th>cache read</th><th>cache write</th>"
+        f"<th>output</th><th>reasoning</th><th>tool calls</th><th>cost</th></tr>{rows}</table>"
+    )
+    return _box(head, note + table)
+
+
 def event_iterator(it: Any) -> str:
     """An event iterator: where it is, what is left, and the next few events (not consumed)."""
     session, nxt, stop = it._position
@@ -257,8 +281,9 @@ def _entry_note(entry: Dict[str, Any]) -> str:
 # ---- AgentLoop --------------------------------------------------------------------------------
 
 
-def agent_loop(loop: Any) -> str:
-    """An ``AgentLoop``: status, turn and step, pending input, tools and listeners."""
+def agent_loop(loop: Any, usage: str = "") -> str:
+    """An ``AgentLoop``: status, turn and step, pending input, tools, listeners and ``usage`` (the
+    session's usage in one line, ``Totals.summary()``)."""
     inbox_ = loop.inbox
     head = (
         f"AgentLoop {_label('session', loop.log.id)} {_label('status', loop.status)} "
@@ -282,6 +307,8 @@ def agent_loop(loop: Any) -> str:
             for d in pending
         )
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
+    if usage:
+        rows += f"<tr><th>usage</th><td>{esc(usage)}</td></tr>"
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"

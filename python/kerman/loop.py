@@ -382,7 +382,9 @@ class AgentLoop:
         )
 
     def _repr_html_(self) -> str:
-        return _html.agent_loop(self)
+        from .usage import summary_line
+
+        return _html.agent_loop(self, usage=summary_line(self))
 
     def _listener_counts(self) -> Dict[str, int]:
         """How many listeners each seam and live event has (for the reprs)."""

@@ -82,6 +82,17 @@ class Chat:
         self.cancelling = False
         self.seen = -1  # the last seq shown
         self.asker = Asker(self)  # the decisions of a waiting turn, asked at the prompt
+        self.usage: Any = None  # with --usage: the ledger's fold (kerman.usage.Fold), fed every event shown
+
+    def track_usage(self) -> None:
+        """Shows each turn's usage when it ends (``kerman chat --usage``), from the events shown."""
+        from ..usage import Fold, default_pricer
+        from ..usage._prices import model_of
+
+        name, provider = model_of(getattr(self.loop, "_model", None))
+        self.usage = Fold(default_pricer(), name, provider)
+        for event in self.loop.log.events(stop=self.seen + 1, view=True):
+            self.usage.add(event)
 
     # -- output --
 
@@ -132,6 +143,8 @@ class Chat:
             self.asker.next()
 
     def show(self, event: events.EventView) -> None:
+        if self.usage is not None:
+            self.usage.add(event)
         if isinstance(event, events.AssistantChunk):
             chunk = event.chunk
             if isinstance(chunk, events.TextDelta):
@@ -168,11 +181,23 @@ class Chat:
         elif isinstance(event, events.TurnEnd):
             self.cancelling = False
             self.asker.stop()
+            self.show_usage(event)
             self.turn_ended(event)
         elif isinstance(event, events.InboxSpliced):
             self.queue_changed()
         elif isinstance(event, events.DecisionResolved):
             self.line(resolution_line(event), dim=True)
+
+    def show_usage(self, event: events.TurnEnd) -> None:
+        """With ``--usage``: the ended turn's requests, tokens and cost on one dim line."""
+        if self.usage is None:
+            return
+        from ..usage import Totals
+
+        totals = sum((r.totals for r in self.usage.requests if r.turn == event.turn), Totals())
+        calls = sum(n for (turn, _), n in self.usage.tool_calls.items() if turn == event.turn)
+        totals = totals + Totals(tool_calls=calls)
+        self.line(f"  [turn {event.turn} usage: {totals.summary()}]", dim=True)
 
     def turn_ended(self, event: events.TurnEnd) -> None:
         reason = event.reason

@@ -11,6 +11,7 @@ from .. import FORMAT_VERSION, __version__
 from ..errors import (
     KermanError,
 )
+from . import _otel, _usage
 from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id, positive
 from ._log import _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
 
@@ -248,6 +249,8 @@ def _parser() -> argparse.ArgumentParser:
         "the session store folder",
     )
     repair.add_argument("--yes", action="store_true", help="repair without asking")
+    _usage.add_parser(log_commands, STORE_HELP)
+    _otel.add_parser(log_commands, STORE_HELP)
     return parser
 
 

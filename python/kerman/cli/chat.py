@@ -126,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-stream", action="store_true", help="ask for whole replies instead of a stream")
     parser.add_argument(
+        "--usage", action="store_true", help="after each turn, show its tokens and cost (kerman.usage; prices need kerman[prices])"
+    )
+    parser.add_argument(
         "--no-retry", action="store_true", help="fail a turn at the first request error (default: kerman.providers.retry_policy())"
     )
 
@@ -342,6 +345,8 @@ async def _converse(
     if args.approve:
         loop.before_tool(ask_every_call)
     chat = Chat(loop, out, resumed, echo=_isatty(stdin))
+    if args.usage:
+        chat.track_usage()
     if not args.no_retry:
         from ..providers.retry import retry_policy
 

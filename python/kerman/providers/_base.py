@@ -209,6 +209,13 @@ def usage_chunk(
     }
 
 
+def partial_usage(chunk: Dict[str, Any]) -> Dict[str, Any]:
+    """A usage chunk marked ``partial``: what the stream reported before it stopped (failed or
+    cut). The provider yields it just before it raises, so the loop logs it with the request's
+    other chunks and the usage ledger counts it (docs/usage.md)."""
+    return dict(chunk, partial=True)
+
+
 def usage_dict(chunk: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if chunk is None:
         return None

@@ -16,6 +16,7 @@ from ._base import (
     image_parts,
     merge_turns,
     parse_arguments,
+    partial_usage,
     require,
     sdk_client,
     usage_chunk,
@@ -253,10 +254,14 @@ class Anthropic(SdkClientProvider):
                         done = True
         except Exception as e:
             failure = self._failure(e, started=True)
+            if start_usage is not None or delta_usage is not None:
+                yield partial_usage(self._usage(start_usage, delta_usage))
             if failure is None:
                 raise
             raise failure from None
         if not done:
+            if start_usage is not None or delta_usage is not None:
+                yield partial_usage(self._usage(start_usage, delta_usage))
             raise classify(self.protocol, status=None, message="the stream ended before message_stop", interrupted=True)
         if stop is None:  # as a Chat Completions stream that ends without a finish reason
             raise classify(

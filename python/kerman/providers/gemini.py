@@ -22,6 +22,7 @@ from ._base import (
     merge_turns,
     mint_call_id,
     parse_arguments,
+    partial_usage,
     require,
     tool_result_text,
     usage_chunk,
@@ -348,12 +349,16 @@ class Gemini(Provider):
                 if candidate.finish_reason is not None:
                     reason = self._reason(candidate.finish_reason)
         except Exception as e:
+            if usage is not None:
+                yield partial_usage(self._usage(usage))
             if self._is_sdk_error(e):
                 raise self._error(e, started=started) from None
             raise
         finally:
             await stream.aclose()  # releases the connection when the turn is cancelled
         if reason is None:
+            if usage is not None:
+                yield partial_usage(self._usage(usage))
             raise classify(self.protocol, status=None, message="the stream ended before a finish reason", interrupted=True)
         data = self._remember(builder)
         if data is not None:

@@ -17,6 +17,7 @@ from ._base import (
     data_url,
     image_parts,
     mint_call_id,
+    partial_usage,
     require,
     sdk_client,
     tool_result_text,
@@ -248,10 +249,14 @@ class OpenAIChat(SdkClientProvider):
                         finish = choice.finish_reason
         except Exception as e:
             failure = self._failure(e, started=True)
+            if usage is not None:
+                yield partial_usage(self._usage(usage))
             if failure is None:
                 raise
             raise failure from None
         if finish is None:
+            if usage is not None:
+                yield partial_usage(self._usage(usage))
             raise self._error_interrupted()
         builder.close()
         for call_id, name, pieces in calls:

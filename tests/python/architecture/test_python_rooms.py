@@ -31,6 +31,8 @@ ROOMS = {
         "_log.py",
         "_timeline.py",
         "_workers.py",
+        "_usage.py",
+        "_otel.py",
         "chat.py",
         "_chat_screen.py",
         "_chat_decide.py",
