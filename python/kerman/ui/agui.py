@@ -6,7 +6,8 @@ tool calls with their results, user messages as ``user`` text messages, and the 
 state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). A turn that
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
 request); once every request of the step is resolved, the turn goes on in a new run whose
-``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). What to show
+``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). A turn's validated
+structured output is a ``CUSTOM`` event named ``kerman.output/validated``. What to show
 is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
 down in docs/web.md.
 """
@@ -230,6 +231,9 @@ class AgUiProjection(Projection, f.Sink):
                 )
             )
             self._run_id = ""
+
+    def output_validated(self, output: events.OutputValidated) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.output/validated", value=payload(output)))
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         raw = payload(resolution)
