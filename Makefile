@@ -149,6 +149,7 @@ bench: install
 	$(PY) benches/python/providers_long_reply.py
 	$(PY) benches/python/web_sse.py
 	$(PY) benches/python/ui_fold.py
+	$(PY) benches/python/run_cost.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

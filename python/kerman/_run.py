@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, Tuple, TypeVar
 
 from ._core import Message, UserMessage
 from .errors import KermanError
-from .output import OutputSpec
+from .output import OutputSpec, text_of
 
 if TYPE_CHECKING:
     from .loop import AgentLoop
@@ -33,29 +33,50 @@ class RunResult(Generic[T]):
     text), ``output`` (the validated structured output with ``output_type``, else the text),
     ``usage`` (the usage of the turn's assistant messages, summed per key), ``ending`` (the
     ``turn/end`` reason), ``messages`` (the turn's user, assistant and tool-result messages, in
-    log order) and ``turn`` (its number)."""
+    log order, read from the log when first asked for) and ``turn`` (its number)."""
 
-    __slots__ = ("text", "output", "usage", "ending", "messages", "turn", "session")
+    __slots__ = ("text", "output", "usage", "ending", "turn", "session", "_log", "_span", "_messages")
 
     def __init__(
-        self, text: str, output: T, usage: Dict[str, Any], ending: Dict[str, Any], messages: List[Message], turn: int, session: str
+        self,
+        text: str,
+        output: T,
+        usage: Dict[str, Any],
+        ending: Dict[str, Any],
+        turn: int,
+        log: Any,
+        span: Optional[Tuple[int, Optional[int]]],
     ) -> None:
         self.text = text
         self.output = output
         self.usage = usage
         self.ending = ending
-        self.messages = messages
         self.turn = turn
-        self.session = session
+        self.session: str = log.id
+        self._log = log
+        self._span = span
+        self._messages: Optional[List[Message]] = None
+
+    @property
+    def messages(self) -> List[Message]:
+        if self._messages is None:
+            found: List[Message] = []
+            if self._span is not None:
+                start, stop = self._span
+                for event in self._log.events(start, stop, types=_MESSAGE_TYPES):
+                    data = event.data
+                    found.append(Message.from_dict(data if event.type == "user/message" else data["message"]))
+            self._messages = found
+        return self._messages
 
     def __repr__(self) -> str:
         text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
         output = "" if self.output is self.text else f" output={self.output!r}"
         usage = f" usage={self.usage}" if self.usage else ""
-        return (
-            f"<RunResult turn={self.turn} {self.ending.get('kind')} text={text!r}{output}{usage} "
-            f"messages={len(self.messages)} session={self.session!r}>"
-        )
+        return f"<RunResult turn={self.turn} {self.ending.get('kind')} text={text!r}{output}{usage} session={self.session!r}>"
+
+
+_MESSAGE_TYPES = ("user/message", "assistant/message", "tool/result")
 
 
 class RunError(KermanError):
@@ -121,18 +142,13 @@ class Runs:
         self._unsubscribe = loop.log.subscribe(self._observe)
         loop._listeners["agent/inbox/claimed"].append(self._claimed)
         loop._listeners["agent/inbox/discarded"].append(self._discarded)
-        loop._listeners["agent/status"].append(self._status)
 
     def _unlisten(self) -> None:
         loop = self.loop
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        for event, fn in (
-            ("agent/inbox/claimed", self._claimed),
-            ("agent/inbox/discarded", self._discarded),
-            ("agent/status", self._status),
-        ):
+        for event, fn in (("agent/inbox/claimed", self._claimed), ("agent/inbox/discarded", self._discarded)):
             listeners = loop._listeners[event]
             if fn in listeners:
                 listeners.remove(fn)
@@ -165,13 +181,13 @@ class Runs:
         if run is not None and run.turn is None:
             self._finish(run, {"kind": "discarded"}, None, None)
 
-    def _status(self, live: Any) -> None:
-        if live.status == "idle" and self.by_message:
-            # An earlier turn failed or was blocked: the loop idles with input pending. A run
-            # waits for its own prompt's turn, so it wakes the loop (after this dispatch).
-            event_loop = self.loop._event_loop
-            if event_loop is not None:
-                event_loop.call_soon(self._kick)
+    def idle(self) -> None:
+        """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
+        # An earlier turn failed or was blocked: the loop idles with input pending. A run waits
+        # for its own prompt's turn, so it wakes the loop (after the driver has finished).
+        event_loop = self.loop._event_loop
+        if event_loop is not None:
+            event_loop.call_soon(self._kick)
 
     def _kick(self) -> None:
         loop = self.loop
@@ -220,24 +236,18 @@ class Runs:
         """The run's result, read from the log between its turn's start and end."""
         loop = self.loop
         ending = run.ending or {}
-        messages: List[Message] = []
         usage: Dict[str, Any] = {}
         text = ""
+        span = None
         if run.start is not None:
-            stop = run.end + 1 if run.end is not None else None
-            for event in loop.log.events(run.start, stop, types=("user/message", "assistant/message", "tool/result")):
+            span = (run.start, run.end + 1 if run.end is not None else None)
+            for event in loop.log.events(span[0], span[1], types="assistant/message"):
                 data = event.data
-                if event.type == "user/message":
-                    messages.append(Message.from_dict(data))
-                    continue
-                message = Message.from_dict(data["message"])
-                messages.append(message)
-                if event.type == "assistant/message":
-                    text = message.text
-                    _add_usage(usage, data.get("usage"))
+                text = text_of(data["message"])
+                _add_usage(usage, data.get("usage"))
         spec = run.spec if run.spec is not None else loop._output_type
         output = run.output if spec is not None else text
-        return RunResult(text, output, usage, ending, messages, run.turn or 0, loop.log.id)
+        return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -865,6 +865,9 @@ class AgentLoop:
             self._arm_expiry()
             return
         self._set_status("idle")
+        runs = self._runs_in_flight
+        if runs is not None and runs.by_message:
+            runs.idle()
         if latched and self._core.fenced is None and self._inbox.has_pending and self._status == "idle":
             self._start_driver()
 

@@ -181,7 +181,7 @@ def validate_output(stop: Any) -> None:
         seq -= 1
     if reply is None:
         return
-    text = _text(reply.data["message"])
+    text = text_of(reply.data["message"])
     try:
         value, data = spec.validate(text)
     except ValueError as e:
@@ -210,8 +210,9 @@ def _context(text: str) -> Any:
     return UserMessage(text, source={"kind": "context", "plugin": "kerman.output"})
 
 
-def _text(message: Dict[str, Any]) -> str:
-    return "".join(b.get("text") or "" for b in message.get("content") or () if b.get("type") == "text")
+def text_of(message: Dict[str, Any]) -> str:
+    """A logged message's text, as ``Message.text`` reads it (its text blocks, one per line)."""
+    return "\n".join(b.get("text") or "" for b in message.get("content") or () if b.get("type") == "text")
 
 
 def _short(text: str, limit: int = 2000) -> str:
