@@ -4,7 +4,10 @@ Each scenario runs a real AgentLoop with a scripted model over a FileStore and k
 session file as it is. Run it only to add or change a scenario; then regenerate the goldens
 (``KERMAN_UPDATE_GOLDEN=1 pytest tests/python/ui``) and read the diff:
 
-    python tests/python/ui/record_logs.py
+    python tests/python/ui/record_logs.py [SCENARIO ...]
+
+Names given: only those scenarios are recorded (the other logs, and their goldens, stay as
+they are).
 """
 
 from __future__ import annotations
@@ -302,17 +305,31 @@ async def closers(store: kerman.FileStore, root: Path) -> None:
     shutil.copy(crashed / "closers.jsonl", HERE / "closers.jsonl")
 
 
-async def main() -> None:
+async def structured_output(store: kerman.FileStore) -> None:
+    """A run with an output type: an invalid reply sent back with its error, then a valid one,
+    logged as output/validated."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    loop = kerman.AgentLoop(
+        ScriptedModel([text_chunks('{"answer": "six"}'), text_chunks('{"answer": 6}')]), log=store.create("structured_output")
+    )
+    await loop.run("2 x 3?", output_type=schema)
+    await loop.aclose()
+
+
+async def main(names: list[str]) -> None:
     HERE.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions):
+        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, structured_output):
+            if names and scenario.__name__ not in names:
+                continue
             await scenario(store)
             shutil.copy(root / f"{scenario.__name__}.jsonl", HERE / f"{scenario.__name__}.jsonl")
-        await closers(store, root)
+        if not names or "closers" in names:
+            await closers(store, root)
     print(f"recorded {len(list(HERE.glob('*.jsonl')))} logs in {HERE}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))
