@@ -159,6 +159,7 @@ bench: install
 	$(PY) benches/python/ui_fold.py
 	$(PY) benches/python/mcp_call.py
 	$(PY) benches/python/usage_otel.py
+	$(PY) benches/python/run_cost.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

@@ -7,7 +7,7 @@ See ``docs/`` (https://github.com/kerman-project/kerman/tree/main/docs) for the 
 # Private names only: whatever this module imports shows in dir(kerman).
 import atexit as _atexit
 
-from . import _core, errors, models
+from . import _core, errors, models, output
 from . import events as events  # the typed views of the log: kerman.events.view(event)
 from ._core import (
     FORMAT_VERSION,
@@ -30,6 +30,7 @@ from ._core import (
     __version__,
     consumed_work,
 )
+from ._run import RunError, RunResult
 from .decisions import Answer, Approve, Ask, Deny, Edit, PendingDecision, ToolCall
 from .errors import (
     CorruptLogError,
@@ -56,6 +57,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .loop import AgentLoop, TurnStillRunningWarning
+from .output import OutputValidationError
 from .types import (
     BeforeRequestListener,
     Decision,
@@ -84,6 +86,9 @@ from .worker import Worker
 __all__ = [
     # the loop
     "AgentLoop",
+    "RunResult",
+    "RunError",
+    "OutputValidationError",
     "Enter",
     "Reject",
     "Retry",
@@ -107,6 +112,7 @@ __all__ = [
     "LiveEvent",
     "TurnStillRunningWarning",
     "models",
+    "output",
     # decisions
     "ToolCall",
     "Approve",

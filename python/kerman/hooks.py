@@ -131,8 +131,10 @@ class ModelRequest:
     """What the model is called with. ``messages`` is the derived history (user, assistant and
     tool-result messages in log order, this step's user messages included); ``entered`` the
     user messages entered in this step; ``instructions`` the system prompt (the loop's
-    ``instructions``, or ``None``). ``before_request`` listeners may mutate ``options``,
-    assign/mutate ``messages`` or assign ``instructions``."""
+    ``instructions``, or ``None``); ``output`` the structured output the turn's final reply must
+    be (``{"name", "schema", "strict"}``, from ``output_type=``; ``None``: text), which each
+    provider sends with its own mechanism (docs/providers.md). ``before_request`` listeners may
+    mutate ``options``, assign/mutate ``messages`` or assign ``instructions`` and ``output``."""
 
     messages: List[Any]
     tools: List[Dict[str, Any]]
@@ -143,6 +145,7 @@ class ModelRequest:
     entered: List[UserMessage] = field(default_factory=list)
     loop: Optional[AgentLoop] = None
     instructions: Optional[str] = None
+    output: Optional[Dict[str, Any]] = None
 
 
 class ModelReply:

@@ -18,13 +18,14 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
-from . import _dispatch, _html, _report
+from . import _dispatch, _html, _report, _run, output
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model
+from .output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from .signal import Signal
 from .tools import Tool, _executor
 
@@ -53,6 +54,7 @@ Target = Literal["next-turn", "next-step"]
 # A registered function: the registration methods return it unchanged, so a decorated
 # listener keeps its own type under mypy --strict.
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 class _FromLog(enum.Enum):
@@ -150,12 +152,25 @@ class AgentLoop:
         *,
         options: Optional[Dict[str, Any]] = None,
         instructions: Union[str, None, _FromLog] = _FROM_LOG,
+        output_type: Any = None,
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
         if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) or max_parallel_tool_calls < 1:
             raise ValueError(f"max_parallel_tool_calls must be an int >= 1, got {max_parallel_tool_calls!r}")
+        if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
+            raise ValueError(f"output_retries must be an int >= 0, got {output_retries!r}")
         self._model = model
+        # Structured output (kerman.output): the loop's type, each run's (by turn), the retries
+        # spent per turn, the last validated value (turn, typed value) for run() to return.
+        self._output_type: Optional[OutputSpec] = output.output_spec(output_type)
+        self._output_retries = output_retries
+        self._output_turns: Dict[int, OutputSpec] = {}
+        self._output_attempts: Dict[int, int] = {}
+        self._last_output: Optional[Tuple[int, Any]] = None
+        self._runs_in_flight: Optional[_run.Runs] = None
+        self._sync_loop: Optional[asyncio.AbstractEventLoop] = None
         self._owns_log = log is None
         self._log: SessionLog = log if log is not None else MemoryStore().create()
         self._successor: Optional[weakref.ref[AgentLoop]] = None
@@ -255,6 +270,8 @@ class AgentLoop:
             default_gate=_default_gate,
         )
         self._regate()
+        if self._output_type is not None:
+            self._install_output()
         # Without instructions=, a resumed session goes on with the ones it last recorded.
         if instructions is not _FROM_LOG:
             self.instructions = instructions
@@ -876,6 +893,9 @@ class AgentLoop:
             self._arm_expiry()
             return
         self._set_status("idle")
+        runs = self._runs_in_flight
+        if runs is not None and runs.by_message:
+            runs.idle()
         if latched and self._core.fenced is None and self._inbox.has_pending and self._status == "idle":
             self._start_driver()
 
@@ -973,6 +993,68 @@ class AgentLoop:
         """``aclose()``: a log this loop created is closed; one it was given stays open, for
         whoever opened it (``with store.open(id) as log:``)."""
         await self.aclose()
+
+    # ---- one call: run() ----------------------------------------------------------------------
+
+    @property
+    def output_type(self) -> Optional[OutputSpec]:
+        """The structured output every turn's final reply must be (``output_type=``), or
+        ``None`` (text); ``run(output_type=...)`` sets one for its own turn."""
+        return self._output_type
+
+    def _install_output(self) -> None:
+        """The seams an output type works through (once): the request carries the schema
+        (``before_request``, first), the final reply is validated (``turn_stopping``, last)."""
+        if output.request_output not in self._before_request:
+            self._before_request.insert(0, output.request_output)
+            self._turn_stopping.append(output.validate_output)
+
+    @property
+    def _runs(self) -> _run.Runs:
+        runs = self._runs_in_flight
+        if runs is None:
+            runs = self._runs_in_flight = _run.Runs(self)
+        return runs
+
+    @overload
+    async def run(self, prompt: Union[str, UserMessage], *, output_type: Type[_T]) -> _run.RunResult[_T]: ...
+    @overload
+    async def run(self, prompt: Union[str, UserMessage], *, output_type: Optional[Dict[str, Any]] = None) -> _run.RunResult[Any]: ...
+    async def run(self, prompt: Union[str, UserMessage], *, output_type: Any = None) -> _run.RunResult[Any]:
+        """Sends ``prompt`` as a followup, waits for the turn that takes it (not merely the next
+        idle: steering and other runs may go on meanwhile) and returns its
+        :class:`~kerman.RunResult`. ``output_type`` (a pydantic model, dataclass, TypedDict or
+        JSON-schema dict) is this turn's structured output, over the loop's ``output_type``.
+
+        A turn that ends ``completed`` or ``max-tokens`` returns; any other ending raises
+        :class:`~kerman.RunError` (failed, incl. ``INVALID_OUTPUT``; cancelled; rejected by a
+        ``pre_step`` decision; a prompt discarded by ``cancel()`` before its turn). Cancelling
+        the task that awaits ``run()`` withdraws the prompt, or cancels its turn if one took it."""
+        return await _run.run(self, prompt, output_type)
+
+    @overload
+    def run_sync(self, prompt: Union[str, UserMessage], *, output_type: Type[_T]) -> _run.RunResult[_T]: ...
+    @overload
+    def run_sync(self, prompt: Union[str, UserMessage], *, output_type: Optional[Dict[str, Any]] = None) -> _run.RunResult[Any]: ...
+    def run_sync(self, prompt: Union[str, UserMessage], *, output_type: Any = None) -> _run.RunResult[Any]:
+        """``run()`` for scripts: blocks until the run's turn ends. Inside a running event loop
+        (Jupyter, async code) it refuses: ``await loop.run(...)`` there. The loop's event loop is
+        a private one made on first use (or the one the loop is bound to, when it runs in
+        another thread)."""
+        if _current_loop() is not None:
+            raise LoopError("run_sync() cannot block inside a running event loop (Jupyter, async code): use `await loop.run(...)` instead")
+        bound = self._event_loop
+        if bound is not None and bound.is_running():
+            return asyncio.run_coroutine_threadsafe(self.run(prompt, output_type=output_type), bound).result()
+        if bound is not None and bound is not self._sync_loop:
+            raise LoopError(
+                f"this AgentLoop is bound to an event loop that is not running ({'closed' if bound.is_closed() else 'stopped'}); "
+                "create the AgentLoop where you run it, or use `await loop.run(...)` in that event loop"
+            )
+        if self._sync_loop is None:
+            self._sync_loop = asyncio.new_event_loop()
+            weakref.finalize(self, self._sync_loop.close)
+        return self._sync_loop.run_until_complete(self.run(prompt, output_type=output_type))
 
     def requeue_claimed(self, turn: int) -> List[UserMessage]:
         """Re-inserts what finished turn ``turn`` claimed but never entered (claimed input never

@@ -1,6 +1,6 @@
 //! The one writer (and reader) of the loop's events: `turn/*`, `step/*`, `user/message`,
-//! `request/header`, `assistant/*` and `tool/*`. Every payload the loop logs is built here, as
-//! compact JSON text, and appended through [`append`]; the crash closers and the recovery folds
+//! `request/header`, `assistant/*`, `tool/*`, `decision/*` and `output/validated`. Every
+//! payload the loop logs is built here, as compact JSON text, and appended through [`append`]; the crash closers and the recovery folds
 //! read them back with the readers at the end. Keeping writer and reader side by side is what
 //! keeps the grammar in one place (docs/format.md documents it for outsiders).
 
@@ -25,6 +25,7 @@ pub const TOOL_CALL: &str = "tool/call";
 pub const TOOL_RESULT: &str = "tool/result";
 pub const DECISION_REQUESTED: &str = "decision/requested";
 pub const DECISION_RESOLVED: &str = "decision/resolved";
+pub const OUTPUT_VALIDATED: &str = "output/validated";
 pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
@@ -289,6 +290,16 @@ pub fn decision_resolved(resolution: &super::decisions::Resolution) -> LoopEvent
     );
     data.push('}');
     LoopEvent::new(DECISION_RESOLVED, data)
+}
+
+/// `output/validated {turn, step, output}`: the turn's final reply, as its output type
+/// validated it; `output` is the value's JSON text.
+pub fn output_validated(turn: u64, step: u64, output: &str) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push_str(r#","output":"#);
+    data.push_str(output);
+    data.push('}');
+    LoopEvent::new(OUTPUT_VALIDATED, data)
 }
 
 // ---- readers ---------------------------------------------------------------------------------

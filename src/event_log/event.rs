@@ -28,6 +28,7 @@ pub fn is_reserved_type(kind: &str) -> bool {
         || kind == SPLICED
         || kind == INSTRUCTIONS
         || kind.starts_with("decision/")
+        || kind.starts_with("output/")
 }
 
 pub fn is_surface_type(kind: &str) -> bool {
@@ -239,6 +240,7 @@ mod tests {
         assert!(is_reserved_type("turn/start"));
         assert!(is_reserved_type("agent/inbox/spliced"));
         assert!(is_reserved_type("request/header"));
+        assert!(is_reserved_type("output/validated"));
         assert!(!is_reserved_type("goal/change"));
         assert!(!is_reserved_type("request/context"));
     }

@@ -332,9 +332,15 @@ def _decision_resolved(v: events.DecisionResolved) -> str:
     return text
 
 
+def _output_validated(v: events.OutputValidated) -> str:
+    """``output/validated``: the turn's structured output, as JSON."""
+    return f"turn {_need(v.turn)} step {_need(v.step)} " + compact_json(v.output)
+
+
 _SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
     events.DecisionRequested: _decision_requested,
     events.DecisionResolved: _decision_resolved,
+    events.OutputValidated: _output_validated,
     events.LogDamaged: _damaged,
     events.LogRepaired: _repaired,
     events.InboxSpliced: _splice,

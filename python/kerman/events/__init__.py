@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, Mapping
 
 from .._core import Event
-from ._decisions import DecisionRequested, DecisionResolved
+from ._decisions import DecisionRequested, DecisionResolved, OutputValidated
 from ._types import (
     AssistantChunk,
     AssistantMessageEvent,
@@ -106,6 +106,8 @@ __all__ = [
     "DECISION_RESOLVED",
     "DecisionRequested",
     "DecisionResolved",
+    "OUTPUT_VALIDATED",
+    "OutputValidated",
     "JsonObject",
     "MessageView",
     "Source",
@@ -148,6 +150,7 @@ LOG_DAMAGED = LogDamaged.TYPE
 LOG_REPAIRED = LogRepaired.TYPE
 DECISION_REQUESTED = DecisionRequested.TYPE
 DECISION_RESOLVED = DecisionResolved.TYPE
+OUTPUT_VALIDATED = OutputValidated.TYPE
 
 #: Every event type Kerman writes, and its view class.
 TYPES: Dict[str, type[EventView]] = {
@@ -169,6 +172,7 @@ TYPES: Dict[str, type[EventView]] = {
         LogRepaired,
         DecisionRequested,
         DecisionResolved,
+        OutputValidated,
     )
 }
 

@@ -1,5 +1,5 @@
 """The views of the decision events (docs/decisions.md): a call waiting for a person, and how
-it was resolved."""
+it was resolved; and of ``output/validated``, a turn's structured output (docs/loop.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Optional
 from ._types import _Step
 from ._values import _int, _str
 
-__all__ = ["DecisionRequested", "DecisionResolved"]
+__all__ = ["DecisionRequested", "DecisionResolved", "OutputValidated"]
 
 
 class DecisionRequested(_Step):
@@ -115,3 +115,16 @@ class DecisionResolved(_Step):
     def value(self) -> Any:
         """An answer's value, for ``answered``."""
         return self._field("value")
+
+
+class OutputValidated(_Step):
+    """``output/validated {turn, step, output}``: the turn's final reply (of step ``step``)
+    validated against its output type; ``output`` is the value as JSON (``RunResult.output``
+    is it typed)."""
+
+    __slots__ = ()
+    TYPE = "output/validated"
+
+    @property
+    def output(self) -> Any:
+        return self._field("output")

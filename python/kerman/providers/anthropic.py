@@ -158,6 +158,12 @@ class Anthropic(SdkClientProvider):
                     for t in tools
                 ],
             )
+        output = getattr(request, "output", None)
+        if output:
+            # Structured output: output_config.format (kept beside other settings, e.g. effort).
+            config = dict(kwargs.get("output_config") or {})
+            config.setdefault("format", {"type": "json_schema", "schema": output["schema"]})
+            kwargs["output_config"] = config
         kwargs["stream"] = self.stream
         return kwargs
 

@@ -241,6 +241,11 @@ class Gemini(Provider):
                 ],
             )
         config.setdefault("automatic_function_calling", {"disable": True})
+        output = getattr(request, "output", None)
+        if output:
+            # Structured output: a JSON reply with the schema as given.
+            config.setdefault("response_mime_type", "application/json")
+            config.setdefault("response_json_schema", output["schema"])
         return {"model": model, "contents": contents, "config": config}
 
     # -- reply --

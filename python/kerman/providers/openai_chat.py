@@ -185,6 +185,13 @@ class OpenAIChat(SdkClientProvider):
                 kwargs.setdefault("parallel_tool_calls", self.parallel_tool_calls)
         if self.max_tokens is not None:
             kwargs.setdefault(self.max_tokens_field, self.max_tokens)
+        output = getattr(request, "output", None)
+        if output:
+            # Structured output: a json_schema response format (strict when the schema allows).
+            kwargs.setdefault(
+                "response_format",
+                {"type": "json_schema", "json_schema": {"name": output["name"], "schema": output["schema"], "strict": output["strict"]}},
+            )
         kwargs["stream"] = self.stream
         if self.stream and self.stream_usage:
             kwargs.setdefault("stream_options", {"include_usage": True})

@@ -163,6 +163,14 @@ class OpenAIResponses(SdkClientProvider):
             if "reasoning.encrypted_content" not in include:
                 include.append("reasoning.encrypted_content")
             kwargs["include"] = include
+        output = getattr(request, "output", None)
+        if output:
+            # Structured output: text.format (kept beside other text settings, e.g. verbosity).
+            text = dict(kwargs.get("text") or {})
+            text.setdefault(
+                "format", {"type": "json_schema", "name": output["name"], "schema": output["schema"], "strict": output["strict"]}
+            )
+            kwargs["text"] = text
         kwargs["stream"] = self.stream
         return kwargs
 

@@ -94,6 +94,9 @@ class Sink:
     def custom(self, view: events.OtherEvent) -> None:
         """An event of a type Kerman does not write (``kerman.events.TYPES`` lacks it)."""
 
+    def output_validated(self, output: events.OutputValidated) -> None:
+        """The turn's structured output, validated (``output.output``: its JSON value)."""
+
 
 class UiFold:
     """The state a UI derives from the log prefix fed so far, and nothing else."""
@@ -247,6 +250,9 @@ class UiFold:
     def _custom(self, view: events.OtherEvent) -> None:
         self.sink.custom(view)
 
+    def _output_validated(self, view: events.OutputValidated) -> None:
+        self.sink.output_validated(view)
+
     def _turn_end(self, view: events.TurnEnd) -> None:
         self._close_open()
         turn = self.turn if self.turn is not None else view.turn
@@ -274,6 +280,7 @@ _HANDLERS: Dict[str, Tuple[Any, Any]] = {
         (events.TurnEnd, UiFold._turn_end),
         (events.DecisionRequested, UiFold._decision_requested),
         (events.DecisionResolved, UiFold._decision_resolved),
+        (events.OutputValidated, UiFold._output_validated),
     )
 }
 # view class -> handler, for an event given as a dict (its view is built first)

@@ -6,9 +6,10 @@ tool calls with their results, user messages as ``user`` text messages, and the 
 state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). A turn that
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
 request); once every request of the step is resolved, the turn goes on in a new run whose
-``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). An event of a type Kerman
-does not write (a plugin's) is a ``CUSTOM`` event, named and valued by the ``custom`` mapping
-(by default its type and data; ``_custom.py``). What to show
+``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). A turn's validated
+structured output is a ``CUSTOM`` event named ``kerman.output/validated``. An event of a type
+Kerman does not write (a plugin's) is a ``CUSTOM`` event, named and valued by the ``custom``
+mapping (by default its type and data; ``_custom.py``). What to show
 is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
 down in docs/web.md.
 """
@@ -241,6 +242,9 @@ class AgUiProjection(Projection, f.Sink):
                 )
             )
             self._run_id = ""
+
+    def output_validated(self, output: events.OutputValidated) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.output/validated", value=payload(output)))
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         raw = payload(resolution)

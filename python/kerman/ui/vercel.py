@@ -8,9 +8,10 @@ transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
 ``data-context`` (each user message as it enters a step). A decision request shows its call
 (``tool-input-available``), a ``tool-approval-request`` (approvalId = the decision id; AI SDK 6)
 for an approval, and a ``data-decision`` part (id = the decision id) that its resolution
-replaces; a denied or expired call ends as ``tool-output-denied``. An event of a type Kerman
-does not write (a plugin's) is a ``data-<name>`` part, named and valued by the ``custom``
-mapping (by default its type and data; ``_custom.py``). What to show is the shared
+replaces; a denied or expired call ends as ``tool-output-denied``. A turn's validated
+structured output is a ``data-output`` part. An event of a type Kerman does not write (a
+plugin's) is a ``data-<name>`` part, named and valued by the ``custom`` mapping (by default its
+type and data; ``_custom.py``). What to show is the shared
 fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is in
 docs/web.md.
 """
@@ -143,6 +144,9 @@ class VercelProjection(Projection, f.Sink):
             self._out.append({"type": "tool-approval-request", "approvalId": request.decision_id, "toolCallId": call_id})
         raw = self._requests[request.decision_id] = payload(request)
         self._out.append({"type": "data-decision", "id": request.decision_id, "data": {**raw, "status": "pending"}})
+
+    def output_validated(self, output: events.OutputValidated) -> None:
+        self._out.append({"type": "data-output", "data": payload(output)})
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         outcome = resolution.outcome

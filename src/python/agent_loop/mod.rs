@@ -32,7 +32,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
-use crate::agent_loop::{decisions, requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
+use crate::agent_loop::{decisions, events, requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
 
@@ -523,6 +523,15 @@ impl PyLoopCore {
     fn cancel_decisions(&self, py: Python<'_>) -> PyResult<usize> {
         let parts = self.parts()?;
         decisions::cancel_pending(&parts.log.get().inner).map_err(|e| super::errors::log_err(py, e))
+    }
+
+    /// Logs `output/validated {turn, step, output}` (the structured output of turn `turn`,
+    /// validated in Python by its output type); its seq. `output` must be lossless JSON.
+    fn record_output(&self, py: Python<'_>, turn: u64, step: u64, output: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let parts = self.parts()?;
+        let value = to_value(output, "output").map_err(|e| super::errors::not_json(py, events::OUTPUT_VALIDATED, e.describe()))?;
+        let text = value.to_string();
+        events::append(&parts.log.get().inner, events::output_validated(turn, step, &text)).map_err(|e| super::errors::log_err(py, e))
     }
 
     /// SPEC D9: re-inserts what finished turn `turn` claimed but never entered.

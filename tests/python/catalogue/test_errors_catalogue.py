@@ -306,7 +306,17 @@ def test_event_data_not_json(log, case):
 
 @pytest.mark.parametrize(
     "type_",
-    ["turn/start", "turn/end", "step/start", "user/message", "assistant/message", "tool/result", "request/header", "agent/inbox/spliced"],
+    [
+        "turn/start",
+        "turn/end",
+        "step/start",
+        "user/message",
+        "assistant/message",
+        "tool/result",
+        "request/header",
+        "agent/inbox/spliced",
+        "output/validated",
+    ],
 )
 def test_event_type_owned_by_loop(log, type_):
     with pytest.raises(ValueError, match=f'^event type "{type_}" is owned by the Inbox and the AgentLoop'):

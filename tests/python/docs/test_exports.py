@@ -14,6 +14,9 @@ import kerman
 
 KERMAN_ALL = [
     "AgentLoop",
+    "RunResult",
+    "RunError",
+    "OutputValidationError",
     "Enter",
     "Reject",
     "Retry",
@@ -37,6 +40,7 @@ KERMAN_ALL = [
     "LiveEvent",
     "TurnStillRunningWarning",
     "models",
+    "output",
     "ToolCall",
     "Approve",
     "Deny",

@@ -109,8 +109,15 @@ def _of(session: list[kerman.Event], cls: type[events.EventView]) -> list[Any]:
 def test_every_type_the_loop_and_inbox_write_has_its_view(session: list[kerman.Event]) -> None:
     seen = {e.type for e in session}
     assert seen - set(events.TYPES) == {"plugin/note"}
-    # repair's, below; the decisions' in tests/python/decisions/test_views.py
-    assert set(events.TYPES) - seen == {events.LOG_DAMAGED, events.LOG_REPAIRED, events.DECISION_REQUESTED, events.DECISION_RESOLVED}
+    # repair's, below; the decisions' in tests/python/decisions/test_views.py; the structured
+    # output's in tests/python/providers/test_structured_output.py
+    assert set(events.TYPES) - seen == {
+        events.LOG_DAMAGED,
+        events.LOG_REPAIRED,
+        events.DECISION_REQUESTED,
+        events.DECISION_RESOLVED,
+        events.OUTPUT_VALIDATED,
+    }
     for event in session:
         v = events.view(event)
         assert type(v) is events.TYPES.get(event.type, events.OtherEvent)

@@ -331,6 +331,17 @@ async def closers(store: kerman.FileStore, root: Path) -> None:
     shutil.copy(crashed / "closers.jsonl", HERE / "closers.jsonl")
 
 
+async def structured_output(store: kerman.FileStore) -> None:
+    """A run with an output type: an invalid reply sent back with its error, then a valid one,
+    logged as output/validated."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    loop = kerman.AgentLoop(
+        ScriptedModel([text_chunks('{"answer": "six"}'), text_chunks('{"answer": 6}')]), log=store.create("structured_output")
+    )
+    await loop.run("2 x 3?", output_type=schema)
+    await loop.aclose()
+
+
 async def main(only: list[str]) -> None:
     """Records every scenario, or the ones named on the command line (the others' logs, and so
     their goldens, stay as they are)."""
@@ -338,7 +349,7 @@ async def main(only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom):
+        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom, structured_output):
             if only and scenario.__name__ not in only:
                 continue
             await scenario(store)

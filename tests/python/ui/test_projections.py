@@ -44,6 +44,7 @@ def test_every_scenario_is_recorded():
         "closers",
         "decisions",
         "custom",
+        "structured_output",
     }
 
 

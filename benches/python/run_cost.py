@@ -1,0 +1,88 @@
+"""``loop.run(prompt)`` against what it replaces: ``followup`` + ``when_idle`` + reading the
+answer from the log, one turn per prompt, on a memory log (target: run() at most 1.05x).
+
+    python3 benches/python/run_cost.py [--turns 1000] [--reps 5] [--model-ms 0 1]
+
+One row per ``--model-ms``: the model answers at once (``0``: the loop's own cost is all there
+is to measure, the hardest case for the ratio) or after an ``asyncio.sleep`` (``1``: the
+fastest a real model answers). Both ways read the same things: the turn's final text and its
+usage. Each figure is the best of ``--reps`` repetitions, the two ways interleaved (a loaded
+host only adds time); prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any, Callable, Coroutine, Dict
+
+import kerman
+
+
+def model_of(delay: float) -> Any:
+    async def model(request: kerman.ModelRequest) -> kerman.ModelReply:
+        if delay:
+            await asyncio.sleep(delay)
+        return kerman.ModelReply("ok: " + request.entered[0].text, usage={"inputTokens": 10, "outputTokens": 2})
+
+    return model
+
+
+async def by_followup(loop: kerman.AgentLoop, prompt: str) -> str:
+    start = len(loop.log)  # the turn's events come after this
+    loop.followup(prompt)
+    await loop.when_idle()
+    usage: Dict[str, int] = {}
+    text = ""
+    for event in loop.log.events(start, types="assistant/message"):
+        text = kerman.Message.from_dict(event.data["message"]).text
+        for key, value in (event.data.get("usage") or {}).items():
+            usage[key] = usage.get(key, 0) + value
+    return text
+
+
+async def by_run(loop: kerman.AgentLoop, prompt: str) -> str:
+    return (await loop.run(prompt)).text
+
+
+def measure(way: Callable[[kerman.AgentLoop, str], Coroutine[Any, Any, str]], turns: int, delay: float) -> float:
+    async def main() -> float:
+        loop = kerman.AgentLoop(model_of(delay))
+        await way(loop, "warm-up")
+        start = time.perf_counter()
+        for i in range(turns):
+            await way(loop, f"prompt {i}")
+        elapsed = time.perf_counter() - start
+        await loop.aclose()
+        return elapsed
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=1000, help="turns per repetition with an instant model (a tenth per ms)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--model-ms", type=float, nargs="+", default=[0.0, 1.0])
+    args = parser.parse_args()
+    rows = []
+    print(f"one turn per prompt on a memory log, best of {args.reps}")
+    print(f"  {'model':>8}  {'followup + when_idle':>22}  {'run()':>12}  ratio (target <= 1.05x)")
+    for ms in args.model_ms:
+        turns = max(50, int(args.turns / (1 + 3 * ms)))
+        delay = ms / 1000
+        best = {"followup": float("inf"), "run": float("inf")}
+        for _ in range(args.reps):
+            best["followup"] = min(best["followup"], measure(by_followup, turns, delay))
+            best["run"] = min(best["run"], measure(by_run, turns, delay))
+        per = {k: v / turns * 1e6 for k, v in best.items()}
+        ratio = best["run"] / best["followup"]
+        print(f"  {ms:>6g}ms  {per['followup']:>17.1f} us/turn  {per['run']:>7.1f} us/turn  {ratio:.3f}x")
+        rows.append({"model_ms": ms, "us_per_turn": per, "ratio": round(ratio, 4)})
+    print(json.dumps({"bench": "run_cost", "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

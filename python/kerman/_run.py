@@ -1,0 +1,332 @@
+"""``loop.run(prompt)``: one call that sends a prompt, waits for the turn that took it, and
+returns what the log says that turn did (``RunResult``), or raises ``RunError``.
+
+Which turn is the run's is read from the loop, not guessed from "the next idle": the inbox's
+claim names the turn that took the prompt (``agent/inbox/claimed``), and the log's ``turn/end``
+of that turn ends the run. One observer per loop serves every run in flight, so concurrent runs
+each get their own turn's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, Tuple, TypeVar
+
+from ._core import Message, UserMessage
+from .errors import KermanError
+from .output import OutputSpec, text_of
+
+if TYPE_CHECKING:
+    from .loop import AgentLoop
+
+__all__ = ["RunResult", "RunError"]
+
+T = TypeVar("T")
+
+# Endings a run returns; every other one raises RunError.
+RETURNED = ("completed", "max-tokens")
+
+
+class RunResult(Generic[T]):
+    """What ``loop.run()`` returns: the turn's final ``text`` (its last assistant message's
+    text), ``output`` (the validated structured output with ``output_type``, else the text),
+    ``usage`` (the usage of the turn's assistant messages, summed per key), ``ending`` (the
+    ``turn/end`` reason), ``messages`` (the turn's user, assistant and tool-result messages, in
+    log order, read from the log when first asked for) and ``turn`` (its number)."""
+
+    __slots__ = ("text", "output", "usage", "ending", "turn", "session", "_log", "_span", "_messages")
+
+    def __init__(
+        self,
+        text: str,
+        output: T,
+        usage: Dict[str, Any],
+        ending: Dict[str, Any],
+        turn: int,
+        log: Any,
+        span: Optional[Tuple[int, Optional[int]]],
+    ) -> None:
+        self.text = text
+        self.output = output
+        self.usage = usage
+        self.ending = ending
+        self.turn = turn
+        self.session: str = log.id
+        self._log = log
+        self._span = span
+        self._messages: Optional[List[Message]] = None
+
+    @property
+    def messages(self) -> List[Message]:
+        if self._messages is None:
+            found: List[Message] = []
+            if self._span is not None:
+                start, stop = self._span
+                for event in self._log.events(start, stop, types=_MESSAGE_TYPES):
+                    data = event.data
+                    found.append(Message.from_dict(data if event.type == "user/message" else data["message"]))
+            self._messages = found
+        return self._messages
+
+    def __repr__(self) -> str:
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        output = "" if self.output is self.text else f" output={self.output!r}"
+        usage = f" usage={self.usage}" if self.usage else ""
+        return f"<RunResult turn={self.turn} {self.ending.get('kind')} text={text!r}{output}{usage} session={self.session!r}>"
+
+
+_MESSAGE_TYPES = ("user/message", "assistant/message", "tool/result")
+
+
+class RunError(KermanError):
+    """The turn of a ``loop.run()`` did not complete. ``ending`` is its ``turn/end`` reason
+    (``{"kind": "error", "error": {...}}``, ``{"kind": "aborted", ...}``,
+    ``{"kind": "blocked", ...}``, ``{"kind": "interrupted"}``), or ``{"kind": "discarded"}``
+    when the prompt was discarded before any turn took it (``loop.cancel()``). ``failure`` is
+    the error dict of a failed turn, ``code`` its code (``INVALID_OUTPUT``: the reply never
+    matched the output type); ``result`` what the turn did, when it started."""
+
+    def __init__(self, message: str, ending: Dict[str, Any], turn: Optional[int], result: Optional[RunResult[Any]] = None) -> None:
+        super().__init__(message)
+        self.ending = ending
+        self.turn = turn
+        self.result = result
+
+    @property
+    def kind(self) -> str:
+        return str(self.ending.get("kind"))
+
+    @property
+    def failure(self) -> Optional[Dict[str, Any]]:
+        error = self.ending.get("error")
+        return error if isinstance(error, dict) else None
+
+    @property
+    def code(self) -> Optional[str]:
+        failure = self.failure
+        return None if failure is None else failure.get("code")
+
+
+class _Run:
+    """One ``run()`` in flight: its prompt's id, the turn that took it, how that turn ended."""
+
+    __slots__ = ("message_id", "spec", "turn", "start", "end", "ending", "output", "future")
+
+    def __init__(self, message_id: str, spec: Optional[OutputSpec], future: asyncio.Future[None]) -> None:
+        self.message_id = message_id
+        self.spec = spec
+        self.turn: Optional[int] = None
+        self.start: Optional[int] = None
+        self.end: Optional[int] = None
+        self.ending: Optional[Dict[str, Any]] = None
+        self.output: Any = None
+        self.future = future
+
+
+class Runs:
+    """The runs in flight on one loop. While there is one, it observes the log (``turn/start``,
+    ``turn/end``) and the inbox's claims and discards; with none, it costs nothing."""
+
+    def __init__(self, loop: AgentLoop) -> None:
+        self.loop = loop
+        self.by_message: Dict[str, _Run] = {}
+        self.by_turn: Dict[int, _Run] = {}
+        self.starts: Dict[int, int] = {}  # turn -> seq of its turn/start (recent turns only)
+        self._unsubscribe: Any = None
+
+    # -- observing --
+
+    def _listen(self) -> None:
+        loop = self.loop
+        self._unsubscribe = loop.log.subscribe(self._observe)
+        loop._listeners["agent/inbox/claimed"].append(self._claimed)
+        loop._listeners["agent/inbox/discarded"].append(self._discarded)
+
+    def _unlisten(self) -> None:
+        loop = self.loop
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for event, fn in (("agent/inbox/claimed", self._claimed), ("agent/inbox/discarded", self._discarded)):
+            listeners = loop._listeners[event]
+            if fn in listeners:
+                listeners.remove(fn)
+        self.starts.clear()
+
+    def _observe(self, event: Any) -> None:
+        """The log's observer (on the appending thread, right after the commit)."""
+        kind = event.type
+        if kind == "turn/start":
+            self.starts[event.data["turn"]] = event.seq
+        elif kind == "turn/end":
+            turn = event.data.get("turn")
+            self.starts.pop(turn - 1, None)
+            run = self.by_turn.get(turn)
+            if run is not None:
+                last = self.loop._last_output
+                self._finish(run, event.data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == turn else None)
+
+    def _claimed(self, live: Any) -> None:
+        run = self.by_message.get(live.message.id)
+        if run is not None and run.turn is None:
+            run.turn = live.turn
+            run.start = self.starts.get(live.turn)
+            self.by_turn[live.turn] = run
+            if run.spec is not None:
+                self.loop._output_turns[live.turn] = run.spec
+
+    def _discarded(self, live: Any) -> None:
+        run = self.by_message.get(live.message.id)
+        if run is not None and run.turn is None:
+            self._finish(run, {"kind": "discarded"}, None, None)
+
+    def idle(self) -> None:
+        """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
+        # An earlier turn failed or was blocked: the loop idles with input pending. A run waits
+        # for its own prompt's turn, so it wakes the loop (after the driver has finished).
+        event_loop = self.loop._event_loop
+        if event_loop is not None:
+            event_loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        loop = self.loop
+        if loop.status != "idle" or loop.closed:
+            return
+        for run in list(self.by_message.values()):
+            if run.turn is not None and run.ending is None:
+                # Its turn started and the loop went idle without a turn/end: fenced or closed.
+                self._finish(run, {"kind": "stopped", "reason": "the loop stopped before the turn ended"}, None, None)
+        if any(run.turn is None and run.message_id in loop.inbox for run in self.by_message.values()):
+            loop.wake()
+
+    def _finish(self, run: _Run, ending: Dict[str, Any], end: Optional[int], output: Any) -> None:
+        if run.ending is not None:
+            return
+        run.ending = ending
+        run.end = end
+        run.output = output
+        future = run.future
+        event_loop = future.get_loop()
+        if threading.get_ident() == self.loop._loop_thread:
+            if not future.done():
+                future.set_result(None)
+        else:
+            event_loop.call_soon_threadsafe(_settle, future)
+
+    # -- one run --
+
+    def add(self, message_id: str, spec: Optional[OutputSpec]) -> _Run:
+        if not self.by_message:
+            self._listen()
+        run = _Run(message_id, spec, asyncio.get_running_loop().create_future())
+        self.by_message[message_id] = run
+        return run
+
+    def drop(self, run: _Run) -> None:
+        self.by_message.pop(run.message_id, None)
+        if run.turn is not None:
+            self.by_turn.pop(run.turn, None)
+            self.loop._output_turns.pop(run.turn, None)
+        if not self.by_message:
+            self._unlisten()
+            self.loop._runs_in_flight = None  # no cycle left behind: the loop is freed by refcount
+
+    def result(self, run: _Run) -> RunResult[Any]:
+        """The run's result, read from the log between its turn's start and end."""
+        loop = self.loop
+        ending = run.ending or {}
+        usage: Dict[str, Any] = {}
+        text = ""
+        span = None
+        if run.start is not None:
+            span = (run.start, run.end + 1 if run.end is not None else None)
+            for event in loop.log.events(span[0], span[1], types="assistant/message"):
+                data = event.data
+                text = text_of(data["message"])
+                _add_usage(usage, data.get("usage"))
+        spec = run.spec if run.spec is not None else loop._output_type
+        output = run.output if spec is not None else text
+        return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _add_usage(total: Dict[str, Any], usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    for key, value in usage.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+        elif isinstance(value, dict):
+            _add_usage(total.setdefault(key, {}), value)
+
+
+def error_of(result: RunResult[Any]) -> RunError:
+    """The ``RunError`` of a run whose turn did not complete."""
+    ending = result.ending
+    kind = ending.get("kind")
+    turn = result.turn or None
+    where = f"turn {turn}" if turn else "the run's prompt"
+    if kind == "error":
+        error = ending.get("error") or {}
+        text = f"{where} failed: {error.get('message')} [{error.get('code')}]"
+    elif kind == "aborted":
+        cause = ending.get("reason") or {}
+        text = f"{where} was cancelled (cause {cause.get('kind')!r})"
+    elif kind == "blocked":
+        text = f"{where} was rejected by a pre-step decision" + (f": {ending['reason']}" if ending.get("reason") else "")
+    elif kind == "discarded":
+        text = f"{where} was discarded from the inbox (loop.cancel()) before a turn took it"
+    else:
+        text = f"{where} ended {kind!r}" + (f": {ending['reason']}" if isinstance(ending.get("reason"), str) else "")
+    return RunError(text, ending, turn, result if turn else None)
+
+
+async def run(loop: AgentLoop, prompt: Any, output_type: Any) -> RunResult[Any]:
+    """``AgentLoop.run``'s body."""
+    if not isinstance(prompt, (str, UserMessage)):
+        raise TypeError(f"prompt must be a str or a UserMessage, got {type(prompt).__name__}")
+    spec = OutputSpec(output_type) if output_type is not None and not isinstance(output_type, OutputSpec) else output_type
+    if spec is not None:
+        loop._install_output()
+    runs = loop._runs
+    if isinstance(prompt, str):
+        prompt = UserMessage(prompt)
+    # Registered before the prompt is sent: on an idle loop, followup() claims it at once.
+    record = runs.add(prompt.id, spec)
+    try:
+        try:
+            stored = loop.followup(prompt)
+        except BaseException:
+            runs.drop(record)
+            raise
+        if stored.id != record.message_id:  # an insert transform gave it another id
+            runs.by_message.pop(record.message_id, None)
+            record.message_id = stored.id
+            runs.by_message[stored.id] = record
+        try:
+            await record.future
+        except asyncio.CancelledError:
+            _withdraw(loop, record)
+            raise
+        result = runs.result(record)
+    finally:
+        runs.drop(record)
+    if result.ending.get("kind") not in RETURNED:
+        raise error_of(result)
+    return result
+
+
+def _withdraw(loop: AgentLoop, record: _Run) -> None:
+    """The task awaiting a run was cancelled: its prompt leaves the inbox if no turn took it
+    yet, else its turn is cancelled (the queue is kept: other prompts are not this run's)."""
+    if record.ending is not None:
+        return
+    if record.turn is None:
+        loop.inbox.remove(record.message_id)
+    elif loop.turn == record.turn and loop.status != "idle":
+        loop.cancel("user", keep_inbox=True)
