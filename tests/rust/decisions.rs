@@ -430,7 +430,8 @@ fn a_logged_verdict_that_does_not_match_its_call_fails_closed() {
         digest: Some(decisions::digest(r#"{"a":5}"#)),
         reason: None,
     };
-    let other = decisions::Gated { index: 2, call_id: "c2".into(), kind: decisions::GatedKind::Run, arguments: None, digest: None, reason: None };
+    let other =
+        decisions::Gated { index: 2, call_id: "c2".into(), kind: decisions::GatedKind::Run, arguments: None, digest: None, reason: None };
     kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::decision_round(&forged, true, &[edit, other])).unwrap();
     h.decide(&id, Decide::Approve, None).unwrap();
     h.decide("forged", Decide::Approve, None).unwrap();
