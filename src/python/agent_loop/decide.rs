@@ -101,7 +101,7 @@ pub(crate) fn decision_json(value: &Bound<'_, PyAny>) -> PyResult<serde_json::Va
 pub(crate) fn check_answer(py: Python<'_>, log: &SessionLog, decision_id: &str, decision: &Decide, now: i64) -> PyResult<()> {
     let Decide::Answer(value) = decision else { return Ok(()) };
     let request = decisions::pending(log).into_iter().find(|r| r.decision_id == decision_id);
-    let Some(request) = request.filter(|r| r.kind == RequestKind::Answer && !r.expires_at.is_some_and(|t| t <= now)) else {
+    let Some(request) = request.filter(|r| r.kind == RequestKind::Answer && r.expires_at.is_none_or(|t| t > now)) else {
         return Ok(());
     };
     let Some(schema) = request.schema.as_deref().and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok()) else {
