@@ -126,6 +126,15 @@ impl Machine {
             return Effect::BeforeTool { index, call_id, name, arguments };
         }
         let count = gating.asked.len();
+        if count > 0 {
+            for given in &mut gating.verdicts_given {
+                given.digest = match given.kind {
+                    GatedKind::Run => Some(decisions::digest(&gating.calls[given.index].2)),
+                    GatedKind::Edit => given.arguments.as_deref().map(decisions::digest),
+                    GatedKind::Deny | GatedKind::Failed => None,
+                };
+            }
+        }
         for (n, request) in gating.asked.drain(..).enumerate() {
             let last = n + 1 == count;
             let given: &[Gated] = if last { &gating.verdicts_given } else { &[] };
@@ -148,16 +157,17 @@ impl Machine {
         let Some(gating) = self.gating.as_ref() else { unreachable!("a gate's verdict without calls") };
         let index = gating.next - 1;
         let (call_id, name, arguments) = gating.calls[index].clone();
+        // The digest of what runs is taken when the round is written: only a round that asks is.
         let given = |kind: GatedKind, arguments: Option<&String>, reason: Option<&String>| Gated {
             index,
             call_id: call_id.clone(),
             kind,
-            digest: arguments.map(|a| decisions::digest(a)),
-            arguments: if kind == GatedKind::Edit { arguments.cloned() } else { None },
+            arguments: arguments.cloned(),
+            digest: None,
             reason: reason.cloned(),
         };
         let (verdict, logged) = match gate {
-            Gate::Run => (Verdict::Run { arguments: None, digest: None }, Some(given(GatedKind::Run, Some(&arguments), None))),
+            Gate::Run => (Verdict::Run { arguments: None, digest: None }, Some(given(GatedKind::Run, None, None))),
             Gate::Deny(reason) => {
                 let logged = given(GatedKind::Deny, None, reason.as_ref());
                 (Verdict::Preset(Outcome::denied(&name, reason.as_deref())), Some(logged))
@@ -245,7 +255,7 @@ impl Machine {
             .iter()
             .enumerate()
             .map(|(index, (id, name, arguments))| match held.decision_for(index) {
-                None => held.gated_for(index).map_or(Verdict::Undecided, |gated| given(gated, id, name)),
+                None => held.gated_for(index).map_or(Verdict::Undecided, |gated| logged_verdict(gated, id, name)),
                 // Bound by position, id and digest: anything else fails closed.
                 Some((request, _)) if request.call_id != *id || request.digest != decisions::digest(arguments) => {
                     Verdict::Preset(Outcome::mismatch())
@@ -273,7 +283,7 @@ impl Machine {
 /// A call's verdict from the gate's logged one: bound to the call by its position and id (a
 /// mismatch fails closed); a call to run keeps the digest of what the gate let run, checked when
 /// it starts.
-fn given(gated: &Gated, call_id: &str, name: &str) -> Verdict {
+fn logged_verdict(gated: &Gated, call_id: &str, name: &str) -> Verdict {
     if gated.call_id != call_id {
         return Verdict::Preset(Outcome::mismatch());
     }
