@@ -120,7 +120,7 @@ def check_answer(decision_id: str, schema: Any, value: Any) -> None:
     from .errors import DecisionError
 
     try:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # an optional dependency: kerman[decisions]
         raise DecisionError(
             f"decision {decision_id!r} asks for an answer matching a JSON Schema, and checking one needs "
