@@ -110,6 +110,36 @@ def outcome_of(data: Any) -> Outcome:
     raise ValueError(f'a decision is "approve", "deny", "edit" or "answer", got {kind!r}')
 
 
+def check_answer(decision_id: str, schema: Any, value: Any) -> None:
+    """Refuses ``value`` as the answer to request ``decision_id`` unless it is valid against the
+    request's JSON Schema ``schema`` (validated with ``jsonschema``, in the draft the schema's
+    ``$schema`` names, 2020-12 otherwise; ``format`` is not asserted). Raises
+    :class:`kerman.DecisionError` (``reason="invalid"``) naming the first problem and where it
+    is. Every way of deciding runs it before anything is appended (``loop.decide``,
+    ``FileStore.decide``, and the owner applying ``PostgresStore.decide``)."""
+    from .errors import DecisionError
+
+    try:
+        import jsonschema  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:  # an optional dependency: kerman[decisions]
+        raise DecisionError(
+            f"decision {decision_id!r} asks for an answer matching a JSON Schema, and checking one needs "
+            "the jsonschema package (pip install 'kerman[decisions]')",
+            "invalid",
+        ) from None
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise DecisionError(f"decision {decision_id!r} has a schema that is not valid JSON Schema: {e.message}", "invalid") from None
+    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(value))
+    if error is not None:
+        raise DecisionError(
+            f"the answer {value!r} does not match the schema of decision {decision_id!r}: {error.message} (at {error.json_path})",
+            "invalid",
+        )
+
+
 def pending(log: Any) -> list[PendingDecision]:
     """The requests of session ``log`` waiting for a person, oldest first: what the owner's
     ``loop.decisions`` lists, read by a process that only follows the session (``store.follow``)."""

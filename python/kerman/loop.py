@@ -281,6 +281,8 @@ class AgentLoop:
             self._core.expire()
         self._status = "waiting" if self._core.waiting else "idle"
         self._expiry: Optional[asyncio.TimerHandle] = None
+        # Whether the running driver began by resuming a decided step (see _finish_driver).
+        self._began_resumed = False
         self._task: Optional[asyncio.Task[None]] = None
         # Set by aclose(): no turn starts from then on (a wake scheduled by input inserted
         # meanwhile would run on a log about to close); the input stays pending, durable.
@@ -873,6 +875,7 @@ class AgentLoop:
         self._set_status("running")
         # begin appends turn/start and makes the first claim; None: no turn recorded.
         try:
+            self._began_resumed = self._core.resumable
             driver = self._core.begin(self)
         except BaseException:
             self._set_status("idle")  # nothing started: no driver will set it back
@@ -891,6 +894,17 @@ class AgentLoop:
             # The step stopped at its decisions; input queued meanwhile waits for the turn.
             self._set_status("waiting")
             self._arm_expiry()
+            # A decision applied on another thread between the read above and the status
+            # change saw "running" and left the step to this method: read again.
+            self._resume_held()
+            return
+        if not self._began_resumed and self._core.fenced is None and self._core.resumable:
+            # Every request was decided before the run that asked had even ended (the requests
+            # are visible to other processes as soon as they are logged, and loop.decide, which
+            # saw "running", left the step to this method): the step goes on now, still
+            # "running". A run that began by resuming the step and left it resumable (its log
+            # failed) is not started again here.
+            self._start_driver()
             return
         self._set_status("idle")
         runs = self._runs_in_flight

@@ -79,6 +79,73 @@ pub struct Request {
     pub expires_at: Option<i64>,
 }
 
+/// What a gate said of a call it asked no one about, logged with the step's requests (the
+/// `gated` list of the `last` one), so that the step resumes with the very verdict the gate gave
+/// before the wait rather than gating the call again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedKind {
+    Run,
+    Edit,
+    Deny,
+    /// The gate raised, or returned something that is not a verdict (fails closed).
+    Failed,
+}
+
+impl GatedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GatedKind::Run => "run",
+            GatedKind::Edit => "edit",
+            GatedKind::Deny => "deny",
+            GatedKind::Failed => "failed",
+        }
+    }
+
+    fn parse(text: &str) -> Option<GatedKind> {
+        [GatedKind::Run, GatedKind::Edit, GatedKind::Deny, GatedKind::Failed].into_iter().find(|k| k.as_str() == text)
+    }
+}
+
+/// One gate verdict of a round that asked: call `index` (`call_id`) runs (`digest`: of the
+/// arguments that will run; `arguments`: the edited ones, for an edit), or does not (`reason`:
+/// a denial's reason, or why the gate failed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gated {
+    pub index: usize,
+    pub call_id: String,
+    pub kind: GatedKind,
+    pub arguments: Option<String>,
+    pub digest: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Gated {
+    /// The JSON object the `gated` list of `decision/requested` holds.
+    pub fn to_json(&self) -> Value {
+        let mut object = serde_json::Map::new();
+        object.insert("index".into(), Value::from(self.index));
+        object.insert("callId".into(), Value::from(self.call_id.as_str()));
+        object.insert("verdict".into(), Value::from(self.kind.as_str()));
+        for (key, value) in [("arguments", &self.arguments), ("digest", &self.digest), ("reason", &self.reason)] {
+            if let Some(value) = value {
+                object.insert(key.into(), Value::from(value.as_str()));
+            }
+        }
+        Value::Object(object)
+    }
+
+    fn of(data: &Value) -> Option<Gated> {
+        Some(Gated {
+            index: usize::try_from(data.get("index")?.as_u64()?).ok()?,
+            call_id: text(data, "callId")?,
+            kind: GatedKind::parse(data.get("verdict")?.as_str()?)?,
+            arguments: text(data, "arguments"),
+            digest: text(data, "digest"),
+            reason: text(data, "reason"),
+        })
+    }
+}
+
 /// How a request was resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolved {
@@ -202,6 +269,8 @@ pub struct HeldStep {
     pub calls: Vec<(String, String, String)>,
     pub requests: Vec<Request>,
     pub resolutions: Vec<Resolution>,
+    /// The gate's verdicts on the step's other calls, as its requests logged them.
+    pub gated: Vec<Gated>,
 }
 
 impl HeldStep {
@@ -217,6 +286,12 @@ impl HeldStep {
     /// Every request is resolved.
     pub fn ready(&self) -> bool {
         self.pending().is_empty()
+    }
+
+    /// The gate's logged verdict on call `index`, which asked no one (the latest, should the
+    /// step have been gated more than once).
+    pub fn gated_for(&self, index: usize) -> Option<&Gated> {
+        self.gated.iter().rev().find(|g| g.index == index)
     }
 
     /// The last request made for call `index`, and its resolution.
@@ -296,16 +371,23 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
                 held.calls.clear();
                 held.requests.clear();
                 held.resolutions.clear();
+                held.gated.clear();
             }
             events::STEP_END => step_open = false,
             events::ASSISTANT_MESSAGE if step_open => {
                 held.calls = calls_of(&event.data());
                 held.requests.clear();
                 held.resolutions.clear();
+                held.gated.clear();
                 stopped = false;
             }
             events::TOOL_CALL | events::TOOL_RESULT => stopped = true,
-            events::DECISION_REQUESTED if step_open => held.requests.extend(request_of(&event.data())),
+            events::DECISION_REQUESTED if step_open => {
+                let data = event.data();
+                held.requests.extend(request_of(&data));
+                let gated = data.get("gated").and_then(Value::as_array);
+                held.gated.extend(gated.into_iter().flatten().filter_map(Gated::of));
+            }
             events::DECISION_RESOLVED if step_open => held.resolutions.extend(resolution_of(&event.data())),
             _ => {}
         }

@@ -238,11 +238,21 @@ fn literal(text: &str) -> String {
 }
 
 /// `decision/requested {turn, step, decisionId, callId, index, name, arguments, digest, kind[,
-/// note][, schema][, expiresAt][, last]}`: call `index` of the step waits for a person. `schema`
+/// note][, schema][, expiresAt][, last][, gated]}`: call `index` of the step waits for a person. `schema`
 /// is JSON text; `expiresAt` epoch milliseconds; `last: true` on the final request written before
 /// the step stops to wait (a reader such as a UI stream knows the step waits from it).
 pub fn decision_requested(request: &super::decisions::Request, last: bool) -> LoopEvent {
+    decision_round(request, last, &[])
+}
+
+/// `decision/requested` as the machine writes it: the `last` request of a round also carries
+/// `gated`, the gate's verdicts on the step's calls that asked no one (`[{index, callId,
+/// verdict: "run"|"edit"|"deny"|"failed"[, arguments][, digest][, reason]}]`), so the step
+/// resumes with them rather than gating those calls again. Left out when empty.
+pub fn decision_round(request: &super::decisions::Request, last: bool, gated: &[super::decisions::Gated]) -> LoopEvent {
     let mut data = step_head(request.turn, request.step);
+    let gated =
+        (!gated.is_empty()).then(|| crate::json::compact(&Value::Array(gated.iter().map(super::decisions::Gated::to_json).collect())));
     let index = request.index.to_string();
     let expires = request.expires_at.map(|t| t.to_string());
     let note = request.note.as_deref().map(literal);
@@ -260,6 +270,7 @@ pub fn decision_requested(request: &super::decisions::Request, last: bool) -> Lo
             ("schema", request.schema.as_deref()),
             ("expiresAt", expires.as_deref()),
             ("last", last.then_some("true")),
+            ("gated", gated.as_deref()),
         ],
     );
     data.push('}');

@@ -11,7 +11,7 @@ use crate::message::MessageError;
 
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
-fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+pub(crate) fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
     let module = ERRORS.get_or_try_init(py, || py.import("kerman.errors").map(Bound::unbind))?;
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
 }

@@ -189,6 +189,12 @@ impl PyFileStore {
         let decision = super::agent_loop::decide::decision(outcome)?;
         let (log, _) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
         let now = crate::event_log::now_ms();
+        if let Err(refused) = super::agent_loop::decide::check_answer(py, &log, decision_id, &decision, now) {
+            let closed = log.close();
+            let answer = super::agent_loop::decide::refused_answer(py, decision_id, &refused);
+            closed.map_err(|e| log_err(py, e))?;
+            return answer;
+        }
         let result = crate::agent_loop::decisions::decide(&log, decision_id, decision, by, key, now).map(|decided| decided.duplicate);
         let closed = log.close();
         let answer = super::agent_loop::decide::decide_answer(py, decision_id, result)?;

@@ -349,6 +349,98 @@ fn a_held_turn_survives_reopening_and_runs_once_with_the_decided_arguments() {
     // A held turn whose decisions are in, reopened before it resumed, still resumes.
 }
 
+/// The gate's verdicts on the calls that asked no one are logged with the round's requests: a
+/// step resumed in a new loop (after a close or a crash) runs them as gated before the wait,
+/// whatever the new loop's gate would say now, and without running it for them.
+#[test]
+fn a_resumed_step_keeps_the_verdicts_the_gate_gave_before_the_wait() {
+    let first: GateFn = Box::new(|index, _, _| match index {
+        0 => Gate::Run,
+        1 => Gate::Ask(Ask::default()),
+        2 => Gate::Edit(r#"{"a":30}"#.into()),
+        3 => Gate::Deny(Some("not today".into())),
+        _ => Gate::Invalid("None".into()),
+    });
+    let h = Host::new(Some(first)).reply(&[
+        ("c1", "t", r#"{"a":1}"#),
+        ("c2", "pay", r#"{"amount":5}"#),
+        ("c3", "t", r#"{"a":3}"#),
+        ("c4", "t", "{}"),
+        ("c5", "t", "{}"),
+    ]);
+    assert_eq!(h.turn("go"), Effect::AwaitDecisions);
+    let request = h.of("decision/requested").pop().unwrap();
+    assert_eq!(request["last"], true);
+    let gated = request["gated"].as_array().unwrap();
+    let verdicts: Vec<_> = gated.iter().map(|g| (g["index"].as_u64().unwrap(), g["callId"].clone(), g["verdict"].clone())).collect();
+    assert_eq!(
+        verdicts,
+        vec![
+            (0, json!("c1"), json!("run")),
+            (2, json!("c3"), json!("edit")),
+            (3, json!("c4"), json!("deny")),
+            (4, json!("c5"), json!("failed"))
+        ]
+    );
+    assert_eq!(gated[0]["digest"], decisions::digest(r#"{"a":1}"#));
+    assert_eq!(gated[1]["arguments"], r#"{"a":30}"#);
+    assert_eq!(gated[1]["digest"], decisions::digest(r#"{"a":30}"#));
+    assert_eq!(gated[2]["reason"], "not today");
+    assert!(gated[3]["reason"].as_str().unwrap().contains("returned None"));
+    let id = h.pending_ids().pop().unwrap();
+    // A new loop whose gate would now deny everything, and counts how often it is asked.
+    let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+    let counter = asked.clone();
+    let h = h.reopen(Some(Box::new(move |_, _, _| {
+        counter.set(counter.get() + 1);
+        Gate::Deny(Some("changed my mind".into()))
+    })));
+    h.decide(&id, Decide::Approve, None).unwrap();
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(asked.get(), 0, "no call the first gate judged is gated again");
+    assert_eq!(
+        *h.ran.borrow(),
+        vec![("c1".into(), r#"{"a":1}"#.into()), ("c2".into(), r#"{"amount":5}"#.into()), ("c3".into(), r#"{"a":30}"#.into())]
+    );
+    let results = h.results();
+    assert_eq!(results[3], ("tool call 't' was denied: not today".to_string(), Some("TOOL_DENIED".into())));
+    assert_eq!(results[4].1.as_deref(), Some("GATE_ERROR"));
+    assert!(results[4].0.contains("returned None"), "{:?}", results[4]);
+    // tool/call logs the edited arguments, as it did in one process.
+    assert_eq!(h.of("tool/call")[2]["arguments"], r#"{"a":30}"#);
+}
+
+/// A logged gate verdict is bound to its call like a request: by position and id, and a call
+/// to run by the digest of what the gate let run, checked when it starts.
+#[test]
+fn a_logged_verdict_that_does_not_match_its_call_fails_closed() {
+    let gate: GateFn = Box::new(|index, _, _| if index == 0 { Gate::Ask(Ask::default()) } else { Gate::Run });
+    let h = Host::new(Some(gate)).reply(&[("c1", "pay", "{}"), ("c2", "t", r#"{"a":1}"#), ("c3", "t", r#"{"a":2}"#)]);
+    h.turn("go");
+    let id = h.pending_ids().pop().unwrap();
+    // A later round of the same step (forged here) logs an edit whose arguments are not the
+    // ones its digest names, and a verdict naming another call's id.
+    let mut forged = decisions::held(&h.log).unwrap().requests[0].clone();
+    forged.decision_id = "forged".into();
+    let edit = decisions::Gated {
+        index: 1,
+        call_id: "c2".into(),
+        kind: decisions::GatedKind::Edit,
+        arguments: Some(r#"{"a":500}"#.into()),
+        digest: Some(decisions::digest(r#"{"a":5}"#)),
+        reason: None,
+    };
+    let other =
+        decisions::Gated { index: 2, call_id: "c2".into(), kind: decisions::GatedKind::Run, arguments: None, digest: None, reason: None };
+    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::decision_round(&forged, true, &[edit, other])).unwrap();
+    h.decide(&id, Decide::Approve, None).unwrap();
+    h.decide("forged", Decide::Approve, None).unwrap();
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(*h.ran.borrow(), vec![("c1".to_string(), "{}".to_string())]);
+    let codes: Vec<_> = h.results().into_iter().map(|r| r.1).collect();
+    assert_eq!(codes, vec![None, Some("GATE_ERROR".into()), Some("GATE_ERROR".into())]);
+}
+
 #[test]
 fn a_turn_resolved_but_not_resumed_is_left_open_on_reopen() {
     let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}")]);

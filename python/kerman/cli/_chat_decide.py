@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from .. import events
 from ..decisions import Answer, Approve, Ask, Deny, Edit, PendingDecision, ToolCall
 from ..errors import DecisionError
+from ._timeline import terminal_text
 
 if TYPE_CHECKING:
     from ._chat_screen import Chat
@@ -177,6 +178,9 @@ class Asker:
         try:
             self.chat.loop.decide(request.decision_id, outcome, by=_who())
         except DecisionError as error:
-            self.chat.line(f"  not decided: the request is {error.reason}")
+            if error.reason == "invalid":  # an answer its schema refuses: the request is asked again
+                self.chat.line(f"  not decided: {terminal_text(str(error))}")
+            else:
+                self.chat.line(f"  not decided: the request is {error.reason}")
         self.chat.catch_up()  # the resolution on screen before the next question
         self.next()

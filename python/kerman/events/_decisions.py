@@ -3,7 +3,7 @@ it was resolved; and of ``output/validated``, a turn's structured output (docs/l
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
 
 from ._types import _Step
 from ._values import _int, _str
@@ -13,7 +13,8 @@ __all__ = ["DecisionRequested", "DecisionResolved", "OutputValidated"]
 
 class DecisionRequested(_Step):
     """``decision/requested {turn, step, decisionId, callId, index, name, arguments, digest,
-    kind, note?, schema?, expiresAt?}``: call ``index`` of the step waits for a person."""
+    kind, note?, schema?, expiresAt?, last?, gated?}``: call ``index`` of the step waits for a
+    person."""
 
     __slots__ = ()
     TYPE = "decision/requested"
@@ -67,6 +68,15 @@ class DecisionRequested(_Step):
     def last(self) -> bool:
         """True on the final request written before the step stops to wait for its decisions."""
         return self._field("last") is True
+
+    @property
+    def gated(self) -> List[Dict[str, Any]]:
+        """On the ``last`` request: the gate's verdicts on the step's calls that asked no one,
+        ``{index, callId, verdict: "run"|"edit"|"deny"|"failed", arguments?, digest?,
+        reason?}`` each (``arguments``: an edit's; ``digest``: of what runs; ``reason``: a
+        denial's, or why the gate failed). The step resumes with them (``[]`` elsewhere)."""
+        value = self._field("gated")
+        return [dict(g) for g in value if isinstance(g, dict)] if isinstance(value, list) else []
 
 
 class DecisionResolved(_Step):

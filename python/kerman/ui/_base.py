@@ -99,6 +99,13 @@ def payload(view: events.EventView) -> JsonDict:
     return data if isinstance(data, dict) else {}
 
 
+def request_payload(request: events.DecisionRequested) -> JsonDict:
+    """A ``decision/requested`` payload as a client sees it: without ``gated``, the gate's
+    verdicts on the step's other calls, which the log keeps for resuming the step (a client sees
+    each of those calls through its own events, and a failed gate's reason is the server's)."""
+    return {k: v for k, v in payload(request).items() if k != "gated"}
+
+
 def public_reason(reason: Any) -> Any:
     """A ``turn/end`` reason as a client may see it: a failure's ``traceback`` (the server's
     stack) stays in the log."""

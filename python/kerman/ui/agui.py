@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from .. import events
 from .._core import Event
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, payload, public_reason
+from ._base import EventLike, JsonDict, Projection, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["AgUiProjection"]
@@ -205,7 +205,7 @@ class AgUiProjection(Projection, f.Sink):
             self._out.append(self._ev("CUSTOM", name=shown.name, value=shown.value))
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
-        raw = payload(request)
+        raw = request_payload(request)
         if request.call_id not in self._shown:  # the call the interrupt names is announced first
             self._shown[request.call_id] = request.arguments
             self._announce(request.call_id, request.name, request.arguments, self.fold._parent)

@@ -23,7 +23,7 @@ from typing import Any, List, Optional
 
 from .. import events
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, payload, public_reason
+from ._base import EventLike, JsonDict, Projection, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["VercelProjection"]
@@ -142,7 +142,7 @@ class VercelProjection(Projection, f.Sink):
             self._input(call_id, request.name, request.arguments)
         if request.kind == "approval":
             self._out.append({"type": "tool-approval-request", "approvalId": request.decision_id, "toolCallId": call_id})
-        raw = self._requests[request.decision_id] = payload(request)
+        raw = self._requests[request.decision_id] = request_payload(request)
         self._out.append({"type": "data-decision", "id": request.decision_id, "data": {**raw, "status": "pending"}})
 
     def output_validated(self, output: events.OutputValidated) -> None:

@@ -7,13 +7,16 @@
 //! ends, the turn stays open) when any call asked. Nothing of such a step runs before its
 //! decisions are in, so a crash while waiting leaves no call in doubt.
 //!
-//! [`Machine::resume_held`] takes the step up again from the log once every request is
-//! resolved: decided calls get what was decided (the model is not asked again and their gate
-//! does not run again); the calls no one asked about are gated again, since a gate's run or
-//! edit verdict is not logged.
+//! The gate's verdicts on the round's other calls (run, edit, deny, failed) are logged with the
+//! round's requests (the `gated` list of the `last` one), so [`Machine::resume_held`] takes the
+//! step up again from the log alone once every request is resolved: decided calls get what was
+//! decided, the others what their gate said before the wait. The model is not asked again and
+//! no gate runs again for a call it gated, whichever process resumes and whatever its gate
+//! would say now. Only a call with no logged verdict at all (a log written before verdicts were
+//! logged) is gated again.
 
 use super::{Ctx, Effect, Fault, Machine, Raised, RaisedKind, Wait};
-use crate::agent_loop::decisions::{self, Request, RequestKind, Resolved};
+use crate::agent_loop::decisions::{self, Gated, GatedKind, Request, RequestKind, Resolved};
 use crate::agent_loop::events;
 use crate::agent_loop::failure::{AbortCause, AbortKind};
 use crate::agent_loop::tools::{Outcome, ToolPlan};
@@ -79,6 +82,8 @@ pub(super) struct Gating {
     /// The requests of this round, written together when every call is gated, so that the
     /// last one can say the step stops there (and nothing is logged for a round cut short).
     asked: Vec<Request>,
+    /// The gate's other verdicts of this round, logged with its last request.
+    verdicts_given: Vec<Gated>,
 }
 
 /// The result an answer gives its call: a string as it is, any other JSON as its text.
@@ -94,7 +99,7 @@ impl Machine {
     /// Gates the calls that have no verdict yet, in call order.
     pub(super) fn gate_calls(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, mut verdicts: Vec<Verdict>) -> Effect {
         verdicts.resize_with(calls.len(), || Verdict::Undecided);
-        self.gating = Some(Gating { calls, verdicts, next: 0, asked: Vec::new() });
+        self.gating = Some(Gating { calls, verdicts, next: 0, asked: Vec::new(), verdicts_given: Vec::new() });
         self.next_gate(ctx)
     }
 
@@ -121,8 +126,19 @@ impl Machine {
             return Effect::BeforeTool { index, call_id, name, arguments };
         }
         let count = gating.asked.len();
+        if count > 0 {
+            for given in &mut gating.verdicts_given {
+                given.digest = match given.kind {
+                    GatedKind::Run => Some(decisions::digest(&gating.calls[given.index].2)),
+                    GatedKind::Edit => given.arguments.as_deref().map(decisions::digest),
+                    GatedKind::Deny | GatedKind::Failed => None,
+                };
+            }
+        }
         for (n, request) in gating.asked.drain(..).enumerate() {
-            if let Err(e) = ctx.append(events::decision_requested(&request, n + 1 == count)) {
+            let last = n + 1 == count;
+            let given: &[Gated] = if last { &gating.verdicts_given } else { &[] };
+            if let Err(e) = ctx.append(events::decision_round(&request, last, given)) {
                 return self.fail(ctx, Fault::Core(CoreError::Log(e)));
             }
         }
@@ -141,15 +157,34 @@ impl Machine {
         let Some(gating) = self.gating.as_ref() else { unreachable!("a gate's verdict without calls") };
         let index = gating.next - 1;
         let (call_id, name, arguments) = gating.calls[index].clone();
-        let verdict = match gate {
-            Gate::Run => Verdict::Run { arguments: None, digest: None },
-            Gate::Deny(reason) => Verdict::Preset(Outcome::denied(&name, reason.as_deref())),
-            Gate::Edit(arguments) => Verdict::Run { arguments: Some(arguments), digest: None },
+        // The digest of what runs is taken when the round is written: only a round that asks is.
+        let given = |kind: GatedKind, arguments: Option<&String>, reason: Option<&String>| Gated {
+            index,
+            call_id: call_id.clone(),
+            kind,
+            arguments: arguments.cloned(),
+            digest: None,
+            reason: reason.cloned(),
+        };
+        let (verdict, logged) = match gate {
+            Gate::Run => (Verdict::Run { arguments: None, digest: None }, Some(given(GatedKind::Run, None, None))),
+            Gate::Deny(reason) => {
+                let logged = given(GatedKind::Deny, None, reason.as_ref());
+                (Verdict::Preset(Outcome::denied(&name, reason.as_deref())), Some(logged))
+            }
+            Gate::Edit(edited) => {
+                let logged = given(GatedKind::Edit, Some(&edited), None);
+                (Verdict::Run { arguments: Some(edited), digest: None }, Some(logged))
+            }
             Gate::Invalid(repr) => {
                 let detail = format!("it returned {repr}; expected Approve, Deny, Edit or Ask (or await next())");
-                Verdict::Preset(Outcome::gate_failed(&name, &detail))
+                let logged = given(GatedKind::Failed, None, Some(&detail));
+                (Verdict::Preset(Outcome::gate_failed(&name, &detail)), Some(logged))
             }
-            Gate::Failed(message) => Verdict::Preset(Outcome::gate_failed(&name, &message)),
+            Gate::Failed(message) => {
+                let logged = given(GatedKind::Failed, None, Some(&message));
+                (Verdict::Preset(Outcome::gate_failed(&name, &message)), Some(logged))
+            }
             Gate::Ask(ask) => {
                 let request = Request {
                     turn: self.turn,
@@ -168,11 +203,12 @@ impl Machine {
                 if let Some(gating) = self.gating.as_mut() {
                     gating.asked.push(request);
                 }
-                Verdict::Asked
+                (Verdict::Asked, None)
             }
         };
         if let Some(gating) = self.gating.as_mut() {
             gating.verdicts[index] = verdict;
+            gating.verdicts_given.extend(logged);
         }
         self.next_gate(ctx)
     }
@@ -219,7 +255,7 @@ impl Machine {
             .iter()
             .enumerate()
             .map(|(index, (id, name, arguments))| match held.decision_for(index) {
-                None => Verdict::Undecided,
+                None => held.gated_for(index).map_or(Verdict::Undecided, |gated| logged_verdict(gated, id, name)),
                 // Bound by position, id and digest: anything else fails closed.
                 Some((request, _)) if request.call_id != *id || request.digest != decisions::digest(arguments) => {
                     Verdict::Preset(Outcome::mismatch())
@@ -241,5 +277,21 @@ impl Machine {
             .collect();
         let effect = machine.gate_calls(ctx, held.calls, verdicts);
         Some((machine, effect))
+    }
+}
+
+/// A call's verdict from the gate's logged one: bound to the call by its position and id (a
+/// mismatch fails closed); a call to run keeps the digest of what the gate let run, checked when
+/// it starts.
+fn logged_verdict(gated: &Gated, call_id: &str, name: &str) -> Verdict {
+    if gated.call_id != call_id {
+        return Verdict::Preset(Outcome::mismatch());
+    }
+    let digest = || Some(gated.digest.clone().unwrap_or_default());
+    match gated.kind {
+        GatedKind::Run => Verdict::Run { arguments: None, digest: digest() },
+        GatedKind::Edit => Verdict::Run { arguments: Some(gated.arguments.clone().unwrap_or_default()), digest: digest() },
+        GatedKind::Deny => Verdict::Preset(Outcome::denied(name, gated.reason.as_deref())),
+        GatedKind::Failed => Verdict::Preset(Outcome::gate_failed(name, gated.reason.as_deref().unwrap_or("the gate failed"))),
     }
 }

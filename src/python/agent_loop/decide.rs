@@ -9,8 +9,9 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::super::convert::{to_py, to_value};
 use super::super::errors::{log_err, new_err};
 use super::{classes, read};
-use crate::agent_loop::decisions::{Decide, DecideError, Request};
+use crate::agent_loop::decisions::{self, Decide, DecideError, Request, RequestKind};
 use crate::agent_loop::{Ask, Gate};
+use crate::event_log::SessionLog;
 
 fn optional_text(value: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
     if value.is_none() {
@@ -91,6 +92,26 @@ pub(crate) fn decision_json(value: &Bound<'_, PyAny>) -> PyResult<serde_json::Va
     })
 }
 
+/// Refuses an answer to a pending request of `log` that does not match the request's schema
+/// (`kerman.decisions.check_answer` raises `DecisionError`, reason `invalid`). Only a pending,
+/// unexpired answer request with a schema is checked: anything else is the core's to refuse or
+/// accept (unknown, resolved, expired, an answer to an approval, a duplicate key). Runs before
+/// the core's `decide`, with no lock held: a request's schema never changes, so a decision
+/// that lands in between changes nothing of the check.
+pub(crate) fn check_answer(py: Python<'_>, log: &SessionLog, decision_id: &str, decision: &Decide, now: i64) -> PyResult<()> {
+    let Decide::Answer(value) = decision else { return Ok(()) };
+    let request = decisions::pending(log).into_iter().find(|r| r.decision_id == decision_id);
+    let Some(request) = request.filter(|r| r.kind == RequestKind::Answer && r.expires_at.is_none_or(|t| t > now)) else {
+        return Ok(());
+    };
+    let Some(schema) = request.schema.as_deref().and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok()) else {
+        return Ok(());
+    };
+    py.import(intern!(py, "kerman.decisions"))?
+        .call_method1(intern!(py, "check_answer"), (decision_id, to_py(py, &schema)?, to_py(py, value)?))?;
+    Ok(())
+}
+
 /// `kerman.errors.DecisionError(message, reason)`, or the log's own error.
 pub(super) fn decide_err(py: Python<'_>, e: DecideError) -> PyErr {
     match e {
@@ -110,6 +131,19 @@ pub(crate) fn decide_answer<'py>(py: Python<'py>, decision_id: &str, result: Res
             serde_json::json!({"applied": false, "op": "decide", "decision_id": decision_id, "reason": e.reason(), "detail": e.to_string()})
         }
     };
+    to_py(py, &answer)
+}
+
+/// What `store.decide` answers when [`check_answer`] refused the decision: the refusal dict
+/// for a `DecisionError` (its reason and message), any other error raised.
+pub(crate) fn refused_answer<'py>(py: Python<'py>, decision_id: &str, error: &PyErr) -> PyResult<Bound<'py, PyAny>> {
+    let value = error.value(py);
+    if !value.is_instance(super::super::errors::class(py, "DecisionError")?.as_any())? {
+        return Err(error.clone_ref(py));
+    }
+    let reason: String = value.getattr(intern!(py, "reason"))?.extract()?;
+    let detail = value.str()?.to_string();
+    let answer = serde_json::json!({"applied": false, "op": "decide", "decision_id": decision_id, "reason": reason, "detail": detail});
     to_py(py, &answer)
 }
 

@@ -507,6 +507,7 @@ impl PyLoopCore {
         let decision = decide::decision(outcome)?;
         let parts = self.parts()?;
         let now = now.unwrap_or_else(crate::event_log::now_ms);
+        decide::check_answer(py, &parts.log.get().inner, decision_id, &decision, now)?;
         let decided = decisions::decide(&parts.log.get().inner, decision_id, decision, by.as_deref(), key.as_deref(), now)
             .map_err(|e| decide::decide_err(py, e))?;
         Ok((decided.duplicate, decided.ready))
