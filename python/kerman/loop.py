@@ -558,6 +558,8 @@ class AgentLoop:
         parameters: Optional[Dict[str, Any]] = None,
         parallel: bool = True,
         needs_approval: Union[bool, Callable[[Any], bool]] = False,
+        effect: str = "write",
+        on_in_doubt: Union[str, Callable[..., Any]] = "fail",
     ) -> Any:
         """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
         ``loop.tool(Tool(...))``. Returns what it was given. A typed function
@@ -569,9 +571,18 @@ class AgentLoop:
             return fn
         if fn is None:
             return lambda f: self.tool(
-                f, name=name, description=description, parameters=parameters, parallel=parallel, needs_approval=needs_approval
+                f,
+                name=name,
+                description=description,
+                parameters=parameters,
+                parallel=parallel,
+                needs_approval=needs_approval,
+                effect=effect,
+                on_in_doubt=on_in_doubt,
             )
-        tool = Tool(name or fn.__name__, fn, description, parameters, parallel, needs_approval=needs_approval)
+        tool = Tool(
+            name or fn.__name__, fn, description, parameters, parallel, needs_approval=needs_approval, effect=effect, on_in_doubt=on_in_doubt
+        )
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
             # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
             tool.description = inspect.cleandoc(fn.__doc__ or "").strip()

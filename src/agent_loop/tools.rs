@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::events::{self, append};
 use super::failure::{Failure, FailureCode};
 use super::history::History;
+use super::in_doubt::ToolInfo;
 use super::CoreError;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
@@ -33,8 +34,8 @@ pub struct Call {
     pub arguments: String,
     /// A tool of that name is registered.
     pub known: bool,
-    /// That tool runs alone (`parallel=False`).
-    pub exclusive: bool,
+    /// What the loop knows of that tool (the defaults for an unknown one).
+    pub info: ToolInfo,
 }
 
 /// A result's content: a tool's plain `str`, or content blocks.
@@ -272,6 +273,11 @@ impl ToolPlan {
         &self.calls[index]
     }
 
+    /// The seq of call `index`'s `tool/call` (0 before it is logged).
+    pub fn call_seq(&self, index: usize) -> u64 {
+        self.call_seqs[index]
+    }
+
     /// How many calls run now.
     pub fn running(&self) -> usize {
         self.running
@@ -293,7 +299,7 @@ impl ToolPlan {
         while self.started < n && !aborted {
             let index = self.started;
             let call = &self.calls[index];
-            let exclusive = call.known && call.exclusive;
+            let exclusive = call.known && call.info.exclusive;
             if self.running > 0 && (exclusive || self.exclusive_running || self.running >= self.max_parallel) {
                 return Ok(Next::Wait);
             }
@@ -354,7 +360,7 @@ impl ToolPlan {
 
     fn log_call(&self, sink: &Sink<'_>, index: usize) -> Result<u64, LogError> {
         let call = &self.calls[index];
-        let seq = append(sink.log, events::tool_call(self.turn, self.step, &call.id, &call.name, &call.arguments))?;
+        let seq = append(sink.log, events::tool_call(self.turn, self.step, &call.id, &call.name, &call.arguments, call.info))?;
         sink.history.push(sink.log, seq, None);
         Ok(seq)
     }

@@ -167,7 +167,7 @@ pub(crate) struct Parts {
 impl Parts {
     /// The machine's context over these parts and `core`'s shared state; `tools` says whether a
     /// tool is registered (and runs alone).
-    pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
+    pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<crate::agent_loop::ToolInfo>) -> Ctx<'a> {
         Ctx {
             log: &self.log.get().inner,
             inbox: &self.inbox.get().inner,

@@ -182,7 +182,7 @@ fn report_raised(
     Ok(())
 }
 
-const NO_TOOLS: &dyn Fn(&str) -> Option<bool> = &|_| None;
+const NO_TOOLS: &dyn Fn(&str) -> Option<crate::agent_loop::ToolInfo> = &|_| None;
 
 /// The tool of `name`, when registered.
 fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -209,7 +209,8 @@ fn prepare_call<'py>(
         Ok(args) => args,
         Err(outcome) => return Ok(Err(outcome)),
     };
-    let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent))?;
+    let key = crate::agent_loop::idempotency_key(core.parts()?.log.get().inner.id(), plan.call_seq(index));
+    let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent, key))?;
     Ok(Ok((args, ctx)))
 }
 
