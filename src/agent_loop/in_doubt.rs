@@ -6,6 +6,9 @@
 //! code that handles a crashed turn (the closers a store runs when it opens a log, the resume of
 //! a loop) reads the policy from the log and needs no registered tool.
 
+use super::events;
+use crate::event_log::{Event, SessionLog};
+
 /// What running a tool does to the outside world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SideEffect {
@@ -94,4 +97,106 @@ impl ToolInfo {
 /// call (a log position is never reused).
 pub fn idempotency_key(session: &str, call_seq: u64) -> String {
     format!("kerman:{session}:{call_seq}")
+}
+
+/// What the log says of one requested call of a crashed step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Logged {
+    /// It has its `tool/result`.
+    Done,
+    /// No `tool/call` was logged: it never started.
+    NotStarted,
+    /// Its `tool/call` (at `seq`, with the arguments that ran and the tool's policy) has no
+    /// result.
+    InDoubt { seq: u64, arguments: String, effect: SideEffect, policy: InDoubt },
+}
+
+/// The open step of a crashed turn with a call in doubt that a resume settles (its policy is
+/// not `fail`): the turn stays open (the crash closers leave it) until a loop resumes it.
+#[derive(Debug, Clone)]
+pub struct Crashed {
+    pub turn: u64,
+    pub step: u64,
+    /// The step's requested calls, in order: `(id, name)` and what the log says of each.
+    pub calls: Vec<(String, String, Logged)>,
+}
+
+impl Crashed {
+    /// The calls in doubt, with their `tool/call` seqs and policies.
+    pub fn in_doubt(&self) -> impl Iterator<Item = (&str, &str, u64, InDoubt)> {
+        self.calls.iter().filter_map(|(id, name, logged)| match logged {
+            Logged::InDoubt { seq, policy, .. } => Some((id.as_str(), name.as_str(), *seq, *policy)),
+            _ => None,
+        })
+    }
+}
+
+/// Whether a resume settles a call in doubt of this policy (`ask` is not settled yet: the
+/// closers fail it, as `fail`).
+fn settled_on_resume(policy: InDoubt) -> bool {
+    matches!(policy, InDoubt::Retry | InDoubt::Reconcile)
+}
+
+/// Every call in doubt of the open step of `events`' last turn, whatever its policy: `None`
+/// when the last turn ended, or its open step has no call in doubt, or the step is not one a
+/// resume can take up (a call id repeated in it).
+pub fn open_step(events: &[Event]) -> Option<Crashed> {
+    let start = events.iter().rposition(|e| e.kind() == events::TURN_START)?;
+    let tail = &events[start + 1..];
+    // By type alone first: most logs end with their turn closed.
+    if tail.iter().any(|e| e.kind() == events::TURN_END) || !tail.iter().any(|e| e.kind() == events::TOOL_CALL) {
+        return None;
+    }
+    let turn = events::turn_of(&events[start].data())?;
+    let mut step: Option<u64> = None;
+    let mut calls: Vec<(String, String, Logged)> = Vec::new();
+    for event in tail {
+        match event.kind() {
+            events::STEP_START => {
+                step = events::step_of(&event.data());
+                calls.clear();
+            }
+            events::STEP_END => {
+                step = None;
+                calls.clear();
+            }
+            events::ASSISTANT_MESSAGE if step.is_some() => {
+                calls.extend(events::requested_calls(&event.data()).into_iter().map(|(id, name)| (id, name, Logged::NotStarted)));
+            }
+            events::TOOL_CALL if step.is_some() => {
+                let data = event.data();
+                let Some(id) = events::call_id(&data) else { continue };
+                let (effect, policy) = events::call_policy(&data);
+                let arguments = data.get("arguments").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
+                if let Some(call) = calls.iter_mut().find(|(i, _, l)| i == id && *l == Logged::NotStarted) {
+                    call.2 = Logged::InDoubt { seq: event.seq, arguments, effect, policy };
+                }
+            }
+            events::TOOL_RESULT if step.is_some() => {
+                let Some(id) = events::result_call_id(&event.data()).map(str::to_owned) else { continue };
+                if let Some(call) = calls.iter_mut().find(|(i, _, l)| *i == id && *l != Logged::Done) {
+                    call.2 = Logged::Done;
+                }
+            }
+            _ => {}
+        }
+    }
+    let step = step?;
+    let mut ids = std::collections::HashSet::new();
+    if calls.iter().any(|(id, _, _)| !ids.insert(id.as_str())) {
+        return None;
+    }
+    let crashed = Crashed { turn, step, calls };
+    let any = crashed.in_doubt().next().is_some();
+    any.then_some(crashed)
+}
+
+/// The open step a resume takes up: one with a call in doubt whose policy a resume settles.
+pub fn crashed(events: &[Event]) -> Option<Crashed> {
+    open_step(events).filter(|c| c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)))
+}
+
+/// [`crashed`] of `log`.
+pub fn crashed_step(log: &SessionLog) -> Option<Crashed> {
+    log.with_events(crashed)
 }

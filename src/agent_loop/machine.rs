@@ -23,6 +23,7 @@ use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
 mod gate;
+mod in_doubt;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
 use crate::message::{BlockType, Message};

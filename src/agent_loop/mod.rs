@@ -45,7 +45,7 @@ pub use closers::{close_open_turn, crash_closers};
 pub use ending::{EndKind, Ending};
 pub use failure::{AbortCause, AbortKind, Code, Failure, FailureCode};
 pub use history::History;
-pub use in_doubt::{idempotency_key, InDoubt, SideEffect, ToolInfo};
+pub use in_doubt::{idempotency_key, Crashed, InDoubt, Logged, SideEffect, ToolInfo};
 pub use machine::{Ask, Ctx, Decision, Effect, Gate, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, unentered_claims, ConsumedWork, RequeueError, Unentered};
 pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};

@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::events::{self, append};
 use super::failure::{Failure, FailureCode};
 use super::history::History;
-use super::in_doubt::ToolInfo;
+use super::in_doubt::{InDoubt, Logged, ToolInfo};
 use super::CoreError;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
@@ -119,6 +119,21 @@ impl Outcome {
         )
     }
 
+    /// A call in doubt whose outcome stays unknown (its policy is `fail`, or its reconcile
+    /// function found nothing): the words of the crash closers.
+    pub fn outcome_unknown(name: &str) -> Outcome {
+        let text = format!(
+            "Tool call {name:?} was interrupted before its result was recorded; its side effects may or may not have happened. Do not retry blindly."
+        );
+        Outcome::error(text, "ToolOutcomeUnknownError", FailureCode::ToolOutcomeUnknown)
+    }
+
+    /// A call of a crashed step that never started.
+    pub fn not_started(name: &str) -> Outcome {
+        let text = format!("Tool call {name:?} was not started before the session was interrupted; it is safe to retry.");
+        Outcome::error(text, "ToolNotStartedError", FailureCode::ToolNotStarted)
+    }
+
     pub fn unknown_tool(name: &str) -> Outcome {
         Outcome::error(format!("unknown tool {}", py_repr(name)), "UnknownToolError", FailureCode::UnknownTool)
     }
@@ -211,7 +226,13 @@ pub struct ToolPlan {
     started: usize,
     running: usize,
     exclusive_running: bool,
-    call_seqs: Vec<u64>,
+    call_seqs: Vec<Option<u64>>,
+    /// Calls of a resumed step whose `tool/call` is logged already (in doubt, or never
+    /// started: those get no record), and those whose `tool/result` is.
+    prelogged: Vec<bool>,
+    done: Vec<bool>,
+    /// Calls in doubt whose tool's reconcile function runs instead of its body.
+    reconcile: Vec<bool>,
     outcomes: Vec<Option<Outcome>>,
     finished: Vec<bool>,
     committed: usize,
@@ -235,7 +256,10 @@ impl ToolPlan {
             started: 0,
             running: 0,
             exclusive_running: false,
-            call_seqs: vec![0; n],
+            call_seqs: vec![None; n],
+            prelogged: vec![false; n],
+            done: vec![false; n],
+            reconcile: vec![false; n],
             outcomes: vec![None; n],
             finished: vec![false; n],
             committed: 0,
@@ -244,6 +268,48 @@ impl ToolPlan {
             presets: vec![None; n],
             digests: vec![None; n],
         }
+    }
+
+    /// The plan of a crashed step taken up again (`docs/durability.md#calls-in-doubt`): calls
+    /// with a result keep it, calls that never started get `TOOL_NOT_STARTED` (the model may
+    /// ask again, through its gate), and each call in doubt follows its policy under its
+    /// logged `tool/call`: `retry` runs the body again, `reconcile` runs the tool's reconcile
+    /// function, anything else (or a tool no longer registered) gets `TOOL_OUTCOME_UNKNOWN`.
+    pub fn resumed(turn: u64, step: u64, calls: Vec<(Call, Logged)>, max_parallel: usize) -> ToolPlan {
+        let (calls, logged): (Vec<Call>, Vec<Logged>) = calls.into_iter().unzip();
+        let mut plan = ToolPlan::new(turn, step, calls, max_parallel);
+        for (index, logged) in logged.into_iter().enumerate() {
+            let name = plan.calls[index].name.clone();
+            match logged {
+                Logged::Done => {
+                    plan.done[index] = true;
+                    plan.finished[index] = true;
+                }
+                Logged::NotStarted => {
+                    plan.prelogged[index] = true;
+                    plan.presets[index] = Some(Outcome::not_started(&name));
+                }
+                Logged::InDoubt { seq, arguments, policy, .. } => {
+                    plan.prelogged[index] = true;
+                    plan.call_seqs[index] = Some(seq);
+                    plan.calls[index].arguments = arguments;
+                    match policy {
+                        _ if !plan.calls[index].known => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
+                        InDoubt::Retry => {}
+                        InDoubt::Reconcile => plan.reconcile[index] = true,
+                        InDoubt::Fail | InDoubt::Ask => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
+                    }
+                }
+            }
+        }
+        plan
+    }
+
+    /// Whether call `index` runs its tool's reconcile function instead of its body (a call in
+    /// doubt of a resumed step); a reconcile function that returns `None` gives
+    /// [`Outcome::outcome_unknown`].
+    pub fn reconciling(&self, index: usize) -> bool {
+        self.reconcile[index]
     }
 
     /// Call `index` gets `outcome` without running.
@@ -275,7 +341,7 @@ impl ToolPlan {
 
     /// The seq of call `index`'s `tool/call` (0 before it is logged).
     pub fn call_seq(&self, index: usize) -> u64 {
-        self.call_seqs[index]
+        self.call_seqs[index].unwrap_or(0)
     }
 
     /// How many calls run now.
@@ -300,10 +366,18 @@ impl ToolPlan {
             let index = self.started;
             let call = &self.calls[index];
             let exclusive = call.known && call.info.exclusive;
+            if self.done[index] {
+                // A resumed step's call that has its result.
+                self.started += 1;
+                self.commit_ready(sink)?;
+                continue;
+            }
             if self.running > 0 && (exclusive || self.exclusive_running || self.running >= self.max_parallel) {
                 return Ok(Next::Wait);
             }
-            self.call_seqs[index] = self.log_call(sink, index)?;
+            if !self.prelogged[index] {
+                self.call_seqs[index] = Some(self.log_call(sink, index)?);
+            }
             self.started += 1;
             let decided = self.presets[index].take().or_else(|| self.mismatch(index));
             if decided.is_some() || !self.calls[index].known {
@@ -321,9 +395,17 @@ impl ToolPlan {
         }
         // Aborted (or all started and finished): the rest never runs.
         for index in self.started..n {
-            self.call_seqs[index] = self.log_call(sink, index)?;
             self.finished[index] = true;
-            self.outcomes[index] = Some(Outcome::aborted_before());
+            if self.done[index] {
+                continue;
+            }
+            if !self.prelogged[index] {
+                self.call_seqs[index] = Some(self.log_call(sink, index)?);
+            }
+            // A call in doubt was started: an abort does not say what it did.
+            let name = &self.calls[index].name;
+            let in_doubt = self.call_seqs[index].is_some() && self.prelogged[index];
+            self.outcomes[index] = Some(if in_doubt { Outcome::outcome_unknown(name) } else { Outcome::aborted_before() });
         }
         self.started = n;
         self.commit_ready(sink)?;
@@ -367,6 +449,10 @@ impl ToolPlan {
 
     fn commit_ready(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
         while self.committed < self.calls.len() {
+            if self.done[self.committed] {
+                self.committed += 1;
+                continue;
+            }
             let Some(outcome) = self.outcomes[self.committed].take() else { break };
             let index = self.committed;
             self.committed += 1;
@@ -394,7 +480,7 @@ impl ToolPlan {
                 &message,
                 outcome.error.as_ref(),
                 outcome.meta.as_deref(),
-                Some(self.call_seqs[index]),
+                self.call_seqs[index],
             ),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));

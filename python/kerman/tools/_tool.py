@@ -92,6 +92,11 @@ class Tool:
         """Whether ``fn`` is a typed function (its arguments checked before it runs)."""
         return self._typed is not None
 
+    def _reconcile_call(self, args: Any, ctx: Any) -> Any:
+        """What the loop runs for a call in doubt of a tool whose ``on_in_doubt`` is a
+        reconcile function (``None`` from it: the outcome stays unknown)."""
+        return self.on_in_doubt(ctx)  # type: ignore[operator]
+
     def spec(self) -> Dict[str, Any]:
         """The JSON spec a model sees. (The loop builds the same dict natively for a plain
         ``Tool``; a subclass that overrides ``spec`` is called.)"""

@@ -478,11 +478,13 @@ impl PyLoopCore {
         Ok(!decisions::pending(&self.parts()?.log.get().inner).is_empty())
     }
 
-    /// Whether the last turn's step stopped at decisions that are all resolved now: the next
-    /// run resumes it.
+    /// Whether the last turn's step stopped at decisions that are all resolved now, or crashed
+    /// with calls in doubt a resume settles: the next run resumes it.
     #[getter]
     fn resumable(&self) -> PyResult<bool> {
-        Ok(decisions::held(&self.parts()?.log.get().inner).is_some_and(|h| h.ready()))
+        let parts = self.parts()?;
+        let log = &parts.log.get().inner;
+        Ok(decisions::held(log).is_some_and(|h| h.ready()) || crate::agent_loop::in_doubt::crashed_step(log).is_some())
     }
 
     /// The earliest deadline of a pending request (epoch ms).

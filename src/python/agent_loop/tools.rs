@@ -189,6 +189,12 @@ fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Boun
     Ok(parts.tools.bind(py).get_item(name)?.filter(|t| !t.is_none()))
 }
 
+/// What runs for a call, with `(args, ctx)`: the tool's body, or for a call in doubt being
+/// reconciled its reconcile function (`Tool._reconcile_call` calls `on_in_doubt(ctx)`).
+fn body<'py>(py: Python<'py>, tool: &Bound<'py, PyAny>, reconciling: bool) -> PyResult<Bound<'py, PyAny>> {
+    tool.getattr(if reconciling { intern!(py, "_reconcile_call") } else { intern!(py, "fn") })
+}
+
 /// What call `index`'s body is called with (its arguments and `ToolContext`), or the outcome
 /// it gets without running: the turn aborted (an observer of `tool/call` may have aborted it),
 /// or the arguments are not JSON the tool can receive. One reading for a lone call and for
@@ -330,9 +336,10 @@ impl Run {
         // From here until the body is done, cancel() throws into the driver's task.
         self.core(py).get().set_in_user(true);
         let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
+        let body = body(py, &tool, self.lone()?.plan.reconciling(0))?;
         let context = copy_context(py)?;
         let first = run_in(&context, || -> PyResult<Result<Bound<'py, PyAny>, (Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-            let value = tool.getattr(intern!(py, "fn"))?.call1((args, ctx))?;
+            let value = body.call1((args, ctx))?;
             if !super::delegate::is_coroutine(&value, c) && !c.is_awaitable.bind(py).call1((&value,))?.is_truthy()? {
                 return Ok(Ok(value));
             }
@@ -360,7 +367,11 @@ impl Run {
     }
 
     fn lone_returned(&mut self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
-        let name = self.lone()?.plan.call(0).name.clone();
+        let lone = self.lone()?;
+        let name = lone.plan.call(0).name.clone();
+        if lone.plan.reconciling(0) && value.is_none() {
+            return Ok(Outcome::outcome_unknown(&name));
+        }
         returned(py, &name, value)
     }
 
@@ -545,13 +556,15 @@ impl PyToolRun {
         };
         let (name, tool) = self.tool(py, index)?;
         let tool = tool.ok_or_else(|| PySystemError::new_err(format!("tool {name:?} was unregistered while its call started")))?;
-        Ok(Some(PyTuple::new(py, [tool.getattr(intern!(py, "fn"))?, args, ctx])?))
+        let reconciling = self.with_plan(py, |plan, _| Ok(plan.reconciling(index)))?;
+        Ok(Some(PyTuple::new(py, [body(py, &tool, reconciling)?, args, ctx])?))
     }
 
     /// Call `index`'s body returned `value`.
     fn returned(&self, py: Python<'_>, index: usize, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let (name, _) = self.tool(py, index)?;
-        let outcome = returned(py, &name, value)?;
+        let reconciling = value.is_none() && self.with_plan(py, |plan, _| Ok(plan.reconciling(index)))?;
+        let outcome = if reconciling { Outcome::outcome_unknown(&name) } else { returned(py, &name, value)? };
         self.finish_with(py, index, outcome)
     }
 
