@@ -2,8 +2,6 @@
 //! the closers leaving a step with a call a resume settles open, and the resumed plan giving
 //! each call exactly one result.
 
-use std::sync::Arc;
-
 use kerman::agent_loop::events::{self, append};
 use kerman::agent_loop::in_doubt::{self, Logged};
 use kerman::agent_loop::{close_open_turn, Call, InDoubt, Next, Outcome, Shared, SideEffect, Sink, ToolInfo, ToolPlan};
@@ -35,7 +33,7 @@ fn crashed_log(calls: &[(&str, &str)], started: &[(&str, ToolInfo)], finished: &
 }
 
 fn of(log: &SessionLog, kind: &str) -> Vec<Value> {
-    log.events().iter().filter(|e| e.kind() == kind).map(|e| (*e.data()).clone()).collect()
+    log.with_events(|events| events.iter().filter(|e| e.kind() == kind).map(|e| e.data()).collect())
 }
 
 #[test]
@@ -67,7 +65,7 @@ fn a_step_with_a_retry_call_in_doubt_stays_open() {
 #[test]
 fn a_step_whose_calls_in_doubt_all_fail_is_closed_as_today() {
     let log = crashed_log(&[("c1", "send")], &[("c1", ToolInfo::default())], &[]);
-    assert!(in_doubt::open_step(&log.events()).is_some());
+    assert!(log.with_events(in_doubt::open_step).is_some());
     assert!(in_doubt::crashed_step(&log).is_none());
     assert_eq!(close_open_turn(&log).unwrap(), 3);
     assert_eq!(of(&log, "tool/result")[0]["error"]["code"], "TOOL_OUTCOME_UNKNOWN");
@@ -80,7 +78,7 @@ fn the_resumed_plan_gives_each_call_exactly_one_result() {
     let started = [("c1", READ_RETRY), ("c2", READ_RETRY), ("c3", reconcile), ("c4", ToolInfo::default())];
     let log = crashed_log(&calls, &started, &["c1"]);
     let crashed = in_doubt::crashed_step(&log).unwrap();
-    let call_seqs: Vec<u64> = log.events().iter().filter(|e| e.kind() == "tool/call").map(|e| e.seq).collect();
+    let call_seqs: Vec<u64> = log.with_events(|events| events.iter().filter(|e| e.kind() == "tool/call").map(|e| e.seq).collect());
     let plan_calls = crashed
         .calls
         .into_iter()
@@ -102,7 +100,9 @@ fn the_resumed_plan_gives_each_call_exactly_one_result() {
     plan.finish(&sink, 1, Outcome::text("again")).unwrap();
     assert_eq!(plan.next(&sink, false).unwrap(), Next::Done);
     // No tool/call was written again; one result per call without one, in model order.
-    let added: Vec<_> = log.events()[usize::try_from(before).unwrap()..].iter().map(|e| (e.kind().to_owned(), Arc::clone(&e.data()))).collect();
+    let added: Vec<(String, Value)> = log.with_events(|events| {
+        events[usize::try_from(before).unwrap()..].iter().map(|e| (e.kind().to_owned(), e.data())).collect()
+    });
     assert!(added.iter().all(|(kind, _)| kind == "tool/result"));
     let ids: Vec<_> = added.iter().map(|(_, d)| d["message"]["source"]["callId"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids, ["c2", "c3", "c4", "c5"]);
