@@ -200,3 +200,54 @@ pub fn crashed(events: &[Event]) -> Option<Crashed> {
 pub fn crashed_step(log: &SessionLog) -> Option<Crashed> {
     log.with_events(crashed)
 }
+
+/// Why [`resolve`] refused.
+#[derive(Debug)]
+pub enum ResolveError {
+    /// The call is not in doubt: it has its result, never started, or is not a call of the
+    /// open step of the last turn.
+    NotInDoubt(String),
+    Log(crate::event_log::LogError),
+}
+
+impl std::fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResolveError::NotInDoubt(id) => {
+                write!(f, "call {id:?} is not in doubt: it has its result, never started, or is not a call of the last turn's open step")
+            }
+            ResolveError::Log(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// An operator's answer for call `call_id` in doubt: its one `tool/result` (`text`, an error
+/// result when `is_error`), citing its `tool/call`; nothing runs. When no call of the step is
+/// in doubt any more for a resume to settle, the step is closed as the crash closers close
+/// it. Returns the result's seq.
+pub fn resolve(log: &SessionLog, call_id: &str, text: &str, is_error: bool) -> Result<u64, ResolveError> {
+    let not_in_doubt = || ResolveError::NotInDoubt(call_id.to_owned());
+    let open = log.with_events(open_step).ok_or_else(not_in_doubt)?;
+    let seq = open.in_doubt().find(|(id, _, _, _)| *id == call_id).map(|(_, _, seq, _)| seq).ok_or_else(not_in_doubt)?;
+    let message = if is_error {
+        crate::message::Message::tool_result(call_id, vec![serde_json::json!({"type": "text", "text": text})], true, None)
+    } else {
+        Ok(crate::message::Message::tool_result_text(call_id, text))
+    }
+    .map_err(|e| ResolveError::Log(crate::event_log::LogError::InvalidEvent(e.to_string())))?;
+    let error = is_error.then(|| super::failure::FailureCode::ToolError.tool_error("ResolvedError"));
+    let event = events::tool_result(open.turn, open.step, &message, error.as_ref(), None, Some(seq));
+    let at = events::append(log, event).map_err(ResolveError::Log)?;
+    if crashed_step(log).is_none() {
+        super::closers::close_open_turn(log).map_err(ResolveError::Log)?;
+    }
+    Ok(at)
+}
+
+/// Every call in doubt of `events`' last turn, whatever its policy: `(call id, tool name,
+/// tool/call seq, policy)`.
+pub fn list(events: &[Event]) -> Vec<(String, String, u64, InDoubt)> {
+    open_step(events)
+        .map(|open| open.in_doubt().map(|(id, name, seq, policy)| (id.to_owned(), name.to_owned(), seq, policy)).collect())
+        .unwrap_or_default()
+}

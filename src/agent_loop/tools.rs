@@ -474,14 +474,7 @@ impl ToolPlan {
         };
         let seq = append(
             sink.log,
-            events::tool_result(
-                self.turn,
-                self.step,
-                &message,
-                outcome.error.as_ref(),
-                outcome.meta.as_deref(),
-                self.call_seqs[index],
-            ),
+            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), self.call_seqs[index]),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));
         if outcome.bug {

@@ -369,7 +369,11 @@ fn a_crash_after_a_call_started_closes_the_turn_as_today() {
     let id = h.pending_ids().pop().unwrap();
     h.decide(&id, Decide::Approve, None).unwrap();
     // The resumed step logged its tool/call, then the process died.
-    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::tool_call(1, 1, "c1", "pay", "{}", kerman::agent_loop::ToolInfo::default())).unwrap();
+    kerman::agent_loop::events::append(
+        &h.log,
+        kerman::agent_loop::events::tool_call(1, 1, "c1", "pay", "{}", kerman::agent_loop::ToolInfo::default()),
+    )
+    .unwrap();
     let h = h.reopen(None);
     let results = h.results();
     assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));

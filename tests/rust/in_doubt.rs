@@ -100,9 +100,8 @@ fn the_resumed_plan_gives_each_call_exactly_one_result() {
     plan.finish(&sink, 1, Outcome::text("again")).unwrap();
     assert_eq!(plan.next(&sink, false).unwrap(), Next::Done);
     // No tool/call was written again; one result per call without one, in model order.
-    let added: Vec<(String, Value)> = log.with_events(|events| {
-        events[usize::try_from(before).unwrap()..].iter().map(|e| (e.kind().to_owned(), e.data())).collect()
-    });
+    let added: Vec<(String, Value)> =
+        log.with_events(|events| events[usize::try_from(before).unwrap()..].iter().map(|e| (e.kind().to_owned(), e.data())).collect());
     assert!(added.iter().all(|(kind, _)| kind == "tool/result"));
     let ids: Vec<_> = added.iter().map(|(_, d)| d["message"]["source"]["callId"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids, ["c2", "c3", "c4", "c5"]);

@@ -514,6 +514,27 @@ impl PyLoopCore {
         Ok((decided.duplicate, decided.ready))
     }
 
+    /// Records `text` as the one result of call `call_id` in doubt (an error result when
+    /// `is_error`); runs nothing. Returns the result's seq; `ValueError` for a call not in doubt.
+    #[pyo3(signature = (call_id, text, is_error=false))]
+    fn resolve(&self, py: Python<'_>, call_id: &str, text: &str, is_error: bool) -> PyResult<u64> {
+        let parts = self.parts()?;
+        crate::agent_loop::in_doubt::resolve(&parts.log.get().inner, call_id, text, is_error).map_err(|e| resolve_err(py, e))
+    }
+
+    /// The calls in doubt of the last turn: `[(call_id, name, seq, policy)]`.
+    fn in_doubt(&self) -> PyResult<Vec<(String, String, u64, &'static str)>> {
+        let parts = self.parts()?;
+        Ok(parts
+            .log
+            .get()
+            .inner
+            .with_events(crate::agent_loop::in_doubt::list)
+            .into_iter()
+            .map(|(id, name, seq, p)| (id, name, seq, p.as_str()))
+            .collect())
+    }
+
     /// Resolves the pending requests due at `now` (epoch ms) as `expired`; how many.
     #[pyo3(signature = (now=None))]
     fn expire(&self, py: Python<'_>, now: Option<i64>) -> PyResult<usize> {
@@ -580,4 +601,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tools::PyToolRun>()?;
     m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
     Ok(())
+}
+
+/// The host's exception for a refused `resolve`: `ValueError` naming the call, or the log's.
+pub(crate) fn resolve_err(py: Python<'_>, e: crate::agent_loop::in_doubt::ResolveError) -> PyErr {
+    match e {
+        crate::agent_loop::in_doubt::ResolveError::Log(e) => super::errors::log_err(py, e),
+        e @ crate::agent_loop::in_doubt::ResolveError::NotInDoubt(_) => PyValueError::new_err(e.to_string()),
+    }
 }

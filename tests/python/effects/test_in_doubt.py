@@ -38,7 +38,8 @@ def executions(counter: Path) -> List[Dict[str, Any]]:
 
 
 def resume(root: Path, counter: Path) -> List[List[str]]:
-    """Opens the session in this process and resumes it; the model's requests (the roles of its messages; a tool result is a user message)."""
+    """Opens the session in this process and resumes it; the model's requests (the roles of
+    its messages; a tool result is a user message)."""
     requests: List[List[str]] = []
 
     async def model(request):
@@ -143,3 +144,57 @@ def test_a_resume_killed_again_mid_retry_retries_again(tmp_path: Path) -> None:
     assert len(results(root)) == 1
     assert requests == [["user", "assistant", "user"]]
     assert [e["reason"]["kind"] for e in check_balanced(root)] == ["completed"]
+
+
+def test_loop_resolve_records_one_result_and_runs_nothing(tmp_path: Path) -> None:
+    root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
+    killed_mid_call(root, counter, "look")
+
+    async def main() -> None:
+        with FileStore(root).open("s") as log:
+            loop = build(lambda request: ModelReply("unused"), log, str(counter))
+            [call] = loop.in_doubt
+            assert (call["call_id"], call["name"], call["policy"]) == ("c1", "look", "retry")
+            loop.resolve("c1", "looked by hand")
+            assert loop.in_doubt == []
+            with pytest.raises(ValueError, match='call "c1" is not in doubt'):
+                loop.resolve("c1", "again")
+            assert not loop.wake()
+            await loop.aclose()
+
+    asyncio.run(main())
+    assert [r["tool"] for r in executions(counter)] == ["look"]
+    [result] = results(root)
+    assert "error" not in result and text_of(result) == "looked by hand"
+    # Nothing was left for a resume to settle: the turn is closed as the closers close one.
+    assert [e["reason"]["kind"] for e in check_balanced(root)] == ["interrupted"]
+
+
+def test_store_resolve_records_a_failure_for_a_session_no_one_has_open(tmp_path: Path) -> None:
+    root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
+    killed_mid_call(root, counter, "pay")
+    store = FileStore(root)
+    with pytest.raises(ValueError, match='call "c9" is not in doubt'):
+        store.resolve("s", "c9", "nothing")
+    store.resolve("s", "c1", "the refund bounced", is_error=True)
+    with pytest.raises(ValueError, match='call "c1" is not in doubt'):
+        store.resolve("s", "c1", "again")
+    assert [r["tool"] for r in executions(counter)] == ["pay"]
+    [result] = results(root)
+    assert result["error"]["code"] == "TOOL_ERROR" and text_of(result) == "the refund bounced"
+    assert [e["reason"]["kind"] for e in check_balanced(root)] == ["interrupted"]
+
+
+def test_kerman_log_in_doubt_lists_the_call(tmp_path: Path) -> None:
+    root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
+    killed_mid_call(root, counter, "put")
+    done = subprocess.run(
+        [sys.executable, "-m", "kerman", "log", "in-doubt", str(root), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)
+    assert (row["session"], row["call_id"], row["name"], row["effect"], row["policy"]) == ("s", "c1", "put", "idempotent", "retry")
+    resume(root, counter)
+    done = subprocess.run([sys.executable, "-m", "kerman", "log", "in-doubt", str(root), "s"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no calls in doubt"
