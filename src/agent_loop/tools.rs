@@ -217,6 +217,20 @@ pub struct Sink<'a> {
     pub history: &'a History,
 }
 
+/// What a plan knows of one call besides its outcome.
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "four independent facts of one call")]
+struct Flags {
+    finished: bool,
+    /// A resumed step's call whose `tool/call` is logged already (in doubt), or that gets no
+    /// record (it never started).
+    prelogged: bool,
+    /// A resumed step's call that has its `tool/result`.
+    done: bool,
+    /// A call in doubt whose tool's reconcile function runs instead of its body.
+    reconcile: bool,
+}
+
 #[derive(Debug)]
 pub struct ToolPlan {
     pub turn: u64,
@@ -227,14 +241,10 @@ pub struct ToolPlan {
     running: usize,
     exclusive_running: bool,
     call_seqs: Vec<Option<u64>>,
-    /// Calls of a resumed step whose `tool/call` is logged already (in doubt, or never
-    /// started: those get no record), and those whose `tool/result` is.
-    prelogged: Vec<bool>,
-    done: Vec<bool>,
-    /// Calls in doubt whose tool's reconcile function runs instead of its body.
-    reconcile: Vec<bool>,
+    /// Per call: finished, and how a resumed step found it (one vector: the plan travels by
+    /// value in the machine's input).
+    flags: Vec<Flags>,
     outcomes: Vec<Option<Outcome>>,
-    finished: Vec<bool>,
     committed: usize,
     concludes: bool,
     raised: Vec<Raised>,
@@ -257,11 +267,8 @@ impl ToolPlan {
             running: 0,
             exclusive_running: false,
             call_seqs: vec![None; n],
-            prelogged: vec![false; n],
-            done: vec![false; n],
-            reconcile: vec![false; n],
+            flags: vec![Flags::default(); n],
             outcomes: vec![None; n],
-            finished: vec![false; n],
             committed: 0,
             concludes: false,
             raised: Vec::new(),
@@ -282,21 +289,21 @@ impl ToolPlan {
             let name = plan.calls[index].name.clone();
             match logged {
                 Logged::Done => {
-                    plan.done[index] = true;
-                    plan.finished[index] = true;
+                    plan.flags[index].done = true;
+                    plan.flags[index].finished = true;
                 }
                 Logged::NotStarted => {
-                    plan.prelogged[index] = true;
+                    plan.flags[index].prelogged = true;
                     plan.presets[index] = Some(Outcome::not_started(&name));
                 }
                 Logged::InDoubt { seq, arguments, policy, .. } => {
-                    plan.prelogged[index] = true;
+                    plan.flags[index].prelogged = true;
                     plan.call_seqs[index] = Some(seq);
                     plan.calls[index].arguments = arguments;
                     match policy {
                         _ if !plan.calls[index].known => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
                         InDoubt::Retry => {}
-                        InDoubt::Reconcile => plan.reconcile[index] = true,
+                        InDoubt::Reconcile => plan.flags[index].reconcile = true,
                         InDoubt::Fail | InDoubt::Ask => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
                     }
                 }
@@ -309,7 +316,7 @@ impl ToolPlan {
     /// doubt of a resumed step); a reconcile function that returns `None` gives
     /// [`Outcome::outcome_unknown`].
     pub fn reconciling(&self, index: usize) -> bool {
-        self.reconcile[index]
+        self.flags[index].reconcile
     }
 
     /// Call `index` gets `outcome` without running.
@@ -366,7 +373,7 @@ impl ToolPlan {
             let index = self.started;
             let call = &self.calls[index];
             let exclusive = call.known && call.info.exclusive;
-            if self.done[index] {
+            if self.flags[index].done {
                 // A resumed step's call that has its result.
                 self.started += 1;
                 self.commit_ready(sink)?;
@@ -375,13 +382,13 @@ impl ToolPlan {
             if self.running > 0 && (exclusive || self.exclusive_running || self.running >= self.max_parallel) {
                 return Ok(Next::Wait);
             }
-            if !self.prelogged[index] {
+            if !self.flags[index].prelogged {
                 self.call_seqs[index] = Some(self.log_call(sink, index)?);
             }
             self.started += 1;
             let decided = self.presets[index].take().or_else(|| self.mismatch(index));
             if decided.is_some() || !self.calls[index].known {
-                self.finished[index] = true;
+                self.flags[index].finished = true;
                 self.outcomes[index] = Some(decided.unwrap_or_else(|| Outcome::unknown_tool(&self.calls[index].name)));
                 self.commit_ready(sink)?;
                 continue;
@@ -395,16 +402,16 @@ impl ToolPlan {
         }
         // Aborted (or all started and finished): the rest never runs.
         for index in self.started..n {
-            self.finished[index] = true;
-            if self.done[index] {
+            self.flags[index].finished = true;
+            if self.flags[index].done {
                 continue;
             }
-            if !self.prelogged[index] {
+            if !self.flags[index].prelogged {
                 self.call_seqs[index] = Some(self.log_call(sink, index)?);
             }
             // A call in doubt was started: an abort does not say what it did.
             let name = &self.calls[index].name;
-            let in_doubt = self.call_seqs[index].is_some() && self.prelogged[index];
+            let in_doubt = self.call_seqs[index].is_some() && self.flags[index].prelogged;
             self.outcomes[index] = Some(if in_doubt { Outcome::outcome_unknown(name) } else { Outcome::aborted_before() });
         }
         self.started = n;
@@ -415,7 +422,7 @@ impl ToolPlan {
     /// Whether call `index` has its outcome (a call finishes once; later outcomes are
     /// ignored, e.g. the cancellation of a task whose body had returned).
     pub fn is_finished(&self, index: usize) -> bool {
-        self.finished.get(index).copied().unwrap_or(true)
+        self.flags.get(index).is_none_or(|f| f.finished)
     }
 
     /// Call `index` finished with `outcome`: it is committed as soon as every earlier call is.
@@ -423,7 +430,7 @@ impl ToolPlan {
         if self.is_finished(index) {
             return Ok(());
         }
-        self.finished[index] = true;
+        self.flags[index].finished = true;
         self.outcomes[index] = Some(outcome);
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
@@ -433,8 +440,8 @@ impl ToolPlan {
     /// Call `index` failed in a way its step does not survive: it stops counting as running
     /// (the runner cancels the others and fails the step).
     pub fn abandon(&mut self, index: usize) {
-        if let Some(done) = self.finished.get_mut(index) {
-            *done = true;
+        if let Some(flags) = self.flags.get_mut(index) {
+            flags.finished = true;
         }
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
@@ -449,7 +456,7 @@ impl ToolPlan {
 
     fn commit_ready(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
         while self.committed < self.calls.len() {
-            if self.done[self.committed] {
+            if self.flags[self.committed].done {
                 self.committed += 1;
                 continue;
             }

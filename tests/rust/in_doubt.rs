@@ -33,7 +33,7 @@ fn crashed_log(calls: &[(&str, &str)], started: &[(&str, ToolInfo)], finished: &
 }
 
 fn of(log: &SessionLog, kind: &str) -> Vec<Value> {
-    log.with_events(|events| events.iter().filter(|e| e.kind() == kind).map(|e| e.data()).collect())
+    log.with_events(|events| events.iter().filter(|e| e.kind() == kind).map(kerman::event_log::Event::data).collect())
 }
 
 #[test]

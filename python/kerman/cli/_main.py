@@ -12,8 +12,7 @@ from ..errors import (
     KermanError,
 )
 from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id, positive
-from ._in_doubt import _cmd_in_doubt
-from ._log import _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
+from ._log import _cmd_in_doubt, _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

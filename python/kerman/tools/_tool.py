@@ -92,10 +92,13 @@ class Tool:
         """Whether ``fn`` is a typed function (its arguments checked before it runs)."""
         return self._typed is not None
 
-    def _reconcile_call(self, args: Any, ctx: Any) -> Any:
-        """What the loop runs for a call in doubt of a tool whose ``on_in_doubt`` is a
-        reconcile function (``None`` from it: the outcome stays unknown)."""
-        return self.on_in_doubt(ctx)  # type: ignore[operator]
+    def reconcile(self, args: Any, ctx: Any) -> Any:
+        """What the loop runs instead of ``fn(args, ctx)`` for a call in doubt of a tool whose
+        ``on_in_doubt`` is a reconcile function: ``on_in_doubt(ctx)`` (``None`` from it: the
+        outcome stays unknown)."""
+        if not callable(self.on_in_doubt):
+            raise TypeError(f"tool {self.name!r} has no reconcile function (on_in_doubt={self.on_in_doubt!r})")
+        return self.on_in_doubt(ctx)
 
     def spec(self) -> Dict[str, Any]:
         """The JSON spec a model sees. (The loop builds the same dict natively for a plain

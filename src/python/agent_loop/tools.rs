@@ -190,9 +190,9 @@ fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Boun
 }
 
 /// What runs for a call, with `(args, ctx)`: the tool's body, or for a call in doubt being
-/// reconciled its reconcile function (`Tool._reconcile_call` calls `on_in_doubt(ctx)`).
+/// reconciled its reconcile function (`Tool.reconcile` calls `on_in_doubt(ctx)`).
 fn body<'py>(py: Python<'py>, tool: &Bound<'py, PyAny>, reconciling: bool) -> PyResult<Bound<'py, PyAny>> {
-    tool.getattr(if reconciling { intern!(py, "_reconcile_call") } else { intern!(py, "fn") })
+    tool.getattr(if reconciling { intern!(py, "reconcile") } else { intern!(py, "fn") })
 }
 
 /// What call `index`'s body is called with (its arguments and `ToolContext`), or the outcome
