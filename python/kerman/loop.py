@@ -27,7 +27,7 @@ from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model
 from .output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from .signal import Signal
-from .tools import Tool, _executor
+from .tools import Tool, ToolResult, _executor
 
 __all__ = ["AgentLoop", "TurnStillRunningWarning"]
 
@@ -541,6 +541,30 @@ class AgentLoop:
             self._resume_held()
         return not duplicate
 
+    @property
+    def in_doubt(self) -> List[Dict[str, Any]]:
+        """The calls in doubt of the last turn (their ``tool/call`` is logged, their result is
+        not): ``{"call_id", "name", "seq", "policy"}`` each (``docs/durability.md``)."""
+        return [dict(call_id=c, name=n, seq=s, policy=p) for c, n, s, p in self._core.in_doubt()]
+
+    def resolve(self, call_id: str, result: Any) -> int:
+        """Records ``result`` (a ``str``, or a ``ToolResult`` whose content is a ``str``; an
+        error result when its ``is_error``) as the one result of call ``call_id`` in doubt;
+        runs nothing. Once no call of the step is left for a resume to settle, the turn is
+        closed as interrupted. Returns the result's seq; ``ValueError`` for a call not in
+        doubt (it has its result, never started, or is not a call of the last turn)."""
+        self._check_fenced()
+        if isinstance(result, ToolResult):
+            if not isinstance(result.content, str):
+                raise TypeError("resolve() takes a ToolResult whose content is a str")
+            text, is_error = result.content, result.is_error
+        elif isinstance(result, str):
+            text, is_error = result, False
+        else:
+            raise TypeError(f"resolve() takes a str or a ToolResult, got {type(result).__name__}")
+        seq = self._core.resolve(call_id, text, is_error)
+        return int(seq)
+
     def _resume_held(self) -> None:
         """Takes up a step whose decisions are all in (on the bound event loop)."""
         if self._status != "waiting" or self._core.waiting or not self._core.resumable:
@@ -590,6 +614,8 @@ class AgentLoop:
         parameters: Optional[Dict[str, Any]] = None,
         parallel: bool = True,
         needs_approval: Union[bool, Callable[[Any], bool]] = False,
+        effect: str = "write",
+        on_in_doubt: Union[str, Callable[..., Any]] = "fail",
     ) -> Any:
         """Registers a tool: ``@loop.tool``, ``@loop.tool(name=..., parallel=False)`` or
         ``loop.tool(Tool(...))``. Returns what it was given. A typed function
@@ -601,9 +627,25 @@ class AgentLoop:
             return fn
         if fn is None:
             return lambda f: self.tool(
-                f, name=name, description=description, parameters=parameters, parallel=parallel, needs_approval=needs_approval
+                f,
+                name=name,
+                description=description,
+                parameters=parameters,
+                parallel=parallel,
+                needs_approval=needs_approval,
+                effect=effect,
+                on_in_doubt=on_in_doubt,
             )
-        tool = Tool(name or fn.__name__, fn, description, parameters, parallel, needs_approval=needs_approval)
+        tool = Tool(
+            name or fn.__name__,
+            fn,
+            description,
+            parameters,
+            parallel,
+            needs_approval=needs_approval,
+            effect=effect,
+            on_in_doubt=on_in_doubt,
+        )
         if description is None and not tool.typed:  # the (args, ctx) form: the whole docstring
             # cleandoc: Python 3.13 strips docstring indentation itself; every version gives the same text.
             tool.description = inspect.cleandoc(fn.__doc__ or "").strip()

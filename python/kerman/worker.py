@@ -418,7 +418,10 @@ class Worker:
         agent.on("agent/error", on_error)
         self._requeue_interrupted(session)
         while True:
-            if agent.status == "idle" and agent.inbox.has_pending and not self._stopping and not session.fenced:
+            # Input is pending, or the last turn crashed with calls in doubt that a resume
+            # settles (docs/durability.md#calls-in-doubt).
+            resumable = agent.inbox.has_pending or agent._core.resumable
+            if agent.status == "idle" and resumable and not self._stopping and not session.fenced:
                 if not agent.wake() and agent.status == "idle":
                     # The log refused turn/start (reported as agent/error): let another try.
                     logger.warning("worker %s: session %r has input but no turn starts; releasing it", self._name, session.log.id)

@@ -68,7 +68,11 @@ pub fn crash_closers() -> OpenHook {
 pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
     // A turn whose step stopped at its decisions stays open: a decision resumes it.
     let (open, time) = log.with_events(|events| {
-        (find_open_turn(events).filter(|_| super::decisions::held_step(events).is_none()), events.last().map(|e| e.time))
+        // So does one whose open step has a call in doubt that a resume settles (its policy is
+        // `retry` or `reconcile`): the loop that resumes the session takes it up.
+        let open =
+            find_open_turn(events).filter(|_| super::decisions::held_step(events).is_none() && super::in_doubt::crashed(events).is_none());
+        (open, events.last().map(|e| e.time))
     });
     let Some(open) = open else { return Ok(0) };
     let publishing = log.publishing()?;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::ending::{EndKind, Ending};
+use super::in_doubt::{InDoubt, SideEffect, ToolInfo};
 use crate::event_log::{is_surface_type, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
 use crate::json::{push_str_literal, push_u64, Scratch};
 use crate::message::{BlockType, Message};
@@ -186,13 +187,24 @@ pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: b
 }
 
 /// `tool/call {turn, step, callId, name, arguments}`.
-pub fn tool_call(turn: u64, step: u64, id: &str, name: &str, arguments: &str) -> LoopEvent {
+pub fn tool_call(turn: u64, step: u64, id: &str, name: &str, arguments: &str, info: ToolInfo) -> LoopEvent {
     let mut data = step_head(turn, step);
     for (key, value) in [("callId", id), ("name", name), ("arguments", arguments)] {
         data.push_str(",\"");
         data.push_str(key);
         data.push_str("\":");
         push_str_literal(&mut data, value);
+    }
+    // The defaults (`write`, `fail`) are left out: a record without them is one of those.
+    if info.effect != SideEffect::Write {
+        data.push_str(",\"effect\":\"");
+        data.push_str(info.effect.as_str());
+        data.push('"');
+    }
+    if info.in_doubt != InDoubt::Fail {
+        data.push_str(",\"onInDoubt\":\"");
+        data.push_str(info.in_doubt.as_str());
+        data.push('"');
     }
     data.push('}');
     LoopEvent::new(TOOL_CALL, data)
@@ -350,6 +362,13 @@ pub fn requested_calls(data: &Value) -> Vec<(String, String)> {
 /// The call id a `tool/call` payload starts.
 pub fn call_id(data: &Value) -> Option<&str> {
     data.get("callId").and_then(Value::as_str)
+}
+
+/// A `tool/call`'s effect class and in-doubt policy (absent: `write`, `fail`; unknown words
+/// read as the defaults, which fail closed).
+pub fn call_policy(data: &Value) -> (SideEffect, InDoubt) {
+    let word = |key: &str| data.get(key).and_then(Value::as_str);
+    (word("effect").and_then(SideEffect::parse).unwrap_or_default(), word("onInDoubt").and_then(InDoubt::parse).unwrap_or_default())
 }
 
 /// The call id a `tool/result` payload answers.

@@ -23,6 +23,7 @@ use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
 mod gate;
+mod in_doubt;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
 use crate::message::{BlockType, Message};
@@ -33,8 +34,8 @@ pub struct Ctx<'a> {
     pub log: &'a SessionLog,
     pub inbox: &'a Inbox,
     pub shared: &'a Shared,
-    /// `Some(exclusive)` when a tool of that name is registered (`exclusive`: it runs alone).
-    pub tools: &'a dyn Fn(&str) -> Option<bool>,
+    /// What the loop knows of the tool of that name, when one is registered.
+    pub tools: &'a dyn Fn(&str) -> Option<super::ToolInfo>,
     pub max_parallel: usize,
     /// A `before_tool` gate is registered (or a tool needs approval): every call is gated
     /// before it runs (`Effect::BeforeTool`).
@@ -764,7 +765,7 @@ impl Machine {
             .into_iter()
             .map(|(id, name, arguments)| {
                 let tool = (ctx.tools)(&name);
-                Call { id, name, arguments, known: tool.is_some(), exclusive: tool.unwrap_or(false) }
+                Call { id, name, arguments, known: tool.is_some(), info: tool.unwrap_or_default() }
             })
             .collect();
         let mut plan = ToolPlan::new(self.turn, self.step, calls, ctx.max_parallel);

@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::events::{self, append};
 use super::failure::{Failure, FailureCode};
 use super::history::History;
+use super::in_doubt::{InDoubt, Logged, ToolInfo};
 use super::CoreError;
 use crate::event_log::{LogError, SessionLog};
 use crate::inbox::{Inbox, Target};
@@ -33,8 +34,8 @@ pub struct Call {
     pub arguments: String,
     /// A tool of that name is registered.
     pub known: bool,
-    /// That tool runs alone (`parallel=False`).
-    pub exclusive: bool,
+    /// What the loop knows of that tool (the defaults for an unknown one).
+    pub info: ToolInfo,
 }
 
 /// A result's content: a tool's plain `str`, or content blocks.
@@ -116,6 +117,21 @@ impl Outcome {
             "DecisionMismatchError",
             FailureCode::GateError,
         )
+    }
+
+    /// A call in doubt whose outcome stays unknown (its policy is `fail`, or its reconcile
+    /// function found nothing): the words of the crash closers.
+    pub fn outcome_unknown(name: &str) -> Outcome {
+        let text = format!(
+            "Tool call {name:?} was interrupted before its result was recorded; its side effects may or may not have happened. Do not retry blindly."
+        );
+        Outcome::error(text, "ToolOutcomeUnknownError", FailureCode::ToolOutcomeUnknown)
+    }
+
+    /// A call of a crashed step that never started.
+    pub fn not_started(name: &str) -> Outcome {
+        let text = format!("Tool call {name:?} was not started before the session was interrupted; it is safe to retry.");
+        Outcome::error(text, "ToolNotStartedError", FailureCode::ToolNotStarted)
     }
 
     pub fn unknown_tool(name: &str) -> Outcome {
@@ -201,6 +217,20 @@ pub struct Sink<'a> {
     pub history: &'a History,
 }
 
+/// What a plan knows of one call besides its outcome.
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "four independent facts of one call")]
+struct Flags {
+    finished: bool,
+    /// A resumed step's call whose `tool/call` is logged already (in doubt), or that gets no
+    /// record (it never started).
+    prelogged: bool,
+    /// A resumed step's call that has its `tool/result`.
+    done: bool,
+    /// A call in doubt whose tool's reconcile function runs instead of its body.
+    reconcile: bool,
+}
+
 #[derive(Debug)]
 pub struct ToolPlan {
     pub turn: u64,
@@ -210,9 +240,11 @@ pub struct ToolPlan {
     started: usize,
     running: usize,
     exclusive_running: bool,
-    call_seqs: Vec<u64>,
+    call_seqs: Vec<Option<u64>>,
+    /// Per call: finished, and how a resumed step found it (one vector: the plan travels by
+    /// value in the machine's input).
+    flags: Vec<Flags>,
     outcomes: Vec<Option<Outcome>>,
-    finished: Vec<bool>,
     committed: usize,
     concludes: bool,
     raised: Vec<Raised>,
@@ -234,15 +266,57 @@ impl ToolPlan {
             started: 0,
             running: 0,
             exclusive_running: false,
-            call_seqs: vec![0; n],
+            call_seqs: vec![None; n],
+            flags: vec![Flags::default(); n],
             outcomes: vec![None; n],
-            finished: vec![false; n],
             committed: 0,
             concludes: false,
             raised: Vec::new(),
             presets: vec![None; n],
             digests: vec![None; n],
         }
+    }
+
+    /// The plan of a crashed step taken up again (`docs/durability.md#calls-in-doubt`): calls
+    /// with a result keep it, calls that never started get `TOOL_NOT_STARTED` (the model may
+    /// ask again, through its gate), and each call in doubt follows its policy under its
+    /// logged `tool/call`: `retry` runs the body again, `reconcile` runs the tool's reconcile
+    /// function, anything else (or a tool no longer registered) gets `TOOL_OUTCOME_UNKNOWN`.
+    pub fn resumed(turn: u64, step: u64, calls: Vec<(Call, Logged)>, max_parallel: usize) -> ToolPlan {
+        let (calls, logged): (Vec<Call>, Vec<Logged>) = calls.into_iter().unzip();
+        let mut plan = ToolPlan::new(turn, step, calls, max_parallel);
+        for (index, logged) in logged.into_iter().enumerate() {
+            let name = plan.calls[index].name.clone();
+            match logged {
+                Logged::Done => {
+                    plan.flags[index].done = true;
+                    plan.flags[index].finished = true;
+                }
+                Logged::NotStarted => {
+                    plan.flags[index].prelogged = true;
+                    plan.presets[index] = Some(Outcome::not_started(&name));
+                }
+                Logged::InDoubt { seq, arguments, policy, .. } => {
+                    plan.flags[index].prelogged = true;
+                    plan.call_seqs[index] = Some(seq);
+                    plan.calls[index].arguments = arguments;
+                    match policy {
+                        _ if !plan.calls[index].known => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
+                        InDoubt::Retry => {}
+                        InDoubt::Reconcile => plan.flags[index].reconcile = true,
+                        InDoubt::Fail | InDoubt::Ask => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
+                    }
+                }
+            }
+        }
+        plan
+    }
+
+    /// Whether call `index` runs its tool's reconcile function instead of its body (a call in
+    /// doubt of a resumed step); a reconcile function that returns `None` gives
+    /// [`Outcome::outcome_unknown`].
+    pub fn reconciling(&self, index: usize) -> bool {
+        self.flags[index].reconcile
     }
 
     /// Call `index` gets `outcome` without running.
@@ -272,6 +346,11 @@ impl ToolPlan {
         &self.calls[index]
     }
 
+    /// The seq of call `index`'s `tool/call` (0 before it is logged).
+    pub fn call_seq(&self, index: usize) -> u64 {
+        self.call_seqs[index].unwrap_or(0)
+    }
+
     /// How many calls run now.
     pub fn running(&self) -> usize {
         self.running
@@ -293,15 +372,23 @@ impl ToolPlan {
         while self.started < n && !aborted {
             let index = self.started;
             let call = &self.calls[index];
-            let exclusive = call.known && call.exclusive;
+            let exclusive = call.known && call.info.exclusive;
+            if self.flags[index].done {
+                // A resumed step's call that has its result.
+                self.started += 1;
+                self.commit_ready(sink)?;
+                continue;
+            }
             if self.running > 0 && (exclusive || self.exclusive_running || self.running >= self.max_parallel) {
                 return Ok(Next::Wait);
             }
-            self.call_seqs[index] = self.log_call(sink, index)?;
+            if !self.flags[index].prelogged {
+                self.call_seqs[index] = Some(self.log_call(sink, index)?);
+            }
             self.started += 1;
             let decided = self.presets[index].take().or_else(|| self.mismatch(index));
             if decided.is_some() || !self.calls[index].known {
-                self.finished[index] = true;
+                self.flags[index].finished = true;
                 self.outcomes[index] = Some(decided.unwrap_or_else(|| Outcome::unknown_tool(&self.calls[index].name)));
                 self.commit_ready(sink)?;
                 continue;
@@ -315,9 +402,17 @@ impl ToolPlan {
         }
         // Aborted (or all started and finished): the rest never runs.
         for index in self.started..n {
-            self.call_seqs[index] = self.log_call(sink, index)?;
-            self.finished[index] = true;
-            self.outcomes[index] = Some(Outcome::aborted_before());
+            self.flags[index].finished = true;
+            if self.flags[index].done {
+                continue;
+            }
+            if !self.flags[index].prelogged {
+                self.call_seqs[index] = Some(self.log_call(sink, index)?);
+            }
+            // A call in doubt was started: an abort does not say what it did.
+            let name = &self.calls[index].name;
+            let in_doubt = self.call_seqs[index].is_some() && self.flags[index].prelogged;
+            self.outcomes[index] = Some(if in_doubt { Outcome::outcome_unknown(name) } else { Outcome::aborted_before() });
         }
         self.started = n;
         self.commit_ready(sink)?;
@@ -327,7 +422,7 @@ impl ToolPlan {
     /// Whether call `index` has its outcome (a call finishes once; later outcomes are
     /// ignored, e.g. the cancellation of a task whose body had returned).
     pub fn is_finished(&self, index: usize) -> bool {
-        self.finished.get(index).copied().unwrap_or(true)
+        self.flags.get(index).is_none_or(|f| f.finished)
     }
 
     /// Call `index` finished with `outcome`: it is committed as soon as every earlier call is.
@@ -335,7 +430,7 @@ impl ToolPlan {
         if self.is_finished(index) {
             return Ok(());
         }
-        self.finished[index] = true;
+        self.flags[index].finished = true;
         self.outcomes[index] = Some(outcome);
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
@@ -345,8 +440,8 @@ impl ToolPlan {
     /// Call `index` failed in a way its step does not survive: it stops counting as running
     /// (the runner cancels the others and fails the step).
     pub fn abandon(&mut self, index: usize) {
-        if let Some(done) = self.finished.get_mut(index) {
-            *done = true;
+        if let Some(flags) = self.flags.get_mut(index) {
+            flags.finished = true;
         }
         self.running = self.running.saturating_sub(1);
         self.exclusive_running = self.exclusive_running && self.running > 0;
@@ -354,13 +449,17 @@ impl ToolPlan {
 
     fn log_call(&self, sink: &Sink<'_>, index: usize) -> Result<u64, LogError> {
         let call = &self.calls[index];
-        let seq = append(sink.log, events::tool_call(self.turn, self.step, &call.id, &call.name, &call.arguments))?;
+        let seq = append(sink.log, events::tool_call(self.turn, self.step, &call.id, &call.name, &call.arguments, call.info))?;
         sink.history.push(sink.log, seq, None);
         Ok(seq)
     }
 
     fn commit_ready(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
         while self.committed < self.calls.len() {
+            if self.flags[self.committed].done {
+                self.committed += 1;
+                continue;
+            }
             let Some(outcome) = self.outcomes[self.committed].take() else { break };
             let index = self.committed;
             self.committed += 1;
@@ -382,14 +481,7 @@ impl ToolPlan {
         };
         let seq = append(
             sink.log,
-            events::tool_result(
-                self.turn,
-                self.step,
-                &message,
-                outcome.error.as_ref(),
-                outcome.meta.as_deref(),
-                Some(self.call_seqs[index]),
-            ),
+            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), self.call_seqs[index]),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));
         if outcome.bug {

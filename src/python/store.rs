@@ -202,6 +202,21 @@ impl PyFileStore {
         Ok(answer)
     }
 
+    /// Records `text` as the one result of call `call_id` in doubt in session `id`, which no
+    /// process has open (an error result when `is_error`): opens it (crash closers included),
+    /// appends the `tool/result`, closes it; nothing runs. A call not in doubt raises
+    /// `ValueError` naming it; a session another process holds, `SessionLockedError`.
+    #[pyo3(signature = (id, call_id, text, *, is_error=false))]
+    fn resolve(&self, py: Python<'_>, id: &Bound<'_, PyAny>, call_id: &str, text: &str, is_error: bool) -> PyResult<u64> {
+        let id = id_arg(id)?;
+        let (log, _) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
+        let result = crate::agent_loop::in_doubt::resolve(&log, call_id, text, is_error);
+        let closed = log.close();
+        let seq = result.map_err(|e| super::agent_loop::resolve_err(py, e))?;
+        closed.map_err(|e| log_err(py, e))?;
+        Ok(seq)
+    }
+
     /// A read-only follower of session `id`: its events so far, then each record its owner (in
     /// this or another process) writes, as the file grows, so `tail()` and `subscribe()` follow
     /// the session live. Takes no lock and never writes. Appends raise `LogError`; `close()`

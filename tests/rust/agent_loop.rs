@@ -70,7 +70,7 @@ impl World {
     }
 
     fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
-        let lookup = |name: &str| self.tools.get(name).copied();
+        let lookup = |name: &str| self.tools.get(name).copied().map(kerman::agent_loop::ToolInfo::exclusive);
         let ctx =
             Ctx { log: &self.log, inbox: &self.inbox, shared: &self.shared, tools: &lookup, max_parallel: self.max_parallel, gated: false };
         f(&ctx)
@@ -981,7 +981,7 @@ fn an_exclusive_call_first_makes_the_later_ones_wait() {
         name: "t".into(),
         arguments: "{}".into(),
         known: true,
-        exclusive,
+        info: kerman::agent_loop::ToolInfo::exclusive(exclusive),
     };
     let mut plan = ToolPlan::new(1, 1, vec![mk("c1", true), mk("c2", false), mk("c3", false)], 4);
     assert_eq!(plan.next(&sink, false).unwrap(), Next::Start(0));

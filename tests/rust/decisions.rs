@@ -62,7 +62,7 @@ impl Host {
     }
 
     fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
-        let lookup = |name: &str| (name != "missing").then_some(false);
+        let lookup = |name: &str| (name != "missing").then(kerman::agent_loop::ToolInfo::default);
         let ctx =
             Ctx { log: &self.log, inbox: &self.inbox, shared: &self.shared, tools: &lookup, max_parallel: 4, gated: self.gate.is_some() };
         f(&ctx)
@@ -461,7 +461,11 @@ fn a_crash_after_a_call_started_closes_the_turn_as_today() {
     let id = h.pending_ids().pop().unwrap();
     h.decide(&id, Decide::Approve, None).unwrap();
     // The resumed step logged its tool/call, then the process died.
-    kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::tool_call(1, 1, "c1", "pay", "{}")).unwrap();
+    kerman::agent_loop::events::append(
+        &h.log,
+        kerman::agent_loop::events::tool_call(1, 1, "c1", "pay", "{}", kerman::agent_loop::ToolInfo::default()),
+    )
+    .unwrap();
     let h = h.reopen(None);
     let results = h.results();
     assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
@@ -498,7 +502,7 @@ fn the_digest_is_checked_when_the_call_starts() {
         name: "t".into(),
         arguments: r#"{"a":1}"#.into(),
         known: true,
-        exclusive: false,
+        info: kerman::agent_loop::ToolInfo::default(),
     };
     let mut plan = kerman::agent_loop::ToolPlan::new(1, 1, vec![call("c1"), call("c2")], 4);
     plan.decided(0, None, Some(decisions::digest(r#"{"a":1}"#)));

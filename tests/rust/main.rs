@@ -5,6 +5,7 @@ mod decisions;
 mod event_log;
 mod file_store;
 mod fuzz_corpus;
+mod in_doubt;
 mod inbox;
 #[cfg(feature = "postgres")]
 mod postgres_distributed;

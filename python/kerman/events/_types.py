@@ -282,7 +282,8 @@ class AssistantMessageEvent(_Carrying, _Step):
 
 
 class ToolCall(_Step):
-    """``tool/call {turn, step, callId, name, arguments}``: a tool call started."""
+    """``tool/call {turn, step, callId, name, arguments, effect?, onInDoubt?}``: a tool call
+    started (its write-ahead record: logged and flushed before the body runs)."""
 
     __slots__ = ()
     TYPE = "tool/call"
@@ -311,6 +312,25 @@ class ToolCall(_Step):
             data = self._data = self._source.data
         value = data.get("arguments") if data.__class__ is dict else None
         return "" if value is None else value
+
+    @property
+    def effect(self) -> str:
+        """The tool's effect class: ``"read"``, ``"idempotent"`` or ``"write"`` (absent: write)."""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("effect") if data.__class__ is dict else None
+        return value if value in ("read", "idempotent") else "write"
+
+    @property
+    def on_in_doubt(self) -> str:
+        """What becomes of the call if it is in doubt: ``"fail"`` (absent), ``"retry"``,
+        ``"reconcile"`` or ``"ask"``."""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("onInDoubt") if data.__class__ is dict else None
+        return value if value in ("retry", "reconcile", "ask") else "fail"
 
 
 class ToolResultEvent(_Carrying, _Step):

@@ -16,13 +16,19 @@ __all__ = ["ToolContext", "ToolResult"]
 
 @dataclass
 class ToolContext:
-    """What a tool body gets besides its arguments."""
+    """What a tool body gets besides its arguments.
+
+    ``idempotency_key`` is the same for every execution of this call (a retry of a call in
+    doubt, in this process or another) and different for every other call: pass it to an API
+    that deduplicates writes (``Idempotency-Key``). It is derived from the session's id and the
+    log position of the call's ``tool/call`` record, never from what the model wrote."""
 
     call_id: str
     turn: int
     step: int
     signal: Signal
     loop: AgentLoop
+    idempotency_key: str = ""
 
 
 class ToolResult:

@@ -244,7 +244,10 @@ impl PyDriver {
         let py = core.py();
         let parts = core.get().parts()?;
         if decisions::held(&parts.log.get().inner).is_some() {
-            return Self::resume_held(core, agent, &parts);
+            return Self::resume_held(core, agent, &parts, Machine::resume_held);
+        }
+        if crate::agent_loop::in_doubt::crashed_step(&parts.log.get().inner).is_some() {
+            return Self::resume_held(core, agent, &parts, Machine::resume_in_doubt);
         }
         let (machine, mut effect) = {
             // The first claim and `turn/start` plan no tools.
@@ -280,13 +283,19 @@ impl PyDriver {
         Ok(Some(PyDriver { state: State::Ready(run) }))
     }
 
-    /// The last turn's step stopped at its decisions: a driver that takes it up again once
-    /// they are all resolved (`None` while any is pending).
-    fn resume_held(core: &Bound<'_, PyLoopCore>, agent: &Bound<'_, PyAny>, parts: &Arc<super::Parts>) -> PyResult<Option<PyDriver>> {
+    /// The last turn's step stopped at its decisions, or crashed with calls in doubt: a driver
+    /// that takes it up again (`resume`: `Machine::resume_held`, `None` while a decision is
+    /// pending, or `Machine::resume_in_doubt`).
+    fn resume_held(
+        core: &Bound<'_, PyLoopCore>,
+        agent: &Bound<'_, PyAny>,
+        parts: &Arc<super::Parts>,
+        resume: fn(&crate::agent_loop::Ctx<'_>) -> Option<(Machine, Effect)>,
+    ) -> PyResult<Option<PyDriver>> {
         let py = core.py();
         let tools = parts.tools.bind(py);
         let lookup = |name: &str| super::run::tool_lookup(tools, name);
-        let Some((machine, effect)) = Machine::resume_held(&parts.ctx(core.get(), &lookup)) else { return Ok(None) };
+        let Some((machine, effect)) = resume(&parts.ctx(core.get(), &lookup)) else { return Ok(None) };
         let run = Box::new(Run {
             agent: agent.clone().unbind(),
             core: core.clone().unbind(),

@@ -167,7 +167,7 @@ pub(crate) struct Parts {
 impl Parts {
     /// The machine's context over these parts and `core`'s shared state; `tools` says whether a
     /// tool is registered (and runs alone).
-    pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<bool>) -> Ctx<'a> {
+    pub fn ctx<'a>(&'a self, core: &'a PyLoopCore, tools: &'a dyn Fn(&str) -> Option<crate::agent_loop::ToolInfo>) -> Ctx<'a> {
         Ctx {
             log: &self.log.get().inner,
             inbox: &self.inbox.get().inner,
@@ -478,11 +478,13 @@ impl PyLoopCore {
         Ok(!decisions::pending(&self.parts()?.log.get().inner).is_empty())
     }
 
-    /// Whether the last turn's step stopped at decisions that are all resolved now: the next
-    /// run resumes it.
+    /// Whether the last turn's step stopped at decisions that are all resolved now, or crashed
+    /// with calls in doubt a resume settles: the next run resumes it.
     #[getter]
     fn resumable(&self) -> PyResult<bool> {
-        Ok(decisions::held(&self.parts()?.log.get().inner).is_some_and(|h| h.ready()))
+        let parts = self.parts()?;
+        let log = &parts.log.get().inner;
+        Ok(decisions::held(log).is_some_and(|h| h.ready()) || crate::agent_loop::in_doubt::crashed_step(log).is_some())
     }
 
     /// The earliest deadline of a pending request (epoch ms).
@@ -511,6 +513,27 @@ impl PyLoopCore {
         let decided = decisions::decide(&parts.log.get().inner, decision_id, decision, by.as_deref(), key.as_deref(), now)
             .map_err(|e| decide::decide_err(py, e))?;
         Ok((decided.duplicate, decided.ready))
+    }
+
+    /// Records `text` as the one result of call `call_id` in doubt (an error result when
+    /// `is_error`); runs nothing. Returns the result's seq; `ValueError` for a call not in doubt.
+    #[pyo3(signature = (call_id, text, is_error=false))]
+    fn resolve(&self, py: Python<'_>, call_id: &str, text: &str, is_error: bool) -> PyResult<u64> {
+        let parts = self.parts()?;
+        crate::agent_loop::in_doubt::resolve(&parts.log.get().inner, call_id, text, is_error).map_err(|e| resolve_err(py, e))
+    }
+
+    /// The calls in doubt of the last turn: `[(call_id, name, seq, policy)]`.
+    fn in_doubt(&self) -> PyResult<Vec<(String, String, u64, &'static str)>> {
+        let parts = self.parts()?;
+        Ok(parts
+            .log
+            .get()
+            .inner
+            .with_events(crate::agent_loop::in_doubt::list)
+            .into_iter()
+            .map(|(id, name, seq, p)| (id, name, seq, p.as_str()))
+            .collect())
     }
 
     /// Resolves the pending requests due at `now` (epoch ms) as `expired`; how many.
@@ -588,4 +611,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tools::PyToolRun>()?;
     m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
     Ok(())
+}
+
+/// The host's exception for a refused `resolve`: `ValueError` naming the call, or the log's.
+pub(crate) fn resolve_err(py: Python<'_>, e: crate::agent_loop::in_doubt::ResolveError) -> PyErr {
+    match e {
+        crate::agent_loop::in_doubt::ResolveError::Log(e) => super::errors::log_err(py, e),
+        e @ crate::agent_loop::in_doubt::ResolveError::NotInDoubt(_) => PyValueError::new_err(e.to_string()),
+    }
 }

@@ -14,7 +14,7 @@ use pyo3::types::PyList;
 use super::super::errors::{inbox_err, log_err, message_err};
 use super::read;
 use super::{Parts, PyLoopCore};
-use crate::agent_loop::{CoreError, Ctx, Input, Machine, Outcome, Raised, RaisedKind, ToolPlan};
+use crate::agent_loop::{CoreError, Ctx, InDoubt, Input, Machine, Outcome, Raised, RaisedKind, SideEffect, ToolInfo, ToolPlan};
 
 /// The user-code seams the driver awaits (`seams.rs`).
 #[derive(Clone, Copy, Debug)]
@@ -88,12 +88,25 @@ pub(super) struct Run {
     pub first: Option<crate::agent_loop::Effect>,
 }
 
-/// `Some(exclusive)` when a tool of that name is registered (`exclusive`: `parallel=False`).
-pub(super) fn tool_lookup(tools: &Bound<'_, pyo3::types::PyDict>, name: &str) -> Option<bool> {
+/// What the loop knows of the tool of `name`, when one is registered: whether it runs alone
+/// (`parallel=False`), its effect class and in-doubt policy (a callable policy reconciles).
+pub(super) fn tool_lookup(tools: &Bound<'_, pyo3::types::PyDict>, name: &str) -> Option<ToolInfo> {
     let py = tools.py();
     let tool = tools.get_item(name).ok().flatten().filter(|t| !t.is_none())?;
     let parallel = tool.getattr(intern!(py, "parallel")).and_then(|p| p.is_truthy()).unwrap_or(true);
-    Some(!parallel)
+    // A tool without the attributes (a duck-typed one) has the defaults.
+    let effect = tool
+        .getattr(intern!(py, "effect"))
+        .ok()
+        .and_then(|v| v.extract::<String>().ok())
+        .and_then(|v| SideEffect::parse(&v))
+        .unwrap_or_default();
+    let in_doubt = match tool.getattr(intern!(py, "on_in_doubt")).ok().filter(|v| !v.is_none()) {
+        Some(v) if v.is_callable() => InDoubt::Reconcile,
+        Some(v) => v.extract::<String>().ok().and_then(|v| InDoubt::parse(&v)).unwrap_or_default(),
+        None => InDoubt::Fail,
+    };
+    Some(ToolInfo { exclusive: !parallel, effect, in_doubt })
 }
 
 /// The host's exception for a core error.

@@ -182,11 +182,17 @@ fn report_raised(
     Ok(())
 }
 
-const NO_TOOLS: &dyn Fn(&str) -> Option<bool> = &|_| None;
+const NO_TOOLS: &dyn Fn(&str) -> Option<crate::agent_loop::ToolInfo> = &|_| None;
 
 /// The tool of `name`, when registered.
 fn tool<'py>(parts: &Parts, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(parts.tools.bind(py).get_item(name)?.filter(|t| !t.is_none()))
+}
+
+/// What runs for a call, with `(args, ctx)`: the tool's body, or for a call in doubt being
+/// reconciled its reconcile function (`Tool.reconcile` calls `on_in_doubt(ctx)`).
+fn body<'py>(py: Python<'py>, tool: &Bound<'py, PyAny>, reconciling: bool) -> PyResult<Bound<'py, PyAny>> {
+    tool.getattr(if reconciling { intern!(py, "reconcile") } else { intern!(py, "fn") })
 }
 
 /// What call `index`'s body is called with (its arguments and `ToolContext`), or the outcome
@@ -209,7 +215,8 @@ fn prepare_call<'py>(
         Ok(args) => args,
         Err(outcome) => return Ok(Err(outcome)),
     };
-    let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent))?;
+    let key = crate::agent_loop::idempotency_key(core.parts()?.log.get().inner.id(), plan.call_seq(index));
+    let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent, key))?;
     Ok(Ok((args, ctx)))
 }
 
@@ -329,9 +336,10 @@ impl Run {
         // From here until the body is done, cancel() throws into the driver's task.
         self.core(py).get().set_in_user(true);
         let tool = self.lone()?.tool.clone_ref(py).into_bound(py);
+        let body = body(py, &tool, self.lone()?.plan.reconciling(0))?;
         let context = copy_context(py)?;
         let first = run_in(&context, || -> PyResult<Result<Bound<'py, PyAny>, (Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
-            let value = tool.getattr(intern!(py, "fn"))?.call1((args, ctx))?;
+            let value = body.call1((args, ctx))?;
             if !super::delegate::is_coroutine(&value, c) && !c.is_awaitable.bind(py).call1((&value,))?.is_truthy()? {
                 return Ok(Ok(value));
             }
@@ -359,7 +367,11 @@ impl Run {
     }
 
     fn lone_returned(&mut self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Outcome> {
-        let name = self.lone()?.plan.call(0).name.clone();
+        let lone = self.lone()?;
+        let name = lone.plan.call(0).name.clone();
+        if lone.plan.reconciling(0) && value.is_none() {
+            return Ok(Outcome::outcome_unknown(&name));
+        }
         returned(py, &name, value)
     }
 
@@ -544,13 +556,15 @@ impl PyToolRun {
         };
         let (name, tool) = self.tool(py, index)?;
         let tool = tool.ok_or_else(|| PySystemError::new_err(format!("tool {name:?} was unregistered while its call started")))?;
-        Ok(Some(PyTuple::new(py, [tool.getattr(intern!(py, "fn"))?, args, ctx])?))
+        let reconciling = self.with_plan(py, |plan, _| Ok(plan.reconciling(index)))?;
+        Ok(Some(PyTuple::new(py, [body(py, &tool, reconciling)?, args, ctx])?))
     }
 
     /// Call `index`'s body returned `value`.
     fn returned(&self, py: Python<'_>, index: usize, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let (name, _) = self.tool(py, index)?;
-        let outcome = returned(py, &name, value)?;
+        let reconciling = value.is_none() && self.with_plan(py, |plan, _| Ok(plan.reconciling(index)))?;
+        let outcome = if reconciling { Outcome::outcome_unknown(&name) } else { returned(py, &name, value)? };
         self.finish_with(py, index, outcome)
     }
 
