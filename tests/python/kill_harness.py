@@ -222,19 +222,26 @@ def decide_elsewhere(place: Place, tools: Sequence[ToolSpec], request: Dict[str,
 
 @dataclass
 class Outcome:
-    """What one kill point left: the events at the kill, the events at the end, the side effects."""
+    """What one kill point left: the events at the kill and at the end, the side effects (the
+    first ``effects_at_kill`` of them by the killed process), the store's answers."""
 
     k: int
     at_kill: List[Dict[str, Any]]
     events: List[Dict[str, Any]]
     effects: List[Dict[str, Any]]
+    effects_at_kill: int
     answers: List[Dict[str, Any]]
+
+    def ran_after_recovery(self) -> List[Dict[str, Any]]:
+        """The tool executions of the processes that recovered the session."""
+        return executions(self.effects[self.effects_at_kill :])
 
 
 def kill_and_recover(place: Place, tools: Sequence[ToolSpec], k: int, decider: str) -> Outcome:
     at_kill = kill_at(place, tools, k)
+    effects_at_kill = len(read_effects(place))
     answers = recover(place, tools, decider)
-    return Outcome(k, at_kill, read_log(place), read_effects(place), answers)
+    return Outcome(k, at_kill, read_log(place), read_effects(place), effects_at_kill, answers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,12 +20,22 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import pytest
 
 from conftest import PG_DSN
-from kill_harness import Place, ToolSpec, check_invariants, executions, kill_and_recover, reference
+from kill_harness import (
+    Outcome,
+    Place,
+    ToolSpec,
+    check_invariants,
+    error_code,
+    kill_and_recover,
+    proposed_calls,
+    reference,
+    results_by_call,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
@@ -60,7 +70,9 @@ POINTS: Dict[str, Callable[[List[dict]], int]] = {
     "first-request": after("decision/requested"),  # edit-deny: one of the step's two requests
     "waiting": after("decision/requested", -1),  # the step waits
     "resolved": after("decision/resolved"),
+    "first-call": after("tool/call"),
     "pay-call": after("tool/call", name="pay"),  # the decided call logged, its body not started
+    "wipe-call": after("tool/call", name="wipe"),  # edit-deny: the denied call's tool/call logged
     "pay-result": after("tool/result", 1),
     "turn-end": after("turn/end"),
 }
@@ -77,6 +89,8 @@ SAMPLE = [
     ("edit-deny", "file", "loop", "waiting"),
     ("edit-deny", "postgres", "store", "waiting"),
     ("edit-deny", "file", "loop", "proposed"),
+    ("edit-deny", "file", "loop", "wipe-call"),
+    ("edit-deny", "postgres", "loop", "wipe-call"),
 ]
 
 _references: Dict[Tuple[str, str], List[dict]] = {}
@@ -102,17 +116,41 @@ def run_point(scenario: str, store: str, decider: str, k: int, tmp_path: Path) -
     place = new_place(store, tmp_path / f"k{k}")
     outcome = kill_and_recover(place, tools, k, decider)
     check_invariants(outcome, tools)
+    if [e["data"]["reason"]["kind"] for e in outcome.events if e["type"] == "turn/end"][0] == "interrupted":
+        check_closers(outcome, tools)
     ref = reference_events(scenario, store, tmp_path)
-    ran = {r["tool"] for r in executions(outcome.effects)}
-    # Killed at or after the step's last request and before pay's tool/call, the decided call
-    # must run exactly once after recovery; killed after its tool/call (its body not started)
-    # its result is the crash closer's and it never runs.
-    waiting = POINTS["waiting"](ref)
-    pay_call = POINTS["pay-call"](ref)
-    if waiting <= k < pay_call:
-        assert "pay" in ran, f"killed after event {k}: pay was decided but never ran"
-    if k < POINTS["proposed"](ref):
-        assert not ran, f"killed after event {k}, before any proposal: {ran} ran"
+    after = {r["tool"] for r in outcome.ran_after_recovery()}
+    # Killed once a request of the step is logged and before any tool/call, the decided call
+    # runs exactly once, after recovery: the reopened loop lists what was requested (a round
+    # the kill cut short is gated again for the calls it had not asked about yet). Killed
+    # between the model's reply and its requests, the crash closers end the turn; once the
+    # step's first tool/call is logged, a kill is an ordinary crash (docs/decisions.md): the
+    # turn is closed and nothing runs after recovery.
+    if POINTS["first-request"](ref) <= k < POINTS["first-call"](ref):
+        assert "pay" in after, f"killed after event {k}: pay was decided but never ran"
+    elif k >= POINTS["proposed"](ref):
+        assert not after, f"killed after event {k}: {after} ran after the crash closed the turn"
+
+
+def check_closers(outcome: Outcome, tools: Sequence[ToolSpec]) -> None:
+    """A call whose result the crash closers wrote (after the kill, in a turn that ended
+    interrupted) says what is known of it: denied by a person, it was denied (it never ran,
+    whatever its tool/call says); with its tool/call logged, its outcome is unknown; without,
+    it was not started."""
+    decided = {t.name: t.decision for t in tools}
+    logged = {e["data"]["callId"] for e in outcome.at_kill if e["type"] == "tool/call"}
+    for (turn, call_id), results in results_by_call(outcome.events).items():
+        [result] = results
+        if result["seq"] <= outcome.k or turn != 1:
+            continue
+        name = next(name for t, c, name, _ in proposed_calls(outcome.events) if (t, c) == (turn, call_id))
+        if decided[name] == "deny" and any(e["type"] == "decision/resolved" and e["data"]["callId"] == call_id for e in outcome.at_kill):
+            expected = "TOOL_DENIED"
+        elif call_id in logged:
+            expected = "TOOL_OUTCOME_UNKNOWN"
+        else:
+            expected = "TOOL_NOT_STARTED"
+        assert error_code(result) == expected, f"killed after event {outcome.k}: {name} closed with {error_code(result)}, not {expected}"
 
 
 def test_the_reference_turn_is_the_same_on_both_stores(tmp_path: Path) -> None:
