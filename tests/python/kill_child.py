@@ -15,6 +15,8 @@ Usage: ``python kill_child.py MODE SPEC_JSON [ARG]``, where SPEC_JSON is a
   owner, applies it and goes on) or ``wake`` (the process closes the session and ends once
   the turn waits: another process decides with ``FileStore.decide`` and opens it again).
   Prints ``done`` at the end.
+- ``work``: a ``kerman.Worker`` (PostgreSQL) owns the session instead of a loop built here;
+  it says ``waiting <decision ids>`` as ``resume wait`` does, and ``done`` once nothing is left.
 - ``decide DECISION_ID TOOL``: decides one request (about a call of ``TOOL``) through the store (``FileStore.decide`` on a
   session nobody holds, ``PostgresStore.decide`` through its owner); prints the answer as JSON.
 
@@ -194,6 +196,52 @@ async def resume(spec: Dict[str, Any], how: str) -> None:
     print("done", flush=True)
 
 
+async def work(spec: Dict[str, Any]) -> None:
+    """A ``kerman.Worker`` over the PostgreSQL store takes the session (a killed owner's lease
+    lapses; a staged decision makes it takeable) and runs it with the same tools and model.
+    A follower of the session says ``waiting <decision ids>`` when requests wait; once the
+    worker has taken the session and nothing is left (no open turn, no pending request or
+    input), the worker stops."""
+    store = make_store(spec)
+    took = 0
+    changed = asyncio.Event()
+
+    def factory(log: kerman.SessionLog) -> AgentLoop:
+        nonlocal took
+        took += 1
+        changed.set()
+        return build(spec, log)
+
+    worker = kerman.Worker(store, factory, idle_timeout=60.0)
+    serving = asyncio.ensure_future(worker.run())
+    follower = kerman.PostgresStore(spec["dsn"]).follow(spec["session"])
+
+    async def watch() -> None:
+        async for _ in follower.tail(len(follower)):
+            changed.set()
+
+    watching = asyncio.ensure_future(watch())
+    said: List[str] = []
+    try:
+        while True:
+            await changed.wait()
+            changed.clear()
+            ids = [p.decision_id for p in kerman.decisions.pending(follower)]
+            if ids and ids != said:
+                print("waiting " + " ".join(ids), flush=True)
+                said = ids
+            starts = len(list(follower.events(types=["turn/start"])))
+            ends = len(list(follower.events(types=["turn/end"])))
+            if took and not ids and starts == ends and not len(kerman.InboxProjection.fold(follower.splices())):
+                break
+    finally:
+        watching.cancel()
+        worker.stop()
+        await serving
+        follower.close()
+    print("done", flush=True)
+
+
 def decide(spec: Dict[str, Any], decision_id: str, name: str) -> None:
     store = make_store(spec)
     tool = {t["name"]: t for t in spec["tools"]}[name]
@@ -209,6 +257,8 @@ def main(argv: List[str]) -> None:
         asyncio.run(run(spec, int(arg if arg is not None else -1)))
     elif mode == "resume":
         asyncio.run(resume(spec, arg or "decide"))
+    elif mode == "work":
+        asyncio.run(work(spec))
     elif mode == "decide":
         decide(spec, rest[0], rest[1])
     else:

@@ -172,15 +172,17 @@ def recover(place: Place, tools: Sequence[ToolSpec], decider: str) -> List[Dict[
     """Reopens the session in a new process and takes it to the end; pending requests are
     decided by that process (``decider="loop"``) or by a third one through the store
     (``"store"``: ``FileStore.decide`` while nobody holds the session, the owner reopening it
-    after each round; ``PostgresStore.decide`` while the owner waits). Returns the answers of
-    the deciding process (store only)."""
+    after each round; ``PostgresStore.decide`` while the owner waits), or, over PostgreSQL, by
+    a third process while a ``kerman.Worker`` owns the session (``"worker"``). Returns the
+    answers of the deciding process (store and worker only)."""
     answers: List[Dict[str, Any]] = []
     if decider == "loop":
         done = child(place, tools, "resume", "decide")
         assert done.returncode == 0 and done.stdout.splitlines()[-1:] == ["done"], done.stderr[-4000:]
         return answers
-    assert decider == "store", decider
+    assert decider in ("store", "worker"), decider
     if place.store == "file":
+        assert decider == "store", "a Worker needs the PostgreSQL store"
         for _ in range(ROUNDS):
             for request in pending_requests(read_log(place)):
                 answers.append(decide_elsewhere(place, tools, request))
@@ -189,10 +191,12 @@ def recover(place: Place, tools: Sequence[ToolSpec], decider: str) -> List[Dict[
             if done.stdout.splitlines()[-1:] == ["done"] and not done.stdout.startswith("waiting"):
                 return answers
         raise AssertionError(f"still waiting after {ROUNDS} rounds of decisions")
-    # PostgreSQL: the owner opens the session and waits; a third process decides through the store.
-    with subprocess.Popen(
-        [sys.executable, str(CHILD), "resume", place.spec(tools), "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as owner:
+    # PostgreSQL: the owner (a loop, or a Worker) opens the session and waits; a third process
+    # decides through the store.
+    args = ["work"] if decider == "worker" else ["resume", place.spec(tools), "wait"]
+    if decider == "worker":
+        args.append(place.spec(tools))
+    with subprocess.Popen([sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as owner:
         try:
             assert owner.stdout is not None and owner.stderr is not None
             for _ in range(ROUNDS):

@@ -5,14 +5,15 @@ The turn's step calls three tools: in ``approve``, ``pay`` needs approval and is
 between ``search`` and ``note``, which need none; in ``edit-deny``, ``pay`` is approved with
 other arguments and ``wipe`` is denied. The owning process is killed right after event ``k``
 is durable, the session is reopened in a new process, pending requests are decided there
-(``loop``) or from a third process through the store (``store``), and the session is taken to
-the end. Then an independent reader of the log and the tools' side-effect file check: no tool
-ran before its approval or twice, the decided call ran with the decided arguments (digest
-bound), the denied one never ran, one ``tool/result`` per call, one resolution per request at
-most, every turn ends once, the model is never asked again for a step.
+(``loop``) or from a third process through the store (``store``; over PostgreSQL also while a
+``kerman.Worker`` owns the session: ``worker``), and the session is taken to the end. Then an
+independent reader of the log and the tools' side-effect file check: no tool ran before its
+approval or twice, the decided call ran with the decided arguments (digest bound), the denied
+one never ran, one ``tool/result`` per call, one resolution per request at most, every turn
+ends once, the model is never asked again for a step; and the crash closers' codes.
 
 The default run kills at a sample of boundaries; ``KERMAN_SLOW=1`` (``make test-slow``) at every
-boundary of both turns, on both stores, with both deciders.
+boundary of both turns, on both stores, with every decider.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ SAMPLE = [
     ("edit-deny", "file", "loop", "proposed"),
     ("edit-deny", "file", "loop", "wipe-call"),
     ("edit-deny", "postgres", "loop", "wipe-call"),
+    ("approve", "postgres", "worker", "waiting"),
+    ("edit-deny", "postgres", "worker", "first-request"),
 ]
 
 _references: Dict[Tuple[str, str], List[dict]] = {}
@@ -174,11 +177,13 @@ CHUNKS = 4
 
 @pytest.mark.skipif(not SLOW, reason="every boundary: KERMAN_SLOW=1 (make test-slow)")
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-@pytest.mark.parametrize("decider", ["loop", "store"])
+@pytest.mark.parametrize("decider", ["loop", "store", "worker"])
 @pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.timeout(900)
 def test_killed_at_every_boundary(scenario: str, store: str, decider: str, chunk: int, tmp_path: Path) -> None:
+    if decider == "worker" and store != "postgres":
+        pytest.skip("a Worker runs over PostgreSQL")
     ref = reference_events(scenario, store, tmp_path)
     for k in range(chunk, len(ref), CHUNKS):
         run_point(scenario, store, decider, k, tmp_path)
