@@ -42,6 +42,7 @@ import kerman
 from kerman import AgentLoop, Approve, Deny, Edit, ModelReply
 
 LEASE_TTL = 1.0  # seconds: a killed PostgreSQL owner's lease lapses about this long after it died
+WORKER_IDLE = 1.0  # seconds a Worker keeps a session that has nothing to do
 
 
 def record(spec: Dict[str, Any], line: Dict[str, Any]) -> None:
@@ -212,7 +213,7 @@ async def work(spec: Dict[str, Any]) -> None:
         changed.set()
         return build(spec, log)
 
-    worker = kerman.Worker(store, factory, idle_timeout=60.0)
+    worker = kerman.Worker(store, factory, idle_timeout=WORKER_IDLE)
     serving = asyncio.ensure_future(worker.run())
     follower = kerman.PostgresStore(spec["dsn"]).follow(spec["session"])
 
@@ -224,7 +225,14 @@ async def work(spec: Dict[str, Any]) -> None:
     said: List[str] = []
     try:
         while True:
-            await changed.wait()
+            try:
+                await asyncio.wait_for(changed.wait(), WORKER_IDLE * 5)
+            except asyncio.TimeoutError:
+                # A deadline, not a synchronisation: nothing happened for a while. A worker that
+                # let the session go while work is left would leave it so for good.
+                if took and not worker.sessions:
+                    raise AssertionError("the worker released the session with its turn open or input left") from None
+                continue
             changed.clear()
             ids = [p.decision_id for p in kerman.decisions.pending(follower)]
             if ids and ids != said:
