@@ -138,6 +138,7 @@ async def settle(loop: AgentLoop, log: kerman.SessionLog, spec: Dict[str, Any], 
         await loop.when_idle()
         if loop.status == "waiting":
             ids = [p.decision_id for p in loop.decisions]
+            await log.flush()  # the requests are durable before another process reads them
             print("waiting " + " ".join(ids), flush=True)
             if how == "decide":
                 decide_pending(spec, loop)
@@ -199,54 +200,53 @@ async def resume(spec: Dict[str, Any], how: str) -> None:
 
 async def work(spec: Dict[str, Any]) -> None:
     """A ``kerman.Worker`` over the PostgreSQL store takes the session (a killed owner's lease
-    lapses; a staged decision makes it takeable) and runs it with the same tools and model.
-    A follower of the session says ``waiting <decision ids>`` when requests wait; once the
-    worker has taken the session and nothing is left (no open turn, no pending request or
-    input), the worker stops."""
+    lapses; a staged decision makes it takeable) and runs it with the same tools and model,
+    saying ``waiting <decision ids>`` when its loop waits. The worker releases the session once
+    it has nothing left to do (after ``WORKER_IDLE``); then the log must hold no open turn, no
+    pending request and no pending input, and the worker stops."""
     store = make_store(spec)
-    took = 0
+    agents: List[AgentLoop] = []
     changed = asyncio.Event()
 
     def factory(log: kerman.SessionLog) -> AgentLoop:
-        nonlocal took
-        took += 1
+        agent = build(spec, log)
+        agents.append(agent)
+        agent.on("agent/status", lambda _: changed.set())
         changed.set()
-        return build(spec, log)
+        return agent
 
     worker = kerman.Worker(store, factory, idle_timeout=WORKER_IDLE)
     serving = asyncio.ensure_future(worker.run())
-    follower = kerman.PostgresStore(spec["dsn"]).follow(spec["session"])
-
-    async def watch() -> None:
-        async for _ in follower.tail(len(follower)):
-            changed.set()
-
-    watching = asyncio.ensure_future(watch())
     said: List[str] = []
     try:
         while True:
             try:
-                await asyncio.wait_for(changed.wait(), WORKER_IDLE * 5)
+                await asyncio.wait_for(changed.wait(), 0.1)
             except asyncio.TimeoutError:
-                # A deadline, not a synchronisation: nothing happened for a while. A worker that
-                # let the session go while work is left would leave it so for good.
-                if took and not worker.sessions:
-                    raise AssertionError("the worker released the session with its turn open or input left") from None
-                continue
+                pass  # a release has no event: the worker's sessions are polled
             changed.clear()
-            ids = [p.decision_id for p in kerman.decisions.pending(follower)]
-            if ids and ids != said:
-                print("waiting " + " ".join(ids), flush=True)
-                said = ids
-            starts = len(list(follower.events(types=["turn/start"])))
-            ends = len(list(follower.events(types=["turn/end"])))
-            if took and not ids and starts == ends and not len(kerman.InboxProjection.fold(follower.splices())):
-                break
+            if not agents:
+                continue
+            if agents[-1].status == "waiting":
+                ids = [p.decision_id for p in agents[-1].decisions]
+                if not set(ids) <= set(said):  # a new round (what was said is being decided)
+                    await agents[-1].log.flush()  # the requests are in the table before anyone reads it
+                    print("waiting " + " ".join(ids), flush=True)
+                    said += ids
+                continue
+            if spec["session"] in worker.sessions:
+                continue
+            with kerman.PostgresStore(spec["dsn"]).follow(spec["session"]) as log:
+                starts = len(list(log.events(types=["turn/start"])))
+                ends = len(list(log.events(types=["turn/end"])))
+                pending = kerman.decisions.pending(log)
+                queued = len(kerman.InboxProjection.fold(log.splices()))
+            if starts != ends or pending or queued:
+                raise AssertionError(f"the worker released the session with work left: {starts} turns, {ends} ended, {pending}, {queued}")
+            break
     finally:
-        watching.cancel()
         worker.stop()
         await serving
-        follower.close()
     print("done", flush=True)
 
 
