@@ -112,10 +112,13 @@ endif
 	$(PY) -m mypy
 	$(MAKE) stubtest
 
-# The slow profile: many more crash iterations (200 kills per durability mode), then every
-# fuzz target for FUZZ_SECONDS, the wheels and the Windows check (docs/testing.md).
+# The slow profile: many more crash iterations (200 kills per durability mode), the decisions'
+# kill matrix at every event boundary (a PostgreSQL server as for test-python), then every fuzz
+# target for FUZZ_SECONDS, the wheels and the Windows check (docs/testing.md).
 test-slow: install test-deps
 	KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/store/test_crash.py
+	@# The decisions' kill matrix at every event boundary, over a file and a PostgreSQL store.
+	@$(PG_ENV) KERMAN_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider tests/python/decisions/test_kill_matrix.py
 	$(MAKE) fuzz
 	$(MAKE) test-wheels
 	$(MAKE) check-windows

@@ -8,7 +8,10 @@ An extra row, ``tail`` (PostgreSQL LISTEN-driven tail latency, benches/python/pg
 with the full set or ``--only TAIL`` when ``KERMAN_PG_DSN`` names a server, and is skipped with a
 message otherwise. The ``soak`` rows (``--only SOAK``, benches/python/soak.py) run 100,000
 sessions one turn each in a process of their own and compare its RSS at the end with RSS after
-the first 1,000.
+the first 1,000. The ``gate`` and ``decide`` rows (``--only GATE,DECIDE``,
+benches/python/decisions_bench.py) are what tool approvals cost: an approving ``before_tool``
+gate's share of P4's turn, and decide → tool start latency in one process and across processes
+(the PostgreSQL one when ``KERMAN_PG_DSN`` names a server).
 
 Kerman and the baseline run interleaved, repetition by repetition (the order alternates), and
 each figure is the median over repetitions, so machine drift hits both sides alike. Every
@@ -42,7 +45,7 @@ import kerman  # noqa: E402
 
 WORKLOADS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10")
 # Extra rows outside PERFORMANCE.md's P1–P10, run with the full set or by name (--only TAIL).
-EXTRAS = ("TAIL", "SOAK")
+EXTRAS = ("TAIL", "SOAK", "GATE", "DECIDE")
 now_ns = time.perf_counter_ns
 
 
@@ -808,6 +811,66 @@ def soak(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
                 f"{ratio:.3f}×",
                 "≤ 1.10×",
                 ratio <= 1.10,
+            )
+        )
+    return rows
+
+
+# ---- extra: tool approvals (decisions_bench.py) ------------------------------------------------
+
+
+def gate(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
+    """P4's turn with an approving ``before_tool`` gate against the same turn without one."""
+    import decisions_bench
+
+    r = decisions_bench.gate_cost(max(cfg.reps, 5) * 2 + 1, sessions=cfg.size(30, 10))
+    share = r["share_of_p4_turn"]
+    return [
+        Row(
+            "gate",
+            "P4 turn with an approving before_tool gate: its cost per turn",
+            f"{r['gated_turns_s']:,.0f} turns/s (+{r['gate_ns_per_turn'] / 1000:.2f} µs/turn)",
+            "—",
+            f"no gate {r['plain_turns_s']:,.0f} turns/s",
+            f"{share:.1%} of P4's turn",
+            "≤ 10% of P4's turn",
+            share <= 0.10,
+        )
+    ]
+
+
+def decide(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
+    """decide → tool body start: in one process, and from another process through the store."""
+    import decisions_bench
+
+    dsn = os.environ.get("KERMAN_PG_DSN")
+    if not dsn:
+        print("  DECIDE: the PostgreSQL row skipped, KERMAN_PG_DSN is unset", flush=True)
+    r = decisions_bench.decide_latency(cfg.size(200, 30), cfg.fresh_dir("decide"), dsn)
+
+    def lat(s: Dict[str, float]) -> str:
+        return f"p50 {s['p50_us'] / 1000:.2f} ms, p99 {s['p99_us'] / 1000:.2f} ms"
+
+    rows = [
+        Row("decide", "loop.decide → tool body start, memory store", lat(r["memory"]), target="report"),
+        Row("decide", "loop.decide → tool body start, file store (checkpoint: a sync first)", lat(r["file"]), target="report"),
+        Row(
+            "decide",
+            "FileStore.decide in another process → this process reopens, tool body start",
+            lat(r["file_cross"]["tool"]),
+            limit=f"decide call {lat(r['file_cross']['decide_call'])}",
+            target="report",
+        ),
+    ]
+    if "postgres_cross" in r:
+        pg = r["postgres_cross"]
+        rows.append(
+            Row(
+                "decide",
+                "PostgresStore.decide in another process → the owning loop's tool body start",
+                lat(pg["tool"]),
+                limit=f"decide call {lat(pg['decide_call'])}",
+                target="report",
             )
         )
     return rows

@@ -6,9 +6,13 @@
 //! `tool/result`, `TOOL_NOT_STARTED` if no `tool/call` was logged (safe to retry) or
 //! `TOOL_OUTCOME_UNKNOWN` citing the call (its side effect may have happened); then `step/end`
 //! if a step is open; then `turn/end {kind: "interrupted"}`. Closers reuse the last event's time.
+//! A call a person decided not to run (denied, answered, expired, cancelled: `decision/resolved`
+//! in the step) never ran, whatever its `tool/call` says: it gets what was decided, as the
+//! resumed step would have given it.
 
 use serde_json::json;
 
+use super::decisions::{self, Request, Resolution};
 use super::ending::Ending;
 use super::events::{self, publish, LoopEvent};
 use super::failure::FailureCode;
@@ -25,6 +29,19 @@ struct OpenTurn {
     /// `tool/call` seqs by call id, in the open step.
     started: Vec<(String, u64)>,
     finished: Vec<String>,
+    /// The open step's `decision/requested` and `decision/resolved`, in log order.
+    requests: Vec<Request>,
+    resolutions: Vec<Resolution>,
+}
+
+impl OpenTurn {
+    /// What a person decided for call `index` of the step (`call_id`), when it does not run:
+    /// the last request for that position naming that call, and its resolution.
+    fn decided_not_to_run(&self, index: usize, call_id: &str, name: &str) -> Option<super::tools::Outcome> {
+        let request = self.requests.iter().rev().find(|r| r.index == index && r.call_id == call_id)?;
+        let resolution = self.resolutions.iter().find(|r| r.decision_id == request.decision_id)?;
+        decisions::preset_outcome(resolution, name)
+    }
 }
 
 fn find_open_turn(events: &[Event]) -> Option<OpenTurn> {
@@ -39,9 +56,13 @@ fn find_open_turn(events: &[Event]) -> Option<OpenTurn> {
                 open.requested.clear();
                 open.started.clear();
                 open.finished.clear();
+                open.requests.clear();
+                open.resolutions.clear();
             }
             events::STEP_END => open.step = None,
             events::ASSISTANT_MESSAGE if open.step.is_some() => open.requested.extend(events::requested_calls(&event.data())),
+            events::DECISION_REQUESTED if open.step.is_some() => open.requests.extend(decisions::request_of(&event.data())),
+            events::DECISION_RESOLVED if open.step.is_some() => open.resolutions.extend(decisions::resolution_of(&event.data())),
             events::TOOL_CALL if open.step.is_some() => {
                 if let Some(id) = events::call_id(&event.data()) {
                     open.started.push((id.to_string(), event.seq));
@@ -83,7 +104,7 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
         // n-th request of an id by the n-th of each (the loop refuses a reply that repeats an
         // id, but a log may hold one), so every requested call gets exactly one result.
         let mut occurrences: Vec<(&str, usize)> = Vec::new();
-        for (call_id, name) in &open.requested {
+        for (index, (call_id, name)) in open.requested.iter().enumerate() {
             let nth = match occurrences.iter_mut().find(|(id, _)| *id == call_id.as_str()) {
                 Some((_, n)) => {
                     *n += 1;
@@ -98,6 +119,19 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
                 continue;
             }
             let started = open.started.iter().filter(|(id, _)| id == call_id).nth(nth).map(|(_, seq)| *seq);
+            let seq = log.len();
+            let id = Some(format!("interrupted-tool-result-{call_id}-{seq}"));
+            if let Some(outcome) = open.decided_not_to_run(index, call_id, name) {
+                let content = match &outcome.content {
+                    super::tools::Content::Text(text) => vec![json!({"type": "text", "text": text})],
+                    super::tools::Content::Blocks(blocks) => blocks.clone(),
+                };
+                let message =
+                    Message::tool_result(call_id, content, outcome.is_error, id).map_err(|e| LogError::InvalidEvent(e.to_string()))?;
+                commit(events::tool_result(open.turn, step, &message, outcome.error.as_ref(), None, started))?;
+                count += 1;
+                continue;
+            }
             let (text, error_name, code) = match started {
                 None => (
                     format!("Tool call {name:?} was not started before the session was interrupted; it is safe to retry."),
@@ -112,14 +146,8 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
                     FailureCode::ToolOutcomeUnknown,
                 ),
             };
-            let seq = log.len();
-            let message = Message::tool_result(
-                call_id,
-                vec![json!({"type": "text", "text": text})],
-                true,
-                Some(format!("interrupted-tool-result-{call_id}-{seq}")),
-            )
-            .map_err(|e| LogError::InvalidEvent(e.to_string()))?;
+            let message = Message::tool_result(call_id, vec![json!({"type": "text", "text": text})], true, id)
+                .map_err(|e| LogError::InvalidEvent(e.to_string()))?;
             commit(events::tool_result(open.turn, step, &message, Some(&code.tool_error(error_name)), None, started))?;
             count += 1;
         }

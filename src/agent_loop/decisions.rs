@@ -19,6 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::events::{self, publish};
+use super::tools::Outcome;
 use crate::event_log::{Event, LogError, SessionLog};
 
 /// `sha256:<hex>` of the arguments' exact text: what a decision approves is the bytes that
@@ -176,6 +177,28 @@ impl Resolved {
     }
 }
 
+/// The result a resolution gives a call that does not run (denied, answered, expired,
+/// cancelled); `None` for one that runs (approved, edited). The crash closers give it to such a
+/// call whose result the log lacks: the call never ran, whatever `tool/call` says.
+pub fn preset_outcome(resolution: &Resolution, name: &str) -> Option<Outcome> {
+    match resolution.outcome {
+        Resolved::Approved | Resolved::Edited => None,
+        Resolved::Denied => Some(Outcome::denied(name, resolution.reason.as_deref())),
+        Resolved::Answered => Some(answered(resolution.value.as_deref())),
+        Resolved::Expired => Some(Outcome::expired(name)),
+        Resolved::Cancelled => Some(Outcome::aborted_before()),
+    }
+}
+
+/// The result an answer gives its call: a string as it is, any other JSON as its text.
+fn answered(value: Option<&str>) -> Outcome {
+    let value = value.unwrap_or("null");
+    match serde_json::from_str::<Value>(value) {
+        Ok(Value::String(text)) => Outcome::text(text),
+        _ => Outcome::text(value),
+    }
+}
+
 /// One `decision/resolved`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolution {
@@ -305,7 +328,7 @@ fn text(data: &Value, key: &str) -> Option<String> {
     data.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
-fn request_of(data: &Value) -> Option<Request> {
+pub(super) fn request_of(data: &Value) -> Option<Request> {
     Some(Request {
         turn: events::turn_of(data)?,
         step: events::step_of(data)?,
@@ -322,7 +345,7 @@ fn request_of(data: &Value) -> Option<Request> {
     })
 }
 
-fn resolution_of(data: &Value) -> Option<Resolution> {
+pub(super) fn resolution_of(data: &Value) -> Option<Resolution> {
     Some(Resolution {
         turn: events::turn_of(data)?,
         step: events::step_of(data)?,

@@ -474,6 +474,33 @@ fn a_crash_after_a_call_started_closes_the_turn_as_today() {
 }
 
 #[test]
+fn a_crash_after_a_decided_call_that_does_not_run_gives_it_its_decision_not_an_unknown_outcome() {
+    // pay is approved, wipe denied, ask answered; the resumed step logged every tool/call,
+    // then the process died before any result. Only pay may have run: the others were
+    // decided not to, and their closers say what was decided (not "outcome unknown").
+    let gate: GateFn = Box::new(|_, name, _| {
+        let schema = (name == "ask").then(|| r#"{"type":"string"}"#.to_string());
+        Gate::Ask(Ask { schema, note: None, expires_at: None })
+    });
+    let h = Host::new(Some(gate)).reply(&[("c1", "pay", "{}"), ("c2", "wipe", "{}"), ("c3", "ask", "{}")]);
+    h.turn("go");
+    let ids = h.pending_ids();
+    h.decide(&ids[0], Decide::Approve, None).unwrap();
+    h.decide(&ids[1], Decide::Deny(Some("no".into())), None).unwrap();
+    h.decide(&ids[2], Decide::Answer(json!("blue")), None).unwrap();
+    for (id, name) in [("c1", "pay"), ("c2", "wipe"), ("c3", "ask")] {
+        kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::tool_call(1, 1, id, name, "{}")).unwrap();
+    }
+    let h = h.reopen(None);
+    let results = h.results();
+    assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
+    assert_eq!(results[1], ("tool call 'wipe' was denied: no".to_string(), Some("TOOL_DENIED".to_string())));
+    assert_eq!(results[2], ("blue".to_string(), None));
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "interrupted");
+    assert!(h.ran.borrow().is_empty());
+}
+
+#[test]
 fn a_decision_is_bound_to_its_call_by_position_id_and_digest() {
     let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", r#"{"amount":5}"#)]);
     h.turn("go");
