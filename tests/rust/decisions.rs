@@ -489,7 +489,11 @@ fn a_crash_after_a_decided_call_that_does_not_run_gives_it_its_decision_not_an_u
     h.decide(&ids[1], Decide::Deny(Some("no".into())), None).unwrap();
     h.decide(&ids[2], Decide::Answer(json!("blue")), None).unwrap();
     for (id, name) in [("c1", "pay"), ("c2", "wipe"), ("c3", "ask")] {
-        kerman::agent_loop::events::append(&h.log, kerman::agent_loop::events::tool_call(1, 1, id, name, "{}")).unwrap();
+        kerman::agent_loop::events::append(
+            &h.log,
+            kerman::agent_loop::events::tool_call(1, 1, id, name, "{}", kerman::agent_loop::ToolInfo::default()),
+        )
+        .unwrap();
     }
     let h = h.reopen(None);
     let results = h.results();
