@@ -35,6 +35,8 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "ag-ui-protocol>=1.0" "starlette>=0.40" "uvicorn>=0.30" "sse-starlette>=2.1" "httpx>=0.27" "selenium>=4.20"
 	@# PyYAML: the release workflow read as GitHub reads it (tests/python/packaging/test_release_workflow.py).
 	$(PY) -m pip install -q --root-user-action=ignore "pyyaml>=6"
+	@# openai-agents: kerman.integrations.openai_agents (tests/python/integrations/).
+	$(PY) -m pip install -q --root-user-action=ignore "openai-agents>=0.24"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when

@@ -17,7 +17,9 @@ The rules that are the fold's, not a protocol's:
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
   announces the call first, with the name and arguments its assistant message gave;
 * a decision request and its resolution are told as they come (docs/decisions.md); the
-  request marked ``last`` is the final one before the step waits.
+  request marked ``last`` is the final one before the step waits;
+* an event of a type Kerman does not write (a plugin's, an application's) is told as it comes,
+  and changes nothing else: an open text part stays open around it.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class Sink:
         """A pending request was resolved (approved, denied, edited, answered, expired or
         cancelled)."""
 
+    def custom(self, view: events.OtherEvent) -> None:
+        """An event of a type Kerman does not write (``kerman.events.TYPES`` lacks it)."""
+
 
 class UiFold:
     """The state a UI derives from the log prefix fed so far, and nothing else."""
@@ -111,14 +116,19 @@ class UiFold:
         if event.__class__ is Event:
             entry = _HANDLERS.get(event.type)
             if entry is None:
-                return False
+                if event.type in events.TYPES:  # Kerman's own, not shown (log repair records)
+                    return False
+                self.sink.custom(events.OtherEvent(event))
+                return True
             cls, handler = entry
             handler(self, cls(event))
             return True
         view = events.view(event)
         handler = _BY_CLASS.get(view.__class__)
         if handler is None:
-            return False
+            if view.__class__ is not events.OtherEvent:
+                return False
+            handler = UiFold._custom
         handler(self, view)
         return True
 
@@ -233,6 +243,9 @@ class UiFold:
 
     def _decision_resolved(self, view: events.DecisionResolved) -> None:
         self.sink.decision_resolved(view)
+
+    def _custom(self, view: events.OtherEvent) -> None:
+        self.sink.custom(view)
 
     def _turn_end(self, view: events.TurnEnd) -> None:
         self._close_open()

@@ -6,7 +6,9 @@ tool calls with their results, user messages as ``user`` text messages, and the 
 state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). A turn that
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
 request); once every request of the step is resolved, the turn goes on in a new run whose
-``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). What to show
+``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). An event of a type Kerman
+does not write (a plugin's) is a ``CUSTOM`` event, named and valued by the ``custom`` mapping
+(by default its type and data; ``_custom.py``). What to show
 is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
 down in docs/web.md.
 """
@@ -21,6 +23,7 @@ from .. import events
 from .._core import Event
 from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, payload, public_reason
+from ._custom import CustomMapping, mapped
 
 __all__ = ["AgUiProjection"]
 
@@ -30,10 +33,13 @@ _LIST_KEYS = {"next-turn": "nextTurn", "next-step": "nextStep"}
 class AgUiProjection(Projection, f.Sink):
     """Feeds on log events one at a time; ``feed(event)`` returns the AG-UI events (dicts in
     their wire form, camelCase) that the event gives. The state it keeps is derived from the
-    events fed so far and nothing else."""
+    events fed so far and nothing else. ``custom`` maps the events of types Kerman does not
+    write (``kerman.ui.Custom``, or ``None`` to drop one); by default each is a ``CUSTOM``
+    event named by its type, its data the value."""
 
-    def __init__(self, thread_id: str = "session") -> None:
+    def __init__(self, thread_id: str = "session", *, custom: Optional[CustomMapping] = None) -> None:
         self.thread_id = thread_id
+        self.custom_mapping = custom
         self.fold = f.UiFold(self)
         self.queue = self.fold.queue
         self._snapshot_sent = False
@@ -191,6 +197,11 @@ class AgUiProjection(Projection, f.Sink):
                 )
             )
         self._run_id = ""
+
+    def custom(self, view: events.OtherEvent) -> None:
+        shown = mapped(self.custom_mapping, view)
+        if shown is not None:
+            self._out.append(self._ev("CUSTOM", name=shown.name, value=shown.value))
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
         raw = payload(request)

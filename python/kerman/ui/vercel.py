@@ -8,7 +8,9 @@ transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
 ``data-context`` (each user message as it enters a step). A decision request shows its call
 (``tool-input-available``), a ``tool-approval-request`` (approvalId = the decision id; AI SDK 6)
 for an approval, and a ``data-decision`` part (id = the decision id) that its resolution
-replaces; a denied or expired call ends as ``tool-output-denied``. What to show is the shared
+replaces; a denied or expired call ends as ``tool-output-denied``. An event of a type Kerman
+does not write (a plugin's) is a ``data-<name>`` part, named and valued by the ``custom``
+mapping (by default its type and data; ``_custom.py``). What to show is the shared
 fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is in
 docs/web.md.
 """
@@ -21,6 +23,7 @@ from typing import Any, List, Optional
 from .. import events
 from . import _fold as f
 from ._base import EventLike, JsonDict, Projection, payload, public_reason
+from ._custom import CustomMapping, mapped
 
 __all__ = ["VercelProjection"]
 
@@ -34,9 +37,12 @@ _END = {"text": "text-end", "reasoning": "reasoning-end"}
 
 class VercelProjection(Projection, f.Sink):
     """Feeds on log events one at a time; ``feed(event)`` returns the stream parts (dicts in
-    their wire form) that the event gives."""
+    their wire form) that the event gives. ``custom`` maps the events of types Kerman does not
+    write (``kerman.ui.Custom``, or ``None`` to drop one); by default each is a
+    ``data-<type>`` part, its data the part's."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, custom: Optional[CustomMapping] = None) -> None:
+        self.custom_mapping = custom
         self.fold = f.UiFold(self)
         self.queue = self.fold.queue
         self._out: List[JsonDict] = []
@@ -151,6 +157,18 @@ class VercelProjection(Projection, f.Sink):
         if outcome in ("denied", "expired") and resolution.call_id in self._shown:
             self._denied.add(resolution.call_id)
             self._out.append({"type": "tool-output-denied", "toolCallId": resolution.call_id})
+
+    def custom(self, view: events.OtherEvent) -> None:
+        shown = mapped(self.custom_mapping, view)
+        if shown is None:
+            return
+        part: JsonDict = {"type": f"data-{shown.name}"}
+        if shown.id is not None:
+            part["id"] = shown.id
+        part["data"] = shown.value
+        if shown.transient:
+            part["transient"] = True
+        self._out.append(part)
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         """Not a part of this protocol: the queue parts already show the input is gone."""

@@ -4,7 +4,8 @@ Each scenario runs a real AgentLoop with a scripted model over a FileStore and k
 session file as it is. Run it only to add or change a scenario; then regenerate the goldens
 (``KERMAN_UPDATE_GOLDEN=1 pytest tests/python/ui``) and read the diff:
 
-    python tests/python/ui/record_logs.py
+    python tests/python/ui/record_logs.py            # every scenario
+    python tests/python/ui/record_logs.py custom     # only the ones named
 """
 
 from __future__ import annotations
@@ -266,6 +267,34 @@ async def decisions(store: kerman.FileStore) -> None:
     await loop.aclose()
 
 
+async def custom(store: kerman.FileStore) -> None:
+    """A plugin's own event types: one appended while text streams, one by a tool, one by the
+    application between turns (data not an object)."""
+
+    async def model(request: kerman.ModelRequest):  # noqa: ANN202
+        if request.step == 1:
+            yield {"type": "text-delta", "text": "Checking "}
+            request.loop.log.append("progress/update", {"stage": "search", "percent": 40})
+            yield {"type": "text-delta", "text": "the index."}
+            yield {"type": "tool-call", "id": "c1", "name": "index", "arguments": "{}"}
+        else:
+            yield {"type": "text-delta", "text": "Indexed."}
+        yield {"type": "finish", "reason": "stop"}
+
+    loop = kerman.AgentLoop(model, log=store.create("custom"))
+
+    @loop.tool
+    async def index() -> str:
+        """Rebuilds the index."""
+        loop.log.append("progress/update", {"stage": "index", "percent": 100})
+        return "indexed 3 files"
+
+    loop.followup("rebuild the index")
+    await loop.when_idle()
+    loop.log.append("goal/change", "ship it")
+    await loop.aclose()
+
+
 async def closers(store: kerman.FileStore, root: Path) -> None:
     """The process stops during a tool call; opening the session appends the closers."""
     inside = asyncio.Event()
@@ -302,17 +331,22 @@ async def closers(store: kerman.FileStore, root: Path) -> None:
     shutil.copy(crashed / "closers.jsonl", HERE / "closers.jsonl")
 
 
-async def main() -> None:
+async def main(only: list[str]) -> None:
+    """Records every scenario, or the ones named on the command line (the others' logs, and so
+    their goldens, stay as they are)."""
     HERE.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions):
+        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom):
+            if only and scenario.__name__ not in only:
+                continue
             await scenario(store)
             shutil.copy(root / f"{scenario.__name__}.jsonl", HERE / f"{scenario.__name__}.jsonl")
-        await closers(store, root)
+        if not only or "closers" in only:
+            await closers(store, root)
     print(f"recorded {len(list(HERE.glob('*.jsonl')))} logs in {HERE}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))

@@ -33,7 +33,18 @@ def test_golden(name, protocol, tmp_path):
 
 
 def test_every_scenario_is_recorded():
-    assert set(LOGS) == {"text", "tools", "steering", "queue_edits", "rejection", "cancellation", "errors", "closers", "decisions"}
+    assert set(LOGS) == {
+        "text",
+        "tools",
+        "steering",
+        "queue_edits",
+        "rejection",
+        "cancellation",
+        "errors",
+        "closers",
+        "decisions",
+        "custom",
+    }
 
 
 @pytest.mark.parametrize("name", LOGS)
