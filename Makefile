@@ -37,6 +37,8 @@ test-deps:
 	$(PY) -m pip install -q --root-user-action=ignore "pyyaml>=6"
 	@# openai-agents: kerman.integrations.openai_agents (tests/python/integrations/).
 	$(PY) -m pip install -q --root-user-action=ignore "openai-agents>=0.24"
+	@# pydantic-ai-slim: kerman.integrations.pydantic_ai (tests/python/integrations/).
+	$(PY) -m pip install -q --root-user-action=ignore "pydantic-ai-slim>=2.78"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when
