@@ -129,3 +129,24 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="store must be a Kerman store"):
         KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
     assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None)"
+
+
+def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_path, capsys):
+    from kerman import cli
+
+    root = tmp_path / "sessions"
+    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s")
+    _run(build(tmp_path, [durability]))
+    html = durability.log._repr_html_()
+    durability.close()
+    assert "pydantic-ai/unit" in html and "pydantic-ai/run-end" in html
+    capsys.readouterr()
+    assert cli.main(["log", "show", str(root), "s"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.startswith('session "s"') and header.endswith(f"{2 + UNITS} events")
+    assert len(lines) == 2 + UNITS, lines
+    assert "pydantic-ai/run " in lines[0] and '"prompt":"Plan a trip to Lyon and book it."' in lines[0]
+    assert all("pydantic-ai/unit" in line for line in lines[1:-1])
+    assert '"unit":"trip__model.request","n":0,"run":1' in lines[1]
+    assert '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[4]
+    assert "pydantic-ai/run-end" in lines[-1] and '"output":{"city":"Lyon"' in lines[-1]
