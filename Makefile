@@ -153,6 +153,7 @@ bench: install
 	$(PY) benches/python/providers_long_reply.py
 	$(PY) benches/python/web_sse.py
 	$(PY) benches/python/ui_fold.py
+	$(PY) benches/python/pydantic_ai_durability.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

@@ -56,8 +56,9 @@ class _Journal:
     """The journal of one run in the session: the results logged by earlier attempts of the run,
     and the occurrence counter of each unit name in this attempt."""
 
-    def __init__(self, log: kerman.SessionLog, run: int, logged: dict[tuple[str, int], Any]) -> None:
+    def __init__(self, log: kerman.SessionLog, run: int, logged: dict[tuple[str, int], Any], *, flush: bool) -> None:
         self.log = log
+        self.flush = flush
         self.run = run
         self.logged = logged
         self.counts: dict[str, int] = {}
@@ -73,7 +74,8 @@ class _Journal:
     async def record(self, name: str, n: int, result: Any) -> None:
         """One durable append: the unit's result, flushed before the run goes on."""
         self.log.append(UNIT, {"unit": name, "n": n, "run": self.run, "result": result})
-        await self.log.flush()
+        if self.flush:
+            await self.log.flush()
         self._logged()
 
     def _logged(self) -> None:
@@ -227,12 +229,14 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
                 f"KermanDurability: session {self.session_id!r} holds run {run}, interrupted, started with prompt "
                 f"{start.get('prompt')!r}; resume it with the same prompt, not {prompt!r}"
             )
-        journal = _Journal(log, run, units)
+        # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
+        journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore))
         token = _JOURNAL.set(journal)
         try:
             result = await super().wrap_run(ctx, handler=handler)
         finally:
             _JOURNAL.reset(token)
         log.append(RUN_END, {"run": run, "output": _jsonable(getattr(result, "output", None))})
-        await log.flush()
+        if journal.flush:
+            await log.flush()
         return result
