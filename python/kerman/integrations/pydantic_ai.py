@@ -227,7 +227,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         elif start is not None and start.get("prompt") != prompt:
             raise UserError(
                 f"KermanDurability: session {self.session_id!r} holds run {run}, interrupted, started with prompt "
-                f"{start.get('prompt')!r}; resume it with the same prompt, not {prompt!r}"
+                f"{start.get('prompt')!r}; resume it with the same prompt, not {prompt!r}, or start anew in another session"
             )
         # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
         journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore))
