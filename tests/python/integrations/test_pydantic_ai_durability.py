@@ -150,3 +150,31 @@ def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_pa
     assert '"unit":"trip__model.request","n":0,"run":1' in lines[1]
     assert '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[4]
     assert "pydantic-ai/run-end" in lines[-1] and '"output":{"city":"Lyon"' in lines[-1]
+
+
+def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path, monkeypatch):
+    """The book tool fails once (the run raises); the next run with the same prompt replays the
+    two model responses and the weather result from the log and runs only what is left."""
+    import pai_agent
+
+    real = pai_agent._trace
+    failed = []
+
+    def failing_once(trace_dir, name, line):
+        if name == "book.log" and not failed:
+            failed.append(line)
+            raise RuntimeError("the booking service is down")
+        real(trace_dir, name, line)
+
+    monkeypatch.setattr(pai_agent, "_trace", failing_once)
+    durability = KermanDurability(kerman.MemoryStore(), session_id="s")
+    agent = build(tmp_path, [durability])
+    with pytest.raises(RuntimeError, match="the booking service is down"):
+        _run(agent)
+    assert [e.type for e in durability.log.events()] == [RUN, UNIT, UNIT, UNIT]
+    assert _run(agent).output.model_dump() == EXPECTED
+    assert _lines(tmp_path, "model.log") == ["0", "1", "2"]
+    assert _lines(tmp_path, "weather.log") == ["Lyon"]
+    assert _lines(tmp_path, "book.log") == ["Lyon"]
+    assert [e.data["run"] for e in durability.log.events(types=[RUN, RUN_END])] == [1, 1]
+    durability.close()
