@@ -2,9 +2,11 @@
 calls one tool, then answers) run with no durability and journalled in a Kerman session on a
 ``MemoryStore``, on a ``FileStore`` (``durability="none"``: the journal's own cost, no fsync) and
 on a ``FileStore`` in the default ``"checkpoint"`` mode (one fsync per unit, as a crash-safe run
-pays). Each run has a session of its own, as a new conversation would. A row with pydantic-ai's
+pays). Each run has a session of its own, as a new conversation would, except in the row whose
+runs all go to one session opened beforehand (a conversation's later runs). A row with pydantic-ai's
 durable units and a backend that records nothing (``NoJournal``) separates what pydantic-ai's
-durable-execution machinery costs from what the Kerman journal adds.
+durable-execution machinery costs from what the Kerman journal adds. With ``dbos`` installed, a
+last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS workflow.
 
     python3 benches/python/pydantic_ai_durability.py [--runs 100] [--reps 5]
 
@@ -81,6 +83,31 @@ async def runs(n: int, make: Callable[[int], Agent[None, str]], after: Callable[
     return elapsed / n
 
 
+def dbos_row(root: str, n: int) -> Callable[[], float] | None:
+    """``DBOSDurability`` on SQLite: each run one DBOS workflow (``None`` without ``dbos``)."""
+    try:
+        from dbos import DBOS
+        from pydantic_ai.durable_exec.dbos import DBOSDurability
+    except ImportError:
+        return None
+    DBOS(config={"name": "kerman-bench", "system_database_url": f"sqlite:///{root}/dbos.sqlite", "log_level": "WARNING"})
+    dbos_agent = agent([DBOSDurability()])
+
+    @DBOS.workflow()
+    async def workflow(prompt: str) -> str:
+        return (await dbos_agent.run(prompt)).output
+
+    DBOS.launch()
+
+    async def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            assert await workflow("What time is it?") == "It is 12:00 UTC."
+        return (time.perf_counter() - start) / n
+
+    return lambda: asyncio.run(timed())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
@@ -105,6 +132,12 @@ def main() -> None:
 
         return lambda: asyncio.run(runs(args.runs, make, close))
 
+    def one_session(store_factory: Callable[[], Any]) -> float:
+        """Every run in one session, opened before the clock starts: a conversation's later runs."""
+        cap: KermanDurability[None] = KermanDurability(store_factory(), session_id="conversation")
+        _ = cap.log
+        return asyncio.run(runs(args.runs, lambda i: agent([cap]), cap.close))
+
     with tempfile.TemporaryDirectory() as root:
         rows: Dict[str, Callable[[], float]] = {
             "no durability": lambda: asyncio.run(runs(args.runs, plain, lambda: None)),
@@ -114,12 +147,20 @@ def main() -> None:
         rep = iter(range(10**6))
         rows["KermanDurability, FileStore none"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/n{next(rep)}", durability="none"))()
         rows["KermanDurability, FileStore checkpoint"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/c{next(rep)}"))()
+        rows["KermanDurability, FileStore checkpoint, one session"] = lambda: one_session(lambda: kerman.FileStore(f"{root}/o{next(rep)}"))
+        dbos = dbos_row(root, args.runs)
+        if dbos is not None:
+            rows["DBOSDurability, SQLite"] = dbos
         best = {name: min(fn() for _ in range(args.reps)) for name, fn in rows.items()}
+        if dbos is not None:
+            from dbos import DBOS
+
+            DBOS.destroy()
 
     base = best["no durability"]
-    print(f"{'per pydantic-ai run (3 units)':42}  {'µs/run':>9}  {'overhead µs':>11}")
+    print(f"{'per pydantic-ai run (3 units)':52}  {'µs/run':>9}  {'overhead µs':>11}")
     for name, seconds in best.items():
-        print(f"{name:42}  {seconds * 1e6:9.0f}  {(seconds - base) * 1e6:11.0f}")
+        print(f"{name:52}  {seconds * 1e6:9.0f}  {(seconds - base) * 1e6:11.0f}")
     print(json.dumps({"bench": "pydantic_ai_durability", "us_per_run": {k: round(v * 1e6, 1) for k, v in best.items()}}))
 
 
