@@ -43,6 +43,8 @@ test-deps:
 	@# its OTLP exporter (kerman log otel).
 	$(PY) -m pip install -q --root-user-action=ignore "genai-prices>=0.2.3" "opentelemetry-api>=1.30" "opentelemetry-sdk>=1.30" \
 	  "opentelemetry-exporter-otlp-proto-http>=1.30"
+	@# pydantic-ai-slim: kerman.integrations.pydantic_ai (tests/python/integrations/).
+	$(PY) -m pip install -q --root-user-action=ignore "pydantic-ai-slim>=2.78"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when
@@ -163,6 +165,7 @@ bench: install
 	$(PY) benches/python/mcp_call.py
 	$(PY) benches/python/usage_otel.py
 	$(PY) benches/python/run_cost.py
+	$(PY) benches/python/pydantic_ai_durability.py
 	$(MAKE) bench-rust
 	$(MAKE) bench-workers
 

@@ -1,0 +1,168 @@
+"""What ``KermanDurability`` adds to a pydantic-ai run: the same agent (a ``FunctionModel`` that
+calls one tool, then answers) run with no durability and journalled in a Kerman session on a
+``MemoryStore``, on a ``FileStore`` (``durability="none"``: the journal's own cost, no fsync) and
+on a ``FileStore`` in the default ``"checkpoint"`` mode (one fsync per unit, as a crash-safe run
+pays). Each run has a session of its own, as a new conversation would, except in the row whose
+runs all go to one session opened beforehand (a conversation's later runs). A row with pydantic-ai's
+durable units and a backend that records nothing (``NoJournal``) separates what pydantic-ai's
+durable-execution machinery costs from what the Kerman journal adds. With ``dbos`` installed, a
+last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS workflow.
+
+    python3 benches/python/pydantic_ai_durability.py [--runs 100] [--reps 5]
+
+A run is three durable units (model, tool, model), so the journal appends five events (run,
+three units, run-end). Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
+loaded host only adds time), per run; prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from typing import Any, Awaitable, Callable, Dict, List
+
+from pydantic_ai import Agent
+from pydantic_ai.durable_exec import BaseDurabilityCapability, JournalCallableOperationBackend, RoleBasedOperationConfig
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import kerman
+from kerman.integrations.pydantic_ai import KermanDurability
+
+
+def model(messages: List[ModelMessage], info: AgentInfo) -> ModelResponse:
+    returns = [p for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
+    if not returns:
+        return ModelResponse(parts=[ToolCallPart("clock", {"tz": "UTC"})])
+    return ModelResponse(parts=[TextPart(f"It is {returns[0].content}.")])
+
+
+class _RunBody(JournalCallableOperationBackend[None]):
+    async def execute(self, *, operation_id: Any, name: str, body: Callable[[], Awaitable[object]], cache_key: Any, config: None) -> object:
+        return await body()
+
+
+class NoJournal(BaseDurabilityCapability[None]):
+    """KermanDurability's engine spec with a backend that runs each unit and records nothing:
+    what pydantic-ai's durable-execution machinery costs by itself (units, JSON codec)."""
+
+    engine_spec = KermanDurability.engine_spec
+
+    @property
+    def in_durable_context(self) -> bool:
+        return True
+
+    def get_durable_operation_backend(self) -> _RunBody:
+        none = RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None)
+        return _RunBody(agent_name=self.name, default_model_id=self.default_model_id, config=none)
+
+
+def agent(capabilities: List[Any]) -> Agent[None, str]:
+    a = Agent(FunctionModel(model), name="bench", capabilities=capabilities)
+
+    @a.tool_plain
+    def clock(tz: str) -> str:
+        """Returns the time in a time zone."""
+        return f"12:00 {tz}"
+
+    return a
+
+
+async def runs(n: int, make: Callable[[int], Agent[None, str]], after: Callable[[], None]) -> float:
+    """Seconds per run over ``n`` runs (agents built before the clock starts)."""
+    agents = [make(i) for i in range(n)]
+    start = time.perf_counter()
+    for a in agents:
+        out = await a.run("What time is it?")
+        assert out.output == "It is 12:00 UTC.", out.output
+    elapsed = time.perf_counter() - start
+    after()
+    return elapsed / n
+
+
+def dbos_row(root: str, n: int) -> Callable[[], float] | None:
+    """``DBOSDurability`` on SQLite: each run one DBOS workflow (``None`` without ``dbos``)."""
+    try:
+        from dbos import DBOS
+        from pydantic_ai.durable_exec.dbos import DBOSDurability
+    except ImportError:
+        return None
+    DBOS(config={"name": "kerman-bench", "system_database_url": f"sqlite:///{root}/dbos.sqlite", "log_level": "WARNING"})
+    dbos_agent = agent([DBOSDurability()])
+
+    @DBOS.workflow()
+    async def workflow(prompt: str) -> str:
+        return (await dbos_agent.run(prompt)).output
+
+    DBOS.launch()
+
+    async def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            assert await workflow("What time is it?") == "It is 12:00 UTC."
+        return (time.perf_counter() - start) / n
+
+    return lambda: asyncio.run(timed())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+
+    def plain(i: int) -> Agent[None, str]:
+        return agent([])
+
+    def journalled(store_factory: Callable[[], Any]) -> Callable[[], float]:
+        caps: List[KermanDurability[None]] = []
+        store = store_factory()
+
+        def make(i: int) -> Agent[None, str]:
+            cap: KermanDurability[None] = KermanDurability(store, session_id=f"s{len(caps)}")
+            caps.append(cap)
+            return agent([cap])
+
+        def close() -> None:
+            for cap in caps:
+                cap.close()
+
+        return lambda: asyncio.run(runs(args.runs, make, close))
+
+    def one_session(store_factory: Callable[[], Any]) -> float:
+        """Every run in one session, opened before the clock starts: a conversation's later runs."""
+        cap: KermanDurability[None] = KermanDurability(store_factory(), session_id="conversation")
+        _ = cap.log
+        return asyncio.run(runs(args.runs, lambda i: agent([cap]), cap.close))
+
+    with tempfile.TemporaryDirectory() as root:
+        rows: Dict[str, Callable[[], float]] = {
+            "no durability": lambda: asyncio.run(runs(args.runs, plain, lambda: None)),
+            "pydantic-ai durable units, no journal": lambda: asyncio.run(runs(args.runs, lambda i: agent([NoJournal()]), lambda: None)),
+            "KermanDurability, MemoryStore": journalled(kerman.MemoryStore),
+        }
+        rep = iter(range(10**6))
+        rows["KermanDurability, FileStore none"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/n{next(rep)}", durability="none"))()
+        rows["KermanDurability, FileStore checkpoint"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/c{next(rep)}"))()
+        rows["KermanDurability, FileStore checkpoint, one session"] = lambda: one_session(lambda: kerman.FileStore(f"{root}/o{next(rep)}"))
+        dbos = dbos_row(root, args.runs)
+        if dbos is not None:
+            rows["DBOSDurability, SQLite"] = dbos
+        best = {name: min(fn() for _ in range(args.reps)) for name, fn in rows.items()}
+        if dbos is not None:
+            from dbos import DBOS
+
+            DBOS.destroy()
+
+    base = best["no durability"]
+    print(f"{'per pydantic-ai run (3 units)':52}  {'µs/run':>9}  {'overhead µs':>11}")
+    for name, seconds in best.items():
+        print(f"{name:52}  {seconds * 1e6:9.0f}  {(seconds - base) * 1e6:11.0f}")
+    print(json.dumps({"bench": "pydantic_ai_durability", "us_per_run": {k: round(v * 1e6, 1) for k, v in best.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""KermanDurability: a pydantic-ai Agent (FunctionModel, two tools, structured output) journalled
+in a Kerman session. A child process SIGKILLed right after each unit result is durable, then run
+again on the same session, ends with the uninterrupted run's output, executes no tool twice and
+requests no logged model response again (FileStore and PostgresStore); in process: the event
+types, a second run in a finished session, a resume with another prompt refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pai_agent import PROMPT, build  # noqa: E402
+from pydantic_ai.exceptions import UserError  # noqa: E402
+
+import kerman  # noqa: E402
+from conftest import fresh_schema_dsn  # noqa: E402
+from kerman.integrations.pydantic_ai import RUN, RUN_END, UNIT, KermanDurability  # noqa: E402
+
+CHILD = Path(__file__).with_name("pai_agent.py")
+UNITS = 5  # model, weather, model, book, model
+EXPECTED = {"city": "Lyon", "weather": "sunny in Lyon", "reference": "BK-LYON-13"}
+
+
+def _lines(trace: Path, name: str) -> list[str]:
+    path = trace / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _child(kind: str, where: str, session: str, trace: Path, kill_after: int) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, str(CHILD), kind, where, session, str(trace), str(kill_after)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=90)
+
+
+def _kill_at_every_boundary(kind: str, where: str, tmp_path: Path) -> None:
+    """One session, one process per unit: each process replays what the ones before it logged,
+    logs one unit more and is killed right after it is durable, so the kills land after unit 1,
+    2, ... UNITS; a last process finishes the run."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    for k in range(1, UNITS + 1):
+        killed = _child(kind, where, "s", trace, 1)
+        assert killed.returncode == -signal.SIGKILL, (k, killed.returncode, killed.stderr)
+        assert killed.stdout == ""
+        ran = len(_lines(trace, "model.log")) + len(_lines(trace, "weather.log")) + len(_lines(trace, "book.log"))
+        assert ran == k, f"{ran} unit bodies ran after {k} kills (each after one unit)"
+    resumed = _child(kind, where, "s", trace, 0)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == EXPECTED
+    assert _lines(trace, "weather.log") == ["Lyon"]
+    assert _lines(trace, "book.log") == ["Lyon"]
+    # Each model request ran once: the logged ones were not requested again after a kill.
+    assert _lines(trace, "model.log") == ["0", "1", "2"]
+
+
+@pytest.mark.timeout(900)  # seven processes importing pydantic-ai
+def test_a_file_session_killed_after_each_unit_finishes_as_uninterrupted(tmp_path):
+    _kill_at_every_boundary("file", str(tmp_path / "sessions"), tmp_path)
+
+
+@pytest.mark.timeout(900)
+def test_a_postgres_session_killed_after_each_unit_finishes_as_uninterrupted(tmp_path):
+    _kill_at_every_boundary("postgres", fresh_schema_dsn(), tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_the_uninterrupted_child_logs_one_unit_per_model_request_and_tool_call(tmp_path):
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    done = _child("file", str(tmp_path / "sessions"), "s", trace, 0)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == EXPECTED
+    log = kerman.FileStore(str(tmp_path / "sessions")).open("s")
+    try:
+        types = [e.type for e in log.events()]
+        units = [e.data["unit"] for e in log.events(types=[UNIT])]
+    finally:
+        log.close()
+    assert types == [RUN] + [UNIT] * UNITS + [RUN_END]
+    assert units == [
+        "trip__model.request",
+        "trip__function_toolset__<agent>.call_tool:weather",
+        "trip__model.request",
+        "trip__function_toolset__<agent>.call_tool:book",
+        "trip__model.request",
+    ]
+
+
+def _run(agent, prompt: str = PROMPT):
+    return asyncio.run(agent.run(prompt))
+
+
+def test_a_finished_run_is_not_replayed_the_next_run_is_a_new_one(tmp_path):
+    store = kerman.MemoryStore()
+    durability = KermanDurability(store, session_id="s")
+    agent = build(tmp_path, [durability])
+    assert _run(agent).output.model_dump() == EXPECTED
+    assert _run(agent).output.model_dump() == EXPECTED
+    assert len(_lines(tmp_path, "book.log")) == 2  # the second run is a run of its own
+    runs = [e.data["run"] for e in durability.log.events(types=[RUN])]
+    ends = [e.data for e in durability.log.events(types=[RUN_END])]
+    assert runs == [1, 2]
+    assert ends == [{"run": 1, "output": EXPECTED}, {"run": 2, "output": EXPECTED}]
+    durability.close()
+
+
+def test_an_interrupted_run_resumed_with_another_prompt_is_refused(tmp_path):
+    store = kerman.MemoryStore()
+    log = store.create("s")
+    log.append(RUN, {"run": 1, "agent": "trip", "prompt": PROMPT})
+    log.close()
+    durability = KermanDurability(store, session_id="s")
+    with pytest.raises(UserError, match="interrupted, started with prompt 'Plan a trip to Lyon and book it.'"):
+        _run(build(tmp_path, [durability]), "Something else")
+    assert _lines(tmp_path, "model.log") == []
+    durability.close()
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="session_id must be a non-empty string, not ''"):
+        KermanDurability(kerman.MemoryStore(), session_id="")
+    with pytest.raises(TypeError, match="store must be a Kerman store"):
+        KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
+    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None)"
+
+
+def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_path, capsys):
+    from kerman import cli
+
+    root = tmp_path / "sessions"
+    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s")
+    _run(build(tmp_path, [durability]))
+    html = durability.log._repr_html_()
+    durability.close()
+    assert "pydantic-ai/unit" in html and "pydantic-ai/run-end" in html
+    capsys.readouterr()
+    assert cli.main(["log", "show", str(root), "s"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.startswith('session "s"') and header.endswith(f"{2 + UNITS} events")
+    assert len(lines) == 2 + UNITS, lines
+    assert "pydantic-ai/run " in lines[0] and '"prompt":"Plan a trip to Lyon and book it."' in lines[0]
+    assert all("pydantic-ai/unit" in line for line in lines[1:-1])
+    assert '"unit":"trip__model.request","n":0,"run":1' in lines[1]
+    assert '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[4]
+    assert "pydantic-ai/run-end" in lines[-1] and '"output":{"city":"Lyon"' in lines[-1]
+
+
+def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path, monkeypatch):
+    """The book tool fails once (the run raises); the next run with the same prompt replays the
+    two model responses and the weather result from the log and runs only what is left."""
+    import pai_agent
+
+    real = pai_agent._trace
+    failed = []
+
+    def failing_once(trace_dir, name, line):
+        if name == "book.log" and not failed:
+            failed.append(line)
+            raise RuntimeError("the booking service is down")
+        real(trace_dir, name, line)
+
+    monkeypatch.setattr(pai_agent, "_trace", failing_once)
+    durability = KermanDurability(kerman.MemoryStore(), session_id="s")
+    agent = build(tmp_path, [durability])
+    with pytest.raises(RuntimeError, match="the booking service is down"):
+        _run(agent)
+    assert [e.type for e in durability.log.events()] == [RUN, UNIT, UNIT, UNIT]
+    assert _run(agent).output.model_dump() == EXPECTED
+    assert _lines(tmp_path, "model.log") == ["0", "1", "2"]
+    assert _lines(tmp_path, "weather.log") == ["Lyon"]
+    assert _lines(tmp_path, "book.log") == ["Lyon"]
+    assert [e.data["run"] for e in durability.log.events(types=[RUN, RUN_END])] == [1, 1]
+    durability.close()
