@@ -96,14 +96,6 @@ SAMPLE = [
     ("edit-deny", "postgres", "worker", "first-request"),
 ]
 
-# A kerman.Worker wakes the loop of a session it takes only for pending input (worker.py,
-# Worker._run), so a step whose decisions were all in when its owner died (resolved, not yet
-# resumed) is never taken up: the worker releases the session after its idle timeout with the
-# turn open, not runnable, and the decided call never runs. An AgentLoop resumes it at wake().
-WORKER_HELD_READY = pytest.mark.xfail(
-    strict=True, reason="a Worker does not resume a held step whose decisions are all in (it wakes only for pending input)"
-)
-
 _references: Dict[Tuple[str, str], List[dict]] = {}
 
 
@@ -180,17 +172,10 @@ def test_killed_at_a_boundary_then_decided_and_resumed(scenario: str, store: str
     run_point(scenario, store, decider, k, tmp_path)
 
 
-@WORKER_HELD_READY
 @pytest.mark.timeout(300)
 def test_a_worker_takes_up_a_step_whose_decisions_were_all_in_when_its_owner_died(tmp_path: Path) -> None:
     k = POINTS["resolved"](reference_events("approve", "postgres", tmp_path))
     run_point("approve", "postgres", "worker", k, tmp_path)
-
-
-def resolved_not_resumed(ref: List[dict], k: int) -> bool:
-    """Killed once every request of the step is resolved and before the step went on."""
-    last_resolution = max(e["seq"] for e in ref if e["type"] == "decision/resolved")
-    return last_resolution <= k < POINTS["first-call"](ref)
 
 
 CHUNKS = 4
@@ -207,6 +192,4 @@ def test_killed_at_every_boundary(scenario: str, store: str, decider: str, chunk
         pytest.skip("a Worker runs over PostgreSQL")
     ref = reference_events(scenario, store, tmp_path)
     for k in range(chunk, len(ref), CHUNKS):
-        if decider == "worker" and resolved_not_resumed(ref, k):
-            continue  # test_a_worker_takes_up_a_step_whose_decisions_were_all_in_when_its_owner_died
         run_point(scenario, store, decider, k, tmp_path)
