@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..tools import Tool, ToolContext, ToolResult
@@ -11,10 +10,6 @@ if TYPE_CHECKING:
     from ._server import MCPServer
 
 __all__ = ["MCPTool", "effect_of", "is_destructive"]
-
-# Whether Tool takes effect= (the side-effect classes); a Kerman without it still gets the
-# class on the adapter (MCPTool.effect).
-_TOOL_TAKES_EFFECT = "effect" in inspect.signature(Tool.__init__).parameters
 
 
 def effect_of(annotations: Any) -> str:
@@ -42,7 +37,7 @@ class MCPTool(Tool):
     calls, ``remote_name`` the server's own; ``parameters`` is the server's input schema as it
     is; ``effect`` the class its annotations map to; ``annotations`` those annotations."""
 
-    __slots__ = ("server", "remote_name", "effect", "annotations")
+    __slots__ = ("server", "remote_name", "annotations")
 
     def __init__(
         self,
@@ -56,14 +51,12 @@ class MCPTool(Tool):
         *,
         needs_approval: bool = False,
     ) -> None:
-        extra: Dict[str, Any] = {"effect": effect} if _TOOL_TAKES_EFFECT else {}
-        super().__init__(name, self._run, description, None, True, needs_approval=needs_approval, **extra)
+        super().__init__(name, self._run, description, None, True, needs_approval=needs_approval, effect=effect)
         # The server's schema goes to the model as it is: Tool's own check is for schemas
         # written in Python, and a server may use any JSON Schema keyword.
         self.parameters = dict(schema)
         self.server = server
         self.remote_name = remote_name
-        self.effect = effect
         self.annotations = annotations
 
     async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> ToolResult:
