@@ -130,7 +130,7 @@ def test_forks_of_forks_and_their_own_ways(tmp_path, kind):
         c.append("x/child", {"n": 1})
         asyncio.run(_flush(c))
         child_records = records(c)
-    grandchild = store.fork(child, cut + 1, "g")
+    assert store.fork(child, cut + 1, "g") == "g"
     with store.open("g") as g:
         assert records(g) == child_records[: cut + 2]
         assert g[cut + 1].type == "x/child"
@@ -205,3 +205,20 @@ def test_a_file_child_reopens_in_another_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "c"], capture_output=True, text=True, check=True).stdout
     assert out.split(" ", 2) == [str(cut + 1), "p", expected + "\n"]
     assert store.verify("c")["events"] == cut + 1
+
+
+def test_kerman_log_fork_prints_the_new_id_and_show_names_the_parent(tmp_path, capsys):
+    from kerman.cli import main
+
+    store = kerman.FileStore(tmp_path, durability="strict")
+    log = build(store)
+    splice = [e.seq for e in log.events() if e.type == "agent/inbox/spliced"][-1]
+    log.close()
+    assert main(["log", "fork", str(tmp_path), "p", str(splice), "--id", "c", "--inbox", "drop"]) == 0
+    assert capsys.readouterr().out == "c\n"
+    with store.open("c") as c:
+        assert len(c) == splice + 2 and kerman.Inbox(c).next_turn == ()
+    assert main(["log", "show", str(tmp_path), "c"]) == 0
+    assert f'forked from session "p" at seq {splice} (events 0–{splice} are its)' in capsys.readouterr().out.splitlines()[1]
+    assert main(["log", "fork", str(tmp_path), "p", "999"]) == 2
+    assert 'at_seq 999 is past the end of session "p"' in capsys.readouterr().err
