@@ -82,6 +82,12 @@ impl MemoryStore {
     }
 }
 
+/// At most the events `0..=at_seq` of `events` (`fork_prefix` then checks the cut).
+fn prefix(events: &[Event], at_seq: u64) -> Vec<Event> {
+    let end = usize::try_from(at_seq).map_or(events.len(), |at| at.saturating_add(1).min(events.len()));
+    events[..end].to_vec()
+}
+
 impl Store for MemoryStore {
     fn create(&self, id: Option<&str>) -> Result<SessionLog, LogError> {
         let id = resolve_id(id)?;
@@ -140,14 +146,15 @@ impl Store for MemoryStore {
         // The live log is read outside the store's lock (its close takes that lock).
         let (stored, live) = match lock(&self.sessions).get(id) {
             None => return Err(LogError::NotFound { id: id.into() }),
-            Some(entry) => (entry.events.clone(), entry.live.clone()),
+            // Only the inherited prefix is cloned (events share their texts).
+            Some(entry) => (entry.events.as_ref().map(|events| prefix(events, at_seq)), entry.live.clone()),
         };
         let events = match (stored, live.and_then(|l| l.upgrade())) {
             (Some(events), _) => events,
             (None, Some(log)) => log.range(0, at_seq.checked_add(1)),
             // Closed between the two looks (its events are stored by now): fork again.
             (None, None) => match lock(&self.sessions).get(id).and_then(|e| e.events.clone()) {
-                Some(events) => events,
+                Some(events) => prefix(&events, at_seq),
                 None => return Err(LogError::LockedHere { id: id.into() }),
             },
         };
@@ -159,5 +166,32 @@ impl Store for MemoryStore {
         }
         sessions.insert(child.clone(), Entry { header, events: Some(events), live: None });
         Ok(child)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fork_copies_the_prefix_of_an_open_or_closed_parent_and_leaves_it_alone() {
+        let store = MemoryStore::new();
+        let log = store.create(Some("p")).unwrap();
+        for n in 0..3 {
+            log.append("x/n", &serde_json::json!({ "n": n })).unwrap();
+        }
+        assert_eq!(store.fork("p", 1, Some("open")).unwrap(), "open");
+        log.close().unwrap();
+        assert_eq!(store.fork("p", 2, Some("closed")).unwrap(), "closed");
+        let e = store.fork("p", 3, None).unwrap_err().to_string();
+        assert_eq!(e, "cannot fork: at_seq 3 is past the end of session \"p\", which ends at seq 2");
+        assert!(matches!(store.fork("p", 0, Some("open")), Err(LogError::Exists { .. })));
+        let parent = store.open("p").unwrap();
+        for (id, len) in [("open", 2), ("closed", 3)] {
+            let child = store.open(id).unwrap();
+            assert_eq!(child.range(0, None), parent.range(0, Some(len)));
+            assert_eq!(child.header()["forkedFrom"], serde_json::json!({ "id": "p", "seq": len - 1 }));
+        }
+        assert_eq!(parent.len(), 3);
     }
 }
