@@ -45,7 +45,7 @@ import kerman  # noqa: E402
 
 WORKLOADS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10")
 # Extra rows outside PERFORMANCE.md's P1–P10, run with the full set or by name (--only TAIL).
-EXTRAS = ("TAIL", "SOAK", "GATE", "DECIDE")
+EXTRAS = ("TAIL", "SOAK", "GATE", "DECIDE", "FORK")
 now_ns = time.perf_counter_ns
 
 
@@ -777,6 +777,65 @@ def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
             "report",
         )
     ]
+
+
+# ---- extra: store.fork ------------------------------------------------------------------------
+
+
+def _fork_times(cfg: Cfg, store: Any, sid: str, events: int) -> Dict[str, float]:
+    """Median seconds of `store.fork` at the first event, half-way and at the last event."""
+    out = {}
+    for name, at in (("first", 0), ("half", events // 2), ("last", events - 1)):
+        times = []
+        for rep in range(cfg.reps):
+            child = f"{sid}-fork-{name}-{rep}-{os.getpid()}"
+            t0 = time.perf_counter()
+            store.fork(sid, at, child)
+            times.append(time.perf_counter() - t0)
+            store.delete(child)
+        out[name] = med(times)
+    return out
+
+
+def _fork_row(store_label: str, events: int, t: Dict[str, float]) -> Row:
+    kerman = f"cut 0: {t['first'] * 1e3:.1f} ms; half: {t['half'] * 1e3:.1f} ms; last: {t['last'] * 1e3:.1f} ms"
+    return Row("fork", f"{store_label}: store.fork of a {events:,}-event session (records copied)", kerman, target="report")
+
+
+def fork(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
+    """`store.fork` of a 100,000-event session on each store. The stores copy the parent's
+    records up to the cut (docs/context.md, "Forks"), so the time grows with the cut; the
+    O(1) target of issue 32 needs shared records, which no store has yet."""
+    events = gen_log.whole_blocks(cfg.size(100_000, 20_000))
+    root, _, sid, _ = p8_file(cfg, events)
+    rows = [_fork_row("FileStore", events, _fork_times(cfg, kerman.FileStore(root, durability="strict"), sid, events))]
+    records = kerman.FileStore(root, durability="none").open(sid)
+    batch = [("bench/" + e.type, e.data) for e in records.events()]
+    records.close()
+    memory = kerman.MemoryStore()
+    with memory.create("m") as log:
+        for kind, data in batch:
+            log.append(kind, data)
+    rows.append(_fork_row("MemoryStore", events, _fork_times(cfg, memory, "m", events)))
+    dsn = os.environ.get("KERMAN_PG_DSN")
+    if not dsn:
+        print("  FORK PostgreSQL skipped: KERMAN_PG_DSN is unset", flush=True)
+        return rows
+    pg = kerman.PostgresStore(dsn)
+    pid = f"bench-fork-{os.getpid()}"
+
+    async def fill() -> None:
+        with pg.create(pid) as log:
+            for kind, data in batch:
+                log.append(kind, data)
+            await log.flush()
+
+    asyncio.run(fill())
+    try:
+        rows.append(_fork_row("PostgresStore", events, _fork_times(cfg, pg, pid, events)))
+    finally:
+        pg.delete(pid)
+    return rows
 
 
 # ---- extra: memory soak ------------------------------------------------------------------------

@@ -50,6 +50,8 @@ pub enum LogError {
     /// A value this store cannot keep (NUL in a PostgreSQL text column), refused before it
     /// is accepted; says what and names it (see `storable.rs`).
     Unstorable(String),
+    /// A fork that cannot be made as asked (a cut beyond the parent's last event), saying why.
+    InvalidFork(String),
 }
 
 impl LogError {
@@ -116,6 +118,7 @@ impl fmt::Display for LogError {
             ),
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
             LogError::Unstorable(detail) => write!(f, "cannot store this: {detail}"),
+            LogError::InvalidFork(detail) => write!(f, "cannot fork: {detail}"),
         }
     }
 }

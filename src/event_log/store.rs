@@ -38,6 +38,14 @@ pub const FORMAT_VERSION: u64 = 1;
 ///   types, keys and texts included (the file escapes it as `\u0000`); a store whose medium
 ///   cannot (PostgreSQL `text`/`jsonb` and NUL) checks at append time, in its backend's
 ///   `enqueue` (an error there refuses the append: nothing is committed, no seq is taken).
+/// * `fork` makes a new session (minting a UUIDv7 id when `None`; an existing id is `Exists`)
+///   whose events are the parent's events `0..=at_seq`, exactly as the parent's log reads them
+///   (type, seq, time, data, envelope), and whose header names the parent and the cut
+///   ([`FORKED_FROM`]). The parent is not changed; the child owns its records (a copy), so the
+///   two go their own ways and either may be deleted. The parent may be open (its committed
+///   events are read). A cut past the parent's last event is `InvalidFork`. Returns the id.
+///   Nothing of the loop is done here: a cut inside a turn is closed by the loop's crash
+///   closers when the child is first opened, like any session that ended mid-turn.
 /// * File stores store only regular files: a session name that is anything else (a link, a
 ///   FIFO, a device, a directory) is listed, but refused by every operation that would read or
 ///   write it.
@@ -47,6 +55,39 @@ pub trait Store: Send + Sync {
     fn list(&self) -> Result<Vec<String>, LogError>;
     fn exists(&self, id: &str) -> Result<bool, LogError>;
     fn delete(&self, id: &str) -> Result<(), LogError>;
+    fn fork(&self, id: &str, at_seq: u64, new_id: Option<&str>) -> Result<String, LogError>;
+}
+
+/// The header key a forked session's header names its parent and cut under:
+/// `"forkedFrom": {"id": <parent id>, "seq": <the cut, the last inherited seq>}`.
+pub const FORKED_FROM: &str = "forkedFrom";
+
+/// The events a fork at `at_seq` inherits of `events` (a parent's committed events), or
+/// `InvalidFork` naming the cut and the parent's length.
+pub(crate) fn fork_prefix(parent: &str, events: &[super::Event], at_seq: u64) -> Result<Vec<super::Event>, LogError> {
+    match usize::try_from(at_seq).ok().filter(|&at| at < events.len()) {
+        Some(at) => Ok(events[..=at].to_vec()),
+        None => Err(fork_beyond(parent, at_seq, events.len() as u64)),
+    }
+}
+
+/// The error for a cut at `at_seq` of a parent holding `len` events.
+pub(crate) fn fork_beyond(parent: &str, at_seq: u64, len: u64) -> LogError {
+    let has = match len {
+        0 => "has no events".to_string(),
+        n => format!("ends at seq {}", n - 1),
+    };
+    LogError::InvalidFork(format!("at_seq {at_seq} is past the end of session {parent:?}, which {has}"))
+}
+
+/// The header of a session forked from `parent` at `at_seq`: a new header plus [`FORKED_FROM`].
+pub(crate) fn fork_header(id: &str, parent: &str, at_seq: u64) -> Map<String, Value> {
+    let mut header = new_header(id);
+    let mut from = Map::new();
+    from.insert("id".into(), Value::String(parent.into()));
+    from.insert("seq".into(), Value::from(at_seq));
+    header.insert(FORKED_FROM.into(), Value::Object(from));
+    header
 }
 
 /// A session id for `create`: the given one (checked) or a fresh UUIDv7.

@@ -38,7 +38,7 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
         LogError::NotJson { .. } => new_err(py, "NotJsonError", (text,)),
         LogError::Reentrant => new_err(py, "ReentrantAppendError", (text,)),
         LogError::ReservedType(_) | LogError::InvalidType(_) | LogError::InvalidId(_) => PyValueError::new_err(text),
-        LogError::Unstorable(_) => PyValueError::new_err(text),
+        LogError::Unstorable(_) | LogError::InvalidFork(_) => PyValueError::new_err(text),
         LogError::InvalidEvent(_) => new_err(py, "LogError", (text,)),
         LogError::Corrupt { path, line, seq, .. } => new_err(py, "CorruptLogError", (text, path.display().to_string(), line, seq)),
         LogError::UnsupportedFormat { path, found, supported } => {

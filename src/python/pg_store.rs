@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use super::errors::{log_err, new_err};
+use super::errors::{inbox_err, log_err, new_err};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PySessionLog};
 use super::message::{user_message_arg, wrap, PyMessage};
 use super::reopen::{locked_here, OpenLogs};
 use super::runtime::aio::{Completion, Value};
-use crate::agent_loop::crash_closers;
+use crate::agent_loop::{crash_closers, fork_session, ForkInbox};
 use crate::event_log::postgres::{
     check_pool_size, Lease, PgOptions, PostgresStore, Request, Response, SessionInfo, WeakCore, DEFAULT_POOL_SIZE, MAX_POOL_SIZE,
 };
@@ -434,6 +434,22 @@ impl PyPostgresStore {
     fn exists(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = id_arg(id)?;
         py.detach(|| self.inner.exists(&id)).map_err(|e| log_err(py, e))
+    }
+
+    /// A new session whose events up to `at_seq` are this session's, byte for byte, and which
+    /// then goes its own way (the parent is not changed); returns its id (a UUIDv7 when
+    /// `new_id` is `None`). `inbox="drop"` starts the child with an empty queue (one logged
+    /// splice clears it); `"inherit"` keeps the queue as it stood at the cut. See
+    /// docs/context.md, "Forks".
+    #[pyo3(signature = (id, at_seq, new_id=None, *, inbox="inherit"))]
+    fn fork(&self, py: Python<'_>, id: &Bound<'_, PyAny>, at_seq: u64, new_id: Option<&Bound<'_, PyAny>>, inbox: &str) -> PyResult<String> {
+        let id = id_arg(id)?;
+        let new_id = match new_id.filter(|i| !i.is_none()) {
+            None => None,
+            Some(i) => Some(id_arg(i)?),
+        };
+        let policy = inbox.parse::<ForkInbox>().map_err(pyo3::exceptions::PyValueError::new_err)?;
+        py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
     /// Deletes a session nobody holds a live lease on.

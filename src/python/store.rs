@@ -7,11 +7,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use super::convert::map_to_py;
-use super::errors::{log_err, warn};
+use super::errors::{inbox_err, log_err, warn};
 use super::event_log::{id_arg, wrap_log, wrap_owned_log, PyEvent, PySessionLog};
 use super::faults::PyFaultPlan;
 use super::reopen::{locked_here, OpenLogs};
-use crate::agent_loop::crash_closers;
+use crate::agent_loop::{crash_closers, fork_session, ForkInbox};
 use crate::event_log::{Durability, FileStore, MemoryStore, RepairReport, Store};
 
 fn create_arg(id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -69,6 +69,19 @@ impl PyMemoryStore {
 
     fn exists(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
         self.inner.exists(&id_arg(id)?).map_err(|e| log_err(py, e))
+    }
+
+    /// A new session whose events up to `at_seq` are this session's, byte for byte, and which
+    /// then goes its own way (the parent is not changed); returns its id (a UUIDv7 when
+    /// `new_id` is `None`). `inbox="drop"` starts the child with an empty queue (one logged
+    /// splice clears it); `"inherit"` keeps the queue as it stood at the cut. See
+    /// docs/context.md, "Forks".
+    #[pyo3(signature = (id, at_seq, new_id=None, *, inbox="inherit"))]
+    fn fork(&self, py: Python<'_>, id: &Bound<'_, PyAny>, at_seq: u64, new_id: Option<&Bound<'_, PyAny>>, inbox: &str) -> PyResult<String> {
+        let id = id_arg(id)?;
+        let new_id = create_arg(new_id)?;
+        let policy = inbox.parse::<ForkInbox>().map_err(PyValueError::new_err)?;
+        py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
     /// Deletes a session nobody has open.
@@ -226,6 +239,19 @@ impl PyFileStore {
         let id = id_arg(id)?;
         let label = format!("{} (following)", self.label(py));
         py.detach(|| self.inner.follow(&id)).map(|log| wrap_log(log).in_store(label)).map_err(|e| log_err(py, e))
+    }
+
+    /// A new session whose events up to `at_seq` are this session's, byte for byte, and which
+    /// then goes its own way (the parent is not changed); returns its id (a UUIDv7 when
+    /// `new_id` is `None`). `inbox="drop"` starts the child with an empty queue (one logged
+    /// splice clears it); `"inherit"` keeps the queue as it stood at the cut. See
+    /// docs/context.md, "Forks".
+    #[pyo3(signature = (id, at_seq, new_id=None, *, inbox="inherit"))]
+    fn fork(&self, py: Python<'_>, id: &Bound<'_, PyAny>, at_seq: u64, new_id: Option<&Bound<'_, PyAny>>, inbox: &str) -> PyResult<String> {
+        let id = id_arg(id)?;
+        let new_id = create_arg(new_id)?;
+        let policy = inbox.parse::<ForkInbox>().map_err(PyValueError::new_err)?;
+        py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
     /// Deletes a session file nobody has open.

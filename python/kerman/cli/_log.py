@@ -110,6 +110,10 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
         if len(events) != total:
             line += f" (showing {len(events)})"
         _out(line)
+        parent = header.get("forkedFrom")
+        if isinstance(parent, dict):
+            cut = parent.get("seq")
+            _out(f'forked from session "{_shown_id(str(parent.get("id")))}" at seq {cut} (events 0–{cut} are its)')
         t0 = events[0].time if events and args.relative else None
         for event in events:
             _out(format_event(event, t0=t0))
@@ -287,6 +291,13 @@ def _cmd_inbox(args: argparse.Namespace) -> int:
         _out(f"{placement} ({len(group)})")
         for message in group:
             _out(f"  {quote(message.id, None)[1:-1]}  {quote(message_text(message), None)}{source_tag(message.source)}")
+    return 0
+
+
+def _cmd_fork(args: argparse.Namespace) -> int:
+    store = _postgres(args.store) if _is_dsn(args.store) else _store(args.store)
+    child = _session_call(lambda sid: store.fork(sid, args.at, args.new_id, inbox=args.inbox), args.id)
+    _out(child)
     return 0
 
 

@@ -13,7 +13,7 @@ from ..errors import (
 )
 from . import _otel, _usage
 from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id, positive
-from ._log import _cmd_in_doubt, _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
+from ._log import _cmd_fork, _cmd_in_doubt, _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -243,6 +243,20 @@ def _parser() -> argparse.ArgumentParser:
     in_doubt.add_argument("id", nargs="?", default=None, help="the session id (all sessions of a file store when left out)")
     in_doubt.add_argument("--json", action="store_true", help="print a JSON list of {session, call_id, name, seq, effect, policy}")
     in_doubt.set_defaults(handler=_cmd_in_doubt)
+    fork = session_command(
+        "fork",
+        "make a new session whose events up to seq AT are this session's; print its id",
+        _cmd_fork,
+        None,
+    )
+    fork.add_argument("at", type=_natural, metavar="AT", help="the last seq the new session inherits")
+    fork.add_argument("--id", dest="new_id", default=None, metavar="NEW", help="the new session's id (default: a fresh UUIDv7)")
+    fork.add_argument(
+        "--inbox",
+        choices=("inherit", "drop"),
+        default="inherit",
+        help="the queue at the cut: keep it (default) or start empty (one logged splice clears it)",
+    )
     session_command(
         "verify",
         "check every record without modifying the file",

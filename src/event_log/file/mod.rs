@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{check_id, new_header, resolve_id, run_open_hook, OpenHook};
+use super::{check_id, fork_header, fork_prefix, new_header, resolve_id, run_open_hook, OpenHook};
 use super::{Event, LogError, SessionLog, Store};
 use writer::{FileBackend, WriterSetup};
 
@@ -347,6 +347,26 @@ impl Store for FileStore {
         fsio::sync_dir(&self.root)?;
         drop(file);
         Ok(())
+    }
+
+    /// Writes the child as a file of its own (the parent's records up to the cut, copied),
+    /// created atomically like `create`: the name appears only once every byte is synced.
+    fn fork(&self, id: &str, at_seq: u64, new_id: Option<&str>) -> Result<String, LogError> {
+        let parent = self.read(id)?;
+        let events = fork_prefix(id, &parent.events, at_seq)?;
+        let child = resolve_id(new_id)?;
+        let name = names::file_name(&child)?;
+        if self.root.join(&name).symlink_metadata().is_ok() {
+            return Err(LogError::Exists { id: child });
+        }
+        let mut bytes = format::header_line(&fork_header(&child, id, at_seq));
+        for event in &events {
+            format::push_line(&mut bytes, &event.to_json());
+        }
+        match fsio::create_locked(&self.root, &name, &names::encode(&child), &bytes, Ok)? {
+            Some(_unlocked_on_drop) => Ok(child),
+            None => Err(LogError::Exists { id: child }),
+        }
     }
 }
 

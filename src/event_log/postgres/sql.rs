@@ -309,6 +309,44 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
     }
 }
 
+/// Creates session `child` (unowned, with `header`) holding a copy of session `parent`'s rows
+/// with seq <= `at`, in one transaction: `INSERT ... SELECT` inside the server, so no record
+/// travels to the client. The parent's row is locked `FOR SHARE` meanwhile, so no append,
+/// lease change or delete of the parent interleaves (readers are not blocked). Returns how many
+/// rows were copied.
+pub async fn fork(c: &mut Client, parent: &str, at: i64, child: &str, header: &str) -> Result<u64, LogError> {
+    let tx = c.transaction().await.map_err(db_err("fork session: begin"))?;
+    let row = tx
+        .query_typed_opt("SELECT last_seq FROM kerman_sessions WHERE id = $1 FOR SHARE", &[(&parent, Type::TEXT)])
+        .await
+        .map_err(db_err("fork session: lock the parent"))?;
+    let Some(row) = row else { return Err(LogError::NotFound { id: parent.into() }) };
+    let last_seq: i64 = row.get(0);
+    if at > last_seq {
+        return Err(crate::event_log::fork_beyond(parent, u64::try_from(at).unwrap_or(u64::MAX), u64::try_from(last_seq + 1).unwrap_or(0)));
+    }
+    let created = tx
+        .query_typed_opt(
+            "INSERT INTO kerman_sessions (id, header, last_seq) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING RETURNING 1",
+            &[(&child, Type::TEXT), (&header, Type::TEXT), (&at, Type::INT8)],
+        )
+        .await
+        .map_err(db_err("fork session: create the child"))?;
+    if created.is_none() {
+        return Err(LogError::Exists { id: child.into() });
+    }
+    let copied = tx
+        .execute_typed(
+            "INSERT INTO kerman_events (session_id, seq, time, type, record)
+             SELECT $2, seq, time, type, record FROM kerman_events WHERE session_id = $1 AND seq <= $3",
+            &[(&parent, Type::TEXT), (&child, Type::TEXT), (&at, Type::INT8)],
+        )
+        .await
+        .map_err(db_err("fork session: copy the records"))?;
+    tx.commit().await.map_err(db_err("fork session: commit"))?;
+    Ok(copied)
+}
+
 /// A session's lease holder, epoch and header text, or `None` if it does not exist.
 pub async fn lease_of(c: &mut Client, id: &str) -> Result<Option<(Option<String>, i64, String)>, LogError> {
     let row = c

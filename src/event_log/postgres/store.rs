@@ -6,7 +6,9 @@ use super::backend::PgBackend;
 use super::follow::Follower;
 use super::sql::{SessionInfo, Taken};
 use super::{corrupt, parse_records_from, PgCore, PgOptions, Request, Response};
-use crate::event_log::{check_id, run_open_hook, LogError, OpenHook, SessionLog, StagedInput, StagedOp, Store};
+use crate::event_log::{
+    check_id, fork_beyond, fork_header, resolve_id, run_open_hook, storable, LogError, OpenHook, SessionLog, StagedInput, StagedOp, Store,
+};
 
 /// A session a worker took: its log, the lease epoch, and how many crash closers its open
 /// appended (with the loop's closers installed: a turn its dead owner left open was closed as
@@ -170,6 +172,21 @@ impl Store for PostgresStore {
         check_id(id)?;
         match self.core.call(Request::Delete { id: id.into() })? {
             Response::Done => Ok(()),
+            other => unexpected(&other),
+        }
+    }
+
+    /// The child's rows are a copy made inside the server (`INSERT ... SELECT`, one
+    /// transaction); the child starts unowned, like a released session.
+    fn fork(&self, id: &str, at_seq: u64, new_id: Option<&str>) -> Result<String, LogError> {
+        check_id(id)?;
+        let child = resolve_id(new_id)?;
+        storable::check_pg_id("the id", &child).map_err(LogError::InvalidId)?;
+        let at = i64::try_from(at_seq).map_err(|_| fork_beyond(id, at_seq, 0))?;
+        let header = fork_header(&child, id, at_seq);
+        let header = serde_json::to_string(&header).map_err(|e| LogError::Write { detail: e.to_string() })?;
+        match self.core.call(Request::Fork { parent: id.into(), at, id: child.clone(), header })? {
+            Response::Done => Ok(child),
             other => unexpected(&other),
         }
     }

@@ -40,6 +40,8 @@ pub enum Request {
     Create { id: String, header: String },
     /// Acquire the lease, then read the header and every record.
     Open { id: String },
+    /// Create session `id` (unowned, with this header) as a copy of `parent` up to seq `at`.
+    Fork { parent: String, at: i64, id: String, header: String },
     /// Append rows under the lease (refused if the lease moved on).
     Append { lease: Lease, rows: Vec<Row> },
     /// Every record of a session.
@@ -570,6 +572,10 @@ impl Worker {
                 Response::Done
             }
             Request::Read { id } => Response::Records(sql::read(c, id).await?),
+            Request::Fork { parent, at, id, header } => {
+                sql::fork(c, parent, *at, id, header).await?;
+                Response::Done
+            }
             Request::Release { lease } => {
                 unhold(&self.shared, lease);
                 sql::release(c, lease).await?;

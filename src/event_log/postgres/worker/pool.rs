@@ -76,6 +76,7 @@ pub(super) fn key(request: &Request) -> Option<&str> {
     use Request as R;
     match request {
         R::Create { id, .. }
+        | R::Fork { id, .. }
         | R::Open { id }
         | R::Delete { id }
         | R::ReadAfter { id, .. }

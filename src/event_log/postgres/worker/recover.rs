@@ -39,6 +39,17 @@ impl Worker {
                 },
                 other => other,
             },
+            // An earlier try may have committed: the child then exists with our very header.
+            Request::Fork { id, header, .. } => match self.attempt(request).await {
+                Err(LogError::Exists { .. }) => {
+                    let Some(conn) = self.conn.as_mut() else { return Err(stopped()) };
+                    match sql::lease_of(&mut conn.client, id).await? {
+                        Some((None, 0, stored)) if stored == *header => Ok(Response::Done),
+                        _ => Err(LogError::Exists { id: id.clone() }),
+                    }
+                }
+                other => other,
+            },
             Request::Take { limit, name, expiry, ids } => self.settle_take(*limit, name, *expiry, ids.as_deref()).await,
             // The earlier try deleted it.
             Request::Delete { .. } => match self.attempt(request).await {
