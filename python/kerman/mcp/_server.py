@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from .._core import AssistantMessage, UserMessage
@@ -376,11 +376,15 @@ class MCPServer:
     async def list_resources(self) -> List[Any]:
         """The server's resources (``mcp.types.Resource``: ``uri``, ``name``, ``mimeType`` ...)."""
         client = await self._connect()
+        return await self._every_page(client.list_resources, "resources")
+
+    async def _every_page(self, list_page: Callable[..., Awaitable[Any]], field: str) -> List[Any]:
+        """Every item of a paginated list (``field`` of each page), following ``next_cursor``."""
         out: List[Any] = []
         cursor = None
         while True:
-            page = await _checked(self, client.list_resources(cursor=cursor))
-            out.extend(page.resources)
+            page = await _checked(self, list_page(cursor=cursor))
+            out.extend(getattr(page, field))
             cursor = page.next_cursor
             if not cursor:
                 return out
@@ -397,14 +401,7 @@ class MCPServer:
     async def list_prompts(self) -> List[Any]:
         """The server's prompts (``mcp.types.Prompt``: ``name``, ``description``, ``arguments``)."""
         client = await self._connect()
-        out: List[Any] = []
-        cursor = None
-        while True:
-            page = await _checked(self, client.list_prompts(cursor=cursor))
-            out.extend(page.prompts)
-            cursor = page.next_cursor
-            if not cursor:
-                return out
+        return await self._every_page(client.list_prompts, "prompts")
 
     async def prompt(self, name: str, arguments: Optional[Mapping[str, str]] = None) -> List[Union[UserMessage, AssistantMessage]]:
         """Prompt ``name`` filled with ``arguments``, as messages: a user message per user
