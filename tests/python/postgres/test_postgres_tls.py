@@ -53,6 +53,11 @@ def server_port() -> int:
     return port
 
 
+def database() -> str:
+    """The database the DSN names: the schemas are made there, so the stores connect to it."""
+    return urlsplit(PG_DSN).path.lstrip("/") or "postgres"
+
+
 def schema_for(role: str) -> str:
     """A new, empty schema the role owns (each store migrates in its own)."""
     schema = f"t_{uuid.uuid4().hex}"
@@ -63,12 +68,12 @@ def schema_for(role: str) -> str:
 def url_dsn(user: str = "postgres", host: str = "127.0.0.1", **params: str) -> str:
     """The URL form, with a password (trust auth ignores it; errors must not show it)."""
     query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
-    return f"postgresql://{user}:{SECRET}@{host}:{server_port()}/postgres" + (f"?{query}" if query else "")
+    return f"postgresql://{user}:{SECRET}@{host}:{server_port()}/{database()}" + (f"?{query}" if query else "")
 
 
 def kv_dsn(user: str = "postgres", host: str = "127.0.0.1", **params: str) -> str:
     """The key=value form of the same settings (values quoted, as a path with a space needs)."""
-    items = {"host": host, "port": str(server_port()), "user": user, "dbname": "postgres", "password": SECRET, **params}
+    items = {"host": host, "port": str(server_port()), "user": user, "dbname": database(), "password": SECRET, **params}
     return " ".join(f"{k}='{v}'" for k, v in items.items())
 
 
