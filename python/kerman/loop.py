@@ -20,7 +20,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
-from . import _dispatch, _html, _report, _run, output
+from . import _continuation, _dispatch, _html, _report, _run, output
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
@@ -141,6 +141,13 @@ class AgentLoop:
 
     ``log=None`` uses a private memory log. Constructing over an existing log resumes it: the
     inbox is replayed and the turn counter restored; nothing runs until a wake.
+
+    ``resume`` says what becomes of a last turn a crash interrupted: ``"close"`` (the default
+    for a loop you build) leaves it closed as the store's closers closed it; ``"continue"``
+    (what a ``Worker`` and ``kerman serve`` use unless the loop chose) answers its input: the
+    next run begins with a continuation, a new turn that asks the model again over the history
+    as logged, and input the turn claimed and never entered is requeued
+    (docs/durability.md, "Crashed turns are answered").
     """
 
     def __init__(
@@ -154,7 +161,10 @@ class AgentLoop:
         instructions: Union[str, None, _FromLog] = _FROM_LOG,
         output_type: Any = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        resume: Optional[Literal["continue", "close"]] = None,
     ) -> None:
+        # Whether (and how) the caller chose: a Worker or kerman serve adopts "continue" otherwise.
+        self._resume_chosen = _continuation.check_resume(resume)
         if not callable(model):
             raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
         if isinstance(max_parallel_tool_calls, bool) or not isinstance(max_parallel_tool_calls, int) or max_parallel_tool_calls < 1:
@@ -270,6 +280,9 @@ class AgentLoop:
             default_gate=_default_gate,
         )
         self._regate()
+        # Set by _continuation.apply: the first run requeues what an interrupted turn claimed.
+        self._requeue_due = False
+        _continuation.apply(self, self._resume_chosen or "close")
         if self._output_type is not None:
             self._install_output()
         # Without instructions=, a resumed session goes on with the ones it last recorded.
@@ -333,6 +346,12 @@ class AgentLoop:
         if value is not None and not isinstance(value, str):
             raise TypeError(f"instructions must be a str or None, got {type(value).__name__}")
         self._core.instructions = value
+
+    @property
+    def resume(self) -> str:
+        """``"continue"`` or ``"close"``: what becomes of a last turn a crash interrupted (see the
+        class; a ``Worker`` or ``kerman serve`` sets ``"continue"`` unless the loop chose)."""
+        return "continue" if self._core.continue_crashes else "close"
 
     @property
     def status(self) -> str:
@@ -771,6 +790,9 @@ class AgentLoop:
     def wake(self) -> bool:
         """Starts a turn if the loop is idle and input is pending (e.g. after a resume)."""
         self._check_fenced()
+        if self._requeue_due and self._status == "idle":
+            self._requeue_due = False
+            _continuation.requeue_interrupted(self)
         if not self._inbox.has_pending and not (self._status == "idle" and self._core.resumable):
             return False
         here = _current_loop()
@@ -909,6 +931,9 @@ class AgentLoop:
     def _start_driver(self, abort: Optional[Dict[str, Any]] = None) -> None:
         if self._closing:
             return
+        if self._requeue_due:
+            self._requeue_due = False
+            _continuation.requeue_interrupted(self)
         # The turn's signal exists before "running" is announced: a listener of that may cancel.
         self._core.prepare(Signal())
         if abort is not None:  # a held step cancelled while it waited: it resumes aborted

@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
 
-from . import _core, events
+from . import _continuation, _core, events
 from .errors import LoopError
 from .loop import AgentLoop
 
@@ -375,6 +375,8 @@ class Worker:
                     raise TypeError(f"factory(log) must return an AgentLoop, got {type(agent).__name__}")
                 if agent.log is not log:
                     raise ValueError("factory(log) must build the AgentLoop over the log it was given")
+                # Crashed turns are answered: "continue" unless the factory's loop chose.
+                _continuation.adopt(agent, self._max_failures)
             except Exception as exc:
                 logger.exception("worker %s: factory failed for session %r; parking it", self._name, log.id)
                 await self._park(session, f"factory failed: {exc!r}", runnable=True)

@@ -107,6 +107,16 @@ pub fn turn_start(turn: u64) -> LoopEvent {
     LoopEvent::new(TURN_START, data)
 }
 
+/// `turn/start {turn, continues}`: a continuation, which answers the input of turn `continues`
+/// (interrupted by a crash) by asking the model again (`continuation.rs`).
+pub fn turn_start_continuing(turn: u64, continues: u64) -> LoopEvent {
+    let mut data = turn_head(turn);
+    data.push_str(r#","continues":"#);
+    push_u64(&mut data, continues);
+    data.push('}');
+    LoopEvent::new(TURN_START, data)
+}
+
 /// `turn/end {turn, reason}`.
 pub fn turn_end(turn: u64, ending: &Ending) -> LoopEvent {
     let mut data = turn_head(turn);
@@ -330,6 +340,16 @@ pub fn output_validated(turn: u64, step: u64, output: &str) -> LoopEvent {
 /// The `turn` field of a `turn/*` or `step/*` payload.
 pub fn turn_of(data: &Value) -> Option<u64> {
     data.get("turn").and_then(Value::as_u64)
+}
+
+/// The `continues` field of a `turn/start` payload: the interrupted turn a continuation answers.
+pub fn continues_of(data: &Value) -> Option<u64> {
+    data.get("continues").and_then(Value::as_u64)
+}
+
+/// Whether an `assistant/message` payload was cut short (`interrupted: true`).
+pub fn cut_short(data: &Value) -> bool {
+    data.get("interrupted").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// The `instructions` of an `agent/instructions` payload (`None`: none, or not a str).

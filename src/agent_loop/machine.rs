@@ -22,6 +22,7 @@ use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
 use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
+mod continuation;
 mod gate;
 mod in_doubt;
 use crate::event_log::{LogError, SessionLog};

@@ -26,6 +26,7 @@
 
 mod assemble;
 mod closers;
+pub mod continuation;
 pub mod decisions;
 mod ending;
 pub mod events;
@@ -43,6 +44,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use assemble::{Assembler, Finish};
 pub use closers::{close_open_turn, crash_closers};
+pub use continuation::Continuation;
 pub use ending::{EndKind, Ending};
 pub use failure::{AbortCause, AbortKind, Code, Failure, FailureCode};
 pub use fork::{fork_session, ForkInbox};
@@ -109,6 +111,9 @@ pub struct LoopState {
     pub abort: Option<AbortCause>,
     /// A waking input arrived while the turn was being cancelled: run again once it ends.
     pub wake_latched: bool,
+    /// A run begins with a continuation of an interrupted turn whose input is unanswered while
+    /// its chain holds fewer crashed turns than this (0: never; `continuation.rs`).
+    pub continue_crashes: u32,
 }
 
 impl LoopState {

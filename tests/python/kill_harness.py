@@ -373,3 +373,54 @@ def check_invariants(outcome: Outcome, tools: Sequence[ToolSpec]) -> None:
     check_executions(events, outcome.effects, tools)
     check_model_asked_once_per_step(outcome.effects)
     assert not pending_requests(events), f"requests left pending: {pending_requests(events)}"
+
+
+def is_final_answer(event: Dict[str, Any]) -> bool:
+    """An ``assistant/message`` that answers: not cut short, asking for no tool."""
+    if event["type"] != "assistant/message" or event["data"].get("interrupted"):
+        return False
+    return not any(b.get("type") == "tool-call" for b in event["data"]["message"]["content"])
+
+
+def answers_per_input(events: Sequence[Dict[str, Any]]) -> Dict[str, int]:
+    """How many final answers each entered input (``user/message``, by id) got, read from the
+    records alone: a final answer answers the input entered since the previous one, and only
+    in the turn that entered it or a continuation of that turn (``turn/start`` ``continues``,
+    followed back through continuations of continuations). A final answer with no input to
+    answer counts as a second answer for the input its turn (or the turn it continues) entered."""
+    continues: Dict[int, int] = {}
+    entered_in: Dict[str, int] = {}
+    counts: Dict[str, int] = {}
+    waiting: List[str] = []
+    last_answered: Dict[int, List[str]] = {}
+    turn = 0
+
+    def root(t: int) -> int:
+        while t in continues:
+            t = continues[t]
+        return t
+
+    for e in events:
+        if e["type"] == "turn/start":
+            turn = e["data"]["turn"]
+            if "continues" in e["data"]:
+                continues[turn] = e["data"]["continues"]
+        elif e["type"] == "user/message":
+            entered_in[e["data"]["id"]] = turn
+            counts[e["data"]["id"]] = 0
+            waiting.append(e["data"]["id"])
+        elif is_final_answer(e):
+            mine = [m for m in waiting if root(entered_in[m]) == root(turn)]
+            if not mine:
+                mine = last_answered.get(root(turn), [])
+            for m in mine:
+                counts[m] += 1
+            last_answered[root(turn)] = mine
+            waiting = [m for m in waiting if m not in mine]
+    return counts
+
+
+def check_answers_per_input(events: Sequence[Dict[str, Any]]) -> None:
+    """Every entered input has exactly one final answer."""
+    counts = answers_per_input(events)
+    assert counts and all(n == 1 for n in counts.values()), f"final answers per entered input: {counts}"

@@ -346,7 +346,7 @@ _SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
     events.LogDamaged: _damaged,
     events.LogRepaired: _repaired,
     events.InboxSpliced: _splice,
-    events.TurnStart: lambda v: f"turn {_need(v.turn)}",
+    events.TurnStart: lambda v: f"turn {_need(v.turn)}" + (f" continues turn {v.continues}" if v.continues is not None else ""),
     events.TurnEnd: _turn_end,
     events.StepStart: _turn_step,
     events.StepEnd: _turn_step,

@@ -172,10 +172,20 @@ class _Step(_Turn):
 
 
 class TurnStart(_Turn):
-    """``turn/start {turn}``: a turn began."""
+    """``turn/start {turn[, continues]}``: a turn began; ``continues`` names the interrupted
+    turn whose input a continuation answers (docs/durability.md, "Crashed turns are answered")."""
 
     __slots__ = ()
     TYPE = "turn/start"
+
+    @property
+    def continues(self) -> Optional[int]:
+        """The interrupted turn this one continues, or ``None`` for an ordinary turn."""
+        data = self._data
+        if data is _UNSET:
+            data = self._data = self._source.data
+        value = data.get("continues") if data.__class__ is dict else None
+        return value if value.__class__ is int else None
 
 
 class TurnEnd(_Turn):

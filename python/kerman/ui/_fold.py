@@ -16,6 +16,8 @@ The rules that are the fold's, not a protocol's:
 * a reply that was not streamed shows its reasoning, then its text, whole;
 * a tool result whose call was never announced (a closer's, or one aborted before dispatch)
   announces the call first, with the name and arguments its assistant message gave;
+* a continuation (a turn that answers the input of one a crash interrupted) is told right
+  after its start, with the turn it continues;
 * a decision request and its resolution are told as they come (docs/decisions.md); the
   request marked ``last`` is the final one before the step waits;
 * an event of a type Kerman does not write (a plugin's, an application's) is told as it comes,
@@ -44,6 +46,10 @@ class Sink:
 
     def turn_started(self, turn: int) -> None:
         """A turn began."""
+
+    def turn_continues(self, turn: int, continues: int) -> None:
+        """Turn ``turn`` (just started) is a continuation: it answers the input of turn
+        ``continues``, which a crash interrupted (docs/durability.md)."""
 
     def step_started(self, step: int) -> None:
         """A step began."""
@@ -162,6 +168,9 @@ class UiFold:
         self._calls.clear()
         self._announced.clear()
         self.sink.turn_started(turn)
+        continues = view.continues
+        if continues is not None:
+            self.sink.turn_continues(turn, continues)
 
     def _step_start(self, view: events.StepStart) -> None:
         self.queue.step_started()

@@ -7,7 +7,9 @@ state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox spli
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
 request); once every request of the step is resolved, the turn goes on in a new run whose
 ``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). A turn's validated
-structured output is a ``CUSTOM`` event named ``kerman.output/validated``. An event of a type
+structured output is a ``CUSTOM`` event named ``kerman.output/validated``; a continuation (a
+turn answering the input of one a crash interrupted) a ``CUSTOM`` event named
+``kerman.continues`` after its ``RUN_STARTED``. An event of a type
 Kerman does not write (a plugin's) is a ``CUSTOM`` event, named and valued by the ``custom``
 mapping (by default its type and data; ``_custom.py``). What to show
 is the shared fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is written
@@ -88,6 +90,9 @@ class AgUiProjection(Projection, f.Sink):
         self._runs = 0
         self._shown.clear()
         self._out.append(self._ev("RUN_STARTED", threadId=self.thread_id, runId=self._run_id))
+
+    def turn_continues(self, turn: int, continues: int) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.continues", value={"turn": turn, "continues": continues}))
 
     def step_started(self, step: int) -> None:
         self._out.append({"type": "STEP_STARTED", "timestamp": self._time, "stepName": f"step-{step}"})

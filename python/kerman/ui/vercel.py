@@ -9,7 +9,8 @@ transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
 (``tool-input-available``), a ``tool-approval-request`` (approvalId = the decision id; AI SDK 6)
 for an approval, and a ``data-decision`` part (id = the decision id) that its resolution
 replaces; a denied or expired call ends as ``tool-output-denied``. A turn's validated
-structured output is a ``data-output`` part. An event of a type Kerman does not write (a
+structured output is a ``data-output`` part; a continuation (a turn answering the input of one
+a crash interrupted) a ``data-continues`` part after its ``start``. An event of a type Kerman does not write (a
 plugin's) is a ``data-<name>`` part, named and valued by the ``custom`` mapping (by default its
 type and data; ``_custom.py``). What to show is the shared
 fold's (``_fold.py``); this module is its sink and only maps the parts. The mapping is in
@@ -64,6 +65,9 @@ class VercelProjection(Projection, f.Sink):
         self._shown.clear()
         self._denied.clear()
         self._out.append({"type": "start", "messageId": f"turn-{turn}"})
+
+    def turn_continues(self, turn: int, continues: int) -> None:
+        self._out.append({"type": "data-continues", "id": f"continues-{turn}", "data": {"turn": turn, "continues": continues}})
 
     def step_started(self, step: int) -> None:
         self._out.append({"type": "start-step"})

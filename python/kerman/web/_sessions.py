@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import AgentLoop, PostgresStore, SessionLockedError, SessionLog, UserMessage
+from .. import AgentLoop, PostgresStore, SessionLockedError, SessionLog, UserMessage, _continuation
 from ..ui._base import JsonDict
 from ._errors import ApiError
 from ._feed import Feed
@@ -234,7 +234,11 @@ class Sessions:
             raise
         session = Session(log_.id, log_, loop)
         self._open[log_.id] = session
-        if loop.inbox.has_pending:
+        # Crashed turns are answered: "continue" unless the factory's loop chose, at once.
+        _continuation.adopt(loop)
+        if _continuation.take_up(loop):
+            log.info("session %r: a turn a crash interrupted is taken up (docs/durability.md)", log_.id)
+        elif loop.inbox.has_pending:
             log.info("session %r has pending input from before; it waits for the next message (loop.wake())", log_.id)
         return session
 

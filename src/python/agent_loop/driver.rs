@@ -249,6 +249,11 @@ impl PyDriver {
         if crate::agent_loop::in_doubt::crashed_step(&parts.log.get().inner).is_some() {
             return Self::resume_held(core, agent, &parts, Machine::resume_in_doubt);
         }
+        // An interrupted turn whose input is unanswered: a continuation answers it first.
+        let limit = core.get().shared.state().continue_crashes;
+        if crate::agent_loop::continuation::next_of(&parts.log.get().inner, limit).is_some() {
+            return Self::resume_held(core, agent, &parts, Machine::continue_interrupted);
+        }
         let (machine, mut effect) = {
             // The first claim and `turn/start` plan no tools.
             Machine::begin(&parts.ctx(core.get(), &|_| None))
@@ -283,9 +288,10 @@ impl PyDriver {
         Ok(Some(PyDriver { state: State::Ready(run) }))
     }
 
-    /// The last turn's step stopped at its decisions, or crashed with calls in doubt: a driver
-    /// that takes it up again (`resume`: `Machine::resume_held`, `None` while a decision is
-    /// pending, or `Machine::resume_in_doubt`).
+    /// The last turn's step stopped at its decisions, or crashed with calls in doubt, or the
+    /// last turn was interrupted with its input unanswered: a driver that takes it up again
+    /// (`resume`: `Machine::resume_held`, `None` while a decision is pending,
+    /// `Machine::resume_in_doubt`, or `Machine::continue_interrupted`).
     fn resume_held(
         core: &Bound<'_, PyLoopCore>,
         agent: &Bound<'_, PyAny>,

@@ -479,12 +479,36 @@ impl PyLoopCore {
     }
 
     /// Whether the last turn's step stopped at decisions that are all resolved now, or crashed
-    /// with calls in doubt a resume settles: the next run resumes it.
+    /// with calls in doubt a resume settles, or the last turn was interrupted with its input
+    /// unanswered and a continuation is due: the next run resumes it.
     #[getter]
     fn resumable(&self) -> PyResult<bool> {
         let parts = self.parts()?;
         let log = &parts.log.get().inner;
-        Ok(decisions::held(log).is_some_and(|h| h.ready()) || crate::agent_loop::in_doubt::crashed_step(log).is_some())
+        let limit = self.shared.state().continue_crashes;
+        Ok(decisions::held(log).is_some_and(|h| h.ready())
+            || crate::agent_loop::in_doubt::crashed_step(log).is_some()
+            || crate::agent_loop::continuation::next_of(log, limit).is_some())
+    }
+
+    /// A run begins with a continuation of an interrupted turn whose input is unanswered while
+    /// fewer than this many crashed turns in a row left it so (0: never, `resume="close"`).
+    #[getter]
+    fn continue_crashes(&self) -> u32 {
+        self.shared.state().continue_crashes
+    }
+
+    #[setter]
+    fn set_continue_crashes(&self, limit: u32) {
+        self.shared.state().continue_crashes = limit;
+    }
+
+    /// The continuation the log calls for, whatever the limit: `(interrupted turn, crashed
+    /// turns in its chain)`, or `None`.
+    #[getter]
+    fn continuation(&self) -> PyResult<Option<(u64, u32)>> {
+        let parts = self.parts()?;
+        Ok(parts.log.get().inner.with_events(crate::agent_loop::continuation::due).map(|c| (c.turn, c.crashes)))
     }
 
     /// The earliest deadline of a pending request (epoch ms).
