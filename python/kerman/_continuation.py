@@ -30,8 +30,8 @@ CONTINUE_LIMIT = 3
 
 def check_resume(value: object) -> Optional[str]:
     """``None`` (not chosen) or a valid mode; anything else is refused, naming it."""
-    if value is None or value in RESUME_MODES:
-        return value  # type: ignore[return-value]
+    if value is None or isinstance(value, str) and value in RESUME_MODES:
+        return value
     raise ValueError(f'resume must be "continue" or "close", got {value!r}')
 
 

@@ -15,14 +15,16 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
+
 from kill_harness import Place, answers_per_input, check_answers_per_input, check_one_result_per_call, read_effects, read_log
 
 CHILD = str(Path(__file__).with_name("continuation_child.py"))
-TIMEOUT = 60
+TIMEOUT = 40
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
@@ -47,11 +49,17 @@ def killed(place: Place, mode: str, block: str, *args: str, resume: Optional[str
         [sys.executable, CHILD, mode, spec(place, block, resume), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as proc:
         assert proc.stdout is not None
-        lines = []
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.strip() == f"BLOCKED {block}":
-                break
+        # A child that never blocks where it should is killed after TIMEOUT (the test fails).
+        watchdog = threading.Timer(TIMEOUT, proc.kill)
+        watchdog.start()
+        try:
+            lines = []
+            for line in proc.stdout:
+                lines.append(line.strip())
+                if line.strip() == f"BLOCKED {block}":
+                    break
+        finally:
+            watchdog.cancel()
         assert lines[-1:] == [f"BLOCKED {block}"], lines
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
@@ -59,7 +67,11 @@ def killed(place: Place, mode: str, block: str, *args: str, resume: Optional[str
 
 def finished(place: Place, mode: str, resume: Optional[str] = None, *args: str) -> List[str]:
     done = subprocess.run(
-        [sys.executable, CHILD, mode, spec(place, "none", resume), *args], capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.PIPE
+        [sys.executable, CHILD, mode, spec(place, "none", resume), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        stdin=subprocess.PIPE,
     )
     assert done.returncode == 0 and done.stdout.splitlines()[-1:] == ["done"], done.stderr[-4000:]
     return done.stdout.splitlines()
@@ -196,4 +208,3 @@ def test_resume_is_checked() -> None:
         kerman.AgentLoop(kerman.models.EchoModel(), resume="later")  # type: ignore[arg-type]
     assert kerman.AgentLoop(kerman.models.EchoModel()).resume == "close"
     assert kerman.AgentLoop(kerman.models.EchoModel(), resume="continue").resume == "continue"
-

@@ -18,7 +18,11 @@ def record(seq: int, type: str, data: Dict[str, Any]) -> Dict[str, Any]:
 CONTINUATION = [
     record(0, "turn/start", {"turn": 2, "continues": 1}),
     record(1, "step/start", {"turn": 2, "step": 1}),
-    record(2, "assistant/message", {"turn": 2, "step": 1, "message": {"id": "m", "role": "assistant", "content": [{"type": "text", "text": "hi"}]}}),
+    record(
+        2,
+        "assistant/message",
+        {"turn": 2, "step": 1, "message": {"id": "m", "role": "assistant", "content": [{"type": "text", "text": "hi"}]}},
+    ),
     record(3, "step/end", {"turn": 2, "step": 1}),
     record(4, "turn/end", {"turn": 2, "reason": {"kind": "completed"}}),
 ]
@@ -45,7 +49,10 @@ def test_ag_ui_tells_a_continuation_after_its_run_started() -> None:
 
 def test_vercel_tells_a_continuation_after_its_start() -> None:
     out = feed(VercelProjection(), CONTINUATION)
-    assert out[:2] == [{"type": "start", "messageId": "turn-2"}, {"type": "data-continues", "id": "continues-2", "data": {"turn": 2, "continues": 1}}]
+    assert out[:2] == [
+        {"type": "start", "messageId": "turn-2"},
+        {"type": "data-continues", "id": "continues-2", "data": {"turn": 2, "continues": 1}},
+    ]
     assert feed(VercelProjection(), [record(0, "turn/start", {"turn": 2})]) == [{"type": "start", "messageId": "turn-2"}]
 
 
