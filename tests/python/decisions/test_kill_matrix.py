@@ -30,6 +30,7 @@ from kill_harness import (
     Outcome,
     Place,
     ToolSpec,
+    check_answers_per_input,
     check_invariants,
     error_code,
     kill_and_recover,
@@ -119,6 +120,10 @@ def run_point(scenario: str, store: str, decider: str, k: int, tmp_path: Path) -
     place = new_place(store, tmp_path / f"k{k}")
     outcome = kill_and_recover(place, tools, k, decider)
     check_invariants(outcome, tools)
+    if decider == "worker" and any(e["type"] == "user/message" for e in outcome.events):
+        # A Worker answers crashed turns (resume="continue"): every entered input has exactly
+        # one final answer, however the kill cut the turn (docs/durability.md).
+        check_answers_per_input(outcome.events)
     if [e["data"]["reason"]["kind"] for e in outcome.events if e["type"] == "turn/end"][0] == "interrupted":
         check_closers(outcome, tools)
     ref = reference_events(scenario, store, tmp_path)
