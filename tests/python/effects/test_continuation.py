@@ -208,3 +208,57 @@ def test_resume_is_checked() -> None:
         kerman.AgentLoop(kerman.models.EchoModel(), resume="later")  # type: ignore[arg-type]
     assert kerman.AgentLoop(kerman.models.EchoModel()).resume == "close"
     assert kerman.AgentLoop(kerman.models.EchoModel(), resume="continue").resume == "continue"
+
+
+async def answer(request: Any) -> Any:
+    import kerman
+
+    return kerman.ModelReply("answer")
+
+
+def test_new_input_on_a_resumed_loop_waits_for_the_continuation(tmp_path: Path) -> None:
+    """A followup to a loop whose last turn crashed unanswered: the continuation answers the
+    old input first, then the new input gets its own turn."""
+    import asyncio
+
+    import kerman
+
+    place = place_of("file", tmp_path)
+    killed(place, "run", "model", "hello")
+
+    async def main() -> None:
+        with kerman.FileStore(place.root).open(place.session) as log:
+            loop = kerman.AgentLoop(answer, log=log, resume="continue")
+            loop.followup("and now?")
+            await loop.when_idle()
+            await loop.aclose()
+
+    asyncio.run(main())
+    events = read_log(place)
+    assert turns(events) == [(1, None, "interrupted"), (2, 1, "completed"), (3, None, "completed")]
+    check_answers_per_input(events)
+
+
+def test_kerman_serve_continues_a_crashed_session(tmp_path: Path) -> None:
+    """``kerman serve`` over a file store opens a session whose last turn crashed: its loop
+    (built by the model factory, no ``resume=``) continues it at once."""
+    pytest.importorskip("starlette")
+    import asyncio
+
+    import kerman
+    from kerman.web._sessions import Sessions
+
+    place = place_of("file", tmp_path)
+    killed(place, "run", "model", "hello")
+
+    async def main() -> None:
+        sessions = Sessions(kerman.FileStore(place.root), lambda: answer)
+        session = await sessions.get(place.session)
+        assert session.loop is not None and session.loop.resume == "continue"
+        await session.loop.when_idle()
+        await sessions.close()
+
+    asyncio.run(main())
+    events = read_log(place)
+    assert turns(events) == [(1, None, "interrupted"), (2, 1, "completed")]
+    check_answers_per_input(events)
