@@ -309,10 +309,25 @@ def agent_loop(loop: Any, usage: str = "") -> str:
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
     if usage:
         rows += f"<tr><th>usage</th><td>{esc(usage)}</td></tr>"
+    crashed = loop._core.continuation
+    if crashed is not None:
+        rows += f"<tr><th>crashed</th><td>{esc(_crashed(loop, *crashed))}</td></tr>"
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"
     return _box(head, f"<table>{rows}</table>")
+
+
+def _crashed(loop: Any, turn: int, crashes: int) -> str:
+    """What becomes of the input a crash left unanswered (docs/durability.md)."""
+    text = f"turn {turn} was interrupted with its input unanswered"
+    if crashes > 1:
+        text += f" ({crashes} crashed turns in a row)"
+    if loop.resume != "continue":
+        return text + "; resume='close': it stays so"
+    if loop._core.resumable:
+        return text + "; a continuation answers it at the next wake()"
+    return text + "; not continued again (too many crashes in a row)"
 
 
 def mcp_server(server: Any) -> str:

@@ -262,3 +262,25 @@ def test_kerman_serve_continues_a_crashed_session(tmp_path: Path) -> None:
     events = read_log(place)
     assert turns(events) == [(1, None, "interrupted"), (2, 1, "completed")]
     check_answers_per_input(events)
+
+
+def test_the_notebook_view_says_what_becomes_of_a_crashed_turn(tmp_path: Path) -> None:
+    import asyncio
+
+    import kerman
+
+    place = place_of("file", tmp_path)
+    killed(place, "run", "model", "hello")
+
+    async def main() -> None:
+        with kerman.FileStore(place.root).open(place.session) as log:
+            closing = kerman.AgentLoop(answer, log=log)
+            assert "turn 1 was interrupted with its input unanswered; resume=&#x27;close&#x27;: it stays so" in closing._repr_html_()
+            loop = kerman.AgentLoop(answer, log=log, resume="continue")
+            assert "a continuation answers it at the next wake()" in loop._repr_html_()
+            loop.wake()
+            await loop.when_idle()
+            assert "interrupted with its input unanswered" not in loop._repr_html_()
+            await loop.aclose()
+
+    asyncio.run(main())
