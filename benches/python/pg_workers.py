@@ -587,6 +587,7 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
         "count(*) FILTER (WHERE type = 'turn/start') <> count(*) FILTER (WHERE type = 'turn/end') "
         "OR count(*) FILTER (WHERE type = 'step/start') <> count(*) FILTER (WHERE type = 'step/end')",
     )
+    answers = answers_per_message(dsn)
     (staged,) = psql(dsn, "SELECT count(*) FROM kerman_inbox_staged")
     (owned,) = psql(dsn, "SELECT count(*) FROM kerman_sessions WHERE owner IS NOT NULL AND expires_at > now()")
     want = set(queued)
@@ -594,11 +595,19 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
     duplicated = [m for m in want if entered[m] > 1]
     foreign = [m for m in entered if m not in want]
     requeued = sum(1 for m in want if inserted[m] > 1)
-    ok = not lost and not duplicated and not foreign and not unbalanced and int(staged) == 0
+    unanswered = [m for m in want if entered[m] and answers.get(m, 0) == 0]
+    answered_twice = [m for m in want if answers.get(m, 0) > 1]
+    ok = not lost and not duplicated and not foreign and not unbalanced and int(staged) == 0 and not unanswered and not answered_twice
     return {
         "ok": ok,
         "messages": len(want),
         "entered_once": len(want) - len(lost) - len(duplicated),
+        "answered_once": sum(1 for m in want if answers.get(m, 0) == 1),
+        "unanswered": len(unanswered),
+        "answered_twice": len(answered_twice),
+        "continuations": int(
+            psql(dsn, "SELECT count(*) FROM kerman_events WHERE type = 'turn/start' AND record::json->'data'->>'continues' IS NOT NULL")[0]
+        ),
         "lost": len(lost),
         "duplicated": len(duplicated),
         "unknown_entered": len(foreign),
@@ -607,6 +616,42 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
         "left_staged": int(staged),
         "left_owned_by_live_lease": int(owned),
     }
+
+
+def answers_per_message(dsn: str) -> Dict[str, int]:
+    """From the tables alone: how many final answers each entered message got. A final answer
+    (an ``assistant/message`` not cut short, asking for no tool) answers the messages its
+    session entered since the previous one, in the same turn or in a continuation of it
+    (``turn/start`` with ``continues``, docs/durability.md); one with nothing left to answer
+    counts again for what it answered last."""
+    rows = psql(
+        dsn,
+        "SELECT session_id, type, coalesce(record::json->'data'->>'id', ''), coalesce(record::json->'data'->>'turn', ''), "
+        "coalesce(record::json->'data'->>'continues', ''), "
+        "(type = 'assistant/message' AND coalesce(record::json->'data'->>'interrupted', 'false') <> 'true' AND NOT EXISTS "
+        "(SELECT 1 FROM json_array_elements(record::json->'data'->'message'->'content') b WHERE b->>'type' = 'tool-call')) "
+        "FROM kerman_events WHERE type IN ('turn/start', 'user/message', 'assistant/message') ORDER BY session_id, seq",
+    )
+    counts: Dict[str, int] = {}
+    session = None
+    for row in rows:
+        sid, kind, mid, turn, continues, final = row.split("|")
+        if sid != session:
+            session, current, chain, waiting, last = sid, 0, {}, [], {}
+        if kind == "turn/start":
+            current = int(turn)
+            chain[current] = chain.get(int(continues), int(continues)) if continues else current
+        elif kind == "user/message":
+            counts[mid] = 0
+            waiting.append((mid, chain.get(current, current)))
+        elif final == "t":
+            root = chain.get(current, current)
+            mine = [m for m, r in waiting if r == root] or last.get(root, [])
+            for m in mine:
+                counts[m] += 1
+            last[root] = mine
+            waiting = [(m, r) for m, r in waiting if r != root]
+    return counts
 
 
 def print_report(r: Dict[str, Any]) -> None:
@@ -656,6 +701,8 @@ def print_report(r: Dict[str, Any]) -> None:
     a = r["audit"]
     print(
         f"audit: {'OK' if a['ok'] else 'FAILED'}: {a['messages']} messages, {a['entered_once']} entered once, "
+        f"{a['answered_once']} answered once ({a['unanswered']} unanswered, {a['answered_twice']} answered twice; "
+        f"{a['continuations']} continuations of crashed turns), "
         f"{a['lost']} lost, {a['duplicated']} duplicated, {a['unknown_entered']} unknown, "
         f"{a['reinserted_by_requeue']} re-inserted by requeue, {a['unbalanced_sessions']} unbalanced sessions, "
         f"{a['left_staged']} left staged"
