@@ -104,7 +104,11 @@ class Worker:
 
     Input a turn claimed but never entered is requeued (``AgentLoop.requeue_claimed``) when
     that turn was interrupted by a crash (found at take) or cancelled by this worker's drain;
-    never for turns a plugin blocked or someone else cancelled.
+    never for turns a plugin blocked or someone else cancelled. The loops resume with
+    ``"continue"`` unless the factory's loop chose ``AgentLoop(resume="close")``: a taken
+    session whose last turn a crash interrupted with its input unanswered runs a continuation
+    first (docs/durability.md, "Crashed turns are answered"); ``max_failures`` crashed turns in
+    a row park it instead.
     """
 
     def __init__(
