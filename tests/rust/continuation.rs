@@ -3,7 +3,9 @@
 
 use kerman::agent_loop::continuation::{self, Continuation};
 use kerman::agent_loop::events::{self, append};
-use kerman::agent_loop::{crash_closers, Ctx, Effect, Ending, Failure, FailureCode, Input, Machine, Reply, ReplyContent, Requested, Shared};
+use kerman::agent_loop::{
+    crash_closers, Ctx, Effect, Ending, Failure, FailureCode, Input, Machine, Reply, ReplyContent, Requested, Shared,
+};
 use kerman::event_log::{MemoryStore, SessionLog, Store};
 use kerman::inbox::Inbox;
 use kerman::message::{Message, MessageKind};
