@@ -95,7 +95,7 @@ impl PostgresStore {
         if let Some(id) = id {
             check_id(id)?;
         }
-        let last_of = last_of.iter().map(|t| t.to_string()).collect();
+        let last_of = last_of.iter().map(ToString::to_string).collect();
         match self.core.call(Request::Sessions { id: id.map(String::from), last_of })? {
             Response::Sessions(rows) => Ok(rows),
             other => unexpected(&other),

@@ -643,7 +643,7 @@ impl Worker {
                 sql::mark_runnable(c, id).await?;
                 Response::Done
             }
-            Request::Sessions { id, last_of } => Response::Sessions(sql::sessions(c, id.as_deref(), &last_of).await?),
+            Request::Sessions { id, last_of } => Response::Sessions(sql::sessions(c, id.as_deref(), last_of).await?),
             Request::Peek { id } => {
                 let (header, incarnation, records) = sql::peek(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
                 Response::Session(header, incarnation, records)
