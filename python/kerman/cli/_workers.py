@@ -221,8 +221,8 @@ def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument(
         "--attention",
         action="store_true",
-        help="only sessions with interrupted or in-doubt work: the last turn interrupted, left open with no live owner, "
-        "or holding a call in doubt; parked ones too",
+        help="only sessions with interrupted or in-doubt work (the last turn interrupted, or left open with no live owner; "
+        "parked ones too), with the number of calls in doubt of each",
     )
     show = actions.add_parser("show", help="one session's owner, lease, staged input and status")
     show.add_argument("id", help="the session id")
@@ -291,7 +291,8 @@ def _may_need_attention(row: Dict[str, Any]) -> bool:
 
 def _with_doubt(store: PostgresStore, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """``in_doubt`` for each row: the calls of its last turn with no result or an unknown
-    outcome (read by a follower, so only for the rows that may need attention)."""
+    outcome. Read by a follower (the whole log), so only for the rows that may need attention
+    and only when asked (``show``, ``--attention``)."""
     from .._doubt import outcome_unknown, unanswered
 
     for row in rows:
@@ -309,10 +310,6 @@ def _with_doubt(store: PostgresStore, rows: List[Dict[str, Any]]) -> List[Dict[s
             log.close()
         row["in_doubt"] = len(unanswered(events)) + len(outcome_unknown(events))
     return rows
-
-
-def _attention(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [r for r in rows if _may_need_attention(r) or r["in_doubt"]]
 
 
 def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None], shown_id: Callable[[str], str]) -> int:
@@ -355,11 +352,12 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
         for key, value in lines:
             out(f"{key + ':':<16}{value}")
         return 0
-    rows = _with_doubt(store, session_rows(store))
+    rows = session_rows(store)
     if getattr(args, "parked", False):
         rows = [r for r in rows if r["status"] == "parked"]
-    if getattr(args, "attention", False):
-        rows = _attention(rows)
+    attention = getattr(args, "attention", False)
+    if attention:
+        rows = _with_doubt(store, [r for r in rows if _may_need_attention(r)])
     if getattr(args, "json", False):
         out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
         return 0
@@ -371,15 +369,17 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
     ending_width = max(len("LAST ENDING"), *(len(_ending(r)) for r in rows))
     out(
         f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  {'STAGED':>6}  {'EVENTS':>7}  "
-        f"{'LAST ENDING':<{ending_width}}  {'IN DOUBT':>8}"
+        f"{'LAST ENDING':<{ending_width}}" + (f"  {'IN DOUBT':>8}" if attention else "")
     )
     for r in rows:
         now = r["now"]
         since = _ago(now, r["owned_since"]) if r["owner"] else "—"
         line = (
             f"{shown_id(r['id']):<{width}}  {r['state']:<8}  {_owner(r):<{owner_width}}  {since:>9}  "
-            f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}  {_ending(r):<{ending_width}}  {r['in_doubt']:>8}"
+            f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}  {_ending(r):<{ending_width}}"
         )
+        if attention:
+            line += f"  {r['in_doubt']:>8}"
         if r["status"] == "parked" and r["status_detail"]:
             line += f"  ({r['status_detail']})"
         out(line)

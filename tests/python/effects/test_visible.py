@@ -141,8 +141,12 @@ def test_kerman_sessions_shows_the_last_ending_and_lists_what_needs_attention(tm
     done = kerman("sessions", dsn)
     assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines()}
-    assert "LAST ENDING" in lines["SESSION"] and "IN DOUBT" in lines["SESSION"]
-    assert "completed" in lines["fine"] and "interrupted" in lines["s"]
+    assert "LAST ENDING" in lines["SESSION"] and "IN DOUBT" not in lines["SESSION"]
+    assert "completed" in lines["fine"] and "open (interrupted)" in lines["s"]
+    done = kerman("sessions", dsn, "list", "--attention")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()
+    assert header.split()[-2:] == ["IN", "DOUBT"] and row.split()[0] == "s" and row.split()[-1] == "1"
     done = kerman("sessions", dsn, "show", "s")
     assert done.returncode == 0, done.stderr
     assert "in doubt:       1" in done.stdout
