@@ -15,6 +15,13 @@ from typing import Any, Dict, Iterable, List, Optional
 
 OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
 
+# What a resume does with a call in doubt the take left open, by policy.
+_ON_RESUME = {
+    "retry": "runs again with the same key",
+    "reconcile": "its reconcile function gives the result",
+    "ask": "a person decides",
+}
+
 # What ends the step a tool/call belongs to: a call still open then was never answered.
 _STEP_BOUNDARIES = ("turn/start", "turn/end", "step/start", "step/end")
 
@@ -110,7 +117,7 @@ def takeover(events: List[Any], closers: int, open_calls: List[Dict[str, Any]]) 
         parts.append(f"call {call['call_id']} {call['name']} ({call['effect']}) in doubt: {call['policy']} -> closed as {OUTCOME_UNKNOWN}")
     for call in open_calls:
         policy = call["policy"]
-        then = "runs again with the same key" if policy == "retry" else "its reconcile function gives the result"
+        then = _ON_RESUME.get(policy, "settled by its policy")
         parts.append(f"call {call['call_id']} {call['name']} in doubt: {policy} -> {then}")
     if not closers and not parts:
         return None
