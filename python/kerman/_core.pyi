@@ -277,6 +277,9 @@ class PostgresStore:
         self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None, timeout: float = 10.0
     ) -> dict[str, Any]:
         """Decides a pending request through the session's owner, in order with staged input; the outcome."""
+    def resolve(self, id: str, call_id: str, text: str, *, is_error: bool = False) -> int:
+        """Records the one result of a call in doubt of a session with no live owner (its lease
+        taken, the result appended, the lease released); its seq."""
     @property
     def owner(self) -> str:
         """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from . import events
+from . import _doubt, events
+
+# The events a log's calls in doubt are read from (step boundaries end a call's step).
+_DOUBT_TYPES = ["turn/start", "turn/end", "step/start", "step/end", "tool/call", "tool/result"]
 
 __all__ = ["message", "event", "event_iterator", "session_log", "inbox", "transcript", "agent_loop", "usage_ledger"]
 
@@ -48,6 +51,7 @@ _STYLE = (
     ".kerman code,.kerman pre{font-family:var(--jp-code-font-family,monospace);font-size:12px;white-space:pre-wrap;"
     "word-break:break-word;margin:0}"
     ".kerman .k-end{text-align:center;opacity:.75;font-size:12px;margin:6px 0}"
+    ".kerman .k-doubt{color:#b45309;font-weight:600}"
     "</style>"
 )
 
@@ -142,9 +146,25 @@ def message(m: Any) -> str:
 # ---- events, logs, iterators ----------------------------------------------------------------
 
 
-def _event_rows(shown: Sequence[Any]) -> str:
-    rows = "".join(f"<tr><td>{ev.seq}</td><td><code>{esc(ev.type)}</code></td><td>{json_text(ev.data)}</td></tr>" for ev in shown)
+def _event_rows(shown: Sequence[Any], marks: Optional[Dict[int, str]] = None) -> str:
+    marks = marks or {}
+
+    def mark(ev: Any) -> str:
+        text = marks.get(ev.seq)
+        return f'<div class="k-doubt">⚠ {esc(text)}</div>' if text else ""
+
+    rows = "".join(f"<tr><td>{ev.seq}</td><td><code>{esc(ev.type)}</code></td><td>{json_text(ev.data)}{mark(ev)}</td></tr>" for ev in shown)
     return f"<table><tr><th>seq</th><th>type</th><th>data</th></tr>{rows}</table>"
+
+
+def _doubt_note(marks: Dict[int, str]) -> str:
+    """A line over a log's table counting its calls in doubt and outcome-unknown results."""
+    if not marks:
+        return ""
+    open_ = sum(1 for text in marks.values() if text.startswith("IN DOUBT"))
+    unknown = len(marks) - open_
+    parts = [f"{n} {what}" for n, what in ((open_, "call(s) in doubt (no result)"), (unknown, "outcome(s) unknown")) if n]
+    return f'<div class="k-doubt">⚠ {esc(", ".join(parts))}</div>'
 
 
 def event(ev: Any) -> str:
@@ -161,7 +181,8 @@ def session_log(log: Any) -> str:
     start = max(0, n - EVENTS_SHOWN)
     shown = list(log.events(start=start))
     note = f'<div class="k-note">the last {len(shown)} of {n:,} events</div>' if start else ""
-    body = note + _event_rows(shown) if shown else '<div class="k-note">no events yet</div>'
+    marks = _doubt.marks(log.events(types=_DOUBT_TYPES)) if n else {}
+    body = _doubt_note(marks) + note + _event_rows(shown, marks) if shown else '<div class="k-note">no events yet</div>'
     return _box(head, body)
 
 
@@ -307,6 +328,17 @@ def agent_loop(loop: Any, usage: str = "") -> str:
             for d in pending
         )
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
+    doubt = loop.in_doubt
+    if doubt:
+        items = "".join(
+            f'<li><code>{esc(c["name"])}</code> <span class="k-dim">{esc(c["call_id"])} · seq {c["seq"]}</span> '
+            f"on_in_doubt={esc(c['policy'])}</li>"
+            for c in doubt
+        )
+        rows += (
+            f'<tr><th class="k-doubt">⚠ in doubt</th><td><div class="k-doubt">logged, no result: '
+            f"may or may not have run (loop.resolve records one)</div><ul>{items}</ul></td></tr>"
+        )
     if usage:
         rows += f"<tr><th>usage</th><td>{esc(usage)}</td></tr>"
     crashed = loop._core.continuation

@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
 
-from . import _continuation, _core, events
+from . import _continuation, _core, _doubt, events
 from .errors import LoopError
 from .loop import AgentLoop
 
@@ -58,7 +58,22 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _Session:
     """One taken session: its log, lease epoch and loop, and what its task waits on."""
 
-    __slots__ = ("log", "epoch", "agent", "failures", "ended", "seen", "nudge", "fenced", "task", "leaving", "building", "expired")
+    __slots__ = (
+        "log",
+        "epoch",
+        "agent",
+        "failures",
+        "ended",
+        "seen",
+        "nudge",
+        "fenced",
+        "task",
+        "leaving",
+        "building",
+        "expired",
+        "closers",
+        "taken_len",
+    )
 
     def __init__(self, log: _core.SessionLog, epoch: int, closers: int) -> None:
         self.log = log
@@ -76,6 +91,10 @@ class _Session:
         self.leaving = False
         self.building = False  # an async factory is building its loop
         self.expired = False  # ... and was cancelled at the end of the drain's grace period
+        # The take's crash closers are the last `closers` of the first `taken_len` events (the
+        # loop's inbox may append staged input before the takeover is logged).
+        self.closers = closers
+        self.taken_len = len(log)
 
     def poke(self) -> None:
         """Wakes the session's task from its wait (a turn started, a stop, a fence)."""
@@ -422,6 +441,7 @@ class Worker:
 
         agent.on("agent/status", on_status)
         agent.on("agent/error", on_error)
+        self._log_takeover(session)
         self._requeue_interrupted(session)
         while True:
             # Input is pending, or the last turn crashed with calls in doubt that a resume
@@ -504,6 +524,22 @@ class Worker:
                 session.ended += 1
         session.seen = end
         return failures
+
+    def _log_takeover(self, session: _Session) -> None:
+        """An INFO line for a session its last owner left inside a turn: the calls in doubt
+        found and the policy each gets (docs/durability.md#calls-in-doubt)."""
+        agent = session.agent
+        assert agent is not None
+        open_calls = agent.in_doubt
+        if not session.closers and not open_calls:
+            return
+        taken = list(session.log.events(start=session.taken_len - session.closers, stop=session.taken_len)) if session.closers else []
+        # The closers cite the calls they fail: read those calls' records for their policies.
+        cited = {s for e in taken for s in (e.source_event_seqs or [])}
+        calls = [e for s in sorted(cited) for e in session.log.events(start=s, stop=s + 1)]
+        line = _doubt.takeover(calls + taken, len(taken), open_calls)
+        if line is not None:
+            logger.info("worker %s: took over session %r: %s", self._name, session.log.id, line)
 
     def _requeue_interrupted(self, session: _Session) -> None:
         """The claimed-but-unentered policy at take: input the crashed turn claimed comes back."""

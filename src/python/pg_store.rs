@@ -139,7 +139,20 @@ fn info_dict(py: Python<'_>, row: SessionInfo) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("staged", row.staged)?;
     d.set_item("runnable", row.runnable)?;
     d.set_item("now", row.now)?;
+    d.set_item("last_ending", last_ending(row.last_of.as_ref()))?;
     Ok(d)
+}
+
+/// How a session's last turn ended (its `turn/end`'s reason kind: `"completed"`,
+/// `"interrupted"`, `"error"`, ...), `"open"` when its last turn has not ended (running, or
+/// left open by a dead owner), `None` before its first turn.
+fn last_ending(last: Option<&(String, String)>) -> Option<String> {
+    let (kind, record) = last?;
+    if kind == crate::agent_loop::events::TURN_START {
+        return Some("open".to_string());
+    }
+    let record: serde_json::Value = serde_json::from_str(record).ok()?;
+    record.pointer("/data/reason/kind").and_then(serde_json::Value::as_str).map(str::to_string)
 }
 
 #[pymethods]
@@ -426,6 +439,26 @@ impl PyPostgresStore {
         self.apply_op(py, &id, StagedOp::Decide, &args, timeout)
     }
 
+    /// Records `text` as the one result of call `call_id` in doubt in session `id` (an error
+    /// result when `is_error`), as `FileStore.resolve` does: takes the session's lease (a newer
+    /// epoch, so an owner whose lease lapsed is fenced out), appends the `tool/result` and
+    /// releases the lease; nothing runs. A call not in doubt raises `ValueError` naming it; a
+    /// session with a live owner (another process, or a log this process holds open) raises
+    /// `SessionLockedError`: resolve there, with `loop.resolve`. Returns the result's seq.
+    #[pyo3(signature = (id, call_id, text, *, is_error=false))]
+    fn resolve(&self, py: Python<'_>, id: &Bound<'_, PyAny>, call_id: &str, text: &str, is_error: bool) -> PyResult<u64> {
+        let id = id_arg(id)?;
+        if PG_LOGS.live(py, &key(&self.dsn, &id)).is_some() {
+            return Err(locked_here(py, LogError::LockedHere { id }));
+        }
+        let log = py.detach(|| self.inner.open(&id)).map_err(|e| log_err(py, e))?;
+        let result = py.detach(|| crate::agent_loop::in_doubt::resolve(&log, call_id, text, is_error));
+        let closed = py.detach(|| log.close());
+        let seq = result.map_err(|e| super::agent_loop::resolve_err(py, e))?;
+        closed.map_err(|e| log_err(py, e))?;
+        Ok(seq)
+    }
+
     /// Ids of every created session, sorted (`exists(id)` is true exactly for these).
     fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.detach(|| self.inner.list()).map_err(|e| log_err(py, e))
@@ -469,11 +502,14 @@ impl PyPostgresStore {
     /// worker's name), `epoch`, `owned_since` and `expires_at` (seconds since the epoch, server
     /// clock, or `None`), `status` (`"active"` or `"parked"`), `status_detail` (why it was
     /// parked), `events`, `staged` (messages enqueued and not yet taken), `runnable` (released
-    /// with unclaimed input in its log) and `now` (the server's clock).
+    /// with unclaimed input in its log), `now` (the server's clock) and `last_ending` (how its
+    /// last turn ended: the `turn/end` reason kind, `"open"` while it has not ended, `None`
+    /// before the first turn).
     #[pyo3(signature = (id=None))]
     fn sessions<'py>(&self, py: Python<'py>, id: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyList>> {
         let id = id.map(id_arg).transpose()?;
-        let rows = py.detach(|| self.inner.sessions(id.as_deref())).map_err(|e| log_err(py, e))?;
+        let boundaries = [crate::agent_loop::events::TURN_START, crate::agent_loop::events::TURN_END];
+        let rows = py.detach(|| self.inner.sessions(id.as_deref(), &boundaries)).map_err(|e| log_err(py, e))?;
         if let (Some(id), true) = (&id, rows.is_empty()) {
             return Err(log_err(py, LogError::NotFound { id: id.clone() }));
         }

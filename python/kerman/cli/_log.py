@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, Iterable, Optional
 
 from .. import Event, InboxProjection
+from .._doubt import marks as doubt_marks
 from ..errors import (
     CorruptLogError,
     KermanError,
@@ -98,7 +99,16 @@ def _local_time(ms: Any) -> str:
         return "?"
 
 
-def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list[Event], total: int, info: dict[str, Any]) -> None:
+def _print_events(
+    args: argparse.Namespace,
+    header: dict[str, Any],
+    events: list[Event],
+    total: int,
+    info: dict[str, Any],
+    marks: Optional[dict[int, str]] = None,
+) -> None:
+    """The events as a timeline (or JSON lines); ``marks`` (seq -> text, ``_doubt.marks``) are
+    printed under their events: calls in doubt and outcome-unknown results."""
     if args.json:
         for event in events:
             _out(event.to_json())
@@ -120,6 +130,8 @@ def _print_events(args: argparse.Namespace, header: dict[str, Any], events: list
             # A failure recorded from a user exception: its traceback, under the event.
             for line in traceback_lines(event):
                 _out(f"{'':7}| {line}")
+            if marks and event.seq in marks:
+                _out(f"{'':7}! {marks[event.seq]}")
     torn = info.get("torn_tail_bytes") or 0
     if torn:
         _err(f"kerman: note: {torn} bytes of torn tail at the end of the file are not shown (they will be truncated on next open)")
@@ -208,7 +220,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     header, events, info = _read(args)
     keep = _type_filter(args.types)
     selected = [e for e in events if e.seq >= args.start and keep(e.type)]
-    _print_events(args, header, selected, len(events), info)
+    _print_events(args, header, selected, len(events), info, doubt_marks(events))
     return 0
 
 
@@ -225,7 +237,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     keep = _type_filter(args.types)
     selected = [e for e in events if keep(e.type)]
     selected = selected[len(selected) - args.n :] if args.n else []
-    _print_events(args, header, selected, len(events), info)
+    _print_events(args, header, selected, len(events), info, doubt_marks(events))
     return 0
 
 
@@ -408,53 +420,4 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     _out(f"backup: {backup}")
     if result.get("quarantine"):
         _out(f"set aside: {result['quarantine']}")
-    return 0
-
-
-def calls_in_doubt(events: list[Any]) -> list[dict[str, Any]]:
-    """The calls of the last turn's open step with a ``tool/call`` and no ``tool/result``,
-    in call order: ``{"call_id", "name", "seq", "effect", "policy"}``. Read from the records as
-    stored (before a store's open closes a crashed turn, every call in doubt is listed, whatever
-    its policy)."""
-    open_calls: dict[str, dict[str, Any]] = {}
-    for event in events:
-        kind, data = event.type, event.data if isinstance(event.data, dict) else {}
-        if kind in ("turn/start", "turn/end", "step/start", "step/end"):
-            open_calls = {}
-        elif kind == "tool/call":
-            call_id = data.get("callId", "")
-            open_calls[call_id] = {
-                "call_id": call_id,
-                "name": data.get("name", ""),
-                "seq": event.seq,
-                "effect": data.get("effect", "write"),
-                "policy": data.get("onInDoubt", "fail"),
-            }
-        elif kind == "tool/result":
-            source = (data.get("message") or {}).get("source") or {}
-            open_calls.pop(source.get("callId", ""), None)
-    return list(open_calls.values())
-
-
-def _cmd_in_doubt(args: argparse.Namespace) -> int:
-    if args.id is None:
-        if _is_dsn(args.store):
-            _err("kerman: give a session id for a PostgreSQL store")
-            return 2
-        ids = sorted(_store(args.store).list())
-    else:
-        ids = [args.id]
-    rows: list[dict[str, Any]] = []
-    for session_id in ids:
-        _, events, _ = _read(argparse.Namespace(**{**vars(args), "id": session_id}))
-        rows.extend({"session": session_id, **call} for call in calls_in_doubt(events))
-    if args.json:
-        _out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
-        return 0
-    if not rows:
-        _out("no calls in doubt")
-        return 0
-    for row in rows:
-        where = f"{_shown_id(row['session'])}  {row['call_id']}  {row['name']}  seq {row['seq']}"
-        _out(f"{where}  {row['effect']}  on_in_doubt={row['policy']}")
     return 0

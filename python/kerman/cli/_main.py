@@ -11,9 +11,9 @@ from .. import FORMAT_VERSION, __version__
 from ..errors import (
     KermanError,
 )
-from . import _otel, _usage
+from . import _doubt, _otel, _usage
 from ._common import _SECRETS, STORE_HELP, _describe_error, _err, _Exit, _out, _passwords, _shown, _shown_id, positive
-from ._log import _cmd_fork, _cmd_in_doubt, _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
+from ._log import _cmd_fork, _cmd_inbox, _cmd_list, _cmd_repair, _cmd_show, _cmd_tail, _cmd_verify
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -234,15 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     _allow_damaged(
         session_command("inbox", "print the pending inbox rebuilt from the log", _cmd_inbox, "print a JSON list of {placement, message}")
     )
-    in_doubt = log_commands.add_parser(
-        "in-doubt",
-        help="list the tool calls in doubt (logged, no result) of each session's last turn",
-        description="list the tool calls in doubt (logged, no result) of each session's last turn",
-    )
-    in_doubt.add_argument("store", help=STORE_HELP)
-    in_doubt.add_argument("id", nargs="?", default=None, help="the session id (all sessions of a file store when left out)")
-    in_doubt.add_argument("--json", action="store_true", help="print a JSON list of {session, call_id, name, seq, effect, policy}")
-    in_doubt.set_defaults(handler=_cmd_in_doubt)
+    _doubt.add_parsers(log_commands)
     fork = session_command(
         "fork",
         "make a new session whose events up to seq AT are this session's; print its id",

@@ -28,6 +28,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(text: str) -> int:
+    """A logging level by name (any case): what the worker's log lines go out at least at."""
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    level: int = getattr(logging, text.upper())
+    return level
+
+
 def _pool_size(text: str) -> int:
     # The store's own bounds (PostgresStore(pool_size=...)), checked here so the error is a
     # usage error naming the flag.
@@ -107,6 +118,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default=None, help="the worker's name in `kerman sessions` (default host:pid)")
     parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=logging.INFO,
+        metavar="LEVEL",
+        help="the least level logged to stderr: debug, info (default: takeovers and calls in doubt), warning, error, critical",
+    )
+    parser.add_argument(
         "--event-loop",
         choices=("auto", "asyncio", "uvloop"),
         default="auto",
@@ -159,7 +177,8 @@ def run_worker(args: argparse.Namespace, shown: Callable[[str], str], err: Calla
         err(f"kerman: {e}")
         return 2
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kerman").setLevel(args.log_level)
     store = open_store(args, lease_ttl=args.lease_ttl)
     worker = Worker(
         store,
@@ -199,6 +218,12 @@ def add_sessions_arguments(parser: argparse.ArgumentParser) -> None:
     listing = actions.add_parser("list", help="every session: owner, since when, lease expiry, staged input, status")
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
     listing.add_argument("--parked", action="store_true", help="only parked sessions")
+    listing.add_argument(
+        "--attention",
+        action="store_true",
+        help="only sessions with interrupted or in-doubt work (the last turn interrupted, or left open with no live owner; "
+        "parked ones too), with the number of calls in doubt of each",
+    )
     show = actions.add_parser("show", help="one session's owner, lease, staged input and status")
     show.add_argument("id", help="the session id")
     show.add_argument("--json", action="store_true", help="print a JSON object")
@@ -247,6 +272,46 @@ def session_rows(store: PostgresStore) -> List[Dict[str, Any]]:
     return rows
 
 
+def _ending(row: Dict[str, Any]) -> str:
+    """How the last turn ended; an open one with no live owner was interrupted (its next owner
+    closes or resumes it)."""
+    ending = row.get("last_ending")
+    if ending is None:
+        return "—"
+    if ending == "open":
+        return "running" if row["state"] == "owned" else "open (interrupted)"
+    return str(ending)
+
+
+def _may_need_attention(row: Dict[str, Any]) -> bool:
+    """A turn that ended interrupted or is open with no live owner, or a parked session."""
+    ending = row.get("last_ending")
+    return row["status"] == "parked" or ending == "interrupted" or (ending == "open" and row["state"] != "owned")
+
+
+def _with_doubt(store: PostgresStore, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``in_doubt`` for each row: the calls of its last turn with no result or an unknown
+    outcome. Read by a follower (the whole log), so only for the rows that may need attention
+    and only when asked (``show``, ``--attention``)."""
+    from .._doubt import outcome_unknown, unanswered
+
+    for row in rows:
+        row["in_doubt"] = 0
+        if not _may_need_attention(row):
+            continue
+        try:
+            log = store.follow(row["id"])
+        except SessionNotFoundError:
+            continue
+        try:
+            starts = [e.seq for e in log.events(types="turn/start")]
+            events = list(log.events(start=starts[-1])) if starts else []
+        finally:
+            log.close()
+        row["in_doubt"] = len(unanswered(events)) + len(outcome_unknown(events))
+    return rows
+
+
 def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Callable[[str], None], shown_id: Callable[[str], str]) -> int:
     store = open_store(args)
     command = args.sessions_command or "list"
@@ -263,6 +328,7 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
             err(f"kerman: no session {shown_id(args.id)}")
             return 1
         row["state"] = _state(row)
+        _with_doubt(store, [row])
         if args.json:
             out(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
             return 0
@@ -278,6 +344,8 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
             ("staged input", str(row["staged"])),
             ("runnable", "yes" if row["runnable"] else "no"),
             ("events", str(row["events"])),
+            ("last ending", _ending(row)),
+            ("in doubt", str(row["in_doubt"])),
         ]
         if row["status"] == "parked":
             lines.append(("parked because", row["status_detail"] or "—"))
@@ -287,6 +355,9 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
     rows = session_rows(store)
     if getattr(args, "parked", False):
         rows = [r for r in rows if r["status"] == "parked"]
+    attention = getattr(args, "attention", False)
+    if attention:
+        rows = _with_doubt(store, [r for r in rows if _may_need_attention(r)])
     if getattr(args, "json", False):
         out(json.dumps(rows, ensure_ascii=False, separators=(",", ":")))
         return 0
@@ -295,14 +366,20 @@ def run_sessions(args: argparse.Namespace, out: Callable[[str], None], err: Call
         return 0
     width = max(len("SESSION"), *(len(shown_id(r["id"])) for r in rows))
     owner_width = max(len("OWNER"), *(len(_owner(r)) for r in rows))
-    out(f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  {'STAGED':>6}  {'EVENTS':>7}")
+    ending_width = max(len("LAST ENDING"), *(len(_ending(r)) for r in rows))
+    out(
+        f"{'SESSION':<{width}}  {'STATE':<8}  {'OWNER':<{owner_width}}  {'SINCE':>9}  {'LEASE':>18}  {'STAGED':>6}  {'EVENTS':>7}  "
+        f"{'LAST ENDING':<{ending_width}}" + (f"  {'IN DOUBT':>8}" if attention else "")
+    )
     for r in rows:
         now = r["now"]
         since = _ago(now, r["owned_since"]) if r["owner"] else "—"
         line = (
             f"{shown_id(r['id']):<{width}}  {r['state']:<8}  {_owner(r):<{owner_width}}  {since:>9}  "
-            f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}"
+            f"{_expiry(now, r['expires_at']):>18}  {r['staged']:>6}  {r['events']:>7}  {_ending(r):<{ending_width}}"
         )
+        if attention:
+            line += f"  {r['in_doubt']:>8}"
         if r["status"] == "parked" and r["status_detail"]:
             line += f"  ({r['status_detail']})"
         out(line)

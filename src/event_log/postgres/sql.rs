@@ -826,21 +826,29 @@ pub struct SessionInfo {
     pub staged: i64,
     pub runnable: bool,
     pub now: f64,
+    /// The last record whose type is one of the `last_of` types [`sessions`] was given: its
+    /// type and its JSON text (the store knows no event types; its caller names them).
+    pub last_of: Option<(String, String)>,
 }
 
-/// Every session (or only `id`), by id, with its owner, lease and staged input count.
-pub async fn sessions(c: &mut Client, id: Option<&str>) -> Result<Vec<SessionInfo>, LogError> {
+/// Every session (or only `id`), by id, with its owner, lease and staged input count, and the
+/// last record of one of the types `last_of` (read backwards along the primary key: a short
+/// walk when such records are frequent, as turn boundaries are).
+pub async fn sessions(c: &mut Client, id: Option<&str>, last_of: &[String]) -> Result<Vec<SessionInfo>, LogError> {
     let rows = c
         .query_typed(
             "SELECT s.id, s.owner, s.owner_name, s.epoch, extract(epoch FROM s.owned_since)::float8,
                     extract(epoch FROM s.expires_at)::float8, s.status, s.status_detail, s.last_seq,
-                    coalesce(st.n, 0), s.runnable, extract(epoch FROM now())::float8
+                    coalesce(st.n, 0), s.runnable, extract(epoch FROM now())::float8, l.type, l.record
              FROM kerman_sessions s
              LEFT JOIN (SELECT session_id, count(*) AS n FROM kerman_inbox_staged GROUP BY session_id) st
                ON st.session_id = s.id
+             LEFT JOIN LATERAL (SELECT e.type, e.record FROM kerman_events e
+                                WHERE e.session_id = s.id AND e.type = ANY($2::text[])
+                                ORDER BY e.seq DESC LIMIT 1) l ON true
              WHERE $1::text IS NULL OR s.id = $1
              ORDER BY s.id",
-            &[(&id, Type::TEXT)],
+            &[(&id, Type::TEXT), (&last_of, Type::TEXT_ARRAY)],
         )
         .await
         .map_err(db_err("list sessions"))?;
@@ -859,6 +867,7 @@ pub async fn sessions(c: &mut Client, id: Option<&str>) -> Result<Vec<SessionInf
             staged: r.get(9),
             runnable: r.get(10),
             now: r.get(11),
+            last_of: r.get::<_, Option<String>>(12).zip(r.get::<_, Option<String>>(13)),
         })
         .collect())
 }

@@ -89,12 +89,14 @@ impl PostgresStore {
         );
     }
 
-    /// Every session (or only `id`: empty if it does not exist) as an operator sees it.
-    pub fn sessions(&self, id: Option<&str>) -> Result<Vec<SessionInfo>, LogError> {
+    /// Every session (or only `id`: empty if it does not exist) as an operator sees it, with
+    /// the last record of one of the types `last_of`.
+    pub fn sessions(&self, id: Option<&str>, last_of: &[&str]) -> Result<Vec<SessionInfo>, LogError> {
         if let Some(id) = id {
             check_id(id)?;
         }
-        match self.core.call(Request::Sessions { id: id.map(String::from) })? {
+        let last_of = last_of.iter().map(ToString::to_string).collect();
+        match self.core.call(Request::Sessions { id: id.map(String::from), last_of })? {
             Response::Sessions(rows) => Ok(rows),
             other => unexpected(&other),
         }

@@ -36,6 +36,7 @@ ROOMS = {
         "chat.py",
         "_chat_screen.py",
         "_chat_decide.py",
+        "_doubt.py",
         "demo.py",
     ),
 }

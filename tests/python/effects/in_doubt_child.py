@@ -1,4 +1,5 @@
-"""A process of its own over a file-store session, for test_in_doubt.py.
+"""A process of its own over a session (a FileStore folder's, or a PostgreSQL DSN's), for the
+tests of this folder.
 
 ``ROOT SID COUNTER TOOL``: the first turn of session SID (created) asks for one call of TOOL,
 whose body appends ``{"tool", "key"}`` to COUNTER, prints ``IN_BODY`` and hangs until the
@@ -13,11 +14,12 @@ import sys
 
 from in_doubt_tools import build
 
-from kerman import FileStore, ModelReply
+from kerman import FileStore, ModelReply, PostgresStore
 
 
 async def main(root: str, sid: str, counter: str, tool: str) -> None:
-    store = FileStore(root, durability="strict")
+    # ROOT may be a PostgreSQL DSN: a short lease, so another process takes over soon after the kill.
+    store = PostgresStore(root, lease_ttl=1.0) if root.startswith("postgres") else FileStore(root, durability="strict")
     log = store.open(sid) if tool == "resume" else store.create(sid)
 
     async def model(request):

@@ -91,7 +91,7 @@ pub enum Request {
     /// Flags a session as having unclaimed input in its log, for the workers.
     MarkRunnable { id: String },
     /// What an operator sees of every session, or of one.
-    Sessions { id: Option<String> },
+    Sessions { id: Option<String>, last_of: Vec<String> },
     /// Does nothing: its reply runs on the reply thread (a LISTEN subscriber's hand-off there).
     Ping,
     /// A request made when the runtime thread gets to it rather than when it was submitted
@@ -643,7 +643,7 @@ impl Worker {
                 sql::mark_runnable(c, id).await?;
                 Response::Done
             }
-            Request::Sessions { id } => Response::Sessions(sql::sessions(c, id.as_deref()).await?),
+            Request::Sessions { id, last_of } => Response::Sessions(sql::sessions(c, id.as_deref(), last_of).await?),
             Request::Peek { id } => {
                 let (header, incarnation, records) = sql::peek(c, id).await?.ok_or(LogError::NotFound { id: id.clone() })?;
                 Response::Session(header, incarnation, records)
