@@ -36,8 +36,12 @@ pub fn in_doubt_options(effect: SideEffect) -> Vec<&'static str> {
 /// What an in-doubt request tells the person.
 fn in_doubt_note(name: &str, effect: SideEffect) -> String {
     let offered = match effect {
-        SideEffect::Read | SideEffect::Idempotent => "Approve() runs it again with the same idempotency key, Answer(result) records its result, Deny(reason) records a failure",
-        SideEffect::Write => "Answer(result) records its result, Deny(reason) records a failure (a write tool is not run again: it may do it twice)",
+        SideEffect::Read | SideEffect::Idempotent => {
+            "Approve() runs it again with the same idempotency key, Answer(result) records its result, Deny(reason) records a failure"
+        }
+        SideEffect::Write => {
+            "Answer(result) records its result, Deny(reason) records a failure (a write tool is not run again: it may do it twice)"
+        }
     };
     format!(
         "tool call {} was running when its process stopped; its side effects may or may not have happened. {offered}",
@@ -61,7 +65,8 @@ pub struct CallRequest {
 
 fn call_request_of(data: &Value) -> Option<CallRequest> {
     let call_seq = data.get("callSeq")?.as_u64()?;
-    let options = data.get("options").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
+    let options =
+        data.get("options").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
     Some(CallRequest { request: decisions::request_of(data)?, call_seq, options, payload: data.get("payload").map(crate::json::compact) })
 }
 

@@ -211,10 +211,13 @@ pub fn started_resolution(ask: &super::call_decisions::CallRequest, decision: De
     let id = &request.decision_id;
     let mut resolved = resolution(request, Resolved::Approved);
     let refuse = |what: &str, offered: &str| {
-        DecideError::Invalid(format!("decision {id:?} is about a call {}; {what} does not answer it (it takes {offered})", match request.kind {
-            RequestKind::Input => "that needs input",
-            _ => "in doubt",
-        }))
+        DecideError::Invalid(format!(
+            "decision {id:?} is about a call {}; {what} does not answer it (it takes {offered})",
+            match request.kind {
+                RequestKind::Input => "that needs input",
+                _ => "in doubt",
+            }
+        ))
     };
     let offered = match request.kind {
         RequestKind::Input => "Answer(value) or Deny(reason)",

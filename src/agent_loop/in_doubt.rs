@@ -194,9 +194,8 @@ pub fn open_step(events: &[Event]) -> Option<Crashed> {
 /// The open step a resume takes up: one with a call in doubt whose policy a resume settles,
 /// or about which a person was asked (`call_decisions`: a call that needs input, say).
 pub fn crashed(events: &[Event]) -> Option<Crashed> {
-    open_step(events).filter(|c| {
-        c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)) || !super::call_decisions::requests(events).is_empty()
-    })
+    open_step(events)
+        .filter(|c| c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)) || !super::call_decisions::requests(events).is_empty())
 }
 
 /// [`crashed`] of `log`, once no request about its calls waits for a person: the step a

@@ -1,6 +1,7 @@
 //! One integration-test binary for the Rust core.
 
 mod agent_loop;
+mod call_decisions;
 mod decisions;
 mod event_log;
 mod file_store;

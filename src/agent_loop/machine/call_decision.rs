@@ -24,8 +24,7 @@ pub(super) fn apply(ctx: &Ctx<'_>, plan: &mut ToolPlan) {
             None => {
                 let input = (ask.request.kind == RequestKind::Input).then(|| {
                     let payload = ask.payload.as_deref().and_then(|p| serde_json::from_str(p).ok()).unwrap_or(serde_json::Value::Null);
-                    let answer =
-                        resolution.value.as_deref().and_then(|v| serde_json::from_str(v).ok()).unwrap_or(serde_json::Value::Null);
+                    let answer = resolution.value.as_deref().and_then(|v| serde_json::from_str(v).ok()).unwrap_or(serde_json::Value::Null);
                     serde_json::json!({"payload": payload, "answer": answer, "decisionId": ask.request.decision_id}).to_string()
                 });
                 plan.run_again(index, input);
