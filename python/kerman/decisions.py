@@ -189,7 +189,8 @@ class PendingDecision:
     """A request waiting for a person (``loop.decisions``). ``arguments`` are the call's exact
     arguments (JSON text), ``digest`` their SHA-256; ``kind`` is ``"approval"``,
     ``"answer"``, ``"in-doubt"`` (a call that started and whose process died: its ``note`` says
-    what may be decided) or ``"input"`` (a call that needs input: answer its ``schema``); ``expires_at`` is epoch milliseconds or ``None``."""
+    what may be decided) or ``"input"`` (a call that needs input: answer its ``schema``);
+    ``expires_at`` is epoch milliseconds or ``None``."""
 
     decision_id: str
     call_id: str
