@@ -31,7 +31,7 @@ from ._core import (
     consumed_work,
 )
 from ._run import RunError, RunResult
-from .decisions import Answer, Approve, Ask, Deny, Edit, PendingDecision, ToolCall
+from .decisions import Answer, Approve, Ask, Deny, Edit, InputRequired, PendingDecision, ToolCall
 from .errors import (
     CorruptLogError,
     DecisionError,
@@ -120,6 +120,7 @@ __all__ = [
     "Edit",
     "Ask",
     "Answer",
+    "InputRequired",
     "PendingDecision",
     "DecisionError",
     # messages

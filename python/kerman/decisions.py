@@ -20,7 +20,7 @@ from .signal import Signal
 if TYPE_CHECKING:
     from .loop import AgentLoop
 
-__all__ = ["Approve", "Deny", "Edit", "Ask", "Answer", "ToolCall", "PendingDecision", "Verdict", "Outcome"]
+__all__ = ["Approve", "Deny", "Edit", "Ask", "Answer", "InputRequired", "ToolCall", "PendingDecision", "Verdict", "Outcome"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,22 @@ class Answer:
 
     value: Any
     kind = "answer"
+
+
+@dataclass(frozen=True)
+class InputRequired:
+    """What a tool body returns when the call needs a person's input before it can finish (an
+    MCP server's input-required result): the loop logs a request (``kind="input"``: ``message``
+    as its note, ``schema`` the answer's JSON Schema, ``payload`` any JSON the tool needs to make
+    the call again, such as a server's state token) and the turn waits. Once answered
+    (``Answer(value)``, checked against ``schema``), the body runs again under the same
+    ``tool/call``, in this process or another, with ``ctx.input`` = ``{"payload": ...,
+    "answer": ..., "decisionId": ...}``; ``Deny(reason)`` declines (the call's result is a
+    denial). See ``docs/decisions.md#calls-that-started``."""
+
+    message: Optional[str] = None
+    schema: Optional[Dict[str, Any]] = None
+    payload: Any = None
 
 
 @dataclass(frozen=True)
@@ -171,8 +187,10 @@ class ToolCall:
 @dataclass(frozen=True)
 class PendingDecision:
     """A request waiting for a person (``loop.decisions``). ``arguments`` are the call's exact
-    arguments (JSON text), ``digest`` their SHA-256; ``kind`` is ``"approval"`` or
-    ``"answer"``; ``expires_at`` is epoch milliseconds or ``None``."""
+    arguments (JSON text), ``digest`` their SHA-256; ``kind`` is ``"approval"``,
+    ``"answer"``, ``"in-doubt"`` (a call that started and whose process died: its ``note`` says
+    what may be decided) or ``"input"`` (a call that needs input: answer its ``schema``);
+    ``expires_at`` is epoch milliseconds or ``None``."""
 
     decision_id: str
     call_id: str

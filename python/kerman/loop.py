@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import logging
 import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
 from . import _continuation, _dispatch, _html, _report, _run, output
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
@@ -195,6 +196,9 @@ class AgentLoop:
         self._turn_stopping: List[Callable[..., Any]] = []
         self._before_tool: List[Callable[..., Any]] = []
         self._tools: Dict[str, Tool] = {}
+        # Awaited before a step is taken up from the log (an MCP server lists its tools, so the
+        # step's calls of them are known): `async def f() -> None`.
+        self._resume_preparers: List[Callable[[], Awaitable[None]]] = []
         # Tool sources (kerman.mcp.MCPServer): their tools join _tools when a request needs
         # them; aclose() closes the sources.
         self._sources: List[ToolSource] = []
@@ -928,12 +932,16 @@ class AgentLoop:
             return
         self._start_driver()
 
-    def _start_driver(self, abort: Optional[Dict[str, Any]] = None) -> None:
+    def _start_driver(self, abort: Optional[Dict[str, Any]] = None, prepared: bool = False) -> None:
         if self._closing:
             return
         if self._requeue_due:
             self._requeue_due = False
             _continuation.requeue_interrupted(self)
+        if not prepared and self._resume_preparers and self._event_loop is not None and self._core.resumable:
+            self._set_status("running")
+            self._task = self._event_loop.create_task(self._prepare_resume(abort))
+            return
         # The turn's signal exists before "running" is announced: a listener of that may cancel.
         self._core.prepare(Signal())
         if abort is not None:  # a held step cancelled while it waited: it resumes aborted
@@ -954,6 +962,16 @@ class AgentLoop:
         # The driver (kerman._core.Driver) runs turns until one stops it, then calls
         # _driver_finished; an outside cancellation ends the turn disposed and propagates.
         self._task = self._event_loop.create_task(driver)
+
+    async def _prepare_resume(self, abort: Optional[Dict[str, Any]]) -> None:
+        for prepare in list(self._resume_preparers):
+            try:
+                await prepare()
+            except Exception:
+                # The step goes on: a call of a tool that is not registered gets its error result.
+                logging.getLogger("kerman").exception("preparing to resume session %r failed", self._log.id)
+        self._task = None
+        self._start_driver(abort, prepared=True)
 
     def _finish_driver(self) -> None:
         latched = self._core.take_latch()

@@ -82,7 +82,7 @@ fn find_open_turn(events: &[Event]) -> Option<OpenTurn> {
 /// The closers as a store's open hook: whoever builds the loop installs this on its stores
 /// (`with_open_hook`), so every log they open starts with its turns balanced.
 pub fn crash_closers() -> OpenHook {
-    std::sync::Arc::new(close_open_turn)
+    std::sync::Arc::new(|log: &SessionLog| Ok(super::call_decisions::request_in_doubt(log)? + close_open_turn(log)?))
 }
 
 /// Appends the closers if `log` ends inside an open turn; returns how many were appended.

@@ -40,6 +40,10 @@ pub fn digest(arguments: &str) -> String {
 pub enum RequestKind {
     Approval,
     Answer,
+    /// About a started call in doubt (`call_decisions`): run again, record a result or a failure.
+    InDoubt,
+    /// About a started call that needs input (`call_decisions`): an answer, or a denial.
+    Input,
 }
 
 impl RequestKind {
@@ -47,15 +51,23 @@ impl RequestKind {
         match self {
             RequestKind::Approval => "approval",
             RequestKind::Answer => "answer",
+            RequestKind::InDoubt => "in-doubt",
+            RequestKind::Input => "input",
         }
     }
 
     fn parse(text: &str) -> RequestKind {
-        if text == "answer" {
-            RequestKind::Answer
-        } else {
-            RequestKind::Approval
+        match text {
+            "answer" => RequestKind::Answer,
+            "in-doubt" => RequestKind::InDoubt,
+            "input" => RequestKind::Input,
+            _ => RequestKind::Approval,
         }
+    }
+
+    /// Whether an `Answer` to it is checked against its schema.
+    pub fn takes_answer(self) -> bool {
+        matches!(self, RequestKind::Answer | RequestKind::Input)
     }
 }
 
@@ -187,6 +199,63 @@ pub fn preset_outcome(resolution: &Resolution, name: &str) -> Option<Outcome> {
         Resolved::Answered => Some(answered(resolution.value.as_deref())),
         Resolved::Expired => Some(Outcome::expired(name)),
         Resolved::Cancelled => Some(Outcome::aborted_before()),
+    }
+}
+
+/// The resolution `decision` gives a request about a started call, or why it does not fit:
+/// in doubt, `Approve` runs the call again (only where the request offers `run-again`),
+/// `Answer(value)` records `value` as its result and `Deny(reason)` records a failure; for
+/// input, `Answer(value)` makes the call again with the value and `Deny(reason)` declines.
+pub fn started_resolution(ask: &super::call_decisions::CallRequest, decision: Decide) -> Result<Resolution, DecideError> {
+    let request = &ask.request;
+    let id = &request.decision_id;
+    let mut resolved = resolution(request, Resolved::Approved);
+    let refuse = |what: &str, offered: &str| {
+        DecideError::Invalid(format!(
+            "decision {id:?} is about a call {}; {what} does not answer it (it takes {offered})",
+            match request.kind {
+                RequestKind::Input => "that needs input",
+                _ => "in doubt",
+            }
+        ))
+    };
+    let offered = match request.kind {
+        RequestKind::Input => "Answer(value) or Deny(reason)",
+        _ if ask.options.iter().any(|o| o == "run-again") => "Approve() to run it again, Answer(result) or Deny(reason)",
+        _ => "Answer(result) or Deny(reason): running a write tool again may do it twice",
+    };
+    match (decision, request.kind) {
+        (Decide::Approve, RequestKind::InDoubt) if ask.options.iter().any(|o| o == "run-again") => {
+            resolved.digest = Some(request.digest.clone());
+        }
+        (Decide::Answer(value), _) => {
+            resolved.outcome = Resolved::Answered;
+            resolved.value = Some(crate::json::canonical(&value));
+            if request.kind == RequestKind::Input {
+                resolved.digest = Some(request.digest.clone());
+            }
+        }
+        (Decide::Deny(reason), _) => {
+            resolved.outcome = Resolved::Denied;
+            resolved.reason = reason;
+        }
+        (Decide::Approve, _) => return Err(refuse("an approval", offered)),
+        (Decide::Edit(_), _) => return Err(refuse("an edit", offered)),
+    }
+    Ok(resolved)
+}
+
+/// What a resolution of a request about a started call gives the call: `None` when it runs
+/// again (in doubt and approved; input and answered), else its one result.
+pub fn started_outcome(kind: RequestKind, resolution: &Resolution, name: &str) -> Option<Outcome> {
+    match (kind, resolution.outcome) {
+        (RequestKind::Input, Resolved::Answered) | (_, Resolved::Approved | Resolved::Edited) => None,
+        (RequestKind::Input, Resolved::Denied) => Some(Outcome::denied(name, resolution.reason.as_deref())),
+        (_, Resolved::Answered) => Some(answered(resolution.value.as_deref())),
+        (_, Resolved::Denied) => Some(Outcome::recorded_failure(name, resolution.reason.as_deref())),
+        (RequestKind::Input, Resolved::Expired) => Some(Outcome::expired(name)),
+        (RequestKind::Input, Resolved::Cancelled) => Some(Outcome::aborted_during()),
+        (_, Resolved::Expired | Resolved::Cancelled) => Some(Outcome::outcome_unknown(name)),
     }
 }
 
@@ -328,7 +397,7 @@ fn text(data: &Value, key: &str) -> Option<String> {
     data.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
-pub(super) fn request_of(data: &Value) -> Option<Request> {
+pub(crate) fn request_of(data: &Value) -> Option<Request> {
     Some(Request {
         turn: events::turn_of(data)?,
         step: events::step_of(data)?,
@@ -345,7 +414,7 @@ pub(super) fn request_of(data: &Value) -> Option<Request> {
     })
 }
 
-pub(super) fn resolution_of(data: &Value) -> Option<Resolution> {
+pub(crate) fn resolution_of(data: &Value) -> Option<Resolution> {
     Some(Resolution {
         turn: events::turn_of(data)?,
         step: events::step_of(data)?,
@@ -425,7 +494,9 @@ pub fn held(log: &SessionLog) -> Option<HeldStep> {
 
 /// The requests of `log` waiting for a decision, in order.
 pub fn pending(log: &SessionLog) -> Vec<Request> {
-    held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default()
+    let mut out: Vec<Request> = held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default();
+    out.extend(log.with_events(super::call_decisions::pending).into_iter().map(|r| r.request));
+    out
 }
 
 /// The earliest deadline of a pending request.
@@ -462,10 +533,15 @@ pub fn cancel_pending(log: &SessionLog) -> Result<usize, LogError> {
 fn resolve_all(log: &SessionLog, outcome: Resolved, due: impl Fn(&Request) -> bool) -> Result<usize, LogError> {
     // The fold and the appends under one publish token: nothing resolves a request in between.
     let publishing = log.publishing()?;
-    let Some(held) = held(log) else { return Ok(0) };
     let mut count = 0;
-    for request in held.pending().into_iter().filter(|r| due(r)) {
-        publish(&publishing, events::decision_resolved(&resolution(request, outcome)), None)?;
+    if let Some(held) = held(log) {
+        for request in held.pending().into_iter().filter(|r| due(r)) {
+            publish(&publishing, events::decision_resolved(&resolution(request, outcome)), None)?;
+            count += 1;
+        }
+    }
+    for ask in log.with_events(super::call_decisions::pending).into_iter().filter(|r| due(&r.request)) {
+        publish(&publishing, events::decision_resolved(&resolution(&ask.request, outcome)), None)?;
         count += 1;
     }
     Ok(count)
@@ -483,6 +559,24 @@ pub fn decide(
 ) -> Result<Decided, DecideError> {
     let publishing = log.publishing()?;
     let held = held(log);
+    let started = log.with_events(super::call_decisions::requests);
+    if let Some((ask, resolved)) = started.iter().find(|(r, _)| r.request.decision_id == decision_id) {
+        if let Some(r) = resolved {
+            if key.is_some() && r.key.as_deref() == key {
+                return Ok(Decided { duplicate: true, ready: started.iter().all(|(_, r)| r.is_some()) });
+            }
+            if r.outcome == Resolved::Expired {
+                return Err(DecideError::Expired(decision_id.to_owned()));
+            }
+            return Err(DecideError::Resolved(decision_id.to_owned(), r.outcome));
+        }
+        if ask.request.expires_at.is_some_and(|t| t <= now) {
+            publish(&publishing, events::decision_resolved(&resolution(&ask.request, Resolved::Expired)), None)?;
+            return Err(DecideError::Expired(decision_id.to_owned()));
+        }
+        let others = started.iter().any(|(r, s)| s.is_none() && r.request.decision_id != decision_id);
+        return super::call_decisions::decide(&publishing, ask, decision, by, key, others);
+    }
     let Some(held) = held.filter(|h| h.requests.iter().any(|r| r.decision_id == decision_id)) else {
         // Not in the held step: resolved in an earlier turn, or never requested.
         let earlier = log.with_events(|all| {

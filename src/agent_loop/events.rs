@@ -299,6 +299,41 @@ pub fn decision_round(request: &super::decisions::Request, last: bool, gated: &[
     LoopEvent::new(DECISION_REQUESTED, data)
 }
 
+/// `decision/requested` about a call that started (`callSeq`: its `tool/call`'s seq):
+/// `{turn, step, decisionId, callId, index, name, arguments, digest, kind: "in-doubt"|"input",
+/// callSeq, options[, note][, schema][, payload][, expiresAt][, last]}`. `payload` is the tool's
+/// opaque JSON for the call made again (an MCP server's state token).
+pub fn call_decision_requested(ask: &super::call_decisions::CallRequest, last: bool) -> LoopEvent {
+    let request = &ask.request;
+    let mut data = step_head(request.turn, request.step);
+    let index = request.index.to_string();
+    let call_seq = ask.call_seq.to_string();
+    let expires = request.expires_at.map(|t| t.to_string());
+    let note = request.note.as_deref().map(literal);
+    let options = crate::json::compact(&Value::Array(ask.options.iter().map(|o| Value::from(o.as_str())).collect()));
+    push_fields(
+        &mut data,
+        &[
+            ("decisionId", Some(&literal(&request.decision_id))),
+            ("callId", Some(&literal(&request.call_id))),
+            ("index", Some(&index)),
+            ("name", Some(&literal(&request.name))),
+            ("arguments", Some(&literal(&request.arguments))),
+            ("digest", Some(&literal(&request.digest))),
+            ("kind", Some(&literal(request.kind.as_str()))),
+            ("callSeq", Some(&call_seq)),
+            ("options", Some(&options)),
+            ("note", note.as_deref()),
+            ("schema", request.schema.as_deref()),
+            ("payload", ask.payload.as_deref()),
+            ("expiresAt", expires.as_deref()),
+            ("last", last.then_some("true")),
+        ],
+    );
+    data.push('}');
+    LoopEvent::new(DECISION_REQUESTED, data)
+}
+
 /// `decision/resolved {turn, step, decisionId, callId, outcome[, by][, key][, digest][,
 /// arguments][, reason][, value]}`: `digest` (and, edited, `arguments`) of what will run;
 /// `value` is an answer's JSON.

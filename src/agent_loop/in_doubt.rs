@@ -131,10 +131,10 @@ impl Crashed {
     }
 }
 
-/// Whether a resume settles a call in doubt of this policy (`ask` is not settled yet: the
-/// closers fail it, as `fail`).
+/// Whether a resume settles a call in doubt of this policy (`ask`: once a person decided,
+/// through the request the closers write, `call_decisions::request_in_doubt`).
 fn settled_on_resume(policy: InDoubt) -> bool {
-    matches!(policy, InDoubt::Retry | InDoubt::Reconcile)
+    matches!(policy, InDoubt::Retry | InDoubt::Reconcile | InDoubt::Ask)
 }
 
 /// Every call in doubt of the open step of `events`' last turn, whatever its policy: `None`
@@ -191,14 +191,17 @@ pub fn open_step(events: &[Event]) -> Option<Crashed> {
     any.then_some(crashed)
 }
 
-/// The open step a resume takes up: one with a call in doubt whose policy a resume settles.
+/// The open step a resume takes up: one with a call in doubt whose policy a resume settles,
+/// or about which a person was asked (`call_decisions`: a call that needs input, say).
 pub fn crashed(events: &[Event]) -> Option<Crashed> {
-    open_step(events).filter(|c| c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)))
+    open_step(events)
+        .filter(|c| c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)) || !super::call_decisions::requests(events).is_empty())
 }
 
-/// [`crashed`] of `log`.
+/// [`crashed`] of `log`, once no request about its calls waits for a person: the step a
+/// loop can take up now.
 pub fn crashed_step(log: &SessionLog) -> Option<Crashed> {
-    log.with_events(crashed)
+    log.with_events(|events| crashed(events).filter(|_| super::call_decisions::settled(events)))
 }
 
 /// Why [`resolve`] refused.
@@ -238,7 +241,7 @@ pub fn resolve(log: &SessionLog, call_id: &str, text: &str, is_error: bool) -> R
     let error = is_error.then(|| super::failure::FailureCode::ToolError.tool_error("ResolvedError"));
     let event = events::tool_result(open.turn, open.step, &message, error.as_ref(), None, Some(seq));
     let at = events::append(log, event).map_err(ResolveError::Log)?;
-    if crashed_step(log).is_none() {
+    if log.with_events(crashed).is_none() {
         super::closers::close_open_turn(log).map_err(ResolveError::Log)?;
     }
     Ok(at)

@@ -23,6 +23,7 @@ use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
 mod continuation;
+mod call_decision;
 mod gate;
 mod in_doubt;
 use crate::event_log::{LogError, SessionLog};
@@ -425,6 +426,13 @@ impl Machine {
             (Wait::Gate, Input::Gated(gate)) => self.gated(ctx, gate),
             (Wait::Gate, Input::Raised(raised)) => self.gate_raised(ctx, raised),
             (Wait::Tools, Input::ToolsDone(plan)) => {
+                if plan.waits() {
+                    // A call needs a person's input: the step stops there, the turn stays open.
+                    self.step_open = false;
+                    self.stop_driver = true;
+                    self.wait = Wait::Done;
+                    return Effect::AwaitDecisions;
+                }
                 let end = if plan.concludes() { StepEnd::Completed } else { StepEnd::Again };
                 self.step_done(ctx, end)
             }

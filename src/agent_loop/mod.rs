@@ -25,6 +25,7 @@
 //! count and last options, the abort cause and the wake latch.
 
 mod assemble;
+pub mod call_decisions;
 mod closers;
 pub mod continuation;
 pub mod decisions;
@@ -52,7 +53,7 @@ pub use history::History;
 pub use in_doubt::{idempotency_key, Crashed, InDoubt, Logged, SideEffect, ToolInfo};
 pub use machine::{Ask, Ctx, Decision, Effect, Gate, Input, Machine, Raised, RaisedKind, Reply, ReplyContent, Requested};
 pub use recovery::{claimed_unentered, consumed_work, requeue_claimed, unentered_claims, ConsumedWork, RequeueError, Unentered};
-pub use tools::{py_repr, Call, Content, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
+pub use tools::{py_repr, Call, Content, InputAsk, Next, Outcome, Raised as ToolRaised, Sink, ToolPlan};
 pub use transcript::{Entry as TranscriptEntry, Transcript, TurnEnding};
 
 use crate::event_log::{LogError, SessionLog};

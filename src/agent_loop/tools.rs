@@ -60,6 +60,17 @@ pub struct Outcome {
     /// A bug of the tool: its body raised, or returned what is not a result. Reported
     /// (`agent/error`, the logger) once committed; the model gets the error result.
     pub bug: bool,
+    /// Not a result: the call needs a person's input first (`call_decisions`).
+    pub input: Option<InputAsk>,
+}
+
+/// What a call that needs input asks: the person's `note` (an MCP server's message), the
+/// answer's JSON Schema and the tool's opaque `payload` for the call made again (JSON texts).
+#[derive(Debug, Clone, Default)]
+pub struct InputAsk {
+    pub note: Option<String>,
+    pub schema: Option<String>,
+    pub payload: Option<String>,
 }
 
 impl Outcome {
@@ -72,7 +83,13 @@ impl Outcome {
             contexts: Vec::new(),
             meta: None,
             bug: false,
+            input: None,
         }
+    }
+
+    /// The call needs input before it can give a result.
+    pub fn needs_input(ask: InputAsk) -> Outcome {
+        Outcome { input: Some(ask), ..Outcome::text("") }
     }
 
     /// An error result: `text` for the model, `error {name, code}` for the log.
@@ -108,6 +125,16 @@ impl Outcome {
     pub fn gate_failed(name: &str, detail: &str) -> Outcome {
         let text = format!("tool call {} was not run: its before_tool gate failed: {detail}", py_repr(name));
         Outcome::error(text, "GateError", FailureCode::GateError)
+    }
+
+    /// A person recorded that the call in doubt failed (`reason`, when given, tells the model
+    /// how).
+    pub fn recorded_failure(name: &str, reason: Option<&str>) -> Outcome {
+        let text = match reason {
+            Some(reason) => format!("tool call {} failed (recorded by a person): {reason}", py_repr(name)),
+            None => format!("tool call {} failed (recorded by a person)", py_repr(name)),
+        };
+        Outcome::error(text, "RecordedFailureError", FailureCode::ToolError)
     }
 
     /// The arguments about to run are not the decided ones.
@@ -253,6 +280,13 @@ pub struct ToolPlan {
     presets: Vec<Option<Outcome>>,
     /// The digest a decision approved, checked against the arguments about to run.
     digests: Vec<Option<String>>,
+    /// A call made again after a person answered its request for input: `{payload, answer}`
+    /// as JSON text, which its body gets (`ToolContext.input`).
+    inputs: Vec<Option<String>>,
+    /// Calls that need input (index, what they ask), asked once every call is committed.
+    asks: Vec<(usize, InputAsk)>,
+    /// Requests for input were written: the step waits for them.
+    waits: bool,
 }
 
 impl ToolPlan {
@@ -274,6 +308,9 @@ impl ToolPlan {
             raised: Vec::new(),
             presets: vec![None; n],
             digests: vec![None; n],
+            inputs: vec![None; n],
+            asks: Vec::new(),
+            waits: false,
         }
     }
 
@@ -317,6 +354,21 @@ impl ToolPlan {
     /// [`Outcome::outcome_unknown`].
     pub fn reconciling(&self, index: usize) -> bool {
         self.flags[index].reconcile
+    }
+
+    /// Call `index` of a resumed step, in doubt, runs again under its logged `tool/call` (a
+    /// person decided so, or answered its request for input: `input`, given to its body).
+    pub fn run_again(&mut self, index: usize, input: Option<String>) {
+        if self.calls[index].known {
+            self.presets[index] = None;
+            self.flags[index].reconcile = false;
+            self.inputs[index] = input;
+        }
+    }
+
+    /// What call `index` is made again with after a request for input (`{payload, answer}`).
+    pub fn input(&self, index: usize) -> Option<&str> {
+        self.inputs.get(index).and_then(Option::as_deref)
     }
 
     /// Call `index` gets `outcome` without running.
@@ -416,7 +468,39 @@ impl ToolPlan {
         }
         self.started = n;
         self.commit_ready(sink)?;
+        self.ask_for_input(sink)?;
         Ok(Next::Done)
+    }
+
+    /// Whether calls of the step wait for input (`decision/requested {kind: "input"}` logged):
+    /// the step stops there, the turn stays open.
+    pub fn waits(&self) -> bool {
+        self.waits
+    }
+
+    /// Writes the requests of the calls that need input, in call order, the final one `last`.
+    fn ask_for_input(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
+        let count = self.asks.len();
+        for (n, (index, ask)) in std::mem::take(&mut self.asks).into_iter().enumerate() {
+            let call = &self.calls[index];
+            let request = super::decisions::Request {
+                turn: self.turn,
+                step: self.step,
+                decision_id: crate::ids::new_id(),
+                call_id: call.id.clone(),
+                index,
+                name: call.name.clone(),
+                digest: super::decisions::digest(&call.arguments),
+                arguments: call.arguments.clone(),
+                kind: super::decisions::RequestKind::Input,
+                note: ask.note,
+                schema: ask.schema,
+                expires_at: None,
+            };
+            super::call_decisions::request_input(sink.log, request, self.call_seq(index), ask.payload, n + 1 == count)?;
+            self.waits = true;
+        }
+        Ok(())
     }
 
     /// Whether call `index` has its outcome (a call finishes once; later outcomes are
@@ -469,7 +553,12 @@ impl ToolPlan {
     }
 
     /// Logs call `index`'s result and queues its contexts; whether it concludes the turn.
-    fn commit(&mut self, sink: &Sink<'_>, index: usize, outcome: Outcome) -> Result<bool, CoreError> {
+    fn commit(&mut self, sink: &Sink<'_>, index: usize, mut outcome: Outcome) -> Result<bool, CoreError> {
+        if let Some(ask) = outcome.input.take() {
+            // No result yet: asked once the step's other calls are committed.
+            self.asks.push((index, ask));
+            return Ok(false);
+        }
         let call = &self.calls[index];
         let (outcome, message) = match outcome.message(&call.id) {
             Ok(message) => (outcome, message),

@@ -2,6 +2,7 @@
 
 mod agent_loop;
 mod continuation;
+mod call_decisions;
 mod decisions;
 mod event_log;
 mod file_store;

@@ -70,6 +70,25 @@ class DecisionRequested(_Step):
         return self._field("last") is True
 
     @property
+    def call_seq(self) -> Optional[int]:
+        """The seq of the call's ``tool/call`` when the request is about a call that started
+        (``kind`` ``in-doubt`` or ``input``); ``None`` for a request of the gate."""
+        return _int(self._field("callSeq"))
+
+    @property
+    def options(self) -> List[str]:
+        """What a request about a started call offers (``run-again``, ``record-result``,
+        ``record-failure``; ``answer``, ``decline``); ``[]`` for the gate's."""
+        value = self._field("options")
+        return [o for o in value if isinstance(o, str)] if isinstance(value, list) else []
+
+    @property
+    def payload(self) -> Any:
+        """An ``input`` request's opaque data for the call made again (an MCP server's input
+        requests and state token), or ``None``."""
+        return self._field("payload")
+
+    @property
     def gated(self) -> List[Dict[str, Any]]:
         """On the ``last`` request: the gate's verdicts on the step's calls that asked no one,
         ``{index, callId, verdict: "run"|"edit"|"deny"|"failed", arguments?, digest?,

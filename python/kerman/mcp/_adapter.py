@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
+from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class MCPTool(Tool):
         self.remote_name = remote_name
         self.annotations = annotations
 
-    async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
         return await self.server._call(self, args, ctx)
 
     def spec(self) -> Dict[str, Any]:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping,
 from urllib.parse import urlsplit
 
 from .._core import AssistantMessage, UserMessage
+from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
+from . import _input
 from ._adapter import MCPTool, effect_of, is_destructive
 from ._content import blocks_of, resource_blocks, result_meta
 from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
@@ -54,6 +56,9 @@ class MCPServer:
     ``async def model(request)``) that answers the server's sampling requests; without it they
     are refused. ``on_elicit`` answers the server's requests for input (``async def
     f(Elicitation) -> dict | None``; ``None`` declines); without it they are declined.
+    ``durable_input=True`` makes them durable decisions instead (``docs/mcp.md``): the call's
+    input-required result is logged as a request for a person, and once answered the call is
+    made again with the answer and the server's state token, also from another process.
     ``on_progress`` gets each :class:`Progress` notification of a running call.
     """
 
@@ -70,6 +75,7 @@ class MCPServer:
         sampling_model: Any = None,
         on_elicit: Optional[ElicitFn] = None,
         on_progress: Optional[ProgressFn] = None,
+        durable_input: bool = False,
     ) -> None:
         require_mcp()
         if not isinstance(prefix, str):
@@ -90,6 +96,7 @@ class MCPServer:
         self.sampling_model = sampling_model
         self.on_elicit = on_elicit
         self.on_progress = on_progress
+        self.durable_input = bool(durable_input)
         self._client: Any = None
         self._runner: Optional[asyncio.Task[None]] = None
         self._stop: Optional[asyncio.Event] = None
@@ -322,7 +329,7 @@ class MCPServer:
             needs_approval=needs,
         )
 
-    async def _call(self, tool: MCPTool, args: Dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _call(self, tool: MCPTool, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
         from mcp import MCPError
 
         try:
@@ -348,7 +355,10 @@ class MCPServer:
 
         where = f"MCP server {self.name!r}, tool {tool.remote_name!r}"
         try:
-            result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
+            if self.durable_input:
+                result = await _input.call(client, tool.remote_name, args, ctx, self.timeout, on_progress)
+            else:
+                result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
         except MCPError as e:
             if e.code == _CONNECTION_CLOSED:
                 self._drop(client)
@@ -365,6 +375,9 @@ class MCPServer:
                 self._drop(client)
                 return failed(f"{where}: the connection broke during the call ({describe(e)}); it will be started again for the next call")
             raise
+        if getattr(result, "result_type", None) == "input_required":
+            asked = _input.input_required(result)
+            return failed(f"{where}: {asked}") if isinstance(asked, str) else asked
         return ToolResult(
             blocks_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
@@ -462,6 +475,15 @@ class MCPServer:
 
         sync_tools.__qualname__ = f"MCPServer({self.name!r}).sync_tools"
         loop.before_request(sync_tools, prepend=True)
+
+        async def before_resume() -> None:
+            # A step taken up from the log (a call in doubt, a call that waited for input)
+            # runs its calls before any model request lists the tools.
+            tools = await self._listed()
+            if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
+                _replace(loop, registered, tools)
+
+        loop._resume_preparers.append(before_resume)
 
     async def _kerman_detach(self, loop: AgentLoop) -> None:
         """Called by ``loop.aclose()``: the server stops once no loop uses it."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from .._core import UserMessage
 from ..signal import Signal
@@ -21,7 +21,11 @@ class ToolContext:
     ``idempotency_key`` is the same for every execution of this call (a retry of a call in
     doubt, in this process or another) and different for every other call: pass it to an API
     that deduplicates writes (``Idempotency-Key``). It is derived from the session's id and the
-    log position of the call's ``tool/call`` record, never from what the model wrote."""
+    log position of the call's ``tool/call`` record, never from what the model wrote.
+
+    ``input`` is set when the call is made again after a person answered its request for input
+    (the body returned :class:`kerman.InputRequired`): ``{"payload": ..., "answer": ...,
+    "decisionId": ...}``; ``None`` otherwise."""
 
     call_id: str
     turn: int
@@ -29,6 +33,7 @@ class ToolContext:
     signal: Signal
     loop: AgentLoop
     idempotency_key: str = ""
+    input: Optional[Dict[str, Any]] = None
 
 
 class ToolResult:

@@ -141,7 +141,7 @@ class VercelProjection(Projection, f.Sink):
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
         call_id = request.call_id
-        if call_id not in self._shown:
+        if request.call_seq is None and call_id not in self._shown:  # a started call was shown by its tool/call
             self._shown[call_id] = request.arguments
             self._input(call_id, request.name, request.arguments)
         if request.kind == "approval":

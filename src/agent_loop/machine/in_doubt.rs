@@ -35,7 +35,9 @@ impl Machine {
                 (Call { id, name, arguments, known: tool.is_some(), info: tool.unwrap_or_default() }, logged)
             })
             .collect();
-        machine.plan = Some(ToolPlan::resumed(crashed.turn, crashed.step, calls, ctx.max_parallel));
+        let mut plan = ToolPlan::resumed(crashed.turn, crashed.step, calls, ctx.max_parallel);
+        super::call_decision::apply(ctx, &mut plan);
+        machine.plan = Some(plan);
         machine.wait = Wait::Tools;
         Some((machine, Effect::RunTools))
     }

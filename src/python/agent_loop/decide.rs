@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::super::convert::{to_py, to_value};
 use super::super::errors::{log_err, new_err};
 use super::{classes, read};
-use crate::agent_loop::decisions::{self, Decide, DecideError, Request, RequestKind};
+use crate::agent_loop::decisions::{self, Decide, DecideError, Request};
 use crate::agent_loop::{Ask, Gate};
 use crate::event_log::SessionLog;
 
@@ -101,7 +101,7 @@ pub(crate) fn decision_json(value: &Bound<'_, PyAny>) -> PyResult<serde_json::Va
 pub(crate) fn check_answer(py: Python<'_>, log: &SessionLog, decision_id: &str, decision: &Decide, now: i64) -> PyResult<()> {
     let Decide::Answer(value) = decision else { return Ok(()) };
     let request = decisions::pending(log).into_iter().find(|r| r.decision_id == decision_id);
-    let Some(request) = request.filter(|r| r.kind == RequestKind::Answer && r.expires_at.is_none_or(|t| t > now)) else {
+    let Some(request) = request.filter(|r| r.kind.takes_answer() && r.expires_at.is_none_or(|t| t > now)) else {
         return Ok(());
     };
     let Some(schema) = request.schema.as_deref().and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok()) else {

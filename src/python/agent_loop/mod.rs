@@ -59,6 +59,8 @@ pub(crate) struct Classes {
     pub deny: Py<PyAny>,
     pub edit: Py<PyAny>,
     pub ask: Py<PyAny>,
+    /// `kerman.decisions.InputRequired`: a tool body's "ask a person first".
+    pub input_required: Py<PyAny>,
     pub user_message: Py<PyAny>,
     pub next: Py<PyAny>,
     pub json_dumps: Py<PyAny>,
@@ -107,6 +109,7 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             deny: get(&decisions, "Deny")?,
             edit: get(&decisions, "Edit")?,
             ask: get(&decisions, "Ask")?,
+            input_required: get(&decisions, "InputRequired")?,
             user_message: get(&core, "UserMessage")?,
             next: get(&core, "Next")?,
             json_dumps: get(&py.import("json")?, "dumps")?,

@@ -69,6 +69,9 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
     if value.is_instance_of::<PyString>() {
         return Ok(content(value).map_or_else(|o| *o, |content| Outcome { content, ..Outcome::text("") }));
     }
+    if value.is_instance(c.input_required.bind(py))? {
+        return Ok(input_required(py, name, value));
+    }
     if !value.is_instance(c.tool_result.bind(py))? {
         return Ok(Outcome::wrong_type(name, &type_name(value)));
     }
@@ -108,7 +111,25 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
         contexts,
         meta,
         bug: false,
+        input: None,
     })
+}
+
+/// A body's `InputRequired(message, schema, payload)`: the call waits for a person's answer.
+/// A schema or payload that is not JSON is the tool's bug (an invalid result).
+fn input_required(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> Outcome {
+    let json = |attr: &str| -> Result<Option<String>, Outcome> {
+        let field = value.getattr(attr).map_err(|e| invalid(py, name, &e))?;
+        if field.is_none() {
+            return Ok(None);
+        }
+        to_json_text(&field, attr).map(Some).map_err(|e| invalid(py, name, &not_json(py, "decision/requested", e.describe())))
+    };
+    let note = value.getattr("message").ok().filter(|m| !m.is_none()).and_then(|m| m.str().ok()).map(|m| m.to_string());
+    match (json("schema"), json("payload")) {
+        (Ok(schema), Ok(payload)) => Outcome::needs_input(crate::agent_loop::InputAsk { note, schema, payload }),
+        (Err(outcome), _) | (_, Err(outcome)) => outcome,
+    }
 }
 
 fn invalid(py: Python<'_>, name: &str, e: &PyErr) -> Outcome {
@@ -217,6 +238,11 @@ fn prepare_call<'py>(
     };
     let key = crate::agent_loop::idempotency_key(core.parts()?.log.get().inner.id(), plan.call_seq(index));
     let ctx = classes(py)?.tool_context.bind(py).call1((&call.id, plan.turn, plan.step, signal, agent, key))?;
+    if let Some(input) = plan.input(index) {
+        // A call made again after a person answered its request for input.
+        let input: serde_json::Value = serde_json::from_str(input).unwrap_or(serde_json::Value::Null);
+        ctx.setattr(intern!(py, "input"), super::super::convert::to_py(py, &input)?)?;
+    }
     Ok(Ok((args, ctx)))
 }
 
