@@ -250,6 +250,8 @@ def _ending(end: Dict[str, Any]) -> str:
         text += f" ({error.code or ''}: {error.message})"
     elif kind == "aborted" and cause is not None:
         text += f" ({cause.kind or ''})"
+    elif kind == "budget" and ending.budget is not None:
+        text += f" ({ending.budget.text()})"
     return f'<div class="k-end">— {clip(text, 300)} —</div>'
 
 

@@ -15,6 +15,7 @@
 //!          tool results owed, or next-step input pending? ─► claim next-step, next step
 //!          turn_stopping (a hook may steer: another step)
 //! end:     turn/end {completed | max-tokens}; next-turn input pending? ─► the next turn
+//! budget:  spent at a claim or before a request ─► (step/end) turn/end {budget}
 //! faults:  the open step gets step/end, the turn turn/end {error | aborted}; a lost lease
 //!          ends the run with nothing more appended (the new owner closed the turn)
 //! ```
@@ -25,6 +26,7 @@
 //! count and last options, the abort cause and the wake latch.
 
 mod assemble;
+pub mod budget;
 mod closers;
 pub mod decisions;
 mod ending;
@@ -149,6 +151,8 @@ impl LoopState {
 pub struct Shared {
     state: Mutex<LoopState>,
     pub history: History,
+    /// The loop's budget and the usage fold it is checked against.
+    pub budget: budget::Keeper,
 }
 
 impl Shared {
