@@ -73,7 +73,8 @@ def test_usage_is_the_ledgers_total_of_the_turn() -> None:
 
         result = await loop.run("1+2?")
         # The turn's totals from the usage ledger: both requests, the tool call between them.
-        assert result.text == "3" and (result.usage.output, result.usage.prompt, result.usage.requests, result.usage.tool_calls) == (6, 7, 2, 1)
+        usage = result.usage
+        assert result.text == "3" and (usage.output, usage.prompt, usage.requests, usage.tool_calls) == (6, 7, 2, 1)
         assert result.usage == kerman.usage.ledger(loop.log).turn(1)
         assert [type(m).__name__ for m in result.messages] == ["UserMessage", "AssistantMessage", "ToolResultMessage", "AssistantMessage"]
         await loop.aclose()
