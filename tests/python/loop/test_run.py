@@ -59,9 +59,7 @@ def test_usage_is_the_ledgers_total_of_the_turn() -> None:
     async def model(request: kerman.ModelRequest) -> ModelReply:
         calls.append(request.step)
         if request.step == 1:
-            return ModelReply(
-                [{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}], usage={"output": 5}
-            )
+            return ModelReply([{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}], usage={"output": 5})
         return ModelReply("3", usage={"output": 1, "input": 7})
 
     async def main() -> None:
