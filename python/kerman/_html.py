@@ -311,6 +311,9 @@ def agent_loop(loop: Any, usage: str = "") -> str:
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
     if usage:
         rows += f"<tr><th>usage</th><td>{esc(usage)}</td></tr>"
+    budget = getattr(loop, "budget", None)
+    if budget is not None:
+        rows += f"<tr><th>budget</th><td>{esc(repr(budget))}</td></tr>"
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"

@@ -239,6 +239,16 @@ def test_the_budget_ending_in_every_view():
     assert parts[1]["finishReason"] == "error" and parts[1]["messageMetadata"]["reason"]["kind"] == "budget"
 
 
+def test_the_notebook_view_shows_the_budget():
+    async def main() -> None:
+        loop = AgentLoop(Calls(), budget=kerman.Budget(tokens=1000, per="turn"))
+        assert "<th>budget</th><td>Budget(tokens=1000, per=&#x27;turn&#x27;)</td>" in loop._repr_html_()
+        assert loop.budget == kerman.Budget(tokens=1000, per="turn")
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
 def test_bad_budgets_are_refused_naming_the_value():
     with pytest.raises(ValueError, match="tokens must be an int >= 0 or None, got -1"):
         kerman.Budget(tokens=-1)
