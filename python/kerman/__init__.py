@@ -81,12 +81,14 @@ from .types import (
     ToolResult,
     TurnStopping,
 )
+from .usage import Budget
 from .worker import Worker
 
 __all__ = [
     # the loop
     "AgentLoop",
     "RunResult",
+    "Budget",
     "RunError",
     "OutputValidationError",
     "Enter",

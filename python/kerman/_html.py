@@ -271,6 +271,8 @@ def _ending(end: Dict[str, Any]) -> str:
         text += f" ({error.code or ''}: {error.message})"
     elif kind == "aborted" and cause is not None:
         text += f" ({cause.kind or ''})"
+    elif kind == "budget" and ending.budget is not None:
+        text += f" ({ending.budget.text()})"
     return f'<div class="k-end">— {clip(text, 300)} —</div>'
 
 
@@ -344,6 +346,9 @@ def agent_loop(loop: Any, usage: str = "") -> str:
     crashed = loop._core.continuation
     if crashed is not None:
         rows += f"<tr><th>crashed</th><td>{esc(_crashed(loop, *crashed))}</td></tr>"
+    budget = getattr(loop, "budget", None)
+    if budget is not None:
+        rows += f"<tr><th>budget</th><td>{esc(repr(budget))}</td></tr>"
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"

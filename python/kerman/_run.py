@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, Tuple, Typ
 from ._core import Message, UserMessage
 from .errors import KermanError
 from .output import OutputSpec, text_of
+from .usage import Totals, ledger
+from .usage._prices import model_of
 
 if TYPE_CHECKING:
     from .loop import AgentLoop
@@ -31,7 +33,8 @@ RETURNED = ("completed", "max-tokens")
 class RunResult(Generic[T]):
     """What ``loop.run()`` returns: the turn's final ``text`` (its last assistant message's
     text), ``output`` (the validated structured output with ``output_type``, else the text),
-    ``usage`` (the usage of the turn's assistant messages, summed per key), ``ending`` (the
+    ``usage`` (the turn's ``kerman.usage.Totals`` from the usage ledger: tokens by kind,
+    requests, tool calls, cost), ``ending`` (the
     ``turn/end`` reason), ``messages`` (the turn's user, assistant and tool-result messages, in
     log order, read from the log when first asked for) and ``turn`` (its number)."""
 
@@ -41,7 +44,7 @@ class RunResult(Generic[T]):
         self,
         text: str,
         output: T,
-        usage: Dict[str, Any],
+        usage: Totals,
         ending: Dict[str, Any],
         turn: int,
         log: Any,
@@ -72,7 +75,7 @@ class RunResult(Generic[T]):
     def __repr__(self) -> str:
         text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
         output = "" if self.output is self.text else f" output={self.output!r}"
-        usage = f" usage={self.usage}" if self.usage else ""
+        usage = f" tokens={self.usage.tokens}" if self.usage.requests else ""
         return f"<RunResult turn={self.turn} {self.ending.get('kind')} text={text!r}{output}{usage} session={self.session!r}>"
 
 
@@ -236,15 +239,14 @@ class Runs:
         """The run's result, read from the log between its turn's start and end."""
         loop = self.loop
         ending = run.ending or {}
-        usage: Dict[str, Any] = {}
         text = ""
         span = None
+        usage = Totals()
         if run.start is not None:
             span = (run.start, run.end + 1 if run.end is not None else None)
             for event in loop.log.events(span[0], span[1], types="assistant/message"):
-                data = event.data
-                text = text_of(data["message"])
-                _add_usage(usage, data.get("usage"))
+                text = text_of(event.data["message"])
+            usage = turn_usage(loop, span, run.turn or 0)
         spec = run.spec if run.spec is not None else loop._output_type
         output = run.output if spec is not None else text
         return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
@@ -255,14 +257,11 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _add_usage(total: Dict[str, Any], usage: Any) -> None:
-    if not isinstance(usage, dict):
-        return
-    for key, value in usage.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
-        elif isinstance(value, dict):
-            _add_usage(total.setdefault(key, {}), value)
+def turn_usage(loop: AgentLoop, span: Tuple[int, Optional[int]], turn: int) -> Totals:
+    """The turn's totals from the usage ledger (``kerman.usage.ledger``) over the turn's events,
+    priced as the ledger prices a loop (genai-prices when installed, the loop's model)."""
+    model, provider = model_of(loop._model)
+    return ledger(loop.log.events(span[0], span[1]), model=model, provider=provider).turn(turn)
 
 
 def error_of(result: RunResult[Any]) -> RunError:
@@ -279,6 +278,11 @@ def error_of(result: RunResult[Any]) -> RunError:
         text = f"{where} was cancelled (cause {cause.get('kind')!r})"
     elif kind == "blocked":
         text = f"{where} was rejected by a pre-step decision" + (f": {ending['reason']}" if ending.get("reason") else "")
+    elif kind == "budget":
+        text = (
+            f"{where} stopped: its budget is spent ({ending.get('limit')} {ending.get('spent')} of {ending.get('max')} "
+            f"per {ending.get('per')}, at the {ending.get('at')})"
+        )
     elif kind == "discarded":
         text = f"{where} was discarded from the inbox (loop.cancel()) before a turn took it"
     else:

@@ -29,6 +29,7 @@ from .hooks import LiveEvent, Model
 from .output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from .signal import Signal
 from .tools import Tool, ToolResult, _executor
+from .usage._budget import Budget, priced_model
 
 __all__ = ["AgentLoop", "TurnStillRunningWarning"]
 
@@ -163,6 +164,7 @@ class AgentLoop:
         output_type: Any = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         resume: Optional[Literal["continue", "close"]] = None,
+        budget: Optional[Budget] = None,
     ) -> None:
         # Whether (and how) the caller chose: a Worker or kerman serve adopts "continue" otherwise.
         self._resume_chosen = _continuation.check_resume(resume)
@@ -172,7 +174,10 @@ class AgentLoop:
             raise ValueError(f"max_parallel_tool_calls must be an int >= 1, got {max_parallel_tool_calls!r}")
         if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
             raise ValueError(f"output_retries must be an int >= 0, got {output_retries!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a kerman.Budget or None, got {type(budget).__name__}")
         self._model = model
+        self._budget = budget
         # Structured output (kerman.output): the loop's type, each run's (by turn), the retries
         # spent per turn, the last validated value (turn, typed value) for run() to return.
         self._output_type: Optional[OutputSpec] = output.output_spec(output_type)
@@ -265,7 +270,7 @@ class AgentLoop:
         self._core = LoopCore(
             self._log,
             self._inbox,
-            model,
+            priced_model(model, budget) if budget is not None and budget.usd is not None else model,
             self._tools,
             self._pre_step,
             self._before_request,
@@ -283,6 +288,8 @@ class AgentLoop:
             before_tool=self._before_tool,
             default_gate=_default_gate,
         )
+        if budget is not None:
+            budget.install(self._core)
         self._regate()
         # Set by _continuation.apply: the first run requeues what an interrupted turn claimed.
         self._requeue_due = False
@@ -337,6 +344,18 @@ class AgentLoop:
     @property
     def log(self) -> SessionLog:
         return self._log
+
+    @property
+    def budget(self) -> Optional[Budget]:
+        """The loop's budget (``AgentLoop(budget=kerman.Budget(...))``), or ``None``."""
+        return self._budget
+
+    def spent(self) -> Dict[str, Any]:
+        """What the log shows spent, as a budget counts it (docs/usage.md#budgets):
+        ``{"turn": n, "thisTurn": {...}, "session": {...}}``, each with ``tokens``,
+        ``requests``, ``toolCalls``, ``costUsd`` and ``unpriced``."""
+        spent: Dict[str, Any] = self._core.spent()
+        return spent
 
     @property
     def instructions(self) -> Optional[str]:

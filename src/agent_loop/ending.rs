@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::budget::Stop;
 use super::failure::{AbortCause, Failure};
 
 /// `turn/end.reason.kind`: how a turn ended, without what it carries.
@@ -13,10 +14,11 @@ pub enum EndKind {
     Error,
     Aborted,
     Interrupted,
+    Budget,
 }
 
-const END_KINDS: [EndKind; 6] =
-    [EndKind::Completed, EndKind::MaxTokens, EndKind::Blocked, EndKind::Error, EndKind::Aborted, EndKind::Interrupted];
+const END_KINDS: [EndKind; 7] =
+    [EndKind::Completed, EndKind::MaxTokens, EndKind::Blocked, EndKind::Error, EndKind::Aborted, EndKind::Interrupted, EndKind::Budget];
 
 impl EndKind {
     pub fn as_str(self) -> &'static str {
@@ -27,6 +29,7 @@ impl EndKind {
             EndKind::Error => "error",
             EndKind::Aborted => "aborted",
             EndKind::Interrupted => "interrupted",
+            EndKind::Budget => "budget",
         }
     }
 
@@ -49,6 +52,8 @@ pub enum Ending {
     Aborted(AbortCause),
     /// Appended by the crash closers: the process died inside the turn.
     Interrupted,
+    /// The loop's budget was spent (at the claim, or before a request): the limit and numbers.
+    Budget(Stop),
 }
 
 impl Ending {
@@ -60,6 +65,7 @@ impl Ending {
             Ending::Error(_) => EndKind::Error,
             Ending::Aborted(_) => EndKind::Aborted,
             Ending::Interrupted => EndKind::Interrupted,
+            Ending::Budget(_) => EndKind::Budget,
         }
     }
 
@@ -82,6 +88,7 @@ impl Ending {
             Ending::Aborted(cause) => {
                 reason.insert("reason".into(), cause.to_value());
             }
+            Ending::Budget(stop) => reason.extend(stop.fields()),
             _ => {}
         }
         Value::Object(reason)

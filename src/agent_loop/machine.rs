@@ -24,6 +24,7 @@ use super::{CoreError, Shared};
 
 mod continuation;
 mod call_decision;
+mod budget;
 mod gate;
 mod in_doubt;
 use crate::event_log::{LogError, SessionLog};
@@ -486,6 +487,11 @@ impl Machine {
         } else {
             batch
         };
+        if !batch.is_empty() {
+            if let Some(effect) = self.budget_stop(ctx, super::budget::At::Claim) {
+                return effect;
+            }
+        }
         self.wait = Wait::PreStep;
         Effect::PreStep { batch }
     }
@@ -534,6 +540,9 @@ impl Machine {
         // Caught up with what others appended, so the request's history is the whole log.
         if let Err(e) = ctx.shared.history.catch_up(ctx.log, ctx.log.len()) {
             return self.fail(ctx, Fault::Core(CoreError::Message(e)));
+        }
+        if let Some(effect) = self.budget_stop(ctx, super::budget::At::Request) {
+            return effect;
         }
         self.wait = Wait::BeforeRequest;
         Effect::BeforeRequest

@@ -15,6 +15,7 @@
 //!          tool results owed, or next-step input pending? ─► claim next-step, next step
 //!          turn_stopping (a hook may steer: another step)
 //! end:     turn/end {completed | max-tokens}; next-turn input pending? ─► the next turn
+//! budget:  spent at a claim or before a request ─► (step/end) turn/end {budget}
 //! faults:  the open step gets step/end, the turn turn/end {error | aborted}; a lost lease
 //!          ends the run with nothing more appended (the new owner closed the turn)
 //! ```
@@ -26,6 +27,7 @@
 
 mod assemble;
 pub mod call_decisions;
+pub mod budget;
 mod closers;
 pub mod continuation;
 pub mod decisions;
@@ -155,6 +157,8 @@ impl LoopState {
 pub struct Shared {
     state: Mutex<LoopState>,
     pub history: History,
+    /// The loop's budget and the usage fold it is checked against.
+    pub budget: budget::Keeper,
 }
 
 impl Shared {

@@ -210,6 +210,8 @@ class Chat:
         elif what == "error":
             message, code = (error.message, error.code or "UNKNOWN") if error is not None else ("", "UNKNOWN")
             note = f"error: {_one_line(message, 200)} [{_one_line(code, 40)}]"
+        elif what == "budget" and reason.budget is not None:
+            note = f"stopped, budget spent: {_one_line(reason.budget.text(), 200)}"
         else:
             note = _one_line(json.dumps(reason.raw, default=str))
         if note:
@@ -234,7 +236,9 @@ class Chat:
         for item in self.unread():
             if turn is None or item["turn"] == turn:
                 kind = str((item["ending"] or {}).get("kind"))
-                what = {"aborted": "cancelled", "blocked": "rejected"}.get(kind, f"turn {_one_line(kind, 20)}")
+                what = {"aborted": "cancelled", "blocked": "rejected", "budget": "stopped by the budget"}.get(
+                    kind, f"turn {_one_line(kind, 20)}"
+                )
                 self.line(
                     f"  {what} before it was read: {_one_line(item['message'].text or '', 80)} — /resend {item['turn']} sends it again",
                     dim=True,

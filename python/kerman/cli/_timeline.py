@@ -188,6 +188,9 @@ def _turn_end(v: events.TurnEnd) -> str:
     if kind == "blocked":
         why = reason.blocked_reason
         return f"{head} blocked" + (f": {_escape(_truncate(why, TEXT_LIMIT))}" if why is not None else "")
+    if kind == "budget":
+        stop = reason.budget
+        return f"{head} budget" + (f": {_escape(stop.text())}" if stop is not None and stop.limit is not None else "")
     if kind == "error":
         error = reason.error
         if error is not None:

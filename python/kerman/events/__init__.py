@@ -41,6 +41,7 @@ from ._types import (
 )
 from ._values import (
     Block,
+    BudgetStop,
     Cause,
     Chunk,
     Ending,
@@ -128,6 +129,7 @@ __all__ = [
     "Failure",
     "Cause",
     "Ending",
+    "BudgetStop",
     "Usage",
     "message",
     "block",

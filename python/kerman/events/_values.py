@@ -24,6 +24,7 @@ __all__ = [
     "Failure",
     "Cause",
     "Ending",
+    "BudgetStop",
     "Usage",
     "Chunk",
     "TextDelta",
@@ -368,8 +369,9 @@ class Cause(JsonObject):
 
 class Ending(JsonObject):
     """``turn/end``'s ``reason``: ``kind`` is ``"completed"``, ``"max-tokens"``, ``"blocked"``
-    (``blocked_reason``), ``"error"`` (``error``), ``"aborted"`` (``cause``) or
-    ``"interrupted"`` (a closer's, for a turn its process never ended)."""
+    (``blocked_reason``), ``"error"`` (``error``), ``"aborted"`` (``cause``),
+    ``"interrupted"`` (a closer's, for a turn its process never ended) or ``"budget"``
+    (``budget``: the loop's budget was spent)."""
 
     __slots__ = ()
 
@@ -394,6 +396,52 @@ class Ending(JsonObject):
     def blocked_reason(self) -> Optional[str]:
         """The reason a ``pre_step`` listener gave to ``Reject`` (``blocked``)."""
         return _str(self.raw.get("reason"))
+
+    @property
+    def budget(self) -> Optional[BudgetStop]:
+        """What stopped a ``budget`` ending: the limit reached and the numbers."""
+        return BudgetStop(self.raw) if self.raw.get("kind") == "budget" else None
+
+
+class BudgetStop(JsonObject):
+    """A ``budget`` ending (docs/usage.md#budgets): ``limit`` (``tokens``, ``requests``,
+    ``toolCalls`` or ``usd``) reached ``max`` (``spent``), counted ``per`` turn or session,
+    found ``at`` the claim or before a request; ``used`` is everything spent in that scope."""
+
+    __slots__ = ()
+
+    @property
+    def limit(self) -> Optional[str]:
+        return _str(self.raw.get("limit"))
+
+    @property
+    def max(self) -> Any:
+        return self.raw.get("max")
+
+    @property
+    def spent(self) -> Any:
+        return self.raw.get("spent")
+
+    @property
+    def per(self) -> Optional[str]:
+        return _str(self.raw.get("per"))
+
+    @property
+    def at(self) -> Optional[str]:
+        return _str(self.raw.get("at"))
+
+    @property
+    def used(self) -> Dict[str, Any]:
+        return _dict(self.raw.get("used"))
+
+    def text(self) -> str:
+        """One line: ``tokens 1000 of 1000 per session, before a request``."""
+        where = "when input was claimed" if self.at == "claim" else "before a request"
+        return f"{self.limit} {_number(self.spent)} of {_number(self.max)} per {self.per}, {where}"
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
 
 
 class Usage(JsonObject):

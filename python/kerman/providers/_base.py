@@ -209,6 +209,10 @@ def usage_chunk(
     }
 
 
+#: A protocol -> the provider id ``genai-prices`` knows it by (logged with each request's usage).
+PROVIDER_IDS = {"openai-chat": "openai", "openai-responses": "openai", "anthropic": "anthropic", "gemini": "google"}
+
+
 def partial_usage(chunk: Dict[str, Any]) -> Dict[str, Any]:
     """A usage chunk marked ``partial``: what the stream reported before it stopped (failed or
     cut). The provider yields it just before it raises, so the loop logs it with the request's
@@ -540,6 +544,16 @@ class Provider:
 
     def _secrets(self) -> List[str]:
         return []
+
+    def _named(self, answered: Any, usage: Dict[str, Any]) -> Dict[str, Any]:
+        """``usage`` with the model that answered (the vendor's name for it when the reply gave
+        one, else the one asked for) and the provider (genai-prices' id for the protocol), so
+        the usage ledger prices the request from the log alone (docs/usage.md)."""
+        out = dict(usage, model=answered if isinstance(answered, str) and answered else self.model)
+        provider = PROVIDER_IDS.get(self.protocol)
+        if provider is not None:
+            out["provider"] = provider
+        return out
 
     def __repr__(self) -> str:
         extra = self._repr_extra()

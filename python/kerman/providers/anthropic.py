@@ -195,6 +195,7 @@ class Anthropic(SdkClientProvider):
         blocks: Dict[int, Dict[str, Any]] = {}  # index -> the builder's block (text and thinking)
         start_usage: Any = None
         delta_usage: Any = None
+        answered: Any = kwargs.get("model")
         stop: Optional[str] = None
         done = False
         try:
@@ -252,6 +253,7 @@ class Anthropic(SdkClientProvider):
                         builder.close()
                     elif kind == "message_start":
                         start_usage = event.message.usage
+                        answered = getattr(event.message, "model", None) or answered
                     elif kind == "message_delta":
                         if event.delta.stop_reason is not None:
                             stop = event.delta.stop_reason
@@ -261,13 +263,13 @@ class Anthropic(SdkClientProvider):
         except Exception as e:
             failure = self._failure(e, started=True)
             if start_usage is not None or delta_usage is not None:
-                yield partial_usage(self._usage(start_usage, delta_usage))
+                yield partial_usage(self._named(answered, self._usage(start_usage, delta_usage)))
             if failure is None:
                 raise
             raise failure from None
         if not done:
             if start_usage is not None or delta_usage is not None:
-                yield partial_usage(self._usage(start_usage, delta_usage))
+                yield partial_usage(self._named(answered, self._usage(start_usage, delta_usage)))
             raise classify(self.protocol, status=None, message="the stream ended before message_stop", interrupted=True)
         if stop is None:  # as a Chat Completions stream that ends without a finish reason
             raise classify(
@@ -277,7 +279,7 @@ class Anthropic(SdkClientProvider):
         if data is not None:
             yield data
         if start_usage is not None or delta_usage is not None:
-            yield self._usage(start_usage, delta_usage)
+            yield self._named(answered, self._usage(start_usage, delta_usage))
         yield {"type": "finish", "reason": "max-tokens" if stop in MAX_TOKENS_REASONS else "stop", "providerReason": stop}
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
@@ -302,5 +304,5 @@ class Anthropic(SdkClientProvider):
                 blocks.append({"type": "reasoning", "text": "", "anthropic": {"redacted": b.data}})
             elif t == "tool_use":
                 blocks.append({"type": "tool-call", "id": b.id, "name": b.name, "arguments": json.dumps(b.input)})
-        usage = usage_dict(self._usage(message.usage, None))
+        usage = usage_dict(self._named(getattr(message, "model", None) or kwargs.get("model"), self._usage(message.usage, None)))
         return ModelReply(blocks, usage=usage, finish="max-tokens" if message.stop_reason in MAX_TOKENS_REASONS else "stop")

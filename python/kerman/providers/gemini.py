@@ -337,10 +337,12 @@ class Gemini(Provider):
         builder = ReplyBuilder()
         reason: Optional[str] = None
         usage: Any = None
+        answered: Any = kwargs.get("model")
         started = False  # the SDK reports an HTTP error status at the first read
         try:
             async for response in stream:
                 started = True
+                answered = getattr(response, "model_version", None) or answered
                 if response.usage_metadata is not None:
                     usage = response.usage_metadata
                 candidates = response.candidates
@@ -355,7 +357,7 @@ class Gemini(Provider):
                     reason = self._reason(candidate.finish_reason)
         except Exception as e:
             if usage is not None:
-                yield partial_usage(self._usage(usage))
+                yield partial_usage(self._named(answered, self._usage(usage)))
             if self._is_sdk_error(e):
                 raise self._error(e, started=started) from None
             raise
@@ -363,13 +365,13 @@ class Gemini(Provider):
             await stream.aclose()  # releases the connection when the turn is cancelled
         if reason is None:
             if usage is not None:
-                yield partial_usage(self._usage(usage))
+                yield partial_usage(self._named(answered, self._usage(usage)))
             raise classify(self.protocol, status=None, message="the stream ended before a finish reason", interrupted=True)
         data = self._remember(builder)
         if data is not None:
             yield data
         if usage is not None:
-            yield self._usage(usage)
+            yield self._named(answered, self._usage(usage))
         yield {"type": "finish", "reason": "max-tokens" if reason == "MAX_TOKENS" else "stop", "providerReason": reason}
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
@@ -393,7 +395,8 @@ class Gemini(Provider):
             if candidate.content is not None:
                 self._fold_parts(builder, candidate.content.parts)
             reason = self._reason(candidate.finish_reason)
-        usage = usage_dict(self._usage(response.usage_metadata)) if response.usage_metadata is not None else None
+        answered = getattr(response, "model_version", None) or kwargs.get("model")
+        usage = usage_dict(self._named(answered, self._usage(response.usage_metadata))) if response.usage_metadata is not None else None
         return ModelReply(builder.blocks, usage=usage, finish="max-tokens" if reason == "MAX_TOKENS" else "stop")
 
 

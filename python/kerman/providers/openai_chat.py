@@ -212,11 +212,13 @@ class OpenAIChat(SdkClientProvider):
         by_index: Dict[int, List[Any]] = {}
         finish: Optional[str] = None
         usage: Any = None
+        answered: Any = kwargs.get("model")
         reads = self._reasoning_reads
         try:
             async with stream:
                 await self._check_stream(stream)
                 async for chunk in stream:
+                    answered = getattr(chunk, "model", None) or answered
                     if chunk.usage is not None:
                         usage = chunk.usage
                     choices = chunk.choices
@@ -257,19 +259,19 @@ class OpenAIChat(SdkClientProvider):
         except Exception as e:
             failure = self._failure(e, started=True)
             if usage is not None:
-                yield partial_usage(self._usage(usage))
+                yield partial_usage(self._named(answered, self._usage(usage)))
             if failure is None:
                 raise
             raise failure from None
         if finish is None:
             if usage is not None:
-                yield partial_usage(self._usage(usage))
+                yield partial_usage(self._named(answered, self._usage(usage)))
             raise self._error_interrupted()
         builder.close()
         for call_id, name, pieces in calls:
             yield builder.tool_call(call_id or mint_call_id(), name or "", "".join(pieces))
         if usage is not None:
-            yield self._usage(usage)
+            yield self._named(answered, self._usage(usage))
         yield {"type": "finish", "reason": "max-tokens" if finish == "length" else "stop", "providerReason": finish}
 
     def _error_interrupted(self) -> Exception:
@@ -319,5 +321,6 @@ class OpenAIChat(SdkClientProvider):
                     "arguments": getattr(fn, "arguments", "") or "",
                 }
             )
-        usage = usage_dict(self._usage(response.usage)) if response.usage is not None else None
+        answered = getattr(response, "model", None) or kwargs.get("model")
+        usage = usage_dict(self._named(answered, self._usage(response.usage))) if response.usage is not None else None
         return ModelReply(blocks, usage=usage, finish="max-tokens" if choice.finish_reason == "length" else "stop")

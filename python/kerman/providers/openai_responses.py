@@ -296,7 +296,7 @@ class OpenAIResponses(SdkClientProvider):
         if data is not None:
             yield data
         if final.usage is not None:
-            yield self._usage(final.usage)
+            yield self._named(getattr(final, "model", None) or kwargs.get("model"), self._usage(final.usage))
         yield self._finish(final)
 
     async def _complete(self, request: Any, kwargs: Dict[str, Any]) -> ModelReply:
@@ -330,6 +330,7 @@ class OpenAIResponses(SdkClientProvider):
                 if keep and item.id:
                     call["openai"] = {"id": item.id}
                 blocks.append(call)
-        usage = usage_dict(self._usage(response.usage)) if response.usage is not None else None
+        answered = getattr(response, "model", None) or kwargs.get("model")
+        usage = usage_dict(self._named(answered, self._usage(response.usage))) if response.usage is not None else None
         finish = self._finish(response)["reason"]
         return ModelReply(blocks, usage=usage, finish=finish)

@@ -106,6 +106,12 @@ def request_payload(request: events.DecisionRequested) -> JsonDict:
     return {k: v for k, v in payload(request).items() if k != "gated"}
 
 
+def budget_message(ending: events.Ending) -> str:
+    """What a client shows for a ``budget`` ending (AG-UI's ``RUN_ERROR``, Vercel's ``error``)."""
+    stop = ending.budget
+    return "the turn's budget is spent" + (f": {stop.text()}" if stop is not None else "")
+
+
 def public_reason(reason: Any) -> Any:
     """A ``turn/end`` reason as a client may see it: a failure's ``traceback`` (the server's
     stack) stays in the log."""

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 from .. import events
 from .._core import Event
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, payload, public_reason, request_payload
+from ._base import EventLike, JsonDict, Projection, budget_message, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["AgUiProjection"]
@@ -191,6 +191,8 @@ class AgUiProjection(Projection, f.Sink):
             self._out.append(failure)
         elif kind == "interrupted":
             self._out.append(self._ev("RUN_ERROR", message="the turn was interrupted: the process running it stopped", code="INTERRUPTED"))
+        elif kind == "budget":
+            self._out.append(self._ev("RUN_ERROR", message=budget_message(ending), code="BUDGET"))
         else:
             outcome = {"type": "cancelled"} if kind == "aborted" else {"type": "success"}
             self._out.append(

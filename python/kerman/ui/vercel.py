@@ -24,7 +24,7 @@ from typing import Any, List, Optional
 
 from .. import events
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, payload, public_reason, request_payload
+from ._base import EventLike, JsonDict, Projection, budget_message, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["VercelProjection"]
@@ -188,9 +188,11 @@ class VercelProjection(Projection, f.Sink):
             cause = ending.cause
             text = cause.kind if cause is not None else None
             self._out.append({"type": "abort", **({"reason": text} if text else {})})
-        elif kind in ("error", "interrupted"):
+        elif kind in ("error", "interrupted", "budget"):
             error = ending.error
             message = (error.message if error else "") if kind == "error" else "the turn was interrupted: the process running it stopped"
+            if kind == "budget":
+                message = budget_message(ending)
             self._out.append({"type": "error", "errorText": message or "the turn failed"})
             self._out.append({"type": "finish", "finishReason": "error", "messageMetadata": metadata})
         else:

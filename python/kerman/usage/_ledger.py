@@ -115,7 +115,8 @@ class Request:
     it). ``usage`` is the normalised usage as logged (``None``: nothing reported); ``partial``
     says it is what the stream reported before it stopped. ``seqs``: the log positions the
     request occupies (its chunks and its message). ``model``/``provider``: what the pricer was
-    told (the request's ``model`` option when one was logged, else the ledger's defaults)."""
+    told: the model that answered and its provider as Kerman's providers log them with the
+    usage, else the request's ``model`` option when one was logged, else the ledger's defaults."""
 
     turn: int
     step: int
@@ -264,7 +265,13 @@ class Fold:
     ) -> None:
         failed = outcome == "failed"
         totals = request_totals(usage, failed, partial, end - start)
-        request = Request(turn, step, seqs, outcome, usage, partial, start, end, self._option_model or self.model, self.provider, totals)
+        # Which model answered: what the provider logged with the usage, else the request's
+        # `model` option, else the ledger's default (logs written before providers logged it).
+        logged = usage.get("model") if usage is not None else None
+        vendor = usage.get("provider") if usage is not None else None
+        model = logged if isinstance(logged, str) and logged else self._option_model or self.model
+        provider = vendor if isinstance(vendor, str) and vendor else self.provider
+        request = Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals)
         price: Optional[Decimal]
         if usage is None or (totals.tokens and self.pricer is None):
             price = None  # nothing reported, or nothing to price with: unknown, not free

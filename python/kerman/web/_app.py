@@ -15,6 +15,7 @@ from urllib.parse import quote
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -31,6 +32,7 @@ from ._errors import ApiError, error_response, public
 from ._guard import Guard, cookie_name, cookie_value
 from ._limits import ABORT
 from ._sessions import Session, Sessions
+from ._usage import usage_of
 
 __all__ = ["create_app"]
 
@@ -169,6 +171,11 @@ def create_app(
 
     async def show_session(request: Request) -> JSONResponse:
         return JSONResponse((await session_of(request)).info())
+
+    async def show_usage(request: Request) -> JSONResponse:
+        session = await session_of(request)
+        # A fold of the whole log: off the event loop, so a long session does not stall streams.
+        return JSONResponse(await run_in_threadpool(usage_of, session.loop or session.log))
 
     async def post_message(request: Request) -> JSONResponse:
         session = await session_of(request)
@@ -366,6 +373,7 @@ def create_app(
         Route("/sessions", create_session, methods=["POST"]),
         Route("/sessions/{session_id}", show_session, methods=["GET"]),
         Route("/sessions/{session_id}/events", events, methods=["GET"]),
+        Route("/sessions/{session_id}/usage", show_usage, methods=["GET"]),
         Route("/sessions/{session_id}/messages", post_message, methods=["POST"]),
         Route("/sessions/{session_id}/queue/{message_id}", edit_queued, methods=["PATCH"]),
         Route("/sessions/{session_id}/queue/{message_id}", remove_queued, methods=["DELETE"]),

@@ -32,6 +32,7 @@ use super::errors::new_err;
 use super::event_log::PySessionLog;
 use super::inbox::PyInbox;
 use super::message::wrap;
+use crate::agent_loop::budget::{Budget, Per};
 use crate::agent_loop::{decisions, events, requeue_claimed, AbortCause, Ctx, RequeueError, Shared};
 
 pub use driver::PyDriver;
@@ -455,6 +456,28 @@ impl PyLoopCore {
     /// was refused).
     fn begin(slf: &Bound<'_, Self>, r#loop: &Bound<'_, PyAny>) -> PyResult<Option<PyDriver>> {
         PyDriver::begin(slf, r#loop)
+    }
+
+    /// Sets the loop's budget (`per`: `"turn"` or `"session"`), or removes it (no limit given).
+    #[pyo3(signature = (tokens=None, requests=None, tool_calls=None, usd=None, per="session"))]
+    fn set_budget(&self, tokens: Option<u64>, requests: Option<u64>, tool_calls: Option<u64>, usd: Option<f64>, per: &str) -> PyResult<()> {
+        let per = match per {
+            "turn" => Per::Turn,
+            "session" => Per::Session,
+            other => return Err(PyValueError::new_err(format!("per must be 'turn' or 'session', got {other:?}"))),
+        };
+        let any = tokens.is_some() || requests.is_some() || tool_calls.is_some() || usd.is_some();
+        self.shared.budget.set(any.then_some(Budget { tokens, requests, tool_calls, usd, per }));
+        Ok(())
+    }
+
+    /// What the log shows spent: `{"turn": n, "thisTurn": {...}, "session": {...}}` (the
+    /// budget's fold, caught up with the log).
+    fn spent<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let log = &self.parts()?.log;
+        let fold = self.shared.budget.usage(&log.get().inner);
+        let value = serde_json::json!({"turn": fold.turn, "thisTurn": fold.this_turn.to_value(), "session": fold.session.to_value()});
+        super::convert::to_py(py, &value)
     }
 
     /// Whether every tool call is gated before it runs (the façade sets it when a

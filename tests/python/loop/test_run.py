@@ -16,7 +16,7 @@ from kerman import AgentLoop, LoopError, ModelError, ModelReply, Reject, RunErro
 
 
 async def echo(request: kerman.ModelRequest) -> ModelReply:
-    return ModelReply("echo: " + " / ".join(m.text for m in request.entered), usage={"inputTokens": 3, "outputTokens": 2})
+    return ModelReply("echo: " + " / ".join(m.text for m in request.entered), usage={"input": 3, "output": 2})
 
 
 class Gate:
@@ -44,7 +44,7 @@ def test_run_returns_its_turns_answer() -> None:
         assert result.text == "echo: hello" and result.output == "echo: hello"
         assert result.turn == 1 and result.ending == {"kind": "completed"}
         assert [m.role for m in result.messages] == ["user", "assistant"]
-        assert result.usage == {"inputTokens": 3, "outputTokens": 2}
+        assert (result.usage.prompt, result.usage.output, result.usage.requests) == (3, 2, 1)
         assert "turn=1 completed" in repr(result) and "echo: hello" in repr(result)
         second = await loop.run("again")
         assert second.turn == 2 and second.text == "echo: again" and [m.text for m in second.messages] == ["again", "echo: again"]
@@ -53,16 +53,14 @@ def test_run_returns_its_turns_answer() -> None:
     asyncio.run(main())
 
 
-def test_usage_is_summed_over_the_turns_steps() -> None:
+def test_usage_is_the_ledgers_total_of_the_turn() -> None:
     calls: List[int] = []
 
     async def model(request: kerman.ModelRequest) -> ModelReply:
         calls.append(request.step)
         if request.step == 1:
-            return ModelReply(
-                [{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}], usage={"outputTokens": 5}
-            )
-        return ModelReply("3", usage={"outputTokens": 1, "inputTokens": 7})
+            return ModelReply([{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}], usage={"output": 5})
+        return ModelReply("3", usage={"output": 1, "input": 7})
 
     async def main() -> None:
         loop = AgentLoop(model)
@@ -72,7 +70,10 @@ def test_usage_is_summed_over_the_turns_steps() -> None:
             return str(a + b)
 
         result = await loop.run("1+2?")
-        assert result.text == "3" and result.usage == {"outputTokens": 6, "inputTokens": 7}
+        # The turn's totals from the usage ledger: both requests, the tool call between them.
+        usage = result.usage
+        assert result.text == "3" and (usage.output, usage.prompt, usage.requests, usage.tool_calls) == (6, 7, 2, 1)
+        assert result.usage == kerman.usage.ledger(loop.log).turn(1)
         assert [type(m).__name__ for m in result.messages] == ["UserMessage", "AssistantMessage", "ToolResultMessage", "AssistantMessage"]
         await loop.aclose()
 

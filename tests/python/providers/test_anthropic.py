@@ -253,7 +253,16 @@ async def test_a_hand_written_event_stream():
         assert first == [
             {"type": "text-delta", "text": "On it."},
             {"type": "tool-call", "id": "toolu_9", "name": "clock", "arguments": '{"tz": "UTC"}'},
-            {"type": "usage", "input": 28, "output": 17, "cacheRead": 20, "cacheWrite": 3, "reasoning": 0},
+            {
+                "type": "usage",
+                "input": 28,
+                "output": 17,
+                "cacheRead": 20,
+                "cacheWrite": 3,
+                "reasoning": 0,
+                "model": "m",
+                "provider": "anthropic",
+            },
             {"type": "finish", "reason": "stop", "providerReason": "tool_use"},
         ]
         await done(loop, model)

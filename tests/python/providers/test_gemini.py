@@ -146,7 +146,16 @@ async def test_thought_parts_are_reasoning():
             {"type": "text", "text": "Done."},
         ]
         assert [c for c in chunks(loop.log) if c["type"] == "usage"] == [
-            {"type": "usage", "input": 8, "output": 20, "cacheRead": 2, "cacheWrite": 0, "reasoning": 12}
+            {
+                "type": "usage",
+                "input": 8,
+                "output": 20,
+                "cacheRead": 2,
+                "cacheWrite": 0,
+                "reasoning": 12,
+                "model": "fake-model",
+                "provider": "google",
+            }
         ]
         assert camel(server.requests[0].body)["generationConfig"]["thinkingConfig"] == {"includeThoughts": True}
         await done(loop, model)

@@ -142,6 +142,8 @@ async def test_a_hand_written_stream_with_parallel_calls_by_index():
             "cacheRead": 0,
             "cacheWrite": 0,
             "reasoning": 0,
+            "model": "m",
+            "provider": "openai",
         }
         assert turn_ends(loop.log) == [{"kind": "completed"}]
         await done(loop, model)

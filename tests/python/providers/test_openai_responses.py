@@ -197,7 +197,7 @@ async def test_summary_parts_are_one_reasoning_block_and_refusals_are_text():
             {"type": "text", "text": "I can't help with that."},
         ]
         assert [c for c in chunks(loop.log) if c["type"] == "usage"] == [
-            {"type": "usage", "input": 4, "output": 9, "cacheRead": 0, "cacheWrite": 0, "reasoning": 6}
+            {"type": "usage", "input": 4, "output": 9, "cacheRead": 0, "cacheWrite": 0, "reasoning": 6, "model": "m", "provider": "openai"}
         ]
         await done(loop, model)
 

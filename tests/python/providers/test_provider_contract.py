@@ -29,6 +29,7 @@ from provider_helpers import (
 )
 
 import kerman
+from kerman.providers._base import PROVIDER_IDS
 from kerman.providers.testing import FakeServer, HttpError, Reply, ToolCall
 
 pytestmark = pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -101,6 +102,8 @@ async def test_usage_has_one_shape_for_every_provider(protocol, server):
     loop = await run(model, "hi")
     [usage] = [c for c in chunks(loop.log) if c["type"] == "usage"]
     expected = {"type": "usage", "input": 100, "output": 30, "cacheRead": 40, "cacheWrite": 10, "reasoning": 5}
+    # Which model answered (as the server names it) and the provider, for the ledger's prices.
+    expected.update(model="fake-model", provider=PROVIDER_IDS[protocol])
     if protocol == "gemini":
         expected["cacheWrite"] = 0  # Gemini reports no cache writes
     assert usage == expected
@@ -268,7 +271,15 @@ async def test_a_non_streaming_provider_replies_in_one_piece(protocol, server):
         {"type": "text", "text": "Checking."},
         {"type": "tool-call", "id": "call_1", "name": "clock", "arguments": "{}"},
     ]
-    assert first["usage"] == {"input": 20, "output": 4, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0}
+    assert first["usage"] == {
+        "input": 20,
+        "output": 4,
+        "cacheRead": 0,
+        "cacheWrite": 0,
+        "reasoning": 0,
+        "model": "fake-model",
+        "provider": PROVIDER_IDS[protocol],
+    }
     assert second["message"]["content"] == [{"type": "text", "text": "Noon."}]
     await done(loop, model)
 

@@ -8,6 +8,7 @@ const $ = (selector) => document.querySelector(selector);
 const state = {
   session: null, source: null, messages: new Map(), tools: new Map(), tags: new Map(), queue: null,
   decisions: new Map(), waiting: false,  // decisions.js: each request and its resolution; the turn waits for them
+  turn: null,  // the turn the stream is in (RUN_STARTED's runId), for its usage line
 };
 
 function showError(text) {
@@ -145,6 +146,42 @@ function requeued(value) {
   }
 }
 
+// -- usage (GET /sessions/{id}/usage: the usage ledger) -------------------------------------------
+// A line under each ended turn and the session's total in the header, filled from the ledger once
+// the stream has gone quiet for a moment (a replay ends many turns at once: one request for all).
+
+let usageTimer = null;
+
+function usageLine(turn) {
+  if (!turn) return;
+  const el = document.createElement("div");
+  el.className = "usage";
+  el.dataset.turn = String(turn);
+  $("#transcript").append(el);
+  refreshUsage();
+}
+
+function refreshUsage() {
+  clearTimeout(usageTimer);
+  const session = state.session;
+  usageTimer = setTimeout(async () => {
+    const response = await fetch(sessionPath("/usage"), { credentials: "same-origin" }).catch(() => null);
+    if (!response || !response.ok || session !== state.session) return;
+    const usage = await response.json();
+    const total = $("#usage-total");
+    total.textContent = `session: ${usage.session.summary}`;
+    total.dataset.tokens = String(usage.session.tokens);
+    for (const turn of usage.turns) {
+      for (const el of document.querySelectorAll(`.usage[data-turn="${turn.turn}"]`)) {
+        el.textContent = `turn ${turn.turn}: ${turn.summary}`;
+        el.dataset.tokens = String(turn.tokens);
+      }
+    }
+  }, 150);
+}
+
+const turnOf = (runId) => { const m = /^turn-(\d+)/.exec(runId || ""); return m ? Number(m[1]) : null; };
+
 function setStatus(status, text) {
   const el = $("#status");
   el.dataset.status = status;
@@ -229,15 +266,21 @@ function startEdit(li, item) {
 // -- the stream ------------------------------------------------------------------------------------
 
 const handlers = {
-  RUN_STARTED: () => { state.waiting = false; setStatus("running"); },
+  RUN_STARTED: (e) => { state.waiting = false; state.turn = turnOf(e.runId); setStatus("running"); },
   RUN_FINISHED: (e) => {
     state.waiting = e.outcome && e.outcome.type === "interrupt";
     if (state.waiting) { decisionStatus(); return; }  // the turn goes on once the person decided
     setStatus("idle");
+    usageLine(turnOf(e.runId));  // under the reply, before the line that says how the turn ended
     const reason = e.result && e.result.reason;
     if (reason && reason.kind !== "completed") runEnd(`turn ${reason.kind}${reason.reason ? ": " + JSON.stringify(reason.reason) : ""}`, false);
   },
-  RUN_ERROR: (e) => { state.waiting = false; setStatus("idle"); runEnd(`turn failed: ${e.message}${e.code ? " [" + e.code + "]" : ""}`, true); },
+  RUN_ERROR: (e) => {
+    state.waiting = false;
+    setStatus("idle");
+    usageLine(state.turn);
+    runEnd(`turn failed: ${e.message}${e.code ? " [" + e.code + "]" : ""}`, true);
+  },
   TEXT_MESSAGE_START: (e) => bubble(e.messageId, e.role || "assistant"),
   TEXT_MESSAGE_CONTENT: (e) => append(e.messageId, e.delta),
   REASONING_MESSAGE_START: (e) => bubble(e.messageId, "reasoning"),
@@ -264,6 +307,8 @@ function connect(sessionId) {
   state.tags.clear();
   state.queue = null;
   clearDecisions();
+  state.turn = null;
+  $("#usage-total").textContent = "";
   $("#transcript").replaceChildren();
   renderQueue();
   setStatus("idle");
