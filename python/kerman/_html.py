@@ -309,10 +309,27 @@ def agent_loop(loop: Any, usage: str = "") -> str:
         rows += f"<tr><th>waiting for</th><td><ul>{items}</ul></td></tr>"
     if usage:
         rows += f"<tr><th>usage</th><td>{esc(usage)}</td></tr>"
+    rows += _history_row(loop)
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"
     return _box(head, f"<table>{rows}</table>")
+
+
+def _history_row(loop: Any) -> str:
+    """What the next request's history holds, and what compaction replaced (nothing when the
+    history was never compacted and no Compactor is set)."""
+    spans = loop._core.history_spans()
+    stood = [(lo, hi) for lo, hi in spans if lo != hi]
+    if not stood and loop.compaction is None:
+        return ""
+    text = f"{len(spans)} messages"
+    if stood:
+        covered = sorted(set(stood))
+        text += "; compacted: " + ", ".join(f"events {lo}–{hi}" for lo, hi in covered)
+    if loop.compaction is not None:
+        text += f" · {loop.compaction!r}"
+    return f"<tr><th>history</th><td>{esc(text)}</td></tr>"
 
 
 def mcp_server(server: Any) -> str:

@@ -26,6 +26,7 @@
 
 mod assemble;
 mod closers;
+pub mod compaction;
 pub mod decisions;
 mod ending;
 pub mod events;
