@@ -90,7 +90,7 @@ class Compaction:
             if not self.first <= seq <= self.last:
                 raise ValueError(f"seq {seq} is outside the span {self.first}..{self.last}")
         else:
-            for m, (lo, hi) in zip(self.messages, self.spans):
+            for m, (lo, hi) in zip(self.messages, self.spans, strict=True):
                 if m is message or (isinstance(message, Message) and m.id == message.id):
                     if lo != hi:
                         raise ValueError(f"{message!r} is a compaction's replacement, not a logged message: it cannot be pinned")
@@ -105,7 +105,7 @@ class Compaction:
     def unpinned(self) -> List[Message]:
         """The span's messages a strategy compacts (the pinned ones left out)."""
         pinned = set(self.pinned)
-        return [m for m, (lo, hi) in zip(self.messages, self.spans) if not (lo == hi and lo in pinned)]
+        return [m for m, (lo, hi) in zip(self.messages, self.spans, strict=True) if not (lo == hi and lo in pinned)]
 
     def __repr__(self) -> str:
         size = "revert" if self.replacement is None else f"{len(self.replacement)} messages"
@@ -173,7 +173,11 @@ class DropToolResults(Strategy):
     async def replace(self, compaction: Compaction) -> None:
         out: List[Message] = []
         for m in compaction.unpinned:
-            out.append(m.with_content([{"type": "tool-result", "toolCallId": m.call_id, "content": [{"type": "text", "text": self.note}]}]) if isinstance(m, ToolResultMessage) else m)
+            out.append(
+                m.with_content([{"type": "tool-result", "toolCallId": m.call_id, "content": [{"type": "text", "text": self.note}]}])
+                if isinstance(m, ToolResultMessage)
+                else m
+            )
         compaction.replacement = out
 
 
@@ -253,7 +257,11 @@ def _is_call(m: Message) -> bool:
 
 def _end(history: Sequence[Message], end: int) -> int:
     """``end`` moved back so that no tool call is split from its results."""
-    while end > 0 and end <= len(history) and ((end < len(history) and isinstance(history[end], ToolResultMessage)) or _is_call(history[end - 1])):
+    while (
+        end > 0
+        and end <= len(history)
+        and ((end < len(history) and isinstance(history[end], ToolResultMessage)) or _is_call(history[end - 1]))
+    ):
         end -= 1
     return end
 
@@ -272,7 +280,7 @@ def _sticky_pins(spans: Sequence[Tuple[int, int]], end: int) -> List[int]:
 
 def _pair_pins(compaction: Compaction) -> None:
     """A pinned call pins its results, a pinned result its call (pairs stay together)."""
-    by_seq = {lo: m for m, (lo, hi) in zip(compaction.messages, compaction.spans) if lo == hi}
+    by_seq = {lo: m for m, (lo, hi) in zip(compaction.messages, compaction.spans, strict=True) if lo == hi}
     calls: Dict[str, int] = {}
     for seq, m in by_seq.items():
         if _is_call(m):
@@ -376,7 +384,9 @@ class Compactor:
     exceeded (``CONTEXT_LENGTH_EXCEEDED``: compact, then the request is retried). Set it with
     ``AgentLoop(compaction=Compactor(...))``; ``await loop.compact()`` uses its strategy."""
 
-    def __init__(self, strategy: Strategy, *, context_window: Optional[int] = None, threshold: float = 0.8, on_context_error: bool = True) -> None:
+    def __init__(
+        self, strategy: Strategy, *, context_window: Optional[int] = None, threshold: float = 0.8, on_context_error: bool = True
+    ) -> None:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a kerman.compaction.Strategy, got {strategy!r}")
         if context_window is not None and (isinstance(context_window, bool) or not isinstance(context_window, int) or context_window < 1):

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Seque
 
 from . import _dispatch, _html, _report, _run, output
 from . import compaction as _compaction
-from .compaction import Compactor, Strategy
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
+from .compaction import Compactor, Strategy
 from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model

@@ -33,7 +33,9 @@ fn bad(field: &str, reason: impl Into<String>) -> MessageError {
 }
 
 fn seq_field(data: &Value, field: &str) -> Result<u64, MessageError> {
-    data.get(field).and_then(Value::as_u64).ok_or_else(|| bad(field, format!("expected a seq (an int >= 0), got {}", shown(data.get(field)))))
+    data.get(field)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad(field, format!("expected a seq (an int >= 0), got {}", shown(data.get(field)))))
 }
 
 fn shown(value: Option<&Value>) -> String {
@@ -52,7 +54,9 @@ impl Compaction {
         let messages = match data.get("messages") {
             None | Some(Value::Null) => None,
             Some(Value::Array(items)) => Some(items.iter().map(|m| Message::from_value(m).map(Arc::new)).collect::<Result<Vec<_>, _>>()?),
-            Some(other) => return Err(bad("messages", format!("expected a list of messages or null, got {}", crate::json::compact(other)))),
+            Some(other) => {
+                return Err(bad("messages", format!("expected a list of messages or null, got {}", crate::json::compact(other))))
+            }
         };
         let mut pinned = Vec::new();
         match data.get("pinned") {
@@ -61,7 +65,12 @@ impl Compaction {
                 for item in items {
                     match item.as_u64() {
                         Some(seq) if (first..=last).contains(&seq) => pinned.push(seq),
-                        _ => return Err(bad("pinned", format!("{} is not a seq inside the span {first}..={last}", crate::json::compact(item)))),
+                        _ => {
+                            return Err(bad(
+                                "pinned",
+                                format!("{} is not a seq inside the span {first}..={last}", crate::json::compact(item)),
+                            ))
+                        }
                     }
                 }
             }
@@ -87,8 +96,11 @@ pub(super) fn apply(view: &mut Vec<Item>, raw: &[(u64, Arc<Message>)], compactio
     let (first, last) = (compaction.first, compaction.last);
     // Items overlapping the span without lying inside it stay; what they cover is not brought
     // back, and a span wholly inside one of them changes nothing.
-    let straddling: Vec<(u64, u64)> =
-        view.iter().filter(|item| item.lo <= last && item.hi >= first && !(item.lo >= first && item.hi <= last)).map(|item| (item.lo, item.hi)).collect();
+    let straddling: Vec<(u64, u64)> = view
+        .iter()
+        .filter(|item| item.lo <= last && item.hi >= first && !(item.lo >= first && item.hi <= last))
+        .map(|item| (item.lo, item.hi))
+        .collect();
     if straddling.iter().any(|&(lo, hi)| lo <= first && hi >= last) {
         return;
     }
@@ -120,7 +132,12 @@ pub fn append(log: &SessionLog, data: &str) -> Result<u64, CompactError> {
     let compaction = Compaction::from_value(&value).map_err(|e| CompactError::Invalid(e.to_string()))?;
     let end = log.len();
     if compaction.last >= end {
-        return Err(CompactError::Invalid(format!("the span {}..={} reaches past the log's last seq ({})", compaction.first, compaction.last, end.saturating_sub(1))));
+        return Err(CompactError::Invalid(format!(
+            "the span {}..={} reaches past the log's last seq ({})",
+            compaction.first,
+            compaction.last,
+            end.saturating_sub(1)
+        )));
     }
     events::append(log, events::context_compacted(&value)).map_err(CompactError::Log)
 }

@@ -130,7 +130,8 @@ impl History {
     /// stale) and the messages from index `start` on, read together.
     pub fn since_generation(&self, start: usize) -> (u64, Vec<Arc<Message>>) {
         let state = self.state();
-        let messages = state.view.get(start..).map(|items| items.iter().map(|item| Arc::clone(&item.message)).collect()).unwrap_or_default();
+        let messages =
+            state.view.get(start..).map(|items| items.iter().map(|item| Arc::clone(&item.message)).collect()).unwrap_or_default();
         (state.generation, messages)
     }
 

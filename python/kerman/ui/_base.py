@@ -106,7 +106,9 @@ def compaction_payload(view: events.ContextCompacted) -> JsonDict:
     replacement = view.messages
     out["seq"] = view.seq
     out["revert"] = replacement is None
-    texts = [b.get("text", "") for m in replacement or () for b in m.raw.get("content", ()) if isinstance(b, dict) and b.get("type") == "text"]
+    texts = [
+        b.get("text", "") for m in replacement or () for b in m.raw.get("content", ()) if isinstance(b, dict) and b.get("type") == "text"
+    ]
     out["summary"] = "\n".join(texts) if texts else None
     return out
 

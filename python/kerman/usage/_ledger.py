@@ -254,7 +254,17 @@ class Fold:
         step = self._step if view.turn is not None else 0
         option_model, self._option_model = self._option_model, view.model
         try:
-            self._record(turn, step, (view.seq,), "completed", None if usage is None else dict(usage.raw), False, view.time, view.time, kind="compaction")
+            self._record(
+                turn,
+                step,
+                (view.seq,),
+                "completed",
+                None if usage is None else dict(usage.raw),
+                False,
+                view.time,
+                view.time,
+                kind="compaction",
+            )
         finally:
             self._option_model = option_model
 
@@ -284,7 +294,9 @@ class Fold:
     ) -> None:
         failed = outcome == "failed"
         totals = request_totals(usage, failed, partial, end - start)
-        request = Request(turn, step, seqs, outcome, usage, partial, start, end, self._option_model or self.model, self.provider, totals, kind)
+        request = Request(
+            turn, step, seqs, outcome, usage, partial, start, end, self._option_model or self.model, self.provider, totals, kind
+        )
         price: Optional[Decimal]
         if usage is None or (totals.tokens and self.pricer is None):
             price = None  # nothing reported, or nothing to price with: unknown, not free

@@ -125,7 +125,12 @@ def test_a_tool_call_and_its_results_are_compacted_together() -> None:
         loop.followup("again")
         await loop.when_idle()
         roles = [(m.role, type(m).__name__) for m in model.requests[-1].messages]
-        assert roles == [("assistant", "AssistantMessage"), ("user", "ToolResultMessage"), ("assistant", "AssistantMessage"), ("user", "UserMessage")]
+        assert roles == [
+            ("assistant", "AssistantMessage"),
+            ("user", "ToolResultMessage"),
+            ("assistant", "AssistantMessage"),
+            ("user", "UserMessage"),
+        ]
         # Dropping tool results keeps the pair and its place, with the result's text replaced.
         record = await loop.compact(DropToolResults(keep=2))
         model.add("fine")

@@ -347,7 +347,9 @@ async def compaction(store: kerman.FileStore) -> None:
     turn after it."""
     from kerman.compaction import Summarize
 
-    loop = kerman.AgentLoop(ScriptedModel([text_chunks("a0"), text_chunks("a1"), text_chunks("a2"), text_chunks("a3")]), log=store.create("compaction"))
+    loop = kerman.AgentLoop(
+        ScriptedModel([text_chunks("a0"), text_chunks("a1"), text_chunks("a2"), text_chunks("a3")]), log=store.create("compaction")
+    )
     for text in ["q0", "q1", "q2"]:
         loop.followup(text)
         await loop.when_idle()
@@ -374,7 +376,19 @@ async def main(only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom, structured_output, compaction):
+        for scenario in (
+            text,
+            tools,
+            steering,
+            queue_edits,
+            rejection,
+            cancellation,
+            errors,
+            decisions,
+            custom,
+            structured_output,
+            compaction,
+        ):
             if only and scenario.__name__ not in only:
                 continue
             await scenario(store)
