@@ -333,6 +333,8 @@ async def compact(
             raise ValueError(f"the span {first}..{last} is not inside the log (seqs 0..{len(loop.log) - 1})")
         chosen = [i for i, (lo, hi) in enumerate(spans) if first <= lo and hi <= last]
         start, end = (chosen[0], chosen[-1] + 1) if chosen else (0, 0)
+        if chosen and (_end(history, end) != end or isinstance(history[start], ToolResultMessage)):
+            raise ValueError(f"the span {first}..{last} separates a tool call from its results: widen or narrow it to keep them together")
     else:
         ids = {m.id for m in protect}
         limit = next((i for i, m in enumerate(history) if m.id in ids), len(history))

@@ -124,6 +124,12 @@ def test_a_tool_call_and_its_results_are_compacted_together() -> None:
         model.add("ok")
         loop.followup("again")
         await loop.when_idle()
+        # An explicit span that would split the pair is refused, appending nothing.
+        seqs = [e.seq for e in loop.log.events(types=("user/message", "assistant/message", "tool/result"))]
+        length = len(loop.log)
+        with pytest.raises(ValueError, match="separates a tool call from its results"):
+            await loop.compact(SlidingWindow(), first=seqs[0], last=seqs[1])
+        assert len(loop.log) == length
         roles = [(m.role, type(m).__name__) for m in model.requests[-1].messages]
         assert roles == [
             ("assistant", "AssistantMessage"),
