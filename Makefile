@@ -164,6 +164,7 @@ bench: install
 	$(PY) benches/python/ui_fold.py
 	$(PY) benches/python/mcp_call.py
 	$(PY) benches/python/usage_otel.py
+	$(PY) benches/python/compaction_cost.py
 	$(PY) benches/python/run_cost.py
 	$(PY) benches/python/pydantic_ai_durability.py
 	$(MAKE) bench-rust

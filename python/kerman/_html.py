@@ -349,6 +349,7 @@ def agent_loop(loop: Any, usage: str = "") -> str:
     budget = getattr(loop, "budget", None)
     if budget is not None:
         rows += f"<tr><th>budget</th><td>{esc(repr(budget))}</td></tr>"
+    rows += _history_row(loop)
     error = loop.last_error
     if error is not None:
         rows += f"<tr><th>last error</th><td>{clip(str(error.error.get('message', error.error)), 300)}</td></tr>"
@@ -365,6 +366,20 @@ def _crashed(loop: Any, turn: int, crashes: int) -> str:
     if loop._core.resumable:
         return text + "; a continuation answers it at the next wake()"
     return text + "; not continued again (too many crashes in a row)"
+def _history_row(loop: Any) -> str:
+    """What the next request's history holds, and what compaction replaced (nothing when the
+    history was never compacted and no Compactor is set)."""
+    spans = loop._core.history_spans()
+    stood = [(lo, hi) for lo, hi in spans if lo != hi]
+    if not stood and loop.compaction is None:
+        return ""
+    text = f"{len(spans)} messages"
+    if stood:
+        covered = sorted(set(stood))
+        text += "; compacted: " + ", ".join(f"events {lo}–{hi}" for lo, hi in covered)
+    if loop.compaction is not None:
+        text += f" · {loop.compaction!r}"
+    return f"<tr><th>history</th><td>{esc(text)}</td></tr>"
 
 
 def mcp_server(server: Any) -> str:

@@ -22,7 +22,9 @@ import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
 from . import _continuation, _dispatch, _html, _report, _run, output
+from . import compaction as _compaction
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
+from .compaction import Compactor, Strategy
 from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
 from .hooks import LiveEvent, Model
@@ -165,6 +167,7 @@ class AgentLoop:
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         resume: Optional[Literal["continue", "close"]] = None,
         budget: Optional[Budget] = None,
+        compaction: Optional[Compactor] = None,
     ) -> None:
         # Whether (and how) the caller chose: a Worker or kerman serve adopts "continue" otherwise.
         self._resume_chosen = _continuation.check_resume(resume)
@@ -200,6 +203,8 @@ class AgentLoop:
         self._request_error: List[Callable[..., Any]] = []
         self._turn_stopping: List[Callable[..., Any]] = []
         self._before_tool: List[Callable[..., Any]] = []
+        self._before_compaction: List[Callable[..., Any]] = []
+        self._compactor: Optional[Compactor] = None
         self._tools: Dict[str, Tool] = {}
         # Awaited before a step is taken up from the log (an MCP server lists its tools, so the
         # step's calls of them are known): `async def f() -> None`.
@@ -296,6 +301,8 @@ class AgentLoop:
         _continuation.apply(self, self._resume_chosen or "close")
         if self._output_type is not None:
             self._install_output()
+        if compaction is not None:
+            self.compaction = compaction
         # Without instructions=, a resumed session goes on with the ones it last recorded.
         if instructions is not _FROM_LOG:
             self.instructions = instructions
@@ -452,6 +459,7 @@ class AgentLoop:
         counts = {
             "pre_step": len(self._pre_step),
             "before_request": len(self._before_request),
+            "before_compaction": len(self._before_compaction),
             "request_error": len(self._request_error),
             "turn_stopping": len(self._turn_stopping),
         }
@@ -489,6 +497,58 @@ class AgentLoop:
     def request_error(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
         """Waterfall on a model failure: ``async def f(failure, next) -> Retry | None``."""
         return self._decorator(self._request_error, fn, prepend, "request_error")
+
+    @overload
+    def before_compaction(self, fn: _F, *, prepend: bool = False) -> _F: ...
+    @overload
+    def before_compaction(self, fn: None = None, *, prepend: bool = False) -> Callable[[_F], _F]: ...
+    def before_compaction(self, fn: Optional[Callable[..., Any]] = None, *, prepend: bool = False) -> Any:
+        """Waterfall before every compaction: ``async def f(compaction: Compaction, next) ->
+        Compaction | Veto``; ``await next()`` runs the strategy (docs/context.md)."""
+        return self._decorator(self._before_compaction, fn, prepend, "before_compaction")
+
+    @property
+    def history(self) -> List[Any]:
+        """The derived history the next request starts from (user, assistant and tool-result
+        messages in log order, with every compaction applied), as a new list."""
+        return list(self._core.history())
+
+    @property
+    def compaction(self) -> Optional[Compactor]:
+        """The :class:`~kerman.compaction.Compactor` that compacts by itself (``None``: only
+        ``await loop.compact(strategy)`` does)."""
+        return self._compactor
+
+    @compaction.setter
+    def compaction(self, value: Optional[Compactor]) -> None:
+        if value is not None and not isinstance(value, Compactor):
+            raise TypeError(f"compaction must be a kerman.compaction.Compactor or None, got {value!r}")
+        if self._compactor is not None:
+            self._compactor._detach(self)
+        self._compactor = value
+        if value is not None:
+            value._attach(self)
+
+    async def compact(
+        self,
+        strategy: Optional[Strategy] = None,
+        *,
+        first: Optional[int] = None,
+        last: Optional[int] = None,
+        pin: Sequence[Any] = (),
+    ) -> Optional[Any]:
+        """Compacts the history now (docs/context.md, "Compaction"): ``strategy`` (default: the
+        ``compaction`` Compactor's) replaces the oldest messages but its ``keep`` last, or the
+        span ``first..last`` (seqs) when given; ``pin`` keeps messages verbatim. Returns the
+        ``context/compacted`` record's view (``kerman.events.ContextCompacted``), or ``None``
+        when there was nothing to compact or a ``before_compaction`` listener vetoed. A strategy
+        that raises appends nothing."""
+        self._check_fenced()
+        if strategy is None:
+            if self._compactor is None:
+                raise ValueError("no strategy: pass one (loop.compact(SlidingWindow())) or set loop.compaction")
+            strategy = self._compactor.strategy
+        return await _compaction.compact(self, strategy, first=first, last=last, pin=pin)
 
     @overload
     def turn_stopping(self, fn: _F, *, prepend: bool = False) -> _F: ...
@@ -531,6 +591,7 @@ class AgentLoop:
             self._request_error,
             self._turn_stopping,
             self._before_tool,
+            self._before_compaction,
         ]:
             while fn in listeners:
                 listeners.remove(fn)

@@ -1,5 +1,5 @@
 //! The one writer (and reader) of the loop's events: `turn/*`, `step/*`, `user/message`,
-//! `request/header`, `assistant/*`, `tool/*`, `decision/*` and `output/validated`. Every
+//! `request/header`, `assistant/*`, `tool/*`, `decision/*`, `output/validated` and `context/compacted`. Every
 //! payload the loop logs is built here, as compact JSON text, and appended through [`append`]; the crash closers and the recovery folds
 //! read them back with the readers at the end. Keeping writer and reader side by side is what
 //! keeps the grammar in one place (docs/format.md documents it for outsiders).
@@ -27,6 +27,7 @@ pub const TOOL_RESULT: &str = "tool/result";
 pub const DECISION_REQUESTED: &str = "decision/requested";
 pub const DECISION_RESOLVED: &str = "decision/resolved";
 pub const OUTPUT_VALIDATED: &str = "output/validated";
+pub const CONTEXT_COMPACTED: &str = "context/compacted";
 pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
@@ -368,6 +369,14 @@ pub fn output_validated(turn: u64, step: u64, output: &str) -> LoopEvent {
     data.push_str(output);
     data.push('}');
     LoopEvent::new(OUTPUT_VALIDATED, data)
+}
+
+/// `context/compacted {first, last, messages, pinned, strategy, ...}`: the record as the host
+/// built it (checked by [`compaction::append`](super::compaction::append)), written compact.
+pub fn context_compacted(data: &Value) -> LoopEvent {
+    let mut out = Scratch::new();
+    out.push_str(&crate::json::compact(data));
+    LoopEvent::new(CONTEXT_COMPACTED, out)
 }
 
 // ---- readers ---------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ pub mod call_decisions;
 pub mod budget;
 mod closers;
 pub mod continuation;
+pub mod compaction;
 pub mod decisions;
 mod ending;
 pub mod events;

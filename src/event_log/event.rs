@@ -29,6 +29,7 @@ pub fn is_reserved_type(kind: &str) -> bool {
         || kind == INSTRUCTIONS
         || kind.starts_with("decision/")
         || kind.starts_with("output/")
+        || kind.starts_with("context/")
 }
 
 pub fn is_surface_type(kind: &str) -> bool {

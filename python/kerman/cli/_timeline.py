@@ -342,7 +342,24 @@ def _output_validated(v: events.OutputValidated) -> str:
     return f"turn {_need(v.turn)} step {_need(v.step)} " + compact_json(v.output)
 
 
+def _compacted(v: events.ContextCompacted) -> str:
+    """``context/compacted``: the span it replaced, how, and by what."""
+    pinned = f", {len(v.pinned)} pinned" if v.pinned else ""
+    text = f"events {_seqs((v.first, v.last))} {_escape(v.strategy or '?')} ({_escape(v.reason or '?')}{pinned})"
+    replacement = v.messages
+    if replacement is None:
+        return text + " → reverted to the raw events"
+    words = [b.text for m in replacement for b in m.content if isinstance(b, events.TextBlock)]
+    text += f" → {len(replacement)} message{'' if len(replacement) == 1 else 's'}"
+    if words:
+        text += " " + quote(" ".join(words))
+    if v.model is not None:
+        text += f" by {_escape(v.model)}"
+    return text
+
+
 _SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
+    events.ContextCompacted: _compacted,
     events.DecisionRequested: _decision_requested,
     events.DecisionResolved: _decision_resolved,
     events.OutputValidated: _output_validated,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, Mapping
 
 from .._core import Event
+from ._compaction import ContextCompacted
 from ._decisions import DecisionRequested, DecisionResolved, OutputValidated
 from ._types import (
     AssistantChunk,
@@ -109,6 +110,8 @@ __all__ = [
     "DecisionResolved",
     "OUTPUT_VALIDATED",
     "OutputValidated",
+    "CONTEXT_COMPACTED",
+    "ContextCompacted",
     "JsonObject",
     "MessageView",
     "Source",
@@ -153,6 +156,7 @@ LOG_REPAIRED = LogRepaired.TYPE
 DECISION_REQUESTED = DecisionRequested.TYPE
 DECISION_RESOLVED = DecisionResolved.TYPE
 OUTPUT_VALIDATED = OutputValidated.TYPE
+CONTEXT_COMPACTED = ContextCompacted.TYPE
 
 #: Every event type Kerman writes, and its view class.
 TYPES: Dict[str, type[EventView]] = {
@@ -175,6 +179,7 @@ TYPES: Dict[str, type[EventView]] = {
         DecisionRequested,
         DecisionResolved,
         OutputValidated,
+        ContextCompacted,
     )
 }
 

@@ -99,6 +99,20 @@ def payload(view: events.EventView) -> JsonDict:
     return data if isinstance(data, dict) else {}
 
 
+def compaction_payload(view: events.ContextCompacted) -> JsonDict:
+    """What a UI shows of a compaction: where it happened and what it replaced (the span, the
+    strategy, the pins, the summary's text), without the replacement messages themselves."""
+    out: JsonDict = {k: v for k, v in payload(view).items() if k not in ("messages", "native")}
+    replacement = view.messages
+    out["seq"] = view.seq
+    out["revert"] = replacement is None
+    texts = [
+        b.get("text", "") for m in replacement or () for b in m.raw.get("content", ()) if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    out["summary"] = "\n".join(texts) if texts else None
+    return out
+
+
 def request_payload(request: events.DecisionRequested) -> JsonDict:
     """A ``decision/requested`` payload as a client sees it: without ``gated``, the gate's
     verdicts on the step's other calls, which the log keeps for resuming the step (a client sees

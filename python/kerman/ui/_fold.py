@@ -103,6 +103,10 @@ class Sink:
     def output_validated(self, output: events.OutputValidated) -> None:
         """The turn's structured output, validated (``output.output``: its JSON value)."""
 
+    def compacted(self, compaction: events.ContextCompacted) -> None:
+        """The history was compacted: from here on, requests see ``compaction.messages`` in
+        place of the span ``first..last`` (docs/context.md, "Compaction")."""
+
 
 class UiFold:
     """The state a UI derives from the log prefix fed so far, and nothing else."""
@@ -262,6 +266,9 @@ class UiFold:
     def _output_validated(self, view: events.OutputValidated) -> None:
         self.sink.output_validated(view)
 
+    def _compacted(self, view: events.ContextCompacted) -> None:
+        self.sink.compacted(view)
+
     def _turn_end(self, view: events.TurnEnd) -> None:
         self._close_open()
         turn = self.turn if self.turn is not None else view.turn
@@ -290,6 +297,7 @@ _HANDLERS: Dict[str, Tuple[Any, Any]] = {
         (events.DecisionRequested, UiFold._decision_requested),
         (events.DecisionResolved, UiFold._decision_resolved),
         (events.OutputValidated, UiFold._output_validated),
+        (events.ContextCompacted, UiFold._compacted),
     )
 }
 # view class -> handler, for an event given as a dict (its view is built first)

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 from .. import events
 from .._core import Event
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, budget_message, payload, public_reason, request_payload
+from ._base import EventLike, JsonDict, Projection, budget_message, compaction_payload, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["AgUiProjection"]
@@ -253,6 +253,9 @@ class AgUiProjection(Projection, f.Sink):
 
     def output_validated(self, output: events.OutputValidated) -> None:
         self._out.append(self._ev("CUSTOM", name="kerman.output/validated", value=payload(output)))
+
+    def compacted(self, compaction: events.ContextCompacted) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.context/compacted", value=compaction_payload(compaction)))
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         raw = payload(resolution)

@@ -24,7 +24,7 @@ from typing import Any, List, Optional
 
 from .. import events
 from . import _fold as f
-from ._base import EventLike, JsonDict, Projection, budget_message, payload, public_reason, request_payload
+from ._base import EventLike, JsonDict, Projection, budget_message, compaction_payload, payload, public_reason, request_payload
 from ._custom import CustomMapping, mapped
 
 __all__ = ["VercelProjection"]
@@ -151,6 +151,9 @@ class VercelProjection(Projection, f.Sink):
 
     def output_validated(self, output: events.OutputValidated) -> None:
         self._out.append({"type": "data-output", "data": payload(output)})
+
+    def compacted(self, compaction: events.ContextCompacted) -> None:
+        self._out.append({"type": "data-compaction", "id": f"compaction-{compaction.seq}", "data": compaction_payload(compaction)})
 
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         outcome = resolution.outcome

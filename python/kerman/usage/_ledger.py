@@ -129,6 +129,9 @@ class Request:
     model: Optional[str] = None
     provider: Optional[str] = None
     totals: Totals = field(default_factory=Totals)
+    #: ``"reply"``: a request of the loop; ``"compaction"``: an LLM summary's request (its
+    #: ``context/compacted`` record's seq in ``seqs``, ``model`` the summary model's).
+    kind: str = "reply"
 
     @property
     def cost(self) -> Optional[Decimal]:
@@ -209,6 +212,8 @@ class Fold:
                 self.turns.append(view.turn)
             elif cls is ev.StepStart:
                 self._turn, self._step = view.turn, view.step
+            elif cls is ev.ContextCompacted:
+                self._compacted(view)
             elif cls is ev.RequestHeader:
                 model = view.options.get("model")
                 self._option_model = model if isinstance(model, str) else None
@@ -240,6 +245,30 @@ class Fold:
         self._record(view.turn, view.step, seqs, outcome, usage, partial, start, view.time)
         self._last_time = view.time
 
+    def _compacted(self, view: Any) -> None:
+        """A compaction that made a request (an LLM summary) counts as one, in the turn it was
+        made in (or the last one, between turns)."""
+        usage = view.usage
+        if usage is None and view.model is None:
+            return  # no model asked: nothing to count
+        turn = view.turn if view.turn is not None else self._turn
+        step = self._step if view.turn is not None else 0
+        option_model, self._option_model = self._option_model, view.model
+        try:
+            self._record(
+                turn,
+                step,
+                (view.seq,),
+                "completed",
+                None if usage is None else dict(usage.raw),
+                False,
+                view.time,
+                view.time,
+                kind="compaction",
+            )
+        finally:
+            self._option_model = option_model
+
     def _settle_chunks(self, end: int) -> None:
         """The chunks in flight are one request that got no message: a failed attempt."""
         chunks, self._chunks = self._chunks, []
@@ -262,6 +291,7 @@ class Fold:
         partial: bool,
         start: int,
         end: int,
+        kind: str = "reply",
     ) -> None:
         failed = outcome == "failed"
         totals = request_totals(usage, failed, partial, end - start)
@@ -271,7 +301,7 @@ class Fold:
         vendor = usage.get("provider") if usage is not None else None
         model = logged if isinstance(logged, str) and logged else self._option_model or self.model
         provider = vendor if isinstance(vendor, str) and vendor else self.provider
-        request = Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals)
+        request = Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals, kind)
         price: Optional[Decimal]
         if usage is None or (totals.tokens and self.pricer is None):
             price = None  # nothing reported, or nothing to price with: unknown, not free
@@ -339,6 +369,7 @@ class Ledger:
                     model=r.model,
                     provider=r.provider,
                     usage=r.usage,
+                    **({"kind": r.kind} if r.kind != "reply" else {}),
                     **{k: v for k, v in r.totals.to_dict().items() if k not in ("requests", "failed", "partial", "toolCalls", "unpriced")},
                 )
                 for r in self.requests

@@ -224,7 +224,7 @@ pub struct PyLoopCore {
     /// Python objects of the history's messages, wrapped once each (aligned with the core's),
     /// in a list of its own that is never handed out: a request gets a slice of it, which
     /// Python copies in one step.
-    history: Mutex<Option<Py<PyList>>>,
+    history: Mutex<Option<(u64, Py<PyList>)>>,
 }
 
 impl PyLoopCore {
@@ -265,16 +265,24 @@ impl PyLoopCore {
     /// The history's messages as a new list, wrapping the ones not wrapped yet; a message that
     /// is one of `known` (the step's entered objects) is that object.
     pub(crate) fn history_list<'py>(&self, py: Python<'py>, known: Option<&Bound<'py, PyList>>) -> PyResult<Bound<'py, PyList>> {
-        let cache = lock(&self.history).as_ref().map(|list| list.clone_ref(py));
+        let cache = lock(&self.history).as_ref().map(|(generation, list)| (*generation, list.clone_ref(py)));
+        let generation = self.shared.history.generation();
         let cache = match cache {
-            Some(list) => list.into_bound(py),
-            None => {
+            // A compaction since the cache was filled reshaped the history: start over.
+            Some((had, list)) if had == generation => list.into_bound(py),
+            _ => {
                 let list = PyList::empty(py);
-                *lock(&self.history) = Some(list.clone().unbind());
+                *lock(&self.history) = Some((generation, list.clone().unbind()));
                 list
             }
         };
-        for message in self.shared.history.since(cache.len()) {
+        let (now, messages) = self.shared.history.since_generation(cache.len());
+        if now != generation {
+            // Compacted meanwhile (another thread's append): read it afresh.
+            *lock(&self.history) = None;
+            return self.history_list(py, known);
+        }
+        for message in messages {
             let same = known.and_then(|known| {
                 known.iter().find(|obj| obj.cast::<super::message::PyMessage>().is_ok_and(|m| Arc::ptr_eq(&m.get().inner, &message)))
             });
@@ -619,9 +627,34 @@ impl PyLoopCore {
         inbox.get().pending_objects(py, &requeued)
     }
 
-    /// The history's messages (user, assistant and tool results, in log order).
+    /// The history's messages (user, assistant and tool results, in log order, compactions
+    /// applied), caught up with the log.
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let parts = self.parts()?;
+        let log = &parts.log.get().inner;
+        self.shared.history.catch_up(log, log.len()).map_err(|e| super::errors::message_err(py, e))?;
         self.history_list(py, None)
+    }
+
+    /// The seqs each history message stands for, `(lo, hi)`, aligned with `history()`.
+    fn history_spans(&self, py: Python<'_>) -> PyResult<Vec<(u64, u64)>> {
+        let parts = self.parts()?;
+        let log = &parts.log.get().inner;
+        self.shared.history.catch_up(log, log.len()).map_err(|e| super::errors::message_err(py, e))?;
+        Ok(self.shared.history.spans())
+    }
+
+    /// Appends a `context/compacted` record (its payload as JSON text) and folds it into the
+    /// history; its seq. A record the core refuses appends nothing (`ValueError`).
+    fn compact(&self, py: Python<'_>, data: &str) -> PyResult<u64> {
+        let parts = self.parts()?;
+        let log = &parts.log.get().inner;
+        let seq = crate::agent_loop::compaction::append(log, data).map_err(|e| match e {
+            crate::agent_loop::compaction::CompactError::Invalid(why) => PyValueError::new_err(why),
+            crate::agent_loop::compaction::CompactError::Log(e) => super::errors::log_err(py, e),
+        })?;
+        self.shared.history.catch_up(log, seq + 1).map_err(|e| super::errors::message_err(py, e))?;
+        Ok(seq)
     }
 
     fn __repr__(&self) -> String {
@@ -641,7 +674,7 @@ impl PyLoopCore {
             }
         }
         if let Ok(history) = self.history.try_lock() {
-            visit.call(history.as_ref())?;
+            visit.call(history.as_ref().map(|(_, list)| list))?;
         }
         Ok(())
     }

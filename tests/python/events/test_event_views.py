@@ -110,8 +110,10 @@ def test_every_type_the_loop_and_inbox_write_has_its_view(session: list[kerman.E
     seen = {e.type for e in session}
     assert seen - set(events.TYPES) == {"plugin/note"}
     # repair's, below; the decisions' in tests/python/decisions/test_views.py; the structured
-    # output's in tests/python/providers/test_structured_output.py
+    # output's in tests/python/providers/test_structured_output.py; compaction's in
+    # tests/python/compaction/test_compaction_views.py
     assert set(events.TYPES) - seen == {
+        events.CONTEXT_COMPACTED,
         events.LOG_DAMAGED,
         events.LOG_REPAIRED,
         events.DECISION_REQUESTED,

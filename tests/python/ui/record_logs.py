@@ -342,6 +342,33 @@ async def structured_output(store: kerman.FileStore) -> None:
     await loop.aclose()
 
 
+async def compaction(store: kerman.FileStore) -> None:
+    """Three turns, then an LLM summary of the first two (the second's question pinned), and a
+    turn after it."""
+    from kerman.compaction import Summarize
+
+    loop = kerman.AgentLoop(
+        ScriptedModel([text_chunks("a0"), text_chunks("a1"), text_chunks("a2"), text_chunks("a3")]), log=store.create("compaction")
+    )
+    for text in ["q0", "q1", "q2"]:
+        loop.followup(text)
+        await loop.when_idle()
+
+    @loop.before_compaction
+    async def pin(compaction, next):
+        compaction.pin(next_of(compaction, "q1"))
+        return await next()
+
+    await loop.compact(Summarize(ScriptedModel([kerman.ModelReply("they said q0 and q1", usage={"input": 40, "output": 6})]), keep=2))
+    loop.followup("q3")
+    await loop.when_idle()
+    await loop.aclose()
+
+
+def next_of(compaction, text):
+    return next(m for m in compaction.messages if m.text == text)
+
+
 async def main(only: list[str]) -> None:
     """Records every scenario, or the ones named on the command line (the others' logs, and so
     their goldens, stay as they are)."""
@@ -349,7 +376,19 @@ async def main(only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom, structured_output):
+        for scenario in (
+            text,
+            tools,
+            steering,
+            queue_edits,
+            rejection,
+            cancellation,
+            errors,
+            decisions,
+            custom,
+            structured_output,
+            compaction,
+        ):
             if only and scenario.__name__ not in only:
                 continue
             await scenario(store)

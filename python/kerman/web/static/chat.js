@@ -136,6 +136,27 @@ function unreadCard(value) {
   scroll();
 }
 
+// A compaction: a divider where it happened, saying what it replaced (the messages above it stay
+// shown: the log keeps them; the model sees the summary instead from here on).
+function compactionCard(value) {
+  const el = document.createElement("details");
+  el.className = "compaction";
+  el.dataset.seq = value.seq;
+  const head = document.createElement("summary");
+  const what = value.revert ? "restored" : "compacted";
+  head.textContent = `history ${what}: events ${value.first}–${value.last} (${value.strategy}, ${value.reason})` +
+    (value.pinned && value.pinned.length ? `, ${value.pinned.length} pinned` : "");
+  el.append(head);
+  if (value.summary) {
+    const body = document.createElement("div");
+    body.className = "text";
+    body.textContent = value.summary;
+    el.append(body);
+  }
+  $("#transcript").append(el);
+  scroll();
+}
+
 function requeued(value) {
   for (const el of document.querySelectorAll(".unread")) {
     if (el.dataset.unreadId !== value.messageId) continue;
@@ -296,6 +317,7 @@ const handlers = {
     else if (e.name === "kerman.requeued") requeued(e.value);
     else if (e.name === "kerman.decision/requested") decisionRequested(e.value, true);
     else if (e.name === "kerman.decision/resolved") decisionResolved(e.value);
+    else if (e.name === "kerman.context/compacted") compactionCard(e.value);
   },
 };
 
