@@ -43,7 +43,9 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import kerman
 
-__all__ = ["KermanDurability", "RUN", "UNIT", "RUN_END"]
+from .pydantic_ai_model import PydanticAIModel, kerman_tool, model, tool_definition
+
+__all__ = ["KermanDurability", "RUN", "UNIT", "RUN_END", "model", "PydanticAIModel", "tool_definition", "kerman_tool"]
 
 RUN = "pydantic-ai/run"
 UNIT = "pydantic-ai/unit"
