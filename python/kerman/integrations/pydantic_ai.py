@@ -47,7 +47,19 @@ import kerman
 from .pydantic_ai_effects import InDoubtCall, ToolPolicy, check_effects, reconcile, resolve_policy
 from .pydantic_ai_model import PydanticAIModel, kerman_tool, model, tool_definition
 
-__all__ = ["KermanDurability", "RUN", "UNIT", "RUN_END", "STARTED", "RAISED", "InDoubtCall", "model", "PydanticAIModel", "tool_definition", "kerman_tool"]
+__all__ = [
+    "KermanDurability",
+    "RUN",
+    "UNIT",
+    "RUN_END",
+    "STARTED",
+    "RAISED",
+    "InDoubtCall",
+    "model",
+    "PydanticAIModel",
+    "tool_definition",
+    "kerman_tool",
+]
 
 RUN = "pydantic-ai/run"
 UNIT = "pydantic-ai/unit"

@@ -71,7 +71,8 @@ def _policy(tool: str, effect: Any, on_in_doubt: Any, where: str) -> ToolPolicy:
         on_in_doubt = "fail" if effect == "write" else "retry"
     elif not callable(on_in_doubt) and on_in_doubt not in POLICIES:
         raise ValueError(
-            f"KermanDurability: tool {tool!r}: on_in_doubt must be 'retry', 'fail' or a function reconcile(call) ({where}), not {on_in_doubt!r}"
+            f"KermanDurability: tool {tool!r}: on_in_doubt must be 'retry', 'fail' or a function reconcile(call) "
+            f"({where}), not {on_in_doubt!r}"
         )
     if on_in_doubt == "retry" and effect == "write":
         raise ValueError(

@@ -373,4 +373,3 @@ def _finish(response: ModelResponse) -> Dict[str, Any]:
         "reason": "max-tokens" if reason == "length" else "stop",
         "providerReason": str(provider_reason or reason or "stop"),
     }
-

@@ -141,7 +141,11 @@ def test_pydantic_ais_openai_model_against_the_loopback_chat_server():
     async def main():
         with FakeServer("openai-chat") as server:
             server.add(
-                Reply(text=["Checking ", "the clock."], tool_calls=[ToolCall("call_9", "clock", '{"tz": "UTC"}')], usage={"input": 40, "output": 12}),
+                Reply(
+                    text=["Checking ", "the clock."],
+                    tool_calls=[ToolCall("call_9", "clock", '{"tz": "UTC"}')],
+                    usage={"input": 40, "output": 12},
+                ),
                 Reply(text="It is 12:00 UTC.", usage={"input": 60, "output": 6, "cacheRead": 32}),
             )
             provider = OpenAIProvider(base_url=server.url, api_key="sk-test")
@@ -178,7 +182,11 @@ def test_pydantic_ais_openai_model_against_the_loopback_chat_server():
     [
         (HttpError(429, "Rate limit reached", kind="rate_limit_exceeded", headers={"retry-after": "3"}), "RATE_LIMITED", "RateLimitError"),
         (HttpError(429, "You exceeded your quota", kind="insufficient_quota"), "QUOTA_EXCEEDED", "RateLimitError"),
-        (HttpError(400, "This model's maximum context length is 8192 tokens", kind="context_length_exceeded"), "CONTEXT_LENGTH_EXCEEDED", "ContextLengthError"),
+        (
+            HttpError(400, "This model's maximum context length is 8192 tokens", kind="context_length_exceeded"),
+            "CONTEXT_LENGTH_EXCEEDED",
+            "ContextLengthError",
+        ),
         (HttpError(401, "Incorrect API key provided", kind="invalid_api_key"), "AUTHENTICATION_FAILED", "AuthenticationError"),
         (HttpError(503, "The server is overloaded"), "OVERLOADED", "OverloadedError"),
         (HttpError(500, "The model had an error", kind="server_error"), "SERVER_ERROR", "ServerError"),
@@ -186,9 +194,9 @@ def test_pydantic_ais_openai_model_against_the_loopback_chat_server():
     ],
 )
 def test_the_openai_models_http_errors_are_classified(error, code, cls):
+    from openai import AsyncOpenAI
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
-    from openai import AsyncOpenAI
 
     async def main():
         with FakeServer("openai-chat") as server:
@@ -264,7 +272,9 @@ def test_history_with_tool_results_and_images_converts_to_pydantic_ai_messages()
 
     history = [
         kerman.UserMessage([{"type": "text", "text": "look"}, {"type": "image", "mediaType": "image/png", "data": "aGk="}]),
-        kerman.AssistantMessage([{"type": "reasoning", "text": "hmm"}, {"type": "tool-call", "id": "c1", "name": "zoom", "arguments": '{"x": 1}'}]),
+        kerman.AssistantMessage(
+            [{"type": "reasoning", "text": "hmm"}, {"type": "tool-call", "id": "c1", "name": "zoom", "arguments": '{"x": 1}'}]
+        ),
         kerman.ToolResultMessage("c1", "zoomed", is_error=True),
         kerman.UserMessage("and now?"),
     ]
