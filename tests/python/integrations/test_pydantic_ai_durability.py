@@ -146,12 +146,14 @@ def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_pa
     header, *lines = capsys.readouterr().out.splitlines()
     assert header.startswith('session "s"') and header.endswith(f"{3 + UNITS} events")
     assert len(lines) == 3 + UNITS, lines
-    assert "pydantic-ai/run " in lines[0] and '"prompt":"Plan a trip to Lyon and book it."' in lines[0]
-    assert "pydantic-ai/started" in lines[4] and '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[4]
+    # Each type has its timeline summary (kerman.timeline), not compact JSON.
+    assert lines[0].endswith('pydantic-ai/run      run 1 agent "trip" prompt "Plan a trip to Lyon and book it."')
+    assert lines[1].endswith('pydantic-ai/unit     run 1 model.request #0 "Checking the weather.", weather({"city":"Lyon"})')
+    assert lines[2].endswith('pydantic-ai/unit     run 1 tool weather #0 → "sunny in Lyon"')
+    assert lines[4].endswith("pydantic-ai/started  run 1 tool book #0 started")
+    assert lines[5].endswith('pydantic-ai/unit     run 1 tool book #0 → "BK-LYON-13"')
     assert all("pydantic-ai/unit" in line for line in lines[1:4] + lines[5:-1])
-    assert '"unit":"trip__model.request","n":0,"run":1' in lines[1]
-    assert '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[5]
-    assert "pydantic-ai/run-end" in lines[-1] and '"output":{"city":"Lyon"' in lines[-1]
+    assert "pydantic-ai/run-end  run 1 output " in lines[-1] and '{"city":"Lyon"' in lines[-1]
 
 
 def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path, monkeypatch):
