@@ -10,13 +10,19 @@ The function gets the event's payload (a ``dict``) and returns a short ``str``; 
 escapes control characters and falls back to compact JSON when the function raises. The types of
 Kerman's integrations (``pydantic-ai/*``, ``openai-agents/*``) are registered here, without
 importing those frameworks, so ``kerman log show`` summarizes them in any environment.
+
+``kerman log show`` runs in a process of its own, which imports no plugin: a package reaches it
+through the ``kerman.timeline`` entry point group, each entry naming a mapping of its types to
+their summary functions (``[project.entry-points."kerman.timeline"] myframework =
+"myframework.kerman:TIMELINE"``), loaded the first time a summary is looked up.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional
 
-__all__ = ["register", "summarizer"]
+__all__ = ["register", "summarizer", "summary"]
 
 Summary = Callable[[Dict[str, Any]], str]
 
@@ -48,4 +54,30 @@ def summarizer(type: str) -> Optional[Summary]:
 
         for name, fn in _timeline.SUMMARIES.items():
             _REGISTRY.setdefault(name, fn)
+        _load_entry_points()
     return _REGISTRY.get(type)
+
+
+def summary(event: Any) -> str:
+    """The one-line summary of an event (an ``Event``, its dict or its view), as ``kerman log
+    show`` prints it after the type: Kerman's own summary, a registered one, or compact JSON."""
+    from .cli._timeline import summarize
+
+    return summarize(event)
+
+
+def _load_entry_points() -> None:
+    """The ``kerman.timeline`` entry points of installed packages; a broken one is skipped with
+    a warning naming it (the timeline still prints, as JSON)."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="kerman.timeline"):
+        try:
+            mapping = entry.load()
+            if not isinstance(mapping, Mapping):
+                raise TypeError(f"it names {mapping!r}, not a mapping of event types to functions")
+            for name, fn in mapping.items():
+                if name not in _REGISTRY:
+                    register(name, fn)
+        except Exception as error:
+            warnings.warn(f"kerman.timeline: entry point {entry.name!r} ({entry.value}) skipped: {error}", stacklevel=2)

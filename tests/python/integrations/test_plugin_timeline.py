@@ -39,20 +39,23 @@ def test_a_summary_that_raises_or_returns_no_str_shows_the_payload_and_control_c
     assert summarize(bell) == "ring\\x07"
 
 
+BOOK = "a__function_toolset__<agent>.call_tool:book"
+
+
 def test_the_integrations_types_are_registered_without_their_frameworks():
     log = _log_with(
         ("openai-agents/items", {"session": "chat-1", "items": [{"role": "user", "content": "hi"}, {"type": "function_call"}]}),
         ("openai-agents/popped", {"session": "chat-1", "index": 1}),
         ("openai-agents/cleared", {"session": "chat-1", "count": 1}),
-        ("pydantic-ai/raised", {"unit": "a__function_toolset__<agent>.call_tool:book", "n": 0, "run": 2, "error": "RuntimeError('down')"}),
-        ("pydantic-ai/unit", {"unit": "a__function_toolset__<agent>.call_tool:book", "n": 1, "run": 2, "result": {"message": "outcome unknown", "kind": "tool_failed"}}),
+        ("pydantic-ai/raised", {"unit": BOOK, "n": 0, "run": 2, "error": "RuntimeError('down')"}),
+        ("pydantic-ai/unit", {"unit": BOOK, "n": 1, "run": 2, "result": {"message": "outcome unknown", "kind": "tool_failed"}}),
     )
     lines = [summarize(e) for e in log.events()]
     assert lines == [
         'session "chat-1" +2: user, function_call',
         'session "chat-1" popped item 1',
         'session "chat-1" cleared 1 items',
-        'run 2 tool book #0 raised "RuntimeError(\'down\')"',
+        "run 2 tool book #0 raised \"RuntimeError('down')\"",
         'run 2 tool book #1 tool failed: "outcome unknown"',
     ]
 
@@ -64,3 +67,22 @@ def test_bad_registrations_are_named():
         timeline.register("turn/end", str)
     with pytest.raises(TypeError, match="summarize must be a function of the payload, not 'x'"):
         timeline.register("myframework/x", "x")  # type: ignore[arg-type]
+
+
+def test_summary_is_the_public_one_line_summary():
+    (cleared,) = list(_log_with(("openai-agents/cleared", {"session": "c", "count": 3})).events())
+    assert timeline.summary(cleared) == 'session "c" cleared 3 items'
+    turn = {"seq": 0, "time": 0, "type": "turn/start", "data": {"turn": 1}}  # a core type, as stored
+    assert timeline.summary(turn) == summarize(turn) == "turn 1"
+
+
+def test_entry_points_register_their_types_and_a_broken_one_is_skipped_with_a_warning(monkeypatch):
+    from importlib import metadata
+
+    good = metadata.EntryPoint("good", "json:loads", "kerman.timeline")
+    bad = metadata.EntryPoint("bad", "json:dumps", "kerman.timeline")
+    monkeypatch.setattr(good.__class__, "load", lambda self: {"epframework/x": lambda d: "x!"} if self.name == "good" else "nope")
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [good, bad] if group == "kerman.timeline" else [])
+    with pytest.warns(UserWarning, match="entry point 'bad' .* skipped: it names 'nope', not a mapping"):
+        timeline._load_entry_points()
+    assert timeline.summarizer("epframework/x")({}) == "x!"
