@@ -90,7 +90,8 @@ def _item_kind(item: Any) -> str:
 
 
 def _oa_items(d: Dict[str, Any]) -> str:
-    items = d.get("items") if isinstance(d.get("items"), list) else []
+    found = d.get("items")
+    items: List[Any] = found if isinstance(found, list) else []
     return f"session {_short(d.get('session'))} +{len(items)}: " + ", ".join(_item_kind(i) for i in items)
 
 
