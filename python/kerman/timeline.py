@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
-__all__ = ["register", "summarizer", "summary"]
+__all__ = ["register", "summarizer"]
 
 Summary = Callable[[Dict[str, Any]], str]
 
@@ -56,14 +56,6 @@ def summarizer(type: str) -> Optional[Summary]:
             _REGISTRY.setdefault(name, fn)
         _load_entry_points()
     return _REGISTRY.get(type)
-
-
-def summary(event: Any) -> str:
-    """The one-line summary of an event (an ``Event``, its dict or its view), as ``kerman log
-    show`` prints it after the type: Kerman's own summary, a registered one, or compact JSON."""
-    from .cli._timeline import summarize
-
-    return summarize(event)
 
 
 def _load_entry_points() -> None:

@@ -69,11 +69,11 @@ def test_bad_registrations_are_named():
         timeline.register("myframework/x", "x")  # type: ignore[arg-type]
 
 
-def test_summary_is_the_public_one_line_summary():
+def test_summarizer_looks_a_plugin_type_up_and_core_types_keep_their_own():
     (cleared,) = list(_log_with(("openai-agents/cleared", {"session": "c", "count": 3})).events())
-    assert timeline.summary(cleared) == 'session "c" cleared 3 items'
+    assert timeline.summarizer(cleared.type)(cleared.data) == summarize(cleared) == 'session "c" cleared 3 items'
     turn = {"seq": 0, "time": 0, "type": "turn/start", "data": {"turn": 1}}  # a core type, as stored
-    assert timeline.summary(turn) == summarize(turn) == "turn 1"
+    assert timeline.summarizer("turn/start") is None and summarize(turn) == "turn 1"
 
 
 def test_entry_points_register_their_types_and_a_broken_one_is_skipped_with_a_warning(monkeypatch):
