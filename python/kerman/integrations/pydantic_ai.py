@@ -15,7 +15,13 @@ docs/frameworks.md for why they are not core types):
 - ``pydantic-ai/run`` ``{run, agent, prompt}``: a run began (``run`` counts from 1 in the session);
 - ``pydantic-ai/unit`` ``{unit, n, run, result}``: unit ``unit`` (its pydantic-ai invocation
   name), the ``n``-th of that name in the run (from 0), completed with ``result`` (JSON);
-- ``pydantic-ai/run-end`` ``{run, output}``: the run returned (``output`` as JSON).
+- ``pydantic-ai/run-end`` ``{run, output}``: the run returned (``output`` as JSON);
+- ``pydantic-ai/started`` ``{unit, n, run}``: a tool call's body is about to run (for tools that
+  must not simply run again; see ``pydantic_ai_effects``): found without a result on resume, the
+  call is in doubt and follows the tool's effect class;
+- ``pydantic-ai/raised`` ``{unit, n, run, error}``: that body raised (the call is over).
+
+Also here: ``model(m)``, any pydantic-ai ``Model`` as a Kerman model (``pydantic_ai_model``).
 """
 
 from __future__ import annotations
