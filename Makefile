@@ -43,8 +43,9 @@ test-deps:
 	@# its OTLP exporter (kerman log otel).
 	$(PY) -m pip install -q --root-user-action=ignore "genai-prices>=0.2.3" "opentelemetry-api>=1.30" "opentelemetry-sdk>=1.30" \
 	  "opentelemetry-exporter-otlp-proto-http>=1.30"
-	@# pydantic-ai-slim: kerman.integrations.pydantic_ai (tests/python/integrations/).
-	$(PY) -m pip install -q --root-user-action=ignore "pydantic-ai-slim>=2.78"
+	@# pydantic-ai-slim: kerman.integrations.pydantic_ai (tests/python/integrations/); dbos: the
+	@# conformance tests run the same agents under pydantic-ai's DBOSDurability (SQLite) for comparison.
+	$(PY) -m pip install -q --root-user-action=ignore "pydantic-ai-slim>=2.78" "dbos>=3.4"
 
 # The PostgreSQL store's tests need a server: scripts/pg-test-server.sh starts a throwaway one on
 # 127.0.0.1 (about 10 s cold, milliseconds when already up) unless KERMAN_PG_DSN names one; when

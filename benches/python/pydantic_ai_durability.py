@@ -63,7 +63,7 @@ class NoJournal(BaseDurabilityCapability[None]):
 def agent(capabilities: List[Any]) -> Agent[None, str]:
     a = Agent(FunctionModel(model), name="bench", capabilities=capabilities)
 
-    @a.tool_plain
+    @a.tool_plain(metadata={"kerman_effect": "read"})  # a read: no started marker (a write would add one append)
     def clock(tz: str) -> str:
         """Returns the time in a time zone."""
         return f"12:00 {tz}"

@@ -72,6 +72,11 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="MODULE:FACTORY",
         help="what builds each session's model or AgentLoop (needed for a FileStore), e.g. kerman.models:EchoModel",
     )
+    serve.add_argument(
+        "--custom",
+        metavar="MODULE:FUNCTION",
+        help="the mapping of plugin event types to AG-UI CUSTOM events and Vercel data-* parts (default: every type as it is)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_natural, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--token", default=None, help="bearer token every request must carry (default: $KERMAN_TOKEN)")

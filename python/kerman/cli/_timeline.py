@@ -406,7 +406,26 @@ def summarize(event: object) -> str:
             return handler(v)
         except Exception:  # odd data in a known type: show it raw
             pass
+    elif handler is None and isinstance(v.data, dict):
+        plugin = _plugin_summary(event, v.data)
+        if plugin is not None:
+            return plugin
     return compact_json(v.data)
+
+
+def _plugin_summary(event: object, data: Dict[str, Any]) -> Optional[str]:
+    """A plugin type's registered summary (``kerman.timeline``), escaped; ``None`` without one
+    or when it raises."""
+    from .. import timeline
+
+    try:
+        fn = timeline.summarizer(str(_parts(event)[2]))
+        if fn is None:
+            return None
+        text = fn(data)
+        return _escape(text) if isinstance(text, str) else None
+    except Exception:  # a plugin's bug: the payload as it is
+        return None
 
 
 def _clock(time_ms: Any, t0: Any) -> str:

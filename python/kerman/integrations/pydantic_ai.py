@@ -15,7 +15,13 @@ docs/frameworks.md for why they are not core types):
 - ``pydantic-ai/run`` ``{run, agent, prompt}``: a run began (``run`` counts from 1 in the session);
 - ``pydantic-ai/unit`` ``{unit, n, run, result}``: unit ``unit`` (its pydantic-ai invocation
   name), the ``n``-th of that name in the run (from 0), completed with ``result`` (JSON);
-- ``pydantic-ai/run-end`` ``{run, output}``: the run returned (``output`` as JSON).
+- ``pydantic-ai/run-end`` ``{run, output}``: the run returned (``output`` as JSON);
+- ``pydantic-ai/started`` ``{unit, n, run}``: a tool call's body is about to run (for tools that
+  must not simply run again; see ``pydantic_ai_effects``): found without a result on resume, the
+  call is in doubt and follows the tool's effect class;
+- ``pydantic-ai/raised`` ``{unit, n, run, error}``: that body raised (the call is over).
+
+Also here: ``model(m)``, any pydantic-ai ``Model`` as a Kerman model (``pydantic_ai_model``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ try:
         DurableOperationId,
         JournalCallableOperationBackend,
         RoleBasedOperationConfig,
+        ToolsetCallToolId,
     )
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.tools import AgentDepsT, RunContext
@@ -43,11 +50,28 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import kerman
 
-__all__ = ["KermanDurability", "RUN", "UNIT", "RUN_END"]
+from .pydantic_ai_effects import InDoubtCall, ToolPolicy, check_effects, reconcile, resolve_policy
+from .pydantic_ai_model import PydanticAIModel, kerman_tool, model, tool_definition
+
+__all__ = [
+    "KermanDurability",
+    "RUN",
+    "UNIT",
+    "RUN_END",
+    "STARTED",
+    "RAISED",
+    "InDoubtCall",
+    "model",
+    "PydanticAIModel",
+    "tool_definition",
+    "kerman_tool",
+]
 
 RUN = "pydantic-ai/run"
 UNIT = "pydantic-ai/unit"
 RUN_END = "pydantic-ai/run-end"
+STARTED = "pydantic-ai/started"
+RAISED = "pydantic-ai/raised"
 
 _Store = Union["kerman.FileStore", "kerman.MemoryStore", "kerman.PostgresStore"]
 
@@ -56,11 +80,20 @@ class _Journal:
     """The journal of one run in the session: the results logged by earlier attempts of the run,
     and the occurrence counter of each unit name in this attempt."""
 
-    def __init__(self, log: kerman.SessionLog, run: int, logged: dict[tuple[str, int], Any], *, flush: bool) -> None:
+    def __init__(
+        self,
+        log: kerman.SessionLog,
+        run: int,
+        logged: dict[tuple[str, int], Any],
+        *,
+        flush: bool,
+        started: set[tuple[str, int]] | None = None,
+    ) -> None:
         self.log = log
         self.flush = flush
         self.run = run
         self.logged = logged
+        self.started = started or set()
         self.counts: dict[str, int] = {}
         self.replayed = 0
 
@@ -78,28 +111,57 @@ class _Journal:
             await self.log.flush()
         self._logged()
 
+    async def mark(self, name: str, n: int) -> None:
+        """One durable append before a tool's body runs: a resume that finds it without a result
+        knows the call is in doubt."""
+        self.log.append(STARTED, {"unit": name, "n": n, "run": self.run})
+        if self.flush:
+            await self.log.flush()
+        self._marked()
+
     def _logged(self) -> None:
         """Called after each unit's result is durable (the crash tests stop the process here)."""
+
+    def _marked(self) -> None:
+        """Called after a started marker is durable, before the tool's body runs (the crash tests
+        stop the process here: a call in doubt)."""
 
 
 _JOURNAL: ContextVar[_Journal | None] = ContextVar("kerman_pydantic_ai_journal", default=None)
 
 
-def _runs(log: kerman.SessionLog) -> tuple[int, bool, dict[str, Any] | None, dict[tuple[str, int], Any]]:
-    """``(last run, whether it ended, its start payload, its logged units)`` of the session."""
-    run, ended, start = 0, True, None
-    units: dict[tuple[str, int], Any] = {}
-    for event in log.events(types=[RUN, UNIT, RUN_END]):
+@dataclass
+class _LastRun:
+    """The session's last run as the log has it."""
+
+    run: int = 0
+    ended: bool = True
+    start: dict[str, Any] | None = None
+    units: dict[tuple[str, int], Any] | None = None
+    started: set[tuple[str, int]] | None = None
+
+
+def _runs(log: kerman.SessionLog) -> _LastRun:
+    """The session's last run: its number, whether it ended, its start payload, its logged
+    units and the tool calls marked started."""
+    last = _LastRun()
+    for event in log.events(types=[RUN, UNIT, RUN_END, STARTED, RAISED]):
         data = event.data
         if not isinstance(data, dict):
             continue
         if event.type == RUN:
-            run, ended, start, units = int(data["run"]), False, data, {}
-        elif event.type == RUN_END and data.get("run") == run:
-            ended = True
-        elif event.type == UNIT and data.get("run") == run:
-            units[(str(data["unit"]), int(data["n"]))] = data.get("result")
-    return run, ended, start, units
+            last = _LastRun(int(data["run"]), False, data, {}, set())
+        elif data.get("run") != last.run or last.units is None or last.started is None:
+            continue
+        elif event.type == RUN_END:
+            last.ended = True
+        elif event.type == UNIT:
+            last.units[(str(data["unit"]), int(data["n"]))] = data.get("result")
+        elif event.type == STARTED:
+            last.started.add((str(data["unit"]), int(data["n"])))
+        elif event.type == RAISED:
+            last.started.discard((str(data["unit"]), int(data["n"])))
+    return last
 
 
 def _jsonable(value: Any) -> Any:
@@ -109,8 +171,11 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-class _Backend(JournalCallableOperationBackend[None]):
-    """Runs each unit's body once per session: a logged result is returned as it was logged."""
+class _Backend(JournalCallableOperationBackend[Any]):
+    """Runs each unit's body once per session: a logged result is returned as it was logged; a
+    tool call marked started without a result follows the tool's effect policy."""
+
+    session_id = ""
 
     async def execute(
         self,
@@ -119,7 +184,7 @@ class _Backend(JournalCallableOperationBackend[None]):
         name: str,
         body: Callable[[], Awaitable[object]],
         cache_key: tuple[object, ...],
-        config: None,
+        config: Any,
     ) -> object:
         journal = _JOURNAL.get()
         if journal is None:  # a unit outside a run (nothing to journal it in)
@@ -129,7 +194,23 @@ class _Backend(JournalCallableOperationBackend[None]):
         if key in journal.logged:
             journal.replayed += 1
             return journal.logged[key]
-        result = await body()
+        policy = config if isinstance(config, ToolPolicy) and isinstance(operation_id, ToolsetCallToolId) else None
+        if policy is not None and key in journal.started:
+            call = InDoubtCall(policy.tool, name, n, journal.run, self.session_id)
+            again, logged = await reconcile(policy, call)
+            if not again:
+                await journal.record(name, n, logged)
+                return logged
+        if policy is None or not policy.needs_marker:
+            result = await body()
+        else:
+            await journal.mark(name, n)
+            try:
+                result = await body()
+            except Exception as error:
+                # The body returned control: the call is over (failed), not in doubt.
+                journal.log.append(RAISED, {"unit": name, "n": n, "run": journal.run, "error": repr(error)[:500]})
+                raise
         await journal.record(name, n, result)
         return result
 
@@ -176,11 +257,12 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         sequential_tools_in_durable_context=True,
     )
 
-    def __init__(self, store: _Store, *, session_id: str, name: str | None = None) -> None:
+    def __init__(self, store: _Store, *, session_id: str, name: str | None = None, effects: dict[str, Any] | None = None) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")
         if not hasattr(store, "exists") or not hasattr(store, "create"):
             raise TypeError(f"KermanDurability: store must be a Kerman store (FileStore, MemoryStore, PostgresStore), not {store!r}")
+        self._effects = check_effects(effects)
         super().__init__(name=name)
         self._session = _Session(store, session_id)
 
@@ -197,6 +279,15 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         """The session's log (opened, or created, on first use)."""
         return self._session.open()
 
+    def pending_prompt(self) -> Any:
+        """The prompt of the session's interrupted run (its last ``pydantic-ai/run`` without a
+        ``pydantic-ai/run-end``), as logged; ``None`` when no run is interrupted. A process
+        that restarts after a crash resumes it with ``agent.run(durability.pending_prompt())``."""
+        last = _runs(self._session.open())
+        if last.ended or last.start is None:
+            return None
+        return last.start.get("prompt")
+
     def close(self) -> None:
         """Close the session's log (the next run opens it again)."""
         if self._session.log is not None:
@@ -209,20 +300,28 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         return True
 
     def get_durable_operation_backend(self) -> _Backend:
-        return _Backend(
+        effects = self._effects
+
+        def tool_policy(operation_id: Any, tool: Any, tool_name: str) -> ToolPolicy:
+            return resolve_policy(effects, tool, tool_name)
+
+        backend = _Backend(
             agent_name=self.name,
             default_model_id=self.default_model_id,
-            config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
+            config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None, resolve_tool=tool_policy),
         )
+        backend.session_id = self.session_id
+        return backend
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
         if _JOURNAL.get() is not None:
             raise UserError("KermanDurability: a run inside a journalled run (a nested agent) needs a session of its own")
         log = self._session.open()
-        run, ended, start, units = _runs(log)
+        last = _runs(log)
+        run, start, units, started = last.run, last.start, last.units or {}, last.started or set()
         prompt = _jsonable(ctx.prompt)
-        if ended:
-            run, units = run + 1, {}
+        if last.ended:
+            run, units, started = run + 1, {}, set()
             log.append(RUN, {"run": run, "agent": self.name, "prompt": prompt})
         elif start is not None and start.get("prompt") != prompt:
             raise UserError(
@@ -230,7 +329,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
                 f"{start.get('prompt')!r}; resume it with the same prompt, not {prompt!r}, or start anew in another session"
             )
         # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
-        journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore))
+        journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore), started=started)
         token = _JOURNAL.set(journal)
         try:
             result = await super().wrap_run(ctx, handler=handler)

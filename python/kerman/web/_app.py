@@ -123,6 +123,7 @@ def create_app(
     max_streams: int = 128,
     idle_session: float = 300.0,
     max_sessions: int = 256,
+    custom: Optional[Callable[..., Any]] = None,
 ) -> Starlette:
     """The web app over ``store`` (docs/web.md).
 
@@ -137,9 +138,12 @@ def create_app(
     on an idle stream; ``send_timeout``: seconds a stream waits for a client to take a piece
     before it gives the client up; ``max_streams``: open streams per client address.
     ``idle_session``: seconds after which an unused, idle session is closed; ``max_sessions``:
-    sessions held open at most.
+    sessions held open at most. ``custom``: the mapping of plugin event types to AG-UI ``CUSTOM``
+    events and Vercel ``data-*`` parts (``kerman.ui.default_custom`` when ``None``; docs/web.md).
     """
-    sessions = Sessions(store, model, idle_after=idle_session, max_open=max_sessions, grace=body_timeout + 5.0)
+    if custom is not None and not callable(custom):
+        raise TypeError(f"create_app: custom must be a function of an event returning a kerman.ui.Custom or None, not {custom!r}")
+    sessions = Sessions(store, model, idle_after=idle_session, max_open=max_sessions, grace=body_timeout + 5.0, custom=custom)
     roots = [str(store.root)] if hasattr(store, "root") else []
 
     async def page(request: Request) -> Response:

@@ -21,7 +21,7 @@ from typing import AsyncIterator, Optional
 from sse_starlette import ServerSentEvent
 
 from .. import SessionLog
-from ..ui import AgUiProjection, ResumePoint, VercelProjection
+from ..ui import AgUiProjection, CustomMapping, ResumePoint, VercelProjection
 
 __all__ = ["Feed"]
 
@@ -37,8 +37,9 @@ def _frame(data: str, event_id: Optional[str]) -> bytes:
 class Feed:
     """The SSE frames of one protocol over one session's log, growing as the log does."""
 
-    def __init__(self, session_log: SessionLog, protocol: str, thread_id: str) -> None:
+    def __init__(self, session_log: SessionLog, protocol: str, thread_id: str, custom: Optional[CustomMapping] = None) -> None:
         self.protocol = protocol
+        self._custom = custom  # the custom-event mapping of the AG-UI and Vercel projections
         self._keys: list[tuple[int, int]] = []  # (seq, index) of each frame, in order
         self._frames: list[bytes] = []
         self._changed = asyncio.Event()
@@ -52,7 +53,8 @@ class Feed:
                 async for event in session_log.tail(start=0):
                     self._add([((event.seq, 0), _frame(event.to_json(), str(event.seq)))])
                 return
-            projection = AgUiProjection(thread_id) if self.protocol == "agui" else VercelProjection()
+            custom = self._custom
+            projection = AgUiProjection(thread_id, custom=custom) if self.protocol == "agui" else VercelProjection(custom=custom)
             async for event in session_log.tail(start=0):
                 outs = projection.feed(event)
                 if outs:

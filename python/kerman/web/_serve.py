@@ -30,6 +30,18 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
+def _load_custom(spec: str) -> Callable[..., Any]:
+    """``--custom module:function``: the custom-event mapping of the UI streams."""
+    try:
+        value = load_object(spec, "--custom")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if not callable(value):
+        raise UsageError(f"--custom {spec!r} is not callable")
+    mapping: Callable[..., Any] = value
+    return mapping
+
+
 def _store(spec: str) -> Any:
     import kerman
 
@@ -87,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
     token: Optional[str] = args.token or os.environ.get("KERMAN_TOKEN") or None
     try:
         factory = load_factory(args.model) if args.model else None
+        custom = _load_custom(args.custom) if getattr(args, "custom", None) else None
         store = _store(args.store)
         if factory is None and not args.store.startswith(("postgresql://", "postgres://")):
             raise UsageError(
@@ -108,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
             max_streams=args.max_streams,
             idle_session=args.idle_session,
             max_sessions=args.max_sessions,
+            custom=custom,
         )
         sock = _bind(args.host, args.port)
     except UsageError as error:

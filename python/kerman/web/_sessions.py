@@ -58,6 +58,7 @@ class Session:
     locked: bool = False  # followed because another process held it: try again to own it
     used: float = field(default_factory=time.monotonic)
     streams: int = 0  # open event streams
+    custom: Optional[Callable[..., Any]] = None  # the server's custom-event mapping
 
     def idle(self) -> bool:
         """Nothing would be lost by closing it now: no stream reads it, its loop runs no turn."""
@@ -67,7 +68,7 @@ class Session:
         """The shared stream of ``protocol`` over this session's log."""
         feed = self.feeds.get(protocol)
         if feed is None:
-            feed = self.feeds[protocol] = Feed(self.log, protocol, self.id)
+            feed = self.feeds[protocol] = Feed(self.log, protocol, self.id, self.custom)
         return feed
 
     def info(self) -> JsonDict:
@@ -91,9 +92,17 @@ class Sessions:
     """The sessions of one store, opened on first use. All methods run on the server's event loop."""
 
     def __init__(
-        self, store: Any, factory: Optional[Callable[..., Any]], *, idle_after: float = 300.0, max_open: int = 256, grace: float = 35.0
+        self,
+        store: Any,
+        factory: Optional[Callable[..., Any]],
+        *,
+        idle_after: float = 300.0,
+        max_open: int = 256,
+        grace: float = 35.0,
+        custom: Optional[Callable[..., Any]] = None,
     ) -> None:
         self.store = store
+        self.custom = custom
         self.idle_after = idle_after
         self.max_open = max_open
         # a request may hold a session it got for as long as its body takes to arrive: the cap
@@ -220,7 +229,7 @@ class Sessions:
             log.exception("closing session %r", session.id)
 
     async def _follow(self, session_id: str) -> Session:
-        session = Session(session_id, self.store.follow(session_id), followed=True)
+        session = Session(session_id, self.store.follow(session_id), followed=True, custom=self.custom)
         if self.distributed:
             session.owner_note = "with a PostgresStore the workers own the sessions; this server follows and enqueues"
         self._open[session_id] = session
@@ -232,7 +241,7 @@ class Sessions:
         except BaseException:
             log_.close()
             raise
-        session = Session(log_.id, log_, loop)
+        session = Session(log_.id, log_, loop, custom=self.custom)
         self._open[log_.id] = session
         # Crashed turns are answered: "continue" unless the factory's loop chose, at once.
         _continuation.adopt(loop)

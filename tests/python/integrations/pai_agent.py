@@ -3,10 +3,14 @@ conversation so far (so a resumed run asks for the same things), two tools and s
 output. Every model call and every tool execution appends one line to a file in ``trace_dir``,
 so a test counts what ran, across processes.
 
-Also a child process (``python pai_agent.py KIND WHERE SESSION TRACE_DIR KILL_AFTER``): runs the
-agent once under ``KermanDurability``, kills itself with SIGKILL right after the
-``KILL_AFTER``-th unit result of this process is durable (0: never), and prints the output as
-JSON when the run ends."""
+The weather tool is a read (``kerman_effect`` in its metadata), book a write (the default): a
+book call in doubt fails with an outcome-unknown result, a weather call runs again.
+
+Also a child process (``python pai_agent.py KIND WHERE SESSION TRACE_DIR KILL_AFTER [KILL_IN]``):
+runs the agent once under ``KermanDurability``, kills itself with SIGKILL right after the
+``KILL_AFTER``-th unit result of this process is durable (0: never), or inside tool ``KILL_IN``
+right after its effect (its trace line) is written, and prints the output as JSON when the run
+ends."""
 
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ def build(trace_dir: Path, capabilities: list[Any]) -> Agent[None, Booking]:
 
     agent = Agent(FunctionModel(model), name="trip", output_type=Booking, capabilities=capabilities)
 
-    @agent.tool_plain
+    @agent.tool_plain(metadata={"kerman_effect": "read"})
     def weather(city: str) -> str:
         """The weather in a city."""
         _trace(trace_dir, "weather.log", city)
@@ -75,8 +79,18 @@ def _store(kind: str, where: str) -> Any:
     return kerman.PostgresStore(where, lease_ttl=0)  # lease_ttl=0: a killed owner's lease lapses at once
 
 
-async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int) -> None:
+async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int, kill_in: str = "") -> None:
     from kerman.integrations import pydantic_ai as kp
+
+    if kill_in:
+        real = _trace
+
+        def trace_then_die(trace_dir: Path, name: str, line: str) -> None:
+            real(trace_dir, name, line)
+            if name == f"{kill_in}.log":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        globals()["_trace"] = trace_then_die
 
     if kill_after:
         logged = 0
@@ -96,4 +110,4 @@ async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_afte
 
 if __name__ == "__main__":
     kind, where, session, trace, kill = sys.argv[1:6]
-    asyncio.run(_child(kind, where, session, Path(trace), int(kill)))
+    asyncio.run(_child(kind, where, session, Path(trace), int(kill), sys.argv[6] if len(sys.argv) > 6 else ""))

@@ -22,7 +22,7 @@ from pydantic_ai.exceptions import UserError  # noqa: E402
 
 import kerman  # noqa: E402
 from conftest import fresh_schema_dsn  # noqa: E402
-from kerman.integrations.pydantic_ai import RUN, RUN_END, UNIT, KermanDurability  # noqa: E402
+from kerman.integrations.pydantic_ai import RAISED, RUN, RUN_END, STARTED, UNIT, KermanDurability  # noqa: E402
 
 CHILD = Path(__file__).with_name("pai_agent.py")
 UNITS = 5  # model, weather, model, book, model
@@ -83,7 +83,8 @@ def test_the_uninterrupted_child_logs_one_unit_per_model_request_and_tool_call(t
         units = [e.data["unit"] for e in log.events(types=[UNIT])]
     finally:
         log.close()
-    assert types == [RUN] + [UNIT] * UNITS + [RUN_END]
+    # book is a write: marked started before its body runs (weather, a read, is not).
+    assert types == [RUN, UNIT, UNIT, UNIT, STARTED, UNIT, UNIT, RUN_END]
     assert units == [
         "trip__model.request",
         "trip__function_toolset__<agent>.call_tool:weather",
@@ -143,13 +144,16 @@ def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_pa
     capsys.readouterr()
     assert cli.main(["log", "show", str(root), "s"]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
-    assert header.startswith('session "s"') and header.endswith(f"{2 + UNITS} events")
-    assert len(lines) == 2 + UNITS, lines
-    assert "pydantic-ai/run " in lines[0] and '"prompt":"Plan a trip to Lyon and book it."' in lines[0]
-    assert all("pydantic-ai/unit" in line for line in lines[1:-1])
-    assert '"unit":"trip__model.request","n":0,"run":1' in lines[1]
-    assert '"unit":"trip__function_toolset__<agent>.call_tool:book","n":0' in lines[4]
-    assert "pydantic-ai/run-end" in lines[-1] and '"output":{"city":"Lyon"' in lines[-1]
+    assert header.startswith('session "s"') and header.endswith(f"{3 + UNITS} events")
+    assert len(lines) == 3 + UNITS, lines
+    # Each type has its timeline summary (kerman.timeline), not compact JSON.
+    assert lines[0].endswith('pydantic-ai/run      run 1 agent "trip" prompt "Plan a trip to Lyon and book it."')
+    assert lines[1].endswith('pydantic-ai/unit     run 1 model.request #0 "Checking the weather.", weather({"city":"Lyon"})')
+    assert lines[2].endswith('pydantic-ai/unit     run 1 tool weather #0 → "sunny in Lyon"')
+    assert lines[4].endswith("pydantic-ai/started  run 1 tool book #0 started")
+    assert lines[5].endswith('pydantic-ai/unit     run 1 tool book #0 → "BK-LYON-13"')
+    assert all("pydantic-ai/unit" in line for line in lines[1:4] + lines[5:-1])
+    assert "pydantic-ai/run-end  run 1 output " in lines[-1] and '{"city":"Lyon"' in lines[-1]
 
 
 def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path, monkeypatch):
@@ -171,7 +175,8 @@ def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path
     agent = build(tmp_path, [durability])
     with pytest.raises(RuntimeError, match="the booking service is down"):
         _run(agent)
-    assert [e.type for e in durability.log.events()] == [RUN, UNIT, UNIT, UNIT]
+    # book's body raised: the call is over (it returned control), not in doubt, and runs again.
+    assert [e.type for e in durability.log.events()] == [RUN, UNIT, UNIT, UNIT, STARTED, RAISED]
     assert _run(agent).output.model_dump() == EXPECTED
     assert _lines(tmp_path, "model.log") == ["0", "1", "2"]
     assert _lines(tmp_path, "weather.log") == ["Lyon"]
