@@ -671,7 +671,7 @@ RENDER = {
     "gemini": (_gemini_events, _gemini_json),
 }
 
-PATHS = {
+PATHS: Dict[str, Callable[[str], bool]] = {
     "openai-chat": lambda p: p == "/v1/chat/completions",
     "openai-responses": lambda p: p in ("/v1/responses", "/v1/responses/compact"),
     "anthropic": lambda p: p == "/v1/messages",
