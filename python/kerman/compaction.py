@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._core import Message, ToolResultMessage, UserMessage
+from ._core import AssistantMessage, Message, ToolResultMessage, UserMessage
 from .errors import ModelError
 from .events import ContextCompacted
 from .hooks import ModelReply, ModelRequest, Retry
@@ -38,6 +38,7 @@ __all__ = [
     "SlidingWindow",
     "Summarize",
     "Revert",
+    "OpenAICompact",
     "Compactor",
     "BeforeCompactionListener",
     "compact",
@@ -222,6 +223,42 @@ class Revert(Strategy):
 
     async def replace(self, compaction: Compaction) -> None:
         compaction.replacement = None
+
+
+class OpenAICompact(Strategy):
+    """OpenAI's own compaction (the Responses API's ``responses.compact``), through ``provider``
+    (a ``kerman.providers.OpenAIResponses``): the span's messages go to the API, and what it
+    returns (the user messages and an encrypted ``compaction`` item) stands for the span as one
+    assistant message of reasoning blocks carrying the items (``{"openai": {"item": ...}}``),
+    which only ``OpenAIResponses`` sends (as the items, verbatim); the other providers leave
+    them out. The items are also the record's ``native``."""
+
+    name = "openai-compact"
+
+    def __init__(self, provider: Any, keep: int = 4) -> None:
+        super().__init__(keep)
+        from .providers import OpenAIResponses
+
+        if not isinstance(provider, OpenAIResponses):
+            raise TypeError(f"OpenAICompact needs a kerman.providers.OpenAIResponses, got {type(provider).__name__}")
+        self.provider = provider
+
+    async def replace(self, compaction: Compaction) -> None:
+        provider = self.provider
+        items = [item for m in compaction.unpinned for item in provider._convert(m, None)]
+        response = await provider.client.responses.compact(model=provider.model, input=items)
+        output = [item.model_dump(exclude_none=True) for item in response.output]
+        if not any(item.get("type") == "compaction" for item in output):
+            raise ModelError("responses.compact returned no compaction item")
+        blocks: List[Dict[str, Any]] = [{"type": "reasoning", "text": "", "openai": {"item": item}} for item in output]
+        compaction.replacement = [AssistantMessage(blocks)]
+        compaction.native = {"provider": "openai-responses", "items": output}
+        compaction.model = provider.model
+        usage = getattr(response, "usage", None)
+        compaction.usage = {k: v for k, v in provider._usage(usage).items() if k != "type"} if usage is not None else None
+
+    def __repr__(self) -> str:
+        return f"OpenAICompact({self.provider!r}, keep={self.keep})"
 
 
 async def _call(model: Any, request: ModelRequest) -> Tuple[str, Optional[Dict[str, Any]]]:

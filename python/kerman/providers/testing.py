@@ -671,9 +671,9 @@ RENDER = {
     "gemini": (_gemini_events, _gemini_json),
 }
 
-PATHS = {
+PATHS: Dict[str, Callable[[str], bool]] = {
     "openai-chat": lambda p: p == "/v1/chat/completions",
-    "openai-responses": lambda p: p == "/v1/responses",
+    "openai-responses": lambda p: p in ("/v1/responses", "/v1/responses/compact"),
     "anthropic": lambda p: p == "/v1/messages",
     "gemini": lambda p: (
         p.startswith(("/v1beta/models/", "/v1/models/")) and (p.endswith(":generateContent") or p.endswith(":streamGenerateContent"))
