@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any, List
 
+from .. import FileStore
 from .._doubt import unanswered
 from ..errors import SessionLockedError
 from ._common import STORE_HELP, _Exit, _is_dsn, _out, _postgres, _session_call, _shown_id, _store
@@ -74,7 +75,9 @@ def _cmd_in_doubt(args: argparse.Namespace) -> int:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    store = _postgres(args.store) if _is_dsn(args.store) else _store(args.store)
+    # An operator's one write: a folder is opened synced (the reading commands open it with
+    # durability="none").
+    store = _postgres(args.store) if _is_dsn(args.store) else FileStore(_store(args.store).root, durability="strict")
 
     def resolve(sid: str) -> int:
         seq: int = store.resolve(sid, args.call_id, args.text, is_error=args.error)
