@@ -39,6 +39,18 @@ pub enum Gate {
     Failed(String),
 }
 
+impl Gate {
+    /// The default gate's verdict for a tool whose `needs_approval` is a bool: ask a person
+    /// (no note, schema or expiry), or run. A predicate is the host's to call.
+    pub fn by_default(needs_approval: bool) -> Gate {
+        if needs_approval {
+            Gate::Ask(Ask::default())
+        } else {
+            Gate::Run
+        }
+    }
+}
+
 /// A gate's question: `schema` (JSON text) makes it ask for an answer rather than an approval.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Ask {

@@ -13,6 +13,7 @@ mod context;
 pub(super) mod decide;
 mod delegate;
 mod driver;
+mod gate;
 mod read;
 mod run;
 mod seams;
@@ -60,7 +61,6 @@ pub(crate) struct Classes {
     pub edit: Py<PyAny>,
     pub ask: Py<PyAny>,
     pub user_message: Py<PyAny>,
-    pub next: Py<PyAny>,
     pub json_dumps: Py<PyAny>,
     pub json_decoder: Py<PyAny>,
     pub canonical: Py<PyDict>,
@@ -108,7 +108,6 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             edit: get(&decisions, "Edit")?,
             ask: get(&decisions, "Ask")?,
             user_message: get(&core, "UserMessage")?,
-            next: get(&core, "Next")?,
             json_dumps: get(&py.import("json")?, "dumps")?,
             json_decoder: read::arguments_decoder(py)?.unbind(),
             canonical: {
