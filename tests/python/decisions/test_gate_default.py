@@ -78,7 +78,9 @@ def test_a_predicate_still_goes_through_the_default_gate(default_calls: List[str
             asked.append(call.arguments)
             return bool(call.arguments["a"])
 
-        loop = AgentLoop(ScriptedModel([calls(("c1", "t", {"a": 0}), ("c2", "t", {"a": 1})), "done"]), tools=[tool("t", ran, needs_approval=needs)])
+        loop = AgentLoop(
+            ScriptedModel([calls(("c1", "t", {"a": 0}), ("c2", "t", {"a": 1})), "done"]), tools=[tool("t", ran, needs_approval=needs)]
+        )
         loop.followup("go")
         await loop.when_idle()
         assert asked == [{"a": 0}, {"a": 1}]
