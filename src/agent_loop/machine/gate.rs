@@ -98,15 +98,6 @@ pub(super) struct Gating {
     verdicts_given: Vec<Gated>,
 }
 
-/// The result an answer gives its call: a string as it is, any other JSON as its text.
-fn answered(value: Option<&str>) -> Outcome {
-    let value = value.unwrap_or("null");
-    match serde_json::from_str::<serde_json::Value>(value) {
-        Ok(serde_json::Value::String(text)) => Outcome::text(text),
-        _ => Outcome::text(value),
-    }
-}
-
 impl Machine {
     /// Gates the calls that have no verdict yet, in call order.
     pub(super) fn gate_calls(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, mut verdicts: Vec<Verdict>) -> Effect {
@@ -273,17 +264,15 @@ impl Machine {
                     Verdict::Preset(Outcome::mismatch())
                 }
                 Some((_, None)) => unreachable!("a ready step has every request resolved"),
-                Some((_, Some(resolution))) => match resolution.outcome {
-                    // A decision to run always carries its digest; one without never matches.
-                    Resolved::Approved => Verdict::Run { arguments: None, digest: Some(resolution.digest.clone().unwrap_or_default()) },
-                    Resolved::Edited => Verdict::Run {
-                        arguments: Some(resolution.arguments.clone().unwrap_or_default()),
+                // One mapping of outcomes with the crash closers: what does not run gets the
+                // result `preset_outcome` gives it; a decision to run always carries its digest
+                // (one without never matches).
+                Some((_, Some(resolution))) => match decisions::preset_outcome(resolution, name) {
+                    Some(outcome) => Verdict::Preset(outcome),
+                    None => Verdict::Run {
+                        arguments: (resolution.outcome == Resolved::Edited).then(|| resolution.arguments.clone().unwrap_or_default()),
                         digest: Some(resolution.digest.clone().unwrap_or_default()),
                     },
-                    Resolved::Denied => Verdict::Preset(Outcome::denied(name, resolution.reason.as_deref())),
-                    Resolved::Answered => Verdict::Preset(answered(resolution.value.as_deref())),
-                    Resolved::Expired => Verdict::Preset(Outcome::expired(name)),
-                    Resolved::Cancelled => Verdict::Preset(Outcome::aborted_before()),
                 },
             })
             .collect();
