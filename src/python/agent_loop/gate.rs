@@ -31,7 +31,7 @@ fn constant_need(tools: &Bound<'_, PyDict>, name: &str) -> Option<bool> {
     let tool = tools.get_item(name).ok()?;
     let Some(tool) = tool.filter(|t| !t.is_none()) else { return Some(false) };
     let needs = tool.getattr_opt(intern!(py, "needs_approval")).ok()??;
-    needs.cast::<PyBool>().ok().map(|b| b.is_true())
+    needs.cast::<PyBool>().ok().map(PyBoolMethods::is_true)
 }
 
 /// The verdict object `default_gate` returns for a constant `needs_approval`.
