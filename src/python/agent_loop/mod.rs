@@ -1,8 +1,8 @@
 //! The binding of `crate::agent_loop`: the `LoopCore` an `AgentLoop` holds (the loop's state,
 //! read through typed accessors), and the `Driver` that runs a turn machine as the loop's
 //! asyncio Task, turning its effects into awaits (`driver.rs`). The driver, the seams
-//! (`seams.rs`) and the tool runs (`tools.rs`) each work on the run's state (`run.rs`) and none
-//! uses another.
+//! (`seams.rs`, and `gate.rs` for `before_tool`) and the tool runs (`tools.rs`) each work on the
+//! run's state (`run.rs`) and none uses another.
 //!
 //! The native side imports Python only for values: the payload and decision classes, the
 //! `Signal` class, exception classes, and `asyncio`'s own functions. Everything the loop does in
