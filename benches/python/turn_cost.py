@@ -10,8 +10,14 @@ cache misses).
 
     python3 benches/python/turn_cost.py            # P3 (0, 1, 5 listeners) and P4
     python3 benches/python/turn_cost.py --turns 1000,3000 --only P4
+    python3 benches/python/turn_cost.py --gate     # P4 with a gate: what gating adds to a tool turn
 
-Run as a child: ``turn_cost.py --child IMPL LISTENERS TOOL TURNS`` runs one loop workload.
+``--gate`` counts P4 three ways in one run: as it is, with an approving ``before_tool`` gate
+(``return await next()``), and with a ``needs_approval`` predicate that returns ``False`` (no
+gate); it prints each one's instructions per turn and what it adds as a share of P4's (the
+target of docs/decisions.md is 10%). The baseline has no gate, so it is not run.
+
+Run as a child: ``turn_cost.py --child IMPL LISTENERS TOOL TURNS [GATE]`` runs one loop workload.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from typing import Any, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CASES = {"P3/0": (0, False), "P3/1": (1, False), "P3/5": (5, False), "P4": (0, True)}
+# P4 gated two ways (Kerman only): an approving before_tool listener, a needs_approval predicate.
+GATES = ("none", "gate", "predicate")
 
 
-def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
+def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> None:
     """The P3/P4 workload of bench.py: sessions of 100 turns, prompts in bursts of 50."""
     if impl == "kerman":
         import kerman as mod
@@ -58,7 +66,16 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
         for _ in range(turns // 100):
             loop = mod.AgentLoop(model)
             if tool:
-                loop.tool(git_log)
+                if gate == "predicate":
+                    loop.tool(needs_approval=lambda call: False)(git_log)
+                else:
+                    loop.tool(git_log)
+            if gate == "gate":
+
+                @loop.before_tool
+                async def approve(call: Any, next: Any) -> Any:
+                    return await next()
+
             for _ in range(listeners):
                 loop.pre_step(passthrough())
             for _ in range(2):
@@ -70,7 +87,7 @@ def child(impl: str, listeners: int, tool: bool, turns: int) -> None:
     asyncio.run(main())
 
 
-def instructions(impl: str, listeners: int, tool: bool, turns: int) -> int:
+def instructions(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
             [
@@ -84,6 +101,7 @@ def instructions(impl: str, listeners: int, tool: bool, turns: int) -> int:
                 str(listeners),
                 str(int(tool)),
                 str(turns),
+                gate,
             ],
             capture_output=True,
             text=True,
@@ -97,17 +115,21 @@ def instructions(impl: str, listeners: int, tool: bool, turns: int) -> int:
 
 def main(argv: List[str]) -> None:
     if argv[:1] == ["--child"]:
-        child(argv[1], int(argv[2]), argv[3] == "1", int(argv[4]))
+        child(argv[1], int(argv[2]), argv[3] == "1", int(argv[4]), argv[5] if len(argv) > 5 else "none")
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
     ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
+    ap.add_argument("--gate", action="store_true", help="P4 plain, with an approving gate and with a needs_approval predicate")
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     small, large = (int(n) for n in args.turns.split(","))
     if small % 100 or large % 100 or large <= small:
         raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
+    if args.gate:
+        gated(small, large)
+        return
     names = args.only.split(",") if args.only else list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -121,6 +143,21 @@ def main(argv: List[str]) -> None:
             a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
             per[impl] = (b - a) / (large - small)
         print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
+
+
+def gated(small: int, large: int) -> None:
+    """``--gate``: P4's instructions per turn without and with gating, in one run."""
+    print("| P4 | Kerman instr/turn | added | share of P4 |\n|---|---|---|---|")
+    plain = 0.0
+    for gate in GATES:
+        print(f"  P4 {gate}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
+        a, b = instructions("kerman", 0, True, small, gate), instructions("kerman", 0, True, large, gate)
+        per = (b - a) / (large - small)
+        if gate == "none":
+            plain = per
+            print(f"| as it is | {per:,.0f} | — | — |", flush=True)
+        else:
+            print(f"| {gate} | {per:,.0f} | {per - plain:+,.0f} | {(per - plain) / plain:.1%} |", flush=True)
 
 
 if __name__ == "__main__":

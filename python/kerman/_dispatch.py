@@ -32,7 +32,7 @@ def emit(listeners: Sequence[Callable[..., Any]], event: Any, what: str) -> None
         except Exception as exc:
             _log.error('agent event "%s" listener %s raised %s: %s', what, _name(listener), type(exc).__name__, exc, exc_info=exc)
             continue
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             task.add_done_callback(functools.partial(_report, what=what))
 

@@ -3,8 +3,9 @@ returns what the log says that turn did (``RunResult``), or raises ``RunError``.
 
 Which turn is the run's is read from the loop, not guessed from "the next idle": the inbox's
 claim names the turn that took the prompt (``agent/inbox/claimed``), and the log's ``turn/end``
-of that turn ends the run. One observer per loop serves every run in flight, so concurrent runs
-each get their own turn's answer.
+of that turn ends the run, read once the loop claims input for a later turn or goes idle. One
+pair of inbox listeners per loop serves every run in flight, so concurrent runs each get their
+own turn's answer.
 """
 
 from __future__ import annotations
@@ -114,11 +115,12 @@ class RunError(KermanError):
 class _Run:
     """One ``run()`` in flight: its prompt's id, the turn that took it, how that turn ended."""
 
-    __slots__ = ("message_id", "spec", "turn", "start", "end", "ending", "output", "future")
+    __slots__ = ("message_id", "spec", "sent", "turn", "start", "end", "ending", "output", "future")
 
-    def __init__(self, message_id: str, spec: Optional[OutputSpec], future: asyncio.Future[None]) -> None:
+    def __init__(self, message_id: str, spec: Optional[OutputSpec], future: asyncio.Future[None], sent: int) -> None:
         self.message_id = message_id
         self.spec = spec
+        self.sent = sent  # the log's length when the prompt was sent
         self.turn: Optional[int] = None
         self.start: Optional[int] = None
         self.end: Optional[int] = None
@@ -128,68 +130,84 @@ class _Run:
 
 
 class Runs:
-    """The runs in flight on one loop. While there is one, it observes the log (``turn/start``,
-    ``turn/end``) and the inbox's claims and discards; with none, it costs nothing."""
+    """The runs in flight on one loop. While there is one, it listens to the inbox's claims and
+    discards; with none, it costs nothing.
+
+    It does not follow the log (a callback per logged event cost a one-turn run more than
+    ``followup`` + ``when_idle`` pay in all). A turn's end is known without it: once a turn has
+    ended, either the loop claims input for a later turn or its driver finishes and the loop
+    goes idle (a turn waiting for decisions is neither). Either way the turns of runs that took
+    their prompts before then have ended, and their ``turn/end`` is read from the log."""
 
     def __init__(self, loop: AgentLoop) -> None:
         self.loop = loop
         self.by_message: Dict[str, _Run] = {}
         self.by_turn: Dict[int, _Run] = {}
-        self.starts: Dict[int, int] = {}  # turn -> seq of its turn/start (recent turns only)
-        self._unsubscribe: Any = None
+        self._listening = False
 
     # -- observing --
 
     def _listen(self) -> None:
         loop = self.loop
-        self._unsubscribe = loop.log.subscribe(self._observe)
         loop._listeners["agent/inbox/claimed"].append(self._claimed)
         loop._listeners["agent/inbox/discarded"].append(self._discarded)
+        self._listening = True
 
     def _unlisten(self) -> None:
         loop = self.loop
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
         for event, fn in (("agent/inbox/claimed", self._claimed), ("agent/inbox/discarded", self._discarded)):
             listeners = loop._listeners[event]
             if fn in listeners:
                 listeners.remove(fn)
-        self.starts.clear()
-
-    def _observe(self, event: Any) -> None:
-        """The log's observer (on the appending thread, right after the commit)."""
-        kind = event.type
-        if kind == "turn/start":
-            self.starts[event.data["turn"]] = event.seq
-        elif kind == "turn/end":
-            turn = event.data.get("turn")
-            self.starts.pop(turn - 1, None)
-            run = self.by_turn.get(turn)
-            if run is not None:
-                last = self.loop._last_output
-                self._finish(run, event.data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == turn else None)
+        self._listening = False
 
     def _claimed(self, live: Any) -> None:
-        run = self.by_message.get(live.message.id)
+        # The fields as LiveEvent keeps them: its attributes are served by __getattr__, which
+        # every read reaches only after a failed lookup.
+        fields = live._fields
+        turn = fields["turn"]
+        # A claim for a later turn: the turns of earlier runs are over.
+        for earlier in [r for r in self.by_turn.values() if r.turn is not None and r.turn < turn and r.ending is None]:
+            self._ended(earlier)
+        run = self.by_message.get(fields["message"].id)
         if run is not None and run.turn is None:
-            run.turn = live.turn
-            run.start = self.starts.get(live.turn)
-            self.by_turn[live.turn] = run
+            run.turn = turn
+            run.start = self._start_of(run, turn)
+            self.by_turn[turn] = run
             if run.spec is not None:
-                self.loop._output_turns[live.turn] = run.spec
+                self.loop._output_turns[turn] = run.spec
 
     def _discarded(self, live: Any) -> None:
         run = self.by_message.get(live.message.id)
         if run is not None and run.turn is None:
             self._finish(run, {"kind": "discarded"}, None, None)
 
+    def _start_of(self, run: _Run, turn: int) -> Optional[int]:
+        """The seq of turn ``turn``'s ``turn/start``: after the run's prompt was sent (its
+        turn started after that), read by the log's own type filter."""
+        for event in self.loop.log.events(run.sent, types="turn/start"):
+            if event.data.get("turn") == turn:
+                return int(event.seq)
+        return None
+
+    def _ended(self, run: _Run) -> bool:
+        """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet)."""
+        for event in self.loop.log.events(run.sent if run.start is None else run.start, types="turn/end"):
+            data = event.data
+            if data.get("turn") == run.turn:
+                last = self.loop._last_output
+                self._finish(run, data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == run.turn else None)
+                return True
+        return False
+
     def idle(self) -> None:
         """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
+        for run in [r for r in self.by_turn.values() if r.ending is None]:
+            self._ended(run)
         # An earlier turn failed or was blocked: the loop idles with input pending. A run waits
         # for its own prompt's turn, so it wakes the loop (after the driver has finished).
         event_loop = self.loop._event_loop
-        if event_loop is not None:
+        if event_loop is not None and any(run.ending is None for run in self.by_message.values()):
             event_loop.call_soon(self._kick)
 
     def _kick(self) -> None:
@@ -197,7 +215,7 @@ class Runs:
         if loop.status != "idle" or loop.closed:
             return
         for run in list(self.by_message.values()):
-            if run.turn is not None and run.ending is None:
+            if run.turn is not None and run.ending is None and not self._ended(run):
                 # Its turn started and the loop went idle without a turn/end: fenced or closed.
                 self._finish(run, {"kind": "stopped", "reason": "the loop stopped before the turn ended"}, None, None)
         if any(run.turn is None and run.message_id in loop.inbox for run in self.by_message.values()):
@@ -220,9 +238,9 @@ class Runs:
     # -- one run --
 
     def add(self, message_id: str, spec: Optional[OutputSpec]) -> _Run:
-        if not self.by_message:
+        if not self._listening:
             self._listen()
-        run = _Run(message_id, spec, asyncio.get_running_loop().create_future())
+        run = _Run(message_id, spec, asyncio.get_running_loop().create_future(), len(self.loop.log))
         self.by_message[message_id] = run
         return run
 

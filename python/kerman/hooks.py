@@ -132,7 +132,7 @@ class ModelRequest:
     tool-result messages in log order, this step's user messages included); ``entered`` the
     user messages entered in this step; ``instructions`` the system prompt (the loop's
     ``instructions``, or ``None``); ``output`` the structured output the turn's final reply must
-    be (``{"name", "schema", "strict"}``, from ``output_type=``; ``None``: text), which each
+    be (``{"name", "schema", "strict", "strict_schema"}``, from ``output_type=``; ``None``: text), which each
     provider sends with its own mechanism (docs/providers.md). ``before_request`` listeners may
     mutate ``options``, assign/mutate ``messages`` or assign ``instructions`` and ``output``."""
 

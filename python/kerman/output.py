@@ -8,9 +8,10 @@ provider sends with its own mechanism, and the validation of the reply against i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import ModelError
 
@@ -35,14 +36,18 @@ class OutputValidationError(ModelError):
 
 class OutputSpec:
     """One output type, ready to use: ``name`` and ``schema`` (what the provider sends),
-    ``strict`` (whether the schema meets OpenAI's strict subset) and ``validate(text)``."""
+    ``strict`` (whether OpenAI's strict mode can be used), ``strict_schema`` (the schema in
+    OpenAI's strict form, which OpenAI's providers send: the schema itself when it is in that
+    form already, a converted copy for a pydantic model, dataclass or TypedDict, ``None`` when
+    there is none) and ``validate(text)``."""
 
-    __slots__ = ("type", "name", "schema", "strict", "_adapter", "_validator")
+    __slots__ = ("type", "name", "schema", "strict", "strict_schema", "_adapter", "_validator", "_nulls_added")
 
     def __init__(self, output_type: Any) -> None:
         self.type = output_type
         self._adapter: Any = None
         self._validator: Any = None
+        self._nulls_added = False
         if isinstance(output_type, dict):
             jsonschema = _require("jsonschema", "a JSON-schema dict output_type")
             cls = jsonschema.validators.validator_for(output_type)
@@ -65,7 +70,16 @@ class OutputSpec:
             self.name = _name(output_type.__name__)
         else:
             raise TypeError(f"output_type must be a pydantic model, a dataclass, a TypedDict or a JSON-schema dict, got {output_type!r}")
-        self.strict = _strict(self.schema)
+        self.strict_schema: Optional[Dict[str, Any]] = self.schema if _strict(self.schema) else None
+        if self.strict_schema is None and self._adapter is not None:
+            # pydantic's schemas leave objects open and optional fields out of `required`: the
+            # strict form closes them and sends optional fields as nullable; the reply is
+            # validated against the type itself, the nulls it sent for those dropped first.
+            converted = strict_form(self.schema)
+            if converted is not None:
+                self.strict_schema = converted
+                self._nulls_added = True
+        self.strict = self.strict_schema is not None
 
     def validate(self, text: str) -> Tuple[Any, Any]:
         """``(value, json)``: the typed value and its JSON form (what the log keeps). Raises
@@ -73,6 +87,8 @@ class OutputSpec:
         if self._adapter is not None:
             import pydantic
 
+            if self._nulls_added:
+                text = _without_added_nulls(text, self.schema)
             try:
                 value = self._adapter.validate_json(text)
             except pydantic.ValidationError as e:
@@ -89,7 +105,7 @@ class OutputSpec:
 
     def wire(self) -> Dict[str, Any]:
         """What ``ModelRequest.output`` carries to the provider."""
-        return {"name": self.name, "schema": self.schema, "strict": self.strict}
+        return {"name": self.name, "schema": self.schema, "strict": self.strict, "strict_schema": self.strict_schema}
 
     def __repr__(self) -> str:
         shown = self.type.__name__ if isinstance(self.type, type) else "schema"
@@ -137,6 +153,153 @@ def _strict(schema: Any) -> bool:
         if schema.get("additionalProperties") is not False or set(schema.get("required") or ()) != set(props):
             return False
     return all(_strict(v) for k, v in schema.items() if k not in ("enum", "const", "default", "examples"))
+
+
+def openai_schema(output: Dict[str, Any]) -> Tuple[Any, bool]:
+    """The schema and ``strict`` flag an OpenAI request sends for ``ModelRequest.output``: the
+    strict form when there is one (``strict_schema``), else the schema as it is."""
+    strict_schema = output.get("strict_schema")
+    if output.get("strict") and strict_schema is not None:
+        return strict_schema, True
+    return output["schema"], bool(output.get("strict"))
+
+
+class _NotStrict(Exception):
+    """A schema that has no strict form (an open object such as ``Dict[str, int]``)."""
+
+
+# Keywords whose values are data, not schemas: never walked.
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")
+
+
+def strict_form(schema: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A copy of ``schema`` (a pydantic-generated JSON schema) in OpenAI's strict form, or
+    ``None`` when it has none: every object closed (``additionalProperties: false``) with all of
+    its properties required, those that were optional made nullable (``anyOf`` with
+    ``{"type": "null"}``) unless they already were; in ``$defs`` too. ``oneOf`` (a
+    discriminated union) becomes ``anyOf`` (its ``discriminator`` dropped), a one-element ``allOf`` its element, a ``$ref``
+    keeps no sibling keywords, and ``default`` values are dropped (the type's own defaults apply
+    when the reply is validated)."""
+    out = copy.deepcopy(schema)
+    try:
+        _close(out)
+    except _NotStrict:
+        return None
+    return out
+
+
+def _close(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _close(item)
+        return
+    if not isinstance(node, dict):
+        return
+    node.pop("default", None)
+    if "$ref" in node:
+        for key in [k for k in node if k != "$ref"]:
+            del node[key]
+        return
+    if "oneOf" in node:
+        node["anyOf"] = node.pop("oneOf")
+        node.pop("discriminator", None)  # OpenAPI's, not JSON Schema's
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
+        del node["allOf"]
+        inner = all_of[0]
+        for key, value in inner.items():
+            node.setdefault(key, value)
+        _close(node)
+        return
+    if node.get("type") == "object" or "properties" in node:
+        props = node.get("properties")
+        extra = node.get("additionalProperties")
+        if not isinstance(props, dict) or extra not in (None, False):
+            raise _NotStrict  # a map or an open object: no strict form
+        required = set(node.get("required") or ())
+        for key in list(props):
+            if key not in required and not _nullable(props[key]):
+                props[key] = {"anyOf": [props[key], {"type": "null"}]}
+        node["required"] = list(props)
+        node["additionalProperties"] = False
+    for key, value in node.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            for sub in value.values():
+                _close(sub)
+        elif isinstance(value, (dict, list)):
+            _close(value)
+
+
+def _nullable(schema: Any) -> bool:
+    """Whether ``schema`` already admits ``null`` (as pydantic writes ``Optional[...]``)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    return any(_nullable(s) for s in schema.get("anyOf") or ())
+
+
+def _without_added_nulls(text: str, schema: Dict[str, Any]) -> str:
+    """The reply with the ``null`` values dropped that the strict form allowed where the type
+    does not (an optional field the model left empty): its default then applies. Text that is
+    not JSON, or has none, is returned as it is (the validator words the error)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    defs = schema.get("$defs") or {}
+    return json.dumps(data) if _drop_nulls(data, schema, defs, 0) else text
+
+
+def _resolve(schema: Any, defs: Dict[str, Any]) -> Any:
+    ref = schema.get("$ref") if isinstance(schema, dict) else None
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return defs.get(ref[len("#/$defs/") :], {})
+    return schema
+
+
+def _drop_nulls(value: Any, schema: Any, defs: Dict[str, Any], depth: int) -> bool:
+    """Drops, in place, the nulls of ``value`` (JSON) where ``schema`` had an optional property
+    that admits no null; True when one was dropped."""
+    if depth > 64:
+        return False
+    schema = _resolve(schema, defs)
+    if not isinstance(schema, dict):
+        return False
+    dropped = False
+    branches: List[Any] = list(schema.get("anyOf") or ()) + list(schema.get("oneOf") or ()) + list(schema.get("allOf") or ())
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        if isinstance(props, dict):
+            required = set(schema.get("required") or ())
+            for key, sub in props.items():
+                if key not in value:
+                    continue
+                if value[key] is None and key not in required and not _nullable(_resolve(sub, defs)):
+                    del value[key]
+                    dropped = True
+                else:
+                    dropped |= _drop_nulls(value[key], sub, defs, depth + 1)
+        # A union of objects: the first branch the value's keys fit.
+        for branch in branches:
+            target = _resolve(branch, defs)
+            if isinstance(target, dict) and isinstance(target.get("properties"), dict) and set(value) <= set(target["properties"]):
+                dropped |= _drop_nulls(value, target, defs, depth + 1)
+                break
+    elif isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for item in value:
+                dropped |= _drop_nulls(item, items, defs, depth + 1)
+        for branch in branches:
+            target = _resolve(branch, defs)
+            if isinstance(target, dict) and isinstance(target.get("items"), dict):
+                dropped |= _drop_nulls(value, target, defs, depth + 1)
+                break
+    return dropped
 
 
 # -- the loop's side: the seams an output type uses (installed by AgentLoop when one is set) --

@@ -190,8 +190,10 @@ impl Resolved {
 }
 
 /// The result a resolution gives a call that does not run (denied, answered, expired,
-/// cancelled); `None` for one that runs (approved, edited). The crash closers give it to such a
-/// call whose result the log lacks: the call never ran, whatever `tool/call` says.
+/// cancelled); `None` for one that runs (approved, edited). The one mapping of outcomes: a step
+/// resumed from the log ([`Machine::resume_held`](super::Machine::resume_held)) gives it to such
+/// a call, and the crash closers to such a call whose result the log lacks (the call never ran,
+/// whatever `tool/call` says).
 pub fn preset_outcome(resolution: &Resolution, name: &str) -> Option<Outcome> {
     match resolution.outcome {
         Resolved::Approved | Resolved::Edited => None,

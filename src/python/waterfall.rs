@@ -4,6 +4,7 @@ use std::sync::Mutex;
 
 use pyo3::exceptions::{PyGeneratorExit, PyStopIteration};
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::runtime::coroutine::{coroutine_methods, Coroutine, Resume};
@@ -53,14 +54,43 @@ fn awaitable(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
 pub struct PyNext {
     cursor: Mutex<Cursor<Py<PyAny>>>,
     payload: Py<PyAny>,
-    default: Py<PyAny>,
+    default: Fallback,
+}
+
+/// What `next()` gives once no listener remains.
+pub enum Fallback {
+    /// What `default()` returns (the Python constructor's `default`).
+    Call(Py<PyAny>),
+    /// What `default(payload)` returns.
+    CallWithPayload(Py<PyAny>),
+    /// This value, without a call.
+    Value(Py<PyAny>),
+}
+
+impl Fallback {
+    fn get(&self) -> &Py<PyAny> {
+        match self {
+            Fallback::Call(f) | Fallback::CallWithPayload(f) | Fallback::Value(f) => f,
+        }
+    }
+}
+
+impl PyNext {
+    /// `Next(list(listeners), payload, default)()`, built here: the awaitable of a waterfall
+    /// dispatch over a snapshot of `listeners` (a listener registered meanwhile joins the next
+    /// dispatch, not this one).
+    pub fn dispatch<'py>(listeners: &Bound<'py, PyList>, payload: &Bound<'py, PyAny>, default: Fallback) -> PyResult<Bound<'py, PyAny>> {
+        let listeners = listeners.iter().map(Bound::unbind).collect();
+        let next = PyNext { cursor: Mutex::new(Cursor::new(listeners)), payload: payload.clone().unbind(), default };
+        Self::__call__(&Bound::new(payload.py(), next)?)
+    }
 }
 
 #[pymethods]
 impl PyNext {
     #[new]
     fn new(listeners: Vec<Py<PyAny>>, payload: Py<PyAny>, default: Py<PyAny>) -> Self {
-        PyNext { cursor: Mutex::new(Cursor::new(listeners)), payload, default }
+        PyNext { cursor: Mutex::new(Cursor::new(listeners)), payload, default: Fallback::Call(default) }
     }
 
     fn __call__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
@@ -76,7 +106,11 @@ impl PyNext {
         };
         let result = match listener {
             Some(listener) => listener.bind(py).call1((this.payload.bind(py), slf))?,
-            None => this.default.bind(py).call0()?,
+            None => match &this.default {
+                Fallback::Call(f) => f.bind(py).call0()?,
+                Fallback::CallWithPayload(f) => f.bind(py).call1((this.payload.bind(py),))?,
+                Fallback::Value(value) => value.bind(py).clone(),
+            },
         };
         awaitable(result)
     }
@@ -93,7 +127,7 @@ impl PyNext {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.payload)?;
-        visit.call(&self.default)?;
+        visit.call(self.default.get())?;
         let Ok(cursor) = self.cursor.try_lock() else { return Ok(()) };
         for listener in cursor.listeners() {
             visit.call(listener)?;

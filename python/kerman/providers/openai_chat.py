@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
 
 from .._core import AssistantMessage, ToolResultMessage
 from ..hooks import ModelReply
+from ..output import openai_schema
 from ._base import (
     DEFAULT_RETRY,
     Blocks,
@@ -187,10 +188,11 @@ class OpenAIChat(SdkClientProvider):
             kwargs.setdefault(self.max_tokens_field, self.max_tokens)
         output = getattr(request, "output", None)
         if output:
-            # Structured output: a json_schema response format (strict when the schema allows).
+            # Structured output: a json_schema response format (strict when the schema has a
+            # strict form, which is then the one sent).
+            schema, strict = openai_schema(output)
             kwargs.setdefault(
-                "response_format",
-                {"type": "json_schema", "json_schema": {"name": output["name"], "schema": output["schema"], "strict": output["strict"]}},
+                "response_format", {"type": "json_schema", "json_schema": {"name": output["name"], "schema": schema, "strict": strict}}
             )
         kwargs["stream"] = self.stream
         if self.stream and self.stream_usage:

@@ -6,6 +6,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .._core import AssistantMessage, ToolResultMessage
 from ..hooks import ModelReply
+from ..output import openai_schema
 from ._base import (
     DEFAULT_RETRY,
     Blocks,
@@ -167,9 +168,8 @@ class OpenAIResponses(SdkClientProvider):
         if output:
             # Structured output: text.format (kept beside other text settings, e.g. verbosity).
             text = dict(kwargs.get("text") or {})
-            text.setdefault(
-                "format", {"type": "json_schema", "name": output["name"], "schema": output["schema"], "strict": output["strict"]}
-            )
+            schema, strict = openai_schema(output)
+            text.setdefault("format", {"type": "json_schema", "name": output["name"], "schema": schema, "strict": strict})
             kwargs["text"] = text
         kwargs["stream"] = self.stream
         return kwargs

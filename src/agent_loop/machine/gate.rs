@@ -39,6 +39,18 @@ pub enum Gate {
     Failed(String),
 }
 
+impl Gate {
+    /// The default gate's verdict for a tool whose `needs_approval` is a bool: ask a person
+    /// (no note, schema or expiry), or run. A predicate is the host's to call.
+    pub fn by_default(needs_approval: bool) -> Gate {
+        if needs_approval {
+            Gate::Ask(Ask::default())
+        } else {
+            Gate::Run
+        }
+    }
+}
+
 /// A gate's question: `schema` (JSON text) makes it ask for an answer rather than an approval.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Ask {
@@ -84,15 +96,6 @@ pub(super) struct Gating {
     asked: Vec<Request>,
     /// The gate's other verdicts of this round, logged with its last request.
     verdicts_given: Vec<Gated>,
-}
-
-/// The result an answer gives its call: a string as it is, any other JSON as its text.
-fn answered(value: Option<&str>) -> Outcome {
-    let value = value.unwrap_or("null");
-    match serde_json::from_str::<serde_json::Value>(value) {
-        Ok(serde_json::Value::String(text)) => Outcome::text(text),
-        _ => Outcome::text(value),
-    }
 }
 
 impl Machine {
@@ -261,17 +264,15 @@ impl Machine {
                     Verdict::Preset(Outcome::mismatch())
                 }
                 Some((_, None)) => unreachable!("a ready step has every request resolved"),
-                Some((_, Some(resolution))) => match resolution.outcome {
-                    // A decision to run always carries its digest; one without never matches.
-                    Resolved::Approved => Verdict::Run { arguments: None, digest: Some(resolution.digest.clone().unwrap_or_default()) },
-                    Resolved::Edited => Verdict::Run {
-                        arguments: Some(resolution.arguments.clone().unwrap_or_default()),
+                // One mapping of outcomes with the crash closers: what does not run gets the
+                // result `preset_outcome` gives it; a decision to run always carries its digest
+                // (one without never matches).
+                Some((_, Some(resolution))) => match decisions::preset_outcome(resolution, name) {
+                    Some(outcome) => Verdict::Preset(outcome),
+                    None => Verdict::Run {
+                        arguments: (resolution.outcome == Resolved::Edited).then(|| resolution.arguments.clone().unwrap_or_default()),
                         digest: Some(resolution.digest.clone().unwrap_or_default()),
                     },
-                    Resolved::Denied => Verdict::Preset(Outcome::denied(name, resolution.reason.as_deref())),
-                    Resolved::Answered => Verdict::Preset(answered(resolution.value.as_deref())),
-                    Resolved::Expired => Verdict::Preset(Outcome::expired(name)),
-                    Resolved::Cancelled => Verdict::Preset(Outcome::aborted_before()),
                 },
             })
             .collect();

@@ -1,8 +1,8 @@
 //! The binding of `crate::agent_loop`: the `LoopCore` an `AgentLoop` holds (the loop's state,
 //! read through typed accessors), and the `Driver` that runs a turn machine as the loop's
 //! asyncio Task, turning its effects into awaits (`driver.rs`). The driver, the seams
-//! (`seams.rs`) and the tool runs (`tools.rs`) each work on the run's state (`run.rs`) and none
-//! uses another.
+//! (`seams.rs`, and `gate.rs` for `before_tool`) and the tool runs (`tools.rs`) each work on the
+//! run's state (`run.rs`) and none uses another.
 //!
 //! The native side imports Python only for values: the payload and decision classes, the
 //! `Signal` class, exception classes, and `asyncio`'s own functions. Everything the loop does in
@@ -13,6 +13,7 @@ mod context;
 pub(super) mod decide;
 mod delegate;
 mod driver;
+mod gate;
 mod read;
 mod run;
 mod seams;
@@ -63,7 +64,6 @@ pub(crate) struct Classes {
     /// `kerman.decisions.InputRequired`: a tool body's "ask a person first".
     pub input_required: Py<PyAny>,
     pub user_message: Py<PyAny>,
-    pub next: Py<PyAny>,
     pub json_dumps: Py<PyAny>,
     pub json_decoder: Py<PyAny>,
     pub canonical: Py<PyDict>,
@@ -112,7 +112,6 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             ask: get(&decisions, "Ask")?,
             input_required: get(&decisions, "InputRequired")?,
             user_message: get(&core, "UserMessage")?,
-            next: get(&core, "Next")?,
             json_dumps: get(&py.import("json")?, "dumps")?,
             json_decoder: read::arguments_decoder(py)?.unbind(),
             canonical: {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::super::convert::to_py;
 use super::super::slots::{has_anext, has_await};
+use super::super::waterfall::{Fallback, PyNext};
 use super::delegate::await_iter;
 use super::run::{Pending, Run, Seam, Step};
 use super::{classes, read};
@@ -33,9 +34,7 @@ pub(super) enum Fail {
 
 /// `Next(list(listeners), payload, default)()`: a waterfall dispatch's awaitable.
 fn waterfall<'py>(listeners: &Bound<'py, PyList>, payload: &Bound<'py, PyAny>, default: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let py = listeners.py();
-    let listeners = PyList::new(py, listeners.iter())?;
-    classes(py)?.next.bind(py).call1((listeners, payload, default))?.call0()
+    PyNext::dispatch(listeners, payload, Fallback::Call(default.clone().unbind()))
 }
 
 /// `tool.spec()`: built here for a plain `Tool` (what `Tool.spec` returns, without a call into
@@ -169,25 +168,6 @@ impl Run {
             PyCFunction::new_closure(py, Some(c"no_action"), None, |args, _kwargs| -> PyResult<Py<PyAny>> { Ok(args.py().None()) })?;
         let awaitable = waterfall(listeners, &payload, default.as_any());
         Ok(self.user_begin(py, awaitable, Seam::RequestError))
-    }
-
-    /// The `before_tool` waterfall over call `index`; its default is the façade's
-    /// `default_gate(call)` (`Approve`, or `Ask` for a tool that needs approval).
-    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: &str) -> PyResult<Step<'py>> {
-        let parts = Arc::clone(&self.parts);
-        let args = super::tools::arguments(py, arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
-        let (turn, step) = self.turn_step();
-        let payload = classes(py)?.tool_call.bind(py).call1((self.agent.bind(py), call_id, name, args, turn, step, self.signal(py)))?;
-        let default = {
-            let payload = payload.clone().unbind();
-            let default_gate = parts.default_gate.clone_ref(py);
-            PyCFunction::new_closure(py, Some(c"default_gate"), None, move |args, _kwargs| -> PyResult<Py<PyAny>> {
-                let py = args.py();
-                Ok(default_gate.bind(py).call1((payload.bind(py),))?.unbind())
-            })?
-        };
-        let awaitable = waterfall(parts.before_tool.bind(py), &payload, default.as_any());
-        Ok(self.user_begin(py, awaitable, Seam::BeforeTool))
     }
 
     pub(super) fn turn_stopping<'py>(&mut self, py: Python<'py>) -> PyResult<Step<'py>> {

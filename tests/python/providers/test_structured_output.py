@@ -166,7 +166,7 @@ async def test_strict_is_sent_when_the_schema_allows_it(protocol, server):
     model = make(protocol, server)
     loop = kerman.AgentLoop(model)
     await loop.run("one", output_type=SCHEMA)
-    await loop.run("two", output_type=City)  # pydantic's schema leaves additionalProperties open
-    expected = [True, False] if protocol.startswith("openai") else []
+    await loop.run("two", output_type=City)  # pydantic's schema, sent in its strict form
+    expected = [True, True] if protocol.startswith("openai") else []
     assert strict_flags(protocol, [r.body for r in server.requests]) == expected
     await done(loop, model)
