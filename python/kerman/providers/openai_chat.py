@@ -35,7 +35,7 @@ class OpenAIChat(SdkClientProvider):
 
     ``OpenAIChat("gpt-6.2-sol")`` builds an ``openai.AsyncOpenAI`` client from the environment
     (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``...) with ``max_retries=0``: Kerman retries instead,
-    with ``retry=`` (default :func:`kerman.providers.retry_policy`\ ``()``, registered on each
+    with ``retry=`` (default ``kerman.providers.retry_policy()``, registered on each
     loop the provider serves; ``retry=None`` for none). ``deadline=`` (seconds) bounds each
     request in all. Both work so for every provider (docs/providers.md).
     Pass ``client=`` to use your own (its retry setting is then yours), or ``base_url=`` /
