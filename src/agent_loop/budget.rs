@@ -173,8 +173,14 @@ pub struct UsageFold {
     pub session: Spent,
     /// The spent of the last turn started.
     pub this_turn: Spent,
-    /// A streamed request whose message has not come: the usage its chunks reported.
-    pending: Option<Option<Map<String, Value>>>,
+    /// A streamed request whose message has not come.
+    pending: Option<Pending>,
+}
+
+/// The chunks of a request in flight: the usage they reported, if any.
+#[derive(Debug, Default, Clone)]
+struct Pending {
+    usage: Option<Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
@@ -205,10 +211,10 @@ impl UsageFold {
         match kind {
             events::ASSISTANT_CHUNK => {
                 let Ok(WithChunk { chunk }) = serde_json::from_str::<WithChunk>(data) else { return };
-                let usage = self.pending.get_or_insert(None);
+                let pending = self.pending.get_or_insert_with(Pending::default);
                 let kind = chunk.get("type").and_then(Value::as_str);
                 if kind == Some("usage") {
-                    let merged = usage.get_or_insert_with(Map::new);
+                    let merged = pending.usage.get_or_insert_with(Map::new);
                     merged.extend(chunk.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())));
                 }
                 // A failed finish, or usage marked partial, ends an attempt that gets no message.
@@ -241,8 +247,8 @@ impl UsageFold {
 
     /// The chunks in flight got no message: a failed request, with what they reported.
     fn settle(&mut self) {
-        if let Some(usage) = self.pending.take() {
-            self.count(usage.as_ref());
+        if let Some(pending) = self.pending.take() {
+            self.count(pending.usage.as_ref());
         }
     }
 

@@ -15,6 +15,7 @@ import kerman
 KERMAN_ALL = [
     "AgentLoop",
     "RunResult",
+    "Budget",
     "RunError",
     "OutputValidationError",
     "Enter",
@@ -144,7 +145,18 @@ MODULES: Dict[str, List[str]] = {
     "kerman.chat": ["PROVIDERS", "add_arguments", "load_model", "run"],
     "kerman.cli.chat": ["PROVIDERS", "add_arguments", "load_model", "run"],
     "kerman.demo": ["main"],
-    "kerman.usage": ["ledger", "Ledger", "Request", "Totals", "Fold", "Pricer", "genai_prices_pricer", "default_pricer", "summary_line"],
+    "kerman.usage": [
+        "Budget",
+        "ledger",
+        "Ledger",
+        "Request",
+        "Totals",
+        "Fold",
+        "Pricer",
+        "genai_prices_pricer",
+        "default_pricer",
+        "summary_line",
+    ],
     "kerman.otel": ["export", "instrument", "Instrumentation", "SpanBuilder", "trace_id_of", "span_id_of", "latest_conventions", "LATEST"],
 }
 HOME = {name: "kerman.hooks" for name in HOOKS} | {
