@@ -66,7 +66,7 @@ def build(spec: Dict[str, Any], log: kerman.SessionLog, kill: str = "") -> Agent
         return ModelReply(calls)
 
     how, _, target = kill.partition(":")
-    loop = AgentLoop(model, log=log)
+    loop = AgentLoop(model, log=log, resume="continue")
     for tool in spec["tools"]:
 
         def body(name: str) -> Any:

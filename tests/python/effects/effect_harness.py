@@ -39,10 +39,10 @@ from kill_harness import (
 CHILD = Path(__file__).parent.parent / "effect_child.py"
 TIMEOUT = 90  # seconds for one child process
 
-# The "every entered input gets exactly one final answer" check: crashed turns are answered only
-# once issue 28's item 5 (a crashed turn continued) is in; until then a turn closed by the crash
-# closers ends `interrupted` with its input unanswered. Switch this on after merging item 5.
-CHECK_INPUTS_ANSWERED = False
+# The "every entered input gets exactly one final answer" check: the recovering loop resumes
+# with `resume="continue"` (a Worker does so by default), so a turn the kill interrupted is
+# continued and its input answered (docs/durability.md#crashed-turns-are-answered).
+CHECK_INPUTS_ANSWERED = True
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,8 @@ def check_in_body_kill(outcome: Outcome) -> None:
 
 def check_inputs_answered(events: Sequence[Dict[str, Any]]) -> None:
     """Every entered user message has exactly one final answer (an assistant message with no
-    tool call after it and before the next user message), and the last turn completed. Off
-    until item 5 is merged (:data:`CHECK_INPUTS_ANSWERED`)."""
+    tool call after it and before the next user message), and the last turn completed
+    (:data:`CHECK_INPUTS_ANSWERED`)."""
     answers: List[int] = []
     for e in events:
         if e["type"] == "user/message":
