@@ -413,9 +413,10 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
 def calls_in_doubt(events: list[Any]) -> list[dict[str, Any]]:
     """The calls of the last turn's open step with a ``tool/call`` and no ``tool/result``,
-    in call order: ``{"call_id", "name", "seq", "effect", "policy"}``. Read from the records as
-    stored (before a store's open closes a crashed turn, every call in doubt is listed, whatever
-    its policy)."""
+    in call order: ``{"call_id", "name", "seq", "effect", "policy"}``, with ``"decision_id"``,
+    ``"asked"`` (the request's kind: ``in-doubt``, ``input``) and, once decided, ``"decided"``
+    (its outcome) when a person was asked about it. Read from the records as stored (before a
+    store's open closes a crashed turn, every call in doubt is listed, whatever its policy)."""
     open_calls: dict[str, dict[str, Any]] = {}
     for event in events:
         kind, data = event.type, event.data if isinstance(event.data, dict) else {}
@@ -433,6 +434,15 @@ def calls_in_doubt(events: list[Any]) -> list[dict[str, Any]]:
         elif kind == "tool/result":
             source = (data.get("message") or {}).get("source") or {}
             open_calls.pop(source.get("callId", ""), None)
+        elif kind == "decision/requested" and "callSeq" in data:
+            for call in open_calls.values():
+                if call["seq"] == data["callSeq"]:
+                    call.update(decision_id=data.get("decisionId", ""), asked=data.get("kind", ""))
+                    call.pop("decided", None)
+        elif kind == "decision/resolved":
+            for call in open_calls.values():
+                if call.get("decision_id") == data.get("decisionId"):
+                    call["decided"] = data.get("outcome", "")
     return list(open_calls.values())
 
 
@@ -456,5 +466,9 @@ def _cmd_in_doubt(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         where = f"{_shown_id(row['session'])}  {row['call_id']}  {row['name']}  seq {row['seq']}"
-        _out(f"{where}  {row['effect']}  on_in_doubt={row['policy']}")
+        asked = ""
+        if "decision_id" in row:
+            state = row.get("decided", "pending")
+            asked = f"  {row['asked']} decision {row['decision_id']} {state}"
+        _out(f"{where}  {row['effect']}  on_in_doubt={row['policy']}{asked}")
     return 0

@@ -47,6 +47,7 @@ KERMAN_ALL = [
     "Edit",
     "Ask",
     "Answer",
+    "InputRequired",
     "PendingDecision",
     "DecisionError",
     "Message",
