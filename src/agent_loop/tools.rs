@@ -60,8 +60,9 @@ pub struct Outcome {
     /// A bug of the tool: its body raised, or returned what is not a result. Reported
     /// (`agent/error`, the logger) once committed; the model gets the error result.
     pub bug: bool,
-    /// Not a result: the call needs a person's input first (`call_decisions`).
-    pub input: Option<InputAsk>,
+    /// Not a result: the call needs a person's input first (`call_decisions`). Boxed: an
+    /// outcome travels by value, and this is rare.
+    pub input: Option<Box<InputAsk>>,
 }
 
 /// What a call that needs input asks: the person's `note` (an MCP server's message), the
@@ -89,7 +90,7 @@ impl Outcome {
 
     /// The call needs input before it can give a result.
     pub fn needs_input(ask: InputAsk) -> Outcome {
-        Outcome { input: Some(ask), ..Outcome::text("") }
+        Outcome { input: Some(Box::new(ask)), ..Outcome::text("") }
     }
 
     /// An error result: `text` for the model, `error {name, code}` for the log.
@@ -280,9 +281,17 @@ pub struct ToolPlan {
     presets: Vec<Option<Outcome>>,
     /// The digest a decision approved, checked against the arguments about to run.
     digests: Vec<Option<String>>,
-    /// A call made again after a person answered its request for input: `{payload, answer}`
-    /// as JSON text, which its body gets (`ToolContext.input`).
-    inputs: Vec<Option<String>>,
+    /// Calls that need, or were given, a person's input (none in most steps: boxed, as the
+    /// plan travels by value).
+    input: Option<Box<InputState>>,
+}
+
+/// The input side of a plan's calls (`call_decisions`).
+#[derive(Debug, Default)]
+struct InputState {
+    /// Per call made again after a person answered its request for input: `{payload,
+    /// answer, decisionId}` as JSON text, which its body gets (`ToolContext.input`).
+    given: Vec<(usize, String)>,
     /// Calls that need input (index, what they ask), asked once every call is committed.
     asks: Vec<(usize, InputAsk)>,
     /// Requests for input were written: the step waits for them.
@@ -308,9 +317,7 @@ impl ToolPlan {
             raised: Vec::new(),
             presets: vec![None; n],
             digests: vec![None; n],
-            inputs: vec![None; n],
-            asks: Vec::new(),
-            waits: false,
+            input: None,
         }
     }
 
@@ -362,13 +369,15 @@ impl ToolPlan {
         if self.calls[index].known {
             self.presets[index] = None;
             self.flags[index].reconcile = false;
-            self.inputs[index] = input;
+            if let Some(input) = input {
+                self.input.get_or_insert_with(Box::default).given.push((index, input));
+            }
         }
     }
 
     /// What call `index` is made again with after a request for input (`{payload, answer}`).
     pub fn input(&self, index: usize) -> Option<&str> {
-        self.inputs.get(index).and_then(Option::as_deref)
+        self.input.as_ref()?.given.iter().find(|(i, _)| *i == index).map(|(_, input)| input.as_str())
     }
 
     /// Call `index` gets `outcome` without running.
@@ -475,13 +484,15 @@ impl ToolPlan {
     /// Whether calls of the step wait for input (`decision/requested {kind: "input"}` logged):
     /// the step stops there, the turn stays open.
     pub fn waits(&self) -> bool {
-        self.waits
+        self.input.as_ref().is_some_and(|state| state.waits)
     }
 
     /// Writes the requests of the calls that need input, in call order, the final one `last`.
     fn ask_for_input(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
-        let count = self.asks.len();
-        for (n, (index, ask)) in std::mem::take(&mut self.asks).into_iter().enumerate() {
+        let Some(state) = self.input.as_mut() else { return Ok(()) };
+        let asks = std::mem::take(&mut state.asks);
+        let count = asks.len();
+        for (n, (index, ask)) in asks.into_iter().enumerate() {
             let call = &self.calls[index];
             let request = super::decisions::Request {
                 turn: self.turn,
@@ -498,7 +509,9 @@ impl ToolPlan {
                 expires_at: None,
             };
             super::call_decisions::request_input(sink.log, request, self.call_seq(index), ask.payload, n + 1 == count)?;
-            self.waits = true;
+            if let Some(state) = self.input.as_mut() {
+                state.waits = true;
+            }
         }
         Ok(())
     }
@@ -556,7 +569,7 @@ impl ToolPlan {
     fn commit(&mut self, sink: &Sink<'_>, index: usize, mut outcome: Outcome) -> Result<bool, CoreError> {
         if let Some(ask) = outcome.input.take() {
             // No result yet: asked once the step's other calls are committed.
-            self.asks.push((index, ask));
+            self.input.get_or_insert_with(Box::default).asks.push((index, *ask));
             return Ok(false);
         }
         let call = &self.calls[index];

@@ -15,10 +15,23 @@ from ._common import STORE_HELP, _Exit, _is_dsn, _out, _postgres, _session_call,
 
 def calls_in_doubt(events: List[Any]) -> List[dict[str, Any]]:
     """The calls of the last turn's open step with a ``tool/call`` and no ``tool/result``,
-    in call order: ``{"call_id", "name", "seq", "effect", "policy"}``. Read from the records as
-    stored (before a store's open closes a crashed turn, every call in doubt is listed, whatever
-    its policy)."""
-    return [{k: v for k, v in call.items() if k != "open"} for call in unanswered(events) if call["open"]]
+    in call order: ``{"call_id", "name", "seq", "effect", "policy"}``, with ``"decision_id"``,
+    ``"asked"`` (the request's kind: ``in-doubt``, ``input``) and, once decided, ``"decided"``
+    (its outcome) when a person was asked about it. Read from the records as stored (before a
+    store's open closes a crashed turn, every call in doubt is listed, whatever its policy)."""
+    calls = [{k: v for k, v in call.items() if k != "open"} for call in unanswered(events) if call["open"]]
+    by_seq = {call["seq"]: call for call in calls}
+    for event in events:
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.type == "decision/requested" and data.get("callSeq") in by_seq:
+            call = by_seq[data["callSeq"]]
+            call.update(decision_id=data.get("decisionId", ""), asked=data.get("kind", ""))
+            call.pop("decided", None)
+        elif event.type == "decision/resolved":
+            for call in calls:
+                if call.get("decision_id") == data.get("decisionId"):
+                    call["decided"] = data.get("outcome", "")
+    return calls
 
 
 def add_parsers(log_commands: Any) -> None:
@@ -70,7 +83,10 @@ def _cmd_in_doubt(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         where = f"{_shown_id(row['session'])}  {row['call_id']}  {row['name']}  seq {row['seq']}"
-        _out(f"{where}  {row['effect']}  on_in_doubt={row['policy']}")
+        asked = ""
+        if "decision_id" in row:
+            asked = f"  {row['asked']} decision {row['decision_id']} {row.get('decided', 'pending')}"
+        _out(f"{where}  {row['effect']}  on_in_doubt={row['policy']}{asked}")
     return 0
 
 

@@ -318,6 +318,8 @@ def _decision_requested(v: events.DecisionRequested) -> str:
     text += f" #{_escape(_need(v.call_id))} [{_escape(_need(v.decision_id))}]"
     if v.note is not None:
         text += " " + quote(v.note)
+    if v.call_seq is not None:  # about a call that started: what the person may choose
+        text += f" (call at seq {v.call_seq}; " + ", ".join(_escape(o) for o in v.options) + ")"
     if v.gated:  # the gate's verdicts on the step's other calls, which the step resumes with
         text += "; gated " + ", ".join(f"#{_escape(str(g.get('callId', '?')))} {_escape(str(g.get('verdict', '?')))}" for g in v.gated)
     return text

@@ -49,6 +49,7 @@ pub(super) enum Pending {
 }
 
 /// How the driver goes on after an effect or an await.
+#[allow(clippy::large_enum_variant, reason = "a step lives for one hop of the driver; boxing its input would allocate on every effect")]
 pub(super) enum Step<'py> {
     /// Feed this to the machine.
     Input(Input),

@@ -118,17 +118,17 @@ fn returned(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Ou
 /// A body's `InputRequired(message, schema, payload)`: the call waits for a person's answer.
 /// A schema or payload that is not JSON is the tool's bug (an invalid result).
 fn input_required(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> Outcome {
-    let json = |attr: &str| -> Result<Option<String>, Outcome> {
-        let field = value.getattr(attr).map_err(|e| invalid(py, name, &e))?;
+    let json = |attr: &str| -> Result<Option<String>, Box<Outcome>> {
+        let field = value.getattr(attr).map_err(|e| Box::new(invalid(py, name, &e)))?;
         if field.is_none() {
             return Ok(None);
         }
-        to_json_text(&field, attr).map(Some).map_err(|e| invalid(py, name, &not_json(py, "decision/requested", e.describe())))
+        to_json_text(&field, attr).map(Some).map_err(|e| Box::new(invalid(py, name, &not_json(py, "decision/requested", e.describe()))))
     };
     let note = value.getattr("message").ok().filter(|m| !m.is_none()).and_then(|m| m.str().ok()).map(|m| m.to_string());
     match (json("schema"), json("payload")) {
         (Ok(schema), Ok(payload)) => Outcome::needs_input(crate::agent_loop::InputAsk { note, schema, payload }),
-        (Err(outcome), _) | (_, Err(outcome)) => outcome,
+        (Err(outcome), _) | (_, Err(outcome)) => *outcome,
     }
 }
 

@@ -48,6 +48,7 @@ KERMAN_ALL = [
     "Edit",
     "Ask",
     "Answer",
+    "InputRequired",
     "PendingDecision",
     "DecisionError",
     "Message",

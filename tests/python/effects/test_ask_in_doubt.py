@@ -158,3 +158,17 @@ def test_the_owner_decides_with_loop_decide_and_the_turn_goes_on(tmp_path: Path)
     asyncio.run(main())
     result = check_one_result(events(root))
     assert text_of(result) == '{"paid":true}'
+
+
+def test_kerman_log_shows_the_request_and_in_doubt_lists_its_decision(tmp_path: Path) -> None:
+    root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
+    killed_mid_call(root, counter, "ask_write")
+    [decision_id] = pending_in_another_process(root, counter)["decisions"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "kerman", "log", "in-doubt", str(root), "s"], capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert f"in-doubt decision {decision_id} pending" in listed.stdout
+    shown = subprocess.run([sys.executable, "-m", "kerman", "log", "show", str(root), "s"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "in-doubt? ask_write" in shown.stdout and "record-result, record-failure" in shown.stdout
