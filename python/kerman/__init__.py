@@ -33,6 +33,7 @@ from ._core import (
 from ._run import RunError, RunResult
 from .decisions import Answer, Approve, Ask, Deny, Edit, PendingDecision, ToolCall
 from .errors import (
+    BusyError,
     CorruptLogError,
     DecisionError,
     DuplicateMessageError,
@@ -121,6 +122,7 @@ __all__ = [
     "Ask",
     "Answer",
     "PendingDecision",
+    "BusyError",
     "DecisionError",
     # messages
     "Message",

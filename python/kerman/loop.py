@@ -20,7 +20,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
-from . import _dispatch, _html, _report, _run, output
+from . import _busy, _dispatch, _html, _report, _run, output
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .decisions import Approve, Ask, PendingDecision, ToolCall, outcome_of
 from .errors import DecisionError, InboxError, LeaseLostError, LoopError
@@ -154,6 +154,7 @@ class AgentLoop:
         instructions: Union[str, None, _FromLog] = _FROM_LOG,
         output_type: Any = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        on_busy: _busy.OnBusy = "enqueue",
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (async def model(request)), got {type(model).__name__}")
@@ -162,6 +163,7 @@ class AgentLoop:
         if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
             raise ValueError(f"output_retries must be an int >= 0, got {output_retries!r}")
         self._model = model
+        self._on_busy = _busy.checked(on_busy)
         # Structured output (kerman.output): the loop's type, each run's (by turn), the retries
         # spent per turn, the last validated value (turn, typed value) for run() to return.
         self._output_type: Optional[OutputSpec] = output.output_spec(output_type)
@@ -701,9 +703,26 @@ class AgentLoop:
 
     # ---- delivery ---------------------------------------------------------------------------
 
-    def followup(self, message: Union[str, UserMessage]) -> UserMessage:
-        """Queues a prompt for its own turn and wakes the loop."""
-        return self.send(message, NEXT_TURN, True)
+    def followup(self, message: Union[str, UserMessage], *, on_busy: Optional[_busy.OnBusy] = None) -> UserMessage:
+        """Queues a prompt for its own turn and wakes the loop. While a turn runs (or waits for
+        decisions), ``on_busy`` (default: the loop's :attr:`on_busy`) says what happens:
+        ``"enqueue"`` queues it after the turn, ``"reject"`` raises :class:`~kerman.BusyError`
+        and queues nothing, ``"interrupt"`` cancels the turn (keeping what it logged) and runs
+        the prompt next, ``"rollback"`` cancels the turn and the session goes on from before it
+        (docs/context.md, "Double-texting")."""
+        if on_busy is None and self._on_busy == "enqueue":
+            return self.send(message, NEXT_TURN, True)
+        return _busy.followup(self, message, on_busy)
+
+    @property
+    def on_busy(self) -> _busy.OnBusy:
+        """What a followup does while a turn runs, unless it says otherwise: ``"enqueue"``,
+        ``"reject"``, ``"interrupt"`` or ``"rollback"`` (``AgentLoop(on_busy=)``)."""
+        return self._on_busy
+
+    @on_busy.setter
+    def on_busy(self, value: _busy.OnBusy) -> None:
+        self._on_busy = _busy.checked(value)
 
     def steer(self, message: Union[str, UserMessage]) -> UserMessage:
         """Queues input for the nearest step boundary of the running turn, and wakes the loop."""

@@ -2,20 +2,63 @@
 //! `assistant/message`, `tool/result`) in log order, assistant messages with empty content left
 //! out. Kept current as the loop appends (its own messages join as they are written) and caught
 //! up from the log with what others appended, so a request never re-reads the whole log.
+//! A turn that ends rolled back (see [`super::rollback`]) takes its messages out again.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 
-use super::events::USER_MESSAGE;
+use super::events::{TURN_END, TURN_START, USER_MESSAGE};
+use super::rollback;
 use crate::event_log::{is_surface_type, SessionLog};
 use crate::message::{Message, MessageError, MessageKind};
 
 #[derive(Default)]
 struct State {
     messages: Vec<Arc<Message>>,
+    /// The seq of each message's event (aligned with `messages`).
+    seqs: Vec<u64>,
     /// Every event before this seq has been folded in.
     pos: u64,
+    /// The seq of the last `turn/start` folded: where a rollback of that turn cuts.
+    turn_from: u64,
+    /// How many times messages were taken out (a reader's cache by index is stale after one).
+    epoch: u64,
+}
+
+/// One folded event, decoded outside the lock and applied under it, in log order.
+enum Fold {
+    Message(u64, Arc<Message>),
+    TurnStart(u64),
+    RolledBack,
+}
+
+impl State {
+    fn apply(&mut self, fold: Fold) {
+        match fold {
+            Fold::Message(seq, message) => {
+                self.messages.push(message);
+                self.seqs.push(seq);
+            }
+            Fold::TurnStart(seq) => self.turn_from = seq,
+            Fold::RolledBack => self.roll_back(),
+        }
+    }
+
+    /// The turn that just ended rolled back: its messages leave the history.
+    fn roll_back(&mut self) {
+        let keep = self.seqs.partition_point(|&seq| seq < self.turn_from);
+        if keep < self.messages.len() {
+            self.messages.truncate(keep);
+            self.seqs.truncate(keep);
+            self.epoch += 1;
+        }
+    }
+}
+
+/// The events the history folds: the surface ones, and the turn bounds rollbacks need.
+fn folded(kind: &str) -> bool {
+    is_surface_type(kind) || kind == TURN_START || kind == TURN_END
 }
 
 /// Shared by the turn machine and a tool plan run elsewhere; locked only for plain Vec work.
@@ -41,18 +84,33 @@ impl History {
             return Ok(());
         }
         let mut decoded = Vec::new();
-        for event in &log.range_where(start, Some(stop), |e| is_surface_type(e.kind())) {
+        for event in &log.range_where(start, Some(stop), |e| folded(e.kind())) {
+            match event.kind() {
+                TURN_START => {
+                    decoded.push(Fold::TurnStart(event.seq));
+                    continue;
+                }
+                TURN_END => {
+                    if rollback::rolls_back(event.data_json()) {
+                        decoded.push(Fold::RolledBack);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             let data: Value = serde_json::from_str(event.data_json()).map_err(|e| MessageError::new("message", e.to_string()))?;
             let value = if event.kind() == USER_MESSAGE { &data } else { &data["message"] };
             let message = Message::from_value(value)?;
             if message.kind() == MessageKind::Assistant && message.content().is_empty() {
                 continue;
             }
-            decoded.push(Arc::new(message));
+            decoded.push(Fold::Message(event.seq, Arc::new(message)));
         }
         let mut state = self.state();
         if state.pos == start {
-            state.messages.extend(decoded);
+            for fold in decoded {
+                state.apply(fold);
+            }
             state.pos = stop;
         }
         Ok(())
@@ -66,7 +124,9 @@ impl History {
         let _ = self.catch_up(log, seq);
         let mut state = self.state();
         if state.pos == seq {
-            state.messages.extend(message);
+            if let Some(message) = message {
+                state.apply(Fold::Message(seq, message));
+            }
             state.pos = seq + 1;
         }
     }
@@ -88,5 +148,13 @@ impl History {
     pub fn since(&self, start: usize) -> Vec<Arc<Message>> {
         let state = self.state();
         state.messages.get(start..).map(<[_]>::to_vec).unwrap_or_default()
+    }
+
+    /// What a reader holding the first `start` messages as of `epoch` lacks: the current epoch
+    /// and the messages from `start` on, or every message when messages were taken out since.
+    pub fn since_epoch(&self, epoch: u64, start: usize) -> (u64, Vec<Arc<Message>>) {
+        let state = self.state();
+        let start = if state.epoch == epoch { start } else { 0 };
+        (state.epoch, state.messages.get(start..).map(<[_]>::to_vec).unwrap_or_default())
     }
 }

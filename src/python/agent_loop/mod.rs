@@ -220,7 +220,7 @@ pub struct PyLoopCore {
     /// Python objects of the history's messages, wrapped once each (aligned with the core's),
     /// in a list of its own that is never handed out: a request gets a slice of it, which
     /// Python copies in one step.
-    history: Mutex<Option<Py<PyList>>>,
+    history: Mutex<Option<(u64, Py<PyList>)>>,
 }
 
 impl PyLoopCore {
@@ -261,16 +261,16 @@ impl PyLoopCore {
     /// The history's messages as a new list, wrapping the ones not wrapped yet; a message that
     /// is one of `known` (the step's entered objects) is that object.
     pub(crate) fn history_list<'py>(&self, py: Python<'py>, known: Option<&Bound<'py, PyList>>) -> PyResult<Bound<'py, PyList>> {
-        let cache = lock(&self.history).as_ref().map(|list| list.clone_ref(py));
-        let cache = match cache {
-            Some(list) => list.into_bound(py),
-            None => {
-                let list = PyList::empty(py);
-                *lock(&self.history) = Some(list.clone().unbind());
-                list
-            }
+        let held = lock(&self.history).as_ref().map(|(epoch, list)| (*epoch, list.clone_ref(py)));
+        let (epoch, cache) = match held {
+            Some((epoch, list)) => (epoch, list.into_bound(py)),
+            None => (0, PyList::empty(py)),
         };
-        for message in self.shared.history.since(cache.len()) {
+        // A rollback took messages out: the cache by index starts again.
+        let (now, fresh) = self.shared.history.since_epoch(epoch, cache.len());
+        let cache = if now == epoch { cache } else { PyList::empty(py) };
+        *lock(&self.history) = Some((now, cache.clone().unbind()));
+        for message in fresh {
             let same = known.and_then(|known| {
                 known.iter().find(|obj| obj.cast::<super::message::PyMessage>().is_ok_and(|m| Arc::ptr_eq(&m.get().inner, &message)))
             });
@@ -591,7 +591,7 @@ impl PyLoopCore {
             }
         }
         if let Ok(history) = self.history.try_lock() {
-            visit.call(history.as_ref())?;
+            visit.call(history.as_ref().map(|(_, list)| list))?;
         }
         Ok(())
     }

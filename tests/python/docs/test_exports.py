@@ -48,6 +48,7 @@ KERMAN_ALL = [
     "Ask",
     "Answer",
     "PendingDecision",
+    "BusyError",
     "DecisionError",
     "Message",
     "UserMessage",

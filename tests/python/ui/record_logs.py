@@ -342,6 +342,32 @@ async def structured_output(store: kerman.FileStore) -> None:
     await loop.aclose()
 
 
+async def double_texting(store: kerman.FileStore) -> None:
+    """A followup sent with on_busy="interrupt" mid-stream (the cut reply stays), then one sent
+    with on_busy="rollback" mid-stream (the turn is rolled back)."""
+    streaming = asyncio.Event()
+
+    async def model(request: kerman.ModelRequest):  # noqa: ANN202
+        yield {"type": "text-delta", "text": "Working on "}
+        if request.messages[-1].text.startswith("long"):
+            streaming.set()
+            await asyncio.Event().wait()
+        yield {"type": "text-delta", "text": "it"}
+        yield {"type": "finish", "reason": "stop"}
+
+    loop = kerman.AgentLoop(model, log=store.create("double_texting"))
+    loop.followup("long job")
+    await streaming.wait()
+    streaming.clear()
+    loop.followup("short one", on_busy="interrupt")
+    await loop.when_idle()
+    loop.followup("long job again")
+    await streaming.wait()
+    loop.followup("never mind", on_busy="rollback")
+    await loop.when_idle()
+    await loop.aclose()
+
+
 async def main(only: list[str]) -> None:
     """Records every scenario, or the ones named on the command line (the others' logs, and so
     their goldens, stay as they are)."""
@@ -349,7 +375,19 @@ async def main(only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = kerman.FileStore(root, durability="none")
-        for scenario in (text, tools, steering, queue_edits, rejection, cancellation, errors, decisions, custom, structured_output):
+        for scenario in (
+            text,
+            tools,
+            steering,
+            queue_edits,
+            rejection,
+            cancellation,
+            errors,
+            decisions,
+            custom,
+            structured_output,
+            double_texting,
+        ):
             if only and scenario.__name__ not in only:
                 continue
             await scenario(store)

@@ -45,6 +45,7 @@ def test_every_scenario_is_recorded():
         "decisions",
         "custom",
         "structured_output",
+        "double_texting",
     }
 
 
