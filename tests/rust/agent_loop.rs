@@ -2108,7 +2108,16 @@ fn a_rolled_back_turn_leaves_the_history_but_stays_in_the_log() {
 fn an_ordinary_cancel_keeps_the_turn_in_the_history() {
     let w = World::new();
     w.followup("first");
-    run(&w, vec![enter(), request(json!({})), stream(), chunk(json!({"type": "text-delta", "text": "par"})), cancelled("NextChunk").meanwhile(cancel())]);
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "par"})),
+            cancelled("NextChunk").meanwhile(cancel()),
+        ],
+    );
     w.followup("second");
     run(&w, vec![enter(), request(json!({})), reply_text("two")]);
     assert_eq!(w.requests.borrow().last().unwrap(), &["user: first", "model: par", "user: second"]);

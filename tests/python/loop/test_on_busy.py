@@ -242,3 +242,20 @@ def test_a_rolled_back_turn_stays_out_of_a_resumed_loops_history() -> None:
         await again.aclose()
 
     asyncio.run(main())
+
+
+def test_a_followup_from_another_thread_is_applied_on_the_loops_thread() -> None:
+    async def main() -> None:
+        held = Held("tool")
+        await held.start()
+        with pytest.raises(BusyError):
+            await asyncio.to_thread(held.loop.followup, "no", on_busy="reject")
+        assert not held.loop.inbox.has_pending
+        sent = await asyncio.to_thread(held.loop.followup, "second", on_busy="rollback")
+        assert sent.text == "second"
+        await held.loop.when_idle()
+        assert endings(held.loop.log)[1] == {"kind": "aborted", "reason": {"kind": "rollback"}}
+        assert held.requests[-1] == ["hello", "re:hello", "second"]
+        await held.loop.aclose()
+
+    asyncio.run(main())
