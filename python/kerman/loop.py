@@ -397,9 +397,10 @@ class AgentLoop:
         tools = ", ".join(repr(name) for name in self._tools)
         listeners = sum(self._listener_counts().values())
         closed = " closed" if self._inbox.closed else ""
+        on_busy = f" on_busy={self._on_busy!r}" if self._on_busy != "enqueue" else ""
         return (
             f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)} step={self._core.step} "
-            f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{closed}>"
+            f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{on_busy}{closed}>"
         )
 
     def _repr_html_(self) -> str:

@@ -213,7 +213,8 @@ def test_a_bad_policy_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="'later'"):
         AgentLoop(model, on_busy="later")  # type: ignore[arg-type]
     loop = AgentLoop(model)
-    assert loop.on_busy == "enqueue"
+    assert loop.on_busy == "enqueue" and "on_busy" not in repr(loop)
+    assert "on_busy='rollback'" in repr(AgentLoop(model, on_busy="rollback"))
     with pytest.raises(ValueError, match="'never'"):
         loop.followup("x", on_busy="never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="'sometimes'"):
