@@ -33,6 +33,7 @@ from ._core import (
 from ._run import RunError, RunResult
 from .decisions import Answer, Approve, Ask, Deny, Edit, InputRequired, PendingDecision, ToolCall
 from .errors import (
+    BusyError,
     CorruptLogError,
     DecisionError,
     DuplicateMessageError,
@@ -124,6 +125,7 @@ __all__ = [
     "Answer",
     "InputRequired",
     "PendingDecision",
+    "BusyError",
     "DecisionError",
     # messages
     "Message",

@@ -273,6 +273,8 @@ def _ending(end: Dict[str, Any]) -> str:
         text += f" ({cause.kind or ''})"
     elif kind == "budget" and ending.budget is not None:
         text += f" ({ending.budget.text()})"
+    if ending.rolled_back:
+        text += "; rolled back: its messages are out of the history"
     return f'<div class="k-end">— {clip(text, 300)} —</div>'
 
 
@@ -283,7 +285,8 @@ def transcript(t: Any) -> str:
     endings = [e for e in t.endings if _reason(e).kind != "completed"]
     shown = entries[-MESSAGES_SHOWN:]
     first_seq = shown[0]["seq"] if shown and len(shown) < len(entries) else -1
-    items = [(e["seq"], _message_div(e["message"], _entry_note(e))) for e in shown]
+    rolled_back = {e.get("turn") for e in t.endings if _reason(e).rolled_back}
+    items = [(e["seq"], _message_div(e["message"], _entry_note(e, rolled_back))) for e in shown]
     items += [(e["seq"], _ending(e)) for e in endings if e["seq"] > first_seq]
     items.sort(key=lambda item: item[0])
     head = f"Transcript {_label('session', t.session_id)} {_label('messages', len(entries))} {_label('turns', len(t.endings))}"
@@ -292,8 +295,10 @@ def transcript(t: Any) -> str:
     return _box(head, body)
 
 
-def _entry_note(entry: Dict[str, Any]) -> str:
+def _entry_note(entry: Dict[str, Any], rolled_back: Any = frozenset()) -> str:
     notes = []
+    if entry["turn"] in rolled_back:
+        notes.append("rolled back")
     if entry["mid_turn"]:
         notes.append(f"entered at step {entry['step']} (steering)")
     if entry["interrupted"]:

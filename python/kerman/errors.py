@@ -29,6 +29,7 @@ __all__ = [
     "LeaseLostError",
     "LoopError",
     "DecisionError",
+    "BusyError",
     "TurnAborted",
     "InvalidToolArgumentsError",
     "ModelError",
@@ -155,6 +156,17 @@ class LeaseLostError(LogError):
 
 class LoopError(KermanError):
     """Misuse of an AgentLoop (wrong thread, no event loop, unknown turn...)."""
+
+
+class BusyError(LoopError):
+    """A followup sent with ``on_busy="reject"`` while a turn was running (or waiting for
+    decisions): nothing was queued. ``session_id`` and ``turn`` name the session and its
+    running turn."""
+
+    def __init__(self, message: str, session_id: Optional[str] = None, turn: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.turn = turn
 
 
 class DecisionError(LoopError):

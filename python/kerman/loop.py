@@ -21,7 +21,7 @@ import warnings
 import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
 
-from . import _continuation, _dispatch, _html, _report, _run, output
+from . import _busy, _continuation, _dispatch, _html, _report, _run, output
 from . import compaction as _compaction
 from ._core import NEXT_STEP, NEXT_TURN, Inbox, LoopCore, MemoryStore, SessionLog, Transcript, UserMessage
 from .compaction import Compactor, Strategy
@@ -168,6 +168,7 @@ class AgentLoop:
         resume: Optional[Literal["continue", "close"]] = None,
         budget: Optional[Budget] = None,
         compaction: Optional[Compactor] = None,
+        on_busy: _busy.OnBusy = "enqueue",
     ) -> None:
         # Whether (and how) the caller chose: a Worker or kerman serve adopts "continue" otherwise.
         self._resume_chosen = _continuation.check_resume(resume)
@@ -181,6 +182,7 @@ class AgentLoop:
             raise TypeError(f"budget must be a kerman.Budget or None, got {type(budget).__name__}")
         self._model = model
         self._budget = budget
+        self._on_busy = _busy.checked(on_busy)
         # Structured output (kerman.output): the loop's type, each run's (by turn), the retries
         # spent per turn, the last validated value (turn, typed value) for run() to return.
         self._output_type: Optional[OutputSpec] = output.output_spec(output_type)
@@ -444,9 +446,10 @@ class AgentLoop:
         tools = ", ".join(repr(name) for name in self._tools)
         listeners = sum(self._listener_counts().values())
         closed = " closed" if self._inbox.closed else ""
+        on_busy = f" on_busy={self._on_busy!r}" if self._on_busy != "enqueue" else ""
         return (
             f"<AgentLoop turn={self._core.turn} status={self._status} pending={len(self._inbox)} step={self._core.step} "
-            f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{closed}>"
+            f"session={self._log.id!r} tools=[{tools}] listeners={listeners}{on_busy}{closed}>"
         )
 
     def _repr_html_(self) -> str:
@@ -804,9 +807,26 @@ class AgentLoop:
 
     # ---- delivery ---------------------------------------------------------------------------
 
-    def followup(self, message: Union[str, UserMessage]) -> UserMessage:
-        """Queues a prompt for its own turn and wakes the loop."""
-        return self.send(message, NEXT_TURN, True)
+    def followup(self, message: Union[str, UserMessage], *, on_busy: Optional[_busy.OnBusy] = None) -> UserMessage:
+        """Queues a prompt for its own turn and wakes the loop. While a turn runs (or waits for
+        decisions), ``on_busy`` (default: the loop's :attr:`on_busy`) says what happens:
+        ``"enqueue"`` queues it after the turn, ``"reject"`` raises :class:`~kerman.BusyError`
+        and queues nothing, ``"interrupt"`` cancels the turn (keeping what it logged) and runs
+        the prompt next, ``"rollback"`` cancels the turn and the session goes on from before it
+        (docs/context.md, "Double-texting")."""
+        if on_busy is None and self._on_busy == "enqueue":
+            return self.send(message, NEXT_TURN, True)
+        return _busy.followup(self, message, on_busy)
+
+    @property
+    def on_busy(self) -> _busy.OnBusy:
+        """What a followup does while a turn runs, unless it says otherwise: ``"enqueue"``,
+        ``"reject"``, ``"interrupt"`` or ``"rollback"`` (``AgentLoop(on_busy=)``)."""
+        return self._on_busy
+
+    @on_busy.setter
+    def on_busy(self, value: _busy.OnBusy) -> None:
+        self._on_busy = _busy.checked(value)
 
     def steer(self, message: Union[str, UserMessage]) -> UserMessage:
         """Queues input for the nearest step boundary of the running turn, and wakes the loop."""

@@ -4,13 +4,15 @@
 //! up from the log with what others appended, so a request never re-reads the whole log.
 //! `context/compacted` records reshape it (see [`compaction`](super::compaction)): the history
 //! is their projection over the logged messages, which are all kept for reverts and pins.
+//! A turn that ends rolled back (see [`super::rollback`]) takes its messages out again.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 
 use super::compaction::{self, Compaction, Item};
-use super::events::{CONTEXT_COMPACTED, USER_MESSAGE};
+use super::events::{CONTEXT_COMPACTED, TURN_END, TURN_START, USER_MESSAGE};
+use super::rollback;
 use crate::event_log::{is_surface_type, SessionLog};
 use crate::message::{Message, MessageError, MessageKind};
 
@@ -22,8 +24,10 @@ struct State {
     raw: Vec<(u64, Arc<Message>)>,
     /// Every event before this seq has been folded in.
     pos: u64,
-    /// Bumped by each compaction: the view changed other than by appending.
+    /// Bumped by each compaction and rollback: the view changed other than by appending.
     generation: u64,
+    /// The seq of the last `turn/start` folded: where a rollback of that turn cuts.
+    turn_from: u64,
 }
 
 impl State {
@@ -36,12 +40,43 @@ impl State {
         compaction::apply(&mut self.view, &self.raw, compaction);
         self.generation += 1;
     }
+
+    /// The turn that just ended rolled back: its messages leave the history (and the raw
+    /// messages, so no later revert brings them back). A compaction's replacement that stands
+    /// for messages on both sides of the cut gives way to the raw messages before the cut.
+    fn roll_back(&mut self) {
+        let from = self.turn_from;
+        let keep_raw = self.raw.partition_point(|(seq, _)| *seq < from);
+        let keep_view = self.view.iter().position(|item| item.hi >= from).unwrap_or(self.view.len());
+        if keep_raw == self.raw.len() && keep_view == self.view.len() {
+            return;
+        }
+        let straddling = self.view.get(keep_view).filter(|item| item.lo < from).map(|item| item.lo);
+        self.view.truncate(keep_view);
+        if let Some(lo) = straddling {
+            for (seq, message) in &self.raw[..keep_raw] {
+                if *seq >= lo {
+                    self.view.push(Item { lo: *seq, hi: *seq, message: Arc::clone(message) });
+                }
+            }
+        }
+        self.raw.truncate(keep_raw);
+        self.generation += 1;
+    }
 }
 
-/// A folded event: a message joining the history, or a compaction.
+/// A folded event: a message joining the history, a compaction, or the turn bounds a rollback
+/// needs.
 enum Folded {
     Message(u64, Arc<Message>),
     Compacted(Compaction),
+    TurnStart(u64),
+    RolledBack,
+}
+
+/// The events the history folds.
+fn folded(kind: &str) -> bool {
+    is_surface_type(kind) || kind == CONTEXT_COMPACTED || kind == TURN_START || kind == TURN_END
 }
 
 /// Shared by the turn machine and a tool plan run elsewhere; locked only for plain Vec work.
@@ -67,7 +102,20 @@ impl History {
             return Ok(());
         }
         let mut decoded = Vec::new();
-        for event in &log.range_where(start, Some(stop), |e| is_surface_type(e.kind()) || e.kind() == CONTEXT_COMPACTED) {
+        for event in &log.range_where(start, Some(stop), |e| folded(e.kind())) {
+            match event.kind() {
+                TURN_START => {
+                    decoded.push(Folded::TurnStart(event.seq));
+                    continue;
+                }
+                TURN_END => {
+                    if rollback::rolls_back(event.data_json()) {
+                        decoded.push(Folded::RolledBack);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             let data: Value = serde_json::from_str(event.data_json()).map_err(|e| MessageError::new("message", e.to_string()))?;
             if event.kind() == CONTEXT_COMPACTED {
                 decoded.push(Folded::Compacted(Compaction::from_value(&data)?));
@@ -86,6 +134,8 @@ impl History {
                 match folded {
                     Folded::Message(seq, message) => state.add(seq, message),
                     Folded::Compacted(compaction) => state.compact(&compaction),
+                    Folded::TurnStart(seq) => state.turn_from = seq,
+                    Folded::RolledBack => state.roll_back(),
                 }
             }
             state.pos = stop;
@@ -126,8 +176,8 @@ impl History {
         self.since_generation(start).1
     }
 
-    /// The generation (bumped by each compaction: a copy of the messages taken before is
-    /// stale) and the messages from index `start` on, read together.
+    /// The generation (bumped by each compaction and rollback: a copy of the messages taken
+    /// before is stale) and the messages from index `start` on, read together.
     pub fn since_generation(&self, start: usize) -> (u64, Vec<Arc<Message>>) {
         let state = self.state();
         let messages =
@@ -135,7 +185,7 @@ impl History {
         (state.generation, messages)
     }
 
-    /// The compaction generation (see [`since_generation`](Self::since_generation)).
+    /// The generation (see [`since_generation`](Self::since_generation)).
     pub fn generation(&self) -> u64 {
         self.state().generation
     }

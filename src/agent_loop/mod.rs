@@ -40,6 +40,7 @@ mod history;
 pub mod in_doubt;
 mod machine;
 mod recovery;
+pub mod rollback;
 mod tools;
 mod transcript;
 pub mod waterfall;

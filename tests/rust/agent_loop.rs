@@ -2060,3 +2060,65 @@ fn a_claim_past_the_end_of_its_list_takes_the_rest_of_it() {
     let unread = unentered_claims(&log.range(0, None));
     assert_eq!(unread.iter().map(|c| c.message["id"].clone()).collect::<Vec<_>>(), [json!("b")]);
 }
+
+// ---- rollback (on_busy="rollback") ------------------------------------------------------------
+
+/// `loop.cancel({"kind": "rollback"})`: what a followup sent with `on_busy="rollback"` does.
+fn roll_back() -> impl FnOnce(&World) {
+    |w: &World| assert!(w.shared.state().abort(cause(json!({"kind": "rollback"}))))
+}
+
+#[test]
+fn a_rolled_back_turn_leaves_the_history_but_stays_in_the_log() {
+    let w = World::new();
+    w.followup("first");
+    run(&w, vec![enter(), request(json!({})), reply_text("one")]);
+    // Turn 2 streams a partial reply, calls a tool, then is rolled back in its second step.
+    w.followup("second");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            reply_calls(&[("c1", "t", "{}")], false),
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "par"})),
+            cancelled("NextChunk").meanwhile(roll_back()),
+        ],
+    );
+    assert_eq!(
+        snapshot(&w.log).last().unwrap(),
+        &turn_end(2, json!({"kind": "aborted", "reason": {"kind": "rollback"}})),
+        "the marker is the turn's own end"
+    );
+    assert_eq!(seqs_of(&w.log, "user/message").len(), 2, "the rolled-back turn's events stay in the log");
+    w.followup("third");
+    run(&w, vec![enter(), request(json!({})), reply_text("three")]);
+    assert_eq!(w.requests.borrow().last().unwrap(), &["user: first", "model: one", "user: third"]);
+    // A loop resumed over the log folds the same history from scratch.
+    let w = w.resumed();
+    w.shared.history.catch_up(&w.log, w.log.len()).unwrap();
+    let texts: Vec<String> = w.shared.history.since(0).iter().map(|m| format!("{}: {}", m.source_kind(), m.text())).collect();
+    assert_eq!(texts, ["user: first", "model: one", "user: third", "model: three"]);
+}
+
+#[test]
+fn an_ordinary_cancel_keeps_the_turn_in_the_history() {
+    let w = World::new();
+    w.followup("first");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "par"})),
+            cancelled("NextChunk").meanwhile(cancel()),
+        ],
+    );
+    w.followup("second");
+    run(&w, vec![enter(), request(json!({})), reply_text("two")]);
+    assert_eq!(w.requests.borrow().last().unwrap(), &["user: first", "model: par", "user: second"]);
+}

@@ -184,6 +184,8 @@ def _turn_end(v: events.TurnEnd) -> str:
                 detail += f": {cause.reason}"
         else:
             raise _Odd
+        if reason.rolled_back:  # its messages left the history: say so where it ends
+            return f"{head} rolled back: aborted ({_escape(_truncate(detail, TEXT_LIMIT))}), out of the history from here"
         return f"{head} aborted ({_escape(_truncate(detail, TEXT_LIMIT))})"
     if kind == "blocked":
         why = reason.blocked_reason

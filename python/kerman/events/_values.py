@@ -354,7 +354,8 @@ class Failure(JsonObject):
 
 class Cause(JsonObject):
     """Why a turn was aborted: ``kind`` ``"user"``, ``"parent"``, ``"disposed"``, ``"hook"`` (with
-    a ``reason``) or any kind ``loop.cancel()`` was given."""
+    a ``reason``), ``"interrupt"`` or ``"rollback"`` (a followup sent with that ``on_busy``) or
+    any kind ``loop.cancel()`` was given."""
 
     __slots__ = ()
 
@@ -396,6 +397,15 @@ class Ending(JsonObject):
     def blocked_reason(self) -> Optional[str]:
         """The reason a ``pre_step`` listener gave to ``Reject`` (``blocked``)."""
         return _str(self.raw.get("reason"))
+
+    @property
+    def rolled_back(self) -> bool:
+        """Whether the turn was rolled back (aborted with cause ``rollback``): its messages are
+        out of the history from this ``turn/end`` on, its events stay in the log."""
+        if self.raw.get("kind") != "aborted":
+            return False
+        cause = self.raw.get("reason")
+        return isinstance(cause, dict) and cause.get("kind") == "rollback"
 
     @property
     def budget(self) -> Optional[BudgetStop]:

@@ -18,6 +18,7 @@ The rules that are the fold's, not a protocol's:
   announces the call first, with the name and arguments its assistant message gave;
 * a continuation (a turn that answers the input of one a crash interrupted) is told right
   after its start, with the turn it continues;
+* a turn that ends rolled back (``on_busy="rollback"``) is told so before it ends;
 * a decision request and its resolution are told as they come (docs/decisions.md); the
   request marked ``last`` is the final one before the step waits;
 * an event of a type Kerman does not write (a plugin's, an application's) is told as it comes,
@@ -86,6 +87,10 @@ class Sink:
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         """Input the ending turn claimed and no step read (cancelled before the decision,
         rejected); ``turn`` and ``reason`` as the turn's end logged them."""
+
+    def turn_rolled_back(self, turn: Any) -> None:
+        """The ending turn was rolled back (``on_busy="rollback"``): a UI shows its messages
+        as out of the conversation. Told just before its ``turn_ended``."""
 
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         """A turn ended; ``turn`` is the turn that was open (else the end's own)."""
@@ -277,6 +282,8 @@ class UiFold:
         ending = view.reason
         for row in self.queue.take_unread():  # claimed, never read: shown, never hidden
             self.sink.unread(row, view.turn, ending.raw)
+        if ending.rolled_back:
+            self.sink.turn_rolled_back(turn)
         self.sink.turn_ended(turn, ending)
 
 

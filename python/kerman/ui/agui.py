@@ -181,6 +181,9 @@ class AgUiProjection(Projection, f.Sink):
             )
         )
 
+    def turn_rolled_back(self, turn: Any) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.turn/rolled-back", value={"turn": turn}))
+
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         kind = ending.kind
         if kind == "error":

@@ -184,6 +184,9 @@ class VercelProjection(Projection, f.Sink):
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         """Not a part of this protocol: the queue parts already show the input is gone."""
 
+    def turn_rolled_back(self, turn: Any) -> None:
+        self._out.append({"type": "data-rolled-back", "data": {"turn": turn}})
+
     def turn_ended(self, turn: Any, ending: events.Ending) -> None:
         kind = ending.kind
         metadata = {"turn": turn, "reason": public_reason(ending.raw)}

@@ -24,7 +24,8 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import DuplicateMessageError, InvalidMessageError, KermanError, LoopError, SessionExistsError, SessionNotFoundError, ui
+from .. import BusyError, DuplicateMessageError, InvalidMessageError, KermanError, LoopError, SessionExistsError, SessionNotFoundError, ui
+from .._busy import POLICIES
 from ..events import InboxSpliced
 from ..ui._base import JsonDict
 from . import _decisions
@@ -46,6 +47,7 @@ log = logging.getLogger("kerman.web")
 STATIC = Path(__file__).parent / "static"
 PROTOCOLS = ("agui", "vercel", "kerman")
 DELIVERIES = ("followup", "steer", "inject")
+ON_BUSY = POLICIES
 # Session and message ids the API accepts: what URLs and file names carry without escaping
 # (minted ids are UUIDv7 text, which fits).
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -184,21 +186,45 @@ def create_app(
     async def post_message(request: Request) -> JSONResponse:
         session = await session_of(request)
         body = await _json_body(request)
-        _fields(body, ("text", "delivery", "id"))
+        _fields(body, ("text", "delivery", "id", "on_busy"))
         text = _text(body)
         delivery = body.get("delivery", "followup")
         if delivery not in DELIVERIES:
             raise ApiError(400, "invalid-delivery", f"'delivery' must be one of {', '.join(DELIVERIES)}, not {delivery!r}")
+        on_busy = body.get("on_busy")
+        if on_busy is not None:
+            if on_busy not in ON_BUSY:
+                raise ApiError(400, "invalid-on-busy", f"'on_busy' must be one of {', '.join(ON_BUSY)}, not {on_busy!r}")
+            if delivery != "followup":
+                raise ApiError(400, "invalid-on-busy", f"'on_busy' applies to a followup, not to {delivery!r}")
         message_id = body.get("id")
         if message_id is not None:
             if not isinstance(message_id, str):
                 raise ApiError(400, "invalid-message-id", "'id' must be a string")
             _checked_id(message_id, "message")
         try:
-            message = await sessions.send(session, text, delivery, message_id)
+            message = await sessions.send(session, text, delivery, message_id, on_busy)
         except DuplicateMessageError as error:
             raise ApiError(409, "duplicate-message", str(error)) from None
+        except BusyError as error:
+            raise ApiError(409, "busy", str(error)) from None
         return JSONResponse({"id": message.id, "delivery": delivery}, status_code=201)
+
+    async def fork_at(request: Request) -> JSONResponse:
+        session = await session_of(request)
+        body = await _json_body(request)
+        _fields(body, ("message_id", "text"))
+        text = _text(body)
+        message_id = body.get("message_id")
+        if not isinstance(message_id, str):
+            raise ApiError(400, "invalid-message-id", "'message_id' must be a string: the user message to edit")
+        _checked_id(message_id, "message")
+        child, cut, message = await sessions.fork(session, message_id, text)
+        return JSONResponse(
+            {"id": child.id, "forkedFrom": {"id": session.id, "seq": cut}, "message": message.id},
+            status_code=201,
+            headers={"Location": f"/sessions/{quote(child.id)}"},
+        )
 
     def _gone(session: Session, message_id: str) -> ApiError:
         for event in session.log.splices():
@@ -379,6 +405,7 @@ def create_app(
         Route("/sessions/{session_id}/events", events, methods=["GET"]),
         Route("/sessions/{session_id}/usage", show_usage, methods=["GET"]),
         Route("/sessions/{session_id}/messages", post_message, methods=["POST"]),
+        Route("/sessions/{session_id}/fork", fork_at, methods=["POST"]),
         Route("/sessions/{session_id}/queue/{message_id}", edit_queued, methods=["PATCH"]),
         Route("/sessions/{session_id}/queue/{message_id}", remove_queued, methods=["DELETE"]),
         Route("/sessions/{session_id}/cancel", cancel, methods=["POST"]),

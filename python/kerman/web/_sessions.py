@@ -24,12 +24,13 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from .. import AgentLoop, PostgresStore, SessionLockedError, SessionLog, UserMessage, _continuation
 from ..ui._base import JsonDict
 from ._errors import ApiError
 from ._feed import Feed
+from ._fork import cut_before
 
 __all__ = ["Session", "Sessions"]
 
@@ -270,9 +271,18 @@ class Sessions:
 
     # -- input ---------------------------------------------------------------------------------
 
-    async def send(self, session: Session, text: str, delivery: str, message_id: Optional[str]) -> UserMessage:
+    async def send(
+        self, session: Session, text: str, delivery: str, message_id: Optional[str], on_busy: Optional[str] = None
+    ) -> UserMessage:
         source = CONTEXT_SOURCE if delivery == "inject" else None
         message = UserMessage(text, source=source, id=message_id) if message_id else UserMessage(text, source=source)
+        if session.loop is not None and on_busy is not None:
+            return session.loop.followup(message, on_busy=on_busy)  # type: ignore[arg-type]
+        if on_busy not in (None, "enqueue"):
+            # The policy needs the running turn's owner; a staged row cannot cancel it.
+            raise ApiError(
+                409, "not-owner", f'session "{session.id}": on_busy={on_busy!r} needs the session\'s owner ({session.owner_note})'
+            )
         if session.loop is not None:
             deliver: Callable[[UserMessage], UserMessage] = getattr(session.loop, delivery)
             return deliver(message)
@@ -281,6 +291,16 @@ class Sessions:
         target, wakeup = _TARGETS[delivery]
         staged: UserMessage = await asyncio.to_thread(self.store.enqueue, session.id, message, target, wakeup)
         return staged
+
+    async def fork(self, session: Session, message_id: str, text: str) -> Tuple[Session, int, UserMessage]:
+        """Forks ``session`` just before user message ``message_id`` was claimed, with the queue
+        at the cut dropped, and sends ``text`` to the fork as a followup: the fork, the cut and
+        the sent message."""
+        cut = cut_before(session.log, session.id, message_id)
+        child_id: str = await asyncio.to_thread(self.store.fork, session.id, cut, None, inbox="drop")
+        child = await self.get(child_id)
+        message = await self.send(child, text, "followup", None)
+        return child, cut, message
 
     @property
     def remote_ops(self) -> bool:

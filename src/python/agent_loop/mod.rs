@@ -267,7 +267,7 @@ impl PyLoopCore {
         let cache = lock(&self.history).as_ref().map(|(generation, list)| (*generation, list.clone_ref(py)));
         let generation = self.shared.history.generation();
         let cache = match cache {
-            // A compaction since the cache was filled reshaped the history: start over.
+            // A compaction or a rollback since the cache was filled reshaped the history: start over.
             Some((had, list)) if had == generation => list.into_bound(py),
             _ => {
                 let list = PyList::empty(py);

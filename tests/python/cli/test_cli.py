@@ -228,6 +228,11 @@ def test_other_summaries() -> None:
         == "turn 6 aborted (hook: budget)"
     )
     assert s("turn/end", {"turn": 7, "reason": {"kind": "blocked"}}) == "turn 7 blocked"
+    assert (
+        s("turn/end", {"turn": 9, "reason": {"kind": "aborted", "reason": {"kind": "rollback"}}})
+        == "turn 9 rolled back: aborted (rollback), out of the history from here"
+    )
+    assert s("turn/end", {"turn": 9, "reason": {"kind": "aborted", "reason": {"kind": "interrupt"}}}) == "turn 9 aborted (interrupt)"
     assert s("turn/end", {"turn": 8, "reason": {"kind": "max-tokens"}}) == "turn 8 max-tokens"
     assert (
         s(

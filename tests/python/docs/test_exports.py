@@ -50,6 +50,7 @@ KERMAN_ALL = [
     "Answer",
     "InputRequired",
     "PendingDecision",
+    "BusyError",
     "DecisionError",
     "Message",
     "UserMessage",

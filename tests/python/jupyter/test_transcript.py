@@ -145,6 +145,33 @@ def test_an_interrupted_reply_is_kept_and_marked():
     assert "interrupted" in html and "turn 1 ended: aborted (user)" in html
 
 
+def test_a_rolled_back_turn_stays_in_the_transcript_marked_rolled_back():
+    async def main() -> AgentLoop:
+        streaming = asyncio.Event()
+
+        async def model(request: kerman.ModelRequest) -> Any:
+            yield {"type": "text-delta", "text": "Once upon"}
+            if request.messages[-1].text == "tell a story":
+                streaming.set()
+                await asyncio.get_running_loop().create_future()  # until cancelled
+            yield {"type": "finish", "reason": "stop"}
+
+        loop = AgentLoop(model)
+        loop.followup("tell a story")
+        await streaming.wait()
+        loop.followup("a poem instead", on_busy="rollback")
+        await loop.when_idle()
+        return loop
+
+    loop = asyncio.run(main())
+    t = loop.log.transcript()
+    assert [m.text for m in t] == ["tell a story", "Once upon", "a poem instead", "Once upon"]
+    assert t.endings[0]["reason"] == {"kind": "aborted", "reason": {"kind": "rollback"}}
+    html = t._repr_html_()
+    assert html.count("rolled back") == 3  # its two messages, and its ending
+    assert "turn 1 ended: aborted (rollback); rolled back" in html
+
+
 def test_a_long_conversation_shows_its_last_messages():
     loop = AgentLoop(ScriptedModel([f"reply {i}" for i in range(100)]))
     run(loop, *[f"prompt {i}" for i in range(100)])

@@ -365,6 +365,32 @@ async def compaction(store: kerman.FileStore) -> None:
     await loop.aclose()
 
 
+async def double_texting(store: kerman.FileStore) -> None:
+    """A followup sent with on_busy="interrupt" mid-stream (the cut reply stays), then one sent
+    with on_busy="rollback" mid-stream (the turn is rolled back)."""
+    streaming = asyncio.Event()
+
+    async def model(request: kerman.ModelRequest):  # noqa: ANN202
+        yield {"type": "text-delta", "text": "Working on "}
+        if request.messages[-1].text.startswith("long"):
+            streaming.set()
+            await asyncio.Event().wait()
+        yield {"type": "text-delta", "text": "it"}
+        yield {"type": "finish", "reason": "stop"}
+
+    loop = kerman.AgentLoop(model, log=store.create("double_texting"))
+    loop.followup("long job")
+    await streaming.wait()
+    streaming.clear()
+    loop.followup("short one", on_busy="interrupt")
+    await loop.when_idle()
+    loop.followup("long job again")
+    await streaming.wait()
+    loop.followup("never mind", on_busy="rollback")
+    await loop.when_idle()
+    await loop.aclose()
+
+
 def next_of(compaction, text):
     return next(m for m in compaction.messages if m.text == text)
 
@@ -388,6 +414,7 @@ async def main(only: list[str]) -> None:
             custom,
             structured_output,
             compaction,
+            double_texting,
         ):
             if only and scenario.__name__ not in only:
                 continue

@@ -46,6 +46,7 @@ def test_every_scenario_is_recorded():
         "custom",
         "structured_output",
         "compaction",
+        "double_texting",
     }
 
 

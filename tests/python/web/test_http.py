@@ -313,6 +313,7 @@ ROUTES = [
     ("PATCH", "/sessions/x/queue/m"),
     ("DELETE", "/sessions/x/queue/m"),
     ("POST", "/sessions/x/cancel"),
+    ("POST", "/sessions/x/fork"),
     ("GET", "/nowhere"),
 ]
 

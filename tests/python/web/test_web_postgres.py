@@ -169,3 +169,17 @@ def test_resend_of_a_prompt_cancelled_before_it_was_read_reaches_the_owner():
                 log.close()
 
         asyncio.run(owner_and_ui())
+
+
+def test_on_busy_needs_the_owner_except_enqueue():
+    """The web process of a PostgresStore only stages input: "enqueue" is staged, the other
+    policies (which cancel or refuse against the running turn) are refused before staging."""
+    session_id = f"web-{uuid.uuid4().hex[:10]}"
+    with Server(PG_DSN) as server, server.client() as client:
+        assert client.post("/sessions", json={"id": session_id}).status_code == 201
+        for policy in ("reject", "interrupt", "rollback"):
+            refused = client.post(f"/sessions/{session_id}/messages", json={"text": "x", "on_busy": policy})
+            assert refused.status_code == 409 and refused.json()["error"]["code"] == "not-owner"
+            assert repr(policy) in refused.json()["error"]["message"]
+        staged = client.post(f"/sessions/{session_id}/messages", json={"text": "queued", "on_busy": "enqueue"})
+        assert staged.status_code == 201 and staged.json()["delivery"] == "followup", staged.text

@@ -7,6 +7,7 @@
 const $ = (selector) => document.querySelector(selector);
 const state = {
   session: null, source: null, messages: new Map(), tools: new Map(), tags: new Map(), queue: null,
+  run: [],  // the elements the running turn added: marked when it is rolled back
   decisions: new Map(), waiting: false,  // decisions.js: each request and its resolution; the turn waits for them
   turn: null,  // the turn the stream is in (RUN_STARTED's runId), for its usage line
 };
@@ -56,9 +57,51 @@ function bubble(id, role) {
   const text = document.createElement("span");
   text.className = "text";
   el.append(text);
+  if (role === "user") el.append(editControl(id, text));
   $("#transcript").append(el);
   state.messages.set(id, text);
+  state.run.push(el);
   return text;
+}
+
+// "Edit an earlier message and continue from there": the session is forked just before the
+// message was taken (POST /sessions/{id}/fork), the edited text runs in the fork, and the page
+// moves to it; the original session stays as it is.
+function editControl(id, text) {
+  const edit = document.createElement("button");
+  edit.type = "button";
+  edit.className = "fork-edit";
+  edit.textContent = "edit";
+  edit.title = "Edit this message and continue from here in a new session (a fork); this one is kept";
+  edit.onclick = () => {
+    const el = edit.parentElement;
+    const input = document.createElement("input");
+    input.className = "fork-text";
+    input.value = text.textContent;
+    const save = document.createElement("button");
+    save.type = "button";
+    save.className = "fork-save";
+    save.textContent = "continue from here";
+    const close = () => { input.remove(); save.remove(); edit.hidden = false; };
+    save.onclick = () => {
+      save.disabled = true;
+      api("POST", sessionPath("/fork"), { message_id: id, text: input.value })
+        .then((fork) => { location.hash = `s=${encodeURIComponent(fork.id)}`; }, () => { save.disabled = false; });
+    };
+    input.onkeydown = (e) => { if (e.key === "Enter") save.onclick(); if (e.key === "Escape") close(); };
+    edit.hidden = true;
+    el.append(input, save);
+    input.focus();
+  };
+  return edit;
+}
+
+function rolledBack(value) {
+  for (const el of state.run) {
+    el.classList.add("rolled-back");
+    el.dataset.rolledBack = "true";
+  }
+  runEnd(`turn ${value.turn} rolled back: out of the conversation`, false);
 }
 
 function append(id, delta) {
@@ -87,6 +130,7 @@ function toolCard(event) {
   el.append(head, args, close);
   $("#transcript").append(el);
   state.tools.set(event.toolCallId, el);
+  state.run.push(el);
   scroll();
 }
 
@@ -287,7 +331,7 @@ function startEdit(li, item) {
 // -- the stream ------------------------------------------------------------------------------------
 
 const handlers = {
-  RUN_STARTED: (e) => { state.waiting = false; state.turn = turnOf(e.runId); setStatus("running"); },
+  RUN_STARTED: (e) => { state.waiting = false; state.turn = turnOf(e.runId); state.run = []; setStatus("running"); },
   RUN_FINISHED: (e) => {
     state.waiting = e.outcome && e.outcome.type === "interrupt";
     if (state.waiting) { decisionStatus(); return; }  // the turn goes on once the person decided
@@ -318,6 +362,7 @@ const handlers = {
     else if (e.name === "kerman.decision/requested") decisionRequested(e.value, true);
     else if (e.name === "kerman.decision/resolved") decisionResolved(e.value);
     else if (e.name === "kerman.context/compacted") compactionCard(e.value);
+    else if (e.name === "kerman.turn/rolled-back") rolledBack(e.value);
   },
 };
 
@@ -327,6 +372,7 @@ function connect(sessionId) {
   state.messages.clear();
   state.tools.clear();
   state.tags.clear();
+  state.run = [];
   state.queue = null;
   clearDecisions();
   state.turn = null;
@@ -376,7 +422,10 @@ function send(event) {
   const prompt = $("#prompt");
   const text = prompt.value;
   if (!text.trim() || !state.session) return;
-  api("POST", sessionPath("/messages"), { text, delivery: $("#delivery").value }).then(() => { prompt.value = ""; }, () => {});
+  const body = { text, delivery: $("#delivery").value };
+  const onBusy = $("#on-busy").value;
+  if (body.delivery === "followup" && onBusy) body.on_busy = onBusy;
+  api("POST", sessionPath("/messages"), body).then(() => { prompt.value = ""; }, () => {});
 }
 
 window.addEventListener("DOMContentLoaded", () => {
