@@ -371,6 +371,8 @@ def _crashed(loop: Any, turn: int, crashes: int) -> str:
     if loop._core.resumable:
         return text + "; a continuation answers it at the next wake()"
     return text + "; not continued again (too many crashes in a row)"
+
+
 def _history_row(loop: Any) -> str:
     """What the next request's history holds, and what compaction replaced (nothing when the
     history was never compacted and no Compactor is set)."""

@@ -22,9 +22,9 @@ use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
 use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
-mod continuation;
-mod call_decision;
 mod budget;
+mod call_decision;
+mod continuation;
 mod gate;
 mod in_doubt;
 use crate::event_log::{LogError, SessionLog};

@@ -26,11 +26,11 @@
 //! count and last options, the abort cause and the wake latch.
 
 mod assemble;
-pub mod call_decisions;
 pub mod budget;
+pub mod call_decisions;
 mod closers;
-pub mod continuation;
 pub mod compaction;
+pub mod continuation;
 pub mod decisions;
 mod ending;
 pub mod events;

@@ -1,8 +1,8 @@
 //! One integration-test binary for the Rust core.
 
 mod agent_loop;
-mod continuation;
 mod call_decisions;
+mod continuation;
 mod decisions;
 mod event_log;
 mod file_store;

@@ -164,9 +164,7 @@ def test_kerman_log_shows_the_request_and_in_doubt_lists_its_decision(tmp_path: 
     root, counter = tmp_path / "store", tmp_path / "runs.jsonl"
     killed_mid_call(root, counter, "ask_write")
     [decision_id] = pending_in_another_process(root, counter)["decisions"]
-    listed = subprocess.run(
-        [sys.executable, "-m", "kerman", "log", "in-doubt", str(root), "s"], capture_output=True, text=True, timeout=60
-    )
+    listed = subprocess.run([sys.executable, "-m", "kerman", "log", "in-doubt", str(root), "s"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert f"in-doubt decision {decision_id} pending" in listed.stdout
     shown = subprocess.run([sys.executable, "-m", "kerman", "log", "show", str(root), "s"], capture_output=True, text=True, timeout=60)
