@@ -69,6 +69,9 @@ class Place:
     def new(cls, store: str, tmp_path: Path, durability: str = "checkpoint", dsn: Optional[str] = None) -> Place:
         """A fresh session (and, for PostgreSQL, a fresh schema unless ``dsn`` names one)."""
         session = f"kill-{uuid.uuid4().hex[:12]}"
+        # The tools' side-effect file lives here whatever the store (a PostgreSQL session makes
+        # no folder of its own, and a child killed before any tool ran creates none either).
+        tmp_path.mkdir(parents=True, exist_ok=True)
         effects = tmp_path / f"{session}.effects.jsonl"
         if store == "file":
             return cls(store, session, effects, root=tmp_path / "sessions", durability=durability)
