@@ -47,7 +47,8 @@ def test_a_compaction_is_one_line(tmp_path: Path) -> None:
     compacted = [line for line in lines if "compacted" in line]
     assert len(compacted) == 1, lines
     assert compacted[0].startswith("  [context compacted: events seqs ")
-    assert compacted[0].endswith('summary (manual) → 1 message "Summary of the earlier conversation:\\nthey said q0 and q1" by ScriptedModel]')
+    summary = '"Summary of the earlier conversation:\\nthey said q0 and q1"'  # escaped as log show escapes it
+    assert compacted[0].endswith(f"summary (manual) → 1 message {summary} by ScriptedModel]")
     # It comes after the turns it summarized, where the log has it.
     assert lines.index(compacted[0]) > max(i for i, line in enumerate(lines) if line.startswith("ok"))
 
