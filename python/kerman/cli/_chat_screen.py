@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, TextIO, Tuple
 from .. import AgentLoop, FileStore, Retry, SessionLog, events
 from ..hooks import Model, RequestFailure
 from ._chat_decide import Asker, resolution_line
-from ._timeline import message_text, terminal_text
+from ._timeline import message_text, summarize, terminal_text
 
 __all__ = ["Chat"]
 
@@ -178,6 +178,12 @@ class Chat:
                 self.line(f"  » {label}: {_one_line(message_text(message))}", dim=True)
         elif isinstance(event, events.StepStart):
             self.step = event.step
+        elif isinstance(event, events.TurnStart):
+            if event.continues is not None:  # the history as logged is asked again: say why
+                self.line(f"  [turn {event.turn} continues turn {event.continues}, which a crash interrupted]", dim=True)
+        elif isinstance(event, events.ContextCompacted):
+            # The history the model sees changed: the span replaced and by what, as `kerman log show` says it.
+            self.line(f"  [context compacted: {summarize(event)}]", dim=True)
         elif isinstance(event, events.TurnEnd):
             self.cancelling = False
             self.asker.stop()
@@ -205,6 +211,8 @@ class Chat:
         error = reason.error
         if what == "completed":
             note = ""
+        elif reason.rolled_back:
+            note = "rolled back: out of the history from here"
         elif what == "aborted":
             note = "cancelled"
         elif what == "error":
