@@ -28,6 +28,7 @@ pub const DECISION_REQUESTED: &str = "decision/requested";
 pub const DECISION_RESOLVED: &str = "decision/resolved";
 pub const OUTPUT_VALIDATED: &str = "output/validated";
 pub const CONTEXT_COMPACTED: &str = "context/compacted";
+pub const TOOL_PROGRESS: &str = "tool/progress";
 pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
@@ -377,6 +378,38 @@ pub fn context_compacted(data: &Value) -> LoopEvent {
     let mut out = Scratch::new();
     out.push_str(&crate::json::compact(data));
     LoopEvent::new(CONTEXT_COMPACTED, out)
+}
+
+/// `tool/progress {turn, step, callId, progress[, total][, message]}`: a running call's
+/// progress as its tool reported it (an MCP progress notification). The numbers must be finite
+/// (checked by [`progress::append`](super::progress::append)).
+pub fn tool_progress(turn: u64, step: u64, call_id: &str, progress: f64, total: Option<f64>, message: Option<&str>) -> LoopEvent {
+    let mut data = step_head(turn, step);
+    data.push_str(r#","callId":"#);
+    push_str_literal(&mut data, call_id);
+    data.push_str(r#","progress":"#);
+    push_number(&mut data, progress);
+    if let Some(total) = total {
+        data.push_str(r#","total":"#);
+        push_number(&mut data, total);
+    }
+    if let Some(message) = message {
+        data.push_str(r#","message":"#);
+        push_str_literal(&mut data, message);
+    }
+    data.push('}');
+    LoopEvent::new(TOOL_PROGRESS, data)
+}
+
+/// A finite number as JSON: `Display` writes no exponent and no `.0` (`3`, `0.25`), which is
+/// JSON; a non-finite one (the caller checks) is `null`.
+fn push_number(out: &mut String, n: f64) {
+    use std::fmt::Write;
+    if n.is_finite() {
+        let _ = write!(out, "{n}");
+    } else {
+        out.push_str("null");
+    }
 }
 
 // ---- readers ---------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ mod fork;
 mod history;
 pub mod in_doubt;
 mod machine;
+pub mod progress;
 mod recovery;
 pub mod rollback;
 mod tools;

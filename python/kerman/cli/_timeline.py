@@ -346,6 +346,22 @@ def _output_validated(v: events.OutputValidated) -> str:
     return f"turn {_need(v.turn)} step {_need(v.step)} " + compact_json(v.output)
 
 
+def _number(n: float) -> str:
+    return str(int(n)) if float(n).is_integer() else f"{n:g}"
+
+
+def _tool_progress(v: events.ToolProgress) -> str:
+    """``tool/progress``: the call, how far (of what total, as a percentage) and its message."""
+    text = f"#{_escape(_need(v.call_id))} {_number(v.progress)}"
+    if v.total is not None:
+        text += f"/{_number(v.total)}"
+        if v.fraction is not None:
+            text += f" ({v.fraction:.0%})"
+    if v.message is not None:
+        text += " " + quote(v.message)
+    return text
+
+
 def _compacted(v: events.ContextCompacted) -> str:
     """``context/compacted``: the span it replaced, how, and by what."""
     pinned = f", {len(v.pinned)} pinned" if v.pinned else ""
@@ -367,6 +383,7 @@ _SUMMARIES: Dict[type[events.EventView], Callable[[Any], str]] = {
     events.DecisionRequested: _decision_requested,
     events.DecisionResolved: _decision_resolved,
     events.OutputValidated: _output_validated,
+    events.ToolProgress: _tool_progress,
     events.LogDamaged: _damaged,
     events.LogRepaired: _repaired,
     events.InboxSpliced: _splice,

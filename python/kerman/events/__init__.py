@@ -21,6 +21,7 @@ from typing import AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, Mappi
 from .._core import Event
 from ._compaction import ContextCompacted
 from ._decisions import DecisionRequested, DecisionResolved, OutputValidated
+from ._progress import ToolProgress
 from ._types import (
     AssistantChunk,
     AssistantMessageEvent,
@@ -112,6 +113,8 @@ __all__ = [
     "OutputValidated",
     "CONTEXT_COMPACTED",
     "ContextCompacted",
+    "TOOL_PROGRESS",
+    "ToolProgress",
     "JsonObject",
     "MessageView",
     "Source",
@@ -157,6 +160,7 @@ DECISION_REQUESTED = DecisionRequested.TYPE
 DECISION_RESOLVED = DecisionResolved.TYPE
 OUTPUT_VALIDATED = OutputValidated.TYPE
 CONTEXT_COMPACTED = ContextCompacted.TYPE
+TOOL_PROGRESS = ToolProgress.TYPE
 
 #: Every event type Kerman writes, and its view class.
 TYPES: Dict[str, type[EventView]] = {
@@ -180,6 +184,7 @@ TYPES: Dict[str, type[EventView]] = {
         DecisionResolved,
         OutputValidated,
         ContextCompacted,
+        ToolProgress,
     )
 }
 

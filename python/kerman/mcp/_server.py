@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from .._core import AssistantMessage, UserMessage
 from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
-from . import _input
+from . import _input, _progress
 from ._adapter import MCPTool, effect_of, is_destructive
 from ._content import blocks_of, resource_blocks, result_meta
 from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
@@ -59,7 +60,8 @@ class MCPServer:
     ``durable_input=True`` makes them durable decisions instead (``docs/mcp.md``): the call's
     input-required result is logged as a request for a person, and once answered the call is
     made again with the answer and the server's state token, also from another process.
-    ``on_progress`` gets each :class:`Progress` notification of a running call.
+    ``on_progress`` gets each :class:`Progress` notification of a running call; the session log
+    keeps them, coalesced, as ``tool/progress`` records (docs/mcp.md, "Progress").
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class MCPServer:
         self._changed: Optional[asyncio.Event] = None  # set on each tools/list_changed
         self._bound: Optional[asyncio.AbstractEventLoop] = None  # the event loop of the above
         self.starts = 0  # how many times the server was started (a restart adds one)
+        self._clock: Callable[[], float] = time.monotonic  # of the progress log's coalescing (tests replace it)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -337,9 +340,12 @@ class MCPServer:
         except MCPServerError as e:
             return ToolResult(str(e), is_error=True, meta=result_meta(self.name, tool.remote_name, None, ()))
         progress: List[Dict[str, Any]] = []
+        logged = _progress.Coalescer(self._clock)
 
         async def on_progress(value: float, total: Optional[float], message: Optional[str]) -> None:
             progress.append({"progress": value, "total": total, "message": message})
+            if logged.admit(value, total, message):
+                _progress.record(ctx, value, total, message)
             logger.info("MCP %s/%s (call %s): progress %s/%s %s", self.name, tool.remote_name, ctx.call_id, value, total, message or "")
             if self.on_progress is not None:
                 update = Progress(self.name, tool.remote_name, ctx.call_id, value, total, message)

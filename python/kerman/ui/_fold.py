@@ -21,6 +21,8 @@ The rules that are the fold's, not a protocol's:
 * a turn that ends rolled back (``on_busy="rollback"``) is told so before it ends;
 * a decision request and its resolution are told as they come (docs/decisions.md); the
   request marked ``last`` is the final one before the step waits;
+* a tool call's progress (``tool/progress``) is told as it comes, and closes nothing: an open
+  text part stays open around it (a call runs while the model's text may still stream);
 * an event of a type Kerman does not write (a plugin's, an application's) is told as it comes,
   and changes nothing else: an open text part stays open around it.
 """
@@ -107,6 +109,9 @@ class Sink:
 
     def output_validated(self, output: events.OutputValidated) -> None:
         """The turn's structured output, validated (``output.output``: its JSON value)."""
+
+    def tool_progress(self, progress: events.ToolProgress) -> None:
+        """A running tool call reported progress (``progress.call_id``; docs/mcp.md, "Progress")."""
 
     def compacted(self, compaction: events.ContextCompacted) -> None:
         """The history was compacted: from here on, requests see ``compaction.messages`` in
@@ -271,6 +276,9 @@ class UiFold:
     def _output_validated(self, view: events.OutputValidated) -> None:
         self.sink.output_validated(view)
 
+    def _tool_progress(self, view: events.ToolProgress) -> None:
+        self.sink.tool_progress(view)
+
     def _compacted(self, view: events.ContextCompacted) -> None:
         self.sink.compacted(view)
 
@@ -305,6 +313,7 @@ _HANDLERS: Dict[str, Tuple[Any, Any]] = {
         (events.DecisionResolved, UiFold._decision_resolved),
         (events.OutputValidated, UiFold._output_validated),
         (events.ContextCompacted, UiFold._compacted),
+        (events.ToolProgress, UiFold._tool_progress),
     )
 }
 # view class -> handler, for an event given as a dict (its view is built first)

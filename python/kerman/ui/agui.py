@@ -7,7 +7,8 @@ state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox spli
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
 request); once every request of the step is resolved, the turn goes on in a new run whose
 ``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). A turn's validated
-structured output is a ``CUSTOM`` event named ``kerman.output/validated``; a continuation (a
+structured output is a ``CUSTOM`` event named ``kerman.output/validated``; a running tool
+call's progress one named ``kerman.tool/progress``; a continuation (a
 turn answering the input of one a crash interrupted) a ``CUSTOM`` event named
 ``kerman.continues`` after its ``RUN_STARTED``. An event of a type
 Kerman does not write (a plugin's) is a ``CUSTOM`` event, named and valued by the ``custom``
@@ -256,6 +257,9 @@ class AgUiProjection(Projection, f.Sink):
 
     def output_validated(self, output: events.OutputValidated) -> None:
         self._out.append(self._ev("CUSTOM", name="kerman.output/validated", value=payload(output)))
+
+    def tool_progress(self, progress: events.ToolProgress) -> None:
+        self._out.append(self._ev("CUSTOM", name="kerman.tool/progress", value=payload(progress)))
 
     def compacted(self, compaction: events.ContextCompacted) -> None:
         self._out.append(self._ev("CUSTOM", name="kerman.context/compacted", value=compaction_payload(compaction)))

@@ -9,7 +9,8 @@ transient part replaced on every splice), ``data-prompt``, ``data-steering`` and
 (``tool-input-available``), a ``tool-approval-request`` (approvalId = the decision id; AI SDK 6)
 for an approval, and a ``data-decision`` part (id = the decision id) that its resolution
 replaces; a denied or expired call ends as ``tool-output-denied``. A turn's validated
-structured output is a ``data-output`` part; a continuation (a turn answering the input of one
+structured output is a ``data-output`` part; a running tool call's progress a transient
+``data-tool-progress`` part (id ``progress-<callId>``, each update replacing the last); a continuation (a turn answering the input of one
 a crash interrupted) a ``data-continues`` part after its ``start``. An event of a type Kerman does not write (a
 plugin's) is a ``data-<name>`` part, named and valued by the ``custom`` mapping (by default its
 type and data; ``_custom.py``). What to show is the shared
@@ -151,6 +152,10 @@ class VercelProjection(Projection, f.Sink):
 
     def output_validated(self, output: events.OutputValidated) -> None:
         self._out.append({"type": "data-output", "data": payload(output)})
+
+    def tool_progress(self, progress: events.ToolProgress) -> None:
+        # transient, one id per call: the client shows the latest update and keeps none of them
+        self._out.append({"type": "data-tool-progress", "id": f"progress-{progress.call_id}", "data": payload(progress), "transient": True})
 
     def compacted(self, compaction: events.ContextCompacted) -> None:
         self._out.append({"type": "data-compaction", "id": f"compaction-{compaction.seq}", "data": compaction_payload(compaction)})

@@ -615,6 +615,29 @@ impl PyLoopCore {
         events::append(&parts.log.get().inner, events::output_validated(turn, step, &text)).map_err(|e| super::errors::log_err(py, e))
     }
 
+    /// Logs `tool/progress {turn, step, callId, progress[, total][, message]}` for the running
+    /// call `call_id` (its tool reported progress); its seq. Which updates to log is the
+    /// caller's choice (`kerman.mcp` coalesces them).
+    #[pyo3(signature = (turn, step, call_id, progress, total=None, message=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_progress(
+        &self,
+        py: Python<'_>,
+        turn: u64,
+        step: u64,
+        call_id: &str,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<&str>,
+    ) -> PyResult<u64> {
+        use crate::agent_loop::progress::{self, ProgressError};
+        let parts = self.parts()?;
+        progress::append(&parts.log.get().inner, turn, step, call_id, progress, total, message).map_err(|e| match e {
+            ProgressError::Invalid(text) => PyValueError::new_err(text),
+            ProgressError::Log(e) => super::errors::log_err(py, e),
+        })
+    }
+
     /// SPEC D9: re-inserts what finished turn `turn` claimed but never entered.
     fn requeue_claimed<'py>(&self, py: Python<'py>, turn: u64) -> PyResult<Bound<'py, PyList>> {
         let parts = self.parts()?;

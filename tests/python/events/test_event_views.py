@@ -119,6 +119,7 @@ def test_every_type_the_loop_and_inbox_write_has_its_view(session: list[kerman.E
         events.DECISION_REQUESTED,
         events.DECISION_RESOLVED,
         events.OUTPUT_VALIDATED,
+        events.TOOL_PROGRESS,  # tests/python/mcp/test_mcp_progress_log.py
     }
     for event in session:
         v = events.view(event)

@@ -103,6 +103,14 @@ async def progress(steps: int, ctx: Context) -> str:
 
 
 @server.tool()
+async def progress_same(steps: int, ctx: Context) -> str:
+    """Reports progress ``steps`` times with one message, then returns."""
+    for i in range(steps):
+        await ctx.report_progress(i + 1, steps, "working")
+    return f"done in {steps}"
+
+
+@server.tool()
 def crash() -> str:
     """Kills this server's process in the middle of the call."""
     os._exit(3)

@@ -395,6 +395,31 @@ def next_of(compaction, text):
     return next(m for m in compaction.messages if m.text == text)
 
 
+async def tool_progress(store: kerman.FileStore) -> None:
+    """An MCP tool (the test server of tests/python/mcp) reporting progress twice while it runs,
+    after the model said a word: tool/progress between the call and its result."""
+    from kerman.mcp import MCPServer
+
+    server = MCPServer.stdio(sys.executable, [str(Path(__file__).parents[1] / "mcp" / "mcp_server.py")], name="m")
+    loop = kerman.AgentLoop(
+        ScriptedModel(
+            [
+                [
+                    {"type": "text-delta", "text": "Working."},
+                    {"type": "tool-call", "id": "c1", "name": "progress", "arguments": '{"steps": 2}'},
+                    {"type": "finish", "reason": "stop"},
+                ],
+                text_chunks("Done."),
+            ]
+        ),
+        tools=[server],
+        log=store.create("tool_progress"),
+    )
+    loop.followup("run it")
+    await loop.when_idle()
+    await loop.aclose()
+
+
 async def main(only: list[str]) -> None:
     """Records every scenario, or the ones named on the command line (the others' logs, and so
     their goldens, stay as they are)."""
@@ -415,6 +440,7 @@ async def main(only: list[str]) -> None:
             structured_output,
             compaction,
             double_texting,
+            tool_progress,
         ):
             if only and scenario.__name__ not in only:
                 continue

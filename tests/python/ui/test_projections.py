@@ -47,6 +47,7 @@ def test_every_scenario_is_recorded():
         "structured_output",
         "compaction",
         "double_texting",
+        "tool_progress",
     }
 
 
