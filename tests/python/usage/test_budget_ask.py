@@ -13,6 +13,7 @@ import pytest
 
 import kerman
 from kerman import AgentLoop, Approve, Deny, ModelReply, RunError
+from kerman.cli._timeline import _decision_requested
 from kerman.ui import AgUiProjection, VercelProjection
 
 
@@ -60,6 +61,8 @@ def test_a_budget_that_asks_waits_and_an_approval_lets_the_request_through() -> 
         assert {k: numbers[k] for k in ("at", "limit", "max", "spent")} == {"at": "request", "limit": "tokens", "max": 1000, "spent": 1200}
         assert "tokens 1200 of 1000 per session" in (pending.note or "")
         assert not [e for e in loop.log.events(types="turn/end") if e.data["turn"] == 1]
+        shown = _decision_requested(kerman.events.view(budget_requests(loop)[0]))
+        assert shown.startswith('budget? {"at":"request"') and pending.decision_id in shown, shown
         assert loop.decide(pending.decision_id, Approve(), by="ann")
         await loop.when_idle()
         assert model.requests == 3 and loop.status == "idle" and loop.decisions == []
