@@ -189,7 +189,9 @@ class PendingDecision:
     """A request waiting for a person (``loop.decisions``). ``arguments`` are the call's exact
     arguments (JSON text), ``digest`` their SHA-256; ``kind`` is ``"approval"``,
     ``"answer"``, ``"in-doubt"`` (a call that started and whose process died: its ``note`` says
-    what may be decided) or ``"input"`` (a call that needs input: answer its ``schema``);
+    what may be decided), ``"input"`` (a call that needs input: answer its ``schema``) or
+    ``"budget"`` (a spent budget stopped a model request: no call, ``arguments`` holds the
+    numbers that stopped it; ``Approve()`` or ``Deny(reason)``);
     ``expires_at`` is epoch milliseconds or ``None``."""
 
     decision_id: str

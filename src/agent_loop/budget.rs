@@ -270,6 +270,8 @@ impl UsageFold {
 #[derive(Debug, Default)]
 pub struct Keeper {
     budget: Mutex<Option<Budget>>,
+    /// A stop before a model request asks a person (`budget_decisions`) instead of ending the turn.
+    ask: std::sync::atomic::AtomicBool,
     fold: Mutex<UsageFold>,
 }
 
@@ -280,6 +282,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Keeper {
     pub fn set(&self, budget: Option<Budget>) {
         *lock(&self.budget) = budget;
+    }
+
+    pub fn set_ask(&self, ask: bool) {
+        self.ask.store(ask, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a stop before a model request asks a person.
+    pub fn asks(&self) -> bool {
+        self.ask.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn get(&self) -> Option<Budget> {

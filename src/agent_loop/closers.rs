@@ -91,8 +91,12 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
     let (open, time) = log.with_events(|events| {
         // So does one whose open step has a call in doubt that a resume settles (its policy is
         // `retry` or `reconcile`): the loop that resumes the session takes it up.
-        let open =
-            find_open_turn(events).filter(|_| super::decisions::held_step(events).is_none() && super::in_doubt::crashed(events).is_none());
+        // And one whose budget asked a person (`budget_decisions`): a decision takes it up.
+        let open = find_open_turn(events).filter(|_| {
+            super::decisions::held_step(events).is_none()
+                && super::in_doubt::crashed(events).is_none()
+                && super::budget_decisions::latest(events).is_none()
+        });
         (open, events.last().map(|e| e.time))
     });
     let Some(open) = open else { return Ok(0) };

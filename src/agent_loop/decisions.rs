@@ -44,6 +44,8 @@ pub enum RequestKind {
     InDoubt,
     /// About a started call that needs input (`call_decisions`): an answer, or a denial.
     Input,
+    /// About a model request a spent budget stopped (`budget_decisions`): approve or deny.
+    Budget,
 }
 
 impl RequestKind {
@@ -53,6 +55,7 @@ impl RequestKind {
             RequestKind::Answer => "answer",
             RequestKind::InDoubt => "in-doubt",
             RequestKind::Input => "input",
+            RequestKind::Budget => "budget",
         }
     }
 
@@ -61,6 +64,7 @@ impl RequestKind {
             "answer" => RequestKind::Answer,
             "in-doubt" => RequestKind::InDoubt,
             "input" => RequestKind::Input,
+            "budget" => RequestKind::Budget,
             _ => RequestKind::Approval,
         }
     }
@@ -478,6 +482,10 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
             events::TOOL_CALL | events::TOOL_RESULT => stopped = true,
             events::DECISION_REQUESTED if step_open => {
                 let data = event.data();
+                // A budget request holds no call (`budget_decisions`).
+                if data.get("kind").and_then(Value::as_str) == Some(RequestKind::Budget.as_str()) {
+                    continue;
+                }
                 held.requests.extend(request_of(&data));
                 let gated = data.get("gated").and_then(Value::as_array);
                 held.gated.extend(gated.into_iter().flatten().filter_map(Gated::of));
@@ -498,6 +506,7 @@ pub fn held(log: &SessionLog) -> Option<HeldStep> {
 pub fn pending(log: &SessionLog) -> Vec<Request> {
     let mut out: Vec<Request> = held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default();
     out.extend(log.with_events(super::call_decisions::pending).into_iter().map(|r| r.request));
+    out.extend(log.with_events(super::budget_decisions::pending));
     out
 }
 
@@ -546,6 +555,10 @@ fn resolve_all(log: &SessionLog, outcome: Resolved, due: impl Fn(&Request) -> bo
         publish(&publishing, events::decision_resolved(&resolution(&ask.request, outcome)), None)?;
         count += 1;
     }
+    if let Some(request) = log.with_events(super::budget_decisions::pending).filter(|r| due(r)) {
+        publish(&publishing, events::decision_resolved(&resolution(&request, outcome)), None)?;
+        count += 1;
+    }
     Ok(count)
 }
 
@@ -578,6 +591,29 @@ pub fn decide(
         }
         let others = started.iter().any(|(r, s)| s.is_none() && r.request.decision_id != decision_id);
         return super::call_decisions::decide(&publishing, ask, decision, by, key, others);
+    }
+    if let Some((request, None)) = log.with_events(super::budget_decisions::latest).filter(|(r, _)| r.decision_id == decision_id) {
+        if request.expires_at.is_some_and(|t| t <= now) {
+            publish(&publishing, events::decision_resolved(&resolution(&request, Resolved::Expired)), None)?;
+            return Err(DecideError::Expired(decision_id.to_owned()));
+        }
+        let mut resolved = resolution(&request, Resolved::Approved);
+        resolved.by = by.map(str::to_owned);
+        resolved.key = key.map(str::to_owned);
+        match decision {
+            Decide::Approve => resolved.digest = Some(request.digest.clone()),
+            Decide::Deny(reason) => {
+                resolved.outcome = Resolved::Denied;
+                resolved.reason = reason;
+            }
+            Decide::Edit(_) | Decide::Answer(_) => {
+                return Err(DecideError::Invalid(format!(
+                    "decision {decision_id:?} asks whether to spend past the budget; it takes Approve() or Deny(reason)"
+                )));
+            }
+        }
+        publish(&publishing, events::decision_resolved(&resolved), None)?;
+        return Ok(Decided { duplicate: false, ready: true });
     }
     let Some(held) = held.filter(|h| h.requests.iter().any(|r| r.decision_id == decision_id)) else {
         // Not in the held step: resolved in an earlier turn, or never requested.

@@ -27,6 +27,7 @@
 
 mod assemble;
 pub mod budget;
+pub mod budget_decisions;
 pub mod call_decisions;
 mod closers;
 pub mod compaction;

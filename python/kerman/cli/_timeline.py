@@ -315,7 +315,10 @@ def _repaired(v: events.LogRepaired) -> str:
 
 
 def _decision_requested(v: events.DecisionRequested) -> str:
-    """``decision/requested``: the call waiting for a person, and what is asked."""
+    """``decision/requested``: the call waiting for a person, and what is asked (a budget's
+    request is about no call: the numbers that stopped the request)."""
+    if v.kind == "budget":
+        return f"budget? {_escape(v.arguments)} [{_escape(_need(v.decision_id))}]" + ("" if v.note is None else " " + quote(v.note))
     text = f"{_escape(v.kind or 'approval')}? " + _call(_need(v.name), v.arguments)
     text += f" #{_escape(_need(v.call_id))} [{_escape(_need(v.decision_id))}]"
     if v.note is not None:

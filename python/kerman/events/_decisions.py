@@ -72,7 +72,7 @@ class DecisionRequested(_Step):
     @property
     def call_seq(self) -> Optional[int]:
         """The seq of the call's ``tool/call`` when the request is about a call that started
-        (``kind`` ``in-doubt`` or ``input``); ``None`` for a request of the gate."""
+        (``kind`` ``in-doubt`` or ``input``); ``None`` for a request of the gate or a budget's."""
         return _int(self._field("callSeq"))
 
     @property

@@ -217,14 +217,17 @@ class AgUiProjection(Projection, f.Sink):
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
         raw = request_payload(request)
-        started = request.call_seq is not None  # about a call that started: announced by its tool/call
+        # About a call that started (announced by its tool/call), or about no call (a budget).
+        started = request.call_seq is not None or request.kind == "budget"
         if not started and request.call_id not in self._shown:  # the call the interrupt names is announced first
             self._shown[request.call_id] = request.arguments
             self._announce(request.call_id, request.name, request.arguments, self.fold._parent)
         self._out.append(self._ev("CUSTOM", name="kerman.decision/requested", value=raw))
         interrupt: JsonDict = {
             "id": request.decision_id,
-            "reason": {"approval": "tool_approval", "in-doubt": "tool_in_doubt", "input": "tool_input"}.get(request.kind, "tool_answer"),
+            "reason": {"approval": "tool_approval", "in-doubt": "tool_in_doubt", "input": "tool_input", "budget": "budget"}.get(
+                request.kind, "tool_answer"
+            ),
             "toolCallId": request.call_id,
         }
         if request.note is not None:

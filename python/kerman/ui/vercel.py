@@ -142,7 +142,8 @@ class VercelProjection(Projection, f.Sink):
 
     def decision_requested(self, request: events.DecisionRequested) -> None:
         call_id = request.call_id
-        if request.call_seq is None and call_id not in self._shown:  # a started call was shown by its tool/call
+        # A started call was shown by its tool/call; a budget request is about no call.
+        if request.call_seq is None and request.kind != "budget" and call_id not in self._shown:
             self._shown[call_id] = request.arguments
             self._input(call_id, request.name, request.arguments)
         if request.kind == "approval":

@@ -41,7 +41,9 @@ class Budget:
     turn or over the whole session. The loop checks it when input is claimed and before every
     model request; a spent budget ends the turn ``{"kind": "budget", ...}`` with the limit
     and the numbers. A limit is overshot by at most the request in flight (and its reply's tool
-    calls). ``ask``: reserved for asking a person instead of stopping (not available yet)."""
+    calls). ``ask=True``: a stop before a model request asks a person instead (a ``budget``
+    decision request: ``Approve()`` lets that request through, ``Deny(reason)`` ends the turn);
+    the stop at the claim stays a plain stop."""
 
     __slots__ = ("usd", "tokens", "requests", "tool_calls", "per", "pricer", "ask")
 
@@ -67,8 +69,6 @@ class Budget:
             raise ValueError("Budget needs at least one limit: usd, tokens, requests or tool_calls")
         if pricer != "default" and pricer is not None and not callable(pricer):
             raise TypeError(f"Budget pricer must be a callable pricer(request) -> Decimal | None or 'default', got {pricer!r}")
-        if ask:
-            raise NotImplementedError("Budget(ask=True) is not available yet: a spent budget ends the turn")
         self.pricer = pricer
         self.ask = ask
 
@@ -76,7 +76,8 @@ class Budget:
         parts = [
             f"{name}={getattr(self, name)!r}" for name in ("usd", "tokens", "requests", "tool_calls") if getattr(self, name) is not None
         ]
-        return f"Budget({', '.join(parts)}, per={self.per!r})"
+        ask = ", ask=True" if self.ask else ""
+        return f"Budget({', '.join(parts)}, per={self.per!r}{ask})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Budget):
@@ -93,6 +94,7 @@ class Budget:
             tool_calls=self.tool_calls,
             usd=None if self.usd is None else float(self.usd),
             per=self.per,
+            ask=bool(self.ask),
         )
 
 

@@ -246,6 +246,9 @@ impl PyDriver {
         if decisions::held(&parts.log.get().inner).is_some() {
             return Self::resume_held(core, agent, &parts, Machine::resume_held);
         }
+        if crate::agent_loop::budget_decisions::resolved(&parts.log.get().inner).is_some() {
+            return Self::resume_held(core, agent, &parts, Machine::resume_budget);
+        }
         if crate::agent_loop::in_doubt::crashed_step(&parts.log.get().inner).is_some() {
             return Self::resume_held(core, agent, &parts, Machine::resume_in_doubt);
         }

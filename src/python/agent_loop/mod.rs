@@ -465,9 +465,18 @@ impl PyLoopCore {
         PyDriver::begin(slf, r#loop)
     }
 
-    /// Sets the loop's budget (`per`: `"turn"` or `"session"`), or removes it (no limit given).
-    #[pyo3(signature = (tokens=None, requests=None, tool_calls=None, usd=None, per="session"))]
-    fn set_budget(&self, tokens: Option<u64>, requests: Option<u64>, tool_calls: Option<u64>, usd: Option<f64>, per: &str) -> PyResult<()> {
+    /// Sets the loop's budget (`per`: `"turn"` or `"session"`), or removes it (no limit given);
+    /// `ask`: a stop before a model request asks a person (`budget_decisions`).
+    #[pyo3(signature = (tokens=None, requests=None, tool_calls=None, usd=None, per="session", ask=false))]
+    fn set_budget(
+        &self,
+        tokens: Option<u64>,
+        requests: Option<u64>,
+        tool_calls: Option<u64>,
+        usd: Option<f64>,
+        per: &str,
+        ask: bool,
+    ) -> PyResult<()> {
         let per = match per {
             "turn" => Per::Turn,
             "session" => Per::Session,
@@ -475,6 +484,7 @@ impl PyLoopCore {
         };
         let any = tokens.is_some() || requests.is_some() || tool_calls.is_some() || usd.is_some();
         self.shared.budget.set(any.then_some(Budget { tokens, requests, tool_calls, usd, per }));
+        self.shared.budget.set_ask(ask);
         Ok(())
     }
 
@@ -520,6 +530,7 @@ impl PyLoopCore {
         let log = &parts.log.get().inner;
         let limit = self.shared.state().continue_crashes;
         Ok(decisions::held(log).is_some_and(|h| h.ready())
+            || crate::agent_loop::budget_decisions::resolved(log).is_some()
             || crate::agent_loop::in_doubt::crashed_step(log).is_some()
             || crate::agent_loop::continuation::next_of(log, limit).is_some())
     }
