@@ -782,59 +782,79 @@ def tail(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
 # ---- extra: store.fork ------------------------------------------------------------------------
 
 
-def _fork_times(cfg: Cfg, store: Any, sid: str, events: int) -> Dict[str, float]:
-    """Median seconds of `store.fork` at the first event, half-way and at the last event."""
-    out = {}
-    for name, at in (("first", 0), ("half", events // 2), ("last", events - 1)):
-        times = []
-        for rep in range(cfg.reps):
-            child = f"{sid}-fork-{name}-{rep}-{os.getpid()}"
+def _fork_times(cfg: Cfg, store: Any, sessions: Dict[str, int]) -> Dict[str, float]:
+    """Median seconds of `store.fork` of each session (id -> events) at its last event, the
+    sessions' repetitions interleaved (so a load that drifts during the run hits each alike)."""
+    times: Dict[str, List[float]] = {sid: [] for sid in sessions}
+    for rep in range(max(cfg.reps, 5)):
+        for sid, events in sessions.items():
+            child = f"{sid}-fork-{rep}-{os.getpid()}"
             t0 = time.perf_counter()
-            store.fork(sid, at, child)
-            times.append(time.perf_counter() - t0)
+            store.fork(sid, events - 1, child)
+            times[sid].append(time.perf_counter() - t0)
             store.delete(child)
-        out[name] = med(times)
-    return out
+    return {sid: med(ts) for sid, ts in times.items()}
 
 
-def _fork_row(store_label: str, events: int, t: Dict[str, float]) -> Row:
-    kerman = f"cut 0: {t['first'] * 1e3:.1f} ms; half: {t['half'] * 1e3:.1f} ms; last: {t['last'] * 1e3:.1f} ms"
-    return Row("fork", f"{store_label}: store.fork of a {events:,}-event session (records copied)", kerman, target="report")
+def _fork_row(store_label: str, small: Tuple[int, float], large: Tuple[int, float], shares: bool) -> Row:
+    (n_small, t_small), (n_large, t_large) = small, large
+    ratio = t_large / t_small
+    how = "records shared" if shares else "records copied"
+    return Row(
+        "fork",
+        f"{store_label}: store.fork at the last event, {n_large:,} events vs {n_small:,} ({how})",
+        f"{t_large * 1e3:.2f} ms vs {t_small * 1e3:.2f} ms",
+        ratio=f"{ratio:.2f}x",
+        target="O(1): ratio < 3" if shares else "report",
+        ok=(ratio < 3) if shares else None,
+    )
 
 
 def fork(cfg: Cfg, _: Dict[str, Any]) -> List[Row]:
-    """`store.fork` of a 100,000-event session on each store. The stores copy the parent's
-    records up to the cut (docs/context.md, "Forks"), so the time grows with the cut; the
-    O(1) target of issue 32 needs shared records, which no store has yet."""
-    events = gen_log.whole_blocks(cfg.size(100_000, 20_000))
-    root, _, sid, _ = p8_file(cfg, events)
-    rows = [_fork_row("FileStore", events, _fork_times(cfg, kerman.FileStore(root, durability="strict"), sid, events))]
-    records = kerman.FileStore(root, durability="none").open(sid)
-    batch = [("bench/" + e.type, e.data) for e in records.events()]
-    records.close()
+    """`store.fork` of a 100,000-event session against a 1,000-event one, on each store, at the
+    last event (the largest cut). File and PostgreSQL forks share the parent's records
+    (docs/context.md, "Forks"), so the ratio should be about 1 (O(1) in the parent's length);
+    the memory store copies (for reference)."""
+    large = gen_log.whole_blocks(cfg.size(100_000, 20_000))
+    small = gen_log.whole_blocks(1_000)
+    root, _, large_id, _ = p8_file(cfg, large)
+    _, _, small_id, _ = p8_file(cfg, small)
+    sizes = {small_id: small, large_id: large}
+    t = _fork_times(cfg, kerman.FileStore(root, durability="strict"), sizes)
+    rows = [_fork_row("FileStore (strict)", (small, t[small_id]), (large, t[large_id]), True)]
+    batches = {}
+    for sid in sizes:
+        records = kerman.FileStore(root, durability="none").open(sid)
+        batches[sid] = [("bench/" + e.type, e.data) for e in records.events()]
+        records.close()
     memory = kerman.MemoryStore()
-    with memory.create("m") as log:
-        for kind, data in batch:
-            log.append(kind, data)
-    rows.append(_fork_row("MemoryStore", events, _fork_times(cfg, memory, "m", events)))
+    for sid, batch in batches.items():
+        with memory.create(sid) as log:
+            for kind, data in batch:
+                log.append(kind, data)
+    t = _fork_times(cfg, memory, sizes)
+    rows.append(_fork_row("MemoryStore", (small, t[small_id]), (large, t[large_id]), False))
     dsn = os.environ.get("KERMAN_PG_DSN")
     if not dsn:
         print("  FORK PostgreSQL skipped: KERMAN_PG_DSN is unset", flush=True)
         return rows
     pg = kerman.PostgresStore(dsn)
-    pid = f"bench-fork-{os.getpid()}"
+    ids = {sid: f"bench-fork-{os.getpid()}-{n}" for sid, n in sizes.items()}
 
     async def fill() -> None:
-        with pg.create(pid) as log:
-            for kind, data in batch:
-                log.append(kind, data)
-            await log.flush()
+        for sid, pid in ids.items():
+            with pg.create(pid) as log:
+                for kind, data in batches[sid]:
+                    log.append(kind, data)
+                await log.flush()
 
     asyncio.run(fill())
     try:
-        rows.append(_fork_row("PostgresStore", events, _fork_times(cfg, pg, pid, events)))
+        t = _fork_times(cfg, pg, {ids[sid]: n for sid, n in sizes.items()})
+        rows.append(_fork_row("PostgresStore", (small, t[ids[small_id]]), (large, t[ids[large_id]]), True))
     finally:
-        pg.delete(pid)
+        for pid in ids.values():
+            pg.delete(pid)
     return rows
 
 

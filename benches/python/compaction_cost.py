@@ -1,14 +1,17 @@
 """A turn's cost over a long history, with and without compaction.
 
-    python3 benches/python/compaction_cost.py [--sizes 1000,10000,100000] [--turns 200] [--reps 3]
+    python3 benches/python/compaction_cost.py [--sizes 1000,10000,100000] [--turns 100] [--reps 9]
 
 For each size, a session of that many events written by ``gen_log.py`` (28-event turns with a
-tool call and a large result) is opened from a ``FileStore``; an ``AgentLoop`` with a scripted
-model runs ``--turns`` one-step turns over it as it is (every turn's request carries the whole
-history), then ``await loop.compact(SlidingWindow(keep=8))`` and ``--turns`` more. The cost
-of a turn is the median over ``--reps`` repetitions of the mean time per turn. The target
-(docs/performance.md): with compaction, flat in the history length; the ratio of the largest
-size's to the smallest's is printed, measured in this one run.
+tool call and a large result) is forked (the parent stays as generated) and opened from a
+``FileStore``; an ``AgentLoop`` with a scripted model runs ``--turns`` one-step turns over it as
+it is (every turn's request carries the whole history), then
+``await loop.compact(SlidingWindow(keep=8))``. Every size's loop stays open, and the compacted
+turns are then measured in ``--reps`` rounds, each running a block of ``--turns`` turns on every
+size in turn (interleaved, so a load that comes and goes on a shared machine falls on every size
+alike); a size's cost is the median over the rounds of its blocks' mean time per turn. The
+target (docs/performance.md): with compaction, flat in the history length; the ratio of the
+largest size's to the smallest's is printed, measured in this one run.
 
 Prints a table and one JSON line.
 """
@@ -46,46 +49,45 @@ async def turns(loop: kerman.AgentLoop, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-async def measure(root: str, events: int, n: int, reps: int) -> Dict[str, Any]:
-    store = kerman.FileStore(root, durability="none")
+async def prepare(store: kerman.FileStore, root: str, events: int, n: int) -> Dict[str, Any]:
+    """The session of `events` events, opened, `n` plain turns run on it, then compacted."""
     sid = f"s{events}"
     gen_log.write(os.path.join(root, f"{sid}.jsonl"), sid, events)
-    plain: List[float] = []
-    compacted: List[float] = []
-    for rep in range(reps):
-        fork = store.fork(sid, events - 1, f"{sid}-{rep}")
-        with store.open(fork) as log:
-            loop = kerman.AgentLoop(reply, log)
-            history = len(loop.history)
-            plain.append(await turns(loop, n))
-            start = time.perf_counter()
-            await loop.compact(SlidingWindow(keep=8))
-            compact_s = time.perf_counter() - start
-            compacted.append(await turns(loop, n))
-            await loop.aclose()
-    return {
-        "events": events,
-        "history": history,
-        "turn_us": statistics.median(plain) * 1e6,
-        "turn_compacted_us": statistics.median(compacted) * 1e6,
-        "compact_ms": compact_s * 1e3,
-    }
+    log = store.open(store.fork(sid, events - 1, f"{sid}-run"))
+    loop = kerman.AgentLoop(reply, log)
+    history = len(loop.history)
+    plain = await turns(loop, n)
+    start = time.perf_counter()
+    await loop.compact(SlidingWindow(keep=8))
+    compact_s = time.perf_counter() - start
+    return {"events": events, "history": history, "turn_us": plain * 1e6, "compact_ms": compact_s * 1e3, "loop": loop, "log": log}
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000,10000,100000")
-    parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
     with tempfile.TemporaryDirectory() as root:
-        for size in sizes:
-            rows.append(await measure(root, size, args.turns, args.reps))
-    print(f"{'events':>8} {'history':>8} {'turn µs':>9} {'compacted µs':>13} {'compact ms':>11}")
+        store = kerman.FileStore(root, durability="none")
+        rows = [await prepare(store, root, size, args.turns) for size in sizes]
+        blocks: List[List[float]] = [[] for _ in rows]
+        for _ in range(args.reps):
+            for i, row in enumerate(rows):
+                blocks[i].append(await turns(row["loop"], args.turns))
+        for row, times in zip(rows, blocks):
+            row["turn_compacted_us"] = statistics.median(times) * 1e6
+            row["spread_us"] = [round(min(times) * 1e6), round(max(times) * 1e6)]
+            await row.pop("loop").aclose()
+            row.pop("log").close()
+    print(f"{'events':>8} {'history':>8} {'turn µs':>9} {'compacted µs':>13} {'(min-max)':>12} {'compact ms':>11}")
     for r in rows:
-        print(f"{r['events']:>8} {r['history']:>8} {r['turn_us']:>9.0f} {r['turn_compacted_us']:>13.0f} {r['compact_ms']:>11.1f}")
+        spread = f"{r['spread_us'][0]}-{r['spread_us'][1]}"
+        print(
+            f"{r['events']:>8} {r['history']:>8} {r['turn_us']:>9.0f} {r['turn_compacted_us']:>13.0f} {spread:>12} {r['compact_ms']:>11.1f}"
+        )
     ratio = rows[-1]["turn_compacted_us"] / rows[0]["turn_compacted_us"]
     print(f"compacted turn at {rows[-1]['events']} events / at {rows[0]['events']}: {ratio:.2f}x (target: flat)")
     print(json.dumps({"bench": "compaction_cost", "rows": rows, "ratio": round(ratio, 3)}))

@@ -24,6 +24,7 @@ __all__ = [
     "SessionLockedError",
     "SessionNotFoundError",
     "SessionExistsError",
+    "SessionHasForksError",
     "LogClosedError",
     "LogWriteError",
     "LeaseLostError",
@@ -139,6 +140,15 @@ class SessionNotFoundError(LogError, LookupError):
 
 class SessionExistsError(LogError):
     """``create()`` of an id that already exists."""
+
+
+class SessionHasForksError(LogError):
+    """``delete()`` of a session that forks read their first events from (docs/context.md,
+    "Forks"): delete them first. ``forks`` names them, sorted."""
+
+    def __init__(self, message: str, forks: Optional[list[str]] = None) -> None:
+        super().__init__(message)
+        self.forks = list(forks or [])
 
 
 class LogClosedError(LogError):

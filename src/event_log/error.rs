@@ -52,6 +52,12 @@ pub enum LogError {
     Unstorable(String),
     /// A fork that cannot be made as asked (a cut beyond the parent's last event), saying why.
     InvalidFork(String),
+    /// A session that forks share records of (they read their first events from it) cannot
+    /// be deleted before them; names them, sorted.
+    HasForks { id: String, forks: Vec<String> },
+    /// A fork that reads its first events through its parent cannot: the parent is gone, was
+    /// replaced, or now ends before the cut (`detail` says which).
+    BrokenFork { id: String, parent: String, seq: u64, detail: String },
 }
 
 impl LogError {
@@ -86,11 +92,12 @@ impl fmt::Display for LogError {
                 } else {
                     "this build ships no upgrade path for it"
                 };
-                write!(
-                    f,
-                    "session log {} uses format version {found}, but this kerman reads only version {supported}: {why}",
-                    path.display()
-                )
+                let reads = match supported {
+                    1 => "only version 1".to_string(),
+                    2 => "versions 1 and 2".to_string(),
+                    n => format!("versions 1 to {n}"),
+                };
+                write!(f, "session log {} uses format version {found}, but this kerman reads {reads}: {why}", path.display())
             }
             LogError::Locked { id } => {
                 write!(f, "session \"{id}\" is locked: another process or handle has it open")
@@ -119,6 +126,19 @@ impl fmt::Display for LogError {
             LogError::Io { context, source } => write!(f, "{context}: {source}"),
             LogError::Unstorable(detail) => write!(f, "cannot store this: {detail}"),
             LogError::InvalidFork(detail) => write!(f, "cannot fork: {detail}"),
+            LogError::HasForks { id, forks } => {
+                let names: Vec<String> = forks.iter().map(|f| format!("{f:?}")).collect();
+                let (n, them) = if forks.len() == 1 { ("fork", "it") } else { ("forks", "them") };
+                write!(
+                    f,
+                    "session {id:?} cannot be deleted: its {n} {} read their first events from it; delete {them} first",
+                    names.join(", ")
+                )
+            }
+            LogError::BrokenFork { id, parent, seq, detail } => write!(
+                f,
+                "session {id:?} is a fork of session {parent:?} at seq {seq} and reads events 0-{seq} from it, but {detail}"
+            ),
         }
     }
 }

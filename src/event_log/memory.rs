@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde_json::{Map, Value};
 
 use super::log::{Backend, FlushCallback, SessionLog, WeakSessionLog};
-use super::store::{check_id, fork_header, fork_prefix, new_header, resolve_id, run_open_hook, OpenHook, Store};
+use super::store::{check_id, fork_header, fork_prefix, new_header, resolve_id, run_open_hook, OpenHook, Store, FORKED_FROM};
 use super::{Event, LogError};
 
 struct Entry {
@@ -127,12 +127,20 @@ impl Store for MemoryStore {
         Ok(lock(&self.sessions).contains_key(id))
     }
 
+    /// Refuses a session with forks, as the stores that share records must (one contract for
+    /// every store, though this one copies).
     fn delete(&self, id: &str) -> Result<(), LogError> {
         check_id(id)?;
         let mut sessions = lock(&self.sessions);
+        let forks: Vec<String> = sessions
+            .iter()
+            .filter(|(_, e)| e.header.get(FORKED_FROM).and_then(|f| f.get("id")).and_then(Value::as_str) == Some(id))
+            .map(|(child, _)| child.clone())
+            .collect();
         match sessions.get(id) {
             None => Err(LogError::NotFound { id: id.into() }),
             Some(entry) if entry.events.is_none() => Err(LogError::LockedHere { id: id.into() }),
+            Some(_) if !forks.is_empty() => Err(LogError::HasForks { id: id.into(), forks }),
             Some(_) => {
                 sessions.remove(id);
                 Ok(())

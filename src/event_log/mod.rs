@@ -20,5 +20,5 @@ pub use log::{
     now_ms, Backend, FlushCallback, Intake, Observer, Publishing, SessionLog, StagedInput, StagedOp, Taken, Waiter, WeakSessionLog,
 };
 pub use memory::MemoryStore;
-pub(crate) use store::{check_id, fork_beyond, fork_header, fork_prefix, new_header, resolve_id, run_open_hook};
-pub use store::{OpenHook, Store, FORKED_FROM, FORMAT_VERSION};
+pub(crate) use store::{check_id, fork_beyond, fork_header, new_header, resolve_id, run_open_hook};
+pub use store::{OpenHook, Store, FORKED_FROM, FORMAT_VERSION, PLAIN_VERSION};

@@ -18,8 +18,14 @@ pub(crate) fn run_open_hook(hook: Option<&OpenHook>, log: &SessionLog) -> Result
     hook.map_or(Ok(0), |hook| hook(log))
 }
 
-/// The on-disk and in-memory format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
+/// The newest session file format version this build reads and writes (docs/format.md):
+/// sessions are written in version [`PLAIN_VERSION`], forks that share their parent's records
+/// in version 2; every version from 1 up to this one is read.
+pub const FORMAT_VERSION: u64 = 2;
+
+/// The version of a session that is not a shared fork (the header every store writes for
+/// `create`): version 1 readers read it.
+pub const PLAIN_VERSION: u64 = 1;
 
 /// A place sessions live. Contract:
 /// * `create` makes a new, empty session owned by the returned log (minting a UUIDv7 id when
@@ -29,7 +35,8 @@ pub const FORMAT_VERSION: u64 = 1;
 ///   A session another handle owns is `Locked` (`LockedHere` when the store can tell that it is
 ///   a log of this very process).
 /// * `list` names every created session, sorted, and agrees with `exists` (an empty session
-///   is listed); `delete` removes a session nobody owns.
+///   is listed); `delete` removes a session nobody owns and no fork reads its first events
+///   from (`HasForks`, naming them: every store keeps this rule, the memory store too).
 /// * What a store keeps: an event appended to one of its logs is kept exactly (type, data,
 ///   envelope, byte for byte after a reopen), or refused by the append itself — before its seq
 ///   is assigned, with a `LogError` naming the problem, leaving the log and the events queued
@@ -41,8 +48,10 @@ pub const FORMAT_VERSION: u64 = 1;
 /// * `fork` makes a new session (minting a UUIDv7 id when `None`; an existing id is `Exists`)
 ///   whose events are the parent's events `0..=at_seq`, exactly as the parent's log reads them
 ///   (type, seq, time, data, envelope), and whose header names the parent and the cut
-///   ([`FORKED_FROM`]). The parent is not changed; the child owns its records (a copy), so the
-///   two go their own ways and either may be deleted. The parent may be open (its committed
+///   ([`FORKED_FROM`]). The parent is not changed, and the two go their own ways. The file and
+///   PostgreSQL stores share the parent's records (the child reads events `0..=at_seq` through
+///   the parent, so a fork costs the same whatever the parent's length, and the parent cannot
+///   be deleted before it); the memory store copies. The parent may be open (its committed
 ///   events are read). A cut past the parent's last event is `InvalidFork`. Returns the id.
 ///   Nothing of the loop is done here: a cut inside a turn is closed by the loop's crash
 ///   closers when the child is first opened, like any session that ended mid-turn.
@@ -112,7 +121,7 @@ pub(crate) fn check_id(id: &str) -> Result<(), LogError> {
 /// The header of a new session: `{version, id, createdAt}`.
 pub(crate) fn new_header(id: &str) -> Map<String, Value> {
     let mut header = Map::new();
-    header.insert("version".into(), Value::from(FORMAT_VERSION));
+    header.insert("version".into(), Value::from(PLAIN_VERSION));
     header.insert("id".into(), Value::String(id.into()));
     header.insert("createdAt".into(), Value::from(now_ms()));
     header

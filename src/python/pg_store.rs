@@ -485,7 +485,8 @@ impl PyPostgresStore {
         py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
-    /// Deletes a session nobody holds a live lease on.
+    /// Deletes a session nobody holds a live lease on; one that forks read their first events
+    /// from raises `SessionHasForksError` naming them (delete them first).
     fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = id_arg(id)?;
         py.detach(|| self.inner.delete(&id)).map_err(|e| log_err(py, e))

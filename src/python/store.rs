@@ -84,7 +84,8 @@ impl PyMemoryStore {
         py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
-    /// Deletes a session nobody has open.
+    /// Deletes a session nobody has open; one with forks raises `SessionHasForksError` (the
+    /// same rule as the stores that share records).
     fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
     }
@@ -254,7 +255,8 @@ impl PyFileStore {
         py.detach(|| fork_session(&self.inner, &id, at_seq, new_id.as_deref(), policy)).map_err(|e| inbox_err(py, e))
     }
 
-    /// Deletes a session file nobody has open.
+    /// Deletes a session file nobody has open; a session forks read their first events from
+    /// raises `SessionHasForksError` naming them (delete them first).
     fn delete(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.delete(&id_arg(id)?).map_err(|e| log_err(py, e))
     }

@@ -411,16 +411,16 @@ fn headers_from_other_versions_or_damaged_headers_are_refused() {
     let store = store(dir.path());
     let path = store.path_of("v").unwrap();
     // The version is checked before anything else about the header.
-    fs::write(&path, framed(r#"{"type":"another","version":2}"#) + &framed("whatever")).unwrap();
+    fs::write(&path, framed(r#"{"type":"another","version":3}"#) + &framed("whatever")).unwrap();
     let err = store.open("v").unwrap_err();
     let message = err.to_string();
     match err {
-        LogError::UnsupportedFormat { path: p, found, supported } => assert_eq!((p, found, supported), (path.clone(), 2, 1)),
+        LogError::UnsupportedFormat { path: p, found, supported } => assert_eq!((p, found, supported), (path.clone(), 3, 2)),
         other => panic!("expected UnsupportedFormat, got {other}"),
     }
-    assert!(message.contains("version 2") && message.contains("version 1") && message.contains(&path.display().to_string()));
-    assert!(matches!(store.read("v"), Err(LogError::UnsupportedFormat { found: 2, .. })));
-    assert!(matches!(store.repair("v"), Err(LogError::UnsupportedFormat { found: 2, .. })));
+    assert!(message.contains("version 3") && message.contains("versions 1 and 2") && message.contains(&path.display().to_string()));
+    assert!(matches!(store.read("v"), Err(LogError::UnsupportedFormat { found: 3, .. })));
+    assert!(matches!(store.repair("v"), Err(LogError::UnsupportedFormat { found: 3, .. })));
 
     for damaged in [String::new(), "not a record\n".into(), framed(r#"{"type":"session","version":1,"id":"v""#)] {
         fs::write(&path, &damaged).unwrap();

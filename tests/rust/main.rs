@@ -12,6 +12,8 @@ mod inbox;
 #[cfg(feature = "postgres")]
 mod postgres_distributed;
 #[cfg(feature = "postgres")]
+mod postgres_forks;
+#[cfg(feature = "postgres")]
 mod postgres_ops;
 #[cfg(feature = "postgres")]
 mod postgres_pool;
@@ -22,3 +24,4 @@ mod postgres_renewal;
 #[cfg(feature = "postgres")]
 mod postgres_store;
 mod projection;
+mod shared_forks;

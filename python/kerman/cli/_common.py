@@ -193,8 +193,34 @@ def _progress(args: argparse.Namespace, verb: str = "reading") -> None:
         _err(f"kerman: {verb} {human_size(size)}…")
 
 
-def _repair_hint(args: argparse.Namespace) -> str:
-    return f"kerman log repair {shlex.quote(args.store)} {shlex.quote(args.id)}"
+def _repair_hint(args: argparse.Namespace, session_id: Optional[str] = None) -> str:
+    return f"kerman log repair {shlex.quote(args.store)} {shlex.quote(session_id or args.id)}"
+
+
+def _session_of_file(path: str) -> Optional[str]:
+    """The session id a session file's name encodes (the inverse of ``_session_file``)."""
+    name = os.path.basename(path)
+    if not name.endswith(".jsonl"):
+        return None
+    stem, out, i = name[: -len(".jsonl")], bytearray(), 0
+    while i < len(stem):
+        if stem[i] == "~":
+            out.append(int(stem[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out += stem[i].encode()
+            i += 1
+    return out.decode("utf-8", "replace")
+
+
+def _parent_damage(error: CorruptLogError, args: argparse.Namespace) -> Optional[str]:
+    """For a fork that reads its first events through a corrupt parent's file: the parent's
+    id (the damage is there, not in the fork's own file); else ``None``."""
+    if not error.path or _is_dsn(args.store) or not getattr(args, "id", None):
+        return None
+    if os.path.abspath(error.path) == os.path.abspath(_session_file(args.store, args.id)):
+        return None
+    return _session_of_file(error.path)
 
 
 def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
@@ -207,6 +233,13 @@ def _describe_error(error: KermanError, args: argparse.Namespace) -> str:
         text = text.replace(session_id, _shown_id(session_id))
     if isinstance(error, CorruptLogError):
         where = f"{error.path}, line {error.line} (seq {error.seq})"
+        parent = _parent_damage(error, args)
+        if parent is not None:
+            return (
+                f'{text}\nkerman: session "{_shown_id(args.id)}" reads its first events from session '
+                f'"{_shown_id(parent)}", whose file is corrupt ({where}); nothing was modified. Repair that '
+                f"session: {_repair_hint(args, parent)}"
+            )
         if getattr(args, "log_command", None) == "repair":
             return f"{text}\nkerman: cannot repair {where}"
         text += (

@@ -29,6 +29,7 @@ from ._common import (
     _follow,
     _is_dsn,
     _out,
+    _parent_damage,
     _postgres,
     _progress,
     _repair_hint,
@@ -373,11 +374,23 @@ def _confirm(question: str, args: argparse.Namespace) -> bool:
 
 def _cmd_repair(args: argparse.Namespace) -> int:
     store = _store(args.store)
+    if args.yes:
+        # A fork whose parent's file is damaged: the repair is the parent's (its own file is
+        # whole), and the error says so.
+        try:
+            _session_call(store.verify, args.id)
+        except CorruptLogError as error:
+            if _parent_damage(error, args) is not None:
+                raise
+        except KermanError:
+            pass
     if not args.yes:
         _progress(args, "verifying")
         try:
             info = _session_call(store.verify, args.id)
         except CorruptLogError as error:
+            if _parent_damage(error, args) is not None:
+                raise
             _out(f"{error.path} is corrupt at line {error.line} (seq {error.seq}):\n  {error}")
             if error.line is not None and error.line <= 1:
                 raise _Exit(1, "kerman: the header itself is damaged; repair cannot fix that") from None

@@ -1,6 +1,8 @@
-//! Records on disk (format version 1, see docs/format.md): `<crc> <json>\n`, where `<crc>` is
-//! the CRC-32C of the JSON bytes as 8 lowercase hex digits. Line 1 is the session header; every
-//! further line is one event, seq `n - 2` on line `n`.
+//! Records on disk (format versions 1 and 2, see docs/format.md): `<crc> <json>\n`, where
+//! `<crc>` is the CRC-32C of the JSON bytes as 8 lowercase hex digits. Line 1 is the session
+//! header; every further line is one event, seq `base + n - 2` on line `n`, where `base` is 0
+//! except in a version 2 file (a fork sharing its parent's records), whose events `0..base`
+//! are its parent's, read through the parent's file.
 //!
 //! [`scan`] verifies a whole file. Header damage is always an error (there is nothing to keep);
 //! damage further down is described in [`Scan::invalid`] and the caller decides: a torn tail is
@@ -12,8 +14,24 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::super::log::{intern, TypeNames};
-use super::super::store::FORMAT_VERSION;
+use super::super::store::{FORKED_FROM, FORMAT_VERSION, PLAIN_VERSION};
 use super::super::{Event, LogError};
+
+/// The version of a fork that shares its parent's records.
+pub(super) const SHARED_VERSION: u64 = 2;
+
+/// The header key of a shared fork that pins the parent it reads: the checksum (8 hex digits)
+/// of the parent's header line, which nothing but a new session under the same id changes.
+pub(super) const PARENT_HEADER: &str = "parentHeader";
+
+/// Where a shared fork reads its first events: session `id`'s events `0..=seq`, from a file
+/// whose header line carries the checksum `header_crc`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Parent {
+    pub id: String,
+    pub seq: u64,
+    pub header_crc: String,
+}
 
 /// The `type` of the header record.
 pub(super) const HEADER_TYPE: &str = "session";
@@ -94,7 +112,11 @@ pub(super) struct Invalid {
 pub(super) struct Scan {
     /// The header record without its `type` key.
     pub header: Map<String, Value>,
-    /// The events before the first invalid record.
+    /// The seq of the file's first event (0 but in a shared fork).
+    pub base: u64,
+    /// The parent a shared fork reads its events `0..base` from.
+    pub parent: Option<Parent>,
+    /// The events before the first invalid record (the file's own: from `base` on).
     pub events: Vec<Event>,
     /// Byte offset just past the last good record (the header counts); the first invalid
     /// record, if any, starts here.
@@ -122,13 +144,27 @@ impl Scan {
     }
 }
 
-pub(super) fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<String, Value>, LogError> {
+/// A header, parsed: the record without `type`, and for a shared fork where it reads first.
+pub(super) struct Header {
+    pub record: Map<String, Value>,
+    pub parent: Option<Parent>,
+}
+
+impl Header {
+    /// The seq of the file's first event.
+    pub fn base(&self) -> u64 {
+        self.parent.as_ref().map_or(0, |p| p.seq + 1)
+    }
+}
+
+pub(super) fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Header, LogError> {
     let corrupt = |detail: String| LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: format!("header: {detail}") };
     let json = unframe(line).map_err(corrupt)?;
     let mut record: Map<String, Value> = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
     // The version decides how to read everything else, so it is checked first.
-    match record.get("version").map(Value::as_u64) {
-        Some(Some(FORMAT_VERSION)) => {}
+    let version = record.get("version").map(Value::as_u64);
+    match version {
+        Some(Some(PLAIN_VERSION | SHARED_VERSION)) => {}
         Some(Some(found)) => return Err(LogError::UnsupportedFormat { path: path.to_path_buf(), found, supported: FORMAT_VERSION }),
         Some(None) => return Err(corrupt("\"version\" is not a non-negative integer".into())),
         None => return Err(corrupt("no \"version\"".into())),
@@ -144,18 +180,44 @@ pub(super) fn parse_header(line: &[u8], path: &Path, id: &str) -> Result<Map<Str
     if record.get("createdAt").and_then(Value::as_i64).is_none() {
         return Err(corrupt("no integer \"createdAt\"".into()));
     }
+    // Version 1 may name a parent too (a fork that copied its records): nothing to read there.
+    let parent = match version {
+        Some(Some(SHARED_VERSION)) => Some(shared_parent(&record).map_err(|detail| corrupt(format!("a version 2 header needs {detail}")))?),
+        _ => None,
+    };
     record.shift_remove("type");
-    Ok(record)
+    Ok(Header { record, parent })
+}
+
+/// The parent a version 2 header names, or what is missing.
+fn shared_parent(record: &Map<String, Value>) -> Result<Parent, String> {
+    let from = record.get(FORKED_FROM).and_then(Value::as_object);
+    let id = from.and_then(|f| f.get("id")).and_then(Value::as_str).filter(|id| !id.is_empty() && !id.contains('\0'));
+    let seq = from.and_then(|f| f.get("seq")).and_then(Value::as_u64).filter(|&seq| seq < u64::MAX / 2);
+    let (Some(id), Some(seq)) = (id, seq) else {
+        return Err(format!("\"{FORKED_FROM}\": {{\"id\": <a session id>, \"seq\": <a seq>}}"));
+    };
+    let crc = record.get(PARENT_HEADER).and_then(Value::as_str).filter(|c| c.len() == 8 && parse_hex(c.as_bytes()).is_some());
+    let Some(crc) = crc else { return Err(format!("\"{PARENT_HEADER}\": 8 lowercase hex digits")) };
+    Ok(Parent { id: id.to_string(), seq, header_crc: crc.to_string() })
 }
 
 /// Verifies the bytes of session `id`'s file. Errors only for a damaged or foreign header.
 pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError> {
+    scan_upto(bytes, path, id, None)
+}
+
+/// [`scan`], stopping once the log holds `limit` events (seqs `0..limit`, counting those
+/// before the file's base) if no invalid record came first: a shared fork's read of its parent
+/// needs nothing after the cut.
+pub(super) fn scan_upto(bytes: &[u8], path: &Path, id: &str, limit: Option<u64>) -> Result<Scan, LogError> {
     let total_len = bytes.len() as u64;
     let Some(header_end) = bytes.iter().position(|&b| b == b'\n') else {
         let detail = if bytes.is_empty() { "the file is empty" } else { "header: unterminated line" };
         return Err(LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: detail.into() });
     };
-    let header = parse_header(&bytes[..header_end], path, id)?;
+    let Header { record: header, parent } = parse_header(&bytes[..header_end], path, id)?;
+    let base = parent.as_ref().map_or(0, |p| p.seq + 1);
 
     let mut types = TypeNames::default();
     let mut intern = |kind: &str| -> Arc<str> { intern(&mut types, kind) };
@@ -165,6 +227,9 @@ pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError
     let mut pos = header_end + 1;
     let mut line_no = 1u64;
     while pos < bytes.len() {
+        if invalid.is_none() && limit.is_some_and(|limit| base + events.len() as u64 >= limit) {
+            break;
+        }
         line_no += 1;
         let rest = &bytes[pos..];
         let (record, next) = match rest.iter().position(|&b| b == b'\n') {
@@ -174,7 +239,7 @@ pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError
         let parsed = record.and_then(|line| Event::from_json(unframe(line)?, &mut intern));
         match &mut invalid {
             None => {
-                let expected = events.len() as u64;
+                let expected = base + events.len() as u64;
                 let failure = match parsed {
                     Ok(event) if event.seq == expected => {
                         events.push(event);
@@ -198,7 +263,7 @@ pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError
         }
         pos = next;
     }
-    Ok(Scan { header, events, good_len: good_len as u64, total_len, invalid })
+    Ok(Scan { header, base, parent, events, good_len: good_len as u64, total_len, invalid })
 }
 
 #[cfg(test)]
@@ -261,8 +326,8 @@ mod tests {
     #[test]
     fn empty_files_and_future_versions() {
         assert!(matches!(scan(b"", Path::new("p"), "s"), Err(LogError::Corrupt { line: 1, seq: 0, .. })));
-        let future = line(r#"{"type":"session","version":2,"id":"s","createdAt":5,"new":true}"#);
+        let future = line(r#"{"type":"session","version":3,"id":"s","createdAt":5,"new":true}"#);
         let err = scan(&future, Path::new("p"), "s").unwrap_err();
-        assert!(matches!(err, LogError::UnsupportedFormat { found: 2, supported: 1, .. }), "{err}");
+        assert!(matches!(err, LogError::UnsupportedFormat { found: 3, supported: 2, .. }), "{err}");
     }
 }

@@ -1,4 +1,4 @@
-//! `FileStore`: one JSON-lines file per session (format version 1, see docs/format.md).
+//! `FileStore`: one JSON-lines file per session (format versions 1 and 2, see docs/format.md).
 //!
 //! A session file is owned by one open log at a time through an exclusive advisory lock held
 //! on its descriptor for as long as the log is open. Readers (`read`, `follow`) take no lock:
@@ -13,6 +13,7 @@ mod fsio;
 mod names;
 mod repair;
 mod salvage;
+mod shared;
 // The platform's file-system calls, behind one set of functions.
 #[cfg_attr(unix, path = "sys_unix.rs")]
 #[cfg_attr(windows, path = "sys_windows.rs")]
@@ -28,7 +29,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{check_id, fork_header, fork_prefix, new_header, resolve_id, run_open_hook, OpenHook};
+use super::{check_id, new_header, resolve_id, run_open_hook, OpenHook};
 use super::{Event, LogError, SessionLog, Store};
 use writer::{FileBackend, WriterSetup};
 
@@ -231,10 +232,11 @@ impl FileStore {
         // Registered at once, so a fork from another thread during the scan leaves no lock
         // behind in the child (forks.rs); dropped before the file on every error path.
         let hold = fsio::Hold::new(&file);
-        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let mut scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
+        self.inherit(id, &mut scan)?;
         let mut recovery = Recovery::default();
         if let Some(invalid) = &scan.invalid {
             fsio::truncate(&file, scan.good_len, &path)?;
@@ -252,10 +254,11 @@ impl FileStore {
     pub fn read(&self, id: &str) -> Result<Snapshot, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
-        let scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let mut scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
+        self.inherit(id, &mut scan)?;
         Ok(Snapshot { torn_tail_bytes: scan.bad_bytes(), size_bytes: scan.total_len, header: scan.header, events: scan.events, path })
     }
 
@@ -267,10 +270,11 @@ impl FileStore {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
         let bytes = fsio::read_all(&file, &path)?;
-        let scan = format::scan(&bytes, &path, id)?;
+        let mut scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
+        self.inherit(id, &mut scan)?;
         // The good prefix is whole lines, the header first (the scan verified it).
         let good = &bytes[..at(scan.good_len)];
         let header_end = good.iter().position(|&b| b == b'\n').map_or(good.len(), |i| i + 1);
@@ -339,34 +343,26 @@ impl Store for FileStore {
         }
     }
 
-    /// Removes a session nobody has open (readers included).
+    /// Removes a session nobody has open, unless forks read their first events through it
+    /// (`HasForks`, naming them: delete them first). Looks at every session's header for that.
     fn delete(&self, id: &str) -> Result<(), LogError> {
         let path = self.path_of(id)?;
+        let _forks = self.forks_lock()?;
         let file = fsio::open_locked(&path, id)?;
+        let forks = self.forks_of(id, &file, &path)?;
+        if !forks.is_empty() {
+            return Err(LogError::HasForks { id: id.into(), forks });
+        }
         fs::remove_file(&path).map_err(|e| LogError::io(format!("removing {}", path.display()), e))?;
         fsio::sync_dir(&self.root)?;
         drop(file);
         Ok(())
     }
 
-    /// Writes the child as a file of its own (the parent's records up to the cut, copied),
-    /// created atomically like `create`: the name appears only once every byte is synced.
+    /// Writes the child as a file holding its header alone, sharing the parent's records
+    /// (format version 2: `shared.rs`), in time independent of the parent's length.
     fn fork(&self, id: &str, at_seq: u64, new_id: Option<&str>) -> Result<String, LogError> {
-        let parent = self.read(id)?;
-        let events = fork_prefix(id, &parent.events, at_seq)?;
-        let child = resolve_id(new_id)?;
-        let name = names::file_name(&child)?;
-        if self.root.join(&name).symlink_metadata().is_ok() {
-            return Err(LogError::Exists { id: child });
-        }
-        let mut bytes = format::header_line(&fork_header(&child, id, at_seq));
-        for event in &events {
-            format::push_line(&mut bytes, &event.to_json());
-        }
-        match fsio::create_locked(&self.root, &name, &names::encode(&child), &bytes, Ok)? {
-            Some(_unlocked_on_drop) => Ok(child),
-            None => Err(LogError::Exists { id: child }),
-        }
+        self.fork_shared(id, at_seq, new_id)
     }
 }
 

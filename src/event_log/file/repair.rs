@@ -47,6 +47,10 @@ impl FileStore {
     /// `log/repaired` record naming everything set aside is appended; the new file replaces the
     /// old one atomically. A damaged header or another format version is refused: there is
     /// nothing to keep.
+    ///
+    /// A shared fork's repair looks at its own file only (the records it reads through its
+    /// parent are the parent's to repair); a parent's repair keeps its header line and every
+    /// record at its seq, so its forks read on (a placeholder where a record was lost).
     pub fn repair(&self, id: &str) -> Result<RepairReport, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_locked(&path, id)?;
@@ -90,8 +94,10 @@ impl FileStore {
         let bytes = fsio::read_all(&file, &path)?;
         let (report, salvage) = Self::plan(&bytes, &path, id)?;
         let Some(salvage) = salvage else { return self.read(id).map(|snapshot| DamagedSnapshot { snapshot, skipped: None }) };
+        let mut events = self.inherited(id, salvage.parent.as_ref())?;
+        events.extend(salvage.events());
         let snapshot = Snapshot {
-            events: salvage.events(),
+            events,
             torn_tail_bytes: salvage.torn_bytes(),
             size_bytes: salvage.total_len,
             header: salvage.header,

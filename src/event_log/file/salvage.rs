@@ -52,6 +52,10 @@ pub struct Lost {
 #[derive(Debug)]
 pub(super) struct Salvage {
     pub header: Map<String, Value>,
+    /// The seq of the file's first event (0 but in a shared fork), and the parent that fork
+    /// reads the ones before it from.
+    pub base: u64,
+    pub parent: Option<format::Parent>,
     /// The header line, newline included.
     pub header_len: u64,
     /// Every verified record that continues the log, with its byte range.
@@ -86,7 +90,8 @@ pub(super) fn salvage(bytes: &[u8], path: &Path, id: &str) -> Result<Salvage, Lo
         let detail = if bytes.is_empty() { "the file is empty" } else { "header: unterminated line" };
         return Err(LogError::Corrupt { path: path.to_path_buf(), line: 1, seq: 0, detail: detail.into() });
     };
-    let header = format::parse_header(&bytes[..header_end], path, id)?;
+    let format::Header { record: header, parent } = format::parse_header(&bytes[..header_end], path, id)?;
+    let base = parent.as_ref().map_or(0, |p| p.seq + 1);
 
     // Every line after the header, verified or not.
     let mut types = TypeNames::default();
@@ -109,8 +114,8 @@ pub(super) fn salvage(bytes: &[u8], path: &Path, id: &str) -> Result<Salvage, Lo
 
     let max_gap = total_len / MIN_RECORD;
     let mut out =
-        Salvage { header, header_len: header_end as u64 + 1, kept: Vec::new(), dropped: Vec::new(), lost: Vec::new(), torn, total_len };
-    let mut next = 0u64;
+        Salvage { header, base, parent, header_len: header_end as u64 + 1, kept: Vec::new(), dropped: Vec::new(), lost: Vec::new(), torn, total_len };
+    let mut next = base;
     let mut since_kept: Vec<u64> = Vec::new();
     for (index, (range, parsed)) in lines.into_iter().take(keep_upto).enumerate() {
         let line = index as u64 + 2;
@@ -171,7 +176,7 @@ pub(super) fn rebuild(bytes: &[u8], s: &Salvage, now: i64, backup: &str, quarant
     let mut out = bytes[..super::at(s.header_len)].to_vec();
     let created = s.header.get("createdAt").and_then(Value::as_i64).unwrap_or(0);
     let mut lost = s.lost.iter().peekable();
-    let mut seq = 0u64;
+    let mut seq = s.base;
     let mut last_time = created;
     for (event, range) in &s.kept {
         while let Some(run) = lost.next_if(|l| l.seqs.start == seq) {

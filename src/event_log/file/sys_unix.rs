@@ -119,3 +119,14 @@ pub(super) fn read_exact_at(file: &File, bytes: &mut [u8], offset: u64) -> io::R
 pub(super) fn modified(meta: &Metadata) -> (i64, i64) {
     (meta.mtime(), meta.mtime_nsec())
 }
+
+/// Opens (creating it, 0600, if missing) the store's hidden lock file.
+pub(super) fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(FILE_MODE).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Makes what was written to a file durable through a descriptor opened only for reading
+/// (`fdatasync` needs no write access).
+pub(super) fn sync_reader(file: &File) -> io::Result<()> {
+    file.sync_data()
+}

@@ -161,3 +161,16 @@ pub(super) fn read_exact_at(file: &File, mut bytes: &mut [u8], mut offset: u64) 
 pub(super) fn modified(meta: &Metadata) -> (i64, i64) {
     (meta.last_write_time() as i64, 0)
 }
+
+/// Opens (creating it if missing) the store's hidden lock file; `File::lock` locks it (a
+/// mandatory lock is fine here: nothing reads this file).
+pub(super) fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)
+}
+
+/// Nothing to do: `FlushFileBuffers` needs write access, which a reader's handle lacks (and
+/// asking for it would be an owner's lock). A shared fork on Windows therefore relies on the
+/// parent's owner's own durability mode for the records it inherits (docs/durability.md).
+pub(super) fn sync_reader(_file: &File) -> io::Result<()> {
+    Ok(())
+}

@@ -113,6 +113,34 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              DROP CONSTRAINT kerman_inbox_staged_op_check,
              ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue', 'decide'));",
     ),
+    (
+        8,
+        // Forks that share their parent's rows (docs/context.md, "Forks"): a fork's row names
+        // its parent and the cut, and holds only its own events; `kerman_session_events(id)`
+        // reads a session's events as the union of its chain of parents' rows up to each cut
+        // and its own. The reference (no cascade) refuses deleting a parent before its forks.
+        // A kerman that knows only version 7 refuses this database (it would read forks
+        // without their first events).
+        "ALTER TABLE kerman_sessions
+             ADD COLUMN parent_id text REFERENCES kerman_sessions (id),
+             ADD COLUMN parent_seq bigint,
+             ADD CONSTRAINT kerman_sessions_parent_check CHECK ((parent_id IS NULL) = (parent_seq IS NULL) AND parent_seq >= 0);
+         CREATE INDEX kerman_sessions_forks ON kerman_sessions (parent_id) WHERE parent_id IS NOT NULL;
+         CREATE FUNCTION kerman_session_events(sid text)
+             RETURNS TABLE (seq bigint, \"time\" bigint, type text, record text)
+             LANGUAGE sql STABLE AS $$
+             WITH RECURSIVE chain (id, parent_id, parent_seq, hi) AS (
+                 SELECT s.id, s.parent_id, s.parent_seq, NULL::bigint FROM kerman_sessions s WHERE s.id = sid
+                 UNION ALL
+                 SELECT p.id, p.parent_id, p.parent_seq, least(c.parent_seq, c.hi)
+                 FROM chain c JOIN kerman_sessions p ON p.id = c.parent_id
+             )
+             SELECT e.seq, e.\"time\", e.type, e.record
+             FROM chain c JOIN kerman_events e
+               ON e.session_id = c.id AND e.seq >= coalesce(c.parent_seq + 1, 0) AND (c.hi IS NULL OR e.seq <= c.hi)
+             ORDER BY e.seq
+         $$;",
+    ),
 ];
 
 /// The newest schema version this build knows.

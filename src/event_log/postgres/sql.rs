@@ -244,10 +244,10 @@ pub async fn renew(c: &mut Client, leases: &[(String, i64)], owner: &str, ttl_ms
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Every record of a session, in seq order.
+/// Every record of a session, in seq order (a fork's first ones its parents').
 pub async fn read(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
     let rows = c
-        .query_typed("SELECT record FROM kerman_events WHERE session_id = $1 ORDER BY seq", &[(&id, Type::TEXT)])
+        .query_typed("SELECT record FROM kerman_session_events($1) ORDER BY seq", &[(&id, Type::TEXT)])
         .await
         .map_err(db_err("read events"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -287,19 +287,29 @@ pub async fn list(c: &mut Client) -> Result<Vec<String>, LogError> {
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// Deletes a session nobody holds (an expired lease counts as nobody).
+/// Deletes a session nobody holds (an expired lease counts as nobody) and no fork reads
+/// (`HasForks`, naming them).
 pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
+    let forks = forks_of(c, id).await?;
+    if !forks.is_empty() {
+        return Err(LogError::HasForks { id: id.into(), forks });
+    }
     // Notifies the append channel like a commit does: a follower reads, finds the session
     // gone, and ends.
-    let n = c
+    let deleted = c
         .query_typed(
             "DELETE FROM kerman_sessions WHERE id = $1 AND (owner IS NULL OR expires_at < now()) \
              RETURNING pg_notify('kerman_a_' || md5(id), '-1')",
             &[(&id, Type::TEXT)],
         )
-        .await
-        .map_err(db_err("delete session"))?
-        .len();
+        .await;
+    let n = match deleted {
+        // A fork committed since the look above: the reference refused the delete.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
+            return Err(LogError::HasForks { id: id.into(), forks: forks_of(c, id).await? });
+        }
+        other => other.map_err(db_err("delete session"))?.len(),
+    };
     if n == 1 {
         return Ok(());
     }
@@ -309,12 +319,12 @@ pub async fn delete(c: &mut Client, id: &str) -> Result<(), LogError> {
     }
 }
 
-/// Creates session `child` (unowned, with `header`) holding a copy of session `parent`'s rows
-/// with seq <= `at`, in one transaction: `INSERT ... SELECT` inside the server, so no record
-/// travels to the client. The parent's row is locked `FOR SHARE` meanwhile, so no append,
-/// lease change or delete of the parent interleaves (readers are not blocked). Returns how many
-/// rows were copied.
-pub async fn fork(c: &mut Client, parent: &str, at: i64, child: &str, header: &str) -> Result<u64, LogError> {
+/// Creates session `child` (unowned, with `header`) as a fork of session `parent` at `at`
+/// that shares its rows: the child's row names the parent and the cut, and no event row is
+/// written (readers read the parent's rows up to the cut through `kerman_session_events`), so
+/// the cost does not depend on the parent's length. The parent's row is locked `FOR SHARE`
+/// meanwhile, so no append, lease change or delete of the parent interleaves.
+pub async fn fork(c: &mut Client, parent: &str, at: i64, child: &str, header: &str) -> Result<(), LogError> {
     let tx = c.transaction().await.map_err(db_err("fork session: begin"))?;
     let row = tx
         .query_typed_opt("SELECT last_seq FROM kerman_sessions WHERE id = $1 FOR SHARE", &[(&parent, Type::TEXT)])
@@ -327,24 +337,26 @@ pub async fn fork(c: &mut Client, parent: &str, at: i64, child: &str, header: &s
     }
     let created = tx
         .query_typed_opt(
-            "INSERT INTO kerman_sessions (id, header, last_seq) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING RETURNING 1",
-            &[(&child, Type::TEXT), (&header, Type::TEXT), (&at, Type::INT8)],
+            "INSERT INTO kerman_sessions (id, header, last_seq, parent_id, parent_seq) VALUES ($1, $2, $3, $4, $3)
+             ON CONFLICT (id) DO NOTHING RETURNING 1",
+            &[(&child, Type::TEXT), (&header, Type::TEXT), (&at, Type::INT8), (&parent, Type::TEXT)],
         )
         .await
         .map_err(db_err("fork session: create the child"))?;
     if created.is_none() {
         return Err(LogError::Exists { id: child.into() });
     }
-    let copied = tx
-        .execute_typed(
-            "INSERT INTO kerman_events (session_id, seq, time, type, record)
-             SELECT $2, seq, time, type, record FROM kerman_events WHERE session_id = $1 AND seq <= $3",
-            &[(&parent, Type::TEXT), (&child, Type::TEXT), (&at, Type::INT8)],
-        )
-        .await
-        .map_err(db_err("fork session: copy the records"))?;
     tx.commit().await.map_err(db_err("fork session: commit"))?;
-    Ok(copied)
+    Ok(())
+}
+
+/// The forks that read session `id`'s rows, sorted.
+pub async fn forks_of(c: &mut Client, id: &str) -> Result<Vec<String>, LogError> {
+    let rows = c
+        .query_typed("SELECT id FROM kerman_sessions WHERE parent_id = $1 ORDER BY id", &[(&id, Type::TEXT)])
+        .await
+        .map_err(db_err("list forks"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// A session's lease holder, epoch and header text, or `None` if it does not exist.
@@ -368,7 +380,8 @@ pub async fn read_seqs(c: &mut Client, id: &str, from: i64, to: i64) -> Result<V
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Records of a session with seq > `after`, in seq order (a follower's catch-up read).
+/// Records of a session with seq > `after`, in seq order (a follower's catch-up read). Its
+/// own rows only: a follower starts from [`peek`], so `after` is past any fork's cut.
 /// The records after `after` of the session's `incarnation`, in one statement (one snapshot);
 /// `None` once the session is gone or is another incarnation (deleted and created again).
 pub async fn read_after(c: &mut Client, id: &str, after: i64, incarnation: i64) -> Result<Option<Vec<String>>, LogError> {
@@ -392,7 +405,7 @@ pub async fn peek(c: &mut Client, id: &str) -> Result<Option<(String, i64, Vec<S
     let rows = c
         .query_typed(
             "SELECT s.header, s.incarnation, e.record FROM kerman_sessions s \
-             LEFT JOIN kerman_events e ON e.session_id = s.id WHERE s.id = $1 ORDER BY e.seq",
+             LEFT JOIN LATERAL kerman_session_events(s.id) e ON true WHERE s.id = $1 ORDER BY e.seq",
             &[(&id, Type::TEXT)],
         )
         .await
@@ -452,9 +465,9 @@ pub async fn enqueue(c: &mut Client, p: &Prepared, staged: &StagedInput, id: &st
 /// `enqueue`'s lock of the session row, also reading whether anybody owns it.
 const ENQUEUE_LOCK: &str = "SELECT owner IS NULL OR expires_at < now() FROM kerman_sessions WHERE id = $1 FOR SHARE";
 
-/// `enqueue`'s log check: the splices whose text may hold the id.
-const ENQUEUE_CHECK: &str = "SELECT record FROM kerman_events
-     WHERE session_id = $1 AND type = 'agent/inbox/spliced'
+/// `enqueue`'s log check: the splices whose text may hold the id (a fork's inherited too).
+const ENQUEUE_CHECK: &str = "SELECT record FROM kerman_session_events($1)
+     WHERE type = 'agent/inbox/spliced'
        AND (strpos(record, $2) > 0 OR strpos(record, '\\u') > 0)";
 
 /// `enqueue`'s insert. A data-modifying CTE always runs; the notify CTEs run because the final
@@ -721,7 +734,7 @@ const TAKE: &str = "WITH candidate AS (
                  RETURNING s.id, s.epoch, s.header, s.last_seq
              )
              SELECT t.id, t.epoch, t.header, t.last_seq,
-                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+                    ARRAY(SELECT e.record FROM kerman_session_events(t.id) e ORDER BY e.seq)
              FROM taken t";
 
 /// The take of the sessions a notification named ($5), by primary key: the same conditions
@@ -745,7 +758,7 @@ const TAKE_IDS: &str = "WITH picked AS (
                  RETURNING s.id, s.epoch, s.header, s.last_seq
              )
              SELECT t.id, t.epoch, t.header, t.last_seq,
-                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+                    ARRAY(SELECT e.record FROM kerman_session_events(t.id) e ORDER BY e.seq)
              FROM taken t";
 
 /// [`adopt_taken`]'s statement: our live leases from a take ($2 the worker name) not in $3.
@@ -755,7 +768,7 @@ const ADOPT_TAKEN: &str = "WITH taken AS (
                  RETURNING s.id, s.epoch, s.header, s.last_seq
              )
              SELECT t.id, t.epoch, t.header, t.last_seq,
-                    ARRAY(SELECT e.record FROM kerman_events e WHERE e.session_id = t.id ORDER BY e.seq)
+                    ARRAY(SELECT e.record FROM kerman_session_events(t.id) e ORDER BY e.seq)
              FROM taken t";
 
 /// Parks a session under `lease` (releasing it): `detail` says why. Input staged from now on
@@ -833,7 +846,8 @@ pub struct SessionInfo {
 
 /// Every session (or only `id`), by id, with its owner, lease and staged input count, and the
 /// last record of one of the types `last_of` (read backwards along the primary key: a short
-/// walk when such records are frequent, as turn boundaries are).
+/// walk when such records are frequent, as turn boundaries are; a fork with none of its own
+/// reads its parents' up to the cut).
 pub async fn sessions(c: &mut Client, id: Option<&str>, last_of: &[String]) -> Result<Vec<SessionInfo>, LogError> {
     let rows = c
         .query_typed(
@@ -843,9 +857,14 @@ pub async fn sessions(c: &mut Client, id: Option<&str>, last_of: &[String]) -> R
              FROM kerman_sessions s
              LEFT JOIN (SELECT session_id, count(*) AS n FROM kerman_inbox_staged GROUP BY session_id) st
                ON st.session_id = s.id
-             LEFT JOIN LATERAL (SELECT e.type, e.record FROM kerman_events e
-                                WHERE e.session_id = s.id AND e.type = ANY($2::text[])
-                                ORDER BY e.seq DESC LIMIT 1) l ON true
+             LEFT JOIN LATERAL ((SELECT e.type, e.record FROM kerman_events e
+                                 WHERE e.session_id = s.id AND e.type = ANY($2::text[])
+                                 ORDER BY e.seq DESC LIMIT 1)
+                                UNION ALL
+                                (SELECT e.type, e.record FROM kerman_session_events(s.id) e
+                                 WHERE s.parent_id IS NOT NULL AND e.type = ANY($2::text[])
+                                 ORDER BY e.seq DESC LIMIT 1)
+                                LIMIT 1) l ON true
              WHERE $1::text IS NULL OR s.id = $1
              ORDER BY s.id",
             &[(&id, Type::TEXT), (&last_of, Type::TEXT_ARRAY)],

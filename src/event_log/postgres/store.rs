@@ -178,8 +178,9 @@ impl Store for PostgresStore {
         }
     }
 
-    /// The child's rows are a copy made inside the server (`INSERT ... SELECT`, one
-    /// transaction); the child starts unowned, like a released session.
+    /// The child is its session row alone, naming the parent and the cut: it reads the
+    /// parent's rows up to the cut (`kerman_session_events`); it starts unowned, like a
+    /// released session.
     fn fork(&self, id: &str, at_seq: u64, new_id: Option<&str>) -> Result<String, LogError> {
         check_id(id)?;
         let child = resolve_id(new_id)?;

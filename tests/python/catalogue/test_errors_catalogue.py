@@ -543,12 +543,12 @@ def test_session_opened_twice_other_process(tmp_path):
 def test_newer_format_log(tmp_path):
     root = tmp_path / "root"
     path = session_path(root, "future")
-    raw = write_raw_session(path, header_record("future", version=2), [event_record(0, "goal/change", {})])
+    raw = write_raw_session(path, header_record("future", version=3), [event_record(0, "goal/change", {})])
     with pytest.raises(UnsupportedFormatError) as info:
         FileStore(root).open("future")
     err = info.value
-    assert (err.found, err.supported, err.path) == (2, 1, str(path))
-    assert str(err).startswith(f"session log {path} uses format version 2, but this kerman reads only version 1")
+    assert (err.found, err.supported, err.path) == (3, 2, str(path))
+    assert str(err).startswith(f"session log {path} uses format version 3, but this kerman reads versions 1 and 2")
     assert path.read_bytes() == raw  # untouched
     with pytest.raises(UnsupportedFormatError):
         FileStore(root).verify("future")
@@ -1311,11 +1311,11 @@ def test_cli_locked_session(cli_store):
 def test_cli_newer_format(tmp_path):
     root = tmp_path / "root"
     path = session_path(root, "future")
-    write_raw_session(path, header_record("future", version=2), [event_record(0, "goal/change", {})])
+    write_raw_session(path, header_record("future", version=3), [event_record(0, "goal/change", {})])
     for args in (("show",), ("verify",), ("repair", "--yes")):
         proc = cli("log", args[0], str(root), "future", *args[1:])
         assert proc.returncode == 1
-        assert proc.stderr.startswith(f"kerman: session log {path} uses format version 2, but this kerman reads only version 1")
+        assert proc.stderr.startswith(f"kerman: session log {path} uses format version 3, but this kerman reads versions 1 and 2")
     listing = cli("log", "list", str(root))
     assert listing.returncode == 0 and "(unsupported-format)" in listing.stdout
 

@@ -522,11 +522,11 @@ def test_reading_commands_refuse_a_corrupt_log(tmp_path: Path, capsys: pytest.Ca
 
 @pytest.mark.parametrize("command", ["show", "tail", "inbox", "verify", "repair"])
 def test_an_unsupported_format_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
-    write_session(tmp_path, "s", LOOP_EVENTS[:2], version=2)
+    write_session(tmp_path, "s", LOOP_EVENTS[:2], version=3)
     extra = ["--yes"] if command == "repair" else []
     code, out, err = run(capsys, "log", command, str(tmp_path), "s", *extra)
     assert code == 1 and out == ""
-    assert err.startswith("kerman: ") and "s.jsonl" in err and "version 2" in err
+    assert err.startswith("kerman: ") and "s.jsonl" in err and "version 3" in err
     assert_no_traceback(err)
 
 

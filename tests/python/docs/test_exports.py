@@ -86,6 +86,7 @@ KERMAN_ALL = [
     "SessionLockedError",
     "SessionNotFoundError",
     "SessionExistsError",
+    "SessionHasForksError",
     "LogClosedError",
     "LogWriteError",
     "LeaseLostError",

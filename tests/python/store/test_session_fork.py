@@ -1,6 +1,6 @@
 """Forks (`store.fork`, issue 32 item 2; docs/context.md "Forks"): the child's events up to the
 cut are the parent's, byte for byte as read through the log API; the parent is never changed
-(file bytes and PostgreSQL rows compared); forks of forks; a cut at a turn end, inside a turn
+(file bytes and PostgreSQL rows compared); forks of forks, deleted before their parents; a cut at a turn end, inside a turn
 (the crash closers close it when the child is first opened, a tool call in doubt included),
 after a splice (the queue inherited or dropped); a child reopened in another process."""
 
@@ -139,10 +139,17 @@ def test_forks_of_forks_and_their_own_ways(tmp_path, kind):
     log.append("x/parent", {"n": 2})
     asyncio.run(_flush(log))
     log.close()
-    # A fork of an open parent reads what it committed; deleting a parent leaves its forks whole.
-    store.delete("p")
+    # A fork of an open parent reads what it committed; a parent goes only after its forks.
+    with pytest.raises(kerman.SessionHasForksError) as refused:
+        store.delete("p")
+    assert refused.value.forks == [child]
+    with pytest.raises(kerman.SessionHasForksError, match=f'its fork "g" read'):
+        store.delete(child)
     with store.open(child) as c:
         assert records(c) == child_records
+    for sid in ["g", child, "p"]:
+        store.delete(sid)
+    assert store.list() == []
 
 
 @pytest.mark.parametrize("kind", STORES)

@@ -827,7 +827,7 @@ def test_J_03_future_version_is_unsupported(store_root):
     original = write_raw_session(
         path,
         # structurally foreign too: no createdAt, unknown keys, and a garbage record after it
-        {"type": "session", "version": 2, "id": "future", "compression": "zstd", "layout": {"v": 2}},
+        {"type": "session", "version": 3, "id": "future", "compression": "zstd", "layout": {"v": 3}},
         [b"not a v1 record at all\n", event_record(0, "x/a", 0)],
     )
     store = FileStore(store_root)
@@ -836,10 +836,10 @@ def test_J_03_future_version_is_unsupported(store_root):
     err = exc.value
     assert not isinstance(err, CorruptLogError)
     assert isinstance(err, kerman.LogError)
-    assert err.found == 2 and err.supported == 1
+    assert err.found == 3 and err.supported == 2
     assert Path(err.path) == path
     text = str(err)
-    assert "2" in text and "1" in text
+    assert "3" in text and "1 and 2" in text
     assert str(path) in text
     assert path.read_bytes() == original
     with pytest.raises(UnsupportedFormatError):
@@ -854,8 +854,8 @@ def test_older_version_is_unsupported(store_root):
     write_raw_session(path, header_record("old", version=0), [event_record(0, "x/a", 0)])
     with pytest.raises(UnsupportedFormatError) as exc:
         FileStore(store_root).open("old")
-    assert exc.value.found == 0 and exc.value.supported == 1
-    assert "0" in str(exc.value) and "1" in str(exc.value)
+    assert exc.value.found == 0 and exc.value.supported == 2
+    assert "0" in str(exc.value) and "1 and 2" in str(exc.value)
 
 
 def test_verify_reports_a_torn_tail_without_modifying_the_file(store_root):
