@@ -56,9 +56,11 @@ pub fn log_err(py: Python<'_>, e: LogError) -> PyErr {
         LogError::Write { .. } => new_err(py, "LogWriteError", (text,)),
         LogError::LeaseLost { .. } => new_err(py, "LeaseLostError", (text,)),
         LogError::HasForks { forks, .. } => new_err(py, "SessionHasForksError", (text, forks)),
-        LogError::Io { .. } | LogError::Database { .. } | LogError::ReadOnly { .. } | LogError::Forked { .. } | LogError::BrokenFork { .. } => {
-            new_err(py, "LogError", (text,))
-        }
+        LogError::Io { .. }
+        | LogError::Database { .. }
+        | LogError::ReadOnly { .. }
+        | LogError::Forked { .. }
+        | LogError::BrokenFork { .. } => new_err(py, "LogError", (text,)),
     }
 }
 

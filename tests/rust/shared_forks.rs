@@ -282,11 +282,18 @@ fn old_copied_forks_and_plain_sessions_read_as_before_and_other_versions_are_ref
     }
     // A forged loop of parents is refused, not followed forever.
     let crc = |id: &str| String::from_utf8_lossy(&fs::read(store.path_of(id).unwrap()).unwrap()[..8]).into_owned();
-    let x = format!(r#"{{"type":"session","version":2,"id":"x","createdAt":5,"forkedFrom":{{"id":"y","seq":0}},"parentHeader":"00000000"}}"#);
+    let x =
+        format!(r#"{{"type":"session","version":2,"id":"x","createdAt":5,"forkedFrom":{{"id":"y","seq":0}},"parentHeader":"00000000"}}"#);
     fs::write(store.path_of("x").unwrap(), framed(&x)).unwrap();
-    let y = format!(r#"{{"type":"session","version":2,"id":"y","createdAt":5,"forkedFrom":{{"id":"x","seq":0}},"parentHeader":"{}"}}"#, crc("x"));
+    let y = format!(
+        r#"{{"type":"session","version":2,"id":"y","createdAt":5,"forkedFrom":{{"id":"x","seq":0}},"parentHeader":"{}"}}"#,
+        crc("x")
+    );
     fs::write(store.path_of("y").unwrap(), framed(&y)).unwrap();
-    let x = format!(r#"{{"type":"session","version":2,"id":"x","createdAt":5,"forkedFrom":{{"id":"y","seq":0}},"parentHeader":"{}"}}"#, crc("y"));
+    let x = format!(
+        r#"{{"type":"session","version":2,"id":"x","createdAt":5,"forkedFrom":{{"id":"y","seq":0}},"parentHeader":"{}"}}"#,
+        crc("y")
+    );
     fs::write(store.path_of("x").unwrap(), framed(&x)).unwrap();
     assert!(matches!(store.read("x"), Err(LogError::BrokenFork { .. })));
 }

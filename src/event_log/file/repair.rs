@@ -96,13 +96,8 @@ impl FileStore {
         let Some(salvage) = salvage else { return self.read(id).map(|snapshot| DamagedSnapshot { snapshot, skipped: None }) };
         let mut events = self.inherited(id, salvage.parent.as_ref())?;
         events.extend(salvage.events());
-        let snapshot = Snapshot {
-            events,
-            torn_tail_bytes: salvage.torn_bytes(),
-            size_bytes: salvage.total_len,
-            header: salvage.header,
-            path,
-        };
+        let snapshot =
+            Snapshot { events, torn_tail_bytes: salvage.torn_bytes(), size_bytes: salvage.total_len, header: salvage.header, path };
         Ok(DamagedSnapshot { snapshot, skipped: Some(report) })
     }
 

@@ -113,8 +113,17 @@ pub(super) fn salvage(bytes: &[u8], path: &Path, id: &str) -> Result<Salvage, Lo
     let torn = lines.get(keep_upto).map(|(r, _)| (r.start, keep_upto as u64 + 2));
 
     let max_gap = total_len / MIN_RECORD;
-    let mut out =
-        Salvage { header, base, parent, header_len: header_end as u64 + 1, kept: Vec::new(), dropped: Vec::new(), lost: Vec::new(), torn, total_len };
+    let mut out = Salvage {
+        header,
+        base,
+        parent,
+        header_len: header_end as u64 + 1,
+        kept: Vec::new(),
+        dropped: Vec::new(),
+        lost: Vec::new(),
+        torn,
+        total_len,
+    };
     let mut next = base;
     let mut since_kept: Vec<u64> = Vec::new();
     for (index, (range, parsed)) in lines.into_iter().take(keep_upto).enumerate() {

@@ -143,7 +143,7 @@ def test_forks_of_forks_and_their_own_ways(tmp_path, kind):
     with pytest.raises(kerman.SessionHasForksError) as refused:
         store.delete("p")
     assert refused.value.forks == [child]
-    with pytest.raises(kerman.SessionHasForksError, match=f'its fork "g" read'):
+    with pytest.raises(kerman.SessionHasForksError, match='its fork "g" read'):
         store.delete(child)
     with store.open(child) as c:
         assert records(c) == child_records

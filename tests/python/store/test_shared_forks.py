@@ -41,6 +41,10 @@ async def _turns(log, texts, replies):
     await asyncio.wait_for(log.flush(), 60)
 
 
+async def _flush(log):
+    await asyncio.wait_for(log.flush(), 60)
+
+
 def run_turns(log, texts):
     asyncio.run(_turns(log, texts, [f"re: {t}" for t in texts]))
 
@@ -167,7 +171,7 @@ def test_a_postgres_fork_refuses_enqueueing_a_message_its_inherited_log_holds():
         inbox = kerman.Inbox(log)
         queued = inbox.append("next-turn", "queued before the cut")
         inbox.close()
-        asyncio.run(asyncio.wait_for(log.flush(), 60))
+        asyncio.run(_flush(log))
         cut = len(log) - 1
     store.fork("p", cut, "c")
     with pytest.raises(kerman.DuplicateMessageError):
@@ -176,3 +180,60 @@ def test_a_postgres_fork_refuses_enqueueing_a_message_its_inherited_log_holds():
     store.enqueue("c", "a new one")
     with store.open("c") as child:
         assert [m.text for m in kerman.Inbox(child).next_turn][0] == "queued before the cut"
+
+
+async def _tool_turn(log):
+    def work(n: int = 0) -> str:
+        return f"worked {n}"
+
+    call = {"type": "tool-call", "id": "c9", "name": "work", "arguments": '{"n": 9}'}
+    model = ScriptedModel([kerman.ModelReply([{"type": "text", "text": "calling"}, call]), "done"])
+    loop = kerman.AgentLoop(model, log, tools=[kerman.Tool("work", work)])
+    loop.followup("use the tool")
+    await loop.when_idle()
+    await loop.aclose()
+    await asyncio.wait_for(log.flush(), 60)
+
+
+def state(store, kind, tmp_path, sid):
+    if kind == "file":
+        return session_path(tmp_path, sid).read_bytes()
+    if kind == "postgres":
+        return psql(store, f"SELECT seq, time, type, record FROM kerman_events WHERE session_id = '{sid}' ORDER BY seq")
+    with store.open(sid) as log:
+        return records(log)
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_fork_of_a_fork_at_every_boundary_reads_its_chain_and_changes_neither(tmp_path, kind):
+    store = make_store(kind, tmp_path)
+    with store.create("p") as log:
+        run_turns(log, ["one", "two"])
+        first_turn_end = [e.seq for e in log.events() if e.type == "turn/end"][0]
+        cut = len(log) - 1
+    store.fork("p", cut, "c")
+    with store.open("c") as log:
+        asyncio.run(_tool_turn(log))
+        child = records(log)
+        seqs = {e.type: e.seq for e in log.events(cut + 1)}
+    before = {sid: state(store, kind, tmp_path, sid) for sid in ("p", "c")}
+    boundaries = {
+        "first": 0,  # in the grandparent's records
+        "parent-turn-end": first_turn_end,
+        "at-the-cut": cut,
+        "splice": seqs["agent/inbox/spliced"],  # the child's own records from here
+        "tool-call": seqs["tool/call"],
+        "tool-result": seqs["tool/result"],
+        "last": len(child) - 1,
+    }
+    for name, at in boundaries.items():
+        grandchild = store.fork("c", at, f"g-{name}")
+        with store.open(grandchild) as g:
+            assert records(g)[: at + 1] == child[: at + 1], name
+            assert g.header["forkedFrom"] == {"id": "c", "seq": at}
+            if name == "tool-call":  # started before the cut, its outcome unknown here
+                result = next(e for e in g.events(at + 1) if e.type == "tool/result")
+                assert "TOOL_OUTCOME_UNKNOWN" in json.dumps(result.data)
+            run_turns(g, [f"after {name}"])
+            assert g[len(g) - 1].type == "turn/end"
+    assert {sid: state(store, kind, tmp_path, sid) for sid in ("p", "c")} == before
