@@ -118,7 +118,9 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         // Forks that share their parent's rows (docs/context.md, "Forks"): a fork's row names
         // its parent and the cut, and holds only its own events; `kerman_session_events(id)`
         // reads a session's events as the union of its chain of parents' rows up to each cut
-        // and its own. The reference (no cascade) refuses deleting a parent before its forks.
+        // and its own: PL/pgSQL, one index range scan per session of the chain (a SQL function
+        // is inlined into a join whose row estimates lead the planner to scan every session's
+        // events). The reference (no cascade) refuses deleting a parent before its forks.
         // A kerman that knows only version 7 refuses this database (it would read forks
         // without their first events).
         "ALTER TABLE kerman_sessions
@@ -128,17 +130,36 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          CREATE INDEX kerman_sessions_forks ON kerman_sessions (parent_id) WHERE parent_id IS NOT NULL;
          CREATE FUNCTION kerman_session_events(sid text)
              RETURNS TABLE (seq bigint, \"time\" bigint, type text, record text)
-             LANGUAGE sql STABLE AS $$
-             WITH RECURSIVE chain (id, parent_id, parent_seq, hi) AS (
-                 SELECT s.id, s.parent_id, s.parent_seq, NULL::bigint FROM kerman_sessions s WHERE s.id = sid
-                 UNION ALL
-                 SELECT p.id, p.parent_id, p.parent_seq, least(c.parent_seq, c.hi)
-                 FROM chain c JOIN kerman_sessions p ON p.id = c.parent_id
-             )
-             SELECT e.seq, e.\"time\", e.type, e.record
-             FROM chain c JOIN kerman_events e
-               ON e.session_id = c.id AND e.seq >= coalesce(c.parent_seq + 1, 0) AND (c.hi IS NULL OR e.seq <= c.hi)
-             ORDER BY e.seq
+             LANGUAGE plpgsql STABLE AS $$
+             DECLARE
+                 ids text[] := '{}';
+                 los bigint[] := '{}';
+                 his bigint[] := '{}';
+                 cur text := sid;
+                 hi bigint;
+                 pid text;
+                 pseq bigint;
+             BEGIN
+                 -- The chain, from the session up to its first ancestor: the seqs each holds.
+                 LOOP
+                     SELECT s.parent_id, s.parent_seq INTO pid, pseq FROM kerman_sessions s WHERE s.id = cur;
+                     EXIT WHEN NOT FOUND;
+                     ids := ids || cur;
+                     los := los || coalesce(pseq + 1, 0);
+                     his := his || coalesce(hi, 9223372036854775807);
+                     EXIT WHEN pid IS NULL;
+                     hi := least(pseq, hi);
+                     cur := pid;
+                 END LOOP;
+                 IF cardinality(ids) = 0 THEN
+                     RETURN;
+                 END IF;
+                 -- The first ancestor's first: each holds the seqs after the one before it.
+                 FOR i IN REVERSE cardinality(ids) .. 1 LOOP
+                     RETURN QUERY SELECT e.seq, e.\"time\", e.type, e.record FROM kerman_events e
+                         WHERE e.session_id = ids[i] AND e.seq BETWEEN los[i] AND his[i] ORDER BY e.seq;
+                 END LOOP;
+             END
          $$;",
     ),
 ];
