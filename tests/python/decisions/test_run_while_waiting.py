@@ -190,3 +190,44 @@ def test_a_reopened_session_keeps_what_ran_and_runs_only_the_decided_call(tmp_pa
 
     asyncio.run(first())
     asyncio.run(second())
+
+
+def test_the_agui_run_ends_with_the_interrupt_once_the_other_calls_ran() -> None:
+    import kerman.ui
+
+    async def main() -> None:
+        loop = AgentLoop(ScriptedModel([calls(("c1", "pay", {}), ("c2", "read", {})), "done"]))
+
+        @loop.tool(needs_approval=True)
+        async def pay() -> str:
+            """Pays."""
+            return "paid"
+
+        @loop.tool
+        async def read() -> str:
+            """Reads."""
+            return "read"
+
+        loop.followup("go")
+        await loop.when_idle()
+        waiting = [u.data for u in kerman.ui.agui(loop.log.events(), thread_id="t")]
+        shown = [(d["type"], d.get("toolCallId")) for d in waiting if d["type"] in ("TOOL_CALL_RESULT", "RUN_FINISHED")]
+        # The read's result is in the run; the run then ends with the interrupt for the pay.
+        assert shown == [("TOOL_CALL_RESULT", "c2"), ("RUN_FINISHED", None)]
+        assert [i["toolCallId"] for i in waiting[-1]["outcome"]["interrupts"]] == ["c1"]
+        loop.decide(loop.decisions[0].decision_id, Approve())
+        await loop.when_idle()
+        events = [u.data for u in kerman.ui.agui(loop.log.events(), thread_id="t")]
+        runs = [(d["type"], d.get("runId")) for d in events if d["type"] in ("RUN_STARTED", "RUN_FINISHED")]
+        assert runs == [("RUN_STARTED", "turn-1"), ("RUN_FINISHED", "turn-1"), ("RUN_STARTED", "turn-1.1"), ("RUN_FINISHED", "turn-1.1")]
+        # Every tool event is inside a run.
+        inside = False
+        for d in events:
+            if d["type"] == "RUN_STARTED":
+                inside = True
+            elif d["type"] == "RUN_FINISHED":
+                inside = False
+            elif d["type"].startswith("TOOL_CALL"):
+                assert inside, d
+
+    asyncio.run(main())
