@@ -391,7 +391,8 @@ class AgentLoop:
     @property
     def status(self) -> str:
         """``"idle"``, ``"running"``, or ``"waiting"``: the turn's step waits for decisions
-        (``loop.decisions``); nothing runs until ``loop.decide`` (or ``cancel()``)."""
+        (``loop.decisions``); its calls that need no decision have run, and the rest waits for
+        ``loop.decide`` (or ``cancel()``)."""
         return self._status
 
     @property

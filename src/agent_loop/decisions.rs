@@ -512,7 +512,9 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
             events::TOOL_RESULT if step_open => {
                 let data = event.data();
                 let Some(id) = events::result_call_id(&data) else { continue };
-                if let Some((_, logged)) = held.calls.iter().zip(held.logged.iter_mut()).find(|((i, _, _), l)| i == id && **l != Logged::Done) {
+                if let Some((_, logged)) =
+                    held.calls.iter().zip(held.logged.iter_mut()).find(|((i, _, _), l)| i == id && **l != Logged::Done)
+                {
                     *logged = Logged::Done;
                 }
             }

@@ -174,12 +174,7 @@ impl Host {
     /// The call ids of the tool results the history holds, in its order (what a request sends).
     fn history_result_ids(&self) -> Vec<String> {
         self.shared.history.catch_up(&self.log, self.log.len()).unwrap();
-        self.shared
-            .history
-            .since(0)
-            .iter()
-            .filter_map(|m| m.source().get("callId").and_then(Value::as_str).map(str::to_owned))
-            .collect()
+        self.shared.history.since(0).iter().filter_map(|m| m.source().get("callId").and_then(Value::as_str).map(str::to_owned)).collect()
     }
 
     /// The types of the events from `start` on, each tool event with its call id.
@@ -251,14 +246,7 @@ fn a_rounds_requests_are_written_together_after_every_gate_the_last_marked() {
     let start = h.kinds().iter().position(|k| k == "decision/requested").unwrap();
     assert_eq!(
         h.sequence_from(start),
-        [
-            "decision/requested c1",
-            "decision/requested c3",
-            "tool/call c2",
-            "tool/result c2",
-            "tool/call c4",
-            "tool/result c4"
-        ]
+        ["decision/requested c1", "decision/requested c3", "tool/call c2", "tool/result c2", "tool/call c4", "tool/result c4"]
     );
     let requests = h.of("decision/requested");
     assert_eq!(requests.iter().map(|r| r["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 2]);
@@ -293,18 +281,8 @@ fn an_ask_holds_its_call_while_the_others_run_and_a_decision_resumes_it_without_
     assert_eq!(
         h.sequence_from(start),
         [
-            "assistant/message",
-            "decision/requested c1",
-            "tool/call c2",
-            "tool/result c2",
-            "decision/resolved c1",
-            "tool/call c1",
-            "tool/result c1",
-            "step/end",
-            "step/start",
-            "assistant/message",
-            "step/end",
-            "turn/end"
+            "assistant/message", "decision/requested c1", "tool/call c2", "tool/result c2", "decision/resolved c1", "tool/call c1",
+            "tool/result c1", "step/end", "step/start", "assistant/message", "step/end", "turn/end"
         ]
     );
     // The log holds the results as they were known; the history (what the model is sent) in
