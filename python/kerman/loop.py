@@ -314,8 +314,11 @@ class AgentLoop:
             self._core.expire()
         self._status = "waiting" if self._core.waiting else "idle"
         self._expiry: Optional[asyncio.TimerHandle] = None
-        # Whether the running driver began by resuming a decided step (see _finish_driver).
+        # Whether the running driver began by resuming a decided step, and how many decisions
+        # this loop had applied when it began (see _finish_driver).
         self._began_resumed = False
+        self._decided = 0
+        self._decided_at_start = 0
         self._task: Optional[asyncio.Task[None]] = None
         # Set by aclose(): no turn starts from then on (a wake scheduled by input inserted
         # meanwhile would run on a log about to close); the input stays pending, durable.
@@ -388,7 +391,8 @@ class AgentLoop:
     @property
     def status(self) -> str:
         """``"idle"``, ``"running"``, or ``"waiting"``: the turn's step waits for decisions
-        (``loop.decisions``); nothing runs until ``loop.decide`` (or ``cancel()``)."""
+        (``loop.decisions``); its calls that need no decision have run, and the rest waits for
+        ``loop.decide`` (or ``cancel()``)."""
         return self._status
 
     @property
@@ -639,6 +643,7 @@ class AgentLoop:
         self._check_fenced()
         try:
             duplicate, ready = self._core.decide(decision_id, outcome, by, key)
+            self._decided += 1
         except DecisionError:
             # An expired request was resolved as such: its step may go on all the same.
             self._resume_held()
@@ -672,8 +677,9 @@ class AgentLoop:
         return int(seq)
 
     def _resume_held(self) -> None:
-        """Takes up a step whose decisions are all in (on the bound event loop)."""
-        if self._status != "waiting" or self._core.waiting or not self._core.resumable:
+        """Takes up a waiting step that has something to do (on the bound event loop): its
+        decisions are all in, or a call that needs none has no result yet."""
+        if self._status != "waiting" or not self._core.resumable:
             return
         here = _current_loop()
         if self._event_loop is None:
@@ -897,7 +903,7 @@ class AgentLoop:
         if self._requeue_due and self._status == "idle":
             self._requeue_due = False
             _continuation.requeue_interrupted(self)
-        if not self._inbox.has_pending and not (self._status == "idle" and self._core.resumable):
+        if not self._inbox.has_pending and not (self._status in ("idle", "waiting") and self._core.resumable):
             return False
         here = _current_loop()
         if here is None or (self._event_loop is not None and not self._on_loop_thread()):
@@ -911,7 +917,7 @@ class AgentLoop:
             self._bind(here)
         elif here is not self._event_loop:
             raise LoopError("this AgentLoop is bound to another event loop")
-        was_idle = self._status == "idle"
+        was_idle = self._status in ("idle", "waiting")
         self._wake(False)
         # False when no turn started after all: the log refused turn/start (reported as
         # agent/error), e.g. after a failed write poisoned it.
@@ -1026,6 +1032,10 @@ class AgentLoop:
 
     def _wake(self, after_abort: bool) -> None:
         """Reference 5.3: start a driver when idle; latch a wake the running one cannot deliver."""
+        if self._status == "waiting":
+            # A reopened step's calls that need no decision run (input waits for the turn).
+            self._resume_held()
+            return
         if self._status != "idle":
             if after_abort:  # only input redirected by a cancel in progress can latch
                 self._core.latch_wake(True)
@@ -1051,6 +1061,7 @@ class AgentLoop:
         # begin appends turn/start and makes the first claim; None: no turn recorded.
         try:
             self._began_resumed = self._core.resumable
+            self._decided_at_start = self._decided
             driver = self._core.begin(self)
         except BaseException:
             self._set_status("idle")  # nothing started: no driver will set it back
@@ -1079,9 +1090,12 @@ class AgentLoop:
             # The step stopped at its decisions; input queued meanwhile waits for the turn.
             self._set_status("waiting")
             self._arm_expiry()
-            # A decision applied on another thread between the read above and the status
-            # change saw "running" and left the step to this method: read again.
-            self._resume_held()
+            # A decision applied on another thread between the run's last read of the log and
+            # the status change saw "running" and left the step to this method: read again. A
+            # run that began by resuming the step and left it resumable with no decision since
+            # (its log failed) is not started again here.
+            if not self._began_resumed or self._decided != self._decided_at_start:
+                self._resume_held()
             return
         if not self._began_resumed and self._core.fenced is None and self._core.resumable:
             # Every request was decided before the run that asked had even ended (the requests

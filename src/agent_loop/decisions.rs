@@ -19,6 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::events::{self, publish};
+use super::in_doubt::Logged;
 use super::tools::Outcome;
 use crate::event_log::{Event, LogError, SessionLog};
 
@@ -357,14 +358,17 @@ pub struct Decided {
     pub ready: bool,
 }
 
-/// The last turn's open step, stopped at its decisions: no `tool/call`, `tool/result` or
-/// `step/end` after its assistant message, and at least one request.
+/// The last turn's open step that the gate asked about: no `step/end` after its assistant
+/// message, and at least one gate request. Its calls that need no decision may have run (or
+/// be in doubt) while it waits: `logged` says what the log holds of each.
 #[derive(Debug, Clone, Default)]
 pub struct HeldStep {
     pub turn: u64,
     pub step: u64,
     /// The calls of the step's assistant message: (id, name, arguments).
     pub calls: Vec<(String, String, String)>,
+    /// Per call, aligned with `calls`: its result, its `tool/call` without a result, or neither.
+    pub logged: Vec<Logged>,
     pub requests: Vec<Request>,
     pub resolutions: Vec<Resolution>,
     /// The gate's verdicts on the step's other calls, as its requests logged them.
@@ -384,6 +388,21 @@ impl HeldStep {
     /// Every request is resolved.
     pub fn ready(&self) -> bool {
         self.pending().is_empty()
+    }
+
+    /// Whether a resume has something to do now: every request is resolved (the decided calls
+    /// run, then the step goes on), or a call that needs no decision lacks its result (its
+    /// gate let it run and it has not started, or it started and is in doubt) and no request
+    /// about a started call holds it (`asked`: the open step's requests about started calls).
+    pub fn actionable(&self, asked: &[(super::call_decisions::CallRequest, Option<Resolution>)]) -> bool {
+        if self.ready() {
+            return true;
+        }
+        self.logged.iter().enumerate().any(|(index, logged)| match logged {
+            Logged::Done => false,
+            Logged::InDoubt { seq, .. } => !asked.iter().any(|(r, s)| r.call_seq == *seq && s.is_none()),
+            Logged::NotStarted => self.decision_for(index).is_none() && self.gated_for(index).is_some(),
+        })
     }
 
     /// The gate's logged verdict on call `index`, which asked no one (the latest, should the
@@ -458,15 +477,14 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
     }
     let mut held = HeldStep { turn: events::turn_of(&events[start].data())?, ..HeldStep::default() };
     let mut step_open = false;
-    let mut stopped = false;
     for event in &events[start + 1..] {
         match event.kind() {
             events::TURN_END => return None,
             events::STEP_START => {
                 held.step = events::step_of(&event.data()).unwrap_or(0);
                 step_open = true;
-                stopped = false;
                 held.calls.clear();
+                held.logged.clear();
                 held.requests.clear();
                 held.resolutions.clear();
                 held.gated.clear();
@@ -474,16 +492,37 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
             events::STEP_END => step_open = false,
             events::ASSISTANT_MESSAGE if step_open => {
                 held.calls = calls_of(&event.data());
+                held.logged = vec![Logged::NotStarted; held.calls.len()];
                 held.requests.clear();
                 held.resolutions.clear();
                 held.gated.clear();
-                stopped = false;
             }
-            events::TOOL_CALL | events::TOOL_RESULT => stopped = true,
+            // Matched by id, the first call of that id still without a record of the kind (a
+            // reply that repeats an id is refused before it is logged).
+            events::TOOL_CALL if step_open => {
+                let data = event.data();
+                let Some(id) = events::call_id(&data) else { continue };
+                let (effect, policy) = events::call_policy(&data);
+                let arguments = data.get("arguments").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let found = held.calls.iter().zip(held.logged.iter_mut()).find(|((i, _, _), l)| i == id && **l == Logged::NotStarted);
+                if let Some((_, logged)) = found {
+                    *logged = Logged::InDoubt { seq: event.seq, arguments, effect, policy };
+                }
+            }
+            events::TOOL_RESULT if step_open => {
+                let data = event.data();
+                let Some(id) = events::result_call_id(&data) else { continue };
+                if let Some((_, logged)) =
+                    held.calls.iter().zip(held.logged.iter_mut()).find(|((i, _, _), l)| i == id && **l != Logged::Done)
+                {
+                    *logged = Logged::Done;
+                }
+            }
             events::DECISION_REQUESTED if step_open => {
                 let data = event.data();
-                // A budget request holds no call (`budget_decisions`).
-                if data.get("kind").and_then(Value::as_str) == Some(RequestKind::Budget.as_str()) {
+                // A budget request holds no call (`budget_decisions`); one about a started call
+                // (`callSeq`) is `call_decisions`'.
+                if data.get("kind").and_then(Value::as_str) == Some(RequestKind::Budget.as_str()) || data.get("callSeq").is_some() {
                     continue;
                 }
                 held.requests.extend(request_of(&data));
@@ -494,7 +533,7 @@ pub fn held_step(events: &[Event]) -> Option<HeldStep> {
             _ => {}
         }
     }
-    (step_open && !stopped && !held.requests.is_empty()).then_some(held)
+    (step_open && !held.requests.is_empty()).then_some(held)
 }
 
 /// The held step of `log`, if its last turn is one.

@@ -5,6 +5,10 @@
 //! `context/compacted` records reshape it (see [`compaction`](super::compaction)): the history
 //! is their projection over the logged messages, which are all kept for reverts and pins.
 //! A turn that ends rolled back (see [`super::rollback`]) takes its messages out again.
+//!
+//! A step's tool results are in the history in call order (the order of the calls in their
+//! assistant message), whatever their order in the log: a step that waits for a decision
+//! commits the results of its other calls first, and the decided call's after it runs.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,17 +32,65 @@ struct State {
     generation: u64,
     /// The seq of the last `turn/start` folded: where a rollback of that turn cuts.
     turn_from: u64,
+    /// The last assistant message of the view and the call indices of the results after it.
+    tail: Tail,
+}
+
+/// The tool results that end the view, after the assistant message whose calls they answer:
+/// what a result logged out of call order is placed among.
+#[derive(Default)]
+struct Tail {
+    assistant: Option<Arc<Message>>,
+    /// The call index of each result after it, in view order (ascending).
+    results: Vec<usize>,
+}
+
+impl Tail {
+    /// The position of call `call_id` among the assistant message's calls.
+    fn index_of(&self, call_id: &str) -> Option<usize> {
+        let assistant = self.assistant.as_ref()?;
+        assistant
+            .content()
+            .iter()
+            .filter(|b| crate::message::BlockType::of(b) == crate::message::BlockType::ToolCall)
+            .position(|b| b.get("id").and_then(Value::as_str) == Some(call_id))
+    }
 }
 
 impl State {
-    fn add(&mut self, seq: u64, message: Arc<Message>) {
+    /// `call`: the call index of a tool result, when the writer knows it (else it is looked up).
+    fn add(&mut self, seq: u64, message: Arc<Message>, call: Option<usize>) {
         self.raw.push((seq, Arc::clone(&message)));
+        match message.kind() {
+            MessageKind::Assistant => self.tail = Tail { assistant: Some(Arc::clone(&message)), results: Vec::new() },
+            MessageKind::User => self.tail = Tail::default(),
+            MessageKind::ToolResult => {
+                let call = call.or_else(|| {
+                    let id = message.source().get("callId").and_then(Value::as_str)?;
+                    self.tail.index_of(id)
+                });
+                if let Some(call) = call.filter(|_| self.tail.assistant.is_some()) {
+                    // Placed before the results of later calls already in the view.
+                    let later = self.tail.results.iter().rev().take_while(|&&j| j > call).count();
+                    let at = self.view.len() - later;
+                    self.view.insert(at, Item { lo: seq, hi: seq, message });
+                    let slot = self.tail.results.len() - later;
+                    self.tail.results.insert(slot, call);
+                    if later > 0 {
+                        self.generation += 1;
+                    }
+                    return;
+                }
+                self.tail = Tail::default();
+            }
+        }
         self.view.push(Item { lo: seq, hi: seq, message });
     }
 
     fn compact(&mut self, compaction: &Compaction) {
         compaction::apply(&mut self.view, &self.raw, compaction);
         self.generation += 1;
+        self.tail = Tail::default();
     }
 
     /// The turn that just ended rolled back: its messages leave the history (and the raw
@@ -46,6 +98,7 @@ impl State {
     /// for messages on both sides of the cut gives way to the raw messages before the cut.
     fn roll_back(&mut self) {
         let from = self.turn_from;
+        self.tail = Tail::default();
         let keep_raw = self.raw.partition_point(|(seq, _)| *seq < from);
         let keep_view = self.view.iter().position(|item| item.hi >= from).unwrap_or(self.view.len());
         if keep_raw == self.raw.len() && keep_view == self.view.len() {
@@ -132,7 +185,7 @@ impl History {
         if state.pos == start {
             for folded in decoded {
                 match folded {
-                    Folded::Message(seq, message) => state.add(seq, message),
+                    Folded::Message(seq, message) => state.add(seq, message, None),
                     Folded::Compacted(compaction) => state.compact(&compaction),
                     Folded::TurnStart(seq) => state.turn_from = seq,
                     Folded::RolledBack => state.roll_back(),
@@ -146,13 +199,22 @@ impl History {
     /// The loop appended the event at `seq`, carrying `message` if it joins the history: it
     /// joins directly when everything before it is folded, else the next catch-up decodes it.
     pub fn push(&self, log: &SessionLog, seq: u64, message: Option<Arc<Message>>) {
+        self.push_call(log, seq, message, None);
+    }
+
+    /// The loop appended the result of call `call` (its index in its step) at `seq`.
+    pub fn push_result(&self, log: &SessionLog, seq: u64, message: Arc<Message>, call: usize) {
+        self.push_call(log, seq, Some(message), Some(call));
+    }
+
+    fn push_call(&self, log: &SessionLog, seq: u64, message: Option<Arc<Message>>, call: Option<usize>) {
         // A gap before it (someone else appended) is decoded now; if that fails, the next
         // catch-up (before a request) reports it.
         let _ = self.catch_up(log, seq);
         let mut state = self.state();
         if state.pos == seq {
             if let Some(message) = message {
-                state.add(seq, message);
+                state.add(seq, message, call);
             }
             state.pos = seq + 1;
         }

@@ -193,9 +193,12 @@ pub fn open_step(events: &[Event]) -> Option<Crashed> {
 
 /// The open step a resume takes up: one with a call in doubt whose policy a resume settles,
 /// or about which a person was asked (`call_decisions`: a call that needs input, say).
+/// A step the gate asked about is a held step's to take up (`decisions::held_step`), whatever
+/// ran in it while it waited.
 pub fn crashed(events: &[Event]) -> Option<Crashed> {
     open_step(events)
         .filter(|c| c.in_doubt().any(|(_, _, _, policy)| settled_on_resume(policy)) || !super::call_decisions::requests(events).is_empty())
+        .filter(|_| super::decisions::held_step(events).is_none())
 }
 
 /// [`crashed`] of `log`, once no request about its calls waits for a person: the step a

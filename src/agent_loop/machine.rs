@@ -309,6 +309,9 @@ pub struct Machine {
     plan: Option<ToolPlan>,
     /// The step's calls being gated, before they run.
     gating: Option<gate::Gating>,
+    /// A result committed in the running step concludes the turn (a held step's results come
+    /// in more than one plan).
+    concludes: bool,
     /// The exception the run ends with propagates (an outside cancellation, a fatal error).
     propagate: bool,
 }
@@ -341,6 +344,7 @@ impl Machine {
             chunks: Vec::new(),
             plan: None,
             gating: None,
+            concludes: false,
             propagate: false,
         }
     }
@@ -427,14 +431,11 @@ impl Machine {
             (Wait::Gate, Input::Gated(gate)) => self.gated(ctx, gate),
             (Wait::Gate, Input::Raised(raised)) => self.gate_raised(ctx, raised),
             (Wait::Tools, Input::ToolsDone(plan)) => {
+                self.concludes |= plan.concludes();
                 if plan.waits() {
-                    // A call needs a person's input: the step stops there, the turn stays open.
-                    self.step_open = false;
-                    self.stop_driver = true;
-                    self.wait = Wait::Done;
-                    return Effect::AwaitDecisions;
+                    return self.plan_waits(ctx);
                 }
-                let end = if plan.concludes() { StepEnd::Completed } else { StepEnd::Again };
+                let end = if std::mem::take(&mut self.concludes) { StepEnd::Completed } else { StepEnd::Again };
                 self.step_done(ctx, end)
             }
             (Wait::Stopping, Input::Continue) => match self.check(ctx) {
@@ -777,8 +778,25 @@ impl Machine {
         self.run_plan(ctx, calls, Vec::new())
     }
 
+    /// The plan's calls that could run have their results, and some wait for a person. A step
+    /// the gate asked about goes on from the log (decisions that came in meanwhile apply at
+    /// once; after a cancel, what still waits is resolved `cancelled`), else the step waits.
+    fn plan_waits(&mut self, ctx: &Ctx<'_>) -> Effect {
+        if ctx.aborted() {
+            if let Err(e) = super::decisions::cancel_pending(ctx.log) {
+                return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            }
+        }
+        match super::decisions::held(ctx.log) {
+            Some(held) => self.take_up(ctx, held),
+            // Only calls that need input wait (`call_decisions`): resumed once they are decided.
+            None => self.await_decisions(),
+        }
+    }
+
     /// The step's calls become its tool plan, with what was decided for them.
     fn run_plan(&mut self, ctx: &Ctx<'_>, calls: Vec<(String, String, String)>, verdicts: Vec<gate::Verdict>) -> Effect {
+        let started = verdicts.iter().any(|v| matches!(v, gate::Verdict::Logged(super::in_doubt::Logged::InDoubt { .. }, _)));
         let calls = calls
             .into_iter()
             .map(|(id, name, arguments)| {
@@ -789,6 +807,10 @@ impl Machine {
         let mut plan = ToolPlan::new(self.turn, self.step, calls, ctx.max_parallel);
         for (index, verdict) in verdicts.into_iter().enumerate() {
             verdict.apply(&mut plan, index);
+        }
+        if started {
+            // Calls of a held step that started: what a person decided about them.
+            call_decision::apply(ctx, &mut plan);
         }
         self.plan = Some(plan);
         self.wait = Wait::Tools;

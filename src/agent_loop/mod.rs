@@ -10,7 +10,8 @@
 //!          before_request(request); request/header when the options changed
 //!          (checkpoint: flush) model(request) ── failure ─► request_error ── Retry ─► request again
 //!          assistant/chunk × n; assistant/message
-//!          tool plan: tool/call, tool/result × calls (results in model order)
+//!          tool plan: tool/call, tool/result × calls (results in model order; a call the
+//!          gate asked about is held: the others run, the step waits, decided it runs later)
 //!          step/end
 //!          tool results owed, or next-step input pending? ─► claim next-step, next step
 //!          turn_stopping (a hook may steer: another step)

@@ -4,7 +4,10 @@
 //! Calls start in the model's order in a rolling pool of at most `max_parallel` running at
 //! once; a call of a `parallel=False` tool is a barrier: it waits for the running calls and runs
 //! alone. Each call logs `tool/call` as it starts; results are committed (`tool/result`)
-//! strictly in model order, so a fast call waits for slower earlier ones. An unknown tool's call
+//! strictly in model order, so a fast call waits for slower earlier ones. A call held for a
+//! person's decision ([`ToolPlan::hold`]) neither starts nor holds up the results after it: the
+//! step's results are in model order among the calls that run, and the held call's result
+//! follows when it is decided and runs (the history orders a step's results by call). An unknown tool's call
 //! gets its error result without running. After an abort nothing new starts; what never started
 //! gets a `tool/call` and an `ABORTED_BEFORE_DISPATCH` result.
 //!
@@ -247,7 +250,7 @@ pub struct Sink<'a> {
 
 /// What a plan knows of one call besides its outcome.
 #[derive(Debug, Clone, Copy, Default)]
-#[allow(clippy::struct_excessive_bools, reason = "four independent facts of one call")]
+#[allow(clippy::struct_excessive_bools, reason = "five independent facts of one call")]
 struct Flags {
     finished: bool,
     /// A resumed step's call whose `tool/call` is logged already (in doubt), or that gets no
@@ -257,6 +260,9 @@ struct Flags {
     done: bool,
     /// A call in doubt whose tool's reconcile function runs instead of its body.
     reconcile: bool,
+    /// A call that waits for a person's decision: it neither starts nor blocks the commits of
+    /// the calls after it; the step waits for it once the others have their results.
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -330,30 +336,41 @@ impl ToolPlan {
         let (calls, logged): (Vec<Call>, Vec<Logged>) = calls.into_iter().unzip();
         let mut plan = ToolPlan::new(turn, step, calls, max_parallel);
         for (index, logged) in logged.into_iter().enumerate() {
-            let name = plan.calls[index].name.clone();
-            match logged {
-                Logged::Done => {
-                    plan.flags[index].done = true;
-                    plan.flags[index].finished = true;
-                }
-                Logged::NotStarted => {
-                    plan.flags[index].prelogged = true;
-                    plan.presets[index] = Some(Outcome::not_started(&name));
-                }
-                Logged::InDoubt { seq, arguments, policy, .. } => {
-                    plan.flags[index].prelogged = true;
-                    plan.call_seqs[index] = Some(seq);
-                    plan.calls[index].arguments = arguments;
-                    match policy {
-                        _ if !plan.calls[index].known => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
-                        InDoubt::Retry => {}
-                        InDoubt::Reconcile => plan.flags[index].reconcile = true,
-                        InDoubt::Fail | InDoubt::Ask => plan.presets[index] = Some(Outcome::outcome_unknown(&name)),
-                    }
+            plan.logged(index, logged);
+        }
+        plan
+    }
+
+    /// What the log holds of call `index` of a step taken up again (see [`resumed`](Self::resumed)).
+    pub fn logged(&mut self, index: usize, logged: Logged) {
+        let name = self.calls[index].name.clone();
+        match logged {
+            Logged::Done => {
+                self.flags[index].done = true;
+                self.flags[index].finished = true;
+            }
+            Logged::NotStarted => {
+                self.flags[index].prelogged = true;
+                self.presets[index] = Some(Outcome::not_started(&name));
+            }
+            Logged::InDoubt { seq, arguments, policy, .. } => {
+                self.flags[index].prelogged = true;
+                self.call_seqs[index] = Some(seq);
+                self.calls[index].arguments = arguments;
+                match policy {
+                    _ if !self.calls[index].known => self.presets[index] = Some(Outcome::outcome_unknown(&name)),
+                    InDoubt::Retry => {}
+                    InDoubt::Reconcile => self.flags[index].reconcile = true,
+                    InDoubt::Fail | InDoubt::Ask => self.presets[index] = Some(Outcome::outcome_unknown(&name)),
                 }
             }
         }
-        plan
+    }
+
+    /// Call `index` waits for a person: the plan runs the others and leaves it without a
+    /// result ([`waits`](Self::waits)).
+    pub fn hold(&mut self, index: usize) {
+        self.flags[index].held = true;
     }
 
     /// Whether call `index` runs its tool's reconcile function instead of its body (a call in
@@ -434,8 +451,8 @@ impl ToolPlan {
             let index = self.started;
             let call = &self.calls[index];
             let exclusive = call.known && call.info.exclusive;
-            if self.flags[index].done {
-                // A resumed step's call that has its result.
+            if self.flags[index].done || self.flags[index].held {
+                // A resumed step's call that has its result, or one that waits for a person.
                 self.started += 1;
                 self.commit_ready(sink)?;
                 continue;
@@ -463,6 +480,10 @@ impl ToolPlan {
         }
         // Aborted (or all started and finished): the rest never runs.
         for index in self.started..n {
+            if self.flags[index].held {
+                // Its request is the machine's to resolve (cancelled) before it gets a result.
+                continue;
+            }
             self.flags[index].finished = true;
             if self.flags[index].done {
                 continue;
@@ -481,10 +502,11 @@ impl ToolPlan {
         Ok(Next::Done)
     }
 
-    /// Whether calls of the step wait for input (`decision/requested {kind: "input"}` logged):
-    /// the step stops there, the turn stays open.
+    /// Whether calls of the step wait for a person: held ones (their gate asked), or ones that
+    /// need input (`decision/requested {kind: "input"}` logged). The other calls have their
+    /// results; the step stops there, the turn stays open.
     pub fn waits(&self) -> bool {
-        self.input.as_ref().is_some_and(|state| state.waits)
+        self.input.as_ref().is_some_and(|state| state.waits) || self.flags.iter().any(|f| f.held)
     }
 
     /// Writes the requests of the calls that need input, in call order, the final one `last`.
@@ -553,7 +575,7 @@ impl ToolPlan {
 
     fn commit_ready(&mut self, sink: &Sink<'_>) -> Result<(), CoreError> {
         while self.committed < self.calls.len() {
-            if self.flags[self.committed].done {
+            if self.flags[self.committed].done || self.flags[self.committed].held {
                 self.committed += 1;
                 continue;
             }
@@ -585,7 +607,7 @@ impl ToolPlan {
             sink.log,
             events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), self.call_seqs[index]),
         )?;
-        sink.history.push(sink.log, seq, Some(Arc::new(message)));
+        sink.history.push_result(sink.log, seq, Arc::new(message), index);
         if outcome.bug {
             if let Some(error) = &outcome.error {
                 self.raised.push(Raised { index, failure: tool_failure(call, error, &outcome.content) });

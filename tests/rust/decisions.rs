@@ -30,6 +30,8 @@ struct Host {
     ran: RefCell<Vec<(String, String)>>,
     gate: Option<GateFn>,
     requests: RefCell<usize>,
+    /// The process "dies" when the machine asks to run tools (the run ends there).
+    halt_at_tools: std::cell::Cell<bool>,
 }
 
 impl Host {
@@ -42,7 +44,17 @@ impl Host {
     fn over(store: MemoryStore, log: SessionLog, gate: Option<GateFn>) -> Host {
         let inbox = Inbox::new(log.clone(), None).unwrap();
         let shared = Shared::resume(&log);
-        Host { store, log, inbox, shared, replies: RefCell::default(), ran: RefCell::default(), gate, requests: RefCell::new(0) }
+        Host {
+            store,
+            log,
+            inbox,
+            shared,
+            replies: RefCell::default(),
+            ran: RefCell::default(),
+            gate,
+            requests: RefCell::new(0),
+            halt_at_tools: std::cell::Cell::new(false),
+        }
     }
 
     /// The session closed and opened again by a new loop (the crash closers run on open).
@@ -88,6 +100,7 @@ impl Host {
                 Effect::BeforeTool { index, name, arguments, .. } => {
                     Input::Gated((self.gate.as_ref().expect("gated without a gate"))(*index, name, arguments))
                 }
+                Effect::RunTools if self.halt_at_tools.get() => return effect,
                 Effect::RunTools => {
                     let mut plan = machine.take_plan().unwrap();
                     let aborted = self.shared.state().abort.is_some();
@@ -153,6 +166,33 @@ impl Host {
             .collect()
     }
 
+    /// The call ids of the tool results, in log order.
+    fn result_ids(&self) -> Vec<String> {
+        self.of("tool/result").iter().map(|d| d["message"]["source"]["callId"].as_str().unwrap_or_default().to_string()).collect()
+    }
+
+    /// The call ids of the tool results the history holds, in its order (what a request sends).
+    fn history_result_ids(&self) -> Vec<String> {
+        self.shared.history.catch_up(&self.log, self.log.len()).unwrap();
+        self.shared.history.since(0).iter().filter_map(|m| m.source().get("callId").and_then(Value::as_str).map(str::to_owned)).collect()
+    }
+
+    /// The types of the events from `start` on, each tool event with its call id.
+    fn sequence_from(&self, start: usize) -> Vec<String> {
+        self.events()[start..]
+            .iter()
+            .map(|e| {
+                let data = e.data();
+                let id = match e.kind() {
+                    "tool/call" | "decision/requested" | "decision/resolved" => data["callId"].as_str().map(str::to_owned),
+                    "tool/result" => data["message"]["source"]["callId"].as_str().map(str::to_owned),
+                    _ => None,
+                };
+                id.map_or_else(|| e.kind().to_string(), |id| format!("{} {id}", e.kind()))
+            })
+            .collect()
+    }
+
     fn pending_ids(&self) -> Vec<String> {
         decisions::pending(&self.log).into_iter().map(|r| r.decision_id).collect()
     }
@@ -202,41 +242,90 @@ fn a_rounds_requests_are_written_together_after_every_gate_the_last_marked() {
     let h =
         Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}"), ("c2", "read", "{}"), ("c3", "pay", "{}"), ("c4", "read", "{}")]);
     assert_eq!(h.turn("go"), Effect::AwaitDecisions);
-    let kinds = h.kinds();
-    assert_eq!(kinds[kinds.len() - 2..], ["decision/requested", "decision/requested"]);
+    // Both requests, then the calls that need no decision, each result as soon as it is known.
+    let start = h.kinds().iter().position(|k| k == "decision/requested").unwrap();
+    assert_eq!(
+        h.sequence_from(start),
+        ["decision/requested c1", "decision/requested c3", "tool/call c2", "tool/result c2", "tool/call c4", "tool/result c4"]
+    );
     let requests = h.of("decision/requested");
     assert_eq!(requests.iter().map(|r| r["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 2]);
     assert_eq!(requests[0].get("last"), None);
     assert_eq!(requests[1]["last"], true);
 }
 
-/// Deliberately not issue 27's "other calls of the step that need no decision run": results are
-/// committed in call order, so a call run ahead of a pending one would have no logged result,
-/// and a crash then would leave it in doubt. The whole step waits instead.
+/// Issue 27 item 2: the calls that need no decision run while the step waits, each committing
+/// its result as soon as it is known; the asked call runs once decided, and the model is asked
+/// for the next step only then, with the step's results in call order.
 #[test]
-fn an_ask_holds_the_whole_step_and_a_decision_resumes_it_without_the_model() {
-    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "read", "{}"), ("c2", "pay", r#"{"amount":5}"#)]);
+fn an_ask_holds_its_call_while_the_others_run_and_a_decision_resumes_it_without_the_model() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", r#"{"amount":5}"#), ("c2", "read", "{}")]);
     assert_eq!(h.turn("go"), Effect::AwaitDecisions);
-    // Nothing of the step ran; the turn is open.
-    assert!(h.ran.borrow().is_empty());
-    assert_eq!(h.kinds().last().unwrap(), "decision/requested");
+    // The read ran and its result is logged; the pay waits; the turn is open.
+    assert_eq!(*h.ran.borrow(), vec![("c2".to_string(), "{}".to_string())]);
+    let start = h.kinds().iter().position(|k| k == "assistant/message").unwrap();
+    assert_eq!(h.sequence_from(start), ["assistant/message", "decision/requested c1", "tool/call c2", "tool/result c2"]);
     let request = &h.of("decision/requested")[0];
-    assert_eq!(request["callId"], "c2");
-    assert_eq!(request["index"], 1);
+    assert_eq!(request["callId"], "c1");
+    assert_eq!(request["index"], 0);
     assert_eq!(request["kind"], "approval");
     assert_eq!(request["digest"], decisions::digest(r#"{"amount":5}"#));
+    // Nothing more to do until the decision: no resume.
+    assert_eq!(h.resume(), None);
     let requests_before = *h.requests.borrow();
     let id = h.pending_ids().pop().unwrap();
     let decided = h.decide(&id, Decide::Approve, Some("k1")).unwrap();
     assert!(decided.ready && !decided.duplicate);
     assert_eq!(h.resume(), Some(Effect::Finished));
-    assert_eq!(*h.ran.borrow(), vec![("c1".into(), "{}".into()), ("c2".into(), r#"{"amount":5}"#.into())]);
+    assert_eq!(*h.ran.borrow(), vec![("c2".into(), "{}".into()), ("c1".into(), r#"{"amount":5}"#.into())]);
+    assert_eq!(
+        h.sequence_from(start),
+        [
+            "assistant/message", "decision/requested c1", "tool/call c2", "tool/result c2", "decision/resolved c1", "tool/call c1",
+            "tool/result c1", "step/end", "step/start", "assistant/message", "step/end", "turn/end"
+        ]
+    );
+    // The log holds the results as they were known; the history (what the model is sent) in
+    // call order.
+    assert_eq!(h.result_ids(), ["c2", "c1"]);
+    assert_eq!(h.history_result_ids(), ["c1", "c2"]);
     // One more request: the one after the tool results, none for the decided call.
     assert_eq!(*h.requests.borrow(), requests_before + 1);
     let resolved = &h.of("decision/resolved")[0];
     assert_eq!(resolved["outcome"], "approved");
     assert_eq!(resolved["by"], "ann");
     assert_eq!(resolved["digest"], decisions::digest(r#"{"amount":5}"#));
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed");
+}
+
+/// Killed while a call that needs no decision runs: that call follows its in-doubt policy (here
+/// `fail`: its outcome is unknown) at the next resume, the asked one stays pending, and the
+/// turn stays open for it.
+#[test]
+fn a_crash_while_the_others_run_leaves_the_request_pending_and_the_running_call_in_doubt() {
+    let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}"), ("c2", "read", "{}"), ("c3", "read", r#"{"n":3}"#)]);
+    h.halt_at_tools.set(true);
+    assert_eq!(h.turn("go"), Effect::RunTools);
+    // The process died after c2's tool/call, before its result.
+    kerman::agent_loop::events::append(
+        &h.log,
+        kerman::agent_loop::events::tool_call(1, 1, "c2", "read", "{}", kerman::agent_loop::ToolInfo::default()),
+    )
+    .unwrap();
+    let h = h.reopen(None);
+    assert!(!h.kinds().iter().any(|k| k == "turn/end" || k == "tool/result"), "the closers leave the waiting step open");
+    let id = h.pending_ids().pop().unwrap();
+    // A resume settles c2 and runs c3 (its gate's logged verdict), then waits for c1.
+    assert_eq!(h.resume(), Some(Effect::AwaitDecisions));
+    assert_eq!(h.results()[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
+    assert_eq!(*h.ran.borrow(), vec![("c3".to_string(), r#"{"n":3}"#.to_string())]);
+    assert_eq!(h.resume(), None);
+    h.decide(&id, Decide::Approve, None).unwrap();
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert_eq!(h.ran.borrow().len(), 2);
+    assert_eq!(h.result_ids(), ["c2", "c3", "c1"]);
+    assert_eq!(h.history_result_ids(), ["c1", "c2", "c3"]);
+    assert_eq!(*h.requests.borrow(), 1, "the model is asked once, after every result");
     assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed");
 }
 
@@ -323,10 +412,12 @@ fn cancel_while_waiting_resolves_cancelled_and_ends_the_turn_aborted() {
     assert_eq!(decisions::cancel_pending(&h.log).unwrap(), 1);
     assert!(h.shared.state().abort(AbortCause::from_value(json!({"kind": "user"})).unwrap()));
     assert_eq!(h.resume(), Some(Effect::Finished));
-    assert!(h.ran.borrow().is_empty());
+    // The read ran while the step waited; the cancelled pay never runs.
+    assert_eq!(*h.ran.borrow(), vec![("c2".to_string(), "{}".to_string())]);
     assert_eq!(h.of("decision/resolved")[0]["outcome"], "cancelled");
     let codes: Vec<_> = h.results().into_iter().map(|r| r.1).collect();
-    assert_eq!(codes, vec![Some("ABORTED_BEFORE_DISPATCH".into()), Some("ABORTED_BEFORE_DISPATCH".into())]);
+    assert_eq!(codes, vec![None, Some("ABORTED_BEFORE_DISPATCH".into())]);
+    assert_eq!(h.result_ids(), ["c2", "c1"]);
     assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "aborted");
 }
 
@@ -368,7 +459,9 @@ fn a_resumed_step_keeps_the_verdicts_the_gate_gave_before_the_wait() {
         ("c4", "t", "{}"),
         ("c5", "t", "{}"),
     ]);
-    assert_eq!(h.turn("go"), Effect::AwaitDecisions);
+    // Killed once the round is logged, before any call started.
+    h.halt_at_tools.set(true);
+    assert_eq!(h.turn("go"), Effect::RunTools);
     let request = h.of("decision/requested").pop().unwrap();
     assert_eq!(request["last"], true);
     let gated = request["gated"].as_array().unwrap();
@@ -395,19 +488,22 @@ fn a_resumed_step_keeps_the_verdicts_the_gate_gave_before_the_wait() {
         counter.set(counter.get() + 1);
         Gate::Deny(Some("changed my mind".into()))
     })));
+    // The new loop runs what the first gate let run while the step waits, then the decided call.
+    assert_eq!(h.resume(), Some(Effect::AwaitDecisions));
     h.decide(&id, Decide::Approve, None).unwrap();
     assert_eq!(h.resume(), Some(Effect::Finished));
     assert_eq!(asked.get(), 0, "no call the first gate judged is gated again");
     assert_eq!(
         *h.ran.borrow(),
-        vec![("c1".into(), r#"{"a":1}"#.into()), ("c2".into(), r#"{"amount":5}"#.into()), ("c3".into(), r#"{"a":30}"#.into())]
+        vec![("c1".into(), r#"{"a":1}"#.into()), ("c3".into(), r#"{"a":30}"#.into()), ("c2".into(), r#"{"amount":5}"#.into())]
     );
+    assert_eq!(h.result_ids(), ["c1", "c3", "c4", "c5", "c2"]);
     let results = h.results();
-    assert_eq!(results[3], ("tool call 't' was denied: not today".to_string(), Some("TOOL_DENIED".into())));
-    assert_eq!(results[4].1.as_deref(), Some("GATE_ERROR"));
-    assert!(results[4].0.contains("returned None"), "{:?}", results[4]);
+    assert_eq!(results[2], ("tool call 't' was denied: not today".to_string(), Some("TOOL_DENIED".into())));
+    assert_eq!(results[3].1.as_deref(), Some("GATE_ERROR"));
+    assert!(results[3].0.contains("returned None"), "{:?}", results[3]);
     // tool/call logs the edited arguments, as it did in one process.
-    assert_eq!(h.of("tool/call")[2]["arguments"], r#"{"a":30}"#);
+    assert_eq!(h.of("tool/call")[1]["arguments"], r#"{"a":30}"#);
 }
 
 /// A logged gate verdict is bound to its call like a request: by position and id, and a call
@@ -416,7 +512,10 @@ fn a_resumed_step_keeps_the_verdicts_the_gate_gave_before_the_wait() {
 fn a_logged_verdict_that_does_not_match_its_call_fails_closed() {
     let gate: GateFn = Box::new(|index, _, _| if index == 0 { Gate::Ask(Ask::default()) } else { Gate::Run });
     let h = Host::new(Some(gate)).reply(&[("c1", "pay", "{}"), ("c2", "t", r#"{"a":1}"#), ("c3", "t", r#"{"a":2}"#)]);
-    h.turn("go");
+    // Killed once the round is logged, before c2 and c3 started.
+    h.halt_at_tools.set(true);
+    assert_eq!(h.turn("go"), Effect::RunTools);
+    h.halt_at_tools.set(false);
     let id = h.pending_ids().pop().unwrap();
     // A later round of the same step (forged here) logs an edit whose arguments are not the
     // ones its digest names, and a verdict naming another call's id.
@@ -454,8 +553,10 @@ fn a_turn_resolved_but_not_resumed_is_left_open_on_reopen() {
     assert_eq!(h.ran.borrow().len(), 1);
 }
 
+/// A waiting step is taken up from the log whatever ran in it: a decided call that started
+/// and was killed follows its in-doubt policy (here `fail`), and the step goes on.
 #[test]
-fn a_crash_after_a_call_started_closes_the_turn_as_today() {
+fn a_crash_after_a_decided_call_started_leaves_it_to_its_in_doubt_policy() {
     let h = Host::new(Some(ask_for(&["pay"]))).reply(&[("c1", "pay", "{}")]);
     h.turn("go");
     let id = h.pending_ids().pop().unwrap();
@@ -467,17 +568,18 @@ fn a_crash_after_a_call_started_closes_the_turn_as_today() {
     )
     .unwrap();
     let h = h.reopen(None);
-    let results = h.results();
-    assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
-    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "interrupted");
-    assert_eq!(h.resume(), None);
+    assert!(!h.kinds().iter().any(|k| k == "turn/end"));
+    assert_eq!(h.resume(), Some(Effect::Finished));
+    assert!(h.ran.borrow().is_empty(), "a call in doubt whose policy is fail is not run again");
+    assert_eq!(h.results()[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed");
 }
 
 #[test]
 fn a_crash_after_a_decided_call_that_does_not_run_gives_it_its_decision_not_an_unknown_outcome() {
     // pay is approved, wipe denied, ask answered; the resumed step logged every tool/call,
     // then the process died before any result. Only pay may have run: the others were
-    // decided not to, and their closers say what was decided (not "outcome unknown").
+    // decided not to, and the resume gives them what was decided (not "outcome unknown").
     let gate: GateFn = Box::new(|_, name, _| {
         let schema = (name == "ask").then(|| r#"{"type":"string"}"#.to_string());
         Gate::Ask(Ask { schema, note: None, expires_at: None })
@@ -496,11 +598,15 @@ fn a_crash_after_a_decided_call_that_does_not_run_gives_it_its_decision_not_an_u
         .unwrap();
     }
     let h = h.reopen(None);
+    assert!(h.results().is_empty());
+    assert_eq!(h.resume(), Some(Effect::Finished));
     let results = h.results();
     assert_eq!(results[0].1.as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
     assert_eq!(results[1], ("tool call 'wipe' was denied: no".to_string(), Some("TOOL_DENIED".to_string())));
     assert_eq!(results[2], ("blue".to_string(), None));
-    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "interrupted");
+    // No tool/call was logged again: each result cites the one the killed process wrote.
+    assert_eq!(h.of("tool/call").len(), 3);
+    assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed");
     assert!(h.ran.borrow().is_empty());
 }
 
@@ -651,7 +757,16 @@ fn property_any_mix_of_asks_and_decisions_in_any_order_keeps_the_invariants() {
             assert_eq!(effect, Effect::Finished, "seed {seed}");
         } else {
             assert_eq!(effect, Effect::AwaitDecisions, "seed {seed}");
-            assert!(h.ran.borrow().is_empty(), "seed {seed}: nothing of a waiting step runs");
+            // The calls that need no decision ran, in call order, and have their results.
+            let free: Vec<(String, String)> = calls
+                .iter()
+                .zip(&expected)
+                .enumerate()
+                .filter(|(i, _)| !asks[*i])
+                .filter_map(|(_, ((id, _, _), args))| args.clone().map(|a| (id.clone(), a)))
+                .collect();
+            assert_eq!(*h.ran.borrow(), free, "seed {seed}: the calls that need no decision run while the step waits");
+            assert_eq!(h.of("tool/result").len(), n - asked, "seed {seed}");
             let pending = decisions::pending(&h.log);
             assert_eq!(pending.len(), asked, "seed {seed}");
             let mut order: Vec<usize> = (0..asked).collect();
@@ -679,10 +794,21 @@ fn property_any_mix_of_asks_and_decisions_in_any_order_keeps_the_invariants() {
             assert_eq!(h.of("decision/resolved").len(), asked, "seed {seed}: each request resolved exactly once");
             assert_eq!(h.resume(), Some(Effect::Finished), "seed {seed}");
         }
-        // Exactly the decided (or gated) arguments ran, each call at most once, in call order.
-        let want: Vec<(String, String)> =
-            calls.iter().zip(&expected).filter_map(|((id, _, _), args)| args.clone().map(|a| (id.clone(), a))).collect();
+        // Exactly the decided (or gated) arguments ran, each call at most once: the calls that
+        // need no decision first, then the decided ones, each group in call order.
+        let ran_as = |asked: bool| -> Vec<(String, String)> {
+            calls
+                .iter()
+                .zip(&expected)
+                .enumerate()
+                .filter(|(i, _)| asks[*i] == asked)
+                .filter_map(|(_, ((id, _, _), args))| args.clone().map(|a| (id.clone(), a)))
+                .collect()
+        };
+        let want: Vec<(String, String)> = ran_as(false).into_iter().chain(ran_as(true)).collect();
         assert_eq!(*h.ran.borrow(), want, "seed {seed}");
+        let in_order: Vec<String> = calls.iter().map(|(id, _, _)| id.clone()).collect();
+        assert_eq!(h.history_result_ids(), in_order, "seed {seed}: the history has the results in call order");
         assert_eq!(*h.requests.borrow(), 2, "seed {seed}: the model is asked twice: the calls, then after the results");
         assert_eq!(h.of("tool/result").len(), n, "seed {seed}: every call has exactly one result");
         assert_eq!(h.of("turn/end")[0]["reason"]["kind"], "completed", "seed {seed}");

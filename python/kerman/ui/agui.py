@@ -5,7 +5,8 @@ One run per turn (``RUN_STARTED`` at ``turn/start``, ``RUN_FINISHED`` or ``RUN_E
 tool calls with their results, user messages as ``user`` text messages, and the queue as shared
 state (``STATE_SNAPSHOT`` once, then a JSON Patch ``STATE_DELTA`` per inbox splice). A turn that
 waits for decisions ends its run with the interrupt outcome (one ``Interrupt`` per pending
-request); once every request of the step is resolved, the turn goes on in a new run whose
+request) once the step's calls that need no decision have their results (they run while it
+waits; a request decided before that is no interrupt); once every request of the step is resolved, the turn goes on in a new run whose
 ``input.resume`` answers them (AG-UI 1.0, "Interrupts and Resume"). A turn's validated
 structured output is a ``CUSTOM`` event named ``kerman.output/validated``; a running tool
 call's progress one named ``kerman.tool/progress``; a continuation (a
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from .. import events
 from .._core import Event
@@ -55,6 +56,9 @@ class AgUiProjection(Projection, f.Sink):
         self._asked: Dict[str, JsonDict] = {}  # decision id -> its Interrupt, the step not known to wait yet
         self._waiting: Dict[str, JsonDict] = {}  # decision id -> its Interrupt, the run ended on them
         self._answers: List[JsonDict] = []  # resume entries of the resolved ones
+        # The step's calls that need no decision and run while it waits: its run ends with the
+        # interrupt once they have their results (then nothing of the step runs any more).
+        self._running: Set[str] = set()
         self._shown: Dict[str, Any] = {}  # call id -> arguments announced with its request (this turn)
 
     def _ev(self, type: str, **fields: Any) -> JsonDict:
@@ -166,6 +170,10 @@ class AgUiProjection(Projection, f.Sink):
         if is_error:
             result["metadata"] = {"kerman": {"isError": True, **({"error": error} if error else {})}}
         self._out.append(result)
+        if call_id in self._running:
+            self._running.discard(call_id)
+            if not self._running and self._asked:
+                self._interrupt()
 
     def unread(self, row: JsonDict, turn: Any, reason: Any) -> None:
         self._out.append(
@@ -209,6 +217,8 @@ class AgUiProjection(Projection, f.Sink):
                 )
             )
         self._run_id = ""
+        self._running = set()
+        self._asked = {}
 
     def custom(self, view: events.OtherEvent) -> None:
         shown = mapped(self.custom_mapping, view)
@@ -240,8 +250,10 @@ class AgUiProjection(Projection, f.Sink):
             "kerman": {k: raw[k] for k in ("name", "arguments", "digest", "kind", "turn", "step", "index") if k in raw}
         }
         self._asked[request.decision_id] = interrupt
-        if request.last:  # the final request of the round: the step waits now
-            self._interrupt()
+        if request.last:  # the final request of the round: the step waits once its other calls ran
+            self._running = {str(g.get("callId")) for g in request.gated if isinstance(g, dict)}
+            if not self._running:
+                self._interrupt()
 
     def _interrupt(self) -> None:
         """The step waits: its run ends with the interrupt outcome, listing every pending request."""
@@ -270,6 +282,8 @@ class AgUiProjection(Projection, f.Sink):
     def decision_resolved(self, resolution: events.DecisionResolved) -> None:
         raw = payload(resolution)
         self._out.append(self._ev("CUSTOM", name="kerman.decision/resolved", value=raw))
+        if self._asked.pop(resolution.decision_id, None) is not None:
+            return  # decided before its step waited (the step's other calls were still running)
         if self._waiting.pop(resolution.decision_id, None) is None:
             return
         outcome = resolution.outcome

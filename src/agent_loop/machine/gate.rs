@@ -3,22 +3,30 @@
 //! When a gate is registered, every call of a step is gated in call order before any of them
 //! runs (`Effect::BeforeTool`). A gate runs the call, runs it with edited arguments, denies it
 //! (the model gets the reason as the call's error result), or asks a person: the machine
-//! appends `decision/requested` and, once every call is gated, the step stops there (the run
-//! ends, the turn stays open) when any call asked. Nothing of such a step runs before its
-//! decisions are in, so a crash while waiting leaves no call in doubt.
+//! appends `decision/requested`, once every call is gated, for each call that asked.
 //!
 //! The gate's verdicts on the round's other calls (run, edit, deny, failed) are logged with the
-//! round's requests (the `gated` list of the `last` one), so [`Machine::resume_held`] takes the
-//! step up again from the log alone once every request is resolved: decided calls get what was
-//! decided, the others what their gate said before the wait. The model is not asked again and
-//! no gate runs again for a call it gated, whichever process resumes and whatever its gate
-//! would say now. Only a call with no logged verdict at all (a log written before verdicts were
-//! logged) is gated again.
+//! round's requests (the `gated` list of the `last` one), before any call runs. Then the calls
+//! that need no decision run at once, the asked ones held ([`ToolPlan::hold`]): each result is
+//! committed as soon as it is known (in call order among the calls that run), so a crash while
+//! the step waits leaves nothing that ran without its result but a call that was running.
+//! Once they have their results the step waits (the run ends, the turn stays open).
+//!
+//! Everything the step needs is in the log, so [`Machine::resume_held`] takes it up from the log
+//! alone ([`Machine::take_up`]), in this run or in any process: calls with a result keep it, a
+//! call in doubt follows its policy, the calls that need no decision and have not run run with
+//! their logged verdict, and once every request is resolved the decided calls get what was
+//! decided. The model is asked for the next step only once every call has its result; it is
+//! not asked again, and no gate runs again for a call it gated, whatever it would say now.
+//! Only a call with no logged verdict at all (a round a crash cut short, a log written before
+//! verdicts were logged) is gated again.
 
 use super::{Ctx, Effect, Fault, Machine, Raised, RaisedKind, Wait};
+use crate::agent_loop::call_decisions;
 use crate::agent_loop::decisions::{self, Gated, GatedKind, Request, RequestKind, Resolved};
 use crate::agent_loop::events;
 use crate::agent_loop::failure::{AbortCause, AbortKind};
+use crate::agent_loop::in_doubt::Logged;
 use crate::agent_loop::tools::{Outcome, ToolPlan};
 use crate::agent_loop::CoreError;
 
@@ -71,8 +79,11 @@ pub(super) enum Verdict {
     },
     /// Do not run: this is the result.
     Preset(Outcome),
-    /// A person was asked.
+    /// A person was asked, and has not decided (or the step's other requests wait): held.
     Asked,
+    /// A step taken up again: the log holds its result, or its `tool/call` without one (and
+    /// the result it gets without running again, when it was decided not to run).
+    Logged(Logged, Option<Outcome>),
 }
 
 impl Verdict {
@@ -80,8 +91,20 @@ impl Verdict {
         match self {
             Verdict::Run { arguments, digest } => plan.decided(index, arguments, digest),
             Verdict::Preset(outcome) => plan.preset(index, outcome),
-            Verdict::Undecided | Verdict::Asked => {}
+            Verdict::Asked => plan.hold(index),
+            Verdict::Logged(logged, outcome) => {
+                plan.logged(index, logged);
+                if let Some(outcome) = outcome {
+                    plan.preset(index, outcome);
+                }
+            }
+            Verdict::Undecided => {}
         }
+    }
+
+    /// Whether the call has something to do in a plan now (it neither waits nor has its result).
+    fn acts(&self) -> bool {
+        !matches!(self, Verdict::Asked | Verdict::Logged(Logged::Done, _))
     }
 }
 
@@ -109,9 +132,10 @@ impl Machine {
     fn next_gate(&mut self, ctx: &Ctx<'_>) -> Effect {
         let Some(mut gating) = self.gating.take() else { unreachable!("gating without calls") };
         if ctx.aborted() {
-            // Nothing runs after an abort: the plan gives every call its aborted result, and
-            // what this round asked was never written.
-            return self.run_plan(ctx, gating.calls, Vec::new());
+            // Nothing runs after an abort: the plan gives every call without a result its
+            // aborted result, and what this round asked was never written.
+            let verdicts = gating.verdicts.into_iter().map(|v| if matches!(v, Verdict::Asked) { Verdict::Undecided } else { v }).collect();
+            return self.run_plan(ctx, gating.calls, verdicts);
         }
         while gating.next < gating.calls.len() {
             let index = gating.next;
@@ -145,14 +169,19 @@ impl Machine {
                 return self.fail(ctx, Fault::Core(CoreError::Log(e)));
             }
         }
-        if gating.verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
-            // The step stops at its decisions; the turn stays open.
-            self.step_open = false;
-            self.stop_driver = true;
-            self.wait = Wait::Done;
-            return Effect::AwaitDecisions;
+        if !gating.verdicts.iter().any(Verdict::acts) {
+            return self.await_decisions();
         }
+        // The calls that need no decision run now, the asked ones held.
         self.run_plan(ctx, gating.calls, gating.verdicts)
+    }
+
+    /// The step stops at its decisions; the turn stays open.
+    pub(super) fn await_decisions(&mut self) -> Effect {
+        self.step_open = false;
+        self.stop_driver = true;
+        self.wait = Wait::Done;
+        Effect::AwaitDecisions
     }
 
     /// The gate of the call `BeforeTool` named decided `gate`.
@@ -230,54 +259,98 @@ impl Machine {
         self.fail(ctx, Fault::Raised(raised))
     }
 
-    /// Takes up the held step of `ctx`'s log once every request of it is resolved: `None`
-    /// when there is none, or it still waits.
+    /// Takes up the held step of `ctx`'s log when a resume has something to do
+    /// ([`HeldStep::actionable`](decisions::HeldStep::actionable)): `None` when there is none, or
+    /// it only waits.
     pub fn resume_held(ctx: &Ctx<'_>) -> Option<(Machine, Effect)> {
         let held = decisions::held(ctx.log)?;
-        if !held.ready() {
+        if !held.actionable(&ctx.log.with_events(call_decisions::requests)) {
             return None;
         }
         let mut machine = Machine::blank();
         machine.turn = held.turn;
         machine.step = held.step;
-        machine.step_open = true;
-        // A step whose requests were cancelled resumes aborted, whoever resumes it: the process
-        // that cancelled (its own cause, set first, wins) or one that reads the log later.
-        let cancelled =
-            (0..held.calls.len()).any(|index| matches!(held.decision_for(index), Some((_, Some(r))) if r.outcome == Resolved::Cancelled));
         {
             let mut state = ctx.shared.state();
             state.turn = held.turn;
             state.step = held.step;
-            if cancelled {
-                state.abort(AbortCause::new(AbortKind::User));
-            }
         }
-        let verdicts = held
+        let effect = machine.take_up(ctx, held);
+        Some((machine, effect))
+    }
+
+    /// Goes on with the held step as the log has it: what can run runs (held calls wait), and
+    /// once every call has its result the step ends; with nothing to do, it waits.
+    pub(super) fn take_up(&mut self, ctx: &Ctx<'_>, held: decisions::HeldStep) -> Effect {
+        self.step_open = true;
+        // A step whose requests were cancelled resumes aborted, whoever resumes it: the process
+        // that cancelled (its own cause, set first, wins) or one that reads the log later.
+        let cancelled =
+            (0..held.calls.len()).any(|index| matches!(held.decision_for(index), Some((_, Some(r))) if r.outcome == Resolved::Cancelled));
+        if cancelled {
+            ctx.shared.state().abort(AbortCause::new(AbortKind::User));
+        }
+        let ready = held.ready();
+        let asked = ctx.log.with_events(call_decisions::requests);
+        let verdicts: Vec<Verdict> = held
             .calls
             .iter()
             .enumerate()
-            .map(|(index, (id, name, arguments))| match held.decision_for(index) {
-                None => held.gated_for(index).map_or(Verdict::Undecided, |gated| logged_verdict(gated, id, name)),
-                // Bound by position, id and digest: anything else fails closed.
-                Some((request, _)) if request.call_id != *id || request.digest != decisions::digest(arguments) => {
-                    Verdict::Preset(Outcome::mismatch())
+            .map(|(index, (id, name, arguments))| match &held.logged[index] {
+                Logged::Done => Verdict::Logged(Logged::Done, None),
+                // Started: its in-doubt policy, or what a person decided about it since (applied
+                // to the plan by `run_plan`); held while such a request waits. A call decided not
+                // to run never ran, whatever its `tool/call` says: it gets what was decided.
+                Logged::InDoubt { seq, .. } if asked.iter().any(|(r, s)| r.call_seq == *seq && s.is_none()) => Verdict::Asked,
+                logged @ Logged::InDoubt { .. } => {
+                    let not_run = match held.decision_for(index) {
+                        Some((_, Some(resolution))) => decisions::preset_outcome(resolution, name),
+                        Some((_, None)) => None,
+                        None => held.gated_for(index).and_then(|gated| match logged_verdict(gated, id, name) {
+                            Verdict::Preset(outcome) => Some(outcome),
+                            _ => None,
+                        }),
+                    };
+                    Verdict::Logged(logged.clone(), not_run)
                 }
-                Some((_, None)) => unreachable!("a ready step has every request resolved"),
-                // One mapping of outcomes with the crash closers: what does not run gets the
-                // result `preset_outcome` gives it; a decision to run always carries its digest
-                // (one without never matches).
-                Some((_, Some(resolution))) => match decisions::preset_outcome(resolution, name) {
-                    Some(outcome) => Verdict::Preset(outcome),
-                    None => Verdict::Run {
-                        arguments: (resolution.outcome == Resolved::Edited).then(|| resolution.arguments.clone().unwrap_or_default()),
-                        digest: Some(resolution.digest.clone().unwrap_or_default()),
+                Logged::NotStarted => match held.decision_for(index) {
+                    None => held.gated_for(index).map_or(Verdict::Undecided, |gated| logged_verdict(gated, id, name)),
+                    // Decided calls run once every request of the step is resolved.
+                    Some(_) if !ready => Verdict::Asked,
+                    // Bound by position, id and digest: anything else fails closed.
+                    Some((request, _)) if request.call_id != *id || request.digest != decisions::digest(arguments) => {
+                        Verdict::Preset(Outcome::mismatch())
+                    }
+                    Some((_, None)) => unreachable!("a ready step has every request resolved"),
+                    // One mapping of outcomes with the crash closers: what does not run gets the
+                    // result `preset_outcome` gives it; a decision to run always carries its
+                    // digest (one without never matches).
+                    Some((_, Some(resolution))) => match decisions::preset_outcome(resolution, name) {
+                        Some(outcome) => Verdict::Preset(outcome),
+                        None => Verdict::Run {
+                            arguments: (resolution.outcome == Resolved::Edited).then(|| resolution.arguments.clone().unwrap_or_default()),
+                            digest: Some(resolution.digest.clone().unwrap_or_default()),
+                        },
                     },
                 },
             })
             .collect();
-        let effect = machine.gate_calls(ctx, held.calls, verdicts);
-        Some((machine, effect))
+        // Calls not gated yet are gated only once the step's requests are resolved (a round a
+        // crash cut short asks the rest in a new round then).
+        let verdicts = if ready {
+            verdicts
+        } else {
+            verdicts.into_iter().map(|v| if matches!(v, Verdict::Undecided) { Verdict::Asked } else { v }).collect()
+        };
+        if !verdicts.iter().any(Verdict::acts) {
+            if verdicts.iter().any(|v| matches!(v, Verdict::Asked)) {
+                return self.await_decisions();
+            }
+            // Every call has its result.
+            let concludes = std::mem::take(&mut self.concludes);
+            return self.step_done(ctx, if concludes { super::StepEnd::Completed } else { super::StepEnd::Again });
+        }
+        self.gate_calls(ctx, held.calls, verdicts)
     }
 }
 

@@ -521,15 +521,16 @@ impl PyLoopCore {
         Ok(!decisions::pending(&self.parts()?.log.get().inner).is_empty())
     }
 
-    /// Whether the last turn's step stopped at decisions that are all resolved now, or crashed
-    /// with calls in doubt a resume settles, or the last turn was interrupted with its input
-    /// unanswered and a continuation is due: the next run resumes it.
+    /// Whether the last turn's step stopped at decisions and a resume has something to do (they
+    /// are all resolved now, or a call that needs none lacks its result), or crashed with calls
+    /// in doubt a resume settles, or the last turn was interrupted with its input unanswered and
+    /// a continuation is due: the next run resumes it.
     #[getter]
     fn resumable(&self) -> PyResult<bool> {
         let parts = self.parts()?;
         let log = &parts.log.get().inner;
         let limit = self.shared.state().continue_crashes;
-        Ok(decisions::held(log).is_some_and(|h| h.ready())
+        Ok(decisions::held(log).is_some_and(|h| h.actionable(&log.with_events(crate::agent_loop::call_decisions::requests)))
             || crate::agent_loop::budget_decisions::resolved(log).is_some()
             || crate::agent_loop::in_doubt::crashed_step(log).is_some()
             || crate::agent_loop::continuation::next_of(log, limit).is_some())

@@ -107,11 +107,8 @@ def test_deny_edit_raise_and_a_bad_return_never_run_what_they_stop() -> None:
 
 
 def test_ask_waits_lists_the_request_and_approve_runs_the_exact_call_once() -> None:
-    """A deliberate deviation from issue 27's item 2 ("other calls of the same step that need no
-    decision run"): the whole step waits, ``read`` included. Results are committed in call order,
-    so a call that ran before an earlier one is decided would have no result in the log, and a
-    crash then would leave it in doubt; holding the step keeps a crash while waiting harmless.
-    docs/decisions.md states the rule."""
+    """Issue 27 item 2: ``read`` needs no decision and runs while ``pay`` waits (its result is
+    committed at once; test_run_while_waiting.py has the rest of the rule)."""
 
     async def main() -> None:
         t = Counting()
@@ -128,7 +125,7 @@ def test_ask_waits_lists_the_request_and_approve_runs_the_exact_call_once() -> N
         await loop.when_idle()  # returns: the turn waits for a person
         assert loop.status == "waiting"
         assert statuses == ["running", "waiting"]
-        assert t.ran == []  # nothing of the step runs before its decisions
+        assert t.ran == [{"tool": "read"}]  # the call that needs no decision ran
         [pending] = loop.decisions
         assert (pending.call_id, pending.name, pending.arguments, pending.kind) == ("c2", "pay", '{"amount": 5}', "approval")
         assert pending.digest.startswith("sha256:")

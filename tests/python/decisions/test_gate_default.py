@@ -60,10 +60,10 @@ def test_a_constant_needs_approval_is_gated_without_the_default_gate(default_cal
             None,
             None,
         )
-        assert ran == []
+        assert ran == ["free"]  # it needs no decision: it ran while the step waits
         loop.decide(pending.decision_id, Approve())
         await loop.when_idle()
-        assert ran == ["ask", "free"]
+        assert ran == ["free", "ask"]
         assert default_calls == []
 
     asyncio.run(main())

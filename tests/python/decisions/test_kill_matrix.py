@@ -2,15 +2,17 @@
 over a real FileStore and a real PostgresStore, with ``kill_harness.py``.
 
 The turn's step calls three tools: in ``approve``, ``pay`` needs approval and is approved
-between ``search`` and ``note``, which need none; in ``edit-deny``, ``pay`` is approved with
-other arguments and ``wipe`` is denied. The owning process is killed right after event ``k``
+between ``search`` and ``note``, which need none (they run while ``pay`` waits); in
+``edit-deny``, ``pay`` is approved with other arguments and ``wipe`` is denied. The owning process is killed right after event ``k``
 is durable, the session is reopened in a new process, pending requests are decided there
 (``loop``) or from a third process through the store (``store``; over PostgreSQL also while a
 ``kerman.Worker`` owns the session: ``worker``), and the session is taken to the end. Then an
 independent reader of the log and the tools' side-effect file check: no tool ran before its
 approval or twice, the decided call ran with the decided arguments (digest bound), the denied
 one never ran, one ``tool/result`` per call, one resolution per request at most, every turn
-ends once, the model is never asked again for a step; and the crash closers' codes.
+ends once, the model is never asked again for a step; once a request is logged the turn is
+never closed by the crash closers, and exactly the calls that had not started at the kill (and
+are to run) run after recovery; and the crash closers' codes.
 
 The default run kills at a sample of boundaries; ``KERMAN_SLOW=1`` (``make test-slow``) at every
 boundary of both turns, on both stores, with every decider.
@@ -72,7 +74,7 @@ POINTS: Dict[str, Callable[[List[dict]], int]] = {
     "first-request": after("decision/requested"),  # edit-deny: one of the step's two requests
     "waiting": after("decision/requested", -1),  # the step waits
     "resolved": after("decision/resolved"),
-    "first-call": after("tool/call"),
+    "first-call": after("tool/call"),  # search logged, running while pay waits
     "pay-call": after("tool/call", name="pay"),  # the decided call logged, its body not started
     "wipe-call": after("tool/call", name="wipe"),  # edit-deny: the denied call's tool/call logged
     "pay-result": after("tool/result", 1),
@@ -84,6 +86,8 @@ SAMPLE = [
     ("approve", "file", "loop", "waiting"),
     ("approve", "file", "store", "waiting"),
     ("approve", "file", "loop", "resolved"),
+    ("approve", "file", "loop", "first-call"),
+    ("approve", "postgres", "store", "first-call"),
     ("approve", "file", "loop", "pay-call"),
     ("approve", "postgres", "store", "waiting"),
     ("approve", "postgres", "loop", "pay-call"),
@@ -128,14 +132,22 @@ def run_point(scenario: str, store: str, decider: str, k: int, tmp_path: Path) -
         check_closers(outcome, tools)
     ref = reference_events(scenario, store, tmp_path)
     after = {r["tool"] for r in outcome.ran_after_recovery()}
-    # Killed once a request of the step is logged and before any tool/call, the decided call
-    # runs exactly once, after recovery: the reopened loop lists what was requested (a round
-    # the kill cut short is gated again for the calls it had not asked about yet). Killed
-    # between the model's reply and its requests, the crash closers end the turn; once the
-    # step's first tool/call is logged, a kill is an ordinary crash (docs/decisions.md): the
-    # turn is closed and nothing runs after recovery.
-    if POINTS["first-request"](ref) <= k < POINTS["first-call"](ref):
-        assert "pay" in after, f"killed after event {k}: pay was decided but never ran"
+    # Killed once a request of the step is logged, the turn stays open (the crash closers never
+    # close a step that waits for decisions, docs/decisions.md) and the step is taken up from
+    # the log: exactly the calls that are to run (not denied) and had not started at the kill
+    # run after recovery (a round the kill cut short is gated again for the calls it had not
+    # asked about yet); a call that started and has no result follows its in-doubt policy
+    # (here fail: its outcome is unknown) and never runs again. Killed between the model's
+    # reply and its requests, the crash closers end the turn and nothing runs after recovery.
+    started = {e["data"]["name"] for e in outcome.at_kill if e["type"] == "tool/call"}
+    if k >= POINTS["first-request"](ref):
+        expected = {t.name for t in tools if t.decision != "deny" and t.name not in started}
+        assert after == expected, f"killed after event {k}: {sorted(after)} ran after recovery, expected {sorted(expected)}"
+        # Until its step ends, the step that asked is taken up, not closed (a kill after its
+        # step/end is an ordinary crash between steps).
+        step_ended = any(e["type"] == "step/end" and e["seq"] > POINTS["first-request"](ref) for e in outcome.at_kill)
+        first_end = [e["data"]["reason"]["kind"] for e in outcome.events if e["type"] == "turn/end"][0]
+        assert step_ended or first_end == "completed", f"killed after event {k}: the waiting turn ended {first_end}"
     elif k >= POINTS["proposed"](ref):
         assert not after, f"killed after event {k}: {after} ran after the crash closed the turn"
 
