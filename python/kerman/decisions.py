@@ -186,10 +186,10 @@ class _ToolCallFields:
     signal: Signal
 
 
-ToolCall.__dataclass_fields__ = _ToolCallFields.__dataclass_fields__  # type: ignore[attr-defined]
+ToolCall.__dataclass_fields__ = _ToolCallFields.__dataclass_fields__
 ToolCall.__dataclass_params__ = _ToolCallFields.__dataclass_params__  # type: ignore[attr-defined]
 if hasattr(_ToolCallFields, "__replace__"):  # Python 3.13+: copy.replace
-    ToolCall.__replace__ = _ToolCallFields.__replace__  # type: ignore[attr-defined]
+    ToolCall.__replace__ = _ToolCallFields.__replace__  # type: ignore[attr-defined,unused-ignore]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,11 @@ coroutine_methods!(awaitable PyReady {
 /// `__next__`: the value comes back as a return, with no `StopIteration` made for it (an
 /// exception object per `await next()` of every waterfall's default, otherwise). What it does
 /// is `resume(Send)`'s: the value once, then `None`.
-unsafe extern "C" fn ready_send(iter: *mut ffi::PyObject, _value: *mut ffi::PyObject, result: *mut *mut ffi::PyObject) -> ffi::PySendResult {
+unsafe extern "C" fn ready_send(
+    iter: *mut ffi::PyObject,
+    _value: *mut ffi::PyObject,
+    result: *mut *mut ffi::PyObject,
+) -> ffi::PySendResult {
     // SAFETY: CPython calls a slot with the GIL held, `iter` a live object of the slot's type.
     let py = unsafe { Python::assume_attached() };
     let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -9,6 +9,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import operator
 import pickle
 import sys
 from typing import Any, Dict, List
@@ -16,8 +17,7 @@ from typing import Any, Dict, List
 import pytest
 
 import kerman
-from kerman import testing
-from kerman import AgentLoop, ModelReply, ToolCall
+from kerman import AgentLoop, ModelReply, ToolCall, testing
 from kerman.models import ScriptedModel
 from kerman.signal import Signal
 
@@ -126,7 +126,7 @@ def test_equal_by_fields_and_unhashable() -> None:
     with pytest.raises(TypeError, match="unhashable"):
         hash(make())
     with pytest.raises(TypeError):
-        make() < make()  # type: ignore[operator]
+        operator.lt(make(), make())
     # A parsed call equals one built from the same values.
     (seen,) = seen_calls('{"n": 1}')
     assert seen == ToolCall(seen.loop, "c1", "t", {"n": 1}, 1, 1, seen.signal)
@@ -190,3 +190,34 @@ def test_an_approving_gate_adds_one_python_call_per_tool_call_itself() -> None:
 def test_make_tool_call_builds_the_native_payload() -> None:
     call = testing.make_tool_call("pay", json.dumps({"amount": 3}))
     assert type(call) is ToolCall and call.arguments == {"amount": 3}
+
+
+def test_a_loop_that_keeps_the_calls_its_gate_saw_is_freed() -> None:
+    """The payload takes part in the collector: a cycle through it (the loop keeps its calls,
+    each call refers to the loop; a call kept inside its own arguments) is collected."""
+    import gc
+    import weakref
+
+    async def session() -> List[Any]:
+        loop = gated_loop('{"n": 1}', None, [])
+        kept: List[ToolCall] = []
+
+        async def gate(call: ToolCall, next: Any) -> Any:
+            kept.append(call)
+            call.arguments["self"] = call
+            return await next()
+
+        loop.before_tool(gate)
+        loop.kept = kept  # type: ignore[attr-defined]
+        loop.followup("go")
+        await loop.when_idle()
+        await loop.aclose()
+        assert len(kept) == 1
+        return [weakref.ref(loop), weakref.ref(loop.log), weakref.ref(gate)]
+
+    async def main() -> List[Any]:
+        return [ref for _ in range(3) for ref in await session()]
+
+    refs = asyncio.run(main())
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
