@@ -6,7 +6,8 @@
 //! the façade's `default_gate`: with no listener the verdict goes to the machine at once (no
 //! payload, no Python call), and with listeners the waterfall's default is that verdict as a
 //! value. Anything else (a predicate, a tool without the attribute) is `default_gate(call)`'s to
-//! decide, as before.
+//! decide, as before. The payload is a native `ToolCall` (`tool_call.rs`) that takes the
+//! effect's strings as they are and parses the arguments only when a gate reads them.
 
 use std::sync::Arc;
 
