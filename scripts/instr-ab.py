@@ -52,13 +52,26 @@ CASES: Dict[str, Tuple[List[str], Tuple[int, int]]] = {
     "P3/1": ([TURN_COST, "--child", "kerman", "1", "0"], (1_000, 3_000)),
     "P3/5": ([TURN_COST, "--child", "kerman", "5", "0"], (1_000, 3_000)),
     "P4": ([TURN_COST, "--child", "kerman", "0", "1"], (1_000, 3_000)),
+    # P4 gated (issue 27's target: what a gate that allows adds, as a share of P4): a
+    # `return await next()` gate, a gate returning `Approve()`, a `needs_approval` predicate.
+    "P4+gate": ([TURN_COST, "--child", "kerman", "0", "1", "{n}", "gate"], (500, 1_500)),
+    "P4+approve": ([TURN_COST, "--child", "kerman", "0", "1", "{n}", "approve"], (500, 1_500)),
+    "P4+predicate": ([TURN_COST, "--child", "kerman", "0", "1", "{n}", "predicate"], (500, 1_500)),
 }
+GATED = ("P4+gate", "P4+approve", "P4+predicate")
+
+
+def with_size(argv: List[str], n: int) -> List[str]:
+    """The child's argv with the number of operations: in place of ``{n}``, or last."""
+    if "{n}" in argv:
+        return [str(n) if a == "{n}" else a for a in argv]
+    return [*argv, str(n)]
 
 
 def count(python: str, argv: List[str], n: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", python, *argv, str(n)],
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", python, *with_size(argv, n)],
             capture_output=True,
             text=True,
             check=True,
@@ -81,11 +94,24 @@ def main(args_in: List[str]) -> None:
     ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
     args = ap.parse_args(args_in)
     names = args.only.split(",") if args.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(unknown)}; expected some of {', '.join(CASES)}")
     print("| case | A instr/op | B instr/op | B / A |\n|---|---|---|---|")
+    per: Dict[str, Tuple[float, float]] = {}
     for name in names:
         print(f"  {name}...", file=sys.stderr, flush=True)
         a, b = per_op(args.a, name), per_op(args.b, name)
+        per[name] = (a, b)
         print(f"| {name} | {a:,.0f} | {b:,.0f} | {b / a:.3f} |", flush=True)
+    gated = [n for n in GATED if n in per]
+    if gated and "P4" in per:
+        # What gating adds to a P4 turn, as a share of that build's own P4 turn.
+        (pa, pb) = per["P4"]
+        print("\n| gated P4 | A adds | B adds |\n|---|---|---|")
+        for name in gated:
+            a, b = per[name]
+            print(f"| {name} | {a - pa:+,.0f} ({(a - pa) / pa:.1%}) | {b - pb:+,.0f} ({(b - pb) / pb:.1%}) |", flush=True)
 
 
 if __name__ == "__main__":

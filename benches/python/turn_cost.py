@@ -12,10 +12,11 @@ cache misses).
     python3 benches/python/turn_cost.py --turns 1000,3000 --only P4
     python3 benches/python/turn_cost.py --gate     # P4 with a gate: what gating adds to a tool turn
 
-``--gate`` counts P4 three ways in one run: as it is, with an approving ``before_tool`` gate
-(``return await next()``), and with a ``needs_approval`` predicate that returns ``False`` (no
-gate); it prints each one's instructions per turn and what it adds as a share of P4's (the
-target of docs/decisions.md is 10%). The baseline has no gate, so it is not run.
+``--gate`` counts P4 four ways in one run: as it is, with an approving ``before_tool`` gate
+(``return await next()``), with one that returns ``Approve()`` itself, and with a
+``needs_approval`` predicate that returns ``False`` (no gate); it prints each one's
+instructions per turn and what it adds as a share of P4's (the target of docs/decisions.md is
+10%). The baseline has no gate, so it is not run.
 
 Run as a child: ``turn_cost.py --child IMPL LISTENERS TOOL TURNS [GATE]`` runs one loop workload.
 """
@@ -35,8 +36,9 @@ from typing import Any, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CASES = {"P3/0": (0, False), "P3/1": (1, False), "P3/5": (5, False), "P4": (0, True)}
-# P4 gated two ways (Kerman only): an approving before_tool listener, a needs_approval predicate.
-GATES = ("none", "gate", "predicate")
+# P4 gated (Kerman only): a before_tool listener that awaits next(), one that returns
+# Approve() itself, and a needs_approval predicate (no listener).
+GATES = ("none", "gate", "approve", "predicate")
 
 
 def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> None:
@@ -73,8 +75,14 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
             if gate == "gate":
 
                 @loop.before_tool
-                async def approve(call: Any, next: Any) -> Any:
+                async def pass_on(call: Any, next: Any) -> Any:
                     return await next()
+
+            elif gate == "approve":
+
+                @loop.before_tool
+                async def approve(call: Any, next: Any) -> Any:
+                    return mod.Approve()
 
             for _ in range(listeners):
                 loop.pre_step(passthrough())
@@ -120,7 +128,7 @@ def main(argv: List[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
     ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
-    ap.add_argument("--gate", action="store_true", help="P4 plain, with an approving gate and with a needs_approval predicate")
+    ap.add_argument("--gate", action="store_true", help="P4 plain, with approving gates and with a needs_approval predicate")
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")

@@ -2,14 +2,17 @@
 
 import builtins
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable, Iterator
+from dataclasses import Field
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, final, overload
+from typing import Any, ClassVar, Final, Literal, final, overload
 
 from typing_extensions import Self, TypeVar, disjoint_base
 
 from kerman.events import EventView
+from kerman.loop import AgentLoop
+from kerman.signal import Signal
 
 _JsonValue = Any
 _Target = Literal["next-turn", "next-step"]
@@ -471,6 +474,7 @@ __all__ = [
     "Driver",
     "LoopCore",
     "ToolRun",
+    "ToolCall",
     "pending_decisions",
 ]
 
@@ -570,6 +574,35 @@ class LoopCore:
     def history(self) -> builtins.list[Message]: ...
     def history_spans(self) -> builtins.list[tuple[int, int]]: ...
     def compact(self, data: str) -> int: ...
+
+@final
+class ToolCall:
+    """The ``before_tool`` payload (``kerman.ToolCall``): one call of the model's, before it
+    runs. ``arguments`` are parsed when first read (``None`` when they are not JSON; the call
+    then fails when it runs). Read-only; equal by fields, not hashable; ``copy``, ``pickle``
+    and the ``dataclasses`` functions (``replace``, ``fields``, ``asdict``) work on it."""
+
+    __match_args__: ClassVar[tuple[str, ...]]
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __new__(cls, loop: AgentLoop, call_id: str, name: str, arguments: Any, turn: int, step: int, signal: Signal) -> ToolCall: ...
+    @property
+    def loop(self) -> AgentLoop: ...
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> Any: ...
+    @property
+    def turn(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def signal(self) -> Signal: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __reduce__(self) -> tuple[type[ToolCall], tuple[AgentLoop, str, str, Any, int, int, Signal]]: ...
 
 @final
 class ToolRun:

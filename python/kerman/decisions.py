@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
+from ._core import ToolCall
 from .signal import Signal
 
 if TYPE_CHECKING:
@@ -171,9 +172,10 @@ Outcome = Union[Approve, Deny, Edit, Answer]
 
 
 @dataclass
-class ToolCall:
-    """The ``before_tool`` payload: one call of the model's, before it runs. ``arguments`` are
-    parsed (``None`` when they are not JSON; the call then fails when it runs)."""
+class _ToolCallFields:
+    """The field table of :class:`ToolCall` (a native class, ``kerman._core``): attached to it
+    so the ``dataclasses`` functions (``fields``, ``replace``, ``asdict``) keep working on the
+    payload, which was a dataclass before it was native (``CHANGELOG.md``)."""
 
     loop: AgentLoop
     call_id: str
@@ -182,6 +184,12 @@ class ToolCall:
     turn: int
     step: int
     signal: Signal
+
+
+ToolCall.__dataclass_fields__ = _ToolCallFields.__dataclass_fields__
+ToolCall.__dataclass_params__ = _ToolCallFields.__dataclass_params__  # type: ignore[attr-defined]
+if hasattr(_ToolCallFields, "__replace__"):  # Python 3.13+: copy.replace
+    ToolCall.__replace__ = _ToolCallFields.__replace__  # type: ignore[attr-defined,unused-ignore]
 
 
 @dataclass(frozen=True)

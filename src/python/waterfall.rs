@@ -2,7 +2,8 @@
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::{PyGeneratorExit, PyStopIteration};
+use pyo3::exceptions::{PyGeneratorExit, PyStopIteration, PySystemError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
@@ -38,6 +39,41 @@ coroutine_methods!(awaitable PyReady {
         self.value = None;
     }
 });
+
+/// `Ready`'s `am_send` slot, which `await` (CPython's `SEND`) and `PyIter_Send` consult before
+/// `__next__`: the value comes back as a return, with no `StopIteration` made for it (an
+/// exception object per `await next()` of every waterfall's default, otherwise). What it does
+/// is `resume(Send)`'s: the value once, then `None`.
+unsafe extern "C" fn ready_send(
+    iter: *mut ffi::PyObject,
+    _value: *mut ffi::PyObject,
+    result: *mut *mut ffi::PyObject,
+) -> ffi::PySendResult {
+    // SAFETY: CPython calls a slot with the GIL held, `iter` a live object of the slot's type.
+    let py = unsafe { Python::assume_attached() };
+    let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `iter` is a borrowed reference to a live object, for this call.
+        let iter = unsafe { Bound::from_borrowed_ptr(py, iter) };
+        let ready = iter.cast::<PyReady>().map_err(PyErr::from)?;
+        let value = ready.try_borrow_mut()?.value.take();
+        Ok::<_, PyErr>(value.unwrap_or_else(|| py.None()))
+    }));
+    match taken {
+        Ok(Ok(value)) => {
+            // SAFETY: `result` is the caller's out-pointer; it takes the new reference.
+            unsafe { *result = value.into_ptr() };
+            ffi::PySendResult::PYGEN_RETURN
+        }
+        Ok(Err(e)) => {
+            e.restore(py);
+            ffi::PySendResult::PYGEN_ERROR
+        }
+        Err(_) => {
+            PySystemError::new_err("Ready's send panicked").restore(py);
+            ffi::PySendResult::PYGEN_ERROR
+        }
+    }
+}
 
 fn awaitable(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     let py = value.py();
@@ -145,6 +181,17 @@ impl PyNext {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyReady>()?;
+    let ready = m.py().get_type::<PyReady>();
+    // SAFETY: `Ready` is a heap type (pyo3 makes classes with `PyType_FromSpec`), whose
+    // `tp_as_async` points at the slot table inside its own type object, filled before any
+    // instance exists; pyo3 has no attribute for `am_send`, so it is set here, once.
+    unsafe {
+        let am = (*ready.as_type_ptr()).tp_as_async;
+        if am.is_null() {
+            return Err(PySystemError::new_err("Ready has no async slots"));
+        }
+        (*am).am_send = Some(ready_send);
+    }
     m.add_class::<PyNext>()?;
     Ok(())
 }

@@ -30,6 +30,7 @@ async def main() -> list[str]:
     briefed = await instructed()
     assert briefed == "Be briefer."
     assert await plugins() == ["REDACTED KEY", "blocked"]
+    assert tool_call_payload() == ("pay", 5, 2)
     return [m.text for m in batch] + seen + placements + [str(event.seq), str(work.dropped_unrun), failed] + typed
 
 
@@ -139,6 +140,18 @@ async def typed_tools() -> list[str]:
         texts
     )
     return texts[:1]
+
+
+def tool_call_payload() -> tuple[str, int, int]:
+    """The before_tool payload: typed fields, the dataclasses functions, pattern matching."""
+    call: kerman.ToolCall = testing.make_tool_call("pay", {"amount": 5})
+    later = dataclasses.replace(call, turn=2)
+    names = [f.name for f in dataclasses.fields(later)]
+    assert names[0] == "loop" and later != call
+    match later:
+        case kerman.ToolCall(name=name, arguments={"amount": int(amount)}, turn=turn):
+            return name, amount, turn
+    raise AssertionError(later)
 
 
 async def in_a_notebook(root: str) -> tuple[str, int]:

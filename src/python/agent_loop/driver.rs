@@ -74,7 +74,7 @@ impl Run {
                 return self.run_plan(py, plan);
             }
             Effect::TurnStopping => return self.turn_stopping(py),
-            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, name, &arguments),
+            Effect::BeforeTool { call_id, name, arguments, .. } => return self.before_tool(py, call_id, &name, arguments),
             // The step waits for decisions: the run ends, the turn stays open.
             Effect::AwaitDecisions => Step::Finished,
             Effect::Describe(e) => Step::Input(self.raised(py, core_err(py, e))),

@@ -6,19 +6,21 @@
 //! the façade's `default_gate`: with no listener the verdict goes to the machine at once (no
 //! payload, no Python call), and with listeners the waterfall's default is that verdict as a
 //! value. Anything else (a predicate, a tool without the attribute) is `default_gate(call)`'s to
-//! decide, as before.
+//! decide, as before. The payload is a native `ToolCall` (`tool_call.rs`) that takes the
+//! effect's strings as they are and parses the arguments only when a gate reads them.
 
 use std::sync::Arc;
 
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::{PyBool, PyDict, PyString};
 
 use super::super::waterfall::{Fallback, PyNext};
 use super::classes;
 use super::run::{Run, Seam, Step};
 use super::seams::Fail;
+use super::tool_call::PyToolCall;
 use crate::agent_loop::{Gate, Input};
 
 /// The one `Approve()` a default verdict that runs hands to listeners (frozen, no fields).
@@ -26,7 +28,7 @@ static APPROVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The `needs_approval` of the tool `name` when it is a bool (`false` for no tool of that
 /// name); `None` when only `default_gate` can tell.
-fn constant_need(tools: &Bound<'_, PyDict>, name: &str) -> Option<bool> {
+fn constant_need(tools: &Bound<'_, PyDict>, name: &Bound<'_, PyString>) -> Option<bool> {
     let py = tools.py();
     let tool = tools.get_item(name).ok()?;
     let Some(tool) = tool.filter(|t| !t.is_none()) else { return Some(false) };
@@ -46,17 +48,19 @@ fn default_verdict(py: Python<'_>, needs_approval: bool) -> PyResult<Py<PyAny>> 
 impl Run {
     /// The `before_tool` waterfall over one call; its default is the façade's
     /// `default_gate(call)` (`Approve`, or `Ask` for a tool that needs approval).
-    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: String, arguments: &str) -> PyResult<Step<'py>> {
+    pub(super) fn before_tool<'py>(&mut self, py: Python<'py>, call_id: String, name: &str, arguments: String) -> PyResult<Step<'py>> {
         let parts = Arc::clone(&self.parts);
         let listeners = parts.before_tool.bind(py);
+        // One `str` of the name: the tools' lookup hashes it, the payload keeps it (hashed).
+        let name = PyString::new(py, name);
         let need = constant_need(parts.tools.bind(py), &name);
         if let (true, Some(need)) = (listeners.is_empty(), need) {
             return Ok(Step::Input(Input::Gated(Gate::by_default(need))));
         }
-        let args = super::tools::arguments(py, arguments)?.unwrap_or_else(|_| py.None().into_bound(py));
         let (turn, step) = (self.machine.turn(), self.machine.step());
         let signal = self.core(py).get().signal_obj(py);
-        let payload = classes(py)?.tool_call.bind(py).call1((self.agent.bind(py), call_id, name, args, turn, step, signal))?;
+        let call = PyToolCall::lazy(self.agent.clone_ref(py), call_id, name.unbind(), arguments, (turn, step), signal);
+        let payload = Bound::new(py, call)?.into_any();
         if listeners.is_empty() {
             // A predicate, called as the waterfall's default would be: synchronously, its error
             // the seam's outcome.

@@ -17,6 +17,7 @@ mod gate;
 mod read;
 mod run;
 mod seams;
+mod tool_call;
 mod tools;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,8 +56,7 @@ pub(crate) struct Classes {
     pub model_error: Py<PyAny>,
     pub invalid_tool_arguments: Py<PyAny>,
     pub lease_lost: Py<PyAny>,
-    /// `kerman.decisions`' `ToolCall` (the `before_tool` payload) and verdicts.
-    pub tool_call: Py<PyAny>,
+    /// `kerman.decisions`' verdicts.
     pub approve: Py<PyAny>,
     pub deny: Py<PyAny>,
     pub edit: Py<PyAny>,
@@ -105,7 +105,6 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
             model_error: get(&errors, "ModelError")?,
             invalid_tool_arguments: get(&errors, "InvalidToolArgumentsError")?,
             lease_lost: get(&errors, "LeaseLostError")?,
-            tool_call: get(&decisions, "ToolCall")?,
             approve: get(&decisions, "Approve")?,
             deny: get(&decisions, "Deny")?,
             edit: get(&decisions, "Edit")?,
@@ -726,6 +725,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoopCore>()?;
     m.add_class::<PyDriver>()?;
     m.add_class::<tools::PyToolRun>()?;
+    m.add_class::<tool_call::PyToolCall>()?;
     m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
     Ok(())
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from typing import Any, Dict, List
 
 import pytest
@@ -67,6 +68,32 @@ def test_closing_ready_drops_its_value() -> None:
     with pytest.raises(StopIteration) as stop:
         step.send(None)
     assert stop.value.value is None
+
+
+def test_await_reads_ready_as_send_does_traced_or_not() -> None:
+    """``await`` asks ``Ready``'s ``am_send`` slot (no ``StopIteration`` made); a tracer makes
+    CPython 3.11 take ``__next__`` instead. Either way: the value once, then ``None``."""
+
+    async def twice(step: Any) -> List[Any]:
+        return [await step, await step]
+
+    def run(coro: Any) -> Any:
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        raise AssertionError("Ready suspended")
+
+    closed = ready("gone")
+    closed.close()
+    assert run(twice(ready("v"))) == ["v", None]
+    assert run(twice(closed)) == [None, None]
+    before = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: None)
+    try:
+        assert run(twice(ready("v"))) == ["v", None]
+    finally:
+        sys.settrace(before)
 
 
 def test_a_task_cancelled_before_it_awaits_ready_never_reads_it() -> None:
