@@ -113,6 +113,14 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              DROP CONSTRAINT kerman_inbox_staged_op_check,
              ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue', 'decide'));",
     ),
+    (
+        8,
+        // `PostgresStore.resolve` of a session a live process owns, a seventh operation: the
+        // owner records the call's result (docs/durability.md, "Settling a call in doubt").
+        "ALTER TABLE kerman_inbox_staged
+             DROP CONSTRAINT kerman_inbox_staged_op_check,
+             ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue', 'decide', 'resolve'));",
+    ),
 ];
 
 /// The newest schema version this build knows.
