@@ -445,6 +445,7 @@ def run_in(
     # the burst began blocks (BENCH_BLOCK_FILE); its worker is killed then. Its sessions run
     # elsewhere once their leases lapse, the interrupted turns continued (Worker's default).
     victim, blocked = wait_blocked(workers, 120)
+    victim_cpu = cpu_seconds(victim.pid)  # its last reading: a dead process has none
     victim.proc.kill()
     killed = time.time_ns()
     victim.proc.wait()
@@ -467,7 +468,7 @@ def run_in(
     x1, tables1 = db_stats(dsn)
     log1 = log_offset(args.statement_log)
     io1 = socket_bytes(pids, port)
-    worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
+    worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids if p != victim.pid) + victim_cpu - cpu0[victim.pid]
     server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
     by_role: Dict[str, float] = defaultdict(float)
     for p, role in backends.items():
@@ -542,7 +543,7 @@ def run_in(
     codes = [w.proc.wait(60) for w in survivors]
     report["drain_exit_codes"] = codes
     report["audit"] = audit(dsn, queued, effects)
-    counts = [int(c) for c in args.listen_counts.split(",") if int(c) <= args.sessions]
+    counts = [int(c) for c in args.listen_counts.split(",") if c and int(c) <= args.sessions]
     report["listen"] = listen_cost(dsn, ids, counts)
     return report
 
@@ -714,7 +715,8 @@ def audit(dsn: str, queued: Dict[str, Any], effects: str) -> Dict[str, Any]:
 
 def answers_per_message(dsn: str) -> Dict[str, int]:
     """From the tables alone: how many final answers each entered message got. A final answer
-    (an ``assistant/message`` not cut short, asking for no tool) answers the messages its
+    (an ``assistant/message`` not cut short, asking for no tool, or a ``tool/result`` that
+    concluded its turn) answers the messages its
     session entered since the previous one, in the same turn or in a continuation of it
     (``turn/start`` with ``continues``, docs/durability.md); one with nothing left to answer
     counts again for what it answered last."""
@@ -724,7 +726,8 @@ def answers_per_message(dsn: str) -> Dict[str, int]:
         "coalesce(record::json->'data'->>'continues', ''), "
         "(type = 'assistant/message' AND coalesce(record::json->'data'->>'interrupted', 'false') <> 'true' AND NOT EXISTS "
         "(SELECT 1 FROM json_array_elements(record::json->'data'->'message'->'content') b WHERE b->>'type' = 'tool-call')) "
-        "FROM kerman_events WHERE type IN ('turn/start', 'user/message', 'assistant/message') ORDER BY session_id, seq",
+        "OR (type = 'tool/result' AND record::json->'data'->>'concludesTurn' = 'true') "
+        "FROM kerman_events WHERE type IN ('turn/start', 'user/message', 'assistant/message', 'tool/result') ORDER BY session_id, seq",
     )
     counts: Dict[str, int] = {}
     session = None

@@ -692,7 +692,10 @@ class AgentLoop:
             # loop is idle, and a loop that continues crashed turns continues this one.
             self._set_status("idle")
             if self._core.resumable and self._event_loop is not None and not self._closing:
-                self._call_on_loop(self._wake, False)
+                if self._on_loop_thread():
+                    self._wake(False)
+                else:
+                    self._call_on_loop(self._wake, False)
         return int(seq)
 
     def _resume_held(self) -> None:

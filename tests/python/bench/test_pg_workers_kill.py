@@ -54,7 +54,7 @@ def check(report: Dict[str, Any]) -> None:
 def test_a_worker_killed_inside_a_model_call_during_the_burst_loses_no_answer() -> None:
     report = run_bench(
         "--workers", "2", "--sessions", "8", "--hot-sessions", "2", "--generators", "1", "--rate", "20", "--seconds", "1",
-        "--burst", "30", "--lease-ttl", "1", "--idle-timeout", "3", "--tool-share", "0.3", "--listen-counts", "1",
+        "--burst", "30", "--lease-ttl", "1", "--idle-timeout", "3", "--tool-share", "0.3", "--listen-counts", "",
         "--model-delay", "0.01",
         timeout=160,
     )  # fmt: skip
