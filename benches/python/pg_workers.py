@@ -18,8 +18,8 @@ import json
 import os
 import random
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile

@@ -587,7 +587,15 @@ impl ToolPlan {
         };
         let seq = append(
             sink.log,
-            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), self.call_seqs[index], outcome.concludes),
+            events::tool_result(
+                self.turn,
+                self.step,
+                &message,
+                outcome.error.as_ref(),
+                outcome.meta.as_deref(),
+                self.call_seqs[index],
+                outcome.concludes,
+            ),
         )?;
         sink.history.push(sink.log, seq, Some(Arc::new(message)));
         if outcome.bug {

@@ -105,6 +105,9 @@ def build(spec: Dict[str, Any], log: kerman.SessionLog) -> AgentLoop:
     @loop.turn_stopping
     async def stop_at_the_end(stop: Any) -> None:
         if where in ("stopping", "concluded"):
+            # The answer (or the concluding result) is durable before the kill: nothing flushes
+            # between the last step and these hooks.
+            await log.flush()
             await block(where)
 
     return loop
