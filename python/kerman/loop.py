@@ -695,7 +695,10 @@ class AgentLoop:
                 if self._on_loop_thread():
                     self._wake(False)
                 else:
-                    self._call_on_loop(self._wake, False)
+                    try:
+                        self._call_on_loop(self._wake, False)
+                    except LoopError:
+                        pass  # its event loop is gone: the next owner's run continues the turn
         return int(seq)
 
     def _resume_held(self) -> None:

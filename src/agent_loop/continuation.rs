@@ -92,10 +92,12 @@ fn unanswered(chain: &[Event]) -> bool {
                 }
             }
             // By the text first: only a concluding result parses.
-            events::TOOL_RESULT if waiting && event.data_json().contains(r#""concludesTurn":true"#) => {
-                if event.data().get("concludesTurn") == Some(&serde_json::Value::Bool(true)) {
-                    waiting = false;
-                }
+            events::TOOL_RESULT
+                if waiting
+                    && event.data_json().contains(r#""concludesTurn":true"#)
+                    && event.data().get("concludesTurn") == Some(&serde_json::Value::Bool(true)) =>
+            {
+                waiting = false;
             }
             _ => {}
         }
