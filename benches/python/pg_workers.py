@@ -1,7 +1,8 @@
 """The distributed benchmark of issue 17 ("Scale, measured"): `kerman worker` processes serving
 10,000 sessions of a PostgreSQL store while load generator processes enqueue at a fixed rate,
-then a burst; a worker killed with SIGKILL; an audit of the tables at the end; and the cost of
-LISTEN with thousands of channels on one connection.
+then a burst; a worker killed with SIGKILL inside a model call while the burst runs; an audit
+of the tables at the end (every message entered once and answered once, no write tool run
+twice); and the cost of LISTEN with thousands of channels on one connection.
 
 Usage: ``KERMAN_PG_DSN=postgresql://… python benches/python/pg_workers.py [--workers 4]
 [--sessions 10000] [--rate 500] [--seconds 20] [--burst 2000] [--json]`` (``make bench-workers``;
@@ -17,9 +18,11 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -194,13 +197,15 @@ def loadgen(args: argparse.Namespace) -> None:
     sep = "&" if "?" in args.dsn else "?"
     store = kerman.PostgresStore(f"{args.dsn}{sep}application_name=bench-gen")
     rng = random.Random(args.seed)
+    # Its own generator, so the sessions chosen do not depend on the tool share.
+    tools = random.Random(args.seed + 1000)
     hot = [f"b-{i}" for i in range(args.hot_sessions)]
     everyone = args.sessions
     out = sys.stdout
 
     def send(sid: str, phase: str) -> None:
         before = time.time_ns()
-        message = store.enqueue(sid, "x")
+        message = store.enqueue(sid, "t" if tools.random() < args.tool_share else "x")
         after = time.time_ns()
         out.write(f"q {message.id} {sid} {before} {after} {phase}\n")
 
@@ -214,6 +219,10 @@ def loadgen(args: argparse.Namespace) -> None:
         sid = rng.choice(hot) if rng.random() < args.hot_share else f"b-{rng.randrange(everyone)}"
         send(sid, "steady")
     out.flush()
+    if args.block_file:
+        # The first model call from here on blocks, in whichever worker makes it: the kill lands
+        # inside a model call while the burst runs.
+        open(args.block_file, "w").close()
     for _ in range(args.burst):
         send(f"b-{rng.randrange(args.hot_sessions, everyone)}", "burst")
     out.write("done\n")
@@ -293,6 +302,7 @@ def main() -> int:
     parser.add_argument("--lease-ttl", type=float, default=2.0)
     parser.add_argument("--idle-timeout", type=float, default=10.0)
     parser.add_argument("--model-delay", type=float, default=0.005)
+    parser.add_argument("--tool-share", type=float, default=0.1, help="share of messages whose turn calls the write tool")
     parser.add_argument("--listen-counts", default="1,1000,10000")
     parser.add_argument(
         "--statement-log",
@@ -304,6 +314,7 @@ def main() -> int:
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--block-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
         loadgen(args)
@@ -346,6 +357,7 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
                 "lease_ttl",
                 "idle_timeout",
                 "model_delay",
+                "tool_share",
             )
         }
     }
@@ -378,7 +390,18 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         "--grace",
         "10",
     ]
-    env = {"BENCH_MODEL_DELAY": str(args.model_delay)}
+    scratch = tempfile.mkdtemp(prefix="kerman-bench-")
+    try:
+        return run_in(args, dsn, report, ids, setup, worker_cmd, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_in(
+    args: argparse.Namespace, dsn: str, report: Dict[str, Any], ids: List[str], setup: Any, worker_cmd: List[str], scratch: str
+) -> Dict[str, Any]:
+    block, effects = os.path.join(scratch, "block"), os.path.join(scratch, "effects")
+    env = {"BENCH_MODEL_DELAY": str(args.model_delay), "BENCH_BLOCK_FILE": block, "BENCH_EFFECTS": effects}
     workers = [Proc(worker_cmd + ["--name", f"w{i}"], env) for i in range(args.workers)]
     for w in workers:
         w.wait_err(": serving ")
@@ -406,15 +429,33 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         str(args.hot_sessions),
         "--hot-share",
         str(args.hot_share),
+        "--tool-share",
+        str(args.tool_share),
     ]
     started = time.time_ns()
-    gens = [Proc(gen_cmd + ["--seed", str(i)]) for i in range(args.generators)]
+    gens = [Proc(gen_cmd + ["--seed", str(i)] + (["--block-file", block] if i == 0 else [])) for i in range(args.generators)]
     # Mid-run: the connections this database has.
     time.sleep(args.seconds / 2)
     (conns,) = psql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
     backends = server_pids(dsn)
     server0 = {p: cpu_seconds(p) for p in backends}  # from mid-run: the generators' come and go
     turns0 = len(collect(workers)[0])
+
+    # kill -9 of one worker inside a model call while the burst runs: the first model call after
+    # the burst began blocks (BENCH_BLOCK_FILE); its worker is killed then. Its sessions run
+    # elsewhere once their leases lapse, the interrupted turns continued (Worker's default).
+    victim, blocked = wait_blocked(workers, 120)
+    victim_cpu = cpu_seconds(victim.pid)  # its last reading: a dead process has none
+    victim.proc.kill()
+    killed = time.time_ns()
+    victim.proc.wait()
+    burst_running = not all("done" in g.lines for g in gens)
+    held = [r["id"] for r in setup.sessions() if r["owner_name"] == victim_name(workers, victim)]
+    probe = {}
+    for sid in held[:200]:
+        probe[setup.enqueue(sid, "after the kill").id] = sid
+    survivors = [w for w in workers if w is not victim]
+    print(f"pg_workers: worker {victim.pid} killed inside a model call of session {blocked['session']}", file=sys.stderr)
     for g in gens:
         g.wait_eof(last="done")
     queued = {}
@@ -423,11 +464,11 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
             if line.startswith("q "):
                 _, mid, sid, before, after, phase = line.split()
                 queued[mid] = (sid, int(before), int(after), phase)
-    wait_for_models(workers, set(queued), 120)
+    wait_for_models(workers, set(queued) | set(probe), 120)
     x1, tables1 = db_stats(dsn)
     log1 = log_offset(args.statement_log)
     io1 = socket_bytes(pids, port)
-    worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids)
+    worker_cpu = sum(cpu_seconds(p) - cpu0[p] for p in pids if p != victim.pid) + victim_cpu - cpu0[victim.pid]
     server_cpu = sum(cpu_seconds(p) - server0[p] for p in backends)
     by_role: Dict[str, float] = defaultdict(float)
     for p, role in backends.items():
@@ -476,41 +517,71 @@ def run(args: argparse.Namespace, dsn: str) -> Dict[str, Any]:
         report["throughput"]["statements_per_turn"] = round(sum(counts.values()) / turns, 2)
     print(f"pg_workers: {turns} turns in {span:.1f} s", file=sys.stderr)
 
-    # kill -9 of one worker: its sessions run elsewhere once their leases expire.
-    victim = max(workers, key=lambda w: sum(1 for line in w.lines if line.startswith("t ")))
-    held = [r["id"] for r in setup.sessions() if r["owner_name"] == victim_name(workers, victim)]
-    victim.proc.kill()
-    killed = time.time_ns()
-    victim.proc.wait()
-    probe = {}
-    for sid in held[:200]:
-        probe[setup.enqueue(sid, "after the kill").id] = sid
-    survivors = [w for w in workers if w is not victim]
-    wait_for_models(survivors, set(probe), 60)
     after, _ = collect(survivors)
-    took = [after[m][0] - killed for m in probe]
+    took = [after[m][0] - killed for m in probe if m in after]
     report["takeover"] = {
         "sessions_held_by_killed_worker": len(held),
         "probed": len(probe),
         "lease_ttl_s": args.lease_ttl,
-        "p50_s": round(pct(took, 50) / 1e9, 3),
-        "max_s": round(max(took) / 1e9, 3),
+        "p50_s": round(pct(took, 50) / 1e9, 3) if took else None,
+        "max_s": round(max(took) / 1e9, 3) if took else None,
     }
     queued.update({m: (sid, killed, killed, "takeover") for m, sid in probe.items()})
-    print("pg_workers: takeover measured", file=sys.stderr)
+    wait_for_answers(dsn, set(queued), 120)
+    answers = answers_per_message(dsn)
+    report["kill"] = {
+        "in_model_call": True,
+        "during_burst": burst_running,
+        "session": blocked["session"],
+        "messages_of_the_blocked_call": len(blocked["entered"]),
+        "answered_once": sum(1 for m in blocked["entered"] if answers.get(m, 0) == 1),
+    }
+    print("pg_workers: kill and takeover measured", file=sys.stderr)
 
     for w in survivors:
         w.proc.send_signal(signal.SIGTERM)
     codes = [w.proc.wait(60) for w in survivors]
     report["drain_exit_codes"] = codes
-    report["audit"] = audit(dsn, queued)
-    counts = [int(c) for c in args.listen_counts.split(",") if int(c) <= args.sessions]
+    report["audit"] = audit(dsn, queued, effects)
+    counts = [int(c) for c in args.listen_counts.split(",") if c and int(c) <= args.sessions]
     report["listen"] = listen_cost(dsn, ids, counts)
     return report
 
 
 def victim_name(workers: List[Proc], victim: Proc) -> str:
     return f"w{workers.index(victim)}"
+
+
+def wait_blocked(workers: List[Proc], timeout: float) -> Tuple[Proc, Dict[str, Any]]:
+    """The worker whose model call blocked (its ``b`` line), and that call: its session and
+    the message ids it entered (the ``m`` line the worker printed just before)."""
+    end = time.monotonic() + timeout
+    while True:
+        for w in workers:
+            with w.cond:
+                lines = list(w.lines)
+            for i, line in enumerate(lines):
+                if line.startswith("b "):
+                    entered = next((ln.split()[2:] for ln in reversed(lines[:i]) if ln.startswith("m ")), [])
+                    return w, {"session": line.split()[2], "entered": entered}
+        if time.monotonic() > end:
+            raise SystemExit("pg_workers: no model call blocked: the burst reached no worker")
+        time.sleep(0.05)  # pacing the poll of the workers' output
+
+
+def wait_for_answers(dsn: str, ids: set, timeout: float) -> None:
+    """Until every message of `ids` that was entered has a final answer (read from the tables),
+    or `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        answers = answers_per_message(dsn)
+        missing = [m for m in ids if answers.get(m, 1) == 0]
+        if not missing:
+            return
+        if time.monotonic() > end:
+            print(f"pg_workers: {len(missing)} entered messages never answered", file=sys.stderr)
+            return
+        time.sleep(0.2)  # pacing the poll of the tables
 
 
 def wait_for_models(workers: List[Proc], ids: set, timeout: float) -> None:
@@ -569,9 +640,11 @@ def latencies(
     }
 
 
-def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
+def audit(dsn: str, queued: Dict[str, Any], effects: str) -> Dict[str, Any]:
     """From the tables alone: each enqueued message inserted by a splice and entered as exactly
-    one user/message; no other; every turn and step balanced; nothing left staged or owned."""
+    one user/message and answered exactly once; no other; every turn and step balanced; nothing
+    left staged or owned. From the write tool's own file: no call of it ran twice, and every
+    call with a result ran."""
     entered = Counter(psql(dsn, "SELECT record::json->'data'->>'id' FROM kerman_events WHERE type = 'user/message'"))
     inserted = Counter(
         psql(
@@ -597,7 +670,25 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
     requeued = sum(1 for m in want if inserted[m] > 1)
     unanswered = [m for m in want if entered[m] and answers.get(m, 0) == 0]
     answered_twice = [m for m in want if answers.get(m, 0) > 1]
-    ok = not lost and not duplicated and not foreign and not unbalanced and int(staged) == 0 and not unanswered and not answered_twice
+    runs = Counter(open(effects).read().split()) if os.path.exists(effects) else Counter()
+    calls = psql(
+        dsn,
+        "SELECT 'kerman:' || session_id || ':' || seq FROM kerman_events WHERE type = 'tool/call' "
+        "AND record::json->'data'->>'name' = 'note'",
+    )
+    ran_twice = [k for k, n in runs.items() if n > 1]
+    ran_without_call = [k for k in runs if k not in set(calls)]
+    ok = (
+        not lost
+        and not duplicated
+        and not foreign
+        and not unbalanced
+        and int(staged) == 0
+        and not unanswered
+        and not answered_twice
+        and not ran_twice
+        and not ran_without_call
+    )
     return {
         "ok": ok,
         "messages": len(want),
@@ -605,6 +696,10 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
         "answered_once": sum(1 for m in want if answers.get(m, 0) == 1),
         "unanswered": len(unanswered),
         "answered_twice": len(answered_twice),
+        "write_tool_calls": len(calls),
+        "write_tool_runs": sum(runs.values()),
+        "write_tool_ran_twice": len(ran_twice),
+        "write_tool_ran_without_its_call": len(ran_without_call),
         "continuations": int(
             psql(dsn, "SELECT count(*) FROM kerman_events WHERE type = 'turn/start' AND record::json->'data'->>'continues' IS NOT NULL")[0]
         ),
@@ -620,7 +715,8 @@ def audit(dsn: str, queued: Dict[str, Any]) -> Dict[str, Any]:
 
 def answers_per_message(dsn: str) -> Dict[str, int]:
     """From the tables alone: how many final answers each entered message got. A final answer
-    (an ``assistant/message`` not cut short, asking for no tool) answers the messages its
+    (an ``assistant/message`` not cut short, asking for no tool, or a ``tool/result`` that
+    concluded its turn) answers the messages its
     session entered since the previous one, in the same turn or in a continuation of it
     (``turn/start`` with ``continues``, docs/durability.md); one with nothing left to answer
     counts again for what it answered last."""
@@ -630,7 +726,8 @@ def answers_per_message(dsn: str) -> Dict[str, int]:
         "coalesce(record::json->'data'->>'continues', ''), "
         "(type = 'assistant/message' AND coalesce(record::json->'data'->>'interrupted', 'false') <> 'true' AND NOT EXISTS "
         "(SELECT 1 FROM json_array_elements(record::json->'data'->'message'->'content') b WHERE b->>'type' = 'tool-call')) "
-        "FROM kerman_events WHERE type IN ('turn/start', 'user/message', 'assistant/message') ORDER BY session_id, seq",
+        "OR (type = 'tool/result' AND record::json->'data'->>'concludesTurn' = 'true') "
+        "FROM kerman_events WHERE type IN ('turn/start', 'user/message', 'assistant/message', 'tool/result') ORDER BY session_id, seq",
     )
     counts: Dict[str, int] = {}
     session = None
@@ -692,6 +789,11 @@ def print_report(r: Dict[str, Any]) -> None:
         print("statements that took 10 ms or more:")
         for kind, v in r["statements_over_10ms"].items():
             print(f"  {v['n']:>6}  p50 {v['p50_ms']:>7.1f} ms  max {v['max_ms']:>7.1f} ms  {kind}")
+    kill = r["kill"]
+    print(
+        f"kill -9 inside a model call ({'during the burst' if kill['during_burst'] else 'after the burst was enqueued'}), "
+        f"session {kill['session']}: its {kill['messages_of_the_blocked_call']} message(s) answered once: {kill['answered_once']}"
+    )
     k = r["takeover"]
     print(
         f"takeover after kill -9: {k['probed']} of {k['sessions_held_by_killed_worker']} sessions probed, "
@@ -702,7 +804,8 @@ def print_report(r: Dict[str, Any]) -> None:
     print(
         f"audit: {'OK' if a['ok'] else 'FAILED'}: {a['messages']} messages, {a['entered_once']} entered once, "
         f"{a['answered_once']} answered once ({a['unanswered']} unanswered, {a['answered_twice']} answered twice; "
-        f"{a['continuations']} continuations of crashed turns), "
+        f"{a['continuations']} continuations of crashed turns), write tool: {a['write_tool_calls']} calls, "
+        f"{a['write_tool_runs']} runs, {a['write_tool_ran_twice']} ran twice, "
         f"{a['lost']} lost, {a['duplicated']} duplicated, {a['unknown_entered']} unknown, "
         f"{a['reinserted_by_requeue']} re-inserted by requeue, {a['unbalanced_sessions']} unbalanced sessions, "
         f"{a['left_staged']} left staged"

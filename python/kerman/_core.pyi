@@ -280,9 +280,10 @@ class PostgresStore:
         self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None, timeout: float = 10.0
     ) -> dict[str, Any]:
         """Decides a pending request through the session's owner, in order with staged input; the outcome."""
-    def resolve(self, id: str, call_id: str, text: str, *, is_error: bool = False) -> int:
-        """Records the one result of a call in doubt of a session with no live owner (its lease
-        taken, the result appended, the lease released); its seq."""
+    def resolve(self, id: str, call_id: str, text: str, *, is_error: bool = False, timeout: float = 10.0) -> int:
+        """Records the one result of a call in doubt from any process: appended under the
+        session's lease when no process owns it, else staged for the owner, which records it;
+        its seq."""
     @property
     def owner(self) -> str:
         """This store's owner id (``kerman_sessions.owner`` of the sessions it owns)."""
@@ -342,6 +343,7 @@ class Inbox:
         _on_remote_cancel: Callable[[Any, bool], dict[str, Any]] | None = None,
         _on_remote_requeue: Callable[[int], dict[str, Any]] | None = None,
         _on_remote_decide: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        _on_remote_resolve: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Inbox: ...
     def close(self) -> None: ...
     @property

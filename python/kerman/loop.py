@@ -223,6 +223,10 @@ class AgentLoop:
         # Set once this constructor is done: a decision staged by another process may reach the
         # inbox (on the store's thread) while it still runs, and waits for it (_remote_decide).
         self._constructed = threading.Event()
+        # Held while the status becomes "running" and while a result is recorded for a call in
+        # doubt from the store's thread (_remote_resolve): a resumed step that runs a call again
+        # and a result recorded for it by another process never both happen.
+        self._settling = threading.Lock()
 
         def emit(event: str, **fields: Any) -> None:
             loop = this()
@@ -252,6 +256,12 @@ class AgentLoop:
                 return {"applied": False, "op": "decide", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
             return loop._remote_decide(args)
 
+        def remote_resolve(args: Dict[str, Any]) -> Dict[str, Any]:
+            loop = this()
+            if loop is None:
+                return {"applied": False, "op": "resolve", "reason": "no-loop", "detail": "the session's AgentLoop is gone"}
+            return loop._remote_resolve(args)
+
         self._inbox = Inbox(
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
@@ -271,6 +281,8 @@ class AgentLoop:
             _on_remote_requeue=remote_requeue,
             # PostgresStore.decide from another process (a web handler), likewise.
             _on_remote_decide=remote_decide,
+            # PostgresStore.resolve from another process (an operator), likewise.
+            _on_remote_resolve=remote_resolve,
         )
         # The loop's state (turn counter, step, abort cause, wake latch, derived history) and
         # its rules are native; registration mutates the lists and dict handed over here.
@@ -673,7 +685,25 @@ class AgentLoop:
             text, is_error = result, False
         else:
             raise TypeError(f"resolve() takes a str or a ToolResult, got {type(result).__name__}")
-        seq = self._core.resolve(call_id, text, is_error)
+        with self._settling:
+            if self._status == "running":
+                raise ValueError(
+                    f"call {call_id!r} is not in doubt now: session {self._log.id!r} is running a step, "
+                    f"which settles its calls by their policies"
+                )
+            seq = self._core.resolve(call_id, text, is_error)
+        if self._status == "waiting" and not self._core.waiting:
+            # The result answered the request the turn waited for, and closed the turn: the
+            # loop is idle, and a loop that continues crashed turns continues this one.
+            self._set_status("idle")
+            if self._core.resumable and self._event_loop is not None and not self._closing:
+                if self._on_loop_thread():
+                    self._wake(False)
+                else:
+                    try:
+                        self._call_on_loop(self._wake, False)
+                    except LoopError:
+                        pass  # its event loop is gone: the next owner's run continues the turn
         return int(seq)
 
     def _resume_held(self) -> None:
@@ -808,7 +838,8 @@ class AgentLoop:
 
     def _set_status(self, status: str) -> None:
         if status != self._status:
-            self._status = status
+            with self._settling:
+                self._status = status
             self._emit("agent/status", status=status)
 
     # ---- delivery ---------------------------------------------------------------------------
@@ -1009,6 +1040,27 @@ class AgentLoop:
         except (TypeError, ValueError) as e:
             return refused("invalid", str(e))
         return {"applied": True, "op": "decide", "decision_id": decision_id, "duplicate": not applied}
+
+    def _remote_resolve(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Another process recorded the result of a call in doubt (``PostgresStore.resolve``),
+        on the store's thread, in order with the staged input around it: recorded by
+        :meth:`resolve` here and now, or refused (``not-in-doubt``, with why) and the refusal
+        sent back to the caller, which raises it."""
+        call_id = args.get("call_id")
+
+        def refused(reason: str, detail: str) -> Dict[str, Any]:
+            return {"applied": False, "op": "resolve", "call_id": call_id, "reason": reason, "detail": detail}
+
+        if not self._constructed.wait(_CONSTRUCTION_WAIT):
+            return refused("no-loop", "the session's AgentLoop is not set up yet")
+        result = ToolResult(str(args.get("text")), is_error=bool(args.get("is_error")))
+        try:
+            seq = self.resolve(str(call_id), result)
+        except LeaseLostError:
+            return refused("fenced", "this owner was fenced out of the session")
+        except ValueError as e:
+            return refused("not-in-doubt", str(e))
+        return {"applied": True, "op": "resolve", "call_id": call_id, "seq": seq}
 
     def _abort_remote(self, reason: Dict[str, Any], turn: int) -> None:
         if self._status == "running" and self.turn == turn:

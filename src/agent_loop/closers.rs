@@ -132,7 +132,7 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
                 };
                 let message =
                     Message::tool_result(call_id, content, outcome.is_error, id).map_err(|e| LogError::InvalidEvent(e.to_string()))?;
-                commit(events::tool_result(open.turn, step, &message, outcome.error.as_ref(), None, started))?;
+                commit(events::tool_result(open.turn, step, &message, outcome.error.as_ref(), None, started, false))?;
                 count += 1;
                 continue;
             }
@@ -152,7 +152,7 @@ pub fn close_open_turn(log: &SessionLog) -> Result<usize, LogError> {
             };
             let message = Message::tool_result(call_id, vec![json!({"type": "text", "text": text})], true, id)
                 .map_err(|e| LogError::InvalidEvent(e.to_string()))?;
-            commit(events::tool_result(open.turn, step, &message, Some(&code.tool_error(error_name)), None, started))?;
+            commit(events::tool_result(open.turn, step, &message, Some(&code.tool_error(error_name)), None, started, false))?;
             count += 1;
         }
         commit(events::step_end(open.turn, step))?;

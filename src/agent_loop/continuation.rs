@@ -11,8 +11,8 @@
 //! from the first interrupted one through its continuations form a *chain* (each `continues`
 //! the one before it, each ended `interrupted`). Input is unanswered when a `user/message` of
 //! the chain has no final answer after it: an `assistant/message`, not cut short, that asks for
-//! no tool. So an input is never answered twice: once the chain holds its answer nothing is
-//! due. The loop stops continuing once the chain holds as many crashed turns as its limit
+//! no tool, or a `tool/result` that concluded the turn (`concludesTurn`). So an input is never
+//! answered twice: once the chain holds its answer nothing is due. The loop stops continuing once the chain holds as many crashed turns as its limit
 //! (the count a `Worker` parks a session at).
 
 use super::ending::EndKind;
@@ -78,7 +78,8 @@ fn ended_interrupted(turn: &[Event]) -> bool {
     turn.iter().rev().find(|e| e.kind() == events::TURN_END).is_some_and(|e| events::end_kind(&e.data()) == Some(EndKind::Interrupted))
 }
 
-/// Whether a `user/message` of `chain` has no final answer after it.
+/// Whether a `user/message` of `chain` has no final answer after it. A tool result that
+/// concluded the turn (`concludesTurn`) answers too: the turn asked the model nothing more.
 fn unanswered(chain: &[Event]) -> bool {
     let mut waiting = false;
     for event in chain {
@@ -89,6 +90,14 @@ fn unanswered(chain: &[Event]) -> bool {
                 if !events::cut_short(&data) && events::requested_calls(&data).is_empty() {
                     waiting = false;
                 }
+            }
+            // By the text first: only a concluding result parses.
+            events::TOOL_RESULT
+                if waiting
+                    && event.data_json().contains(r#""concludesTurn":true"#)
+                    && event.data().get("concludesTurn") == Some(&serde_json::Value::Bool(true)) =>
+            {
+                waiting = false;
             }
             _ => {}
         }

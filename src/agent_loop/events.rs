@@ -222,9 +222,19 @@ pub fn tool_call(turn: u64, step: u64, id: &str, name: &str, arguments: &str, in
     LoopEvent::new(TOOL_CALL, data)
 }
 
-/// `tool/result {turn, step, message[, error][, meta]}`, citing its `tool/call` (none for a
-/// closer's result of a call that never started).
-pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value>, meta: Option<&str>, call: Option<u64>) -> LoopEvent {
+/// `tool/result {turn, step, message[, error][, meta][, concludesTurn]}`, citing its `tool/call`
+/// (none for a closer's result of a call that never started). `concludesTurn: true`: the result
+/// ended the turn (`ToolResult(concludes_turn=True)`), which asks the model nothing more, so a
+/// reader of the log counts it as the answer to the turn's input (`continuation`).
+pub fn tool_result(
+    turn: u64,
+    step: u64,
+    message: &Message,
+    error: Option<&Value>,
+    meta: Option<&str>,
+    call: Option<u64>,
+    concludes: bool,
+) -> LoopEvent {
     let mut data = step_head(turn, step);
     data.push_str(r#","message":"#);
     data.push_str(message.json());
@@ -235,6 +245,9 @@ pub fn tool_result(turn: u64, step: u64, message: &Message, error: Option<&Value
     if let Some(meta) = meta {
         data.push_str(r#","meta":"#);
         data.push_str(meta);
+    }
+    if concludes {
+        data.push_str(r#","concludesTurn":true"#);
     }
     data.push('}');
     match call {

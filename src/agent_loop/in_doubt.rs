@@ -242,7 +242,7 @@ pub fn resolve(log: &SessionLog, call_id: &str, text: &str, is_error: bool) -> R
     }
     .map_err(|e| ResolveError::Log(crate::event_log::LogError::InvalidEvent(e.to_string())))?;
     let error = is_error.then(|| super::failure::FailureCode::ToolError.tool_error("ResolvedError"));
-    let event = events::tool_result(open.turn, open.step, &message, error.as_ref(), None, Some(seq));
+    let event = events::tool_result(open.turn, open.step, &message, error.as_ref(), None, Some(seq), false);
     let at = events::append(log, event).map_err(ResolveError::Log)?;
     if log.with_events(crashed).is_none() {
         super::closers::close_open_turn(log).map_err(ResolveError::Log)?;

@@ -491,10 +491,14 @@ impl ToolPlan {
             if !self.flags[index].prelogged {
                 self.call_seqs[index] = Some(self.log_call(sink, index)?);
             }
-            // A call in doubt was started: an abort does not say what it did.
+            // A call in doubt was started: an abort does not say what it did, unless a person
+            // said so (the result a resolution of a request about it gave: a recorded answer or
+            // failure, an interrupted request for input), which stands as when not aborted.
             let name = &self.calls[index].name;
             let in_doubt = self.call_seqs[index].is_some() && self.flags[index].prelogged;
-            self.outcomes[index] = Some(if in_doubt { Outcome::outcome_unknown(name) } else { Outcome::aborted_before() });
+            let decided = if in_doubt { self.presets[index].take() } else { None };
+            self.outcomes[index] =
+                Some(decided.unwrap_or_else(|| if in_doubt { Outcome::outcome_unknown(name) } else { Outcome::aborted_before() }));
         }
         self.started = n;
         self.commit_ready(sink)?;
@@ -605,7 +609,15 @@ impl ToolPlan {
         };
         let seq = append(
             sink.log,
-            events::tool_result(self.turn, self.step, &message, outcome.error.as_ref(), outcome.meta.as_deref(), self.call_seqs[index]),
+            events::tool_result(
+                self.turn,
+                self.step,
+                &message,
+                outcome.error.as_ref(),
+                outcome.meta.as_deref(),
+                self.call_seqs[index],
+                outcome.concludes,
+            ),
         )?;
         sink.history.push_result(sink.log, seq, Arc::new(message), index);
         if outcome.bug {

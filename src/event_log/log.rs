@@ -81,6 +81,8 @@ pub enum StagedOp {
     /// Decide a pending decision request (`{"decision_id": …, "outcome": {"kind": …}, "by": …,
     /// "key": …}`).
     Decide,
+    /// Record the one result of a call in doubt (`{"call_id": …, "text": …, "is_error": bool}`).
+    Resolve,
 }
 
 impl StagedOp {
@@ -93,6 +95,7 @@ impl StagedOp {
             StagedOp::Remove => "remove",
             StagedOp::Requeue => "requeue",
             StagedOp::Decide => "decide",
+            StagedOp::Resolve => "resolve",
         }
     }
 
@@ -104,6 +107,7 @@ impl StagedOp {
             "remove" => StagedOp::Remove,
             "requeue" => StagedOp::Requeue,
             "decide" => StagedOp::Decide,
+            "resolve" => StagedOp::Resolve,
             _ => return None,
         })
     }

@@ -56,6 +56,14 @@ pub trait InboxListener: Send + Sync {
     fn decide(&self, _args: &Value) -> Option<Value> {
         None
     }
+    /// Another process recorded the result of a call in doubt (`PostgresStore.resolve`; `args`
+    /// is `{"call_id", "text", "is_error"}`), in order with the staged input around it: the
+    /// loop records it as its `loop.resolve` would (refused, with the reason, for a call not in
+    /// doubt or one a resumed step is running) and answers with the outcome; `None`: no loop
+    /// here. Runs on the store's reply thread.
+    fn resolve(&self, _args: &Value) -> Option<Value> {
+        None
+    }
 }
 
 /// Errors of live inbox mutations.

@@ -1,7 +1,7 @@
 //! Operations other processes staged for this session's owner (`PostgresStore.cancel`,
-//! `.replace`, `.remove`, `.requeue`, `.decide`), applied in order with the staged messages
-//! around them. Replace and remove are inbox mutations, applied here; a cancel, a requeue and a
-//! decision need the loop (a requeue reads the turns it recorded and wakes it; a decision is
+//! `.replace`, `.remove`, `.requeue`, `.decide`, `.resolve`), applied in order with the staged messages
+//! around them. Replace and remove are inbox mutations, applied here; a cancel, a requeue, a
+//! decision and a resolve need the loop (a requeue reads the turns it recorded and wakes it; a decision is
 //! applied by the loop's own `decide` and resumes its step), which the listener reaches. Each
 //! gives an outcome (a JSON object) for its requester.
 
@@ -56,6 +56,12 @@ impl Inbox {
                     return refused(op, "invalid", format!("operation {}: no \"outcome\" with a \"kind\"", row.id));
                 }
                 return self.to_loop(op, |listener| listener.decide(&args));
+            }
+            StagedOp::Resolve => {
+                if !args.get("call_id").is_some_and(Value::is_string) || !args.get("text").is_some_and(Value::is_string) {
+                    return refused(op, "invalid", format!("operation {}: no \"call_id\" and \"text\"", row.id));
+                }
+                return self.to_loop(op, |listener| listener.resolve(&args));
             }
             _ => {}
         }

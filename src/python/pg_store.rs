@@ -440,18 +440,27 @@ impl PyPostgresStore {
     }
 
     /// Records `text` as the one result of call `call_id` in doubt in session `id` (an error
-    /// result when `is_error`), as `FileStore.resolve` does: takes the session's lease (a newer
-    /// epoch, so an owner whose lease lapsed is fenced out), appends the `tool/result` and
-    /// releases the lease; nothing runs. A call not in doubt raises `ValueError` naming it; a
-    /// session with a live owner (another process, or a log this process holds open) raises
-    /// `SessionLockedError`: resolve there, with `loop.resolve`. Returns the result's seq.
-    #[pyo3(signature = (id, call_id, text, *, is_error=false))]
-    fn resolve(&self, py: Python<'_>, id: &Bound<'_, PyAny>, call_id: &str, text: &str, is_error: bool) -> PyResult<u64> {
+    /// result when `is_error`); nothing runs. With no live owner it takes the session's lease
+    /// (a newer epoch, so an owner whose lease lapsed is fenced out), appends the `tool/result`
+    /// and releases the lease. With a live owner in another process (a `Worker`'s loop, say)
+    /// it is staged for that owner, as `decide` is, which records it as its `loop.resolve`
+    /// would and answers; this call waits up to `timeout` seconds for the answer. A call not in
+    /// doubt (or being run again by a resumed step) raises `ValueError` naming it, whoever
+    /// applied it; an owner that does not apply it (no loop, fenced, no answer in time: then it
+    /// is withdrawn) raises `SessionLockedError` saying why, with nothing recorded. A log this
+    /// process holds open raises `SessionLockedError`: resolve there, with `loop.resolve`.
+    /// Returns the result's seq.
+    #[pyo3(signature = (id, call_id, text, *, is_error=false, timeout=10.0))]
+    fn resolve(&self, py: Python<'_>, id: &Bound<'_, PyAny>, call_id: &str, text: &str, is_error: bool, timeout: f64) -> PyResult<u64> {
         let id = id_arg(id)?;
         if PG_LOGS.live(py, &key(&self.dsn, &id)).is_some() {
             return Err(locked_here(py, LogError::LockedHere { id }));
         }
-        let log = py.detach(|| self.inner.open(&id)).map_err(|e| log_err(py, e))?;
+        let log = match py.detach(|| self.inner.open(&id)) {
+            Ok(log) => log,
+            Err(LogError::Locked { .. }) => return self.resolve_by_owner(py, &id, call_id, text, is_error, timeout),
+            Err(e) => return Err(log_err(py, e)),
+        };
         let result = py.detach(|| crate::agent_loop::in_doubt::resolve(&log, call_id, text, is_error));
         let closed = py.detach(|| log.close());
         let seq = result.map_err(|e| super::agent_loop::resolve_err(py, e))?;
@@ -645,6 +654,37 @@ impl PyPostgresStore {
         let timeout = std::time::Duration::from_secs_f64(timeout);
         let outcome = py.detach(|| self.inner.apply_op(id, op, args, timeout)).map_err(|e| log_err(py, e))?;
         super::convert::json_to_py(py, &outcome)
+    }
+
+    /// `resolve` of a session another process owns: staged for the owner, whose answer is the
+    /// result's seq or a refusal (`ValueError` for a call not in doubt, `SessionLockedError`
+    /// for an owner that did not apply it).
+    fn resolve_by_owner(&self, py: Python<'_>, id: &str, call_id: &str, text: &str, is_error: bool, timeout: f64) -> PyResult<u64> {
+        let args = serde_json::json!({"call_id": call_id, "text": text, "is_error": is_error});
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout must be a positive number of seconds, got {timeout}")));
+        }
+        let wait = std::time::Duration::from_secs_f64(timeout);
+        let text = py.detach(|| self.inner.apply_op(id, StagedOp::Resolve, &args, wait)).map_err(|e| log_err(py, e))?;
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        if answer.get("applied").and_then(serde_json::Value::as_bool) == Some(true) {
+            if let Some(seq) = answer.get("seq").and_then(serde_json::Value::as_u64) {
+                return Ok(seq);
+            }
+        }
+        let field = |name: &str| answer.get(name).and_then(serde_json::Value::as_str).unwrap_or("?").to_owned();
+        let (reason, detail) = (field("reason"), field("detail"));
+        match reason.as_str() {
+            "not-in-doubt" | "invalid" => Err(pyo3::exceptions::PyValueError::new_err(detail)),
+            _ => Err(new_err(
+                py,
+                "SessionLockedError",
+                (format!(
+                    "session \"{id}\" is owned by another process, which did not record the result of call \"{call_id}\" \
+                     ({reason}: {detail}); nothing was recorded"
+                ),),
+            )),
+        }
     }
 
     /// Subscribes to `kerman_takeable` on the store's LISTEN connection. The subscriber runs on

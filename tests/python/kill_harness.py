@@ -379,7 +379,10 @@ def check_invariants(outcome: Outcome, tools: Sequence[ToolSpec]) -> None:
 
 
 def is_final_answer(event: Dict[str, Any]) -> bool:
-    """An ``assistant/message`` that answers: not cut short, asking for no tool."""
+    """An ``assistant/message`` that answers: not cut short, asking for no tool; or a
+    ``tool/result`` that concluded its turn (``concludesTurn``)."""
+    if event["type"] == "tool/result":
+        return event["data"].get("concludesTurn") is True
     if event["type"] != "assistant/message" or event["data"].get("interrupted"):
         return False
     return not any(b.get("type") == "tool-call" for b in event["data"]["message"]["content"])

@@ -168,3 +168,76 @@ fn a_call_that_needs_input_waits_and_runs_again_with_the_answer() {
     assert_eq!(ask.payload.as_deref(), Some(r#"{"requestState":"t"}"#));
     assert!(decisions::started_outcome(ask.request.kind, resolution.as_ref().unwrap(), "transfer").is_none());
 }
+
+/// An in-doubt request that expired (the closers write none with a deadline; a request with
+/// `expiresAt` is read all the same) gives the call what `fail` gives it: the model sees an
+/// outcome-unknown error result, and the step goes on.
+#[test]
+fn an_expired_in_doubt_request_fails_the_call_as_fail_does() {
+    let log = crashed_log(&[("c1", "pay", ASK_WRITE)]);
+    let call_seq = log.len() - 1;
+    let ask = call_decisions::CallRequest {
+        request: decisions::Request {
+            turn: 1,
+            step: 1,
+            decision_id: "d1".into(),
+            call_id: "c1".into(),
+            index: 0,
+            name: "pay".into(),
+            arguments: "{}".into(),
+            digest: decisions::digest("{}"),
+            kind: decisions::RequestKind::InDoubt,
+            note: None,
+            schema: None,
+            expires_at: Some(10),
+        },
+        call_seq,
+        options: vec!["record-result".into(), "record-failure".into()],
+        payload: None,
+    };
+    append(&log, events::call_decision_requested(&ask, true)).unwrap();
+    assert_eq!(open(&log), 0, "asked already");
+    assert_eq!(decisions::expire(&log, 11).unwrap(), 1);
+    assert_eq!(of(&log, "decision/resolved")[0]["outcome"], "expired");
+    let mut plan = resumed(&log);
+    let inbox = Inbox::new(log.clone(), None).unwrap();
+    let shared = Shared::default();
+    let sink = Sink { log: &log, inbox: &inbox, history: &shared.history };
+    assert_eq!(plan.next(&sink, false).unwrap(), Next::Done);
+    let [result] = of(&log, "tool/result").try_into().unwrap();
+    assert_eq!(result["error"]["code"], "TOOL_OUTCOME_UNKNOWN");
+    let text = result["message"]["content"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("may or may not have happened") && text.contains("Do not retry blindly"), "{text}");
+}
+
+/// Cancelled while it waited (the step resumed aborted), a call that needs input gets the
+/// result its resolution gives it, as when the step resumes after a crash: an interruption.
+#[test]
+fn a_cancelled_request_for_input_gives_its_call_the_same_result_when_aborted() {
+    for aborted in [false, true] {
+        let log = crashed_log(&[("c1", "transfer", ToolInfo::default())]);
+        let request = decisions::Request {
+            turn: 1,
+            step: 1,
+            decision_id: "d1".into(),
+            call_id: "c1".into(),
+            index: 0,
+            name: "transfer".into(),
+            arguments: "{}".into(),
+            digest: decisions::digest("{}"),
+            kind: decisions::RequestKind::Input,
+            note: None,
+            schema: None,
+            expires_at: None,
+        };
+        call_decisions::request_input(&log, request, log.len() - 1, None, true).unwrap();
+        assert_eq!(decisions::cancel_pending(&log).unwrap(), 1);
+        let mut plan = resumed(&log);
+        let inbox = Inbox::new(log.clone(), None).unwrap();
+        let shared = Shared::default();
+        let sink = Sink { log: &log, inbox: &inbox, history: &shared.history };
+        assert_eq!(plan.next(&sink, aborted).unwrap(), Next::Done);
+        let [result] = of(&log, "tool/result").try_into().unwrap();
+        assert_eq!(result["error"]["code"], "ABORTED_DURING_DISPATCH", "aborted: {aborted}");
+    }
+}

@@ -22,6 +22,8 @@ enum Died {
     AfterAnswer,
     /// Input claimed, nothing entered.
     BeforeEntry,
+    /// A tool's result is logged (`concludes`: it concluded the turn), the next step is not.
+    AfterResult { concludes: bool },
 }
 
 /// Appends turn `turn` (`continues`: a continuation of that turn) cut short as `died` says.
@@ -48,6 +50,13 @@ fn crashed_turn(log: &SessionLog, turn: u64, continues: Option<u64>, died: Died)
         Died::AfterAnswer => {
             let message = Message::of_text(MessageKind::Assistant, "the answer", None);
             append(log, events::assistant_message(turn, 1, &message, false, None, Vec::new())).unwrap();
+        }
+        Died::AfterResult { concludes } => {
+            let message = Message::of_tool_calls(&[("c1".into(), "pay".into(), "{}".into())]);
+            append(log, events::assistant_message(turn, 1, &message, false, None, Vec::new())).unwrap();
+            let call = append(log, events::tool_call(turn, 1, "c1", "pay", "{}", kerman::agent_loop::ToolInfo::default())).unwrap();
+            let result = Message::tool_result_text("c1", "paid");
+            append(log, events::tool_result(turn, 1, &result, None, None, Some(call), concludes)).unwrap();
         }
     }
 }
@@ -76,7 +85,7 @@ fn data_of(log: &SessionLog, kind: &str) -> Vec<Value> {
 
 #[test]
 fn an_interrupted_turn_with_unanswered_input_is_due() {
-    for died in [Died::InRequest, Died::InTool] {
+    for died in [Died::InRequest, Died::InTool, Died::AfterResult { concludes: false }] {
         let (store, log) = store();
         crashed_turn(&log, 1, None, died);
         let log = reopen(&store, log);
@@ -90,7 +99,8 @@ fn an_interrupted_turn_with_unanswered_input_is_due() {
 
 #[test]
 fn nothing_is_due_when_the_input_was_answered_or_never_entered() {
-    for died in [Died::AfterAnswer, Died::BeforeEntry] {
+    // A tool result that concluded the turn answered it: the turn asked the model nothing more.
+    for died in [Died::AfterAnswer, Died::BeforeEntry, Died::AfterResult { concludes: true }] {
         let (store, log) = store();
         crashed_turn(&log, 1, None, died);
         let log = reopen(&store, log);

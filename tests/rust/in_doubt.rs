@@ -26,7 +26,7 @@ fn crashed_log(calls: &[(&str, &str)], started: &[(&str, ToolInfo)], finished: &
         let seq = append(&log, events::tool_call(1, 1, id, name, "{}", *info)).unwrap();
         if finished.contains(id) {
             let message = Message::tool_result_text(id, "done");
-            append(&log, events::tool_result(1, 1, &message, None, None, Some(seq))).unwrap();
+            append(&log, events::tool_result(1, 1, &message, None, None, Some(seq), false)).unwrap();
         }
     }
     log

@@ -1,4 +1,4 @@
-//! PostgresStore forks that share their parent's rows (schema version 8): a fork writes its
+//! PostgresStore forks that share their parent's rows (schema version 9): a fork writes its
 //! session row alone, reads the union of its chain's rows up to each cut and its own, and a
 //! parent is deleted only after its forks. Needs `KERMAN_PG_DSN` (skips without it).
 

@@ -277,6 +277,30 @@ fn schema_version_6_lets_a_version_5_database_stage_requeues() {
 }
 
 #[test]
+fn schema_version_8_lets_a_version_7_database_stage_resolves() {
+    let Some(dsn) = dsn() else { return };
+    let (dsn, schema) = fresh_schema(&dsn);
+    let mut setup =
+        String::from("CREATE TABLE kerman_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());");
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 7) {
+        setup.push_str(sql);
+        let _ = write!(setup, ";INSERT INTO kerman_schema (version) VALUES ({version});");
+    }
+    query(&dsn, &format!("SET search_path TO {schema};{setup}"));
+    let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
+    assert_eq!(core.applied_migrations(), &[8]);
+    drop(core);
+    let s = store(&dsn);
+    let log = s.create(None).unwrap();
+    let id = log.id().to_string();
+    log.close().unwrap();
+    // Staged (the column accepts the name), then withdrawn: nobody owns the session.
+    let args = json!({"call_id": "c1", "text": "done by hand", "is_error": false});
+    let out = outcome(&s.apply_op(&id, StagedOp::Resolve, &args, Duration::from_millis(300)).unwrap());
+    assert_eq!(out["reason"], "timeout", "{out}");
+}
+
+#[test]
 fn a_staged_message_replaced_while_its_insertion_commits_is_claimed_once() {
     let Some(dsn) = dsn() else { return };
     let owner = store(&dsn);

@@ -344,8 +344,8 @@ class ToolCall(_Step):
 
 
 class ToolResultEvent(_Carrying, _Step):
-    """``tool/result {turn, step, message, error?, meta?}``: a call's result ``message``, with
-    the failure when the tool failed."""
+    """``tool/result {turn, step, message, error?, meta?, concludesTurn?}``: a call's result
+    ``message``, with the failure when the tool failed."""
 
     __slots__ = ("_result",)
     TYPE = "tool/result"
@@ -390,6 +390,12 @@ class ToolResultEvent(_Carrying, _Step):
     def meta(self) -> Any:
         """The ``ToolResult.meta`` the tool returned, if any."""
         return self._field("meta")
+
+    @property
+    def concludes_turn(self) -> bool:
+        """The result ended its turn (``ToolResult(concludes_turn=True)``): the model was not
+        asked again, and the result answers the turn's input."""
+        return self._field("concludesTurn") is True
 
 
 class InboxSpliced(EventView):

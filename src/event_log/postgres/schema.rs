@@ -115,13 +115,21 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (
         8,
+        // `PostgresStore.resolve` of a session a live process owns, a seventh operation: the
+        // owner records the call's result (docs/durability.md, "Settling a call in doubt").
+        "ALTER TABLE kerman_inbox_staged
+             DROP CONSTRAINT kerman_inbox_staged_op_check,
+             ADD CONSTRAINT kerman_inbox_staged_op_check CHECK (op IN ('insert', 'cancel', 'replace', 'remove', 'requeue', 'decide', 'resolve'));",
+    ),
+    (
+        9,
         // Forks that share their parent's rows (docs/context.md, "Forks"): a fork's row names
         // its parent and the cut, and holds only its own events; `kerman_session_events(id)`
         // reads a session's events as the union of its chain of parents' rows up to each cut
         // and its own: PL/pgSQL, one index range scan per session of the chain (a SQL function
         // is inlined into a join whose row estimates lead the planner to scan every session's
         // events). The reference (no cascade) refuses deleting a parent before its forks.
-        // A kerman that knows only version 7 refuses this database (it would read forks
+        // A kerman that knows only version 8 refuses this database (it would read forks
         // without their first events).
         "ALTER TABLE kerman_sessions
              ADD COLUMN parent_id text REFERENCES kerman_sessions (id),

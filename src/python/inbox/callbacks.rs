@@ -39,6 +39,10 @@ pub(super) struct Callbacks {
     /// pending request (`PostgresStore.decide`), on the store's reply thread; returns the
     /// outcome as a dict.
     pub(super) on_remote_decide: Option<Held>,
+    /// Private to the AgentLoop: `on_remote_resolve(args)` when another process recorded the
+    /// result of a call in doubt (`PostgresStore.resolve`), on the store's reply thread;
+    /// returns the outcome as a dict.
+    pub(super) on_remote_resolve: Option<Held>,
     /// Private to the AgentLoop: per callback, a list that must be non-empty for the callback
     /// to be called (the loop's live listeners of that event), so an inbox with nobody
     /// listening makes no Python call per message.
@@ -50,7 +54,7 @@ impl Callbacks {
     pub(super) fn held(&self) -> impl Iterator<Item = &Held> {
         [
             &self.on_inserted, &self.on_discarded, &self.on_claimed, &self.on_remote, &self.on_remote_cancel, &self.on_remote_requeue,
-            &self.on_remote_decide,
+            &self.on_remote_decide, &self.on_remote_resolve,
         ]
         .into_iter()
         .flatten()
@@ -143,6 +147,11 @@ impl InboxListener for Listener {
     fn decide(&self, args: &Value) -> Option<Value> {
         let callback = self.0.on_remote_decide.as_ref()?;
         ask_loop(callback, "decide", |py, callback| to_py(py, args).and_then(|args| callback.call1(py, (args,))))
+    }
+
+    fn resolve(&self, args: &Value) -> Option<Value> {
+        let callback = self.0.on_remote_resolve.as_ref()?;
+        ask_loop(callback, "resolve", |py, callback| to_py(py, args).and_then(|args| callback.call1(py, (args,))))
     }
 }
 

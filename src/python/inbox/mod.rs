@@ -140,7 +140,7 @@ impl PyInbox {
 #[pymethods]
 impl PyInbox {
     #[new]
-    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None, _on_remote_requeue=None, _on_remote_decide=None))]
+    #[pyo3(signature = (log, on_inserted=None, on_discarded=None, on_claimed=None, *, _gates=None, _on_remote=None, _on_remote_cancel=None, _on_remote_requeue=None, _on_remote_decide=None, _on_remote_resolve=None))]
     // The Python constructor's keyword arguments, one each.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -154,6 +154,7 @@ impl PyInbox {
         _on_remote_cancel: Option<Py<PyAny>>,
         _on_remote_requeue: Option<Py<PyAny>>,
         _on_remote_decide: Option<Py<PyAny>>,
+        _on_remote_resolve: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let wrappers = Arc::new(Wrappers::default());
         let callbacks = Callbacks {
@@ -164,6 +165,7 @@ impl PyInbox {
             on_remote_cancel: callable(_on_remote_cancel, "_on_remote_cancel", py)?,
             on_remote_requeue: callable(_on_remote_requeue, "_on_remote_requeue", py)?,
             on_remote_decide: callable(_on_remote_decide, "_on_remote_decide", py)?,
+            on_remote_resolve: callable(_on_remote_resolve, "_on_remote_resolve", py)?,
             gates: _gates.map(|(a, b, c)| [Held::new(a), Held::new(b), Held::new(c)]),
             wrappers: Arc::clone(&wrappers),
         };

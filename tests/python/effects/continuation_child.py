@@ -13,6 +13,9 @@ where this process stops and waits for the parent, which SIGKILLs it:
   step 2 not begun);
 - ``stopping``: a ``turn_stopping`` hook prints ``BLOCKED stopping`` and blocks (the answer is
   logged, ``turn/end`` is not);
+- ``concluded``: the model asks for ``finish`` (a tool whose result concludes the turn) while the
+  history has no tool result; the ``turn_stopping`` hook prints ``BLOCKED concluded`` and blocks
+  (the concluding result is logged, ``turn/end`` is not);
 - ``none``: nothing blocks; the model answers ``answer`` once the history holds a tool result
   or when no tool is asked for.
 
@@ -65,8 +68,8 @@ def build(spec: Dict[str, Any], log: kerman.SessionLog) -> AgentLoop:
         if where == "model":
             await block("model")
         has_result = any(isinstance(b, dict) and b.get("type") == "tool-result" for m in request.messages for b in m.content)
-        if where in ("tool", "between") and not has_result:
-            name = "pay" if where == "tool" else "look"
+        if where in ("tool", "between", "concluded") and not has_result:
+            name = {"tool": "pay", "between": "look", "concluded": "finish"}[where]
             return ModelReply([{"type": "tool-call", "id": f"c{request.turn}", "name": name, "arguments": "{}"}])
         return ModelReply("answer")
 
@@ -87,6 +90,12 @@ def build(spec: Dict[str, Any], log: kerman.SessionLog) -> AgentLoop:
         record(spec, {"tool": "look", "call": ctx.call_id, "turn": ctx.turn, "pid": os.getpid()})
         return "seen"
 
+    @loop.tool
+    async def finish(args: Dict[str, Any], ctx: kerman.ToolContext) -> kerman.ToolResult:
+        """Finishes the turn with its result."""
+        record(spec, {"tool": "finish", "call": ctx.call_id, "turn": ctx.turn, "pid": os.getpid()})
+        return kerman.ToolResult("finished", concludes_turn=True)
+
     @loop.pre_step
     async def stop_between(step: Any, next: Any) -> Any:
         if where == "between" and step.step == 2:
@@ -95,8 +104,11 @@ def build(spec: Dict[str, Any], log: kerman.SessionLog) -> AgentLoop:
 
     @loop.turn_stopping
     async def stop_at_the_end(stop: Any) -> None:
-        if where == "stopping":
-            await block("stopping")
+        if where in ("stopping", "concluded"):
+            # The answer (or the concluding result) is durable before the kill: nothing flushes
+            # between the last step and these hooks.
+            await log.flush()
+            await block(where)
 
     return loop
 

@@ -164,6 +164,21 @@ def test_an_answered_turn_is_not_continued(tmp_path: Path) -> None:
     assert len([e for e in read_effects(place) if e.get("model")]) == 1
 
 
+def test_a_turn_a_tool_concluded_is_not_continued(tmp_path: Path) -> None:
+    """Killed after a tool's result concluded the turn (``concludesTurn`` logged, ``turn/end``
+    not): the result answered the input, so a reopen with ``continue`` asks the model nothing."""
+    place = place_of("file", tmp_path)
+    killed(place, "run", "concluded", "hello")
+    finished(place, "resume", "continue")
+    events = read_log(place)
+    assert turns(events) == [(1, None, "interrupted")]
+    [result] = [e["data"] for e in events if e["type"] == "tool/result"]
+    assert result["concludesTurn"] is True
+    check_answers_per_input(events)
+    assert len([e for e in read_effects(place) if e.get("model")]) == 1
+    assert [e["tool"] for e in read_effects(place) if e.get("tool")] == ["finish"]
+
+
 def test_a_worker_killed_mid_model_call_answers_every_input(tmp_path: Path) -> None:
     import kerman
 
