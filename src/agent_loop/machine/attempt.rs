@@ -64,12 +64,9 @@ impl Machine {
     /// error comes here described, as `Raised`; one of the log's own was not asked again,
     /// [`Machine::log_failed`].)
     pub(super) fn close_failed_attempt(&mut self, ctx: &Ctx<'_>, fault: &Fault) -> Result<(), LogError> {
-        let failure = match fault {
-            Fault::Failure { failure, .. } | Fault::Raised(Raised { kind: RaisedKind::Error, failure: Some(failure) }) => failure,
-            _ => {
-                self.attempt = Attempt::default();
-                return Ok(());
-            }
+        let (Fault::Failure { failure, .. } | Fault::Raised(Raised { kind: RaisedKind::Error, failure: Some(failure) })) = fault else {
+            self.attempt = Attempt::default();
+            return Ok(());
         };
         if ctx.aborted() {
             self.attempt = Attempt::default();
