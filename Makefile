@@ -186,6 +186,8 @@ bench-rust:
 # repeatable A/B measure on a noisy machine (a few minutes; needs valgrind).
 bench-instr: install
 	$(PY) benches/python/turn_cost.py
+	@# The live OpenTelemetry exporter's instructions per P4 turn (docs/tracing.md's target).
+	$(PY) benches/python/turn_cost.py --otel
 
 clean:
 	rm -rf $(CARGO_TARGET_DIR) dist

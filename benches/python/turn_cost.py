@@ -12,6 +12,12 @@ cache misses).
     python3 benches/python/turn_cost.py --turns 1000,3000 --only P4
     python3 benches/python/turn_cost.py --gate     # P4 with a gate: what gating adds to a tool turn
 
+``--otel`` counts P4 without and with ``kerman.otel.instrument(loop)`` on an SDK
+``TracerProvider`` whose ``BatchSpanProcessor`` hands the spans to an exporter that drops them;
+every thread's instructions count (the instrumentation's and the processor's), the spans are
+all built and handed over before the process ends, and it prints the share of P4's
+instructions the live exporter adds (the target of docs/tracing.md is 10%).
+
 ``--gate`` counts P4 four ways in one run: as it is, with an approving ``before_tool`` gate
 (``return await next()``), with one that returns ``Approve()`` itself, and with a
 ``needs_approval`` predicate that returns ``False`` (no gate); it prints each one's
@@ -37,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 CASES = {"P3/0": (0, False), "P3/1": (1, False), "P3/5": (5, False), "P4": (0, True)}
 # P4 gated (Kerman only): a before_tool listener that awaits next(), one that returns
-# Approve() itself, and a needs_approval predicate (no listener).
+# Approve() itself, and a needs_approval predicate (no listener); or traced live (``otel``).
 GATES = ("none", "gate", "approve", "predicate")
 
 
@@ -64,9 +70,27 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
 
         return listener
 
+    traced = None
+    if gate == "otel":
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        from kerman import otel
+
+        class Dropping(SpanExporter):
+            spans = 0
+
+            def export(self, spans: Any) -> SpanExportResult:
+                Dropping.spans += len(spans)
+                return SpanExportResult.SUCCESS
+
+        traced = TracerProvider()
+        traced.add_span_processor(BatchSpanProcessor(Dropping()))
+
     async def main() -> None:
         for _ in range(turns // 100):
             loop = mod.AgentLoop(model)
+            live = otel.instrument(loop, traced) if traced is not None else None
             if tool:
                 if gate == "predicate":
                     loop.tool(needs_approval=lambda call: False)(git_log)
@@ -91,8 +115,14 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
                     loop.followup("What changed in the last commit?")
                 await loop.when_idle()
             assert loop.turn == 100
+            if live is not None:
+                live.close()
+                assert live.errors == 0
 
     asyncio.run(main())
+    if traced is not None:
+        traced.shutdown()  # every span exported (dropped) before the count ends
+        assert Dropping.spans == turns * 4, Dropping.spans
 
 
 def instructions(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> int:
@@ -129,14 +159,15 @@ def main(argv: List[str]) -> None:
     ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
     ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
     ap.add_argument("--gate", action="store_true", help="P4 plain, with approving gates and with a needs_approval predicate")
+    ap.add_argument("--otel", action="store_true", help="P4 plain and with otel.instrument + BatchSpanProcessor")
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     small, large = (int(n) for n in args.turns.split(","))
     if small % 100 or large % 100 or large <= small:
         raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
-    if args.gate:
-        gated(small, large)
+    if args.gate or args.otel:
+        gated(small, large, ("none", "otel") if args.otel else GATES)
         return
     names = args.only.split(",") if args.only else list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -153,11 +184,12 @@ def main(argv: List[str]) -> None:
         print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
 
 
-def gated(small: int, large: int) -> None:
-    """``--gate``: P4's instructions per turn without and with gating, in one run."""
+def gated(small: int, large: int, ways: Any = GATES) -> None:
+    """``--gate``/``--otel``: P4's instructions per turn without and with gating (or tracing), in
+    one run."""
     print("| P4 | Kerman instr/turn | added | share of P4 |\n|---|---|---|---|")
     plain = 0.0
-    for gate in GATES:
+    for gate in ways:
         print(f"  P4 {gate}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
         a, b = instructions("kerman", 0, True, small, gate), instructions("kerman", 0, True, large, gate)
         per = (b - a) / (large - small)

@@ -5,9 +5,13 @@
 //! opens a session (another process, after a crash) spends from what the log already holds,
 //! never from a count kept in memory. It counts a request as the ledger does
 //! (`kerman.usage.ledger`, docs/usage.md): one per `assistant/message`, and one per failed
-//! streamed attempt (chunks that got no message); its tokens are the usage's `input` (the whole
+//! attempt (chunks that got no message; the loop ends each failed attempt in the log, one that
+//! failed before its first chunk included); its tokens are the usage's `input` (the whole
 //! prompt, cached tokens included) plus `output`; its USD the usage's `costUsd`, which the loop
-//! logs with the usage when the budget has a USD limit (the host prices the request).
+//! logs with the usage when the budget has a USD limit (the host prices the request). A failed
+//! attempt that streamed nothing (its one chunk is its failed `finish`: a refused connection, an
+//! HTTP error) reported no usage and produced nothing: it counts as a request, not as one of
+//! unknown price (which would spend a USD limit for good).
 //!
 //! The rule: a budget is spent when any limit is reached (`spent >= max`). It is checked when
 //! input is claimed and before every model request; a request is never started on a spent
@@ -181,6 +185,8 @@ pub struct UsageFold {
 #[derive(Debug, Default, Clone)]
 struct Pending {
     usage: Option<Map<String, Value>>,
+    /// A chunk other than a failed `finish` came: the request produced something.
+    streamed: bool,
 }
 
 #[derive(Deserialize)]
@@ -220,6 +226,7 @@ impl UsageFold {
                 // A failed finish, or usage marked partial, ends an attempt that gets no message.
                 let failed = kind == Some("finish") && !matches!(chunk.get("reason").and_then(Value::as_str), Some("stop" | "max-tokens"));
                 let partial = kind == Some("usage") && chunk.get("partial") == Some(&Value::Bool(true));
+                pending.streamed |= !failed;
                 if failed || partial {
                     self.settle();
                 }
@@ -247,9 +254,14 @@ impl UsageFold {
 
     /// The chunks in flight got no message: a failed request, with what they reported.
     fn settle(&mut self) {
-        if let Some(pending) = self.pending.take() {
-            self.count(pending.usage.as_ref());
+        let Some(pending) = self.pending.take() else { return };
+        if pending.usage.is_none() && !pending.streamed {
+            // Failed before it produced anything: a request, with no tokens and nothing billed.
+            self.session.requests += 1;
+            self.this_turn.requests += 1;
+            return;
         }
+        self.count(pending.usage.as_ref());
     }
 
     fn count(&mut self, usage: Option<&Map<String, Value>>) {
@@ -355,12 +367,16 @@ mod tests {
             // Chunks cut by the end of a step: a failed request with no usage.
             (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "text-delta", "text": "b"}})),
             (events::STEP_END, json!({"turn": 2, "step": 1})),
+            // Two attempts that failed before their first chunk (the loop logged their failed
+            // finish): two requests, no tokens, and no unknown price.
+            (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "error", "error": {"code": "RATE_LIMITED"}}})),
+            (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "error", "error": {"code": "RATE_LIMITED"}}})),
         ];
         for (kind, data) in &events {
             fold.add(kind, &data.to_string());
         }
-        assert_eq!(fold.session, Spent { tokens: 241, requests: 4, tool_calls: 2, usd: 0.75, unpriced: 2 });
-        assert_eq!(fold.this_turn, Spent { tokens: 0, requests: 1, tool_calls: 0, usd: 0.0, unpriced: 1 });
+        assert_eq!(fold.session, Spent { tokens: 241, requests: 6, tool_calls: 2, usd: 0.75, unpriced: 2 });
+        assert_eq!(fold.this_turn, Spent { tokens: 0, requests: 3, tool_calls: 0, usd: 0.0, unpriced: 1 });
         assert_eq!(fold.turn, 2);
     }
 

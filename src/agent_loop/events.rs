@@ -181,6 +181,17 @@ pub fn assistant_chunk(turn: u64, step: u64, chunk: &str) -> LoopEvent {
     LoopEvent::new(ASSISTANT_CHUNK, data)
 }
 
+/// `assistant/chunk {turn, step, chunk: {type: "finish", reason: "error", error}}`: a model
+/// request failed with nothing in the log that ends it (`machine/attempt.rs`); `error` is the
+/// failure, as `request_error` gets it.
+pub fn failed_finish(turn: u64, step: u64, failure: &super::failure::Failure) -> LoopEvent {
+    let mut chunk = serde_json::Map::new();
+    chunk.insert("type".into(), "finish".into());
+    chunk.insert("reason".into(), "error".into());
+    chunk.insert("error".into(), failure.to_value());
+    assistant_chunk(turn, step, &crate::json::compact(&Value::Object(chunk)))
+}
+
 /// `assistant/message {turn, step, message[, interrupted: true][, usage]}`, citing the chunks
 /// it was assembled from.
 pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: bool, usage: Option<&str>, chunks: Vec<u64>) -> LoopEvent {

@@ -22,6 +22,7 @@ use super::failure::{AbortCause, AbortKind, Failure, FailureCode};
 use super::tools::{repeated_id, requested, Call, Sink, ToolPlan};
 use super::{CoreError, Shared};
 
+mod attempt;
 mod budget;
 mod call_decision;
 mod continuation;
@@ -306,6 +307,8 @@ pub struct Machine {
     stop_driver: bool,
     assembler: Option<Assembler>,
     chunks: Vec<u64>,
+    /// The model request in flight: a failed one is ended in the log (`attempt`).
+    attempt: attempt::Attempt,
     plan: Option<ToolPlan>,
     /// The step's calls being gated, before they run.
     gating: Option<gate::Gating>,
@@ -342,6 +345,7 @@ impl Machine {
             stop_driver: false,
             assembler: None,
             chunks: Vec::new(),
+            attempt: attempt::Attempt::default(),
             plan: None,
             gating: None,
             concludes: false,
@@ -599,6 +603,8 @@ impl Machine {
     }
 
     fn call_model(&mut self) -> Effect {
+        self.chunks.clear();
+        self.attempt.begin();
         self.wait = Wait::Model;
         Effect::CallModel
     }
@@ -645,7 +651,7 @@ impl Machine {
                 self.wait = Wait::Chunk;
                 Effect::NextChunk
             }
-            Input::ModelFailed(failure) => self.request_failed(failure, true),
+            Input::ModelFailed(failure) => self.request_failed(ctx, failure, true),
             Input::Raised(raised) => self.fail(ctx, Fault::Raised(raised)),
             input => panic!("the turn machine got {input:?} while waiting for the model"),
         }
@@ -665,7 +671,7 @@ impl Machine {
                 self.stream_failed(ctx, Fault::rule(FailureCode::InvalidReply, message))
             }
             Input::StreamEnded => self.stream_end(ctx),
-            Input::ModelFailed(failure) => self.request_failed(failure, true),
+            Input::ModelFailed(failure) => self.request_failed(ctx, failure, true),
             Input::Raised(raised) => self.stream_failed(ctx, Fault::Raised(raised)),
             input => panic!("the turn machine got {input:?} while waiting for a chunk"),
         }
@@ -678,6 +684,7 @@ impl Machine {
         let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&text) else { unreachable!("compact JSON of an object") };
         let seq = ctx.append(events::assistant_chunk(self.turn, self.step, &text)).map_err(|e| Fault::Core(CoreError::Log(e)))?;
         self.chunks.push(seq);
+        self.attempt.chunk(&chunk);
         let assembler = self.assembler.get_or_insert_with(Assembler::new);
         assembler.feed(&chunk).map_err(|message| Fault::rule(FailureCode::Unknown, message))
     }
@@ -713,13 +720,17 @@ impl Machine {
         let max_tokens = match assembler.finish() {
             Some(Finish::Stop) => false,
             Some(Finish::MaxTokens) => true,
-            _ => return self.request_failed(assembler.failure(), false),
+            _ => return self.request_failed(ctx, assembler.failure(), false),
         };
         let usage = assembler.usage().map(|u| crate::json::compact(&u));
         self.reply_done(ctx, assembler.into_blocks(), usage.as_deref(), max_tokens, chunks)
     }
 
-    fn request_failed(&mut self, failure: Failure, exception: bool) -> Effect {
+    /// The request failed: the attempt is ended in the log, then `request_error` decides.
+    fn request_failed(&mut self, ctx: &Ctx<'_>, failure: Failure, exception: bool) -> Effect {
+        if let Err(e) = self.close_attempt(ctx, &failure) {
+            return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+        }
         self.wait = Wait::RequestError(failure.clone(), exception);
         Effect::RequestError { failure, exception }
     }
@@ -728,7 +739,7 @@ impl Machine {
     /// says which (the caller knows: asking a text message built without its parts would parse
     /// its JSON).
     fn append_assistant(
-        &self,
+        &mut self,
         ctx: &Ctx<'_>,
         message: Message,
         empty: bool,
@@ -739,6 +750,7 @@ impl Machine {
         let event = events::assistant_message(self.turn, self.step, &message, interrupted, usage, chunks);
         let joined = (!empty).then(|| Arc::new(message));
         ctx.append_message(event, joined).map_err(|e| Fault::Core(CoreError::Log(e)))?;
+        self.attempt.answered();
         Ok(())
     }
 
@@ -856,6 +868,7 @@ impl Machine {
 
     fn unwind(&mut self, ctx: &Ctx<'_>, from: Unwind, fault: Fault) -> Effect {
         if let Fault::Core(e) = fault {
+            self.log_failed(&e);
             self.wait = Wait::Describe(from);
             return Effect::Describe(e);
         }
@@ -866,6 +879,9 @@ impl Machine {
         }
         self.assembler = None;
         self.plan = None;
+        if let Err(e) = self.close_failed_attempt(ctx, &fault) {
+            return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+        }
         if self.step_open {
             self.step_open = false;
             // The step's `finally`; its own failure replaces the one being handled.

@@ -1184,7 +1184,14 @@ fn cancelled_while_request_error_runs() {
             r#"RequestError {"message":"overloaded","code":"OVERLOADED"}"#,
             "Finished",
         ],
-        vec![step_start(1, 1), user_message("hello"), header(json!({})), step_end(1, 1)],
+        // the failed request is in the log before request_error runs
+        vec![
+            step_start(1, 1),
+            user_message("hello"),
+            header(json!({})),
+            failed_finish(1, 1, json!({"message": "overloaded", "code": "OVERLOADED"})),
+            step_end(1, 1),
+        ],
     );
 }
 
@@ -1393,7 +1400,8 @@ fn a_retry_reissues_the_request_in_the_same_step() {
             "Finished".to_owned(),
         ]
     );
-    // Retries are not logged as such: one step, one header.
+    // A retry is not logged as such (one step, one header); the failed request is, by the
+    // failed finish that ends it.
     assert_eq!(
         snapshot_from(&w.log, 1),
         [
@@ -1402,6 +1410,7 @@ fn a_retry_reissues_the_request_in_the_same_step() {
             step_start(1, 1),
             user_message("hello"),
             header(json!({})),
+            failed_finish(1, 1, failure),
             assistant_message(1, 1, vec![block("ok")]),
             step_end(1, 1),
             turn_end(1, completed())
@@ -1428,7 +1437,10 @@ fn no_retry_ends_the_turn_with_the_failure() {
             "Finished".to_owned(),
         ]
     );
-    assert_eq!(snapshot_from(&w.log, 7), [step_end(1, 1), turn_end(1, json!({"kind": "error", "error": failure}))]);
+    assert_eq!(
+        snapshot_from(&w.log, 7),
+        [failed_finish(1, 1, failure.clone()), step_end(1, 1), turn_end(1, json!({"kind": "error", "error": failure}))]
+    );
     assert_eq!(w.inbox.count(Target::NextTurn), 1);
 }
 
@@ -1523,6 +1535,122 @@ fn failures_of_the_rules_end_the_turn_with_their_codes() {
         assert_eq!(log.iter().filter(|l| l.starts_with("step/start")).count() as u64, step);
         assert_eq!(log.iter().filter(|l| l.starts_with("step/end")).count() as u64, step);
         assert_eq!(w.inbox.count(Target::NextTurn), 1, "an errored turn leaves the loop idle");
+    }
+}
+
+// ---- failed requests are in the log -------------------------------------------------------------
+
+/// The chunk the loop logs for an attempt that failed with nothing to end it in the log.
+fn failed_finish(turn: u64, step: u64, error: Value) -> String {
+    ev("assistant/chunk", json!({"turn": turn, "step": step, "chunk": {"type": "finish", "reason": "error", "error": error}}))
+}
+
+#[test]
+fn a_request_that_fails_before_its_first_chunk_logs_a_failed_finish_once_per_attempt() {
+    let w = World::new();
+    w.followup("hello");
+    let first = json!({"message": "overloaded", "code": "OVERLOADED", "status": 529});
+    let second = json!({"message": "connection refused", "code": "CONNECTION"});
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            model_fails(first.clone()),
+            retry(true),
+            request(json!({})),
+            // A stream whose HTTP request fails when it is first read: still nothing streamed.
+            stream(),
+            answer("NextChunk", {
+                let failure = failure_of(second.clone());
+                move |_, _| Input::ModelFailed(failure.clone())
+            }),
+            retry(true),
+            request(json!({})),
+            reply_text("ok"),
+        ],
+    );
+    assert_eq!(
+        snapshot_from(&w.log, 5),
+        [
+            header(json!({})),
+            failed_finish(1, 1, first),
+            failed_finish(1, 1, second),
+            assistant_message(1, 1, vec![block("ok")]),
+            step_end(1, 1),
+            turn_end(1, completed())
+        ]
+    );
+}
+
+#[test]
+fn a_failed_stream_is_ended_in_the_log_unless_its_own_chunks_end_it() {
+    let failure = json!({"message": "stream cut", "code": "NETWORK"});
+    // Text streamed, then the stream raised: the loop ends the attempt with a failed finish.
+    let w = World::new();
+    w.followup("hello");
+    let cut = failure_of(failure.clone());
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "par"})),
+            answer("NextChunk", move |_, _| Input::ModelFailed(cut.clone())),
+            retry(false),
+        ],
+    );
+    assert_eq!(
+        snapshot_from(&w.log, 6)[..2],
+        [
+            ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "par"}})),
+            failed_finish(1, 1, failure.clone())
+        ]
+    );
+    // A provider that reported its partial usage before raising ended the attempt itself.
+    let w = World::new();
+    w.followup("hello");
+    let cut = failure_of(failure.clone());
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "usage", "input": 7, "partial": true})),
+            answer("NextChunk", move |_, _| Input::ModelFailed(cut.clone())),
+            retry(false),
+        ],
+    );
+    let log = snapshot_from(&w.log, 6);
+    assert_eq!(
+        log[..2],
+        [ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": {"type": "usage", "input": 7, "partial": true}})), step_end(1, 1)]
+    );
+}
+
+#[test]
+fn a_model_that_raises_or_answers_wrongly_is_a_failed_request_but_a_cancelled_one_is_not() {
+    let raised = json!({"message": "RuntimeError: boom", "code": "UNKNOWN"});
+    let w = World::new();
+    w.followup("hello");
+    run(&w, vec![enter(), request(json!({})), raise("CallModel", RaisedKind::Error, raised.clone())]);
+    assert_eq!(
+        snapshot_from(&w.log, 6),
+        [failed_finish(1, 1, raised.clone()), step_end(1, 1), turn_end(1, json!({"kind": "error", "error": raised}))]
+    );
+    let invalid = json!({"message": "model returned None; expected a ModelReply", "code": "INVALID_REPLY"});
+    let w = World::new();
+    w.followup("hello");
+    run(&w, vec![enter(), request(json!({})), answer("CallModel", |_, _| Input::NotAReply("None".into()))]);
+    assert_eq!(snapshot_from(&w.log, 6)[..2], [failed_finish(1, 1, invalid), step_end(1, 1)]);
+    // Cancelled (by the loop or from outside), or a lost lease: no failure of the model to log.
+    for kind in [RaisedKind::Cancelled, RaisedKind::Fatal] {
+        let w = World::new();
+        w.followup("hello");
+        run(&w, vec![enter(), request(json!({})), raise("CallModel", kind, json!({"message": "", "code": "UNKNOWN"}))]);
+        assert!(seqs_of(&w.log, "assistant/chunk").is_empty(), "{kind:?}");
     }
 }
 
@@ -1625,7 +1753,13 @@ fn a_reply_repeating_a_call_id_fails_before_anything_of_it_is_logged() {
     );
     assert_eq!(
         snapshot_from(&w.log, 5),
-        [header(json!({})), step_end(1, 1), turn_end(1, json!({"kind": "error", "error": repeated_id_failure()}))]
+        [
+            header(json!({})),
+            // nothing of the reply; the refused request is a failed one, as any failed request
+            failed_finish(1, 1, repeated_id_failure()),
+            step_end(1, 1),
+            turn_end(1, json!({"kind": "error", "error": repeated_id_failure()}))
+        ]
     );
 }
 
@@ -1641,6 +1775,7 @@ fn a_stream_repeating_a_call_id_keeps_its_chunks_and_logs_no_message() {
         [
             ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": c.clone()})),
             ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": c})),
+            failed_finish(1, 1, repeated_id_failure()),
             step_end(1, 1),
             turn_end(1, json!({"kind": "error", "error": repeated_id_failure()})),
         ]

@@ -153,6 +153,8 @@ class Chat:
             elif isinstance(chunk, events.ReasoningDelta):
                 self.streamed = True
                 self.write(chunk.text, dim=True)
+            elif isinstance(chunk, events.FinishChunk) and chunk.reason not in ("stop", "max-tokens"):
+                self.streamed = False  # a failed attempt: the next message is the retry's
         elif isinstance(event, events.AssistantMessageEvent):
             message = event.message
             if not self.streamed:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from typing import Any, Optional
 
@@ -55,73 +54,82 @@ def _source(source: Any, model: Optional[str], provider: Optional[str]) -> Any:
     return source, source.id, model, provider
 
 
-_STOP = object()
-
-
 class Instrumentation:
-    """A live exporter (``instrument(loop)``): a log subscriber that only queues each committed
-    event; a thread of its own builds and exports the spans, so an exporter that raises or
-    blocks never reaches the loop. ``close()`` stops it (after what was queued);
-    ``errors`` counts the exceptions the exporter raised (the first is logged)."""
+    """A live exporter (``instrument(loop)``): a thread of its own reads what the log committed,
+    in batches, and builds and exports the spans; the loop does nothing for it (no callback per
+    event, no queue), so an exporter that raises or blocks never reaches the loop. The thread
+    wakes every ``interval`` seconds, or at once for ``flush()``; ``close()`` stops it (after
+    what the log held); ``errors`` counts the exceptions the builder or exporter raised (the
+    first is logged)."""
 
-    def __init__(self, log: Any, builder: SpanBuilder) -> None:
+    def __init__(self, log: Any, builder: SpanBuilder, interval: float = 0.5) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.log = log
         self.builder = builder
+        self.interval = interval
         self.errors = 0
         self.exported = -1  # the last seq built
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._idle = threading.Condition()
-        self._pending = 0
-        # Subscribe first, then read what the log held by then: the worker builds that backlog
-        # first, then the queued events from its end on (an event committed between the two
-        # steps is in both; the seq check drops the second copy).
-        self._unsubscribe = log.subscribe(self._put)
-        self._backlog = list(log.events())
-        with self._idle:
-            self._pending += len(self._backlog)
+        self._built = 0  # events [0, _built) are built
+        self._wanted = 0  # flush() asks for [0, _wanted)
+        self._stopping = False
+        self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"kerman.otel {log.id}", daemon=True)
         self._thread.start()
 
-    def _put(self, event: Any) -> None:
-        with self._idle:
-            self._pending += 1
-        self._queue.put(event)
-
-    def _events(self) -> Any:
-        backlog, self._backlog = self._backlog, []
-        yield from backlog
-        while True:
-            event = self._queue.get()
-            if event is _STOP:
-                return
-            yield event
-
     def _run(self) -> None:
-        for event in self._events():
+        while True:
+            with self._changed:
+                if not self._stopping and self._wanted <= self._built:
+                    self._changed.wait(self.interval)
+                stopping = self._stopping
+            self._build()
+            if stopping:
+                return
+
+    def _build(self) -> None:
+        """Builds the events committed since the last batch, each on its own: one that fails is
+        counted and the next one is built."""
+        start = self._built
+        try:
+            end = len(self.log)
+            events = self.log.events(start, end, view=True) if end > start else ()
+        except Exception:  # a log closed under us: nothing more to read, the thread stops
+            self._failed()
+            end, events = start, ()
+            with self._changed:
+                self._stopping = True
+        add = self.builder.add
+        for view in events:
             try:
-                if event.seq > self.exported:
-                    self.exported = event.seq
-                    self.builder.add(ev.view(event))
+                add(view)
             except Exception:
-                self.errors += 1
-                if self.errors == 1:
-                    _logger.warning("kerman.otel: building or exporting the spans of %r failed", self.log.id, exc_info=True)
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    if not self._pending:
-                        self._idle.notify_all()
+                self._failed()
+            self.exported = view.seq
+        with self._changed:
+            self._built = end
+            self._changed.notify_all()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            _logger.warning("kerman.otel: building or exporting the spans of %r failed", self.log.id, exc_info=True)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
-        """Waits until every event queued so far is built (``False``: ``timeout`` passed first)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._pending, timeout)
+        """Waits until every event the log holds now is built (``False``: ``timeout`` passed
+        first)."""
+        target = len(self.log)
+        with self._changed:
+            self._wanted = max(self._wanted, target)
+            self._changed.notify_all()
+            return self._changed.wait_for(lambda: self._built >= target or not self._thread.is_alive(), timeout) and self._built >= target
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Unsubscribes, then stops the thread once it has built what was queued (waiting at
-        most ``timeout`` seconds for a blocked exporter)."""
-        self._unsubscribe()
-        self._queue.put(_STOP)
+        """Builds what the log holds, then stops the thread (waiting at most ``timeout`` seconds
+        for a blocked exporter)."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
         self._thread.join(timeout)
 
     def __repr__(self) -> str:
@@ -137,10 +145,12 @@ def instrument(
     model: Optional[str] = None,
     provider: Optional[str] = None,
     latest: Optional[bool] = None,
+    interval: float = 0.5,
 ) -> Instrumentation:
-    """Exports ``loop``'s spans live (and those of the events its log holds already): each span
-    is built when the log shows it ended, on a thread of its own. Returns the
-    ``Instrumentation`` (``close()`` it when done; closing the loop does not)."""
+    """Exports ``loop``'s spans live (and those of the events its log holds already): a thread
+    of its own reads the log every ``interval`` seconds and builds each span the log shows
+    ended. Returns the ``Instrumentation`` (``close()`` it when done; closing the loop does
+    not)."""
     log, session, model, provider = _source(loop, model, provider)
     builder = SpanBuilder(session, tracer_provider, agent_name=agent_name, model=model, provider=provider, latest=latest)
-    return Instrumentation(log, builder)
+    return Instrumentation(log, builder, interval)

@@ -227,6 +227,11 @@ class UiFold:
             # a tool call is announced at its tool/call, and what the model says after it is a new
             # part; a finish ends the attempt (a retried request streams a part of its own)
             self._close_open()
+            if chunk.__class__ is FinishChunk and chunk.reason not in ("stop", "max-tokens"):
+                # a failed attempt gets no message: the next message is the retry's, and a whole
+                # reply shows its text (the loop logs a failed finish for a request that failed
+                # before its first chunk, too)
+                self._streamed = False
 
     def _assistant_message(self, view: events.AssistantMessageEvent) -> None:
         self._close_open()

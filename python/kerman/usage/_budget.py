@@ -154,6 +154,8 @@ def priced_model(model: Any, budget: Budget) -> Any:
             return stream(produced)
         if hasattr(produced, "__await__"):
             return reply_of(produced)
+        if getattr(produced, "usage", None) is not None:  # a reply returned, not awaited
+            produced.usage = priced(produced.usage)
         return produced
 
     call.model = getattr(model, "model", None)  # type: ignore[attr-defined]

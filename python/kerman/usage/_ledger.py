@@ -301,16 +301,22 @@ class Fold:
         vendor = usage.get("provider") if usage is not None else None
         model = logged if isinstance(logged, str) and logged else self._option_model or self.model
         provider = vendor if isinstance(vendor, str) and vendor else self.provider
-        request = Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals, kind)
         price: Optional[Decimal]
         if usage is None or (totals.tokens and self.pricer is None):
             price = None  # nothing reported, or nothing to price with: unknown, not free
         elif not totals.tokens:
             price = Decimal(0)
         else:
-            price = self.pricer(request)  # type: ignore[misc]
-        known = Decimal(0) if price is None else price
-        self.requests.append(replace(request, totals=replace(totals, cost=price, known_cost=known, unpriced=int(price is None))))
+            price = self.pricer(Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals, kind))  # type: ignore[misc]
+        if price is None:
+            # the constructor, not dataclasses.replace: this runs once per request of a live fold
+            t = totals
+            totals = Totals(
+                t.input, t.cache_read, t.cache_write, t.output, t.reasoning, t.requests, t.failed, t.partial, 0, t.model_ms, None, 1
+            )
+        elif price:
+            totals = replace(totals, cost=price, known_cost=price)
+        self.requests.append(Request(turn, step, seqs, outcome, usage, partial, start, end, model, provider, totals, kind))
 
 
 def _finish_of(chunks: List[Tuple[int, int, Any]]) -> Optional[str]:
