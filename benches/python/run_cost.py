@@ -2,12 +2,15 @@
 answer from the log, one turn per prompt, on a memory log (target: run() at most 1.05x).
 
     python3 benches/python/run_cost.py [--turns 1000] [--reps 5] [--model-ms 0 1]
+    python3 benches/python/run_cost.py --callgrind [--sizes 200,600]
 
 One row per ``--model-ms``: the model answers at once (``0``: the loop's own cost is all there
 is to measure, the hardest case for the ratio) or after an ``asyncio.sleep`` (``1``: the
 fastest a real model answers). Both ways read the same things: the turn's final text and its
 usage. Each figure is the best of ``--reps`` repetitions, the two ways interleaved (a loaded
-host only adds time); prints a table and one JSON line.
+host only adds time); prints a table and one JSON line. ``--callgrind`` counts instructions
+instead (valgrind's callgrind, the instant model, one loop run at two sizes, the difference per
+turn): the same for the same binary whatever else the host does.
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any, Callable, Coroutine, Dict
 
@@ -61,12 +70,58 @@ def measure(way: Callable[[kerman.AgentLoop, str], Coroutine[Any, Any, str]], tu
     return asyncio.run(main())
 
 
+WAYS = {"followup": by_followup, "run": by_run}
+
+
+def child(way: str, turns: int) -> None:
+    """``--child WAY TURNS``: one loop, ``TURNS`` turns the given way (under callgrind)."""
+
+    async def main() -> None:
+        loop = kerman.AgentLoop(model_of(0))
+        for i in range(turns):
+            await WAYS[way](loop, f"prompt {i}")
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
+def instructions(way: str, turns: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
+        out = subprocess.run(argv + ["--child", way, str(turns)], capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def callgrind(sizes: str) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    small, large = (int(n) for n in sizes.split(","))
+    per = {}
+    for way in WAYS:
+        print(f"  {way}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
+        per[way] = (instructions(way, large) - instructions(way, small)) / (large - small)
+    ratio = per["run"] / per["followup"]
+    print(f"instructions per turn (instant model): followup + when_idle {per['followup']:,.0f}, run() {per['run']:,.0f}: {ratio:.3f}x")
+    print(json.dumps({"bench": "run_cost_callgrind", "per_turn": per, "ratio": round(ratio, 4)}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=1000, help="turns per repetition with an instant model (a tenth per ms)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--model-ms", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of timing")
+    parser.add_argument("--sizes", default="200,600", help="with --callgrind: the two numbers of turns")
     args = parser.parse_args()
+    if args.callgrind:
+        callgrind(args.sizes)
+        return
     rows = []
     print(f"one turn per prompt on a memory log, best of {args.reps}")
     print(f"  {'model':>8}  {'followup + when_idle':>22}  {'run()':>12}  ratio (target <= 1.05x)")
