@@ -82,4 +82,5 @@ async def call(client: Any, name: str, args: Dict[str, Any], ctx: ToolContext, t
         input_responses=answers,
         request_state=state,
         allow_input_required=True,
+        allow_claimed=True,  # a task (kerman.mcp._tasks), followed by the caller
     )

@@ -172,3 +172,21 @@ def test_a_session_resumed_after_the_client_was_killed_polls_the_logged_task(
     assert "error" not in result
     assert runs(tasks) == ["a"]  # polled, not run again
     assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["completed"]
+
+
+def test_a_server_with_durable_input_follows_its_tasks_too(tasks: Path) -> None:
+    (tasks / "gate").touch()
+
+    async def main() -> List[Any]:
+        durable = kerman.mcp.MCPServer.stdio(sys.executable, [SERVER], env={"KERMAN_MCP_TASKS": str(tasks)}, durable_input=True)
+        loop = kerman.AgentLoop(model(), tools=[durable])
+        loop.followup("go")
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    assert [e.data["callId"] for e in events if e.type == "tool/progress" and e.data.get("task")] == ["c1"]
+    assert result_text(events) == "slow a done"
+    assert runs(tasks) == ["a"]
