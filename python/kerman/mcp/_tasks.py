@@ -144,11 +144,10 @@ def _error_result(text: str) -> Any:
 async def log_task(ctx: Any, task_id: str, message: Optional[str]) -> None:
     """Logs the task id against the call of ``ctx`` and waits until it is durable: a process
     that dies from here on leaves the id for the session's next owner."""
-    loop = getattr(ctx, "loop", None)
-    core = getattr(loop, "_core", None)
-    if core is None:  # a tool run outside a loop: nothing to log into
+    loop: Any = getattr(ctx, "loop", None)
+    if loop is None or getattr(loop, "_core", None) is None:  # a tool run outside a loop: nothing to log into
         return
-    core.record_progress(ctx.turn, ctx.step, ctx.call_id, 0.0, None, message, task_id)
+    loop._core.record_progress(ctx.turn, ctx.step, ctx.call_id, 0.0, None, message, task_id)
     await loop.log.flush()
 
 
@@ -171,7 +170,7 @@ async def follow(session: Any, created: Any, call: Optional[Call], *, logged: bo
                 left = call.deadline - time.monotonic()
                 if left <= 0:
                     await cancel(session, task_id)
-                    return _error_result(f"task {task_id}: no result within the server's timeout; the task was cancelled")
+                    return _error_result(f"task {task_id}: no result within the call's timeout; the task was cancelled")
                 wait = min(wait, left)
             await asyncio.sleep(wait)
             state = await _get(session, task_id)
