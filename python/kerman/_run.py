@@ -211,14 +211,26 @@ class Runs:
         return None
 
     def _ended(self, run: _Run) -> bool:
-        """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet)."""
-        for event in self.loop.log.events(run.sent if run.start is None else run.start, types="turn/end"):
-            data = event.data
-            if data.get("turn") == run.turn:
-                last = self.loop._last_output
-                self._finish(run, data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == run.turn else None)
+        """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet):
+        the log's last event when the loop went idle after it, else looked up."""
+        log = self.loop.log
+        at = len(log) - 1
+        if at >= 0:
+            tail = log[at]
+            if tail.type == "turn/end" and self._end_with(run, tail):
+                return True
+        for event in log.events(run.sent if run.start is None else run.start, types="turn/end"):
+            if self._end_with(run, event):
                 return True
         return False
+
+    def _end_with(self, run: _Run, event: Any) -> bool:
+        data = event.data
+        if data.get("turn") != run.turn:
+            return False
+        last = self.loop._last_output
+        self._finish(run, data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == run.turn else None)
+        return True
 
     def idle(self) -> None:
         """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
@@ -282,14 +294,37 @@ class Runs:
         usage: Union[Totals, Callable[[], Totals]] = Totals()
         if run.start is not None:
             span = (run.start, run.end + 1 if run.end is not None else None)
-            for event in loop.log.events(span[0], span[1], types="assistant/message"):
-                text = text_of(event.data["message"])
+            text = _final_text(loop.log, span)
             # Read (and priced) when first asked for: the ledger is most of what a run costs.
             model, provider = model_of(loop._model)
             usage = functools.partial(_ledger_turn, loop.log, span, run.turn or 0, model, provider)
         spec = run.spec if run.spec is not None else loop._output_type
         output = run.output if spec is not None else text
         return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
+
+
+# What a turn logs after its final assistant message, before its turn/end.
+_AFTER_FINAL = ("step/end", "output/validated")
+
+
+def _final_text(log: Any, span: Tuple[int, Optional[int]]) -> str:
+    """The text of the span's last assistant message: found walking back from the turn's end
+    over what follows the final reply (a step's end, the validated output), else looked up."""
+    start, stop = span
+    if stop is not None:
+        at = stop - 2  # the event before the turn/end
+        while at >= start:
+            event = log[at]
+            kind = event.type
+            if kind == "assistant/message":
+                return text_of(event.data["message"])
+            if kind not in _AFTER_FINAL:
+                break
+            at -= 1
+    text = ""
+    for event in log.events(start, stop, types="assistant/message"):
+        text = text_of(event.data["message"])
+    return text
 
 
 def _gate(_live: Any) -> None:
