@@ -10,7 +10,9 @@ host only adds time, and its load changes during a run):
 * ``loop+mcp``: one turn of an ``AgentLoop`` whose scripted model calls the server's ``add``
   once and then answers;
 * ``loop+local``: the same turn with a local ``add`` tool: the loop's own cost (the model's two
-  requests, the log appends) without MCP.
+  requests, the log appends) without MCP;
+* ``loop+mcp -tasks``: ``loop+mcp`` with ``MCPServer(tasks=False)`` (the tasks extension not
+  declared: the cost of declaring it, on a server that runs no tasks).
 
 ``through kerman`` is ``loop+mcp - loop+local``: what a call costs through Kerman beyond the
 turn it sits in. The target is ``through kerman <= 1.1 x direct``. Prints a table and one JSON
@@ -42,12 +44,12 @@ async def timed(calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> Tup
     return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
-def loop_over(mcp: bool) -> kerman.AgentLoop:
+def loop_over(mcp: bool, tasks: bool = True) -> kerman.AgentLoop:
     from kerman.mcp import MCPServer
 
     model = ScriptedModel()
     if mcp:
-        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"])])
+        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"], tasks=tasks)])
     else:
         loop = kerman.AgentLoop(model)
 
@@ -73,12 +75,13 @@ async def measure(calls: int, reps: int) -> Dict[str, float]:
     the run weighs on each alike; the best repetition of each."""
     from mcp import Client, StdioServerParameters
 
-    with_mcp, local = loop_over(True), loop_over(False)
+    with_mcp, local, no_tasks = loop_over(True), loop_over(False), loop_over(True, tasks=False)
     async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
         runs = {
             "direct": lambda: client.call_tool("add", {"a": 1, "b": 2}),
             "loop+mcp": turn_of(with_mcp),
             "loop+local": turn_of(local),
+            "loop+mcp -tasks": turn_of(no_tasks),
         }
         best = {name: float("inf") for name in runs}
         best.update({name + " cpu": float("inf") for name in runs})
@@ -91,6 +94,7 @@ async def measure(calls: int, reps: int) -> Dict[str, float]:
                 best[name + " cpu"] = min(best[name + " cpu"], cpu)
     await with_mcp.aclose()
     await local.aclose()
+    await no_tasks.aclose()
     return best
 
 
@@ -105,13 +109,18 @@ async def main() -> None:
     figures: Dict[str, Any] = {"bench": "mcp_call"}
     for kind in ("", " cpu"):
         best["through kerman" + kind] = best["loop+mcp" + kind] - best["loop+local" + kind]
-    for name in ("direct", "loop+mcp", "loop+local", "through kerman"):
+        best["through kerman -tasks" + kind] = best["loop+mcp -tasks" + kind] - best["loop+local" + kind]
+    for name in ("direct", "loop+mcp", "loop+mcp -tasks", "loop+local", "through kerman", "through kerman -tasks"):
         print(f"  {name:<16}{best[name] * 1e6:8.1f} us{best[name + ' cpu'] * 1e6:10.1f} us")
     for kind, label in (("", "wall"), (" cpu", "client cpu")):
         ratio = best["through kerman" + kind] / best["direct" + kind]
         figures[label.replace(" ", "_") + "_ratio"] = round(ratio, 3)
         print(f"  through kerman / direct ({label}): {ratio:.2f}x (target <= 1.10x)")
-    figures.update({name.replace(" ", "_").replace("+", "_") + "_us": round(value * 1e6, 1) for name, value in best.items()})
+        no_tasks_ratio = best["through kerman -tasks" + kind] / best["direct" + kind]
+        figures[label.replace(" ", "_") + "_ratio_without_tasks"] = round(no_tasks_ratio, 3)
+        print(f"  without the tasks extension ({label}): {no_tasks_ratio:.2f}x")
+    key = {name: name.replace(" -", "_no_").replace(" ", "_").replace("+", "_") + "_us" for name in best}
+    figures.update({key[name]: round(value * 1e6, 1) for name, value in best.items()})
     print(json.dumps(figures))
 
 

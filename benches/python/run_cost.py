@@ -2,12 +2,16 @@
 answer from the log, one turn per prompt, on a memory log (target: run() at most 1.05x).
 
     python3 benches/python/run_cost.py [--turns 1000] [--reps 5] [--model-ms 0 1]
+    python3 benches/python/run_cost.py --callgrind [--sizes 200,600]
 
 One row per ``--model-ms``: the model answers at once (``0``: the loop's own cost is all there
 is to measure, the hardest case for the ratio) or after an ``asyncio.sleep`` (``1``: the
 fastest a real model answers). Both ways read the same things: the turn's final text and its
-usage. Each figure is the best of ``--reps`` repetitions, the two ways interleaved (a loaded
-host only adds time); prints a table and one JSON line.
+usage (the usage ledger's totals of the turn, priced: ``RunResult.usage``, read when asked for),
+and, in a second row, the text alone. Each figure is the best of ``--reps`` repetitions, the two ways interleaved (a loaded
+host only adds time); prints a table and one JSON line. ``--callgrind`` counts instructions
+instead (valgrind's callgrind, the instant model, one loop run at two sizes, the difference per
+turn): the same for the same binary whatever else the host does.
 """
 
 from __future__ import annotations
@@ -15,10 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-from typing import Any, Callable, Coroutine, Dict
+from typing import Any, Callable, Coroutine
 
 import kerman
+from kerman.usage import ledger
 
 
 def model_of(delay: float) -> Any:
@@ -31,20 +42,40 @@ def model_of(delay: float) -> Any:
 
 
 async def by_followup(loop: kerman.AgentLoop, prompt: str) -> str:
+    """The turn's final text and its usage, as a user of followup() reads them: the usage
+    ledger of the turn's events (priced as run() prices them)."""
     start = len(loop.log)  # the turn's events come after this
     loop.followup(prompt)
     await loop.when_idle()
-    usage: Dict[str, int] = {}
     text = ""
     for event in loop.log.events(start, types="assistant/message"):
         text = kerman.Message.from_dict(event.data["message"]).text
-        for key, value in (event.data.get("usage") or {}).items():
-            usage[key] = usage.get(key, 0) + value
+    ledger(loop.log.events(start), model=None, provider=None).turn(loop.turn)
+    return text
+
+
+async def by_followup_text(loop: kerman.AgentLoop, prompt: str) -> str:
+    start = len(loop.log)
+    loop.followup(prompt)
+    await loop.when_idle()
+    text = ""
+    for event in loop.log.events(start, types="assistant/message"):
+        text = kerman.Message.from_dict(event.data["message"]).text
     return text
 
 
 async def by_run(loop: kerman.AgentLoop, prompt: str) -> str:
+    result = await loop.run(prompt)
+    result.usage  # noqa: B018 - read, as by_followup reads it
+    return result.text
+
+
+async def by_run_text(loop: kerman.AgentLoop, prompt: str) -> str:
     return (await loop.run(prompt)).text
+
+
+#: The pairs compared: what each way reads (text and usage; the text alone).
+PAIRS = {"text+usage": (by_followup, by_run), "text": (by_followup_text, by_run_text)}
 
 
 def measure(way: Callable[[kerman.AgentLoop, str], Coroutine[Any, Any, str]], turns: int, delay: float) -> float:
@@ -61,26 +92,78 @@ def measure(way: Callable[[kerman.AgentLoop, str], Coroutine[Any, Any, str]], tu
     return asyncio.run(main())
 
 
+WAYS = {"followup": by_followup, "run": by_run, "followup-text": by_followup_text, "run-text": by_run_text}
+
+
+def child(way: str, turns: int) -> None:
+    """``--child WAY TURNS``: one loop, ``TURNS`` turns the given way (under callgrind)."""
+
+    async def main() -> None:
+        loop = kerman.AgentLoop(model_of(0))
+        for i in range(turns):
+            await WAYS[way](loop, f"prompt {i}")
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
+def instructions(way: str, turns: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
+        out = subprocess.run(argv + ["--child", way, str(turns)], capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def callgrind(sizes: str) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    small, large = (int(n) for n in sizes.split(","))
+    rows = {}
+    print("instructions per turn (instant model), followup + when_idle against run(), target <= 1.05x")
+    for name, (followup, run) in PAIRS.items():
+        per = []
+        for way in (followup, run):
+            key = next(k for k, v in WAYS.items() if v is way)
+            print(f"  {key}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
+            per.append((instructions(key, large) - instructions(key, small)) / (large - small))
+        a, b = per
+        rows[name] = {"followup": a, "run": b, "ratio": round(b / a, 4)}
+        print(f"  reading {name:<10}  {a:>9,.0f}  {b:>9,.0f}  {b / a:.3f}x", flush=True)
+    print(json.dumps({"bench": "run_cost_callgrind", "rows": rows}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=1000, help="turns per repetition with an instant model (a tenth per ms)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--model-ms", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of timing")
+    parser.add_argument("--sizes", default="200,600", help="with --callgrind: the two numbers of turns")
     args = parser.parse_args()
+    if args.callgrind:
+        callgrind(args.sizes)
+        return
     rows = []
     print(f"one turn per prompt on a memory log, best of {args.reps}")
-    print(f"  {'model':>8}  {'followup + when_idle':>22}  {'run()':>12}  ratio (target <= 1.05x)")
+    print(f"  {'model':>8}  {'reading':>10}  {'followup + when_idle':>22}  {'run()':>12}  ratio (target <= 1.05x)")
     for ms in args.model_ms:
         turns = max(50, int(args.turns / (1 + 3 * ms)))
         delay = ms / 1000
-        best = {"followup": float("inf"), "run": float("inf")}
-        for _ in range(args.reps):
-            best["followup"] = min(best["followup"], measure(by_followup, turns, delay))
-            best["run"] = min(best["run"], measure(by_run, turns, delay))
-        per = {k: v / turns * 1e6 for k, v in best.items()}
-        ratio = best["run"] / best["followup"]
-        print(f"  {ms:>6g}ms  {per['followup']:>17.1f} us/turn  {per['run']:>7.1f} us/turn  {ratio:.3f}x")
-        rows.append({"model_ms": ms, "us_per_turn": per, "ratio": round(ratio, 4)})
+        for name, (followup, run) in PAIRS.items():
+            best = {"followup": float("inf"), "run": float("inf")}
+            for _ in range(args.reps):
+                best["followup"] = min(best["followup"], measure(followup, turns, delay))
+                best["run"] = min(best["run"], measure(run, turns, delay))
+            per = {k: v / turns * 1e6 for k, v in best.items()}
+            ratio = best["run"] / best["followup"]
+            print(f"  {ms:>6g}ms  {name:>10}  {per['followup']:>17.1f} us/turn  {per['run']:>7.1f} us/turn  {ratio:.3f}x")
+            rows.append({"model_ms": ms, "reading": name, "us_per_turn": per, "ratio": round(ratio, 4)})
     print(json.dumps({"bench": "run_cost", "rows": rows}))
 
 

@@ -2,17 +2,19 @@
 returns what the log says that turn did (``RunResult``), or raises ``RunError``.
 
 Which turn is the run's is read from the loop, not guessed from "the next idle": the inbox's
-claim names the turn that took the prompt (``agent/inbox/claimed``), and the log's ``turn/end``
+claim names the turn that took the prompt (the loop's claim callback calls :func:`claimed`
+directly, without building the ``agent/inbox/claimed`` live event), and the log's ``turn/end``
 of that turn ends the run, read once the loop claims input for a later turn or goes idle. One
-pair of inbox listeners per loop serves every run in flight, so concurrent runs each get their
-own turn's answer.
+claim hook per loop serves every run in flight, so concurrent runs each get their own turn's
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar, Union
 
 from ._core import Message, UserMessage
 from .errors import KermanError
@@ -35,17 +37,17 @@ class RunResult(Generic[T]):
     """What ``loop.run()`` returns: the turn's final ``text`` (its last assistant message's
     text), ``output`` (the validated structured output with ``output_type``, else the text),
     ``usage`` (the turn's ``kerman.usage.Totals`` from the usage ledger: tokens by kind,
-    requests, tool calls, cost), ``ending`` (the
+    requests, tool calls, cost; read from the log when first asked for), ``ending`` (the
     ``turn/end`` reason), ``messages`` (the turn's user, assistant and tool-result messages, in
     log order, read from the log when first asked for) and ``turn`` (its number)."""
 
-    __slots__ = ("text", "output", "usage", "ending", "turn", "session", "_log", "_span", "_messages")
+    __slots__ = ("text", "output", "_usage", "ending", "turn", "session", "_log", "_span", "_messages")
 
     def __init__(
         self,
         text: str,
         output: T,
-        usage: Totals,
+        usage: Union[Totals, Callable[[], Totals]],
         ending: Dict[str, Any],
         turn: int,
         log: Any,
@@ -53,13 +55,20 @@ class RunResult(Generic[T]):
     ) -> None:
         self.text = text
         self.output = output
-        self.usage = usage
+        self._usage = usage  # Totals, or how to read them (the ledger, priced, on first read)
         self.ending = ending
         self.turn = turn
         self.session: str = log.id
         self._log = log
         self._span = span
         self._messages: Optional[List[Message]] = None
+
+    @property
+    def usage(self) -> Totals:
+        usage = self._usage
+        if not isinstance(usage, Totals):
+            usage = self._usage = usage()
+        return usage
 
     @property
     def messages(self) -> List[Message]:
@@ -149,33 +158,44 @@ class Runs:
 
     def _listen(self) -> None:
         loop = self.loop
-        loop._listeners["agent/inbox/claimed"].append(self._claimed)
+        # _gate opens the inbox's claim callback (it calls back only while the list is not
+        # empty); the claims themselves reach claimed() below, not through the live event.
+        loop._listeners["agent/inbox/claimed"].append(_gate)
         loop._listeners["agent/inbox/discarded"].append(self._discarded)
         self._listening = True
 
     def _unlisten(self) -> None:
         loop = self.loop
-        for event, fn in (("agent/inbox/claimed", self._claimed), ("agent/inbox/discarded", self._discarded)):
+        for event, fn in (("agent/inbox/claimed", _gate), ("agent/inbox/discarded", self._discarded)):
             listeners = loop._listeners[event]
             if fn in listeners:
                 listeners.remove(fn)
         self._listening = False
 
-    def _claimed(self, live: Any) -> None:
-        # The fields as LiveEvent keeps them: its attributes are served by __getattr__, which
-        # every read reaches only after a failed lookup.
-        fields = live._fields
-        turn = fields["turn"]
-        # A claim for a later turn: the turns of earlier runs are over.
-        for earlier in [r for r in self.by_turn.values() if r.turn is not None and r.turn < turn and r.ending is None]:
-            self._ended(earlier)
-        run = self.by_message.get(fields["message"].id)
+    def claimed(self, message_id: str, turn: int) -> None:
+        """Turn ``turn`` claimed message ``message_id`` (the loop's claim callback)."""
+        by_turn = self.by_turn
+        if by_turn:
+            # A claim for a later turn: the turns of earlier runs are over.
+            for earlier in [r for r in by_turn.values() if r.turn is not None and r.turn < turn and r.ending is None]:
+                self._ended(earlier)
+        run = self.by_message.get(message_id)
         if run is not None and run.turn is None:
             run.turn = turn
-            run.start = self._start_of(run, turn)
-            self.by_turn[turn] = run
+            run.start = self._start_at_claim(run, turn)
+            by_turn[turn] = run
             if run.spec is not None:
                 self.loop._output_turns[turn] = run.spec
+
+    def _start_at_claim(self, run: _Run, turn: int) -> Optional[int]:
+        """The seq of turn ``turn``'s ``turn/start``, during its claim: the claim's own splice
+        is the log's last event and the ``turn/start`` the one before it (the loop writes them
+        so); otherwise it is looked up."""
+        log = self.loop.log
+        at = len(log) - 2
+        if at >= run.sent and log[at].type == "turn/start":
+            return at
+        return self._start_of(run, turn)
 
     def _discarded(self, live: Any) -> None:
         run = self.by_message.get(live.message.id)
@@ -191,14 +211,26 @@ class Runs:
         return None
 
     def _ended(self, run: _Run) -> bool:
-        """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet)."""
-        for event in self.loop.log.events(run.sent if run.start is None else run.start, types="turn/end"):
-            data = event.data
-            if data.get("turn") == run.turn:
-                last = self.loop._last_output
-                self._finish(run, data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == run.turn else None)
+        """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet):
+        the log's last event when the loop went idle after it, else looked up."""
+        log = self.loop.log
+        at = len(log) - 1
+        if at >= 0:
+            tail = log[at]
+            if tail.type == "turn/end" and self._end_with(run, tail):
+                return True
+        for event in log.events(run.sent if run.start is None else run.start, types="turn/end"):
+            if self._end_with(run, event):
                 return True
         return False
+
+    def _end_with(self, run: _Run, event: Any) -> bool:
+        data = event.data
+        if data.get("turn") != run.turn:
+            return False
+        last = self.loop._last_output
+        self._finish(run, data.get("reason") or {}, event.seq, last[1] if last is not None and last[0] == run.turn else None)
+        return True
 
     def idle(self) -> None:
         """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
@@ -259,15 +291,56 @@ class Runs:
         ending = run.ending or {}
         text = ""
         span = None
-        usage = Totals()
+        usage: Union[Totals, Callable[[], Totals]] = Totals()
         if run.start is not None:
             span = (run.start, run.end + 1 if run.end is not None else None)
-            for event in loop.log.events(span[0], span[1], types="assistant/message"):
-                text = text_of(event.data["message"])
-            usage = turn_usage(loop, span, run.turn or 0)
+            text = _final_text(loop.log, span)
+            # Read (and priced) when first asked for: the ledger is most of what a run costs.
+            model, provider = model_of(loop._model)
+            usage = functools.partial(_ledger_turn, loop.log, span, run.turn or 0, model, provider)
         spec = run.spec if run.spec is not None else loop._output_type
         output = run.output if spec is not None else text
         return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
+
+
+# What a turn logs after its final assistant message, before its turn/end.
+_AFTER_FINAL = ("step/end", "output/validated")
+
+
+def _final_text(log: Any, span: Tuple[int, Optional[int]]) -> str:
+    """The text of the span's last assistant message: found walking back from the turn's end
+    over what follows the final reply (a step's end, the validated output), else looked up."""
+    start, stop = span
+    if stop is not None:
+        at = stop - 2  # the event before the turn/end
+        while at >= start:
+            event = log[at]
+            kind = event.type
+            if kind == "assistant/message":
+                return text_of(event.data["message"])
+            if kind not in _AFTER_FINAL:
+                break
+            at -= 1
+    text = ""
+    for event in log.events(start, stop, types="assistant/message"):
+        text = text_of(event.data["message"])
+    return text
+
+
+def _gate(_live: Any) -> None:
+    """The listener that keeps the inbox's claim callback open while runs are in flight."""
+
+
+def claimed(loop: AgentLoop, message: Any, turn: int) -> bool:
+    """The loop's inbox claimed ``message`` for ``turn``: the runs in flight learn it here.
+    Whether the ``agent/inbox/claimed`` live event has listeners besides the runs' gate (the
+    loop then emits it)."""
+    listeners = loop._listeners["agent/inbox/claimed"]
+    runs = loop._runs_in_flight
+    if runs is None or not runs._listening:
+        return bool(listeners)
+    runs.claimed(message.id, turn)
+    return len(listeners) > 1
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -275,11 +348,10 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def turn_usage(loop: AgentLoop, span: Tuple[int, Optional[int]], turn: int) -> Totals:
+def _ledger_turn(log: Any, span: Tuple[int, Optional[int]], turn: int, model: Optional[str], provider: Optional[str]) -> Totals:
     """The turn's totals from the usage ledger (``kerman.usage.ledger``) over the turn's events,
     priced as the ledger prices a loop (genai-prices when installed, the loop's model)."""
-    model, provider = model_of(loop._model)
-    return ledger(loop.log.events(span[0], span[1]), model=model, provider=provider).turn(turn)
+    return ledger(log.events(span[0], span[1]), model=model, provider=provider).turn(turn)
 
 
 def error_of(result: RunResult[Any]) -> RunError:

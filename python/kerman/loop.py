@@ -233,6 +233,13 @@ class AgentLoop:
             if loop is not None:
                 loop._emit(event, **fields)
 
+        def claimed(message: UserMessage, turn: int) -> None:
+            # The runs in flight learn their turns directly (no LiveEvent); the live event is
+            # built only when someone else listens (kerman._run.Runs opens the gate).
+            loop = this()
+            if loop is not None and _run.claimed(loop, message, turn):
+                loop._emit("agent/inbox/claimed", message=message, turn=turn)
+
         def remote_input(wake: bool) -> None:
             loop = this()
             if loop is not None:
@@ -266,7 +273,7 @@ class AgentLoop:
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
             on_discarded=lambda m: emit("agent/inbox/discarded", message=m),
-            on_claimed=lambda m, turn: emit("agent/inbox/claimed", message=m, turn=turn),
+            on_claimed=lambda m, turn: claimed(m, turn),
             # Called only while someone listens: no Python call per message otherwise.
             _gates=(
                 self._listeners["agent/inbox/inserted"],

@@ -404,22 +404,27 @@ pub fn context_compacted(data: &Value) -> LoopEvent {
     LoopEvent::new(CONTEXT_COMPACTED, out)
 }
 
-/// `tool/progress {turn, step, callId, progress[, total][, message]}`: a running call's
-/// progress as its tool reported it (an MCP progress notification). The numbers must be finite
+/// `tool/progress {turn, step, callId, progress[, total][, message][, task]}`: a running call's
+/// progress as its tool reported it (an MCP progress notification; `task`: the id of the
+/// server-side task the call became, which a resumed session polls). The numbers must be finite
 /// (checked by [`progress::append`](super::progress::append)).
-pub fn tool_progress(turn: u64, step: u64, call_id: &str, progress: f64, total: Option<f64>, message: Option<&str>) -> LoopEvent {
+pub fn tool_progress(turn: u64, step: u64, call_id: &str, update: &super::progress::Update<'_>) -> LoopEvent {
     let mut data = step_head(turn, step);
     data.push_str(r#","callId":"#);
     push_str_literal(&mut data, call_id);
     data.push_str(r#","progress":"#);
-    push_number(&mut data, progress);
-    if let Some(total) = total {
+    push_number(&mut data, update.progress);
+    if let Some(total) = update.total {
         data.push_str(r#","total":"#);
         push_number(&mut data, total);
     }
-    if let Some(message) = message {
+    if let Some(message) = update.message {
         data.push_str(r#","message":"#);
         push_str_literal(&mut data, message);
+    }
+    if let Some(task) = update.task {
+        data.push_str(r#","task":"#);
+        push_str_literal(&mut data, task);
     }
     data.push('}');
     LoopEvent::new(TOOL_PROGRESS, data)

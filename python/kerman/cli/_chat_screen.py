@@ -54,6 +54,22 @@ class _Style:
         return f"\x1b[1m{text}\x1b[0m" if self.on else text
 
 
+def progress_line(event: events.ToolProgress, width: int = 20) -> str:
+    """A running call's progress as the chat draws it: a bar and the percentage when the
+    total is known (``⋯`` and the count otherwise), then the message (``tool/progress``)."""
+    fraction = event.fraction
+    if fraction is not None:
+        filled = min(width, max(0, round(fraction * width)))
+        text = f"[{'#' * filled}{'-' * (width - filled)}] {round(fraction * 100):3d}%"
+    else:
+        text = f"⋯ {event.progress:g}"
+    if event.message:
+        text += f" {_one_line(event.message, 60)}"
+    if event.task:
+        text += f" (task {_one_line(event.task, 40)})"
+    return text
+
+
 def _tag(message_id: str) -> str:
     """The short id ``/queue`` shows: the last 6 characters (a UUIDv7's start is its timestamp)."""
     return message_id[-6:]
@@ -166,6 +182,8 @@ class Chat:
             if event.interrupted:
                 self.line("  (interrupted)", dim=True)
             self.streamed = False
+        elif isinstance(event, events.ToolProgress):
+            self.line(f"  {progress_line(event)}", dim=True)
         elif isinstance(event, events.ToolResultEvent):
             text = message_text(event.message)
             mark = "✗" if event.error is not None else "↳"

@@ -362,6 +362,8 @@ def _tool_progress(v: events.ToolProgress) -> str:
             text += f" ({v.fraction:.0%})"
     if v.message is not None:
         text += " " + quote(v.message)
+    if v.task is not None:
+        text += f" task {_escape(v.task)}"
     return text
 
 

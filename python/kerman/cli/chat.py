@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE:FUNCTION",
-        help="register a tool (a typed function, or a kerman.Tool); repeatable",
+        help="register a tool (a typed function, a kerman.Tool, or a kerman.mcp.MCPServer: its tools); repeatable",
     )
     parser.add_argument(
         "--approve",
@@ -341,7 +341,11 @@ async def _converse(
         kwargs["instructions"] = args.instructions
     loop = AgentLoop(model, log, **kwargs)
     for spec in args.tools:
-        loop.tool(_import(spec, "--tool"))
+        tool = _import(spec, "--tool")
+        if hasattr(tool, "_kerman_attach"):  # a tool source: a kerman.mcp.MCPServer
+            loop.add_tools(tool)
+        else:
+            loop.tool(tool)
     if args.approve:
         loop.before_tool(ask_every_call)
     chat = Chat(loop, out, resumed, echo=_isatty(stdin))

@@ -18,9 +18,11 @@ def _number(value: object) -> Optional[float]:
 
 
 class ToolProgress(_Step):
-    """``tool/progress {turn, step, callId, progress, total?, message?}``: call ``callId`` of
-    step ``step`` reported ``progress`` (of ``total``, when known). Not every update is logged:
-    see docs/mcp.md, "Progress"."""
+    """``tool/progress {turn, step, callId, progress, total?, message?, task?}``: call
+    ``callId`` of step ``step`` reported ``progress`` (of ``total``, when known). Not every
+    update is logged: see docs/mcp.md, "Progress". ``task`` is the id of the server-side task
+    the call became (an MCP task, docs/mcp.md, "Long-running tasks"), on the record that says
+    so."""
 
     __slots__ = ()
     TYPE = "tool/progress"
@@ -40,6 +42,10 @@ class ToolProgress(_Step):
     @property
     def message(self) -> Optional[str]:
         return _str(self._field("message"))
+
+    @property
+    def task(self) -> Optional[str]:
+        return _str(self._field("task"))
 
     @property
     def fraction(self) -> Optional[float]:

@@ -51,8 +51,12 @@ class MCPTool(Tool):
         annotations: Dict[str, Any],
         *,
         needs_approval: bool = False,
+        tasks: bool = False,
     ) -> None:
-        super().__init__(name, self._run, description, None, True, needs_approval=needs_approval, effect=effect)
+        # A call of a server that runs calls as tasks is reconciled after a crash: a logged
+        # task id is polled (kerman.mcp._tasks.reconcile); without one the outcome is unknown.
+        on_in_doubt: Any = self._reconcile if tasks else "fail"
+        super().__init__(name, self._run, description, None, True, needs_approval=needs_approval, effect=effect, on_in_doubt=on_in_doubt)
         # The server's schema goes to the model as it is: Tool's own check is for schemas
         # written in Python, and a server may use any JSON Schema keyword.
         self.parameters = dict(schema)
@@ -62,6 +66,12 @@ class MCPTool(Tool):
 
     async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
         return await self.server._call(self, args, ctx)
+
+    async def _reconcile(self, ctx: ToolContext) -> Optional[ToolResult]:
+        return await self.server._reconcile(self, ctx)
+
+    def reconcile(self, args: Any, ctx: Any) -> Any:
+        return self._reconcile(ctx)
 
     def spec(self) -> Dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}

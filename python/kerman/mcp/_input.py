@@ -23,31 +23,50 @@ ELICIT = "elicitation/create"
 
 def input_required(result: Any) -> Union[InputRequired, str]:
     """The decision request an input-required result becomes, or why it cannot be one (a
-    request that is not a form elicitation, or more than one: one answer per decision)."""
+    request that is not a form elicitation). Several form elicitations in one result (the
+    2026-07-28 revision allows them) become one decision whose answer is an object with one
+    member per request, named by the request's key."""
     payload = result.model_dump(mode="json", by_alias=True, exclude_none=True)
     payload.pop("resultType", None)
     requests: Dict[str, Any] = payload.get("inputRequests") or {}
     if not requests:
         # Only a state token: the call is made again with it and an empty answer.
         return InputRequired(None, None, payload)
-    if len(requests) != 1:
-        return f"the server asked for {len(requests)} inputs at once; a decision answers one"
-    [(key, request)] = requests.items()
-    params = request.get("params") or {}
-    if request.get("method") != ELICIT or "requestedSchema" not in params:
-        return f"the server asked for {request.get('method')!r} input ({key!r}), which is not a form elicitation"
-    return InputRequired(params.get("message"), params["requestedSchema"], payload)
+    for key, request in requests.items():
+        params = request.get("params") or {}
+        if request.get("method") != ELICIT or "requestedSchema" not in params:
+            return f"the server asked for {request.get('method')!r} input ({key!r}), which is not a form elicitation"
+    if len(requests) == 1:
+        [params] = [request["params"] for request in requests.values()]
+        return InputRequired(params.get("message"), params["requestedSchema"], payload)
+    schema = {
+        "type": "object",
+        "properties": {key: request["params"]["requestedSchema"] for key, request in requests.items()},
+        "required": list(requests),
+        "additionalProperties": False,
+    }
+    note = "\n".join(f"{key}: {request['params'].get('message') or ''}" for key, request in requests.items())
+    return InputRequired(note, schema, payload)
 
 
 def responses(given: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """The ``input_responses`` and ``request_state`` of a call made again with ``ctx.input``."""
+    """The ``input_responses`` and ``request_state`` of a call made again with ``ctx.input``:
+    the answer is each request's ``accept`` content (one request), or its member named by the
+    request's key (several)."""
     import mcp.types as types
 
     payload = given.get("payload") or {}
     answer = given.get("answer")
     keys = list((payload.get("inputRequests") or {}).keys())
     content = answer if isinstance(answer, dict) else None
-    answers = {key: types.ElicitResult(action="accept", content=content) for key in keys}
+
+    def of(key: str) -> Optional[Dict[str, Any]]:
+        if len(keys) == 1 or content is None:
+            return content
+        member = content.get(key)
+        return member if isinstance(member, dict) else None
+
+    answers = {key: types.ElicitResult(action="accept", content=of(key)) for key in keys}
     return (answers or None), payload.get("requestState")
 
 
@@ -63,4 +82,5 @@ async def call(client: Any, name: str, args: Dict[str, Any], ctx: ToolContext, t
         input_responses=answers,
         request_state=state,
         allow_input_required=True,
+        allow_claimed=True,  # a task (kerman.mcp._tasks), followed by the caller
     )

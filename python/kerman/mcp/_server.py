@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from .._core import AssistantMessage, UserMessage
 from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
-from . import _input, _progress
+from . import _input, _progress, _tasks
 from ._adapter import MCPTool, effect_of, is_destructive
 from ._content import blocks_of, resource_blocks, result_meta
 from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
@@ -62,6 +62,10 @@ class MCPServer:
     made again with the answer and the server's state token, also from another process.
     ``on_progress`` gets each :class:`Progress` notification of a running call; the session log
     keeps them, coalesced, as ``tool/progress`` records (docs/mcp.md, "Progress").
+    ``tasks=True`` (the default) declares the tasks extension: a server may answer a call with a
+    task, whose id is logged before the call waits for it, so that a session resumed after the
+    client process died polls the task instead of declaring the call in doubt (docs/mcp.md,
+    "Long-running tasks").
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class MCPServer:
         on_elicit: Optional[ElicitFn] = None,
         on_progress: Optional[ProgressFn] = None,
         durable_input: bool = False,
+        tasks: bool = True,
     ) -> None:
         require_mcp()
         if not isinstance(prefix, str):
@@ -99,6 +104,7 @@ class MCPServer:
         self.on_elicit = on_elicit
         self.on_progress = on_progress
         self.durable_input = bool(durable_input)
+        self.tasks = bool(tasks)
         self._client: Any = None
         self._runner: Optional[asyncio.Task[None]] = None
         self._stop: Optional[asyncio.Event] = None
@@ -199,6 +205,7 @@ class MCPServer:
             message_handler=self._on_message,
             sampling_callback=self._on_sampling if self.sampling_model is not None else None,
             elicitation_callback=self._on_elicitation,
+            extensions=[_tasks.extension()] if self.tasks else None,
         )
 
     async def _connect(self) -> Any:
@@ -313,12 +320,13 @@ class MCPServer:
             cursor = page.next_cursor
             if not cursor:
                 break
-        tools = [self._adapt(t) for t in listed if self._filter(t.name)]
+        tasks = self.tasks and _offers_tasks(client)
+        tools = [self._adapt(t, tasks) for t in listed if self._filter(t.name)]
         if self._client is client:
             self._tools = tools
         return tools
 
-    def _adapt(self, spec: Any) -> MCPTool:
+    def _adapt(self, spec: Any, tasks: bool = False) -> MCPTool:
         annotations = spec.annotations
         needs = self.approve_destructive and is_destructive(annotations)
         return MCPTool(
@@ -330,6 +338,7 @@ class MCPServer:
             effect_of(annotations),
             annotations.model_dump(by_alias=True, exclude_none=True) if annotations is not None else {},
             needs_approval=needs,
+            tasks=tasks,
         )
 
     async def _call(self, tool: MCPTool, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
@@ -360,9 +369,14 @@ class MCPServer:
             return ToolResult(text, is_error=True, meta=result_meta(self.name, tool.remote_name, None, progress))
 
         where = f"MCP server {self.name!r}, tool {tool.remote_name!r}"
+        # A task's resolver (the claim the mcp client calls) finds the call here.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        current = _tasks.CURRENT.set(_tasks.Call(ctx, on_progress, deadline))
         try:
             if self.durable_input:
                 result = await _input.call(client, tool.remote_name, args, ctx, self.timeout, on_progress)
+                if _tasks.is_task(result):
+                    result = await _tasks.follow(client.session, result, _tasks.CURRENT.get())
             else:
                 result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
         except MCPError as e:
@@ -381,6 +395,8 @@ class MCPServer:
                 self._drop(client)
                 return failed(f"{where}: the connection broke during the call ({describe(e)}); it will be started again for the next call")
             raise
+        finally:
+            _tasks.CURRENT.reset(current)
         if getattr(result, "result_type", None) == "input_required":
             asked = _input.input_required(result)
             return failed(f"{where}: {asked}") if isinstance(asked, str) else asked
@@ -388,6 +404,23 @@ class MCPServer:
             blocks_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
             meta=result_meta(self.name, tool.remote_name, result, progress),
+        )
+
+    async def _reconcile(self, tool: MCPTool, ctx: ToolContext) -> Optional[ToolResult]:
+        """A call in doubt after a restart (its tool's reconcile function): the task logged
+        for it is polled for its result; ``None`` when no task was logged (the call stays in
+        doubt, and fails as unknown)."""
+        try:
+            result = await _tasks.reconcile(self, tool, ctx)
+        except MCPServerError as e:
+            logger.warning("MCP call %s: its task cannot be polled (%s); its outcome is unknown", ctx.call_id, e)
+            return None
+        if result is None:
+            return None
+        return ToolResult(
+            blocks_of(result.content, result.structured_content),
+            is_error=bool(result.is_error),
+            meta=result_meta(self.name, tool.remote_name, result, ()),
         )
 
     # ---- resources and prompts ----------------------------------------------------------
@@ -497,6 +530,13 @@ class MCPServer:
             self._loops.remove(loop)
         if not self._loops:
             await self.aclose()
+
+
+def _offers_tasks(client: Any) -> bool:
+    """Whether the server declares the tasks extension (its tools' calls may become tasks)."""
+    capabilities = getattr(client, "server_capabilities", None)
+    extensions = getattr(capabilities, "extensions", None) or {}
+    return _tasks.IDENTIFIER in extensions
 
 
 def _replace(loop: AgentLoop, registered: Dict[str, MCPTool], tools: List[MCPTool]) -> None:

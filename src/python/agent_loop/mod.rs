@@ -626,10 +626,11 @@ impl PyLoopCore {
         events::append(&parts.log.get().inner, events::output_validated(turn, step, &text)).map_err(|e| super::errors::log_err(py, e))
     }
 
-    /// Logs `tool/progress {turn, step, callId, progress[, total][, message]}` for the running
-    /// call `call_id` (its tool reported progress); its seq. Which updates to log is the
-    /// caller's choice (`kerman.mcp` coalesces them).
-    #[pyo3(signature = (turn, step, call_id, progress, total=None, message=None))]
+    /// Logs `tool/progress {turn, step, callId, progress[, total][, message][, task]}` for the
+    /// running call `call_id` (its tool reported progress; `task`: the server-side task the
+    /// call became); its seq. Which updates to log is the caller's choice (`kerman.mcp`
+    /// coalesces them).
+    #[pyo3(signature = (turn, step, call_id, progress, total=None, message=None, task=None))]
     #[allow(clippy::too_many_arguments)]
     fn record_progress(
         &self,
@@ -640,10 +641,12 @@ impl PyLoopCore {
         progress: f64,
         total: Option<f64>,
         message: Option<&str>,
+        task: Option<&str>,
     ) -> PyResult<u64> {
-        use crate::agent_loop::progress::{self, ProgressError};
+        use crate::agent_loop::progress::{self, ProgressError, Update};
         let parts = self.parts()?;
-        progress::append(&parts.log.get().inner, turn, step, call_id, progress, total, message).map_err(|e| match e {
+        let update = Update { progress, total, message, task };
+        progress::append(&parts.log.get().inner, turn, step, call_id, &update).map_err(|e| match e {
             ProgressError::Invalid(text) => PyValueError::new_err(text),
             ProgressError::Log(e) => super::errors::log_err(py, e),
         })

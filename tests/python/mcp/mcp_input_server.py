@@ -43,5 +43,29 @@ async def transfer(amount: int, answer: Annotated[ElicitationResult[Confirm], Re
     return outcome
 
 
+class Amount(BaseModel):
+    amount: int
+
+
+def _amount(to: str) -> Elicit[Amount]:
+    return Elicit(f"How much to {to}?", Amount)
+
+
+def _sure(to: str) -> Elicit[Confirm]:
+    return Elicit(f"Really pay {to}?", Confirm)
+
+
+@server.tool()
+async def pay(
+    to: str,
+    amount: Annotated[ElicitationResult[Amount], Resolve(_amount)],
+    sure: Annotated[ElicitationResult[Confirm], Resolve(_sure)],
+) -> str:
+    """Pays ``to`` once a person says how much and confirms (two inputs asked at once)."""
+    if isinstance(amount, AcceptedElicitation) and isinstance(sure, AcceptedElicitation) and sure.data.ok:
+        return f"paid {amount.data.amount} to {to}"
+    return "not paid"
+
+
 if __name__ == "__main__":
     server.run()

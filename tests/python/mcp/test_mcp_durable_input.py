@@ -115,3 +115,32 @@ def test_in_one_process_the_owner_answers_with_loop_decide(tmp_path: Path) -> No
         await loop.aclose()
 
     asyncio.run(main())
+
+
+def test_several_inputs_asked_at_once_are_one_decision_answered_member_by_member(tmp_path: Path) -> None:
+    marker = tmp_path / "marker.txt"
+
+    async def main() -> None:
+        async def reply(request: kerman.ModelRequest) -> kerman.ModelReply:
+            if len(request.messages) > 1:
+                return kerman.ModelReply("done")
+            return kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "pay", "arguments": '{"to": "bob"}'}])
+
+        loop = kerman.AgentLoop(reply, tools=[server(str(marker))])
+        loop.followup("pay bob")
+        await loop.when_idle()
+        [pending] = loop.decisions
+        assert pending.kind == "input" and pending.schema is not None
+        keys = list(pending.schema["properties"])
+        assert len(keys) == 2 and pending.schema["required"] == keys
+        amount, sure = keys  # the server's keys, in the order it asked
+        assert pending.schema["properties"][amount]["properties"]["amount"]["type"] == "integer"
+        assert pending.note is not None and pending.note.splitlines() == [f"{amount}: How much to bob?", f"{sure}: Really pay bob?"]
+        with pytest.raises(kerman.DecisionError):
+            loop.decide(pending.decision_id, Answer({amount: {"amount": 5}}))  # one member missing
+        loop.decide(pending.decision_id, Answer({amount: {"amount": 5}, sure: {"ok": True}}))
+        await loop.when_idle()
+        assert the_result(list(loop.log.events())) == "paid 5 to bob"
+        await loop.aclose()
+
+    asyncio.run(main())

@@ -147,6 +147,42 @@ function toolResult(event) {
   scroll();
 }
 
+// A running call's progress (tool/progress, an MCP server's notifications, coalesced): a bar
+// with its percentage when the total is known (indeterminate otherwise) and the message, on
+// the call's card, replaced by each update; the last one stays once the call has its result.
+function toolProgress(value) {
+  const el = state.tools.get(value.callId);
+  if (!el) return;
+  let box = el.querySelector(".progress");
+  if (!box) {
+    box = document.createElement("span");
+    box.className = "progress";
+    const bar = document.createElement("progress");
+    const label = document.createElement("span");
+    label.className = "progress-text";
+    box.append(bar, label);
+    const result = el.querySelector(".result");
+    el.insertBefore(box, result);  // above the result when one is there (a replay keeps the order)
+  }
+  const bar = box.querySelector("progress");
+  const total = typeof value.total === "number" && value.total > 0 ? value.total : null;
+  const parts = [];
+  if (total !== null) {
+    bar.max = total;
+    bar.value = Math.min(value.progress, total);
+    const percent = Math.round((100 * value.progress) / total);
+    box.dataset.percent = String(percent);
+    parts.push(`${percent}%`);
+  } else {
+    bar.removeAttribute("value");  // indeterminate
+    delete box.dataset.percent;
+  }
+  if (value.message) parts.push(value.message);
+  if (value.task) box.dataset.task = value.task;
+  box.querySelector(".progress-text").textContent = parts.join(" ");
+  scroll();
+}
+
 function runEnd(text, isError) {
   const el = document.createElement("div");
   el.className = isError ? "run-end error" : "run-end";
@@ -363,6 +399,7 @@ const handlers = {
     else if (e.name === "kerman.decision/resolved") decisionResolved(e.value);
     else if (e.name === "kerman.context/compacted") compactionCard(e.value);
     else if (e.name === "kerman.turn/rolled-back") rolledBack(e.value);
+    else if (e.name === "kerman.tool/progress") toolProgress(e.value);
   },
 };
 
