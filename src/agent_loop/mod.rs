@@ -37,6 +37,7 @@ mod ending;
 pub mod events;
 mod failure;
 mod fork;
+pub mod foreign_decisions;
 mod history;
 pub mod in_doubt;
 mod machine;
