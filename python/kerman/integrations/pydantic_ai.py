@@ -34,6 +34,7 @@ from typing import Any, Union
 from pydantic_core import to_jsonable_python
 
 try:
+    from pydantic_ai import Agent, DeferredToolRequests
     from pydantic_ai.durable_exec import (
         JSON_CODEC,
         BaseDurabilityCapability,
@@ -43,7 +44,6 @@ try:
         RoleBasedOperationConfig,
         ToolsetCallToolId,
     )
-    from pydantic_ai import DeferredToolRequests
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.messages import ModelMessagesTypeAdapter
     from pydantic_ai.tools import AgentDepsT, RunContext
@@ -393,10 +393,13 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         backend.session_id = self.session_id
         return backend
 
-    async def before_model_request(self, ctx: RunContext[AgentDepsT], request_context: Any) -> Any:
-        # A claim point: the inbox's next-step messages go into the request being prepared.
-        await self._steer(ctx, at_end=False)
-        return await super().before_model_request(ctx, request_context)
+    async def before_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any) -> Any:
+        # A claim point before each model request: before the request's node runs, so what is
+        # claimed (and what waits in pydantic-ai's own queue, moved to the inbox first) goes into
+        # the request pydantic-ai prepares next, placed by pydantic-ai itself.
+        if Agent.is_model_request_node(node):
+            await self._steer(ctx, at_end=False)
+        return await super().before_node_run(ctx, node=node)
 
     async def after_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any, result: Any) -> Any:
         # A claim point when the agent would end (not when it pauses for deferred tools): what

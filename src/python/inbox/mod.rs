@@ -411,7 +411,7 @@ impl PyInbox {
                 if !by.is_instance_of::<pyo3::types::PyDict>() {
                     return Err(PyTypeError::new_err(format!("by must be a dict (the claimant), got {}", by.repr()?)));
                 }
-                let value = super::super::convert::to_value(by, "by").map_err(|e| PyTypeError::new_err(e.describe()))?;
+                let value = super::convert::to_value(by, "by").map_err(|e| PyTypeError::new_err(e.describe()))?;
                 self.inner.claim_by(target, turn, Some(&value))
             }
         };

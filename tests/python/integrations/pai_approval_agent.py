@@ -41,9 +41,8 @@ def build(trace_dir: Path, capabilities: list[Any]) -> Agent[None, Union[str, De
         returns = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart)]
         _trace(trace_dir, "model.log", str(len(returns)))
         if not returns:
-            return ModelResponse(
-                parts=[ToolCallPart("refund", {"order": 7, "amount": 5}, tool_call_id="r7"), ToolCallPart("refund", {"order": 8, "amount": 900}, tool_call_id="r8")]
-            )
+            seven = ToolCallPart("refund", {"order": 7, "amount": 5}, tool_call_id="r7")
+            return ModelResponse(parts=[seven, ToolCallPart("refund", {"order": 8, "amount": 900}, tool_call_id="r8")])
         return ModelResponse(parts=[TextPart("; ".join(f"{p.tool_call_id}: {p.content}" for p in returns))])
 
     agent: Agent[None, Union[str, DeferredToolRequests]] = Agent(
