@@ -36,7 +36,10 @@ pub struct Found {
 /// under one publish token. Returns them (their `decisionId`s are new).
 pub fn request(log: &SessionLog, requester: &Value, calls: &[ForeignCall]) -> Result<Vec<Request>, LogError> {
     if !requester.is_object() {
-        return Err(LogError::InvalidEvent(format!("a decision's requester must be a JSON object, got {}", crate::json::compact(requester))));
+        return Err(LogError::InvalidEvent(format!(
+            "a decision's requester must be a JSON object, got {}",
+            crate::json::compact(requester)
+        )));
     }
     let requester = crate::json::compact(requester);
     let publishing = log.publishing()?;
