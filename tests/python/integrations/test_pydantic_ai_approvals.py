@@ -127,3 +127,31 @@ def test_the_ui_stream_shows_the_requests(tmp_path):
     text = json.dumps(updates)
     assert "r7" in text and "r8" in text and "refund" in text, updates
     durability.close()
+
+
+@pytest.mark.timeout(180)
+def test_kerman_serve_lists_and_decides_them(tmp_path):
+    """`kerman serve` over PostgreSQL follows the session, lists the run's requests with its
+    decision route and decides them through the store; this process, the session's owner,
+    applies them, and the next run goes on."""
+    pytest.importorskip("starlette")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "web"))
+    from web_helpers import Server
+
+    dsn = fresh_schema_dsn()
+    durability = KermanDurability(kerman.PostgresStore(dsn, lease_ttl=0), session_id="s")
+    agent = build(tmp_path, [durability])
+    assert isinstance(asyncio.run(agent.run(PROMPT)).output, DeferredToolRequests)
+    with Server(dsn) as server, server.client() as client:
+        listed = client.get("/sessions/s/decisions")
+        assert listed.status_code == 200, listed.text
+        requests = {d["call_id"]: d for d in listed.json()["decisions"]}
+        assert sorted(requests) == ["r7", "r8"] and requests["r7"]["name"] == "refund"
+        for call_id, body in (("r7", {"outcome": "approve", "by": "ops"}), ("r8", {"outcome": "deny", "reason": "over the limit"})):
+            answer = client.post(f"/sessions/s/decisions/{requests[call_id]['decision_id']}", json=body)
+            assert answer.status_code == 200, answer.text
+        assert client.get("/sessions/s/decisions").json()["decisions"] == []
+    result = asyncio.run(agent.run(**durability.deferred()))
+    assert result.output == EXPECTED
+    assert lines(tmp_path, "refund.log") == ["7:5"]
+    durability.close()
