@@ -48,8 +48,8 @@ pub fn benches(c: &mut Criterion) {
     // The same pair on bare lists: what is left of the one above without the log commit.
     group.bench_function("lists_insert_remove_pair", |b| {
         let inserted = vec![Arc::clone(&message)];
-        let insert = Splice { target: Target::NextTurn, start: 0, removed: 0, inserted, canceled: false };
-        let remove = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: Vec::new(), canceled: true };
+        let insert = Splice { target: Target::NextTurn, start: 0, removed: 0, inserted, canceled: false, by: None };
+        let remove = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: Vec::new(), canceled: true, by: None };
         let mut lists = Lists::default();
         b.iter(|| {
             lists.splice(black_box(&insert)).expect("insert");

@@ -148,7 +148,7 @@ fn seeded_lists() -> Lists {
     let mut lists = Lists::default();
     for (target, ids) in [(Target::NextTurn, ["a", "b"].as_slice()), (Target::NextStep, ["c"].as_slice())] {
         let inserted = ids.iter().map(|id| user(id)).collect();
-        lists.splice(&Splice { target, start: 0, removed: 0, inserted, canceled: false }).expect("seed splice");
+        lists.splice(&Splice { target, start: 0, removed: 0, inserted, canceled: false, by: None }).expect("seed splice");
     }
     lists
 }

@@ -378,7 +378,7 @@ class Inbox:
     def replace(self, message_id: str, new_message: str | UserMessage) -> bool: ...
     def remove(self, message_id: str) -> bool: ...
     def clear(self) -> list[UserMessage]: ...
-    def claim(self, target: _Target, turn: int) -> list[UserMessage]: ...
+    def claim(self, target: _Target, turn: int, *, by: dict[str, Any] | None = None) -> list[UserMessage]: ...
     def _repr_html_(self) -> str: ...
 
 @final
@@ -446,6 +446,12 @@ def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWo
 def pending_decisions(log: SessionLog) -> list[dict[str, Any]]:
     """The requests of the session waiting for a person, oldest first (what ``loop.decisions`` lists)."""
 
+def request_foreign_decisions(log: SessionLog, requester: dict[str, Any], calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Asks a person about calls of a loop other than Kerman's (``(call_id, name, arguments)``)."""
+
+def decide_on_log(log: SessionLog, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None) -> dict[str, Any]:
+    """Applies a person's decision to a pending request of a log this process owns without a loop."""
+
 def _at_exit() -> None: ...
 
 __all__ = [
@@ -478,6 +484,8 @@ __all__ = [
     "ToolRun",
     "ToolCall",
     "pending_decisions",
+    "request_foreign_decisions",
+    "decide_on_log",
 ]
 
 @final

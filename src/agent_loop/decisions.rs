@@ -546,6 +546,7 @@ pub fn pending(log: &SessionLog) -> Vec<Request> {
     let mut out: Vec<Request> = held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default();
     out.extend(log.with_events(super::call_decisions::pending).into_iter().map(|r| r.request));
     out.extend(log.with_events(super::budget_decisions::pending));
+    out.extend(log.with_events(super::foreign_decisions::pending));
     out
 }
 
@@ -554,7 +555,7 @@ pub fn next_expiry(log: &SessionLog) -> Option<i64> {
     pending(log).iter().filter_map(|r| r.expires_at).min()
 }
 
-fn resolution(request: &Request, outcome: Resolved) -> Resolution {
+pub(crate) fn resolution(request: &Request, outcome: Resolved) -> Resolution {
     Resolution {
         turn: request.turn,
         step: request.step,
@@ -631,6 +632,9 @@ pub fn decide(
         let others = started.iter().any(|(r, s)| s.is_none() && r.request.decision_id != decision_id);
         return super::call_decisions::decide(&publishing, ask, decision, by, key, others);
     }
+    if let Some(found) = log.with_events(|all| super::foreign_decisions::find(all, decision_id)) {
+        return super::foreign_decisions::decide(&publishing, log, &found, decision, by, key, now);
+    }
     if let Some((request, None)) = log.with_events(super::budget_decisions::latest).filter(|(r, _)| r.decision_id == decision_id) {
         if request.expires_at.is_some_and(|t| t <= now) {
             publish(&publishing, events::decision_resolved(&resolution(&request, Resolved::Expired)), None)?;
@@ -684,7 +688,17 @@ pub fn decide(
         publish(&publishing, events::decision_resolved(&resolution(&request, Resolved::Expired)), None)?;
         return Err(DecideError::Expired(decision_id.to_owned()));
     }
-    let mut resolved = resolution(&request, Resolved::Approved);
+    let resolved = resolve_request(&request, decision, by, key)?;
+    publish(&publishing, events::decision_resolved(&resolved), None)?;
+    let ready = held.pending().iter().all(|r| r.decision_id == decision_id);
+    Ok(Decided { duplicate: false, ready })
+}
+
+/// The resolution of `request` by a person's `decision` (refused when it does not fit the
+/// request's kind).
+pub(crate) fn resolve_request(request: &Request, decision: Decide, by: Option<&str>, key: Option<&str>) -> Result<Resolution, DecideError> {
+    let decision_id = request.decision_id.as_str();
+    let mut resolved = resolution(request, Resolved::Approved);
     resolved.by = by.map(str::to_owned);
     resolved.key = key.map(str::to_owned);
     let kind = request.kind;
@@ -716,7 +730,5 @@ pub fn decide(
         (Decide::Edit(_), _) => return Err(refuse("an edit")),
         (Decide::Answer(_), _) => return Err(refuse("an answer")),
     }
-    publish(&publishing, events::decision_resolved(&resolved), None)?;
-    let ready = held.pending().iter().all(|r| r.decision_id == decision_id);
-    Ok(Decided { duplicate: false, ready })
+    Ok(resolved)
 }

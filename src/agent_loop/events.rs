@@ -298,6 +298,23 @@ pub fn decision_requested(request: &super::decisions::Request, last: bool) -> Lo
 /// verdict: "run"|"edit"|"deny"|"failed"[, arguments][, digest][, reason]}]`), so the step
 /// resumes with them rather than gating those calls again. Left out when empty.
 pub fn decision_round(request: &super::decisions::Request, last: bool, gated: &[super::decisions::Gated]) -> LoopEvent {
+    let mut data = request_fields(request, last, gated);
+    data.push('}');
+    LoopEvent::new(DECISION_REQUESTED, data)
+}
+
+/// `decision/requested` for a loop other than Kerman's (a framework's deferred tool call under
+/// `KermanDurability`), outside any turn: `{turn: 0, step: 0, decisionId, callId, index, name,
+/// arguments, digest, kind: "approval"[, last], for}`; `for` is the requester's JSON object text.
+pub fn foreign_decision_requested(request: &super::decisions::Request, requester: &str, last: bool) -> LoopEvent {
+    let mut data = request_fields(request, last, &[]);
+    push_fields(&mut data, &[("for", Some(requester))]);
+    data.push('}');
+    LoopEvent::new(DECISION_REQUESTED, data)
+}
+
+/// A request's fields, unterminated.
+fn request_fields(request: &super::decisions::Request, last: bool, gated: &[super::decisions::Gated]) -> Scratch {
     let mut data = step_head(request.turn, request.step);
     let gated =
         (!gated.is_empty()).then(|| crate::json::compact(&Value::Array(gated.iter().map(super::decisions::Gated::to_json).collect())));
@@ -321,8 +338,7 @@ pub fn decision_round(request: &super::decisions::Request, last: bool, gated: &[
             ("gated", gated.as_deref()),
         ],
     );
-    data.push('}');
-    LoopEvent::new(DECISION_REQUESTED, data)
+    data
 }
 
 /// `decision/requested` about a call that started (`callSeq`: its `tool/call`'s seq):

@@ -37,6 +37,7 @@ pub mod decisions;
 mod ending;
 pub mod events;
 mod failure;
+pub mod foreign_decisions;
 mod fork;
 mod history;
 pub mod in_doubt;

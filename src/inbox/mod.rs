@@ -391,13 +391,14 @@ impl Inbox {
         plan: impl Fn(&Lists) -> Option<(Target, usize, usize)>,
         inserted: Vec<Arc<Message>>,
         canceled: bool,
+        by: Option<&Arc<str>>,
     ) -> Result<Option<Applied>, InboxError> {
         // With nothing to notify the log commits without its publish token (see
         // `SessionLog::commit_quiet`), under the lists lock; otherwise, or if the token is
         // held, the mutation runs the long way below, planned again.
         let inserted = {
             let mut lists = lock(&self.shared.lists);
-            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled)? else { return Ok(None) };
+            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled, by)? else { return Ok(None) };
             match self.shared.log.commit_quiet(SPLICED, || (payload(&splice), None)) {
                 Ok(committed) => {
                     committed?;
@@ -414,7 +415,7 @@ impl Inbox {
         };
         let (removed, splice, committed) = {
             let mut lists = lock(&self.shared.lists);
-            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled)? else { return Ok(None) };
+            let Some(splice) = self.checked_splice(&lists, &plan, inserted, canceled, by)? else { return Ok(None) };
             let committed = publishing.commit(SPLICED, payload(&splice), None, None, false)?;
             let removed = (!committed.has_observers()).then(|| lists.apply(&splice));
             (removed, splice, committed)
@@ -434,6 +435,7 @@ impl Inbox {
         plan: &impl Fn(&Lists) -> Option<(Target, usize, usize)>,
         inserted: Vec<Arc<Message>>,
         canceled: bool,
+        by: Option<&Arc<str>>,
     ) -> Result<Option<Splice>, InboxError> {
         let planned = plan(lists);
         if is_noop(planned.as_ref(), &inserted) {
@@ -443,7 +445,7 @@ impl Inbox {
             return Err(InboxError::Closed(self.shared.log.id().to_string()));
         }
         let Some((target, start, removed)) = planned else { return Ok(None) };
-        let splice = Splice { target, start, removed, inserted, canceled };
+        let splice = Splice { target, start, removed, inserted, canceled, by: by.cloned() };
         lists.validate(&splice).map_err(splice_error)?;
         Ok(Some(splice))
     }
@@ -533,6 +535,7 @@ impl Inbox {
             },
             inserted,
             true,
+            None,
         )?;
         Ok(match applied {
             Some(applied) => {
@@ -576,6 +579,7 @@ impl Inbox {
             },
             inserted,
             true,
+            None,
         )?;
         Ok(applied.and_then(|a| {
             self.announce(&a);
@@ -597,6 +601,7 @@ impl Inbox {
             },
             Vec::new(),
             true,
+            None,
         )?;
         Ok(applied.and_then(|a| {
             self.announce(&a);
@@ -609,7 +614,7 @@ impl Inbox {
     pub fn clear(&self) -> Result<Vec<Arc<Message>>, InboxError> {
         let mut out = Vec::new();
         for target in [Target::NextStep, Target::NextTurn] {
-            let applied = self.mutate(|lists| Some((target, 0, lists.list(target).len())), Vec::new(), true)?;
+            let applied = self.mutate(|lists| Some((target, 0, lists.list(target).len())), Vec::new(), true, None)?;
             if let Some(applied) = applied {
                 self.announce(&applied);
                 out.extend(applied.removed);
@@ -621,10 +626,32 @@ impl Inbox {
     /// The loop's step-boundary operation: pure deletion of all of `next-step`, then (at a turn
     /// boundary) the head of `next-turn`; then `claimed` per message, in batch order.
     pub fn claim(&self, target: Target, turn: u64) -> Result<Vec<Arc<Message>>, InboxError> {
-        let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step().len())), Vec::new(), false)?;
+        self.claim_as(target, turn, None)
+    }
+
+    /// [`claim`](Self::claim) by a loop other than Kerman's (a framework's, at its own step
+    /// boundaries): each claiming splice carries `by`, the claimant (a JSON object, such as
+    /// `{"run": 2, "n": 0}`), so the claim and the record of what it was claimed for are one
+    /// durable append. A crash leaves either both or neither: what was claimed is found again
+    /// by its claimant, and what was not is still pending. `by` must be an object
+    /// ([`LogError::InvalidEvent`] otherwise, before anything is claimed).
+    pub fn claim_by(&self, target: Target, turn: u64, by: Option<&Value>) -> Result<Vec<Arc<Message>>, InboxError> {
+        let by = match by {
+            None => None,
+            Some(by) if by.is_object() => Some(Arc::from(crate::json::compact(by))),
+            Some(by) => {
+                let detail = format!("a claimant must be a JSON object, got {}", crate::json::compact(by));
+                return Err(InboxError::Log(LogError::InvalidEvent(detail)));
+            }
+        };
+        self.claim_as(target, turn, by.as_ref())
+    }
+
+    fn claim_as(&self, target: Target, turn: u64, by: Option<&Arc<str>>) -> Result<Vec<Arc<Message>>, InboxError> {
+        let step = self.mutate(|lists| Some((Target::NextStep, 0, lists.next_step().len())), Vec::new(), false, by)?;
         let mut batch = step.map_or_else(Vec::new, |step| step.removed);
         if target == Target::NextTurn {
-            let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn().len().min(1))), Vec::new(), false)?;
+            let head = self.mutate(|lists| Some((Target::NextTurn, 0, lists.next_turn().len().min(1))), Vec::new(), false, by)?;
             if let Some(head) = head {
                 batch.extend(head.removed);
             }

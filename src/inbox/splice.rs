@@ -92,6 +92,11 @@ pub struct Splice {
     pub inserted: Vec<Arc<Message>>,
     /// An ordinary removal (`outcome: "canceled"`), as opposed to a claim.
     pub canceled: bool,
+    /// Who claimed (a claim by a loop other than Kerman's, such as a framework's under
+    /// `KermanDurability`): a JSON object's compact text, logged as `by`, so the claim and the
+    /// record of what it was for are one append. `None` for Kerman's own claims and every other
+    /// splice.
+    pub by: Option<Arc<str>>,
 }
 
 impl Splice {
@@ -123,6 +128,10 @@ impl Splice {
         if self.canceled && self.removed > 0 {
             out.push_str(",\"outcome\":\"canceled\"");
         }
+        if let Some(by) = &self.by {
+            out.push_str(",\"by\":");
+            out.push_str(by);
+        }
         out.push('}');
     }
 
@@ -151,7 +160,8 @@ impl Splice {
             inserted.push(Arc::new(m));
         }
         let canceled = SpliceOutcome::of(data) == SpliceOutcome::Canceled;
-        Ok(Splice { target, start, removed, inserted, canceled })
+        let by = obj.get("by").filter(|by| by.is_object()).map(|by| Arc::from(crate::json::compact(by)));
+        Ok(Splice { target, start, removed, inserted, canceled, by })
     }
 }
 
@@ -409,9 +419,9 @@ mod tests {
 
     #[test]
     fn payload_key_order() {
-        let s = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true };
+        let s = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true, by: None };
         assert_eq!(s.to_json(), r#"{"target":"next-step","start":0,"removedCount":1,"inserted":[],"outcome":"canceled"}"#);
-        let s = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![], canceled: false };
+        let s = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![], canceled: false, by: None };
         assert_eq!(s.to_json(), r#"{"target":"next-turn","start":0,"removedCount":1,"inserted":[]}"#);
     }
 
@@ -419,28 +429,32 @@ mod tests {
     fn duplicates_are_refused_across_lists() {
         let mut lists = Lists::default();
         let a = msg("a");
-        lists.splice(&Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false }).unwrap();
-        let dup = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false };
+        lists
+            .splice(&Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false, by: None })
+            .unwrap();
+        let dup = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![a.clone()], canceled: false, by: None };
         assert_eq!(lists.validate(&dup), Err(SpliceError::Duplicate("a".into())));
-        let same_id_replace = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![a], canceled: true };
+        let same_id_replace = Splice { target: Target::NextTurn, start: 0, removed: 1, inserted: vec![a], canceled: true, by: None };
         assert!(lists.validate(&same_id_replace).is_ok());
-        let twice = Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![msg("b"), msg("b")], canceled: false };
+        let twice =
+            Splice { target: Target::NextStep, start: 0, removed: 0, inserted: vec![msg("b"), msg("b")], canceled: false, by: None };
         assert_eq!(lists.validate(&twice), Err(SpliceError::Duplicate("b".into())));
         // Reference walk: the new next-turn list [b', a', a] repeats `a` first.
-        let both = Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![msg("b2"), msg("a")], canceled: false };
+        let both =
+            Splice { target: Target::NextTurn, start: 0, removed: 0, inserted: vec![msg("b2"), msg("a")], canceled: false, by: None };
         assert_eq!(lists.validate(&both), Err(SpliceError::Duplicate("a".into())));
     }
 
     #[test]
     fn out_of_range_is_invalid() {
         let lists = Lists::default();
-        let s = Splice { target: Target::NextTurn, start: 1, removed: 0, inserted: vec![], canceled: false };
+        let s = Splice { target: Target::NextTurn, start: 1, removed: 0, inserted: vec![], canceled: false, by: None };
         assert!(matches!(lists.validate(&s), Err(SpliceError::Invalid(_))));
     }
 
     #[test]
     fn a_splice_outcome_is_read_from_its_payload_once() {
-        let canceled = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true };
+        let canceled = Splice { target: Target::NextStep, start: 0, removed: 1, inserted: vec![], canceled: true, by: None };
         let claimed = Splice { canceled: false, ..canceled.clone() };
         for (splice, outcome) in [(canceled, SpliceOutcome::Canceled), (claimed, SpliceOutcome::Claimed)] {
             let data: Value = serde_json::from_str(&splice.to_json()).unwrap();
@@ -448,5 +462,22 @@ mod tests {
             assert_eq!(Splice::from_value(&data).unwrap().canceled, outcome == SpliceOutcome::Canceled);
         }
         assert_eq!(SpliceOutcome::of(&serde_json::json!({"outcome": "Canceled"})), SpliceOutcome::Claimed);
+    }
+
+    #[test]
+    fn a_claimant_is_written_last_and_read_back() {
+        let s = Splice {
+            target: Target::NextStep,
+            start: 0,
+            removed: 1,
+            inserted: vec![],
+            canceled: false,
+            by: Some(Arc::from(r#"{"run":1}"#)),
+        };
+        assert_eq!(s.to_json(), r#"{"target":"next-step","start":0,"removedCount":1,"inserted":[],"by":{"run":1}}"#);
+        let data: Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(Splice::from_value(&data).unwrap().by.as_deref(), Some(r#"{"run":1}"#));
+        let odd: Value = serde_json::json!({"target": "next-step", "start": 0, "inserted": [], "by": "x"});
+        assert_eq!(Splice::from_value(&odd).unwrap().by, None);
     }
 }

@@ -95,6 +95,33 @@ fn inb_06_claim_is_pure_deletion_then_claimed() {
 }
 
 #[test]
+fn a_claim_by_a_foreign_loop_names_its_claimant_in_the_one_splice() {
+    // A framework's loop (pydantic-ai under KermanDurability) claims at its own step boundaries:
+    // the claim and the record of who claimed it for what must be one append, so a crash cannot
+    // leave a message claimed with nobody knowing where it went.
+    let (log, inbox, recorder) = setup();
+    inbox.append(Target::NextStep, msg("S")).unwrap();
+    inbox.append(Target::NextTurn, msg("P")).unwrap();
+    recorder.seen.lock().unwrap().clear();
+    let by = json!({"kind": "pydantic-ai", "run": 2, "n": 0});
+    let batch = inbox.claim_by(Target::NextTurn, 0, Some(&by)).unwrap();
+    assert_eq!(ids(&batch), ["S", "P"]);
+    let p = payloads(&log);
+    assert_eq!(p[2], json!({"target": "next-step", "start": 0, "removedCount": 1, "inserted": [], "by": by}));
+    assert_eq!(p[3], json!({"target": "next-turn", "start": 0, "removedCount": 1, "inserted": [], "by": by}));
+    assert_eq!(*recorder.seen.lock().unwrap(), ["claim0:S", "claim0:P"]);
+    // An empty claim logs nothing, claimant or not; the splices replay as ordinary claims.
+    assert!(inbox.claim_by(Target::NextStep, 0, Some(&by)).unwrap().is_empty());
+    assert_eq!(log.len(), 4);
+    drop(inbox);
+    let again = Inbox::new(log.clone(), None).unwrap();
+    assert!(again.is_empty());
+    // A claimant must be a JSON object (it is read back as one).
+    let err = again.claim_by(Target::NextStep, 0, Some(&json!("run 2"))).unwrap_err();
+    assert!(err.to_string().contains("claimant must be a JSON object"), "{err}");
+}
+
+#[test]
 fn inb_07_empty_claim_logs_nothing() {
     let (log, inbox, recorder) = setup();
     assert!(inbox.claim(Target::NextTurn, 1).unwrap().is_empty());

@@ -167,6 +167,9 @@ def _splice(v: events.InboxSpliced) -> str:
         text = f"+{target}{at} {items}" if inserted else f"{target} (no change)"
     if outcome is not None:
         text += f" {_escape(outcome)}"
+    by = v.by
+    if by is not None and removed and outcome is None:
+        text += " by " + _escape(json.dumps(by, ensure_ascii=False, separators=(",", ":")))
     return text
 
 

@@ -13,8 +13,8 @@ __all__ = ["DecisionRequested", "DecisionResolved", "OutputValidated"]
 
 class DecisionRequested(_Step):
     """``decision/requested {turn, step, decisionId, callId, index, name, arguments, digest,
-    kind, note?, schema?, expiresAt?, last?, gated?}``: call ``index`` of the step waits for a
-    person."""
+    kind, note?, schema?, expiresAt?, last?, gated?, for?}``: call ``index`` of the step waits for a
+    person (``for``: a framework's call, outside any turn)."""
 
     __slots__ = ()
     TYPE = "decision/requested"
@@ -96,6 +96,14 @@ class DecisionRequested(_Step):
         denial's, or why the gate failed). The step resumes with them (``[]`` elsewhere)."""
         value = self._field("gated")
         return [dict(g) for g in value if isinstance(g, dict)] if isinstance(value, list) else []
+
+    @property
+    def requester(self) -> Optional[Dict[str, Any]]:
+        """``for``: who asked, when the call is a loop's other than Kerman's (a framework's
+        deferred tool call under ``KermanDurability``: ``{"kind": "pydantic-ai", "run": 2}``;
+        ``turn`` and ``step`` are then 0); ``None`` for Kerman's own requests."""
+        value = self._field("for")
+        return dict(value) if isinstance(value, dict) else None
 
 
 class DecisionResolved(_Step):

@@ -399,8 +399,9 @@ class ToolResultEvent(_Carrying, _Step):
 
 
 class InboxSpliced(EventView):
-    """``agent/inbox/spliced {target, start, removedCount?, inserted, outcome?}``: one change to
-    the inbox's ``target`` list (a claim when it removes without ``outcome: "canceled"``)."""
+    """``agent/inbox/spliced {target, start, removedCount?, inserted, outcome?, by?}``: one change
+    to the inbox's ``target`` list (a claim when it removes without ``outcome: "canceled"``;
+    ``by`` names a claimant other than Kerman's loop)."""
 
     __slots__ = ()
     TYPE = "agent/inbox/spliced"
@@ -456,6 +457,14 @@ class InboxSpliced(EventView):
             return False
         count = data.get("removedCount")
         return count.__class__ is int and count > 0 and data.get("outcome") != "canceled"
+
+    @property
+    def by(self) -> Optional[Dict[str, Any]]:
+        """The claimant of a claim made by a loop other than Kerman's (a framework's under
+        ``KermanDurability``, e.g. ``{"kind": "pydantic-ai", "run": 1, "n": 0}``); ``None``
+        for Kerman's own claims and every other splice."""
+        value = self._field("by")
+        return value if value.__class__ is dict else None
 
 
 class LogDamaged(EventView):

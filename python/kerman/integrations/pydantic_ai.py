@@ -34,6 +34,7 @@ from typing import Any, Union
 from pydantic_core import to_jsonable_python
 
 try:
+    from pydantic_ai import Agent, DeferredToolRequests
     from pydantic_ai.durable_exec import (
         JSON_CODEC,
         BaseDurabilityCapability,
@@ -44,14 +45,18 @@ try:
         ToolsetCallToolId,
     )
     from pydantic_ai.exceptions import UserError
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
     from pydantic_ai.tools import AgentDepsT, RunContext
+    from pydantic_graph import End
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kerman.integrations.pydantic_ai needs pydantic-ai: pip install 'kerman[pydantic-ai]'") from error
 
 import kerman
 
+from . import pydantic_ai_approvals as approvals
 from .pydantic_ai_effects import InDoubtCall, ToolPolicy, check_effects, reconcile, resolve_policy
 from .pydantic_ai_model import PydanticAIModel, kerman_tool, model, tool_definition
+from .pydantic_ai_steering import Steering
 
 __all__ = [
     "KermanDurability",
@@ -96,6 +101,13 @@ class _Journal:
         self.started = started or set()
         self.counts: dict[str, int] = {}
         self.replayed = 0
+        self.steering: Steering | None = None
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether this attempt has replayed every unit an earlier attempt logged (from here on
+        it runs units of its own)."""
+        return self.replayed >= len(self.logged)
 
     def take(self, name: str) -> int:
         """The occurrence of ``name`` in this attempt (taken before any await, so the order of
@@ -122,6 +134,10 @@ class _Journal:
     def _logged(self) -> None:
         """Called after each unit's result is durable (the crash tests stop the process here)."""
 
+    def _requested(self) -> None:
+        """Called after a paused run's decision requests are durable, before its end (the crash
+        tests stop the process here)."""
+
     def _marked(self) -> None:
         """Called after a started marker is durable, before the tool's body runs (the crash tests
         stop the process here: a call in doubt)."""
@@ -139,6 +155,7 @@ class _LastRun:
     start: dict[str, Any] | None = None
     units: dict[tuple[str, int], Any] | None = None
     started: set[tuple[str, int]] | None = None
+    end: dict[str, Any] | None = None
 
 
 def _runs(log: kerman.SessionLog) -> _LastRun:
@@ -155,6 +172,7 @@ def _runs(log: kerman.SessionLog) -> _LastRun:
             continue
         elif event.type == RUN_END:
             last.ended = True
+            last.end = data
         elif event.type == UNIT:
             last.units[(str(data["unit"]), int(data["n"]))] = data.get("result")
         elif event.type == STARTED:
@@ -215,6 +233,22 @@ class _Backend(JournalCallableOperationBackend[Any]):
         return result
 
 
+def _remote_decide(log: kerman.SessionLog) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Applies a decision another process staged (``PostgresStore.decide``) to a request of this
+    session, on the store's thread: the core decides it on the log (this process owns it)."""
+    from kerman._core import decide_on_log
+    from kerman.decisions import outcome_of
+
+    def decide(args: dict[str, Any]) -> dict[str, Any]:
+        decision_id = args.get("decision_id")
+        try:
+            return decide_on_log(log, str(decision_id), outcome_of(args.get("outcome")), by=args.get("by"), key=args.get("key"))
+        except Exception as error:  # a bad staged row is refused, not raised on the store's thread
+            return {"applied": False, "op": "decide", "decision_id": decision_id, "reason": "invalid", "detail": str(error)}
+
+    return decide
+
+
 @dataclass
 class _Session:
     """The session shared by the capability and its bound copies (one open log per capability)."""
@@ -222,6 +256,7 @@ class _Session:
     store: Any
     session_id: str
     log: kerman.SessionLog | None = None
+    inbox: kerman.Inbox | None = None
 
     def open(self) -> kerman.SessionLog:
         if self.log is None or self.log.closed:
@@ -229,7 +264,18 @@ class _Session:
                 self.log = self.store.open(self.session_id)
             else:
                 self.log = self.store.create(self.session_id)
+            # The run's pending messages: this log's one inbox (which also takes what other
+            # processes stage for the session, with a PostgresStore, decisions included).
+            self.inbox = kerman.Inbox(self.log, _on_remote_decide=_remote_decide(self.log))
         return self.log
+
+    def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
@@ -288,11 +334,45 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
             return None
         return last.start.get("prompt")
 
+    @property
+    def inbox(self) -> kerman.Inbox:
+        """The session's inbox: the runs' pending messages (opened with the log)."""
+        self._session.open()
+        assert self._session.inbox is not None
+        return self._session.inbox
+
+    def enqueue(self, content: str | kerman.UserMessage, *, priority: str = "asap") -> kerman.UserMessage:
+        """Puts ``content`` in the session's inbox for the running run (or the next one): one
+        ``agent/inbox/spliced`` append, durable once ``await durability.log.flush()`` returns.
+        ``priority="asap"`` (the ``next-step`` list) is delivered before the run's next model
+        request; ``"when_idle"`` (``next-turn``) when the agent would otherwise end, one prompt
+        per continuation. Thread-safe, like ``AgentRun.enqueue``. Returns the stored message
+        (its ``id`` names it in the log and the UI streams)."""
+        if priority not in ("asap", "when_idle"):
+            raise ValueError(f'KermanDurability.enqueue: priority must be "asap" or "when_idle", not {priority!r}')
+        return self.inbox.append("next-step" if priority == "asap" else "next-turn", content)
+
+    def deferred(self) -> dict[str, Any] | None:
+        """What continues the session's last run if it paused for approvals, read from the
+        session alone: ``{"message_history": ..., "deferred_tool_results": ...}`` for
+        ``agent.run(**durability.deferred())``, the results built from the decisions on its
+        requests (docs/frameworks.md). ``None`` when the last run did not pause; a
+        ``UserError`` naming the requests still pending when some are not decided."""
+        log = self._session.open()
+        # The session's last run-end; a later run without one is its continuation, interrupted.
+        end = None
+        for event in log.events(types=[RUN_END]):
+            end = event.data if isinstance(event.data, dict) else None
+        if end is None or end.get("messages") is None:
+            return None
+        return {
+            "message_history": ModelMessagesTypeAdapter.validate_python(end["messages"]),
+            "deferred_tool_results": approvals.results(log, int(end["run"])),
+        }
+
     def close(self) -> None:
-        """Close the session's log (the next run opens it again)."""
-        if self._session.log is not None:
-            self._session.log.close()
-            self._session.log = None
+        """Close the session's inbox and log (the next run opens them again)."""
+        self._session.close()
 
     @property
     def in_durable_context(self) -> bool:
@@ -313,6 +393,29 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         backend.session_id = self.session_id
         return backend
 
+    async def before_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any) -> Any:
+        # A claim point before each model request: before the request's node runs, so what is
+        # claimed (and what waits in pydantic-ai's own queue, moved to the inbox first) goes into
+        # the request pydantic-ai prepares next, placed by pydantic-ai itself.
+        if Agent.is_model_request_node(node):
+            await self._steer(ctx, at_end=False)
+        return await super().before_node_run(ctx, node=node)
+
+    async def after_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any, result: Any) -> Any:
+        # A claim point when the agent would end (not when it pauses for deferred tools): what
+        # is pending continues the run, as pydantic-ai's own queue does.
+        if isinstance(result, End) and not isinstance(getattr(result.data, "output", None), DeferredToolRequests):
+            await self._steer(ctx, at_end=True)
+        return await super().after_node_run(ctx, node=node, result=result)
+
+    async def _steer(self, ctx: RunContext[AgentDepsT], *, at_end: bool) -> None:
+        journal = _JOURNAL.get()
+        if journal is None or journal.steering is None:
+            return
+        journal.steering.adopt(ctx)
+        for message in await journal.steering.take(caught_up=journal.caught_up, at_end=at_end):
+            ctx.enqueue(message.text)
+
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
         if _JOURNAL.get() is not None:
             raise UserError("KermanDurability: a run inside a journalled run (a nested agent) needs a session of its own")
@@ -330,12 +433,29 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
             )
         # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
         journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore), started=started)
+        assert self._session.inbox is not None
+        journal.steering = Steering(self._session.inbox, run)
         token = _JOURNAL.set(journal)
         try:
             result = await super().wrap_run(ctx, handler=handler)
         finally:
             _JOURNAL.reset(token)
-        log.append(RUN_END, {"run": run, "output": _jsonable(getattr(result, "output", None))})
+        output = getattr(result, "output", None)
+        end: dict[str, Any] = {"run": run, "output": _jsonable(output)}
+        paused = isinstance(output, DeferredToolRequests) and bool(output.approvals)
+        if paused:
+            # Decisions first: a crash before the run's end resumes the run, which pauses again
+            # and finds its requests logged. The messages let the next run go on from the log.
+            if approvals.request(log, run, output):
+                if journal.flush:
+                    await log.flush()
+                journal._requested()
+            end["messages"] = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
+        log.append(RUN_END, end)
         if journal.flush:
             await log.flush()
+        if paused and isinstance(self._session.store, kerman.FileStore):
+            # A file session has one process at a time: let go, so store.decide (or kerman serve)
+            # in another process can take it. The next run opens it again.
+            self._session.close()
         return result

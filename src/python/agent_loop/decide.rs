@@ -183,3 +183,50 @@ pub(super) fn request_list<'py>(py: Python<'py>, requests: &[Request]) -> PyResu
 pub(super) fn pending_decisions<'py>(py: Python<'py>, log: &Bound<'py, super::PySessionLog>) -> PyResult<Bound<'py, PyList>> {
     request_list(py, &crate::agent_loop::decisions::pending(&log.get().inner))
 }
+
+/// Asks a person about calls of a loop other than Kerman's (a framework's deferred tool calls):
+/// one `decision/requested` per `(call_id, name, arguments)` of `calls`, outside any turn, with
+/// `for` the `requester` (a dict). Returns the requests as dicts, in order (their `decision_id`s
+/// are new). The core writes and folds them (`crate::agent_loop::foreign_decisions`).
+#[pyfunction]
+pub(super) fn request_foreign_decisions<'py>(
+    py: Python<'py>,
+    log: &Bound<'py, super::PySessionLog>,
+    requester: &Bound<'py, PyAny>,
+    calls: Vec<(String, String, String)>,
+) -> PyResult<Bound<'py, PyList>> {
+    if !requester.is_instance_of::<PyDict>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!("requester must be a dict, got {}", requester.repr()?)));
+    }
+    let requester = to_value(requester, "requester").map_err(|e| pyo3::exceptions::PyTypeError::new_err(e.describe()))?;
+    let calls: Vec<_> = calls
+        .into_iter()
+        .map(|(call_id, name, arguments)| crate::agent_loop::foreign_decisions::ForeignCall { call_id, name, arguments })
+        .collect();
+    let requests = crate::agent_loop::foreign_decisions::request(&log.get().inner, &requester, &calls).map_err(|e| log_err(py, e))?;
+    request_list(py, &requests)
+}
+
+/// Applies a person's decision (`Approve`, `Deny`, `Edit`, `Answer`) to pending request
+/// `decision_id` of `log`, which this process owns without an `AgentLoop` (a framework's loop
+/// under `KermanDurability`, answering `PostgresStore.decide`): one `decision/resolved`, as the
+/// core's `decide` writes it. Returns what `store.decide` returns (applied, `duplicate`, or
+/// refused with `reason` `"unknown"`, `"resolved"`, `"expired"` or `"invalid"`).
+#[pyfunction]
+#[pyo3(signature = (log, decision_id, outcome, *, by=None, key=None))]
+pub(super) fn decide_on_log<'py>(
+    py: Python<'py>,
+    log: &Bound<'py, super::PySessionLog>,
+    decision_id: &str,
+    outcome: &Bound<'py, PyAny>,
+    by: Option<&str>,
+    key: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let decision = decision(outcome)?;
+    let log = &log.get().inner;
+    let now = crate::event_log::now_ms();
+    if let Err(refused) = check_answer(py, log, decision_id, &decision, now) {
+        return refused_answer(py, decision_id, &refused);
+    }
+    decide_answer(py, decision_id, decisions::decide(log, decision_id, decision, by, key, now).map(|d| d.duplicate))
+}

@@ -730,6 +730,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tools::PyToolRun>()?;
     m.add_class::<tool_call::PyToolCall>()?;
     m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
+    m.add_function(wrap_pyfunction!(decide::request_foreign_decisions, m)?)?;
+    m.add_function(wrap_pyfunction!(decide::decide_on_log, m)?)?;
     Ok(())
 }
 

@@ -394,11 +394,30 @@ impl PyInbox {
     }
 
     /// The loop's step-boundary operation: removes all of next-step and, when `target` is
-    /// `"next-turn"`, the first prompt; returns that batch (next-step items first).
-    pub(crate) fn claim<'py>(&self, py: Python<'py>, target: &Bound<'py, PyAny>, turn: u64) -> PyResult<Bound<'py, PyList>> {
+    /// `"next-turn"`, the first prompt; returns that batch (next-step items first). `by` (a
+    /// JSON-able dict) names the claimant when a loop other than Kerman's claims (a
+    /// framework's, under `KermanDurability`): each claiming splice carries it, so the claim and
+    /// the record of what it was for are one append.
+    #[pyo3(signature = (target, turn, *, by=None))]
+    pub(crate) fn claim<'py>(
+        &self,
+        py: Python<'py>,
+        target: &Bound<'py, PyAny>,
+        turn: u64,
+        by: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let target = target_arg(target)?;
-        let batch = self.inner.claim(target, turn).map_err(|e| inbox_err(py, e))?;
-        self.wrappers.taken(py, &batch)
+        let batch = match by.filter(|by| !by.is_none()) {
+            None => self.inner.claim(target, turn),
+            Some(by) => {
+                if !by.is_instance_of::<pyo3::types::PyDict>() {
+                    return Err(PyTypeError::new_err(format!("by must be a dict (the claimant), got {}", by.repr()?)));
+                }
+                let value = super::convert::to_value(by, "by").map_err(|e| PyTypeError::new_err(e.describe()))?;
+                self.inner.claim_by(target, turn, Some(&value))
+            }
+        };
+        self.wrappers.taken(py, &batch.map_err(|e| inbox_err(py, e))?)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
