@@ -1,6 +1,6 @@
-//! Forking a session with the loop's rules on top of the store's copy (docs/context.md,
-//! "Forks"): storage copies the parent's events up to the cut and knows nothing of inboxes or
-//! turns; what the child's queue holds at the cut, and closing a turn the cut left open, are
+//! Forking a session with the loop's rules on top of the store's fork (docs/context.md,
+//! "Forks"): storage gives the child the parent's events up to the cut (shared or copied) and
+//! knows nothing of inboxes or turns; what the child's queue holds at the cut, and closing a turn the cut left open, are
 //! the loop's to write.
 
 use std::str::FromStr;
