@@ -130,7 +130,7 @@ def test_the_ui_streams_show_the_requests(tmp_path):
     assert (started, asked) == (["r7", "r8"], ids)
     parts = [u.data for u in vercel(durability.log.events())]
     approvals = [(p["toolCallId"], p["approvalId"]) for p in parts if p["type"] == "tool-approval-request"]
-    assert approvals == list(zip(["r7", "r8"], ids))
+    assert approvals == list(zip(["r7", "r8"], ids, strict=True))
     durability.close()
 
 
