@@ -118,14 +118,19 @@ def test_a_postgres_owner_applies_a_decision_staged_by_another_process(tmp_path)
     durability.close()
 
 
-def test_the_ui_stream_shows_the_requests(tmp_path):
-    from kerman.ui import agui
+def test_the_ui_streams_show_the_requests(tmp_path):
+    from kerman.ui import agui, vercel
 
     durability = KermanDurability(kerman.MemoryStore(), session_id="s")
     asyncio.run(build(tmp_path, [durability]).run(PROMPT))
+    ids = [r.decision_id for r in kd.pending(durability.log)]
     updates = [u.data for u in agui(durability.log.events(), thread_id="s")]
-    text = json.dumps(updates)
-    assert "r7" in text and "r8" in text and "refund" in text, updates
+    started = [u["toolCallId"] for u in updates if u["type"] == "TOOL_CALL_START"]
+    asked = [u["value"]["decisionId"] for u in updates if u["type"] == "CUSTOM" and u["name"] == "kerman.decision/requested"]
+    assert (started, asked) == (["r7", "r8"], ids)
+    parts = [u.data for u in vercel(durability.log.events())]
+    approvals = [(p["toolCallId"], p["approvalId"]) for p in parts if p["type"] == "tool-approval-request"]
+    assert approvals == list(zip(["r7", "r8"], ids, strict=True))
     durability.close()
 
 
