@@ -529,9 +529,14 @@ def run_in(
     queued.update({m: (sid, killed, killed, "takeover") for m, sid in probe.items()})
     wait_for_answers(dsn, set(queued), 120)
     answers = answers_per_message(dsn)
+    # The burst runs until its last message reached a model: served after the kill, it was
+    # still running when the worker died (whether or not the generators were still enqueuing).
+    served_after = sum(1 for m, q in queued.items() if q[3] == "burst" and m in models and models[m][0] > killed)
     report["kill"] = {
         "in_model_call": True,
-        "during_burst": burst_running,
+        "during_burst": burst_running or served_after > 0,
+        "burst_still_enqueuing": burst_running,
+        "burst_messages_served_after_the_kill": served_after,
         "session": blocked["session"],
         "messages_of_the_blocked_call": len(blocked["entered"]),
         "answered_once": sum(1 for m in blocked["entered"] if answers.get(m, 0) == 1),
@@ -791,7 +796,8 @@ def print_report(r: Dict[str, Any]) -> None:
             print(f"  {v['n']:>6}  p50 {v['p50_ms']:>7.1f} ms  max {v['max_ms']:>7.1f} ms  {kind}")
     kill = r["kill"]
     print(
-        f"kill -9 inside a model call ({'during the burst' if kill['during_burst'] else 'after the burst was enqueued'}), "
+        f"kill -9 inside a model call ({'during the burst' if kill['during_burst'] else 'after the burst'}: "
+        f"{kill['burst_messages_served_after_the_kill']} burst messages reached a model after it), "
         f"session {kill['session']}: its {kill['messages_of_the_blocked_call']} message(s) answered once: {kill['answered_once']}"
     )
     k = r["takeover"]

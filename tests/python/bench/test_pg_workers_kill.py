@@ -41,7 +41,7 @@ def run_bench(*args: str, timeout: float) -> Dict[str, Any]:
 
 def check(report: Dict[str, Any]) -> None:
     kill, audit = report["kill"], report["audit"]
-    assert kill["in_model_call"] and kill["during_burst"], kill
+    assert kill["in_model_call"] and kill["during_burst"] and kill["burst_messages_served_after_the_kill"] > 0, kill
     assert kill["answered_once"] == kill["messages_of_the_blocked_call"], kill
     assert audit["ok"], audit
     assert audit["entered_once"] == audit["answered_once"] == audit["messages"], audit
