@@ -445,9 +445,11 @@ class Worker:
         self._requeue_interrupted(session)
         while True:
             # Input is pending, or the last turn crashed with calls in doubt that a resume
-            # settles (docs/durability.md#calls-in-doubt).
+            # settles (docs/durability.md#calls-in-doubt), or its waiting step has calls that
+            # need no decision and have no result yet (docs/decisions.md#waiting).
             resumable = agent.inbox.has_pending or agent._core.resumable
-            if agent.status == "idle" and resumable and not self._stopping and not session.fenced:
+            startable = agent.status == "idle" and resumable or agent.status == "waiting" and agent._core.resumable
+            if startable and not self._stopping and not session.fenced:
                 if not agent.wake() and agent.status == "idle":
                     # The log refused turn/start (reported as agent/error): let another try.
                     logger.warning("worker %s: session %r has input but no turn starts; releasing it", self._name, session.log.id)

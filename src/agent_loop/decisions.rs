@@ -390,19 +390,30 @@ impl HeldStep {
         self.pending().is_empty()
     }
 
-    /// Whether a resume has something to do now: every request is resolved (the decided calls
-    /// run, then the step goes on), or a call that needs no decision lacks its result (its
-    /// gate let it run and it has not started, or it started and is in doubt) and no request
-    /// about a started call holds it (`asked`: the open step's requests about started calls).
+    /// Whether a resume has something to do now (what `Machine::take_up` would do): a call
+    /// without a result that no pending request holds (one the gate let run, or denied, that
+    /// has not started; one that started and is in doubt; once every request is resolved, a
+    /// decided one), or, with every request resolved and nothing left to run, the step's end.
+    /// `asked`: the open step's requests about started calls.
     pub fn actionable(&self, asked: &[(super::call_decisions::CallRequest, Option<Resolution>)]) -> bool {
-        if self.ready() {
-            return true;
+        let ready = self.ready();
+        let mut holding = false;
+        for (index, logged) in self.logged.iter().enumerate() {
+            let acts = match logged {
+                Logged::Done => false,
+                Logged::InDoubt { seq, .. } => !asked.iter().any(|(r, s)| r.call_seq == *seq && s.is_none()),
+                Logged::NotStarted => match self.decision_for(index) {
+                    Some((_, None)) => false,
+                    Some((_, Some(_))) => ready,
+                    None => self.gated_for(index).is_some() || ready,
+                },
+            };
+            if acts {
+                return true;
+            }
+            holding |= *logged != Logged::Done;
         }
-        self.logged.iter().enumerate().any(|(index, logged)| match logged {
-            Logged::Done => false,
-            Logged::InDoubt { seq, .. } => !asked.iter().any(|(r, s)| r.call_seq == *seq && s.is_none()),
-            Logged::NotStarted => self.decision_for(index).is_none() && self.gated_for(index).is_some(),
-        })
+        ready && !holding
     }
 
     /// The gate's logged verdict on call `index`, which asked no one (the latest, should the
