@@ -1080,7 +1080,10 @@ def test_model_stream_yields_garbage(chunks, shown):
     run = run_turn(_streaming(*chunks))
     assert_failed(run, "INVALID_REPLY", f"model stream yielded {shown}; expected a chunk dict")
     assert run.of("assistant/message") == []
-    assert len(run.of("assistant/chunk")) == len(chunks) - 1  # the good chunks before it stay logged
+    # the good chunks before it stay logged, then the loop's failed finish ends the request
+    *good, finish = [e.data["chunk"] for e in run.of("assistant/chunk")]
+    assert len(good) == len(chunks) - 1
+    assert (finish["type"], finish["reason"], finish["error"]["code"]) == ("finish", "error", "INVALID_REPLY")
 
 
 @pytest.mark.parametrize("value", [None, 5], ids=["none", "int"])
@@ -1120,7 +1123,9 @@ def test_model_stream_chunk_not_json():
         'session event "assistant/chunk" carries non-JSON-serializable data: data.chunk.t: NaN is not lossless JSON',
         NotJsonError,
     )
-    assert run.of("assistant/chunk") == []
+    # the chunk was refused; the failed request is in the log by the loop's failed finish
+    [finish] = [e.data["chunk"] for e in run.of("assistant/chunk")]
+    assert (finish["type"], finish["reason"], finish["error"]["code"]) == ("finish", "error", "UNKNOWN")
 
 
 def test_model_reply_dict_content():
