@@ -511,6 +511,10 @@ fn tool_result(turn: u64, step: u64, call_id: &str, text: &str) -> String {
     ev("tool/result", json!({"turn": turn, "step": step, "message": result(call_id, text)}))
 }
 
+fn concluding_result(turn: u64, step: u64, call_id: &str, text: &str) -> String {
+    ev("tool/result", json!({"turn": turn, "step": step, "message": result(call_id, text), "concludesTurn": true}))
+}
+
 fn tool_error(turn: u64, step: u64, call_id: &str, text: &str, name: &str, code: &str) -> String {
     ev("tool/result", json!({"turn": turn, "step": step, "message": error_result(call_id, text), "error": {"name": name, "code": code}}))
 }
@@ -1056,7 +1060,7 @@ fn a_result_that_concludes_the_turn_ends_it_without_another_request() {
         ],
     );
     assert_eq!(r.effects, ["PreStep[hello]", "BeforeRequest[hello]", "CallModel", "RunTools", "TurnStopping", "Finished"]);
-    assert_eq!(snapshot_from(&w.log, 8), [tool_result(1, 1, "c1", "final"), step_end(1, 1), turn_end(1, completed())]);
+    assert_eq!(snapshot_from(&w.log, 8), [concluding_result(1, 1, "c1", "final"), step_end(1, 1), turn_end(1, completed())]);
 }
 
 #[test]
@@ -1092,7 +1096,7 @@ fn a_concluding_result_with_contexts_takes_another_step_for_them() {
     assert_eq!(
         snapshot_from(&w.log, 8),
         [
-            tool_result(1, 1, "c1", "final"),
+            concluding_result(1, 1, "c1", "final"),
             inserted("next-step", vec![ctx.clone()]),
             step_end(1, 1),
             claimed("next-step", 1),

@@ -114,7 +114,7 @@ fn a_parent_is_deleted_only_after_its_forks() {
 }
 
 #[test]
-fn schema_version_8_keeps_the_copied_forks_of_a_version_7_database() {
+fn schema_version_9_keeps_the_copied_forks_of_a_version_7_database() {
     let Some(dsn) = dsn() else { return };
     let (dsn, schema) = fresh_schema(&dsn);
     let mut setup =
@@ -139,7 +139,7 @@ fn schema_version_8_keeps_the_copied_forks_of_a_version_7_database() {
     );
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[8]);
+    assert_eq!(core.applied_migrations(), &[8, 9]);
     drop(core);
     let store = store(&dsn);
     // The copy needs nothing of its parent, which may go first.

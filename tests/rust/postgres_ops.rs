@@ -244,7 +244,7 @@ fn schema_version_5_migrates_a_version_4_database_keeping_its_staged_messages() 
     );
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[5, 6, 7, 8]);
+    assert_eq!(core.applied_migrations(), &[5, 6, 7, 8, 9]);
     assert_eq!(query(&dsn, &format!("SELECT op FROM {schema}.kerman_inbox_staged")), "insert");
     drop(core);
     let log = store(&dsn).open("old").unwrap();
@@ -265,7 +265,7 @@ fn schema_version_6_lets_a_version_5_database_stage_requeues() {
     }
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[6, 7, 8]);
+    assert_eq!(core.applied_migrations(), &[6, 7, 8, 9]);
     drop(core);
     let s = store(&dsn);
     let log = s.create(None).unwrap();
@@ -288,7 +288,7 @@ fn schema_version_8_lets_a_version_7_database_stage_resolves() {
     }
     query(&dsn, &format!("SET search_path TO {schema};{setup}"));
     let core = PgCore::connect(&dsn, PgOptions::default()).unwrap();
-    assert_eq!(core.applied_migrations(), &[8]);
+    assert_eq!(core.applied_migrations(), &[8, 9]);
     drop(core);
     let s = store(&dsn);
     let log = s.create(None).unwrap();
