@@ -20,5 +20,8 @@ def test_run_cost_bench_prints_its_rows() -> None:
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["bench"] == "run_cost" and [row["model_ms"] for row in result["rows"]] == [0.0, 0.5]
+    assert result["bench"] == "run_cost"
+    # One row per model latency and reading (the text and priced usage, or the text alone).
+    readings = [(row["model_ms"], row["reading"]) for row in result["rows"]]
+    assert readings == [(0.0, "text+usage"), (0.0, "text"), (0.5, "text+usage"), (0.5, "text")]
     assert all(row["ratio"] > 0 and set(row["us_per_turn"]) == {"followup", "run"} for row in result["rows"])
