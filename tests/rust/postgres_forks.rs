@@ -4,33 +4,12 @@
 
 use std::fmt::Write as _;
 
-use kerman::event_log::postgres::{PgCore, PgOptions, PostgresStore, MIGRATIONS};
+use kerman::event_log::postgres::{PgCore, PgOptions, MIGRATIONS};
 use kerman::event_log::{LogError, SessionLog, Store};
 use serde_json::json;
 
-use super::postgres_store::fresh_schema;
-
-fn dsn() -> Option<String> {
-    std::env::var("KERMAN_PG_DSN").ok().filter(|d| !d.is_empty())
-}
-
-fn store(dsn: &str) -> PostgresStore {
-    PostgresStore::connect(dsn, PgOptions::default()).unwrap()
-}
-
-fn query(dsn: &str, sql: &str) -> String {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
-        client.batch_execute(sql).await.unwrap();
-        let last = sql.rsplit(';').find(|s| !s.trim().is_empty()).unwrap();
-        match last.trim_start().to_lowercase().starts_with("select") {
-            true => client.query_one(last, &[]).await.unwrap().get(0),
-            false => String::new(),
-        }
-    })
-}
+use super::postgres_ops::{query, store};
+use super::postgres_store::{dsn, fresh_schema};
 
 fn fill(log: &SessionLog, from: usize, n: usize) {
     for i in from..from + n {

@@ -22,11 +22,12 @@ fn dsn() -> Option<String> {
     std::env::var("KERMAN_PG_DSN").ok().filter(|d| !d.is_empty())
 }
 
-fn store(dsn: &str) -> PostgresStore {
+pub fn store(dsn: &str) -> PostgresStore {
     PostgresStore::connect(dsn, PgOptions::default()).unwrap()
 }
 
-fn query(dsn: &str, sql: &str) -> String {
+/// Runs `sql` (statements separated by `;`); the first column of the last one when it is a `SELECT`.
+pub fn query(dsn: &str, sql: &str) -> String {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await.unwrap();

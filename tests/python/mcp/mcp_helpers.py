@@ -5,13 +5,14 @@ what the loop logged. (Not a conftest.py: the suite's top conftest is imported b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -63,13 +64,14 @@ def scripted(*replies: Any) -> ScriptedModel:
     return ScriptedModel(list(replies))
 
 
-@pytest.fixture
-def http_url() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, SERVER, "http"], stdout=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def serving_http(script: str, env: Optional[Dict[str, str]] = None) -> Iterator[str]:
+    """Runs the MCP server `script` over streamable HTTP on loopback; yields its URL."""
+    proc = subprocess.Popen([sys.executable, script, "http"], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         port = proc.stdout.readline().strip()  # printed once uvicorn listens
-        assert port.isdigit(), f"the HTTP test server did not start (printed {port!r})"
+        assert port.isdigit(), f"the HTTP server {script} did not start (printed {port!r})"
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -80,3 +82,9 @@ def http_url() -> Iterator[str]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    with serving_http(SERVER) as url:
+        yield url

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
+from mcp_helpers import serving_http  # noqa: E402
 from task_child import model, server  # noqa: E402
 
 import kerman  # noqa: E402
@@ -43,22 +44,8 @@ def tasks(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def task_url(tasks: Path) -> Iterator[str]:
-    env = {**os.environ, "KERMAN_MCP_TASKS": str(tasks)}
-    proc = subprocess.Popen([sys.executable, SERVER, "http"], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        port = proc.stdout.readline().strip()
-        assert port.isdigit(), f"the HTTP task server did not start (printed {port!r})"
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with serving_http(SERVER, env={**os.environ, "KERMAN_MCP_TASKS": str(tasks)}) as url:
+        yield url
 
 
 def runs(tasks: Path) -> List[str]:
