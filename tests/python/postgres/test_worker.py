@@ -268,24 +268,29 @@ def _rows(store: PostgresStore) -> List[dict]:
 
 
 def test_a_killed_workers_sessions_are_taken_over_with_crash_closers_and_claimed_input_requeued(workers):
-    """Worker A dies (SIGKILL) in two states: one session inside its model call (the message was
-    entered: the turn is closed as interrupted, not run again) and one inside a pre_step after
-    the claim (claimed, never entered: requeued by the taker, entered once). B takes both over
-    once the lease expires, with no new input."""
+    """Worker A dies (SIGKILL) holding two sessions in two states: one inside its model call (the
+    message was entered: the turn is closed as interrupted, not run again) and one inside a
+    pre_step after the claim (claimed, never entered: requeued by the taker, entered once). B
+    takes both over once the leases expire, with no new input.
+
+    One worker holds both, so no other worker runs until A is dead: a second one started while
+    A's lease on the first session could lapse (a short TTL, a loaded host) would take that
+    session over itself and answer it before B exists (as it did under load)."""
     dsn = fresh_schema_dsn()
     store = PostgresStore(dsn)
     in_model, in_pre = sessions(store, 2, "kill")
-    a = workers(dsn, "hang", "--lease-ttl", "1", env={"WORKER_APP_DELAY": "3600"})
+    # A's TTL is long enough that a starved A keeps its leases while alive; B waits it out.
+    a = workers(dsn, "hang", "--lease-ttl", "5", env={"WORKER_APP_DELAY": "3600", "WORKER_APP_HANG": in_pre})
     entered = store.enqueue(in_model, "entered before the kill")
-    a.wait_line(lambda line: line.startswith(f"model {in_model}"), "A's model call")
-    a.close()  # A is gone; start the pre_step case with a second A
-    a2 = workers(dsn, "hang", "--lease-ttl", "1", env={"WORKER_APP_HANG": "1"})
     claimed = store.enqueue(in_pre, "claimed, never entered")
-    a2.wait_line(lambda line: line.startswith(f"pre {in_pre}"), "A2's pre_step")
+    a.wait_line(lambda line: line.startswith(f"model {in_model}"), "A's model call")
+    a.wait_line(lambda line: line.startswith(f"pre {in_pre}"), "A's pre_step")
     held = {sid: row(store, sid) for sid in (in_model, in_pre)}
-    assert held[in_pre]["owner_name"].endswith(f":{a2.pid}") and held[in_pre]["state"] == "owned"
-    a2.proc.kill()
-    a2.proc.wait(timeout=DEADLINE)
+    for sid in (in_model, in_pre):
+        assert held[sid]["owner_name"].endswith(f":{a.pid}"), held[sid]
+    assert sorted(line.split()[1] for line in a.lines if line.startswith("took ")) == sorted((in_model, in_pre)), a.lines
+    a.proc.kill()
+    a.proc.wait(timeout=DEADLINE)
     b = workers(dsn, "echo", "--lease-ttl", "1")
     for sid in (in_model, in_pre):
         b.wait_line(lambda line, sid=sid: line.startswith(f"took {sid}"), f"B's take of {sid}")
@@ -629,3 +634,4 @@ def test_a_factory_that_hangs_is_bounded_by_the_grace_period_of_the_drain():
     r = row(store, sid)
     assert r["owner"] is None and r["staged"] == 1, r
     assert worker.stats["released"] == 1
+

@@ -9,8 +9,9 @@ Every fact a test synchronises on is one flushed stdout line, never a sleep:
 - ``frozen <n>`` from the ``frozen`` factory: how many objects ``gc.freeze()`` holds.
 
 Environment: ``WORKER_APP_DELAY`` (seconds the model waits before replying, default 0),
-``WORKER_APP_FAIL=1`` (the model raises: every turn fails), ``WORKER_APP_HANG=1`` (the ``hang``
-factory's pre_step never returns: the turn claims its input and waits forever).
+``WORKER_APP_FAIL=1`` (the model raises: every turn fails), ``WORKER_APP_HANG=<session>,...`` (the
+``hang`` factory's pre_step never returns in the sessions named: the turn claims its input and
+waits forever; the other sessions' turns run on).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def echo(log) -> AgentLoop:
 def hang(log) -> AgentLoop:
     say("took", log.id, os.getpid())
     loop = AgentLoop(_model(log.id), log=log)
-    if os.environ.get("WORKER_APP_HANG") == "1":
+    if log.id in os.environ.get("WORKER_APP_HANG", "").split(","):
 
         @loop.pre_step
         async def wait_forever(step, next):
