@@ -430,8 +430,10 @@ class Worker:
         session.failures = self._count_failures(session, 0, at_take=True)
 
         def on_status(event: Any) -> None:
-            if event.status == "running":
-                session.poke()
+            # Every change ends the session's wait: a turn starting or a held step resuming
+            # ("running"), and a waiting turn ended without running again ("idle": a resolve
+            # answered its request), which the wait below would otherwise never hear of.
+            session.poke()
 
         def on_error(event: Any) -> None:
             error = event.error if isinstance(event.error, dict) else {}
@@ -466,10 +468,15 @@ class Worker:
                 return
             if self._stopping:
                 break
-            if agent.inbox.has_pending:
+            waiting = agent.status == "waiting"
+            # Input pending behind a step that waits for decisions waits for that turn: going
+            # round again would not start it, and this loop must await between its rounds.
+            if agent.inbox.has_pending and not waiting:
                 continue
-            # Idle: keep the session for more input, until the idle timeout.
-            if not await self._wait(session, self._idle_timeout) and agent.status == "idle" and not agent.inbox.has_pending:
+            # Idle: keep the session for more input, until the idle timeout. Waiting: hold it
+            # until its status changes (a decision, a cancel, an expiry, a resolve) or a stop.
+            poked = await self._wait(session, None if waiting else self._idle_timeout)
+            if not poked and agent.status == "idle" and not agent.inbox.has_pending:
                 break
         await self._release(session)
 

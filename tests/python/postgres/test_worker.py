@@ -635,3 +635,91 @@ def test_a_factory_that_hangs_is_bounded_by_the_grace_period_of_the_drain():
     assert r["owner"] is None and r["staged"] == 1, r
     assert worker.stats["released"] == 1
 
+
+def test_input_sent_while_a_step_waits_for_a_decision_leaves_the_worker_responsive():
+    """A turn whose step waits for a decision holds the session's input for after it. Input
+    that arrives meanwhile (a user typing while an approval is pending) must not make the
+    worker's session task spin: it once went round its loop without awaiting anything for as
+    long as the step waited, blocking the event loop and with it every session of the worker
+    (a decision, which resumes the step on that event loop, could not land either).
+
+    The message arrives while the model is called (held until the test has seen it in the log),
+    so it is pending when the step starts waiting. The worker's event loop runs in a thread, so
+    a blocked loop fails the probe instead of hanging the test."""
+    import asyncio
+    import json
+
+    import kerman
+    from kerman.decisions import pending
+
+    dsn = fresh_schema_dsn()
+    store = PostgresStore(dsn)
+    (sid,) = sessions(store, 1, "waits")
+    in_model, go_on = threading.Event(), threading.Event()
+    paid: List[int] = []
+
+    async def model(request):
+        if request.step > 1:
+            yield {"type": "text-delta", "text": "done"}
+            return
+        text = request.entered[-1].text if request.entered else ""
+        if not text.startswith("pay "):
+            yield {"type": "text-delta", "text": f"echo: {text}"}
+            return
+        in_model.set()
+        assert await asyncio.to_thread(go_on.wait, DEADLINE), "the test never let the model reply"
+        yield {"type": "tool-call", "id": "call-1", "name": "pay", "arguments": json.dumps({"amount": int(text.split()[1])})}
+
+    def factory(log):
+        loop = kerman.AgentLoop(model, log=log)
+
+        @loop.tool(needs_approval=True)
+        async def pay(amount: int) -> str:
+            """Pays."""
+            paid.append(amount)
+            return "paid"
+
+        return loop
+
+    worker = kerman.Worker(PostgresStore(dsn), factory, idle_timeout=60.0, name="w")
+    running: List[asyncio.AbstractEventLoop] = []
+    started = threading.Event()
+
+    async def serve() -> None:
+        running.append(asyncio.get_running_loop())
+        started.set()
+        await worker.run()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(DEADLINE)
+    (event_loop,) = running
+    follower = store.follow(sid)
+    blocked = False
+    try:
+        first = store.enqueue(sid, "pay 3")
+        assert in_model.wait(DEADLINE), "the worker never called the model"
+        second = store.enqueue(sid, "and after that")
+        inserted = lambda: [m["id"] for e in follower.events() if e.type == "agent/inbox/spliced" for m in e.data["inserted"]]  # noqa: E731
+        wait_until(lambda: second.id in inserted(), "the owner's inbox to take the second message")
+        go_on.set()
+        wait_until(lambda: pending(follower), "the step to ask")
+        [request] = pending(follower)
+        # The worker's event loop still runs its tasks while the step waits.
+        probe = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), event_loop)
+        try:
+            probe.result(DEADLINE)
+        except TimeoutError:
+            blocked = True  # nothing stops a loop that never awaits: its thread is left to the exit
+            raise AssertionError("the worker's event loop is blocked while the step waits for its decision") from None
+        answer = store.decide(sid, request.decision_id, kerman.Approve(), key="k")
+        assert answer["applied"] is True, answer
+        wait_until(lambda: turn_ends(store, sid) == ["completed", "completed"], "the paid turn, then the second message's")
+        assert paid == [3]
+    finally:
+        worker.stop()
+        if not blocked:
+            thread.join(DEADLINE)
+        follower.close()
+    assert not thread.is_alive()
+    audit(store, {sid: [first.id, second.id]})
