@@ -11,7 +11,10 @@
 //! logs with the usage when the budget has a USD limit (the host prices the request). A failed
 //! attempt that streamed nothing (its one chunk is its failed `finish`: a refused connection, an
 //! HTTP error) reported no usage and produced nothing: it counts as a request, not as one of
-//! unknown price (which would spend a USD limit for good).
+//! unknown price (which would spend a USD limit for good). A request a cancellation cut before
+//! anything visible was logged ends with a `cancelled` finish the loop writes: like any finish
+//! that is not `stop` or `max-tokens` it ends an attempt, counted the same way (a request, with
+//! the usage its chunks reported, if any).
 //!
 //! The rule: a budget is spent when any limit is reached (`spent >= max`). It is checked when
 //! input is claimed and before every model request; a request is never started on a spent
@@ -371,12 +374,17 @@ mod tests {
             // finish): two requests, no tokens, and no unknown price.
             (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "error", "error": {"code": "RATE_LIMITED"}}})),
             (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "error", "error": {"code": "RATE_LIMITED"}}})),
+            // A request cancelled before its first chunk (the loop's cancelled finish): one more,
+            // no tokens, no unknown price; one cancelled after only usage: that usage.
+            (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "cancelled"}})),
+            (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "usage", "input": 9}})),
+            (events::ASSISTANT_CHUNK, json!({"chunk": {"type": "finish", "reason": "cancelled"}})),
         ];
         for (kind, data) in &events {
             fold.add(kind, &data.to_string());
         }
-        assert_eq!(fold.session, Spent { tokens: 241, requests: 6, tool_calls: 2, usd: 0.75, unpriced: 2 });
-        assert_eq!(fold.this_turn, Spent { tokens: 0, requests: 3, tool_calls: 0, usd: 0.0, unpriced: 1 });
+        assert_eq!(fold.session, Spent { tokens: 250, requests: 8, tool_calls: 2, usd: 0.75, unpriced: 3 });
+        assert_eq!(fold.this_turn, Spent { tokens: 9, requests: 5, tool_calls: 0, usd: 0.0, unpriced: 2 });
         assert_eq!(fold.turn, 2);
     }
 

@@ -192,6 +192,14 @@ pub fn failed_finish(turn: u64, step: u64, failure: &super::failure::Failure) ->
     assistant_chunk(turn, step, &crate::json::compact(&Value::Object(chunk)))
 }
 
+/// `assistant/chunk {turn, step, chunk: {type: "finish", reason: "cancelled"}}`: a cancellation
+/// cut a model request the loop had made before anything visible of it was logged
+/// (`machine/attempt.rs`): the request is in the log, counted once, without an
+/// `assistant/message` (reference CAN-22).
+pub fn cancelled_finish(turn: u64, step: u64) -> LoopEvent {
+    assistant_chunk(turn, step, r#"{"type":"finish","reason":"cancelled"}"#)
+}
+
 /// `assistant/message {turn, step, message[, interrupted: true][, usage]}`, citing the chunks
 /// it was assembled from.
 pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: bool, usage: Option<&str>, chunks: Vec<u64>) -> LoopEvent {

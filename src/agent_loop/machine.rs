@@ -682,6 +682,12 @@ impl Machine {
         self.check(ctx)?;
         let text = crate::json::compact(&Value::Object(chunk));
         let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&text) else { unreachable!("compact JSON of an object") };
+        if self.attempt.ended() {
+            // The last chunk ended an attempt and the stream goes on: this is another attempt
+            // of the request (a `Fallback`'s next model), and the message is only its own.
+            self.chunks.clear();
+            self.assembler = None;
+        }
         let seq = ctx.append(events::assistant_chunk(self.turn, self.step, &text)).map_err(|e| Fault::Core(CoreError::Log(e)))?;
         self.chunks.push(seq);
         self.attempt.chunk(&chunk);
@@ -689,23 +695,15 @@ impl Machine {
         assembler.feed(&chunk).map_err(|message| Fault::rule(FailureCode::Unknown, message))
     }
 
-    /// A stream failed (or was aborted, or cancelled from outside): what was visible is logged
-    /// as an interrupted message when the turn aborted, the stream is closed, and the fault
-    /// unwinds.
+    /// A stream failed (or was aborted, or cancelled from outside): a cancellation logs the
+    /// request as an interrupted message of what was visible (`attempt`), the stream is closed,
+    /// and the fault unwinds.
     fn stream_failed(&mut self, ctx: &Ctx<'_>, fault: Fault) -> Effect {
-        if ctx.aborted() {
-            if let Some(assembler) = self.assembler.take() {
-                let visible = assembler.visible();
-                if !visible.is_empty() {
-                    let usage = assembler.usage().map(|u| crate::json::compact(&u));
-                    let chunks = std::mem::take(&mut self.chunks);
-                    let appended = Message::assistant(visible, None, None)
-                        .map_err(|e| Fault::Core(CoreError::Message(e)))
-                        .and_then(|message| self.append_assistant(ctx, message, false, usage.as_deref(), chunks, true));
-                    if let Err(fault) = appended {
-                        return self.fail(ctx, fault);
-                    }
-                }
+        if Self::cut_by(ctx, &fault) {
+            let assembler = self.assembler.take().unwrap_or_default();
+            let usage = assembler.usage().map(|u| crate::json::compact(&u));
+            if let Err(fault) = self.close_cut_attempt(ctx, assembler.visible(), usage) {
+                return self.fail(ctx, fault);
             }
         }
         self.assembler = None;
@@ -880,7 +878,7 @@ impl Machine {
         self.assembler = None;
         self.plan = None;
         if let Err(e) = self.close_failed_attempt(ctx, &fault) {
-            return self.fail(ctx, Fault::Core(CoreError::Log(e)));
+            return self.fail(ctx, e);
         }
         if self.step_open {
             self.step_open = false;

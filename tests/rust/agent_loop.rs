@@ -1153,12 +1153,18 @@ fn cancelled_while_before_request_runs() {
     );
 }
 
+/// The record of a request a cancellation cut before anything visible of it was logged: the
+/// loop's `cancelled` finish (the request was made, so it is counted once; no message, CAN-22).
+fn cut_before_its_first_chunk(turn: u64, step: u64) -> String {
+    ev("assistant/chunk", json!({"turn": turn, "step": step, "chunk": {"type": "finish", "reason": "cancelled"}}))
+}
+
 #[test]
 fn cancelled_while_the_model_runs() {
     cancelled_at(
         vec![enter(), request(json!({})), cancelled("CallModel").meanwhile(cancel())],
         &["PreStep[hello]", "BeforeRequest[hello]", "CallModel", "Finished"],
-        vec![step_start(1, 1), user_message("hello"), header(json!({})), step_end(1, 1)],
+        vec![step_start(1, 1), user_message("hello"), header(json!({})), cut_before_its_first_chunk(1, 1), step_end(1, 1)],
     );
 }
 
@@ -1167,9 +1173,69 @@ fn cancelled_while_awaiting_a_chunk() {
     cancelled_at(
         vec![enter(), request(json!({})), stream(), cancelled("NextChunk").meanwhile(cancel())],
         &["PreStep[hello]", "BeforeRequest[hello]", "CallModel", "NextChunk", "CloseStream", "Finished"],
-        // nothing was visible: no assistant/message
-        vec![step_start(1, 1), user_message("hello"), header(json!({})), step_end(1, 1)],
+        // nothing was visible: no assistant/message, the request ends with a cancelled finish
+        vec![step_start(1, 1), user_message("hello"), header(json!({})), cut_before_its_first_chunk(1, 1), step_end(1, 1)],
     );
+}
+
+#[test]
+fn cancelled_during_the_checkpoint_flush_before_the_call_made_no_request() {
+    // The line: a request is made when the model is called; a cancel before that logs none.
+    let dir = tempfile::tempdir().unwrap();
+    let log = FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap().create(Some("s")).unwrap();
+    let w = World::over(None, log);
+    w.followup("hello");
+    let r = run(&w, vec![enter(), request(json!({})), proceed("Flush").meanwhile(cancel())]);
+    assert_eq!(r.effects, ["PreStep[hello]", "BeforeRequest[hello]", "Flush", "Finished"]);
+    assert!(seqs_of(&w.log, "assistant/message").is_empty());
+}
+
+#[test]
+fn a_stream_cancelled_with_nothing_visible_ends_its_chunks_with_a_cancelled_finish() {
+    let w = World::new();
+    w.followup("hello");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "usage", "input": 9})),
+            cancelled("NextChunk").meanwhile(cancel()),
+        ],
+    );
+    assert_eq!(
+        snapshot_from(&w.log, 6)[..3],
+        [
+            ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": {"type": "usage", "input": 9}})),
+            cut_before_its_first_chunk(1, 1),
+            step_end(1, 1)
+        ]
+    );
+    assert!(seqs_of(&w.log, "assistant/message").is_empty());
+}
+
+#[test]
+fn a_stream_cancelled_after_an_attempt_ended_ends_the_next_attempt_it_awaited() {
+    // Usage marked partial ends an attempt, a failed request; the stream went on, so the chunk
+    // awaited is another attempt's (a Fallback's next model), cut before its first chunk. The
+    // ended attempt's text is not logged again as an interrupted message: it is counted once.
+    let w = World::new();
+    w.followup("hello");
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "par"})),
+            chunk(json!({"type": "usage", "input": 9, "partial": true})),
+            cancelled("NextChunk").meanwhile(cancel()),
+        ],
+    );
+    let chunks = seqs_of(&w.log, "assistant/chunk");
+    assert_eq!(snapshot_from(&w.log, chunks[2])[..1], [cut_before_its_first_chunk(1, 1)]);
+    assert!(seqs_of(&w.log, "assistant/message").is_empty());
 }
 
 #[test]
@@ -1267,7 +1333,13 @@ fn a_cancellation_from_outside_ends_the_turn_disposed_and_propagates() {
     assert_eq!(r.effects, ["PreStep[hello]", "BeforeRequest[hello]", "CallModel", r#"Abort {"kind":"disposed"}"#, "Finished"]);
     assert_eq!(
         snapshot_from(&w.log, 5),
-        [header(json!({})), step_end(1, 1), turn_end(1, json!({"kind": "aborted", "reason": {"kind": "disposed"}}))]
+        [
+            header(json!({})),
+            // the request was made: a cancellation cut it, as the loop's own would
+            cut_before_its_first_chunk(1, 1),
+            step_end(1, 1),
+            turn_end(1, json!({"kind": "aborted", "reason": {"kind": "disposed"}}))
+        ]
     );
     assert!(r.machine.propagates());
 }
@@ -1649,12 +1721,14 @@ fn a_model_that_raises_or_answers_wrongly_is_a_failed_request_but_a_cancelled_on
     w.followup("hello");
     run(&w, vec![enter(), request(json!({})), answer("CallModel", |_, _| Input::NotAReply("None".into()))]);
     assert_eq!(snapshot_from(&w.log, 6)[..2], [failed_finish(1, 1, invalid), step_end(1, 1)]);
-    // Cancelled (by the loop or from outside), or a lost lease: no failure of the model to log.
-    for kind in [RaisedKind::Cancelled, RaisedKind::Fatal] {
+    // Cancelled (by the loop or from outside) or a fatal exception: no failure of the model to
+    // log; a cancelled request was made and ends with the loop's cancelled finish.
+    for (kind, chunks) in [(RaisedKind::Cancelled, vec![cut_before_its_first_chunk(1, 1)]), (RaisedKind::Fatal, vec![])] {
         let w = World::new();
         w.followup("hello");
         run(&w, vec![enter(), request(json!({})), raise("CallModel", kind, json!({"message": "", "code": "UNKNOWN"}))]);
-        assert!(seqs_of(&w.log, "assistant/chunk").is_empty(), "{kind:?}");
+        let logged: Vec<String> = seqs_of(&w.log, "assistant/chunk").into_iter().map(|s| snapshot_from(&w.log, s)[0].clone()).collect();
+        assert_eq!(logged, chunks, "{kind:?}");
     }
 }
 
@@ -1732,6 +1806,62 @@ fn an_aborted_stream_logs_what_was_visible_as_interrupted() {
     );
     assert_eq!(cites(&w.log, 9), Some(seqs_of(&w.log, "assistant/chunk")));
     assert!(seqs_of(&w.log, "tool/call").is_empty());
+}
+
+#[test]
+fn a_stream_that_holds_a_failed_attempt_then_another_answers_with_the_second_alone() {
+    // A model that tries another model after the first failed before any output (Fallback)
+    // yields the first one's failed finish, then the second's reply: two requests, and the
+    // message is the second one's, citing only its chunks.
+    let w = World::new();
+    w.followup("hello");
+    let failed = json!({"type": "finish", "reason": "error", "error": {"message": "busy", "code": "RATE_LIMITED"}, "model": "a"});
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "text-delta", "text": "lost"})),
+            chunk(failed.clone()),
+            chunk(json!({"type": "text-delta", "text": "ok"})),
+            chunk(json!({"type": "usage", "input": 4, "model": "b"})),
+            chunk(json!({"type": "finish", "reason": "stop"})),
+            stream_end(),
+        ],
+    );
+    let chunks = seqs_of(&w.log, "assistant/chunk");
+    let message = seqs_of(&w.log, "assistant/message")[0];
+    assert_eq!(cites(&w.log, message), Some(chunks[2..].to_vec()));
+    assert_eq!(
+        snapshot_from(&w.log, message)[..1],
+        [ev(
+            "assistant/message",
+            json!({"turn": 1, "step": 1, "message": assistant(vec![block("ok")]), "usage": {"input": 4, "model": "b"}})
+        )]
+    );
+}
+
+#[test]
+fn a_stream_whose_last_attempt_ended_itself_gets_no_failed_finish_from_the_loop() {
+    // Every model of a Fallback failed: each yielded its failed finish, the last failure is raised.
+    let w = World::new();
+    w.followup("hello");
+    let second = json!({"message": "down", "code": "SERVER_ERROR"});
+    let raised = failure_of(second.clone());
+    run(
+        &w,
+        vec![
+            enter(),
+            request(json!({})),
+            stream(),
+            chunk(json!({"type": "finish", "reason": "error", "error": {"message": "busy", "code": "RATE_LIMITED"}, "model": "a"})),
+            chunk(json!({"type": "finish", "reason": "error", "error": second, "model": "b"})),
+            answer("NextChunk", move |_, _| Input::ModelFailed(raised.clone())),
+            retry(false),
+        ],
+    );
+    assert_eq!(seqs_of(&w.log, "assistant/chunk").len(), 2);
 }
 
 // ---- repeated tool-call ids -------------------------------------------------------------------

@@ -270,6 +270,9 @@ def _chunk(v: events.AssistantChunk) -> str:
         error = chunk.error
         if error is not None:
             text += f": {_escape(_truncate(error.message, TEXT_LIMIT))} [{_escape(error.code or 'UNKNOWN')}]"
+        model = chunk.model
+        if model is not None:  # the model a Fallback tried
+            text += f" ({_escape(model)})"
         return text
     rest = {k: val for k, val in chunk.raw.items() if k != "type"}
     return f"{kind} {compact_json(rest)}" if rest else kind

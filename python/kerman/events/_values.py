@@ -553,10 +553,21 @@ class UsageChunk(Chunk):
 
 
 class FinishChunk(Chunk):
-    """``{"type": "finish", "reason", "error"?}``: how the reply ended (``"stop"``,
-    ``"max-tokens"``, ``"error"``)."""
+    """``{"type": "finish", "reason", "error"?, "model"?, "provider"?}``: how the reply ended
+    (``"stop"``, ``"max-tokens"``, ``"error"``; ``"cancelled"``, written by the loop, for a
+    request a cancellation cut before anything visible of it was logged). ``model`` and
+    ``provider`` name the model that failed, on the failed finish a ``Fallback`` yields for each
+    model it tried."""
 
     __slots__ = ()
+
+    @property
+    def model(self) -> Optional[str]:
+        return _str(self.raw.get("model")) or None
+
+    @property
+    def provider(self) -> Optional[str]:
+        return _str(self.raw.get("provider")) or None
 
     @property
     def reason(self) -> Optional[str]:

@@ -153,6 +153,27 @@ def _as_chunks(reply: Any) -> List[Dict[str, Any]]:
     return chunks
 
 
+def _failed_finish(exc: BaseException, model: Any) -> Dict[str, Any]:
+    """The failed ``finish`` of a model a :class:`Fallback` tried, as the loop would log it for
+    that failure (``error``: the failure dict), naming the model and its provider."""
+    if isinstance(exc, ModelError):
+        error: Dict[str, Any] = {"message": exc.message or type(exc).__name__, "code": exc.code}
+        for key, value in (("status", exc.status), ("retryAfterMs", exc.retry_after_ms), ("requestId", exc.request_id)):
+            if value is not None:
+                error[key] = value
+    else:
+        error = {"message": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, "code": "UNKNOWN"}
+    chunk: Dict[str, Any] = {"type": "finish", "reason": "error", "error": error}
+    from ..usage._prices import model_of
+
+    name, provider = model_of(model)
+    if name is not None:
+        chunk["model"] = name
+    if provider is not None:
+        chunk["provider"] = provider
+    return chunk
+
+
 class Fallback:
     """A model that tries ``models`` in order: when one fails with a code in ``on`` (default
     :data:`FALLBACK_ON`) before it produced any output, the next one gets the same request.
@@ -161,7 +182,10 @@ class Fallback:
     ``retry_policy`` then re-issues the request, starting from the first model again.
 
     When every model failed, the last failure is raised, with the earlier ones in its
-    ``fallback_errors`` attribute. Use one ``stream`` setting for all models: a non-streaming
+    ``fallback_errors`` attribute. Streaming, each model that failed before any output is in
+    the log as a request of its own: the fallback yields its failed ``finish`` chunk, naming the
+    model (``model``, ``provider``), before it moves on or raises (docs/usage.md). Use one
+    ``stream`` setting for all models: a non-streaming
     model behind a streaming first one is replayed as chunks (which drops the opaque state a
     non-streamed reply keeps in its blocks), and a streaming one behind a non-streaming first
     one is read to the end before the reply is returned.
@@ -213,7 +237,12 @@ class Fallback:
         result = first
         for index in range(len(self.models)):
             if index > 0:
-                result = self.models[index](request)
+                try:
+                    result = self.models[index](request)
+                except Exception as e:
+                    # Nothing of its request was made: the stream holds no attempt of it.
+                    e.fallback_errors = errors  # type: ignore[attr-defined]
+                    raise
             started = False
             try:
                 if hasattr(result, "__anext__"):
@@ -231,8 +260,14 @@ class Fallback:
                         started = True
                         yield chunk
                 return
-            except ModelError as e:
-                if started or not self._falls_back(e) or index == len(self.models) - 1:
+            except Exception as e:
+                if started:  # its chunks are the attempt: the loop ends it
+                    e.fallback_errors = errors  # type: ignore[attr-defined]
+                    raise
+                # Each model tried is a request of its own (docs/usage.md): its failed finish,
+                # naming it, ends it in the log before the next model's chunks or the failure.
+                yield _failed_finish(e, self.models[index])
+                if not self._falls_back(e) or index == len(self.models) - 1:
                     e.fallback_errors = errors  # type: ignore[attr-defined]
                     raise
                 errors.append(e)

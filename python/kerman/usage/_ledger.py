@@ -110,13 +110,16 @@ class Totals:
 @dataclass(frozen=True)
 class Request:
     """One model request as the log shows it. ``outcome``: ``"completed"``, ``"max-tokens"``,
-    ``"interrupted"`` (the turn was aborted mid-stream: the message is what was visible) or
+    ``"interrupted"`` (a cancellation cut it once the model was called: its message is what was
+    visible; with nothing visible, no message, its chunks end with the loop's ``cancelled``
+    finish, and its ``usage`` is ``None`` unless the stream reported some) or
     ``"failed"`` (no message: the request failed, was retried, or the process stopped during
     it). ``usage`` is the normalised usage as logged (``None``: nothing reported); ``partial``
     says it is what the stream reported before it stopped. ``seqs``: the log positions the
     request occupies (its chunks and its message). ``model``/``provider``: what the pricer was
     told: the model that answered and its provider as Kerman's providers log them with the
-    usage, else the request's ``model`` option when one was logged, else the ledger's defaults."""
+    usage (or, for a failed request, named with its failed ``finish``, as a ``Fallback`` does),
+    else the request's ``model`` option when one was logged, else the ledger's defaults."""
 
     turn: int
     step: int
@@ -270,16 +273,25 @@ class Fold:
             self._option_model = option_model
 
     def _settle_chunks(self, end: int) -> None:
-        """The chunks in flight are one request that got no message: a failed attempt."""
+        """The chunks in flight are one request that got no message: a failed attempt, or, ended
+        by the loop's ``cancelled`` finish, one a cancellation cut before anything visible was
+        logged (``interrupted``). A failed ``finish`` that names a ``model`` (a ``Fallback``
+        names each model it tried) says what it is priced as, unless its usage names one."""
         chunks, self._chunks = self._chunks, []
         usage: Optional[Dict[str, Any]] = None
+        named: Tuple[Optional[str], Optional[str]] = (None, None)
+        outcome = "failed"
         for _, _, chunk in chunks:
             if isinstance(chunk, ev.UsageChunk):
                 usage = dict(usage or {}, **{k: v for k, v in chunk.raw.items() if k != "type"})
+            elif isinstance(chunk, ev.FinishChunk):
+                if chunk.model:
+                    named = (chunk.model, chunk.provider)
+                outcome = "interrupted" if chunk.reason == "cancelled" else "failed"
         start, self._start = self._start, end
         self._last_time = end
         partial = usage is not None
-        self._record(self._turn, self._step, tuple(c[0] for c in chunks), "failed", usage, partial, start, end)
+        self._record(self._turn, self._step, tuple(c[0] for c in chunks), outcome, usage, partial, start, end, named=named)
 
     def _record(
         self,
@@ -292,15 +304,17 @@ class Fold:
         start: int,
         end: int,
         kind: str = "reply",
+        named: Tuple[Optional[str], Optional[str]] = (None, None),
     ) -> None:
         failed = outcome == "failed"
         totals = request_totals(usage, failed, partial, end - start)
-        # Which model answered: what the provider logged with the usage, else the request's
-        # `model` option, else the ledger's default (logs written before providers logged it).
+        # Which model answered: what the provider logged with the usage, else the model a failed
+        # finish named, else the request's `model` option, else the ledger's default (logs
+        # written before providers logged it).
         logged = usage.get("model") if usage is not None else None
         vendor = usage.get("provider") if usage is not None else None
-        model = logged if isinstance(logged, str) and logged else self._option_model or self.model
-        provider = vendor if isinstance(vendor, str) and vendor else self.provider
+        model = logged if isinstance(logged, str) and logged else named[0] or self._option_model or self.model
+        provider = vendor if isinstance(vendor, str) and vendor else named[1] or self.provider
         price: Optional[Decimal]
         if usage is None or (totals.tokens and self.pricer is None):
             price = None  # nothing reported, or nothing to price with: unknown, not free

@@ -1,4 +1,5 @@
-//! Every model request is in the log, failed ones included (`docs/usage.md#what-is-counted`).
+//! Every model request is in the log, failed and cancelled ones included
+//! (`docs/usage.md#what-is-counted`).
 //!
 //! A request that gets an `assistant/message` is that message; one that fails is its chunks,
 //! and the usage ledger and the budget count each failed attempt by the chunk that ends it (a
@@ -6,8 +7,18 @@
 //! before its first chunk (a refused connection, an HTTP 429), or whose stream stopped without
 //! such a chunk, would leave nothing, or nothing that ends it: the machine appends the failed
 //! `finish` itself (`assistant/chunk {chunk: {type: "finish", reason: "error", error}}`), so each
-//! attempt is counted once. A request cut by the turn's own abort, a cancellation from outside,
-//! a fatal exception or a lost lease is not a failure of the model: nothing is appended for it.
+//! attempt is counted once.
+//!
+//! A stream may go on after a chunk that ended an attempt (a `Fallback` that tries its next
+//! model): the chunks after it are another attempt of the same request, and the message holds
+//! and cites only the last attempt's.
+//!
+//! A request cut by a cancellation (the turn's abort, or the driver's task cancelled from
+//! outside) once the model was called is not a failure of the model, but it was made: it is the
+//! `assistant/message` marked `interrupted` with what was visible, or, when nothing visible was
+//! logged (before its first chunk, a non-streamed reply never returned), a `finish` chunk with
+//! reason `cancelled` written by the machine (no message: reference CAN-22). A fatal exception
+//! or a lost lease appends nothing.
 
 use serde_json::{Map, Value};
 
@@ -16,6 +27,7 @@ use crate::agent_loop::events;
 use crate::agent_loop::failure::Failure;
 use crate::agent_loop::CoreError;
 use crate::event_log::LogError;
+use crate::message::Message;
 
 /// The model request in flight, from the call to its message or its failure.
 #[derive(Debug, Default)]
@@ -30,6 +42,11 @@ impl Attempt {
     /// A request is about to be made.
     pub(super) fn begin(&mut self) {
         *self = Attempt { open: true, ended: false };
+    }
+
+    /// The stream's last chunk ended an attempt: the next chunk is another attempt's.
+    pub(super) fn ended(&self) -> bool {
+        self.open && self.ended
     }
 
     /// A chunk of it was logged.
@@ -58,22 +75,51 @@ impl Machine {
         Ok(())
     }
 
+    /// Whether `fault` is a cancellation cutting the turn (its signal aborted, or the driver's
+    /// task cancelled from outside), which ends the request in flight `interrupted`. A fatal
+    /// exception, a lost lease or a core error does not (nothing more is appended for them).
+    pub(super) fn cut_by(ctx: &Ctx<'_>, fault: &Fault) -> bool {
+        match fault {
+            Fault::Raised(Raised { kind: RaisedKind::Cancelled, .. }) => true,
+            Fault::Raised(Raised { kind: RaisedKind::Fatal | RaisedKind::LeaseLost, .. }) | Fault::Core(_) => false,
+            _ => ctx.aborted(),
+        }
+    }
+
+    /// A cancellation cut the request in flight: it is logged once, as an `interrupted` message
+    /// of `visible` (what its stream had shown, with its `usage`, citing its chunks), or, with
+    /// nothing visible, as a `cancelled` finish ending its chunks. When its last chunk had ended
+    /// an attempt, the stream was awaited for another one, which showed nothing yet: the ended
+    /// attempt stays a failed request, and the cancelled finish is the next one's.
+    pub(super) fn close_cut_attempt(&mut self, ctx: &Ctx<'_>, visible: Vec<Value>, usage: Option<String>) -> Result<(), Fault> {
+        let attempt = std::mem::take(&mut self.attempt);
+        let chunks = std::mem::take(&mut self.chunks);
+        if !attempt.open {
+            return Ok(());
+        }
+        if attempt.ended || visible.is_empty() {
+            ctx.append(events::cancelled_finish(self.turn, self.step)).map_err(|e| Fault::Core(CoreError::Log(e)))?;
+            return Ok(());
+        }
+        let message = Message::assistant(visible, None, None).map_err(|e| Fault::Core(CoreError::Message(e)))?;
+        self.append_assistant(ctx, message, false, usage.as_deref(), chunks, true)
+    }
+
     /// The turn body unwinds with `fault` while a request is in flight: a failure of the model
     /// (an error it reported, an exception it raised, a reply the loop refused) closes the
-    /// attempt; an abort, a cancellation, a fatal exception or a lost lease does not. (A core
-    /// error comes here described, as `Raised`; one of the log's own was not asked again,
-    /// [`Machine::log_failed`].)
-    pub(super) fn close_failed_attempt(&mut self, ctx: &Ctx<'_>, fault: &Fault) -> Result<(), LogError> {
+    /// attempt; a cancellation logs it interrupted; a fatal exception or a lost lease leaves
+    /// it. (A core error comes here described, as `Raised`; one of the log's own was not asked
+    /// again, [`Machine::log_failed`].)
+    pub(super) fn close_failed_attempt(&mut self, ctx: &Ctx<'_>, fault: &Fault) -> Result<(), Fault> {
+        if Self::cut_by(ctx, fault) {
+            return self.close_cut_attempt(ctx, Vec::new(), None);
+        }
         let (Fault::Failure { failure, .. } | Fault::Raised(Raised { kind: RaisedKind::Error, failure: Some(failure) })) = fault else {
             self.attempt = Attempt::default();
             return Ok(());
         };
-        if ctx.aborted() {
-            self.attempt = Attempt::default();
-            return Ok(());
-        }
         let failure = failure.clone();
-        self.close_attempt(ctx, &failure)
+        self.close_attempt(ctx, &failure).map_err(|e| Fault::Core(CoreError::Log(e)))
     }
 
     /// A core error is about to be described: when the log failed, nothing more is appended

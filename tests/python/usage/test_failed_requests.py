@@ -115,7 +115,7 @@ def test_a_model_that_raises_an_ordinary_exception_made_a_failed_request() -> No
     asyncio.run(main())
 
 
-def test_a_request_cancelled_before_its_first_chunk_logs_no_failure() -> None:
+def test_a_request_cancelled_before_its_first_chunk_logs_no_failure_but_is_counted() -> None:
     async def main() -> None:
         started = asyncio.Event()
 
@@ -130,6 +130,10 @@ def test_a_request_cancelled_before_its_first_chunk_logs_no_failure() -> None:
         loop.cancel()
         await loop.when_idle()
         assert failed_finishes(loop.log) == []
+        # A cancellation is not a failure of the model, but the request was made: it is an
+        # empty interrupted message (test_cancelled_and_fallback_requests.py).
+        [request] = ledger(loop.log, pricer=None).requests
+        assert (request.outcome, request.usage, request.cost) == ("interrupted", None, None)
         await loop.aclose()
 
     asyncio.run(main())
