@@ -446,11 +446,20 @@ def consumed_work(events: Iterable[Event | dict[str, _JsonValue]]) -> ConsumedWo
 def pending_decisions(log: SessionLog) -> list[dict[str, Any]]:
     """The requests of the session waiting for a person, oldest first (what ``loop.decisions`` lists)."""
 
-def request_foreign_decisions(log: SessionLog, requester: dict[str, Any], calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """Asks a person about calls of a loop other than Kerman's (``(call_id, name, arguments)``)."""
+def request_foreign_decisions(
+    log: SessionLog, requester: dict[str, Any], calls: list[tuple[str, str, str, int | None]]
+) -> list[dict[str, Any]]:
+    """Asks a person about calls of a loop other than Kerman's (``(call_id, name, arguments,
+    expires_at_ms)``)."""
 
 def decide_on_log(log: SessionLog, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None) -> dict[str, Any]:
     """Applies a person's decision to a pending request of a log this process owns without a loop."""
+
+def expire_decisions(log: SessionLog, now: int | None = None) -> int:
+    """Resolves the pending requests past their deadline (epoch ms; the clock by default) as ``expired``."""
+
+def cancel_foreign_decisions(log: SessionLog, requester: dict[str, Any] | None = None) -> int:
+    """Resolves a loop other than Kerman's pending requests (of ``requester``, or all) as ``cancelled``."""
 
 def _at_exit() -> None: ...
 
@@ -486,6 +495,8 @@ __all__ = [
     "pending_decisions",
     "request_foreign_decisions",
     "decide_on_log",
+    "expire_decisions",
+    "cancel_foreign_decisions",
 ]
 
 @final

@@ -19,10 +19,10 @@
 
 use serde_json::Value;
 
-use super::decisions::{self, Decide, DecideError, Decided, Request, RequestKind, Resolution};
+use super::decisions::{self, Request, RequestKind, Resolution};
 use super::events::{self, publish};
 use super::in_doubt::{self, InDoubt, Logged, SideEffect};
-use crate::event_log::{Event, LogError, Publishing, SessionLog};
+use crate::event_log::{Event, LogError, SessionLog};
 
 /// What an in-doubt request offers: `run-again` only for a tool whose effect class allows a
 /// retry (running a `write` tool again may do it twice).
@@ -173,24 +173,6 @@ pub fn request_input(
     let ask = CallRequest { request, call_seq, options: vec!["answer".to_owned(), "decline".to_owned()], payload };
     events::append(log, events::call_decision_requested(&ask, last))?;
     Ok(ask)
-}
-
-/// Applies `decision` to `request` (pending, about a started call; `others_pending`: another
-/// request of the step still waits). What each kind accepts is
-/// [`decisions::started_resolution`]'s.
-pub(super) fn decide(
-    publishing: &Publishing<'_>,
-    request: &CallRequest,
-    decision: Decide,
-    by: Option<&str>,
-    key: Option<&str>,
-    others_pending: bool,
-) -> Result<Decided, DecideError> {
-    let mut resolved = decisions::started_resolution(request, decision)?;
-    resolved.by = by.map(str::to_owned);
-    resolved.key = key.map(str::to_owned);
-    publish(publishing, events::decision_resolved(&resolved), None)?;
-    Ok(Decided { duplicate: false, ready: !others_pending })
 }
 
 /// The open step's requests about started calls are all resolved (or there are none).

@@ -7,19 +7,27 @@
 //! `decision/resolved` with its `decisionId` follows, which [`decide`](super::decisions::decide)
 //! writes as for any approval (from the owner, `FileStore.decide` or `PostgresStore.decide`); the
 //! framework reads the resolutions back when it resumes. Kerman's machine never runs these calls.
+//!
+//! A request may carry a deadline (`expiresAt`): past it, a decision is refused and the request
+//! resolved `expired`, as [`expire`](super::decisions::expire) does for whoever reads the log
+//! next (a Kerman loop's timer, the framework going on). A Kerman loop's `cancel` leaves these
+//! requests alone (they are not its turn's); [`cancel`] resolves them `cancelled` for the
+//! framework that gave up waiting.
 
 use serde_json::Value;
 
-use super::decisions::{self, request_of, resolution_of, Decide, DecideError, Decided, Request, RequestKind, Resolution, Resolved};
+use super::decisions::{self, request_of, resolution_of, Request, RequestKind, Resolution, Resolved};
 use super::events::{self, publish};
-use crate::event_log::{Event, LogError, Publishing, SessionLog};
+use crate::event_log::{Event, LogError, SessionLog};
 
-/// One call a framework asks a person about: its id, tool name and arguments (JSON text).
+/// One call a framework asks a person about: its id, tool name and arguments (JSON text), and
+/// the deadline of the request (epoch milliseconds), if it has one.
 #[derive(Debug, Clone)]
 pub struct ForeignCall {
     pub call_id: String,
     pub name: String,
     pub arguments: String,
+    pub expires_at: Option<i64>,
 }
 
 /// A foreign request as logged, with its requester and its resolution, if any.
@@ -57,7 +65,7 @@ pub fn request(log: &SessionLog, requester: &Value, calls: &[ForeignCall]) -> Re
             kind: RequestKind::Approval,
             note: None,
             schema: None,
-            expires_at: None,
+            expires_at: call.expires_at,
         };
         publish(&publishing, events::foreign_decision_requested(&request, &requester, index + 1 == calls.len()), None)?;
         out.push(request);
@@ -89,12 +97,81 @@ pub fn requests(events: &[Event]) -> Vec<Found> {
     out
 }
 
-/// The foreign request `decision_id`, if `events` hold one.
-pub fn find(events: &[Event], decision_id: &str) -> Option<Found> {
-    if !events.iter().any(|e| e.kind() == events::DECISION_REQUESTED) {
-        return None;
+/// A foreign request found by its id: the request, its resolution (if any), and whether
+/// another request of its requester still waits (the framework goes on once none does).
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub request: Request,
+    pub resolution: Option<Resolution>,
+    pub others_pending: bool,
+}
+
+/// The foreign request `decision_id`, if `events` hold one. Decodes only what can matter: the
+/// request (the last `decision/requested` whose text names the id), its batch ([`request`]
+/// writes a requester's requests together under one publish token, in order, the last marked
+/// `last`, so they stand side by side), and the resolutions after it that name one of the
+/// batch's ids; a decide on a long session reads the rest by type and text alone. A batch that
+/// is not laid out so (a log written otherwise) is read by the whole fold.
+pub fn find(events: &[Event], decision_id: &str) -> Option<Located> {
+    let (at, data) = events
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, e)| e.kind() == events::DECISION_REQUESTED && e.data_json().contains(decision_id))
+        .map(|(at, e)| (at, e.data()))
+        .find(|(_, data)| data.get("decisionId").and_then(Value::as_str) == Some(decision_id))?;
+    let requester = data.get("for").filter(|v| v.is_object())?;
+    let request = request_of(&data)?;
+    let Some(batch) = batch_of(events, at, &request, requester) else { return find_by_fold(events, decision_id) };
+    let end = at - request.index + batch.len();
+    let mut resolutions: Vec<Option<Resolution>> = vec![None; batch.len()];
+    for event in &events[end..] {
+        if event.kind() != events::DECISION_RESOLVED || !batch.iter().any(|r| event.data_json().contains(&r.decision_id)) {
+            continue;
+        }
+        let Some(resolution) = resolution_of(&event.data()) else { continue };
+        if let Some(slot) = batch.iter().zip(resolutions.iter_mut()).find(|(r, s)| s.is_none() && r.decision_id == resolution.decision_id) {
+            *slot.1 = Some(resolution);
+        }
     }
-    requests(events).into_iter().find(|f| f.request.decision_id == decision_id)
+    let mine = batch.iter().position(|r| r.decision_id == decision_id)?;
+    let others_pending = resolutions.iter().enumerate().any(|(i, s)| i != mine && s.is_none());
+    Some(Located { request, resolution: resolutions.swap_remove(mine), others_pending })
+}
+
+/// The batch of requests `request` (at `at`) was written in, in order, when they stand side by
+/// side as [`request`] writes them: from the one at index 0 to the one marked `last` (or, for a
+/// batch a crash cut short, the last of them).
+fn batch_of(events: &[Event], at: usize, request: &Request, requester: &Value) -> Option<Vec<Request>> {
+    let first = at.checked_sub(request.index)?;
+    let mut batch: Vec<Request> = Vec::new();
+    for event in &events[first..] {
+        if event.kind() != events::DECISION_REQUESTED {
+            break;
+        }
+        let data = event.data();
+        if data.get("for") != Some(requester) {
+            break;
+        }
+        let sibling = request_of(&data)?;
+        if sibling.index != batch.len() {
+            return None;
+        }
+        batch.push(sibling);
+        if data.get("last").and_then(Value::as_bool) == Some(true) {
+            break;
+        }
+    }
+    (batch.len() > request.index && batch[request.index].decision_id == request.decision_id).then_some(batch)
+}
+
+/// [`find`] by the whole fold.
+fn find_by_fold(events: &[Event], decision_id: &str) -> Option<Located> {
+    let all = requests(events);
+    let found = all.iter().find(|f| f.request.decision_id == decision_id)?;
+    let others_pending =
+        all.iter().any(|f| f.requester == found.requester && f.resolution.is_none() && f.request.decision_id != decision_id);
+    Some(Located { request: found.request.clone(), resolution: found.resolution.clone(), others_pending })
 }
 
 /// The foreign requests of `events` waiting for a person, in order.
@@ -105,37 +182,19 @@ pub fn pending(events: &[Event]) -> Vec<Request> {
     requests(events).into_iter().filter(|f| f.resolution.is_none()).map(|f| f.request).collect()
 }
 
-/// Applies a person's decision to the foreign request `found`: one `decision/resolved`, or none
-/// when `key` was applied before. `ready`: no request of the same requester is still pending.
-pub(super) fn decide(
-    publishing: &Publishing<'_>,
-    log: &SessionLog,
-    found: &Found,
-    decision: Decide,
-    by: Option<&str>,
-    key: Option<&str>,
-    now: i64,
-) -> Result<Decided, DecideError> {
-    let decision_id = found.request.decision_id.as_str();
-    let others_pending = || {
-        log.with_events(requests)
-            .iter()
-            .any(|f| f.requester == found.requester && f.resolution.is_none() && f.request.decision_id != decision_id)
-    };
-    if let Some(r) = &found.resolution {
-        if key.is_some() && r.key.as_deref() == key {
-            return Ok(Decided { duplicate: true, ready: !others_pending() });
-        }
-        if r.outcome == Resolved::Expired {
-            return Err(DecideError::Expired(decision_id.to_owned()));
-        }
-        return Err(DecideError::Resolved(decision_id.to_owned(), r.outcome));
+/// Resolves the pending foreign requests as `cancelled` (of `requester` only, when given: the
+/// framework's run that gave up waiting); how many. Refuses a requester that is not a JSON
+/// object (`InvalidEvent`), before anything is written.
+pub fn cancel(log: &SessionLog, requester: Option<&Value>) -> Result<usize, LogError> {
+    if let Some(value) = requester.filter(|v| !v.is_object()) {
+        return Err(LogError::InvalidEvent(format!("a decision's requester must be a JSON object, got {}", crate::json::compact(value))));
     }
-    if found.request.expires_at.is_some_and(|t| t <= now) {
-        publish(publishing, events::decision_resolved(&decisions::resolution(&found.request, Resolved::Expired)), None)?;
-        return Err(DecideError::Expired(decision_id.to_owned()));
+    let of = |found: &Found| requester.is_none_or(|r| serde_json::from_str::<Value>(&found.requester).is_ok_and(|v| v == *r));
+    // The fold and the appends under one publish token: nothing resolves a request in between.
+    let publishing = log.publishing()?;
+    let due: Vec<Request> = log.with_events(requests).into_iter().filter(|f| f.resolution.is_none() && of(f)).map(|f| f.request).collect();
+    for request in &due {
+        publish(&publishing, events::decision_resolved(&decisions::resolution(request, Resolved::Cancelled)), None)?;
     }
-    let resolved = decisions::resolve_request(&found.request, decision, by, key)?;
-    publish(publishing, events::decision_resolved(&resolved), None)?;
-    Ok(Decided { duplicate: false, ready: !others_pending() })
+    Ok(due.len())
 }

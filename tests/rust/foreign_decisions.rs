@@ -8,7 +8,7 @@ use kerman::event_log::{MemoryStore, Store};
 use serde_json::json;
 
 fn call(id: &str, name: &str, arguments: &str) -> ForeignCall {
-    ForeignCall { call_id: id.into(), name: name.into(), arguments: arguments.into() }
+    ForeignCall { call_id: id.into(), name: name.into(), arguments: arguments.into(), expires_at: None }
 }
 
 #[test]
@@ -49,4 +49,82 @@ fn a_requester_must_be_an_object() {
     let err = foreign_decisions::request(&log, &json!("run 1"), &[call("c1", "t", "{}")]).unwrap_err();
     assert!(err.to_string().contains("requester must be a JSON object"), "{err}");
     assert_eq!(log.len(), 0);
+}
+
+#[test]
+fn a_foreign_request_past_its_deadline_is_expired_by_a_decision_or_by_expire() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let requester = json!({"kind": "pydantic-ai", "run": 1});
+    let calls = [
+        ForeignCall { expires_at: Some(1_000), ..call("c1", "refund", "{}") },
+        ForeignCall { expires_at: Some(5_000), ..call("c2", "refund", "{}") },
+        call("c3", "refund", "{}"),
+    ];
+    let asked = foreign_decisions::request(&log, &requester, &calls).unwrap();
+    assert_eq!(log.range(0, None)[0].data()["expiresAt"], json!(1_000));
+    assert_eq!(decisions::next_expiry(&log), Some(1_000));
+    // A decision past the deadline is refused and logs the expiry; once more, still `Expired`.
+    let late = decisions::decide(&log, &asked[0].decision_id, Decide::Approve, None, Some("k"), 2_000).unwrap_err();
+    assert!(matches!(late, DecideError::Expired(_)), "{late}");
+    let again = decisions::decide(&log, &asked[0].decision_id, Decide::Approve, None, Some("k"), 2_000).unwrap_err();
+    assert!(matches!(again, DecideError::Expired(_)), "{again}");
+    // `expire` resolves what is due at `now` and nothing else; a Kerman loop's cancel leaves them.
+    assert_eq!(decisions::expire(&log, 4_999).unwrap(), 0);
+    assert_eq!(decisions::cancel_pending(&log).unwrap(), 0);
+    assert_eq!(decisions::expire(&log, 5_000).unwrap(), 1);
+    let outcomes: Vec<_> =
+        log.with_events(foreign_decisions::requests).iter().map(|f| f.resolution.as_ref().map(|r| r.outcome.as_str())).collect();
+    assert_eq!(outcomes, [Some("expired"), Some("expired"), None]);
+    assert_eq!(decisions::next_expiry(&log), None);
+}
+
+#[test]
+fn cancel_resolves_one_requester_s_pending_requests_or_all() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let (one, two) = (json!({"kind": "pydantic-ai", "run": 1}), json!({"run": 2, "kind": "pydantic-ai"}));
+    let first = foreign_decisions::request(&log, &one, &[call("a", "t", "{}"), call("b", "t", "{}")]).unwrap();
+    foreign_decisions::request(&log, &two, &[call("c", "t", "{}")]).unwrap();
+    decisions::decide(&log, &first[0].decision_id, Decide::Approve, None, None, 0).unwrap();
+    assert!(foreign_decisions::cancel(&log, Some(&json!("run 1"))).unwrap_err().to_string().contains("JSON object"));
+    // Keys in another order name the same requester.
+    assert_eq!(foreign_decisions::cancel(&log, Some(&json!({"run": 1, "kind": "pydantic-ai"}))).unwrap(), 1);
+    let pending: Vec<_> = decisions::pending(&log).into_iter().map(|r| r.call_id).collect();
+    assert_eq!(pending, ["c"]);
+    assert_eq!(foreign_decisions::cancel(&log, None).unwrap(), 1);
+    assert!(decisions::pending(&log).is_empty());
+    let refused = decisions::decide(&log, &first[1].decision_id, Decide::Approve, None, None, 0).unwrap_err();
+    assert!(matches!(refused, DecideError::Resolved(_, decisions::Resolved::Cancelled)), "{refused}");
+}
+
+/// `find` reads a request's batch and the resolutions that name it; what it says must be what
+/// the whole fold says, for every request of a log of runs between plugin events, some decided.
+#[test]
+fn find_agrees_with_the_whole_fold() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let mut ids = Vec::new();
+    for run in 1..=6u64 {
+        let requester = json!({"kind": "pydantic-ai", "run": run});
+        log.append("pydantic-ai/run", &json!({"run": run})).unwrap();
+        let calls: Vec<_> = (0..=run % 3).map(|n| call(&format!("c{run}.{n}"), "t", &format!("{{\"n\":{n}}}"))).collect();
+        let asked = foreign_decisions::request(&log, &requester, &calls).unwrap();
+        ids.extend(asked.iter().map(|r| r.decision_id.clone()));
+        log.append("pydantic-ai/run-end", &json!({"run": run})).unwrap();
+        if run % 2 == 0 {
+            decisions::decide(&log, &asked[0].decision_id, Decide::Approve, None, None, 0).unwrap();
+        }
+    }
+    // A batch of one request (marked `last`), after the others.
+    let torn = foreign_decisions::request(&log, &json!({"kind": "pydantic-ai", "run": 7}), &[call("t0", "t", "{}")]).unwrap();
+    ids.push(torn[0].decision_id.clone());
+    let events = log.range(0, None);
+    let all = foreign_decisions::requests(&events);
+    for id in &ids {
+        let located = foreign_decisions::find(&events, id).unwrap();
+        let expected = all.iter().find(|f| &f.request.decision_id == id).unwrap();
+        assert_eq!(located.request, expected.request);
+        assert_eq!(located.resolution, expected.resolution);
+        let others = all.iter().any(|f| f.requester == expected.requester && f.resolution.is_none() && &f.request.decision_id != id);
+        assert_eq!(located.others_pending, others, "{id}");
+    }
+    assert!(foreign_decisions::find(&events, "nope").is_none());
 }

@@ -11,6 +11,13 @@ pydantic-ai needs to go on, read from the session alone: ``message_history`` and
 ``deferred_tool_results`` built from the resolutions (approved → ``ToolApproved()``, edited →
 ``ToolApproved(override_args=...)``, denied → ``ToolDenied(reason)``, expired or cancelled →
 ``ToolDenied``).
+
+A request has a deadline when the tool asked with one: ``ApprovalRequired(metadata=
+{"kerman_expires_in": seconds})`` or ``{"kerman_expires_at": datetime | epoch seconds}``, read
+as ``kerman.Ask`` reads them. Past it, a decision is refused ``expired`` (and the expiry logged),
+and the next ``deferred()`` logs the expiry of what nobody decided in time before it reads the
+resolutions. ``cancel(log)`` resolves a paused run's pending requests ``cancelled`` (a Kerman
+loop's ``cancel()`` leaves them: they are not its turn's).
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from typing import Any
 import kerman
 from kerman import events
 
-__all__ = ["requester", "request", "requests", "results"]
+__all__ = ["requester", "request", "requests", "results", "cancel", "EXPIRES_IN", "EXPIRES_AT"]
 
 KIND = "pydantic-ai"
 DENIED = "The tool call was denied."
+# The keys of a deferred call's metadata that give its request a deadline.
+EXPIRES_IN = "kerman_expires_in"
+EXPIRES_AT = "kerman_expires_at"
 
 
 def requester(run: int) -> dict[str, Any]:
@@ -51,9 +61,33 @@ def request(log: kerman.SessionLog, run: int, output: Any) -> bool:
     approvals = list(getattr(output, "approvals", None) or [])
     if not approvals or requests(log, run):
         return False
-    calls = [(call.tool_call_id, call.tool_name, call.args_as_json_str()) for call in approvals]
+    metadata = getattr(output, "metadata", None) or {}
+    calls = [(c.tool_call_id, c.tool_name, c.args_as_json_str(), _deadline(c, metadata.get(c.tool_call_id))) for c in approvals]
     request_foreign_decisions(log, requester(run), calls)
     return True
+
+
+def _deadline(call: Any, metadata: Any) -> int | None:
+    """The deadline (epoch ms) ``call``'s metadata sets, if any, read as ``kerman.Ask`` reads it."""
+    if not isinstance(metadata, dict) or (EXPIRES_IN not in metadata and EXPIRES_AT not in metadata):
+        return None
+    try:
+        return kerman.Ask(expires_in=metadata.get(EXPIRES_IN), expires_at=metadata.get(EXPIRES_AT)).deadline_ms
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"KermanDurability: the deadline of tool call {call.tool_call_id!r} ({call.tool_name}) is not one: "
+            f"{EXPIRES_IN}={metadata.get(EXPIRES_IN)!r}, {EXPIRES_AT}={metadata.get(EXPIRES_AT)!r} ({error})"
+        ) from None
+
+
+def cancel(log: kerman.SessionLog, run: int | None = None) -> int:
+    """Resolves the pending requests of run ``run`` (of every run when ``None``) as ``cancelled``:
+    one ``decision/resolved`` each, in a session this process holds (``durability.log``; with a
+    ``FileStore``, one no other process has open). The next ``deferred()`` gives each such call a
+    ``ToolDenied``. Returns how many were cancelled."""
+    from kerman._core import cancel_foreign_decisions
+
+    return cancel_foreign_decisions(log, None if run is None else requester(run))
 
 
 def _resolutions(log: kerman.SessionLog) -> dict[str, events.DecisionResolved]:
@@ -65,11 +99,16 @@ def _resolutions(log: kerman.SessionLog) -> dict[str, events.DecisionResolved]:
 
 
 def results(log: kerman.SessionLog, run: int) -> Any:
-    """The ``DeferredToolResults`` of run ``run``'s requests, once each is decided; a
-    ``UserError`` naming the ones still pending otherwise."""
+    """The ``DeferredToolResults`` of run ``run``'s requests, once each is decided (or expired:
+    those past their deadline are resolved ``expired`` first); a ``UserError`` naming the ones
+    still pending otherwise."""
     from pydantic_ai import DeferredToolResults, ToolApproved, ToolDenied
     from pydantic_ai.exceptions import UserError
 
+    from kerman._core import expire_decisions
+
+    # What nobody decided by its deadline is expired now, logged as the loop's own are.
+    expire_decisions(log)
     asked = requests(log, run)
     resolved = _resolutions(log)
     pending = [f"{r.name} ({r.decision_id})" for r in asked if r.decision_id not in resolved]

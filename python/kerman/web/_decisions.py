@@ -73,6 +73,9 @@ async def decide(sessions: Sessions, session: Session, decision_id: str, body: J
             duplicate = not session.loop.decide(decision_id, outcome, by=by, key=key)
         except DecisionError as error:
             raise _refused(session, error.reason, str(error)) from None
+        # Durable before it is answered, as store.decide's is: a decision nothing follows at once
+        # (another framework's request, say) would otherwise wait for the next sync.
+        await session.log.flush()
     return {"decision_id": decision_id, "outcome": kind, "duplicate": duplicate}
 
 

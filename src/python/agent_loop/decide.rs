@@ -185,15 +185,16 @@ pub(super) fn pending_decisions<'py>(py: Python<'py>, log: &Bound<'py, super::Py
 }
 
 /// Asks a person about calls of a loop other than Kerman's (a framework's deferred tool calls):
-/// one `decision/requested` per `(call_id, name, arguments)` of `calls`, outside any turn, with
-/// `for` the `requester` (a dict). Returns the requests as dicts, in order (their `decision_id`s
-/// are new). The core writes and folds them (`crate::agent_loop::foreign_decisions`).
+/// one `decision/requested` per `(call_id, name, arguments, expires_at)` of `calls` (the
+/// deadline in epoch milliseconds, or `None`), outside any turn, with `for` the `requester` (a
+/// dict). Returns the requests as dicts, in order (their `decision_id`s are new). The core
+/// writes and folds them (`crate::agent_loop::foreign_decisions`).
 #[pyfunction]
 pub(super) fn request_foreign_decisions<'py>(
     py: Python<'py>,
     log: &Bound<'py, super::PySessionLog>,
     requester: &Bound<'py, PyAny>,
-    calls: Vec<(String, String, String)>,
+    calls: Vec<(String, String, String, Option<i64>)>,
 ) -> PyResult<Bound<'py, PyList>> {
     if !requester.is_instance_of::<PyDict>() {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!("requester must be a dict, got {}", requester.repr()?)));
@@ -201,10 +202,46 @@ pub(super) fn request_foreign_decisions<'py>(
     let requester = to_value(requester, "requester").map_err(|e| pyo3::exceptions::PyTypeError::new_err(e.describe()))?;
     let calls: Vec<_> = calls
         .into_iter()
-        .map(|(call_id, name, arguments)| crate::agent_loop::foreign_decisions::ForeignCall { call_id, name, arguments })
+        .map(|(call_id, name, arguments, expires_at)| crate::agent_loop::foreign_decisions::ForeignCall {
+            call_id,
+            name,
+            arguments,
+            expires_at,
+        })
         .collect();
     let requests = crate::agent_loop::foreign_decisions::request(&log.get().inner, &requester, &calls).map_err(|e| log_err(py, e))?;
     request_list(py, &requests)
+}
+
+/// Resolves the pending requests of `log` past their deadline at `now` (epoch milliseconds;
+/// the clock when `None`) as `expired`, as a loop does when it looks (`loop.decisions`' fold);
+/// for a process that holds the session without an `AgentLoop` (a framework's loop under
+/// `KermanDurability`). Returns how many.
+#[pyfunction]
+#[pyo3(signature = (log, now=None))]
+pub(super) fn expire_decisions(py: Python<'_>, log: &Bound<'_, super::PySessionLog>, now: Option<i64>) -> PyResult<usize> {
+    let now = now.unwrap_or_else(crate::event_log::now_ms);
+    decisions::expire(&log.get().inner, now).map_err(|e| log_err(py, e))
+}
+
+/// Resolves the pending requests of a loop other than Kerman's as `cancelled`: those of
+/// `requester` (a dict, as `request_foreign_decisions` took it), or all of them when `None`.
+/// Returns how many (`crate::agent_loop::foreign_decisions::cancel`).
+#[pyfunction]
+#[pyo3(signature = (log, requester=None))]
+pub(super) fn cancel_foreign_decisions(
+    py: Python<'_>,
+    log: &Bound<'_, super::PySessionLog>,
+    requester: Option<&Bound<'_, PyAny>>,
+) -> PyResult<usize> {
+    let requester = match requester {
+        Some(value) if !value.is_instance_of::<PyDict>() => {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!("requester must be a dict, got {}", value.repr()?)))
+        }
+        Some(value) => Some(to_value(value, "requester").map_err(|e| pyo3::exceptions::PyTypeError::new_err(e.describe()))?),
+        None => None,
+    };
+    crate::agent_loop::foreign_decisions::cancel(&log.get().inner, requester.as_ref()).map_err(|e| log_err(py, e))
 }
 
 /// Applies a person's decision (`Approve`, `Deny`, `Edit`, `Answer`) to pending request

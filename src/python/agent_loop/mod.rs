@@ -732,6 +732,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decide::pending_decisions, m)?)?;
     m.add_function(wrap_pyfunction!(decide::request_foreign_decisions, m)?)?;
     m.add_function(wrap_pyfunction!(decide::decide_on_log, m)?)?;
+    m.add_function(wrap_pyfunction!(decide::expire_decisions, m)?)?;
+    m.add_function(wrap_pyfunction!(decide::cancel_foreign_decisions, m)?)?;
     Ok(())
 }
 

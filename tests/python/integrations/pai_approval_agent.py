@@ -36,7 +36,9 @@ def _trace(trace_dir: Path, name: str, line: str) -> None:
         f.write(line + "\n")
 
 
-def build(trace_dir: Path, capabilities: list[Any]) -> Agent[None, Union[str, DeferredToolRequests]]:
+def refunds_model(trace_dir: Path) -> FunctionModel:
+    """The model: two refund calls (``r7``, ``r8``), then a text of what they returned."""
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         returns = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart)]
         _trace(trace_dir, "model.log", str(len(returns)))
@@ -45,8 +47,12 @@ def build(trace_dir: Path, capabilities: list[Any]) -> Agent[None, Union[str, De
             return ModelResponse(parts=[seven, ToolCallPart("refund", {"order": 8, "amount": 900}, tool_call_id="r8")])
         return ModelResponse(parts=[TextPart("; ".join(f"{p.tool_call_id}: {p.content}" for p in returns))])
 
+    return FunctionModel(model)
+
+
+def build(trace_dir: Path, capabilities: list[Any]) -> Agent[None, Union[str, DeferredToolRequests]]:
     agent: Agent[None, Union[str, DeferredToolRequests]] = Agent(
-        FunctionModel(model), name="refunds", output_type=[str, DeferredToolRequests], capabilities=capabilities
+        refunds_model(trace_dir), name="refunds", output_type=[str, DeferredToolRequests], capabilities=capabilities
     )
 
     @agent.tool_plain(requires_approval=True)
