@@ -3,9 +3,10 @@
 A private ``kerman._core._FaultPlan`` makes the FileStore's writer thread fail one write
 (nothing written, or a short write: part of the batch, then the error), one fsync, or the
 directory's fsync that makes a new session's name durable with its first batch. Every batch is
-synced when written, so closing a log syncs nothing more (an earlier failure still surfaces). Batching is timing-dependent (group commit), so a point is named by the event
-whose batch fails: failing "the batch that holds seq S" for every S of a fault-free run covers
-every write and sync point any batching of that run can have.
+synced when written, so closing a log syncs nothing more (an earlier failure still surfaces).
+Batching is timing-dependent (group commit), so a point is named by the event whose batch fails:
+failing "the batch that holds seq S" for every S of a fault-free run covers every write and sync
+point any batching of that run can have.
 
 Each faulty run checks what SPEC 2.2 promises: the flush barriers covering the failed batch
 raise ``LogWriteError`` (and no barrier beyond it succeeds, so the loop never calls the model or
