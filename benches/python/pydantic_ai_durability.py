@@ -11,7 +11,8 @@ last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS work
     python3 benches/python/pydantic_ai_durability.py [--runs 100] [--reps 5]
 
 A run is three durable units (model, tool, model), so the journal appends five events (run,
-three units, run-end). Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
+three units, run-end) and awaits three flushes (one per unit; the run's end is not awaited, it
+rides with the store's next sync). Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
 loaded host only adds time; the repetitions interleave the rows), per run; prints a table and
 one JSON line.
 """

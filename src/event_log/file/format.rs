@@ -209,13 +209,13 @@ fn shared_parent(record: &Map<String, Value>) -> Result<Parent, String> {
 /// data), or nothing at all. The store writes no other file without a whole header line, so
 /// `open` takes such a file for a session created anew (and writes its header again).
 pub(super) fn unborn(bytes: &[u8]) -> bool {
+    const OPENING: &[u8] = b" {\"type\":\"session\",";
     if bytes.contains(&b'\n') {
         return false;
     }
     let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let text = &bytes[..end];
     let (crc, rest) = text.split_at(text.len().min(8));
-    const OPENING: &[u8] = b" {\"type\":\"session\",";
     let shown = rest.len().min(OPENING.len());
     crc.iter().all(|b| HEX.contains(b)) && rest[..shown] == OPENING[..shown]
 }
