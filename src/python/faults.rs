@@ -19,7 +19,8 @@ enum Trigger {
     Nth(u64),
     /// The write, or sync, of the batch that holds this event seq.
     Seq(u64),
-    /// The final sync when the log closes.
+    /// A sync with no events in it: a session created and never synced, at `close` (or at a
+    /// barrier with nothing pending).
     AtClose,
 }
 
@@ -27,6 +28,8 @@ enum Trigger {
 struct Seen {
     writes: u64,
     syncs: u64,
+    /// Directory syncs (the first sync of a session `create` made).
+    dir_syncs: u64,
     /// `(first seq, events, bytes)` of every write.
     batches: Vec<(u64, u64, usize)>,
     /// `(point, n-th of its kind, first seq, events)` once the fault was injected.
@@ -59,6 +62,10 @@ impl Plan {
                 seen.syncs += 1;
                 seen.syncs
             }
+            FaultPoint::SyncDirectory => {
+                seen.dir_syncs += 1;
+                seen.dir_syncs
+            }
             // Only the cut-back that follows this plan's own fault fails.
             FaultPoint::CutBack => {
                 return (self.cut_back && seen.fired.is_some()).then(|| Fault::Fail(io::Error::from_raw_os_error(self.errno)));
@@ -88,6 +95,7 @@ fn point_name(point: FaultPoint) -> &'static str {
     match point {
         FaultPoint::Write => "write",
         FaultPoint::Sync => "sync",
+        FaultPoint::SyncDirectory => "sync-dir",
         FaultPoint::CutBack => "cut-back",
     }
 }
@@ -95,9 +103,11 @@ fn point_name(point: FaultPoint) -> &'static str {
 /// Test-only: fails one write or sync of the logs a `FileStore(..., _faults=plan)` opens, and
 /// counts the write and sync points reached. Not part of the public API.
 ///
-/// `_FaultPlan()` only counts. `_FaultPlan("write" | "sync", nth=N | seq=S | at_close=True,
-/// short=None, errno=5, cut_back=False)` fails the N-th such operation, or the one whose batch
-/// holds event seq S, or (sync only) the final sync at close, with `errno`. `short=B` (write
+/// `_FaultPlan()` only counts. `_FaultPlan("write" | "sync" | "sync-dir", nth=N | seq=S |
+/// at_close=True, short=None, errno=5, cut_back=False)` fails the N-th such operation, or the
+/// one whose batch holds event seq S, or (sync only) a sync with no events (a session created
+/// and never synced, at close), with `errno`. "sync-dir" is the directory's sync that follows
+/// the file's at the first sync of a session `create` made. `short=B` (write
 /// only) lets the first B bytes of the batch (at most all but one) reach the file first.
 /// `cut_back=True` also fails the cleanup that cuts the file back after the fault.
 #[pyclass(name = "_FaultPlan", module = "kerman._core", frozen)]
@@ -129,7 +139,8 @@ impl PyFaultPlan {
             None => None,
             Some("write") => Some(FaultPoint::Write),
             Some("sync") => Some(FaultPoint::Sync),
-            Some(other) => return Err(PyValueError::new_err(format!("op must be \"write\" or \"sync\", got {other:?}"))),
+            Some("sync-dir") => Some(FaultPoint::SyncDirectory),
+            Some(other) => return Err(PyValueError::new_err(format!("op must be \"write\", \"sync\" or \"sync-dir\", got {other:?}"))),
         };
         let trigger = match (op, nth, seq, at_close) {
             (None, None, None, false) => Trigger::Nth(0),
@@ -151,10 +162,16 @@ impl PyFaultPlan {
         self.plan.seen().writes
     }
 
-    /// Sync points reached so far (the failing one and final syncs included).
+    /// File sync points reached so far (the failing one included).
     #[getter]
     fn syncs(&self) -> u64 {
         self.plan.seen().syncs
+    }
+
+    /// Directory sync points reached so far (the failing one included).
+    #[getter]
+    fn dir_syncs(&self) -> u64 {
+        self.plan.seen().dir_syncs
     }
 
     /// `(first_seq, events, bytes)` of every write point reached.

@@ -158,7 +158,10 @@ impl PyFileStore {
             return Ok(log);
         }
         let (log, recovery) = self.inner.open_with_report(&id).map_err(|e| locked_here(py, e))?;
-        if recovery.truncated_bytes > 0 {
+        if recovery.recreated {
+            let bytes = recovery.truncated_bytes;
+            warn(py, &format!("session {id:?}: its creation never reached the disk (a crash before its first sync left {bytes} bytes of its header); created it again, empty"));
+        } else if recovery.truncated_bytes > 0 {
             let line = recovery.truncated_at_line.map(|l| format!(" from line {l}")).unwrap_or_default();
             warn(py, &format!("session {id:?}: truncated a torn tail of {} bytes{line}", recovery.truncated_bytes));
         }

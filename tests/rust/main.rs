@@ -6,6 +6,7 @@ mod continuation;
 mod decisions;
 mod event_log;
 mod file_store;
+mod file_store_syncs;
 mod foreign_decisions;
 mod fuzz_corpus;
 mod in_doubt;

@@ -3,8 +3,12 @@
 A pydantic-ai ``Agent`` with ``capabilities=[KermanDurability(store, session_id=...)]`` journals
 each durable unit of its runs (model request, tool call, event handling, ...) in the Kerman
 session ``session_id``: when a unit completes, its result is appended as one ``pydantic-ai/unit``
-event and flushed. A run started again with the same session (after a crash, in a new process)
-returns the logged results instead of running those units again, and runs the rest.
+event and flushed before the run goes on. The run's end is appended when it returns and not
+awaited: it reaches the disk with the store's next sync (within the mode's window, at the next
+flush, or at ``close()``); a crash before that leaves a run whose every unit is logged, which the
+next run with its prompt replays whole (no model request, no tool call). A run started again
+with the same session (after a crash, in a new process) returns the logged results instead of
+running those units again, and runs the rest.
 
 Built on pydantic-ai's public ``pydantic_ai.durable_exec`` surface only. Needs the extra
 ``kerman[pydantic-ai]`` (``pydantic-ai-slim``); ``import kerman`` does not import it.
@@ -452,7 +456,10 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
                 journal._requested()
             end["messages"] = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
         log.append(RUN_END, end)
-        if journal.flush:
+        # Not awaited unless the run paused (its end carries the messages that continue it, read
+        # from any process): every unit is durable already, so a run whose end a crash lost is
+        # finished from the log alone, and a durable run pays one sync less (docs/frameworks.md).
+        if paused and journal.flush:
             await log.flush()
         if paused and isinstance(self._session.store, kerman.FileStore):
             # A file session has one process at a time: let go, so store.decide (or kerman serve)

@@ -202,6 +202,24 @@ fn shared_parent(record: &Map<String, Value>) -> Result<Parent, String> {
     Ok(Parent { id: id.to_string(), seq, header_crc: crc.to_string() })
 }
 
+/// Whether a session file's bytes are what a crash of the machine can leave of a session
+/// created but never synced (its creation becomes durable with its first sync: see
+/// `fsio::Durable::Later`): no complete line, only a prefix of a header line (`<crc> {"type":
+/// "session",` ...), possibly followed by zero bytes (a length that reached the disk before the
+/// data), or nothing at all. The store writes no other file without a whole header line, so
+/// `open` takes such a file for a session created anew (and writes its header again).
+pub(super) fn unborn(bytes: &[u8]) -> bool {
+    const OPENING: &[u8] = b" {\"type\":\"session\",";
+    if bytes.contains(&b'\n') {
+        return false;
+    }
+    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let text = &bytes[..end];
+    let (crc, rest) = text.split_at(text.len().min(8));
+    let shown = rest.len().min(OPENING.len());
+    crc.iter().all(|b| HEX.contains(b)) && rest[..shown] == OPENING[..shown]
+}
+
 /// Verifies the bytes of session `id`'s file. Errors only for a damaged or foreign header.
 pub(super) fn scan(bytes: &[u8], path: &Path, id: &str) -> Result<Scan, LogError> {
     scan_upto(bytes, path, id, None)
@@ -321,6 +339,24 @@ mod tests {
         let s = scan(&bytes, Path::new("p"), "s").unwrap();
         let err = s.corruption(Path::new("p")).unwrap();
         assert!(matches!(err, LogError::Corrupt { line: 3, seq: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn what_a_crash_leaves_of_an_unsynced_creation_is_told_from_damage() {
+        let h = header();
+        // Every prefix of the header line (the empty file included), with or without zeros
+        // after it, is a creation that never became durable ...
+        for cut in 0..h.len() - 1 {
+            assert!(unborn(&h[..cut]), "{cut}");
+            assert!(unborn(&[&h[..cut], &[0u8; 40][..]].concat()), "{cut} + zeros");
+        }
+        // ... a whole header line is a session, and anything else without a newline is damage.
+        assert!(!unborn(&h));
+        assert!(!unborn(&[header(), event(0)[..5].to_vec()].concat()));
+        assert!(!unborn(b"e3069283 {\"type\":\"event\""));
+        assert!(!unborn(b"not a session"));
+        assert!(!unborn(b"e30692z3"));
+        assert!(!unborn(&[b"e306".as_slice(), &[0u8; 4], b" {"].concat()));
     }
 
     #[test]

@@ -171,21 +171,37 @@ impl Drop for TempGuard<'_> {
     }
 }
 
-/// Creates `dir/name` holding `contents`, all or nothing: written and synced under a hidden
-/// temporary name, locked, handed to `start` (the session's writer), then hard-linked into
-/// place (which fails if the name is taken) and the directory synced. Returns what `start`
-/// made of the locked file; `Ok(None)` if the name already exists.
+/// When [`create_locked`] makes the new file and its name durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Durable {
+    /// Before it returns: the file is synced before the link, the directory after it.
+    Now,
+    /// Later, by the file's owner: nothing is synced here, and `start` is handed the directory,
+    /// held open, to sync after the file at its first durable write (a session's name becomes
+    /// durable with its first durable record; until then a crash of the machine may leave no
+    /// session, or a file holding part of its header, which `open` takes for a session created
+    /// anew: see [`super::format::unborn`]).
+    Later,
+}
+
+/// Creates `dir/name` holding `contents`, all or nothing: written (and, [`Durable::Now`],
+/// synced) under a hidden temporary name, locked, handed to `start` (the session's writer),
+/// then hard-linked into place (which fails if the name is taken); the temporary name is
+/// removed and, `Durable::Now`, the directory synced. Returns what `start` made of the locked
+/// file; `Ok(None)` if the name already exists.
 ///
-/// Everything that can fail runs before the link, except the directory sync: if that fails,
-/// the name is unlinked again (while `start`'s owner still holds the lock, so nobody can have
-/// opened the session meanwhile) before the error is returned, so a failed create leaves no
-/// session and the same create can be tried again.
+/// Everything that can fail runs before the link, except `Durable::Now`'s directory sync: if
+/// that fails, the name is unlinked again (while `start`'s owner still holds the lock, so
+/// nobody can have opened the session meanwhile) before the error is returned, so a failed
+/// create leaves no session and the same create can be tried again. With `Durable::Later`
+/// nothing can fail after the link (the directory is opened before it).
 pub(super) fn create_locked<T>(
     dir: &Path,
     name: &str,
     stem: &str,
     contents: &[u8],
-    start: impl FnOnce(File) -> Result<T, LogError>,
+    durable: Durable,
+    start: impl FnOnce(File, Option<sys::Dir>) -> Result<T, LogError>,
 ) -> Result<Option<T>, LogError> {
     let target = dir.join(name);
     let mut attempt = 0;
@@ -199,23 +215,33 @@ pub(super) fn create_locked<T>(
         }
     };
     let guard = TempGuard(&tmp);
-    file.write_all(contents).and_then(|()| file.sync_all()).map_err(|e| io_at("writing", &tmp, e))?;
+    let written = match durable {
+        Durable::Now => file.write_all(contents).and_then(|()| file.sync_all()),
+        Durable::Later => file.write_all(contents),
+    };
+    written.map_err(|e| io_at("writing", &tmp, e))?;
     match sys::try_lock(&file) {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Err(io_at("locking", &tmp, ErrorKind::WouldBlock.into())),
         Err(TryLockError::Error(e)) => return Err(io_at("locking", &tmp, e)),
     }
+    let held = match durable {
+        Durable::Now => None,
+        Durable::Later => Some(sys::open_dir(dir).map_err(|e| io_at("opening directory", dir, e))?),
+    };
     // Declared after `guard`, so on every early return it goes first: its lock is released
     // before the temporary name is removed.
-    let owner = start(file)?;
+    let owner = start(file, held)?;
     match fs::hard_link(&tmp, &target) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(None),
         Err(e) => return Err(io_at("linking", &target, e)),
     }
     drop(guard);
-    if let Err(e) = sys::sync_dir(dir) {
-        return Err(unlink_after(dir, &target, e));
+    if durable == Durable::Now {
+        if let Err(e) = sys::sync_dir(dir) {
+            return Err(unlink_after(dir, &target, e));
+        }
     }
     Ok(Some(owner))
 }

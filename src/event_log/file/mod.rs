@@ -79,8 +79,12 @@ impl FromStr for Durability {
 pub enum FaultPoint {
     /// Before a batch is written.
     Write,
-    /// Before a batch is synced, and before the final sync when the log closes.
+    /// Before a batch is synced, and before the sync of a session created and never synced
+    /// when a barrier with nothing pending, or `close`, asks for it (then `seqs` is empty).
     Sync,
+    /// After the file, before its directory is synced, at the first sync of a session `create`
+    /// made (its name becomes durable with its first durable record).
+    SyncDirectory,
     /// Before the file is cut back to its durable length after a failed write or sync.
     CutBack,
 }
@@ -89,9 +93,9 @@ pub enum FaultPoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultSite {
     pub point: FaultPoint,
-    /// The seqs of the events in the batch (empty for the final sync at close).
+    /// The seqs of the events in the batch (empty for a sync with nothing pending).
     pub seqs: std::ops::Range<u64>,
-    /// The batch's length in bytes (0 for the final sync).
+    /// The batch's length in bytes (0 for a sync with nothing pending).
     pub bytes: usize,
 }
 
@@ -128,6 +132,10 @@ pub struct Recovery {
     /// Events the store's open hook appended (the loop's crash closers, when the log ended
     /// inside an open turn).
     pub closers: usize,
+    /// The file held only what a crash of the machine leaves of a session created but never
+    /// synced (part of its header, or nothing: `truncated_bytes` says how much): its header
+    /// was written again, and the session is empty.
+    pub recreated: bool,
 }
 
 pub use repair::{DamagedSnapshot, RepairReport};
@@ -208,12 +216,20 @@ impl FileStore {
         (file, hold): (fs::File, fsio::Hold),
         len: u64,
     ) -> Result<SessionLog, LogError> {
-        let backend = self.backend(&id, events.len() as u64, (file, hold), len)?;
+        let backend = self.backend(&id, events.len() as u64, (file, hold), len, None)?;
         Ok(SessionLog::from_parts(id, header, events, Box::new(backend)))
     }
 
-    /// The writer of session `id`'s locked file, holding `events` events in `len` bytes.
-    fn backend(&self, id: &str, events: u64, (file, hold): (fs::File, fsio::Hold), len: u64) -> Result<FileBackend, LogError> {
+    /// The writer of session `id`'s locked file, holding `events` events in `len` bytes;
+    /// `unsynced`: the directory, when neither the file nor its name is durable yet.
+    fn backend(
+        &self,
+        id: &str,
+        events: u64,
+        (file, hold): (fs::File, fsio::Hold),
+        len: u64,
+        unsynced: Option<sys::Dir>,
+    ) -> Result<FileBackend, LogError> {
         FileBackend::start(WriterSetup {
             id: id.to_string(),
             len,
@@ -222,6 +238,7 @@ impl FileStore {
             fault: self.fault.clone(),
             hold,
             file,
+            unsynced,
         })
     }
 
@@ -232,7 +249,11 @@ impl FileStore {
         // Registered at once, so a fork from another thread during the scan leaves no lock
         // behind in the child (forks.rs); dropped before the file on every error path.
         let hold = fsio::Hold::new(&file);
-        let mut scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let bytes = fsio::read_all(&file, &path)?;
+        if format::unborn(&bytes) {
+            return self.recreate(id, (file, hold), bytes.len() as u64);
+        }
+        let mut scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
@@ -248,13 +269,41 @@ impl FileStore {
         Ok((log, recovery))
     }
 
+    /// `open` of a file that holds what a crash left of a session created but never synced
+    /// (`format::unborn`): the session is created again in its place, empty, under the same
+    /// lock, and made durable as a new one is (at its first sync).
+    fn recreate(&self, id: &str, (file, hold): (fs::File, fsio::Hold), len: u64) -> Result<(SessionLog, Recovery), LogError> {
+        let path = self.path_of(id)?;
+        let header = new_header(id);
+        let line = format::header_line(&header);
+        sys::write_all_at(&file, &line, 0)
+            .and_then(|()| file.set_len(line.len() as u64))
+            .map_err(|e| LogError::io(format!("writing the header of {} again", path.display()), e))?;
+        let dir = sys::open_dir(&self.root).map_err(|e| LogError::io(format!("opening directory {}", self.root.display()), e))?;
+        let backend = self.backend(id, 0, (file, hold), line.len() as u64, Some(dir))?;
+        let log = SessionLog::from_parts(id.to_string(), header, Vec::new(), Box::new(backend));
+        let recovery = Recovery {
+            truncated_bytes: len,
+            truncated_at_line: Some(1),
+            recreated: true,
+            closers: run_open_hook(self.on_open.as_ref(), &log)?,
+        };
+        Ok((log, recovery))
+    }
+
     /// Verifies and reads session `id` without changing its file (a torn tail is reported, not
     /// cut off; no closers are added). Takes no lock, so it reads a session another log (in
     /// any process) has open as committed so far; a record being written is not yet seen.
     pub fn read(&self, id: &str) -> Result<Snapshot, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
-        let mut scan = format::scan(&fsio::read_all(&file, &path)?, &path, id)?;
+        let bytes = fsio::read_all(&file, &path)?;
+        if format::unborn(&bytes) {
+            // What `open` would make of it: an empty session (the header it would write).
+            let size = bytes.len() as u64;
+            return Ok(Snapshot { header: new_header(id), events: Vec::new(), path, torn_tail_bytes: size, size_bytes: size });
+        }
+        let mut scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);
         }
@@ -302,12 +351,15 @@ impl Store for FileStore {
         let header = new_header(&id);
         let line = format::header_line(&header);
         // The writer starts before the name exists (`create_locked`): nothing that can fail is
-        // left once the session is visible, but the directory sync, which is undone on failure.
-        let start = |file: fs::File| {
+        // left once the session is visible. Nothing is synced yet: the writer syncs the header
+        // with the first batch it makes durable, then the directory (docs/format.md
+        // "Creation"), so a durable run pays for one sync less and a session nobody writes to
+        // for none until it is closed.
+        let start = |file: fs::File, dir: Option<sys::Dir>| {
             let hold = fsio::Hold::new(&file);
-            self.backend(&id, 0, (file, hold), line.len() as u64)
+            self.backend(&id, 0, (file, hold), line.len() as u64, dir)
         };
-        let Some(backend) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line, start)? else {
+        let Some(backend) = fsio::create_locked(&self.root, &name, &names::encode(&id), &line, fsio::Durable::Later, start)? else {
             return Err(LogError::Exists { id });
         };
         Ok(SessionLog::from_parts(id, header, Vec::new(), Box::new(backend)))

@@ -65,7 +65,8 @@ impl FileStore {
         let crc = String::from_utf8_lossy(&line[..8]).into_owned();
         child_header.insert(PARENT_HEADER.into(), Value::String(crc));
         let bytes = format::header_line(&child_header);
-        match fsio::create_locked(&self.root, &name, &names::encode(&child), &bytes, Ok)? {
+        // Synced now: a fork's header is all of it, and `fork` returns its id as made.
+        match fsio::create_locked(&self.root, &name, &names::encode(&child), &bytes, fsio::Durable::Now, |file, _| Ok(file))? {
             Some(_unlocked_on_drop) => Ok(child),
             None => Err(LogError::Exists { id: child }),
         }

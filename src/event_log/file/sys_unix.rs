@@ -107,6 +107,19 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir).and_then(|d| d.sync_all())
 }
 
+/// A directory held open for a later [`sync_open_dir`]: that sync then needs no descriptor
+/// (none may be left by then) and reaches the directory the name was linked in.
+pub(super) struct Dir(File);
+
+pub(super) fn open_dir(dir: &Path) -> io::Result<Dir> {
+    File::open(dir).map(Dir)
+}
+
+/// [`sync_dir`] on a directory opened beforehand.
+pub(super) fn sync_open_dir(dir: &Dir) -> io::Result<()> {
+    dir.0.sync_all()
+}
+
 pub(super) fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
     file.write_all_at(bytes, offset)
 }

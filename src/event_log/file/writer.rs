@@ -5,6 +5,12 @@
 //! buffer at a time and writes it with one `write` (group commit), then syncs it as the
 //! [`Durability`] asks. Flush barriers are acknowledged only after that, never before `write`.
 //!
+//! A session `create` made is not durable yet (neither its header nor its name): the first
+//! sync the writer makes (at its first durable batch, a flush barrier, or `close`) syncs the
+//! file and then the directory, and only then acknowledges anything. Every later batch is
+//! synced when written, so `close` syncs nothing more (an earlier failure still surfaces there:
+//! the backend is poisoned).
+//!
 //! A failed write or sync poisons the backend: the file is cut back to its last durable size,
 //! every pending and later barrier fails, and every later `enqueue` refuses the append, until
 //! the session is reopened (and so re-verified from disk).
@@ -36,6 +42,9 @@ pub(super) struct WriterSetup {
     pub events: u64,
     pub durability: Durability,
     pub fault: Option<FaultHook>,
+    /// For a session just created: its directory, held open, to sync after the file at the
+    /// first sync (until then neither the header nor the name is durable).
+    pub unsynced: Option<sys::Dir>,
 }
 
 struct State {
@@ -54,6 +63,9 @@ struct State {
     /// The thread has exited; nothing more will become durable.
     stopped: bool,
     poisoned: Option<String>,
+    /// The session's creation is not durable yet and the mode syncs: even a barrier with no
+    /// event pending must wait for the writer (it syncs the file and the directory).
+    unborn: bool,
     /// Flush barriers: (events that must be durable, callback).
     waiters: Vec<(u64, FlushCallback)>,
 }
@@ -97,6 +109,7 @@ impl FileBackend {
                 closing: false,
                 stopped: false,
                 poisoned: None,
+                unborn: setup.unsynced.is_some() && setup.durability != Durability::None,
                 waiters: Vec::new(),
             }),
             wake: Condvar::new(),
@@ -111,6 +124,8 @@ impl FileBackend {
             durable_len: setup.len,
             written: setup.events,
             batch: Vec::new(),
+            // `none` never syncs, so owes no directory sync either.
+            unsynced: setup.unsynced.filter(|_| setup.durability != Durability::None),
         };
         let thread = std::thread::Builder::new()
             .name("kerman-writer".into())
@@ -199,7 +214,7 @@ impl Backend for FileBackend {
         let mut st = lock(&self.shared);
         let result = if let Some(detail) = &st.poisoned {
             Err(LogError::Write { detail: detail.clone() })
-        } else if st.durable >= st.enqueued {
+        } else if st.durable >= st.enqueued && !st.unborn {
             Ok(())
         } else if st.stopped {
             Err(LogError::Write { detail: "the session file was closed before the flush completed".into() })
@@ -241,6 +256,8 @@ struct Writer {
     written: u64,
     /// The batch being written (swapped with the pending buffer to reuse both allocations).
     batch: Vec<u8>,
+    /// The directory to sync after the file at the first sync (see [`WriterSetup::unsynced`]).
+    unsynced: Option<sys::Dir>,
 }
 
 impl Writer {
@@ -292,6 +309,11 @@ impl Writer {
             if st.closing {
                 return None;
             }
+            if st.flush_requested && st.unborn {
+                // A barrier on a creation not yet durable: an empty batch, synced.
+                st.flush_requested = false;
+                return Some(st.enqueued);
+            }
             st.flush_requested = false;
             st.idle = true;
             st = self.shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
@@ -300,6 +322,9 @@ impl Writer {
     }
 
     fn write_batch(&mut self, seqs: &Range<u64>) -> Result<(), String> {
+        if self.batch.is_empty() {
+            return self.sync(seqs);
+        }
         match self.injected(FaultPoint::Write, seqs) {
             None => {}
             Some(Fault::Short { bytes, error }) => {
@@ -314,12 +339,26 @@ impl Writer {
         sys::write_all_at(&self.file, &self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
         let written = self.durable_len + self.batch.len() as u64;
         if self.durability != Durability::None {
-            if let Some(fault) = self.injected(FaultPoint::Sync, seqs) {
-                return Err(format!("fsync failed: {}", fault.into_error()));
-            }
-            self.file.sync_data().map_err(|e| format!("fsync failed: {e}"))?;
+            self.sync(seqs)?;
         }
         self.durable_len = written;
+        Ok(())
+    }
+
+    /// Syncs the file and, the first time after `create`, then the directory: the header, the
+    /// name and everything written so far become durable together (one fault point).
+    fn sync(&mut self, seqs: &Range<u64>) -> Result<(), String> {
+        if let Some(fault) = self.injected(FaultPoint::Sync, seqs) {
+            return Err(format!("fsync failed: {}", fault.into_error()));
+        }
+        self.file.sync_data().map_err(|e| format!("fsync failed: {e}"))?;
+        if let Some(dir) = &self.unsynced {
+            if let Some(fault) = self.injected(FaultPoint::SyncDirectory, seqs) {
+                return Err(format!("fsync of the session's directory failed: {}", fault.into_error()));
+            }
+            sys::sync_open_dir(dir).map_err(|e| format!("fsync of the session's directory failed: {e}"))?;
+            self.unsynced = None;
+        }
         Ok(())
     }
 
@@ -330,6 +369,7 @@ impl Writer {
                 let upto = seqs.end;
                 let mut st = lock(&self.shared);
                 st.durable = upto;
+                st.unborn = self.unsynced.is_some();
                 let (ready, waiting) = std::mem::take(&mut st.waiters).into_iter().partition(|(target, _)| *target <= upto);
                 st.waiters = waiting;
                 (ready, Ok(()))
@@ -355,20 +395,18 @@ impl Writer {
         }
     }
 
-    /// The final sync, then the lock goes with the file.
-    fn shutdown(self) -> Result<(), LogError> {
+    /// The creation's sync if none was made yet (every batch was synced when written, so
+    /// nothing else is left to sync), then the lock goes with the file. An earlier failure
+    /// surfaces here too.
+    fn shutdown(mut self) -> Result<(), LogError> {
         let poisoned = lock(&self.shared).poisoned.clone();
         let mut result = match poisoned {
             Some(detail) => Err(LogError::Write { detail }),
             None => Ok(()),
         };
-        if result.is_ok() && self.durability != Durability::None {
-            let synced = match self.injected(FaultPoint::Sync, &(self.written..self.written)) {
-                Some(fault) => Err(fault.into_error()),
-                None => self.file.sync_data(),
-            };
-            if let Err(e) = synced {
-                result = Err(LogError::Write { detail: format!("final fsync failed: {e}") });
+        if result.is_ok() && self.unsynced.is_some() {
+            if let Err(detail) = self.sync(&(self.written..self.written)) {
+                result = Err(LogError::Write { detail: format!("final {detail}") });
             }
         }
         sys::unlock(&self.file);

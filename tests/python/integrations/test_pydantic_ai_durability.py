@@ -183,3 +183,28 @@ def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path
     assert _lines(tmp_path, "book.log") == ["Lyon"]
     assert [e.data["run"] for e in durability.log.events(types=[RUN, RUN_END])] == [1, 1]
     durability.close()
+
+
+def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_is_replayed(tmp_path):
+    """Each unit is synced before the run goes on, but the run's end is not awaited (it reaches
+    the disk within the mode's window, or at close): when its write fails, the run has already
+    returned, close() reports the failure, and the session holds the run as interrupted with
+    every unit logged, so running it again replays it all (no model request, no tool call)."""
+    from kerman._core import _FaultPlan
+
+    root = tmp_path / "sessions"
+    plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
+    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s")
+    assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    with pytest.raises(kerman.LogWriteError):
+        durability.close()
+    assert plan.fired is not None and plan.fired["first_seq"] == 7
+
+    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s")
+    assert durability.pending_prompt() == PROMPT
+    assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    assert _lines(tmp_path, "model.log") == ["0", "1", "2"]
+    assert _lines(tmp_path, "weather.log") == ["Lyon"]
+    assert _lines(tmp_path, "book.log") == ["Lyon"]
+    assert [e.type for e in durability.log.events()][-1] == RUN_END
+    durability.close()

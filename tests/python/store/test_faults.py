@@ -1,10 +1,12 @@
 """Injected write and fsync failures, at every point an agent loop's session reaches the disk.
 
 A private ``kerman._core._FaultPlan`` makes the FileStore's writer thread fail one write
-(nothing written, or a short write: part of the batch, then the error), one fsync, or the final
-fsync at close. Batching is timing-dependent (group commit), so a point is named by the event
-whose batch fails: failing "the batch that holds seq S" for every S of a fault-free run covers
-every write and sync point any batching of that run can have.
+(nothing written, or a short write: part of the batch, then the error), one fsync, or the
+directory's fsync that makes a new session's name durable with its first batch. Every batch is
+synced when written, so closing a log syncs nothing more (an earlier failure still surfaces).
+Batching is timing-dependent (group commit), so a point is named by the event whose batch fails:
+failing "the batch that holds seq S" for every S of a fault-free run covers every write and sync
+point any batching of that run can have.
 
 Each faulty run checks what SPEC 2.2 promises: the flush barriers covering the failed batch
 raise ``LogWriteError`` (and no barrier beyond it succeeds, so the loop never calls the model or
@@ -259,7 +261,8 @@ def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
     starts = [first for first, _, _ in counted.batches]
     assert starts[0] == 0 and sum(n for _, n, _ in counted.batches) == events
     assert all(a + n == b for (a, n, _), b in zip(counted.batches, starts[1:], strict=False))
-    assert counted.syncs == (0 if mode == "none" else counted.writes + 1)  # + the final one
+    assert counted.syncs == (0 if mode == "none" else counted.writes)  # none at close
+    assert counted.dir_syncs == (0 if mode == "none" else 1)  # the new session's name, once
 
     async def every_point() -> int:
         runs = 0
@@ -268,7 +271,8 @@ def test_every_failure_point_of_a_loop(root: Path, mode: str) -> None:
                 await check_failed(root / f"{name}-{seq}", mode, plan, seq, cut_back)
                 runs += 1
         if mode != "none":
-            await check_failed(root / "at-close", mode, _FaultPlan("sync", at_close=True), None)
+            # The directory's sync, with the first batch: that batch's barriers fail.
+            await check_failed(root / "dir", mode, _FaultPlan("sync-dir", nth=1), counted.batches[0][0])
             runs += 1
         return runs
 
@@ -294,43 +298,73 @@ async def one_by_one(where: Path, mode: str, plan: _FaultPlan) -> Tuple[kerman.S
 
 @pytest.mark.parametrize("mode", DURABILITIES)
 def test_every_nth_write_and_sync_of_a_log(root: Path, mode: str) -> None:
-    """One event per barrier makes the points deterministic: write and sync k carry event k-1,
-    and closing adds a final sync. Fails each by its number, with ENOSPC or EIO."""
+    """One event per barrier makes the points deterministic: write and sync k carry event k-1
+    (the first sync also syncs the directory), and closing syncs nothing more. Fails each by its
+    number, with ENOSPC or EIO."""
     counted = _FaultPlan()
     log, outcomes = asyncio.run(one_by_one(root / "count", mode, counted))
     log.close()
     assert outcomes == [None] * EVENTS
     assert [(first, n) for first, n, _ in counted.batches] == [(i, 1) for i in range(EVENTS)]
     assert counted.writes == EVENTS
-    assert counted.syncs == (0 if mode == "none" else EVENTS + 1)
+    assert counted.syncs == (0 if mode == "none" else EVENTS)
+    assert counted.dir_syncs == (0 if mode == "none" else 1)
 
     points = [("write", k, None) for k in range(1, counted.writes + 1)]
     points += [("write", k, 10) for k in range(1, counted.writes + 1)]
     points += [("sync", k, None) for k in range(1, counted.syncs + 1)]
+    points += [("sync-dir", k, None) for k in range(1, counted.dir_syncs + 1)]
     for op, k, short in points:
         code = errno.ENOSPC if k % 2 else errno.EIO
         plan = _FaultPlan(op, nth=k, short=short, errno=code)
         where = root / f"{op}-{k}-{short}"
         log, outcomes = asyncio.run(one_by_one(where, mode, plan))
-        if op == "sync" and k == counted.syncs:  # the final sync, at close
-            assert outcomes == [None] * EVENTS and plan.fired is None
-            with pytest.raises(kerman.LogWriteError, match=os.strerror(code)):
-                log.close()
-            kept = EVENTS
-        else:
-            assert outcomes[: k - 1] == [None] * (k - 1)
-            failed = outcomes[k - 1]
-            assert isinstance(failed, kerman.LogWriteError) and os.strerror(code) in str(failed)
-            # Poisoned: every later append is refused.
-            assert all(isinstance(o, kerman.LogWriteError) for o in outcomes[k:])
-            assert len(log) == k
-            with pytest.raises(kerman.LogWriteError):
-                log.close()
-            kept = k - 1
-        assert plan.fired == {"op": op, "nth": k, "first_seq": min(k - 1, EVENTS), "events": int(k <= EVENTS)}
+        assert outcomes[: k - 1] == [None] * (k - 1)
+        failed = outcomes[k - 1]
+        assert isinstance(failed, kerman.LogWriteError) and os.strerror(code) in str(failed)
+        # Poisoned: every later append is refused.
+        assert all(isinstance(o, kerman.LogWriteError) for o in outcomes[k:])
+        assert len(log) == k
+        with pytest.raises(kerman.LogWriteError):
+            log.close()
+        kept = k - 1
+        assert plan.fired == {"op": op, "nth": k, "first_seq": k - 1, "events": 1}
         reopened = kerman.FileStore(where, durability=mode).open("n")
         assert [e.data for e in reopened.events()] == [{"i": i} for i in range(kept)]
         reopened.close()
+
+
+def test_close_syncs_nothing_more_but_reports_an_earlier_failure(root: Path) -> None:
+    """Every batch of a synced mode was synced when written: closing adds no sync. A session
+    closed with nothing appended is synced by close (its creation), whose failure it reports;
+    so does a close after a failed sync nobody awaited."""
+    for mode in ("strict", "checkpoint", "batch"):
+        counted = _FaultPlan()
+        log, _ = asyncio.run(one_by_one(root / f"{mode}-count", mode, counted))
+        before = (counted.writes, counted.syncs, counted.dir_syncs)
+        log.close()
+        assert (counted.writes, counted.syncs, counted.dir_syncs) == before == (EVENTS, EVENTS, 1), mode
+
+        empty = _FaultPlan()
+        kerman.FileStore(root / f"{mode}-empty", durability=mode, _faults=empty).create("e").close()
+        assert (empty.writes, empty.syncs, empty.dir_syncs) == (0, 1, 1), mode
+        failing = _FaultPlan("sync", at_close=True, errno=errno.EIO)
+        log = kerman.FileStore(root / f"{mode}-fail", durability=mode, _faults=failing).create("e")
+        with pytest.raises(kerman.LogWriteError, match=os.strerror(errno.EIO)):
+            log.close()
+        with kerman.FileStore(root / f"{mode}-fail", durability=mode).open("e") as reopened:
+            assert len(reopened) == 0, mode  # the header alone: a valid empty session
+
+    async def unawaited() -> kerman.SessionLog:
+        log = kerman.FileStore(root / "unawaited", durability="batch", _faults=_FaultPlan("sync", nth=2)).create("u")
+        log.append("test/n", {"i": 0})
+        await log.flush()
+        log.append("test/n", {"i": 1})  # its batch's sync fails; nobody waits for it but close
+        return log
+
+    log = asyncio.run(unawaited())
+    with pytest.raises(kerman.LogWriteError, match="fsync failed"):
+        log.close()
 
 
 def test_fault_plan_arguments() -> None:
@@ -341,12 +375,13 @@ def test_fault_plan_arguments() -> None:
         dict(op="write", nth=0),
         dict(op="write", at_close=True),
         dict(op="sync", nth=1, short=3),
+        dict(op="sync-dir", nth=1, short=3),
         dict(nth=1),
     ]:
         with pytest.raises(ValueError):
             _FaultPlan(**bad)
     plan = _FaultPlan()
-    assert (plan.writes, plan.syncs, plan.batches, plan.fired) == (0, 0, [], None)
+    assert (plan.writes, plan.syncs, plan.dir_syncs, plan.batches, plan.fired) == (0, 0, 0, [], None)
 
 
 def test_a_wake_on_a_poisoned_log_reports_the_failure_and_starts_nothing(tmp_path: Path) -> None:
@@ -389,7 +424,8 @@ try:
 except OSError as exc:
     assert exc.errno == errno.EMFILE, exc
 # Exactly one descriptor free: the header's temporary file takes it, so whatever needs another
-# one afterwards (the directory sync after the link) fails with EMFILE.
+# one afterwards (the directory, held open from before the link until the first sync) fails
+# with EMFILE.
 os.close(held.pop())
 try:
     store.create(id).close()
@@ -412,8 +448,9 @@ print(json.dumps({"first": first, "after": after, "retry": retry}))
 
 @pytest.mark.skipif(os.name != "posix", reason="a descriptor limit (RLIMIT_NOFILE) and a directory sync are POSIX")
 def test_a_create_that_fails_after_the_link_leaves_no_session_and_a_retry_creates_it(tmp_path):
-    """Creation is atomic: when the last step (the directory sync, here out of descriptors)
-    fails, `create` raises and the session does not exist, so the same create again succeeds
+    """Creation is atomic: when the last step that can fail (opening the directory for its
+    sync at the first flush, here out of descriptors) fails, `create` raises and the session
+    does not exist, so the same create again succeeds
     rather than finding the session it said it did not create."""
     import json
     import subprocess
@@ -424,7 +461,7 @@ def test_a_create_that_fails_after_the_link_leaves_no_session_and_a_retry_create
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["first"] is not None and "Too many open files" in seen["first"], seen
-    assert seen["first"].startswith("LogError: syncing directory"), seen
+    assert seen["first"].startswith("LogError: opening directory"), seen
     assert seen["after"] == {"exists": False, "listed": [], "files": []}, seen
     assert seen["retry"] == "created", seen
     log = kerman.FileStore(root).open("s-1")
