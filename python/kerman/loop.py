@@ -17,7 +17,23 @@ import asyncio
 import enum
 import threading
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+    overload,
+)
 
 from . import _busy, _continuation, _dispatch, _report, _run, output
 from ._core import Inbox, LoopCore, MemoryStore, SessionLog, UserMessage
@@ -177,11 +193,21 @@ class AgentLoop(_Delivery, _Remote, _Driver, _Decisions, _Seams):
             if loop is not None:
                 loop._emit(event, **fields)
 
+        claimed_listeners = self._listeners["agent/inbox/claimed"]
+
         def claimed(message: UserMessage, turn: int) -> None:
             # The runs in flight learn their turns directly (no LiveEvent); the live event is
             # built only when someone else listens (kerman._run.Runs opens the gate).
             loop = this()
-            if loop is not None and _run.claimed(loop, message, turn):
+            if loop is None:
+                return
+            runs = loop._runs_in_flight
+            if runs is None or not runs._listening:
+                others = bool(claimed_listeners)
+            else:
+                runs.claimed(message.id, turn)
+                others = len(claimed_listeners) > 1
+            if others:
                 loop._emit("agent/inbox/claimed", message=message, turn=turn)
 
         def remote_input(wake: bool) -> None:
@@ -217,7 +243,7 @@ class AgentLoop(_Delivery, _Remote, _Driver, _Decisions, _Seams):
             self._log,
             on_inserted=lambda m: emit("agent/inbox/inserted", message=m),
             on_discarded=lambda m: emit("agent/inbox/discarded", message=m),
-            on_claimed=lambda m, turn: claimed(m, turn),
+            on_claimed=claimed,
             # Called only while someone listens: no Python call per message otherwise.
             _gates=(
                 self._listeners["agent/inbox/inserted"],
@@ -333,28 +359,27 @@ class AgentLoop(_Delivery, _Remote, _Driver, _Decisions, _Seams):
             self._before_request.insert(0, output.request_output)
             self._turn_stopping.append(output.validate_output)
 
-    @property
-    def _runs(self) -> _run.Runs:
-        runs = self._runs_in_flight
-        if runs is None:
-            runs = self._runs_in_flight = _run.Runs(self)
-        return runs
+    if TYPE_CHECKING:
 
-    @overload
-    async def run(self, prompt: Union[str, UserMessage], *, output_type: Type[_T]) -> _run.RunResult[_T]: ...
-    @overload
-    async def run(self, prompt: Union[str, UserMessage], *, output_type: Optional[Dict[str, Any]] = None) -> _run.RunResult[Any]: ...
-    async def run(self, prompt: Union[str, UserMessage], *, output_type: Any = None) -> _run.RunResult[Any]:
-        """Sends ``prompt`` as a followup, waits for the turn that takes it (not merely the next
-        idle: steering and other runs may go on meanwhile) and returns its
-        :class:`~kerman.RunResult`. ``output_type`` (a pydantic model, dataclass, TypedDict or
-        JSON-schema dict) is this turn's structured output, over the loop's ``output_type``.
+        @overload
+        async def run(self, prompt: Union[str, UserMessage], *, output_type: Type[_T]) -> _run.RunResult[_T]: ...
+        @overload
+        async def run(self, prompt: Union[str, UserMessage], *, output_type: Optional[Dict[str, Any]] = None) -> _run.RunResult[Any]: ...
+        async def run(self, prompt: Union[str, UserMessage], *, output_type: Any = None) -> _run.RunResult[Any]:
+            """Sends ``prompt`` as a followup, waits for the turn that takes it (not merely the next
+            idle: steering and other runs may go on meanwhile) and returns its
+            :class:`~kerman.RunResult`. ``output_type`` (a pydantic model, dataclass, TypedDict or
+            JSON-schema dict) is this turn's structured output, over the loop's ``output_type``.
 
-        A turn that ends ``completed`` or ``max-tokens`` returns; any other ending raises
-        :class:`~kerman.RunError` (failed, incl. ``INVALID_OUTPUT``; cancelled; rejected by a
-        ``pre_step`` decision; a prompt discarded by ``cancel()`` before its turn). Cancelling
-        the task that awaits ``run()`` withdraws the prompt, or cancels its turn if one took it."""
-        return await _run.run(self, prompt, output_type)
+            A turn that ends ``completed`` or ``max-tokens`` returns; any other ending raises
+            :class:`~kerman.RunError` (failed, incl. ``INVALID_OUTPUT``; cancelled; rejected by a
+            ``pre_step`` decision; a prompt discarded by ``cancel()`` before its turn). Cancelling
+            the task that awaits ``run()`` withdraws the prompt, or cancels its turn if one took it."""
+            ...
+
+    else:
+        # kerman._run.run is the method itself: a run awaits no second coroutine.
+        run = _run.run
 
     @overload
     def run_sync(self, prompt: Union[str, UserMessage], *, output_type: Type[_T]) -> _run.RunResult[_T]: ...
