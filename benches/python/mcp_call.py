@@ -1,6 +1,7 @@
 """An MCP tool call through Kerman against the same call made directly with the ``mcp`` client.
 
     python3 benches/python/mcp_call.py [--calls 200] [--reps 5]
+    python3 benches/python/mcp_call.py --callgrind [--sizes 100,300]
 
 The server is the tests' (``tests/python/mcp/mcp_server.py``) over stdio; the tool is ``add``.
 Three figures, each per call and the best of ``--reps`` repetitions, interleaved (a loaded
@@ -17,6 +18,11 @@ host only adds time, and its load changes during a run):
 ``through kerman`` is ``loop+mcp - loop+local``: what a call costs through Kerman beyond the
 turn it sits in. The target is ``through kerman <= 1.1 x direct``. Prints a table and one JSON
 line. Needs ``kerman[mcp]``.
+
+``--callgrind`` counts the client process's instructions instead (valgrind's callgrind, each
+way run at two numbers of calls, the difference per call; the server process is not counted):
+the same for the same build whatever the host's load, where the wall clock of a stdio round
+trip on a shared host varies by milliseconds.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Dict, Tuple
@@ -98,11 +109,66 @@ async def measure(calls: int, reps: int) -> Dict[str, float]:
     return best
 
 
+#: The ways ``--callgrind`` counts, by name.
+WAYS = ("direct", "loop+mcp", "loop+local", "loop+mcp -tasks")
+
+
+async def child(way: str, calls: int) -> None:
+    """``--child WAY CALLS``: ``CALLS`` calls made ``WAY`` after a warm-up (under callgrind)."""
+    if way == "direct":
+        from mcp import Client, StdioServerParameters
+
+        async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
+            for _ in range(calls + 1):
+                await client.call_tool("add", {"a": 1, "b": 2})
+        return
+    loop = loop_over(way != "loop+local", tasks=not way.endswith("-tasks"))
+    turn = turn_of(loop)
+    for _ in range(calls + 1):
+        await turn()
+    await loop.aclose()
+
+
+def instructions(way: str, calls: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
+        out = subprocess.run(argv + ["--child", way, str(calls)], capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def callgrind(sizes: str) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    small, large = (int(n) for n in sizes.split(","))
+    per: Dict[str, float] = {}
+    for way in WAYS:
+        print(f"  {way}: callgrind at {small} and {large} calls...", file=sys.stderr, flush=True)
+        per[way] = (instructions(way, large) - instructions(way, small)) / (large - small)
+    per["through kerman"] = per["loop+mcp"] - per["loop+local"]
+    per["through kerman -tasks"] = per["loop+mcp -tasks"] - per["loop+local"]
+    print("MCP tool call over stdio, client instructions per call (callgrind)")
+    for name, value in per.items():
+        print(f"  {name:<22}{value:>12,.0f}")
+    ratio, no_tasks = per["through kerman"] / per["direct"], per["through kerman -tasks"] / per["direct"]
+    print(f"  through kerman / direct: {ratio:.3f}x (target <= 1.10x); without the tasks extension: {no_tasks:.3f}x")
+    figures = {"bench": "mcp_call_callgrind", "ratio": round(ratio, 4), "ratio_without_tasks": round(no_tasks, 4)}
+    figures.update({name: round(value) for name, value in per.items()})
+    print(json.dumps(figures))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--callgrind", action="store_true", help="count the client's instructions (valgrind) instead of timing")
+    parser.add_argument("--sizes", default="100,300", help="with --callgrind: the two numbers of calls")
     args = parser.parse_args()
+    if args.callgrind:
+        callgrind(args.sizes)
+        return
     best = await measure(args.calls, args.reps)
     print(f"MCP tool call over stdio, per call (best of {args.reps} x {args.calls}, interleaved)")
     print(f"  {'':<16}{'wall':>10}{'client cpu':>14}")
@@ -130,4 +196,7 @@ if __name__ == "__main__":
     except ImportError:
         print('mcp_call: skipped, the mcp package is not installed (pip install "kerman[mcp]")')
         sys.exit(0)
-    asyncio.run(main())
+    if sys.argv[1:2] == ["--child"]:
+        asyncio.run(child(sys.argv[2], int(sys.argv[3])))
+    else:
+        asyncio.run(main())

@@ -2,7 +2,7 @@
 returns what the log says that turn did (``RunResult``), or raises ``RunError``.
 
 Which turn is the run's is read from the loop, not guessed from "the next idle": the inbox's
-claim names the turn that took the prompt (the loop's claim callback calls :func:`claimed`
+claim names the turn that took the prompt (the loop's claim callback calls :meth:`Runs.claimed`
 directly, without building the ``agent/inbox/claimed`` live event), and the log's ``turn/end``
 of that turn ends the run, read once the loop claims input for a later turn or goes idle. One
 claim hook per loop serves every run in flight, so concurrent runs each get their own turn's
@@ -150,26 +150,25 @@ class Runs:
 
     def __init__(self, loop: AgentLoop) -> None:
         self.loop = loop
+        self.log = loop._log
         self.by_message: Dict[str, _Run] = {}
         self.by_turn: Dict[int, _Run] = {}
-        self._listening = False
+        # _gate opens the inbox's claim callback (it calls back only while the list is not
+        # empty); the claims themselves reach claimed() below, not through the live event.
+        listeners = loop._listeners
+        self._claimed_listeners = listeners["agent/inbox/claimed"]
+        self._discarded_listeners = listeners["agent/inbox/discarded"]
+        self._claimed_listeners.append(_gate)
+        self._discarded_listeners.append(self._discarded)
+        self._listening = True
 
     # -- observing --
 
-    def _listen(self) -> None:
-        loop = self.loop
-        # _gate opens the inbox's claim callback (it calls back only while the list is not
-        # empty); the claims themselves reach claimed() below, not through the live event.
-        loop._listeners["agent/inbox/claimed"].append(_gate)
-        loop._listeners["agent/inbox/discarded"].append(self._discarded)
-        self._listening = True
-
     def _unlisten(self) -> None:
-        loop = self.loop
-        for event, fn in (("agent/inbox/claimed", _gate), ("agent/inbox/discarded", self._discarded)):
-            listeners = loop._listeners[event]
-            if fn in listeners:
-                listeners.remove(fn)
+        if _gate in self._claimed_listeners:
+            self._claimed_listeners.remove(_gate)
+        if self._discarded in self._discarded_listeners:
+            self._discarded_listeners.remove(self._discarded)
         self._listening = False
 
     def claimed(self, message_id: str, turn: int) -> None:
@@ -182,20 +181,14 @@ class Runs:
         run = self.by_message.get(message_id)
         if run is not None and run.turn is None:
             run.turn = turn
-            run.start = self._start_at_claim(run, turn)
+            # The seq of the turn's turn/start: the claim's own splice is the log's last event
+            # and the turn/start the one before it (the loop writes them so); else looked up.
+            log = self.log
+            at = len(log) - 2
+            run.start = at if at >= run.sent and log[at].type == "turn/start" else self._start_of(run, turn)
             by_turn[turn] = run
             if run.spec is not None:
                 self.loop._output_turns[turn] = run.spec
-
-    def _start_at_claim(self, run: _Run, turn: int) -> Optional[int]:
-        """The seq of turn ``turn``'s ``turn/start``, during its claim: the claim's own splice
-        is the log's last event and the ``turn/start`` the one before it (the loop writes them
-        so); otherwise it is looked up."""
-        log = self.loop.log
-        at = len(log) - 2
-        if at >= run.sent and log[at].type == "turn/start":
-            return at
-        return self._start_of(run, turn)
 
     def _discarded(self, live: Any) -> None:
         run = self.by_message.get(live.message.id)
@@ -213,7 +206,7 @@ class Runs:
     def _ended(self, run: _Run) -> bool:
         """Finishes ``run`` with its turn's ``turn/end``, read from the log (False: none yet):
         the log's last event when the loop went idle after it, else looked up."""
-        log = self.loop.log
+        log = self.log
         at = len(log) - 1
         if at >= 0:
             tail = log[at]
@@ -234,12 +227,18 @@ class Runs:
 
     def idle(self) -> None:
         """The loop went idle (``AgentLoop._finish_driver``) while runs are in flight."""
-        for run in [r for r in self.by_turn.values() if r.ending is None]:
-            self._ended(run)
+        waiting = False
+        for run in list(self.by_turn.values()):
+            if run.ending is None:
+                self._ended(run)
+        for run in self.by_message.values():
+            if run.ending is None:
+                waiting = True
+                break
         # An earlier turn failed or was blocked: the loop idles with input pending. A run waits
         # for its own prompt's turn, so it wakes the loop (after the driver has finished).
         event_loop = self.loop._event_loop
-        if event_loop is not None and any(run.ending is None for run in self.by_message.values()):
+        if waiting and event_loop is not None:
             event_loop.call_soon(self._kick)
 
     def _kick(self) -> None:
@@ -269,38 +268,35 @@ class Runs:
 
     # -- one run --
 
-    def add(self, message_id: str, spec: Optional[OutputSpec]) -> _Run:
-        if not self._listening:
-            self._listen()
-        run = _Run(message_id, spec, asyncio.get_running_loop().create_future(), len(self.loop.log))
-        self.by_message[message_id] = run
-        return run
-
     def drop(self, run: _Run) -> None:
-        self.by_message.pop(run.message_id, None)
+        by_message = self.by_message
+        by_message.pop(run.message_id, None)
         if run.turn is not None:
             self.by_turn.pop(run.turn, None)
             self.loop._output_turns.pop(run.turn, None)
-        if not self.by_message:
+        if not by_message:
             self._unlisten()
             self.loop._runs_in_flight = None  # no cycle left behind: the loop is freed by refcount
 
     def result(self, run: _Run) -> RunResult[Any]:
         """The run's result, read from the log between its turn's start and end."""
         loop = self.loop
+        log = self.log
         ending = run.ending or {}
         text = ""
         span = None
-        usage: Union[Totals, Callable[[], Totals]] = Totals()
+        usage: Union[Totals, Callable[[], Totals]]
         if run.start is not None:
             span = (run.start, run.end + 1 if run.end is not None else None)
-            text = _final_text(loop.log, span)
-            # Read (and priced) when first asked for: the ledger is most of what a run costs.
-            model, provider = model_of(loop._model)
-            usage = functools.partial(_ledger_turn, loop.log, span, run.turn or 0, model, provider)
+            text = _final_text(log, span)
+            # Read (and priced, as the loop's model prices) when first asked for: the ledger is
+            # most of what a run costs.
+            usage = functools.partial(_ledger_turn, log, span, run.turn or 0, loop._model)
+        else:
+            usage = Totals()
         spec = run.spec if run.spec is not None else loop._output_type
         output = run.output if spec is not None else text
-        return RunResult(text, output, usage, ending, run.turn or 0, loop.log, span)
+        return RunResult(text, output, usage, ending, run.turn or 0, log, span)
 
 
 # What a turn logs after its final assistant message, before its turn/end.
@@ -331,26 +327,15 @@ def _gate(_live: Any) -> None:
     """The listener that keeps the inbox's claim callback open while runs are in flight."""
 
 
-def claimed(loop: AgentLoop, message: Any, turn: int) -> bool:
-    """The loop's inbox claimed ``message`` for ``turn``: the runs in flight learn it here.
-    Whether the ``agent/inbox/claimed`` live event has listeners besides the runs' gate (the
-    loop then emits it)."""
-    listeners = loop._listeners["agent/inbox/claimed"]
-    runs = loop._runs_in_flight
-    if runs is None or not runs._listening:
-        return bool(listeners)
-    runs.claimed(message.id, turn)
-    return len(listeners) > 1
-
-
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
 
-def _ledger_turn(log: Any, span: Tuple[int, Optional[int]], turn: int, model: Optional[str], provider: Optional[str]) -> Totals:
+def _ledger_turn(log: Any, span: Tuple[int, Optional[int]], turn: int, loop_model: Any) -> Totals:
     """The turn's totals from the usage ledger (``kerman.usage.ledger``) over the turn's events,
     priced as the ledger prices a loop (genai-prices when installed, the loop's model)."""
+    model, provider = model_of(loop_model)
     return ledger(log.events(span[0], span[1]), model=model, provider=provider).turn(turn)
 
 
@@ -380,18 +365,33 @@ def error_of(result: RunResult[Any]) -> RunError:
     return RunError(text, ending, turn, result if turn else None)
 
 
-async def run(loop: AgentLoop, prompt: Any, output_type: Any) -> RunResult[Any]:
-    """``AgentLoop.run``'s body."""
-    if not isinstance(prompt, (str, UserMessage)):
-        raise TypeError(f"prompt must be a str or a UserMessage, got {type(prompt).__name__}")
-    spec = OutputSpec(output_type) if output_type is not None and not isinstance(output_type, OutputSpec) else output_type
-    if spec is not None:
-        loop._install_output()
-    runs = loop._runs
+async def run(loop: AgentLoop, prompt: Any, *, output_type: Any = None) -> RunResult[Any]:
+    """Sends ``prompt`` as a followup, waits for the turn that takes it (not merely the next
+    idle: steering and other runs may go on meanwhile) and returns its
+    :class:`~kerman.RunResult`. ``output_type`` (a pydantic model, dataclass, TypedDict or
+    JSON-schema dict) is this turn's structured output, over the loop's ``output_type``.
+
+    A turn that ends ``completed`` or ``max-tokens`` returns; any other ending raises
+    :class:`~kerman.RunError` (failed, incl. ``INVALID_OUTPUT``; cancelled; rejected by a
+    ``pre_step`` decision; a prompt discarded by ``cancel()`` before its turn). Cancelling
+    the task that awaits ``run()`` withdraws the prompt, or cancels its turn if one took it.
+
+    (``AgentLoop.run`` is this function itself, so that a run awaits no second coroutine.)"""
     if isinstance(prompt, str):
         prompt = UserMessage(prompt)
+    elif not isinstance(prompt, UserMessage):
+        raise TypeError(f"prompt must be a str or a UserMessage, got {type(prompt).__name__}")
+    if output_type is None:
+        spec = None
+    else:
+        spec = output_type if isinstance(output_type, OutputSpec) else OutputSpec(output_type)
+        loop._install_output()
+    runs = loop._runs_in_flight
+    if runs is None:
+        runs = loop._runs_in_flight = Runs(loop)
     # Registered before the prompt is sent: on an idle loop, followup() claims it at once.
-    record = runs.add(prompt.id, spec)
+    record = _Run(prompt.id, spec, asyncio.get_running_loop().create_future(), len(runs.log))
+    runs.by_message[record.message_id] = record
     try:
         try:
             stored = loop.followup(prompt)
