@@ -12,6 +12,8 @@ mod ids;
 mod read;
 mod requests;
 mod spans;
+#[cfg(test)]
+mod tests;
 
 pub use ids::{span_id, trace_id};
 pub use requests::{Outcome, Request, Requests, Usage};
