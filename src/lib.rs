@@ -53,6 +53,7 @@ mod ids;
 pub mod inbox;
 pub mod json;
 pub mod message;
+pub mod otel;
 
 #[cfg(feature = "python")]
 mod python;

@@ -12,11 +12,15 @@ cache misses).
     python3 benches/python/turn_cost.py --turns 1000,3000 --only P4
     python3 benches/python/turn_cost.py --gate     # P4 with a gate: what gating adds to a tool turn
 
-``--otel`` counts P4 without and with ``kerman.otel.instrument(loop)`` on an SDK
-``TracerProvider`` whose ``BatchSpanProcessor`` hands the spans to an exporter that drops them;
-every thread's instructions count (the instrumentation's and the processor's), the spans are
-all built and handed over before the process ends, and it prints the share of P4's
-instructions the live exporter adds (the target of docs/tracing.md is 10%).
+``--otel`` counts P4 without and with each live exporter of ``kerman.otel``: ``otel`` is
+``instrument(loop, provider)`` on an SDK ``TracerProvider`` whose ``BatchSpanProcessor`` hands
+the spans to an exporter that drops them; ``otel-encode`` the native exporter (the core folds
+and encodes OTLP) with a ``send`` that drops the body; ``otel-post`` the native exporter
+posting to a loopback OTLP/HTTP sink (``otlp_sink.py``, another process: its CPU is not
+counted, the client's HTTP is). Every thread's instructions count (the instrumentation's and
+the processor's), the spans are all built and handed over before the process ends, and it
+prints the share of P4's instructions each exporter adds (the target of docs/tracing.md is
+10%).
 
 ``--gate`` counts P4 four ways in one run: as it is, with an approving ``before_tool`` gate
 (``return await next()``), with one that returns ``Approve()`` itself, and with a
@@ -31,13 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, List
+from typing import Any, Iterator, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,6 +50,7 @@ CASES = {"P3/0": (0, False), "P3/1": (1, False), "P3/5": (5, False), "P4": (0, T
 # P4 gated (Kerman only): a before_tool listener that awaits next(), one that returns
 # Approve() itself, and a needs_approval predicate (no listener); or traced live (``otel``).
 GATES = ("none", "gate", "approve", "predicate")
+OTEL = ("none", "otel", "otel-encode", "otel-post")
 
 
 def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> None:
@@ -87,10 +93,20 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
         traced = TracerProvider()
         traced.add_span_processor(BatchSpanProcessor(Dropping()))
 
+    native = None
+    if gate in ("otel-encode", "otel-post"):
+        from kerman import otel
+        from kerman.otel._native import native_spans
+
+        def native(loop: Any) -> Any:
+            if gate == "otel-post":
+                return otel.instrument(loop, endpoint=os.environ["KERMAN_BENCH_OTLP"])
+            return otel.NativeInstrumentation(loop.log, native_spans(loop.log.id), lambda body: None)
+
     async def main() -> None:
         for _ in range(turns // 100):
             loop = mod.AgentLoop(model)
-            live = otel.instrument(loop, traced) if traced is not None else None
+            live = otel.instrument(loop, traced) if traced is not None else native(loop) if native is not None else None
             if tool:
                 if gate == "predicate":
                     loop.tool(needs_approval=lambda call: False)(git_log)
@@ -117,7 +133,7 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
             assert loop.turn == 100
             if live is not None:
                 live.close()
-                assert live.errors == 0
+                assert live.errors == 0 and live.exported == len(loop.log) - 1
 
     asyncio.run(main())
     if traced is not None:
@@ -159,15 +175,20 @@ def main(argv: List[str]) -> None:
     ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
     ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
     ap.add_argument("--gate", action="store_true", help="P4 plain, with approving gates and with a needs_approval predicate")
-    ap.add_argument("--otel", action="store_true", help="P4 plain and with otel.instrument + BatchSpanProcessor")
+    ap.add_argument("--otel", action="store_true", help="P4 plain and with each live exporter (SDK, native encode, native post)")
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     small, large = (int(n) for n in args.turns.split(","))
     if small % 100 or large % 100 or large <= small:
         raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
-    if args.gate or args.otel:
-        gated(small, large, ("none", "otel") if args.otel else GATES)
+    if args.otel:
+        with sink() as url:
+            os.environ["KERMAN_BENCH_OTLP"] = url
+            gated(small, large, OTEL)
+        return
+    if args.gate:
+        gated(small, large, GATES)
         return
     names = args.only.split(",") if args.only else list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -182,6 +203,19 @@ def main(argv: List[str]) -> None:
             a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
             per[impl] = (b - a) / (large - small)
         print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
+
+
+@contextlib.contextmanager
+def sink() -> Iterator[str]:
+    """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
+    process = subprocess.Popen([sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(10)
 
 
 def gated(small: int, large: int, ways: Any = GATES) -> None:

@@ -13,6 +13,7 @@ mod gc;
 mod html;
 mod inbox;
 mod message;
+mod otel;
 #[cfg(feature = "postgres")]
 mod pg_store;
 mod reopen;
@@ -45,5 +46,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     waterfall::register(m)?;
     agent_loop::register(m)?;
     transcript::register(m)?;
+    otel::register(m)?;
     Ok(())
 }

@@ -15,8 +15,9 @@ def add_parser(log_commands: Any, store_help: str) -> None:
     sub = log_commands.add_parser(
         "otel",
         help="export a session's OpenTelemetry spans (OTLP/JSON, or to an OTLP endpoint)",
-        description="A session's spans, built from its log as kerman.otel.export does (docs/tracing.md): "
-        "OTLP/JSON to a file (or stdout), or sent to an OTLP/HTTP endpoint. Needs kerman[otel].",
+        description="A session's spans, built from its log as kerman.otel.export does (docs/tracing.md), "
+        "folded and encoded by Kerman's core: OTLP/JSON to a file (or stdout), or OTLP protobuf sent to an "
+        "OTLP/HTTP endpoint (headers from OTEL_EXPORTER_OTLP_HEADERS). Needs kerman[otel].",
     )
     sub.add_argument("store", help=store_help)
     sub.add_argument("id", help="the session id")
@@ -28,49 +29,41 @@ def add_parser(log_commands: Any, store_help: str) -> None:
     sub.set_defaults(handler=_cmd_otel)
 
 
-class _Events:
-    """A session read by the CLI, shaped as export() reads a log."""
-
-    def __init__(self, session_id: str, events: Any) -> None:
-        self.id = session_id
-        self._events = events
-
-    def events(self, view: bool = False) -> Any:
-        from .. import events as ev
-
-        return ev.views(self._events) if view else iter(self._events)
-
-
 def _cmd_otel(args: argparse.Namespace) -> int:
     try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-        from .. import otel
-        from ..otel._otlp import send, to_otlp_json
+        from ..otel import latest_conventions
+        from ..otel._native import OtlpSender, headers_from_env, native_spans
     except ImportError as e:
         raise _Exit(2, f"kerman: {e}") from None
     header, events, _ = _read(args)
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": args.service_name}))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    otel.export(_Events(header.get("id", args.id), events), provider, model=args.model, provider=args.provider)
-    spans = list(memory.get_finished_spans())
-    try:
-        if args.endpoint:
-            if not send(spans, args.endpoint):
-                raise _Exit(1, f"kerman: {args.endpoint} did not accept the {len(spans)} spans")
-            _err(f"kerman: sent {len(spans)} spans to {args.endpoint}")
-            return 0
-        text = json.dumps(to_otlp_json(spans), ensure_ascii=False, separators=(",", ":"))
-    except ImportError as e:
-        raise _Exit(2, f"kerman: {e}") from None
+    # The core folds and encodes the spans (the same spans and ids as kerman.otel.export).
+    spans = native_spans(
+        header.get("id", args.id),
+        model=args.model,
+        provider=args.provider,
+        latest=latest_conventions(),
+        resource={"service.name": args.service_name},
+    )
+    spans.add(events)
+    spans.finish()
+    count = spans.pending
+    if args.endpoint:
+        body = spans.take("protobuf")
+        if body is not None:
+            sender = OtlpSender(args.endpoint, headers_from_env())
+            try:
+                sender(body)
+            except Exception as e:
+                raise _Exit(1, f"kerman: {args.endpoint} did not accept the {count} spans: {e}") from None
+            finally:
+                sender.close()
+        _err(f"kerman: sent {count} spans to {args.endpoint}")
+        return 0
+    text = spans.take("json") or json.dumps({"resourceSpans": []})
     if args.output == "-":
         _out(text)
     else:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text + "\n")
-        _err(f"kerman: wrote {len(spans)} spans to {args.output}")
+        _err(f"kerman: wrote {count} spans to {args.output}")
     return 0

@@ -1,12 +1,12 @@
 """OpenTelemetry traces derived from the log (docs/tracing.md): ``export(log)`` after the fact,
-``instrument(loop)`` live. Needs the ``kerman[otel]`` extra (``opentelemetry-api`` and
-``-sdk``); ``import kerman`` does not import this module."""
+``instrument(loop)`` live, ``encode(log)`` as OTLP. Needs the ``kerman[otel]`` extra
+(``opentelemetry-api`` and ``-sdk``); ``import kerman`` does not import this module. Spans go
+through the SDK (``tracer_provider=``, your processors) or, for OTLP, are folded and encoded
+by the core (``otlp=True``/``endpoint=``: no Python object per event or span)."""
 
 from __future__ import annotations
 
-import logging
-import threading
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
 try:
     import opentelemetry.sdk.trace  # noqa: F401
@@ -14,12 +14,25 @@ except ImportError as e:  # pragma: no cover - exercised without the extra
     raise ImportError("kerman.otel needs the OpenTelemetry SDK: pip install 'kerman[otel]'") from e
 
 from .. import events as ev
+from .._core import SessionLog
 from ..usage._prices import model_of
+from ._live import Instrumentation, NativeInstrumentation
+from ._native import DEFAULT_ENDPOINT, OtlpSender, endpoint_from_env, headers_from_env, native_spans
 from ._spans import LATEST, SpanBuilder, latest_conventions, span_id_of, trace_id_of
 
-__all__ = ["export", "instrument", "Instrumentation", "SpanBuilder", "trace_id_of", "span_id_of", "latest_conventions", "LATEST"]
-
-_logger = logging.getLogger("kerman")
+__all__ = [
+    "export",
+    "encode",
+    "instrument",
+    "Instrumentation",
+    "NativeInstrumentation",
+    "OtlpSender",
+    "SpanBuilder",
+    "trace_id_of",
+    "span_id_of",
+    "latest_conventions",
+    "LATEST",
+]
 
 
 def export(
@@ -54,87 +67,31 @@ def _source(source: Any, model: Optional[str], provider: Optional[str]) -> Any:
     return source, source.id, model, provider
 
 
-class Instrumentation:
-    """A live exporter (``instrument(loop)``): a thread of its own reads what the log committed,
-    in batches, and builds and exports the spans; the loop does nothing for it (no callback per
-    event, no queue), so an exporter that raises or blocks never reaches the loop. The thread
-    wakes every ``interval`` seconds, or at once for ``flush()``; ``close()`` stops it (after
-    what the log held); ``errors`` counts the exceptions the builder or exporter raised (the
-    first is logged)."""
-
-    def __init__(self, log: Any, builder: SpanBuilder, interval: float = 0.5) -> None:
-        if not interval > 0:
-            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
-        self.log = log
-        self.builder = builder
-        self.interval = interval
-        self.errors = 0
-        self.exported = -1  # the last seq built
-        self._built = 0  # events [0, _built) are built
-        self._wanted = 0  # flush() asks for [0, _wanted)
-        self._stopping = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"kerman.otel {log.id}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                if not self._stopping and self._wanted <= self._built:
-                    self._changed.wait(self.interval)
-                stopping = self._stopping
-            self._build()
-            if stopping:
-                return
-
-    def _build(self) -> None:
-        """Builds the events committed since the last batch, each on its own: one that fails is
-        counted and the next one is built."""
-        start = self._built
-        try:
-            end = len(self.log)
-            events = self.log.events(start, end, view=True) if end > start else ()
-        except Exception:  # a log closed under us: nothing more to read, the thread stops
-            self._failed()
-            end, events = start, ()
-            with self._changed:
-                self._stopping = True
-        add = self.builder.add
-        for view in events:
-            try:
-                add(view)
-            except Exception:
-                self._failed()
-            self.exported = view.seq
-        with self._changed:
-            self._built = end
-            self._changed.notify_all()
-
-    def _failed(self) -> None:
-        self.errors += 1
-        if self.errors == 1:
-            _logger.warning("kerman.otel: building or exporting the spans of %r failed", self.log.id, exc_info=True)
-
-    def flush(self, timeout: Optional[float] = None) -> bool:
-        """Waits until every event the log holds now is built (``False``: ``timeout`` passed
-        first)."""
-        target = len(self.log)
-        with self._changed:
-            self._wanted = max(self._wanted, target)
-            self._changed.notify_all()
-            return self._changed.wait_for(lambda: self._built >= target or not self._thread.is_alive(), timeout) and self._built >= target
-
-    def close(self, timeout: Optional[float] = None) -> None:
-        """Builds what the log holds, then stops the thread (waiting at most ``timeout`` seconds
-        for a blocked exporter)."""
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
-        self._thread.join(timeout)
-
-    def __repr__(self) -> str:
-        state = "running" if self._thread.is_alive() else "stopped"
-        return f"<Instrumentation session={self.log.id!r} {state} built_to={self.exported} errors={self.errors}>"
+def encode(
+    log: Any,
+    *,
+    format: str = "protobuf",
+    agent_name: str = "kerman",
+    model: Optional[str] = None,
+    provider: Optional[str] = None,
+    latest: Optional[bool] = None,
+    resource: Any = None,
+) -> Union[bytes, str, None]:
+    """The spans of ``log`` (a ``SessionLog``, an ``AgentLoop``, or anything with ``id`` and
+    ``events()`` giving ``kerman.Event``s) as one OTLP ``ExportTraceServiceRequest``, folded and
+    encoded by the core: ``format="protobuf"`` (bytes, the OTLP/HTTP body) or ``"json"``
+    (OTLP/JSON text, ids in hex). The same spans and ids as ``export``; ``None`` when no span
+    ended. ``resource``: an SDK ``Resource`` or a mapping (default: ``Resource.create()``)."""
+    log, session, model, provider = _source(log, model, provider)
+    spans = native_spans(
+        session, agent_name=agent_name, model=model, provider=provider, latest=latest_conventions() if latest is None else latest, resource=resource
+    )
+    if isinstance(log, SessionLog):
+        spans.read(log)
+    else:
+        spans.add(log.events())
+    spans.finish()
+    return spans.take(format)
 
 
 def instrument(
@@ -146,11 +103,35 @@ def instrument(
     provider: Optional[str] = None,
     latest: Optional[bool] = None,
     interval: float = 0.5,
+    otlp: Optional[bool] = None,
+    endpoint: Optional[str] = None,
+    headers: Optional[Mapping[str, str]] = None,
+    timeout: float = 10.0,
+    resource: Any = None,
 ) -> Instrumentation:
     """Exports ``loop``'s spans live (and those of the events its log holds already): a thread
-    of its own reads the log every ``interval`` seconds and builds each span the log shows
+    of its own reads the log every ``interval`` seconds and exports each span the log shows
     ended. Returns the ``Instrumentation`` (``close()`` it when done; closing the loop does
-    not)."""
+    not).
+
+    Two paths (docs/tracing.md, "Live"): with ``tracer_provider`` (or the global one), SDK spans
+    go through your processors. With ``otlp=True`` or an ``endpoint``, or when no
+    ``tracer_provider`` is given and ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (and ``otlp`` is not ``False``), the core folds and
+    encodes the spans and the thread posts them to the OTLP/HTTP ``endpoint`` (default: from
+    those variables, else ``http://localhost:4318/v1/traces``) with ``headers`` (default:
+    ``OTEL_EXPORTER_OTLP_HEADERS``), retrying 429/502/503/504 for up to ``timeout`` seconds;
+    ``resource`` as for ``encode``."""
+    if not interval > 0:
+        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+    native = bool(otlp) or endpoint is not None or (otlp is None and tracer_provider is None and endpoint_from_env() is not None)
+    if native and tracer_provider is not None:
+        raise ValueError("instrument takes a tracer_provider (SDK spans) or otlp=True/endpoint= (native OTLP), not both")
     log, session, model, provider = _source(loop, model, provider)
-    builder = SpanBuilder(session, tracer_provider, agent_name=agent_name, model=model, provider=provider, latest=latest)
+    use_latest = latest_conventions() if latest is None else latest
+    if native:
+        spans = native_spans(session, agent_name=agent_name, model=model, provider=provider, latest=use_latest, resource=resource)
+        sender = OtlpSender(endpoint or endpoint_from_env() or DEFAULT_ENDPOINT, headers_from_env() if headers is None else headers, timeout)
+        return NativeInstrumentation(log, spans, sender, interval)
+    builder = SpanBuilder(session, tracer_provider, agent_name=agent_name, model=model, provider=provider, latest=use_latest)
     return Instrumentation(log, builder, interval)

@@ -1,0 +1,282 @@
+//! OTLP `ExportTraceServiceRequest` encoders: protobuf (the OTLP/HTTP default body), written by
+//! hand for the few messages spans need, and OTLP/JSON (protobuf's JSON mapping, with trace and
+//! span ids in hex as OTLP/JSON requires). Fields are written in field-number order, as
+//! protobuf's own serializers write them.
+//!
+//! The messages (opentelemetry-proto, `trace/v1`, `common/v1`, `resource/v1`):
+//! `ExportTraceServiceRequest{resource_spans=1}`, `ResourceSpans{resource=1, scope_spans=2}`,
+//! `Resource{attributes=1}`, `ScopeSpans{scope=1, spans=2}`, `InstrumentationScope{name=1,
+//! version=2}`, `Span{trace_id=1, span_id=2, parent_span_id=4, name=5, kind=6,
+//! start_time_unix_nano=7 (fixed64), end_time_unix_nano=8 (fixed64), attributes=9, status=15,
+//! flags=16 (fixed32)}`, `Status{message=2, code=3}`, `KeyValue{key=1, value=2}`,
+//! `AnyValue{string_value=1, bool_value=2, int_value=3, double_value=4, array_value=5}`,
+//! `ArrayValue{values=1}`.
+
+use std::fmt::Write as _;
+
+use super::{Resource, Span, Value};
+use crate::json::push_str_literal;
+
+/// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: the parent is known not to be remote
+/// (every parent here is a span of the same log).
+const HAS_IS_REMOTE: u32 = 0x100;
+/// `Status.StatusCode.STATUS_CODE_ERROR`.
+const STATUS_ERROR: u64 = 2;
+
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        #[allow(clippy::cast_possible_truncation)] // the low seven bits
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)] // below 0x80
+    out.push(value as u8);
+}
+
+fn tag(out: &mut Vec<u8>, field: u8, wire: u8) {
+    out.push((field << 3) | wire);
+}
+
+fn bytes(out: &mut Vec<u8>, field: u8, value: &[u8]) {
+    tag(out, field, LEN);
+    varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
+
+/// A string or bytes field of proto3: absent when empty.
+fn optional_bytes(out: &mut Vec<u8>, field: u8, value: &[u8]) {
+    if !value.is_empty() {
+        bytes(out, field, value);
+    }
+}
+
+/// A nested message: its bytes written by `f` after a one-byte length, moved up when the
+/// length needs more bytes.
+fn nested(out: &mut Vec<u8>, field: u8, f: impl FnOnce(&mut Vec<u8>)) {
+    tag(out, field, LEN);
+    let at = out.len();
+    out.push(0);
+    f(out);
+    let len = out.len() - at - 1;
+    if len < 0x80 {
+        #[allow(clippy::cast_possible_truncation)] // below 0x80
+        {
+            out[at] = len as u8;
+        }
+        return;
+    }
+    let mut head = Vec::with_capacity(10);
+    varint(&mut head, len as u64);
+    let extra = head.len() - 1;
+    out.resize(out.len() + extra, 0);
+    out.copy_within(at + 1..at + 1 + len, at + 1 + extra);
+    out[at..at + head.len()].copy_from_slice(&head);
+}
+
+fn any_value(out: &mut Vec<u8>, value: &Value) {
+    // A oneof member is written even when it holds its type's default.
+    match value {
+        Value::Str(text) => bytes(out, 1, text.as_bytes()),
+        Value::Bool(b) => {
+            tag(out, 2, VARINT);
+            out.push(u8::from(*b));
+        }
+        Value::Int(n) => {
+            tag(out, 3, VARINT);
+            #[allow(clippy::cast_sign_loss)] // int64 is written as its two's complement
+            varint(out, *n as u64);
+        }
+        Value::Double(x) => {
+            tag(out, 4, FIXED64);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Array(values) => nested(out, 5, |out| {
+            for value in values {
+                nested(out, 1, |out| any_value(out, value));
+            }
+        }),
+    }
+}
+
+fn key_value(out: &mut Vec<u8>, field: u8, key: &str, value: &Value) {
+    nested(out, field, |out| {
+        optional_bytes(out, 1, key.as_bytes());
+        nested(out, 2, |out| any_value(out, value));
+    });
+}
+
+fn span(out: &mut Vec<u8>, span: &Span) {
+    nested(out, 2, |out| {
+        bytes(out, 1, &span.trace_id);
+        bytes(out, 2, &span.span_id);
+        if let Some(parent) = &span.parent {
+            bytes(out, 4, parent);
+        }
+        optional_bytes(out, 5, span.name.as_bytes());
+        tag(out, 6, VARINT);
+        varint(out, span.kind as u64);
+        for (field, time) in [(7, span.start_ns), (8, span.end_ns)] {
+            if time != 0 {
+                tag(out, field, FIXED64);
+                out.extend_from_slice(&time.to_le_bytes());
+            }
+        }
+        for (key, value) in &span.attributes {
+            key_value(out, 9, key, value);
+        }
+        nested(out, 15, |out| {
+            optional_bytes(out, 2, span.status.message.as_bytes());
+            if span.status.error {
+                tag(out, 3, VARINT);
+                varint(out, STATUS_ERROR);
+            }
+        });
+        out.extend_from_slice(&[0x85, 0x01]); // field 16, fixed32: a tag of two bytes
+        out.extend_from_slice(&HAS_IS_REMOTE.to_le_bytes());
+    });
+}
+
+/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, appended to `out`.
+pub fn protobuf(out: &mut Vec<u8>, resource: &Resource, spans: &[Span]) {
+    nested(out, 1, |out| {
+        nested(out, 1, |out| {
+            for (key, value) in &resource.attributes {
+                key_value(out, 1, key, value);
+            }
+        });
+        nested(out, 2, |out| {
+            nested(out, 1, |out| {
+                optional_bytes(out, 1, resource.scope_name.as_bytes());
+                optional_bytes(out, 2, resource.scope_version.as_bytes());
+            });
+            for s in spans {
+                span(out, s);
+            }
+        });
+    });
+}
+
+fn hex(out: &mut String, id: &[u8]) {
+    for b in id {
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+fn json_value(out: &mut String, value: &Value) {
+    match value {
+        Value::Str(text) => {
+            out.push_str(r#"{"stringValue":"#);
+            push_str_literal(out, text);
+        }
+        Value::Bool(b) => {
+            out.push_str(r#"{"boolValue":"#);
+            out.push_str(if *b { "true" } else { "false" });
+        }
+        Value::Int(n) => {
+            // int64 is a string in protobuf's JSON mapping
+            let _ = write!(out, r#"{{"intValue":"{n}""#);
+        }
+        Value::Double(x) => {
+            out.push_str(r#"{"doubleValue":"#);
+            out.push_str(&serde_json::to_string(x).unwrap_or_else(|_| "0".into()));
+        }
+        Value::Array(values) => {
+            out.push_str(r#"{"arrayValue":{"#);
+            if !values.is_empty() {
+                out.push_str(r#""values":["#);
+                for (i, v) in values.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    json_value(out, v);
+                }
+                out.push(']');
+            }
+            out.push('}');
+        }
+    }
+    out.push('}');
+}
+
+fn json_attributes<'a>(out: &mut String, attributes: impl Iterator<Item = (&'a str, &'a Value)>) {
+    out.push_str(r#""attributes":["#);
+    for (i, (key, value)) in attributes.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(r#"{"key":"#);
+        push_str_literal(out, key);
+        out.push_str(r#","value":"#);
+        json_value(out, value);
+        out.push('}');
+    }
+    out.push(']');
+}
+
+fn json_span(out: &mut String, span: &Span) {
+    out.push_str(r#"{"traceId":""#);
+    hex(out, &span.trace_id);
+    out.push_str(r#"","spanId":""#);
+    hex(out, &span.span_id);
+    out.push('"');
+    if let Some(parent) = &span.parent {
+        out.push_str(r#","parentSpanId":""#);
+        hex(out, parent);
+        out.push('"');
+    }
+    if !span.name.is_empty() {
+        out.push_str(r#","name":"#);
+        push_str_literal(out, &span.name);
+    }
+    let _ = write!(out, r#","kind":{},"startTimeUnixNano":"{}","endTimeUnixNano":"{}""#, span.kind as u8, span.start_ns, span.end_ns);
+    if !span.attributes.is_empty() {
+        out.push(',');
+        json_attributes(out, span.attributes.iter().map(|(k, v)| (*k, v)));
+    }
+    out.push_str(r#","status":{"#);
+    if !span.status.message.is_empty() {
+        out.push_str(r#""message":"#);
+        push_str_literal(out, &span.status.message);
+    }
+    if span.status.error {
+        if !span.status.message.is_empty() {
+            out.push(',');
+        }
+        let _ = write!(out, r#""code":{STATUS_ERROR}"#);
+    }
+    let _ = write!(out, r#"}},"flags":{HAS_IS_REMOTE}}}"#);
+}
+
+/// `spans` as an OTLP/JSON `ExportTraceServiceRequest`.
+pub fn json(resource: &Resource, spans: &[Span]) -> String {
+    let mut out = String::with_capacity(256 + spans.len() * 700);
+    out.push_str(r#"{"resourceSpans":[{"resource":{"#);
+    if !resource.attributes.is_empty() {
+        json_attributes(&mut out, resource.attributes.iter().map(|(k, v)| (k.as_str(), v)));
+    }
+    out.push_str(r#"},"scopeSpans":[{"scope":{"#);
+    let mut sep = "";
+    if !resource.scope_name.is_empty() {
+        out.push_str(r#""name":"#);
+        push_str_literal(&mut out, &resource.scope_name);
+        sep = ",";
+    }
+    if !resource.scope_version.is_empty() {
+        out.push_str(sep);
+        out.push_str(r#""version":"#);
+        push_str_literal(&mut out, &resource.scope_version);
+    }
+    out.push_str(r#"},"spans":["#);
+    for (i, s) in spans.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_span(&mut out, s);
+    }
+    out.push_str("]}]}]}");
+    out
+}

@@ -1,0 +1,268 @@
+//! The span fold: a session's events in, finished spans out, as `kerman.otel`'s Python
+//! `SpanBuilder` makes them (docs/tracing.md): `invoke_agent` per turn, `chat` per model
+//! request (`requests.rs`), `execute_tool` per call, each made when the log shows it ended,
+//! with the log's times and ids derived from the session and seqs (`ids.rs`).
+
+use crate::agent_loop::events as kinds;
+use crate::event_log::Event;
+
+use super::requests::{Outcome, Request, Requests};
+use super::{ids, read, Kind, Span, Status, Value};
+
+/// Turn endings that mean the work failed.
+const FAILED_ENDINGS: [&str; 2] = ["error", "interrupted"];
+
+/// What the spans say about the agent that the log does not record.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `gen_ai.conversation.id` and the seed of every id.
+    pub session: String,
+    /// `gen_ai.agent.name` (and the `invoke_agent` span's name).
+    pub agent_name: String,
+    /// What served requests whose model (provider) the log does not record.
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// The latest experimental GenAI conventions (`gen_ai.provider.name`, cache tokens)
+    /// instead of those of v1.36.0 (`gen_ai.system`).
+    pub latest: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    turn: i64,
+    time: i64,
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    parent: Option<[u8; 8]>,
+}
+
+#[derive(Debug, Clone)]
+struct Call {
+    id: String,
+    seq: u64,
+    time: i64,
+    name: String,
+    turn: i64,
+}
+
+/// The fold. Feed it events in log order (`add`); take the spans they ended from `spans`.
+#[derive(Debug)]
+pub struct SpanFold {
+    options: Options,
+    requests: Requests,
+    /// Open turns (one, unless a log interleaves them).
+    turns: Vec<Turn>,
+    /// Started calls without their result.
+    calls: Vec<Call>,
+    /// An interrupted turn the next turn continues.
+    continues: Option<Turn>,
+    /// The next seq to fold (the events before it are folded).
+    pub position: u64,
+    /// Finished spans not yet taken.
+    pub spans: Vec<Span>,
+}
+
+fn ns(ms: i64) -> u64 {
+    u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
+}
+
+impl SpanFold {
+    pub fn new(options: Options) -> SpanFold {
+        let requests = Requests::new(options.model.clone(), options.provider.clone());
+        SpanFold { options, requests, turns: Vec::new(), calls: Vec::new(), continues: None, position: 0, spans: Vec::new() }
+    }
+
+    /// Folds one event (the next in the log).
+    pub fn add(&mut self, event: &Event) {
+        self.requests.add(event);
+        self.chats();
+        match event.kind() {
+            kinds::TURN_START => self.turn_start(event),
+            kinds::TURN_END => self.turn_end(event),
+            kinds::TOOL_CALL => self.tool_call(event),
+            kinds::TOOL_RESULT => self.tool_result(event),
+            _ => {}
+        }
+        self.position = event.seq + 1;
+    }
+
+    /// Settles a request the log ended during (after the fact only: live, it may still end).
+    pub fn finish(&mut self) {
+        self.requests.finish();
+        self.chats();
+    }
+
+    fn chats(&mut self) {
+        if self.requests.out.is_empty() {
+            return;
+        }
+        for request in std::mem::take(&mut self.requests.out) {
+            self.chat(&request);
+        }
+    }
+
+    fn common(&self, operation: &'static str) -> Vec<(&'static str, Value)> {
+        let mut attributes = Vec::with_capacity(10);
+        attributes.push(("gen_ai.operation.name", Value::from(operation)));
+        attributes.push(("gen_ai.conversation.id", Value::Str(self.options.session.clone())));
+        attributes
+    }
+
+    fn turn(&self, number: i64) -> Option<Turn> {
+        self.turns.iter().find(|t| t.turn == number).copied()
+    }
+
+    fn turn_start(&mut self, event: &Event) {
+        let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
+        let number = read::int(head.turn).unwrap_or(0);
+        let session = &self.options.session;
+        let span_id = ids::span_id(session, event.seq);
+        let turn = match self.continues.take() {
+            // The turn after one a crash interrupted continues its work: the same trace, under it.
+            Some(before) => Turn { turn: number, time: event.time, trace_id: before.trace_id, span_id, parent: Some(before.span_id) },
+            None => Turn { turn: number, time: event.time, trace_id: ids::trace_id(session, event.seq), span_id, parent: None },
+        };
+        self.turns.retain(|t| t.turn != number);
+        self.turns.push(turn);
+    }
+
+    fn turn_end(&mut self, event: &Event) {
+        let end: read::End<'_> = read::object(event.data_json()).unwrap_or_default();
+        let number = read::int(end.turn).unwrap_or(0);
+        let Some(at) = self.turns.iter().position(|t| t.turn == number) else { return };
+        let turn = self.turns.remove(at);
+        let reason: read::Reason<'_> = read::field(end.reason).unwrap_or_default();
+        let kind = read::string(reason.kind).unwrap_or_else(|| "unknown".into());
+        let kind = if kind.is_empty() { "unknown".to_owned() } else { kind };
+        let mut attributes = self.common("invoke_agent");
+        attributes.push(("gen_ai.agent.name", Value::Str(self.options.agent_name.clone())));
+        attributes.push(("kerman.turn", Value::Int(turn.turn)));
+        attributes.push(("kerman.turn.end", Value::Str(kind.clone())));
+        if let Some(model) = self.options.model.as_ref().filter(|m| !m.is_empty()) {
+            attributes.push(("gen_ai.request.model", Value::Str(model.clone())));
+        }
+        let mut status = Status::default();
+        if FAILED_ENDINGS.contains(&kind.as_str()) {
+            let error: Option<read::Reason<'_>> = read::field(reason.error);
+            let code = error.as_ref().and_then(|e| read::string(e.code)).filter(|c| !c.is_empty());
+            attributes.push(("error.type", Value::Str(code.unwrap_or_else(|| kind.clone()))));
+            let message = match &error {
+                Some(e) => read::string(e.message).unwrap_or_default(),
+                None => kind.clone(),
+            };
+            status = Status::error(message);
+        }
+        self.spans.push(Span {
+            trace_id: turn.trace_id,
+            span_id: turn.span_id,
+            parent: turn.parent,
+            name: format!("invoke_agent {}", self.options.agent_name),
+            kind: Kind::Internal,
+            start_ns: ns(turn.time),
+            end_ns: ns(event.time),
+            attributes,
+            status,
+        });
+        self.continues = (kind == "interrupted").then_some(turn);
+    }
+
+    fn chat(&mut self, request: &Request) {
+        let Some(turn) = self.turn(request.turn) else { return };
+        let latest = self.options.latest;
+        let model = request.model.as_ref().filter(|m| !m.is_empty());
+        let mut attributes = self.common("chat");
+        if let Some(model) = model {
+            attributes.push(("gen_ai.request.model", Value::Str(model.clone())));
+        }
+        if let Some(provider) = request.provider.as_ref().filter(|p| !p.is_empty()) {
+            attributes.push((if latest { "gen_ai.provider.name" } else { "gen_ai.system" }, Value::Str(provider.clone())));
+        }
+        if let Some(usage) = &request.usage {
+            // input_tokens is the whole prompt, cached tokens included, as the conventions count it
+            attributes.push(("gen_ai.usage.input_tokens", Value::Int(usage.prompt())));
+            attributes.push(("gen_ai.usage.output_tokens", Value::Int(usage.output)));
+            if latest {
+                attributes.push(("gen_ai.usage.cache_read.input_tokens", Value::Int(usage.cache_read)));
+                attributes.push(("gen_ai.usage.cache_creation.input_tokens", Value::Int(usage.cache_write)));
+            }
+            attributes.push(("kerman.usage.reasoning_tokens", Value::Int(usage.reasoning)));
+        }
+        attributes.push(("kerman.step", Value::Int(request.step)));
+        attributes.push(("kerman.request.outcome", Value::from(request.outcome.as_str())));
+        if request.partial {
+            attributes.push(("kerman.usage.partial", Value::Bool(true)));
+        }
+        match request.outcome {
+            Outcome::Completed => attributes.push(("gen_ai.response.finish_reasons", Value::Array(vec![Value::from("stop")]))),
+            Outcome::MaxTokens => attributes.push(("gen_ai.response.finish_reasons", Value::Array(vec![Value::from("length")]))),
+            _ => {}
+        }
+        let mut status = Status::default();
+        if matches!(request.outcome, Outcome::Failed | Outcome::Interrupted) {
+            attributes.push(("error.type", Value::from(request.outcome.as_str())));
+            status = Status::error(format!("the request {}", request.outcome.as_str()));
+        }
+        self.spans.push(Span {
+            trace_id: turn.trace_id,
+            span_id: ids::span_id(&self.options.session, request.first_seq),
+            parent: Some(turn.span_id),
+            name: model.map_or_else(|| "chat".to_owned(), |m| format!("chat {m}")),
+            kind: Kind::Client,
+            start_ns: ns(request.started),
+            end_ns: ns(request.ended),
+            attributes,
+            status,
+        });
+    }
+
+    fn tool_call(&mut self, event: &Event) {
+        let call: read::Call<'_> = read::object(event.data_json()).unwrap_or_default();
+        let id = read::string(call.call_id).unwrap_or_default();
+        let name = read::string(call.name).unwrap_or_default();
+        let turn = read::int(call.turn).unwrap_or(0);
+        self.calls.retain(|c| c.id != id);
+        self.calls.push(Call { id, seq: event.seq, time: event.time, name, turn });
+    }
+
+    fn tool_result(&mut self, event: &Event) {
+        let result: read::Result<'_> = read::object(event.data_json()).unwrap_or_default();
+        let message: read::Message<'_> = read::field(result.message).unwrap_or_default();
+        let block = read::blocks(message.content).into_iter().find(|b| read::string(b.kind).as_deref() == Some("tool-result"));
+        let mut call_id = block.as_ref().and_then(|b| read::string(b.tool_call_id)).filter(|id| !id.is_empty());
+        if call_id.is_none() {
+            let source: Option<read::Block<'_>> = read::field(message.source);
+            call_id = source.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
+        }
+        let call_id = call_id.unwrap_or_default();
+        let Some(at) = self.calls.iter().position(|c| c.id == call_id) else { return };
+        let call = self.calls.remove(at);
+        let Some(turn) = self.turn(call.turn) else { return };
+        let mut attributes = self.common("execute_tool");
+        attributes.push(("gen_ai.tool.name", Value::Str(call.name.clone())));
+        attributes.push(("gen_ai.tool.call.id", Value::Str(call_id)));
+        attributes.push(("gen_ai.tool.type", Value::from("function")));
+        let error: Option<read::Reason<'_>> = read::field(result.error);
+        let is_error = block.as_ref().is_some_and(|b| read::truthy(b.is_error)) || read::truthy(result.error);
+        let mut status = Status::default();
+        if error.is_some() || is_error {
+            let code = error.as_ref().and_then(|e| read::string(e.code)).filter(|c| !c.is_empty());
+            attributes.push(("error.type", Value::Str(code.unwrap_or_else(|| "tool_error".into()))));
+            let message = match &error {
+                Some(e) => read::string(e.message).unwrap_or_default(),
+                None => block.as_ref().map(|b| read::content_text(b.content)).unwrap_or_default().chars().take(200).collect(),
+            };
+            status = Status::error(message);
+        }
+        self.spans.push(Span {
+            trace_id: turn.trace_id,
+            span_id: ids::span_id(&self.options.session, call.seq),
+            parent: Some(turn.span_id),
+            name: format!("execute_tool {}", call.name),
+            kind: Kind::Internal,
+            start_ns: ns(call.time),
+            end_ns: ns(event.time),
+            attributes,
+            status,
+        });
+    }
+}
