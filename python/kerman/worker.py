@@ -110,7 +110,8 @@ class Worker:
     makes one with ``lease_ttl``, default 30 s). ``factory(log)`` builds the ``AgentLoop`` of a
     taken session over ``log`` (model, tools, listeners); it may be async. ``max_sessions``
     bounds the sessions held at once; ``idle_timeout`` (seconds) is how long an idle session
-    is kept for more input before its lease is released; ``grace`` (seconds) is how long
+    is kept for more input before its lease is released (a session whose turn waits for
+    decisions is kept until its status changes); ``grace`` (seconds) is how long
     ``stop()`` lets running turns finish before cancelling them; a session whose last
     ``max_failures`` turns failed (ended ``error``, or ``interrupted`` by a dead worker) is
     parked. ``sweep_interval`` (seconds) is how often the worker looks for takeable sessions

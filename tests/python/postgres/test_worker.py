@@ -219,9 +219,13 @@ def test_an_idle_session_is_released_after_idle_timeout_and_taken_again_for_new_
     assert turn_ends(store, sid) == ["completed"]
     assert row(store, sid)["staged"] == 0 and not row(store, sid)["runnable"]
     epoch = row(store, sid)["epoch"]
+    took = lambda: [line.split()[1] for line in w.lines if line.startswith("took ")]  # noqa: E731
+    # Not one take per message: a take let go before its inbox had read the staged input (an
+    # idle timeout this short, on a loaded host) is repeated (docs/distributed.md, "Workers").
+    taken_before = len(took())
     second = store.enqueue(sid, "two")
     w.wait_line(lambda line: line.startswith(f"model {sid}") and second.id in line, "the second model call")
-    assert [line.split()[1] for line in w.lines if line.startswith("took ")] == [sid, sid]
+    assert set(took()) == {sid} and len(took()) > taken_before, w.lines
     assert row(store, sid)["epoch"] > epoch  # a new take, under a new lease
     wait_until(lambda: row(store, sid)["owner"] is None, "the second idle release")
     assert w.signal(signal.SIGTERM) == 0

@@ -1,9 +1,9 @@
 """The decision routes over HTTP (docs/web.md, "Decisions"): a real `kerman serve` lists what a
 waiting turn asks (`GET /sessions/{id}/decisions`) and decides it (`POST
 /sessions/{id}/decisions/{decision_id}`), over a file store (the server owns the session) and over
-PostgreSQL (a `Worker` in this process owns it; the server hands the decision to it through
-`store.decide`). The tool (decision_models.py) appends each run to a file, so executions are
-counted across processes."""
+PostgreSQL (a `Worker` in this process owns it, in a schema of the test's own; the server hands
+the decision to it through `store.decide`). The tool (decision_models.py) appends each run to a
+file, so executions are counted across processes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from web_helpers import Server
 
 import kerman
-from conftest import PG_DSN, needs_postgres
+from conftest import fresh_schema_dsn, needs_postgres
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -102,19 +102,22 @@ def test_list_and_decide_over_http_when_the_server_owns_the_session(tmp_path: Pa
 
 
 @needs_postgres
-def test_decide_over_http_while_a_worker_owns_the_session(tmp_path: Path) -> None:
+def test_decide_over_http_while_a_worker_owns_the_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a schema of its own: the worker takes every takeable session of its schema, and in a
+    shared one whatever other runs left there came first (one left waiting for a decision with
+    input pending once blocked the worker's event loop, and this test timed out waiting for
+    the ask)."""
     from decision_models import factory
 
     counter = tmp_path / "runs.jsonl"
+    monkeypatch.setenv("KERMAN_TEST_RUNS", str(counter))  # the worker's tool runs in this process
+    dsn = fresh_schema_dsn()
     session_id = f"web-{uuid.uuid4().hex[:10]}"
-    with Server(PG_DSN) as server, server.client() as client:
+    with Server(dsn) as server, server.client() as client:
         assert client.post("/sessions", json={"id": session_id}).status_code == 201
 
         async def worker_and_ui() -> None:
-            import os
-
-            os.environ["KERMAN_TEST_RUNS"] = str(counter)  # the worker's tool runs in this process
-            worker = kerman.Worker(kerman.PostgresStore(PG_DSN), factory, idle_timeout=60.0)
+            worker = kerman.Worker(kerman.PostgresStore(dsn), factory, idle_timeout=60.0)
             serving = asyncio.ensure_future(worker.run())
 
             def ui() -> None:
@@ -151,6 +154,6 @@ def test_decide_over_http_while_a_worker_owns_the_session(tmp_path: Path) -> Non
                 await asyncio.wait_for(serving, DEADLINE)
 
         asyncio.run(worker_and_ui())
-        resolved = [e.data for e in kerman.PostgresStore(PG_DSN).follow(session_id).events() if e.type == "decision/resolved"]
+        resolved = [e.data for e in kerman.PostgresStore(dsn).follow(session_id).events() if e.type == "decision/resolved"]
         assert len(resolved) == 1
         assert len(runs(counter)) == (1 if resolved[0]["outcome"] == "approved" else 0)
