@@ -702,7 +702,7 @@ impl Machine {
         if Self::cut_by(ctx, &fault) {
             let assembler = self.assembler.take().unwrap_or_default();
             let usage = assembler.usage().map(|u| crate::json::compact(&u));
-            if let Err(fault) = self.close_cut_attempt(ctx, assembler.visible(), usage) {
+            if let Err(fault) = self.close_cut_attempt(ctx, assembler.visible(), usage.as_deref()) {
                 return self.fail(ctx, fault);
             }
         }

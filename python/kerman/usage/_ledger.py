@@ -25,7 +25,8 @@ class Totals:
     for unknown): its model has no known price, or it reported no usage; ``unpriced`` counts
     those requests and ``known_cost`` sums the prices that are known. ``partial`` counts
     requests whose usage is what the stream reported before it stopped; ``failed`` the requests
-    that got no message (failed and retried, or cut by a crash). ``model_ms``: wall time the requests
+    that got no message (failed and retried, or cut by a crash; not one a cancellation cut,
+    whose outcome is ``interrupted``). ``model_ms``: wall time the requests
     took, as the log's times show it."""
 
     input: int = 0

@@ -91,7 +91,7 @@ impl Machine {
     /// nothing visible, as a `cancelled` finish ending its chunks. When its last chunk had ended
     /// an attempt, the stream was awaited for another one, which showed nothing yet: the ended
     /// attempt stays a failed request, and the cancelled finish is the next one's.
-    pub(super) fn close_cut_attempt(&mut self, ctx: &Ctx<'_>, visible: Vec<Value>, usage: Option<String>) -> Result<(), Fault> {
+    pub(super) fn close_cut_attempt(&mut self, ctx: &Ctx<'_>, visible: Vec<Value>, usage: Option<&str>) -> Result<(), Fault> {
         let attempt = std::mem::take(&mut self.attempt);
         let chunks = std::mem::take(&mut self.chunks);
         if !attempt.open {
@@ -102,7 +102,7 @@ impl Machine {
             return Ok(());
         }
         let message = Message::assistant(visible, None, None).map_err(|e| Fault::Core(CoreError::Message(e)))?;
-        self.append_assistant(ctx, message, false, usage.as_deref(), chunks, true)
+        self.append_assistant(ctx, message, false, usage, chunks, true)
     }
 
     /// The turn body unwinds with `fault` while a request is in flight: a failure of the model
