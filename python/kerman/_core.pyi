@@ -279,7 +279,8 @@ class PostgresStore:
     def decide(
         self, id: str, decision_id: str, outcome: Any, *, by: str | None = None, key: str | None = None, timeout: float = 10.0
     ) -> dict[str, Any]:
-        """Decides a pending request through the session's owner, in order with staged input; the outcome."""
+        """Decides a pending request through the session's owner, in order with staged input (another
+        framework's request in a session nobody holds: in place); the outcome."""
     def resolve(self, id: str, call_id: str, text: str, *, is_error: bool = False, timeout: float = 10.0) -> int:
         """Records the one result of a call in doubt from any process: appended under the
         session's lease when no process owns it, else staged for the owner, which records it;

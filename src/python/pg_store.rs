@@ -420,7 +420,9 @@ impl PyPostgresStore {
     /// dict (`{"applied": True, "op": "decide", "decision_id": ..., "duplicate": <the same key
     /// was applied before>}`, or refused with `reason` `"unknown"`, `"resolved"`, `"expired"`,
     /// `"invalid"`, `"no-loop"`, `"fenced"`, `"timeout"`, ... and a `detail`). Blocks, as
-    /// `cancel` does.
+    /// `cancel` does. A request of another framework's loop (pydantic-ai's deferred approvals)
+    /// is decided in place, as `FileStore.decide` does, when no process owns the session, or
+    /// when nobody applied it within `timeout` and the owner's lease has lapsed.
     #[pyo3(signature = (id, decision_id, outcome, *, by=None, key=None, timeout=10.0))]
     #[allow(clippy::too_many_arguments)] // the Python signature's arguments, one each
     fn decide<'py>(
@@ -435,11 +437,13 @@ impl PyPostgresStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = id_arg(id)?;
         let json = super::agent_loop::decide::decision_json(outcome)?;
-        if let Some(answer) = self.decide_unowned(py, &id, decision_id, outcome, by, key)? {
-            return Ok(answer);
-        }
         let args = serde_json::json!({"decision_id": decision_id, "outcome": json, "by": by, "key": key});
-        self.apply_op(py, &id, StagedOp::Decide, &args, timeout)
+        let stage = || self.apply_op(py, &id, StagedOp::Decide, &args, timeout);
+        if PG_LOGS.live(py, &self::key(&self.dsn, &id)).is_some() {
+            return stage();
+        }
+        // Another framework's request may be decided in place when its owner is gone.
+        super::agent_loop::decide::decide_on_store(py, &self.inner, &id, decision_id, outcome, by, key, stage)
     }
 
     /// Records `text` as the one result of call `call_id` in doubt in session `id` (an error
@@ -657,43 +661,6 @@ impl PyPostgresStore {
         let timeout = std::time::Duration::from_secs_f64(timeout);
         let outcome = py.detach(|| self.inner.apply_op(id, op, args, timeout)).map_err(|e| log_err(py, e))?;
         super::convert::json_to_py(py, &outcome)
-    }
-
-    /// `decide` of another framework's request (`foreign_decisions`: no Kerman loop, so no
-    /// worker, would ever take a staged one up) in a session no process holds (its owner closed
-    /// it, or died and its lease lapsed): decided here as `FileStore.decide` does, taking the
-    /// lease (a newer epoch fences a late owner out), appending the one `decision/resolved` and
-    /// releasing it. `None` when that is not the case (a live owner, or a Kerman loop's request):
-    /// the decision is staged for the owner as before.
-    fn decide_unowned<'py>(
-        &self,
-        py: Python<'py>,
-        id: &str,
-        decision_id: &str,
-        outcome: &Bound<'py, PyAny>,
-        by: Option<&str>,
-        idempotency: Option<&str>,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if PG_LOGS.live(py, &key(&self.dsn, id)).is_some() {
-            return Ok(None);
-        }
-        let events = py.detach(|| self.inner.core().read(id)).map_err(|e| log_err(py, e))?;
-        if crate::agent_loop::foreign_decisions::find(&events, decision_id).is_none() {
-            return Ok(None);
-        }
-        let log = match py.detach(|| self.inner.open(id)) {
-            Ok(log) => log,
-            Err(LogError::Locked { .. }) => return Ok(None),
-            Err(e) => return Err(log_err(py, e)),
-        };
-        let decision = super::agent_loop::decide::decision(outcome)?;
-        let now = crate::event_log::now_ms();
-        let result =
-            py.detach(|| crate::agent_loop::decisions::decide(&log, decision_id, decision, by, idempotency, now).map(|d| d.duplicate));
-        let closed = py.detach(|| log.close());
-        let answer = super::agent_loop::decide::decide_answer(py, decision_id, result)?;
-        closed.map_err(|e| log_err(py, e))?;
-        Ok(Some(answer))
     }
 
     /// `resolve` of a session another process owns: staged for the owner, whose answer is the

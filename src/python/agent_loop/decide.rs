@@ -267,3 +267,71 @@ pub(super) fn decide_on_log<'py>(
     }
     decide_answer(py, decision_id, decisions::decide(log, decision_id, decision, by, key, now).map(|d| d.duplicate))
 }
+
+/// `PostgresStore.decide` from a process that does not hold session `id`: `stage()` stages the
+/// decision for the session's owner and waits for its answer, as for any request. Another
+/// framework's request (`foreign_decisions`: no Kerman loop runs its call, so no worker would
+/// ever take a staged decision up) is decided in place instead, as `FileStore.decide` does,
+/// when no process owns the session (its owner closed it), or when nobody applied the staged
+/// one in time (`timeout`: its owner died) and its lease has lapsed: the lease taken (a newer
+/// epoch fences a late owner out), the one `decision/resolved` appended, the lease released.
+/// A live owner, even one whose lease nobody renews, applies it as before.
+#[cfg(feature = "postgres")]
+#[allow(clippy::too_many_arguments)] // the store, the session, `decide`'s own arguments and the staging
+pub(crate) fn decide_on_store<'py>(
+    py: Python<'py>,
+    store: &crate::event_log::postgres::PostgresStore,
+    id: &str,
+    decision_id: &str,
+    outcome: &Bound<'py, PyAny>,
+    by: Option<&str>,
+    key: Option<&str>,
+    stage: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let events = py.detach(|| store.core().read(id)).map_err(|e| log_err(py, e))?;
+    if crate::agent_loop::foreign_decisions::find(&events, decision_id).is_none() {
+        return stage();
+    }
+    let owned = py.detach(|| store.sessions(Some(id), &[])).map_err(|e| log_err(py, e))?.iter().any(|s| s.owner.is_some());
+    if !owned {
+        if let Some(answer) = decide_in_place(py, store, id, decision_id, outcome, by, key)? {
+            return Ok(answer);
+        }
+    }
+    let answer = stage()?;
+    let reason = answer.get_item(intern!(py, "reason")).ok().and_then(|r| r.extract::<String>().ok());
+    if reason.as_deref() == Some("timeout") {
+        if let Some(decided) = decide_in_place(py, store, id, decision_id, outcome, by, key)? {
+            return Ok(decided);
+        }
+    }
+    Ok(answer)
+}
+
+/// Decides `decision_id` in session `id` under a lease of its own; `None` when another process
+/// holds the session.
+#[cfg(feature = "postgres")]
+fn decide_in_place<'py>(
+    py: Python<'py>,
+    store: &crate::event_log::postgres::PostgresStore,
+    id: &str,
+    decision_id: &str,
+    outcome: &Bound<'py, PyAny>,
+    by: Option<&str>,
+    key: Option<&str>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    use crate::event_log::{LogError, Store};
+
+    let log = match py.detach(|| store.open(id)) {
+        Ok(log) => log,
+        Err(LogError::Locked { .. }) => return Ok(None),
+        Err(e) => return Err(log_err(py, e)),
+    };
+    let decision = decision(outcome)?;
+    let now = crate::event_log::now_ms();
+    let result = py.detach(|| decisions::decide(&log, decision_id, decision, by, key, now).map(|d| d.duplicate));
+    let closed = py.detach(|| log.close());
+    let answer = decide_answer(py, decision_id, result)?;
+    closed.map_err(|e| log_err(py, e))?;
+    Ok(Some(answer))
+}
