@@ -782,14 +782,23 @@ def test_damaged_header_is_corruption_at_line_1(store_root):
     assert path.read_bytes() == damaged
 
 
-def test_empty_file_is_corruption_at_line_1(store_root):
+def test_an_empty_file_is_a_creation_a_crash_lost_and_opens_as_an_empty_session(store_root, caplog):
+    """A session becomes durable with its first sync (docs/format.md "Writing"): a power loss
+    before it can leave its file empty (or holding part of its header). That is never a torn
+    session: `read` shows it empty without touching it, `open` writes the header again."""
     path = session_path(store_root, "empty")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
-    with pytest.raises(CorruptLogError) as exc:
-        FileStore(store_root).open("empty")
-    assert (exc.value.line, exc.value.seq) == (1, 0)
-    assert path.read_bytes() == b""
+    assert FileStore(store_root).verify("empty")["events"] == 0 and path.read_bytes() == b""
+    with caplog.at_level("WARNING", logger="kerman"), FileStore(store_root).open("empty") as log:
+        assert len(log) == 0 and log.header["id"] == "empty"
+        log.append("x/a", {})
+    assert [r.getMessage() for r in caplog.records] == [
+        'session "empty": its creation never reached the disk (a crash before its first sync left 0 bytes of its header);'
+        " created it again, empty"
+    ]
+    with FileStore(store_root).open("empty") as log:
+        assert [e.type for e in log.events()] == ["x/a"]
 
 
 def test_header_naming_another_session_is_corruption(store_root):
