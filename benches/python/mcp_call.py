@@ -129,10 +129,15 @@ async def child(way: str, calls: int) -> None:
     await loop.aclose()
 
 
+# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
+# and so the counts, are then the same from one run to the next.
+SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
+
+
 def instructions(way: str, calls: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
-        out = subprocess.run(argv + ["--child", way, str(calls)], capture_output=True, text=True, check=True)
+        out = subprocess.run(argv + ["--child", way, str(calls)], capture_output=True, text=True, check=True, env=SEEDED)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if not found:
         raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")

@@ -164,13 +164,6 @@ class Runs:
 
     # -- observing --
 
-    def _unlisten(self) -> None:
-        if _gate in self._claimed_listeners:
-            self._claimed_listeners.remove(_gate)
-        if self._discarded in self._discarded_listeners:
-            self._discarded_listeners.remove(self._discarded)
-        self._listening = False
-
     def claimed(self, message_id: str, turn: int) -> None:
         """Turn ``turn`` claimed message ``message_id`` (the loop's claim callback)."""
         by_turn = self.by_turn
@@ -210,8 +203,12 @@ class Runs:
         at = len(log) - 1
         if at >= 0:
             tail = log[at]
-            if tail.type == "turn/end" and self._end_with(run, tail):
-                return True
+            if tail.type == "turn/end":
+                data = tail.data
+                if data.get("turn") == run.turn:  # what _end_with does, written out: every run passes here
+                    last = self.loop._last_output
+                    self._finish(run, data.get("reason") or {}, at, last[1] if last is not None and last[0] == run.turn else None)
+                    return True
         for event in log.events(run.sent if run.start is None else run.start, types="turn/end"):
             if self._end_with(run, event):
                 return True
@@ -275,8 +272,15 @@ class Runs:
             self.by_turn.pop(run.turn, None)
             self.loop._output_turns.pop(run.turn, None)
         if not by_message:
-            self._unlisten()
-            self.loop._runs_in_flight = None  # no cycle left behind: the loop is freed by refcount
+            # No run left: the claim callback closes again, and no cycle is left behind (the
+            # loop is freed by reference counting).
+            if _gate in self._claimed_listeners:
+                self._claimed_listeners.remove(_gate)
+            discarded = self._discarded
+            if discarded in self._discarded_listeners:
+                self._discarded_listeners.remove(discarded)
+            self._listening = False
+            self.loop._runs_in_flight = None
 
     def result(self, run: _Run) -> RunResult[Any]:
         """The run's result, read from the log between its turn's start and end."""

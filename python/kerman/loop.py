@@ -54,6 +54,9 @@ from .usage._budget import Budget, priced_model
 
 __all__ = ["AgentLoop", "TurnStillRunningWarning"]
 
+# Defined with the driver that warns it; named where users import it from, as before the split.
+TurnStillRunningWarning.__module__ = __name__
+
 
 class ToolSource(Protocol):
     """What ``AgentLoop(tools=[...])`` and ``add_tools`` accept besides a ``Tool``: an object

@@ -342,18 +342,22 @@ class MCPServer:
         )
 
     async def _call(self, tool: MCPTool, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
-        from mcp import MCPError
-
-        try:
-            client = await self._connect()
-        except MCPServerError as e:
-            return ToolResult(str(e), is_error=True, meta=result_meta(self.name, tool.remote_name, None, ()))
+        if self.connected:
+            client = self._client
+        else:
+            try:
+                client = await self._connect()
+            except MCPServerError as e:
+                return ToolResult(str(e), is_error=True, meta=result_meta(self.name, tool.remote_name, None, ()))
         progress: List[Dict[str, Any]] = []
-        logged = _progress.Coalescer(self._clock)
+        # The coalescing of the progress log, made at the call's first notification.
+        coalescer: List[_progress.Coalescer] = []
 
         async def on_progress(value: float, total: Optional[float], message: Optional[str]) -> None:
             progress.append({"progress": value, "total": total, "message": message})
-            if logged.admit(value, total, message):
+            if not coalescer:
+                coalescer.append(_progress.Coalescer(self._clock))
+            if coalescer[0].admit(value, total, message):
                 _progress.record(ctx, value, total, message)
             logger.info("MCP %s/%s (call %s): progress %s/%s %s", self.name, tool.remote_name, ctx.call_id, value, total, message or "")
             if self.on_progress is not None:
@@ -366,9 +370,12 @@ class MCPServer:
                     logger.exception("MCP server %r: on_progress raised", self.name)
 
         def failed(text: str) -> ToolResult:
-            return ToolResult(text, is_error=True, meta=result_meta(self.name, tool.remote_name, None, progress))
+            return ToolResult(
+                f"MCP server {self.name!r}, tool {tool.remote_name!r}: {text}",
+                is_error=True,
+                meta=result_meta(self.name, tool.remote_name, None, progress),
+            )
 
-        where = f"MCP server {self.name!r}, tool {tool.remote_name!r}"
         # A task's resolver (the claim the mcp client calls) finds the call here.
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         current = _tasks.CURRENT.set(_tasks.Call(ctx, on_progress, deadline))
@@ -379,27 +386,27 @@ class MCPServer:
                     result = await _tasks.follow(client.session, result, _tasks.CURRENT.get())
             else:
                 result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
-        except MCPError as e:
+        except _mcp_error() as e:
             if e.code == _CONNECTION_CLOSED:
                 self._drop(client)
                 stopped = f"the server stopped during the call ({e.error.message})"
-                return failed(f"{where}: {stopped}; it will be started again for the next call")
+                return failed(f"{stopped}; it will be started again for the next call")
             if e.code == _REQUEST_TIMEOUT:
-                return failed(f"{where}: no result within the server's timeout of {self.timeout}s; the call was cancelled")
-            return failed(f"{where}: the server refused the call: {e.error.message}")
+                return failed(f"no result within the server's timeout of {self.timeout}s; the call was cancelled")
+            return failed(f"the server refused the call: {e.error.message}")
         except (OSError, EOFError) as e:
             self._drop(client)
-            return failed(f"{where}: the connection failed during the call ({describe(e)}); it will be started again for the next call")
+            return failed(f"the connection failed during the call ({describe(e)}); it will be started again for the next call")
         except Exception as e:
             if is_broken(e):
                 self._drop(client)
-                return failed(f"{where}: the connection broke during the call ({describe(e)}); it will be started again for the next call")
+                return failed(f"the connection broke during the call ({describe(e)}); it will be started again for the next call")
             raise
         finally:
             _tasks.CURRENT.reset(current)
         if getattr(result, "result_type", None) == "input_required":
             asked = _input.input_required(result)
-            return failed(f"{where}: {asked}") if isinstance(asked, str) else asked
+            return failed(asked) if isinstance(asked, str) else asked
         return ToolResult(
             blocks_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
@@ -504,12 +511,18 @@ class MCPServer:
             raise ValueError(f"{self!r} is already registered on this loop")
         self._loops.append(loop)
         registered: Dict[str, MCPTool] = {}
+        # The listing the loop's tool table was last brought in line with: while the server
+        # serves that same list (connected, no list change since), a request needs nothing.
+        synced: List[Optional[List[MCPTool]]] = [None]
 
         async def sync_tools(request: Any, next: Any) -> Any:
-            tools = await self._listed()
-            if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
-                _replace(loop, registered, tools)
-                request.tools = [t.spec() for t in loop._tools.values()]
+            current = self._tools
+            if current is None or current is not synced[0] or not self.connected:
+                tools = await self._listed()
+                if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
+                    _replace(loop, registered, tools)
+                    request.tools = [t.spec() for t in loop._tools.values()]
+                synced[0] = tools
             return await next()
 
         sync_tools.__qualname__ = f"MCPServer({self.name!r}).sync_tools"
@@ -521,6 +534,7 @@ class MCPServer:
             tools = await self._listed()
             if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
                 _replace(loop, registered, tools)
+            synced[0] = tools
 
         loop._resume_preparers.append(before_resume)
 
@@ -530,6 +544,18 @@ class MCPServer:
             self._loops.remove(loop)
         if not self._loops:
             await self.aclose()
+
+
+_MCP_ERROR: List[Any] = []
+
+
+def _mcp_error() -> Any:
+    """``mcp.MCPError``, imported once (the ``mcp`` package is an optional extra)."""
+    if not _MCP_ERROR:
+        from mcp import MCPError
+
+        _MCP_ERROR.append(MCPError)
+    return _MCP_ERROR[0]
 
 
 def _offers_tasks(client: Any) -> bool:
