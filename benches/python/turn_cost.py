@@ -208,7 +208,9 @@ def main(argv: List[str]) -> None:
 @contextlib.contextmanager
 def sink() -> Iterator[str]:
     """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
-    process = subprocess.Popen([sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert process.stdout is not None
         yield process.stdout.readline().strip()
