@@ -486,6 +486,7 @@ __all__ = [
     "pending_decisions",
     "request_foreign_decisions",
     "decide_on_log",
+    "OtlpSpans",
 ]
 
 @final
@@ -651,12 +652,12 @@ class OtlpSpans:
         cls,
         session: str,
         *,
-        agent_name: str = "kerman",
+        agent_name: str = ...,
         model: str | None = None,
         provider: str | None = None,
         latest: bool = False,
         resource: Iterable[tuple[str, Any]] = ...,
-        scope_version: str = "",
+        scope_version: str = ...,
     ) -> OtlpSpans: ...
     def read(self, log: SessionLog, stop: int | None = None) -> int: ...
     def add(self, events: Iterable[Event]) -> None: ...
