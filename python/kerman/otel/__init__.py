@@ -96,7 +96,9 @@ def encode(
     else:
         spans.add(log.events())
     spans.finish()
-    return spans.take(format)
+    if format not in ("protobuf", "json"):
+        raise ValueError(f"format must be 'protobuf' or 'json', got {format!r}")
+    return spans.take("json") if format == "json" else spans.take("protobuf")
 
 
 def instrument(

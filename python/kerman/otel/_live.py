@@ -63,6 +63,7 @@ class Instrumentation:
             end, events = start, ()
             with self._changed:
                 self._stopping = True
+        assert self.builder is not None  # the native subclass has no builder and its own _build
         add = self.builder.add
         for view in events:
             try:
