@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! Layer order: json, ids, blocking → message → event_log → inbox → agent_loop → python
+//! Layer order: json, ids, blocking → message → event_log → inbox → agent_loop → otel → python
 //!
 //! Each layer uses only the layers before it (modules separated by commas share a layer and do
 //! not use each other); `tests/python/architecture/test_layers.py` reads every `crate::` path
@@ -22,6 +22,8 @@
 //!   turn and step rules, the one writer of every loop event (crash closers included), the typed
 //!   failures and abort causes, the tool plan, the derived history, the recovery folds
 //!   (`consumed_work`) and the waterfall cursor of its hook dispatch ([`agent_loop::waterfall`]).
+//! * [`otel`] — OpenTelemetry spans folded from a session's log (the loop's events read back)
+//!   and encoded as OTLP, protobuf or JSON, for `kerman.otel`'s native exporter.
 //! * `python/` — the binding (the `python` feature), the only code that touches pyo3: one file
 //!   or folder per core module (`python/inbox/`: the `Inbox` class, its cache of the queued
 //!   Python objects, its callbacks and the projection's binding); `python/runtime/`, what every

@@ -173,7 +173,7 @@ def main(argv: List[str]) -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", default="1000,3000", help="the two sizes, e.g. 1000,3000 (multiples of 100)")
-    ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
+    ap.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES) + " (with --otel: " + ", ".join(OTEL) + ")")
     ap.add_argument("--gate", action="store_true", help="P4 plain, with approving gates and with a needs_approval predicate")
     ap.add_argument("--otel", action="store_true", help="P4 plain and with each live exporter (SDK, native encode, native post)")
     args = ap.parse_args(argv)
@@ -183,9 +183,12 @@ def main(argv: List[str]) -> None:
     if small % 100 or large % 100 or large <= small:
         raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
     if args.otel:
+        ways = tuple(args.only.split(",")) if args.only else OTEL
+        if "none" not in ways or not set(ways) <= set(OTEL):
+            raise SystemExit(f"--otel --only takes none and some of {', '.join(OTEL[1:])}, got {args.only!r}")
         with sink() as url:
             os.environ["KERMAN_BENCH_OTLP"] = url
-            gated(small, large, OTEL)
+            gated(small, large, ways)
         return
     if args.gate:
         gated(small, large, GATES)
@@ -208,7 +211,9 @@ def main(argv: List[str]) -> None:
 @contextlib.contextmanager
 def sink() -> Iterator[str]:
     """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
-    process = subprocess.Popen([sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert process.stdout is not None
         yield process.stdout.readline().strip()

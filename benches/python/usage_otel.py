@@ -3,12 +3,16 @@
     python3 benches/python/usage_otel.py [--events 100000] [--sessions 10] [--turns 100] [--reps 5]
 
 * **live exporter**: P4-shaped turns (one tool call per turn, `bench.py`'s P4 model), turns per
-  second without instrumentation and with ``kerman.otel.instrument(loop)`` on an SDK
+  second without instrumentation, with ``kerman.otel.instrument(loop)`` on an SDK
   ``TracerProvider`` whose ``BatchSpanProcessor`` hands the spans to an exporter that drops
-  them (the exporter's own I/O is the collector's business, on the processor's thread). Each
-  instrumentation is flushed before the clock stops, so the span building is counted.
-  Interleaved repetitions, the median of each; the overhead is the target of docs/tracing.md
-  (at most 10% of P4).
+  them (``sdk``), with the native exporter whose ``send`` drops the OTLP body (``encode``),
+  and with the native exporter posting to a loopback OTLP/HTTP sink in another process
+  (``post``, ``otlp_sink.py``). Each instrumentation is flushed before the clock stops, so the
+  span building is counted. Interleaved repetitions, the median of each; the overhead is the
+  target of docs/tracing.md (at most 10% of P4).
+* **kerman log otel**: the same session's spans built by ``otel.export`` on the SDK (an
+  in-memory processor that keeps nothing) and by the core (``OtlpSpans.add`` + ``take``), over
+  the events already read; the best of ``--reps``.
 * **kerman log usage**: a ``--events`` session written by ``gen_log.py`` (a streamed tool step
   and a streamed answer per 28-event turn), folded by ``kerman log usage STORE ID --json
   --no-prices`` in this process (reading the file included), and by ``ledger()`` over the
@@ -26,16 +30,18 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import kerman
 from kerman import cli, otel
+from kerman.otel._native import native_spans
 from kerman.usage import ledger
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +74,15 @@ async def git_log(args: Dict[str, Any], ctx: Any) -> str:
     return "commit 4f1c2e: add group commit"
 
 
-async def turns(sessions: int, count: int, instrumented: bool, burst: int = 50) -> float:
+def instrumented(mode: str, loop: Any, provider: Any, url: str) -> Any:
+    if mode == "sdk":
+        return otel.instrument(loop, provider)
+    if mode == "encode":
+        return otel.NativeInstrumentation(loop.log, native_spans(loop.log.id), lambda body: None)
+    return otel.instrument(loop, endpoint=url)
+
+
+async def turns(sessions: int, count: int, mode: str, url: str = "", burst: int = 50) -> float:
     exporter = Dropping()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -78,8 +92,8 @@ async def turns(sessions: int, count: int, instrumented: bool, burst: int = 50) 
         loop = kerman.AgentLoop(model)
         loop.tool(git_log)
         loops.append(loop)
-        if instrumented:
-            lives.append(otel.instrument(loop, provider))
+        if mode != "plain":
+            lives.append(instrumented(mode, loop, provider, url))
     t0 = time.perf_counter_ns()
     for loop in loops:
         for _ in range(count // burst):
@@ -91,22 +105,48 @@ async def turns(sessions: int, count: int, instrumented: bool, burst: int = 50) 
     dt = time.perf_counter_ns() - t0
     for live in lives:
         live.close()
-        assert live.errors == 0
+        assert live.errors == 0 and live.exported == len(live.log) - 1
     provider.shutdown()
     for loop in loops:
         assert loop.log[-1].data["reason"] == {"kind": "completed"}
         await loop.aclose()
-    if instrumented:
+    if mode == "sdk":
         assert exporter.spans == sessions * (count // burst * burst) * 4, exporter.spans  # agent, 2 chat, 1 tool
     return sessions * (count // burst * burst) / (dt / 1e9)
 
 
-def interleave(reps: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[List[float], List[float]]:
-    xs, ys = [], []
+def interleave(reps: int, *runs: Callable[[], float]) -> List[List[float]]:
+    out: List[List[float]] = [[] for _ in runs]
     for _ in range(reps):
-        xs.append(a())
-        ys.append(b())
-    return xs, ys
+        for samples, run in zip(out, runs, strict=True):
+            samples.append(run())
+    return out
+
+
+def otel_over_events(read: List[Any], session: str, reps: int) -> Dict[str, float]:
+    """The spans of ``read`` by the SDK path (``otel.export``) and by the core, best of ``reps``."""
+
+    class Log:
+        id = session
+
+        def events(self, view: bool = False) -> Any:
+            return kerman.events.views(read) if view else iter(read)
+
+    sdk_best = native_best = float("inf")
+    for _ in range(reps):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(Dropping()))
+        t0 = time.perf_counter()
+        otel.export(Log(), provider)
+        sdk_best = min(sdk_best, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        spans = native_spans(session)
+        spans.add(read)
+        spans.finish()
+        body = spans.take()
+        native_best = min(native_best, time.perf_counter() - t0)
+        assert body is not None
+    return {"otel_sdk_s": sdk_best, "otel_native_s": native_best}
 
 
 def usage_over_file(events: int, reps: int) -> Dict[str, float]:
@@ -129,7 +169,24 @@ def usage_over_file(events: int, reps: int) -> Dict[str, float]:
             book = ledger(read, pricer=None)
             fold_best = min(fold_best, time.perf_counter() - t0)
         assert book.session.requests == data["session"]["requests"] > 0
-    return {"events": events, "cli_s": cli_best, "fold_s": fold_best, "requests": data["session"]["requests"]}
+        spans = otel_over_events(read, "big", reps)
+    return {"events": events, "cli_s": cli_best, "fold_s": fold_best, "requests": data["session"]["requests"], **spans}
+
+
+@contextlib.contextmanager
+def sink() -> Iterator[str]:
+    """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(here, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(10)
 
 
 def main(argv: List[str]) -> int:
@@ -139,20 +196,24 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
-    plain, live = interleave(
-        args.reps,
-        lambda: asyncio.run(turns(args.sessions, args.turns, False)),
-        lambda: asyncio.run(turns(args.sessions, args.turns, True)),
-    )
-    p, q = statistics.median(plain), statistics.median(live)
-    overhead = (1 / q - 1 / p) / (1 / p)
+    modes = ("plain", "sdk", "encode", "post")
+    with sink() as url:
+        samples = interleave(args.reps, *(lambda m=m: asyncio.run(turns(args.sessions, args.turns, m, url)) for m in modes))
+    rate = {m: statistics.median(x) for m, x in zip(modes, samples, strict=True)}
+    p = rate["plain"]
+    overhead = {m: (1 / rate[m] - 1 / p) / (1 / p) for m in modes[1:]}
     usage = usage_over_file(args.events, args.reps)
-    print(f"{'P4 turns/s, no instrumentation':48} {p:>12,.0f}")
-    print(f"{'P4 turns/s, otel.instrument + BatchSpanProcessor':48} {q:>12,.0f}")
-    print(f"{'live exporter cost per turn':48} {(1 / q - 1 / p) * 1e6:>10,.1f} µs ({overhead:+.1%} of P4's time per turn; target ≤ 10%)")
-    print(f"{'kerman log usage, ' + format(usage['events'], ',') + ' events':48} {usage['cli_s']:>10.2f} s")
-    print(f"{'ledger() over the events read':48} {usage['fold_s']:>10.2f} s ({usage['fold_s'] / usage['events'] * 1e6:.1f} µs/event)")
-    print(json.dumps({"p4_plain": p, "p4_instrumented": q, "overhead": overhead, **usage}))
+    label = {"sdk": "otel.instrument + BatchSpanProcessor", "encode": "native exporter, encode only", "post": "native exporter, posting"}
+    print(f"{'P4 turns/s, no instrumentation':52} {p:>12,.0f}")
+    for m in modes[1:]:
+        print(f"{'P4 turns/s, ' + label[m]:52} {rate[m]:>12,.0f}   {(1 / rate[m] - 1 / p) * 1e6:>8,.1f} µs/turn ({overhead[m]:+.1%} of P4)")
+    print(f"{'kerman log usage, ' + format(usage['events'], ',') + ' events':52} {usage['cli_s']:>10.2f} s")
+    print(f"{'ledger() over the events read':52} {usage['fold_s']:>10.2f} s ({usage['fold_s'] / usage['events'] * 1e6:.1f} µs/event)")
+    print(f"{'spans of those events, SDK (otel.export)':52} {usage['otel_sdk_s']:>10.2f} s")
+    print(f"{'spans of those events, core (OtlpSpans)':52} {usage['otel_native_s']:>10.3f} s")
+    print(
+        json.dumps({"p4_plain": p, **{f"p4_{m}": rate[m] for m in modes[1:]}, **{f"overhead_{m}": overhead[m] for m in modes[1:]}, **usage})
+    )
     return 0
 
 

@@ -498,6 +498,7 @@ __all__ = [
     "decide_on_log",
     "expire_decisions",
     "cancel_foreign_decisions",
+    "OtlpSpans",
 ]
 
 @final
@@ -653,3 +654,32 @@ class ToolRun:
     def aborted_before(self, index: int) -> None: ...
     def abort_unstarted(self) -> None: ...
     def abandon(self, index: int) -> None: ...
+
+@final
+class OtlpSpans:
+    """The spans of one session folded from its events and encoded as OTLP by the core
+    (``kerman.otel``'s native exporter, docs/tracing.md)."""
+
+    def __new__(
+        cls,
+        session: str,
+        *,
+        agent_name: str = ...,
+        model: str | None = None,
+        provider: str | None = None,
+        latest: bool = False,
+        resource: Iterable[tuple[str, Any]] = ...,
+        scope_version: str = ...,
+    ) -> OtlpSpans: ...
+    def read(self, log: SessionLog, stop: int | None = None) -> int: ...
+    def add(self, events: Iterable[Event]) -> None: ...
+    def finish(self) -> None: ...
+    def batch(self, log: SessionLog) -> bytes | None: ...
+    @overload
+    def take(self, format: Literal["protobuf"] = "protobuf") -> bytes | None: ...
+    @overload
+    def take(self, format: Literal["json"]) -> str | None: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def pending(self) -> int: ...

@@ -80,7 +80,7 @@ fn nested(out: &mut Vec<u8>, field: u8, f: impl FnOnce(&mut Vec<u8>)) {
 fn any_value(out: &mut Vec<u8>, value: &Value) {
     // A oneof member is written even when it holds its type's default.
     match value {
-        Value::Str(text) => bytes(out, 1, text.as_bytes()),
+        Value::Str(_) | Value::Static(_) | Value::Shared(_) => bytes(out, 1, value.as_str().unwrap_or_default().as_bytes()),
         Value::Bool(b) => {
             tag(out, 2, VARINT);
             out.push(u8::from(*b));
@@ -97,6 +97,11 @@ fn any_value(out: &mut Vec<u8>, value: &Value) {
         Value::Array(values) => nested(out, 5, |out| {
             for value in values {
                 nested(out, 1, |out| any_value(out, value));
+            }
+        }),
+        Value::Strs(texts) => nested(out, 5, |out| {
+            for text in *texts {
+                nested(out, 1, |out| bytes(out, 1, text.as_bytes()));
             }
         }),
     }
@@ -140,24 +145,33 @@ fn span(out: &mut Vec<u8>, span: &Span) {
     });
 }
 
-/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, appended to `out`.
+/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, appended to `out`. The spans
+/// are written first and the enclosing messages' heads after, so a batch is copied once.
 pub fn protobuf(out: &mut Vec<u8>, resource: &Resource, spans: &[Span]) {
-    nested(out, 1, |out| {
-        nested(out, 1, |out| {
-            for (key, value) in &resource.attributes {
-                key_value(out, 1, key, value);
-            }
-        });
-        nested(out, 2, |out| {
-            nested(out, 1, |out| {
-                optional_bytes(out, 1, resource.scope_name.as_bytes());
-                optional_bytes(out, 2, resource.scope_version.as_bytes());
-            });
-            for s in spans {
-                span(out, s);
-            }
-        });
+    let mut body = Vec::with_capacity(spans.len() * 320);
+    for s in spans {
+        span(&mut body, s);
+    }
+    let mut head = Vec::with_capacity(256);
+    nested(&mut head, 1, |out| {
+        for (key, value) in &resource.attributes {
+            key_value(out, 1, key, value);
+        }
     });
+    let mut scope = Vec::with_capacity(64);
+    nested(&mut scope, 1, |out| {
+        optional_bytes(out, 1, resource.scope_name.as_bytes());
+        optional_bytes(out, 2, resource.scope_version.as_bytes());
+    });
+    let scope_spans = scope.len() + body.len();
+    tag(&mut head, 2, LEN);
+    varint(&mut head, scope_spans as u64);
+    tag(out, 1, LEN);
+    varint(out, (head.len() + scope_spans) as u64);
+    out.reserve(head.len() + scope_spans);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&scope);
+    out.extend_from_slice(&body);
 }
 
 fn hex(out: &mut String, id: &[u8]) {
@@ -168,9 +182,9 @@ fn hex(out: &mut String, id: &[u8]) {
 
 fn json_value(out: &mut String, value: &Value) {
     match value {
-        Value::Str(text) => {
+        Value::Str(_) | Value::Static(_) | Value::Shared(_) => {
             out.push_str(r#"{"stringValue":"#);
-            push_str_literal(out, text);
+            push_str_literal(out, value.as_str().unwrap_or_default());
         }
         Value::Bool(b) => {
             out.push_str(r#"{"boolValue":"#);
@@ -184,20 +198,22 @@ fn json_value(out: &mut String, value: &Value) {
             out.push_str(r#"{"doubleValue":"#);
             out.push_str(&serde_json::to_string(x).unwrap_or_else(|_| "0".into()));
         }
-        Value::Array(values) => {
-            out.push_str(r#"{"arrayValue":{"#);
-            if !values.is_empty() {
-                out.push_str(r#""values":["#);
-                for (i, v) in values.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    json_value(out, v);
-                }
-                out.push(']');
-            }
-            out.push('}');
-        }
+        Value::Array(values) => json_array(out, values.iter().cloned()),
+        Value::Strs(texts) => json_array(out, texts.iter().map(|t| Value::Static(t))),
+    }
+    out.push('}');
+}
+
+fn json_array(out: &mut String, values: impl Iterator<Item = Value>) {
+    out.push_str(r#"{"arrayValue":{"#);
+    let mut any = false;
+    for v in values {
+        out.push_str(if any { "," } else { r#""values":["# });
+        any = true;
+        json_value(out, &v);
+    }
+    if any {
+        out.push(']');
     }
     out.push('}');
 }

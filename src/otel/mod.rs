@@ -7,6 +7,8 @@
 //! write them as an OTLP `ExportTraceServiceRequest` (OTLP/HTTP's binary body, and OTLP/JSON).
 //! It reads the log only: storage and the loop know nothing of it.
 
+use std::sync::Arc;
+
 pub mod encode;
 mod ids;
 mod read;
@@ -19,19 +21,37 @@ pub use ids::{span_id, trace_id};
 pub use requests::{Outcome, Request, Requests, Usage};
 pub use spans::{Options, SpanFold};
 
-/// An attribute value (OTLP's `AnyValue`, the kinds spans and resources use).
+/// An attribute value (OTLP's `AnyValue`, the kinds spans and resources use). The string
+/// kinds differ only in who owns the text: the fold makes no allocation for a constant or for
+/// a text many spans share (the session id, a model's name).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Str(String),
+    Static(&'static str),
+    Shared(Arc<str>),
     Bool(bool),
     Int(i64),
     Double(f64),
     Array(Vec<Value>),
+    /// An array of constant strings.
+    Strs(&'static [&'static str]),
 }
 
-impl From<&str> for Value {
-    fn from(text: &str) -> Value {
-        Value::Str(text.to_owned())
+impl Value {
+    /// The text of a string value.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(text) => Some(text),
+            Value::Static(text) => Some(text),
+            Value::Shared(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+impl From<&'static str> for Value {
+    fn from(text: &'static str) -> Value {
+        Value::Static(text)
     }
 }
 
@@ -61,7 +81,7 @@ pub struct Span {
     pub trace_id: [u8; 16],
     pub span_id: [u8; 8],
     pub parent: Option<[u8; 8]>,
-    pub name: String,
+    pub name: Arc<str>,
     pub kind: Kind,
     /// Epoch nanoseconds (the log's milliseconds).
     pub start_ns: u64,

@@ -3,6 +3,10 @@
 //! as raw JSON and read as the typed views read it (`kerman.events`): an int is an integer
 //! (not a float or a bool), a str a string; anything else is absent.
 
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use serde::de::{self, value::MapAccessDeserializer, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -13,14 +17,19 @@ pub fn int(raw: Option<&RawValue>) -> Option<i64> {
 
 /// A string field (`value.__class__ is str`).
 pub fn string(raw: Option<&RawValue>) -> Option<String> {
+    text(raw).map(Cow::into_owned)
+}
+
+/// A string field, borrowed from the payload when it has no escapes.
+pub fn text(raw: Option<&RawValue>) -> Option<Cow<'_, str>> {
     let text = raw?.get();
     if !text.starts_with('"') {
         return None;
     }
     if !text.contains('\\') {
-        return Some(text[1..text.len() - 1].to_owned());
+        return Some(Cow::Borrowed(&text[1..text.len() - 1]));
     }
-    serde_json::from_str(text).ok()
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
 }
 
 /// Whether a field is the JSON `true`.
@@ -38,7 +47,7 @@ pub fn truthy(raw: Option<&RawValue>) -> bool {
             serde_json::Value::Object(o) => !o.is_empty(),
             _ => true,
         }),
-        _ => text.parse::<f64>().map_or(true, |n| n != 0.0),
+        _ => text.parse::<f64>() != Ok(0.0),
     }
 }
 
@@ -133,16 +142,17 @@ pub struct Call<'a> {
     #[serde(borrow, default)]
     pub turn: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "callId")]
-    pub call_id: Option<&'a RawValue>,
+    pub id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub name: Option<&'a RawValue>,
 }
 
-/// `tool/result {message, error?}`.
+/// `tool/result {message, error?}`, read in one pass: the message's `source` and the blocks of
+/// its `content` (a field of another type than the one expected reads as absent).
 #[derive(Deserialize, Default)]
 pub struct Result<'a> {
     #[serde(borrow, default)]
-    pub message: Option<&'a RawValue>,
+    pub message: Lenient<Message<'a>>,
     #[serde(borrow, default)]
     pub error: Option<&'a RawValue>,
 }
@@ -151,12 +161,13 @@ pub struct Result<'a> {
 #[derive(Deserialize, Default)]
 pub struct Message<'a> {
     #[serde(borrow, default)]
-    pub source: Option<&'a RawValue>,
+    pub source: Lenient<Block<'a>>,
     #[serde(borrow, default)]
-    pub content: Option<&'a RawValue>,
+    pub content: Blocks<'a>,
 }
 
-/// A message source's `callId`, a tool-result block's `toolCallId`, `isError` and `content`.
+/// A message source's `callId`, a content block's `type`, a tool-result block's `toolCallId`,
+/// `isError` and `content`, a text block's `text`.
 #[derive(Deserialize, Default)]
 pub struct Block<'a> {
     #[serde(borrow, default, rename = "type")]
@@ -171,6 +182,100 @@ pub struct Block<'a> {
     pub content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub text: Option<&'a RawValue>,
+}
+
+/// An object read as `T`; any other JSON value reads as absent (`None`).
+pub struct Lenient<T>(pub Option<T>);
+
+impl<T> Default for Lenient<T> {
+    fn default() -> Self {
+        Lenient(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Of<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Of<T> {
+            type Value = Lenient<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(|t| Lenient(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+        }
+        deserializer.deserialize_any(Of(PhantomData))
+    }
+}
+
+/// A `content` list's object items read as blocks (other items, or a content that is not a
+/// list, read as no blocks).
+#[derive(Default)]
+pub struct Blocks<'a>(pub Vec<Block<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Blocks<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct List<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for List<'a> {
+            type Value = Blocks<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut blocks = Vec::new();
+                while let Some(Lenient(block)) = seq.next_element::<Lenient<Block<'a>>>()? {
+                    blocks.extend(block);
+                }
+                Ok(Blocks(blocks))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+                Ok(Blocks(Vec::new()))
+            }
+        }
+        deserializer.deserialize_any(List(PhantomData))
+    }
 }
 
 /// `turn/end {turn, reason}`.
@@ -209,10 +314,8 @@ pub fn field<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
 }
 
 /// The blocks of a `content` list (objects only; other items skipped).
-pub fn blocks<'a>(raw: Option<&'a RawValue>) -> Vec<Block<'a>> {
-    let Some(text) = raw.map(RawValue::get).filter(|t| t.starts_with('[')) else { return Vec::new() };
-    let items: Vec<&RawValue> = serde_json::from_str(text).unwrap_or_default();
-    items.into_iter().filter_map(|item| object(item.get())).collect()
+pub fn blocks(raw: Option<&RawValue>) -> Vec<Block<'_>> {
+    raw.and_then(|r| serde_json::from_str::<Blocks<'_>>(r.get()).ok()).map(|b| b.0).unwrap_or_default()
 }
 
 /// A block's `content` as text (`ToolResultBlock.text`): a string is itself, a list the text

@@ -7,6 +7,8 @@
 //! first chunk that is not a chunk (or, unstreamed, the last event before its message) and ends
 //! at its message (or last chunk).
 
+use std::sync::Arc;
+
 use crate::agent_loop::events as kinds;
 use crate::event_log::Event;
 
@@ -107,8 +109,8 @@ pub struct Request {
     pub partial: bool,
     pub started: i64,
     pub ended: i64,
-    pub model: Option<String>,
-    pub provider: Option<String>,
+    pub model: Option<Arc<str>>,
+    pub provider: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +133,11 @@ struct Chunk {
 #[derive(Debug, Default)]
 pub struct Requests {
     /// Names what served requests whose model and provider the log does not record.
-    pub model: Option<String>,
-    pub provider: Option<String>,
-    option_model: Option<String>,
+    pub model: Option<Arc<str>>,
+    pub provider: Option<Arc<str>>,
+    option_model: Option<Arc<str>>,
+    /// The names logged last, shared by the requests that log them again.
+    names: Vec<Arc<str>>,
     turn: i64,
     step: i64,
     /// The time of the last event that is not a chunk: a request starts after it.
@@ -146,7 +150,19 @@ pub struct Requests {
 impl Requests {
     /// A fold whose requests default to `model` and `provider`.
     pub fn new(model: Option<String>, provider: Option<String>) -> Requests {
-        Requests { model, provider, ..Requests::default() }
+        Requests { model: model.map(Arc::from), provider: provider.map(Arc::from), ..Requests::default() }
+    }
+
+    /// `name` as a shared text (the same one for every request that logs it).
+    fn shared(&mut self, name: &str) -> Arc<str> {
+        if let Some(known) = self.names.iter().find(|n| &***n == name) {
+            return Arc::clone(known);
+        }
+        let name: Arc<str> = Arc::from(name);
+        if self.names.len() < 16 {
+            self.names.push(Arc::clone(&name));
+        }
+        name
     }
 
     /// Folds one event.
@@ -187,7 +203,7 @@ impl Requests {
                 kinds::REQUEST_HEADER => {
                     let header: read::Header<'_> = read::object(event.data_json()).unwrap_or_default();
                     let options: Option<read::Options<'_>> = read::field(header.options);
-                    self.option_model = options.and_then(|o| read::string(o.model));
+                    self.option_model = options.and_then(|o| read::text(o.model).map(|m| self.shared(&m)));
                 }
                 _ => {}
             }
@@ -263,7 +279,7 @@ impl Requests {
     fn compacted(&mut self, event: &Event) {
         let data: read::Compacted<'_> = read::object(event.data_json()).unwrap_or_default();
         let usage = Usage::of(data.usage);
-        let model = read::string(data.model);
+        let model = read::text(data.model).map(|m| self.shared(&m));
         if usage.is_none() && model.is_none() {
             return; // no model asked: nothing to count
         }
@@ -304,9 +320,9 @@ impl Requests {
     ) {
         // Which model answered: what the provider logged with the usage, else the request's
         // `model` option, else the default.
-        let logged = usage.as_ref().and_then(|u| u.model.clone()).filter(|m| !m.is_empty());
+        let logged = usage.as_ref().and_then(|u| u.model.as_deref()).filter(|m| !m.is_empty()).map(|m| self.shared(m));
         let model = logged.or_else(|| self.option_model.clone().filter(|m| !m.is_empty())).or_else(|| self.model.clone());
-        let vendor = usage.as_ref().and_then(|u| u.provider.clone()).filter(|p| !p.is_empty());
+        let vendor = usage.as_ref().and_then(|u| u.provider.as_deref()).filter(|p| !p.is_empty()).map(|p| self.shared(p));
         let provider = vendor.or_else(|| self.provider.clone());
         self.out.push(Request { turn, step, first_seq, outcome, usage, partial, started, ended, model, provider });
     }

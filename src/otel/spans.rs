@@ -3,6 +3,8 @@
 //! request (`requests.rs`), `execute_tool` per call, each made when the log shows it ended,
 //! with the log's times and ids derived from the session and seqs (`ids.rs`).
 
+use std::sync::Arc;
+
 use crate::agent_loop::events as kinds;
 use crate::event_log::Event;
 
@@ -22,14 +24,14 @@ pub struct Options {
     /// What served requests whose model (provider) the log does not record.
     pub model: Option<String>,
     pub provider: Option<String>,
-    /// The latest experimental GenAI conventions (`gen_ai.provider.name`, cache tokens)
+    /// The latest experimental semantic conventions (`gen_ai.provider.name`, cache tokens)
     /// instead of those of v1.36.0 (`gen_ai.system`).
     pub latest: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Turn {
-    turn: i64,
+    number: i64,
     time: i64,
     trace_id: [u8; 16],
     span_id: [u8; 8],
@@ -41,14 +43,25 @@ struct Call {
     id: String,
     seq: u64,
     time: i64,
-    name: String,
+    /// The tool's name and its span's name.
+    name: (Arc<str>, Arc<str>),
     turn: i64,
 }
+
+/// Turn endings as constants (others are copied).
+const ENDINGS: [&str; 8] = ["completed", "max-tokens", "blocked", "error", "aborted", "interrupted", "budget", "unknown"];
 
 /// The fold. Feed it events in log order (`add`); take the spans they ended from `spans`.
 #[derive(Debug)]
 pub struct SpanFold {
     options: Options,
+    session: Arc<str>,
+    agent_name: Arc<str>,
+    /// `invoke_agent {agent_name}`.
+    agent_span: Arc<str>,
+    /// `chat {model}` and `execute_tool {tool}` per model and tool seen (a few).
+    chat_names: Vec<(Arc<str>, Arc<str>)>,
+    tool_names: Vec<(Arc<str>, Arc<str>)>,
     requests: Requests,
     /// Open turns (one, unless a log interleaves them).
     turns: Vec<Turn>,
@@ -69,7 +82,20 @@ fn ns(ms: i64) -> u64 {
 impl SpanFold {
     pub fn new(options: Options) -> SpanFold {
         let requests = Requests::new(options.model.clone(), options.provider.clone());
-        SpanFold { options, requests, turns: Vec::new(), calls: Vec::new(), continues: None, position: 0, spans: Vec::new() }
+        SpanFold {
+            session: Arc::from(options.session.as_str()),
+            agent_name: Arc::from(options.agent_name.as_str()),
+            agent_span: Arc::from(format!("invoke_agent {}", options.agent_name)),
+            chat_names: Vec::new(),
+            tool_names: Vec::new(),
+            options,
+            requests,
+            turns: Vec::new(),
+            calls: Vec::new(),
+            continues: None,
+            position: 0,
+            spans: Vec::new(),
+        }
     }
 
     /// Folds one event (the next in the log).
@@ -104,51 +130,51 @@ impl SpanFold {
     fn common(&self, operation: &'static str) -> Vec<(&'static str, Value)> {
         let mut attributes = Vec::with_capacity(10);
         attributes.push(("gen_ai.operation.name", Value::from(operation)));
-        attributes.push(("gen_ai.conversation.id", Value::Str(self.options.session.clone())));
+        attributes.push(("gen_ai.conversation.id", Value::Shared(Arc::clone(&self.session))));
         attributes
     }
 
     fn turn(&self, number: i64) -> Option<Turn> {
-        self.turns.iter().find(|t| t.turn == number).copied()
+        self.turns.iter().find(|t| t.number == number).copied()
     }
 
     fn turn_start(&mut self, event: &Event) {
         let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
         let number = read::int(head.turn).unwrap_or(0);
-        let session = &self.options.session;
+        let session = &self.session;
         let span_id = ids::span_id(session, event.seq);
         let turn = match self.continues.take() {
             // The turn after one a crash interrupted continues its work: the same trace, under it.
-            Some(before) => Turn { turn: number, time: event.time, trace_id: before.trace_id, span_id, parent: Some(before.span_id) },
-            None => Turn { turn: number, time: event.time, trace_id: ids::trace_id(session, event.seq), span_id, parent: None },
+            Some(before) => Turn { number, time: event.time, trace_id: before.trace_id, span_id, parent: Some(before.span_id) },
+            None => Turn { number, time: event.time, trace_id: ids::trace_id(session, event.seq), span_id, parent: None },
         };
-        self.turns.retain(|t| t.turn != number);
+        self.turns.retain(|t| t.number != number);
         self.turns.push(turn);
     }
 
     fn turn_end(&mut self, event: &Event) {
         let end: read::End<'_> = read::object(event.data_json()).unwrap_or_default();
         let number = read::int(end.turn).unwrap_or(0);
-        let Some(at) = self.turns.iter().position(|t| t.turn == number) else { return };
+        let Some(at) = self.turns.iter().position(|t| t.number == number) else { return };
         let turn = self.turns.remove(at);
         let reason: read::Reason<'_> = read::field(end.reason).unwrap_or_default();
-        let kind = read::string(reason.kind).unwrap_or_else(|| "unknown".into());
-        let kind = if kind.is_empty() { "unknown".to_owned() } else { kind };
+        let kind = read::text(reason.kind).filter(|k| !k.is_empty()).unwrap_or(std::borrow::Cow::Borrowed("unknown"));
+        let kind_value = ENDINGS.iter().find(|k| **k == kind).map_or_else(|| Value::Str(kind.to_string()), |k| Value::Static(k));
         let mut attributes = self.common("invoke_agent");
-        attributes.push(("gen_ai.agent.name", Value::Str(self.options.agent_name.clone())));
-        attributes.push(("kerman.turn", Value::Int(turn.turn)));
-        attributes.push(("kerman.turn.end", Value::Str(kind.clone())));
-        if let Some(model) = self.options.model.as_ref().filter(|m| !m.is_empty()) {
-            attributes.push(("gen_ai.request.model", Value::Str(model.clone())));
+        attributes.push(("gen_ai.agent.name", Value::Shared(Arc::clone(&self.agent_name))));
+        attributes.push(("kerman.turn", Value::Int(turn.number)));
+        attributes.push(("kerman.turn.end", kind_value));
+        if let Some(model) = self.requests.model.as_ref().filter(|m| !m.is_empty()) {
+            attributes.push(("gen_ai.request.model", Value::Shared(Arc::clone(model))));
         }
         let mut status = Status::default();
-        if FAILED_ENDINGS.contains(&kind.as_str()) {
+        if FAILED_ENDINGS.contains(&&*kind) {
             let error: Option<read::Reason<'_>> = read::field(reason.error);
             let code = error.as_ref().and_then(|e| read::string(e.code)).filter(|c| !c.is_empty());
-            attributes.push(("error.type", Value::Str(code.unwrap_or_else(|| kind.clone()))));
+            attributes.push(("error.type", Value::Str(code.unwrap_or_else(|| kind.to_string()))));
             let message = match &error {
                 Some(e) => read::string(e.message).unwrap_or_default(),
-                None => kind.clone(),
+                None => kind.to_string(),
             };
             status = Status::error(message);
         }
@@ -156,7 +182,7 @@ impl SpanFold {
             trace_id: turn.trace_id,
             span_id: turn.span_id,
             parent: turn.parent,
-            name: format!("invoke_agent {}", self.options.agent_name),
+            name: Arc::clone(&self.agent_span),
             kind: Kind::Internal,
             start_ns: ns(turn.time),
             end_ns: ns(event.time),
@@ -172,10 +198,10 @@ impl SpanFold {
         let model = request.model.as_ref().filter(|m| !m.is_empty());
         let mut attributes = self.common("chat");
         if let Some(model) = model {
-            attributes.push(("gen_ai.request.model", Value::Str(model.clone())));
+            attributes.push(("gen_ai.request.model", Value::Shared(Arc::clone(model))));
         }
         if let Some(provider) = request.provider.as_ref().filter(|p| !p.is_empty()) {
-            attributes.push((if latest { "gen_ai.provider.name" } else { "gen_ai.system" }, Value::Str(provider.clone())));
+            attributes.push((if latest { "gen_ai.provider.name" } else { "gen_ai.system" }, Value::Shared(Arc::clone(provider))));
         }
         if let Some(usage) = &request.usage {
             // input_tokens is the whole prompt, cached tokens included, as the conventions count it
@@ -193,10 +219,11 @@ impl SpanFold {
             attributes.push(("kerman.usage.partial", Value::Bool(true)));
         }
         match request.outcome {
-            Outcome::Completed => attributes.push(("gen_ai.response.finish_reasons", Value::Array(vec![Value::from("stop")]))),
-            Outcome::MaxTokens => attributes.push(("gen_ai.response.finish_reasons", Value::Array(vec![Value::from("length")]))),
+            Outcome::Completed => attributes.push(("gen_ai.response.finish_reasons", Value::Strs(&["stop"]))),
+            Outcome::MaxTokens => attributes.push(("gen_ai.response.finish_reasons", Value::Strs(&["length"]))),
             _ => {}
         }
+        let name = self.chat_name(model.cloned());
         let mut status = Status::default();
         if matches!(request.outcome, Outcome::Failed | Outcome::Interrupted) {
             attributes.push(("error.type", Value::from(request.outcome.as_str())));
@@ -204,9 +231,9 @@ impl SpanFold {
         }
         self.spans.push(Span {
             trace_id: turn.trace_id,
-            span_id: ids::span_id(&self.options.session, request.first_seq),
+            span_id: ids::span_id(&self.session, request.first_seq),
             parent: Some(turn.span_id),
-            name: model.map_or_else(|| "chat".to_owned(), |m| format!("chat {m}")),
+            name,
             kind: Kind::Client,
             start_ns: ns(request.started),
             end_ns: ns(request.ended),
@@ -215,10 +242,35 @@ impl SpanFold {
         });
     }
 
+    /// `chat {model}` (`chat` without a model), shared by the spans of one model.
+    fn chat_name(&mut self, model: Option<Arc<str>>) -> Arc<str> {
+        let key = model.unwrap_or_else(|| Arc::from(""));
+        if let Some((_, name)) = self.chat_names.iter().find(|(m, _)| *m == key) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = if key.is_empty() { Arc::from("chat") } else { Arc::from(format!("chat {key}")) };
+        if self.chat_names.len() < 16 {
+            self.chat_names.push((key, Arc::clone(&name)));
+        }
+        name
+    }
+
+    /// A tool's name and its span's name (`execute_tool {tool}`), shared by its calls.
+    fn tool_name(&mut self, tool: &str) -> (Arc<str>, Arc<str>) {
+        if let Some(known) = self.tool_names.iter().find(|(t, _)| &**t == tool) {
+            return known.clone();
+        }
+        let names: (Arc<str>, Arc<str>) = (Arc::from(tool), Arc::from(format!("execute_tool {tool}")));
+        if self.tool_names.len() < 64 {
+            self.tool_names.push(names.clone());
+        }
+        names
+    }
+
     fn tool_call(&mut self, event: &Event) {
         let call: read::Call<'_> = read::object(event.data_json()).unwrap_or_default();
-        let id = read::string(call.call_id).unwrap_or_default();
-        let name = read::string(call.name).unwrap_or_default();
+        let id = read::string(call.id).unwrap_or_default();
+        let name = self.tool_name(&read::text(call.name).unwrap_or_default());
         let turn = read::int(call.turn).unwrap_or(0);
         self.calls.retain(|c| c.id != id);
         self.calls.push(Call { id, seq: event.seq, time: event.time, name, turn });
@@ -226,19 +278,18 @@ impl SpanFold {
 
     fn tool_result(&mut self, event: &Event) {
         let result: read::Result<'_> = read::object(event.data_json()).unwrap_or_default();
-        let message: read::Message<'_> = read::field(result.message).unwrap_or_default();
-        let block = read::blocks(message.content).into_iter().find(|b| read::string(b.kind).as_deref() == Some("tool-result"));
+        let message = result.message.0.unwrap_or_default();
+        let block = message.content.0.into_iter().find(|b| read::text(b.kind).as_deref() == Some("tool-result"));
         let mut call_id = block.as_ref().and_then(|b| read::string(b.tool_call_id)).filter(|id| !id.is_empty());
         if call_id.is_none() {
-            let source: Option<read::Block<'_>> = read::field(message.source);
-            call_id = source.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
+            call_id = message.source.0.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
         }
         let call_id = call_id.unwrap_or_default();
         let Some(at) = self.calls.iter().position(|c| c.id == call_id) else { return };
         let call = self.calls.remove(at);
         let Some(turn) = self.turn(call.turn) else { return };
         let mut attributes = self.common("execute_tool");
-        attributes.push(("gen_ai.tool.name", Value::Str(call.name.clone())));
+        attributes.push(("gen_ai.tool.name", Value::Shared(Arc::clone(&call.name.0))));
         attributes.push(("gen_ai.tool.call.id", Value::Str(call_id)));
         attributes.push(("gen_ai.tool.type", Value::from("function")));
         let error: Option<read::Reason<'_>> = read::field(result.error);
@@ -255,9 +306,9 @@ impl SpanFold {
         }
         self.spans.push(Span {
             trace_id: turn.trace_id,
-            span_id: ids::span_id(&self.options.session, call.seq),
+            span_id: ids::span_id(&self.session, call.seq),
             parent: Some(turn.span_id),
-            name: format!("execute_tool {}", call.name),
+            name: call.name.1,
             kind: Kind::Internal,
             start_ns: ns(call.time),
             end_ns: ns(event.time),

@@ -42,14 +42,14 @@ fn a_failed_attempt_its_retry_and_a_failing_tool_are_children_of_the_turn() {
         ("tool/result", tool_result),                                                                     // 6
         ("turn/end", json!({"turn": 1, "reason": {"kind": "error", "error": {"code": "BOOM", "message": "it broke"}}})), // 7
     ]);
-    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<&str> = spans.iter().map(|s| &*s.name).collect();
     assert_eq!(names, ["chat", "chat m1", "execute_tool pay", "invoke_agent kerman"]);
     let turn = &spans[3];
     assert_eq!((turn.trace_id, turn.span_id, turn.parent), (trace_id("s", 0), span_id("s", 0), None));
     assert!(spans[..3].iter().all(|s| s.parent == Some(turn.span_id) && s.trace_id == turn.trace_id));
     let [failed, completed, tool] = [&spans[0], &spans[1], &spans[2]];
     assert_eq!(failed.span_id, span_id("s", 2));
-    assert_eq!(attr(failed, "kerman.request.outcome"), Some(&Value::from("failed")));
+    assert_eq!(attr(failed, "kerman.request.outcome").and_then(Value::as_str), Some("failed"));
     assert_eq!(attr(failed, "gen_ai.usage.input_tokens"), Some(&Value::Int(40)));
     assert_eq!((failed.start_ns, failed.end_ns), (1_001_000_000, 1_003_000_000));
     assert!(failed.status.error && failed.kind == Kind::Client);
@@ -57,10 +57,10 @@ fn a_failed_attempt_its_retry_and_a_failing_tool_are_children_of_the_turn() {
     assert_eq!((completed.start_ns, completed.end_ns), (1_003_000_000, 1_004_000_000));
     assert_eq!(attr(completed, "gen_ai.usage.input_tokens"), Some(&Value::Int(100)));
     assert_eq!(attr(completed, "gen_ai.usage.cache_read.input_tokens"), Some(&Value::Int(60)));
-    assert_eq!(attr(completed, "gen_ai.response.finish_reasons"), Some(&Value::Array(vec![Value::from("stop")])));
+    assert_eq!(attr(completed, "gen_ai.response.finish_reasons"), Some(&Value::Strs(&["stop"])));
     assert_eq!((tool.span_id, tool.status.message.as_str()), (span_id("s", 5), "bad"));
-    assert_eq!(attr(tool, "error.type"), Some(&Value::from("tool_error")));
-    assert_eq!((attr(turn, "error.type"), turn.status.message.as_str()), (Some(&Value::from("BOOM")), "it broke"));
+    assert_eq!(attr(tool, "error.type").and_then(Value::as_str), Some("tool_error"));
+    assert_eq!((attr(turn, "error.type").and_then(Value::as_str), turn.status.message.as_str()), (Some("BOOM"), "it broke"));
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn the_protobuf_nests_as_otlp_says_and_long_fields_get_long_lengths() {
         trace_id: [1; 16],
         span_id: [2; 8],
         parent: None,
-        name: long.clone(),
+        name: long.clone().into(),
         kind: Kind::Client,
         start_ns: 5,
         end_ns: 6,

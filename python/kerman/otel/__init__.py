@@ -84,14 +84,21 @@ def encode(
     ended. ``resource``: an SDK ``Resource`` or a mapping (default: ``Resource.create()``)."""
     log, session, model, provider = _source(log, model, provider)
     spans = native_spans(
-        session, agent_name=agent_name, model=model, provider=provider, latest=latest_conventions() if latest is None else latest, resource=resource
+        session,
+        agent_name=agent_name,
+        model=model,
+        provider=provider,
+        latest=latest_conventions() if latest is None else latest,
+        resource=resource,
     )
     if isinstance(log, SessionLog):
         spans.read(log)
     else:
         spans.add(log.events())
     spans.finish()
-    return spans.take(format)
+    if format not in ("protobuf", "json"):
+        raise ValueError(f"format must be 'protobuf' or 'json', got {format!r}")
+    return spans.take("json") if format == "json" else spans.take("protobuf")
 
 
 def instrument(
@@ -131,7 +138,9 @@ def instrument(
     use_latest = latest_conventions() if latest is None else latest
     if native:
         spans = native_spans(session, agent_name=agent_name, model=model, provider=provider, latest=use_latest, resource=resource)
-        sender = OtlpSender(endpoint or endpoint_from_env() or DEFAULT_ENDPOINT, headers_from_env() if headers is None else headers, timeout)
+        sender = OtlpSender(
+            endpoint or endpoint_from_env() or DEFAULT_ENDPOINT, headers_from_env() if headers is None else headers, timeout
+        )
         return NativeInstrumentation(log, spans, sender, interval)
     builder = SpanBuilder(session, tracer_provider, agent_name=agent_name, model=model, provider=provider, latest=use_latest)
     return Instrumentation(log, builder, interval)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._core import OtlpSpans
+
+if TYPE_CHECKING:
+    from ._spans import SpanBuilder
 
 __all__ = ["Instrumentation", "NativeInstrumentation"]
 
@@ -23,7 +26,7 @@ class Instrumentation:
     what the log held); ``errors`` counts the exceptions the builder or exporter raised (the
     first is logged)."""
 
-    def __init__(self, log: Any, builder: SpanBuilder, interval: float = 0.5) -> None:
+    def __init__(self, log: Any, builder: Optional[SpanBuilder], interval: float = 0.5) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.log = log
@@ -60,6 +63,7 @@ class Instrumentation:
             end, events = start, ()
             with self._changed:
                 self._stopping = True
+        assert self.builder is not None  # the native subclass has no builder and its own _build
         add = self.builder.add
         for view in events:
             try:

@@ -160,7 +160,19 @@ MODULES: Dict[str, List[str]] = {
         "default_pricer",
         "summary_line",
     ],
-    "kerman.otel": ["export", "instrument", "Instrumentation", "SpanBuilder", "trace_id_of", "span_id_of", "latest_conventions", "LATEST"],
+    "kerman.otel": [
+        "export",
+        "encode",
+        "instrument",
+        "Instrumentation",
+        "NativeInstrumentation",
+        "OtlpSender",
+        "SpanBuilder",
+        "trace_id_of",
+        "span_id_of",
+        "latest_conventions",
+        "LATEST",
+    ],
 }
 HOME = {name: "kerman.hooks" for name in HOOKS} | {
     "Signal": "kerman.signal",

@@ -255,3 +255,13 @@ def test_a_batch_at_a_time_gives_the_spans_of_one_pass():
         await loop.aclose()
 
     asyncio.run(main())
+
+
+def test_the_bench_workload_runs_with_the_native_exporter():
+    """``turn_cost.py --otel``'s native child (encode only): every event folded, no error."""
+    import os
+    import subprocess
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benches", "python", "turn_cost.py")
+    subprocess.run([sys.executable, bench, "--child", "kerman", "0", "1", "100", "otel-encode"], check=True, timeout=120)
