@@ -80,7 +80,8 @@ pub struct WithChunk<'a> {
     pub chunk: Option<&'a RawValue>,
 }
 
-/// A chunk's fields the fold reads (`{type, reason?, partial?}`).
+/// A chunk's fields the fold reads (`{type, reason?, partial?, model?, provider?}`; a failed
+/// `finish` names the model that failed when a `Fallback` tried several).
 #[derive(Deserialize, Default)]
 pub struct Chunk<'a> {
     #[serde(borrow, default, rename = "type")]
@@ -89,6 +90,10 @@ pub struct Chunk<'a> {
     pub reason: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub partial: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub provider: Option<&'a RawValue>,
 }
 
 /// The usage fields a request's totals and its model come from.

@@ -290,20 +290,35 @@ impl Requests {
         self.option_model = option_model;
     }
 
-    /// The chunks in flight are one request that got no message: a failed attempt.
+    /// The chunks in flight are one request that got no message: a failed attempt, or, ended by
+    /// the loop's `cancelled` finish, one a cancellation cut before anything visible was logged
+    /// (interrupted). A failed finish naming a `model` (a `Fallback` names each model it tried)
+    /// says what served it, unless its usage names one.
     fn settle(&mut self, end: i64) {
         let chunks = std::mem::take(&mut self.chunks);
         let mut usage: Option<Usage> = None;
-        for chunk in chunks.iter().filter(|c| c.kind == ChunkKind::Usage) {
+        let mut outcome = Outcome::Failed;
+        let mut named: (Option<Arc<str>>, Option<Arc<str>>) = (None, None);
+        for chunk in chunks.iter().filter(|c| c.kind != ChunkKind::Other) {
             let with: read::WithChunk<'_> = read::object(chunk.event.data_json()).unwrap_or_default();
-            let fields: read::UsageFields<'_> = read::field(with.chunk).unwrap_or_default();
-            usage.get_or_insert_with(Usage::default).merge(&fields);
+            if chunk.kind == ChunkKind::Usage {
+                let fields: read::UsageFields<'_> = read::field(with.chunk).unwrap_or_default();
+                usage.get_or_insert_with(Usage::default).merge(&fields);
+                continue;
+            }
+            let finish: read::Chunk<'_> = read::field(with.chunk).unwrap_or_default();
+            if let Some(model) = read::text(finish.model).filter(|m| !m.is_empty()) {
+                let provider = read::text(finish.provider).filter(|p| !p.is_empty());
+                named = (Some(self.shared(&model)), provider.map(|p| self.shared(&p)));
+            }
+            let cancelled = read::text(finish.reason).as_deref() == Some("cancelled");
+            outcome = if cancelled { Outcome::Interrupted } else { Outcome::Failed };
         }
         let start = std::mem::replace(&mut self.start, end);
         self.last_time = end;
         let partial = usage.is_some();
         let first_seq = chunks.first().map_or(0, |c| c.seq);
-        self.record(self.turn, self.step, first_seq, Outcome::Failed, usage, partial, start, end);
+        self.record_named(self.turn, self.step, first_seq, outcome, usage, partial, start, end, named);
     }
 
     #[allow(clippy::too_many_arguments)] // one request's fields, as the ledger's `_record` takes them
@@ -318,12 +333,28 @@ impl Requests {
         started: i64,
         ended: i64,
     ) {
-        // Which model answered: what the provider logged with the usage, else the request's
-        // `model` option, else the default.
+        self.record_named(turn, step, first_seq, outcome, usage, partial, started, ended, (None, None));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_named(
+        &mut self,
+        turn: i64,
+        step: i64,
+        first_seq: u64,
+        outcome: Outcome,
+        usage: Option<Usage>,
+        partial: bool,
+        started: i64,
+        ended: i64,
+        named: (Option<Arc<str>>, Option<Arc<str>>),
+    ) {
+        // Which model answered: what the provider logged with the usage, else the model a failed
+        // finish named, else the request's `model` option, else the default.
         let logged = usage.as_ref().and_then(|u| u.model.as_deref()).filter(|m| !m.is_empty()).map(|m| self.shared(m));
-        let model = logged.or_else(|| self.option_model.clone().filter(|m| !m.is_empty())).or_else(|| self.model.clone());
+        let model = logged.or(named.0).or_else(|| self.option_model.clone().filter(|m| !m.is_empty())).or_else(|| self.model.clone());
         let vendor = usage.as_ref().and_then(|u| u.provider.as_deref()).filter(|p| !p.is_empty()).map(|p| self.shared(p));
-        let provider = vendor.or_else(|| self.provider.clone());
+        let provider = vendor.or(named.1).or_else(|| self.provider.clone());
         self.out.push(Request { turn, step, first_seq, outcome, usage, partial, started, ended, model, provider });
     }
 }

@@ -172,6 +172,41 @@ def test_a_turn_that_failed_and_one_cancelled_mid_stream():
     asyncio.run(main())
 
 
+def test_a_cancel_before_the_first_chunk_and_a_failed_finish_naming_its_model():
+    """The ledger's rules the core fold mirrors: the loop's ``cancelled`` finish is an
+    interrupted request; a failed finish naming a model (a ``Fallback``'s) is that model's."""
+
+    async def main() -> None:
+        waiting = asyncio.Event()
+
+        async def model(request: Any) -> Any:
+            if request.turn == 1:
+                yield {"type": "finish", "reason": "error", "error": {"message": "429"}, "model": "first", "provider": "openai"}
+                yield {"type": "usage", **USAGE, "model": "second"}
+                yield {"type": "text-delta", "text": "ok"}
+                yield {"type": "finish", "reason": "stop"}
+                return
+            waiting.set()
+            await asyncio.Event().wait()
+            yield {"type": "text-delta", "text": "never"}
+
+        loop = kerman.AgentLoop(model)
+        loop.followup("one")
+        await loop.when_idle()
+        loop.followup("two")
+        await waiting.wait()
+        loop.cancel()
+        await loop.when_idle()
+        spans = assert_same_spans(loop.log, model="m")
+        chats = [s for s in spans if s["name"].startswith("chat")]
+        assert [s["name"] for s in chats] == ["chat first", "chat second", "chat m"]
+        outcome = [a for a in chats[2]["attributes"] if a["key"] == "kerman.request.outcome"]
+        assert outcome[0]["value"]["stringValue"] == "interrupted"
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_crashed_turn_continued_in_another_process(tmp_path):
     async def main() -> None:
         alive = kerman.FileStore(str(tmp_path / "alive"), durability="none")
