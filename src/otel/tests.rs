@@ -1,6 +1,6 @@
 //! The span fold over hand-written logs, and the protobuf encoder read back by a minimal
 //! decoder. (Field-for-field equality with the OpenTelemetry SDK's spans and encoder is
-//! checked from Python: tests/python/otel/test_otel_native.py.)
+//! checked from Python: `tests/python/otel/test_otel_native.py`.)
 
 use std::sync::Arc;
 

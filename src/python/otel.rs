@@ -49,6 +49,7 @@ fn value(item: &Bound<'_, PyAny>) -> PyResult<Value> {
 #[pymethods]
 impl PyOtlpSpans {
     #[new]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts the resource's pairs as an owned list")]
     #[pyo3(signature = (session, *, agent_name = "kerman".to_owned(), model = None, provider = None, latest = false, resource = Vec::new(), scope_version = String::new()))]
     fn new(
         session: String,
@@ -68,8 +69,8 @@ impl PyOtlpSpans {
     /// Folds the events `log` committed since the last call (up to `stop`), in Rust, with the
     /// GIL released; returns the next seq to fold.
     #[pyo3(signature = (log, stop = None))]
-    fn read(&self, py: Python<'_>, log: PyRef<'_, PySessionLog>, stop: Option<u64>) -> u64 {
-        let log = log.inner.clone();
+    fn read(&self, py: Python<'_>, log: &Bound<'_, PySessionLog>, stop: Option<u64>) -> u64 {
+        let log = log.borrow().inner.clone();
         py.detach(|| {
             let mut state = lock(&self.state);
             let start = state.fold.position;
@@ -82,7 +83,8 @@ impl PyOtlpSpans {
 
     /// Folds `events` (`kerman.Event`s, in log order, from the one after the last folded).
     fn add(&self, events: &Bound<'_, PyAny>) -> PyResult<()> {
-        let mut state = lock(&self.state);
+        // Read the Python iterable first: no call into Python while the state's lock is held.
+        let mut read = Vec::new();
         for item in events.try_iter()? {
             let item = item?;
             let event = item.cast::<PyEvent>().map_err(|_| {
@@ -91,7 +93,11 @@ impl PyOtlpSpans {
                     item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
                 ))
             })?;
-            state.fold.add(&event.get().inner);
+            read.push(event.get().inner.clone());
+        }
+        let mut state = lock(&self.state);
+        for event in &read {
+            state.fold.add(event);
         }
         Ok(())
     }
@@ -103,8 +109,8 @@ impl PyOtlpSpans {
 
     /// Folds what `log` committed since the last call and returns the spans that ended, as an
     /// OTLP protobuf `ExportTraceServiceRequest` (`None`: no span ended); one GIL-free call.
-    fn batch<'py>(&self, py: Python<'py>, log: PyRef<'_, PySessionLog>) -> Option<Bound<'py, PyBytes>> {
-        let log = log.inner.clone();
+    fn batch<'py>(&self, py: Python<'py>, log: &Bound<'_, PySessionLog>) -> Option<Bound<'py, PyBytes>> {
+        let log = log.borrow().inner.clone();
         let body = py.detach(|| {
             let mut state = lock(&self.state);
             let start = state.fold.position;
