@@ -7,10 +7,13 @@ measured process's). Prints its URL on the first line of stdout, then serves unt
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import os
+import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 
 class Sink(http.server.BaseHTTPRequestHandler):
@@ -36,6 +39,20 @@ def main() -> None:
     print(f"http://127.0.0.1:{server.server_address[1]}/v1/traces", flush=True)
     sys.stdin.read()  # until the parent closes it
     server.shutdown()
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[str]:
+    """This sink started in a process of its own, for a benchmark; yields its URL, and stops it
+    on exit."""
+    process = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(10)
 
 
 if __name__ == "__main__":

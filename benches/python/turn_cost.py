@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator, List
+from typing import Any, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,7 +185,10 @@ def main(argv: List[str]) -> None:
         ways = tuple(args.only.split(",")) if args.only else OTEL
         if "none" not in ways or not set(ways) <= set(OTEL):
             raise SystemExit(f"--otel --only takes none and some of {', '.join(OTEL[1:])}, got {args.only!r}")
-        with sink() as url:
+        sys.path.insert(0, HERE)
+        import otlp_sink
+
+        with otlp_sink.serving() as url:
             os.environ["KERMAN_BENCH_OTLP"] = url
             gated(small, large, ways)
         return
@@ -206,21 +208,6 @@ def main(argv: List[str]) -> None:
             a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
             per[impl] = (b - a) / (large - small)
         print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
-
-
-@contextlib.contextmanager
-def sink() -> Iterator[str]:
-    """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait(10)
 
 
 def gated(small: int, large: int, ways: Any = GATES) -> None:

@@ -30,11 +30,10 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
@@ -46,6 +45,7 @@ from kerman.usage import ledger
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_log  # noqa: E402
+import otlp_sink  # noqa: E402
 
 
 class Dropping(SpanExporter):
@@ -173,22 +173,6 @@ def usage_over_file(events: int, reps: int) -> Dict[str, float]:
     return {"events": events, "cli_s": cli_best, "fold_s": fold_best, "requests": data["session"]["requests"], **spans}
 
 
-@contextlib.contextmanager
-def sink() -> Iterator[str]:
-    """A loopback OTLP/HTTP sink in another process (``otlp_sink.py``); its URL."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(here, "otlp_sink.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait(10)
-
-
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=100_000)
@@ -197,7 +181,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     modes = ("plain", "sdk", "encode", "post")
-    with sink() as url:
+    with otlp_sink.serving() as url:
         samples = interleave(args.reps, *(lambda m=m: asyncio.run(turns(args.sessions, args.turns, m, url)) for m in modes))
     rate = {m: statistics.median(x) for m, x in zip(modes, samples, strict=True)}
     p = rate["plain"]
