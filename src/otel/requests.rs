@@ -97,6 +97,9 @@ impl Usage {
     }
 }
 
+/// The model and provider a failed `finish` named (a `Fallback` names each model it tried).
+type Named = (Option<Arc<str>>, Option<Arc<str>>);
+
 /// One model request as the log shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -270,7 +273,7 @@ impl Requests {
         let partial = interrupted || usage.as_ref().is_some_and(|u| u.partial);
         let first_seq = mine.first().map_or(event.seq, |c| c.seq);
         let (turn, step) = (read::int(reply.turn).unwrap_or(0), read::int(reply.step).unwrap_or(0));
-        self.record(turn, step, first_seq, outcome, usage, partial, start, event.time);
+        self.record(turn, step, first_seq, outcome, usage, partial, start, event.time, (None, None));
         self.last_time = event.time;
     }
 
@@ -286,7 +289,7 @@ impl Requests {
         let turn = read::int(data.turn);
         let step = if turn.is_some() { self.step } else { 0 };
         let option_model = std::mem::replace(&mut self.option_model, model);
-        self.record(turn.unwrap_or(self.turn), step, event.seq, Outcome::Completed, usage, false, event.time, event.time);
+        self.record(turn.unwrap_or(self.turn), step, event.seq, Outcome::Completed, usage, false, event.time, event.time, (None, None));
         self.option_model = option_model;
     }
 
@@ -298,7 +301,7 @@ impl Requests {
         let chunks = std::mem::take(&mut self.chunks);
         let mut usage: Option<Usage> = None;
         let mut outcome = Outcome::Failed;
-        let mut named: (Option<Arc<str>>, Option<Arc<str>>) = (None, None);
+        let mut named: Named = (None, None);
         for chunk in chunks.iter().filter(|c| c.kind != ChunkKind::Other) {
             let with: read::WithChunk<'_> = read::object(chunk.event.data_json()).unwrap_or_default();
             if chunk.kind == ChunkKind::Usage {
@@ -318,7 +321,7 @@ impl Requests {
         self.last_time = end;
         let partial = usage.is_some();
         let first_seq = chunks.first().map_or(0, |c| c.seq);
-        self.record_named(self.turn, self.step, first_seq, outcome, usage, partial, start, end, named);
+        self.record(self.turn, self.step, first_seq, outcome, usage, partial, start, end, named);
     }
 
     #[allow(clippy::too_many_arguments)] // one request's fields, as the ledger's `_record` takes them
@@ -332,22 +335,7 @@ impl Requests {
         partial: bool,
         started: i64,
         ended: i64,
-    ) {
-        self.record_named(turn, step, first_seq, outcome, usage, partial, started, ended, (None, None));
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record_named(
-        &mut self,
-        turn: i64,
-        step: i64,
-        first_seq: u64,
-        outcome: Outcome,
-        usage: Option<Usage>,
-        partial: bool,
-        started: i64,
-        ended: i64,
-        named: (Option<Arc<str>>, Option<Arc<str>>),
+        named: Named,
     ) {
         // Which model answered: what the provider logged with the usage, else the model a failed
         // finish named, else the request's `model` option, else the default.
