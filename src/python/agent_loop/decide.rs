@@ -288,19 +288,26 @@ pub(crate) fn decide_on_store<'py>(
     key: Option<&str>,
     stage: impl FnOnce() -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let events = py.detach(|| store.core().read(id)).map_err(|e| log_err(py, e))?;
-    if crate::agent_loop::foreign_decisions::find(&events, decision_id).is_none() {
-        return stage();
-    }
+    // Whether the request is another framework's takes a read of the whole session: asked only
+    // when the decision may be made in place (no owner, or a staged one nobody applied), not
+    // before every decision a live owner applies.
+    let foreign = || -> PyResult<bool> {
+        let events = py.detach(|| store.core().read(id)).map_err(|e| log_err(py, e))?;
+        Ok(crate::agent_loop::foreign_decisions::find(&events, decision_id).is_some())
+    };
     let owned = py.detach(|| store.sessions(Some(id), &[])).map_err(|e| log_err(py, e))?.iter().any(|s| s.owner.is_some());
     if !owned {
+        if !foreign()? {
+            return stage();
+        }
         if let Some(answer) = decide_in_place(py, store, id, decision_id, outcome, by, key)? {
             return Ok(answer);
         }
     }
     let answer = stage()?;
     let reason = answer.get_item(intern!(py, "reason")).ok().and_then(|r| r.extract::<String>().ok());
-    if reason.as_deref() == Some("timeout") {
+    // Not owned here means foreign already (the other requests returned above).
+    if reason.as_deref() == Some("timeout") && (!owned || foreign()?) {
         if let Some(decided) = decide_in_place(py, store, id, decision_id, outcome, by, key)? {
             return Ok(decided);
         }
