@@ -67,7 +67,7 @@ class MCPTool(Tool):
     async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
         return await self.server._call(self, args, ctx)
 
-    async def _reconcile(self, ctx: ToolContext) -> Optional[ToolResult]:
+    async def _reconcile(self, ctx: ToolContext) -> Union[ToolResult, InputRequired, None]:
         return await self.server._reconcile(self, ctx)
 
     def reconcile(self, args: Any, ctx: Any) -> Any:

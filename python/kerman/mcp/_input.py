@@ -6,7 +6,8 @@ answered in this process but returned to the loop as :class:`kerman.InputRequire
 payload (the server's input requests and its ``requestState``) the loop logs with the request.
 When a person answers, the loop makes the call again, in this process or another, with
 ``ctx.input``: the answer goes back as the elicitation's ``accept`` content, with the state
-token read from the log.
+token read from the log. A task's request for input (``kerman.mcp._tasks``) becomes the same
+decision, its payload naming the task instead of a state token.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ ELICIT = "elicitation/create"
 
 
 def input_required(result: Any) -> Union[InputRequired, str]:
-    """The decision request an input-required result becomes, or why it cannot be one (a
-    request that is not a form elicitation). Several form elicitations in one result (the
-    2026-07-28 revision allows them) become one decision whose answer is an object with one
-    member per request, named by the request's key."""
-    payload = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-    payload.pop("resultType", None)
+    """The decision request an input-required result becomes (or, given a dict, the payload
+    of a task's request: ``{"task", "inputRequests"}``), or why it cannot be one (a request
+    that is not a form elicitation). Several form elicitations in one result (the 2026-07-28
+    revision allows them) become one decision whose answer is an object with one member per
+    request, named by the request's key."""
+    if isinstance(result, dict):
+        payload = result
+    else:
+        payload = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        payload.pop("resultType", None)
     requests: Dict[str, Any] = payload.get("inputRequests") or {}
     if not requests:
         # Only a state token: the call is made again with it and an empty answer.

@@ -378,12 +378,17 @@ class MCPServer:
 
         # A task's resolver (the claim the mcp client calls) finds the call here.
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        current = _tasks.CURRENT.set(_tasks.Call(ctx, on_progress, deadline))
+        call = _tasks.Call(ctx, on_progress, deadline, self._task_answerer())
+        current = _tasks.CURRENT.set(call)
         try:
-            if self.durable_input:
+            task = _tasks.task_of(ctx.input) if self.durable_input else None
+            if task is not None and ctx.input is not None:
+                # The person's answer to a task's request for input: it goes to that task.
+                result = await _tasks.answer(client.session, task, ctx.input, call)
+            elif self.durable_input:
                 result = await _input.call(client, tool.remote_name, args, ctx, self.timeout, on_progress)
                 if _tasks.is_task(result):
-                    result = await _tasks.follow(client.session, result, _tasks.CURRENT.get())
+                    result = await _tasks.follow(client.session, result, call)
             else:
                 result = await client.call_tool(tool.remote_name, args, read_timeout_seconds=self.timeout, progress_callback=on_progress)
         except _mcp_error() as e:
@@ -404,6 +409,8 @@ class MCPServer:
             raise
         finally:
             _tasks.CURRENT.reset(current)
+        if isinstance(result, InputRequired):  # a task asked: it waits for the person's answer
+            return result
         if getattr(result, "result_type", None) == "input_required":
             asked = _input.input_required(result)
             return failed(asked) if isinstance(asked, str) else asked
@@ -413,17 +420,17 @@ class MCPServer:
             meta=result_meta(self.name, tool.remote_name, result, progress),
         )
 
-    async def _reconcile(self, tool: MCPTool, ctx: ToolContext) -> Optional[ToolResult]:
+    async def _reconcile(self, tool: MCPTool, ctx: ToolContext) -> Union[ToolResult, InputRequired, None]:
         """A call in doubt after a restart (its tool's reconcile function): the task logged
-        for it is polled for its result; ``None`` when no task was logged (the call stays in
-        doubt, and fails as unknown)."""
+        for it is polled for its result (or its request for input); ``None`` when no task was
+        logged (the call stays in doubt, and fails as unknown)."""
         try:
             result = await _tasks.reconcile(self, tool, ctx)
         except MCPServerError as e:
             logger.warning("MCP call %s: its task cannot be polled (%s); its outcome is unknown", ctx.call_id, e)
             return None
-        if result is None:
-            return None
+        if result is None or isinstance(result, InputRequired):
+            return result
         return ToolResult(
             blocks_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
@@ -502,6 +509,34 @@ class MCPServer:
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="accept", content=dict(answer))
 
+    def _task_answerer(self) -> Optional[_tasks.Answerer]:
+        """What answers a task's requests for input: a person through a durable decision
+        (``None``) with ``durable_input``, else :meth:`_answer_task` in this process."""
+        return None if self.durable_input else self._answer_task
+
+    async def _answer_task(self, requests: Dict[str, Any]) -> Union[Dict[str, Any], str]:
+        """A task's ``inputRequests`` answered as the same requests made during a call are
+        (``on_elicit``, ``sampling_model``): the ``inputResponses``, or why one cannot be."""
+        import mcp.types as types
+        from pydantic import TypeAdapter, ValidationError
+
+        responses: Dict[str, Any] = {}
+        for key, wire in requests.items():
+            try:
+                request = TypeAdapter(types.InputRequest).validate_python(wire)
+            except ValidationError:
+                return f"request {key!r} is not one the client can answer"
+            if isinstance(request, types.ElicitRequest):
+                response = await self._on_elicitation(None, request.params)
+            elif isinstance(request, types.CreateMessageRequest) and self.sampling_model is not None:
+                response = await self._on_sampling(None, request.params)
+            else:
+                return f"the server asked for {request.method!r} ({key!r}), which this client does not answer"
+            if isinstance(response, types.ErrorData):
+                return f"{key!r}: {response.message}"
+            responses[key] = response.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return responses
+
     # ---- the loops this server serves ---------------------------------------------------
 
     def _kerman_attach(self, loop: AgentLoop) -> None:
@@ -535,6 +570,13 @@ class MCPServer:
             if any(registered.get(t.name) is not t for t in tools) or len(tools) != len(registered):
                 _replace(loop, registered, tools)
             synced[0] = tools
+            # A task whose request for input was declined: the call's result is the denial,
+            # so the task, still waiting on the server, is cancelled.
+            if not self.durable_input:  # only a person's decision leaves a task unanswered
+                return
+            for task in _tasks.abandoned(loop.log.events(types=_tasks.ABANDONED_TYPES), registered):
+                if self._client is not None:
+                    await _tasks.cancel(self._client.session, task)
 
         loop._resume_preparers.append(before_resume)
 

@@ -5,7 +5,14 @@ client that declares it may get, for a ``tools/call``, a task handle (``resultTy
 in place of the result, and polls ``tasks/get`` until the task is terminal (its result, or its
 JSON-RPC error, is inlined in the answer); ``tasks/cancel`` cancels it. The ``mcp`` package has
 the extension machinery (``ClientExtension``, ``ResultClaim``) and no tasks client, so this
-module is one: the claim's model, the two requests, and the follow-up of one task.
+module is one: the claim's model, the three requests, and the follow-up of one task.
+
+A task that needs input while it runs shows ``status: "input_required"`` and its
+``inputRequests`` in ``tasks/get``; the answers go back with ``tasks/update`` (never by making
+the ``tools/call`` again), and the task goes on. The call's ``answer`` function answers them in
+this process (``on_elicit``); without one (``durable_input=True``) the call ends with
+:class:`kerman.InputRequired` naming the task, and the call made again with the person's
+answer sends it to the same task (:func:`answer`), from whichever process took the session up.
 
 Before it waits, Kerman logs the task id against the call (a ``tool/progress`` record with
 ``task``, flushed): a session resumed after the client process died finds the id of a call
@@ -19,8 +26,10 @@ import asyncio
 import contextvars
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection, Dict, List, Optional, Union
 
+from ..decisions import InputRequired
+from . import _input
 from ._transport import describe
 
 if TYPE_CHECKING:
@@ -37,18 +46,24 @@ DEFAULT_POLL = 0.5
 MIN_POLL, MAX_POLL = 0.005, 5.0
 
 ProgressSink = Callable[[float, Optional[float], Optional[str]], Awaitable[None]]
+#: Answers a task's input requests in this process: the ``inputResponses`` (wire JSON, by the
+#: requests' keys), or why they cannot be answered.
+Answerer = Callable[[Dict[str, Any]], Awaitable[Union[Dict[str, Any], str]]]
 
 
 class Call:
     """The call a task belongs to, for the claim's resolver (which the ``mcp`` client calls
-    with its own context only): its ``ToolContext``, where its progress goes, its deadline."""
+    with its own context only): its ``ToolContext``, where its progress goes, its deadline,
+    and what answers the task's requests for input (``None``: a person, through a durable
+    decision)."""
 
-    __slots__ = ("ctx", "on_progress", "deadline")
+    __slots__ = ("ctx", "on_progress", "deadline", "answer")
 
-    def __init__(self, ctx: Any, on_progress: Optional[ProgressSink], deadline: Optional[float]) -> None:
+    def __init__(self, ctx: Any, on_progress: Optional[ProgressSink], deadline: Optional[float], answer: Optional[Answerer] = None) -> None:
         self.ctx = ctx
         self.on_progress = on_progress
         self.deadline = deadline
+        self.answer = answer
 
 
 #: The call being made in this asyncio task (set by ``MCPServer._call`` around ``call_tool``).
@@ -86,7 +101,23 @@ def _model(name: str) -> Any:
             params: TaskParams
             name_param = "taskId"
 
-        _models.update(TaskCreated=TaskCreated, TaskParams=TaskParams, GetTask=GetTask, CancelTask=CancelTask)
+        class UpdateParams(RequestParams):
+            task_id: str
+            input_responses: Dict[str, Any]
+
+        class UpdateTask(Request[UpdateParams, Literal["tasks/update"]]):
+            method: Literal["tasks/update"] = "tasks/update"
+            params: UpdateParams
+            name_param = "taskId"
+
+        _models.update(
+            TaskCreated=TaskCreated,
+            TaskParams=TaskParams,
+            GetTask=GetTask,
+            CancelTask=CancelTask,
+            UpdateParams=UpdateParams,
+            UpdateTask=UpdateTask,
+        )
     return _models[name]
 
 
@@ -128,6 +159,14 @@ async def cancel(session: Any, task_id: str) -> None:
         logger.warning("MCP task %s: tasks/cancel failed: %s", task_id, describe(e))
 
 
+async def update(session: Any, task_id: str, responses: Dict[str, Any]) -> None:
+    """``tasks/update``: the answers to the task's outstanding input requests."""
+    from pydantic import TypeAdapter
+
+    request = _model("UpdateTask")(params=_model("UpdateParams")(task_id=task_id, input_responses=responses))
+    await session.send_request(request, TypeAdapter(Dict[str, Any]))
+
+
 def _interval(state: Dict[str, Any]) -> float:
     ms = state.get("pollIntervalMs")
     if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
@@ -151,11 +190,15 @@ async def log_task(ctx: Any, task_id: str, message: Optional[str]) -> None:
     await loop.log.flush()
 
 
-async def follow(session: Any, created: Any, call: Optional[Call], *, logged: bool = False) -> Any:
+async def follow(
+    session: Any, created: Any, call: Optional[Call], *, logged: bool = False, answered: Collection[str] = ()
+) -> Union[Any, InputRequired]:
     """The ``CallToolResult`` of the task ``created`` (a ``TaskCreated``): the task id logged
     (unless ``logged``: a resumed call whose id is in the log), then ``tasks/get`` until the task
     is terminal. Cancelling the caller cancels the task; past the call's deadline the task is
-    cancelled and the result is an error saying so."""
+    cancelled and the result is an error saying so. A request for input the task shows (its keys
+    not in ``answered``) is answered by ``call.answer``; without one it ends the call as
+    :class:`kerman.InputRequired` (the task waits on the server for :func:`answer`)."""
     from mcp.types import CallToolResult
 
     task_id = created.task_id
@@ -163,6 +206,9 @@ async def follow(session: Any, created: Any, call: Optional[Call], *, logged: bo
     if call is not None and not logged:
         await log_task(call.ctx, task_id, created.status_message or f"task {task_id} {created.status}")
     last_message = created.status_message
+    # A key's request is answered once: a snapshot taken before the server saw the answer
+    # still shows it (the keys of a task's requests are never used again).
+    done: List[str] = list(answered)
     try:
         while state.get("status") not in TERMINAL:
             wait = _interval(state)
@@ -178,11 +224,25 @@ async def follow(session: Any, created: Any, call: Optional[Call], *, logged: bo
             if message != last_message and isinstance(message, str) and call is not None and call.on_progress is not None:
                 last_message = message
                 await call.on_progress(0.0, None, message)
-            if state.get("status") == "input_required":
-                # Input asked for inside a task (tasks/update) is not supported: the task is
-                # cancelled, and the model reads why (docs/mcp.md, "Long-running tasks").
+            if state.get("status") != "input_required":
+                continue
+            requests = {k: v for k, v in (state.get("inputRequests") or {}).items() if k not in done}
+            if not requests:
+                continue
+            responses: Union[Dict[str, Any], str, InputRequired]
+            if call is not None and call.answer is not None:
+                responses = await call.answer(requests)
+            elif call is not None:
+                responses = _input.input_required({"task": task_id, "inputRequests": requests})
+                if isinstance(responses, InputRequired):
+                    return responses  # the task waits for the person's answer
+            else:
+                responses = "no call to answer it for"
+            if isinstance(responses, str):
                 await cancel(session, task_id)
-                return _error_result(f"task {task_id} asked for input, which Kerman does not give a task; the task was cancelled")
+                return _error_result(f"task {task_id} asked for input that cannot be given ({responses}); the task was cancelled")
+            await update(session, task_id, responses)
+            done.extend(requests)
     except asyncio.CancelledError:
         await cancel(session, task_id)
         raise
@@ -194,6 +254,26 @@ async def follow(session: Any, created: Any, call: Optional[Call], *, logged: bo
         return _error_result(f"task {task_id} failed: {error.get('message', error)}")
     why = state.get("statusMessage")
     return _error_result(f"task {task_id} was cancelled on the server" + (f": {why}" if why else ""))
+
+
+def task_of(given: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The task a call made again with ``ctx.input`` answers: the ``task`` of its request's
+    payload (a task's request for input), or ``None`` (an input-required result's)."""
+    payload = (given or {}).get("payload")
+    task = payload.get("task") if isinstance(payload, dict) else None
+    return task if isinstance(task, str) else None
+
+
+async def answer(session: Any, task_id: str, given: Dict[str, Any], call: Call) -> Union[Any, InputRequired]:
+    """The call made again with a person's answer (``given``: ``ctx.input``) to task
+    ``task_id``'s request for input: the answer goes to the task (``tasks/update``), whose
+    result is then followed as before. The task id is in the log already. Sent again after a
+    crash, an answer is ignored by the server (its keys were answered)."""
+    responses, _state = _input.responses(given)
+    wire = {key: r.model_dump(mode="json", by_alias=True, exclude_none=True) for key, r in (responses or {}).items()}
+    await update(session, task_id, wire)
+    created = _model("TaskCreated")(task_id=task_id, status="working")
+    return await follow(session, created, call, logged=True, answered=list(wire))
 
 
 def logged_task(ctx: Any) -> Optional[str]:
@@ -213,7 +293,8 @@ def logged_task(ctx: Any) -> Optional[str]:
 async def reconcile(server: MCPServer, tool: Any, ctx: Any) -> Any:
     """The result of a call in doubt whose task id is in the log: the task is polled (not
     started again); ``None`` (the outcome stays unknown) when no task was logged, or the
-    server no longer knows the task."""
+    server no longer knows the task. A task that asks for input meanwhile is answered as in
+    the call (:func:`follow`): with ``durable_input`` the result is :class:`kerman.InputRequired`."""
     from mcp import MCPError
 
     task_id = logged_task(ctx)
@@ -223,9 +304,39 @@ async def reconcile(server: MCPServer, tool: Any, ctx: Any) -> Any:
     created = _model("TaskCreated")(task_id=task_id, status="working")
     deadline = None if server.timeout is None else time.monotonic() + server.timeout
     try:
-        result = await follow(client.session, created, Call(ctx, None, deadline), logged=True)
+        result = await follow(client.session, created, Call(ctx, None, deadline, server._task_answerer()), logged=True)
     except MCPError as e:
         logger.warning("MCP server %r: task %s of call %s could not be polled: %s", server.name, task_id, ctx.call_id, e.error.message)
         return None
     logger.info("MCP server %r: call %s took up its task %s after a restart", server.name, ctx.call_id, task_id)
     return result
+
+
+#: The records :func:`abandoned` reads.
+ABANDONED_TYPES = ("turn/start", "decision/requested", "decision/resolved", "tool/result")
+
+
+def abandoned(events: Any, names: Collection[str]) -> List[str]:
+    """The tasks of the open turn whose request for input a person declined (or that expired,
+    or whose turn was cancelled while it waited), their calls (of tools in ``names``) not
+    closed yet: the call's result will be the decision's, so nothing will answer the task."""
+    from .._doubt import result_call_id
+
+    asked: Dict[str, Dict[str, Any]] = {}
+    left: Dict[str, str] = {}  # call id -> task
+    for event in events:
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.type == "turn/start":
+            asked.clear()
+            left.clear()
+        elif event.type == "decision/requested" and data.get("kind") == "input" and data.get("name") in names:
+            task = task_of({"payload": data.get("payload")})
+            if task is not None:
+                asked[str(data.get("decisionId"))] = {"task": task, "callId": data.get("callId")}
+        elif event.type == "decision/resolved" and data.get("decisionId") in asked:
+            if data.get("outcome") in ("denied", "expired", "cancelled"):
+                request = asked[data["decisionId"]]
+                left[str(request["callId"])] = request["task"]
+        elif event.type == "tool/result":
+            left.pop(result_call_id(data), None)
+    return list(left.values())

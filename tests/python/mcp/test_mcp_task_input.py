@@ -1,0 +1,222 @@
+"""A task that asks for input while it runs (the tasks extension's ``input_required`` status,
+``docs/mcp.md#input-inside-a-task``), against ``mcp_task_server.py``'s ``ask`` tool (the ``mcp``
+package's server side, over stdio; the task's body runs in a detached worker process, so it
+outlives the client). ``tasks/get`` shows the task's ``inputRequests``; with
+``durable_input=True`` they become a ``decision/requested`` of kind ``input`` naming the task,
+and the answer goes to the same task with ``tasks/update``, in this process or in one that
+took the session up after the client was killed; a denial cancels the task. Without
+``durable_input``, ``on_elicit`` answers in the process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+pytest.importorskip("mcp")
+pytest.importorskip("jsonschema")
+
+from task_input_child import SERVER, model, server  # noqa: E402
+
+import kerman  # noqa: E402
+from kerman import Answer, Deny, FileStore  # noqa: E402
+from kerman.mcp import Elicitation, MCPServer  # noqa: E402
+
+CHILD = str(Path(__file__).with_name("task_input_child.py"))
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL, detached workers")
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    yield folder
+    for task in folder.glob("task-*.json"):  # a worker still waiting stops
+        (folder / f"cancel-{task.stem[5:]}").touch()
+
+
+def lines(tasks: Path, name: str) -> List[str]:
+    path = tasks / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def the_result(events: List[Any]) -> str:
+    calls = [e for e in events if e.type == "tool/call"]
+    results = [e.data for e in events if e.type == "tool/result"]
+    assert [c.data["callId"] for c in calls] == ["c1"] and len(results) == 1
+    [block] = results[0]["message"]["content"]
+    content = block["content"]
+    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
+
+
+def logged_task(events: List[Any]) -> str:
+    [task] = [e.data["task"] for e in events if e.type == "tool/progress" and e.data.get("task")]
+    return str(task)
+
+
+def endings(events: List[Any]) -> List[str]:
+    return [e.data["reason"]["kind"] for e in events if e.type == "turn/end"]
+
+
+def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_the_same_task(tasks: Path) -> None:
+    (tasks / "gate").touch()
+
+    async def main() -> List[Any]:
+        loop = kerman.AgentLoop(model(), tools=[server(str(tasks))])
+        loop.followup("go")
+        await loop.when_idle()
+        assert loop.status == "waiting"
+        [pending] = loop.decisions
+        assert pending.kind == "input" and pending.note == "Go ahead with a?"
+        assert pending.schema is not None and pending.schema["properties"]["ok"]["type"] == "boolean"
+        [request] = [e.data for e in loop.log.events() if e.type == "decision/requested"]
+        assert request["payload"]["task"] == logged_task(list(loop.log.events()))
+        assert lines(tasks, "updates") == []
+        loop.decide(pending.decision_id, Answer({"ok": True}))
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    assert the_result(events) == "ask a: yes"
+    assert lines(tasks, "runs") == ["a"]  # one task, answered: the call was not made again
+    assert lines(tasks, "updates") == ["confirm-1"]
+    assert endings(events) == ["completed"]
+
+
+def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path) -> None:
+    (tasks / "gate").touch()
+
+    async def main() -> List[Any]:
+        loop = kerman.AgentLoop(model('{"x": "b", "rounds": 2}'), tools=[server(str(tasks))])
+        loop.followup("go")
+        for ok in (True, False):
+            await loop.when_idle()
+            [pending] = loop.decisions
+            loop.decide(pending.decision_id, Answer({"ok": ok}))
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    assert the_result(events) == "ask b: yes no"
+    tasks_of = {e.data["payload"]["task"] for e in events if e.type == "decision/requested"}
+    assert tasks_of == {logged_task(events)}
+    assert lines(tasks, "runs") == ["b"] and lines(tasks, "updates") == ["confirm-1", "confirm-2"]
+
+
+def killed(root: Path, tasks: Path, until: str) -> Dict[str, Any]:
+    with subprocess.Popen([sys.executable, CHILD, str(root), str(tasks), until], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        seen: Dict[str, Any] = json.loads(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    return seen
+
+
+def events_of(root: Path) -> List[Any]:
+    with FileStore(root).open("s") as log:
+        return list(log.events())
+
+
+def take_up(root: Path, tasks: Path, answer: Optional[Any] = None) -> List[Any]:
+    """A loop in this process takes session ``s`` up; ``answer``, if given, answers the
+    request for input the resumed call logs."""
+
+    async def main() -> List[Any]:
+        with FileStore(root).open("s") as log:
+            loop = kerman.AgentLoop(model(), log=log, tools=[server(str(tasks))])
+            loop.wake()
+            await loop.when_idle()
+            if answer is not None:
+                [pending] = loop.decisions
+                loop.decide(pending.decision_id, answer)
+                await loop.when_idle()
+            assert loop.status == "idle"
+            await loop.aclose()
+            return list(log.events())
+
+    return asyncio.run(main())
+
+
+def test_an_answer_from_another_process_reaches_the_task_after_the_client_was_killed(tmp_path: Path, tasks: Path) -> None:
+    root = tmp_path / "store"
+    (tasks / "gate").touch()
+    seen = killed(root, tasks, "asked")
+    assert seen["status"] == "waiting" and len(seen["decisions"]) == 1
+    before = events_of(root)
+    [request] = [e.data for e in before if e.type == "decision/requested"]
+    assert request["kind"] == "input" and request["payload"]["task"] == logged_task(before)
+    assert json.loads((tasks / f"task-{logged_task(before)}.json").read_text())["status"] == "input_required"
+    refused = FileStore(root).decide("s", seen["decisions"][0], Answer({"ok": "yes"}))
+    assert refused["applied"] is False and refused["reason"] == "invalid"
+    assert FileStore(root).decide("s", seen["decisions"][0], Answer({"ok": True}), by="ann")["applied"] is True
+
+    events = take_up(root, tasks)
+    assert the_result(events) == "ask a: yes"
+    assert lines(tasks, "runs") == ["a"]  # the same task, answered: not a second one
+    assert lines(tasks, "updates") == ["confirm-1"]
+    assert endings(events) == ["completed"]
+
+
+def test_a_denial_from_another_process_is_the_call_s_result_and_cancels_the_task(tmp_path: Path, tasks: Path) -> None:
+    root = tmp_path / "store"
+    (tasks / "gate").touch()
+    seen = killed(root, tasks, "asked")
+    task = logged_task(events_of(root))
+    assert FileStore(root).decide("s", seen["decisions"][0], Deny("not today"))["applied"] is True
+
+    events = take_up(root, tasks)
+    text = the_result(events)
+    assert "denied" in text and "not today" in text
+    assert (tasks / f"cancel-{task}").exists()  # tasks/cancel reached the server
+    assert json.loads((tasks / f"task-{task}.json").read_text())["status"] == "cancelled"
+    assert lines(tasks, "updates") == []
+    assert endings(events) == ["completed"]
+
+
+def test_a_task_that_asks_after_the_client_was_killed_asks_the_session_that_takes_it_up(tmp_path: Path, tasks: Path) -> None:
+    root = tmp_path / "store"
+    seen = killed(root, tasks, "logged")  # no gate: the task has not asked yet
+    assert [e.type for e in events_of(root) if e.type in ("tool/call", "tool/result", "decision/requested")] == ["tool/call"]
+    (tasks / "gate").touch()
+
+    events = take_up(root, tasks, Answer({"ok": False}))
+    [request] = [e.data for e in events if e.type == "decision/requested"]
+    assert request["kind"] == "input" and request["payload"]["task"] == seen["task"]
+    assert the_result(events) == "ask a: no"
+    assert lines(tasks, "runs") == ["a"] and lines(tasks, "updates") == ["confirm-1"]
+
+
+@pytest.mark.parametrize("answer", [{"ok": True}, None])
+def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, answer: Optional[Dict[str, Any]]) -> None:
+    (tasks / "gate").touch()
+    asked: List[Elicitation] = []
+
+    async def on_elicit(request: Elicitation) -> Optional[Dict[str, Any]]:
+        asked.append(request)
+        return answer
+
+    async def main() -> List[Any]:
+        mcp = MCPServer.stdio(sys.executable, [SERVER], env={"KERMAN_MCP_TASKS": str(tasks)}, on_elicit=on_elicit)
+        loop = kerman.AgentLoop(model(), tools=[mcp])
+        loop.followup("go")
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    assert [(r.message, r.schema is not None) for r in asked] == [("Go ahead with a?", True)]
+    assert the_result(events) == ("ask a: yes" if answer else "ask a: decline")
+    assert not [e for e in events if e.type == "decision/requested"]
+    assert lines(tasks, "updates") == ["confirm-1"]
