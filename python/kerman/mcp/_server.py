@@ -59,7 +59,8 @@ class MCPServer:
     f(Elicitation) -> dict | None``; ``None`` declines); without it they are declined.
     ``durable_input=True`` makes them durable decisions instead (``docs/mcp.md``): the call's
     input-required result is logged as a request for a person, and once answered the call is
-    made again with the answer and the server's state token, also from another process.
+    made again with the answer and the server's state token, also from another process; a
+    task's request for input is logged the same way, and the answer goes to that task.
     ``on_progress`` gets each :class:`Progress` notification of a running call; the session log
     keeps them, coalesced, as ``tool/progress`` records (docs/mcp.md, "Progress").
     ``tasks=True`` (the default) declares the tasks extension: a server may answer a call with a
