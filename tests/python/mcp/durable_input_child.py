@@ -36,6 +36,7 @@ async def main(root: str, marker: str) -> None:
     loop = kerman.AgentLoop(model(), log=log, tools=[server(marker)])
     loop.followup("send 5")
     await loop.when_idle()
+    await log.flush()  # strict is a group commit: the request is on disk before the parent reads it
     print(json.dumps({"status": loop.status, "decisions": [d.decision_id for d in loop.decisions]}), flush=True)
     await asyncio.Event().wait()
 

@@ -114,6 +114,32 @@ def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path
     assert lines(tasks, "runs") == ["b"] and lines(tasks, "updates") == ["confirm-1", "confirm-2"]
 
 
+@pytest.mark.parametrize("how", ["deny", "cancel"])
+def test_a_denial_or_a_cancelled_turn_in_one_process_cancels_the_waiting_task(tasks: Path, how: str) -> None:
+    (tasks / "gate").touch()
+
+    async def main() -> List[Any]:
+        loop = kerman.AgentLoop(model(), tools=[server(str(tasks))])
+        loop.followup("go")
+        await loop.when_idle()
+        [pending] = loop.decisions
+        if how == "deny":
+            loop.decide(pending.decision_id, Deny("no"))
+        else:
+            loop.cancel()
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    task = logged_task(events)
+    assert (tasks / f"cancel-{task}").exists()
+    assert json.loads((tasks / f"task-{task}.json").read_text())["status"] == "cancelled"
+    assert endings(events) == (["completed"] if how == "deny" else ["aborted"])
+    assert lines(tasks, "updates") == []
+
+
 def killed(root: Path, tasks: Path, until: str) -> Dict[str, Any]:
     with subprocess.Popen([sys.executable, CHILD, str(root), str(tasks), until], stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
