@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from .._core import AssistantMessage, UserMessage
 from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
-from . import _input, _progress, _tasks
+from . import _input, _progress, _task_input, _tasks
 from ._adapter import MCPTool, effect_of, is_destructive
 from ._content import blocks_of, resource_blocks, result_meta
 from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
@@ -382,10 +382,10 @@ class MCPServer:
         call = _tasks.Call(ctx, on_progress, deadline, self._task_answerer())
         current = _tasks.CURRENT.set(call)
         try:
-            task = _tasks.task_of(ctx.input) if self.durable_input else None
+            task = _task_input.task_of(ctx.input) if self.durable_input else None
             if task is not None and ctx.input is not None:
                 # The person's answer to a task's request for input: it goes to that task.
-                result = await _tasks.answer(client.session, task, ctx.input, call)
+                result = await _task_input.answer(client.session, task, ctx.input, call)
             elif self.durable_input:
                 result = await _input.call(client, tool.remote_name, args, ctx, self.timeout, on_progress)
                 if _tasks.is_task(result):
@@ -575,7 +575,7 @@ class MCPServer:
             # so the task, still waiting on the server, is cancelled.
             if not self.durable_input:  # only a person's decision leaves a task unanswered
                 return
-            for task in _tasks.abandoned(loop.log.events(types=_tasks.ABANDONED_TYPES), registered):
+            for task in _task_input.abandoned(loop.log.events(types=_task_input.ABANDONED_TYPES), registered):
                 if self._client is not None:
                     await _tasks.cancel(self._client.session, task)
 
