@@ -379,7 +379,7 @@ class MCPServer:
 
         # A task's resolver (the claim the mcp client calls) finds the call here.
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        call = _tasks.Call(ctx, on_progress, deadline, self._task_answerer())
+        call = _tasks.Call(ctx, on_progress, deadline, None if self.durable_input else self._answer_task)
         current = _tasks.CURRENT.set(call)
         try:
             task = _task_input.task_of(ctx.input) if self.durable_input else None

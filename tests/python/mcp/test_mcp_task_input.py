@@ -1,7 +1,7 @@
 """A task that asks for input while it runs (the tasks extension's ``input_required`` status,
 ``docs/mcp.md#input-inside-a-task``), against ``mcp_task_server.py``'s ``ask`` tool (the ``mcp``
-package's server side, over stdio; the task's body runs in a detached worker process, so it
-outlives the client). ``tasks/get`` shows the task's ``inputRequests``; with
+package's server side, over stdio, and streamable HTTP once; the task's body runs in a
+detached worker process, so it outlives the client). ``tasks/get`` shows the task's ``inputRequests``; with
 ``durable_input=True`` they become a ``decision/requested`` of kind ``input`` naming the task,
 and the answer goes to the same task with ``tasks/update``, in this process or in one that
 took the session up after the client was killed; a denial cancels the task. Without
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 pytest.importorskip("mcp")
 pytest.importorskip("jsonschema")
 
+from mcp_helpers import serving_http  # noqa: E402
 from task_input_child import SERVER, model, server  # noqa: E402
 
 import kerman  # noqa: E402
@@ -65,11 +67,22 @@ def endings(events: List[Any]) -> List[str]:
     return [e.data["reason"]["kind"] for e in events if e.type == "turn/end"]
 
 
-def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_the_same_task(tasks: Path) -> None:
+@pytest.fixture
+def task_url(tasks: Path) -> Iterator[str]:
+    with serving_http(SERVER, env={**os.environ, "KERMAN_MCP_TASKS": str(tasks)}) as url:
+        yield url
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_the_same_task(
+    transport: str, tasks: Path, request: Any
+) -> None:
     (tasks / "gate").touch()
+    url = request.getfixturevalue("task_url") if transport == "http" else None
 
     async def main() -> List[Any]:
-        loop = kerman.AgentLoop(model(), tools=[server(str(tasks))])
+        mcp = MCPServer.http(url, durable_input=True) if url else server(str(tasks))
+        loop = kerman.AgentLoop(model(), tools=[mcp])
         loop.followup("go")
         await loop.when_idle()
         assert loop.status == "waiting"
