@@ -12,7 +12,8 @@ folder when it starts (the tests count executions), reports "halfway", and finis
 file ``gate`` exists, or stops once the task is cancelled. The ``ask`` tool's body, once ``gate``
 exists, moves its task to ``input_required`` (a form elicitation per round, keyed ``confirm-1``,
 ``confirm-2`` ...) and goes on when ``tasks/update`` brings the answer (written to a file the
-worker reads; each update appends its keys to ``updates``), or stops once the task is cancelled.
+worker reads; each update appends its keys to ``updates``), or stops once the task is cancelled;
+with ``kind="sampling"`` it asks for a completion by the client's model instead.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ class Tasks(Extension):
         _write(_task(task_id), state)  # durably created before the handle is returned
         x = str((params.arguments or {}).get("x", ""))
         rounds = str((params.arguments or {}).get("rounds", 0 if params.name == "slow" else 1))
+        kind = str((params.arguments or {}).get("kind", "form"))
         subprocess.Popen(
-            [sys.executable, __file__, "work", str(FOLDER), task_id, x, rounds],
+            [sys.executable, __file__, "work", str(FOLDER), task_id, x, rounds, kind],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -129,8 +131,9 @@ def slow(x: str) -> str:
 
 
 @server.tool()
-def ask(x: str, rounds: int = 1) -> str:
-    """Asks a person to confirm ``x`` ``rounds`` times while it runs (a task)."""
+def ask(x: str, rounds: int = 1, kind: str = "form") -> str:
+    """Asks a person to confirm ``x`` ``rounds`` times while it runs (a task); with ``kind``
+    ``sampling`` it asks the client's model instead."""
     return f"ask {x} (not a task)"
 
 
@@ -152,13 +155,20 @@ def _confirmation(x: str) -> Dict[str, Any]:
     return {"method": "elicitation/create", "params": {"mode": "form", "message": f"Go ahead with {x}?", "requestedSchema": schema}}
 
 
+def _sampling(x: str) -> Dict[str, Any]:
+    message = {"role": "user", "content": {"type": "text", "text": f"Should {x} go ahead?"}}
+    return {"method": "sampling/createMessage", "params": {"messages": [message], "maxTokens": 20}}
+
+
 def _said(response: Dict[str, Any]) -> str:
+    if "role" in response:  # the client model's reply to a sampling request
+        return str(response["content"]["text"])
     if response.get("action") != "accept":
         return str(response.get("action"))
     return "yes" if (response.get("content") or {}).get("ok") else "no"
 
 
-def work(task_id: str, x: str, rounds: int) -> None:
+def work(task_id: str, x: str, rounds: int, kind: str) -> None:
     """A task's body, in a worker process of its own."""
     with open(FOLDER / "runs", "a") as f:
         f.write(x + "\n")
@@ -170,7 +180,11 @@ def work(task_id: str, x: str, rounds: int) -> None:
     said = []
     for n in range(1, rounds + 1):
         key = f"confirm-{n}"
-        asking = {"status": "input_required", "statusMessage": f"waiting for {key}", "inputRequests": {key: _confirmation(x)}}
+        asking = {
+            "status": "input_required",
+            "statusMessage": f"waiting for {key}",
+            "inputRequests": {key: _sampling(x) if kind == "sampling" else _confirmation(x)},
+        }
         _write(path, {**state, **asking, "lastUpdatedAt": _now()})
         answer = FOLDER / f"answer-{task_id}-{key}.json"
         if not _wait(task_id, answer):
@@ -186,7 +200,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1 and argv[1] == "work":
         global FOLDER
         FOLDER = Path(argv[2])
-        work(argv[3], argv[4], int(argv[5]))
+        work(argv[3], argv[4], int(argv[5]), argv[6])
     elif len(argv) > 1 and argv[1] == "http":
         import socket
 

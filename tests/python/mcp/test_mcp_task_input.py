@@ -259,3 +259,33 @@ def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, ans
     assert the_result(events) == ("ask a: yes" if answer else "ask a: decline")
     assert not [e for e in events if e.type == "decision/requested"]
     assert lines(tasks, "updates") == ["confirm-1"]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_sampling_request_inside_a_task_is_answered_by_the_sampling_model_or_cancels_the_task(tasks: Path, durable: bool) -> None:
+    (tasks / "gate").touch()
+    asked: List[kerman.ModelRequest] = []
+
+    async def sampler(request: kerman.ModelRequest) -> kerman.ModelReply:
+        asked.append(request)
+        return kerman.ModelReply("sure")
+
+    async def main() -> List[Any]:
+        env = {"KERMAN_MCP_TASKS": str(tasks)}
+        mcp = MCPServer.stdio(sys.executable, [SERVER], env=env, sampling_model=sampler, durable_input=durable)
+        loop = kerman.AgentLoop(model('{"x": "a", "kind": "sampling"}'), tools=[mcp])
+        loop.followup("go")
+        await loop.when_idle()
+        events = list(loop.log.events())
+        await loop.aclose()
+        return events
+
+    events = asyncio.run(main())
+    task = logged_task(events)
+    if durable:  # a person answers form elicitations only: the task is cancelled, and the model reads why
+        assert "sampling/createMessage" in the_result(events) and "cancelled" in the_result(events)
+        assert (tasks / f"cancel-{task}").exists() and asked == []
+    else:
+        assert the_result(events) == "ask a: sure"
+        assert [r.messages[0].content[0]["text"] for r in asked] == ["Should a go ahead?"]
+    assert not [e for e in events if e.type == "decision/requested"]
