@@ -7,7 +7,7 @@ wrapped: they reach the caller unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Sequence
 
 __all__ = [
     "KermanError",
@@ -206,7 +206,15 @@ class InvalidToolArgumentsError(KermanError, ValueError):
 
 
 class ModelError(KermanError):
-    """A model call failed. Models raise it; ``request_error`` listeners may retry."""
+    """A model call failed. Models raise it; ``request_error`` listeners may retry.
+
+    ``failed_attempts``: when a model made several requests for one call (a non-streaming
+    ``Fallback``), the failed ``finish`` chunk of each that failed, this failure's own included
+    (``ModelReply.failed_attempts`` has the shape). The loop logs them, each a request of its
+    own, and then no failed ``finish`` of its own for this failure."""
+
+    #: Empty: the loop ends the failed request with a failed ``finish`` chunk of its own.
+    failed_attempts: Sequence[Dict[str, Any]] = ()
 
     def __init__(
         self,

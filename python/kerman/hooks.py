@@ -150,11 +150,23 @@ class ModelRequest:
 
 class ModelReply:
     """A complete model reply. ``content`` is a str (one text block) or a list of blocks;
-    tool calls are ``{"type": "tool-call", "id", "name", "arguments"}`` blocks."""
+    tool calls are ``{"type": "tool-call", "id", "name", "arguments"}`` blocks.
 
-    __slots__ = ("content", "usage", "finish")
+    ``failed_attempts``: the failed ``finish`` chunks (``{"type": "finish", "reason": "error",
+    "error", "model"?, "provider"?}``) of requests the model made for this call before the one
+    that answered (a non-streaming ``Fallback``'s models). The loop logs them before the reply,
+    each a request of its own, as a stream's failed ``finish`` is."""
 
-    def __init__(self, content: Union[str, List[Dict[str, Any]]], usage: Optional[Dict[str, Any]] = None, finish: str = "stop") -> None:
+    __slots__ = ("content", "usage", "finish", "failed_attempts")
+
+    def __init__(
+        self,
+        content: Union[str, List[Dict[str, Any]]],
+        usage: Optional[Dict[str, Any]] = None,
+        finish: str = "stop",
+        *,
+        failed_attempts: Sequence[Dict[str, Any]] = (),
+    ) -> None:
         if finish not in ("stop", "max-tokens"):
             raise ValueError(f'finish must be "stop" or "max-tokens", got {finish!r}')
         if not isinstance(content, (str, list, tuple)):
@@ -162,9 +174,11 @@ class ModelReply:
         self.content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
         self.usage = usage
         self.finish = finish
+        self.failed_attempts = list(failed_attempts)
 
     def __repr__(self) -> str:
-        return f"ModelReply({self.content!r}, usage={self.usage!r}, finish={self.finish!r})"
+        failed = f", failed_attempts={self.failed_attempts!r}" if self.failed_attempts else ""
+        return f"ModelReply({self.content!r}, usage={self.usage!r}, finish={self.finish!r}{failed})"
 
 
 @dataclass

@@ -176,10 +176,67 @@ fn find_by_fold(events: &[Event], decision_id: &str) -> Option<Located> {
 
 /// The foreign requests of `events` waiting for a person, in order.
 pub fn pending(events: &[Event]) -> Vec<Request> {
-    if !events.iter().any(|e| e.kind() == events::DECISION_REQUESTED) {
-        return Vec::new();
+    let mut fold = Waiting::default();
+    fold.read(events);
+    fold.requests
+}
+
+/// The foreign requests of one log waiting for a person, folded as the log grows: each look
+/// reads only the events appended since the one before, so a loop that asks after every turn
+/// (`waiting`, `next_expiry`, `expire`) does not read its whole log each time. A loop keeps one
+/// for its log (`Shared::foreign`); the result is [`pending`]'s over the whole log.
+#[derive(Debug, Default)]
+pub struct Index {
+    fold: std::sync::Mutex<Waiting>,
+}
+
+impl Index {
+    /// The foreign requests of `log` waiting for a person, in order.
+    pub fn pending(&self, log: &SessionLog) -> Vec<Request> {
+        let mut fold = self.fold.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.with_events(|events| {
+            if fold.read > events.len() {
+                // Not the log it folded (a log only grows): start again.
+                *fold = Waiting::default();
+            }
+            fold.read(events);
+        });
+        fold.requests.clone()
     }
-    requests(events).into_iter().filter(|f| f.resolution.is_none()).map(|f| f.request).collect()
+}
+
+/// The fold behind [`pending`] and [`Index`]: the requests that wait after the first `read`
+/// events.
+#[derive(Debug, Default)]
+struct Waiting {
+    read: usize,
+    requests: Vec<Request>,
+}
+
+impl Waiting {
+    /// Folds `events[self.read..]`: a `decision/requested` that names a requester (`for`)
+    /// waits until a `decision/resolved` names it (the first waiting one with its id, as
+    /// [`requests`] matches them).
+    fn read(&mut self, events: &[Event]) {
+        for event in &events[self.read.min(events.len())..] {
+            match event.kind() {
+                events::DECISION_REQUESTED => {
+                    let data = event.data();
+                    if data.get("for").is_some_and(Value::is_object) {
+                        self.requests.extend(request_of(&data));
+                    }
+                }
+                events::DECISION_RESOLVED if !self.requests.is_empty() => {
+                    let Some(resolution) = resolution_of(&event.data()) else { continue };
+                    if let Some(at) = self.requests.iter().position(|r| r.decision_id == resolution.decision_id) {
+                        self.requests.remove(at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.read = events.len();
+    }
 }
 
 /// Resolves the pending foreign requests as `cancelled` (of `requester` only, when given: the

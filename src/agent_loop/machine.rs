@@ -164,6 +164,13 @@ pub enum Input {
     StreamEnded,
     /// The model failed (a `ModelError`).
     ModelFailed(Failure),
+    /// The model's answer to `CallModel` (`outcome`: a `Reply`, `ModelFailed`, `Raised`…) came
+    /// after attempts of its own that failed (a non-streaming `Fallback`'s models): `failed`
+    /// holds their failed `finish` chunks, logged first, each one request (`machine/attempt.rs`).
+    AfterFailed {
+        failed: Vec<Value>,
+        outcome: Box<Input>,
+    },
     /// What `request_error` decided: re-issue the request or not.
     Retry(bool),
     /// The tool plan, every call committed.
@@ -181,7 +188,8 @@ pub enum Effect {
     BeforeRequest,
     /// Await a flush of the log (the checkpoint barrier); answer `Continue`.
     Flush,
-    /// Call the model; answer `Reply`, `Streaming`, `NotAReply` or `ModelFailed`.
+    /// Call the model; answer `Reply`, `Streaming`, `NotAReply` or `ModelFailed` (after failed
+    /// attempts of the model's own: `AfterFailed`).
     CallModel,
     /// Await the stream's next chunk; answer `Chunk`, `NotAChunk`, `StreamEnded` or `ModelFailed`.
     NextChunk,
@@ -653,6 +661,10 @@ impl Machine {
             }
             Input::ModelFailed(failure) => self.request_failed(ctx, failure, true),
             Input::Raised(raised) => self.fail(ctx, Fault::Raised(raised)),
+            Input::AfterFailed { failed, outcome } => match self.log_failed_attempts(ctx, failed, &outcome) {
+                Ok(()) => self.model_result(ctx, *outcome),
+                Err(fault) => self.fail(ctx, fault),
+            },
             input => panic!("the turn machine got {input:?} while waiting for the model"),
         }
     }

@@ -165,6 +165,8 @@ pub struct Shared {
     pub history: History,
     /// The loop's budget and the usage fold it is checked against.
     pub budget: budget::Keeper,
+    /// Another framework's requests waiting in the loop's log, folded as it grows.
+    pub foreign: foreign_decisions::Index,
 }
 
 impl Shared {

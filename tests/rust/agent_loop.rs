@@ -1864,6 +1864,68 @@ fn a_stream_whose_last_attempt_ended_itself_gets_no_failed_finish_from_the_loop(
     assert_eq!(seqs_of(&w.log, "assistant/chunk").len(), 2);
 }
 
+/// The model's answer to `CallModel` after attempts of its own that failed (`failed`: their
+/// failed finishes), as a non-streaming `Fallback` gives it.
+fn after_failed(failed: Vec<Value>, outcome: impl FnOnce() -> Input + 'static) -> Ans {
+    answer("CallModel", move |_, _| Input::AfterFailed { failed, outcome: Box::new(outcome()) })
+}
+
+fn fallback_finish(code: &str, model: &str) -> Value {
+    json!({"type": "finish", "reason": "error", "error": {"message": "no", "code": code}, "model": model})
+}
+
+#[test]
+fn a_reply_after_failed_attempts_logs_each_before_it_and_cites_none() {
+    let w = World::new();
+    w.followup("hello");
+    let failed = vec![fallback_finish("RATE_LIMITED", "a"), fallback_finish("SERVER_ERROR", "b")];
+    let reply = || Input::Reply(Reply { content: ReplyContent::Text("ok".into()), usage: None, max_tokens: false });
+    run(&w, vec![enter(), request(json!({})), after_failed(failed.clone(), reply)]);
+    let chunk = |c: &Value| ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": c}));
+    assert_eq!(
+        snapshot_from(&w.log, 6),
+        [chunk(&failed[0]), chunk(&failed[1]), assistant_message(1, 1, vec![block("ok")]), step_end(1, 1), turn_end(1, completed())]
+    );
+    let message = seqs_of(&w.log, "assistant/message")[0];
+    assert_eq!(cites(&w.log, message).unwrap_or_default(), Vec::<u64>::new());
+}
+
+#[test]
+fn a_failure_after_failed_attempts_that_list_it_gets_no_failed_finish_from_the_loop() {
+    let w = World::new();
+    w.followup("hello");
+    let failed = vec![fallback_finish("RATE_LIMITED", "a"), fallback_finish("SERVER_ERROR", "b")];
+    let last = failure_of(json!({"message": "no", "code": "SERVER_ERROR"}));
+    run(&w, vec![enter(), request(json!({})), after_failed(failed.clone(), move || Input::ModelFailed(last)), retry(false)]);
+    let chunks: Vec<String> = seqs_of(&w.log, "assistant/chunk").into_iter().map(|s| snapshot_from(&w.log, s)[0].clone()).collect();
+    assert_eq!(chunks, failed.iter().map(|c| ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": c}))).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_cancel_after_failed_attempts_logs_them_and_the_cancelled_request() {
+    let w = World::new();
+    w.followup("hello");
+    let failed = vec![fallback_finish("RATE_LIMITED", "a")];
+    let cancelled = || Input::Raised(Raised::new(RaisedKind::Cancelled, failure_of(json!({"message": "", "code": "UNKNOWN"}))));
+    run(&w, vec![enter(), request(json!({})), after_failed(failed.clone(), cancelled).meanwhile(cancel())]);
+    let chunks: Vec<String> = seqs_of(&w.log, "assistant/chunk").into_iter().map(|s| snapshot_from(&w.log, s)[0].clone()).collect();
+    assert_eq!(chunks, [ev("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": failed[0]})), cut_before_its_first_chunk(1, 1)]);
+}
+
+#[test]
+fn failed_attempts_that_are_not_failed_finishes_refuse_the_reply_and_log_none_of_them() {
+    let w = World::new();
+    w.followup("hello");
+    let failed = vec![fallback_finish("RATE_LIMITED", "a"), json!({"type": "text-delta", "text": "x"})];
+    let reply = || Input::Reply(Reply { content: ReplyContent::Text("ok".into()), usage: None, max_tokens: false });
+    run(&w, vec![enter(), request(json!({})), after_failed(failed, reply)]);
+    let refused = json!({
+        "message": "model's failed_attempts[1] is {\"type\":\"text-delta\",\"text\":\"x\"}; expected a failed finish chunk {\"type\": \"finish\", \"reason\": \"error\", ...}",
+        "code": "INVALID_REPLY"
+    });
+    assert_eq!(snapshot_from(&w.log, 6)[..2], [failed_finish(1, 1, refused), step_end(1, 1)]);
+}
+
 // ---- repeated tool-call ids -------------------------------------------------------------------
 
 fn repeated_id_failure() -> Value {

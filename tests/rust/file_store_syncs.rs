@@ -188,3 +188,61 @@ fn what_a_crash_leaves_of_a_creation_before_its_first_sync_is_absent_or_an_empty
         log.close().unwrap();
     }
 }
+
+/// Waits (on the log's own wake-ups, never a sleep) until `log` holds `len` events.
+fn until_len(log: &SessionLog, len: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while log.len() < len {
+        assert!(!log.is_closed(), "the follower stopped at {} events", log.len());
+        assert!(std::time::Instant::now() < deadline, "the follower never showed {len} events");
+        let (tx, rx) = std::sync::mpsc::channel();
+        log.wait_beyond(
+            log.len(),
+            Box::new(move || {
+                let _ = tx.send(());
+            }),
+        );
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
+}
+
+/// `follow` and `repair` read what a crash left of a creation as `open` and `read` do: an empty
+/// session. The follower shows the records the session gets once opened (its header written
+/// again); a repair writes the header again and reports every byte there was as a torn tail,
+/// as `read` shows it, and its dry run changes nothing.
+#[test]
+fn follow_and_repair_take_a_creation_a_crash_cut_for_an_empty_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap();
+    store.create(Some("s")).unwrap().close().unwrap();
+    let path = store.path_of("s").unwrap();
+    let header = fs::read(&path).unwrap();
+    for bytes in [Vec::new(), header[..12].to_vec(), [&header[..30], &[0u8; 64][..]].concat()] {
+        let label = String::from_utf8_lossy(&bytes).into_owned();
+        let len = bytes.len() as u64;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(store.read("s").unwrap().torn_tail_bytes, len, "{label:?}");
+        let plan = store.plan_repair("s").unwrap();
+        assert_eq!((plan.kept_events, plan.events, plan.removed_bytes, plan.torn_tail_bytes), (0, 0, len, len), "{label:?}");
+        assert_eq!(fs::read(&path).unwrap(), bytes, "a dry run changes nothing");
+
+        let follower = store.follow("s").unwrap();
+        assert_eq!((follower.len(), follower.header().get("id")), (0, Some(&json!("s"))), "{label:?}");
+        let log = store.open("s").unwrap();
+        append(&log, 1);
+        append(&log, 2);
+        log.flush_blocking().unwrap();
+        until_len(&follower, 2);
+        assert_eq!(follower.range(0, None), log.range(0, None), "{label:?}");
+        log.close().unwrap();
+        follower.close().unwrap();
+
+        fs::write(&path, &bytes).unwrap();
+        let report = store.repair("s").unwrap();
+        assert_eq!((report.kept_events, report.removed_bytes, report.backup), (0, len, None), "{label:?}");
+        let (log, recovery) = store.open_with_report("s").unwrap();
+        assert_eq!((log.len(), recovery.recreated, recovery.truncated_bytes), (0, false, 0), "{label:?}: a valid empty session");
+        log.close().unwrap();
+        assert_eq!(store.repair("s").unwrap().removed_bytes, 0, "nothing more to repair");
+    }
+}

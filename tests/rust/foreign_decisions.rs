@@ -128,3 +128,77 @@ fn find_agrees_with_the_whole_fold() {
     }
     assert!(foreign_decisions::find(&events, "nope").is_none());
 }
+
+/// A loop's index of the waiting foreign requests, read after every change of a generated
+/// session (requests in batches between other events, decisions, expiries, cancels, a loop's own
+/// request and a resolution naming no request), says what the whole-log fold says.
+#[test]
+fn the_index_agrees_with_the_whole_fold_as_the_log_grows() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    let index = foreign_decisions::Index::default();
+    // xorshift64: the same session every run.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut asked = Vec::new();
+    let mut checked = 0;
+    for round in 0..400u64 {
+        match next(8) {
+            0 | 1 => {
+                let requester = json!({"kind": "pydantic-ai", "run": next(4)});
+                let calls: Vec<_> = (0..=next(3))
+                    .map(|n| ForeignCall {
+                        expires_at: (next(2) == 0).then(|| 1_000 * (1 + next(50)) as i64),
+                        ..call(&format!("c{round}.{n}"), "t", "{}")
+                    })
+                    .collect();
+                asked.extend(foreign_decisions::request(&log, &requester, &calls).unwrap().into_iter().map(|r| r.decision_id));
+            }
+            2 | 3 if !asked.is_empty() => {
+                let id = asked[next(asked.len() as u64) as usize].clone();
+                let decision = if next(2) == 0 { Decide::Approve } else { Decide::Deny(None) };
+                // Refused when it was resolved already: the log is unchanged then.
+                let _ = decisions::decide(&log, &id, decision, None, None, 0);
+            }
+            4 => {
+                let now = 1_000 * next(60) as i64;
+                let by_index = decisions::expire_with(&log, &index, now).unwrap();
+                assert_eq!(decisions::expire(&log, now).unwrap(), 0, "the index's expiry left nothing due");
+                checked += by_index;
+            }
+            5 if next(4) == 0 => {
+                foreign_decisions::cancel(&log, Some(&json!({"kind": "pydantic-ai", "run": next(4)}))).unwrap();
+            }
+            6 => {
+                // The loop's own approval (no `for`) and a resolution that names no request.
+                let own = json!({
+                    "turn": 1, "step": 1, "decisionId": format!("own{round}"), "callId": "x", "index": 0, "name": "t",
+                    "arguments": "{}", "digest": "d", "kind": "approval"
+                });
+                log.append_loop_event("decision/requested", &own, None).unwrap();
+                log.append_loop_event(
+                    "decision/resolved",
+                    &json!({"turn": 0, "step": 0, "decisionId": "nobody", "outcome": "approved"}),
+                    None,
+                )
+                .unwrap();
+            }
+            _ => {
+                log.append("pydantic-ai/run", &json!({"round": round})).unwrap();
+            }
+        }
+        let whole: Vec<_> =
+            log.with_events(foreign_decisions::requests).into_iter().filter(|f| f.resolution.is_none()).map(|f| f.request).collect();
+        assert_eq!(index.pending(&log), whole, "round {round}");
+        assert_eq!(log.with_events(foreign_decisions::pending), whole, "round {round}");
+        assert_eq!(decisions::next_expiry_with(&log, &index), decisions::next_expiry(&log), "round {round}");
+    }
+    assert!(checked > 0 && !index.pending(&log).is_empty(), "the session expired some requests and left some waiting");
+    // An index read against another log (a log only grows) starts again.
+    let other = MemoryStore::new().create(Some("t")).unwrap();
+    assert!(index.pending(&other).is_empty());
+}

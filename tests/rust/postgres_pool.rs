@@ -21,7 +21,9 @@ impl Admin {
         assert_eq!(rows.len(), 1);
     }
 
-    /// Polls until `n` of `core`'s backends wait on a lock.
+    /// Polls until `n` of `core`'s backends wait on a lock. Not on the connection holding the
+    /// lock ([`Admin::lock_row`]): inside a transaction `pg_stat_activity` is one snapshot,
+    /// taken at its first read, and `now()` the transaction's start.
     fn await_lock_waits(&self, core: &PgCore, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.pids(core.owner(), "AND wait_event_type = 'Lock'").len() != n {
@@ -98,11 +100,11 @@ fn one_sessions_requests_run_in_submission_order_across_the_pool() {
 #[test]
 fn a_request_waiting_on_a_row_lock_holds_up_neither_another_sessions_append_nor_the_renewals() {
     let Some(dsn) = dsn() else { return };
-    let admin = Admin::new(&dsn);
+    let (admin, locker) = (Admin::new(&dsn), Admin::new(&dsn));
     let c = PgCore::connect(&dsn, PgOptions { pool_size: 2, lease_ttl_ms: 300, ..PgOptions::default() }).unwrap();
     let (owned, _) = c.create(None).unwrap();
     let (locked, _) = c.create(None).unwrap();
-    admin.lock_row(&locked.session_id);
+    locker.lock_row(&locked.session_id);
     let blocked = enqueue_in_background(&c, &locked.session_id);
     admin.await_lock_waits(&c, 1);
     // Served by the second connection while the first waits.
@@ -117,7 +119,7 @@ fn a_request_waiting_on_a_row_lock_holds_up_neither_another_sessions_append_nor_
         // Says what came back (an error under load would otherwise read as "not waiting").
         panic!("the enqueue returned before the lock was released: {:?}", early.map(|_| "a response").map_err(|e| e.to_string()));
     }
-    admin.exec("COMMIT");
+    locker.exec("COMMIT");
     assert!(matches!(blocked.recv().unwrap(), Ok(Response::Bool(true))));
     assert_eq!(admin.pids(c.owner(), "").len(), 2);
 }
@@ -125,11 +127,11 @@ fn a_request_waiting_on_a_row_lock_holds_up_neither_another_sessions_append_nor_
 #[test]
 fn an_append_whose_connection_drops_lands_once_while_another_connection_is_stuck() {
     let Some(dsn) = dsn() else { return };
-    let admin = Admin::new(&dsn);
+    let (admin, locker) = (Admin::new(&dsn), Admin::new(&dsn));
     let c = pool(&dsn, 3);
     let (lease, _) = c.create(None).unwrap();
     let (locked, _) = c.create(None).unwrap();
-    admin.lock_row(&locked.session_id);
+    locker.lock_row(&locked.session_id);
     let blocked = enqueue_in_background(&c, &locked.session_id);
     admin.await_lock_waits(&c, 1);
     let events = sample_events(6);
@@ -139,7 +141,7 @@ fn an_append_whose_connection_drops_lands_once_while_another_connection_is_stuck
     c.append(&lease, &events[3..]).unwrap();
     let texts: Vec<String> = events.iter().map(kerman::Event::to_json).collect();
     assert_eq!(records(&c, &lease.session_id), texts, "each batch exactly once, in order");
-    admin.exec("COMMIT");
+    locker.exec("COMMIT");
     assert!(matches!(blocked.recv().unwrap(), Ok(Response::Bool(true))));
 }
 

@@ -36,6 +36,9 @@ impl Admin {
 
     /// The pids of the backends of the store whose owner id is `owner` (`extra` narrows them down).
     pub(crate) fn pids(&self, owner: &str, extra: &str) -> Vec<i32> {
+        // Inside a transaction (a test holding a row lock on this connection) the activity
+        // view is one snapshot, taken at its first read: a poll would never see a change.
+        self.exec("SELECT pg_stat_clear_snapshot()");
         let sql = format!("SELECT pid FROM pg_stat_activity WHERE application_name = $1 {extra}");
         let rows = self.rt.block_on(self.client.query(&sql, &[&format!("kerman {owner}")])).unwrap();
         rows.iter().map(|r| r.get(0)).collect()

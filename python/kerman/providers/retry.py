@@ -135,10 +135,11 @@ async def _drain(stream: AsyncIterator[Dict[str, Any]]) -> ModelReply:
 
 
 def _as_chunks(reply: Any) -> List[Dict[str, Any]]:
-    """A ``ModelReply`` (or str) as stream chunks (for a streaming Fallback's non-streaming model)."""
+    """A ``ModelReply`` (or str) as stream chunks (for a streaming Fallback's non-streaming model),
+    after the failed ``finish`` of each attempt it came after."""
     if isinstance(reply, str):
         reply = ModelReply(reply)
-    chunks: List[Dict[str, Any]] = []
+    chunks: List[Dict[str, Any]] = list(getattr(reply, "failed_attempts", ()))
     for b in reply.content:
         kind = b.get("type")
         if kind == "text":
@@ -151,6 +152,17 @@ def _as_chunks(reply: Any) -> List[Dict[str, Any]]:
         chunks.append(dict(reply.usage, type="usage"))
     chunks.append({"type": "finish", "reason": reply.finish})
     return chunks
+
+
+def _with_failed(reply: Any, failed: List[Dict[str, Any]]) -> Any:
+    """``reply`` (a ``ModelReply`` or str) carrying ``failed`` before its own failed attempts."""
+    if not failed:
+        return reply
+    if isinstance(reply, str):
+        return ModelReply(reply, failed_attempts=failed)
+    if isinstance(reply, ModelReply):
+        reply.failed_attempts = failed + list(reply.failed_attempts)
+    return reply
 
 
 def _failed_finish(exc: BaseException, model: Any) -> Dict[str, Any]:
@@ -182,9 +194,11 @@ class Fallback:
     ``retry_policy`` then re-issues the request, starting from the first model again.
 
     When every model failed, the last failure is raised, with the earlier ones in its
-    ``fallback_errors`` attribute. Streaming, each model that failed before any output is in
-    the log as a request of its own: the fallback yields its failed ``finish`` chunk, naming the
-    model (``model``, ``provider``), before it moves on or raises (docs/usage.md). Use one
+    ``fallback_errors`` attribute. Each model that failed before any output is in the log as a
+    request of its own, by its failed ``finish`` chunk naming the model (``model``,
+    ``provider``): streaming, the fallback yields it before it moves on or raises; not
+    streaming, the reply (``ModelReply.failed_attempts``) or the exception that ends the call
+    (``failed_attempts``) carries them, and the loop logs them before it (docs/usage.md). Use one
     ``stream`` setting for all models: a non-streaming
     model behind a streaming first one is replayed as chunks (which drops the opaque state a
     non-streamed reply keeps in its blocks), and a streaming one behind a non-streaming first
@@ -217,19 +231,33 @@ class Fallback:
 
     async def _complete(self, request: Any, first: Any) -> Any:
         errors: List[BaseException] = []
+        # The failed finish of each model tried that failed (docs/usage.md): the reply, or what
+        # ends the call, carries them to the loop, which logs each as a request of its own.
+        failed: List[Dict[str, Any]] = []
         result = first
-        for index in range(len(self.models)):
-            if index > 0:
-                result = self.models[index](request)
-            try:
-                if hasattr(result, "__anext__"):
-                    return await _drain(result)
-                return await result if inspect.isawaitable(result) else result
-            except ModelError as e:
-                if not self._falls_back(e) or index == len(self.models) - 1:
-                    e.fallback_errors = errors  # type: ignore[attr-defined]
-                    raise
-                errors.append(e)
+        try:
+            for index, model in enumerate(self.models):
+                if index > 0:
+                    result = model(request)  # raising here, it made no request: none is added
+                try:
+                    if hasattr(result, "__anext__"):
+                        reply = await _drain(result)
+                    else:
+                        reply = await result if inspect.isawaitable(result) else result
+                except ModelError as e:
+                    failed.extend(e.failed_attempts or [_failed_finish(e, model)])
+                    if not self._falls_back(e) or index == len(self.models) - 1:
+                        e.fallback_errors = errors  # type: ignore[attr-defined]
+                        raise
+                    errors.append(e)
+                    continue
+                return _with_failed(reply, failed)
+        except BaseException as e:
+            # The last failure (its own attempt listed), a cancellation, or a model that raised
+            # before its request: the attempts that failed are logged before it.
+            if failed:
+                e.failed_attempts = failed  # type: ignore[attr-defined]
+            raise
         raise AssertionError("unreachable")
 
     async def _stream(self, request: Any, first: Any) -> AsyncIterator[Dict[str, Any]]:
@@ -266,7 +294,8 @@ class Fallback:
                     raise
                 # Each model tried is a request of its own (docs/usage.md): its failed finish,
                 # naming it, ends it in the log before the next model's chunks or the failure.
-                yield _failed_finish(e, self.models[index])
+                for finish in getattr(e, "failed_attempts", None) or [_failed_finish(e, self.models[index])]:
+                    yield finish
                 if not self._falls_back(e) or index == len(self.models) - 1:
                     e.fallback_errors = errors  # type: ignore[attr-defined]
                     raise

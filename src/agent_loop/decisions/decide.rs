@@ -8,40 +8,61 @@ use crate::event_log::{LogError, Publishing, SessionLog};
 
 /// The requests of `log` waiting for a decision, in order.
 pub fn pending(log: &SessionLog) -> Vec<Request> {
+    pending_with(log, &foreign_decisions::Index::default())
+}
+
+/// [`pending`], another framework's requests read through `foreign`, the index a loop keeps
+/// for its log (the others are read from the last turn only).
+pub fn pending_with(log: &SessionLog, foreign: &foreign_decisions::Index) -> Vec<Request> {
     let mut out: Vec<Request> = held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default();
     out.extend(log.with_events(call_decisions::pending).into_iter().map(|r| r.request));
     out.extend(log.with_events(budget_decisions::pending));
-    out.extend(log.with_events(foreign_decisions::pending));
+    out.extend(foreign.pending(log));
     out
 }
 
 /// The earliest deadline of a pending request.
 pub fn next_expiry(log: &SessionLog) -> Option<i64> {
-    pending(log).iter().filter_map(|r| r.expires_at).min()
+    next_expiry_with(log, &foreign_decisions::Index::default())
+}
+
+/// [`next_expiry`] through a loop's index ([`pending_with`]).
+pub fn next_expiry_with(log: &SessionLog, foreign: &foreign_decisions::Index) -> Option<i64> {
+    pending_with(log, foreign).iter().filter_map(|r| r.expires_at).min()
 }
 
 /// Resolves every pending request whose deadline is at or before `now` as `expired` (another
 /// framework's too: a deadline is a deadline, whoever reads the log); how many.
 pub fn expire(log: &SessionLog, now: i64) -> Result<usize, LogError> {
-    resolve_all(log, Resolved::Expired, |r| r.expires_at.is_some_and(|t| t <= now), true)
+    expire_with(log, &foreign_decisions::Index::default(), now)
+}
+
+/// [`expire`] through a loop's index ([`pending_with`]).
+pub fn expire_with(log: &SessionLog, foreign: &foreign_decisions::Index, now: i64) -> Result<usize, LogError> {
+    resolve_all(log, Resolved::Expired, |r| r.expires_at.is_some_and(|t| t <= now), Some(foreign))
 }
 
 /// Resolves every pending request of the loop as `cancelled` (`loop.cancel()` while waiting);
 /// how many. Another framework's requests are its own to cancel
 /// ([`foreign_decisions::cancel`]).
 pub fn cancel_pending(log: &SessionLog) -> Result<usize, LogError> {
-    resolve_all(log, Resolved::Cancelled, |_| true, false)
+    resolve_all(log, Resolved::Cancelled, |_| true, None)
 }
 
-fn resolve_all(log: &SessionLog, outcome: Resolved, due: impl Fn(&Request) -> bool, foreign: bool) -> Result<usize, LogError> {
+fn resolve_all(
+    log: &SessionLog,
+    outcome: Resolved,
+    due: impl Fn(&Request) -> bool,
+    foreign: Option<&foreign_decisions::Index>,
+) -> Result<usize, LogError> {
     // The fold and the appends under one publish token: nothing resolves a request in between.
     let publishing = log.publishing()?;
     let mut due_now: Vec<Request> =
         held(log).map(|held| held.pending().into_iter().filter(|r| due(r)).cloned().collect()).unwrap_or_default();
     due_now.extend(log.with_events(call_decisions::pending).into_iter().map(|ask| ask.request).filter(|r| due(r)));
     due_now.extend(log.with_events(budget_decisions::pending).filter(|r| due(r)));
-    if foreign {
-        due_now.extend(log.with_events(foreign_decisions::pending).into_iter().filter(|r| due(r)));
+    if let Some(foreign) = foreign {
+        due_now.extend(foreign.pending(log).into_iter().filter(|r| due(r)));
     }
     for request in &due_now {
         publish(&publishing, events::decision_resolved(&resolution(request, outcome)), None)?;

@@ -13,6 +13,12 @@
 //! model): the chunks after it are another attempt of the same request, and the message holds
 //! and cites only the last attempt's.
 //!
+//! A model that makes several requests for one call and answers with one outcome (a
+//! non-streaming `Fallback`) hands the failed `finish` chunks of the ones that failed with it
+//! (`Input::AfterFailed`): they are logged before the outcome, as a stream's would be, so each is
+//! one request, and a failure that listed its own attempt gets no failed `finish` from the
+//! machine.
+//!
 //! A request cut by a cancellation (the turn's abort, or the driver's task cancelled from
 //! outside) once the model was called is not a failure of the model, but it was made: it is the
 //! `assistant/message` marked `interrupted` with what was visible, or, when nothing visible was
@@ -22,9 +28,9 @@
 
 use serde_json::{Map, Value};
 
-use super::{Ctx, Fault, Machine, Raised, RaisedKind};
+use super::{Ctx, Fault, Input, Machine, Raised, RaisedKind};
 use crate::agent_loop::events;
-use crate::agent_loop::failure::Failure;
+use crate::agent_loop::failure::{Failure, FailureCode};
 use crate::agent_loop::CoreError;
 use crate::event_log::LogError;
 use crate::message::Message;
@@ -72,6 +78,41 @@ impl Machine {
             return Ok(());
         }
         ctx.append(events::failed_finish(self.turn, self.step, failure))?;
+        Ok(())
+    }
+
+    /// The failed attempts a model's `outcome` came after, each a failed `finish` chunk
+    /// (`{"type": "finish", "reason": "error", ...}`), logged in order; the outcome is then the
+    /// next attempt. None is logged when one is not a failed `finish` (the reply is refused:
+    /// `INVALID_REPLY`), nor when a fatal exception or a lost lease ended the call, which appends
+    /// nothing.
+    pub(super) fn log_failed_attempts(&mut self, ctx: &Ctx<'_>, failed: Vec<Value>, outcome: &Input) -> Result<(), Fault> {
+        if matches!(outcome, Input::Raised(Raised { kind: RaisedKind::Fatal | RaisedKind::LeaseLost, .. })) {
+            return Ok(());
+        }
+        let mut chunks = Vec::with_capacity(failed.len());
+        for (index, chunk) in failed.into_iter().enumerate() {
+            match chunk {
+                Value::Object(chunk)
+                    if chunk.get("type").and_then(Value::as_str) == Some("finish")
+                        && chunk.get("reason").and_then(Value::as_str) == Some("error") =>
+                {
+                    chunks.push(chunk);
+                }
+                other => {
+                    let message = format!(
+                        "model's failed_attempts[{index}] is {}; expected a failed finish chunk {{\"type\": \"finish\", \"reason\": \"error\", ...}}",
+                        crate::json::compact(&other)
+                    );
+                    return Err(Fault::rule(FailureCode::InvalidReply, message));
+                }
+            }
+        }
+        for chunk in chunks {
+            let text = crate::json::compact(&Value::Object(chunk));
+            ctx.append(events::assistant_chunk(self.turn, self.step, &text)).map_err(|e| Fault::Core(CoreError::Log(e)))?;
+            self.attempt.ended = true;
+        }
         Ok(())
     }
 

@@ -11,6 +11,10 @@
 //! again, or repaired), or the bytes it has shown changed (the same file overwritten in place
 //! with another session, as `cp` does): it compares its header line and the last record it
 //! adopted with the file before adopting anything more, so two sessions are never spliced.
+//!
+//! A follower of a file a crash left before the session's first sync (`format::unborn`) has
+//! shown nothing and has no header line yet: it waits for one, written when the session is
+//! opened again, and then reads the records after it as any follower does.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -35,7 +39,7 @@ pub(super) struct Setup {
     pub offset: u64,
     pub header: Map<String, Value>,
     pub events: Vec<Event>,
-    /// The header line as read (with its newline).
+    /// The header line as read (with its newline); empty for an unborn file.
     pub header_line: Vec<u8>,
     /// Where the last line of the good prefix starts, and that line (the header line when
     /// there are no events).
@@ -102,8 +106,8 @@ struct Watch {
     /// The next seq.
     next: u64,
     types: TypeNames,
-    /// The bytes shown so far that must not change: the header line, and the last line
-    /// adopted (at its offset).
+    /// The bytes shown so far that must not change: the header line (empty until an unborn
+    /// file gets one), and the last line adopted (at its offset).
     header_line: Vec<u8>,
     last_line: (u64, Vec<u8>),
 }
@@ -152,6 +156,13 @@ impl Watch {
             return Step::Wait;
         }
         self.seen = key;
+        if self.header_line.is_empty() {
+            match self.born(len) {
+                Some(Step::Stop) => return Step::Stop,
+                Some(Step::Wait) => return Step::Wait,
+                None => {}
+            }
+        }
         // More than the address space holds (a 32-bit target only): stop rather than read a
         // truncated count of bytes as if it were all that grew.
         let Ok(grown) = usize::try_from(len - self.offset) else { return Step::Stop };
@@ -171,6 +182,30 @@ impl Watch {
             return Step::Stop;
         }
         Step::Wait
+    }
+
+    /// For an unborn file: whether its header line has been written (`None`: go on reading the
+    /// records after it), is still to come (`Wait`), or is not a header of this session that
+    /// starts it anew (`Stop`: a damaged or foreign header, or a shared fork's).
+    fn born(&mut self, len: u64) -> Option<Step> {
+        let Ok(size) = usize::try_from(len) else { return Some(Step::Stop) };
+        let mut bytes = vec![0u8; size];
+        if sys::read_exact_at(&self.file, &mut bytes, 0).is_err() {
+            self.seen = None;
+            return Some(Step::Wait);
+        }
+        if format::unborn(&bytes) {
+            return Some(Step::Wait);
+        }
+        match format::scan(&bytes, &self.path, &self.shared.id) {
+            Ok(scan) if scan.parent.is_none() => {}
+            _ => return Some(Step::Stop),
+        }
+        let end = bytes.iter().position(|&b| b == b'\n').map_or(bytes.len(), |i| i + 1);
+        self.header_line = bytes[..end].to_vec();
+        self.last_line = (0, self.header_line.clone());
+        self.offset = end as u64;
+        None
     }
 
     /// Whether the header line and the last adopted line are still what was shown.

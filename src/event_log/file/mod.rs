@@ -315,10 +315,28 @@ impl FileStore {
     /// its owner (in any process) writes, as the file grows. Takes no lock and never writes;
     /// appends fail with `LogError::ReadOnly`; `close` stops following. Corruption is refused
     /// as by `read`; a torn or incomplete last record is simply not visible yet.
+    ///
+    /// A file a crash left before the session's first sync (`format::unborn`) is followed as
+    /// the empty session `read` shows (the header `open` would write): it grows once the
+    /// session is opened, its header written again, and appended to.
     pub fn follow(&self, id: &str) -> Result<SessionLog, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_reader(&path, id)?;
         let bytes = fsio::read_all(&file, &path)?;
+        if format::unborn(&bytes) {
+            let (id, header) = (id.to_string(), new_header(id));
+            let unborn = follow::Setup {
+                id,
+                path,
+                file,
+                offset: 0,
+                header,
+                events: Vec::new(),
+                header_line: Vec::new(),
+                last_line: (0, Vec::new()),
+            };
+            return follow::start(unborn);
+        }
         let mut scan = format::scan(&bytes, &path, id)?;
         if let Some(err) = scan.corruption(&path) {
             return Err(err);

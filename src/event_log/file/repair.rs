@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::salvage::{self, Dropped, Lost};
-use super::{format, fsio, names, FileStore, Snapshot};
+use super::{format, fsio, names, sys, FileStore, Snapshot};
 use crate::event_log::LogError;
 
 /// What `repair` did (or, from [`FileStore::plan_repair`], would do).
@@ -51,11 +51,24 @@ impl FileStore {
     /// A shared fork's repair looks at its own file only (the records it reads through its
     /// parent are the parent's to repair); a parent's repair keeps its header line and every
     /// record at its seq, so its forks read on (a placeholder where a record was lost).
+    ///
+    /// A file a crash left before the session's first sync (`format::unborn`) is not damaged:
+    /// what it holds is a torn tail of an empty session. Its repair does what `open` does to it,
+    /// writing the header again (made durable here at once), and reports those bytes removed.
     pub fn repair(&self, id: &str) -> Result<RepairReport, LogError> {
         let path = self.path_of(id)?;
         let file = fsio::open_locked(&path, id)?;
         let bytes = fsio::read_all(&file, &path)?;
         let (report, salvage) = Self::plan(&bytes, &path, id)?;
+        if format::unborn(&bytes) {
+            let line = format::header_line(&crate::event_log::new_header(id));
+            sys::write_all_at(&file, &line, 0)
+                .and_then(|()| file.set_len(line.len() as u64))
+                .and_then(|()| file.sync_all())
+                .map_err(|e| LogError::io(format!("writing the header of {} again", path.display()), e))?;
+            fsio::sync_dir(&self.root)?;
+            return Ok(report);
+        }
         let Some(salvage) = salvage else {
             if report.torn_tail_bytes > 0 {
                 fsio::truncate(&file, bytes.len() as u64 - report.torn_tail_bytes, &path)?;
@@ -104,6 +117,17 @@ impl FileStore {
     /// The repair of `bytes`: its report, and the salvage if the file is corrupt (a torn tail
     /// alone is cut exactly as `open` cuts it).
     fn plan(bytes: &[u8], path: &Path, id: &str) -> Result<(RepairReport, Option<salvage::Salvage>), LogError> {
+        if format::unborn(bytes) {
+            // An empty session whose every byte is a torn tail, as `read` shows it.
+            let torn = bytes.len() as u64;
+            let report = RepairReport {
+                removed_bytes: torn,
+                torn_tail_bytes: torn,
+                torn_tail_line: (torn > 0).then_some(1),
+                ..RepairReport::default()
+            };
+            return Ok((report, None));
+        }
         let scan = format::scan(bytes, path, id)?;
         if scan.corruption(path).is_none() {
             let report = RepairReport {

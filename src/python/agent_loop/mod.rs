@@ -511,13 +511,13 @@ impl PyLoopCore {
     /// The requests waiting for a decision, as dicts (oldest first).
     fn decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let parts = self.parts()?;
-        decide::request_list(py, &decisions::pending(&parts.log.get().inner))
+        decide::request_list(py, &decisions::pending_with(&parts.log.get().inner, &self.shared.foreign))
     }
 
     /// Whether the last turn waits for decisions.
     #[getter]
     fn waiting(&self) -> PyResult<bool> {
-        Ok(!decisions::pending(&self.parts()?.log.get().inner).is_empty())
+        Ok(!decisions::pending_with(&self.parts()?.log.get().inner, &self.shared.foreign).is_empty())
     }
 
     /// Whether the last turn's step stopped at decisions and a resume has something to do (they
@@ -558,7 +558,7 @@ impl PyLoopCore {
     /// The earliest deadline of a pending request (epoch ms).
     #[getter]
     fn next_expiry(&self) -> PyResult<Option<i64>> {
-        Ok(decisions::next_expiry(&self.parts()?.log.get().inner))
+        Ok(decisions::next_expiry_with(&self.parts()?.log.get().inner, &self.shared.foreign))
     }
 
     /// Applies `outcome` (`Approve`, `Deny`, `Edit`, `Answer`) to request `decision_id` at
@@ -608,7 +608,8 @@ impl PyLoopCore {
     #[pyo3(signature = (now=None))]
     fn expire(&self, py: Python<'_>, now: Option<i64>) -> PyResult<usize> {
         let parts = self.parts()?;
-        decisions::expire(&parts.log.get().inner, now.unwrap_or_else(crate::event_log::now_ms)).map_err(|e| super::errors::log_err(py, e))
+        decisions::expire_with(&parts.log.get().inner, &self.shared.foreign, now.unwrap_or_else(crate::event_log::now_ms))
+            .map_err(|e| super::errors::log_err(py, e))
     }
 
     /// Resolves every pending request as `cancelled`; how many.

@@ -137,8 +137,8 @@ pub(super) fn request(value: &Bound<'_, PyAny>, header_due: impl FnOnce(&str, Op
     Ok(Requested::Request { options, canonical, instructions })
 }
 
-/// A model's complete reply (`Ok(None)`: not a reply).
-pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
+/// A model's complete reply and the failed attempts it came after (`Ok(None)`: not a reply).
+pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<(Reply, Vec<Value>)>> {
     let py = value.py();
     let c = classes(py)?;
     let reply = if value.is_instance_of::<PyString>() { c.model_reply.bind(py).call1((value,))? } else { value.clone() };
@@ -162,7 +162,23 @@ pub(super) fn reply(value: &Bound<'_, PyAny>) -> PyResult<Option<Reply>> {
     let finish = reply.getattr(intern!(py, "finish"))?;
     let finish = finish.cast::<PyString>().ok().and_then(|text| text.to_str().ok().and_then(Finish::parse));
     let max_tokens = finish == Some(Finish::MaxTokens);
-    Ok(Some(Reply { content, usage, max_tokens }))
+    Ok(Some((Reply { content, usage, max_tokens }, failed_attempts(&reply)?)))
+}
+
+/// The failed `finish` chunks of the attempts a model's outcome came after: a reply's or an
+/// exception's `failed_attempts` (a non-streaming `Fallback` sets it; empty for anything else).
+/// The machine checks each is a failed `finish`.
+pub(super) fn failed_attempts(outcome: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
+    let py = outcome.py();
+    let Some(failed) = outcome.getattr_opt(intern!(py, "failed_attempts"))? else { return Ok(Vec::new()) };
+    if failed.is_none() || !failed.is_truthy()? {
+        return Ok(Vec::new());
+    }
+    let mut chunks = Vec::new();
+    for (index, chunk) in failed.try_iter()?.enumerate() {
+        chunks.push(to_value(&chunk?, &format!("failed_attempts[{index}]")).map_err(|e| not_json(py, ASSISTANT_CHUNK, e.describe()))?);
+    }
+    Ok(chunks)
 }
 
 /// One stream chunk (`Ok(None)`: not a chunk dict, a dict with a str `type`).

@@ -77,6 +77,9 @@ pub(super) struct Run {
     /// The executor's run of a plan of several calls (a `ToolRun`, `tools.rs`).
     #[allow(clippy::struct_field_names, reason = "named after the Python class it holds, ToolRun")]
     pub tool_run: Option<Py<PyAny>>,
+    /// The failed attempts the exception a model call raised carries (`read::failed_attempts`),
+    /// until its failure reaches the machine.
+    pub failed_attempts: Vec<serde_json::Value>,
     /// The exception behind the last failure the machine was told of (for its report).
     pub last_exc: Option<Py<PyBaseException>>,
     /// The exception the run ends with, if the machine says it propagates.

@@ -133,7 +133,13 @@ impl Run {
         let request = self.request.as_ref().map_or_else(|| py.None(), |r| r.clone_ref(py));
         let produced = match self.parts.model.bind(py).call1((request,)) {
             Ok(produced) => produced,
-            Err(e) => return self.seam_result(py, Seam::Model, Err(Fail::Err(e))),
+            Err(e) => {
+                match read::failed_attempts(e.value(py)) {
+                    Ok(failed) => self.failed_attempts = failed,
+                    Err(unreadable) => return self.seam_result(py, Seam::Model, Err(Fail::Err(unreadable))),
+                }
+                return self.seam_result(py, Seam::Model, Err(Fail::Err(e)));
+            }
         };
         if has_anext(&produced) {
             self.stream = Some(produced.unbind());
@@ -204,8 +210,20 @@ impl Run {
     }
 
     pub(super) fn user_finish<'py>(&mut self, py: Python<'py>, seam: Seam, outcome: PyResult<Bound<'py, PyAny>>) -> Step<'py> {
+        // Read before the exception is classified: the cancellation `cancel()` threw is dropped
+        // then, and a non-streaming `Fallback` cancelled while it waited on a later model hands
+        // the attempts that failed before in it.
+        let failed = match (&seam, &outcome) {
+            (Seam::Model, Err(e)) => Some(read::failed_attempts(e.value(py))),
+            _ => None,
+        };
         let outcome = outcome.map_err(|e| self.user_error(py, e));
         self.core(py).get().set_in_user(false);
+        match failed {
+            Some(Ok(failed)) => self.failed_attempts = failed,
+            Some(Err(e)) => return self.seam_step(py, seam, Err(Fail::Err(e))),
+            None => {}
+        }
         let result = match outcome {
             Ok(result) => result,
             Err(fail) => return self.seam_step(py, seam, Err(fail)),
@@ -310,8 +328,18 @@ impl Run {
         }
     }
 
-    /// What a seam's user code gave, as the machine's input.
+    /// What a seam's user code gave, as the machine's input; a model's failure after failed
+    /// attempts of its own (`failed_attempts`) comes with them.
     pub(super) fn seam_result<'py>(&mut self, py: Python<'py>, seam: Seam, result: Result<Bound<'py, PyAny>, Fail>) -> PyResult<Step<'py>> {
+        let failed = if result.is_err() { std::mem::take(&mut self.failed_attempts) } else { Vec::new() };
+        let step = self.seam_input(py, seam, result)?;
+        Ok(match step {
+            Step::Input(outcome) if !failed.is_empty() => Step::Input(Input::AfterFailed { failed, outcome: Box::new(outcome) }),
+            step => step,
+        })
+    }
+
+    fn seam_input<'py>(&mut self, py: Python<'py>, seam: Seam, result: Result<Bound<'py, PyAny>, Fail>) -> PyResult<Step<'py>> {
         let value = match result {
             Ok(value) => value,
             // The signal has aborted: any fault ends the turn aborted.
@@ -349,7 +377,8 @@ impl Run {
                 Input::Requested(requested)
             }
             Seam::Model => match read::reply(&value)? {
-                Some(reply) => Input::Reply(reply),
+                Some((reply, failed)) if failed.is_empty() => Input::Reply(reply),
+                Some((reply, failed)) => Input::AfterFailed { failed, outcome: Box::new(Input::Reply(reply)) },
                 None => Input::NotAReply(read::repr(&value)),
             },
             Seam::Chunk => match read::chunk(&value)? {

@@ -288,3 +288,90 @@ def test_a_fallback_failure_after_output_began_is_not_moved_on_and_stays_one_req
         await loop.aclose()
 
     asyncio.run(main())
+
+
+# -- Fallback, not streaming --------------------------------------------------------------------
+
+
+@asynctest
+async def test_each_model_a_non_streaming_fallback_tried_is_one_request_with_its_model() -> None:
+    with (
+        FakeServer("openai-chat", model="model-a") as a,
+        FakeServer("anthropic", model="model-b") as b,
+        FakeServer("gemini", model="model-c") as c,
+    ):
+        a.add(HttpError(429, "slow down"))
+        b.add(HttpError(500, "down"))
+        c.add(Reply(text="from c", usage=USAGE))
+        models = [
+            make("openai-chat", a, model="model-a", retry=None, stream=False),
+            make("anthropic", b, model="model-b", retry=None, stream=False),
+            make("gemini", c, model="model-c", retry=None, stream=False),
+        ]
+        loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=100))
+        result = await loop.run("hi")
+        assert result.text == "from c"
+        book = ledger(loop.log, pricer=priced)
+        got = [(r.outcome, r.model, r.provider, r.usage is None) for r in book.requests]
+        assert got == [
+            ("failed", "model-a", "openai", True),
+            ("failed", "model-b", "anthropic", True),
+            ("completed", "model-c", "google", False),
+        ]
+        # The failures are logged before the reply as a streaming fallback logs them; the
+        # reply, not streamed, cites no chunk.
+        chunks = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk")]
+        assert [(f["reason"], f["error"]["code"], f["error"].get("status"), f["model"]) for f in chunks] == [
+            ("error", "RATE_LIMITED", 429, "model-a"),
+            ("error", "SERVER_ERROR", 500, "model-b"),
+        ]
+        [reply] = list(loop.log.events(types="assistant/message"))
+        assert not reply.source_event_seqs
+        assert all(reply.seq > s for r in book.requests[:2] for s in r.seqs)
+        t = book.session
+        assert (t.requests, t.failed, t.input, t.output) == (3, 2, 100, 10)
+        assert t.cost is None and t.known_cost == Decimal("0.25")
+        assert loop.spent()["session"]["requests"] == 3 == len(a.requests) + len(b.requests) + len(c.requests)
+        await loop.aclose()
+
+
+@asynctest
+async def test_a_non_streaming_fallback_whose_models_all_failed_counts_each_once() -> None:
+    with FakeServer("openai-chat", model="model-a") as a, FakeServer("anthropic", model="model-b") as b:
+        a.add(HttpError(429, "busy"))
+        b.add(HttpError(500, "down"))
+        models = [
+            make("openai-chat", a, model="model-a", retry=None, stream=False),
+            make("anthropic", b, model="model-b", retry=None, stream=False),
+        ]
+        loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=100))
+        with pytest.raises(RunError) as raised:
+            await loop.run("hi")
+        assert raised.value.ending["error"]["code"] == "SERVER_ERROR"
+        book = ledger(loop.log, pricer=None)
+        assert [(r.outcome, r.model, r.provider) for r in book.requests] == [
+            ("failed", "model-a", "openai"),
+            ("failed", "model-b", "anthropic"),
+        ]
+        # each model's failed finish, named; the loop added none of its own for the last
+        finishes = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk")]
+        assert [(f["error"]["code"], f["model"]) for f in finishes] == [("RATE_LIMITED", "model-a"), ("SERVER_ERROR", "model-b")]
+        assert loop.spent()["session"]["requests"] == 2 == book.session.requests == len(a.requests) + len(b.requests)
+        await loop.aclose()
+
+
+@asynctest
+async def test_a_non_streaming_fallback_budget_with_requests_is_spent_by_its_inner_attempts() -> None:
+    with FakeServer("openai-chat", model="model-a") as a, FakeServer("anthropic", model="model-b") as b:
+        a.add(HttpError(429, "busy"))
+        b.add(Reply(text="from b", usage=USAGE))
+        models = [
+            make("openai-chat", a, model="model-a", retry=None, stream=False),
+            make("anthropic", b, model="model-b", retry=None, stream=False),
+        ]
+        loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=2))
+        await loop.run("hi")
+        with pytest.raises(RunError) as raised:
+            await loop.run("more")
+        assert (raised.value.ending["at"], raised.value.ending["limit"], raised.value.ending["spent"]) == ("claim", "requests", 2)
+        await loop.aclose()

@@ -419,7 +419,7 @@ impl Worker {
     /// Claims the renewal if it is due and this connection should run it (the next one is
     /// then a period away), so one connection runs it per tick: the one a request would be
     /// routed to, so a connection stuck in a slow request does not hold the leases up.
-    /// Counted busy until [`pool::Routing::finished`].
+    /// Marked renewing until [`pool::Routing::renewed`].
     fn claim_renewal(&self) -> bool {
         let Some(period) = self.renewal_period() else { return false };
         let mut next = lock(&self.shared.next_renewal);
@@ -437,7 +437,7 @@ impl Worker {
         loop {
             if self.claim_renewal() {
                 self.renew().await;
-                lock(&self.shared.routing).finished(self.index, None);
+                lock(&self.shared.routing).renewed(self.index);
             }
             let wake = lock(&self.shared.next_renewal).map(|at| self.renewal_at(at));
             let job = match wake {

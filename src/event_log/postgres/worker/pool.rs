@@ -16,8 +16,13 @@ use super::Request;
 
 /// The busy count of every connection, and the connection of each session with requests in
 /// flight (an entry lives only while its count is above zero, so the map stays small).
+/// `renewing` marks the connection running the lease renewal: short (it skips locked rows),
+/// so it is not counted busy, and a request picks it only when no other is as idle. Counted
+/// busy, a renewal on the one free connection tied it with a connection stuck on a row lock,
+/// and the tie went to the stuck one (the lower index): the request then waited out the lock.
 pub(super) struct Routing {
     busy: Vec<usize>,
+    renewing: Vec<bool>,
     sessions: HashMap<String, (usize, usize)>,
 }
 
@@ -27,7 +32,7 @@ const LISTENER: &str = "";
 
 impl Routing {
     pub(super) fn new(size: usize) -> Routing {
-        Routing { busy: vec![0; size], sessions: HashMap::new() }
+        Routing { busy: vec![0; size], renewing: vec![false; size], sessions: HashMap::new() }
     }
 
     /// The connection for a request with this key (see [`key`]), counted busy until
@@ -38,7 +43,7 @@ impl Routing {
             self.busy[*lane] += 1;
             return *lane;
         }
-        let lane = (0..self.busy.len()).min_by_key(|&i| self.busy[i]).unwrap_or(0);
+        let lane = (0..self.busy.len()).min_by_key(|&i| (self.busy[i], self.renewing[i])).unwrap_or(0);
         self.busy[lane] += 1;
         if let Some(k) = key {
             self.sessions.insert(k.to_string(), (lane, 1));
@@ -47,14 +52,20 @@ impl Routing {
     }
 
     /// Whether `lane` should run the due lease renewal: it is the first idle connection (the
-    /// one a request would get), or none is idle. If so it is counted busy, as for a request.
+    /// one a request would get), or none is idle. If so it is marked renewing until
+    /// [`Routing::renewed`].
     pub(super) fn claim_renewal(&mut self, lane: usize) -> bool {
         let first_idle = self.busy.iter().position(|&b| b == 0);
         if first_idle.is_some_and(|idle| idle != lane) {
             return false;
         }
-        self.busy[lane] += 1;
+        self.renewing[lane] = true;
         true
+    }
+
+    /// `lane`'s renewal is done.
+    pub(super) fn renewed(&mut self, lane: usize) {
+        self.renewing[lane] = false;
     }
 
     /// A request picked for `lane` with `key` has been served.
@@ -128,12 +139,28 @@ mod tests {
         let mut r = Routing::new(3);
         assert!(!r.claim_renewal(1));
         assert!(r.claim_renewal(0));
-        r.finished(0, None);
+        r.renewed(0);
         r.pick(Some("slow"));
         assert!(!r.claim_renewal(0) && !r.claim_renewal(2));
         assert!(r.claim_renewal(1));
+        r.renewed(1);
+        r.pick(None);
         r.pick(None);
         assert!(r.claim_renewal(0), "none idle: whoever looks");
+    }
+
+    #[test]
+    fn a_request_goes_behind_a_renewal_rather_than_behind_a_stuck_request() {
+        let mut r = Routing::new(2);
+        assert_eq!(r.pick(Some("stuck")), 0);
+        assert!(r.claim_renewal(1));
+        assert_eq!(r.pick(Some("other")), 1, "the renewing connection, not the one stuck on a lock");
+        r.renewed(1);
+        r.finished(1, Some("other"));
+        // Two idle connections, one renewing: the other one.
+        r.finished(0, Some("stuck"));
+        assert!(r.claim_renewal(0));
+        assert_eq!(r.pick(None), 1);
     }
 
     #[test]
