@@ -159,7 +159,7 @@ fn the_index_agrees_with_the_whole_fold_as_the_log_grows() {
                 asked.extend(foreign_decisions::request(&log, &requester, &calls).unwrap().into_iter().map(|r| r.decision_id));
             }
             2 | 3 if !asked.is_empty() => {
-                let id = asked[next(asked.len() as u64) as usize].clone();
+                let id = asked[usize::try_from(next(asked.len() as u64)).unwrap()].clone();
                 let decision = if next(2) == 0 { Decide::Approve } else { Decide::Deny(None) };
                 // Refused when it was resolved already: the log is unchanged then.
                 let _ = decisions::decide(&log, &id, decision, None, None, 0);
