@@ -30,16 +30,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Dict, Tuple
 
+import _callgrind
 import kerman
 from kerman.models import ScriptedModel
 
@@ -129,29 +125,13 @@ async def child(way: str, calls: int) -> None:
     await loop.aclose()
 
 
-# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
-# and so the counts, are then the same from one run to the next.
-SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
-
-
-def instructions(way: str, calls: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
-        out = subprocess.run(argv + ["--child", way, str(calls)], capture_output=True, text=True, check=True, env=SEEDED)
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def callgrind(sizes: str) -> None:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    _callgrind.require_valgrind()
     small, large = (int(n) for n in sizes.split(","))
     per: Dict[str, float] = {}
     for way in WAYS:
         print(f"  {way}: callgrind at {small} and {large} calls...", file=sys.stderr, flush=True)
-        per[way] = (instructions(way, large) - instructions(way, small)) / (large - small)
+        per[way] = _callgrind.per_unit(__file__, ["--child", way], small, large)
     per["through kerman"] = per["loop+mcp"] - per["loop+local"]
     per["through kerman -tasks"] = per["loop+mcp -tasks"] - per["loop+local"]
     print("MCP tool call over stdio, client instructions per call (callgrind)")

@@ -19,15 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Coroutine
 
+import _callgrind
 import kerman
 from kerman.usage import ledger
 
@@ -107,24 +103,8 @@ def child(way: str, turns: int) -> None:
     asyncio.run(main())
 
 
-# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
-# and so the counts, are then the same from one run to the next.
-SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
-
-
-def instructions(way: str, turns: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
-        out = subprocess.run(argv + ["--child", way, str(turns)], capture_output=True, text=True, check=True, env=SEEDED)
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def callgrind(sizes: str) -> None:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    _callgrind.require_valgrind()
     small, large = (int(n) for n in sizes.split(","))
     rows = {}
     print("instructions per turn (instant model), followup + when_idle against run(), target <= 1.05x")
@@ -133,7 +113,7 @@ def callgrind(sizes: str) -> None:
         for way in (followup, run):
             key = next(k for k, v in WAYS.items() if v is way)
             print(f"  {key}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
-            per.append((instructions(key, large) - instructions(key, small)) / (large - small))
+            per.append(_callgrind.per_unit(__file__, ["--child", key], small, large))
         a, b = per
         rows[name] = {"followup": a, "run": b, "ratio": round(b / a, 4)}
         print(f"  reading {name:<10}  {a:>9,.0f}  {b:>9,.0f}  {b / a:.3f}x", flush=True)
