@@ -2,6 +2,7 @@
 
     python3 benches/python/mcp_call.py [--calls 200] [--reps 5]
     python3 benches/python/mcp_call.py --callgrind [--sizes 100,300]
+    python3 benches/python/mcp_call.py --rounds [--calls 200]
 
 The server is the tests' (``tests/python/mcp/mcp_server.py``) over stdio; the tool is ``add``.
 Three figures, each per call and the best of ``--reps`` repetitions, interleaved (a loaded
@@ -23,6 +24,10 @@ line. Needs ``kerman[mcp]``.
 way run at two numbers of calls, the difference per call; the server process is not counted):
 the same for the same build whatever the host's load, where the wall clock of a stdio round
 trip on a shared host varies by milliseconds.
+
+``--rounds`` counts, in the client process, the asyncio event loop's rounds and the Python calls
+per call each way (``_rounds.py``; no valgrind, a few seconds): what the wall clock pays for
+beyond the instructions (each round is an ``epoll`` wait), with the same subtraction.
 """
 
 from __future__ import annotations
@@ -30,16 +35,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Dict, Tuple
 
+import _callgrind
+import _rounds
 import kerman
 from kerman.models import ScriptedModel
 
@@ -129,29 +131,13 @@ async def child(way: str, calls: int) -> None:
     await loop.aclose()
 
 
-# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
-# and so the counts, are then the same from one run to the next.
-SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
-
-
-def instructions(way: str, calls: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
-        out = subprocess.run(argv + ["--child", way, str(calls)], capture_output=True, text=True, check=True, env=SEEDED)
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def callgrind(sizes: str) -> None:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    _callgrind.require_valgrind()
     small, large = (int(n) for n in sizes.split(","))
     per: Dict[str, float] = {}
     for way in WAYS:
         print(f"  {way}: callgrind at {small} and {large} calls...", file=sys.stderr, flush=True)
-        per[way] = (instructions(way, large) - instructions(way, small)) / (large - small)
+        per[way] = _callgrind.per_unit(__file__, ["--child", way], small, large)
     per["through kerman"] = per["loop+mcp"] - per["loop+local"]
     per["through kerman -tasks"] = per["loop+mcp -tasks"] - per["loop+local"]
     print("MCP tool call over stdio, client instructions per call (callgrind)")
@@ -164,13 +150,51 @@ def callgrind(sizes: str) -> None:
     print(json.dumps(figures))
 
 
+async def counted(calls: int) -> None:
+    """``--rounds``: event-loop rounds and Python calls per call, each way (``_rounds.py``)."""
+    from mcp import Client, StdioServerParameters
+
+    per: Dict[str, Tuple[float, float]] = {}
+    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
+        for way in WAYS:
+            if way == "direct":
+                loop = None
+                once: Callable[[], Coroutine[Any, Any, Any]] = lambda: client.call_tool("add", {"a": 1, "b": 2})  # noqa: E731
+            else:
+                loop = loop_over(way != "loop+local", tasks=not way.endswith("-tasks"))
+                once = turn_of(loop)
+            await once()  # warm up: the server started, the tools listed
+            per[way] = await _rounds.count(calls, once)
+            if loop is not None:
+                await loop.aclose()
+    for name, way in (("through kerman", "loop+mcp"), ("through kerman -tasks", "loop+mcp -tasks")):
+        per[name] = (per[way][0] - per["loop+local"][0], per[way][1] - per["loop+local"][1])
+    print(f"MCP tool call over stdio, per call (mean of {calls}; the client process's main thread)")
+    print(f"  {'':<22}{'loop rounds':>12}{'Python calls':>14}")
+    for name, (rounds, py) in per.items():
+        print(f"  {name:<22}{rounds:>12.2f}{py:>14.1f}")
+    direct = per["direct"]
+    through = per["through kerman"]
+    print(f"  through kerman - direct: {through[0] - direct[0]:+.2f} rounds, {through[1] - direct[1]:+.1f} Python calls")
+    figures: Dict[str, Any] = {"bench": "mcp_call_rounds"}
+    for name, (rounds, py) in per.items():
+        key = name.replace(" -", "_no_").replace(" ", "_").replace("+", "_")
+        figures[key + "_rounds"] = round(rounds, 2)
+        figures[key + "_python_calls"] = round(py, 1)
+    print(json.dumps(figures))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--callgrind", action="store_true", help="count the client's instructions (valgrind) instead of timing")
     parser.add_argument("--sizes", default="100,300", help="with --callgrind: the two numbers of calls")
+    parser.add_argument("--rounds", action="store_true", help="count event-loop rounds and Python calls per call instead of timing")
     args = parser.parse_args()
+    if args.rounds:
+        await counted(args.calls)
+        return
     if args.callgrind:
         callgrind(args.sizes)
         return

@@ -3,6 +3,7 @@ answer from the log, one turn per prompt, on a memory log (target: run() at most
 
     python3 benches/python/run_cost.py [--turns 1000] [--reps 5] [--model-ms 0 1]
     python3 benches/python/run_cost.py --callgrind [--sizes 200,600]
+    python3 benches/python/run_cost.py --rounds [--turns 1000]
 
 One row per ``--model-ms``: the model answers at once (``0``: the loop's own cost is all there
 is to measure, the hardest case for the ratio) or after an ``asyncio.sleep`` (``1``: the
@@ -11,7 +12,9 @@ usage (the usage ledger's totals of the turn, priced: ``RunResult.usage``, read 
 and, in a second row, the text alone. Each figure is the best of ``--reps`` repetitions, the two ways interleaved (a loaded
 host only adds time); prints a table and one JSON line. ``--callgrind`` counts instructions
 instead (valgrind's callgrind, the instant model, one loop run at two sizes, the difference per
-turn): the same for the same binary whatever else the host does.
+turn): the same for the same binary whatever else the host does. ``--rounds`` counts the
+asyncio event loop's rounds and the Python calls per turn each way instead (``_rounds.py``; no
+valgrind, a second).
 """
 
 from __future__ import annotations
@@ -19,15 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Dict, Tuple
 
+import _callgrind
+import _rounds
 import kerman
 from kerman.usage import ledger
 
@@ -107,24 +107,8 @@ def child(way: str, turns: int) -> None:
     asyncio.run(main())
 
 
-# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
-# and so the counts, are then the same from one run to the next.
-SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
-
-
-def instructions(way: str, turns: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__)]
-        out = subprocess.run(argv + ["--child", way, str(turns)], capture_output=True, text=True, check=True, env=SEEDED)
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def callgrind(sizes: str) -> None:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    _callgrind.require_valgrind()
     small, large = (int(n) for n in sizes.split(","))
     rows = {}
     print("instructions per turn (instant model), followup + when_idle against run(), target <= 1.05x")
@@ -133,11 +117,34 @@ def callgrind(sizes: str) -> None:
         for way in (followup, run):
             key = next(k for k, v in WAYS.items() if v is way)
             print(f"  {key}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
-            per.append((instructions(key, large) - instructions(key, small)) / (large - small))
+            per.append(_callgrind.per_unit(__file__, ["--child", key], small, large))
         a, b = per
         rows[name] = {"followup": a, "run": b, "ratio": round(b / a, 4)}
         print(f"  reading {name:<10}  {a:>9,.0f}  {b:>9,.0f}  {b / a:.3f}x", flush=True)
     print(json.dumps({"bench": "run_cost_callgrind", "rows": rows}))
+
+
+def counted(turns: int) -> None:
+    """``--rounds``: event-loop rounds and Python calls per turn, each way, the instant model
+    (``_rounds.py``)."""
+
+    async def main() -> Dict[str, Tuple[float, float]]:
+        loop = kerman.AgentLoop(model_of(0))
+        per = {}
+        for key, way in WAYS.items():
+            await way(loop, "warm-up")
+            per[key] = await _rounds.count(turns, lambda: way(loop, "prompt"))  # noqa: B023 - awaited in the iteration
+        await loop.aclose()
+        return per
+
+    per = asyncio.run(main())
+    print(f"per turn (instant model, mean of {turns}): event-loop rounds and Python calls, followup + when_idle against run()")
+    rows = {}
+    for name, (followup, run) in PAIRS.items():
+        a, b = (per[next(k for k, v in WAYS.items() if v is way)] for way in (followup, run))
+        rows[name] = {"followup": {"rounds": a[0], "python_calls": a[1]}, "run": {"rounds": b[0], "python_calls": b[1]}}
+        print(f"  reading {name:<10}  rounds {a[0]:.2f} vs {b[0]:.2f}   Python calls {a[1]:.1f} vs {b[1]:.1f}")
+    print(json.dumps({"bench": "run_cost_rounds", "rows": rows}))
 
 
 def main() -> None:
@@ -150,7 +157,11 @@ def main() -> None:
     parser.add_argument("--model-ms", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of timing")
     parser.add_argument("--sizes", default="200,600", help="with --callgrind: the two numbers of turns")
+    parser.add_argument("--rounds", action="store_true", help="count event-loop rounds and Python calls per turn instead of timing")
     args = parser.parse_args()
+    if args.rounds:
+        counted(args.turns)
+        return
     if args.callgrind:
         callgrind(args.sizes)
         return

@@ -36,12 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from typing import Any, List
+
+import _callgrind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -140,32 +138,6 @@ def child(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none")
         assert Dropping.spans == turns * 4, Dropping.spans
 
 
-def instructions(impl: str, listeners: int, tool: bool, turns: int, gate: str = "none") -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={tmp}/cg.out",
-                sys.executable,
-                os.path.abspath(__file__),
-                "--child",
-                impl,
-                str(listeners),
-                str(int(tool)),
-                str(turns),
-                gate,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def main(argv: List[str]) -> None:
     if argv[:1] == ["--child"]:
         child(argv[1], int(argv[2]), argv[3] == "1", int(argv[4]), argv[5] if len(argv) > 5 else "none")
@@ -176,8 +148,7 @@ def main(argv: List[str]) -> None:
     ap.add_argument("--gate", action="store_true", help="P4 plain, with approving gates and with a needs_approval predicate")
     ap.add_argument("--otel", action="store_true", help="P4 plain and with each live exporter (SDK, native encode, native post)")
     args = ap.parse_args(argv)
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    _callgrind.require_valgrind()
     small, large = (int(n) for n in args.turns.split(","))
     if small % 100 or large % 100 or large <= small:
         raise SystemExit(f"--turns needs two increasing multiples of 100, got {args.turns!r}")
@@ -205,8 +176,7 @@ def main(argv: List[str]) -> None:
         per = {}
         for impl in ("kerman", "baseline"):
             print(f"  {name} {impl}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
-            a, b = instructions(impl, listeners, tool, small), instructions(impl, listeners, tool, large)
-            per[impl] = (b - a) / (large - small)
+            per[impl] = _callgrind.per_unit(__file__, ["--child", impl, listeners, int(tool)], small, large, ["none"])
         print(f"| {name} | {per['kerman']:,.0f} | {per['baseline']:,.0f} | {per['baseline'] / per['kerman']:.2f}× |", flush=True)
 
 
@@ -217,8 +187,7 @@ def gated(small: int, large: int, ways: Any = GATES) -> None:
     plain = 0.0
     for gate in ways:
         print(f"  P4 {gate}: callgrind at {small} and {large} turns...", file=sys.stderr, flush=True)
-        a, b = instructions("kerman", 0, True, small, gate), instructions("kerman", 0, True, large, gate)
-        per = (b - a) / (large - small)
+        per = _callgrind.per_unit(__file__, ["--child", "kerman", 0, 1], small, large, [gate])
         if gate == "none":
             plain = per
             print(f"| as it is | {per:,.0f} | — | — |", flush=True)

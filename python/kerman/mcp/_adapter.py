@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
 from ..decisions import InputRequired
@@ -56,16 +57,17 @@ class MCPTool(Tool):
         # A call of a server that runs calls as tasks is reconciled after a crash: a logged
         # task id is polled (kerman.mcp._tasks.reconcile); without one the outcome is unknown.
         on_in_doubt: Any = self._reconcile if tasks else "fail"
-        super().__init__(name, self._run, description, None, True, needs_approval=needs_approval, effect=effect, on_in_doubt=on_in_doubt)
+        # The body is the server's own coroutine function, bound to this tool: the driver
+        # resumes every frame of the call's await chain each time the call wakes (four times a
+        # call over stdio), so a forwarding coroutine would be one frame more each time.
+        body = functools.partial(server._call, self)
+        super().__init__(name, body, description, None, True, needs_approval=needs_approval, effect=effect, on_in_doubt=on_in_doubt)
         # The server's schema goes to the model as it is: Tool's own check is for schemas
         # written in Python, and a server may use any JSON Schema keyword.
         self.parameters = dict(schema)
         self.server = server
         self.remote_name = remote_name
         self.annotations = annotations
-
-    async def _run(self, args: Dict[str, Any], ctx: ToolContext) -> Union[ToolResult, InputRequired]:
-        return await self.server._call(self, args, ctx)
 
     async def _reconcile(self, ctx: ToolContext) -> Union[ToolResult, InputRequired, None]:
         return await self.server._reconcile(self, ctx)

@@ -183,3 +183,23 @@ def test_add_tools_takes_tools_and_refuses_anything_else() -> None:
     loop.add_tools(server)
     with pytest.raises(ValueError, match="already registered"):
         loop.add_tools(server)
+
+
+def test_a_tool_s_body_is_the_server_s_call_with_no_coroutine_in_between() -> None:
+    """The loop's driver resumes every frame of a call's await chain each time the call wakes
+    (several times a call over stdio): the tool's body is the server's own call, bound to the
+    tool, not a coroutine that forwards to it."""
+
+    async def main() -> None:
+        server = stdio()
+        [add] = [t for t in await server.list_tools() if t.name == "add"]
+        assert isinstance(add, MCPTool)
+        assert add.fn.func == server._call and add.fn.args == (add,)  # type: ignore[attr-defined]
+        body = add.fn({"a": 2, "b": 3}, None)
+        try:
+            assert body.cr_code is MCPServer._call.__code__  # the coroutine the driver awaits
+        finally:
+            body.close()
+        await server.aclose()
+
+    asyncio.run(main())
