@@ -234,6 +234,8 @@ def counted(kind: str, sizes: str, rows: List[str]) -> None:
         else:
             a, b = syscalls(row, large, small), syscalls(row, large, large)
             per[row] = {k: round((b.get(k, 0) - a.get(k, 0)) / (large - small), 2) for k in (*SYSCALLS, "all")}
+        # Each row as it is counted: a slow host's partial run still says something.
+        print(f"  {row}: {per[row]}", file=sys.stderr, flush=True)
     if kind == "callgrind":
         base = per.get("none", 0.0)
         print(f"{'instructions per pydantic-ai run (3 units)':52}  {'per run':>12}  {'overhead':>12}")
