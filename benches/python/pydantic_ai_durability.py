@@ -9,12 +9,21 @@ durable-execution machinery costs from what the Kerman journal adds. With ``dbos
 last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS workflow.
 
     python3 benches/python/pydantic_ai_durability.py [--runs 100] [--reps 5]
+    python3 benches/python/pydantic_ai_durability.py --callgrind [--sizes 10,30] [--rows none,memory,...]
+    python3 benches/python/pydantic_ai_durability.py --syscalls [--sizes 10,30] [--rows ...]
 
 A run is three durable units (model, tool, model), so the journal appends five events (run,
 three units, run-end) and awaits three flushes (one per unit; the run's end is not awaited, it
-rides with the store's next sync). Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
+rides with the store's next sync; in a new session of a syncing file store the run's start is
+flushed too, not awaited). Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
 loaded host only adds time; the repetitions interleave the rows), per run; prints a table and
 one JSON line.
+
+``--callgrind`` counts instructions instead (valgrind's callgrind, every thread of the process)
+and ``--syscalls`` system calls (``strace -f -c``): each row in a process of its own that builds
+as many agents at both ``--sizes`` and runs that many of them (closing their sessions), the
+difference per run. Instructions are the same for the same binary whatever else the host does;
+they leave out the kernel's and the disk's time (the syscall counts show those calls).
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Awaitable, Callable, Dict, List
@@ -110,11 +124,157 @@ def dbos_row(root: str, n: int) -> Callable[[], float] | None:
     return lambda: asyncio.run(timed())
 
 
+#: The rows ``--callgrind`` and ``--syscalls`` count, by short name (the table's rows; DBOS
+#: when ``dbos`` is installed).
+CHILD_ROWS = {
+    "none": "no durability",
+    "nojournal": "pydantic-ai durable units, no journal",
+    "memory": "KermanDurability, MemoryStore",
+    "file-none": "KermanDurability, FileStore none",
+    "file-checkpoint": "KermanDurability, FileStore checkpoint",
+    "one-session": "KermanDurability, FileStore checkpoint, one session",
+    "dbos": "DBOSDurability, SQLite",
+}
+
+
+def child(row: str, built: int, ran: int) -> None:
+    """``--child ROW BUILT RAN``: builds ``BUILT`` agents of row ``ROW`` and runs the first
+    ``RAN`` of them, one run each (under callgrind or strace). Both sizes build as many agents,
+    so the difference between two sizes is the runs' alone, as the timed rows exclude building."""
+    with tempfile.TemporaryDirectory() as root:
+        if row == "dbos":
+            go = dbos_row(root, ran)
+            assert go is not None, "dbos is not installed"
+            go()
+            from dbos import DBOS
+
+            DBOS.destroy()
+            return
+        one = KermanDurability(kerman.FileStore(f"{root}/o"), session_id="conversation") if row == "one-session" else None
+        stores = {"memory": kerman.MemoryStore, "file-none": lambda: kerman.FileStore(f"{root}/n", durability="none")}
+        store = stores.get(row, lambda: kerman.FileStore(f"{root}/c"))()
+
+        caps: List[KermanDurability[None]] = [one] if one is not None else []
+
+        def make(i: int) -> Agent[None, str]:
+            if row == "none":
+                return agent([])
+            if row == "nojournal":
+                return agent([NoJournal()])
+            if one is None:
+                caps.append(KermanDurability(store, session_id=f"s{i}"))
+            return agent([caps[-1]])
+
+        agents = [make(i) for i in range(built)]
+        if one is not None:
+            _ = one.log
+
+        async def go() -> None:
+            for a in agents[:ran]:
+                assert (await a.run("What time is it?")).output == "It is 12:00 UTC."
+            for cap in caps:
+                cap.close()
+
+        asyncio.run(go())
+
+
+# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
+# and so the counts, are then the same from one run to the next.
+SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
+
+
+def measured(tool: List[str], row: str, built: int, ran: int) -> str:
+    """Runs ``--child`` under ``tool`` (its output file ``{out}``) and returns that file's text."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/out"
+        argv = [a.replace("{out}", out) for a in tool] + [sys.executable, os.path.abspath(__file__)]
+        subprocess.run(argv + ["--child", row, str(built), str(ran)], capture_output=True, text=True, check=True, env=SEEDED)
+        with open(out) as f:
+            return f.read()
+
+
+def instructions(row: str, built: int, ran: int) -> int:
+    text = measured(["valgrind", "--tool=callgrind", "--callgrind-out-file={out}"], row, built, ran)
+    found = re.search(r"^summary: (\d+)", text, re.M) or re.search(r"^totals: (\d+)", text, re.M)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{text[-2000:]}")
+    return int(found.group(1))
+
+
+#: The system calls ``--syscalls`` reports per run (the rest are summed into ``all``).
+SYSCALLS = ("fsync", "fdatasync", "openat", "close", "write", "pwrite64", "futex", "clone", "clone3", "mkdir", "rename")
+
+
+def syscalls(row: str, built: int, ran: int) -> Dict[str, int]:
+    """Calls per system call name of the child and all its threads (``strace -f -c``)."""
+    text = measured(["strace", "-f", "-c", "-o", "{out}"], row, built, ran)
+    calls: Dict[str, int] = {}
+    for line in text.splitlines():
+        cols = line.split()
+        # A row: % time, seconds, usecs/call, calls, [errors,] name.
+        if len(cols) >= 5 and cols[3].isdigit() and not cols[-1].startswith("total"):
+            calls[cols[-1]] = int(cols[3])
+    calls["all"] = sum(calls.values())
+    return calls
+
+
+def counted(kind: str, sizes: str, rows: List[str]) -> None:
+    """``--callgrind`` or ``--syscalls``: per run, the difference between two numbers of runs."""
+    tool = "valgrind" if kind == "callgrind" else "strace"
+    if shutil.which(tool) is None:
+        raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
+    small, large = (int(n) for n in sizes.split(","))
+    if "dbos" in rows and dbos_missing():
+        rows = [r for r in rows if r != "dbos"]
+    per: Dict[str, Any] = {}
+    for row in rows:
+        print(f"  {row}: {kind} at {small} and {large} runs...", file=sys.stderr, flush=True)
+        if kind == "callgrind":
+            per[row] = (instructions(row, large, large) - instructions(row, large, small)) / (large - small)
+        else:
+            a, b = syscalls(row, large, small), syscalls(row, large, large)
+            per[row] = {k: round((b.get(k, 0) - a.get(k, 0)) / (large - small), 2) for k in (*SYSCALLS, "all")}
+        # Each row as it is counted: a slow host's partial run still says something.
+        print(f"  {row}: {per[row]}", file=sys.stderr, flush=True)
+    if kind == "callgrind":
+        base = per.get("none", 0.0)
+        print(f"{'instructions per pydantic-ai run (3 units)':52}  {'per run':>12}  {'overhead':>12}")
+        for row, n in per.items():
+            print(f"{CHILD_ROWS[row]:52}  {n:12,.0f}  {n - base:12,.0f}")
+        if "dbos" in per and "none" in per:
+            for row in ("file-checkpoint", "one-session", "memory"):
+                if row in per:
+                    print(f"DBOS overhead / {CHILD_ROWS[row]} overhead: {(per['dbos'] - base) / max(per[row] - base, 1):.1f}x")
+    else:
+        print(f"{'system calls per pydantic-ai run':52}  " + "  ".join(f"{k:>9}" for k in (*SYSCALLS, "all")))
+        for row, calls in per.items():
+            print(f"{CHILD_ROWS[row]:52}  " + "  ".join(f"{calls[k]:9g}" for k in (*SYSCALLS, "all")))
+    print(json.dumps({"bench": f"pydantic_ai_durability_{kind}", "sizes": [small, large], "per_run": per}))
+
+
+def dbos_missing() -> bool:
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--callgrind", action="store_true", help="count instructions per run (valgrind) instead of timing")
+    parser.add_argument("--syscalls", action="store_true", help="count system calls per run (strace -f) instead of timing")
+    parser.add_argument("--sizes", default="10,30", help="with --callgrind/--syscalls: the two numbers of runs")
+    parser.add_argument("--rows", default=",".join(CHILD_ROWS), help="with --callgrind/--syscalls: the rows, by short name")
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
     args = parser.parse_args()
+    if args.callgrind or args.syscalls:
+        counted("callgrind" if args.callgrind else "syscalls", args.sizes, args.rows.split(","))
+        return
 
     def plain(i: int) -> Agent[None, str]:
         return agent([])

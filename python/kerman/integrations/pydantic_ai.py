@@ -237,6 +237,21 @@ class _Backend(JournalCallableOperationBackend[Any]):
         return result
 
 
+def _sync_in_background(log: kerman.SessionLog) -> None:
+    """Starts the first sync of a session just created, not awaited: its file, its folder and
+    the run's start become durable while the run prepares its first unit, whose flush then
+    waits for one more sync of the file alone rather than for the folder's too. A failed sync
+    fails that flush (the log is poisoned), so nothing is acknowledged that is not durable."""
+    log.flush().add_done_callback(_retrieved)
+
+
+def _retrieved(future: Any) -> None:
+    # The outcome is read so that asyncio does not report it as never retrieved: the unit's
+    # flush raises the same error.
+    if not future.cancelled():
+        future.exception()
+
+
 def _remote_decide(log: kerman.SessionLog) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Applies a decision another process staged (``PostgresStore.decide``) to a request of this
     session, on the store's thread: the core decides it on the log (this process owns it)."""
@@ -261,6 +276,17 @@ class _Session:
     session_id: str
     log: kerman.SessionLog | None = None
     inbox: kerman.Inbox | None = None
+    # Created here in a FileStore that syncs, and not synced since: the file and its folder
+    # become durable with the session's first sync (docs/format.md "Creation").
+    unsynced: bool = False
+    # (the log's length, run) right after this capability ended run `run`: while the log holds
+    # nothing more, that run is the session's last and it ended, without reading the log again.
+    ended: tuple[int, int] | None = None
+
+    def last_run(self, log: kerman.SessionLog) -> _LastRun:
+        if self.ended is not None and self.ended[0] == len(log):
+            return _LastRun(self.ended[1])
+        return _runs(log)
 
     def open(self) -> kerman.SessionLog:
         if self.log is None or self.log.closed:
@@ -268,12 +294,14 @@ class _Session:
                 self.log = self.store.open(self.session_id)
             else:
                 self.log = self.store.create(self.session_id)
+                self.unsynced = isinstance(self.store, kerman.FileStore) and self.store.durability != "none"
             # The run's pending messages: this log's one inbox (which also takes what other
             # processes stage for the session, with a PostgresStore, decisions included).
             self.inbox = kerman.Inbox(self.log, _on_remote_decide=_remote_decide(self.log))
         return self.log
 
     def close(self) -> None:
+        self.ended = None
         if self.inbox is not None:
             self.inbox.close()
             self.inbox = None
@@ -313,6 +341,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         if not hasattr(store, "exists") or not hasattr(store, "create"):
             raise TypeError(f"KermanDurability: store must be a Kerman store (FileStore, MemoryStore, PostgresStore), not {store!r}")
         self._effects = check_effects(effects)
+        self._backend: tuple[tuple[str | None, str | None], _Backend] | None = None
         super().__init__(name=name)
         self._session = _Session(store, session_id)
 
@@ -384,6 +413,13 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         return True
 
     def get_durable_operation_backend(self) -> _Backend:
+        # pydantic-ai asks at binding, at each run and at each model request; the backend holds
+        # nothing per call, so one is made per name it carries (binding copies this capability,
+        # attribute included, before renaming the copy: the key tells the copies apart).
+        key = (self.name, self.default_model_id)
+        made = self._backend
+        if made is not None and made[0] == key:
+            return made[1]
         effects = self._effects
 
         def tool_policy(operation_id: Any, tool: Any, tool_name: str) -> ToolPolicy:
@@ -395,6 +431,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
             config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None, resolve_tool=tool_policy),
         )
         backend.session_id = self.session_id
+        self._backend = (key, backend)
         return backend
 
     async def before_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any) -> Any:
@@ -424,12 +461,15 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         if _JOURNAL.get() is not None:
             raise UserError("KermanDurability: a run inside a journalled run (a nested agent) needs a session of its own")
         log = self._session.open()
-        last = _runs(log)
+        last = self._session.last_run(log)
         run, start, units, started = last.run, last.start, last.units or {}, last.started or set()
         prompt = _jsonable(ctx.prompt)
         if last.ended:
             run, units, started = run + 1, {}, set()
             log.append(RUN, {"run": run, "agent": self.name, "prompt": prompt})
+            if self._session.unsynced:
+                self._session.unsynced = False
+                _sync_in_background(log)
         elif start is not None and start.get("prompt") != prompt:
             raise UserError(
                 f"KermanDurability: session {self.session_id!r} holds run {run}, interrupted, started with prompt "
@@ -438,7 +478,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
         journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore), started=started)
         assert self._session.inbox is not None
-        journal.steering = Steering(self._session.inbox, run)
+        journal.steering = Steering(self._session.inbox, run, resumed=not last.ended)
         token = _JOURNAL.set(journal)
         try:
             result = await super().wrap_run(ctx, handler=handler)
@@ -456,6 +496,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
                 journal._requested()
             end["messages"] = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
         log.append(RUN_END, end)
+        self._session.ended = (len(log), run)
         # Not awaited unless the run paused (its end carries the messages that continue it, read
         # from any process): every unit is durable already, so a run whose end a crash lost is
         # finished from the log alone, and a durable run pays one sync less (docs/frameworks.md).

@@ -71,12 +71,13 @@ def _plain_text(pending: Any) -> str | None:
 
 class Steering:
     """The claim points of one attempt of run ``run``: their counter, and the claims an earlier
-    attempt logged."""
+    attempt logged (``resumed``: this attempt resumes the run)."""
 
-    def __init__(self, inbox: kerman.Inbox, run: int) -> None:
+    def __init__(self, inbox: kerman.Inbox, run: int, *, resumed: bool) -> None:
         self.inbox = inbox
         self.run = run
-        self.logged = logged_claims(inbox.log, run)
+        # A run that does not resume one has no earlier attempt, so no claims of its own yet.
+        self.logged = logged_claims(inbox.log, run) if resumed else {}
         self.points = 0
 
     def adopt(self, ctx: Any) -> None:

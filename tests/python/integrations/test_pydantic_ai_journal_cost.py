@@ -1,0 +1,124 @@
+"""What KermanDurability asks of the store and of pydantic-ai per run: a new file session's first
+sync starts with the run (not awaited), so the first unit's flush does not also wait for the
+session's folder; a later run, or a store that does not sync, gets no extra flush; a run after
+one this capability ended reads nothing back from the log, and a new run looks for no claims of
+its own; the durable-operation backend pydantic-ai asks for at each model request is made once
+per name."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent  # noqa: E402
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart  # noqa: E402
+from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+
+import kerman  # noqa: E402
+from kerman.integrations import pydantic_ai_steering as steering  # noqa: E402
+from kerman.integrations.pydantic_ai import RUN, RUN_END, UNIT, KermanDurability  # noqa: E402
+
+
+class _Noted:
+    """A session log that notes the journal's appends, flushes and reads in order (the rest as
+    the log)."""
+
+    def __init__(self, log: kerman.SessionLog, calls: list[str]) -> None:
+        self._log = log
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+    def __len__(self) -> int:
+        return len(self._log)
+
+    def append(self, type: str, data: Any = None) -> Any:
+        self._calls.append(type)
+        return self._log.append(type, data)
+
+    def flush(self) -> Any:
+        self._calls.append("flush")
+        return self._log.flush()
+
+    def events(self, *args: Any, **kwargs: Any) -> Any:
+        self._calls.append("read")
+        return self._log.events(*args, **kwargs)
+
+
+def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The appends, flushes, reads and model requests of two runs in a session the capability
+    creates (``claims``: the steering's look for claims an earlier attempt of the run logged)."""
+    calls: list[str] = []
+    looked = steering.logged_claims
+
+    def logged_claims(log: kerman.SessionLog, run: int) -> Any:
+        calls.append("claims")
+        return looked(log, run)
+
+    monkeypatch.setattr(steering, "logged_claims", logged_claims)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append("model")
+        return ModelResponse(parts=[TextPart("done")])
+
+    durability = KermanDurability(store, session_id="s")
+    durability._session.log = _Noted(durability.log, calls)  # the log as the runs use it
+    agent = Agent(FunctionModel(model), name="a", capabilities=[durability])
+    assert asyncio.run(agent.run("hi")).output == "done"
+    assert asyncio.run(agent.run("again")).output == "done"
+    durability.close()
+    return calls
+
+
+def test_a_new_file_session_starts_its_first_sync_with_the_run_not_at_its_first_unit(tmp_path, monkeypatch):
+    # The start's flush comes before the model request; the second run's start rides with its
+    # first unit's flush (nothing is left to create). Only the first run reads the log (to find
+    # an interrupted run): the second knows the first ended.
+    assert _two_runs(kerman.FileStore(tmp_path / "s"), monkeypatch) == [
+        *["read", RUN, "flush", "model", UNIT, "flush", RUN_END],
+        *[RUN, "model", UNIT, "flush", RUN_END],
+    ]
+    log = kerman.FileStore(tmp_path / "s").open("s")
+    assert [e.type for e in log.events()] == [RUN, UNIT, RUN_END, RUN, UNIT, RUN_END]
+    log.close()
+
+
+@pytest.mark.parametrize("store", ["none", "memory"])
+def test_a_store_that_does_not_sync_gets_no_flush_at_the_start(tmp_path, monkeypatch, store):
+    # `none` never syncs (so owes no folder sync); a MemoryStore's flush keeps nothing.
+    made = kerman.FileStore(tmp_path / "s", durability="none") if store == "none" else kerman.MemoryStore()
+    unit = [UNIT, "flush"] if store == "none" else [UNIT]
+    assert _two_runs(made, monkeypatch) == ["read", RUN, "model", *unit, RUN_END, RUN, "model", *unit, RUN_END]
+
+
+def test_a_run_after_something_else_was_appended_reads_the_log_again(tmp_path, monkeypatch):
+    # An enqueue between the runs (any append) means the log may hold more than the run's end.
+    calls: list[str] = []
+    durability = KermanDurability(kerman.MemoryStore(), session_id="s")
+    durability._session.log = _Noted(durability.log, calls)
+    agent = Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("done")])), name="a", capabilities=[durability])
+    asyncio.run(agent.run("hi"))
+    durability.enqueue("later", priority="when_idle")
+    calls.clear()
+    asyncio.run(agent.run("again"))
+    assert calls[:2] == ["read", RUN]
+    durability.close()
+
+
+def test_the_backend_is_made_once_per_name_it_carries():
+    durability = KermanDurability(kerman.MemoryStore(), session_id="s")
+    agent = Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("done")])), name="a", capabilities=[durability])
+    bound = KermanDurability.from_agent(agent)
+    assert bound is not None and bound is not durability
+    backend = bound.get_durable_operation_backend()
+    assert bound.get_durable_operation_backend() is backend
+    # The bound copy carries the agent's name; the unbound one makes its own backend.
+    assert durability.get_durable_operation_backend() is not backend
+    assert asyncio.run(agent.run("hi")).output == "done"
+    assert bound.get_durable_operation_backend() is backend
+    durability.close()
