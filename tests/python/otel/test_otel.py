@@ -6,6 +6,7 @@ touching the loop."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import threading
 from typing import Any, Dict, List
@@ -124,6 +125,40 @@ def test_exporting_twice_gives_identical_ids():
         a, b = ids(first[1].get_finished_spans()), ids(second[1].get_finished_spans())
         assert a == b and len(a) == 5
         assert len({x[2] for x in a}) == 5  # every span its own id
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
+def documented_ids(session: str) -> Any:
+    """docs/tracing.md's derivation, written here from the text: SHA-256 of ``kerman\\0{session}``
+    as big-endian words k0..k3, each id a word xor the seq through SplitMix64's finaliser."""
+    digest = hashlib.sha256(b"kerman\x00" + session.encode()).digest()
+    k = [int.from_bytes(digest[i : i + 8], "big") for i in range(0, 32, 8)]
+    mask = 2**64 - 1
+
+    def mix(z: int) -> int:
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & mask
+        return z ^ (z >> 31)
+
+    return (lambda seq: mix(k[1] ^ seq) << 64 | mix(k[2] ^ seq)), (lambda seq: mix(k[0] ^ seq))
+
+
+def test_ids_are_derived_from_the_session_and_the_seqs_as_documented():
+    async def main() -> None:
+        loop = await run_tools_session()
+        provider, memory = provider_and_memory()
+        otel.export(loop.log, provider)
+        trace_of, span_of = documented_ids(loop.log.id)
+        seqs = {e.type: e.seq for e in loop.log.events(0, len(loop.log)) if e.type in ("turn/start", "assistant/message")}
+        calls = {e.data["name"]: e.seq for e in loop.log.events(0, len(loop.log)) if e.type == "tool/call"}
+        by = tree(memory.get_finished_spans())
+        agent = by["invoke_agent kerman"].context
+        assert (agent.trace_id, agent.span_id) == (trace_of(seqs["turn/start"]), span_of(seqs["turn/start"]))
+        assert by["execute_tool slow"].context.span_id == span_of(calls["slow"])
+        assert by["chat"].context.span_id == span_of(seqs["assistant/message"])  # the last request's
+        assert (otel.trace_id_of("s", 7), otel.span_id_of("s", 7)) == (documented_ids("s")[0](7), documented_ids("s")[1](7))
         await loop.aclose()
 
     asyncio.run(main())

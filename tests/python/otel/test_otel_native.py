@@ -300,3 +300,13 @@ def test_the_bench_workload_runs_with_the_native_exporter():
 
     bench = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benches", "python", "turn_cost.py")
     subprocess.run([sys.executable, bench, "--child", "kerman", "0", "1", "100", "otel-encode"], check=True, timeout=120)
+
+
+def test_the_default_resource_follows_the_environment(monkeypatch):
+    from kerman.otel._native import resource_attributes
+
+    for name in ("first", "second"):
+        monkeypatch.setenv("OTEL_SERVICE_NAME", name)
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"deployment.environment={name}-env")
+        assert dict(resource_attributes()) == dict(Resource.create().attributes)
+        assert dict(resource_attributes())["service.name"] == name
