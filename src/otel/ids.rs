@@ -1,13 +1,13 @@
 //! Trace and span ids derived from the session id and log positions, as `kerman.otel`'s Python
 //! builder derives them (`_spans.py`), so both paths, and every export of a log, give the same
 //! ids (docs/tracing.md, "Ids"). One SHA-256 per session gives a key of four 64-bit words; an
-//! id is a word mixed with the seq by SplitMix64's finaliser, a bijection of 64-bit integers:
+//! id is a word mixed with the seq by `SplitMix64`'s finaliser, a bijection of 64-bit integers:
 //! the spans of one session never share an id (distinct seqs give distinct ids), and an id
 //! costs a few multiplications instead of a hash.
 
 use sha2::{Digest, Sha256};
 
-/// SplitMix64's finaliser (Steele, Lea and Flood, 2014): each step is invertible, so distinct
+/// `SplitMix64`'s finaliser (Steele, Lea and Flood, 2014): each step is invertible, so distinct
 /// inputs give distinct outputs.
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

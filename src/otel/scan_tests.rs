@@ -1,4 +1,4 @@
-//! The scanner against serde_json on generated JSON: the same members and items, with the same
+//! The scanner against `serde_json` on generated JSON: the same members and items, with the same
 //! raw text, at every depth; and no panic on text that is not JSON.
 
 use std::fmt;
@@ -127,7 +127,9 @@ fn agrees(text: &str) {
         assert_eq!(found, Some(()), "{text}");
         assert_eq!(scanned, serde, "{text}");
         assert_eq!(is_empty(text), serde.is_empty(), "{text}");
-        scanned.iter().for_each(|(_, v)| agrees(v));
+        for (_, v) in &scanned {
+            agrees(v);
+        }
     } else {
         assert_eq!(found, None, "{text}");
     }
@@ -138,7 +140,9 @@ fn agrees(text: &str) {
         let serde: Vec<&str> = serde.into_iter().map(RawValue::get).collect();
         assert_eq!((found, &listed), (Some(()), &serde), "{text}");
         assert_eq!(is_empty(text), serde.is_empty(), "{text}");
-        listed.iter().for_each(|v| agrees(v));
+        for v in &listed {
+            agrees(v);
+        }
     } else {
         assert_eq!(found, None, "{text}");
     }

@@ -148,6 +148,31 @@ fn the_protobuf_nests_as_otlp_says_and_long_fields_get_long_lengths() {
     assert_eq!(fields(&b[1].2), [(2, 0, 0u64.to_le_bytes().to_vec())]);
     let n = fields(&span[6].2);
     assert_eq!(fields(&n[1].2), [(3, 0, u64::MAX.to_le_bytes().to_vec())]);
+    // a span's length is written in one, two or three bytes as its size asks
+    for size in [0, 100, 20_000] {
+        let name = "y".repeat(size);
+        let short = Span {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent: None,
+            name: name.into(),
+            kind: Kind::Internal,
+            start_ns: 5,
+            end_ns: 6,
+            attributes: Vec::new(),
+            status: super::Status::default(),
+        };
+        let mut out = Vec::new();
+        encode::protobuf(&mut out, &resource, &[short]);
+        let [(1, 2, resource_spans)] = &fields(&out)[..] else { panic!("one ResourceSpans") };
+        let scope_spans = fields(&fields(resource_spans)[1].2);
+        let span = fields(&scope_spans[1].2);
+        assert_eq!(
+            span.iter().map(|f| f.0).collect::<Vec<_>>(),
+            if size == 0 { vec![1, 2, 6, 7, 8, 15, 16] } else { vec![1, 2, 5, 6, 7, 8, 15, 16] }
+        );
+        assert_eq!(span.iter().find(|f| f.0 == 5).map_or(0, |f| f.2.len()), size);
+    }
     let json: Json = serde_json::from_str(&encode::json(&resource, &[])).unwrap();
     assert_eq!(json["resourceSpans"][0]["scopeSpans"][0]["scope"], json!({"name": "kerman.otel", "version": "1"}));
 }

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from kerman import otel  # noqa: E402
+from otel_sessions import calling, tools_session  # noqa: E402
 
 USAGE = {"input": 100, "output": 10, "cacheRead": 60, "cacheWrite": 0, "reasoning": 2}
 
@@ -32,34 +33,6 @@ def provider_and_memory() -> Any:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return provider, memory
-
-
-async def two_parallel_tools(request: kerman.ModelRequest) -> Any:
-    if request.step == 1:
-        calls = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"} for i, name in enumerate(("slow", "fast"))]
-        return kerman.ModelReply(calls, usage=USAGE)
-    return kerman.ModelReply("done", usage=USAGE)
-
-
-async def run_tools_session(log: Any = None) -> kerman.AgentLoop:
-    loop = kerman.AgentLoop(two_parallel_tools, log=log)
-    gate = asyncio.Event()
-
-    @loop.tool
-    async def slow() -> str:
-        """Waits for fast."""
-        await gate.wait()
-        return "slow"
-
-    @loop.tool
-    async def fast() -> str:
-        """Lets slow go."""
-        gate.set()
-        return "fast"
-
-    loop.followup("go")
-    await loop.when_idle()
-    return loop
 
 
 def tree(spans: List[Any]) -> Dict[str, Any]:
@@ -72,7 +45,7 @@ def ids(spans: List[Any]) -> List[Any]:
 
 def test_spans_follow_the_genai_conventions_and_parent_parallel_tools_under_the_turn():
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         provider, memory = provider_and_memory()
         assert otel.export(loop.log, provider, model="gpt-4o", provider="openai", latest=False) == 1
         spans = memory.get_finished_spans()
@@ -102,7 +75,7 @@ def test_spans_follow_the_genai_conventions_and_parent_parallel_tools_under_the_
 
 def test_the_latest_conventions_are_selected_by_the_opt_in_variable(monkeypatch):
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http, gen_ai_latest_experimental")
         provider, memory = provider_and_memory()
         otel.export(loop.log, provider, provider="openai")
@@ -118,7 +91,7 @@ def test_the_latest_conventions_are_selected_by_the_opt_in_variable(monkeypatch)
 
 def test_exporting_twice_gives_identical_ids():
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         first, second = provider_and_memory(), provider_and_memory()
         otel.export(loop.log, first[0])
         otel.export(loop.log, second[0])
@@ -147,7 +120,7 @@ def documented_ids(session: str) -> Any:
 
 def test_ids_are_derived_from_the_session_and_the_seqs_as_documented():
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         provider, memory = provider_and_memory()
         otel.export(loop.log, provider)
         trace_of, span_of = documented_ids(loop.log.id)
@@ -192,7 +165,7 @@ def test_a_crashed_turn_and_its_continuation_are_one_trace(tmp_path):
 
         store = kerman.FileStore(str(tmp_path / "dead"), durability="none")
         with store.open("s") as reopened:  # appends turn/end interrupted
-            again = await run_tools_session(reopened)
+            again = await tools_session(USAGE, log=reopened)
             await again.aclose()
             provider, memory = provider_and_memory()
             assert otel.export(reopened, provider) == 2
@@ -245,7 +218,7 @@ def test_a_live_exporter_that_raises_does_not_touch_the_loop():
         exporter = Raising()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        loop = kerman.AgentLoop(two_parallel_tools)
+        loop = kerman.AgentLoop(calling(USAGE))
 
         @loop.tool
         async def slow() -> str:
@@ -272,7 +245,7 @@ def test_a_live_exporter_that_raises_does_not_touch_the_loop():
 def test_a_builder_that_raises_is_counted_not_propagated(monkeypatch):
     async def main() -> None:
         provider, memory = provider_and_memory()
-        loop = kerman.AgentLoop(two_parallel_tools)
+        loop = kerman.AgentLoop(calling(USAGE))
         live = otel.instrument(loop, provider)
 
         def boom(view: Any) -> None:
@@ -293,7 +266,7 @@ def test_a_blocked_exporter_does_not_slow_the_loop_and_catches_up():
         exporter = Blocking()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        loop = await run_tools_session()  # turn 1, before instrumenting: caught up from the log
+        loop = await tools_session(USAGE)  # turn 1, before instrumenting: caught up from the log
         live = otel.instrument(loop, provider)
         await asyncio.to_thread(exporter.entered.wait, 10)  # the exporter is stuck in its first export
         loop.followup("again")
@@ -319,7 +292,7 @@ def test_kerman_log_otel_writes_otlp_json_and_sends_to_an_endpoint(tmp_path, cap
     async def main() -> None:
         store = kerman.FileStore(str(tmp_path))
         with store.create("s") as log:
-            loop = await run_tools_session(log)
+            loop = await tools_session(USAGE, log=log)
             await loop.aclose()
             provider, memory = provider_and_memory()
             otel.export(log, provider)
