@@ -60,7 +60,7 @@ pub trait View<'a>: Default {
 macro_rules! view {
     ($(#[$doc:meta])* $name:ident { $($field:ident: $key:literal),* $(,)? }) => {
         $(#[$doc])*
-        #[derive(Debug, Default, Clone, Copy)]
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct $name<'a> {
             $(pub $field: Option<Raw<'a>>,)*
         }
@@ -131,11 +131,13 @@ view! {
     Call { turn: "turn", id: "callId", name: "name" }
 }
 
+#[cfg(test)]
 view! {
-    /// `tool/result {message, error?}`.
+    /// `tool/result {message, error?}` (`tool_result` reads it in one pass).
     Result { message: "message", error: "error" }
 }
 
+#[cfg(test)]
 view! {
     /// A message's `{source, content}`.
     Message { source: "source", content: "content" }
@@ -162,6 +164,63 @@ view! {
 view! {
     /// An ending's `{kind, error?}`, a failure's `{code, message}`.
     Reason { kind: "kind", error: "error", code: "code", message: "message" }
+}
+
+/// What the fold reads of a `tool/result {message: {source, content}, error?}`: the message
+/// source's `callId`, the first `tool-result` block of the content, and the error.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ToolResult<'a> {
+    pub source: Option<Block<'a>>,
+    pub block: Option<Block<'a>>,
+    pub error: Option<Raw<'a>>,
+}
+
+/// Reads a tool result's payload in one pass: the message and its content are read as they
+/// are walked, not skipped first and read after (a result's content is most of its text).
+/// Reads what `object::<Result>`, then `field::<Message>` of its message, `blocks` of the
+/// message's content and `field::<Block>` of its source read.
+pub fn tool_result(text: &str) -> Option<ToolResult<'_>> {
+    let mut out = ToolResult::default();
+    scan::walk_members(text, 0, |key, at| match key {
+        "message" => {
+            out.source = None;
+            out.block = None;
+            scan::walk_members(text, at, |key, at| match key {
+                "source" => {
+                    let end = scan::skip(text, at)?;
+                    out.source = object(&text[at..end]);
+                    Some(end)
+                }
+                "content" => {
+                    out.block = None;
+                    let mut first = None;
+                    let end = scan::walk_items(text, at, |at| {
+                        let end = scan::skip(text, at)?;
+                        if first.is_none() {
+                            first = object::<Block<'_>>(&text[at..end]).filter(|b| text_is(b.kind, "tool-result"));
+                        }
+                        Some(end)
+                    });
+                    out.block = first;
+                    end.or_else(|| scan::skip(text, at))
+                }
+                _ => scan::skip(text, at),
+            })
+            .or_else(|| scan::skip(text, at))
+        }
+        "error" => {
+            let end = scan::skip(text, at)?;
+            out.error = Some(&text[at..end]);
+            Some(end)
+        }
+        _ => scan::skip(text, at),
+    })?;
+    Some(out)
+}
+
+/// Whether a string field is `expected`.
+fn text_is(raw: Option<Raw<'_>>, expected: &str) -> bool {
+    text(raw).as_deref() == Some(expected)
 }
 
 /// Reads `text` as the view `T` when it is a JSON object (`None` otherwise).

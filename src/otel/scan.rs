@@ -156,6 +156,70 @@ pub fn items<'a>(text: &'a str, mut f: impl FnMut(&'a str)) -> Option<()> {
     }
 }
 
+/// The index after the JSON value that starts at `at` (after any space).
+pub fn skip(text: &str, at: usize) -> Option<usize> {
+    value_end(text.as_bytes(), space(text.as_bytes(), at))
+}
+
+/// Walks the object that starts at `at` (after any space) in one pass: `f(key, start)` is
+/// given each member's key and the index its value starts at, and returns the index after the
+/// value — by `skip`, or by reading the value itself (`walk_members`, `walk_items`), so a
+/// nested value a caller reads is walked once rather than skipped and then read. Gives the
+/// index after the object; `None` when no object starts at `at`.
+pub fn walk_members(text: &str, at: usize, mut f: impl FnMut(&str, usize) -> Option<usize>) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut i = space(b, at);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = space(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let (end, escaped) = string_end(b, i)?;
+        let key = key(text.get(i + 1..end - 1)?, escaped)?;
+        i = space(b, end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = space(b, i + 1);
+        let stop = f(&key, i)?;
+        i = space(b, stop);
+        match b.get(i)? {
+            b',' => i = space(b, i + 1),
+            b'}' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// Walks the array that starts at `at` (after any space) in one pass, as `walk_members` walks
+/// an object: `f(start)` returns the index after the item that starts at `start`.
+pub fn walk_items(text: &str, at: usize, mut f: impl FnMut(usize) -> Option<usize>) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut i = space(b, at);
+    if b.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = space(b, i + 1);
+    if b.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        let stop = f(i)?;
+        i = space(b, stop);
+        match b.get(i)? {
+            b',' => i = space(b, i + 1),
+            b']' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
 /// Whether the array or object `text` has no member (`[]`, `{ }`).
 pub fn is_empty(text: &str) -> bool {
     let b = text.as_bytes();

@@ -196,3 +196,78 @@ fn escaped_keys_are_read_unescaped() {
     members(r#"{"t\u0075rn": 1, "a\"b" :[1, {"x":"}"}] }"#, |k, v| seen.push((k.to_owned(), v)));
     assert_eq!(seen, [("turn".to_owned(), "1"), ("a\"b".to_owned(), r#"[1, {"x":"}"}]"#)]);
 }
+
+fn pick_value(rng: &mut Rng, out: &mut String, shaped: impl FnOnce(&mut Rng, &mut String)) {
+    if rng.below(5) == 0 {
+        value(rng, 2, out);
+    } else {
+        shaped(rng, out);
+    }
+}
+
+/// An object of one to three members, each a key of `keys` (or another) and its value.
+fn members_of(rng: &mut Rng, out: &mut String, keys: &[&str], mut member: impl FnMut(&mut Rng, &str, &mut String)) {
+    out.push('{');
+    for i in 0..=rng.below(3) {
+        if i > 0 {
+            out.push(',');
+        }
+        let key = if rng.below(6) == 0 { "other" } else { rng.pick(keys) };
+        out.push_str(space(rng));
+        out.push('"');
+        out.push_str(key);
+        out.push_str("\":");
+        out.push_str(space(rng));
+        member(rng, key, out);
+    }
+    out.push('}');
+}
+
+fn block(rng: &mut Rng, out: &mut String) {
+    members_of(rng, out, &["type", "toolCallId", "isError", "content", "text"], |rng, key, out| match key {
+        "type" => out.push_str(rng.pick(&["\"tool-result\"", "\"text\"", "\"tool-\\u0072esult\"", "1"])),
+        _ => value(rng, 2, out),
+    });
+}
+
+fn message(rng: &mut Rng, out: &mut String) {
+    members_of(rng, out, &["source", "content"], |rng, key, out| match key {
+        "source" => pick_value(rng, out, |rng, out| members_of(rng, out, &["callId"], |rng, _, out| value(rng, 3, out))),
+        "content" => pick_value(rng, out, |rng, out| {
+            out.push('[');
+            for i in 0..rng.below(4) {
+                if i > 0 {
+                    out.push(',');
+                }
+                pick_value(rng, out, block);
+            }
+            out.push(']');
+        }),
+        _ => value(rng, 2, out),
+    });
+}
+
+#[test]
+fn a_tool_result_read_in_one_pass_reads_as_its_views_read_it() {
+    use super::super::read::{self, Message};
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut with_block = 0;
+    for _ in 0..20_000 {
+        let mut text = String::new();
+        members_of(&mut rng, &mut text, &["message", "error"], |rng, key, out| match key {
+            "message" => pick_value(rng, out, message),
+            _ => value(rng, 2, out),
+        });
+        let result: read::Result<'_> = read::object(&text).unwrap();
+        let message: Message<'_> = read::field(result.message).unwrap_or_default();
+        let expected = read::ToolResult {
+            source: read::field(message.source),
+            block: read::blocks(message.content).into_iter().find(|b| read::text(b.kind).as_deref() == Some("tool-result")),
+            error: result.error,
+        };
+        with_block += usize::from(expected.block.is_some());
+        assert_eq!(read::tool_result(&text), Some(expected), "{text}");
+    }
+    // the generator reaches the case that matters
+    assert!(with_block > 500, "{with_block}");
+}

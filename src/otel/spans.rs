@@ -279,13 +279,11 @@ impl SpanFold {
     }
 
     fn tool_result(&mut self, event: &Event) {
-        let result: read::Result<'_> = read::object(event.data_json()).unwrap_or_default();
-        let message: read::Message<'_> = read::field(result.message).unwrap_or_default();
-        let block = read::blocks(message.content).into_iter().find(|b| read::text(b.kind).as_deref() == Some("tool-result"));
+        let result = read::tool_result(event.data_json()).unwrap_or_default();
+        let block = result.block;
         let mut call_id = block.as_ref().and_then(|b| read::string(b.tool_call_id)).filter(|id| !id.is_empty());
         if call_id.is_none() {
-            let source: Option<read::Block<'_>> = read::field(message.source);
-            call_id = source.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
+            call_id = result.source.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
         }
         let call_id = call_id.unwrap_or_default();
         let Some(at) = self.calls.iter().position(|c| c.id == call_id) else { return };
