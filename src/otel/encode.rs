@@ -114,7 +114,42 @@ fn key_value(out: &mut Vec<u8>, field: u8, key: &str, value: &Value) {
     });
 }
 
-fn span(out: &mut Vec<u8>, span: &Span) {
+/// The encoded `KeyValue`s of a batch's attributes whose text is shared between spans (the
+/// session id, the agent's name, models, tool names, constant texts): each encoded once per
+/// batch and copied after. An entry is found by the addresses and length of the key and the
+/// text: the spans are borrowed for the whole encoding, so one address and length is one text.
+#[derive(Default)]
+struct Shared {
+    entries: Vec<(usize, usize, usize, std::ops::Range<usize>)>,
+    bytes: Vec<u8>,
+}
+
+/// At most this many entries: a batch has a few shared texts; more are encoded each time.
+const SHARED_ENTRIES: usize = 32;
+
+impl Shared {
+    fn key_value(&mut self, out: &mut Vec<u8>, key: &'static str, value: &Value) {
+        let text = match value {
+            Value::Static(text) => *text,
+            Value::Shared(text) => &**text,
+            _ => return key_value(out, 9, key, value),
+        };
+        let id = (key.as_ptr() as usize, text.as_ptr() as usize, text.len());
+        if let Some((.., range)) = self.entries.iter().find(|(k, t, n, _)| (*k, *t, *n) == id) {
+            out.extend_from_slice(&self.bytes[range.clone()]);
+            return;
+        }
+        let start = out.len();
+        key_value(out, 9, key, value);
+        if self.entries.len() < SHARED_ENTRIES {
+            let at = self.bytes.len();
+            self.bytes.extend_from_slice(&out[start..]);
+            self.entries.push((id.0, id.1, id.2, at..self.bytes.len()));
+        }
+    }
+}
+
+fn span(out: &mut Vec<u8>, span: &Span, shared: &mut Shared) {
     nested(out, 2, |out| {
         bytes(out, 1, &span.trace_id);
         bytes(out, 2, &span.span_id);
@@ -131,7 +166,7 @@ fn span(out: &mut Vec<u8>, span: &Span) {
             }
         }
         for (key, value) in &span.attributes {
-            key_value(out, 9, key, value);
+            shared.key_value(out, key, value);
         }
         nested(out, 15, |out| {
             optional_bytes(out, 2, span.status.message.as_bytes());
@@ -149,8 +184,9 @@ fn span(out: &mut Vec<u8>, span: &Span) {
 /// are written first and the enclosing messages' heads after, so a batch is copied once.
 pub fn protobuf(out: &mut Vec<u8>, resource: &Resource, spans: &[Span]) {
     let mut body = Vec::with_capacity(spans.len() * 320);
+    let mut shared = Shared::default();
     for s in spans {
-        span(&mut body, s);
+        span(&mut body, s, &mut shared);
     }
     let mut head = Vec::with_capacity(256);
     nested(&mut head, 1, |out| {

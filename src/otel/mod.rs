@@ -13,6 +13,7 @@ pub mod encode;
 mod ids;
 mod read;
 mod requests;
+mod scan;
 mod spans;
 #[cfg(test)]
 mod tests;

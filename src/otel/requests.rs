@@ -50,7 +50,7 @@ pub struct Usage {
     pub partial: bool,
 }
 
-fn count(raw: Option<&serde_json::value::RawValue>) -> i64 {
+fn count(raw: Option<read::Raw<'_>>) -> i64 {
     read::int(raw).filter(|n| *n > 0).unwrap_or(0)
 }
 
@@ -83,7 +83,7 @@ impl Usage {
         }
     }
 
-    fn of(raw: Option<&serde_json::value::RawValue>) -> Option<Usage> {
+    fn of(raw: Option<read::Raw<'_>>) -> Option<Usage> {
         let fields: read::UsageFields<'_> = read::field(raw)?;
         let mut usage = Usage::default();
         usage.merge(&fields);

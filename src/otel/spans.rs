@@ -56,6 +56,8 @@ const ENDINGS: [&str; 8] = ["completed", "max-tokens", "blocked", "error", "abor
 pub struct SpanFold {
     options: Options,
     session: Arc<str>,
+    /// The key every id is derived from (one hash per session).
+    key: ids::Key,
     agent_name: Arc<str>,
     /// `invoke_agent {agent_name}`.
     agent_span: Arc<str>,
@@ -84,6 +86,7 @@ impl SpanFold {
         let requests = Requests::new(options.model.clone(), options.provider.clone());
         SpanFold {
             session: Arc::from(options.session.as_str()),
+            key: ids::Key::new(&options.session),
             agent_name: Arc::from(options.agent_name.as_str()),
             agent_span: Arc::from(format!("invoke_agent {}", options.agent_name)),
             chat_names: Vec::new(),
@@ -141,12 +144,11 @@ impl SpanFold {
     fn turn_start(&mut self, event: &Event) {
         let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
         let number = read::int(head.turn).unwrap_or(0);
-        let session = &self.session;
-        let span_id = ids::span_id(session, event.seq);
+        let span_id = self.key.span(event.seq);
         let turn = match self.continues.take() {
             // The turn after one a crash interrupted continues its work: the same trace, under it.
             Some(before) => Turn { number, time: event.time, trace_id: before.trace_id, span_id, parent: Some(before.span_id) },
-            None => Turn { number, time: event.time, trace_id: ids::trace_id(session, event.seq), span_id, parent: None },
+            None => Turn { number, time: event.time, trace_id: self.key.trace(event.seq), span_id, parent: None },
         };
         self.turns.retain(|t| t.number != number);
         self.turns.push(turn);
@@ -231,7 +233,7 @@ impl SpanFold {
         }
         self.spans.push(Span {
             trace_id: turn.trace_id,
-            span_id: ids::span_id(&self.session, request.first_seq),
+            span_id: self.key.span(request.first_seq),
             parent: Some(turn.span_id),
             name,
             kind: Kind::Client,
@@ -277,12 +279,11 @@ impl SpanFold {
     }
 
     fn tool_result(&mut self, event: &Event) {
-        let result: read::Result<'_> = read::object(event.data_json()).unwrap_or_default();
-        let message = result.message.0.unwrap_or_default();
-        let block = message.content.0.into_iter().find(|b| read::text(b.kind).as_deref() == Some("tool-result"));
+        let result = read::tool_result(event.data_json()).unwrap_or_default();
+        let block = result.block;
         let mut call_id = block.as_ref().and_then(|b| read::string(b.tool_call_id)).filter(|id| !id.is_empty());
         if call_id.is_none() {
-            call_id = message.source.0.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
+            call_id = result.source.and_then(|s| read::string(s.call_id)).filter(|id| !id.is_empty());
         }
         let call_id = call_id.unwrap_or_default();
         let Some(at) = self.calls.iter().position(|c| c.id == call_id) else { return };
@@ -306,7 +307,7 @@ impl SpanFold {
         }
         self.spans.push(Span {
             trace_id: turn.trace_id,
-            span_id: ids::span_id(&self.session, call.seq),
+            span_id: self.key.span(call.seq),
             parent: Some(turn.span_id),
             name: call.name.1,
             kind: Kind::Internal,

@@ -148,6 +148,74 @@ fn the_protobuf_nests_as_otlp_says_and_long_fields_get_long_lengths() {
     assert_eq!(fields(&b[1].2), [(2, 0, 0u64.to_le_bytes().to_vec())]);
     let n = fields(&span[6].2);
     assert_eq!(fields(&n[1].2), [(3, 0, u64::MAX.to_le_bytes().to_vec())]);
+    // a span's length is written in one, two or three bytes as its size asks
+    for size in [0, 100, 20_000] {
+        let name = "y".repeat(size);
+        let short = Span {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent: None,
+            name: name.into(),
+            kind: Kind::Internal,
+            start_ns: 5,
+            end_ns: 6,
+            attributes: Vec::new(),
+            status: super::Status::default(),
+        };
+        let mut out = Vec::new();
+        encode::protobuf(&mut out, &resource, &[short]);
+        let [(1, 2, resource_spans)] = &fields(&out)[..] else { panic!("one ResourceSpans") };
+        let scope_spans = fields(&fields(resource_spans)[1].2);
+        let span = fields(&scope_spans[1].2);
+        assert_eq!(
+            span.iter().map(|f| f.0).collect::<Vec<_>>(),
+            if size == 0 { vec![1, 2, 6, 7, 8, 15, 16] } else { vec![1, 2, 5, 6, 7, 8, 15, 16] }
+        );
+        assert_eq!(span.iter().find(|f| f.0 == 5).map_or(0, |f| f.2.len()), size);
+    }
     let json: Json = serde_json::from_str(&encode::json(&resource, &[])).unwrap();
     assert_eq!(json["resourceSpans"][0]["scopeSpans"][0]["scope"], json!({"name": "kerman.otel", "version": "1"}));
+}
+
+#[test]
+fn attributes_of_shared_texts_read_back_in_every_span_of_a_batch() {
+    use std::sync::Arc;
+    // more shared texts than the encoder keeps encoded (32), each in both spans
+    let texts: Vec<Arc<str>> = (0..40).map(|i| Arc::from(format!("text {i}"))).collect();
+    let span = |id: u8| Span {
+        trace_id: [1; 16],
+        span_id: [id; 8],
+        parent: None,
+        name: "s".into(),
+        kind: Kind::Internal,
+        start_ns: 5,
+        end_ns: 6,
+        attributes: texts
+            .iter()
+            .map(|t| ("k", Value::Shared(Arc::clone(t))))
+            .chain([("c", Value::Static("constant")), ("o", Value::Str(format!("own {id}")))])
+            .collect(),
+        status: super::Status::default(),
+    };
+    let resource = Resource { attributes: Vec::new(), scope_name: "kerman.otel".into(), scope_version: "1".into() };
+    let mut out = Vec::new();
+    encode::protobuf(&mut out, &resource, &[span(1), span(2), span(3)]);
+    let [(1, 2, resource_spans)] = &fields(&out)[..] else { panic!("one ResourceSpans") };
+    let scope_spans = fields(&fields(resource_spans)[1].2);
+    assert_eq!(scope_spans.len(), 4);
+    for (n, encoded) in scope_spans[1..].iter().enumerate() {
+        let read: Vec<(String, String)> = fields(&encoded.2)
+            .iter()
+            .filter(|f| f.0 == 9)
+            .map(|f| {
+                let kv = fields(&f.2);
+                let value = fields(&kv[1].2);
+                (String::from_utf8(kv[0].2.clone()).unwrap(), String::from_utf8(value[0].2.clone()).unwrap())
+            })
+            .collect();
+        let mut expected: Vec<(String, String)> = (0..40).map(|i| ("k".into(), format!("text {i}"))).collect();
+        expected.push(("c".into(), "constant".into()));
+        expected.push(("o".into(), format!("own {}", n + 1)));
+        assert_eq!(read, expected);
+    }
 }

@@ -34,12 +34,32 @@ def resource_attributes(resource: Any = None) -> List[Tuple[str, Any]]:
     from opentelemetry.sdk.resources import Resource
 
     if resource is None:
-        resource = Resource.create()
-    elif isinstance(resource, Mapping):
+        return list(_default_resource())
+    if isinstance(resource, Mapping):
         resource = Resource.create(dict(resource))
     elif not isinstance(resource, Resource):
         raise TypeError(f"resource must be an opentelemetry Resource, a mapping or None, got {resource!r}")
     return list(resource.attributes.items())
+
+
+# The variables Resource.create() reads; with the process id, the key of its cached result.
+_RESOURCE_VARIABLES = ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS")
+_default: Tuple[Any, Tuple[Tuple[str, Any], ...]] = (None, ())
+
+
+def _default_resource() -> Tuple[Tuple[str, Any], ...]:
+    """``Resource.create()``'s attributes, computed once per process and environment: it runs
+    its detectors on a thread pool of its own, which costs as much as the spans of several
+    turns, and a live exporter is started for every session."""
+    global _default
+    from opentelemetry.sdk.resources import Resource
+
+    key = (os.getpid(), *(os.environ.get(name) for name in _RESOURCE_VARIABLES))
+    cached_key, attributes = _default
+    if cached_key != key:
+        attributes = tuple(Resource.create().attributes.items())
+        _default = (key, attributes)
+    return attributes
 
 
 def native_spans(

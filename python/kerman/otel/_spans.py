@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from typing import Any, Dict, Optional, Tuple
 
 from opentelemetry import trace
@@ -36,19 +37,39 @@ def latest_conventions() -> bool:
     return LATEST in {v.strip() for v in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")}
 
 
-def _digest(session: str, what: str, key: int, size: int) -> int:
-    value = int.from_bytes(hashlib.sha256(f"kerman\0{session}\0{what}\0{key}".encode()).digest()[:size], "big")
-    return value or 1  # 0 is the invalid id
+_WORD = (1 << 64) - 1
+
+
+def _key(session: str) -> Tuple[int, int, int]:
+    """The words an id of ``session`` is mixed from: SHA-256 of ``kerman\0{session}`` as four
+    big-endian 64-bit words (the first three used)."""
+    k0, k1, k2, _ = struct.unpack(">4Q", hashlib.sha256(f"kerman\0{session}".encode()).digest())
+    return k0, k1, k2
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers, so distinct seqs get distinct ids."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _WORD
+    return z ^ (z >> 31)
+
+
+def _trace_id(key: Tuple[int, int, int], seq: int) -> int:
+    return (_mix(key[1] ^ seq) << 64 | _mix(key[2] ^ seq)) or 1  # 0 is the invalid id
+
+
+def _span_id(key: Tuple[int, int, int], seq: int) -> int:
+    return _mix(key[0] ^ seq) or 1
 
 
 def trace_id_of(session: str, seq: int) -> int:
     """The trace id of the turn that started at ``seq`` (and of the turns that continue it)."""
-    return _digest(session, "trace", seq, 16)
+    return _trace_id(_key(session), seq)
 
 
 def span_id_of(session: str, seq: int) -> int:
     """The span id of the span that the event at ``seq`` opens."""
-    return _digest(session, "span", seq, 8)
+    return _span_id(_key(session), seq)
 
 
 class _Ids(IdGenerator):
@@ -111,6 +132,7 @@ class SpanBuilder:
             # builder alone) gets one that returns the derived ids.
             self.tracer.id_generator = self.ids
         self.session = session
+        self.key = _key(session)
         self.agent_name = agent_name
         self.model = model
         self.provider = provider
@@ -170,9 +192,9 @@ class SpanBuilder:
         self.continues = None
         if before is not None:
             # The turn after one a crash interrupted continues its work: the same trace, under it.
-            turn = _Turn(view.turn, view.seq, view.time, before.trace_id, span_id_of(self.session, view.seq), before.context())
+            turn = _Turn(view.turn, view.seq, view.time, before.trace_id, _span_id(self.key, view.seq), before.context())
         else:
-            turn = _Turn(view.turn, view.seq, view.time, trace_id_of(self.session, view.seq), span_id_of(self.session, view.seq), None)
+            turn = _Turn(view.turn, view.seq, view.time, _trace_id(self.key, view.seq), _span_id(self.key, view.seq), None)
         self.turns[view.turn] = turn
 
     def _turn_end(self, view: Any) -> None:
@@ -220,7 +242,7 @@ class SpanBuilder:
             attributes["gen_ai.response.finish_reasons"] = ["length" if request.outcome == "max-tokens" else "stop"]
         name = f"chat {model}" if model else "chat"
         span = self._start(
-            name, SpanKind.CLIENT, turn.trace_id, span_id_of(self.session, request.seqs[0]), turn.context(), request.started, attributes
+            name, SpanKind.CLIENT, turn.trace_id, _span_id(self.key, request.seqs[0]), turn.context(), request.started, attributes
         )
         if request.outcome in ("failed", "interrupted"):
             span.set_attribute("error.type", request.outcome)
@@ -238,7 +260,7 @@ class SpanBuilder:
         attributes = self._common("execute_tool")
         attributes.update({"gen_ai.tool.name": name, "gen_ai.tool.call.id": view.call_id, "gen_ai.tool.type": "function"})
         span = self._start(
-            f"execute_tool {name}", SpanKind.INTERNAL, turn.trace_id, span_id_of(self.session, seq), turn.context(), time, attributes
+            f"execute_tool {name}", SpanKind.INTERNAL, turn.trace_id, _span_id(self.key, seq), turn.context(), time, attributes
         )
         error = view.error
         if error is not None or view.is_error:

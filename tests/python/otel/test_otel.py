@@ -6,6 +6,7 @@ touching the loop."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import threading
 from typing import Any, Dict, List
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from kerman import otel  # noqa: E402
+from otel_sessions import calling, tools_session  # noqa: E402
 
 USAGE = {"input": 100, "output": 10, "cacheRead": 60, "cacheWrite": 0, "reasoning": 2}
 
@@ -31,34 +33,6 @@ def provider_and_memory() -> Any:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return provider, memory
-
-
-async def two_parallel_tools(request: kerman.ModelRequest) -> Any:
-    if request.step == 1:
-        calls = [{"type": "tool-call", "id": f"c{i}", "name": name, "arguments": "{}"} for i, name in enumerate(("slow", "fast"))]
-        return kerman.ModelReply(calls, usage=USAGE)
-    return kerman.ModelReply("done", usage=USAGE)
-
-
-async def run_tools_session(log: Any = None) -> kerman.AgentLoop:
-    loop = kerman.AgentLoop(two_parallel_tools, log=log)
-    gate = asyncio.Event()
-
-    @loop.tool
-    async def slow() -> str:
-        """Waits for fast."""
-        await gate.wait()
-        return "slow"
-
-    @loop.tool
-    async def fast() -> str:
-        """Lets slow go."""
-        gate.set()
-        return "fast"
-
-    loop.followup("go")
-    await loop.when_idle()
-    return loop
 
 
 def tree(spans: List[Any]) -> Dict[str, Any]:
@@ -71,7 +45,7 @@ def ids(spans: List[Any]) -> List[Any]:
 
 def test_spans_follow_the_genai_conventions_and_parent_parallel_tools_under_the_turn():
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         provider, memory = provider_and_memory()
         assert otel.export(loop.log, provider, model="gpt-4o", provider="openai", latest=False) == 1
         spans = memory.get_finished_spans()
@@ -101,7 +75,7 @@ def test_spans_follow_the_genai_conventions_and_parent_parallel_tools_under_the_
 
 def test_the_latest_conventions_are_selected_by_the_opt_in_variable(monkeypatch):
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http, gen_ai_latest_experimental")
         provider, memory = provider_and_memory()
         otel.export(loop.log, provider, provider="openai")
@@ -117,13 +91,47 @@ def test_the_latest_conventions_are_selected_by_the_opt_in_variable(monkeypatch)
 
 def test_exporting_twice_gives_identical_ids():
     async def main() -> None:
-        loop = await run_tools_session()
+        loop = await tools_session(USAGE)
         first, second = provider_and_memory(), provider_and_memory()
         otel.export(loop.log, first[0])
         otel.export(loop.log, second[0])
         a, b = ids(first[1].get_finished_spans()), ids(second[1].get_finished_spans())
         assert a == b and len(a) == 5
         assert len({x[2] for x in a}) == 5  # every span its own id
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
+def documented_ids(session: str) -> Any:
+    """docs/tracing.md's derivation, written here from the text: SHA-256 of ``kerman\\0{session}``
+    as big-endian words k0..k3, each id a word xor the seq through SplitMix64's finaliser."""
+    digest = hashlib.sha256(b"kerman\x00" + session.encode()).digest()
+    k = [int.from_bytes(digest[i : i + 8], "big") for i in range(0, 32, 8)]
+    mask = 2**64 - 1
+
+    def mix(z: int) -> int:
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & mask
+        return z ^ (z >> 31)
+
+    return (lambda seq: mix(k[1] ^ seq) << 64 | mix(k[2] ^ seq)), (lambda seq: mix(k[0] ^ seq))
+
+
+def test_ids_are_derived_from_the_session_and_the_seqs_as_documented():
+    async def main() -> None:
+        loop = await tools_session(USAGE)
+        provider, memory = provider_and_memory()
+        otel.export(loop.log, provider)
+        trace_of, span_of = documented_ids(loop.log.id)
+        seqs = {e.type: e.seq for e in loop.log.events(0, len(loop.log)) if e.type in ("turn/start", "assistant/message")}
+        calls = {e.data["name"]: e.seq for e in loop.log.events(0, len(loop.log)) if e.type == "tool/call"}
+        by = tree(memory.get_finished_spans())
+        agent = by["invoke_agent kerman"].context
+        assert (agent.trace_id, agent.span_id) == (trace_of(seqs["turn/start"]), span_of(seqs["turn/start"]))
+        assert by["execute_tool slow"].context.span_id == span_of(calls["slow"])
+        assert by["chat"].context.span_id == span_of(seqs["assistant/message"])  # the last request's
+        assert (otel.trace_id_of("s", 7), otel.span_id_of("s", 7)) == (documented_ids("s")[0](7), documented_ids("s")[1](7))
         await loop.aclose()
 
     asyncio.run(main())
@@ -157,7 +165,7 @@ def test_a_crashed_turn_and_its_continuation_are_one_trace(tmp_path):
 
         store = kerman.FileStore(str(tmp_path / "dead"), durability="none")
         with store.open("s") as reopened:  # appends turn/end interrupted
-            again = await run_tools_session(reopened)
+            again = await tools_session(USAGE, log=reopened)
             await again.aclose()
             provider, memory = provider_and_memory()
             assert otel.export(reopened, provider) == 2
@@ -210,7 +218,7 @@ def test_a_live_exporter_that_raises_does_not_touch_the_loop():
         exporter = Raising()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        loop = kerman.AgentLoop(two_parallel_tools)
+        loop = kerman.AgentLoop(calling(USAGE))
 
         @loop.tool
         async def slow() -> str:
@@ -237,7 +245,7 @@ def test_a_live_exporter_that_raises_does_not_touch_the_loop():
 def test_a_builder_that_raises_is_counted_not_propagated(monkeypatch):
     async def main() -> None:
         provider, memory = provider_and_memory()
-        loop = kerman.AgentLoop(two_parallel_tools)
+        loop = kerman.AgentLoop(calling(USAGE))
         live = otel.instrument(loop, provider)
 
         def boom(view: Any) -> None:
@@ -258,7 +266,7 @@ def test_a_blocked_exporter_does_not_slow_the_loop_and_catches_up():
         exporter = Blocking()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        loop = await run_tools_session()  # turn 1, before instrumenting: caught up from the log
+        loop = await tools_session(USAGE)  # turn 1, before instrumenting: caught up from the log
         live = otel.instrument(loop, provider)
         await asyncio.to_thread(exporter.entered.wait, 10)  # the exporter is stuck in its first export
         loop.followup("again")
@@ -284,7 +292,7 @@ def test_kerman_log_otel_writes_otlp_json_and_sends_to_an_endpoint(tmp_path, cap
     async def main() -> None:
         store = kerman.FileStore(str(tmp_path))
         with store.create("s") as log:
-            loop = await run_tools_session(log)
+            loop = await tools_session(USAGE, log=log)
             await loop.aclose()
             provider, memory = provider_and_memory()
             otel.export(log, provider)

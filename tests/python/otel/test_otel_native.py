@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kerman import otel  # noqa: E402
 from kerman.otel._otlp import to_otlp_json  # noqa: E402
+from otel_sessions import tools_session  # noqa: E402
 
 USAGE = {"input": 100, "output": 10, "cacheRead": 60, "cacheWrite": 5, "reasoning": 2}
 RESOURCE = Resource.create({"service.name": "parity", "deployment.environment": "test", "kerman.weights": (1, 2)})
@@ -61,42 +62,13 @@ def assert_same_spans(log: Any, **names: Any) -> List[Dict[str, Any]]:
     return span_fields(got)
 
 
-async def parallel_tools(request: kerman.ModelRequest) -> Any:
-    if request.step == 1:
-        calls = [{"type": "tool-call", "id": f"c{i}", "name": n, "arguments": "{}"} for i, n in enumerate(("slow", "fast", "broken"))]
-        return kerman.ModelReply(calls, usage=USAGE)
-    return kerman.ModelReply("done", usage=USAGE)
-
-
-async def tools_session(log: Any = None) -> kerman.AgentLoop:
-    loop = kerman.AgentLoop(parallel_tools, log=log)
-    gate = asyncio.Event()
-
-    @loop.tool
-    async def slow() -> str:
-        """Waits for fast."""
-        await gate.wait()
-        return "slow"
-
-    @loop.tool
-    async def fast() -> str:
-        """Lets slow go."""
-        gate.set()
-        return "fast"
-
-    @loop.tool
-    async def broken() -> str:
-        """Fails."""
-        raise ValueError("no luck " + "x" * 300)
-
-    loop.followup("go")
-    await loop.when_idle()
-    return loop
+async def three_tools(log: Any = None) -> kerman.AgentLoop:
+    return await tools_session(USAGE, ("slow", "fast", "broken"), log=log)
 
 
 def test_parallel_tools_and_a_failing_tool():
     async def main() -> None:
-        loop = await tools_session()
+        loop = await three_tools()
         loop.followup("again")
         await loop.when_idle()
         spans = assert_same_spans(loop.log, model="gpt-4o", provider="openai")
@@ -232,7 +204,7 @@ def test_a_crashed_turn_continued_in_another_process(tmp_path):
         log.close()
         store = kerman.FileStore(str(tmp_path / "dead"), durability="none")
         with store.open("s") as reopened:  # the closers end turn 1 interrupted
-            again = await tools_session(reopened)
+            again = await three_tools(reopened)
             await again.aclose()
             spans = assert_same_spans(reopened)
             agents = [s for s in spans if s["name"].startswith("invoke_agent")]
@@ -273,7 +245,7 @@ def test_a_batch_at_a_time_gives_the_spans_of_one_pass():
     """Live, the core reads the log in batches: cut anywhere, the spans are those of one pass."""
 
     async def main() -> None:
-        loop = await tools_session()
+        loop = await three_tools()
         whole = otel.encode(loop.log)
         from kerman.otel._native import native_spans
 
@@ -300,3 +272,13 @@ def test_the_bench_workload_runs_with_the_native_exporter():
 
     bench = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benches", "python", "turn_cost.py")
     subprocess.run([sys.executable, bench, "--child", "kerman", "0", "1", "100", "otel-encode"], check=True, timeout=120)
+
+
+def test_the_default_resource_follows_the_environment(monkeypatch):
+    from kerman.otel._native import resource_attributes
+
+    for name in ("first", "second"):
+        monkeypatch.setenv("OTEL_SERVICE_NAME", name)
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"deployment.environment={name}-env")
+        assert dict(resource_attributes()) == dict(Resource.create().attributes)
+        assert dict(resource_attributes())["service.name"] == name
