@@ -524,7 +524,8 @@ class MCPServer:
         responses: Dict[str, Any] = {}
         for key, wire in requests.items():
             try:
-                request = TypeAdapter(types.InputRequest).validate_python(wire)
+                # Any: the union's static type differs between mcp releases; isinstance narrows it below.
+                request: Any = TypeAdapter(types.InputRequest).validate_python(wire)
             except ValidationError:
                 return f"request {key!r} is not one the client can answer"
             if isinstance(request, types.ElicitRequest):
