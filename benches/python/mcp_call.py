@@ -1,33 +1,43 @@
 """An MCP tool call through Kerman against the same call made directly with the ``mcp`` client.
 
-    python3 benches/python/mcp_call.py [--calls 200] [--reps 5]
-    python3 benches/python/mcp_call.py --callgrind [--sizes 100,300]
+    python3 benches/python/mcp_call.py [--calls 100] [--reps 9]
+    python3 benches/python/mcp_call.py --callgrind [--cache] [--sizes 100,300]
     python3 benches/python/mcp_call.py --rounds [--calls 200]
 
 The server is the tests' (``tests/python/mcp/mcp_server.py``) over stdio; the tool is ``add``.
-Three figures, each per call and the best of ``--reps`` repetitions, interleaved (a loaded
-host only adds time, and its load changes during a run):
+Five ways, each timed per call over ``--calls`` calls, in ``--reps`` repetitions interleaved
+(each repetition runs every way once, in an order rotated from one repetition to the next):
 
 * ``direct``: ``await client.call_tool("add", ...)`` on an ``mcp.Client``;
-* ``loop+mcp``: one turn of an ``AgentLoop`` whose scripted model calls the server's ``add``
-  once and then answers;
-* ``loop+local``: the same turn with a local ``add`` tool: the loop's own cost (the model's two
-  requests, the log appends) without MCP;
+* ``loop+client``: one turn of an ``AgentLoop`` whose scripted model calls a local ``add`` tool
+  that makes the ``direct`` call and then answers: the turn around the same call;
+* ``loop+mcp``: the same turn with the server's ``add`` through ``MCPServer``;
 * ``loop+mcp -tasks``: ``loop+mcp`` with ``MCPServer(tasks=False)`` (the tasks extension not
-  declared: the cost of declaring it, on a server that runs no tasks).
+  declared: the cost of declaring it, on a server that runs no tasks);
+* ``loop+local``: the turn with a local ``add`` that returns at once: the turn alone.
 
-``through kerman`` is ``loop+mcp - loop+local``: what a call costs through Kerman beyond the
-turn it sits in. The target is ``through kerman <= 1.1 x direct``. Prints a table and one JSON
-line. Needs ``kerman[mcp]``.
+``through kerman`` is ``direct + loop+mcp - loop+client``: the call through Kerman less the
+turn it sits in, where the turn is measured around the same wait on the server (``loop+client
+- direct``, the ``turn in context`` row). The turn alone (``loop+local``) is not subtracted: it
+runs with nothing between its steps, hot in the caches, while around a call its steps run
+after the client's ``mcp`` code and the wait on the pipe, and cost several times as much
+(``--callgrind --cache`` counts it; docs/performance.md). The target is ``through kerman <=
+1.1 x direct``: the ratio printed is the median over the repetitions of each repetition's own
+ratio (the ways of one repetition share the host's load; a difference of two minima taken
+from different repetitions is not the difference of anything measured together). The best
+repetition of each way is printed too. Prints a table and one JSON line. Needs ``kerman[mcp]``.
 
 ``--callgrind`` counts the client process's instructions instead (valgrind's callgrind, each
 way run at two numbers of calls, the difference per call; the server process is not counted):
 the same for the same build whatever the host's load, where the wall clock of a stdio round
-trip on a shared host varies by milliseconds.
+trip on a shared host varies by milliseconds. With ``--cache``, cachegrind simulates this
+host's L1 and L2 caches and counts their misses per call too, with an estimate of the cycles
+(``_callgrind.misses_per_unit``): what an instruction count does not show.
 
 ``--rounds`` counts, in the client process, the asyncio event loop's rounds and the Python calls
-per call each way (``_rounds.py``; no valgrind, a few seconds): what the wall clock pays for
-beyond the instructions (each round is an ``epoll`` wait), with the same subtraction.
+per call each way (``_rounds.py``; no valgrind, a few seconds), and from ``getrusage`` and the
+garbage collector the page faults, context switches, collections and user and system CPU per
+call: what the wall clock pays for beyond the instructions, with the same subtraction.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Dict, Tuple
+from typing import Any, Callable, Coroutine, Dict, List, Tuple
 
 import _callgrind
 import _rounds
@@ -48,23 +58,48 @@ from kerman.models import ScriptedModel
 SERVER = str(Path(__file__).resolve().parents[2] / "tests" / "python" / "mcp" / "mcp_server.py")
 CALL = kerman.ModelReply([{"type": "tool-call", "id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}])
 
+#: The ways, by name, in the order a repetition starts from.
+WAYS = ("direct", "loop+client", "loop+mcp", "loop+mcp -tasks", "loop+local")
 
-async def timed(calls: int, once: Callable[[], Coroutine[Any, Any, Any]]) -> Tuple[float, float]:
-    """``calls`` calls of ``once``: (wall seconds, this process's CPU seconds) per call."""
-    start, cpu = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        await once()
-    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
+Once = Callable[[], Coroutine[Any, Any, Any]]
 
 
-def loop_over(mcp: bool, tasks: bool = True) -> kerman.AgentLoop:
+def derived(per: Dict[str, float]) -> Dict[str, float]:
+    """The derived rows of one measure of each way: the turn around a call, ``through kerman``
+    with and without the tasks extension, and ``loop+mcp`` less the turn alone (which counts
+    the turn's cost around a call as the call's)."""
+    return {
+        "turn in context": per["loop+client"] - per["direct"],
+        "through kerman": per["direct"] + per["loop+mcp"] - per["loop+client"],
+        "through kerman -tasks": per["direct"] + per["loop+mcp -tasks"] - per["loop+client"],
+        "less turn alone": per["loop+mcp"] - per["loop+local"],
+    }
+
+
+def server_params() -> Any:
+    from mcp import StdioServerParameters
+
+    return StdioServerParameters(command=sys.executable, args=[SERVER])
+
+
+def loop_over(way: str, client: Any = None) -> kerman.AgentLoop:
+    """The loop of ``way`` (any but ``direct``); ``loop+client``'s tool calls ``client``."""
     from kerman.mcp import MCPServer
 
     model = ScriptedModel()
-    if mcp:
-        loop = kerman.AgentLoop(model, tools=[MCPServer.stdio(sys.executable, [SERVER], filter=["add"], tasks=tasks)])
+    if way.startswith("loop+mcp"):
+        server = MCPServer.stdio(sys.executable, [SERVER], filter=["add"], tasks=not way.endswith("-tasks"))
+        return kerman.AgentLoop(model, tools=[server])
+    loop = kerman.AgentLoop(model)
+    if way == "loop+client":
+
+        @loop.tool
+        async def add(a: int, b: int) -> str:
+            """Adds two integers (on the MCP server, through the direct client)."""
+            result = await client.call_tool("add", {"a": a, "b": b})
+            return str(result.content[0].text)
+
     else:
-        loop = kerman.AgentLoop(model)
 
         @loop.tool
         async def add(a: int, b: int) -> str:
@@ -74,149 +109,201 @@ def loop_over(mcp: bool, tasks: bool = True) -> kerman.AgentLoop:
     return loop
 
 
-def turn_of(loop: kerman.AgentLoop) -> Callable[[], Coroutine[Any, Any, None]]:
+def turn_of(loop: kerman.AgentLoop) -> Once:
+    model: ScriptedModel = loop._model  # type: ignore[attr-defined]
+
     async def turn() -> None:
-        loop._model.add(CALL, "done")  # type: ignore[attr-defined]
+        # The scripted model keeps every request, each holding the session's history: kept
+        # over a run, they grow the process by a page a turn more at each thousand turns, and
+        # the page faults with them (--rounds counts them), none of which a model that
+        # answers over the network keeps.
+        model.requests.clear()
+        model.add(CALL, "done")
         loop.followup("go")
         await loop.when_idle()
 
     return turn
 
 
-async def measure(calls: int, reps: int) -> Dict[str, float]:
-    """The three figures, their repetitions interleaved so a host whose load changes during
-    the run weighs on each alike; the best repetition of each."""
-    from mcp import Client, StdioServerParameters
-
-    with_mcp, local, no_tasks = loop_over(True), loop_over(False), loop_over(True, tasks=False)
-    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
-        runs = {
-            "direct": lambda: client.call_tool("add", {"a": 1, "b": 2}),
-            "loop+mcp": turn_of(with_mcp),
-            "loop+local": turn_of(local),
-            "loop+mcp -tasks": turn_of(no_tasks),
-        }
-        best = {name: float("inf") for name in runs}
-        best.update({name + " cpu": float("inf") for name in runs})
-        for once in runs.values():
-            await once()  # warm up: the server started, the tools listed
-        for _ in range(reps):
-            for name, once in runs.items():
-                wall, cpu = await timed(calls, once)
-                best[name] = min(best[name], wall)
-                best[name + " cpu"] = min(best[name + " cpu"], cpu)
-    await with_mcp.aclose()
-    await local.aclose()
-    await no_tasks.aclose()
-    return best
+async def ways_over(client: Any) -> Tuple[Dict[str, Once], List[kerman.AgentLoop]]:
+    """Each way's one call (``direct`` on ``client``), and the loops to close."""
+    runs: Dict[str, Once] = {"direct": lambda: client.call_tool("add", {"a": 1, "b": 2})}
+    loops: List[kerman.AgentLoop] = []
+    for way in WAYS[1:]:
+        loop = loop_over(way, client)
+        loops.append(loop)
+        runs[way] = turn_of(loop)
+    for once in runs.values():
+        await once()  # warm up: the server started, the tools listed
+    return runs, loops
 
 
-#: The ways ``--callgrind`` counts, by name.
-WAYS = ("direct", "loop+mcp", "loop+local", "loop+mcp -tasks")
+async def timed(calls: int, once: Once) -> Tuple[float, float]:
+    """``calls`` calls of ``once``: (wall seconds, this process's CPU seconds) per call."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        await once()
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
+
+
+def median(values: List[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+async def measure(calls: int, reps: int) -> Dict[str, List[Dict[str, float]]]:
+    """Each repetition's wall and CPU seconds per call of every way (``{"wall": [...],
+    "cpu": [...]}``, one dict of ways per repetition)."""
+    from mcp import Client
+
+    out: Dict[str, List[Dict[str, float]]] = {"wall": [], "cpu": []}
+    async with Client(server_params(), cache=None) as client:
+        runs, loops = await ways_over(client)
+        names = list(runs)
+        for rep in range(reps):
+            wall: Dict[str, float] = {}
+            cpu: Dict[str, float] = {}
+            for k in range(len(names)):
+                name = names[(rep + k) % len(names)]
+                wall[name], cpu[name] = await timed(calls, runs[name])
+            out["wall"].append(wall)
+            out["cpu"].append(cpu)
+        for loop in loops:
+            await loop.aclose()
+    return out
 
 
 async def child(way: str, calls: int) -> None:
-    """``--child WAY CALLS``: ``CALLS`` calls made ``WAY`` after a warm-up (under callgrind)."""
-    if way == "direct":
-        from mcp import Client, StdioServerParameters
+    """``--child WAY CALLS``: ``CALLS`` calls made ``WAY`` after a warm-up (under valgrind)."""
+    from mcp import Client
 
-        async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
+    async with Client(server_params(), cache=None) as client:
+        if way == "direct":
             for _ in range(calls + 1):
                 await client.call_tool("add", {"a": 1, "b": 2})
-        return
-    loop = loop_over(way != "loop+local", tasks=not way.endswith("-tasks"))
-    turn = turn_of(loop)
-    for _ in range(calls + 1):
-        await turn()
-    await loop.aclose()
+            return
+        loop = loop_over(way, client)
+        turn = turn_of(loop)
+        for _ in range(calls + 1):
+            await turn()
+        await loop.aclose()
 
 
-def callgrind(sizes: str) -> None:
+def callgrind(sizes: str, cache: bool) -> None:
     _callgrind.require_valgrind()
     small, large = (int(n) for n in sizes.split(","))
-    per: Dict[str, float] = {}
+    columns = ("instructions", "l1_misses", "ll_misses", "cycles") if cache else ("instructions",)
+    per: Dict[str, Dict[str, float]] = {}
     for way in WAYS:
-        print(f"  {way}: callgrind at {small} and {large} calls...", file=sys.stderr, flush=True)
-        per[way] = _callgrind.per_unit(__file__, ["--child", way], small, large)
-    per["through kerman"] = per["loop+mcp"] - per["loop+local"]
-    per["through kerman -tasks"] = per["loop+mcp -tasks"] - per["loop+local"]
-    print("MCP tool call over stdio, client instructions per call (callgrind)")
-    for name, value in per.items():
-        print(f"  {name:<22}{value:>12,.0f}")
-    ratio, no_tasks = per["through kerman"] / per["direct"], per["through kerman -tasks"] / per["direct"]
-    print(f"  through kerman / direct: {ratio:.3f}x (target <= 1.10x); without the tasks extension: {no_tasks:.3f}x")
-    figures = {"bench": "mcp_call_callgrind", "ratio": round(ratio, 4), "ratio_without_tasks": round(no_tasks, 4)}
-    figures.update({name: round(value) for name, value in per.items()})
+        print(f"  {way}: {'cachegrind' if cache else 'callgrind'} at {small} and {large} calls...", file=sys.stderr, flush=True)
+        if cache:
+            per[way] = _callgrind.misses_per_unit(__file__, ["--child", way], small, large)
+        else:
+            per[way] = {"instructions": _callgrind.per_unit(__file__, ["--child", way], small, large)}
+    for column in columns:
+        rows = derived({way: per[way][column] for way in WAYS})
+        for name, value in rows.items():
+            per.setdefault(name, {})[column] = value
+    what = "instructions and simulated L1/L2 misses (cachegrind)" if cache else "instructions (callgrind)"
+    print(f"MCP tool call over stdio, client {what} per call")
+    print(f"  {'':<22}" + "".join(f"{c.replace('_', ' '):>14}" for c in columns))
+    for name, row in per.items():
+        print(f"  {name:<22}" + "".join(f"{row[c]:>14,.0f}" for c in columns))
+    figures: Dict[str, Any] = {"bench": "mcp_call_cachegrind" if cache else "mcp_call_callgrind"}
+    for column in columns:
+        ratio = per["through kerman"][column] / per["direct"][column]
+        no_tasks = per["through kerman -tasks"][column] / per["direct"][column]
+        alone = per["less turn alone"][column] / per["direct"][column]
+        print(
+            f"  {column.replace('_', ' ')}: through kerman / direct {ratio:.3f}x (target <= 1.10x); "
+            f"without the tasks extension {no_tasks:.3f}x; less the turn alone {alone:.3f}x"
+        )
+        suffix = "" if column == "instructions" else "_" + column
+        figures["ratio" + suffix] = round(ratio, 4)
+        figures["ratio_without_tasks" + suffix] = round(no_tasks, 4)
+        figures["ratio_less_turn_alone" + suffix] = round(alone, 4)
+    for name, row in per.items():
+        key = _key(name)
+        for column in columns:
+            figures[key if column == "instructions" else f"{key}_{column}"] = round(row[column])
     print(json.dumps(figures))
 
 
-async def counted(calls: int) -> None:
-    """``--rounds``: event-loop rounds and Python calls per call, each way (``_rounds.py``)."""
-    from mcp import Client, StdioServerParameters
+def _key(name: str) -> str:
+    return name.replace(" -", "_no_").replace(" ", "_").replace("+", "_")
 
-    per: Dict[str, Tuple[float, float]] = {}
-    async with Client(StdioServerParameters(command=sys.executable, args=[SERVER]), cache=None) as client:
-        for way in WAYS:
-            if way == "direct":
-                loop = None
-                once: Callable[[], Coroutine[Any, Any, Any]] = lambda: client.call_tool("add", {"a": 1, "b": 2})  # noqa: E731
-            else:
-                loop = loop_over(way != "loop+local", tasks=not way.endswith("-tasks"))
-                once = turn_of(loop)
-            await once()  # warm up: the server started, the tools listed
-            per[way] = await _rounds.count(calls, once)
-            if loop is not None:
-                await loop.aclose()
-    for name, way in (("through kerman", "loop+mcp"), ("through kerman -tasks", "loop+mcp -tasks")):
-        per[name] = (per[way][0] - per["loop+local"][0], per[way][1] - per["loop+local"][1])
-    print(f"MCP tool call over stdio, per call (mean of {calls}; the client process's main thread)")
-    print(f"  {'':<22}{'loop rounds':>12}{'Python calls':>14}")
-    for name, (rounds, py) in per.items():
-        print(f"  {name:<22}{rounds:>12.2f}{py:>14.1f}")
-    direct = per["direct"]
-    through = per["through kerman"]
-    print(f"  through kerman - direct: {through[0] - direct[0]:+.2f} rounds, {through[1] - direct[1]:+.1f} Python calls")
+
+async def counted(calls: int) -> None:
+    """``--rounds``: event-loop rounds, Python calls, faults, context switches, collections and
+    CPU per call, each way (``_rounds.py``)."""
+    from mcp import Client
+
+    per: Dict[str, Dict[str, float]] = {}
+    async with Client(server_params(), cache=None) as client:
+        runs, loops = await ways_over(client)
+        for way, once in runs.items():
+            per[way] = await _rounds.count_all(calls, once)
+        for loop in loops:
+            await loop.aclose()
+    columns = list(per["direct"])
+    for column in columns:
+        for name, value in derived({way: per[way][column] for way in WAYS}).items():
+            per.setdefault(name, {})[column] = value
+    print(f"MCP tool call over stdio, per call (mean of {calls}; the client process)")
+    print(f"  {'':<22}" + "".join(f"{_rounds.LABELS[c]:>14}" for c in columns))
+    for name, row in per.items():
+        print(f"  {name:<22}" + "".join(f"{row[c]:>14.2f}" for c in columns))
     figures: Dict[str, Any] = {"bench": "mcp_call_rounds"}
-    for name, (rounds, py) in per.items():
-        key = name.replace(" -", "_no_").replace(" ", "_").replace("+", "_")
-        figures[key + "_rounds"] = round(rounds, 2)
-        figures[key + "_python_calls"] = round(py, 1)
+    for name, row in per.items():
+        for column in columns:
+            figures[f"{_key(name)}_{column}"] = round(row[column], 3)
+    print(json.dumps(figures))
+
+
+def report(times: Dict[str, List[Dict[str, float]]], calls: int, reps: int) -> None:
+    print(f"MCP tool call over stdio, per call ({reps} repetitions of {calls} calls, interleaved)")
+    figures: Dict[str, Any] = {"bench": "mcp_call", "calls": calls, "reps": reps}
+    for kind, label in (("wall", "wall"), ("cpu", "client cpu")):
+        reps_of = [{**rep, **derived(rep)} for rep in times[kind]]
+        best = {name: min(rep[name] for rep in times[kind]) for name in times[kind][0]}
+        best.update(derived(best))
+        mid = {name: median([rep[name] for rep in reps_of]) for name in reps_of[0]}
+        print(f"  {label}: {'median':>10}{'best':>10}")
+        for name in mid:
+            print(f"  {name:<24}{mid[name] * 1e6:8.1f} us{best[name] * 1e6:8.1f} us")
+        ratios = {
+            name: median([rep[name] / rep["direct"] for rep in reps_of])
+            for name in ("through kerman", "through kerman -tasks", "less turn alone")
+        }
+        key = label.replace(" ", "_")
+        print(
+            f"  through kerman / direct ({label}, median of the repetitions' ratios): {ratios['through kerman']:.2f}x "
+            f"(target <= 1.10x); without the tasks extension {ratios['through kerman -tasks']:.2f}x; "
+            f"less the turn alone {ratios['less turn alone']:.2f}x"
+        )
+        figures[key + "_ratio"] = round(ratios["through kerman"], 3)
+        figures[key + "_ratio_without_tasks"] = round(ratios["through kerman -tasks"], 3)
+        figures[key + "_ratio_less_turn_alone"] = round(ratios["less turn alone"], 3)
+        figures.update({f"{_key(name)}_{key}_us": round(value * 1e6, 1) for name, value in mid.items()})
     print(json.dumps(figures))
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--callgrind", action="store_true", help="count the client's instructions (valgrind) instead of timing")
+    parser.add_argument("--cache", action="store_true", help="with --callgrind: simulate the caches (cachegrind) and count misses too")
     parser.add_argument("--sizes", default="100,300", help="with --callgrind: the two numbers of calls")
-    parser.add_argument("--rounds", action="store_true", help="count event-loop rounds and Python calls per call instead of timing")
+    parser.add_argument("--rounds", action="store_true", help="count loop rounds, Python calls, faults and CPU per call instead of timing")
     args = parser.parse_args()
     if args.rounds:
         await counted(args.calls)
-        return
-    if args.callgrind:
-        callgrind(args.sizes)
-        return
-    best = await measure(args.calls, args.reps)
-    print(f"MCP tool call over stdio, per call (best of {args.reps} x {args.calls}, interleaved)")
-    print(f"  {'':<16}{'wall':>10}{'client cpu':>14}")
-    figures: Dict[str, Any] = {"bench": "mcp_call"}
-    for kind in ("", " cpu"):
-        best["through kerman" + kind] = best["loop+mcp" + kind] - best["loop+local" + kind]
-        best["through kerman -tasks" + kind] = best["loop+mcp -tasks" + kind] - best["loop+local" + kind]
-    for name in ("direct", "loop+mcp", "loop+mcp -tasks", "loop+local", "through kerman", "through kerman -tasks"):
-        print(f"  {name:<16}{best[name] * 1e6:8.1f} us{best[name + ' cpu'] * 1e6:10.1f} us")
-    for kind, label in (("", "wall"), (" cpu", "client cpu")):
-        ratio = best["through kerman" + kind] / best["direct" + kind]
-        figures[label.replace(" ", "_") + "_ratio"] = round(ratio, 3)
-        print(f"  through kerman / direct ({label}): {ratio:.2f}x (target <= 1.10x)")
-        no_tasks_ratio = best["through kerman -tasks" + kind] / best["direct" + kind]
-        figures[label.replace(" ", "_") + "_ratio_without_tasks"] = round(no_tasks_ratio, 3)
-        print(f"  without the tasks extension ({label}): {no_tasks_ratio:.2f}x")
-    key = {name: name.replace(" -", "_no_").replace(" ", "_").replace("+", "_") + "_us" for name in best}
-    figures.update({key[name]: round(value * 1e6, 1) for name, value in best.items()})
-    print(json.dumps(figures))
+    elif args.callgrind:
+        callgrind(args.sizes, args.cache)
+    else:
+        report(await measure(args.calls, args.reps), args.calls, args.reps)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,11 @@ def test_mcp_call_counts_rounds_and_python_calls_per_call() -> None:
     pytest.importorskip("mcp")
     result = last_json(str(BENCHES / "mcp_call.py"), "--rounds", "--calls", "5")
     assert result["bench"] == "mcp_call_rounds"
-    for way in ("direct", "loop_mcp", "loop_local", "loop_mcp_no_tasks"):
+    for way in ("direct", "loop_client", "loop_mcp", "loop_local", "loop_mcp_no_tasks"):
         assert result[way + "_rounds"] >= 1 and result[way + "_python_calls"] >= 1
-    # through kerman is loop+mcp less loop+local
-    assert result["through_kerman_rounds"] == pytest.approx(result["loop_mcp_rounds"] - result["loop_local_rounds"], abs=0.02)
+        for figure in ("minor_faults", "voluntary_switches", "involuntary_switches", "collections", "user_us", "system_us"):
+            assert result[f"{way}_{figure}"] >= 0
+    # through kerman is the call through the loop less the turn around the direct call
+    for figure in ("rounds", "python_calls", "minor_faults"):
+        expected = result["direct_" + figure] + result["loop_mcp_" + figure] - result["loop_client_" + figure]
+        assert result["through_kerman_" + figure] == pytest.approx(expected, abs=0.01)
