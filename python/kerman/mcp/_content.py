@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
-__all__ = ["blocks_of", "result_meta", "resource_blocks"]
+__all__ = ["blocks_of", "content_of", "result_meta", "resource_blocks"]
 
 
 def _text(text: str) -> Dict[str, Any]:
@@ -68,6 +68,16 @@ def blocks_of(content: Sequence[Any], structured: Any = None) -> List[Dict[str, 
     if not blocks:
         blocks.append(_text(""))
     return blocks
+
+
+def content_of(content: Sequence[Any], structured: Any = None) -> Union[str, List[Dict[str, Any]]]:
+    """A ``ToolResult``'s content for an MCP result: its blocks (``blocks_of``), or the text
+    of a result that is one text block. The loop logs a text result as that same one block,
+    but builds its message straight as JSON, where a list of blocks is kept as parsed maps: a
+    few times the memory and the instructions, for the commonest MCP result."""
+    if len(content) == 1 and getattr(content[0], "type", None) == "text":  # structuredContent goes to the meta
+        return str(content[0].text)
+    return blocks_of(content, structured)
 
 
 def result_meta(server: str, tool: str, result: Any, progress: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

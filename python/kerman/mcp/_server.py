@@ -23,7 +23,7 @@ from ..decisions import InputRequired
 from ..tools import Tool, ToolContext, ToolResult
 from . import _input, _progress, _task_input, _tasks
 from ._adapter import MCPTool, effect_of, is_destructive
-from ._content import blocks_of, resource_blocks, result_meta
+from ._content import content_of, resource_blocks, result_meta
 from ._transport import HttpTarget, OwnedHttp, describe, is_broken, server_stderr
 from ._types import Elicitation, ElicitFn, Filter, MCPServerError, Progress, ProgressFn, check_filter, positive, require_mcp
 
@@ -416,7 +416,7 @@ class MCPServer:
             asked = _input.input_required(result)
             return failed(asked) if isinstance(asked, str) else asked
         return ToolResult(
-            blocks_of(result.content, result.structured_content),
+            content_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
             meta=result_meta(self.name, tool.remote_name, result, progress),
         )
@@ -433,7 +433,7 @@ class MCPServer:
         if result is None or isinstance(result, InputRequired):
             return result
         return ToolResult(
-            blocks_of(result.content, result.structured_content),
+            content_of(result.content, result.structured_content),
             is_error=bool(result.is_error),
             meta=result_meta(self.name, tool.remote_name, result, ()),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, List
 
 from mcp_helpers import block, call, results, scripted, stdio, text, turn
@@ -31,6 +32,27 @@ def test_every_content_type_becomes_blocks_the_providers_understand() -> None:
         assert mcp["media"] == [{"type": "audio", "mimeType": "audio/wav", "bytes": 10}]
         assert (mcp["server"], mcp["tool"]) == ("mcp_server.py", "media")
         assert not block(event).get("isError", False)
+        await loop.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_result_of_one_text_block_is_given_to_the_loop_as_its_text() -> None:
+    # The loop logs a str result as one text block built straight as JSON; a list of blocks
+    # it keeps as parsed maps (a few times the memory): the commonest MCP result is the former.
+    async def main() -> None:
+        server = stdio(filter=["add"])
+        [tool] = await server.list_tools()
+        ctx = SimpleNamespace(call_id="c1", turn=1, step=1, input=None, loop=None)
+        result = await tool.fn({"a": 1, "b": 2}, ctx)
+        assert result.content == "3"
+        assert result.meta["mcp"]["structuredContent"] == {"result": "3"}
+        await server.aclose()
+        loop = kerman.AgentLoop(scripted(call("add", {"a": 1, "b": 2}), "done"), tools=[stdio(filter=["add"])])
+        await turn(loop)
+        [event] = results(loop)
+        assert block(event)["content"] == [{"type": "text", "text": "3"}]
+        assert "isError" not in block(event)
         await loop.aclose()
 
     asyncio.run(main())
