@@ -25,7 +25,8 @@ after the client's ``mcp`` code and the wait on the pipe, and cost several times
 1.1 x direct``: the ratio printed is the median over the repetitions of each repetition's own
 ratio (the ways of one repetition share the host's load; a difference of two minima taken
 from different repetitions is not the difference of anything measured together). The best
-repetition of each way is printed too. Prints a table and one JSON line. Needs ``kerman[mcp]``.
+repetition of each way is printed too, and the derived rows of those bests, for comparison.
+Prints a table and one JSON line. Needs ``kerman[mcp]``.
 
 ``--callgrind`` counts the client process's instructions instead (valgrind's callgrind, each
 way run at two numbers of calls, the difference per call; the server process is not counted):
