@@ -73,8 +73,9 @@ def blocks_of(content: Sequence[Any], structured: Any = None) -> List[Dict[str, 
 def content_of(content: Sequence[Any], structured: Any = None) -> Union[str, List[Dict[str, Any]]]:
     """A ``ToolResult``'s content for an MCP result: its blocks (``blocks_of``), or the text
     of a result that is one text block. The loop logs a text result as that same one block,
-    but builds its message straight as JSON, where a list of blocks is kept as parsed maps: a
-    few times the memory and the instructions, for the commonest MCP result."""
+    but builds its message straight as JSON, where a list of blocks is kept as parsed maps
+    (about 2 KB more a call, which the process page-faults in as its log grows), for the
+    commonest MCP result."""
     if len(content) == 1 and getattr(content[0], "type", None) == "text":  # structuredContent goes to the meta
         return str(content[0].text)
     return blocks_of(content, structured)
