@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic_core import to_jsonable_python
 
@@ -368,7 +368,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         session_id: str,
         name: str | None = None,
         effects: dict[str, Any] | None = None,
-        sync: str = "effects",
+        sync: Literal["effects", "units"] = "effects",
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")
