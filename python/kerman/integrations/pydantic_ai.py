@@ -3,12 +3,23 @@
 A pydantic-ai ``Agent`` with ``capabilities=[KermanDurability(store, session_id=...)]`` journals
 each durable unit of its runs (model request, tool call, event handling, ...) in the Kerman
 session ``session_id``: when a unit completes, its result is appended as one ``pydantic-ai/unit``
-event and flushed before the run goes on. The run's end is appended when it returns and not
-awaited: it reaches the disk with the store's next sync (within the mode's window, at the next
-flush, or at ``close()``); a crash before that leaves a run whose every unit is logged, which the
-next run with its prompt replays whole (no model request, no tool call). A run started again
-with the same session (after a crash, in a new process) returns the logged results instead of
-running those units again, and runs the rest.
+event. A run started again with the same session (after a crash, in a new process) returns the
+logged results instead of running those units again, and runs the rest.
+
+When a run waits for the disk (``sync="effects"``, the default): where an effect depends on it.
+The ``pydantic-ai/started`` marker of a tool call that must not simply run again (a ``write``, or
+any tool whose policy in doubt is not ``"retry"``) is flushed before the tool's body runs, which
+also makes every earlier append durable (the log is written in order), and that call's result is
+flushed before the run goes on. A model response and a read or idempotent tool's result are
+appended and not waited for: they reach the disk with the next waited flush, the store's own
+sync (a ``FileStore`` in ``checkpoint`` within 50 ms), or ``close()``. Before the run returns
+(an output, a pause for approvals, or an error) one flush is awaited, so nothing the caller is
+given rests on a unit that is not durable. A crash (a process killed or a power loss) before an
+append reaches the disk costs what a crash before that append would have cost: model requests
+made again and read or idempotent tools run again since the last waited flush; never a write
+run twice undetected, never an output the caller was given. ``sync="units"`` flushes every
+unit's result before the run goes on, and leaves the run's end to the store's next sync (every
+unit is durable already: a crash before it leaves a run the next attempt replays whole).
 
 Built on pydantic-ai's public ``pydantic_ai.durable_exec`` surface only. Needs the extra
 ``kerman[pydantic-ai]`` (``pydantic-ai-slim``); ``import kerman`` does not import it.
@@ -33,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic_core import to_jsonable_python
 
@@ -84,6 +95,10 @@ RAISED = "pydantic-ai/raised"
 
 _Store = Union["kerman.FileStore", "kerman.MemoryStore", "kerman.PostgresStore"]
 
+#: The values of ``KermanDurability(..., sync=)``: wait for the disk where an effect depends on
+#: it, or after every unit.
+SYNC_MODES = ("effects", "units")
+
 
 class _Journal:
     """The journal of one run in the session: the results logged by earlier attempts of the run,
@@ -96,10 +111,14 @@ class _Journal:
         logged: dict[tuple[str, int], Any],
         *,
         flush: bool,
+        every_unit: bool = False,
         started: set[tuple[str, int]] | None = None,
     ) -> None:
         self.log = log
+        # Whether flushes keep anything (not on a MemoryStore), and whether every unit's result
+        # waits for one (sync="units") or only a marked call's (sync="effects").
         self.flush = flush
+        self.every_unit = every_unit
         self.run = run
         self.logged = logged
         self.started = started or set()
@@ -120,10 +139,11 @@ class _Journal:
         self.counts[name] = n + 1
         return n
 
-    async def record(self, name: str, n: int, result: Any) -> None:
-        """One durable append: the unit's result, flushed before the run goes on."""
+    async def record(self, name: str, n: int, result: Any, *, marked: bool = False) -> None:
+        """The unit's result, appended; flushed before the run goes on when the call was
+        ``marked`` started (a resume must not find it in doubt) or every unit waits."""
         self.log.append(UNIT, {"unit": name, "n": n, "run": self.run, "result": result})
-        if self.flush:
+        if self.flush and (marked or self.every_unit):
             await self.log.flush()
         self._logged()
 
@@ -136,7 +156,8 @@ class _Journal:
         self._marked()
 
     def _logged(self) -> None:
-        """Called after each unit's result is durable (the crash tests stop the process here)."""
+        """Called after each unit's result is appended, and flushed where the run waits for it
+        (the crash tests stop the process here)."""
 
     def _requested(self) -> None:
         """Called after a paused run's decision requests are durable, before its end (the crash
@@ -221,7 +242,7 @@ class _Backend(JournalCallableOperationBackend[Any]):
             call = InDoubtCall(policy.tool, name, n, journal.run, self.session_id)
             again, logged = await reconcile(policy, call)
             if not again:
-                await journal.record(name, n, logged)
+                await journal.record(name, n, logged, marked=True)
                 return logged
         if policy is None or not policy.needs_marker:
             result = await body()
@@ -233,7 +254,7 @@ class _Backend(JournalCallableOperationBackend[Any]):
                 # The body returned control: the call is over (failed), not in doubt.
                 journal.log.append(RAISED, {"unit": name, "n": n, "run": journal.run, "error": repr(error)[:500]})
                 raise
-        await journal.record(name, n, result)
+        await journal.record(name, n, result, marked=policy is not None and policy.needs_marker)
         return result
 
 
@@ -320,6 +341,11 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
     requesting or executing those units again; otherwise it starts a new run in the session.
     A unit that started but logged no result runs again (see docs/frameworks.md).
 
+    ``sync="effects"`` (the default) waits for the disk where an effect depends on it: before
+    and after a tool call marked started (a ``write``, or a tool that is not simply run again in
+    doubt), and once before the run returns; ``sync="units"`` after every unit's result (a
+    crash then never makes a model request again). See the module's docstring.
+
     The capability opens the session on the first run and keeps it open; ``close()`` closes it.
     """
 
@@ -335,9 +361,20 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         sequential_tools_in_durable_context=True,
     )
 
-    def __init__(self, store: _Store, *, session_id: str, name: str | None = None, effects: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        store: _Store,
+        *,
+        session_id: str,
+        name: str | None = None,
+        effects: dict[str, Any] | None = None,
+        sync: Literal["effects", "units"] = "effects",
+    ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")
+        if sync not in SYNC_MODES:
+            raise ValueError(f'KermanDurability: sync must be "effects" or "units", not {sync!r}')
+        self._sync = sync
         if not hasattr(store, "exists") or not hasattr(store, "create"):
             raise TypeError(f"KermanDurability: store must be a Kerman store (FileStore, MemoryStore, PostgresStore), not {store!r}")
         self._effects = check_effects(effects)
@@ -346,12 +383,17 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         self._session = _Session(store, session_id)
 
     def __repr__(self) -> str:
-        return f"KermanDurability(session_id={self._session.session_id!r}, name={self.name or None!r})"
+        return f"KermanDurability(session_id={self._session.session_id!r}, name={self.name or None!r}, sync={self._sync!r})"
 
     @property
     def session_id(self) -> str:
         """The Kerman session the runs are journalled in."""
         return self._session.session_id
+
+    @property
+    def sync(self) -> str:
+        """When a run waits for the disk: ``"effects"`` or ``"units"`` (see the class)."""
+        return self._sync
 
     @property
     def log(self) -> kerman.SessionLog:
@@ -476,12 +518,19 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
                 f"{start.get('prompt')!r}; resume it with the same prompt, not {prompt!r}, or start anew in another session"
             )
         # A MemoryStore's flush promises nothing a crash would keep: its log dies with the process.
-        journal = _Journal(log, run, units, flush=not isinstance(self._session.store, kerman.MemoryStore), started=started)
+        flush = not isinstance(self._session.store, kerman.MemoryStore)
+        journal = _Journal(log, run, units, flush=flush, every_unit=self._sync == "units", started=started)
         assert self._session.inbox is not None
         journal.steering = Steering(self._session.inbox, run, resumed=not last.ended)
         token = _JOURNAL.set(journal)
         try:
             result = await super().wrap_run(ctx, handler=handler)
+        except Exception:
+            # The caller gets the error only once what the run appended is durable (with
+            # sync="units" every unit already is): a run started again finds its units.
+            if flush and not journal.every_unit:
+                await log.flush()
+            raise
         finally:
             _JOURNAL.reset(token)
         output = getattr(result, "output", None)
@@ -497,10 +546,12 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
             end["messages"] = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
         log.append(RUN_END, end)
         self._session.ended = (len(log), run)
-        # Not awaited unless the run paused (its end carries the messages that continue it, read
-        # from any process): every unit is durable already, so a run whose end a crash lost is
-        # finished from the log alone, and a durable run pays one sync less (docs/frameworks.md).
-        if paused and journal.flush:
+        # The run's one waited sync with sync="effects": the units not waited for and the end
+        # together, so the output returned rests on nothing a crash could take back. With
+        # sync="units" it is not awaited unless the run paused (its end carries the messages
+        # that continue it, read from any process): every unit is durable already, so a run
+        # whose end a crash lost is finished from the log alone (docs/frameworks.md).
+        if journal.flush and (paused or not journal.every_unit):
             await log.flush()
         if paused and isinstance(self._session.store, kerman.FileStore):
             # A file session has one process at a time: let go, so store.decide (or kerman serve)

@@ -6,11 +6,11 @@ so a test counts what ran, across processes.
 The weather tool is a read (``kerman_effect`` in its metadata), book a write (the default): a
 book call in doubt fails with an outcome-unknown result, a weather call runs again.
 
-Also a child process (``python pai_agent.py KIND WHERE SESSION TRACE_DIR KILL_AFTER [KILL_IN]``):
-runs the agent once under ``KermanDurability``, kills itself with SIGKILL right after the
-``KILL_AFTER``-th unit result of this process is durable (0: never), or inside tool ``KILL_IN``
-right after its effect (its trace line) is written, and prints the output as JSON when the run
-ends."""
+Also a child process (``python pai_agent.py KIND WHERE SESSION TRACE_DIR KILL_AFTER [KILL_IN [SYNC]]``):
+runs the agent once under ``KermanDurability(..., sync=SYNC)`` (default ``effects``), kills
+itself with SIGKILL right after the ``KILL_AFTER``-th unit result of this process is appended
+(0: never; with ``units`` it is durable then), or inside tool ``KILL_IN`` (``""``: none) right
+after its effect (its trace line) is written, and prints the output as JSON when the run ends."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _store(kind: str, where: str) -> Any:
     return kerman.PostgresStore(where, lease_ttl=0)  # lease_ttl=0: a killed owner's lease lapses at once
 
 
-async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int, kill_in: str = "") -> None:
+async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int, kill_in: str = "", sync: str = "effects") -> None:
     from kerman.integrations import pydantic_ai as kp
 
     if kill_in:
@@ -102,7 +102,7 @@ async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_afte
                 os.kill(os.getpid(), signal.SIGKILL)
 
         kp._Journal._logged = stop_here  # type: ignore[method-assign]
-    durability = kp.KermanDurability(_store(kind, where), session_id=session)
+    durability = kp.KermanDurability(_store(kind, where), session_id=session, sync=sync)
     result = await build(trace_dir, [durability]).run(PROMPT)
     durability.close()
     print(json.dumps(result.output.model_dump()), flush=True)
@@ -110,4 +110,5 @@ async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_afte
 
 if __name__ == "__main__":
     kind, where, session, trace, kill = sys.argv[1:6]
-    asyncio.run(_child(kind, where, session, Path(trace), int(kill), sys.argv[6] if len(sys.argv) > 6 else ""))
+    kill_in, sync = (sys.argv[6:] + ["", "effects"][len(sys.argv[6:]) :])[:2]
+    asyncio.run(_child(kind, where, session, Path(trace), int(kill), kill_in, sync))

@@ -6,7 +6,9 @@ scripted by a ``FunctionModel`` so a run is deterministic, run under ``KermanDur
 Every model call and every tool execution appends one line to a file in the work directory, so
 the parent counts what ran across processes. Write tools append to ``<tool>.write.log``.
 
-Child process: ``python pai_conformance.py ENGINE AGENT WORKDIR KILL`` where ``KILL`` is
+Child process: ``python pai_conformance.py ENGINE AGENT WORKDIR KILL`` where ``ENGINE`` is
+``kerman`` (``sync="units"``: every unit durable before the next, so each is a journal write),
+``kerman-effects`` (the default ``sync="effects"``) or ``dbos``, and ``KILL`` is
 ``0`` (no kill), ``N`` (SIGKILL right after the engine's ``N``-th journal write of this process:
 a Kerman append made durable, a DBOS step output recorded) or ``in:<tool>`` (SIGKILL inside that
 tool, right after its effect). A first process starts the run with the agent's prompt; a
@@ -231,7 +233,7 @@ def _kill_in(work: Path, tool: str) -> None:
     write = write_then_die
 
 
-async def _kerman(name: str, work: Path, killer: _Killer) -> Any:
+async def _kerman(name: str, work: Path, killer: _Killer, sync: str) -> Any:
     import kerman
     from kerman.integrations import pydantic_ai as kp
 
@@ -239,7 +241,7 @@ async def _kerman(name: str, work: Path, killer: _Killer) -> Any:
     kp._Journal._marked = lambda self: killer.wrote()  # type: ignore[method-assign]
     # Each write tool reconciles a call in doubt from its ledger (docs/frameworks.md).
     effects = {tool: ("write", reconcile_from_ledger(work, tool)) for tool in WRITES[name]}
-    durability = kp.KermanDurability(kerman.FileStore(str(work / "sessions")), session_id="s", effects=effects)
+    durability = kp.KermanDurability(kerman.FileStore(str(work / "sessions")), session_id="s", effects=effects, sync=sync)
     agent, prompt = AGENTS[name](work, [durability])
     pending = durability.pending_prompt()
     if pending is not None:
@@ -289,7 +291,10 @@ def main(engine: str, name: str, work: Path, kill: str) -> None:
     killer = _Killer(int(kill) if kill.isdigit() else 0)
     if kill.startswith("in:"):
         _kill_in(work, kill[3:])
-    output = asyncio.run((_kerman if engine == "kerman" else _dbos)(name, work, killer))
+    if engine == "dbos":
+        output = asyncio.run(_dbos(name, work, killer))
+    else:
+        output = asyncio.run(_kerman(name, work, killer, "units" if engine == "kerman" else "effects"))
     print(json.dumps({"output": to_jsonable_python(output), "writes": killer.writes}), flush=True)
 
 

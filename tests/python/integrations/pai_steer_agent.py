@@ -76,7 +76,9 @@ async def _child(kind: str, where: str, session: str, trace_dir: Path, mode: str
     from kerman.integrations import pydantic_ai_steering as steering
 
     store: Any = kerman.FileStore(where) if kind == "file" else kerman.PostgresStore(where, lease_ttl=0)
-    durability = kp.KermanDurability(store, session_id=session)
+    # A kill after the answer that read the steering must find that answer durable: every unit
+    # is flushed (the default waits only around writes and before the run returns).
+    durability = kp.KermanDurability(store, session_id=session, sync="units" if mode == "answer-die" else "effects")
 
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)

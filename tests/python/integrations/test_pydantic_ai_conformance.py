@@ -4,6 +4,10 @@ structured output, streaming, deferred approvals) under ``KermanDurability`` and
 k-th journal write) or inside a write tool right after its effect, then restarted in a new
 process that is given no prompt (it finds the interrupted run in the engine's journal).
 
+Kerman runs with ``sync="units"`` here (every unit durable before the next, so each is a journal
+write); with the default ``sync="effects"`` the kills inside each write tool are checked too (the
+marker's flush before the body made every earlier unit durable).
+
 Checked for both engines: the restarted run ends with the uninterrupted run's output (the prompt
 was not lost) and no model response that was journalled is requested again. Write tools:
 under Kerman each write happens once (a call in doubt is reconciled from the tool's ledger);
@@ -108,6 +112,20 @@ def test_killed_and_restarted_ends_as_uninterrupted(engine, agent, tmp_path):
                 assert count == 1, f"{where}: {tool} ran {count} times"
             else:  # DBOS replays the workflow's code, function tools included
                 assert count == got["before"][tool] + 1, f"{where}: {tool} ran {count} times"
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("agent", [a for a in AGENTS if WRITES[a]])
+def test_the_default_sync_killed_inside_each_write_ends_as_uninterrupted(agent, tmp_path):
+    base = uninterrupted("kerman-effects", agent)
+    for tool in WRITES[agent]:
+        work = tmp_path / tool
+        work.mkdir()
+        got = killed_and_restarted("kerman-effects", agent, f"in:{tool}", work)
+        where = f"kerman-effects {agent} killed in {tool}"
+        assert got["output"] == base["output"], where
+        assert got["model"] == base["model"], where
+        assert all(count == 1 for count in got["writes"].values()), (where, got["writes"])
 
 
 def table() -> str:

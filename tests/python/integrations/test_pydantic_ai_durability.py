@@ -1,8 +1,11 @@
 """KermanDurability: a pydantic-ai Agent (FunctionModel, two tools, structured output) journalled
-in a Kerman session. A child process SIGKILLed right after each unit result is durable, then run
-again on the same session, ends with the uninterrupted run's output, executes no tool twice and
-requests no logged model response again (FileStore and PostgresStore); in process: the event
-types, a second run in a finished session, a resume with another prompt refused."""
+in a Kerman session. A child process SIGKILLed right after each unit result is durable
+(``sync="units"``), then run again on the same session, ends with the uninterrupted run's output,
+executes no tool twice and requests no logged model response again (FileStore and
+PostgresStore); with ``sync="effects"``, a kill right after a waited unit keeps the units before
+it that were not waited for, and a kill right after one not waited for costs at most those units
+again, never the write; in process: the event types, a second run in a finished session, a
+resume with another prompt refused."""
 
 from __future__ import annotations
 
@@ -34,15 +37,15 @@ def _lines(trace: Path, name: str) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _child(kind: str, where: str, session: str, trace: Path, kill_after: int) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(CHILD), kind, where, session, str(trace), str(kill_after)]
+def _child(kind: str, where: str, session: str, trace: Path, kill_after: int, sync: str = "units") -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, str(CHILD), kind, where, session, str(trace), str(kill_after), "", sync]
     return subprocess.run(args, capture_output=True, text=True, timeout=90)
 
 
 def _kill_at_every_boundary(kind: str, where: str, tmp_path: Path) -> None:
-    """One session, one process per unit: each process replays what the ones before it logged,
-    logs one unit more and is killed right after it is durable, so the kills land after unit 1,
-    2, ... UNITS; a last process finishes the run."""
+    """One session, one process per unit (``sync="units"``): each process replays what the ones
+    before it logged, logs one unit more and is killed right after it is durable, so the kills
+    land after unit 1, 2, ... UNITS; a last process finishes the run."""
     trace = tmp_path / "trace"
     trace.mkdir()
     for k in range(1, UNITS + 1):
@@ -68,6 +71,44 @@ def test_a_file_session_killed_after_each_unit_finishes_as_uninterrupted(tmp_pat
 @pytest.mark.timeout(900)
 def test_a_postgres_session_killed_after_each_unit_finishes_as_uninterrupted(tmp_path):
     _kill_at_every_boundary("postgres", fresh_schema_dsn(), tmp_path)
+
+
+def _killed_after(unit: int, tmp_path: Path) -> dict[str, list[str]]:
+    """A file session's run (``sync="effects"``) killed right after its ``unit``-th unit is
+    appended, then finished by a second process: what ran, in both."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    where = str(tmp_path / "sessions")
+    killed = _child("file", where, "s", trace, unit, sync="effects")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
+    resumed = _child("file", where, "s", trace, 0, sync="effects")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == EXPECTED
+    return {name: _lines(trace, f"{name}.log") for name in ("model", "weather", "book")}
+
+
+@pytest.mark.timeout(300)
+def test_a_kill_after_a_waited_unit_keeps_the_units_before_it_not_waited_for(tmp_path):
+    # The fourth unit is book's result (a write: its marker and its result are flushed). The
+    # model responses and weather's result before it were not waited for, but the marker's
+    # flush made them durable (the log is written in order): none is requested or run again.
+    ran = _killed_after(4, tmp_path)
+    assert ran == {"model": ["0", "1", "2"], "weather": ["Lyon"], "book": ["Lyon"]}
+
+
+@pytest.mark.timeout(300)
+def test_a_kill_after_a_unit_not_waited_for_costs_at_most_those_units_again(tmp_path):
+    # The second unit is weather's result (a read, not waited for). A kill before the store
+    # wrote it (a FileStore in checkpoint writes within 50 ms, or at the next flush) costs the
+    # first model request and the read again, as a kill before their appends would have; it
+    # never runs the write twice, and the output is the uninterrupted run's.
+    ran = _killed_after(2, tmp_path)
+    assert ran["book"] == ["Lyon"]
+    assert ran["weather"] in (["Lyon"], ["Lyon", "Lyon"])
+    assert ran["model"] in (["0", "1", "2"], ["0", "0", "1", "2"])
+    # What was not written was lost with the process, nothing else: each unit ran again only
+    # if it had not reached the file.
+    assert len(ran["model"]) - 3 <= len(ran["weather"]) - 1
 
 
 @pytest.mark.timeout(300)
@@ -129,7 +170,7 @@ def test_bad_arguments_are_named():
         KermanDurability(kerman.MemoryStore(), session_id="")
     with pytest.raises(TypeError, match="store must be a Kerman store"):
         KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
-    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None)"
+    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='effects')"
 
 
 def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_path, capsys):
@@ -186,15 +227,16 @@ def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path
 
 
 def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_is_replayed(tmp_path):
-    """Each unit is synced before the run goes on, but the run's end is not awaited (it reaches
-    the disk within the mode's window, or at close): when its write fails, the run has already
-    returned, close() reports the failure, and the session holds the run as interrupted with
-    every unit logged, so running it again replays it all (no model request, no tool call)."""
+    """With sync="units" each unit is synced before the run goes on, but the run's end is not
+    awaited (it reaches the disk within the mode's window, or at close): when its write fails,
+    the run has already returned, close() reports the failure, and the session holds the run as
+    interrupted with every unit logged, so running it again replays it all (no model request,
+    no tool call)."""
     from kerman._core import _FaultPlan
 
     root = tmp_path / "sessions"
     plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
-    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s")
+    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s", sync="units")
     assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
     with pytest.raises(kerman.LogWriteError):
         durability.close()
@@ -207,4 +249,29 @@ def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_i
     assert _lines(tmp_path, "weather.log") == ["Lyon"]
     assert _lines(tmp_path, "book.log") == ["Lyon"]
     assert [e.type for e in durability.log.events()][-1] == RUN_END
+    durability.close()
+
+
+def test_a_run_whose_last_sync_fails_returns_no_output_and_is_resumed_from_what_was_durable(tmp_path):
+    """With sync="effects" the run waits for its end's flush, which also carries the last model
+    response (not waited for): when that write fails the run raises instead of returning an
+    output that is not durable, and the next run replays every unit up to book's result (its
+    flush was waited for) and requests the last model response again."""
+    from kerman._core import _FaultPlan
+
+    root = tmp_path / "sessions"
+    plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
+    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s")
+    with pytest.raises(kerman.LogWriteError):
+        _run(build(tmp_path, [durability]))
+    assert plan.fired is not None and plan.fired["first_seq"] == 6  # the last model response and the end
+    with pytest.raises(kerman.LogWriteError):
+        durability.close()
+
+    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s")
+    assert durability.pending_prompt() == PROMPT
+    assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    assert _lines(tmp_path, "model.log") == ["0", "1", "2", "2"]
+    assert _lines(tmp_path, "weather.log") == ["Lyon"]
+    assert _lines(tmp_path, "book.log") == ["Lyon"]
     durability.close()

@@ -1,9 +1,10 @@
 """What KermanDurability asks of the store and of pydantic-ai per run: a new file session's first
-sync starts with the run (not awaited), so the first unit's flush does not also wait for the
-session's folder; a later run, or a store that does not sync, gets no extra flush; a run after
-one this capability ended reads nothing back from the log, and a new run looks for no claims of
-its own; the durable-operation backend pydantic-ai asks for at each model request is made once
-per name."""
+sync starts with the run (not awaited), so the first waited flush does not also wait for the
+session's folder; a later run, or a store that does not sync, gets no extra flush; with
+``sync="effects"`` a run waits for the disk once before it returns, and around a marked tool
+call, and with ``sync="units"`` after every unit; a run after one this capability ended reads
+nothing back from the log, and a new run looks for no claims of its own; the durable-operation
+backend pydantic-ai asks for at each model request is made once per name."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 pytest.importorskip("pydantic_ai")
 
 from pydantic_ai import Agent  # noqa: E402
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart  # noqa: E402
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 
 import kerman  # noqa: E402
 from kerman.integrations import pydantic_ai_steering as steering  # noqa: E402
-from kerman.integrations.pydantic_ai import RUN, RUN_END, UNIT, KermanDurability  # noqa: E402
+from kerman.integrations.pydantic_ai import RAISED, RUN, RUN_END, STARTED, UNIT, KermanDurability  # noqa: E402
 
 
 class _Noted:
@@ -76,12 +77,12 @@ def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_new_file_session_starts_its_first_sync_with_the_run_not_at_its_first_unit(tmp_path, monkeypatch):
-    # The start's flush comes before the model request; the second run's start rides with its
-    # first unit's flush (nothing is left to create). Only the first run reads the log (to find
-    # an interrupted run): the second knows the first ended.
+    # The start's flush comes before the model request (not awaited); the second run's start
+    # rides with its end's flush (nothing is left to create). Only the first run reads the log
+    # (to find an interrupted run): the second knows the first ended.
     assert _two_runs(kerman.FileStore(tmp_path / "s"), monkeypatch) == [
-        *["read", RUN, "flush", "model", UNIT, "flush", RUN_END],
-        *[RUN, "model", UNIT, "flush", RUN_END],
+        *["read", RUN, "flush", "model", UNIT, RUN_END, "flush"],
+        *[RUN, "model", UNIT, RUN_END, "flush"],
     ]
     log = kerman.FileStore(tmp_path / "s").open("s")
     assert [e.type for e in log.events()] == [RUN, UNIT, RUN_END, RUN, UNIT, RUN_END]
@@ -92,8 +93,85 @@ def test_a_new_file_session_starts_its_first_sync_with_the_run_not_at_its_first_
 def test_a_store_that_does_not_sync_gets_no_flush_at_the_start(tmp_path, monkeypatch, store):
     # `none` never syncs (so owes no folder sync); a MemoryStore's flush keeps nothing.
     made = kerman.FileStore(tmp_path / "s", durability="none") if store == "none" else kerman.MemoryStore()
-    unit = [UNIT, "flush"] if store == "none" else [UNIT]
-    assert _two_runs(made, monkeypatch) == ["read", RUN, "model", *unit, RUN_END, RUN, "model", *unit, RUN_END]
+    end = [RUN_END, "flush"] if store == "none" else [RUN_END]
+    assert _two_runs(made, monkeypatch) == ["read", RUN, "model", UNIT, *end, RUN, "model", UNIT, *end]
+
+
+def _one_tool_run(tmp_path: Any, effect: str, sync: str | None, *, fails: bool = False) -> list[str]:
+    """The appends and flushes (and the model's and the tool's bodies) of a run in a file
+    session that exists already: one model request asking for tool ``act`` of effect class
+    ``effect``, the call, a last model request (or the run raising from the tool)."""
+    calls: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append("model")
+        if not any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", [])):
+            return ModelResponse(parts=[ToolCallPart("act", {})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    store = kerman.FileStore(tmp_path / "s")
+    store.create("s").close()
+    options = {} if sync is None else {"sync": sync}
+    durability = KermanDurability(store, session_id="s", effects={"act": effect}, **options)
+    durability._session.log = _Noted(durability.log, calls)
+    agent = Agent(FunctionModel(model), name="a", capabilities=[durability])
+
+    @agent.tool_plain
+    def act() -> str:
+        calls.append("tool")
+        if fails:
+            raise RuntimeError("the tool failed")
+        return "acted"
+
+    calls.clear()
+    if fails:
+        with pytest.raises(RuntimeError):
+            asyncio.run(agent.run("go"))
+    else:
+        assert asyncio.run(agent.run("go")).output == "done"
+    durability.close()
+    return calls
+
+
+@pytest.mark.parametrize("effect", ["read", "idempotent"])
+def test_a_run_with_a_read_waits_for_the_disk_once_before_it_returns(tmp_path, effect):
+    # Three units, none an effect to guard: their results are appended, and the run's end is
+    # flushed with them all before the run returns.
+    assert _one_tool_run(tmp_path, effect, None) == [
+        *["read", RUN, "model", UNIT, "tool", UNIT, "model", UNIT, RUN_END, "flush"],
+    ]
+
+
+def test_a_run_with_a_write_waits_before_its_body_after_its_result_and_before_it_returns(tmp_path):
+    # The marker's flush makes the model response that asked for the call durable too (the log
+    # is written in order); the result's flush keeps the call out of doubt.
+    assert _one_tool_run(tmp_path, "write", "effects") == [
+        *["read", RUN, "model", UNIT, STARTED, "flush", "tool", UNIT, "flush", "model", UNIT, RUN_END, "flush"],
+    ]
+
+
+@pytest.mark.parametrize("effect", ["read", "write"])
+def test_sync_units_waits_after_every_unit_and_not_for_the_end(tmp_path, effect):
+    marked = [STARTED, "flush"] if effect == "write" else []
+    assert _one_tool_run(tmp_path, effect, "units") == [
+        *["read", RUN, "model", UNIT, "flush", *marked, "tool", UNIT, "flush", "model", UNIT, "flush", RUN_END],
+    ]
+
+
+def test_a_run_that_raises_waits_for_the_disk_once_before_the_error_reaches_the_caller(tmp_path):
+    # The read's failure is no unit of the run (pydantic-ai raises it): what was appended is
+    # flushed before the error propagates; a write that raised logs that it did.
+    assert _one_tool_run(tmp_path, "read", None, fails=True) == ["read", RUN, "model", UNIT, "tool", "flush"]
+    assert _one_tool_run(tmp_path / "w", "write", None, fails=True) == [
+        *["read", RUN, "model", UNIT, STARTED, "flush", "tool", RAISED, "flush"],
+    ]
+
+
+def test_sync_is_checked_and_shown():
+    with pytest.raises(ValueError, match='sync must be "effects" or "units", not \'unit\''):
+        KermanDurability(kerman.MemoryStore(), session_id="s", sync="unit")
+    assert KermanDurability(kerman.MemoryStore(), session_id="s").sync == "effects"
+    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s", sync="units")).endswith("sync='units')")
 
 
 def test_a_run_after_something_else_was_appended_reads_the_log_again(tmp_path, monkeypatch):
