@@ -6,20 +6,20 @@ session ``session_id``: when a unit completes, its result is appended as one ``p
 event. A run started again with the same session (after a crash, in a new process) returns the
 logged results instead of running those units again, and runs the rest.
 
-When a run waits for the disk (``sync="effects"``, the default): where an effect depends on it.
-The ``pydantic-ai/started`` marker of a tool call that must not simply run again (a ``write``, or
-any tool whose policy in doubt is not ``"retry"``) is flushed before the tool's body runs, which
-also makes every earlier append durable (the log is written in order), and that call's result is
-flushed before the run goes on. A model response and a read or idempotent tool's result are
-appended and not waited for: they reach the disk with the next waited flush, the store's own
-sync (a ``FileStore`` in ``checkpoint`` within 50 ms), or ``close()``. Before the run returns
-(an output, a pause for approvals, or an error) one flush is awaited, so nothing the caller is
-given rests on a unit that is not durable. A crash (a process killed or a power loss) before an
-append reaches the disk costs what a crash before that append would have cost: model requests
-made again and read or idempotent tools run again since the last waited flush; never a write
-run twice undetected, never an output the caller was given. ``sync="units"`` flushes every
-unit's result before the run goes on, and leaves the run's end to the store's next sync (every
-unit is durable already: a crash before it leaves a run the next attempt replays whole).
+When a run waits for the disk. ``sync="units"`` (the default) flushes every unit's result before
+the run goes on, and leaves the run's end to the store's next sync (every unit is durable
+already: a crash before it leaves a run the next attempt replays whole): after a crash no model
+response that was logged is requested again. ``sync="effects"`` waits only where an effect
+depends on it: the ``pydantic-ai/started`` marker of a tool call that must not simply run again
+(a ``write``, or any tool whose policy in doubt is not ``"retry"``) is flushed before the tool's
+body runs, which also makes every earlier append durable (the log is written in order), and that
+call's result is flushed before the run goes on; before the run returns (an output, a pause for
+approvals, or an error) one flush is awaited. A model response and a read or idempotent tool's
+result are appended and not waited for: a ``FileStore`` in ``checkpoint`` holds them in the
+process for up to 50 ms, so a crash (a process killed, or a power loss) before they reach the
+disk makes those model requests again and runs those reads again, and loses a steering message
+moved from pydantic-ai's queue since the last waited flush; never a write run twice undetected,
+never an output the caller was given.
 
 Built on pydantic-ai's public ``pydantic_ai.durable_exec`` surface only. Needs the extra
 ``kerman[pydantic-ai]`` (``pydantic-ai-slim``); ``import kerman`` does not import it.
@@ -96,7 +96,7 @@ RAISED = "pydantic-ai/raised"
 _Store = Union["kerman.FileStore", "kerman.MemoryStore", "kerman.PostgresStore"]
 
 #: The values of ``KermanDurability(..., sync=)``: wait for the disk where an effect depends on
-#: it, or after every unit.
+#: it, or after every unit (the default).
 SYNC_MODES = ("effects", "units")
 
 
@@ -341,10 +341,11 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
     requesting or executing those units again; otherwise it starts a new run in the session.
     A unit that started but logged no result runs again (see docs/frameworks.md).
 
-    ``sync="effects"`` (the default) waits for the disk where an effect depends on it: before
-    and after a tool call marked started (a ``write``, or a tool that is not simply run again in
-    doubt), and once before the run returns; ``sync="units"`` after every unit's result (a
-    crash then never makes a model request again). See the module's docstring.
+    ``sync="units"`` (the default) waits for the disk after every unit's result (a crash then
+    never makes a logged model request again); ``sync="effects"`` only before and after a tool
+    call marked started (a ``write``, or a tool that is not simply run again in doubt) and once
+    before the run returns, at the price of model requests made again after a crash. See the
+    module's docstring.
 
     The capability opens the session on the first run and keeps it open; ``close()`` closes it.
     """
@@ -368,7 +369,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         session_id: str,
         name: str | None = None,
         effects: dict[str, Any] | None = None,
-        sync: Literal["effects", "units"] = "effects",
+        sync: Literal["effects", "units"] = "units",
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")

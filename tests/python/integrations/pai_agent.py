@@ -7,7 +7,7 @@ The weather tool is a read (``kerman_effect`` in its metadata), book a write (th
 book call in doubt fails with an outcome-unknown result, a weather call runs again.
 
 Also a child process (``python pai_agent.py KIND WHERE SESSION TRACE_DIR KILL_AFTER [KILL_IN [SYNC]]``):
-runs the agent once under ``KermanDurability(..., sync=SYNC)`` (default ``effects``), kills
+runs the agent once under ``KermanDurability(..., sync=SYNC)`` (default ``units``), kills
 itself with SIGKILL right after the ``KILL_AFTER``-th unit result of this process is appended
 (0: never; with ``units`` it is durable then), or inside tool ``KILL_IN`` (``""``: none) right
 after its effect (its trace line) is written, and prints the output as JSON when the run ends."""
@@ -79,7 +79,7 @@ def _store(kind: str, where: str) -> Any:
     return kerman.PostgresStore(where, lease_ttl=0)  # lease_ttl=0: a killed owner's lease lapses at once
 
 
-async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int, kill_in: str = "", sync: str = "effects") -> None:
+async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_after: int, kill_in: str = "", sync: str = "units") -> None:
     from kerman.integrations import pydantic_ai as kp
 
     if kill_in:
@@ -110,5 +110,5 @@ async def _child(kind: str, where: str, session: str, trace_dir: Path, kill_afte
 
 if __name__ == "__main__":
     kind, where, session, trace, kill = sys.argv[1:6]
-    kill_in, sync = (sys.argv[6:] + ["", "effects"][len(sys.argv[6:]) :])[:2]
+    kill_in, sync = (sys.argv[6:] + ["", "units"][len(sys.argv[6:]) :])[:2]
     asyncio.run(_child(kind, where, session, Path(trace), int(kill), kill_in, sync))

@@ -7,8 +7,8 @@ Every model call and every tool execution appends one line to a file in the work
 the parent counts what ran across processes. Write tools append to ``<tool>.write.log``.
 
 Child process: ``python pai_conformance.py ENGINE AGENT WORKDIR KILL`` where ``ENGINE`` is
-``kerman`` (``sync="units"``: every unit durable before the next, so each is a journal write),
-``kerman-effects`` (the default ``sync="effects"``) or ``dbos``, and ``KILL`` is
+``kerman`` (the default ``sync="units"``: every unit durable before the next, so each is a journal
+write), ``kerman-effects`` (``sync="effects"``) or ``dbos``, and ``KILL`` is
 ``0`` (no kill), ``N`` (SIGKILL right after the engine's ``N``-th journal write of this process:
 a Kerman append made durable, a DBOS step output recorded) or ``in:<tool>`` (SIGKILL inside that
 tool, right after its effect). A first process starts the run with the agent's prompt; a

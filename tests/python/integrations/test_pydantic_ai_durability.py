@@ -170,7 +170,7 @@ def test_bad_arguments_are_named():
         KermanDurability(kerman.MemoryStore(), session_id="")
     with pytest.raises(TypeError, match="store must be a Kerman store"):
         KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
-    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='effects')"
+    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='units')"
 
 
 def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_path, capsys):
@@ -261,14 +261,14 @@ def test_a_run_whose_last_sync_fails_returns_no_output_and_is_resumed_from_what_
 
     root = tmp_path / "sessions"
     plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
-    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s")
+    durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s", sync="effects")
     with pytest.raises(kerman.LogWriteError):
         _run(build(tmp_path, [durability]))
     assert plan.fired is not None and plan.fired["first_seq"] == 6  # the last model response and the end
     with pytest.raises(kerman.LogWriteError):
         durability.close()
 
-    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s")
+    durability = KermanDurability(kerman.FileStore(str(root)), session_id="s", sync="effects")
     assert durability.pending_prompt() == PROMPT
     assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
     assert _lines(tmp_path, "model.log") == ["0", "1", "2", "2"]

@@ -137,7 +137,7 @@ def _one_tool_run(tmp_path: Any, effect: str, sync: str | None, *, fails: bool =
 def test_a_run_with_a_read_waits_for_the_disk_once_before_it_returns(tmp_path, effect):
     # Three units, none an effect to guard: their results are appended, and the run's end is
     # flushed with them all before the run returns.
-    assert _one_tool_run(tmp_path, effect, None) == [
+    assert _one_tool_run(tmp_path, effect, "effects") == [
         *["read", RUN, "model", UNIT, "tool", UNIT, "model", UNIT, RUN_END, "flush"],
     ]
 
@@ -153,16 +153,20 @@ def test_a_run_with_a_write_waits_before_its_body_after_its_result_and_before_it
 @pytest.mark.parametrize("effect", ["read", "write"])
 def test_sync_units_waits_after_every_unit_and_not_for_the_end(tmp_path, effect):
     marked = [STARTED, "flush"] if effect == "write" else []
-    assert _one_tool_run(tmp_path, effect, "units") == [
-        *["read", RUN, "model", UNIT, "flush", *marked, "tool", UNIT, "flush", "model", UNIT, "flush", RUN_END],
-    ]
+    assert (
+        _one_tool_run(tmp_path, effect, "units")
+        == _one_tool_run(tmp_path / "default", effect, None)
+        == [
+            *["read", RUN, "model", UNIT, "flush", *marked, "tool", UNIT, "flush", "model", UNIT, "flush", RUN_END],
+        ]
+    )
 
 
 def test_a_run_that_raises_waits_for_the_disk_once_before_the_error_reaches_the_caller(tmp_path):
     # The read's failure is no unit of the run (pydantic-ai raises it): what was appended is
     # flushed before the error propagates; a write that raised logs that it did.
-    assert _one_tool_run(tmp_path, "read", None, fails=True) == ["read", RUN, "model", UNIT, "tool", "flush"]
-    assert _one_tool_run(tmp_path / "w", "write", None, fails=True) == [
+    assert _one_tool_run(tmp_path, "read", "effects", fails=True) == ["read", RUN, "model", UNIT, "tool", "flush"]
+    assert _one_tool_run(tmp_path / "w", "write", "effects", fails=True) == [
         *["read", RUN, "model", UNIT, STARTED, "flush", "tool", RAISED, "flush"],
     ]
 
@@ -170,7 +174,8 @@ def test_a_run_that_raises_waits_for_the_disk_once_before_the_error_reaches_the_
 def test_sync_is_checked_and_shown():
     with pytest.raises(ValueError, match='sync must be "effects" or "units", not \'unit\''):
         KermanDurability(kerman.MemoryStore(), session_id="s", sync="unit")
-    assert KermanDurability(kerman.MemoryStore(), session_id="s").sync == "effects"
+    # The default keeps every unit durable before the next: a kill costs no model request.
+    assert KermanDurability(kerman.MemoryStore(), session_id="s").sync == "units"
     assert repr(KermanDurability(kerman.MemoryStore(), session_id="s", sync="units")).endswith("sync='units')")
 
 
