@@ -54,27 +54,46 @@ fn optional_bytes(out: &mut Vec<u8>, field: u8, value: &[u8]) {
     }
 }
 
-/// A nested message: its bytes written by `f` after a one-byte length, moved up when the
-/// length needs more bytes.
+/// A nested message of one to a few hundred bytes: see `nested_in`.
 fn nested(out: &mut Vec<u8>, field: u8, f: impl FnOnce(&mut Vec<u8>)) {
+    nested_in(out, field, 1, f);
+}
+
+/// A nested message: its bytes written by `f` after `guess` bytes kept for its length, moved
+/// when the length takes another number of bytes (the length is written in as few bytes as it
+/// needs, as protobuf's own serializers write it). A good guess saves the move.
+fn nested_in(out: &mut Vec<u8>, field: u8, guess: usize, f: impl FnOnce(&mut Vec<u8>)) {
     tag(out, field, LEN);
     let at = out.len();
-    out.push(0);
+    out.resize(at + guess, 0);
     f(out);
-    let len = out.len() - at - 1;
-    if len < 0x80 {
-        #[allow(clippy::cast_possible_truncation)] // below 0x80
-        {
-            out[at] = len as u8;
+    let len = out.len() - at - guess;
+    let need = varint_len(len as u64);
+    if need != guess {
+        if need > guess {
+            out.resize(out.len() + need - guess, 0);
         }
-        return;
+        out.copy_within(at + guess..at + guess + len, at + need);
+        out.truncate(at + need + len);
     }
-    let mut head = Vec::with_capacity(10);
-    varint(&mut head, len as u64);
-    let extra = head.len() - 1;
-    out.resize(out.len() + extra, 0);
-    out.copy_within(at + 1..at + 1 + len, at + 1 + extra);
-    out[at..at + head.len()].copy_from_slice(&head);
+    let mut value = len as u64;
+    for byte in &mut out[at..at + need - 1] {
+        #[allow(clippy::cast_possible_truncation)] // the low seven bits
+        {
+            *byte = (value as u8) | 0x80;
+        }
+        value >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)] // below 0x80
+    {
+        out[at + need - 1] = value as u8;
+    }
+}
+
+/// The bytes `varint` writes for `value`.
+fn varint_len(value: u64) -> usize {
+    // one byte per seven bits, at least one
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn any_value(out: &mut Vec<u8>, value: &Value) {
@@ -149,8 +168,11 @@ impl Shared {
     }
 }
 
+/// The bytes kept for a span's length: a span with attributes takes 128 to 16,383 bytes.
+const SPAN_LENGTH: usize = 2;
+
 fn span(out: &mut Vec<u8>, span: &Span, shared: &mut Shared) {
-    nested(out, 2, |out| {
+    nested_in(out, 2, SPAN_LENGTH, |out| {
         bytes(out, 1, &span.trace_id);
         bytes(out, 2, &span.span_id);
         if let Some(parent) = &span.parent {
@@ -180,16 +202,32 @@ fn span(out: &mut Vec<u8>, span: &Span, shared: &mut Shared) {
     });
 }
 
-/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, appended to `out`. The spans
-/// are written first and the enclosing messages' heads after, so a batch is copied once.
+/// An encoded `ExportTraceServiceRequest` in two parts, `head` then `spans`: the enclosing
+/// messages' heads (tags and lengths, the resource, the scope) are written after the spans,
+/// whose length they hold, and the caller joins the parts where the body goes (a Python
+/// `bytes`), so the spans are copied once.
+pub struct Request {
+    pub head: Vec<u8>,
+    pub spans: Vec<u8>,
+}
+
+/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, appended to `out`.
 pub fn protobuf(out: &mut Vec<u8>, resource: &Resource, spans: &[Span]) {
+    let request = request(resource, spans);
+    out.reserve(request.head.len() + request.spans.len());
+    out.extend_from_slice(&request.head);
+    out.extend_from_slice(&request.spans);
+}
+
+/// `spans` as an OTLP `ExportTraceServiceRequest` in protobuf, in two parts.
+pub fn request(resource: &Resource, spans: &[Span]) -> Request {
     let mut body = Vec::with_capacity(spans.len() * 320);
     let mut shared = Shared::default();
     for s in spans {
         span(&mut body, s, &mut shared);
     }
-    let mut head = Vec::with_capacity(256);
-    nested(&mut head, 1, |out| {
+    let mut inner = Vec::with_capacity(256);
+    nested_in(&mut inner, 1, 2, |out| {
         for (key, value) in &resource.attributes {
             key_value(out, 1, key, value);
         }
@@ -200,14 +238,14 @@ pub fn protobuf(out: &mut Vec<u8>, resource: &Resource, spans: &[Span]) {
         optional_bytes(out, 2, resource.scope_version.as_bytes());
     });
     let scope_spans = scope.len() + body.len();
-    tag(&mut head, 2, LEN);
-    varint(&mut head, scope_spans as u64);
-    tag(out, 1, LEN);
-    varint(out, (head.len() + scope_spans) as u64);
-    out.reserve(head.len() + scope_spans);
-    out.extend_from_slice(&head);
-    out.extend_from_slice(&scope);
-    out.extend_from_slice(&body);
+    tag(&mut inner, 2, LEN);
+    varint(&mut inner, scope_spans as u64);
+    let mut head = Vec::with_capacity(inner.len() + scope.len() + 12);
+    tag(&mut head, 1, LEN);
+    varint(&mut head, (inner.len() + scope_spans) as u64);
+    head.extend_from_slice(&inner);
+    head.extend_from_slice(&scope);
+    Request { head, spans: body }
 }
 
 fn hex(out: &mut String, id: &[u8]) {

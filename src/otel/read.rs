@@ -187,18 +187,19 @@ pub fn tool_result(text: &str) -> Option<ToolResult<'_>> {
             out.block = None;
             scan::walk_members(text, at, |key, at| match key {
                 "source" => {
-                    let end = scan::skip(text, at)?;
-                    out.source = object(&text[at..end]);
+                    let (source, end) = object_at(text, at)?;
+                    out.source = source;
                     Some(end)
                 }
                 "content" => {
                     out.block = None;
                     let mut first = None;
                     let end = scan::walk_items(text, at, |at| {
-                        let end = scan::skip(text, at)?;
-                        if first.is_none() {
-                            first = object::<Block<'_>>(&text[at..end]).filter(|b| text_is(b.kind, "tool-result"));
+                        if first.is_some() {
+                            return scan::skip(text, at);
                         }
+                        let (block, end) = object_at::<Block<'_>>(text, at)?;
+                        first = block.filter(|b| text_is(b.kind, "tool-result"));
                         Some(end)
                     });
                     out.block = first;
@@ -228,6 +229,22 @@ pub fn object<'a, T: View<'a>>(text: &'a str) -> Option<T> {
     let mut view = T::default();
     scan::members(text, |key, value| view.set(key, value))?;
     Some(view)
+}
+
+/// Reads the value that starts at `at` as the view `T` when it is an object, in one pass (not
+/// skipped first and read after): the view (`None`: not an object) and the index after the
+/// value (`None`: no value starts at `at`).
+fn object_at<'a, T: View<'a>>(text: &'a str, at: usize) -> Option<(Option<T>, usize)> {
+    let mut view = T::default();
+    let walked = scan::walk_members(text, at, |key, at| {
+        let end = scan::skip(text, at)?;
+        view.set(key, text.get(at..end)?);
+        Some(end)
+    });
+    match walked {
+        Some(end) => Some((Some(view), end)),
+        None => Some((None, scan::skip(text, at)?)),
+    }
 }
 
 /// An object field read as `T` (`None`: absent, or not an object).

@@ -168,6 +168,11 @@ impl Requests {
         name
     }
 
+    /// The turn of the last `turn/start` or `step/start` folded (0 when it names none).
+    pub fn turn(&self) -> i64 {
+        self.turn
+    }
+
     /// Folds one event.
     pub fn add(&mut self, event: &Event) {
         let kind = event.kind();

@@ -54,7 +54,8 @@ fn string_end(b: &[u8], at: usize) -> Option<(usize, bool)> {
     }
 }
 
-/// The index after the array or object that opens at `at`.
+/// The index after the array or object that opens at `at`. One byte at a time outside strings:
+/// a message's structure puts a quote every few bytes, so eight-byte steps would not pay there.
 fn nested_end(b: &[u8], at: usize) -> Option<usize> {
     let mut depth = 0usize;
     let mut i = at;
@@ -101,59 +102,23 @@ fn value_end(b: &[u8], at: usize) -> Option<usize> {
 /// twice is seen twice), with the key unescaped and the value as its JSON text. `None` when
 /// `text` is not an object.
 pub fn members<'a>(text: &'a str, mut f: impl FnMut(&str, &'a str)) -> Option<()> {
-    let b = text.as_bytes();
-    let mut i = space(b, 0);
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = space(b, i + 1);
-    if b.get(i) == Some(&b'}') {
-        return Some(());
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let (end, escaped) = string_end(b, i)?;
-        let key = key(text.get(i + 1..end - 1)?, escaped)?;
-        i = space(b, end);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        i = space(b, i + 1);
-        let stop = value_end(b, i)?;
-        f(&key, text.get(i..stop)?);
-        i = space(b, stop);
-        match b.get(i)? {
-            b',' => i = space(b, i + 1),
-            b'}' => return Some(()),
-            _ => return None,
-        }
-    }
+    walk_members(text, 0, |key, at| {
+        let stop = value_end(text.as_bytes(), at)?;
+        f(key, text.get(at..stop)?);
+        Some(stop)
+    })
+    .map(drop)
 }
 
 /// Calls `f(item)` for each item of the array `text`, as its JSON text. `None` when `text` is
 /// not an array.
 pub fn items<'a>(text: &'a str, mut f: impl FnMut(&'a str)) -> Option<()> {
-    let b = text.as_bytes();
-    let mut i = space(b, 0);
-    if b.get(i) != Some(&b'[') {
-        return None;
-    }
-    i = space(b, i + 1);
-    if b.get(i) == Some(&b']') {
-        return Some(());
-    }
-    loop {
-        let stop = value_end(b, i)?;
-        f(text.get(i..stop)?);
-        i = space(b, stop);
-        match b.get(i)? {
-            b',' => i = space(b, i + 1),
-            b']' => return Some(()),
-            _ => return None,
-        }
-    }
+    walk_items(text, 0, |at| {
+        let stop = value_end(text.as_bytes(), at)?;
+        f(text.get(at..stop)?);
+        Some(stop)
+    })
+    .map(drop)
 }
 
 /// The index after the JSON value that starts at `at` (after any space).
@@ -165,7 +130,10 @@ pub fn skip(text: &str, at: usize) -> Option<usize> {
 /// given each member's key and the index its value starts at, and returns the index after the
 /// value — by `skip`, or by reading the value itself (`walk_members`, `walk_items`), so a
 /// nested value a caller reads is walked once rather than skipped and then read. Gives the
-/// index after the object; `None` when no object starts at `at`.
+/// index after the object; `None` when no object starts at `at`. Inlined: `members` is a
+/// closure over it, and a call per member would cost what the scan of a short member costs.
+#[allow(clippy::inline_always, reason = "members and items are thin wrappers: no call for their walk")]
+#[inline(always)]
 pub fn walk_members(text: &str, at: usize, mut f: impl FnMut(&str, usize) -> Option<usize>) -> Option<usize> {
     let b = text.as_bytes();
     let mut i = space(b, at);
@@ -199,6 +167,8 @@ pub fn walk_members(text: &str, at: usize, mut f: impl FnMut(&str, usize) -> Opt
 
 /// Walks the array that starts at `at` (after any space) in one pass, as `walk_members` walks
 /// an object: `f(start)` returns the index after the item that starts at `start`.
+#[allow(clippy::inline_always, reason = "members and items are thin wrappers: no call for their walk")]
+#[inline(always)]
 pub fn walk_items(text: &str, at: usize, mut f: impl FnMut(usize) -> Option<usize>) -> Option<usize> {
     let b = text.as_bytes();
     let mut i = space(b, at);
@@ -227,11 +197,18 @@ pub fn is_empty(text: &str) -> bool {
     matches!(b.get(open), Some(b'[' | b'{')) && matches!(b.get(space(b, open + 1)), Some(b']' | b'}'))
 }
 
-/// A key's text, unescaped when it holds an escape (keys rarely do).
+/// A key's text, unescaped when it holds an escape (keys rarely do: that case is a call of its
+/// own, so the common one is inlined into the walk).
+#[inline]
 fn key(raw: &str, escaped: bool) -> Option<Cow<'_, str>> {
     if !escaped {
         return Some(Cow::Borrowed(raw));
     }
+    unescaped(raw)
+}
+
+#[cold]
+fn unescaped(raw: &str) -> Option<Cow<'_, str>> {
     let mut quoted = String::with_capacity(raw.len() + 2);
     quoted.push('"');
     quoted.push_str(raw);

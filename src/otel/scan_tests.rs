@@ -6,7 +6,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{is_empty, items, members};
+use super::{is_empty, items, members, skip, string_end};
 
 /// xorshift64*: a fixed sequence, so a failure is the same on every run.
 struct Rng(u64);
@@ -270,4 +270,33 @@ fn a_tool_result_read_in_one_pass_reads_as_its_views_read_it() {
     }
     // the generator reaches the case that matters
     assert!(with_block > 500, "{with_block}");
+}
+
+/// Pieces of a string's text: quotes, backslashes and brackets land at every offset mod 8 of
+/// the eight-byte skips, and runs of plain text cross their boundaries.
+const TEXTS: [&str; 14] = ["a", "\"", "\\", "\n", "\u{1}", "é", "😀", "/", "{", "]", "[}", " ", "\u{7f}", "xxxxxxxxx"];
+
+#[test]
+fn strings_and_nested_values_end_where_serde_ends_them() {
+    let mut rng = Rng(0x0bad_5eed_dead_beef);
+    for _ in 0..20_000 {
+        let mut plain = String::new();
+        for _ in 0..rng.below(40) {
+            plain.push_str(rng.pick(&TEXTS));
+        }
+        let literal = serde_json::to_string(&plain).unwrap();
+        let pad = " ".repeat(usize::try_from(rng.below(16)).unwrap());
+        // after the string, text a skip that went too far or stopped short would read as its end
+        let tail = rng.pick(&["", "\"", "\\\"", "\"]", ",\"x\"}"]);
+        let text = format!("{pad}{literal}{tail}");
+        let at = pad.len();
+        assert_eq!(string_end(text.as_bytes(), at), Some((at + literal.len(), literal.contains('\\'))), "{text}");
+        // a string cut anywhere before its closing quote has no end
+        for cut in at + 1..at + literal.len() {
+            assert_eq!(string_end(&text.as_bytes()[..cut], at), None, "{}", String::from_utf8_lossy(&text.as_bytes()[..cut]));
+        }
+        let nested = format!("{pad}[{literal}, {{{literal}: [{literal}, {{}}]}}, []]{tail}");
+        let parsed: &RawValue = serde_json::from_str(&nested[..nested.len() - tail.len()]).unwrap();
+        assert_eq!(skip(&nested, 0), Some(pad.len() + parsed.get().len()), "{nested}");
+    }
 }

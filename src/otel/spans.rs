@@ -142,8 +142,8 @@ impl SpanFold {
     }
 
     fn turn_start(&mut self, event: &Event) {
-        let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
-        let number = read::int(head.turn).unwrap_or(0);
+        // The request fold read the turn's number from this event already.
+        let number = self.requests.turn();
         let span_id = self.key.span(event.seq);
         let turn = match self.continues.take() {
             // The turn after one a crash interrupted continues its work: the same trace, under it.

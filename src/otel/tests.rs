@@ -113,6 +113,20 @@ fn fields(mut bytes: &[u8]) -> Vec<(u64, u64, Vec<u8>)> {
     out
 }
 
+/// Checks that the fields of `bytes`, a message of length-delimited fields with one-byte tags,
+/// have their lengths in as few bytes as they need: the message is as long as that makes it.
+fn minimal(bytes: &[u8]) {
+    let varint_len = |n: usize| format!("{n:b}").len().div_ceil(7);
+    let expected: usize = fields(bytes)
+        .iter()
+        .map(|(_, wire, value)| {
+            assert_eq!(*wire, 2);
+            1 + varint_len(value.len()) + value.len()
+        })
+        .sum();
+    assert_eq!(bytes.len(), expected);
+}
+
 #[test]
 fn the_protobuf_nests_as_otlp_says_and_long_fields_get_long_lengths() {
     let long = "x".repeat(300);
@@ -165,6 +179,9 @@ fn the_protobuf_nests_as_otlp_says_and_long_fields_get_long_lengths() {
         let mut out = Vec::new();
         encode::protobuf(&mut out, &resource, &[short]);
         let [(1, 2, resource_spans)] = &fields(&out)[..] else { panic!("one ResourceSpans") };
+        // each length in as few bytes as it needs, as protobuf's serializers write it
+        minimal(&out);
+        minimal(&fields(resource_spans)[1].2);
         let scope_spans = fields(&fields(resource_spans)[1].2);
         let span = fields(&scope_spans[1].2);
         assert_eq!(

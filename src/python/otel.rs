@@ -6,15 +6,20 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::event_log::{PyEvent, PySessionLog};
+use crate::event_log::{Event, SessionLog};
 use crate::otel::{encode, Options, Resource, SpanFold, Value};
 
 struct State {
     fold: SpanFold,
     resource: Resource,
+    /// The events of a batch, copied out of the log (the log's lock is held for the copy
+    /// only, not for the fold); kept between batches with its capacity.
+    events: Vec<Event>,
 }
 
 /// The spans of one session, folded from its events and encoded as OTLP.
@@ -63,7 +68,7 @@ impl PyOtlpSpans {
         let attributes = resource.iter().map(|(k, v)| Ok((k.clone(), value(v)?))).collect::<PyResult<Vec<_>>>()?;
         let resource = Resource { attributes, scope_name: "kerman.otel".into(), scope_version };
         let fold = SpanFold::new(Options { session, agent_name, model, provider, latest });
-        Ok(PyOtlpSpans { state: Mutex::new(State { fold, resource }) })
+        Ok(PyOtlpSpans { state: Mutex::new(State { fold, resource, events: Vec::new() }) })
     }
 
     /// Folds the events `log` committed since the last call (up to `stop`), in Rust, with the
@@ -73,10 +78,7 @@ impl PyOtlpSpans {
         let log = log.borrow().inner.clone();
         py.detach(|| {
             let mut state = lock(&self.state);
-            let start = state.fold.position;
-            for event in log.range(start, stop) {
-                state.fold.add(&event);
-            }
+            fold(&mut state, &log, stop);
             state.fold.position
         })
     }
@@ -109,17 +111,14 @@ impl PyOtlpSpans {
 
     /// Folds what `log` committed since the last call and returns the spans that ended, as an
     /// OTLP protobuf `ExportTraceServiceRequest` (`None`: no span ended); one GIL-free call.
-    fn batch<'py>(&self, py: Python<'py>, log: &Bound<'_, PySessionLog>) -> Option<Bound<'py, PyBytes>> {
+    fn batch<'py>(&self, py: Python<'py>, log: &Bound<'_, PySessionLog>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let log = log.borrow().inner.clone();
-        let body = py.detach(|| {
+        let request = py.detach(|| {
             let mut state = lock(&self.state);
-            let start = state.fold.position;
-            for event in log.range(start, None) {
-                state.fold.add(&event);
-            }
+            fold(&mut state, &log, None);
             take(&mut state)
-        })?;
-        Some(PyBytes::new(py, &body))
+        });
+        request.map(|r| body(py, &r)).transpose()
     }
 
     /// The spans ended since the last take, as an OTLP `ExportTraceServiceRequest`:
@@ -127,7 +126,7 @@ impl PyOtlpSpans {
     #[pyo3(signature = (format = "protobuf"))]
     fn take<'py>(&self, py: Python<'py>, format: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
         match format {
-            "protobuf" => Ok(py.detach(|| take(&mut lock(&self.state))).map(|b| PyBytes::new(py, &b).into_any())),
+            "protobuf" => Ok(py.detach(|| take(&mut lock(&self.state))).map(|r| body(py, &r)).transpose()?.map(Bound::into_any)),
             "json" => {
                 let text = py.detach(|| {
                     let mut state = lock(&self.state);
@@ -158,14 +157,48 @@ impl PyOtlpSpans {
     }
 }
 
-fn take(state: &mut State) -> Option<Vec<u8>> {
+/// Folds the events `log` committed from the fold's position (up to `stop`).
+fn fold(state: &mut State, log: &SessionLog, stop: Option<u64>) {
+    let State { fold, events, .. } = state;
+    let start = usize::try_from(fold.position).unwrap_or(usize::MAX);
+    let stop = stop.map_or(usize::MAX, |s| usize::try_from(s).unwrap_or(usize::MAX));
+    log.with_events(|all| events.extend_from_slice(all.get(start..stop.min(all.len())).unwrap_or_default()));
+    for event in events.drain(..) {
+        fold.add(&event);
+    }
+}
+
+/// The spans ended since the last take, encoded (`None`: none ended). The spans' `Vec` keeps
+/// its capacity for the next batch.
+fn take(state: &mut State) -> Option<encode::Request> {
     if state.fold.spans.is_empty() {
         return None;
     }
-    let spans = std::mem::take(&mut state.fold.spans);
-    let mut out = Vec::with_capacity(256 + spans.len() * 400);
-    encode::protobuf(&mut out, &state.resource, &spans);
-    Some(out)
+    let request = encode::request(&state.resource, &state.fold.spans);
+    state.fold.spans.clear();
+    Some(request)
+}
+
+/// The request as a Python `bytes`, its two parts copied in place: one copy of the spans, and
+/// no zeroing of a buffer about to be overwritten (`PyBytes::new_with` zeroes it first).
+fn body<'py>(py: Python<'py>, request: &encode::Request) -> PyResult<Bound<'py, PyBytes>> {
+    let (head, spans) = (&request.head, &request.spans);
+    let len = head.len() + spans.len();
+    let size = ffi::Py_ssize_t::try_from(len).map_err(|_| PyValueError::new_err("the OTLP body is too large"))?;
+    // SAFETY: called with the GIL held (`py`). With a null pointer, `PyBytes_FromStringAndSize`
+    // returns a new bytes object of `len` bytes not yet written (or null with an exception set,
+    // which `from_owned_ptr_or_err` returns). Nothing else holds the object yet, so its buffer
+    // (`PyBytes_AsString`, `len` bytes plus a terminator) is ours to write: `head` then `spans`,
+    // `len` bytes in all, from vectors that do not overlap it, through raw pointers (no
+    // reference to the unwritten bytes is made).
+    unsafe {
+        let object = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+        let bytes = Bound::from_owned_ptr_or_err(py, object)?.cast_into_unchecked::<PyBytes>();
+        let out = ffi::PyBytes_AsString(object).cast::<u8>();
+        std::ptr::copy_nonoverlapping(head.as_ptr(), out, head.len());
+        std::ptr::copy_nonoverlapping(spans.as_ptr(), out.add(head.len()), spans.len());
+        Ok(bytes)
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
