@@ -51,7 +51,7 @@ class _Noted:
         return self._log.events(*args, **kwargs)
 
 
-def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch, sync: str = "units") -> list[str]:
     """The appends, flushes, reads and model requests of two runs in a session the capability
     creates (``claims``: the steering's look for claims an earlier attempt of the run logged)."""
     calls: list[str] = []
@@ -67,7 +67,7 @@ def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append("model")
         return ModelResponse(parts=[TextPart("done")])
 
-    durability = KermanDurability(store, session_id="s")
+    durability = KermanDurability(store, session_id="s", sync=sync)  # type: ignore[arg-type]
     durability._session.log = _Noted(durability.log, calls)  # the log as the runs use it
     agent = Agent(FunctionModel(model), name="a", capabilities=[durability])
     assert asyncio.run(agent.run("hi")).output == "done"
@@ -78,23 +78,38 @@ def _two_runs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_new_file_session_starts_its_first_sync_with_the_run_not_at_its_first_unit(tmp_path, monkeypatch):
     # The start's flush comes before the model request (not awaited); the second run's start
-    # rides with its end's flush (nothing is left to create). Only the first run reads the log
-    # (to find an interrupted run): the second knows the first ended.
+    # rides with its first unit's flush (nothing is left to create). Only the first run reads the
+    # log (to find an interrupted run): the second knows the first ended.
     assert _two_runs(kerman.FileStore(tmp_path / "s"), monkeypatch) == [
-        *["read", RUN, "flush", "model", UNIT, RUN_END, "flush"],
-        *[RUN, "model", UNIT, RUN_END, "flush"],
+        *["read", RUN, "flush", "model", UNIT, "flush", RUN_END],
+        *[RUN, "model", UNIT, "flush", RUN_END],
     ]
     log = kerman.FileStore(tmp_path / "s").open("s")
     assert [e.type for e in log.events()] == [RUN, UNIT, RUN_END, RUN, UNIT, RUN_END]
     log.close()
 
 
+def test_with_sync_effects_a_new_file_session_waits_once_a_run_for_its_end(tmp_path, monkeypatch):
+    # The start's flush is not awaited; each run's one waited flush is its end's, which carries
+    # its unit (and, in the second run, its start).
+    assert _two_runs(kerman.FileStore(tmp_path / "s"), monkeypatch, "effects") == [
+        *["read", RUN, "flush", "model", UNIT, RUN_END, "flush"],
+        *[RUN, "model", UNIT, RUN_END, "flush"],
+    ]
+
+
+@pytest.mark.parametrize("sync", ["units", "effects"])
 @pytest.mark.parametrize("store", ["none", "memory"])
-def test_a_store_that_does_not_sync_gets_no_flush_at_the_start(tmp_path, monkeypatch, store):
+def test_a_store_that_does_not_sync_gets_no_flush_at_the_start(tmp_path, monkeypatch, store, sync):
     # `none` never syncs (so owes no folder sync); a MemoryStore's flush keeps nothing.
     made = kerman.FileStore(tmp_path / "s", durability="none") if store == "none" else kerman.MemoryStore()
-    end = [RUN_END, "flush"] if store == "none" else [RUN_END]
-    assert _two_runs(made, monkeypatch) == ["read", RUN, "model", UNIT, *end, RUN, "model", UNIT, *end]
+    if store == "memory":
+        unit, end = [UNIT], [RUN_END]
+    elif sync == "units":
+        unit, end = [UNIT, "flush"], [RUN_END]
+    else:
+        unit, end = [UNIT], [RUN_END, "flush"]
+    assert _two_runs(made, monkeypatch, sync) == ["read", RUN, "model", *unit, *end, RUN, "model", *unit, *end]
 
 
 def _one_tool_run(tmp_path: Any, effect: str, sync: str | None, *, fails: bool = False) -> list[str]:
