@@ -63,7 +63,8 @@ def test_a_loop_runs_beside_a_run_killed_after_it_asked(tmp_path):
     trace.mkdir()
 
     def child(mode: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(CHILD), "file", where, "s", str(trace), mode], capture_output=True, text=True, timeout=120)
+        args = [sys.executable, str(CHILD), "file", where, "s", str(trace), mode]
+        return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
     killed = child("run-die")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
