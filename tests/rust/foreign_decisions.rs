@@ -202,3 +202,12 @@ fn the_index_agrees_with_the_whole_fold_as_the_log_grows() {
     let other = MemoryStore::new().create(Some("t")).unwrap();
     assert!(index.pending(&other).is_empty());
 }
+
+#[test]
+fn a_foreign_request_is_listed_but_is_not_the_loop_s_to_wait_for() {
+    let log = MemoryStore::new().create(Some("s")).unwrap();
+    foreign_decisions::request(&log, &json!({"kind": "pydantic-ai", "run": 1}), &[call("c1", "refund", "{}")]).unwrap();
+    let listed: Vec<_> = decisions::pending(&log).into_iter().map(|r| r.call_id).collect();
+    assert_eq!(listed, ["c1"]);
+    assert!(decisions::own_pending(&log).is_empty());
+}

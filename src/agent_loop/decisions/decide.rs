@@ -14,10 +14,19 @@ pub fn pending(log: &SessionLog) -> Vec<Request> {
 /// [`pending`], another framework's requests read through `foreign`, the index a loop keeps
 /// for its log (the others are read from the last turn only).
 pub fn pending_with(log: &SessionLog, foreign: &foreign_decisions::Index) -> Vec<Request> {
+    let mut out = own_pending(log);
+    out.extend(foreign.pending(log));
+    out
+}
+
+/// The loop's own requests of `log` waiting for a decision, in order: its last turn's (the
+/// gate's, about calls in doubt, about the budget), without another framework's. A loop waits
+/// for these alone: a request with a requester (`for`) is that framework's to wait for, and a
+/// loop that counted it would wait for a decision its turns never take up.
+pub fn own_pending(log: &SessionLog) -> Vec<Request> {
     let mut out: Vec<Request> = held(log).map(|held| held.pending().into_iter().cloned().collect()).unwrap_or_default();
     out.extend(log.with_events(call_decisions::pending).into_iter().map(|r| r.request));
     out.extend(log.with_events(budget_decisions::pending));
-    out.extend(foreign.pending(log));
     out
 }
 

@@ -29,7 +29,7 @@ mod decide;
 mod held;
 mod outcome;
 
-pub use decide::{cancel_pending, decide, expire, expire_with, next_expiry, next_expiry_with, pending, pending_with};
+pub use decide::{cancel_pending, decide, expire, expire_with, next_expiry, next_expiry_with, own_pending, pending, pending_with};
 pub use held::{held, held_step, HeldStep};
 pub use outcome::{preset_outcome, started_outcome, started_resolution};
 

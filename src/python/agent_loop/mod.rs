@@ -514,10 +514,11 @@ impl PyLoopCore {
         decide::request_list(py, &decisions::pending_with(&parts.log.get().inner, &self.shared.foreign))
     }
 
-    /// Whether the last turn waits for decisions.
+    /// Whether the last turn waits for decisions: its own, not another framework's (those are
+    /// listed by `decisions` but hold no turn of this loop).
     #[getter]
     fn waiting(&self) -> PyResult<bool> {
-        Ok(!decisions::pending_with(&self.parts()?.log.get().inner, &self.shared.foreign).is_empty())
+        Ok(!decisions::own_pending(&self.parts()?.log.get().inner).is_empty())
     }
 
     /// Whether the last turn's step stopped at decisions and a resume has something to do (they
