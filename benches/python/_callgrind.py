@@ -1,6 +1,6 @@
 """Instructions a child process executes, counted by valgrind's callgrind: the benches'
-deterministic measure (``mcp_call.py``, ``run_cost.py``, ``turn_cost.py``, each with its
-``--child`` workload).
+deterministic measure (``mcp_call.py``, ``run_cost.py``, ``turn_cost.py``,
+``pydantic_ai_durability.py``, each with its ``--child`` workload).
 
 A count is the same for the same build and input whatever else the host does, where a wall
 clock on a shared host varies by tens of percent. Each bench runs its workload at two sizes and

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pydantic_ai.durable_exec import BaseDurabilityCapability, JournalCallableOp
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+import _callgrind
 import kerman
 from kerman.integrations.pydantic_ai import KermanDurability
 
@@ -186,27 +186,14 @@ def child(row: str, built: int, ran: int) -> None:
         asyncio.run(go())
 
 
-# The children under callgrind hash strings alike (a fixed PYTHONHASHSEED): dict and set layouts,
-# and so the counts, are then the same from one run to the next.
-SEEDED = {**os.environ, "PYTHONHASHSEED": "0"}
-
-
 def measured(tool: List[str], row: str, built: int, ran: int) -> str:
     """Runs ``--child`` under ``tool`` (its output file ``{out}``) and returns that file's text."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/out"
         argv = [a.replace("{out}", out) for a in tool] + [sys.executable, os.path.abspath(__file__)]
-        subprocess.run(argv + ["--child", row, str(built), str(ran)], capture_output=True, text=True, check=True, env=SEEDED)
+        subprocess.run(argv + ["--child", row, str(built), str(ran)], capture_output=True, text=True, check=True, env=_callgrind.seeded())
         with open(out) as f:
             return f.read()
-
-
-def instructions(row: str, built: int, ran: int) -> int:
-    text = measured(["valgrind", "--tool=callgrind", "--callgrind-out-file={out}"], row, built, ran)
-    found = re.search(r"^summary: (\d+)", text, re.M) or re.search(r"^totals: (\d+)", text, re.M)
-    if not found:
-        raise SystemExit(f"no instruction count in callgrind's output:\n{text[-2000:]}")
-    return int(found.group(1))
 
 
 #: The system calls ``--syscalls`` reports per run (the rest are summed into ``all``).
@@ -228,9 +215,10 @@ def syscalls(row: str, built: int, ran: int) -> Dict[str, int]:
 
 def counted(kind: str, sizes: str, rows: List[str]) -> None:
     """``--callgrind`` or ``--syscalls``: per run, the difference between two numbers of runs."""
-    tool = "valgrind" if kind == "callgrind" else "strace"
-    if shutil.which(tool) is None:
-        raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
+    if kind == "callgrind":
+        _callgrind.require_valgrind()
+    elif shutil.which("strace") is None:
+        raise SystemExit("strace is not installed (Debian: apt-get install strace)")
     small, large = (int(n) for n in sizes.split(","))
     if "dbos" in rows and dbos_missing():
         rows = [r for r in rows if r != "dbos"]
@@ -238,7 +226,8 @@ def counted(kind: str, sizes: str, rows: List[str]) -> None:
     for row in rows:
         print(f"  {row}: {kind} at {small} and {large} runs...", file=sys.stderr, flush=True)
         if kind == "callgrind":
-            per[row] = (instructions(row, large, large) - instructions(row, large, small)) / (large - small)
+            # As many agents built at both sizes (the child's BUILT): the difference is the runs' alone.
+            per[row] = _callgrind.per_unit(__file__, ["--child", row, large], small, large)
         else:
             a, b = syscalls(row, large, small), syscalls(row, large, large)
             per[row] = {k: round((b.get(k, 0) - a.get(k, 0)) / (large - small), 2) for k in (*SYSCALLS, "all")}

@@ -9,46 +9,18 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
+
+from task_helpers import first_task, model, server
 
 import kerman
-from kerman import FileStore, ModelReply
-from kerman.mcp import MCPServer
-
-SERVER = str(Path(__file__).with_name("mcp_task_server.py"))
-
-
-def server(tasks: str, url: Optional[str] = None) -> MCPServer:
-    if url:
-        return MCPServer.http(url)
-    return MCPServer.stdio(sys.executable, [SERVER], env={"KERMAN_MCP_TASKS": tasks})
-
-
-def model() -> Any:
-    async def reply(request: kerman.ModelRequest) -> ModelReply:
-        if len(request.messages) > 1:  # the tool's result is in the history
-            return ModelReply("done")
-        return ModelReply([{"type": "tool-call", "id": "c1", "name": "slow", "arguments": '{"x": "a"}'}])
-
-    return reply
+from kerman import FileStore
 
 
 async def main(root: str, tasks: str, url: Optional[str]) -> None:
     log = FileStore(root).create("s")
-    here = asyncio.get_running_loop()
-    logged: asyncio.Future[str] = here.create_future()
-
-    def found(task: str) -> None:
-        if not logged.done():
-            logged.set_result(task)
-
-    def seen(event: Any) -> None:  # may run on the log's thread
-        if event.type == "tool/progress" and event.data.get("task"):
-            here.call_soon_threadsafe(found, event.data["task"])
-
-    log.subscribe(seen)
-    loop = kerman.AgentLoop(model(), log=log, tools=[server(tasks, url)])
+    logged = first_task(log)
+    loop = kerman.AgentLoop(model("slow"), log=log, tools=[server(tasks, url)])
     loop.followup("go")
     task = await logged
     await log.flush()

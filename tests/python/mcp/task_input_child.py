@@ -11,44 +11,17 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
-from typing import Any
+
+from task_helpers import first_task, model, server
 
 import kerman
-from kerman import FileStore, ModelReply
-from kerman.mcp import MCPServer
-
-SERVER = str(Path(__file__).with_name("mcp_task_server.py"))
-
-
-def server(tasks: str) -> MCPServer:
-    return MCPServer.stdio(sys.executable, [SERVER], env={"KERMAN_MCP_TASKS": tasks}, durable_input=True)
-
-
-def model(arguments: str = '{"x": "a"}') -> Any:
-    async def reply(request: kerman.ModelRequest) -> ModelReply:
-        if len(request.messages) > 1:  # the tool's result is in the history
-            return ModelReply("done")
-        return ModelReply([{"type": "tool-call", "id": "c1", "name": "ask", "arguments": arguments}])
-
-    return reply
+from kerman import FileStore
 
 
 async def main(root: str, tasks: str, until: str) -> None:
     log = FileStore(root, durability="strict").create("s")
-    here = asyncio.get_running_loop()
-    logged: asyncio.Future[str] = here.create_future()
-
-    def found(task: str) -> None:
-        if not logged.done():
-            logged.set_result(task)
-
-    def seen(event: Any) -> None:  # may run on the log's thread
-        if event.type == "tool/progress" and event.data.get("task"):
-            here.call_soon_threadsafe(found, event.data["task"])
-
-    log.subscribe(seen)
-    loop = kerman.AgentLoop(model(), log=log, tools=[server(tasks)])
+    logged = first_task(log)
+    loop = kerman.AgentLoop(model("ask"), log=log, tools=[server(tasks, durable_input=True)])
     loop.followup("go")
     if until == "logged":
         task = await logged

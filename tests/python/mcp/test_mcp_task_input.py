@@ -11,78 +11,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
 pytest.importorskip("mcp")
 pytest.importorskip("jsonschema")
 
-from mcp_helpers import serving_http  # noqa: E402
-from task_input_child import SERVER, model, server  # noqa: E402
+from task_helpers import endings, events_of, killed, lines, logged_task, model, one_turn, server, take_up, task_url, tasks, the_result  # noqa: E402, F401 (task_url, tasks: fixtures)
 
 import kerman  # noqa: E402
 from kerman import Answer, Deny, FileStore  # noqa: E402
-from kerman.mcp import Elicitation, MCPServer  # noqa: E402
+from kerman.mcp import Elicitation  # noqa: E402
 
 CHILD = str(Path(__file__).with_name("task_input_child.py"))
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL, detached workers")
 
 
-@pytest.fixture
-def tasks(tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "tasks"
-    folder.mkdir()
-    yield folder
-    for task in folder.glob("task-*.json"):  # a worker still waiting stops
-        (folder / f"cancel-{task.stem[5:]}").touch()
-
-
-def lines(tasks: Path, name: str) -> List[str]:
-    path = tasks / name
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def the_result(events: List[Any]) -> str:
-    calls = [e for e in events if e.type == "tool/call"]
-    results = [e.data for e in events if e.type == "tool/result"]
-    assert [c.data["callId"] for c in calls] == ["c1"] and len(results) == 1
-    [block] = results[0]["message"]["content"]
-    content = block["content"]
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
-
-
-def logged_task(events: List[Any]) -> str:
-    [task] = [e.data["task"] for e in events if e.type == "tool/progress" and e.data.get("task")]
-    return str(task)
-
-
-def endings(events: List[Any]) -> List[str]:
-    return [e.data["reason"]["kind"] for e in events if e.type == "turn/end"]
-
-
-@pytest.fixture
-def task_url(tasks: Path) -> Iterator[str]:
-    with serving_http(SERVER, env={**os.environ, "KERMAN_MCP_TASKS": str(tasks)}) as url:
-        yield url
-
-
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_the_same_task(
-    transport: str, tasks: Path, request: Any
+    transport: str,
+    tasks: Path,  # noqa: F811 - the fixture
+    request: Any,
 ) -> None:
     (tasks / "gate").touch()
     url = request.getfixturevalue("task_url") if transport == "http" else None
 
     async def main() -> List[Any]:
-        mcp = MCPServer.http(url, durable_input=True) if url else server(str(tasks))
-        loop = kerman.AgentLoop(model(), tools=[mcp])
+        loop = kerman.AgentLoop(model("ask"), tools=[server(str(tasks), url, durable_input=True)])
         loop.followup("go")
         await loop.when_idle()
         assert loop.status == "waiting"
@@ -105,11 +64,11 @@ def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_
     assert endings(events) == ["completed"]
 
 
-def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path) -> None:
+def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path) -> None:  # noqa: F811 - the fixture
     (tasks / "gate").touch()
 
     async def main() -> List[Any]:
-        loop = kerman.AgentLoop(model('{"x": "b", "rounds": 2}'), tools=[server(str(tasks))])
+        loop = kerman.AgentLoop(model("ask", '{"x": "b", "rounds": 2}'), tools=[server(str(tasks), durable_input=True)])
         loop.followup("go")
         for ok in (True, False):
             await loop.when_idle()
@@ -128,11 +87,11 @@ def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path
 
 
 @pytest.mark.parametrize("how", ["deny", "cancel"])
-def test_a_denial_or_a_cancelled_turn_in_one_process_cancels_the_waiting_task(tasks: Path, how: str) -> None:
+def test_a_denial_or_a_cancelled_turn_in_one_process_cancels_the_waiting_task(tasks: Path, how: str) -> None:  # noqa: F811 - the fixture
     (tasks / "gate").touch()
 
     async def main() -> List[Any]:
-        loop = kerman.AgentLoop(model(), tools=[server(str(tasks))])
+        loop = kerman.AgentLoop(model("ask"), tools=[server(str(tasks), durable_input=True)])
         loop.followup("go")
         await loop.when_idle()
         [pending] = loop.decisions
@@ -153,44 +112,16 @@ def test_a_denial_or_a_cancelled_turn_in_one_process_cancels_the_waiting_task(ta
     assert lines(tasks, "updates") == []
 
 
-def killed(root: Path, tasks: Path, until: str) -> Dict[str, Any]:
-    with subprocess.Popen([sys.executable, CHILD, str(root), str(tasks), until], stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        seen: Dict[str, Any] = json.loads(proc.stdout.readline())
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    return seen
+def resumed(root: Path, folder: Path, answer: Optional[Any] = None) -> List[Any]:
+    """Session ``s`` taken up in this process through a server with ``durable_input=True``
+    keeping its tasks in ``folder``."""
+    return take_up(root, model("ask"), server(str(folder), durable_input=True), answer)
 
 
-def events_of(root: Path) -> List[Any]:
-    with FileStore(root).open("s") as log:
-        return list(log.events())
-
-
-def take_up(root: Path, tasks: Path, answer: Optional[Any] = None) -> List[Any]:
-    """A loop in this process takes session ``s`` up; ``answer``, if given, answers the
-    request for input the resumed call logs."""
-
-    async def main() -> List[Any]:
-        with FileStore(root).open("s") as log:
-            loop = kerman.AgentLoop(model(), log=log, tools=[server(str(tasks))])
-            loop.wake()
-            await loop.when_idle()
-            if answer is not None:
-                [pending] = loop.decisions
-                loop.decide(pending.decision_id, answer)
-                await loop.when_idle()
-            assert loop.status == "idle"
-            await loop.aclose()
-            return list(log.events())
-
-    return asyncio.run(main())
-
-
-def test_an_answer_from_another_process_reaches_the_task_after_the_client_was_killed(tmp_path: Path, tasks: Path) -> None:
+def test_an_answer_from_another_process_reaches_the_task_after_the_client_was_killed(tmp_path: Path, tasks: Path) -> None:  # noqa: F811 - the fixture
     root = tmp_path / "store"
     (tasks / "gate").touch()
-    seen = killed(root, tasks, "asked")
+    seen = killed(CHILD, str(root), str(tasks), "asked")
     assert seen["status"] == "waiting" and len(seen["decisions"]) == 1
     before = events_of(root)
     [request] = [e.data for e in before if e.type == "decision/requested"]
@@ -200,21 +131,21 @@ def test_an_answer_from_another_process_reaches_the_task_after_the_client_was_ki
     assert refused["applied"] is False and refused["reason"] == "invalid"
     assert FileStore(root).decide("s", seen["decisions"][0], Answer({"ok": True}), by="ann")["applied"] is True
 
-    events = take_up(root, tasks)
+    events = resumed(root, tasks)
     assert the_result(events) == "ask a: yes"
     assert lines(tasks, "runs") == ["a"]  # the same task, answered: not a second one
     assert lines(tasks, "updates") == ["confirm-1"]
     assert endings(events) == ["completed"]
 
 
-def test_a_denial_from_another_process_is_the_call_s_result_and_cancels_the_task(tmp_path: Path, tasks: Path) -> None:
+def test_a_denial_from_another_process_is_the_call_s_result_and_cancels_the_task(tmp_path: Path, tasks: Path) -> None:  # noqa: F811 - the fixture
     root = tmp_path / "store"
     (tasks / "gate").touch()
-    seen = killed(root, tasks, "asked")
+    seen = killed(CHILD, str(root), str(tasks), "asked")
     task = logged_task(events_of(root))
     assert FileStore(root).decide("s", seen["decisions"][0], Deny("not today"))["applied"] is True
 
-    events = take_up(root, tasks)
+    events = resumed(root, tasks)
     text = the_result(events)
     assert "denied" in text and "not today" in text
     assert (tasks / f"cancel-{task}").exists()  # tasks/cancel reached the server
@@ -223,13 +154,13 @@ def test_a_denial_from_another_process_is_the_call_s_result_and_cancels_the_task
     assert endings(events) == ["completed"]
 
 
-def test_a_task_that_asks_after_the_client_was_killed_asks_the_session_that_takes_it_up(tmp_path: Path, tasks: Path) -> None:
+def test_a_task_that_asks_after_the_client_was_killed_asks_the_session_that_takes_it_up(tmp_path: Path, tasks: Path) -> None:  # noqa: F811 - the fixture
     root = tmp_path / "store"
-    seen = killed(root, tasks, "logged")  # no gate: the task has not asked yet
+    seen = killed(CHILD, str(root), str(tasks), "logged")  # no gate: the task has not asked yet
     assert [e.type for e in events_of(root) if e.type in ("tool/call", "tool/result", "decision/requested")] == ["tool/call"]
     (tasks / "gate").touch()
 
-    events = take_up(root, tasks, Answer({"ok": False}))
+    events = resumed(root, tasks, Answer({"ok": False}))
     [request] = [e.data for e in events if e.type == "decision/requested"]
     assert request["kind"] == "input" and request["payload"]["task"] == seen["task"]
     assert the_result(events) == "ask a: no"
@@ -237,7 +168,7 @@ def test_a_task_that_asks_after_the_client_was_killed_asks_the_session_that_take
 
 
 @pytest.mark.parametrize("answer", [{"ok": True}, None])
-def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, answer: Optional[Dict[str, Any]]) -> None:
+def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, answer: Optional[Dict[str, Any]]) -> None:  # noqa: F811 - the fixture
     (tasks / "gate").touch()
     asked: List[Elicitation] = []
 
@@ -245,16 +176,7 @@ def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, ans
         asked.append(request)
         return answer
 
-    async def main() -> List[Any]:
-        mcp = MCPServer.stdio(sys.executable, [SERVER], env={"KERMAN_MCP_TASKS": str(tasks)}, on_elicit=on_elicit)
-        loop = kerman.AgentLoop(model(), tools=[mcp])
-        loop.followup("go")
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
-
-    events = asyncio.run(main())
+    events = one_turn(model("ask"), server(str(tasks), on_elicit=on_elicit))
     assert [(r.message, r.schema is not None) for r in asked] == [("Go ahead with a?", True)]
     assert the_result(events) == ("ask a: yes" if answer else "ask a: decline")
     assert not [e for e in events if e.type == "decision/requested"]
@@ -262,7 +184,7 @@ def test_without_durable_input_on_elicit_answers_in_the_process(tasks: Path, ans
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_a_sampling_request_inside_a_task_is_answered_by_the_sampling_model_or_cancels_the_task(tasks: Path, durable: bool) -> None:
+def test_a_sampling_request_inside_a_task_is_answered_by_the_sampling_model_or_cancels_the_task(tasks: Path, durable: bool) -> None:  # noqa: F811 - the fixture
     (tasks / "gate").touch()
     asked: List[kerman.ModelRequest] = []
 
@@ -270,17 +192,8 @@ def test_a_sampling_request_inside_a_task_is_answered_by_the_sampling_model_or_c
         asked.append(request)
         return kerman.ModelReply("sure")
 
-    async def main() -> List[Any]:
-        env = {"KERMAN_MCP_TASKS": str(tasks)}
-        mcp = MCPServer.stdio(sys.executable, [SERVER], env=env, sampling_model=sampler, durable_input=durable)
-        loop = kerman.AgentLoop(model('{"x": "a", "kind": "sampling"}'), tools=[mcp])
-        loop.followup("go")
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
-
-    events = asyncio.run(main())
+    mcp = server(str(tasks), sampling_model=sampler, durable_input=durable)
+    events = one_turn(model("ask", '{"x": "a", "kind": "sampling"}'), mcp)
     task = logged_task(events)
     if durable:  # a person answers form elicitations only: the task is cancelled, and the model reads why
         assert "sampling/createMessage" in the_result(events) and "cancelled" in the_result(events)

@@ -182,8 +182,9 @@ def priced(request: Any) -> Decimal:
     return Decimal("0.25") if request.usage else Decimal(0)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "not-streaming"])
 @asynctest
-async def test_each_model_a_fallback_tried_is_one_request_with_its_model() -> None:
+async def test_each_model_a_fallback_tried_is_one_request_with_its_model(stream: bool) -> None:
     with (
         FakeServer("openai-chat", model="model-a") as a,
         FakeServer("anthropic", model="model-b") as b,
@@ -193,9 +194,9 @@ async def test_each_model_a_fallback_tried_is_one_request_with_its_model() -> No
         b.add(HttpError(500, "down"))
         c.add(Reply(text="from c", usage=USAGE))
         models = [
-            make("openai-chat", a, model="model-a", retry=None),
-            make("anthropic", b, model="model-b", retry=None),
-            make("gemini", c, model="model-c", retry=None),
+            make("openai-chat", a, model="model-a", retry=None, stream=stream),
+            make("anthropic", b, model="model-b", retry=None, stream=stream),
+            make("gemini", c, model="model-c", retry=None, stream=stream),
         ]
         loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=100))
         result = await loop.run("hi")
@@ -207,20 +208,26 @@ async def test_each_model_a_fallback_tried_is_one_request_with_its_model() -> No
             ("failed", "model-b", "anthropic", True),
             ("completed", "model-c", "google", False),
         ]
-        # The failures are logged as the models reported them, and the reply cites its own chunks.
-        finishes = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk") if e.data["chunk"]["type"] == "finish"]
-        assert [(f["reason"], f["error"]["code"], f["error"].get("status")) for f in finishes[:2]] == [
-            ("error", "RATE_LIMITED", 429),
-            ("error", "SERVER_ERROR", 500),
+        # The failures are logged as the models reported them, streaming or not.
+        chunks = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk")]
+        finishes = [chunk for chunk in chunks if chunk["type"] == "finish"]
+        assert [(f["reason"], f["error"]["code"], f["error"].get("status"), f.get("model")) for f in finishes[:2]] == [
+            ("error", "RATE_LIMITED", 429, "model-a"),
+            ("error", "SERVER_ERROR", 500, "model-b"),
         ]
-        views = [e.chunk for e in loop.log.events(view=True) if isinstance(e, kerman.events.AssistantChunk)]
-        named = [(c.model, c.provider) for c in views if isinstance(c, kerman.events.FinishChunk) and c.reason == "error"]
-        assert named == [("model-a", "openai"), ("model-b", "anthropic")]
-        shown = [format_event(e) for e in loop.log.events(types="assistant/chunk")]
-        assert "finish error: " in shown[0] and shown[0].endswith("[RATE_LIMITED] (model-a)")  # kerman log show
         [reply] = list(loop.log.events(types="assistant/message"))
-        assert all(book.requests[2].seqs[0] > s for s in book.requests[1].seqs)
-        assert set(reply.source_event_seqs or ()) == set(book.requests[2].seqs[:-1])
+        if stream:  # the reply cites its own chunks
+            views = [e.chunk for e in loop.log.events(view=True) if isinstance(e, kerman.events.AssistantChunk)]
+            named = [(c.model, c.provider) for c in views if isinstance(c, kerman.events.FinishChunk) and c.reason == "error"]
+            assert named == [("model-a", "openai"), ("model-b", "anthropic")]
+            shown = [format_event(e) for e in loop.log.events(types="assistant/chunk")]
+            assert "finish error: " in shown[0] and shown[0].endswith("[RATE_LIMITED] (model-a)")  # kerman log show
+            assert all(book.requests[2].seqs[0] > s for s in book.requests[1].seqs)
+            assert set(reply.source_event_seqs or ()) == set(book.requests[2].seqs[:-1])
+        else:  # the failures' finishes are all the chunks, logged before the reply, which cites none
+            assert chunks == finishes[:2]
+            assert not reply.source_event_seqs
+            assert all(reply.seq > s for r in book.requests[:2] for s in r.seqs)
         t = book.session
         assert (t.requests, t.failed, t.input, t.output) == (3, 2, 100, 10)
         assert t.cost is None and t.known_cost == Decimal("0.25")  # the failed two reported nothing
@@ -251,14 +258,18 @@ async def test_a_fallback_retried_from_its_first_model_counts_every_attempt() ->
         await loop.aclose()
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "not-streaming"])
 @asynctest
-async def test_a_fallback_budget_with_requests_is_spent_by_its_inner_attempts() -> None:
+async def test_a_fallback_budget_with_requests_is_spent_by_its_inner_attempts(stream: bool) -> None:
     # Two requests allowed: the first model's failure and the second model's reply spend them,
     # so the next turn is refused at its claim.
     with FakeServer("openai-chat", model="model-a") as a, FakeServer("anthropic", model="model-b") as b:
         a.add(HttpError(429, "busy"))
         b.add(Reply(text="from b", usage=USAGE))
-        models = [make("openai-chat", a, model="model-a", retry=None), make("anthropic", b, model="model-b", retry=None)]
+        models = [
+            make("openai-chat", a, model="model-a", retry=None, stream=stream),
+            make("anthropic", b, model="model-b", retry=None, stream=stream),
+        ]
         loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=2))
         await loop.run("hi")
         with pytest.raises(RunError) as raised:
@@ -294,48 +305,6 @@ def test_a_fallback_failure_after_output_began_is_not_moved_on_and_stays_one_req
 
 
 @asynctest
-async def test_each_model_a_non_streaming_fallback_tried_is_one_request_with_its_model() -> None:
-    with (
-        FakeServer("openai-chat", model="model-a") as a,
-        FakeServer("anthropic", model="model-b") as b,
-        FakeServer("gemini", model="model-c") as c,
-    ):
-        a.add(HttpError(429, "slow down"))
-        b.add(HttpError(500, "down"))
-        c.add(Reply(text="from c", usage=USAGE))
-        models = [
-            make("openai-chat", a, model="model-a", retry=None, stream=False),
-            make("anthropic", b, model="model-b", retry=None, stream=False),
-            make("gemini", c, model="model-c", retry=None, stream=False),
-        ]
-        loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=100))
-        result = await loop.run("hi")
-        assert result.text == "from c"
-        book = ledger(loop.log, pricer=priced)
-        got = [(r.outcome, r.model, r.provider, r.usage is None) for r in book.requests]
-        assert got == [
-            ("failed", "model-a", "openai", True),
-            ("failed", "model-b", "anthropic", True),
-            ("completed", "model-c", "google", False),
-        ]
-        # The failures are logged before the reply as a streaming fallback logs them; the
-        # reply, not streamed, cites no chunk.
-        chunks = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk")]
-        assert [(f["reason"], f["error"]["code"], f["error"].get("status"), f["model"]) for f in chunks] == [
-            ("error", "RATE_LIMITED", 429, "model-a"),
-            ("error", "SERVER_ERROR", 500, "model-b"),
-        ]
-        [reply] = list(loop.log.events(types="assistant/message"))
-        assert not reply.source_event_seqs
-        assert all(reply.seq > s for r in book.requests[:2] for s in r.seqs)
-        t = book.session
-        assert (t.requests, t.failed, t.input, t.output) == (3, 2, 100, 10)
-        assert t.cost is None and t.known_cost == Decimal("0.25")
-        assert loop.spent()["session"]["requests"] == 3 == len(a.requests) + len(b.requests) + len(c.requests)
-        await loop.aclose()
-
-
-@asynctest
 async def test_a_non_streaming_fallback_whose_models_all_failed_counts_each_once() -> None:
     with FakeServer("openai-chat", model="model-a") as a, FakeServer("anthropic", model="model-b") as b:
         a.add(HttpError(429, "busy"))
@@ -357,21 +326,4 @@ async def test_a_non_streaming_fallback_whose_models_all_failed_counts_each_once
         finishes = [e.data["chunk"] for e in loop.log.events(types="assistant/chunk")]
         assert [(f["error"]["code"], f["model"]) for f in finishes] == [("RATE_LIMITED", "model-a"), ("SERVER_ERROR", "model-b")]
         assert loop.spent()["session"]["requests"] == 2 == book.session.requests == len(a.requests) + len(b.requests)
-        await loop.aclose()
-
-
-@asynctest
-async def test_a_non_streaming_fallback_budget_with_requests_is_spent_by_its_inner_attempts() -> None:
-    with FakeServer("openai-chat", model="model-a") as a, FakeServer("anthropic", model="model-b") as b:
-        a.add(HttpError(429, "busy"))
-        b.add(Reply(text="from b", usage=USAGE))
-        models = [
-            make("openai-chat", a, model="model-a", retry=None, stream=False),
-            make("anthropic", b, model="model-b", retry=None, stream=False),
-        ]
-        loop = AgentLoop(Fallback(models), budget=kerman.Budget(requests=2))
-        await loop.run("hi")
-        with pytest.raises(RunError) as raised:
-            await loop.run("more")
-        assert (raised.value.ending["at"], raised.value.ending["limit"], raised.value.ending["spent"]) == ("claim", "requests", 2)
         await loop.aclose()
