@@ -88,12 +88,17 @@ def one_turn(reply: Any, mcp: MCPServer) -> List[Any]:
     async def main() -> List[Any]:
         loop = kerman.AgentLoop(reply, tools=[mcp])
         loop.followup("go")
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
+        return await idle_events(loop)
 
     return asyncio.run(main())
+
+
+async def idle_events(loop: kerman.AgentLoop) -> List[Any]:
+    """Once ``loop`` is idle, its log's events; the loop closed."""
+    await loop.when_idle()
+    events = list(loop.log.events())
+    await loop.aclose()
+    return events
 
 
 def killed(child: str, *args: str) -> Dict[str, Any]:

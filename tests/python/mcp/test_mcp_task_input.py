@@ -20,7 +20,21 @@ import pytest
 pytest.importorskip("mcp")
 pytest.importorskip("jsonschema")
 
-from task_helpers import endings, events_of, killed, lines, logged_task, model, one_turn, server, take_up, task_url, tasks, the_result  # noqa: E402, F401 (task_url, tasks: fixtures)
+from task_helpers import (  # noqa: E402, F401 (task_url, tasks: fixtures)
+    endings,
+    events_of,
+    idle_events,
+    killed,
+    lines,
+    logged_task,
+    model,
+    one_turn,
+    server,
+    take_up,
+    task_url,
+    tasks,
+    the_result,
+)
 
 import kerman  # noqa: E402
 from kerman import Answer, Deny, FileStore  # noqa: E402
@@ -52,10 +66,7 @@ def test_in_one_process_the_task_s_request_is_a_decision_and_the_answer_goes_to_
         assert request["payload"]["task"] == logged_task(list(loop.log.events()))
         assert lines(tasks, "updates") == []
         loop.decide(pending.decision_id, Answer({"ok": True}))
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
+        return await idle_events(loop)
 
     events = asyncio.run(main())
     assert the_result(events) == "ask a: yes"
@@ -74,10 +85,7 @@ def test_a_task_that_asks_twice_is_two_decisions_one_after_the_other(tasks: Path
             await loop.when_idle()
             [pending] = loop.decisions
             loop.decide(pending.decision_id, Answer({"ok": ok}))
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
+        return await idle_events(loop)
 
     events = asyncio.run(main())
     assert the_result(events) == "ask b: yes no"
@@ -99,10 +107,7 @@ def test_a_denial_or_a_cancelled_turn_in_one_process_cancels_the_waiting_task(ta
             loop.decide(pending.decision_id, Deny("no"))
         else:
             loop.cancel()
-        await loop.when_idle()
-        events = list(loop.log.events())
-        await loop.aclose()
-        return events
+        return await idle_events(loop)
 
     events = asyncio.run(main())
     task = logged_task(events)
