@@ -48,6 +48,15 @@ pub trait Backend: Send + Sync {
     /// Registers where input staged by other processes goes (the log's inbox). Only backends
     /// that can receive such input (the PostgreSQL owner) keep it.
     fn attach_intake(&self, _intake: Weak<dyn Intake>) {}
+    /// Turns write-through on or off: each append handed to the OS before `enqueue` returns,
+    /// so a killed process loses none (file backends). `Ok(false)`: the backend has no such
+    /// choice.
+    fn set_write_through(&self, _on: bool) -> Result<bool, LogError> {
+        Ok(false)
+    }
+    fn write_through(&self) -> bool {
+        false
+    }
 }
 
 /// Input another process staged for this session's owner, in one ordered stream: a message
@@ -574,6 +583,15 @@ impl SessionLog {
     /// Whether the loop should await [`flush`](Self::flush) at semantic checkpoints.
     pub fn checkpoints(&self) -> bool {
         self.shared.backend.checkpoints()
+    }
+
+    /// See [`Backend::set_write_through`].
+    pub fn set_write_through(&self, on: bool) -> Result<bool, LogError> {
+        self.shared.backend.set_write_through(on)
+    }
+
+    pub fn write_through(&self) -> bool {
+        self.shared.backend.write_through()
     }
 
     /// Appends a loop-owned event (any type, surface metadata as the type requires), bypassing

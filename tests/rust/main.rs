@@ -7,6 +7,7 @@ mod decisions;
 mod event_log;
 mod file_store;
 mod file_store_syncs;
+mod file_store_write_through;
 mod foreign_decisions;
 mod fuzz_corpus;
 mod in_doubt;

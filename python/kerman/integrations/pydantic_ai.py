@@ -6,20 +6,22 @@ session ``session_id``: when a unit completes, its result is appended as one ``p
 event. A run started again with the same session (after a crash, in a new process) returns the
 logged results instead of running those units again, and runs the rest.
 
-When a run waits for the disk. ``sync="units"`` (the default) flushes every unit's result before
-the run goes on, and leaves the run's end to the store's next sync (every unit is durable
-already: a crash before it leaves a run the next attempt replays whole): after a crash no model
-response that was logged is requested again. ``sync="effects"`` waits only where an effect
-depends on it: the ``pydantic-ai/started`` marker of a tool call that must not simply run again
-(a ``write``, or any tool whose policy in doubt is not ``"retry"``) is flushed before the tool's
-body runs, which also makes every earlier append durable (the log is written in order), and that
-call's result is flushed before the run goes on; before the run returns (an output, a pause for
-approvals, or an error) one flush is awaited. A model response and a read or idempotent tool's
-result are appended and not waited for: a ``FileStore`` in ``checkpoint`` holds them in the
-process for up to 50 ms, so a crash (a process killed, or a power loss) before they reach the
-disk makes those model requests again and runs those reads again, and loses a steering message
-moved from pydantic-ai's queue since the last waited flush; never a write run twice undetected,
-never an output the caller was given.
+When a run waits for the disk. ``sync="effects"`` (the default with a ``FileStore`` or a
+``MemoryStore``) waits only where an effect depends on it: the ``pydantic-ai/started`` marker of
+a tool call that must not simply run again (a ``write``, or any tool whose policy in doubt is
+not ``"retry"``) is flushed before the tool's body runs, which also makes every earlier append
+durable (the log is written in order), and that call's result is flushed before the run goes
+on; before the run returns (an output, a pause for approvals, or an error) one flush is
+awaited. A model response and a read or idempotent tool's result are appended and not waited
+for. A ``FileStore`` session is opened with ``SessionLog.write_through`` on, so each append is
+in the session file when it returns: a killed process loses none of them, and its next attempt
+requests no logged model response again. Only a crash of the machine (a power loss) before the
+store's next sync can lose those appends, and then costs what a crash before them would have
+cost: those model requests and reads made again; never a write run twice undetected, never an
+output the caller was given. ``sync="units"`` (the default with a ``PostgresStore``, where an
+append reaches the database a round trip later) flushes every unit's result before the run goes
+on, so not even a power loss makes a logged model request again, at the price of a waited sync
+per unit.
 
 Built on pydantic-ai's public ``pydantic_ai.durable_exec`` surface only. Needs the extra
 ``kerman[pydantic-ai]`` (``pydantic-ai-slim``); ``import kerman`` does not import it.
@@ -96,7 +98,7 @@ RAISED = "pydantic-ai/raised"
 _Store = Union["kerman.FileStore", "kerman.MemoryStore", "kerman.PostgresStore"]
 
 #: The values of ``KermanDurability(..., sync=)``: wait for the disk where an effect depends on
-#: it, or after every unit (the default).
+#: it, or after every unit.
 SYNC_MODES = ("effects", "units")
 
 
@@ -316,6 +318,10 @@ class _Session:
             else:
                 self.log = self.store.create(self.session_id)
                 self.unsynced = isinstance(self.store, kerman.FileStore) and self.store.durability != "none"
+            if isinstance(self.store, kerman.FileStore):
+                # Each append in the file when it returns: a kill loses none of the units not
+                # waited for (sync="effects") nor the run's end.
+                self.log.write_through = True
             # The run's pending messages: this log's one inbox (which also takes what other
             # processes stage for the session, with a PostgresStore, decisions included).
             self.inbox = kerman.Inbox(self.log, _on_remote_decide=_remote_decide(self.log))
@@ -341,11 +347,11 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
     requesting or executing those units again; otherwise it starts a new run in the session.
     A unit that started but logged no result runs again (see docs/frameworks.md).
 
-    ``sync="units"`` (the default) waits for the disk after every unit's result (a crash then
-    never makes a logged model request again); ``sync="effects"`` only before and after a tool
-    call marked started (a ``write``, or a tool that is not simply run again in doubt) and once
-    before the run returns, at the price of model requests made again after a crash. See the
-    module's docstring.
+    ``sync="effects"`` waits for the disk only before and after a tool call marked started (a
+    ``write``, or a tool that is not simply run again in doubt) and once before the run returns;
+    ``sync="units"`` after every unit's result too. The default is ``"effects"`` with a
+    ``FileStore`` (whose session is written through: a killed process loses no append) or a
+    ``MemoryStore``, and ``"units"`` with a ``PostgresStore``. See the module's docstring.
 
     The capability opens the session on the first run and keeps it open; ``close()`` closes it.
     """
@@ -369,13 +375,17 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         session_id: str,
         name: str | None = None,
         effects: dict[str, Any] | None = None,
-        sync: Literal["effects", "units"] = "units",
+        sync: Literal["effects", "units"] | None = None,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")
+        if sync is None:
+            # A PostgreSQL append reaches the database a round trip after `append` returns, so a
+            # kill can lose it: there every unit is waited for.
+            sync = "units" if isinstance(store, kerman.PostgresStore) else "effects"
         if sync not in SYNC_MODES:
             raise ValueError(f'KermanDurability: sync must be "effects" or "units", not {sync!r}')
-        self._sync = sync
+        self._sync: Literal["effects", "units"] = sync
         if not hasattr(store, "exists") or not hasattr(store, "create"):
             raise TypeError(f"KermanDurability: store must be a Kerman store (FileStore, MemoryStore, PostgresStore), not {store!r}")
         self._effects = check_effects(effects)
@@ -392,7 +402,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         return self._session.session_id
 
     @property
-    def sync(self) -> str:
+    def sync(self) -> Literal["effects", "units"]:
         """When a run waits for the disk: ``"effects"`` or ``"units"`` (see the class)."""
         return self._sync
 

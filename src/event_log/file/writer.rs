@@ -14,6 +14,14 @@
 //! A failed write or sync poisons the backend: the file is cut back to its last durable size,
 //! every pending and later barrier fails, and every later `enqueue` refuses the append, until
 //! the session is reopened (and so re-verified from disk).
+//!
+//! **Write-through** ([`Backend::set_write_through`]): `enqueue` itself writes each record
+//! to the file (the OS's page cache) before it returns, under the shared lock, so a killed
+//! process loses nothing it appended; the writer then only syncs, on the same schedule (the
+//! window, a barrier, `close`). It costs a `pwrite` per append on the appending thread, which
+//! is why it is a choice per log: a caller that goes on to act on what it appended without
+//! waiting for a barrier (KermanDurability's `sync="effects"`) wants it; the agent loop, which
+//! waits at its checkpoints, does not.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -52,6 +60,20 @@ struct State {
     pending: Vec<u8>,
     /// Events enqueued so far (the next seq).
     enqueued: u64,
+    /// Events handed to the OS, or in the batch the writer is writing.
+    handed: u64,
+    /// The file's length with everything handed to the OS (or being written by the writer):
+    /// where the next batch or write-through record goes.
+    file_len: u64,
+    /// The length that is durable (what a failure cuts the file back to).
+    durable_len: u64,
+    /// The writer is writing a batch (outside the lock).
+    writing: bool,
+    /// The session file, for `enqueue` to write through; `None` once the writer stopped.
+    file: Option<Arc<File>>,
+    write_through: bool,
+    /// A write-through `enqueue` failed: the writer cuts the file back and fails the barriers.
+    cut_back: bool,
     /// Events as durable as the mode promises.
     durable: u64,
     /// When the oldest pending record arrived (the batch window is fixed from there).
@@ -89,6 +111,7 @@ fn call(done: FlushCallback, result: Result<(), LogError>) {
 pub(super) struct FileBackend {
     id: String,
     shared: Arc<Shared>,
+    fault: Option<FaultHook>,
     thread: Mutex<Option<JoinHandle<Result<(), LogError>>>>,
     durability: Durability,
     /// The process (and fork generation) that started the writer: in a forked child the
@@ -98,10 +121,18 @@ pub(super) struct FileBackend {
 
 impl FileBackend {
     pub(super) fn start(setup: WriterSetup) -> Result<FileBackend, LogError> {
+        let file = Arc::new(setup.file);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: Vec::new(),
                 enqueued: setup.events,
+                handed: setup.events,
+                file_len: setup.len,
+                durable_len: setup.len,
+                writing: false,
+                file: Some(Arc::clone(&file)),
+                write_through: false,
+                cut_back: false,
                 durable: setup.events,
                 window_start: None,
                 flush_requested: false,
@@ -118,9 +149,9 @@ impl FileBackend {
         let writer = Writer {
             shared: Arc::clone(&shared),
             hold: setup.hold,
-            file: setup.file,
+            file,
             durability: setup.durability,
-            fault: setup.fault,
+            fault: setup.fault.clone(),
             durable_len: setup.len,
             written: setup.events,
             batch: Vec::new(),
@@ -131,7 +162,76 @@ impl FileBackend {
             .name("kerman-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| LogError::io("starting the session writer thread", e))?;
-        Ok(FileBackend { id: setup.id, shared, thread: Mutex::new(Some(thread)), durability: setup.durability, origin })
+        Ok(FileBackend {
+            id: setup.id,
+            shared,
+            fault: setup.fault,
+            thread: Mutex::new(Some(thread)),
+            durability: setup.durability,
+            origin,
+        })
+    }
+
+    /// Turns write-through on or off (see the module's documentation;
+    /// [`Backend::set_write_through`]). Turning it on needs
+    /// nothing waiting to be written (before the first append, or after a flush): records the
+    /// writer holds would otherwise reach the file after later ones written through.
+    fn turn_write_through(&self, on: bool) -> Result<(), LogError> {
+        self.check_origin()?;
+        let mut st = lock(&self.shared);
+        if on && !st.write_through && (!st.pending.is_empty() || st.writing) {
+            return Err(LogError::InvalidEvent(format!(
+                "session '{}': write-through can be turned on only while no append is waiting to be written (flush first)",
+                self.id
+            )));
+        }
+        st.write_through = on;
+        Ok(())
+    }
+
+
+    /// `enqueue`'s write-through: the record written at the file's end, under the lock. A
+    /// failure poisons the backend and leaves the cut-back and the barriers to the writer.
+    fn write_through_locked(&self, st: &mut State, crc: u32, json: &str) -> Result<(), LogError> {
+        let Some(file) = st.file.clone() else {
+            return Err(LogError::Closed { id: self.id.clone() });
+        };
+        st.pending.clear();
+        format::push_framed(&mut st.pending, crc, json);
+        let seqs = st.enqueued..st.enqueued + 1;
+        let site = FaultSite { point: FaultPoint::Write, seqs, bytes: st.pending.len() };
+        let outcome = match self.fault.as_ref().and_then(|fault| fault(&site)) {
+            None => sys::write_all_at(&file, &st.pending, st.file_len).map_err(|e| format!("write failed: {e}")),
+            Some(Fault::Short { bytes, error }) => {
+                let part = bytes.min(st.pending.len().saturating_sub(1));
+                let _ = sys::write_all_at(&file, &st.pending[..part], st.file_len);
+                Err(format!("write failed: {error}"))
+            }
+            Some(Fault::Fail(e)) => Err(format!("write failed: {e}")),
+        };
+        let len = st.pending.len() as u64;
+        st.pending.clear();
+        if let Err(detail) = outcome {
+            st.poisoned = Some(detail.clone());
+            st.cut_back = true;
+            self.shared.wake.notify_one();
+            return Err(LogError::Write { detail });
+        }
+        st.file_len += len;
+        st.enqueued += 1;
+        st.handed = st.enqueued;
+        if self.durability == Durability::None {
+            // Written is all `none` promises.
+            st.durable = st.enqueued;
+            st.durable_len = st.file_len;
+        } else if st.window_start.is_none() {
+            st.window_start = Some(Instant::now());
+            if st.idle {
+                st.idle = false;
+                self.shared.wake.notify_one();
+            }
+        }
+        Ok(())
     }
 
     /// Stops the writer after it has drained, and waits for it unless called from the writer
@@ -192,6 +292,9 @@ impl Backend for FileBackend {
         if event.seq != st.enqueued {
             return Err(LogError::InvalidEvent(format!("seq {} enqueued where {} was expected", event.seq, st.enqueued)));
         }
+        if st.write_through {
+            return self.write_through_locked(&mut st, crc, &json);
+        }
         let was_empty = st.pending.is_empty();
         format::push_framed(&mut st.pending, crc, &json);
         st.enqueued += 1;
@@ -233,6 +336,14 @@ impl Backend for FileBackend {
     fn close(&self, _events: Vec<Event>) -> Result<(), LogError> {
         self.stop()
     }
+
+    fn set_write_through(&self, on: bool) -> Result<bool, LogError> {
+        self.turn_write_through(on).map(|()| true)
+    }
+
+    fn write_through(&self) -> bool {
+        lock(&self.shared).write_through
+    }
 }
 
 impl Drop for FileBackend {
@@ -243,11 +354,23 @@ impl Drop for FileBackend {
     }
 }
 
+/// What the writer takes at a time: a batch to write (possibly empty: a sync of what
+/// write-through appends wrote), or the cut-back a failed write-through append left.
+struct Batch {
+    /// The events the batch makes durable.
+    seqs: Range<u64>,
+    /// Where `Writer::batch` goes, and the file's length after it.
+    offset: u64,
+    end: u64,
+    /// A write-through append failed with this.
+    failed: Option<String>,
+}
+
 struct Writer {
     shared: Arc<Shared>,
     /// Declared before `file`: dropped first (see `WriterSetup::hold`).
     hold: fsio::Hold,
-    file: File,
+    file: Arc<File>,
     durability: Durability,
     fault: Option<FaultHook>,
     /// The file length that is durable; everything beyond it goes on failure.
@@ -262,10 +385,12 @@ struct Writer {
 
 impl Writer {
     fn run(mut self) -> Result<(), LogError> {
-        while let Some(upto) = self.next_batch() {
-            let seqs = self.written..upto;
-            let outcome = self.write_batch(&seqs);
-            self.finish(seqs, outcome);
+        while let Some(batch) = self.next_batch() {
+            let outcome = match batch.failed.clone() {
+                Some(detail) => Err(detail),
+                None => self.write_batch(&batch),
+            };
+            self.finish(&batch, outcome);
             self.batch.clear();
         }
         self.shutdown()
@@ -278,19 +403,27 @@ impl Writer {
         fault(&FaultSite { point, seqs: seqs.clone(), bytes })
     }
 
-    /// Waits until a batch is due, takes it into `self.batch` and returns the event count it
-    /// completes; `None` once closing with nothing left (or poisoned).
-    fn next_batch(&mut self) -> Option<u64> {
+    /// Waits until a batch is due and takes it (its records into `self.batch`); `None` once
+    /// closing with nothing left (or poisoned).
+    fn next_batch(&mut self) -> Option<Batch> {
         let mut st = lock(&self.shared);
         loop {
             if st.poisoned.is_some() {
+                if st.cut_back {
+                    st.cut_back = false;
+                    let (seqs, at) = (self.written..st.enqueued, st.file_len);
+                    return Some(Batch { seqs, offset: at, end: at, failed: st.poisoned.clone() });
+                }
                 if st.closing {
                     return None;
                 }
                 st = self.shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
                 continue;
             }
-            if !st.pending.is_empty() {
+            // Records written through but not synced yet (never under `none`: written is
+            // durable there).
+            let unsynced = st.handed > st.durable;
+            if !st.pending.is_empty() || unsynced {
                 let windowed = matches!(self.durability, Durability::Checkpoint | Durability::Batch);
                 let deadline = match st.window_start {
                     Some(start) if windowed && !st.flush_requested && !st.closing => Some(start + WINDOW),
@@ -304,7 +437,11 @@ impl Writer {
                 std::mem::swap(&mut st.pending, &mut self.batch);
                 st.window_start = None;
                 st.flush_requested = false;
-                return Some(st.enqueued);
+                let offset = st.file_len;
+                st.file_len += self.batch.len() as u64;
+                st.handed = st.enqueued;
+                st.writing = !self.batch.is_empty();
+                return Some(Batch { seqs: self.written..st.enqueued, offset, end: st.file_len, failed: None });
             }
             if st.closing {
                 return None;
@@ -312,7 +449,8 @@ impl Writer {
             if st.flush_requested && st.unborn {
                 // A barrier on a creation not yet durable: an empty batch, synced.
                 st.flush_requested = false;
-                return Some(st.enqueued);
+                let at = st.file_len;
+                return Some(Batch { seqs: self.written..st.enqueued, offset: at, end: at, failed: None });
             }
             st.flush_requested = false;
             st.idle = true;
@@ -321,9 +459,13 @@ impl Writer {
         }
     }
 
-    fn write_batch(&mut self, seqs: &Range<u64>) -> Result<(), String> {
+    fn write_batch(&mut self, batch: &Batch) -> Result<(), String> {
+        let seqs = &batch.seqs;
         if self.batch.is_empty() {
-            return self.sync(seqs);
+            return match self.durability {
+                Durability::None => Ok(()),
+                _ => self.sync(seqs),
+            };
         }
         match self.injected(FaultPoint::Write, seqs) {
             None => {}
@@ -331,17 +473,15 @@ impl Writer {
                 // Part of the batch reaches the file before the error, so the cleanup has
                 // partial bytes to cut off.
                 let part = bytes.min(self.batch.len().saturating_sub(1));
-                let _ = sys::write_all_at(&self.file, &self.batch[..part], self.durable_len);
+                let _ = sys::write_all_at(&self.file, &self.batch[..part], batch.offset);
                 return Err(format!("write failed: {error}"));
             }
             Some(Fault::Fail(e)) => return Err(format!("write failed: {e}")),
         }
-        sys::write_all_at(&self.file, &self.batch, self.durable_len).map_err(|e| format!("write failed: {e}"))?;
-        let written = self.durable_len + self.batch.len() as u64;
+        sys::write_all_at(&self.file, &self.batch, batch.offset).map_err(|e| format!("write failed: {e}"))?;
         if self.durability != Durability::None {
             self.sync(seqs)?;
         }
-        self.durable_len = written;
         Ok(())
     }
 
@@ -362,13 +502,17 @@ impl Writer {
         Ok(())
     }
 
-    fn finish(&mut self, seqs: Range<u64>, outcome: Result<(), String>) {
+    fn finish(&mut self, batch: &Batch, outcome: Result<(), String>) {
         let (ready, result) = match outcome {
             Ok(()) => {
-                self.written = seqs.end;
-                let upto = seqs.end;
+                let upto = batch.seqs.end;
+                self.written = upto;
+                self.durable_len = batch.end;
                 let mut st = lock(&self.shared);
-                st.durable = upto;
+                st.writing = false;
+                // Write-through appends after the batch was taken stay beyond it.
+                st.durable = st.durable.max(upto);
+                st.durable_len = st.durable_len.max(batch.end);
                 st.unborn = self.unsynced.is_some();
                 let (ready, waiting) = std::mem::take(&mut st.waiters).into_iter().partition(|(target, _)| *target <= upto);
                 st.waiters = waiting;
@@ -377,7 +521,7 @@ impl Writer {
             Err(mut detail) => {
                 // Cut the file back before anyone hears of the failure, so no partial record
                 // survives for a later open to mistake for a torn tail of durable data.
-                let cut = match self.injected(FaultPoint::CutBack, &seqs) {
+                let cut = match self.injected(FaultPoint::CutBack, &batch.seqs) {
                     Some(fault) => Err(fault.into_error()),
                     None => self.file.set_len(self.durable_len).and_then(|()| self.file.sync_data()),
                 };
@@ -385,6 +529,7 @@ impl Writer {
                     let _ = write!(detail, "; cutting the file back to {} bytes also failed: {e}", self.durable_len);
                 }
                 let mut st = lock(&self.shared);
+                st.writing = false;
                 st.poisoned = Some(detail.clone());
                 st.pending.clear();
                 (std::mem::take(&mut st.waiters), Err(detail))
@@ -409,6 +554,10 @@ impl Writer {
                 result = Err(LogError::Write { detail: format!("final {detail}") });
             }
         }
+        // No append writes through any more (`closing` refuses them): the file goes with the
+        // writer's handle.
+        let through = lock(&self.shared).file.take();
+        drop(through);
         sys::unlock(&self.file);
         drop(self.hold);
         drop(self.file);

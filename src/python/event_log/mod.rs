@@ -8,7 +8,7 @@ mod tail;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
@@ -276,6 +276,30 @@ impl PySessionLog {
     fn transcript(&self, py: Python<'_>) -> PyResult<super::transcript::PyTranscript> {
         let inner = crate::agent_loop::Transcript::of(&self.inner).map_err(|e| super::errors::message_err(py, e))?;
         Ok(super::transcript::PyTranscript::new(self.inner.id().to_string(), inner))
+    }
+
+    /// Whether each append reaches the session file (the OS) before `append` returns, so a
+    /// killed process loses none of them; a power loss can still lose what the store has not
+    /// synced yet (`flush()` waits for that). `FileStore` sessions only (`False` elsewhere).
+    /// Turning it on needs no append waiting to be written: before the first append, or after
+    /// `await log.flush()`.
+    #[getter]
+    fn write_through(&self) -> bool {
+        self.inner.write_through()
+    }
+
+    #[setter(write_through)]
+    fn set_write_through(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        match self.inner.set_write_through(on) {
+            Ok(true) => Ok(()),
+            Ok(false) if !on => Ok(()),
+            Ok(false) => {
+                let store = if self.store.is_empty() { "not a FileStore" } else { self.store.as_str() };
+                Err(PyValueError::new_err(format!("write_through applies to FileStore sessions; this log's store is {store}")))
+            }
+            Err(LogError::InvalidEvent(text)) => Err(PyValueError::new_err(text)),
+            Err(e) => Err(log_err(py, e)),
+        }
     }
 
     /// The store it came from, as its reprs name it.

@@ -3,8 +3,8 @@ in a Kerman session. A child process SIGKILLed right after each unit result is d
 (``sync="units"``), then run again on the same session, ends with the uninterrupted run's output,
 executes no tool twice and requests no logged model response again (FileStore and
 PostgresStore); with ``sync="effects"``, a kill right after a waited unit keeps the units before
-it that were not waited for, and a kill right after one not waited for costs at most those units
-again, never the write; in process: the event types, a second run in a finished session, a
+it that were not waited for, and a kill right after one not waited for loses nothing either (the
+session is written through); in process: the event types, a second run in a finished session, a
 resume with another prompt refused."""
 
 from __future__ import annotations
@@ -96,19 +96,15 @@ def test_a_kill_after_a_waited_unit_keeps_the_units_before_it_not_waited_for(tmp
     assert ran == {"model": ["0", "1", "2"], "weather": ["Lyon"], "book": ["Lyon"]}
 
 
+@pytest.mark.parametrize("unit", [1, 2, 3])
 @pytest.mark.timeout(300)
-def test_a_kill_after_a_unit_not_waited_for_costs_at_most_those_units_again(tmp_path):
-    # The second unit is weather's result (a read, not waited for). A kill before the store
-    # wrote it (a FileStore in checkpoint writes within 50 ms, or at the next flush) costs the
-    # first model request and the read again, as a kill before their appends would have; it
-    # never runs the write twice, and the output is the uninterrupted run's.
-    ran = _killed_after(2, tmp_path)
-    assert ran["book"] == ["Lyon"]
-    assert ran["weather"] in (["Lyon"], ["Lyon", "Lyon"])
-    assert ran["model"] in (["0", "1", "2"], ["0", "0", "1", "2"])
-    # What was not written was lost with the process, nothing else: each unit ran again only
-    # if it had not reached the file.
-    assert len(ran["model"]) - 3 <= len(ran["weather"]) - 1
+def test_a_kill_after_a_unit_not_waited_for_loses_nothing(unit, tmp_path):
+    # Units 1-3 (a model response, weather's result, a model response) are not waited for. The
+    # session is written through: each is in the file when its append returns, so the process
+    # killed right after it loses none, and the next attempt requests no logged model response
+    # again and runs no logged read again.
+    ran = _killed_after(unit, tmp_path)
+    assert ran == {"model": ["0", "1", "2"], "weather": ["Lyon"], "book": ["Lyon"]}
 
 
 @pytest.mark.timeout(300)
@@ -170,7 +166,24 @@ def test_bad_arguments_are_named():
         KermanDurability(kerman.MemoryStore(), session_id="")
     with pytest.raises(TypeError, match="store must be a Kerman store"):
         KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
-    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='units')"
+    assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='effects')"
+    with pytest.raises(ValueError, match="sync must be \"effects\" or \"units\", not 'unit'"):
+        KermanDurability(kerman.MemoryStore(), session_id="s", sync="unit")  # type: ignore[arg-type]
+
+
+def test_a_file_session_is_written_through_and_the_default_sync_follows_the_store(tmp_path):
+    store = kerman.FileStore(str(tmp_path / "sessions"))
+    durability = KermanDurability(store, session_id="s")
+    assert durability.sync == "effects"
+    assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    assert durability.log.write_through is True
+    durability.close()
+    # The other stores have no such choice; PostgreSQL's default waits for every unit.
+    log = kerman.MemoryStore().create("m")
+    with pytest.raises(ValueError, match="write_through applies to FileStore sessions"):
+        log.write_through = True
+    assert log.write_through is False
+    log.close()
 
 
 def test_the_session_is_an_ordinary_session_for_log_show_and_the_notebook(tmp_path, capsys):
@@ -226,18 +239,24 @@ def test_a_run_that_raised_is_resumed_by_the_next_from_its_logged_units(tmp_path
     durability.close()
 
 
-def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_is_replayed(tmp_path):
+@pytest.mark.parametrize("op", ["sync", "write"])
+def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_is_replayed(op, tmp_path):
     """With sync="units" each unit is synced before the run goes on, but the run's end is not
-    awaited (it reaches the disk within the mode's window, or at close): when its write fails,
-    the run has already returned, close() reports the failure, and the session holds the run as
-    interrupted with every unit logged, so running it again replays it all (no model request,
-    no tool call)."""
+    awaited (it reaches the disk within the mode's window, or at close): when its sync fails,
+    the run has already returned and close() reports the failure. Its write is made by the
+    append itself (the session is written through), so a failed write fails the run instead.
+    Either way the session holds the run as interrupted with every unit logged, so running it
+    again replays it all (no model request, no tool call)."""
     from kerman._core import _FaultPlan
 
     root = tmp_path / "sessions"
-    plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
+    plan = _FaultPlan(op, seq=7)  # run, five units and book's marker: seq 7 is the run's end
     durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s", sync="units")
-    assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    if op == "sync":
+        assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
+    else:
+        with pytest.raises(kerman.LogWriteError):
+            _run(build(tmp_path, [durability]))
     with pytest.raises(kerman.LogWriteError):
         durability.close()
     assert plan.fired is not None and plan.fired["first_seq"] == 7
@@ -254,13 +273,13 @@ def test_a_run_returns_without_waiting_for_its_end_to_be_synced_and_a_lost_end_i
 
 def test_a_run_whose_last_sync_fails_returns_no_output_and_is_resumed_from_what_was_durable(tmp_path):
     """With sync="effects" the run waits for its end's flush, which also carries the last model
-    response (not waited for): when that write fails the run raises instead of returning an
+    response (not waited for): when that sync fails the run raises instead of returning an
     output that is not durable, and the next run replays every unit up to book's result (its
     flush was waited for) and requests the last model response again."""
     from kerman._core import _FaultPlan
 
     root = tmp_path / "sessions"
-    plan = _FaultPlan("write", seq=7)  # run, five units and book's marker: seq 7 is the run's end
+    plan = _FaultPlan("sync", seq=7)  # run, five units and book's marker: seq 7 is the run's end
     durability = KermanDurability(kerman.FileStore(str(root), _faults=plan), session_id="s", sync="effects")
     with pytest.raises(kerman.LogWriteError):
         _run(build(tmp_path, [durability]))
@@ -275,3 +294,11 @@ def test_a_run_whose_last_sync_fails_returns_no_output_and_is_resumed_from_what_
     assert _lines(tmp_path, "weather.log") == ["Lyon"]
     assert _lines(tmp_path, "book.log") == ["Lyon"]
     durability.close()
+
+
+def test_with_a_postgres_store_the_default_waits_for_every_unit():
+    from conftest import postgres_store_in_fresh_schema
+
+    store = postgres_store_in_fresh_schema()
+    assert KermanDurability(store, session_id="s").sync == "units"
+    assert KermanDurability(store, session_id="s", sync="effects").sync == "effects"

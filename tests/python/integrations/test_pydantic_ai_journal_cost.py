@@ -152,29 +152,29 @@ def _one_tool_run(tmp_path: Any, effect: str, sync: str | None, *, fails: bool =
 def test_a_run_with_a_read_waits_for_the_disk_once_before_it_returns(tmp_path, effect):
     # Three units, none an effect to guard: their results are appended, and the run's end is
     # flushed with them all before the run returns.
-    assert _one_tool_run(tmp_path, effect, "effects") == [
-        *["read", RUN, "model", UNIT, "tool", UNIT, "model", UNIT, RUN_END, "flush"],
-    ]
+    assert (
+        _one_tool_run(tmp_path, effect, "effects")
+        == _one_tool_run(tmp_path / "default", effect, None)
+        == [*["read", RUN, "model", UNIT, "tool", UNIT, "model", UNIT, RUN_END, "flush"]]
+    )
 
 
 def test_a_run_with_a_write_waits_before_its_body_after_its_result_and_before_it_returns(tmp_path):
     # The marker's flush makes the model response that asked for the call durable too (the log
     # is written in order); the result's flush keeps the call out of doubt.
-    assert _one_tool_run(tmp_path, "write", "effects") == [
-        *["read", RUN, "model", UNIT, STARTED, "flush", "tool", UNIT, "flush", "model", UNIT, RUN_END, "flush"],
-    ]
+    assert (
+        _one_tool_run(tmp_path, "write", "effects")
+        == _one_tool_run(tmp_path / "default", "write", None)
+        == [*["read", RUN, "model", UNIT, STARTED, "flush", "tool", UNIT, "flush", "model", UNIT, RUN_END, "flush"]]
+    )
 
 
 @pytest.mark.parametrize("effect", ["read", "write"])
 def test_sync_units_waits_after_every_unit_and_not_for_the_end(tmp_path, effect):
     marked = [STARTED, "flush"] if effect == "write" else []
-    assert (
-        _one_tool_run(tmp_path, effect, "units")
-        == _one_tool_run(tmp_path / "default", effect, None)
-        == [
-            *["read", RUN, "model", UNIT, "flush", *marked, "tool", UNIT, "flush", "model", UNIT, "flush", RUN_END],
-        ]
-    )
+    assert _one_tool_run(tmp_path, effect, "units") == [
+        *["read", RUN, "model", UNIT, "flush", *marked, "tool", UNIT, "flush", "model", UNIT, "flush", RUN_END],
+    ]
 
 
 def test_a_run_that_raises_waits_for_the_disk_once_before_the_error_reaches_the_caller(tmp_path):
@@ -186,11 +186,13 @@ def test_a_run_that_raises_waits_for_the_disk_once_before_the_error_reaches_the_
     ]
 
 
-def test_sync_is_checked_and_shown():
+def test_sync_is_checked_and_shown(tmp_path):
     with pytest.raises(ValueError, match='sync must be "effects" or "units", not \'unit\''):
         KermanDurability(kerman.MemoryStore(), session_id="s", sync="unit")
-    # The default keeps every unit durable before the next: a kill costs no model request.
-    assert KermanDurability(kerman.MemoryStore(), session_id="s").sync == "units"
+    # The default waits where an effect depends on it (a FileStore session is written through,
+    # so a kill costs no model request either).
+    assert KermanDurability(kerman.MemoryStore(), session_id="s").sync == "effects"
+    assert KermanDurability(kerman.FileStore(str(tmp_path)), session_id="s").sync == "effects"
     assert repr(KermanDurability(kerman.MemoryStore(), session_id="s", sync="units")).endswith("sync='units')")
 
 
