@@ -1,11 +1,11 @@
 """What ``KermanDurability`` adds to a pydantic-ai run: the same agent (a ``FunctionModel`` that
 calls one tool, then answers) run with no durability and journalled in a Kerman session on a
 ``MemoryStore``, on a ``FileStore`` (``durability="none"``: the journal's own cost, no fsync) and
-on a ``FileStore`` in the default ``"checkpoint"`` mode, with the default ``sync="units"`` (it
-waits for the disk after every unit) and with ``sync="effects"`` (the run waits once, before it
-returns: its tool is a read). Each run has a session of its own, as a new conversation would,
-except in the rows whose runs all go to one session opened beforehand (a conversation's later
-runs). A row with pydantic-ai's
+on a ``FileStore`` in the default ``"checkpoint"`` mode, with the default ``sync="effects"`` (the
+session written through; the run waits once, before it returns: its tool is a read) and with
+``sync="units"`` (it waits for the disk after every unit). Each run has a session of its own, as
+a new conversation would, except in the rows whose runs all go to one session opened beforehand
+(a conversation's later runs). A row with pydantic-ai's
 durable units and a backend that records nothing (``NoJournal``) separates what pydantic-ai's
 durable-execution machinery costs from what the Kerman journal adds. With ``dbos`` installed, a
 last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS workflow.
@@ -15,10 +15,10 @@ last row runs the agent under ``DBOSDurability`` on SQLite, each run a DBOS work
     python3 benches/python/pydantic_ai_durability.py --syscalls [--sizes 10,30] [--rows ...]
 
 A run is three durable units (model, tool, model), so the journal appends five events (run,
-three units, run-end) and awaits three flushes with ``sync="units"`` (one per unit; the end is not awaited, it rides
-with the store's next sync) or one with ``sync="effects"`` (the run's end, with the units before
-it); in a new session of a syncing file store the run's start is
-flushed too, not awaited. Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
+three units, run-end) and awaits one flush with ``sync="effects"`` (the run's end, with the units
+before it) or three with ``sync="units"`` (one per unit; the end is not awaited, it rides with
+the store's next sync); in a new session of a syncing file store the run's start is flushed
+too, not awaited. Each figure is the best of ``--reps`` repetitions of ``--runs`` runs (a
 loaded host only adds time; the repetitions interleave the rows), per run; prints a table and
 one JSON line.
 
@@ -135,9 +135,9 @@ CHILD_ROWS = {
     "memory": "KermanDurability, MemoryStore",
     "file-none": "KermanDurability, FileStore none",
     "file-checkpoint": "KermanDurability, FileStore checkpoint",
-    "file-checkpoint-effects": "KermanDurability, FileStore checkpoint, sync=effects",
+    "file-checkpoint-units": "KermanDurability, FileStore checkpoint, sync=units",
     "one-session": "KermanDurability, FileStore checkpoint, one session",
-    "one-session-effects": "KermanDurability, FileStore checkpoint, one session, sync=effects",
+    "one-session-units": "KermanDurability, FileStore checkpoint, one session, sync=units",
     "dbos": "DBOSDurability, SQLite",
 }
 
@@ -155,7 +155,7 @@ def child(row: str, built: int, ran: int) -> None:
 
             DBOS.destroy()
             return
-        sync = "effects" if row.endswith("-effects") else "units"
+        sync = "units" if row.endswith("-units") else None
         one = None
         if row.startswith("one-session"):
             one = KermanDurability(kerman.FileStore(f"{root}/o"), session_id="conversation", sync=sync)
@@ -239,7 +239,7 @@ def counted(kind: str, sizes: str, rows: List[str]) -> None:
         for row, n in per.items():
             print(f"{CHILD_ROWS[row]:52}  {n:12,.0f}  {n - base:12,.0f}")
         if "dbos" in per and "none" in per:
-            for row in ("file-checkpoint", "file-checkpoint-effects", "one-session", "one-session-effects", "memory"):
+            for row in ("file-checkpoint", "file-checkpoint-units", "one-session", "one-session-units", "memory"):
                 if row in per:
                     print(f"DBOS overhead / {CHILD_ROWS[row]} overhead: {(per['dbos'] - base) / max(per[row] - base, 1):.1f}x")
     else:
@@ -276,7 +276,7 @@ def main() -> None:
     def plain(i: int) -> Agent[None, str]:
         return agent([])
 
-    def journalled(store_factory: Callable[[], Any], sync: str = "units") -> Callable[[], float]:
+    def journalled(store_factory: Callable[[], Any], sync: str | None = None) -> Callable[[], float]:
         caps: List[KermanDurability[None]] = []
         store = store_factory()
 
@@ -291,7 +291,7 @@ def main() -> None:
 
         return lambda: asyncio.run(runs(args.runs, make, close))
 
-    def one_session(store_factory: Callable[[], Any], sync: str = "units") -> float:
+    def one_session(store_factory: Callable[[], Any], sync: str | None = None) -> float:
         """Every run in one session, opened before the clock starts: a conversation's later runs."""
         cap: KermanDurability[None] = KermanDurability(store_factory(), session_id="conversation", sync=sync)
         _ = cap.log
@@ -306,12 +306,10 @@ def main() -> None:
         rep = iter(range(10**6))
         rows["KermanDurability, FileStore none"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/n{next(rep)}", durability="none"))()
         rows["KermanDurability, FileStore checkpoint"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/c{next(rep)}"))()
-        rows["KermanDurability, FileStore checkpoint, sync=effects"] = lambda: journalled(
-            lambda: kerman.FileStore(f"{root}/u{next(rep)}"), "effects"
-        )()
+        rows["KermanDurability, FileStore checkpoint, sync=units"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/u{next(rep)}"), "units")()
         rows["KermanDurability, FileStore checkpoint, one session"] = lambda: one_session(lambda: kerman.FileStore(f"{root}/o{next(rep)}"))
-        rows["KermanDurability, FileStore checkpoint, one session, sync=effects"] = lambda: one_session(
-            lambda: kerman.FileStore(f"{root}/p{next(rep)}"), "effects"
+        rows["KermanDurability, FileStore checkpoint, one session, sync=units"] = lambda: one_session(
+            lambda: kerman.FileStore(f"{root}/p{next(rep)}"), "units"
         )
         dbos = dbos_row(root, args.runs)
         if dbos is not None:
@@ -343,9 +341,9 @@ def main() -> None:
         dbos = best["DBOSDurability, SQLite"] - floor
         for name in (
             "KermanDurability, FileStore checkpoint",
-            "KermanDurability, FileStore checkpoint, sync=effects",
+            "KermanDurability, FileStore checkpoint, sync=units",
             "KermanDurability, FileStore checkpoint, one session",
-            "KermanDurability, FileStore checkpoint, one session, sync=effects",
+            "KermanDurability, FileStore checkpoint, one session, sync=units",
         ):
             ratios[name] = round(dbos / max(best[name] - floor, 1e-6), 1)
             print(f"DBOS overhead / {name} overhead: {ratios[name]}x")
