@@ -306,7 +306,9 @@ def main() -> None:
         rep = iter(range(10**6))
         rows["KermanDurability, FileStore none"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/n{next(rep)}", durability="none"))()
         rows["KermanDurability, FileStore checkpoint"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/c{next(rep)}"))()
-        rows["KermanDurability, FileStore checkpoint, sync=units"] = lambda: journalled(lambda: kerman.FileStore(f"{root}/u{next(rep)}"), "units")()
+        rows["KermanDurability, FileStore checkpoint, sync=units"] = lambda: journalled(
+            lambda: kerman.FileStore(f"{root}/u{next(rep)}"), "units"
+        )()
         rows["KermanDurability, FileStore checkpoint, one session"] = lambda: one_session(lambda: kerman.FileStore(f"{root}/o{next(rep)}"))
         rows["KermanDurability, FileStore checkpoint, one session, sync=units"] = lambda: one_session(
             lambda: kerman.FileStore(f"{root}/p{next(rep)}"), "units"

@@ -49,7 +49,11 @@ fn each_append_is_in_the_file_when_it_returns_and_one_barrier_syncs_them_all() {
         log.flush_blocking().unwrap();
         let sites = seen.lock().unwrap().clone();
         let writes: Vec<_> = sites.iter().filter(|(p, _)| *p == FaultPoint::Write).cloned().collect();
-        assert_eq!(writes, [(FaultPoint::Write, 0..1), (FaultPoint::Write, 1..2), (FaultPoint::Write, 2..3)], "{durability:?}: the appends wrote, the writer did not");
+        assert_eq!(
+            writes,
+            [(FaultPoint::Write, 0..1), (FaultPoint::Write, 1..2), (FaultPoint::Write, 2..3)],
+            "{durability:?}: the appends wrote, the writer did not"
+        );
         assert!(sites.iter().any(|(p, seqs)| *p == FaultPoint::Sync && seqs.end == 3), "{durability:?}: {sites:?}");
         assert_eq!(sites.iter().filter(|(p, _)| *p == FaultPoint::SyncDirectory).count(), 1, "{durability:?}");
         log.close().unwrap();
@@ -151,8 +155,10 @@ fn a_barrier_waiting_when_a_write_through_fails_is_failed_and_one_already_synced
     let (entered_tx, entered_rx) = mpsc::channel::<()>();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let gate = Mutex::new(Some((entered_tx, release_rx)));
-    let store = FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap().with_fault(Arc::new(move |site: &FaultSite| {
-        match site.point {
+    let store =
+        FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap().with_fault(Arc::new(move |site: &FaultSite| match site
+            .point
+        {
             FaultPoint::Sync => {
                 if let Some((entered, release)) = gate.lock().unwrap().take() {
                     entered.send(()).unwrap();
@@ -162,8 +168,7 @@ fn a_barrier_waiting_when_a_write_through_fails_is_failed_and_one_already_synced
             }
             FaultPoint::Write if site.seqs.start == 2 => Some(Fault::Fail(io::Error::other("injected"))),
             _ => None,
-        }
-    }));
+        }));
     let log = store.create(Some("s")).unwrap();
     log.set_write_through(true).unwrap();
     append(&log, 0).unwrap();

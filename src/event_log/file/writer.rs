@@ -162,14 +162,7 @@ impl FileBackend {
             .name("kerman-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| LogError::io("starting the session writer thread", e))?;
-        Ok(FileBackend {
-            id: setup.id,
-            shared,
-            fault: setup.fault,
-            thread: Mutex::new(Some(thread)),
-            durability: setup.durability,
-            origin,
-        })
+        Ok(FileBackend { id: setup.id, shared, fault: setup.fault, thread: Mutex::new(Some(thread)), durability: setup.durability, origin })
     }
 
     /// Turns write-through on or off (see the module's documentation;
@@ -188,7 +181,6 @@ impl FileBackend {
         st.write_through = on;
         Ok(())
     }
-
 
     /// `enqueue`'s write-through: the record written at the file's end, under the lock. A
     /// failure poisons the backend and leaves the cut-back and the barriers to the writer.

@@ -167,7 +167,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="store must be a Kerman store"):
         KermanDurability("sessions/", session_id="s")  # type: ignore[arg-type]
     assert repr(KermanDurability(kerman.MemoryStore(), session_id="s")) == "KermanDurability(session_id='s', name=None, sync='effects')"
-    with pytest.raises(ValueError, match="sync must be \"effects\" or \"units\", not 'unit'"):
+    with pytest.raises(ValueError, match='sync must be "effects" or "units", not \'unit\''):
         KermanDurability(kerman.MemoryStore(), session_id="s", sync="unit")  # type: ignore[arg-type]
 
 
