@@ -20,7 +20,7 @@
 //! process loses nothing it appended; the writer then only syncs, on the same schedule (the
 //! window, a barrier, `close`). It costs a `pwrite` per append on the appending thread, which
 //! is why it is a choice per log: a caller that goes on to act on what it appended without
-//! waiting for a barrier (KermanDurability's `sync="effects"`) wants it; the agent loop, which
+//! waiting for a barrier (`KermanDurability`'s `sync="effects"`) wants it; the agent loop, which
 //! waits at its checkpoints, does not.
 
 use std::fmt::Write as _;
