@@ -42,9 +42,9 @@ fn each_append_is_in_the_file_when_it_returns_and_one_barrier_syncs_them_all() {
         let log = store.create(Some("s")).unwrap();
         log.set_write_through(true).unwrap();
         assert!(log.write_through());
-        for n in 0..3 {
+        for (n, records) in (0..3).zip(1..) {
             append(&log, n).unwrap();
-            assert_eq!(records_in_file(dir.path()), n as usize + 1, "{durability:?}: in the file before any barrier");
+            assert_eq!(records_in_file(dir.path()), records, "{durability:?}: in the file before any barrier");
         }
         log.flush_blocking().unwrap();
         let sites = seen.lock().unwrap().clone();
