@@ -10,6 +10,7 @@ Answer(value))``.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -200,7 +201,9 @@ class PendingDecision:
     what may be decided), ``"input"`` (a call that needs input: answer its ``schema``) or
     ``"budget"`` (a spent budget stopped a model request: no call, ``arguments`` holds the
     numbers that stopped it; ``Approve()`` or ``Deny(reason)``);
-    ``expires_at`` is epoch milliseconds or ``None``."""
+    ``expires_at`` is epoch milliseconds or ``None``. ``requester`` names the framework that
+    asked (the ``for`` of its ``decision/requested``, e.g. a pydantic-ai run under
+    ``KermanDurability``; its ``turn`` and ``step`` are 0); ``None`` for the loop's own requests."""
 
     decision_id: str
     call_id: str
@@ -213,7 +216,9 @@ class PendingDecision:
     expires_at: Optional[int]
     turn: int
     step: int
+    requester: Optional[Dict[str, Any]] = None
 
     def __repr__(self) -> str:
         note = f" note={self.note!r}" if self.note else ""
-        return f"<PendingDecision {self.decision_id} {self.kind} {self.name}({self.arguments}) call={self.call_id}{note}>"
+        requester = f" for={json.dumps(self.requester, separators=(',', ':'))}" if self.requester is not None else ""
+        return f"<PendingDecision {self.decision_id} {self.kind} {self.name}({self.arguments}) call={self.call_id}{note}{requester}>"

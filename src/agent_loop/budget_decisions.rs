@@ -93,6 +93,7 @@ pub fn request(log: &SessionLog, turn: u64, step: u64, stop: &Stop) -> Result<Re
         note: Some(note(stop)),
         schema: None,
         expires_at: None,
+        requester: None,
     };
     events::append(log, events::decision_round(&request, true, &[]))?;
     Ok(request)

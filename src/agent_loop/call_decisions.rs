@@ -142,6 +142,7 @@ pub fn request_in_doubt(log: &SessionLog) -> Result<usize, LogError> {
                             note: Some(in_doubt_note(name, *effect)),
                             schema: None,
                             expires_at: None,
+                            requester: None,
                         },
                         call_seq: *seq,
                         options: in_doubt_options(*effect).into_iter().map(str::to_owned).collect(),

@@ -66,6 +66,7 @@ pub fn request(log: &SessionLog, requester: &Value, calls: &[ForeignCall]) -> Re
             note: None,
             schema: None,
             expires_at: call.expires_at,
+            requester: Some(requester.clone()),
         };
         publish(&publishing, events::foreign_decision_requested(&request, &requester, index + 1 == calls.len()), None)?;
         out.push(request);

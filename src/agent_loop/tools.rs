@@ -533,6 +533,7 @@ impl ToolPlan {
                 note: ask.note,
                 schema: ask.schema,
                 expires_at: None,
+                requester: None,
             };
             super::call_decisions::request_input(sink.log, request, self.call_seq(index), ask.payload, n + 1 == count)?;
             if let Some(state) = self.input.as_mut() {

@@ -155,6 +155,7 @@ fn a_call_that_needs_input_waits_and_runs_again_with_the_answer() {
         note: Some("Transfer 5?".into()),
         schema: Some(r#"{"type":"object"}"#.into()),
         expires_at: None,
+        requester: None,
     };
     let call_seq = log.len() - 1; // the tool/call is the last event
     call_decisions::request_input(&log, request, call_seq, Some(r#"{"requestState":"t"}"#.into()), true).unwrap();
@@ -190,6 +191,7 @@ fn an_expired_in_doubt_request_fails_the_call_as_fail_does() {
             note: None,
             schema: None,
             expires_at: Some(10),
+            requester: None,
         },
         call_seq,
         options: vec!["record-result".into(), "record-failure".into()],
@@ -229,6 +231,7 @@ fn a_cancelled_request_for_input_gives_its_call_the_same_result_when_aborted() {
             note: None,
             schema: None,
             expires_at: None,
+            requester: None,
         };
         call_decisions::request_input(&log, request, log.len() - 1, None, true).unwrap();
         assert_eq!(decisions::cancel_pending(&log).unwrap(), 1);

@@ -105,6 +105,9 @@ pub struct Request {
     pub schema: Option<String>,
     /// Epoch milliseconds.
     pub expires_at: Option<i64>,
+    /// The framework that asked: the `for` of its `decision/requested` (JSON object text);
+    /// `None` for the loop's own requests.
+    pub requester: Option<String>,
 }
 
 /// What a gate said of a call it asked no one about, logged with the step's requests (the
@@ -305,6 +308,7 @@ pub(crate) fn request_of(data: &Value) -> Option<Request> {
         note: text(data, "note"),
         schema: data.get("schema").map(crate::json::compact),
         expires_at: data.get("expiresAt").and_then(Value::as_i64),
+        requester: data.get("for").filter(|v| v.is_object()).map(crate::json::compact),
     })
 }
 

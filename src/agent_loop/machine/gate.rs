@@ -231,6 +231,7 @@ impl Machine {
                     note: ask.note,
                     schema: ask.schema,
                     expires_at: ask.expires_at,
+                    requester: None,
                 };
                 if let Some(gating) = self.gating.as_mut() {
                     gating.asked.push(request);

@@ -165,6 +165,11 @@ pub(super) fn request_dict<'py>(py: Python<'py>, r: &Request) -> PyResult<Bound<
     d.set_item("expires_at", r.expires_at)?;
     d.set_item("turn", r.turn)?;
     d.set_item("step", r.step)?;
+    let requester = match &r.requester {
+        Some(text) => to_py(py, &serde_json::from_str(text).unwrap_or(serde_json::Value::Null))?,
+        None => py.None().into_bound(py),
+    };
+    d.set_item("requester", requester)?;
     Ok(d)
 }
 

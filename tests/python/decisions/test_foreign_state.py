@@ -159,6 +159,11 @@ def test_the_loop_s_own_request_still_holds_its_turn_beside_another_framework_s(
         assert loop.status == "waiting" and not run.done()
         mine = [d for d in loop.decisions if d.call_id == "c1"]
         assert len(mine) == 1 and sorted(foreign_ids(loop)) == ["c1", "r7"]
+        # Each entry says whose it is: the other framework's names its requester.
+        assert {d.call_id: d.requester for d in loop.decisions} == {"c1": None, "r7": PYDANTIC_RUN}
+        (theirs,) = [d for d in loop.decisions if d.requester is not None]
+        assert repr(theirs).endswith(' for={"kind":"pydantic-ai","run":1}>')
+        assert {d.call_id: d.requester for d in kerman.decisions.pending(log)} == {"c1": None, "r7": PYDANTIC_RUN}
         assert loop.decide(mine[0].decision_id, Approve())
         result = await bounded(run)
         assert result.text == "sent" and calls == ["wire 5"]
