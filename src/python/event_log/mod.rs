@@ -316,7 +316,8 @@ impl PySessionLog {
             Some(event) => format!(" last={}", PyString::new(py, event.kind()).repr()?),
             None => String::new(),
         };
-        Ok(format!("<SessionLog id={id}{store} len={}{last} {state}>", self.inner.len()))
+        let through = if self.inner.write_through() { " write-through" } else { "" };
+        Ok(format!("<SessionLog id={id}{store} len={}{last} {state}{through}>", self.inner.len()))
     }
 
     fn _repr_html_(slf: &Bound<'_, Self>) -> PyResult<String> {

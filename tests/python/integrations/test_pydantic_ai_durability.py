@@ -177,6 +177,7 @@ def test_a_file_session_is_written_through_and_the_default_sync_follows_the_stor
     assert durability.sync == "effects"
     assert _run(build(tmp_path, [durability])).output.model_dump() == EXPECTED
     assert durability.log.write_through is True
+    assert repr(durability.log).endswith(" open write-through>")
     durability.close()
     # The other stores have no such choice; PostgreSQL's default waits for every unit.
     log = kerman.MemoryStore().create("m")
