@@ -67,6 +67,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kerman.integrations.pydantic_ai needs pydantic-ai: pip install 'kerman[pydantic-ai]'") from error
 
 import kerman
+from kerman._core import decide_on_log
+from kerman.decisions import outcome_of
 
 from . import pydantic_ai_approvals as approvals
 from .pydantic_ai_effects import InDoubtCall, ToolPolicy, check_effects, reconcile, resolve_policy
@@ -208,6 +210,8 @@ def _runs(log: kerman.SessionLog) -> _LastRun:
 
 
 def _jsonable(value: Any) -> Any:
+    if type(value) is str:  # a prompt or an output of text, as it is (the common case)
+        return value
     try:
         return to_jsonable_python(value)
     except Exception:  # an output pydantic cannot reduce: its repr still says what it was
@@ -276,8 +280,6 @@ def _retrieved(future: Any) -> None:
 def _remote_decide(log: kerman.SessionLog) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Applies a decision another process staged (``PostgresStore.decide``) to a request of this
     session, on the store's thread: the core decides it on the log (this process owns it)."""
-    from kerman._core import decide_on_log
-    from kerman.decisions import outcome_of
 
     def decide(args: dict[str, Any]) -> dict[str, Any]:
         decision_id = args.get("decision_id")
@@ -305,8 +307,11 @@ class _Session:
     ended: tuple[int, int] | None = None
 
     def last_run(self, log: kerman.SessionLog) -> _LastRun:
-        if self.ended is not None and self.ended[0] == len(log):
+        length = len(log)
+        if self.ended is not None and self.ended[0] == length:
             return _LastRun(self.ended[1])
+        if length == 0:  # a new session (or one holding nothing): no run to look for
+            return _LastRun()
         return _runs(log)
 
     def open(self) -> kerman.SessionLog:
@@ -483,21 +488,26 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         # the request pydantic-ai prepares next, placed by pydantic-ai itself.
         if Agent.is_model_request_node(node):
             await self._steer(ctx, at_end=False)
-        return await super().before_node_run(ctx, node=node)
+        # The base's hook returns the node as it is (test_the_node_hooks_of_the_base_change_nothing):
+        # returned here without awaiting it, as pydantic-ai calls this hook before every node.
+        return node
 
     async def after_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any, result: Any) -> Any:
         # A claim point when the agent would end (not when it pauses for deferred tools): what
         # is pending continues the run, as pydantic-ai's own queue does.
         if isinstance(result, End) and not isinstance(getattr(result.data, "output", None), DeferredToolRequests):
             await self._steer(ctx, at_end=True)
-        return await super().after_node_run(ctx, node=node, result=result)
+        return result  # as the base's hook does (see before_node_run)
 
     async def _steer(self, ctx: RunContext[AgentDepsT], *, at_end: bool) -> None:
         journal = _JOURNAL.get()
         if journal is None or journal.steering is None:
             return
-        journal.steering.adopt(ctx)
-        for message in await journal.steering.take(caught_up=journal.caught_up, at_end=at_end):
+        steering = journal.steering
+        steering.adopt(ctx)
+        if steering.passes(caught_up=journal.caught_up):
+            return
+        for message in await steering.take(caught_up=journal.caught_up, at_end=at_end):
             ctx.enqueue(message.text)
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
