@@ -380,7 +380,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
             raise ValueError(f"KermanDurability: session_id must be a non-empty string, not {session_id!r}")
         if sync not in SYNC_MODES:
             raise ValueError(f'KermanDurability: sync must be "effects" or "units", not {sync!r}')
-        self._sync = sync
+        self._sync: Literal["effects", "units"] = sync
         if not hasattr(store, "exists") or not hasattr(store, "create"):
             raise TypeError(f"KermanDurability: store must be a Kerman store (FileStore, MemoryStore, PostgresStore), not {store!r}")
         self._effects = check_effects(effects)
@@ -397,7 +397,7 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         return self._session.session_id
 
     @property
-    def sync(self) -> str:
+    def sync(self) -> Literal["effects", "units"]:
         """When a run waits for the disk: ``"effects"`` or ``"units"`` (see the class)."""
         return self._sync
 
