@@ -262,6 +262,24 @@ class _Backend(JournalCallableOperationBackend[Any]):
         return result
 
 
+def _claim_point(ctx: Any) -> _Journal | None:
+    """At a claim point of a journalled run, after pydantic-ai's own queue is moved into the
+    inbox: the run's journal when the point has messages to deliver (``_steer``), ``None`` when
+    it has none (the point is passed, counted, without a claim) or the run is not journalled."""
+    journal = _JOURNAL.get()
+    if journal is None or journal.steering is None:
+        return None
+    journal.steering.adopt(ctx)
+    return None if journal.steering.passes(caught_up=journal.caught_up) else journal
+
+
+async def _steer(ctx: Any, journal: _Journal, *, at_end: bool) -> None:
+    """Delivers the messages of a claim point that has some (``_claim_point``) into the run."""
+    assert journal.steering is not None
+    for message in await journal.steering.take(caught_up=journal.caught_up, at_end=at_end):
+        ctx.enqueue(message.text)
+
+
 def _sync_in_background(log: kerman.SessionLog) -> None:
     """Starts the first sync of a session just created, not awaited: its file, its folder and
     the run's start become durable while the run prepares its first unit, whose flush then
@@ -486,8 +504,8 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         # A claim point before each model request: before the request's node runs, so what is
         # claimed (and what waits in pydantic-ai's own queue, moved to the inbox first) goes into
         # the request pydantic-ai prepares next, placed by pydantic-ai itself.
-        if Agent.is_model_request_node(node):
-            await self._steer(ctx, at_end=False)
+        if Agent.is_model_request_node(node) and (journal := _claim_point(ctx)) is not None:
+            await _steer(ctx, journal, at_end=False)
         # The base's hook returns the node as it is (test_the_node_hooks_of_the_base_change_nothing):
         # returned here without awaiting it, as pydantic-ai calls this hook before every node.
         return node
@@ -495,20 +513,13 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
     async def after_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any, result: Any) -> Any:
         # A claim point when the agent would end (not when it pauses for deferred tools): what
         # is pending continues the run, as pydantic-ai's own queue does.
-        if isinstance(result, End) and not isinstance(getattr(result.data, "output", None), DeferredToolRequests):
-            await self._steer(ctx, at_end=True)
+        if (
+            isinstance(result, End)
+            and not isinstance(getattr(result.data, "output", None), DeferredToolRequests)
+            and (journal := _claim_point(ctx)) is not None
+        ):
+            await _steer(ctx, journal, at_end=True)
         return result  # as the base's hook does (see before_node_run)
-
-    async def _steer(self, ctx: RunContext[AgentDepsT], *, at_end: bool) -> None:
-        journal = _JOURNAL.get()
-        if journal is None or journal.steering is None:
-            return
-        steering = journal.steering
-        steering.adopt(ctx)
-        if steering.passes(caught_up=journal.caught_up):
-            return
-        for message in await steering.take(caught_up=journal.caught_up, at_end=at_end):
-            ctx.enqueue(message.text)
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
         if _JOURNAL.get() is not None:
