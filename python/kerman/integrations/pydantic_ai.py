@@ -69,6 +69,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kerman.integrations.pydantic_ai needs pydantic-ai: pip install 'kerman[pydantic-ai]'") from error
 
 import kerman
+from kerman._core import decide_on_log
+from kerman.decisions import outcome_of
 
 from . import pydantic_ai_approvals as approvals
 from .pydantic_ai_effects import InDoubtCall, ToolPolicy, check_effects, reconcile, resolve_policy
@@ -210,6 +212,8 @@ def _runs(log: kerman.SessionLog) -> _LastRun:
 
 
 def _jsonable(value: Any) -> Any:
+    if type(value) is str:  # a prompt or an output of text, as it is (the common case)
+        return value
     try:
         return to_jsonable_python(value)
     except Exception:  # an output pydantic cannot reduce: its repr still says what it was
@@ -260,6 +264,24 @@ class _Backend(JournalCallableOperationBackend[Any]):
         return result
 
 
+def _claim_point(ctx: Any) -> _Journal | None:
+    """At a claim point of a journalled run, after pydantic-ai's own queue is moved into the
+    inbox: the run's journal when the point has messages to deliver (``_steer``), ``None`` when
+    it has none (the point is passed, counted, without a claim) or the run is not journalled."""
+    journal = _JOURNAL.get()
+    if journal is None or journal.steering is None:
+        return None
+    journal.steering.adopt(ctx)
+    return None if journal.steering.passes(caught_up=journal.caught_up) else journal
+
+
+async def _steer(ctx: Any, journal: _Journal, *, at_end: bool) -> None:
+    """Delivers the messages of a claim point that has some (``_claim_point``) into the run."""
+    assert journal.steering is not None
+    for message in await journal.steering.take(caught_up=journal.caught_up, at_end=at_end):
+        ctx.enqueue(message.text)
+
+
 def _sync_in_background(log: kerman.SessionLog) -> None:
     """Starts the first sync of a session just created, not awaited: its file, its folder and
     the run's start become durable while the run prepares its first unit, whose flush then
@@ -278,8 +300,6 @@ def _retrieved(future: Any) -> None:
 def _remote_decide(log: kerman.SessionLog) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Applies a decision another process staged (``PostgresStore.decide``) to a request of this
     session, on the store's thread: the core decides it on the log (this process owns it)."""
-    from kerman._core import decide_on_log
-    from kerman.decisions import outcome_of
 
     def decide(args: dict[str, Any]) -> dict[str, Any]:
         decision_id = args.get("decision_id")
@@ -307,8 +327,11 @@ class _Session:
     ended: tuple[int, int] | None = None
 
     def last_run(self, log: kerman.SessionLog) -> _LastRun:
-        if self.ended is not None and self.ended[0] == len(log):
+        length = len(log)
+        if self.ended is not None and self.ended[0] == length:
             return _LastRun(self.ended[1])
+        if length == 0:  # a new session (or one holding nothing): no run to look for
+            return _LastRun()
         return _runs(log)
 
     def open(self) -> kerman.SessionLog:
@@ -491,24 +514,22 @@ class KermanDurability(BaseDurabilityCapability[AgentDepsT]):
         # A claim point before each model request: before the request's node runs, so what is
         # claimed (and what waits in pydantic-ai's own queue, moved to the inbox first) goes into
         # the request pydantic-ai prepares next, placed by pydantic-ai itself.
-        if Agent.is_model_request_node(node):
-            await self._steer(ctx, at_end=False)
-        return await super().before_node_run(ctx, node=node)
+        if Agent.is_model_request_node(node) and (journal := _claim_point(ctx)) is not None:
+            await _steer(ctx, journal, at_end=False)
+        # The base's hook returns the node as it is (test_the_node_hooks_of_the_base_change_nothing):
+        # returned here without awaiting it, as pydantic-ai calls this hook before every node.
+        return node
 
     async def after_node_run(self, ctx: RunContext[AgentDepsT], *, node: Any, result: Any) -> Any:
         # A claim point when the agent would end (not when it pauses for deferred tools): what
         # is pending continues the run, as pydantic-ai's own queue does.
-        if isinstance(result, End) and not isinstance(getattr(result.data, "output", None), DeferredToolRequests):
-            await self._steer(ctx, at_end=True)
-        return await super().after_node_run(ctx, node=node, result=result)
-
-    async def _steer(self, ctx: RunContext[AgentDepsT], *, at_end: bool) -> None:
-        journal = _JOURNAL.get()
-        if journal is None or journal.steering is None:
-            return
-        journal.steering.adopt(ctx)
-        for message in await journal.steering.take(caught_up=journal.caught_up, at_end=at_end):
-            ctx.enqueue(message.text)
+        if (
+            isinstance(result, End)
+            and not isinstance(getattr(result.data, "output", None), DeferredToolRequests)
+            and (journal := _claim_point(ctx)) is not None
+        ):
+            await _steer(ctx, journal, at_end=True)
+        return result  # as the base's hook does (see before_node_run)
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
         if _JOURNAL.get() is not None:

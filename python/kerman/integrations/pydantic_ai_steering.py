@@ -96,6 +96,18 @@ class Steering:
             self.inbox.append("next-turn" if pending.priority == "when_idle" else "next-step", text)
             ctx.dequeue(pending.enqueue_id)
 
+    def passes(self, *, caught_up: bool) -> bool:
+        """Whether this claim point has nothing to deliver, so that it is passed (counted) without
+        a claim: no claim of an earlier attempt is logged at it, and either this attempt still
+        replays or the inbox holds nothing. The inbox's lists are what a claim would read (what
+        other processes stage lands in them before a claim could take it), so a claim here would
+        take nothing and append nothing. Otherwise ``take`` delivers the point's messages."""
+        at = self.points
+        if at in self.logged or (caught_up and self.inbox.has_pending):
+            return False
+        self.points = at + 1
+        return True
+
     async def take(self, *, caught_up: bool, at_end: bool) -> list[kerman.UserMessage]:
         """The messages of this claim point: logged by an earlier attempt, or claimed now (one
         splice naming the claimant). A point an earlier attempt passed without claiming, while
