@@ -259,7 +259,8 @@ impl Requests {
         }
         let start = if mine.is_empty() { self.last_time } else { self.start };
         self.chunks.clear();
-        let reply: read::Reply<'_> = read::object(event.data_json()).unwrap_or_default();
+        // The core's writer records where the message lies: its fields are read around it.
+        let reply: read::Reply<'_> = read::object_skipping(event.data_json(), event.bulk()).unwrap_or_default();
         let usage = Usage::of(reply.usage);
         let interrupted = read::is_true(reply.interrupted);
         let outcome = if interrupted {
