@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use crate::agent_loop::events as kinds;
 use crate::event_log::Event;
 
-use super::requests::{Outcome, Request, Requests};
+use super::requests::{Outcome, Request, Requests, Type};
 use super::{ids, read, Kind, Span, Status, Value};
 
 /// Turn endings that mean the work failed.
@@ -124,13 +123,14 @@ impl SpanFold {
 
     /// Folds one event (the next in the log).
     pub fn add(&mut self, event: &Event) {
-        self.requests.add(event);
+        let kind = Type::of(event.kind());
+        self.requests.add_typed(event, kind);
         self.chats();
-        match event.kind() {
-            kinds::TURN_START => self.turn_start(event),
-            kinds::TURN_END => self.turn_end(event),
-            kinds::TOOL_CALL => self.tool_call(event),
-            kinds::TOOL_RESULT => self.tool_result(event),
+        match kind {
+            Type::TurnStart => self.turn_start(event),
+            Type::TurnEnd => self.turn_end(event),
+            Type::ToolCall => self.tool_call(event),
+            Type::ToolResult => self.tool_result(event),
             _ => {}
         }
         self.position = event.seq + 1;
