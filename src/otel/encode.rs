@@ -37,10 +37,12 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
+#[inline]
 fn tag(out: &mut Vec<u8>, field: u8, wire: u8) {
     out.push((field << 3) | wire);
 }
 
+#[inline]
 fn bytes(out: &mut Vec<u8>, field: u8, value: &[u8]) {
     tag(out, field, LEN);
     varint(out, value.len() as u64);
@@ -164,9 +166,10 @@ fn key_value(out: &mut Vec<u8>, field: u8, key: &str, value: &Value) {
 }
 
 /// The encoded `KeyValue`s of a batch's attributes whose text is shared between spans (the
-/// session id, the agent's name, models, tool names, constant texts): each encoded once per
-/// batch and copied after. An entry is found by the addresses and length of the key and the
-/// text: the spans are borrowed for the whole encoding, so one address and length is one text.
+/// session id, the agent's name, models, tool names, constant texts and lists of them, such as
+/// a completed request's `finish_reasons`): each encoded once per batch and copied after. An
+/// entry is found by the addresses and length of the key and the text (or list): the spans are
+/// borrowed for the whole encoding, so one address and length is one value.
 #[derive(Default)]
 struct Shared {
     entries: Vec<(usize, usize, usize, std::ops::Range<usize>)>,
@@ -178,12 +181,12 @@ const SHARED_ENTRIES: usize = 32;
 
 impl Shared {
     fn key_value(&mut self, out: &mut Vec<u8>, key: &'static str, value: &Value) {
-        let text = match value {
-            Value::Static(text) => *text,
-            Value::Shared(text) => &**text,
+        let id = match value {
+            Value::Static(text) => (key.as_ptr() as usize, text.as_ptr() as usize, text.len()),
+            Value::Shared(text) => (key.as_ptr() as usize, text.as_ptr() as usize, text.len()),
+            Value::Strs(texts) => (key.as_ptr() as usize, texts.as_ptr() as usize, texts.len()),
             _ => return key_value(out, 9, key, value),
         };
-        let id = (key.as_ptr() as usize, text.as_ptr() as usize, text.len());
         if let Some((.., range)) = self.entries.iter().find(|(k, t, n, _)| (*k, *t, *n) == id) {
             out.extend_from_slice(&self.bytes[range.clone()]);
             return;
