@@ -98,7 +98,7 @@ impl Bulk {
 
     /// The range, if known.
     pub fn range(self) -> Option<std::ops::Range<usize>> {
-        (self.start < self.end).then(|| self.start as usize..self.end as usize)
+        (self.start < self.end).then_some(self.start as usize..self.end as usize)
     }
 }
 
