@@ -15,14 +15,7 @@ pub type Raw<'a> = &'a str;
 
 /// An integer field as `kerman.events` reads one (`value.__class__ is int`).
 pub fn int(raw: Option<Raw<'_>>) -> Option<i64> {
-    let raw = raw?;
-    // The common case, a few digits (turns, steps, counts), read here; the rest (a sign, or
-    // what may not fit) by `parse`, which reads the same integers.
-    let digits = raw.as_bytes();
-    if (1..=18).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit) {
-        return Some(digits.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')));
-    }
-    raw.parse::<i64>().ok()
+    raw.and_then(|r| r.parse::<i64>().ok())
 }
 
 /// A string field (`value.__class__ is str`).

@@ -279,7 +279,7 @@ fn a_span_encodes_the_same_alone_and_in_a_batch_whose_values_are_encoded_once() 
 }
 
 #[test]
-fn integers_are_read_as_parse_reads_them() {
+fn integers_are_read_as_json_integers() {
     for raw in
         ["0", "7", "007", "42", "-3", "999999999999999999", "9223372036854775807", "9223372036854775808", "1.0", "1e3", "", "x", "+1", "-"]
     {
