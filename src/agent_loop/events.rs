@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::ending::{EndKind, Ending};
 use super::in_doubt::{InDoubt, SideEffect, ToolInfo};
-use crate::event_log::{is_surface_type, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
+use crate::event_log::{is_surface_type, Bulk, Event, LogError, Publishing, SessionLog, Surface, SurfaceOp};
 use crate::json::{push_str_literal, push_u64, Scratch};
 use crate::message::{BlockType, Message};
 
@@ -32,12 +32,13 @@ pub const TOOL_PROGRESS: &str = "tool/progress";
 pub use crate::event_log::INSTRUCTIONS;
 
 /// One loop event, ready to append: its type, payload and (for surface events) the seqs it
-/// cites.
+/// cites and where its message lies in the payload (`bulk`, when written here).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopEvent {
     pub kind: &'static str,
     pub data: Payload,
     pub cites: Option<Vec<u64>>,
+    pub bulk: Bulk,
 }
 
 /// A payload's JSON text: written for the event, or a message's own text (`user/message`),
@@ -66,24 +67,26 @@ impl Payload {
 
 impl LoopEvent {
     fn new(kind: &'static str, data: Scratch) -> LoopEvent {
-        LoopEvent { kind, data: Payload::Written(data), cites: None }
+        LoopEvent { kind, data: Payload::Written(data), cites: None, bulk: Bulk::NONE }
     }
 
     fn citing(kind: &'static str, data: Scratch, cites: Vec<u64>) -> LoopEvent {
-        LoopEvent { kind, data: Payload::Written(data), cites: Some(cites) }
+        LoopEvent { kind, data: Payload::Written(data), cites: Some(cites), bulk: Bulk::NONE }
     }
 }
 
 /// Appends `event` to `log`; its seq.
 pub fn append(log: &SessionLog, event: LoopEvent) -> Result<u64, LogError> {
-    let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
+    let surface =
+        is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites, bulk: event.bulk });
     log.append_owned_seq(event.kind, event.data.into_arc(), surface)
 }
 
 /// Commits `event` under a publish token already held, at `time` (the closers reuse the last
 /// event's time) or now.
 pub fn publish(publishing: &Publishing<'_>, event: LoopEvent, time: Option<i64>) -> Result<Event, LogError> {
-    let surface = is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites });
+    let surface =
+        is_surface_type(event.kind).then_some(Surface { op: SurfaceOp::Append, source_event_seqs: event.cites, bulk: event.bulk });
     publishing.publish(event.kind, event.data.into_arc(), surface, time)
 }
 
@@ -142,7 +145,7 @@ pub fn step_end(turn: u64, step: u64) -> LoopEvent {
 
 /// `user/message`: the message itself is the payload.
 pub fn user_message(message: &Message) -> LoopEvent {
-    LoopEvent { kind: USER_MESSAGE, data: Payload::Shared(message.json_arc()), cites: None }
+    LoopEvent { kind: USER_MESSAGE, data: Payload::Shared(message.json_arc()), cites: None, bulk: Bulk::NONE }
 }
 
 /// `request/header {options, instructions?}`; `options` is the options' JSON text,
@@ -201,11 +204,14 @@ pub fn cancelled_finish(turn: u64, step: u64) -> LoopEvent {
 }
 
 /// `assistant/message {turn, step, message[, interrupted: true][, usage]}`, citing the chunks
-/// it was assembled from.
+/// it was assembled from; the message's bytes are its `bulk` (the span fold reads the fields
+/// around it and jumps over it).
 pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: bool, usage: Option<&str>, chunks: Vec<u64>) -> LoopEvent {
     let mut data = step_head(turn, step);
     data.push_str(r#","message":"#);
+    let start = data.len();
     data.push_str(message.json());
+    let bulk = Bulk::new(start, data.len());
     if interrupted {
         data.push_str(r#","interrupted":true"#);
     }
@@ -214,7 +220,7 @@ pub fn assistant_message(turn: u64, step: u64, message: &Message, interrupted: b
         data.push_str(usage);
     }
     data.push('}');
-    LoopEvent::citing(ASSISTANT_MESSAGE, data, chunks)
+    LoopEvent { bulk, ..LoopEvent::citing(ASSISTANT_MESSAGE, data, chunks) }
 }
 
 /// `tool/call {turn, step, callId, name, arguments}`.

@@ -44,19 +44,61 @@ pub enum SurfaceOp {
 }
 
 /// Surface metadata, present only on surface types.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Surface {
     pub op: SurfaceOp,
     pub source_event_seqs: Option<Vec<u64>>,
+    /// Where the event's bulky value lies in its data, as its writer knew it (see [`Bulk`]).
+    /// Kept here, beside the op, because only surface events carry a message: no `Event`
+    /// grows for it.
+    pub bulk: Bulk,
 }
+
+/// Equal surfaces say the same about the history: `bulk` is a reader's hint, not the record's.
+impl PartialEq for Surface {
+    fn eq(&self, other: &Surface) -> bool {
+        self.op == other.op && self.source_event_seqs == other.source_event_seqs
+    }
+}
+
+impl Eq for Surface {}
 
 impl Surface {
     pub fn append() -> Self {
-        Surface { op: SurfaceOp::Append, source_event_seqs: None }
+        Surface { op: SurfaceOp::Append, source_event_seqs: None, bulk: Bulk::NONE }
     }
 
     pub fn append_citing(seqs: Vec<u64>) -> Self {
-        Surface { op: SurfaceOp::Append, source_event_seqs: Some(seqs) }
+        Surface { op: SurfaceOp::Append, source_event_seqs: Some(seqs), bulk: Bulk::NONE }
+    }
+}
+
+/// The byte range of an event's data that holds its bulky value (a surface event's message),
+/// recorded by the writer that built the text so that a reader that needs the fields around
+/// it can jump over it rather than walk it. Known only in memory, for events this process
+/// appended: it is not part of the record, so an event read back from storage has none and
+/// its readers walk the text. A hint, not a promise: a reader checks it against the text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bulk {
+    start: u32,
+    end: u32,
+}
+
+impl Bulk {
+    /// Unknown.
+    pub const NONE: Bulk = Bulk { start: 0, end: 0 };
+
+    /// The range `start..end` of the data (unknown when empty or beyond 4 GiB).
+    pub fn new(start: usize, end: usize) -> Bulk {
+        match (u32::try_from(start), u32::try_from(end)) {
+            (Ok(start), Ok(end)) if start < end => Bulk { start, end },
+            _ => Bulk::NONE,
+        }
+    }
+
+    /// The range, if known.
+    pub fn range(self) -> Option<std::ops::Range<usize>> {
+        (self.start < self.end).then_some(self.start as usize..self.end as usize)
     }
 }
 
@@ -104,6 +146,11 @@ impl Event {
         self.surface.as_deref()
     }
 
+    /// The byte range of the data its writer recorded as bulky ([`Bulk`]): `None` when unknown.
+    pub fn bulk(&self) -> Option<std::ops::Range<usize>> {
+        self.surface.as_ref().and_then(|s| s.bulk.range())
+    }
+
     /// The record as compact JSON, keys in the reference's order.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(self.data.len() + self.kind.len() + 48);
@@ -142,7 +189,7 @@ impl Event {
             return Err("\"ignorable\" may only be true".into());
         }
         let surface = match (is_surface_type(kind), raw.surface_op) {
-            (true, Some(op)) => Some(Surface { op: op.into_op()?, source_event_seqs: raw.source_event_seqs }),
+            (true, Some(op)) => Some(Surface { op: op.into_op()?, source_event_seqs: raw.source_event_seqs, bulk: Bulk::NONE }),
             (true, None) => return Err(format!("surface event \"{kind}\" lacks surfaceOp")),
             (false, Some(_)) => return Err(format!("event \"{kind}\" must not carry surfaceOp")),
             (false, None) if raw.source_event_seqs.is_some() => return Err(format!("event \"{kind}\" must not carry sourceEventSeqs")),

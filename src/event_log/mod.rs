@@ -13,7 +13,7 @@ pub mod storable;
 mod store;
 
 pub use error::LogError;
-pub use event::{inserted_ids, is_reserved_type, is_surface_type, Event, Surface, SurfaceOp, INSTRUCTIONS, SPLICED, SURFACE_TYPES};
+pub use event::{inserted_ids, is_reserved_type, is_surface_type, Bulk, Event, Surface, SurfaceOp, INSTRUCTIONS, SPLICED, SURFACE_TYPES};
 pub use file::{DamagedSnapshot, Durability, Fault, FaultHook, FaultPoint, FaultSite, FileStore, Recovery, RepairReport, Snapshot};
 pub use filter::{is_pattern, TypeFilter};
 pub use log::{

@@ -37,10 +37,12 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
+#[inline]
 fn tag(out: &mut Vec<u8>, field: u8, wire: u8) {
     out.push((field << 3) | wire);
 }
 
+#[inline]
 fn bytes(out: &mut Vec<u8>, field: u8, value: &[u8]) {
     tag(out, field, LEN);
     varint(out, value.len() as u64);
@@ -65,7 +67,9 @@ fn nested(out: &mut Vec<u8>, field: u8, f: impl FnOnce(&mut Vec<u8>)) {
 fn nested_in(out: &mut Vec<u8>, field: u8, guess: usize, f: impl FnOnce(&mut Vec<u8>)) {
     tag(out, field, LEN);
     let at = out.len();
-    out.resize(at + guess, 0);
+    for _ in 0..guess {
+        out.push(0);
+    }
     f(out);
     let len = out.len() - at - guess;
     let need = varint_len(len as u64);
@@ -126,17 +130,46 @@ fn any_value(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
+/// The bytes `any_value` writes for a value of a scalar kind (`None`: an array, whose size
+/// is found by writing it).
+fn any_value_len(value: &Value) -> Option<usize> {
+    let len = match value {
+        Value::Str(_) | Value::Static(_) | Value::Shared(_) => {
+            let n = value.as_str().unwrap_or_default().len();
+            1 + varint_len(n as u64) + n
+        }
+        Value::Bool(_) => 2,
+        #[allow(clippy::cast_sign_loss)] // int64 is written as its two's complement
+        Value::Int(n) => 1 + varint_len(*n as u64),
+        Value::Double(_) => 9,
+        Value::Array(_) | Value::Strs(_) => return None,
+    };
+    Some(len)
+}
+
 fn key_value(out: &mut Vec<u8>, field: u8, key: &str, value: &Value) {
-    nested(out, field, |out| {
-        optional_bytes(out, 1, key.as_bytes());
-        nested(out, 2, |out| any_value(out, value));
-    });
+    let Some(value_len) = any_value_len(value) else {
+        return nested(out, field, |out| {
+            optional_bytes(out, 1, key.as_bytes());
+            nested(out, 2, |out| any_value(out, value));
+        });
+    };
+    // A scalar's sizes are known before it is written: its lengths go first, with no
+    // placeholder to fill or move.
+    let key_len = if key.is_empty() { 0 } else { 1 + varint_len(key.len() as u64) + key.len() };
+    tag(out, field, LEN);
+    varint(out, (key_len + 1 + varint_len(value_len as u64) + value_len) as u64);
+    optional_bytes(out, 1, key.as_bytes());
+    tag(out, 2, LEN);
+    varint(out, value_len as u64);
+    any_value(out, value);
 }
 
 /// The encoded `KeyValue`s of a batch's attributes whose text is shared between spans (the
-/// session id, the agent's name, models, tool names, constant texts): each encoded once per
-/// batch and copied after. An entry is found by the addresses and length of the key and the
-/// text: the spans are borrowed for the whole encoding, so one address and length is one text.
+/// session id, the agent's name, models, tool names, constant texts and lists of them, such as
+/// a completed request's `finish_reasons`): each encoded once per batch and copied after. An
+/// entry is found by the addresses and length of the key and the text (or list): the spans are
+/// borrowed for the whole encoding, so one address and length is one value.
 #[derive(Default)]
 struct Shared {
     entries: Vec<(usize, usize, usize, std::ops::Range<usize>)>,
@@ -148,12 +181,12 @@ const SHARED_ENTRIES: usize = 32;
 
 impl Shared {
     fn key_value(&mut self, out: &mut Vec<u8>, key: &'static str, value: &Value) {
-        let text = match value {
-            Value::Static(text) => *text,
-            Value::Shared(text) => &**text,
+        let id = match value {
+            Value::Static(text) => (key.as_ptr() as usize, text.as_ptr() as usize, text.len()),
+            Value::Shared(text) => (key.as_ptr() as usize, text.as_ptr() as usize, text.len()),
+            Value::Strs(texts) => (key.as_ptr() as usize, texts.as_ptr() as usize, texts.len()),
             _ => return key_value(out, 9, key, value),
         };
-        let id = (key.as_ptr() as usize, text.as_ptr() as usize, text.len());
         if let Some((.., range)) = self.entries.iter().find(|(k, t, n, _)| (*k, *t, *n) == id) {
             out.extend_from_slice(&self.bytes[range.clone()]);
             return;
@@ -190,13 +223,15 @@ fn span(out: &mut Vec<u8>, span: &Span, shared: &mut Shared) {
         for (key, value) in &span.attributes {
             shared.key_value(out, key, value);
         }
-        nested(out, 15, |out| {
-            optional_bytes(out, 2, span.status.message.as_bytes());
-            if span.status.error {
-                tag(out, 3, VARINT);
-                varint(out, STATUS_ERROR);
-            }
-        });
+        let message = span.status.message.as_bytes();
+        let message_len = if message.is_empty() { 0 } else { 1 + varint_len(message.len() as u64) + message.len() };
+        tag(out, 15, LEN);
+        varint(out, (message_len + if span.status.error { 2 } else { 0 }) as u64);
+        optional_bytes(out, 2, message);
+        if span.status.error {
+            tag(out, 3, VARINT);
+            varint(out, STATUS_ERROR); // one byte
+        }
         out.extend_from_slice(&[0x85, 0x01]); // field 16, fixed32: a tag of two bytes
         out.extend_from_slice(&HAS_IS_REMOTE.to_le_bytes());
     });

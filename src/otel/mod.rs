@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+#[cfg(test)]
+mod bulk_tests;
 pub mod encode;
 mod ids;
 mod read;

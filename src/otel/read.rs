@@ -231,6 +231,26 @@ pub fn object<'a, T: View<'a>>(text: &'a str) -> Option<T> {
     Some(view)
 }
 
+/// Reads `text` as `object` does, jumping over the object its writer recorded at `bulk`
+/// (`Event::bulk`: an `assistant/message`'s message) rather than walking it, when the range
+/// fits the text: it opens with `{` and closes with `}`, the walk finds a member's value
+/// starting where it starts, and the object goes on after it to the end of the text (a range
+/// that ends inside the object it names leaves a brace unmatched, so the walk ends early).
+/// Otherwise (no range, or one the text does not bear out) the text is walked as `object`
+/// walks it: the range is a hint, and the result is the same either way.
+pub fn object_skipping<'a, T: View<'a>>(text: &'a str, bulk: Option<std::ops::Range<usize>>) -> Option<T> {
+    let b = text.as_bytes();
+    let fits = |r: &std::ops::Range<usize>| r.end >= r.start + 2 && b.get(r.start) == Some(&b'{') && b.get(r.end - 1) == Some(&b'}');
+    let Some(bulk) = bulk.filter(fits) else {
+        return object(text);
+    };
+    let mut view = T::default();
+    match scan::members_skipping(text, bulk, |key, value| view.set(key, value)) {
+        Some(end) if end == text.len() => Some(view),
+        _ => object(text),
+    }
+}
+
 /// Reads the value that starts at `at` as the view `T` when it is an object, in one pass (not
 /// skipped first and read after): the view (`None`: not an object) and the index after the
 /// value (`None`: no value starts at `at`).

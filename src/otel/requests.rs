@@ -14,6 +14,43 @@ use crate::event_log::Event;
 
 use super::read;
 
+/// The event types the folds tell apart, named once per event: one match on the type's text
+/// rather than a comparison per test (a fold tests each event's type a dozen times).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Type {
+    TurnStart,
+    TurnEnd,
+    StepStart,
+    StepEnd,
+    UserMessage,
+    RequestHeader,
+    AssistantChunk,
+    AssistantMessage,
+    ToolCall,
+    ToolResult,
+    ContextCompacted,
+    Other,
+}
+
+impl Type {
+    pub(super) fn of(kind: &str) -> Type {
+        match kind {
+            kinds::TURN_START => Type::TurnStart,
+            kinds::TURN_END => Type::TurnEnd,
+            kinds::STEP_START => Type::StepStart,
+            kinds::STEP_END => Type::StepEnd,
+            kinds::USER_MESSAGE => Type::UserMessage,
+            kinds::REQUEST_HEADER => Type::RequestHeader,
+            kinds::ASSISTANT_CHUNK => Type::AssistantChunk,
+            kinds::ASSISTANT_MESSAGE => Type::AssistantMessage,
+            kinds::TOOL_CALL => Type::ToolCall,
+            kinds::TOOL_RESULT => Type::ToolResult,
+            kinds::CONTEXT_COMPACTED => Type::ContextCompacted,
+            _ => Type::Other,
+        }
+    }
+}
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -175,23 +212,27 @@ impl Requests {
 
     /// Folds one event.
     pub fn add(&mut self, event: &Event) {
-        let kind = event.kind();
-        if kind == kinds::ASSISTANT_CHUNK {
+        self.add_typed(event, Type::of(event.kind()));
+    }
+
+    /// Folds one event of type `kind` (`Type::of` its type).
+    pub(super) fn add_typed(&mut self, event: &Event, kind: Type) {
+        if kind == Type::AssistantChunk {
             self.chunk(event);
             return;
         }
-        if kind == kinds::ASSISTANT_MESSAGE {
+        if kind == Type::AssistantMessage {
             self.message(event);
         } else {
             let settling = matches!(
                 kind,
-                kinds::STEP_END
-                    | kinds::TURN_END
-                    | kinds::STEP_START
-                    | kinds::TURN_START
-                    | kinds::REQUEST_HEADER
-                    | kinds::TOOL_CALL
-                    | kinds::USER_MESSAGE
+                Type::StepEnd
+                    | Type::TurnEnd
+                    | Type::StepStart
+                    | Type::TurnStart
+                    | Type::RequestHeader
+                    | Type::ToolCall
+                    | Type::UserMessage
             );
             if settling {
                 if let Some(last) = self.chunks.last() {
@@ -199,16 +240,16 @@ impl Requests {
                 }
             }
             match kind {
-                kinds::TURN_START => {
+                Type::TurnStart => {
                     let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
                     (self.turn, self.step) = (read::int(head.turn).unwrap_or(0), 0);
                 }
-                kinds::STEP_START => {
+                Type::StepStart => {
                     let head: read::Head<'_> = read::object(event.data_json()).unwrap_or_default();
                     (self.turn, self.step) = (read::int(head.turn).unwrap_or(0), read::int(head.step).unwrap_or(0));
                 }
-                kinds::CONTEXT_COMPACTED => self.compacted(event),
-                kinds::REQUEST_HEADER => {
+                Type::ContextCompacted => self.compacted(event),
+                Type::RequestHeader => {
                     let header: read::Header<'_> = read::object(event.data_json()).unwrap_or_default();
                     let options: Option<read::Options<'_>> = read::field(header.options);
                     self.option_model = options.and_then(|o| read::text(o.model).map(|m| self.shared(&m)));
@@ -259,7 +300,8 @@ impl Requests {
         }
         let start = if mine.is_empty() { self.last_time } else { self.start };
         self.chunks.clear();
-        let reply: read::Reply<'_> = read::object(event.data_json()).unwrap_or_default();
+        // The core's writer records where the message lies: its fields are read around it.
+        let reply: read::Reply<'_> = read::object_skipping(event.data_json(), event.bulk()).unwrap_or_default();
         let usage = Usage::of(reply.usage);
         let interrupted = read::is_true(reply.interrupted);
         let outcome = if interrupted {

@@ -110,6 +110,18 @@ pub fn members<'a>(text: &'a str, mut f: impl FnMut(&str, &'a str)) -> Option<()
     .map(drop)
 }
 
+/// `members`, with the value that starts at `bulk.start` taken to end at `bulk.end`, not
+/// walked: the caller knows where that value ends (`read::object_skipping` checks the range
+/// against the text first). `None` when `text` is not an object, or when what follows the
+/// range is not the rest of one; else the index after the object.
+pub fn members_skipping<'a>(text: &'a str, bulk: std::ops::Range<usize>, mut f: impl FnMut(&str, &'a str)) -> Option<usize> {
+    walk_members(text, 0, |key, at| {
+        let stop = if at == bulk.start { bulk.end } else { value_end(text.as_bytes(), at)? };
+        f(key, text.get(at..stop)?);
+        Some(stop)
+    })
+}
+
 /// Calls `f(item)` for each item of the array `text`, as its JSON text. `None` when `text` is
 /// not an array.
 pub fn items<'a>(text: &'a str, mut f: impl FnMut(&'a str)) -> Option<()> {

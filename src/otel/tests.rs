@@ -236,3 +236,54 @@ fn attributes_of_shared_texts_read_back_in_every_span_of_a_batch() {
         assert_eq!(read, expected);
     }
 }
+
+#[test]
+fn a_span_encodes_the_same_alone_and_in_a_batch_whose_values_are_encoded_once() {
+    let span = |id: u8| Span {
+        trace_id: [1; 16],
+        span_id: [id; 8],
+        parent: Some([3; 8]),
+        name: "chat m".into(),
+        kind: Kind::Client,
+        start_ns: 5,
+        end_ns: 6,
+        attributes: vec![
+            ("gen_ai.response.finish_reasons", Value::Strs(&["stop"])),
+            ("gen_ai.operation.name", Value::Static("chat")),
+            ("kerman.step", Value::Int(i64::from(id))),
+            ("b", Value::Bool(true)),
+            ("x", Value::Double(0.5)),
+            ("", Value::Str(String::new())),
+        ],
+        status: super::Status::error("the request failed".into()),
+    };
+    let resource = Resource { attributes: Vec::new(), scope_name: "kerman.otel".into(), scope_version: "1".into() };
+    let scope_spans = |spans: &[Span]| {
+        let mut out = Vec::new();
+        encode::protobuf(&mut out, &resource, spans);
+        let [(1, 2, resource_spans)] = &fields(&out)[..] else { panic!("one ResourceSpans") };
+        minimal(&out);
+        fields(&fields(resource_spans)[1].2).into_iter().skip(1).map(|f| f.2).collect::<Vec<_>>()
+    };
+    let batch = scope_spans(&[span(1), span(2), span(3)]);
+    assert_eq!(batch.len(), 3);
+    for (n, encoded) in batch.iter().enumerate() {
+        let id = u8::try_from(n + 1).unwrap();
+        assert_eq!(encoded, &scope_spans(&[span(id)])[0]);
+        let read = fields(encoded);
+        let finish = fields(&read.iter().find(|f| f.0 == 9).unwrap().2);
+        assert_eq!(finish[0].2, b"gen_ai.response.finish_reasons");
+        let status = fields(&read.iter().find(|f| f.0 == 15).unwrap().2);
+        assert_eq!(status, [(2, 2, b"the request failed".to_vec()), (3, 0, 2u64.to_le_bytes().to_vec())]);
+    }
+}
+
+#[test]
+fn integers_are_read_as_json_integers() {
+    for raw in
+        ["0", "7", "007", "42", "-3", "999999999999999999", "9223372036854775807", "9223372036854775808", "1.0", "1e3", "", "x", "+1", "-"]
+    {
+        assert_eq!(super::read::int(Some(raw)), raw.parse::<i64>().ok(), "{raw}");
+    }
+    assert_eq!(super::read::int(None), None);
+}

@@ -175,7 +175,7 @@ fn take(state: &mut State) -> Option<encode::Request> {
         return None;
     }
     let request = encode::request(&state.resource, &state.fold.spans);
-    state.fold.spans.clear();
+    state.fold.clear_spans();
     Some(request)
 }
 
