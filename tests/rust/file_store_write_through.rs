@@ -88,23 +88,30 @@ fn under_none_a_written_append_is_already_as_durable_as_promised() {
     assert_eq!(*seen.lock().unwrap(), [(FaultPoint::Write, 0..1)]);
 }
 
-#[test]
-fn it_is_refused_while_appends_wait_for_the_writer_and_accepted_after_a_flush() {
-    let dir = tempfile::tempdir().unwrap();
-    // The writer blocks inside its first write until released: an append is either still
-    // pending or being written when write-through is asked for, never already on disk.
+/// A store whose writer blocks at its first `point` until released (`entered` says it is
+/// there), and fails the write of seq `fail_write` if given.
+fn gated(dir: &std::path::Path, point: FaultPoint, fail_write: Option<u64>) -> (FileStore, mpsc::Receiver<()>, mpsc::Sender<()>) {
     let (entered_tx, entered_rx) = mpsc::channel::<()>();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let gate = Mutex::new(Some((entered_tx, release_rx)));
-    let store = FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap().with_fault(Arc::new(move |site: &FaultSite| {
-        if site.point == FaultPoint::Write {
+    let store = FileStore::new(dir.join("store"), Durability::Checkpoint).unwrap().with_fault(Arc::new(move |site: &FaultSite| {
+        if site.point == point {
             if let Some((entered, release)) = gate.lock().unwrap().take() {
                 entered.send(()).unwrap();
                 release.recv().unwrap();
             }
         }
-        None
+        (site.point == FaultPoint::Write && Some(site.seqs.start) == fail_write).then(|| Fault::Fail(io::Error::other("injected")))
     }));
+    (store, entered_rx, release_tx)
+}
+
+#[test]
+fn it_is_refused_while_appends_wait_for_the_writer_and_accepted_after_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    // The writer blocks inside its first write until released: an append is either still
+    // pending or being written when write-through is asked for, never already on disk.
+    let (store, entered_rx, release_tx) = gated(dir.path(), FaultPoint::Write, None);
     let log = store.create(Some("s")).unwrap();
     append(&log, 0).unwrap();
     let Err(LogError::InvalidEvent(text)) = log.set_write_through(true) else { panic!("a pending append must refuse it") };
@@ -152,23 +159,7 @@ fn a_failed_write_through_poisons_the_log_and_cuts_the_file_back_to_what_was_dur
 fn a_barrier_waiting_when_a_write_through_fails_is_failed_and_one_already_synced_is_not() {
     let dir = tempfile::tempdir().unwrap();
     // The writer blocks in its first sync until released, while the appends go on.
-    let (entered_tx, entered_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let gate = Mutex::new(Some((entered_tx, release_rx)));
-    let store =
-        FileStore::new(dir.path().join("store"), Durability::Checkpoint).unwrap().with_fault(Arc::new(move |site: &FaultSite| match site
-            .point
-        {
-            FaultPoint::Sync => {
-                if let Some((entered, release)) = gate.lock().unwrap().take() {
-                    entered.send(()).unwrap();
-                    release.recv().unwrap();
-                }
-                None
-            }
-            FaultPoint::Write if site.seqs.start == 2 => Some(Fault::Fail(io::Error::other("injected"))),
-            _ => None,
-        }));
+    let (store, entered_rx, release_tx) = gated(dir.path(), FaultPoint::Sync, Some(2));
     let log = store.create(Some("s")).unwrap();
     log.set_write_through(true).unwrap();
     append(&log, 0).unwrap();
