@@ -152,6 +152,7 @@ def test_kerman_serve_lists_and_decides_them(tmp_path):
         assert listed.status_code == 200, listed.text
         requests = {d["call_id"]: d for d in listed.json()["decisions"]}
         assert sorted(requests) == ["r7", "r8"] and requests["r7"]["name"] == "refund"
+        assert requests["r7"]["requester"]["kind"] == "pydantic-ai", requests["r7"]
         for call_id, body in (("r7", {"outcome": "approve", "by": "ops"}), ("r8", {"outcome": "deny", "reason": "over the limit"})):
             answer = client.post(f"/sessions/s/decisions/{requests[call_id]['decision_id']}", json=body)
             assert answer.status_code == 200, answer.text

@@ -70,6 +70,7 @@ def test_list_and_decide_over_http_when_the_server_owns_the_session(tmp_path: Pa
         [request] = wait_for(lambda: pending(client, session_id), "the request")
         assert (request["name"], json.loads(request["arguments"]), request["kind"]) == ("pay", {"amount": 5}, "approval")
         assert request["digest"].startswith("sha256:") and request["turn"] == 1
+        assert request["requester"] is None  # the loop's own request
         decision_id = request["decision_id"]
         path = f"/sessions/{session_id}/decisions/{decision_id}"
 
